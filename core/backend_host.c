@@ -1,0 +1,68 @@
+/* The host backend: CPU and pinned memory, reference kernels. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/backend.h"
+#include "kernels/copy.h"
+#include "kernels/fingerprint.h"
+
+static int host_copy(const refit_view *dst, const refit_view *src, void *stream)
+{
+    (void)stream;
+    return kern_copy(dst, src);
+}
+
+static int host_zero(const refit_view *dst, void *stream)
+{
+    (void)stream;
+    return kern_zero(dst);
+}
+
+static int host_fingerprint(const refit_view *v, uint64_t *out, void *stream)
+{
+    (void)stream;
+    *out = kern_fingerprint_view(v);
+    return REFIT_OK;
+}
+
+static void *host_staging_alloc(size_t bytes)
+{
+    return malloc(bytes ? bytes : 1);
+}
+
+static int host_move(void *dst, const void *src, size_t n, void *stream)
+{
+    (void)stream;
+    if (n)
+        memcpy(dst, src, n);
+    return REFIT_OK;
+}
+
+static int host_sync(void *stream)
+{
+    (void)stream;
+    return REFIT_OK;
+}
+
+const backend backend_host = {
+    .name = "host",
+    .copy = host_copy,
+    .zero = host_zero,
+    .fingerprint = host_fingerprint,
+    .staging_alloc = host_staging_alloc,
+    .staging_free = free,
+    .save = host_move,
+    .restore = host_move,
+    .sync = host_sync,
+};
+
+const backend *backend_for_device(refit_device dev)
+{
+    switch (dev.device_type) {
+    case REFIT_DEVICE_CPU:
+    case REFIT_DEVICE_CUDA_HOST:
+        return &backend_host;
+    default:
+        return NULL; /* REFIT_DEVICE_CUDA: the CUDA backend's slot */
+    }
+}

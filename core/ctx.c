@@ -1,0 +1,234 @@
+/* The context: one per engine worker. Holds the error message, the format
+ * registry and the model. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+
+char *xstrdup(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+int grow_array(void **arr, uint32_t *cap, uint32_t n, size_t es)
+{
+    if (n < *cap)
+        return REFIT_OK;
+    if (*cap > UINT32_MAX / 2)
+        return REFIT_ENOMEM;
+    uint32_t nc = *cap ? *cap * 2 : 8;
+    void *p = realloc(*arr, (size_t)nc * es);
+    if (!p)
+        return REFIT_ENOMEM;
+    memset((char *)p + (size_t)*cap * es, 0, (size_t)(nc - *cap) * es);
+    *arr = p;
+    *cap = nc;
+    return REFIT_OK;
+}
+
+int ctx_verror(refit_ctx *ctx, int status, const char *fmt, va_list ap)
+{
+    vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
+    return status;
+}
+
+int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ctx_verror(ctx, status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+/* ---- services handed to formats ---- */
+
+static int host_error(void *host, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ctx_verror(host, status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static void host_log(void *host, int level, const char *fmt, ...)
+{
+    (void)host;
+    if (level > 1 && !getenv("REFIT_DEBUG"))
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("refit: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static const char *host_param(void *host, const refit_fmt_module *m, const char *key)
+{
+    (void)host;
+    return params_get(m->params, key);
+}
+
+static void *host_alloc(void *host, size_t n)
+{
+    (void)host;
+    return malloc(n ? n : 1);
+}
+
+static void host_free(void *host, void *p)
+{
+    (void)host;
+    free(p);
+}
+
+static int host_copy(void *host, const refit_view *dst, const refit_view *src, void *stream)
+{
+    const backend *be = backend_for_device(dst->device);
+    if (!be)
+        return ctx_error(host, REFIT_EUNSUPPORTED, "no backend for device type %d",
+                         dst->device.device_type);
+    int rc = be->copy(dst, src, stream);
+    if (rc)
+        return ctx_error(host, rc, "copy failed: %s", refit_strerror(rc));
+    return REFIT_OK;
+}
+
+static void ctx_init_host(refit_ctx *ctx)
+{
+    refit_host_v1 *h = &ctx->host;
+    h->abi_version = REFIT_FORMAT_ABI_VERSION;
+    h->struct_size = sizeof *h;
+    h->host = ctx;
+    h->error = host_error;
+    h->log = host_log;
+    h->param = host_param;
+    h->mem_alloc = host_alloc;
+    h->mem_free = host_free;
+    h->copy = host_copy;
+}
+
+/* ---- public ---- */
+
+int refit_open(refit_ctx **out, const refit_options *opt)
+{
+    refit_options defaults = REFIT_OPTIONS_INIT;
+    if (!out)
+        return REFIT_EINVAL;
+    *out = NULL;
+    if (!opt)
+        opt = &defaults;
+    if (opt->version != REFIT_OPTIONS_VERSION)
+        return REFIT_EINVAL;
+    refit_ctx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return REFIT_ENOMEM;
+    ctx->worker_id = xstrdup(opt->worker_id ? opt->worker_id : "worker");
+    ctx->rank = opt->rank;
+    const char *jp = opt->journal_path ? opt->journal_path : getenv("REFIT_JOURNAL");
+    ctx->journal_path = xstrdup(jp);
+    ctx->plugin_dirs = xstrdup(opt->plugin_dirs);
+    ctx->staging_budget = opt->staging_budget ? opt->staging_budget : (1ull << 30);
+    ctx_init_host(ctx);
+    int rc = REFIT_ENOMEM;
+    if (!ctx->worker_id || (jp && !ctx->journal_path) ||
+        (opt->plugin_dirs && !ctx->plugin_dirs) ||
+        (rc = formats_register_builtin(ctx)) != REFIT_OK) {
+        refit_close(ctx);
+        return rc;
+    }
+    *out = ctx;
+    return REFIT_OK;
+}
+
+void refit_close(refit_ctx *ctx)
+{
+    if (!ctx)
+        return;
+    refit_model_destroy(ctx->model);
+    free(ctx->worker_id);
+    free(ctx->journal_path);
+    free(ctx->plugin_dirs);
+    free(ctx);
+}
+
+const char *refit_errmsg(const refit_ctx *ctx)
+{
+    return ctx ? ctx->errmsg : "no context";
+}
+
+const refit_format_v1 *ctx_find_format(const refit_ctx *ctx, const char *name)
+{
+    for (uint32_t i = 0; i < ctx->n_formats; i++)
+        if (!strcmp(ctx->formats[i]->name, name))
+            return ctx->formats[i];
+    return NULL;
+}
+
+int refit_format_register(refit_ctx *ctx, const refit_format_v1 *fmt)
+{
+    if (!ctx)
+        return REFIT_EINVAL;
+    ctx_clear_error(ctx);
+    if (!fmt)
+        return ctx_error(ctx, REFIT_EINVAL, "refit_format_register: format is NULL");
+    if (fmt->abi_version == 0 || fmt->abi_version > REFIT_FORMAT_ABI_VERSION)
+        return ctx_error(ctx, REFIT_EFORMAT, "invalid version %u on format '%s' (this refit knows 1..%d)",
+                         fmt->abi_version, fmt->name ? fmt->name : "?", REFIT_FORMAT_ABI_VERSION);
+    if (fmt->struct_size < sizeof(refit_format_v1))
+        return ctx_error(ctx, REFIT_EFORMAT, "format '%s': struct_size %u is smaller than ABI %u's %zu",
+                         fmt->name ? fmt->name : "?", fmt->struct_size, fmt->abi_version,
+                         sizeof(refit_format_v1));
+    if (!fmt->name || !*fmt->name || !fmt->plan)
+        return ctx_error(ctx, REFIT_EFORMAT, "format without %s", fmt->plan ? "a name" : "a plan function");
+    if (ctx_find_format(ctx, fmt->name))
+        return ctx_error(ctx, REFIT_EEXIST, "format '%s' is already registered", fmt->name);
+    if (ctx->model && ctx->model->sealed)
+        return ctx_error(ctx, REFIT_ESTATE, "format '%s': the model is already sealed", fmt->name);
+    if (ctx->n_formats == REFIT_MAX_FORMATS)
+        return ctx_error(ctx, REFIT_ENOMEM, "format '%s': more than %d formats", fmt->name,
+                         REFIT_MAX_FORMATS);
+    ctx->formats[ctx->n_formats++] = fmt;
+    return REFIT_OK;
+}
+
+refit_health refit_worker_health(const refit_ctx *ctx)
+{
+    if (!ctx || !ctx->model || !ctx->model->sealed)
+        return REFIT_HEALTH_EMPTY;
+    return model_health(ctx->model);
+}
+
+const char *refit_worker_version(const refit_ctx *ctx)
+{
+    if (refit_worker_health(ctx) != REFIT_HEALTH_READY)
+        return NULL;
+    return ctx->model->version;
+}
+
+int refit_check_serving(refit_ctx *ctx)
+{
+    if (!ctx)
+        return REFIT_EINVAL;
+    ctx_clear_error(ctx);
+    refit_model *m = ctx->model;
+    switch (refit_worker_health(ctx)) {
+    case REFIT_HEALTH_READY:
+        return REFIT_OK;
+    case REFIT_HEALTH_POISONED:
+        return ctx_error(ctx, REFIT_EPOISONED,
+                         "worker %s is POISONED: %u module(s) hold bytes of an aborted update; "
+                         "serving refused until a replay or full reload succeeds",
+                         ctx->worker_id, m->n_dirty);
+    case REFIT_HEALTH_UPDATING:
+        return ctx_error(ctx, REFIT_ESTATE, "worker %s is UPDATING: an update is open",
+                         ctx->worker_id);
+    case REFIT_HEALTH_EMPTY:
+    default:
+        return ctx_error(ctx, REFIT_ESTATE, "worker %s is EMPTY: %s", ctx->worker_id,
+                         !m || !m->sealed ? "no sealed model"
+                                          : "some modules were never loaded");
+    }
+}

@@ -1,0 +1,165 @@
+/* Internal structures of the core, shared by its files. Not installed. */
+#ifndef REFIT_CORE_INTERNAL_H
+#define REFIT_CORE_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <refit/format.h>
+#include <refit/refit.h>
+
+#include "core/backend.h"
+#include "core/names.h"
+#include "core/params.h"
+
+#define REFIT_MAX_FORMATS 64
+#define REFIT_ERRMSG_SIZE 1024
+
+/* ---- context ---- */
+
+struct refit_ctx {
+    char *worker_id;
+    int32_t rank;
+    char *journal_path;
+    char *plugin_dirs;
+    uint64_t staging_budget;
+    refit_model *model;                 /* at most one */
+    const refit_format_v1 *formats[REFIT_MAX_FORMATS];
+    uint32_t n_formats;
+    refit_host_v1 host;                 /* services handed to formats */
+    char errmsg[REFIT_ERRMSG_SIZE];
+};
+
+/* Set the context's message and return status. */
+int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int ctx_verror(refit_ctx *ctx, int status, const char *fmt, va_list ap);
+static inline void ctx_clear_error(refit_ctx *ctx) { ctx->errmsg[0] = '\0'; }
+const refit_format_v1 *ctx_find_format(const refit_ctx *ctx, const char *name);
+/* Register the formats compiled into the library. */
+int formats_register_builtin(refit_ctx *ctx);
+
+/* ---- model ---- */
+
+/* A registered tensor (runtime or side) and its signature. */
+typedef struct signature {
+    void *data;
+    refit_device device;
+    refit_dtype dtype;
+    int32_t ndim;
+    int64_t shape[REFIT_MAX_DIMS];
+    int64_t strides[REFIT_MAX_DIMS];  /* filled in even when NULL (row-major) */
+    uint64_t byte_offset;
+} signature;
+
+typedef struct tensor_reg {
+    char *name;                 /* module-local (runtime) or global (side) */
+    uint32_t module;            /* owning module; UINT32_MAX for side tensors */
+    const refit_tensor *desc;   /* borrowed from the engine */
+    signature sig;              /* recorded at seal */
+    refit_view view;            /* the whole tensor, from sig */
+    char *span;                 /* lowest byte the tensor touches */
+    size_t span_bytes;          /* bytes from span to the highest, inclusive */
+    const backend *be;
+} tensor_reg;
+
+typedef enum route_flag {
+    ROUTE_CAST = 1u << 0,       /* DIRECT copy casts */
+    ROUTE_ALIAS = 1u << 1,      /* tied: another name of route tie */
+    ROUTE_HAS_PAD = 1u << 2,    /* pad view is zeroed when complete */
+} route_flag;
+
+/* One checkpoint tensor: where it goes, built at seal. */
+typedef struct route {
+    char *name;
+    char *target_name;          /* as given, or NULL */
+    char *tie_name;             /* as given, or NULL */
+    uint32_t module;
+    uint32_t target;            /* runtime tensor index (model-wide) */
+    uint32_t tie;               /* primary route of an alias */
+    uint32_t fm_index;          /* index in the module's fm.ckpt (primaries) */
+    uint32_t kind;              /* refit_route */
+    uint32_t flags;             /* route_flag */
+    refit_ckpt_spec spec;       /* as declared (strings not owned) */
+    int32_t split_dim;          /* dim partial deliveries split along */
+    int64_t lo, hi;             /* this rank's rows of split_dim, checkpoint coords */
+    int64_t len;                /* this rank's rows including pad rows */
+    refit_view dst;             /* DIRECT: rows [lo, hi) in the target */
+    refit_view pad;             /* pad rows in the target (ROUTE_HAS_PAD) */
+    refit_view staged_shape;    /* STAGED: shape/dtype of the staged slice */
+    size_t staged_bytes;
+    size_t staged_offset;       /* in the module's staging block */
+    uint64_t bytes;             /* bytes of the full checkpoint tensor */
+} route;
+
+typedef enum module_state {
+    MODULE_EMPTY = 0,           /* never loaded */
+    MODULE_CLEAN = 1,           /* holds a committed version */
+    MODULE_DIRTY = 2,           /* written by an update that was not rolled back */
+} module_state;
+
+typedef struct module {
+    char *name;
+    const refit_format_v1 *fmt;
+    params params;
+    uint32_t *runtime;          /* model-wide runtime indexes */
+    uint32_t n_runtime, cap_runtime;
+    uint32_t *routes;           /* route indexes, declaration order */
+    uint32_t n_routes, cap_routes;
+    uint32_t n_primary;         /* routes that count for completeness */
+    uint32_t *primary;          /* route index of each fm.ckpt[i] */
+    refit_fmt_module fm;        /* the format's view, built at seal */
+    size_t staged_bytes;        /* staging this module needs */
+    module_state state;
+} module;
+
+struct refit_txn;
+
+struct refit_model {
+    refit_ctx *ctx;
+    bool sealed;
+    module *modules;
+    uint32_t n_modules, cap_modules;
+    tensor_reg *runtime;
+    uint32_t n_runtime, cap_runtime;
+    tensor_reg *side;
+    uint32_t n_side, cap_side;
+    route *routes;
+    uint32_t n_routes, cap_routes;
+    names module_names;
+    names side_names;
+    names route_names;
+    uint32_t n_empty, n_dirty;  /* modules in those states */
+    char *version;              /* label of the last commit */
+    struct refit_txn *txn;      /* open transaction, or NULL */
+    struct txn_scratch *scratch;/* per-route/module arrays reused by every txn */
+    refit_model_stats stats;
+};
+
+/* Health derived from the model's state. */
+refit_health model_health(const refit_model *m);
+/* Compare every signature with the live descriptors; message names the
+ * first that moved. when: "begin" or "finalize". */
+int model_check_signatures(refit_model *m, const char *when);
+int signature_take(signature *sig, const refit_tensor *t);
+void view_from_signature(refit_view *v, const signature *sig);
+void model_free_plan(refit_model *m);
+/* Lookups by name; UINT32_MAX when absent. */
+uint32_t model_find_module(const refit_model *m, const char *name);
+uint32_t model_find_runtime(const refit_model *m, const module *mod, const char *name);
+
+/* Plan (plan.c): build routes, validate, record signatures. */
+int plan_build(refit_model *m);
+
+/* Transactions (txn.c). */
+void txn_scratch_free(struct txn_scratch *s);
+
+/* Helpers. */
+char *xstrdup(const char *s);
+/* Grow *arr (element size es) to hold n+1 items. */
+int grow_array(void **arr, uint32_t *cap, uint32_t n, size_t es);
+size_t tensor_dtype_bytes(refit_dtype dt, int64_t numel);
+
+#endif

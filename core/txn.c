@@ -1,0 +1,751 @@
+/*
+ * The transaction state machine: one update of one worker.
+ *
+ *              refit_begin
+ *                   │
+ *                   ▼        first accepted delivery
+ *                 OPEN ──────────────────────────────▶ LOADING ◀──┐ refit_load
+ *                   │                                   │  │  └────┘ refit_load_part
+ *                   │                     write failed  │  │
+ *                   │                  ┌────────────────┘  │ refit_finalize
+ *                   │                  ▼                   ▼
+ *                   │               FAILED            FINALIZING ───────▶ COMMITTED
+ *                   │                  │                   │   txn_commit
+ *                   │  refit_abort     │ refit_abort       │ check failed
+ *                   └──────────────────┴─────────┬─────────┘ (finalize aborts)
+ *                                                ▼
+ *                                             ABORTED
+ *
+ * Transitions and the function that performs each:
+ *   (none)     -> OPEN        refit_begin        signatures verified, nothing written
+ *   OPEN       -> LOADING     txn_deliver        first delivery accepted
+ *   LOADING    -> FAILED      txn_fail           a write or post-load failed (sticky)
+ *   OPEN|LOADING -> FINALIZING refit_finalize
+ *   FINALIZING -> COMMITTED   txn_commit         modules CLEAN, version set
+ *   OPEN|LOADING|FAILED|FINALIZING -> ABORTED    txn_end_aborted (refit_abort,
+ *                                                or refit_finalize on a failed check)
+ *
+ * Invariants (txn_invariants, asserted at every transition):
+ *   OPEN        nothing delivered, nothing written, the undo log is empty,
+ *               no module touched, no staging held.
+ *   LOADING     at least one delivery accepted; with rollback, every runtime
+ *               tensor marked saved has exactly one undo entry; without,
+ *               the undo log is empty.
+ *   FAILED      fail_status is an error; nothing more is written.
+ *   FINALIZING  not failed; as LOADING otherwise.
+ *   COMMITTED,
+ *   ABORTED     terminal: the model no longer points at the txn, the undo
+ *               log and staging are released.
+ *   In every non-terminal state model->txn == txn, and the worker is UPDATING.
+ *
+ * Worker health is derived from module states (model_health): a commit
+ * makes every touched module CLEAN; an abort without rollback makes every
+ * module that received bytes DIRTY (POISONED); with rollback nothing
+ * changes. The error state is sticky: FAILED leaves only through abort.
+ */
+#include <assert.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "core/undo.h"
+#include "kernels/copy.h"
+
+typedef enum txn_state {
+    TXN_OPEN,
+    TXN_LOADING,
+    TXN_FAILED,
+    TXN_FINALIZING,
+    TXN_COMMITTED,
+    TXN_ABORTED,
+} txn_state;
+
+/* Delivered rows of a route, for deliveries in parts. */
+typedef struct part {
+    int64_t a, b;               /* checkpoint rows [a, b) of the split dim */
+    struct part *next;
+} part;
+
+enum { ROUTE_NONE = 0, ROUTE_PARTIAL = 1, ROUTE_COMPLETE = 2 };
+
+/* Per-route and per-module arrays, allocated once per sealed model. */
+struct txn_scratch {
+    uint8_t *route_state;       /* ROUTE_* */
+    int64_t *route_rows;        /* rows of [lo, hi) covered by parts */
+    part **parts;
+    uint32_t *mod_complete;     /* primary routes complete */
+    uint8_t *mod_touched;
+    uint8_t *mod_wrote;         /* runtime bytes written */
+    uint32_t *touched;          /* touched module indexes, in order */
+    uint32_t n_touched;
+    void **staging;             /* per module block */
+    uint8_t *rt_saved;          /* runtime tensor has an undo entry */
+};
+
+struct refit_txn {
+    refit_model *m;
+    txn_state state;
+    int fail_status;
+    bool rollback;
+    bool wrote;
+    char *version_label;
+    char *source_uri;
+    undo_log undo;
+    uint32_t n_saved;           /* runtime tensors with an undo entry */
+    size_t staging_in_use;
+    refit_txn_stats stats;
+    struct txn_scratch *s;
+};
+
+/* ---- invariants ---- */
+
+static bool txn_invariants(const refit_txn *t)
+{
+    const struct txn_scratch *s = t->s;
+    switch (t->state) {
+    case TXN_OPEN:
+        return t->m->txn == t && t->undo.n == 0 && !t->wrote && s->n_touched == 0 &&
+               t->staging_in_use == 0 && t->stats.tensors_loaded == 0;
+    case TXN_LOADING:
+    case TXN_FINALIZING:
+        return t->m->txn == t && t->fail_status == 0 && s->n_touched > 0 &&
+               (t->rollback ? t->undo.n == t->n_saved : t->undo.n == 0);
+    case TXN_FAILED:
+        return t->m->txn == t && t->fail_status < 0;
+    case TXN_COMMITTED:
+    case TXN_ABORTED:
+        return t->m->txn != t && t->undo.n == 0 && t->staging_in_use == 0;
+    }
+    return false;
+}
+
+static void txn_set_state(refit_txn *t, txn_state next)
+{
+    t->state = next;
+    assert(txn_invariants(t));
+}
+
+/* ---- scratch ---- */
+
+void txn_scratch_free(struct txn_scratch *s)
+{
+    if (!s)
+        return;
+    free(s->route_state);
+    free(s->route_rows);
+    free(s->parts);
+    free(s->mod_complete);
+    free(s->mod_touched);
+    free(s->mod_wrote);
+    free(s->touched);
+    free(s->staging);
+    free(s->rt_saved);
+    free(s);
+}
+
+static struct txn_scratch *scratch_new(const refit_model *m)
+{
+    size_t nr = m->n_routes + 1, nm = m->n_modules + 1, nt = m->n_runtime + 1;
+    struct txn_scratch *s = calloc(1, sizeof *s);
+    if (!s)
+        return NULL;
+    s->route_state = calloc(nr, 1);
+    s->route_rows = calloc(nr, sizeof *s->route_rows);
+    s->parts = calloc(nr, sizeof *s->parts);
+    s->mod_complete = calloc(nm, sizeof *s->mod_complete);
+    s->mod_touched = calloc(nm, 1);
+    s->mod_wrote = calloc(nm, 1);
+    s->touched = calloc(nm, sizeof *s->touched);
+    s->staging = calloc(nm, sizeof *s->staging);
+    s->rt_saved = calloc(nt, 1);
+    if (!s->route_state || !s->route_rows || !s->parts || !s->mod_complete ||
+        !s->mod_touched || !s->mod_wrote || !s->touched || !s->staging || !s->rt_saved) {
+        txn_scratch_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* Back to all-zero after a transaction: only what it touched. */
+static void scratch_reset(refit_txn *t)
+{
+    struct txn_scratch *s = t->s;
+    refit_model *m = t->m;
+    for (uint32_t i = 0; i < s->n_touched; i++) {
+        uint32_t mi = s->touched[i];
+        module *mod = &m->modules[mi];
+        for (uint32_t k = 0; k < mod->n_routes; k++) {
+            uint32_t ri = mod->routes[k];
+            s->route_state[ri] = ROUTE_NONE;
+            s->route_rows[ri] = 0;
+            for (part *p = s->parts[ri]; p;) {
+                part *next = p->next;
+                free(p);
+                p = next;
+            }
+            s->parts[ri] = NULL;
+        }
+        for (uint32_t k = 0; k < mod->n_runtime; k++)
+            s->rt_saved[mod->runtime[k]] = 0;
+        if (s->staging[mi]) {
+            m->runtime[mod->runtime[0]].be->staging_free(s->staging[mi]);
+            s->staging[mi] = NULL;
+        }
+        s->mod_complete[mi] = 0;
+        s->mod_touched[mi] = 0;
+        s->mod_wrote[mi] = 0;
+    }
+    s->n_touched = 0;
+    t->staging_in_use = 0;
+}
+
+/* ---- begin ---- */
+
+static int txn_error(refit_txn *t, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int txn_error(refit_txn *t, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ctx_verror(t->m->ctx, status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int refit_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts)
+{
+    refit_update_opts defaults = REFIT_UPDATE_OPTS_INIT;
+    if (!out || !m)
+        return REFIT_EINVAL;
+    *out = NULL;
+    refit_ctx *ctx = m->ctx;
+    ctx_clear_error(ctx);
+    if (!opts)
+        opts = &defaults;
+    if (opts->version != REFIT_UPDATE_OPTS_VERSION)
+        return ctx_error(ctx, REFIT_EINVAL, "begin: update options of unknown version %u",
+                         opts->version);
+    if (!m->sealed)
+        return ctx_error(ctx, REFIT_ESTATE, "begin: the model is not sealed");
+    if (m->txn)
+        return ctx_error(ctx, REFIT_ESTATE, "begin: an update is already open on worker %s",
+                         ctx->worker_id);
+    int rc = model_check_signatures(m, "begin");
+    if (rc)
+        return rc;
+    if (!m->scratch && !(m->scratch = scratch_new(m)))
+        return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
+    refit_txn *t = calloc(1, sizeof *t);
+    if (!t)
+        return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
+    t->m = m;
+    t->s = m->scratch;
+    t->rollback = opts->rollback != 0;
+    t->version_label = xstrdup(opts->version_label ? opts->version_label : "unnamed");
+    t->source_uri = xstrdup(opts->source_uri);
+    if (!t->version_label || (opts->source_uri && !t->source_uri)) {
+        free(t->version_label);
+        free(t->source_uri);
+        free(t);
+        return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
+    }
+    m->txn = t;
+    txn_set_state(t, TXN_OPEN);
+    *out = t;
+    return REFIT_OK;
+}
+
+/* ---- deliveries ---- */
+
+/* Where a delivery lands: src rows [a, b) of split dim d. */
+typedef struct delivery {
+    route *r;                   /* the route written (primary of an alias) */
+    uint32_t ri;
+    refit_view src;             /* the whole delivered piece */
+    int64_t off, len;           /* its rows of the split dim */
+    int64_t a, b;               /* rows of this rank's [lo, hi) it covers */
+    void *stream;
+} delivery;
+
+static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit_view *v)
+{
+    if (!src)
+        return txn_error(t, REFIT_EINVAL, "load %s: source tensor is NULL", r->name);
+    if (src->ndim != r->spec.ndim)
+        return txn_error(t, REFIT_EMISMATCH, "load %s (module %s): %d dims delivered, %d expected",
+                         r->name, t->m->modules[r->module].name, src->ndim, r->spec.ndim);
+    if (!kern_dtype_eq(src->dtype, r->spec.dtype))
+        return txn_error(t, REFIT_EMISMATCH, "load %s (module %s): dtype %s delivered, %s expected",
+                         r->name, t->m->modules[r->module].name, refit_dtype_name(src->dtype),
+                         refit_dtype_name(r->spec.dtype));
+    if (src->device.device_type != REFIT_DEVICE_CPU &&
+        src->device.device_type != REFIT_DEVICE_CUDA_HOST)
+        return txn_error(t, REFIT_EUNSUPPORTED, "load %s: source on device type %d; this build "
+                         "reads host memory only", r->name, src->device.device_type);
+    signature sig;
+    if (signature_take(&sig, src))
+        return txn_error(t, REFIT_EINVAL, "load %s: invalid source descriptor", r->name);
+    view_from_signature(v, &sig);
+    if (!src->data && kern_view_numel(v) > 0)
+        return txn_error(t, REFIT_EINVAL, "load %s: source data is NULL", r->name);
+    return REFIT_OK;
+}
+
+static int check_shape(refit_txn *t, delivery *d, bool whole)
+{
+    const route *r = d->r;
+    int sd = r->split_dim;
+    for (int i = 0; i < r->spec.ndim; i++) {
+        if (i == sd && !whole)
+            continue;
+        if (d->src.shape[i] != r->spec.shape[i])
+            return txn_error(t, REFIT_EMISMATCH,
+                             "load %s (module %s): extent %lld on dim %d, expected %lld",
+                             r->name, t->m->modules[r->module].name, (long long)d->src.shape[i],
+                             i, (long long)r->spec.shape[i]);
+    }
+    d->off = whole ? 0 : d->off;
+    d->len = sd >= 0 ? d->src.shape[sd] : 1;
+    if (!whole) {
+        if (sd < 0)
+            return txn_error(t, REFIT_EINVAL, "load %s: a scalar cannot be delivered in parts",
+                             r->name);
+        int64_t S = r->spec.shape[sd];
+        if (d->off < 0 || d->len > S || d->off > S - d->len)
+            return txn_error(t, REFIT_EMISMATCH,
+                             "load %s (module %s): part rows [%lld, %lld) outside [0, %lld) of dim %d",
+                             r->name, t->m->modules[r->module].name, (long long)d->off,
+                             (long long)(d->off + d->len), (long long)S, sd);
+    }
+    d->a = d->off > r->lo ? d->off : r->lo;
+    d->b = d->off + d->len < r->hi ? d->off + d->len : r->hi;
+    if (sd < 0) {
+        d->a = 0;
+        d->b = 1;
+    }
+    return REFIT_OK;
+}
+
+/* Duplicates and overlaps, checked before anything is written. */
+static int check_fresh(refit_txn *t, const delivery *d, bool whole)
+{
+    const struct txn_scratch *s = t->s;
+    uint8_t st = s->route_state[d->ri];
+    const char *mod = t->m->modules[d->r->module].name;
+    if (st == ROUTE_COMPLETE || (whole && st != ROUTE_NONE))
+        return txn_error(t, REFIT_EDUPLICATE, "load %s (module %s): delivered twice in update "
+                         "'%s'", d->r->name, mod, t->version_label);
+    for (const part *p = s->parts[d->ri]; p; p = p->next)
+        if (d->off < p->b && p->a < d->off + d->len)
+            return txn_error(t, REFIT_EOVERLAP, "load %s (module %s): rows [%lld, %lld) overlap "
+                             "rows [%lld, %lld) delivered earlier", d->r->name, mod,
+                             (long long)d->off, (long long)(d->off + d->len), (long long)p->a,
+                             (long long)p->b);
+    return REFIT_OK;
+}
+
+static int txn_fail(refit_txn *t, int status)
+{
+    t->fail_status = status;
+    txn_set_state(t, TXN_FAILED);
+    return status;
+}
+
+/* Save a runtime tensor's bytes before its first write in this txn. */
+static int save_runtime(refit_txn *t, uint32_t ti, void *stream)
+{
+    struct txn_scratch *s = t->s;
+    if (!t->rollback || s->rt_saved[ti])
+        return REFIT_OK;
+    tensor_reg *reg = &t->m->runtime[ti];
+    int rc = undo_save(&t->undo, reg->be, reg->span, reg->span_bytes, stream);
+    if (rc)
+        return txn_error(t, rc, "undo log: cannot save runtime %s (module %s, %zu bytes): %s",
+                         reg->name, t->m->modules[reg->module].name, reg->span_bytes,
+                         refit_strerror(rc));
+    s->rt_saved[ti] = 1;
+    t->n_saved++;
+    return REFIT_OK;
+}
+
+static void narrow(refit_view *v, int dim, int64_t from, int64_t rows)
+{
+    v->data = (char *)v->data + from * v->strides[dim] * (int64_t)kern_dtype_size(v->dtype);
+    v->shape[dim] = rows;
+}
+
+static int staging_get(refit_txn *t, module *mod, uint32_t mi, void **out)
+{
+    struct txn_scratch *s = t->s;
+    if (!s->staging[mi]) {
+        if (t->staging_in_use + mod->staged_bytes > t->m->ctx->staging_budget)
+            return txn_error(t, REFIT_EBUDGET, "module %s: staging budget of %llu bytes "
+                             "exhausted (%zu in use, %zu needed); nothing written",
+                             mod->name, (unsigned long long)t->m->ctx->staging_budget,
+                             t->staging_in_use, mod->staged_bytes);
+        s->staging[mi] = t->m->runtime[mod->runtime[0]].be->staging_alloc(mod->staged_bytes);
+        if (!s->staging[mi])
+            return txn_error(t, REFIT_ENOMEM, "module %s: no staging memory for %zu bytes; "
+                             "nothing written", mod->name, mod->staged_bytes);
+        t->staging_in_use += mod->staged_bytes;
+    }
+    *out = s->staging[mi];
+    return REFIT_OK;
+}
+
+/* Write this rank's rows of the delivery to their route's destination. */
+static int write_rows(refit_txn *t, delivery *d, void *staging)
+{
+    route *r = d->r;
+    if (d->b <= d->a && r->split_dim >= 0)
+        return REFIT_OK; /* none of this rank's rows */
+    refit_view src = d->src, dst;
+    const backend *be = t->m->runtime[r->target].be;
+    if (r->kind == REFIT_ROUTE_STAGED) {
+        dst = r->staged_shape;
+        dst.data = (char *)staging + r->staged_offset;
+    } else {
+        dst = r->dst;
+        int rc = save_runtime(t, r->target, d->stream);
+        if (rc)
+            return rc;
+        t->s->mod_wrote[r->module] = 1;
+        t->wrote = true;
+    }
+    if (r->split_dim >= 0) {
+        narrow(&src, r->split_dim, d->a - d->off, d->b - d->a);
+        narrow(&dst, r->split_dim, d->a - r->lo, d->b - d->a);
+    }
+    int rc = be->copy(&dst, &src, d->stream);
+    if (rc)
+        return txn_error(t, rc, "load %s (module %s): copy failed: %s", r->name,
+                         t->m->modules[r->module].name, refit_strerror(rc));
+    return REFIT_OK;
+}
+
+/* Every checkpoint tensor of a STAGED module is here: build its runtime. */
+static int module_post_load(refit_txn *t, module *mod, uint32_t mi, void *stream)
+{
+    refit_fmt_module *fm = &mod->fm;
+    for (uint32_t i = 0; i < mod->n_runtime; i++) {
+        int rc = save_runtime(t, mod->runtime[i], stream);
+        if (rc)
+            return rc;
+    }
+    for (uint32_t i = 0; i < fm->n_ckpt; i++) {
+        const route *r = &t->m->routes[mod->primary[i]];
+        if (r->kind != REFIT_ROUTE_STAGED)
+            continue;
+        fm->ckpt[i].staged = r->staged_shape;
+        fm->ckpt[i].staged.data = (char *)t->s->staging[mi] + r->staged_offset;
+    }
+    t->s->mod_wrote[mi] = 1;
+    t->wrote = true;
+    int rc = mod->fmt->post_load(&t->m->ctx->host, fm, stream);
+    for (uint32_t i = 0; i < fm->n_ckpt; i++)
+        fm->ckpt[i].staged.data = NULL;
+    if (rc)
+        return txn_error(t, rc, "module %s: post-load of format %s failed: %s", mod->name,
+                         mod->fmt->name, refit_errmsg(t->m->ctx)[0] ? refit_errmsg(t->m->ctx)
+                                                                     : refit_strerror(rc));
+    const backend *be = t->m->runtime[mod->runtime[0]].be;
+    be->staging_free(t->s->staging[mi]);
+    t->s->staging[mi] = NULL;
+    t->staging_in_use -= mod->staged_bytes;
+    return REFIT_OK;
+}
+
+/* A route got all its rows: zero its pad, and finish the module if done. */
+static int route_complete(refit_txn *t, delivery *d)
+{
+    struct txn_scratch *s = t->s;
+    route *r = d->r;
+    s->route_state[d->ri] = ROUTE_COMPLETE;
+    if (r->flags & ROUTE_HAS_PAD) {
+        int rc = save_runtime(t, r->target, d->stream);
+        if (!rc)
+            rc = t->m->runtime[r->target].be->zero(&r->pad, d->stream);
+        if (rc)
+            return txn_error(t, rc, "load %s: zeroing pad rows failed", r->name);
+        s->mod_wrote[r->module] = 1;
+        t->wrote = true;
+    }
+    module *mod = &t->m->modules[r->module];
+    if (++s->mod_complete[r->module] < mod->n_primary)
+        return REFIT_OK;
+    if (mod->fm.flags & REFIT_MODULE_POST_LOAD)
+        return module_post_load(t, mod, r->module, d->stream);
+    return REFIT_OK;
+}
+
+static void touch_module(refit_txn *t, uint32_t mi)
+{
+    struct txn_scratch *s = t->s;
+    if (s->mod_touched[mi])
+        return;
+    s->mod_touched[mi] = 1;
+    s->touched[s->n_touched++] = mi;
+    t->stats.modules_touched++;
+}
+
+/* A tied name: written under whichever name comes first, once. */
+static int alias_delivery(refit_txn *t, uint32_t ai, delivery *d, bool *skip)
+{
+    struct txn_scratch *s = t->s;
+    const route *alias = &t->m->routes[ai];
+    *skip = false;
+    if (s->route_state[ai] != ROUTE_NONE)
+        return txn_error(t, REFIT_EDUPLICATE, "load %s (module %s): delivered twice in update "
+                         "'%s'", alias->name, t->m->modules[alias->module].name,
+                         t->version_label);
+    uint8_t ps = s->route_state[alias->tie];
+    if (ps == ROUTE_COMPLETE) {
+        *skip = true; /* one storage, written once */
+        return REFIT_OK;
+    }
+    if (ps == ROUTE_PARTIAL)
+        return txn_error(t, REFIT_EDUPLICATE, "load %s: its tied name %s is partly delivered; "
+                         "deliver one name only", alias->name, t->m->routes[alias->tie].name);
+    d->ri = alias->tie;
+    d->r = &t->m->routes[alias->tie];
+    return REFIT_OK;
+}
+
+static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_tensor *src,
+                       bool whole, void *stream)
+{
+    if (!t)
+        return REFIT_EINVAL;
+    refit_model *m = t->m;
+    ctx_clear_error(m->ctx);
+    if (t->state == TXN_FAILED)
+        return txn_error(t, REFIT_ESTATE, "load %s: the update failed earlier (%s); abort it",
+                         name ? name : "?", refit_status_name(t->fail_status));
+    if (!name)
+        return txn_error(t, REFIT_EINVAL, "load: checkpoint name is NULL");
+    uint32_t ri = names_find(&m->route_names, name);
+    if (ri == NAMES_NONE)
+        return txn_error(t, REFIT_EUNEXPECTED, "load %s: no module of worker %s expects this "
+                         "tensor; nothing written", name, m->ctx->worker_id);
+    delivery d = {.r = &m->routes[ri], .ri = ri, .off = off, .stream = stream};
+    bool skip = false;
+    int rc = src_view(t, d.r, src, &d.src);
+    if (!rc && (d.r->flags & ROUTE_ALIAS))
+        rc = alias_delivery(t, ri, &d, &skip);
+    if (!rc)
+        rc = check_shape(t, &d, whole);
+    if (!rc && !skip)
+        rc = check_fresh(t, &d, whole);
+    void *staging = NULL;
+    module *mod = &m->modules[d.r->module];
+    if (!rc && !skip && d.r->kind == REFIT_ROUTE_STAGED)
+        rc = staging_get(t, mod, d.r->module, &staging);
+    if (rc)
+        return rc; /* refused: nothing written, the txn goes on */
+
+    /* accepted: from here a failure is sticky */
+    touch_module(t, d.r->module);
+    if (ri != d.ri)
+        t->s->route_state[ri] = ROUTE_COMPLETE; /* the alias name is used up */
+    t->stats.tensors_loaded++;
+    t->stats.bytes_loaded += tensor_dtype_bytes(d.src.dtype, kern_view_numel(&d.src));
+    if (t->state == TXN_OPEN)
+        txn_set_state(t, TXN_LOADING);
+    if (skip)
+        return REFIT_OK;
+    rc = write_rows(t, &d, staging);
+    if (rc)
+        return txn_fail(t, rc);
+    int64_t rows = d.b > d.a ? d.b - d.a : 0;
+    if (!whole) {
+        part *p = malloc(sizeof *p);
+        if (!p)
+            return txn_fail(t, txn_error(t, REFIT_ENOMEM, "load %s: out of memory", name));
+        *p = (part){d.off, d.off + d.len, t->s->parts[d.ri]};
+        t->s->parts[d.ri] = p;
+        t->s->route_rows[d.ri] += rows;
+        t->s->route_state[d.ri] = ROUTE_PARTIAL;
+        if (t->s->route_rows[d.ri] < d.r->hi - d.r->lo)
+            return REFIT_OK;
+    }
+    rc = route_complete(t, &d);
+    if (rc)
+        return txn_fail(t, rc);
+    if (t->s->mod_complete[d.r->module] == mod->n_primary)
+        t->stats.modules_complete++;
+    return REFIT_OK;
+}
+
+int refit_load(refit_txn *t, const char *ckpt_name, const refit_tensor *src, void *stream)
+{
+    return txn_deliver(t, ckpt_name, 0, src, true, stream);
+}
+
+int refit_load_part(refit_txn *t, const char *ckpt_name, int64_t offset, const refit_tensor *src,
+                    void *stream)
+{
+    return txn_deliver(t, ckpt_name, offset, src, false, stream);
+}
+
+/* ---- finalize and abort ---- */
+
+static void txn_destroy(refit_txn *t)
+{
+    free(t->version_label);
+    free(t->source_uri);
+    free(t);
+}
+
+/* Leave the worker as abort defines it and end the txn. */
+static int txn_end_aborted(refit_txn *t)
+{
+    refit_model *m = t->m;
+    struct txn_scratch *s = t->s;
+    int rc = REFIT_OK;
+    if (t->rollback) {
+        rc = undo_restore_all(&t->undo, NULL);
+        if (rc) /* bytes could not be put back: poison what was written */
+            t->rollback = false;
+    }
+    bool poisoned = false;
+    if (!t->rollback) {
+        for (uint32_t i = 0; i < s->n_touched; i++) {
+            module *mod = &m->modules[s->touched[i]];
+            if (!s->mod_wrote[s->touched[i]])
+                continue;
+            poisoned = true;
+            if (mod->state == MODULE_EMPTY)
+                m->n_empty--;
+            if (mod->state != MODULE_DIRTY)
+                m->n_dirty++;
+            mod->state = MODULE_DIRTY;
+        }
+    }
+    undo_free(&t->undo);
+    scratch_reset(t);
+    m->txn = NULL;
+    txn_set_state(t, TXN_ABORTED);
+    txn_destroy(t);
+    return poisoned || m->n_dirty ? REFIT_EPOISONED : REFIT_OK;
+}
+
+int refit_abort(refit_txn *t)
+{
+    if (!t)
+        return REFIT_EINVAL;
+    ctx_clear_error(t->m->ctx);
+    refit_model *m = t->m;
+    int rc = txn_end_aborted(t);
+    if (rc == REFIT_EPOISONED)
+        ctx_error(m->ctx, rc, "abort: worker %s is POISONED (%u module(s) hold bytes of an "
+                  "aborted update; rollback was off)", m->ctx->worker_id, m->n_dirty);
+    return rc;
+}
+
+/* Name the first missing piece of an incomplete module. */
+static int report_incomplete(refit_txn *t, const module *mod)
+{
+    const struct txn_scratch *s = t->s;
+    for (uint32_t i = 0; i < mod->n_primary; i++) {
+        uint32_t ri = mod->primary[i];
+        const route *r = &t->m->routes[ri];
+        if (s->route_state[ri] == ROUTE_COMPLETE)
+            continue;
+        if (s->route_state[ri] == ROUTE_PARTIAL)
+            return txn_error(t, REFIT_EINCOMPLETE, "finalize: module %s is partly delivered: "
+                             "%s has %lld of its %lld rows on this rank", mod->name, r->name,
+                             (long long)s->route_rows[ri], (long long)(r->hi - r->lo));
+        return txn_error(t, REFIT_EINCOMPLETE, "finalize: module %s is partly delivered: %s "
+                         "is missing (%u of %u tensors arrived)", mod->name, r->name,
+                         s->mod_complete[mod - t->m->modules], mod->n_primary);
+    }
+    return txn_error(t, REFIT_EINTERNAL, "finalize: module %s incomplete", mod->name);
+}
+
+static int check_complete(refit_txn *t)
+{
+    refit_model *m = t->m;
+    const struct txn_scratch *s = t->s;
+    uint32_t needed_done = 0;
+    for (uint32_t i = 0; i < s->n_touched; i++) {
+        const module *mod = &m->modules[s->touched[i]];
+        if (s->mod_complete[s->touched[i]] != mod->n_primary)
+            return report_incomplete(t, mod);
+        if (mod->state != MODULE_CLEAN)
+            needed_done++;
+    }
+    if (needed_done == m->n_empty + m->n_dirty)
+        return REFIT_OK;
+    for (uint32_t i = 0; i < m->n_modules; i++) {
+        const module *mod = &m->modules[i];
+        if (mod->state == MODULE_CLEAN || s->mod_touched[i])
+            continue;
+        return txn_error(t, REFIT_EINCOMPLETE, "finalize: module %s %s; this update must "
+                         "deliver it whole (none of its %u tensors arrived)", mod->name,
+                         mod->state == MODULE_EMPTY ? "was never loaded"
+                                                    : "holds bytes of an aborted update",
+                         mod->n_primary);
+    }
+    return txn_error(t, REFIT_EINTERNAL, "finalize: module accounting is off");
+}
+
+static void txn_commit(refit_txn *t)
+{
+    refit_model *m = t->m;
+    struct txn_scratch *s = t->s;
+    for (uint32_t i = 0; i < s->n_touched; i++) {
+        module *mod = &m->modules[s->touched[i]];
+        if (mod->state == MODULE_EMPTY)
+            m->n_empty--;
+        else if (mod->state == MODULE_DIRTY)
+            m->n_dirty--;
+        mod->state = MODULE_CLEAN;
+    }
+    free(m->version);
+    m->version = t->version_label;
+    t->version_label = NULL;
+    undo_free(&t->undo);
+    scratch_reset(t);
+    m->txn = NULL;
+    txn_set_state(t, TXN_COMMITTED);
+}
+
+int refit_finalize(refit_txn *t)
+{
+    if (!t)
+        return REFIT_EINVAL;
+    refit_model *m = t->m;
+    ctx_clear_error(m->ctx);
+    int rc;
+    if (t->state == TXN_FAILED) {
+        rc = txn_error(t, t->fail_status, "finalize: the update failed earlier (%s); aborted",
+                       refit_status_name(t->fail_status));
+    } else {
+        txn_set_state(t, TXN_FINALIZING);
+        rc = check_complete(t);
+        if (!rc)
+            rc = model_check_signatures(m, "finalize");
+    }
+    if (rc) {
+        char why[REFIT_ERRMSG_SIZE];
+        memcpy(why, m->ctx->errmsg, sizeof why);
+        bool rollback = t->rollback;
+        int arc = txn_end_aborted(t);
+        ctx_error(m->ctx, rc, "%s; update aborted, %s", why,
+                  arc == REFIT_EPOISONED ? "worker POISONED"
+                  : rollback             ? "bytes rolled back"
+                                         : "nothing was written");
+        return rc;
+    }
+    txn_commit(t);
+    txn_destroy(t);
+    return REFIT_OK;
+}
+
+int refit_txn_stats_get(const refit_txn *t, refit_txn_stats *out)
+{
+    if (!t || !out)
+        return REFIT_EINVAL;
+    *out = t->stats;
+    return REFIT_OK;
+}

@@ -1,0 +1,309 @@
+/*
+ * refit: reload model weights into a live inference worker as a transaction.
+ *
+ * Lifecycle (every create has a destroy):
+ *
+ *   refit_open(&ctx)                      one per engine worker (rank)
+ *     refit_model_create(&model, ctx)     one model per context
+ *       refit_model_add_module / refit_module_bind_runtime / refit_model_expect
+ *       refit_model_add_side
+ *       refit_model_seal                  plan, validate, record signatures
+ *       refit_begin(&txn, model, opts)    one update at a time
+ *         refit_load / refit_load_part    any order, any batching
+ *       refit_finalize(txn) | refit_abort(txn)   frees the txn either way
+ *     refit_model_destroy(model)
+ *   refit_close(ctx)
+ *
+ * Errors: every function returns a refit status (0 = REFIT_OK, negative =
+ * error). A failing call leaves a message on the context, readable with
+ * refit_errmsg() until the next call on that context.
+ *
+ * Tensors are borrowed: refit keeps the pointer to each refit_tensor the
+ * engine registers (and to its shape/strides arrays) and reads it again at
+ * every begin and after every finalize to verify that nothing moved. The
+ * engine keeps them alive, unchanged, until refit_model_destroy().
+ *
+ * Threading: a context and everything created from it is used by one thread
+ * at a time.
+ */
+#ifndef REFIT_REFIT_H
+#define REFIT_REFIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define REFIT_VERSION_MAJOR 0
+#define REFIT_VERSION_MINOR 1
+#define REFIT_VERSION_PATCH 0
+
+#define REFIT_MAX_DIMS 8
+
+/* ---- status codes ------------------------------------------------------ */
+
+/* X(NAME, value, description): the one table every status derives from. */
+#define REFIT_STATUS_TABLE(X)                                                 \
+    X(OK,          0,   "success")                                            \
+    X(EINVAL,     -1,   "invalid argument")                                   \
+    X(ENOMEM,     -2,   "out of memory")                                      \
+    X(ESTATE,     -3,   "not allowed in the current state")                   \
+    X(ENOTFOUND,  -4,   "no such name")                                       \
+    X(EEXIST,     -5,   "name already registered")                            \
+    X(EUNEXPECTED,-6,   "tensor not expected by the model")                   \
+    X(EDUPLICATE, -7,   "tensor delivered twice")                             \
+    X(EOVERLAP,   -8,   "overlapping ranges")                                 \
+    X(EINCOMPLETE,-9,   "update incomplete")                                  \
+    X(EMISMATCH,  -10,  "dtype, shape or layout mismatch")                    \
+    X(EMOVED,     -11,  "registered tensor moved or changed")                 \
+    X(EPOISONED,  -12,  "worker poisoned: serving refused")                   \
+    X(EFORMAT,    -13,  "format error")                                       \
+    X(EUNSUPPORTED,-14, "not supported")                                      \
+    X(EIO,        -15,  "i/o error")                                          \
+    X(EJOURNAL,   -16,  "journal error")                                      \
+    X(ECORRUPT,   -17,  "corrupt or malformed input")                         \
+    X(EBUDGET,    -18,  "staging memory budget exceeded")                     \
+    X(EINTERNAL,  -19,  "internal error")
+
+typedef enum refit_status {
+#define REFIT_X_(name, value, desc) REFIT_##name = value,
+    REFIT_STATUS_TABLE(REFIT_X_)
+#undef REFIT_X_
+} refit_status;
+
+/* Human description of a status ("tensor delivered twice"). Never NULL. */
+const char *refit_strerror(int status);
+/* Symbolic name of a status ("REFIT_EDUPLICATE"). Never NULL. */
+const char *refit_status_name(int status);
+
+/* ---- tensors (DLPack DLTensor v1 layout) ------------------------------- */
+
+/* Device types: the DLPack DLDeviceType values. */
+enum {
+    REFIT_DEVICE_CPU = 1,
+    REFIT_DEVICE_CUDA = 2,
+    REFIT_DEVICE_CUDA_HOST = 3, /* pinned host memory */
+};
+
+typedef struct refit_device {
+    int32_t device_type; /* REFIT_DEVICE_* */
+    int32_t device_id;
+} refit_device;
+
+/* Type codes: the DLPack DLDataTypeCode values. */
+enum {
+    REFIT_DTYPE_INT = 0,
+    REFIT_DTYPE_UINT = 1,
+    REFIT_DTYPE_FLOAT = 2,
+    REFIT_DTYPE_BFLOAT = 4,
+    REFIT_DTYPE_BOOL = 6,
+    REFIT_DTYPE_FLOAT8_E4M3FN = 10,
+    REFIT_DTYPE_FLOAT8_E5M2 = 12,
+    REFIT_DTYPE_FLOAT8_E8M0FNU = 14,
+    REFIT_DTYPE_FLOAT4_E2M1FN = 17,
+};
+
+typedef struct refit_dtype {
+    uint8_t code;   /* REFIT_DTYPE_* */
+    uint8_t bits;   /* bits per lane */
+    uint16_t lanes; /* 1 */
+} refit_dtype;
+
+#define REFIT_F32  ((refit_dtype){REFIT_DTYPE_FLOAT, 32, 1})
+#define REFIT_F16  ((refit_dtype){REFIT_DTYPE_FLOAT, 16, 1})
+#define REFIT_BF16 ((refit_dtype){REFIT_DTYPE_BFLOAT, 16, 1})
+#define REFIT_I32  ((refit_dtype){REFIT_DTYPE_INT, 32, 1})
+#define REFIT_I8   ((refit_dtype){REFIT_DTYPE_INT, 8, 1})
+#define REFIT_U8   ((refit_dtype){REFIT_DTYPE_UINT, 8, 1})
+
+/* Same memory layout as DLPack's DLTensor, so a DLTensor* can be passed. */
+typedef struct refit_tensor {
+    void *data;
+    refit_device device;
+    int32_t ndim;
+    refit_dtype dtype;
+    int64_t *shape;      /* ndim entries */
+    int64_t *strides;    /* ndim entries, in elements; NULL = row-major */
+    uint64_t byte_offset;
+} refit_tensor;
+
+/* Short dtype name ("bf16", "f32", "i8" ...); "?" when unknown. */
+const char *refit_dtype_name(refit_dtype dt);
+
+/* ---- context ------------------------------------------------------------ */
+
+typedef struct refit_ctx refit_ctx;
+typedef struct refit_model refit_model;
+typedef struct refit_txn refit_txn;
+
+#define REFIT_OPTIONS_VERSION 1
+typedef struct refit_options {
+    uint32_t version;          /* REFIT_OPTIONS_VERSION */
+    const char *worker_id;     /* label in messages and the journal; NULL: "worker" */
+    int32_t rank;              /* this worker's rank in its group */
+    const char *journal_path;  /* NULL: $REFIT_JOURNAL, else no journal */
+    const char *plugin_dirs;   /* ':'-separated extra plugin directories, or NULL */
+    uint64_t staging_budget;   /* bytes of staging memory; 0 = 1 GiB */
+} refit_options;
+#define REFIT_OPTIONS_INIT {REFIT_OPTIONS_VERSION, NULL, 0, NULL, NULL, 0}
+
+/* Create a context. opt may be NULL for defaults. On failure *out is NULL
+ * and the status says why (there is no context to hold a message). */
+int refit_open(refit_ctx **out, const refit_options *opt);
+/* Destroy a context; destroys its model if the caller did not. NULL is ok. */
+void refit_close(refit_ctx *ctx);
+/* The message of the last failing call on ctx (or ""), valid until the next
+ * call on ctx. Says what, where (module, tensor) and why. */
+const char *refit_errmsg(const refit_ctx *ctx);
+
+/* ---- worker health ------------------------------------------------------ */
+
+typedef enum refit_health {
+    REFIT_HEALTH_EMPTY = 0,    /* sealed, some module never loaded: serving refused */
+    REFIT_HEALTH_READY = 1,    /* every module holds the current version */
+    REFIT_HEALTH_UPDATING = 2, /* a transaction is open */
+    REFIT_HEALTH_POISONED = 3, /* an aborted update left bytes: serving refused */
+} refit_health;
+
+refit_health refit_worker_health(const refit_ctx *ctx);
+const char *refit_health_name(refit_health h);
+/* REFIT_OK when the worker may serve (READY), else REFIT_EPOISONED or
+ * REFIT_ESTATE with a message saying why. */
+int refit_check_serving(refit_ctx *ctx);
+/* Version label the worker holds (READY), or NULL. Owned by the library. */
+const char *refit_worker_version(const refit_ctx *ctx);
+
+/* ---- model registration ------------------------------------------------- */
+
+/* Create the context's model (one per context). */
+int refit_model_create(refit_model **out, refit_ctx *ctx);
+void refit_model_destroy(refit_model *model);
+
+/* Add a module: the unit of completeness and post-load. format names a
+ * registered format ("unquantized"); params is a flat YAML mapping of the
+ * format's parameters ("cast: true"), or NULL. */
+int refit_model_add_module(refit_model *model, const char *name,
+                           const char *format, const char *params);
+
+/* Bind a runtime tensor (engine-owned, graph-visible) to a module under a
+ * name local to the module. t is borrowed (see the top of this file). */
+int refit_module_bind_runtime(refit_model *model, const char *module,
+                              const char *name, const refit_tensor *t);
+
+/* Register a side tensor: graph-visible memory that is not a weight
+ * (workspace, table, constant). Only its signature is checked. Borrowed. */
+int refit_model_add_side(refit_model *model, const char *name,
+                         const refit_tensor *t);
+
+/* What a module expects of one checkpoint tensor, and where it goes. */
+#define REFIT_CKPT_SPEC_VERSION 1
+typedef struct refit_ckpt_spec {
+    uint32_t version;          /* REFIT_CKPT_SPEC_VERSION */
+    refit_dtype dtype;         /* dtype in the checkpoint */
+    int32_t ndim;
+    int64_t shape[REFIT_MAX_DIMS]; /* full (unsharded) checkpoint shape */
+    const char *target;        /* runtime tensor (name in the module); NULL:
+                                  the module's only runtime tensor */
+    /* TP shard: this rank keeps slice shard_rank of shard_count along
+     * shard_dim; sizes differ by at most one when uneven (lower ranks get
+     * the extra rows). shard_count 1 (or 0) means no shard. */
+    int32_t shard_dim;
+    int32_t shard_rank;
+    int32_t shard_count;
+    /* Padding: the extent of shard_dim (dim 0 when not sharded) is padded
+     * to pad_to before sharding; rows beyond the real extent are zeroed at
+     * every load. 0 = no padding. */
+    int64_t pad_to;
+    /* Placement in the target: expert >= 0 selects index expert on the
+     * target's dim 0 (a stacked [E, ...] tensor); dst_offset gives the
+     * offset of the slice along each remaining target dim (fused qkv:
+     * k at q's local rows). */
+    int64_t expert;
+    int64_t dst_offset[REFIT_MAX_DIMS];
+    /* Tie: this checkpoint name is another name of tie_of (same storage,
+     * written once). dtype/shape/placement come from tie_of. */
+    const char *tie_of;
+} refit_ckpt_spec;
+#define REFIT_CKPT_SPEC_INIT {REFIT_CKPT_SPEC_VERSION, {0, 0, 0}, 0, {0}, NULL, \
+                              0, 0, 1, 0, -1, {0}, NULL}
+
+/* Declare that module expects checkpoint tensor ckpt_name. */
+int refit_model_expect(refit_model *model, const char *module,
+                       const char *ckpt_name, const refit_ckpt_spec *spec);
+
+/* Build the plan: one route per checkpoint tensor; validate every mapping;
+ * record the signature of every runtime and side tensor. Refuses with a
+ * message and changes nothing on failure. After seal nothing can be added. */
+int refit_model_seal(refit_model *model);
+
+/* Plan statistics, for tools. */
+typedef struct refit_model_stats {
+    uint32_t modules, runtime_tensors, side_tensors, ckpt_tensors;
+    uint32_t routes_direct, routes_staged;
+    uint64_t runtime_bytes;
+} refit_model_stats;
+int refit_model_stats_get(const refit_model *model, refit_model_stats *out);
+
+/* 64-bit content fingerprint of a registered runtime tensor (logical
+ * element order, so equal contents give equal fingerprints). */
+int refit_runtime_fingerprint(refit_model *model, const char *module,
+                              const char *name, uint64_t *out);
+/* One fingerprint over every runtime tensor, in registration order. */
+int refit_model_fingerprint(refit_model *model, uint64_t *out);
+
+/* ---- transactions ------------------------------------------------------- */
+
+#define REFIT_UPDATE_OPTS_VERSION 1
+typedef struct refit_update_opts {
+    uint32_t version;          /* REFIT_UPDATE_OPTS_VERSION */
+    const char *version_label; /* the weights' version, e.g. "step-1200" */
+    const char *source_uri;    /* where the bytes come from, for the journal */
+    int rollback;              /* 1: keep an undo log; abort restores bytes */
+} refit_update_opts;
+#define REFIT_UPDATE_OPTS_INIT {REFIT_UPDATE_OPTS_VERSION, NULL, NULL, 1}
+
+/* Open an update. Verifies every signature first; refuses (changing
+ * nothing) when the plan is stale or a tensor moved. Worker -> UPDATING. */
+int refit_begin(refit_txn **out, refit_model *model,
+                const refit_update_opts *opts);
+
+/* Deliver one whole checkpoint tensor. src has the checkpoint's full shape
+ * and dtype and any strides; it is read before the call returns. stream is
+ * the caller's stream for device backends (NULL on the host). Every check
+ * (name known, not yet delivered, dtype, shape) happens before any byte is
+ * written. */
+int refit_load(refit_txn *txn, const char *ckpt_name, const refit_tensor *src,
+               void *stream);
+
+/* Deliver part of a checkpoint tensor: src covers rows [offset, offset +
+ * src->shape[d]) of split dim d (the shard dim, else dim 0) and the full
+ * extent of every other dim. Parts may arrive in any order; overlapping
+ * parts are refused. */
+int refit_load_part(refit_txn *txn, const char *ckpt_name, int64_t offset,
+                    const refit_tensor *src, void *stream);
+
+/* Check completeness of every touched module, run the checks, commit.
+ * Worker -> READY at the update's version. On failure the update is
+ * aborted as refit_abort would (rollback or POISONED) and the error
+ * returned. The txn is freed either way. */
+int refit_finalize(refit_txn *txn);
+
+/* Abandon the update. With rollback, every written byte is restored and the
+ * worker returns to its previous health; without, the worker is POISONED if
+ * any byte was written. Frees the txn. Returns REFIT_OK when the worker is
+ * back to its previous state, REFIT_EPOISONED when it is poisoned. */
+int refit_abort(refit_txn *txn);
+
+/* Progress of an open transaction. */
+typedef struct refit_txn_stats {
+    uint64_t tensors_loaded, bytes_loaded;
+    uint32_t modules_touched, modules_complete;
+} refit_txn_stats;
+int refit_txn_stats_get(const refit_txn *txn, refit_txn_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* REFIT_REFIT_H */

@@ -1,0 +1,49 @@
+#!/bin/sh
+# Install what refit needs on a Debian 12 machine, once. Quiet when all is
+# there. Usage: scripts/deps.sh [BUILD_DIR]  (the venv goes in BUILD_DIR/venv)
+set -e
+build=${1:-build}
+
+missing=""
+need_cmd() { command -v "$1" >/dev/null 2>&1 || missing="$missing $2"; }
+need_pc() { pkg-config --exists "$1" 2>/dev/null || missing="$missing $2"; }
+
+need_cmd meson meson
+need_cmd ninja ninja-build
+need_cmd pkg-config pkg-config
+need_cmd cc gcc
+need_cmd clang clang
+need_cmd python3 python3
+need_cmd sqlite3 sqlite3
+if command -v pkg-config >/dev/null 2>&1; then
+  need_pc cmocka libcmocka-dev
+  need_pc yaml-0.1 libyaml-dev
+  need_pc sqlite3 libsqlite3-dev
+  need_pc jansson libjansson-dev
+else
+  missing="$missing libcmocka-dev libyaml-dev libsqlite3-dev libjansson-dev"
+fi
+python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$missing python3-venv"
+# clang's sanitizer and fuzzer runtimes
+[ -n "$(ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a 2>/dev/null)" ] ||
+  missing="$missing libclang-rt-dev"
+
+if [ -n "$missing" ]; then
+  echo "refit: installing$missing"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq $missing >/dev/null
+fi
+
+# Python packages used only by tests and tools, in a venv under the build.
+venv="$build/venv"
+stamp="$venv/.refit-deps-1"
+if [ ! -f "$stamp" ]; then
+  echo "refit: creating $venv (numpy, ml_dtypes, safetensors)"
+  mkdir -p "$build"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check numpy ml_dtypes safetensors
+  touch "$stamp"
+fi

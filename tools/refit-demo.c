@@ -1,0 +1,512 @@
+/*
+ * refit-demo: a real reload on an embedded default worker, no GPU needed.
+ *
+ * The worker is transformer-shaped and lives in host memory: a replicated
+ * embedding with its vocabulary padded (1000 -> 1024 rows) and tied to the
+ * lm_head, 4 layers whose q/k/v land in one fused qkv tensor and gate/up in
+ * one gate_up tensor, this worker holding tensor-parallel rank 0 of 2, and
+ * norms kept in F32 from a BF16 checkpoint. Checkpoint-named weights for
+ * versions A, B and C are generated deterministically.
+ *
+ * Phases: 1 cold start on A; 2 update to B, compared bit for bit with a
+ * cold start on B; 3 an update to C that fails half-way with rollback (READY
+ * at B, bytes identical); 4 the same without rollback (POISONED, serving
+ * refused); 5 a retry that succeeds (READY at C, equal to a cold start on C).
+ *
+ * Options: --json (one JSON object on stdout), --crash-during-update (the
+ * process SIGKILLs itself half-way through phase 2, for journal tests).
+ */
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <refit/refit.h>
+
+#define VOCAB 1000
+#define VOCAB_PAD 1024
+#define HIDDEN 256
+#define KV 128          /* k and v rows (grouped-query attention) */
+#define INTER 512
+#define LAYERS 4
+#define TP 2
+#define RANK 0
+#define MAX_CKPT 64
+#define MAX_RT 48
+
+/* ---- deterministic checkpoint weights ---- */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t name_seed(const char *version, const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = version; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    h = (h ^ '/') * 0x100000001b3ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    return h;
+}
+
+/* BF16 values in [-0.5, 0.5): a float's top 16 bits, rounded. */
+static void fill_bf16(uint16_t *out, size_t n, uint64_t seed)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = mix64(seed + i * 0x9e3779b97f4a7c15ull);
+        float f = (float)((double)(r >> 11) / 9007199254740992.0 - 0.5);
+        uint32_t u;
+        memcpy(&u, &f, sizeof u);
+        u += 0x7fffu + ((u >> 16) & 1u);
+        out[i] = (uint16_t)(u >> 16);
+    }
+}
+
+/* ---- the worker: runtime tensors and the checkpoint they expect ---- */
+
+typedef struct rt_tensor {
+    char module[64], name[32];
+    int64_t shape[2];
+    int ndim;
+    refit_dtype dtype;
+    void *data;
+    refit_tensor t;
+} rt_tensor;
+
+typedef struct ckpt_tensor {
+    char name[96];
+    char module[64];
+    refit_ckpt_spec spec;
+    uint16_t *data;             /* full checkpoint tensor of one version */
+    size_t numel;
+} ckpt_tensor;
+
+typedef struct worker {
+    refit_ctx *ctx;
+    refit_model *model;
+    rt_tensor rt[MAX_RT];
+    int n_rt;
+    ckpt_tensor ck[MAX_CKPT];
+    int n_ck;
+} worker;
+
+static int add_rt(worker *w, const char *module, const char *name, int ndim, int64_t d0,
+                  int64_t d1, refit_dtype dt)
+{
+    rt_tensor *r = &w->rt[w->n_rt++];
+    snprintf(r->module, sizeof r->module, "%s", module);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    r->ndim = ndim;
+    r->shape[0] = d0;
+    r->shape[1] = d1;
+    r->dtype = dt;
+    size_t numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    r->data = calloc(numel, dt.bits / 8);
+    if (!r->data)
+        return REFIT_ENOMEM;
+    r->t = (refit_tensor){.data = r->data, .device = {REFIT_DEVICE_CPU, 0}, .ndim = ndim,
+                          .dtype = dt, .shape = r->shape, .strides = NULL};
+    return refit_module_bind_runtime(w->model, module, name, &r->t);
+}
+
+static ckpt_tensor *expect(worker *w, const char *module, const char *name, int ndim, int64_t d0,
+                           int64_t d1)
+{
+    ckpt_tensor *c = &w->ck[w->n_ck++];
+    snprintf(c->name, sizeof c->name, "%s", name);
+    snprintf(c->module, sizeof c->module, "%s", module);
+    refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
+    s.dtype = REFIT_BF16;
+    s.ndim = ndim;
+    s.shape[0] = d0;
+    s.shape[1] = d1;
+    c->spec = s;
+    c->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
+    return c;
+}
+
+static void shard(ckpt_tensor *c, int dim, const char *target, int64_t offset)
+{
+    c->spec.shard_dim = dim;
+    c->spec.shard_rank = RANK;
+    c->spec.shard_count = TP;
+    c->spec.target = target;
+    c->spec.dst_offset[0] = offset;
+}
+
+static int build_layer(worker *w, int l)
+{
+    char mod[64], n[96];
+    int rc;
+    /* attention: q, k, v of this rank fused into qkv; o row-parallel */
+    snprintf(mod, sizeof mod, "layers.%d.attn", l);
+    if ((rc = refit_model_add_module(w->model, mod, "unquantized", NULL)) ||
+        (rc = add_rt(w, mod, "qkv", 2, (HIDDEN + 2 * KV) / TP, HIDDEN, REFIT_BF16)) ||
+        (rc = add_rt(w, mod, "o", 2, HIDDEN, HIDDEN / TP, REFIT_BF16)))
+        return rc;
+    const char *qkv[3] = {"q_proj", "k_proj", "v_proj"};
+    int64_t rows[3] = {HIDDEN, KV, KV}, off = 0;
+    for (int i = 0; i < 3; i++) {
+        snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, qkv[i]);
+        shard(expect(w, mod, n, 2, rows[i], HIDDEN), 0, "qkv", off);
+        off += rows[i] / TP;
+    }
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.o_proj.weight", l);
+    shard(expect(w, mod, n, 2, HIDDEN, HIDDEN), 1, "o", 0);
+    /* mlp: gate and up fused; down row-parallel */
+    snprintf(mod, sizeof mod, "layers.%d.mlp", l);
+    if ((rc = refit_model_add_module(w->model, mod, "unquantized", NULL)) ||
+        (rc = add_rt(w, mod, "gate_up", 2, 2 * INTER / TP, HIDDEN, REFIT_BF16)) ||
+        (rc = add_rt(w, mod, "down", 2, HIDDEN, INTER / TP, REFIT_BF16)))
+        return rc;
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate_proj.weight", l);
+    shard(expect(w, mod, n, 2, INTER, HIDDEN), 0, "gate_up", 0);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.up_proj.weight", l);
+    shard(expect(w, mod, n, 2, INTER, HIDDEN), 0, "gate_up", INTER / TP);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.down_proj.weight", l);
+    shard(expect(w, mod, n, 2, HIDDEN, INTER), 1, "down", 0);
+    /* norms: replicated, F32 at runtime from BF16 in the checkpoint */
+    snprintf(mod, sizeof mod, "layers.%d.norms", l);
+    if ((rc = refit_model_add_module(w->model, mod, "unquantized", "cast: true")) ||
+        (rc = add_rt(w, mod, "input", 1, HIDDEN, 0, REFIT_F32)) ||
+        (rc = add_rt(w, mod, "post_attention", 1, HIDDEN, 0, REFIT_F32)))
+        return rc;
+    snprintf(n, sizeof n, "model.layers.%d.input_layernorm.weight", l);
+    expect(w, mod, n, 1, HIDDEN, 0)->spec.target = "input";
+    snprintf(n, sizeof n, "model.layers.%d.post_attention_layernorm.weight", l);
+    expect(w, mod, n, 1, HIDDEN, 0)->spec.target = "post_attention";
+    return REFIT_OK;
+}
+
+static int worker_build(worker *w, const char *id)
+{
+    memset(w, 0, sizeof *w);
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.worker_id = id;
+    o.rank = RANK;
+    int rc = refit_open(&w->ctx, &o);
+    if (rc)
+        return rc;
+    if ((rc = refit_model_create(&w->model, w->ctx)))
+        return rc;
+    /* embedding, vocabulary padded to 1024 rows, tied to the lm_head */
+    if ((rc = refit_model_add_module(w->model, "embed", "unquantized", NULL)) ||
+        (rc = add_rt(w, "embed", "table", 2, VOCAB_PAD, HIDDEN, REFIT_BF16)))
+        return rc;
+    ckpt_tensor *e = expect(w, "embed", "model.embed_tokens.weight", 2, VOCAB, HIDDEN);
+    e->spec.pad_to = VOCAB_PAD;
+    expect(w, "embed", "lm_head.weight", 2, VOCAB, HIDDEN)->spec.tie_of =
+        "model.embed_tokens.weight";
+    for (int l = 0; l < LAYERS && !rc; l++)
+        rc = build_layer(w, l);
+    if (rc || (rc = refit_model_add_module(w->model, "norm", "unquantized", "cast: true")) ||
+        (rc = add_rt(w, "norm", "weight", 1, HIDDEN, 0, REFIT_F32)))
+        return rc;
+    expect(w, "norm", "model.norm.weight", 1, HIDDEN, 0);
+    for (int i = 0; i < w->n_ck && !rc; i++)
+        rc = refit_model_expect(w->model, w->ck[i].module, w->ck[i].name, &w->ck[i].spec);
+    if (!rc)
+        rc = refit_model_seal(w->model);
+    return rc;
+}
+
+static void worker_free(worker *w)
+{
+    refit_close(w->ctx);
+    for (int i = 0; i < w->n_rt; i++)
+        free(w->rt[i].data);
+    for (int i = 0; i < w->n_ck; i++)
+        free(w->ck[i].data);
+}
+
+/* Generate every checkpoint tensor of a version (the trainer's side). */
+static int make_version(worker *w, const char *version)
+{
+    for (int i = 0; i < w->n_ck; i++) {
+        ckpt_tensor *c = &w->ck[i];
+        free(c->data);
+        c->data = malloc(c->numel * 2);
+        if (!c->data)
+            return REFIT_ENOMEM;
+        /* a tied name carries the same values as the name it is tied to */
+        const char *same = c->spec.tie_of ? c->spec.tie_of : c->name;
+        fill_bf16(c->data, c->numel, name_seed(version, same));
+    }
+    return REFIT_OK;
+}
+
+/* ---- output ---- */
+
+typedef struct phase {
+    int n;
+    const char *title;
+    const char *version;
+    int status;
+    const char *health;
+    const char *holds;
+    uint64_t tensors, bytes;
+    double ms;
+    int bit_exact;              /* -1: not checked */
+    char note[256];
+} phase;
+
+static bool json_out;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void progress(int done, int total, uint64_t bytes)
+{
+    if (json_out)
+        return;
+    if (!isatty(STDOUT_FILENO)) { /* a log: one line per quarter, no \r */
+        if (done * 4 / total != (done - 1) * 4 / total)
+            printf("  %2d/%d tensors, %6.2f MiB\n", done, total, bytes / 1048576.0);
+        return;
+    }
+    int width = 30, fill = total ? done * width / total : width;
+    printf("\r  [%.*s%*s] %2d/%d tensors, %6.2f MiB", fill, "##############################",
+           width - fill, "", done, total, bytes / 1048576.0);
+    if (done == total)
+        printf("\n");
+    fflush(stdout);
+}
+
+static void phase_print(const phase *p, bool ok)
+{
+    if (json_out)
+        return;
+    printf("  -> %s: worker %s", ok ? "ok" : "FAILED", p->health);
+    if (p->holds)
+        printf(" at %s", p->holds);
+    if (p->bit_exact >= 0)
+        printf(", bit-exact vs cold start: %s", p->bit_exact ? "yes" : "NO");
+    printf(" (%llu tensors, %.2f MiB, %.1f ms)\n", (unsigned long long)p->tensors,
+           p->bytes / 1048576.0, p->ms);
+    if (p->note[0])
+        printf("     %s\n", p->note);
+    printf("\n");
+}
+
+/* ---- an update: deliver a version's tensors, maybe stop half-way ---- */
+
+typedef enum { RUN_ALL, RUN_FAIL_HALF, RUN_CRASH_HALF } run_mode;
+
+static int run_update(worker *w, const char *version, int rollback, run_mode mode, phase *p)
+{
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.version_label = version;
+    uo.source_uri = "memory://refit-demo";
+    uo.rollback = rollback;
+    refit_txn *txn;
+    double t0 = now_ms();
+    int rc = refit_begin(&txn, w->model, &uo);
+    if (rc)
+        return rc;
+    /* the tied lm_head is sent too, as a trainer's state dict would */
+    for (int i = 0; i < w->n_ck; i++) {
+        ckpt_tensor *c = &w->ck[i];
+        if (mode != RUN_ALL && i == w->n_ck / 2) {
+            if (mode == RUN_CRASH_HALF) {
+                if (!json_out)
+                    printf("\n  !! crashing with SIGKILL half-way (--crash-during-update)\n");
+                fflush(stdout);
+                raise(SIGKILL);
+            }
+            snprintf(p->note, sizeof p->note, "the sender died after %d of %d tensors; "
+                     "abort with rollback %s", i, w->n_ck, rollback ? "on" : "off");
+            if (!json_out)
+                printf("\n  !! sender lost after %d of %d tensors: aborting\n", i, w->n_ck);
+            rc = refit_abort(txn);
+            p->ms = now_ms() - t0;
+            return rc;
+        }
+        refit_tensor src = {.data = c->data, .device = {REFIT_DEVICE_CPU, 0},
+                            .ndim = c->spec.ndim, .dtype = REFIT_BF16,
+                            .shape = c->spec.shape, .strides = NULL};
+        rc = refit_load(txn, c->name, &src, NULL);
+        if (rc) {
+            refit_abort(txn);
+            return rc;
+        }
+        p->tensors++;
+        p->bytes += c->numel * 2;
+        progress(i + 1, w->n_ck, p->bytes);
+    }
+    rc = refit_finalize(txn);
+    p->ms = now_ms() - t0;
+    return rc;
+}
+
+/* Fingerprint of a fresh worker cold-started on version. */
+static int cold_start_fingerprint(const char *version, uint64_t *fp)
+{
+    worker ref;
+    phase scratch = {0};
+    int rc = worker_build(&ref, "reference");
+    bool was_json = json_out;
+    json_out = true; /* keep the reference run quiet */
+    if (!rc)
+        rc = make_version(&ref, version);
+    if (!rc)
+        rc = run_update(&ref, version, 0, RUN_ALL, &scratch);
+    if (!rc)
+        rc = refit_model_fingerprint(ref.model, fp);
+    json_out = was_json;
+    worker_free(&ref);
+    return rc;
+}
+
+static void phase_state(worker *w, phase *p)
+{
+    p->health = refit_health_name(refit_worker_health(w->ctx));
+    p->holds = refit_worker_version(w->ctx);
+}
+
+static int fail(worker *w, const char *what, int rc)
+{
+    fprintf(stderr, "refit-demo: %s: %s (%s): %s\n", what, refit_status_name(rc),
+            refit_strerror(rc), refit_errmsg(w->ctx));
+    return 1;
+}
+
+static void json_phases(const phase *ph, int n, bool ok, uint64_t fp)
+{
+    printf("{\"demo\": \"refit\", \"ok\": %s, \"fingerprint\": \"%016llx\", \"phases\": [",
+           ok ? "true" : "false", (unsigned long long)fp);
+    for (int i = 0; i < n; i++) {
+        const phase *p = &ph[i];
+        printf("%s{\"phase\": %d, \"title\": \"%s\", \"version\": \"%s\", \"status\": \"%s\", "
+               "\"health\": \"%s\", \"holds\": %s%s%s, \"tensors\": %llu, \"bytes\": %llu, "
+               "\"ms\": %.3f, \"bit_exact\": %s}",
+               i ? ", " : "", p->n, p->title, p->version, refit_status_name(p->status),
+               p->health, p->holds ? "\"" : "", p->holds ? p->holds : "null",
+               p->holds ? "\"" : "", (unsigned long long)p->tensors,
+               (unsigned long long)p->bytes, p->ms,
+               p->bit_exact < 0 ? "null" : p->bit_exact ? "true" : "false");
+    }
+    printf("]}\n");
+}
+
+static void header(const phase *p)
+{
+    if (!json_out)
+        printf("Phase %d: %s\n", p->n, p->title);
+}
+
+int main(int argc, char **argv)
+{
+    bool crash = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json_out = true;
+        else if (!strcmp(argv[i], "--crash-during-update"))
+            crash = true;
+        else {
+            fprintf(stderr, "usage: refit-demo [--json] [--crash-during-update]\n");
+            return 2;
+        }
+    }
+    worker w;
+    int rc = worker_build(&w, "demo-worker-0");
+    if (rc)
+        return fail(&w, "building the worker", rc);
+    refit_model_stats st;
+    refit_model_stats_get(w.model, &st);
+    if (!json_out)
+        printf("refit demo: worker demo-worker-0, TP rank %d of %d, %u modules, %u runtime "
+               "tensors (%.2f MiB), %u checkpoint tensors; health %s\n\n",
+               RANK, TP, st.modules, st.runtime_tensors, st.runtime_bytes / 1048576.0,
+               st.ckpt_tensors, refit_health_name(refit_worker_health(w.ctx)));
+
+    phase ph[5] = {
+        {1, "cold start on A", "A", 0, 0, 0, 0, 0, 0, -1, ""},
+        {2, "update to B", "B", 0, 0, 0, 0, 0, 0, -1, ""},
+        {3, "update to C fails half-way, rollback on", "C", 0, 0, 0, 0, 0, 0, -1, ""},
+        {4, "update to C fails half-way, rollback off", "C", 0, 0, 0, 0, 0, 0, -1, ""},
+        {5, "retry the update to C", "C", 0, 0, 0, 0, 0, 0, -1, ""},
+    };
+    bool ok = true;
+    uint64_t fp = 0, ref = 0, before = 0;
+
+    /* 1: cold start */
+    header(&ph[0]);
+    if ((rc = make_version(&w, "A")) ||
+        (rc = ph[0].status = run_update(&w, "A", 1, RUN_ALL, &ph[0])))
+        return fail(&w, "phase 1", rc);
+    phase_state(&w, &ph[0]);
+    ok &= refit_check_serving(w.ctx) == REFIT_OK;
+    phase_print(&ph[0], ok);
+
+    /* 2: update to B, then bit-exact against a cold start on B */
+    header(&ph[1]);
+    if ((rc = make_version(&w, "B")) ||
+        (rc = ph[1].status = run_update(&w, "B", 1, crash ? RUN_CRASH_HALF : RUN_ALL, &ph[1])))
+        return fail(&w, "phase 2", rc);
+    if ((rc = refit_model_fingerprint(w.model, &fp)) || (rc = cold_start_fingerprint("B", &ref)))
+        return fail(&w, "fingerprints", rc);
+    ph[1].bit_exact = fp == ref;
+    phase_state(&w, &ph[1]);
+    ok &= ph[1].bit_exact && refit_check_serving(w.ctx) == REFIT_OK;
+    phase_print(&ph[1], ok);
+
+    /* 3: half an update to C, then abort with rollback: READY at B, same bytes */
+    header(&ph[2]);
+    before = fp;
+    make_version(&w, "C");
+    ph[2].status = run_update(&w, "C", 1, RUN_FAIL_HALF, &ph[2]);
+    refit_model_fingerprint(w.model, &fp);
+    ph[2].bit_exact = fp == before;
+    phase_state(&w, &ph[2]);
+    ok &= ph[2].status == REFIT_OK && ph[2].bit_exact &&
+          refit_worker_health(w.ctx) == REFIT_HEALTH_READY;
+    if (!json_out)
+        printf("  worker bytes identical to B after rollback: %s\n",
+               ph[2].bit_exact ? "yes" : "NO");
+    ph[2].bit_exact = -1; /* compared with B itself, not a cold start */
+    phase_print(&ph[2], ok);
+
+    /* 4: the same without rollback: POISONED, serving refused */
+    header(&ph[3]);
+    ph[3].status = run_update(&w, "C", 0, RUN_FAIL_HALF, &ph[3]);
+    phase_state(&w, &ph[3]);
+    rc = refit_check_serving(w.ctx);
+    ok &= ph[3].status == REFIT_EPOISONED && rc == REFIT_EPOISONED;
+    if (!json_out)
+        printf("  serving check: %s: %s\n", refit_status_name(rc), refit_errmsg(w.ctx));
+    phase_print(&ph[3], ok);
+
+    /* 5: retry C in full: READY at C, equal to a cold start on C */
+    header(&ph[4]);
+    if ((rc = ph[4].status = run_update(&w, "C", 1, RUN_ALL, &ph[4])))
+        return fail(&w, "phase 5", rc);
+    if ((rc = refit_model_fingerprint(w.model, &fp)) || (rc = cold_start_fingerprint("C", &ref)))
+        return fail(&w, "fingerprints", rc);
+    ph[4].bit_exact = fp == ref;
+    phase_state(&w, &ph[4]);
+    ok &= ph[4].bit_exact && refit_check_serving(w.ctx) == REFIT_OK;
+    phase_print(&ph[4], ok);
+
+    if (json_out)
+        json_phases(ph, 5, ok, fp);
+    else
+        printf("%s: all five phases %s; worker %s at version %s, fingerprint %016llx\n",
+               ok ? "OK" : "FAILED", ok ? "passed" : "did not pass",
+               refit_health_name(refit_worker_health(w.ctx)),
+               refit_worker_version(w.ctx) ? refit_worker_version(w.ctx) : "-",
+               (unsigned long long)fp);
+    worker_free(&w);
+    return ok ? 0 : 1;
+}
