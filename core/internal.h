@@ -63,6 +63,7 @@ typedef struct tensor_reg {
     char *span;                 /* lowest byte the tensor touches */
     size_t span_bytes;          /* bytes from span to the highest, inclusive */
     const backend *be;
+    bool via_view;              /* a VIEW route writes it: the format covers it */
 } tensor_reg;
 
 typedef enum route_flag {

@@ -474,6 +474,47 @@ static int route_staged(refit_model *m, module *mod, route *r, refit_fmt_ckpt *c
     return REFIT_OK;
 }
 
+/* A VIEW route writes through a checkpoint-layout view the format laid over
+ * runtime storage; it must have the checkpoint slice's shape and stay inside
+ * the target's bytes. */
+static int route_view(refit_model *m, route *r, refit_fmt_ckpt *c)
+{
+    tensor_reg *t = &m->runtime[r->target];
+    const refit_view *v = &c->place;
+    if (v->ndim != c->ndim || memcmp(v->shape, c->shape, sizeof(int64_t) * (size_t)c->ndim))
+        return ROUTE_ERR(m, r, REFIT_EFORMAT, "format %s laid a view whose shape is not the "
+                         "checkpoint slice's", m->modules[r->module].fmt->name);
+    if (!kern_dtype_eq(v->dtype, r->spec.dtype) &&
+        (!(c->flags & REFIT_CKPT_CAST) || !kern_can_cast(v->dtype, r->spec.dtype)))
+        return ROUTE_ERR(m, r, REFIT_EFORMAT, "format %s laid a %s view for a %s tensor",
+                         m->modules[r->module].fmt->name, refit_dtype_name(v->dtype),
+                         refit_dtype_name(r->spec.dtype));
+    size_t e = kern_dtype_size(v->dtype);
+    if (e == 0)
+        return ROUTE_ERR(m, r, REFIT_EFORMAT, "a view needs whole-byte elements");
+    if (kern_view_numel(v) > 0) {
+        int64_t lo = 0, hi = 0;
+        for (int i = 0; i < v->ndim; i++) {
+            int64_t reach = (v->shape[i] - 1) * v->strides[i] * (int64_t)e;
+            if (reach < 0)
+                lo += reach;
+            else
+                hi += reach;
+        }
+        uintptr_t first = (uintptr_t)v->data + (uintptr_t)lo;
+        uintptr_t last = (uintptr_t)v->data + (uintptr_t)hi + e;
+        uintptr_t span = (uintptr_t)t->span;
+        if (!v->data || first < span || last > span + t->span_bytes)
+            return ROUTE_ERR(m, r, REFIT_EFORMAT, "format %s laid a view outside runtime %s",
+                             m->modules[r->module].fmt->name, t->name);
+    }
+    if (!kern_dtype_eq(v->dtype, r->spec.dtype))
+        r->flags |= ROUTE_CAST;
+    r->dst = *v;
+    t->via_view = true;
+    return REFIT_OK;
+}
+
 static int module_plan(refit_model *m, module *mod, box *boxes, uint32_t *n_boxes)
 {
     refit_fmt_module *fm = &mod->fm;
@@ -488,6 +529,9 @@ static int module_plan(refit_model *m, module *mod, box *boxes, uint32_t *n_boxe
             rc = route_direct(m, r, c, &boxes[(*n_boxes)++]);
             c->place = r->dst;
             m->stats.routes_direct++;
+        } else if (c->route == REFIT_ROUTE_VIEW) {
+            rc = route_view(m, r, c);
+            m->stats.routes_view++;
         } else if (c->route == REFIT_ROUTE_STAGED) {
             rc = route_staged(m, mod, r, c);
             m->stats.routes_staged++;
@@ -530,7 +574,7 @@ static int check_targets(refit_model *m, box *boxes, uint32_t n)
     for (uint32_t t = 0; t < m->n_runtime && !rc; t++) {
         uint32_t end = count[t];
         const module *mod = &m->modules[m->runtime[t].module];
-        int post = (mod->fm.flags & REFIT_MODULE_POST_LOAD) != 0;
+        int post = (mod->fm.flags & REFIT_MODULE_POST_LOAD) != 0 || m->runtime[t].via_view;
         if (end == start && !post)
             rc = ctx_error(m->ctx, REFIT_EINVAL, "module %s: runtime %s receives no checkpoint "
                            "tensor and the format has no post-load step to write it",
@@ -561,6 +605,8 @@ void model_free_plan(refit_model *m)
     }
     for (uint32_t i = 0; i < m->n_routes; i++)
         m->routes[i].flags = 0;
+    for (uint32_t i = 0; i < m->n_runtime; i++)
+        m->runtime[i].via_view = false;
     txn_scratch_free(m->scratch);
     m->scratch = NULL;
     memset(&m->stats, 0, sizeof m->stats);

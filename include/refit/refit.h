@@ -241,7 +241,7 @@ int refit_model_seal(refit_model *model);
 /* Plan statistics, for tools. */
 typedef struct refit_model_stats {
     uint32_t modules, runtime_tensors, side_tensors, ckpt_tensors;
-    uint32_t routes_direct, routes_staged;
+    uint32_t routes_direct, routes_staged, routes_view;
     uint64_t runtime_bytes;
 } refit_model_stats;
 int refit_model_stats_get(const refit_model *model, refit_model_stats *out);

@@ -1,0 +1,285 @@
+/*
+ * refit-bench: speed figures, as JSON, each against a ceiling or a peer
+ * measured in the same run.
+ *
+ *   refit-bench host [--tensors N] [--modules M] [--repeat R] [--journal PATH] [--json]
+ *       Host cost per tensor of begin/load/finalize on tiny MoE-shaped
+ *       tensors (plan lookup, routing, completeness), with the byte copy
+ *       itself (the same memcpy's, timed alone in the same run) taken out.
+ *       Also plan building at seal. With --journal, the journal's writes for
+ *       an update of the same size, against the host reload time.
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/utsname.h>
+#include <time.h>
+
+#include <refit/refit.h>
+
+#include "tools/bench.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* ---- host: many tiny tensors ---- */
+
+#define EXPERT_ROWS 4
+#define EXPERT_COLS 8
+
+typedef struct host_model {
+    refit_ctx *ctx;
+    refit_model *model;
+    size_t n_modules, per_module, n_tensors;
+    uint16_t *runtime;          /* one [per_module, 4, 8] bf16 stack per module */
+    uint16_t *ckpt;             /* every checkpoint tensor, [4, 8] bf16 */
+    int64_t *rt_shapes;         /* 3 per module */
+    refit_tensor *rt;
+    char **names;
+} host_model;
+
+static void host_free(host_model *h)
+{
+    refit_close(h->ctx);
+    for (size_t i = 0; h->names && i < h->n_tensors; i++)
+        free(h->names[i]);
+    free(h->names);
+    free(h->runtime);
+    free(h->ckpt);
+    free(h->rt_shapes);
+    free(h->rt);
+}
+
+static int host_fail(host_model *h, const char *what, int rc)
+{
+    fprintf(stderr, "refit-bench host: %s: %s: %s\n", what, refit_status_name(rc),
+            h->ctx ? refit_errmsg(h->ctx) : "");
+    return rc;
+}
+
+/* MoE-shaped: module m is one expert group, its checkpoint tensors
+ * "model.layers.L.mlp.experts.E.w_G.weight" stacked into one runtime tensor. */
+static int host_build(host_model *h, size_t n_tensors, size_t n_modules)
+{
+    memset(h, 0, sizeof *h);
+    h->n_modules = n_modules;
+    h->per_module = (n_tensors + n_modules - 1) / n_modules;
+    h->n_tensors = h->per_module * n_modules;
+    size_t elems = (size_t)EXPERT_ROWS * EXPERT_COLS;
+    h->runtime = calloc(h->n_tensors * elems, 2);
+    h->ckpt = malloc(h->n_tensors * elems * 2);
+    h->rt_shapes = calloc(n_modules * 3, sizeof *h->rt_shapes);
+    h->rt = calloc(n_modules, sizeof *h->rt);
+    h->names = calloc(h->n_tensors, sizeof *h->names);
+    if (!h->runtime || !h->ckpt || !h->rt_shapes || !h->rt || !h->names)
+        return REFIT_ENOMEM;
+    for (size_t i = 0; i < h->n_tensors * elems; i++)
+        h->ckpt[i] = (uint16_t)(0x3c00u + (i * 2654435761u >> 20));
+    int rc = refit_open(&h->ctx, NULL);
+    if (rc || (rc = refit_model_create(&h->model, h->ctx)))
+        return rc;
+    char mod[64], name[128];
+    refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
+    s.dtype = REFIT_BF16;
+    s.ndim = 2;
+    s.shape[0] = EXPERT_ROWS;
+    s.shape[1] = EXPERT_COLS;
+    for (size_t m = 0; m < n_modules; m++) {
+        snprintf(mod, sizeof mod, "layers.%zu.mlp.experts.g%zu", m / 64, m % 64);
+        int64_t *shape = &h->rt_shapes[m * 3];
+        shape[0] = (int64_t)h->per_module;
+        shape[1] = EXPERT_ROWS;
+        shape[2] = EXPERT_COLS;
+        h->rt[m] = (refit_tensor){.data = h->runtime + m * h->per_module * elems,
+                                  .device = {REFIT_DEVICE_CPU, 0}, .ndim = 3,
+                                  .dtype = REFIT_BF16, .shape = shape};
+        if ((rc = refit_model_add_module(h->model, mod, "unquantized", NULL)) ||
+            (rc = refit_module_bind_runtime(h->model, mod, "w", &h->rt[m])))
+            return rc;
+        for (size_t e = 0; e < h->per_module; e++) {
+            size_t t = m * h->per_module + e;
+            snprintf(name, sizeof name, "model.layers.%zu.mlp.experts.%zu.w%zu.weight", m / 64,
+                     (m % 64) * h->per_module + e, e % 3);
+            if (!(h->names[t] = strdup(name)))
+                return REFIT_ENOMEM;
+            s.expert = (int64_t)e;
+            if ((rc = refit_model_expect(h->model, mod, name, &s)))
+                return rc;
+        }
+    }
+    return REFIT_OK;
+}
+
+/* One full reload: begin, every tensor, finalize. */
+static int host_reload(host_model *h, int rollback, double *secs)
+{
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.version_label = "bench";
+    uo.rollback = rollback;
+    int64_t shape[2] = {EXPERT_ROWS, EXPERT_COLS};
+    refit_tensor src = {.device = {REFIT_DEVICE_CPU, 0}, .ndim = 2, .dtype = REFIT_BF16,
+                        .shape = shape};
+    size_t elems = (size_t)EXPERT_ROWS * EXPERT_COLS;
+    refit_txn *txn;
+    double t0 = now_s();
+    int rc = refit_begin(&txn, h->model, &uo);
+    if (rc)
+        return rc;
+    for (size_t t = 0; t < h->n_tensors; t++) {
+        src.data = h->ckpt + t * elems;
+        if ((rc = refit_load(txn, h->names[t], &src, NULL))) {
+            refit_abort(txn);
+            return rc;
+        }
+    }
+    rc = refit_finalize(txn);
+    *secs = now_s() - t0;
+    return rc;
+}
+
+/* The same bytes moved by plain memcpy's: the part that is not bookkeeping. */
+static double host_copy_only(host_model *h)
+{
+    size_t bytes = (size_t)EXPERT_ROWS * EXPERT_COLS * 2;
+    double t0 = now_s();
+    for (size_t t = 0; t < h->n_tensors; t++)
+        memcpy((char *)h->runtime + t * bytes, (char *)h->ckpt + t * bytes, bytes);
+    double dt = now_s() - t0;
+    if (memcmp(h->runtime, h->ckpt, h->n_tensors * bytes)) /* keeps the copies alive */
+        fprintf(stderr, "refit-bench: copy check failed\n");
+    return dt;
+}
+
+static double min_of(const double *v, int n)
+{
+    double m = v[0];
+    for (int i = 1; i < n; i++)
+        m = v[i] < m ? v[i] : m;
+    return m;
+}
+
+static void machine_json(FILE *f)
+{
+    struct utsname u;
+    uname(&u);
+    time_t now = time(NULL);
+    char date[32];
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    fprintf(f, "\"machine\": \"%s %s\", \"date\": \"%s\"", u.nodename, u.machine, date);
+}
+
+static int bench_host(int argc, char **argv)
+{
+    size_t n_tensors = 100000, n_modules = 10000;
+    int repeat = 7;
+    const char *journal = NULL;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--tensors") && i + 1 < argc)
+            n_tensors = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--modules") && i + 1 < argc)
+            n_modules = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
+            repeat = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--journal") && i + 1 < argc)
+            journal = argv[++i];
+        else if (!strcmp(argv[i], "--json"))
+            json = true;
+        else {
+            fprintf(stderr, "usage: refit-bench host [--tensors N] [--modules M] [--repeat R] "
+                            "[--journal PATH] [--json]\n");
+            return 2;
+        }
+    }
+    if (n_modules == 0 || n_tensors < n_modules || repeat < 1 || repeat > 100) {
+        fprintf(stderr, "refit-bench host: need 1 <= modules <= tensors, 1 <= repeat <= 100\n");
+        return 2;
+    }
+    host_model h;
+    double t0 = now_s();
+    int rc = host_build(&h, n_tensors, n_modules);
+    double t_register = now_s() - t0;
+    if (rc)
+        return host_fail(&h, "building the model", rc), host_free(&h), 1;
+    t0 = now_s();
+    rc = refit_model_seal(h.model);
+    double t_seal = now_s() - t0;
+    if (rc)
+        return host_fail(&h, "seal", rc), host_free(&h), 1;
+
+    double plain[100], rb[100], copy[100];
+    for (int r = 0; r < repeat && !rc; r++) {
+        rc = host_reload(&h, 0, &plain[r]);
+        if (!rc)
+            rc = host_reload(&h, 1, &rb[r]);
+        copy[r] = host_copy_only(&h);
+    }
+    if (rc)
+        return host_fail(&h, "reload", rc), host_free(&h), 1;
+    double t_plain = min_of(plain, repeat), t_rb = min_of(rb, repeat);
+    double t_copy = min_of(copy, repeat);
+    double n = (double)h.n_tensors;
+    double us = (t_plain - t_copy) / n * 1e6, us_rb = (t_rb - t_copy) / n * 1e6;
+
+    double t_journal = -1;
+    if (journal && (rc = bench_journal_write(journal, h.n_modules, h.n_tensors, &t_journal)))
+        return host_free(&h), 1;
+
+    FILE *f = stdout;
+    if (json) {
+        fprintf(f, "{\"bench\": \"host\", ");
+        machine_json(f);
+        fprintf(f, ", \"tensors\": %zu, \"modules\": %zu, \"bytes_per_tensor\": %d, "
+                   "\"repeat\": %d, \"register_ms\": %.3f, \"seal_ms\": %.3f, "
+                   "\"seal_us_per_tensor\": %.4f, \"reload_ms\": %.3f, "
+                   "\"reload_rollback_ms\": %.3f, \"copy_only_ms\": %.3f, "
+                   "\"us_per_tensor\": %.4f, \"us_per_tensor_rollback\": %.4f, "
+                   "\"target_us_per_tensor\": 1.0, \"meets_target\": %s",
+                h.n_tensors, h.n_modules, EXPERT_ROWS * EXPERT_COLS * 2, repeat,
+                t_register * 1e3, t_seal * 1e3, t_seal / n * 1e6, t_plain * 1e3, t_rb * 1e3,
+                t_copy * 1e3, us, us_rb, us <= 1.0 ? "true" : "false");
+        if (journal)
+            fprintf(f, ", \"journal_ms\": %.3f, \"journal_ratio_to_reload\": %.5f, "
+                       "\"journal_target_ratio\": 0.02, \"journal_meets_target\": %s",
+                    t_journal * 1e3, t_journal / t_plain,
+                    t_journal / t_plain <= 0.02 ? "true" : "false");
+        fprintf(f, "}\n");
+    } else {
+        printf("host bench: %zu tensors in %zu modules (%d bytes each), best of %d\n",
+               h.n_tensors, h.n_modules, EXPERT_ROWS * EXPERT_COLS * 2, repeat);
+        printf("  seal (plan)            %9.3f ms  %.4f us/tensor\n", t_seal * 1e3,
+               t_seal / n * 1e6);
+        printf("  reload                 %9.3f ms  (copy alone %.3f ms)\n", t_plain * 1e3,
+               t_copy * 1e3);
+        printf("  host cost per tensor   %9.4f us  (target <= 1.0)\n", us);
+        printf("  with rollback          %9.4f us\n", us_rb);
+        if (journal)
+            printf("  journal writes         %9.3f ms  (%.2f%% of the reload)\n",
+                   t_journal * 1e3, 100 * t_journal / t_plain);
+    }
+    host_free(&h);
+    return 0;
+}
+
+static int usage(void)
+{
+    fprintf(stderr, "usage: refit-bench host [options]\n"
+                    "       refit-bench safetensors [options]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return usage();
+    if (!strcmp(argv[1], "host"))
+        return bench_host(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "safetensors"))
+        return bench_safetensors_main(argc - 1, argv + 1);
+    return usage();
+}
