@@ -1,0 +1,198 @@
+/*
+ * Journal handle: open, close, errors, transactions, statement cache.
+ *
+ * Opening a read-write journal, in order:
+ *   1. sqlite3_open_v2 (READWRITE|CREATE); a file we may only read is
+ *      refused here, not at the first write.
+ *   2. busy_timeout, then the first read of the file: a non-SQLite file,
+ *      a foreign SQLite file or a newer schema is refused BEFORE any pragma
+ *      that would change it (journal_mode=WAL rewrites the header).
+ *   3. journal_mode=WAL (persistent), synchronous=NORMAL, foreign_keys=ON.
+ *   4. create or migrate (journal_schema.c), one transaction.
+ *   5. mark updates of dead writers interrupted (journal_write.c).
+ * A read-only open does 1 and 2 with SQLITE_OPEN_READONLY and refuses a
+ * file that would need migrating.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "journal/journal_int.h"
+
+static const char *const update_state_names[] = {
+    "loading", "finalizing", "committed", "aborted", "rolled_back", "failed",
+    "interrupted"};
+static const char *const module_state_names[] = {
+    "pending", "partial", "complete", "committed", "rolled_back", "poisoned"};
+_Static_assert(sizeof update_state_names / sizeof *update_state_names ==
+               JOURNAL_UPDATE_STATE_COUNT, "one name per update state");
+_Static_assert(sizeof module_state_names / sizeof *module_state_names ==
+               JOURNAL_MODULE_STATE_COUNT, "one name per module state");
+
+static const char *const stmt_sql[] = {
+#define JOURNAL_X_(name, sql) sql,
+    JOURNAL_STMT_TABLE(JOURNAL_X_)
+#undef JOURNAL_X_
+};
+
+const char *journal_update_state_name(journal_update_state s)
+{
+    return (unsigned)s < JOURNAL_UPDATE_STATE_COUNT ? update_state_names[s]
+                                                    : NULL;
+}
+
+const char *journal_module_state_name(journal_module_state s)
+{
+    return (unsigned)s < JOURNAL_MODULE_STATE_COUNT ? module_state_names[s]
+                                                    : NULL;
+}
+
+const char *journal_errmsg(const journal *j) { return j ? j->err : ""; }
+const char *journal_path(const journal *j) { return j ? j->path : ""; }
+size_t journal_interrupted_on_open(const journal *j)
+{
+    return j ? j->interrupted : 0;
+}
+
+int jr_fail(journal *j, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(j->err, sizeof j->err, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+int jr_fail_sqlite(journal *j, const char *what)
+{
+    int code = j->db ? sqlite3_extended_errcode(j->db) : SQLITE_ERROR;
+    int sys = j->db ? sqlite3_system_errno(j->db) : 0;
+    char oserr[96] = "";
+    if (sys)
+        snprintf(oserr, sizeof oserr, ", os: %s", strerror(sys));
+    const char *hint = "";
+    if ((code & 0xff) == SQLITE_BUSY)
+        hint = "; another connection holds the write lock beyond the busy "
+               "timeout";
+    else if ((code & 0xff) == SQLITE_NOTADB)
+        hint = "; the file is not a SQLite database";
+    else if ((code & 0xff) == SQLITE_CORRUPT)
+        hint = "; the file is damaged (refitctl journal verify)";
+    snprintf(j->err, sizeof j->err, "journal %s: %s: %s (sqlite %d%s)%s",
+             j->path, what, j->db ? sqlite3_errmsg(j->db) : "no database",
+             code, oserr, hint);
+    if (j->in_tx)
+        jr_tx_rollback(j);
+    if (j->mode == JOURNAL_BEST_EFFORT && !j->readonly)
+        journal_note_gap(j, what);
+    return REFIT_EJOURNAL;
+}
+
+sqlite3_stmt *jr_stmt(journal *j, enum journal_stmt_id id)
+{
+    if (!j->stmt[id] &&
+        sqlite3_prepare_v3(j->db, stmt_sql[id], -1, SQLITE_PREPARE_PERSISTENT,
+                           &j->stmt[id], NULL) != SQLITE_OK) {
+        jr_fail_sqlite(j, "preparing a statement");
+        return NULL;
+    }
+    return j->stmt[id];
+}
+
+int jr_step_done(sqlite3_stmt *s)
+{
+    int rc = sqlite3_step(s);
+    sqlite3_reset(s);
+    return rc == SQLITE_ROW ? SQLITE_DONE : rc;
+}
+
+int jr_check_writable(journal *j, const char *what)
+{
+    if (j->readonly)
+        return jr_fail(j, REFIT_EINVAL, "journal %s: %s: opened read-only",
+                       j->path, what);
+    return REFIT_OK;
+}
+
+int jr_tx_begin(journal *j, const char *what)
+{
+    sqlite3_stmt *s = jr_stmt(j, JS_BEGIN);
+    if (!s)
+        return REFIT_EJOURNAL;
+    if (jr_step_done(s) != SQLITE_DONE)
+        return jr_fail_sqlite(j, what);
+    j->in_tx = 1;
+    return REFIT_OK;
+}
+
+void jr_tx_rollback(journal *j)
+{
+    j->in_tx = 0;
+    /* SQLite may already have rolled back (SQLITE_FULL, IOERR). */
+    if (!sqlite3_get_autocommit(j->db))
+        sqlite3_exec(j->db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+/* The gaps ride in the transaction that proves the journal works again. */
+static int record_gaps(journal *j)
+{
+    sqlite3_stmt *s = jr_stmt(j, JS_EVENT_INSERT);
+    char at[32], msg[JOURNAL_GAP_TEXT_MAX + 96];
+    if (!s)
+        return SQLITE_ERROR;
+    jr_now(at, sizeof at);
+    snprintf(msg, sizeof msg, "%zu journal write%s could not be recorded "
+             "(best effort): %s", j->gaps, j->gaps == 1 ? "" : "s",
+             j->gap_text);
+    sqlite3_bind_text(s, 1, at, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_null(s, 2);
+    sqlite3_bind_null(s, 3);
+    sqlite3_bind_text(s, 4, "gap", -1, SQLITE_STATIC);
+    sqlite3_bind_text(s, 5, msg, -1, SQLITE_TRANSIENT);
+    return jr_step_done(s);
+}
+
+int jr_tx_commit(journal *j, const char *what)
+{
+    size_t gaps = j->gaps;
+    if (gaps && record_gaps(j) != SQLITE_DONE)
+        return jr_fail_sqlite(j, what);
+    sqlite3_stmt *s = jr_stmt(j, JS_COMMIT);
+    if (!s || jr_step_done(s) != SQLITE_DONE)
+        return jr_fail_sqlite(j, what);
+    j->in_tx = 0;
+    if (gaps) {
+        j->gaps = 0;
+        j->gap_text[0] = '\0';
+    }
+    return REFIT_OK;
+}
+
+void journal_note_gap(journal *j, const char *what)
+{
+    if (!j)
+        return;
+    size_t used = strlen(j->gap_text);
+    j->gaps++;
+    /* Keep the first descriptions; the count says how many followed. */
+    if (used + 4 < sizeof j->gap_text)
+        snprintf(j->gap_text + used, sizeof j->gap_text - used, "%s%s",
+                 used ? "; " : "", what ? what : "?");
+}
+
+size_t journal_pending_gaps(const journal *j) { return j ? j->gaps : 0; }
+
+void jr_now(char *buf, size_t len)
+{
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    snprintf(buf, len, "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ",
+             tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+             tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000);
+}

@@ -1,0 +1,167 @@
+/* journal internals shared by journal.c, journal_write.c, journal_read.c. */
+#ifndef REFIT_JOURNAL_JOURNAL_INT_H
+#define REFIT_JOURNAL_JOURNAL_INT_H
+
+#include <sqlite3.h>
+
+#include "journal/journal.h"
+
+/* Cached write statements: prepared on first use, finalized at close, so a
+ * batch costs one bind/step/reset per row and no SQL compilation. */
+#define JOURNAL_STMT_TABLE(X)                                                  \
+    X(BEGIN, "BEGIN IMMEDIATE")                                                \
+    X(COMMIT, "COMMIT")                                                        \
+    X(ROLLBACK, "ROLLBACK")                                                    \
+    X(WORKER_UPSERT,                                                           \
+      "INSERT INTO workers(id, rank, pid, pid_start, host, heartbeat)"         \
+      " VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT(id) DO UPDATE SET"         \
+      " rank = ?2, pid = ?3, pid_start = ?4, host = ?5, heartbeat = ?6")       \
+    X(HEARTBEAT, "UPDATE workers SET heartbeat = ?2 WHERE id = ?1")            \
+    X(WORKER_HEALTH,                                                           \
+      "UPDATE workers SET health = ?2, version = coalesce(?3, version),"       \
+      " heartbeat = ?4 WHERE id = ?1")                                         \
+    X(HEALTH_INSERT,                                                           \
+      "INSERT INTO health_transitions(worker, at, from_health, to_health,"    \
+      " reason, version) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")                     \
+    X(PLAN_FIND, "SELECT id, n_modules FROM plans WHERE digest = ?1")         \
+    X(PLAN_INSERT,                                                             \
+      "INSERT INTO plans(digest, n_modules, created_at) VALUES (?1, ?2, ?3)")  \
+    X(PLAN_MODULE_INSERT,                                                      \
+      "INSERT INTO plan_modules(plan_id, idx, name, expected_tensors,"         \
+      " expected_bytes) VALUES (?1, ?2, ?3, ?4, ?5)")                          \
+    X(UPDATE_INSERT,                                                           \
+      "INSERT INTO updates(worker, version, source_uri, source_digest, mode,"  \
+      " replay_of, rollback_on, state, started_at, plan_id, n_modules, pid,"   \
+      " pid_start, host) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'loading', ?8,"   \
+      " ?9, ?10, ?11, ?12, ?13)")                                              \
+    X(CHUNK_INSERT,                                                            \
+      "INSERT INTO module_chunks(update_id, chunk, states)"                    \
+      " VALUES (?1, ?2, ?3)")                                                  \
+    X(CHUNK_WRITE,                                                             \
+      "UPDATE module_chunks SET states = ?3, fingerprints = ?4"                \
+      " WHERE update_id = ?1 AND chunk = ?2")                                  \
+    X(RECEIVED_UPSERT,                                                         \
+      "INSERT INTO module_received(update_id, idx, received_tensors,"          \
+      " received_bytes) VALUES (?1, ?2, ?3, ?4) ON CONFLICT(update_id, idx)"   \
+      " DO UPDATE SET received_tensors = ?3, received_bytes = ?4")             \
+    X(RECEIVED_DELETE,                                                         \
+      "DELETE FROM module_received WHERE update_id = ?1 AND idx = ?2")         \
+    X(RECEIVED_CLEAR, "DELETE FROM module_received WHERE update_id = ?1")      \
+    X(UPDATE_ABANDON,                                                          \
+      "UPDATE updates SET state = 'interrupted', ended_at = ?2,"              \
+      " error = coalesce(error, ?3) WHERE id = ?1"                             \
+      " AND state IN ('loading', 'finalizing')")                               \
+    X(UPDATE_STATE,                                                            \
+      "UPDATE updates SET state = ?2 WHERE id = ?1")                           \
+    X(UPDATE_END,                                                              \
+      "UPDATE updates SET state = ?2, bytes = ?3, tensors = ?4, error = ?5,"   \
+      " ended_at = ?6 WHERE id = ?1")                                          \
+    X(EVENT_INSERT,                                                            \
+      "INSERT INTO events(at, update_id, worker, kind, message)"               \
+      " VALUES (?1, ?2, ?3, ?4, ?5)")
+
+enum journal_stmt_id {
+#define JOURNAL_X_(name, sql) JS_##name,
+    JOURNAL_STMT_TABLE(JOURNAL_X_)
+#undef JOURNAL_X_
+    JS_COUNT
+};
+
+/* Modules per module_chunks row; the SQL of the modules view (journal_
+ * schema.c) spells the same number. 256 keeps a row (256 letters, 256 x 9
+ * fingerprint bytes) inside one 4 KiB page. */
+#define JOURNAL_CHUNK 256
+/* Bytes per module in module_chunks.fingerprints: presence, then the
+ * fingerprint big-endian (so hex() of the 8 bytes reads as the number). */
+#define JOURNAL_FP_BYTES 9
+
+/* Per-chunk flags of the open update. */
+#define JR_CHUNK_DIRTY 0x1u  /* memory differs from the row */
+#define JR_CHUNK_FP 0x2u     /* some module of the chunk has a fingerprint */
+/* Per-module flags. */
+#define JR_MOD_ROW 0x1u      /* a module_received row exists */
+
+/* The update open on this handle, in memory: the truth of what the core
+ * reported. Each write transaction sends the part that changed; after a
+ * failed one (resync) the next rewrites everything, so a lost batch is
+ * repaired by the next batch that gets through. */
+typedef struct jr_update {
+    int64_t id;            /* 0: none open */
+    size_t n, n_chunks;
+    char *states;          /* n state letters */
+    uint8_t *fps;          /* n * JOURNAL_FP_BYTES */
+    uint64_t *expected;    /* 2n: tensors, bytes */
+    uint64_t *received;    /* 2n: tensors, bytes */
+    uint8_t *mod_flags;    /* n: JR_MOD_* */
+    uint8_t *chunk_flags;  /* n_chunks: JR_CHUNK_* */
+    int resync;
+} jr_update;
+
+#define JOURNAL_HOST_MAX 256
+#define JOURNAL_ERR_MAX 1024
+#define JOURNAL_GAP_TEXT_MAX 512
+
+struct journal {
+    sqlite3 *db;
+    char *path;
+    journal_mode mode;
+    int readonly;
+    int in_tx;                     /* a BEGIN of ours is open */
+    int64_t pid, pid_start;        /* this process */
+    char host[JOURNAL_HOST_MAX];
+    sqlite3_stmt *stmt[JS_COUNT];
+    size_t interrupted;            /* marked by journal_open */
+    jr_update cur;                 /* the update open on this handle */
+    size_t gaps;                   /* best-effort writes not recorded */
+    char gap_text[JOURNAL_GAP_TEXT_MAX];
+    char err[JOURNAL_ERR_MAX];
+};
+
+/* Record "journal PATH: what: sqlite text (code, os error)" and return
+ * REFIT_EJOURNAL. Rolls back an open transaction of ours. */
+int jr_fail_sqlite(journal *j, const char *what);
+/* Record a message that is not SQLite's; returns status. */
+int jr_fail(journal *j, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The cached statement id, prepared on first use; NULL on failure (the
+ * message is set). */
+sqlite3_stmt *jr_stmt(journal *j, enum journal_stmt_id id);
+/* Step a statement that returns no row and reset it. SQLITE_DONE or the
+ * SQLite error code. */
+int jr_step_done(sqlite3_stmt *s);
+/* Write transactions: BEGIN IMMEDIATE takes the write lock up front so a
+ * busy writer is waited for (busy_timeout) instead of failing a read-to-
+ * write upgrade. Commit also records pending best-effort gaps. */
+int jr_tx_begin(journal *j, const char *what);
+int jr_tx_commit(journal *j, const char *what);
+void jr_tx_rollback(journal *j);
+/* Writes are refused on a read-only handle. */
+int jr_check_writable(journal *j, const char *what);
+
+/* UTC time "2024-05-01T12:00:00.123Z" into buf (at least 32 bytes). */
+void jr_now(char *buf, size_t len);
+/* This process's start time in clock ticks since boot (/proc), or 0. */
+int64_t jr_proc_start(int64_t pid);
+/* Whether the process that wrote (host, pid, pid_start) may still run:
+ * same host, the pid exists, is not a zombie and started when recorded. */
+int jr_writer_alive(const journal *j, const char *host, int64_t pid,
+                    int64_t pid_start);
+
+/* Schema creation and forward migration (journal_schema.c). */
+int jr_schema_check(journal *j, int *need_migrate);
+int jr_schema_migrate(journal *j);
+/* Consistency of tables and columns with the current schema; problems go
+ * to fn. Returns the number of problems, or -1 when SQLite failed. */
+int jr_schema_verify(journal *j, journal_problem_fn fn, void *user);
+
+/* Plan of a module list: found by digest or written (journal_plan.c).
+ * Inside the caller's transaction; SQLite code on failure. */
+int jr_plan_get(journal *j, size_t n, const journal_module_info *m,
+                int64_t *plan_id);
+/* Free the open update's memory (journal_update.c). */
+void jr_update_free(jr_update *u);
+
+/* Mark updates of dead writers interrupted (journal_write.c). */
+int jr_mark_interrupted(journal *j);
+
+#endif /* REFIT_JOURNAL_JOURNAL_INT_H */

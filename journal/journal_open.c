@@ -1,0 +1,159 @@
+/* journal_open / journal_close; the order of the steps is explained at the
+ * top of journal.c. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "journal/journal_int.h"
+
+static journal *handle_new(const char *path, const journal_opts *o)
+{
+    journal *j = calloc(1, sizeof *j);
+    if (!j)
+        return NULL;
+    j->path = strdup(path);
+    if (!j->path) {
+        free(j);
+        return NULL;
+    }
+    j->mode = o->mode;
+    j->readonly = o->readonly;
+    j->pid = (int64_t)getpid();
+    j->pid_start = jr_proc_start(j->pid);
+    if (gethostname(j->host, sizeof j->host - 1) != 0)
+        snprintf(j->host, sizeof j->host, "unknown");
+    return j;
+}
+
+void journal_close(journal *j)
+{
+    if (!j)
+        return;
+    for (int i = 0; i < JS_COUNT; i++)
+        sqlite3_finalize(j->stmt[i]);
+    /* close_v2: a statement a caller leaked cannot keep the file open. */
+    sqlite3_close_v2(j->db);
+    jr_update_free(&j->cur);
+    free(j->path);
+    free(j);
+}
+
+/* A read-only open of a missing file would otherwise say "unable to open
+ * database file"; a missing file is the common operator mistake. */
+static int check_exists(journal *j)
+{
+    struct stat st;
+    if (stat(j->path, &st) != 0)
+        return jr_fail(j, REFIT_EJOURNAL, "journal %s: cannot open: %s",
+                       j->path, strerror(errno));
+    if (S_ISDIR(st.st_mode))
+        return jr_fail(j, REFIT_EJOURNAL, "journal %s: is a directory",
+                       j->path);
+    return REFIT_OK;
+}
+
+static int open_db(journal *j, int busy_ms)
+{
+    int flags = j->readonly ? SQLITE_OPEN_READONLY
+                            : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+    if (j->readonly && check_exists(j) != REFIT_OK)
+        return REFIT_EJOURNAL;
+    /* NOMUTEX: a handle is used by one thread at a time (journal.h). */
+    flags |= SQLITE_OPEN_NOMUTEX;
+    if (sqlite3_open_v2(j->path, &j->db, flags, NULL) != SQLITE_OK)
+        return jr_fail_sqlite(j, "cannot open");
+    sqlite3_extended_result_codes(j->db, 1);
+    sqlite3_busy_timeout(j->db, busy_ms);
+    /* SQLite opens a file it may not write read-only without saying so;
+     * the writer would only learn at its first update. */
+    if (!j->readonly && sqlite3_db_readonly(j->db, "main") == 1)
+        return jr_fail(j, REFIT_EJOURNAL, "journal %s: cannot open for "
+                       "writing: the file or its directory is read-only",
+                       j->path);
+    return REFIT_OK;
+}
+
+static int exec(journal *j, const char *sql, const char *what)
+{
+    if (sqlite3_exec(j->db, sql, NULL, NULL, NULL) != SQLITE_OK)
+        return jr_fail_sqlite(j, what);
+    return REFIT_OK;
+}
+
+/* WAL so readers never block the writer; NORMAL: a commit is durable once
+ * the WAL is checkpointed, and a power loss can lose the last commits but
+ * never corrupts the file; the journal is not worth an fsync per update. */
+static int configure_writer(journal *j)
+{
+    sqlite3_stmt *s = NULL;
+    int wal = 0;
+    if (sqlite3_prepare_v2(j->db, "PRAGMA journal_mode = WAL", -1, &s,
+                           NULL) == SQLITE_OK &&
+        sqlite3_step(s) == SQLITE_ROW) {
+        const char *m = (const char *)sqlite3_column_text(s, 0);
+        wal = m && !strcmp(m, "wal");
+    }
+    sqlite3_finalize(s);
+    if (!wal)
+        return jr_fail_sqlite(j, "switching to WAL mode");
+    return exec(j, "PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON",
+                "setting pragmas");
+}
+
+static int open_steps(journal *j, int busy_ms)
+{
+    int need_migrate = 0, rc = open_db(j, busy_ms);
+    if (rc == REFIT_OK)
+        rc = jr_schema_check(j, &need_migrate);
+    if (rc != REFIT_OK)
+        return rc;
+    if (j->readonly) {
+        if (need_migrate)
+            return jr_fail(j, REFIT_EJOURNAL, "journal %s: schema is older "
+                           "than version %d (or empty); open it once for "
+                           "writing to migrate it", j->path,
+                           JOURNAL_SCHEMA_VERSION);
+        return exec(j, "PRAGMA query_only = ON", "setting pragmas");
+    }
+    rc = configure_writer(j);
+    if (rc == REFIT_OK && need_migrate)
+        rc = jr_schema_migrate(j);
+    if (rc == REFIT_OK)
+        rc = jr_mark_interrupted(j);
+    return rc;
+}
+
+int journal_open(journal **out, const char *path, const journal_opts *opts,
+                 char *err, size_t errlen)
+{
+    const journal_opts defaults = JOURNAL_OPTS_INIT;
+    const journal_opts *o = opts ? opts : &defaults;
+    if (out)
+        *out = NULL;
+    if (err && errlen)
+        err[0] = '\0';
+    if (!out || !path || !*path) {
+        if (err && errlen)
+            snprintf(err, errlen, "journal: no path given");
+        return REFIT_EINVAL;
+    }
+    journal *j = handle_new(path, o);
+    if (!j) {
+        if (err && errlen)
+            snprintf(err, errlen, "journal %s: out of memory", path);
+        return REFIT_ENOMEM;
+    }
+    int rc = open_steps(j, o->busy_timeout_ms > 0 ? o->busy_timeout_ms
+                                                  : JOURNAL_BUSY_TIMEOUT_MS);
+    if (rc != REFIT_OK) {
+        if (err && errlen)
+            snprintf(err, errlen, "%s", j->err);
+        journal_close(j);
+        return rc;
+    }
+    *out = j;
+    return REFIT_OK;
+}

@@ -1,0 +1,227 @@
+/*
+ * Module progress and the end of an update. The batch is applied to the
+ * open update's memory first (the truth of what the core reported), then
+ * the touched chunks and the partial-count rows are written in one
+ * transaction. A failed transaction sets resync: the next one rewrites
+ * every chunk and every partial-count row of the update.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "journal/journal_int.h"
+
+/* Same letters as journal_update.c and the modules view. */
+static const char state_letter[JOURNAL_MODULE_STATE_COUNT] = {
+    '.', 'p', 'c', 'C', 'r', 'X'};
+
+static int check_batch(journal *j, int64_t update_id, size_t n,
+                       const journal_module_progress *p, const char *what)
+{
+    if (!j->cur.id || update_id != j->cur.id)
+        return jr_fail(j, REFIT_ESTATE, "journal %s: %s: update %lld is not "
+                       "open on this handle", j->path, what,
+                       (long long)update_id);
+    for (size_t i = 0; i < n; i++) {
+        if (p[i].index >= j->cur.n)
+            return jr_fail(j, REFIT_EINVAL, "journal %s: %s: update %lld "
+                           "has no module at index %u (it has %zu)", j->path,
+                           what, (long long)update_id, (unsigned)p[i].index,
+                           j->cur.n);
+        if ((unsigned)p[i].state >= JOURNAL_MODULE_STATE_COUNT)
+            return jr_fail(j, REFIT_EINVAL, "journal %s: %s: entry %zu has "
+                           "state %d", j->path, what, i, (int)p[i].state);
+    }
+    return jr_check_writable(j, what);
+}
+
+static void apply(jr_update *u, size_t n, const journal_module_progress *p)
+{
+    for (size_t k = 0; k < n; k++) {
+        size_t i = p[k].index, c = i / JOURNAL_CHUNK;
+        u->states[i] = state_letter[p[k].state];
+        u->received[2 * i] = p[k].received_tensors;
+        u->received[2 * i + 1] = p[k].received_bytes;
+        u->chunk_flags[c] |= JR_CHUNK_DIRTY;
+        if (p[k].has_fingerprint) {
+            uint8_t *f = u->fps + i * JOURNAL_FP_BYTES;
+            f[0] = 1;
+            for (int b = 0; b < 8; b++)
+                f[1 + b] = (uint8_t)(p[k].fingerprint >> (56 - 8 * b));
+            u->chunk_flags[c] |= JR_CHUNK_FP;
+        }
+    }
+}
+
+/* The counts the modules view shows without a module_received row. */
+static int received_obvious(const jr_update *u, size_t i)
+{
+    if (u->states[i] == state_letter[JOURNAL_MODULE_PENDING])
+        return !u->received[2 * i] && !u->received[2 * i + 1];
+    return u->received[2 * i] == u->expected[2 * i] &&
+           u->received[2 * i + 1] == u->expected[2 * i + 1];
+}
+
+/* Upsert the row of a module with partial counts, drop a stale one. */
+static int received_row(journal *j, jr_update *u, size_t i)
+{
+    sqlite3_stmt *s;
+    int rc;
+    if (received_obvious(u, i)) {
+        if (!(u->mod_flags[i] & JR_MOD_ROW))
+            return SQLITE_DONE;
+        if (!(s = jr_stmt(j, JS_RECEIVED_DELETE)))
+            return SQLITE_ERROR;
+        sqlite3_bind_int64(s, 1, u->id);
+        sqlite3_bind_int64(s, 2, (sqlite3_int64)i);
+        if ((rc = jr_step_done(s)) == SQLITE_DONE)
+            u->mod_flags[i] &= (uint8_t)~JR_MOD_ROW;
+        return rc;
+    }
+    if (!(s = jr_stmt(j, JS_RECEIVED_UPSERT)))
+        return SQLITE_ERROR;
+    sqlite3_bind_int64(s, 1, u->id);
+    sqlite3_bind_int64(s, 2, (sqlite3_int64)i);
+    sqlite3_bind_int64(s, 3, (sqlite3_int64)u->received[2 * i]);
+    sqlite3_bind_int64(s, 4, (sqlite3_int64)u->received[2 * i + 1]);
+    if ((rc = jr_step_done(s)) == SQLITE_DONE)
+        u->mod_flags[i] |= JR_MOD_ROW;
+    return rc;
+}
+
+/* After a failed transaction: no row is trusted, every chunk is dirty. */
+static int resync(journal *j, jr_update *u)
+{
+    sqlite3_stmt *s = jr_stmt(j, JS_RECEIVED_CLEAR);
+    if (!s)
+        return SQLITE_ERROR;
+    sqlite3_bind_int64(s, 1, u->id);
+    int rc = jr_step_done(s);
+    for (size_t i = 0; i < u->n; i++)
+        u->mod_flags[i] &= (uint8_t)~JR_MOD_ROW;
+    for (size_t i = 0; i < u->n && rc == SQLITE_DONE; i++)
+        rc = received_row(j, u, i);
+    for (size_t c = 0; c < u->n_chunks; c++)
+        u->chunk_flags[c] |= JR_CHUNK_DIRTY;
+    return rc;
+}
+
+static int chunk_writes(journal *j, jr_update *u)
+{
+    sqlite3_stmt *s = jr_stmt(j, JS_CHUNK_WRITE);
+    int rc = s ? SQLITE_DONE : SQLITE_ERROR;
+    if (s)
+        sqlite3_bind_int64(s, 1, u->id);
+    for (size_t c = 0; c < u->n_chunks && rc == SQLITE_DONE; c++) {
+        size_t len = u->n - c * JOURNAL_CHUNK;
+        if (!(u->chunk_flags[c] & JR_CHUNK_DIRTY))
+            continue;
+        len = len < JOURNAL_CHUNK ? len : JOURNAL_CHUNK;
+        sqlite3_bind_int64(s, 2, (sqlite3_int64)c);
+        sqlite3_bind_text(s, 3, u->states + c * JOURNAL_CHUNK, (int)len,
+                          SQLITE_STATIC);
+        if (u->chunk_flags[c] & JR_CHUNK_FP)
+            sqlite3_bind_blob(s, 4, u->fps + c * JOURNAL_CHUNK *
+                              JOURNAL_FP_BYTES, (int)(len * JOURNAL_FP_BYTES),
+                              SQLITE_STATIC);
+        else
+            sqlite3_bind_null(s, 4);
+        if ((rc = jr_step_done(s)) == SQLITE_DONE)
+            u->chunk_flags[c] &= (uint8_t)~JR_CHUNK_DIRTY;
+    }
+    return rc;
+}
+
+static int write_batch(journal *j, jr_update *u, size_t n,
+                       const journal_module_progress *p)
+{
+    int rc = SQLITE_DONE;
+    if (u->resync)
+        rc = resync(j, u);
+    else
+        for (size_t k = 0; k < n && rc == SQLITE_DONE; k++)
+            rc = received_row(j, u, p[k].index);
+    return rc == SQLITE_DONE ? chunk_writes(j, u) : rc;
+}
+
+int journal_modules_progress(journal *j, int64_t update_id, size_t n,
+                             const journal_module_progress *p)
+{
+    const char *what = "recording module progress";
+    if (!j || (n && !p))
+        return REFIT_EINVAL;
+    int rc = check_batch(j, update_id, n, p, what);
+    if (rc != REFIT_OK || n == 0)
+        return rc;
+    apply(&j->cur, n, p);
+    if ((rc = jr_tx_begin(j, what)) == REFIT_OK) {
+        if (write_batch(j, &j->cur, n, p) != SQLITE_DONE)
+            rc = jr_fail_sqlite(j, what);
+        else
+            rc = jr_tx_commit(j, what);
+    }
+    /* Chunk flags may say clean for rows the rollback undid. */
+    j->cur.resync = rc != REFIT_OK;
+    return rc;
+}
+
+static int end_row(journal *j, int64_t update_id, const char *state,
+                   uint64_t bytes, uint64_t tensors, const char *error)
+{
+    char now[32];
+    sqlite3_stmt *s = jr_stmt(j, JS_UPDATE_END);
+    if (!s)
+        return SQLITE_ERROR;
+    jr_now(now, sizeof now);
+    sqlite3_bind_int64(s, 1, update_id);
+    sqlite3_bind_text(s, 2, state, -1, SQLITE_STATIC);
+    sqlite3_bind_int64(s, 3, (sqlite3_int64)bytes);
+    sqlite3_bind_int64(s, 4, (sqlite3_int64)tensors);
+    if (error)
+        sqlite3_bind_text(s, 5, error, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 5);
+    sqlite3_bind_text(s, 6, now, -1, SQLITE_STATIC);
+    int rc = jr_step_done(s);
+    /* The row is ours (the writer is alive): 0 rows means it is gone. */
+    return rc == SQLITE_DONE && sqlite3_changes(j->db) != 1 ? SQLITE_NOTFOUND
+                                                            : rc;
+}
+
+int journal_update_end(journal *j, int64_t update_id,
+                       journal_update_state state, uint64_t bytes,
+                       uint64_t tensors, const char *error, size_t n,
+                       const journal_module_progress *p)
+{
+    const char *what = "ending an update";
+    if (!j || (n && !p))
+        return REFIT_EINVAL;
+    if (state < JOURNAL_UPDATE_COMMITTED || state >= JOURNAL_UPDATE_STATE_COUNT)
+        return jr_fail(j, REFIT_EINVAL, "journal %s: %s: %d is not a final "
+                       "state", j->path, what, (int)state);
+    int rc = check_batch(j, update_id, n, p, what);
+    if (rc != REFIT_OK)
+        return rc;
+    apply(&j->cur, n, p);
+    if ((rc = jr_tx_begin(j, what)) != REFIT_OK) {
+        j->cur.resync = 1;
+        return rc;
+    }
+    int src = end_row(j, update_id, journal_update_state_name(state), bytes,
+                      tensors, error);
+    if (src == SQLITE_DONE)
+        src = write_batch(j, &j->cur, n, p);
+    if (src == SQLITE_NOTFOUND) {
+        jr_tx_rollback(j);
+        rc = jr_fail(j, REFIT_ENOTFOUND, "journal %s: %s: update %lld has "
+                     "no row", j->path, what, (long long)update_id);
+    } else {
+        rc = src == SQLITE_DONE ? jr_tx_commit(j, what)
+                                : jr_fail_sqlite(j, what);
+    }
+    if (rc == REFIT_OK)
+        jr_update_free(&j->cur);
+    else
+        j->cur.resync = 1;
+    return rc;
+}

@@ -1,0 +1,95 @@
+/* refitctl journal: output helpers shared by the commands. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ctl_journal_int.h"
+
+const char *ctl_fit(const char *s, int width, int left_cut, char *buf)
+{
+    if (!s)
+        return "-";
+    size_t n = strlen(s), w = (size_t)width;
+    if (n <= w)
+        return s;
+    if (left_cut)
+        snprintf(buf, w + 1, "..%s", s + n - (w - 2));
+    else
+        snprintf(buf, w + 1, "%.*s..", (int)(w - 2), s);
+    return buf;
+}
+
+const char *ctl_bytes(uint64_t v, char *buf, size_t len)
+{
+    static const char units[] = "KMGTPE";
+    double d = (double)v;
+    int u = -1;
+    if (v < 1024) {
+        snprintf(buf, len, "%llu", (unsigned long long)v);
+        return buf;
+    }
+    while (d >= 1024.0 && u < 5) {
+        d /= 1024.0;
+        u++;
+    }
+    snprintf(buf, len, d < 10.0 ? "%.1f%c" : "%.0f%c", d, units[u]);
+    return buf;
+}
+
+const char *ctl_time(const char *iso, char *buf, size_t len)
+{
+    if (!iso)
+        return "-";
+    /* 2024-05-01T12:00:00.123Z: the date, a space, the seconds. */
+    snprintf(buf, len, "%.19s", iso);
+    if (strlen(buf) > 10 && buf[10] == 'T')
+        buf[10] = ' ';
+    return buf;
+}
+
+void ctl_wrap(FILE *f, const char *text, int col)
+{
+    int room = CTL_COLUMNS - col, first = 1;
+    const char *p = text ? text : "-";
+    if (room < 20)
+        room = 20;
+    do {
+        size_t n = strlen(p);
+        if (n > (size_t)room) {
+            /* Break at the last space that fits, else mid-word. */
+            n = (size_t)room;
+            for (size_t k = n; k > (size_t)room / 2; k--)
+                if (p[k] == ' ') {
+                    n = k;
+                    break;
+                }
+        }
+        fprintf(f, "%*s%.*s\n", first ? 0 : col, "", (int)n, p);
+        first = 0;
+        p += n;
+        while (*p == ' ')
+            p++;
+    } while (*p);
+}
+
+json_t *ctl_jstr(const char *s)
+{
+    return s ? json_string(s) : json_null();
+}
+
+int ctl_json_print(json_t *root)
+{
+    if (!root) {
+        fprintf(stderr, "refitctl journal: out of memory\n");
+        return 1;
+    }
+    int rc = json_dumpf(root, stdout, JSON_INDENT(2));
+    json_decref(root);
+    fputc('\n', stdout);
+    return rc == 0 ? 0 : 1;
+}
+
+int ctl_journal_fail(journal *j)
+{
+    fprintf(stderr, "refitctl journal: %s\n", journal_errmsg(j));
+    return 1;
+}
