@@ -12,9 +12,16 @@
 
 typedef struct backend {
     const char *name;
+    /* 1 when copy() can read a source on that device (host memory can be
+     * read by every backend). */
+    int (*can_read)(refit_device src);
     /* dst <- src (same shape), casting F32/F16/BF16 where dtypes differ.
-     * src may be host memory for any backend. */
+     * May only enqueue the work (batched with other small copies): a
+     * pageable host src is consumed before it returns, a device or pinned
+     * src must stay valid until flush + sync of the stream. */
     int (*copy)(const refit_view *dst, const refit_view *src, void *stream);
+    /* Submit whatever copy() queued on stream (does not wait). */
+    int (*flush)(void *stream);
     /* Every element of dst to zero bytes. */
     int (*zero)(const refit_view *dst, void *stream);
     /* Content fingerprint of v (kernels/fingerprint.h). */
@@ -22,10 +29,15 @@ typedef struct backend {
     /* Staging memory for STAGED routes; NULL when none is left. */
     void *(*staging_alloc)(size_t bytes);
     void (*staging_free)(void *p);
-    /* Undo log: save n bytes at src into host memory at dst, and back. */
+    /* Host memory for the undo log (pinned where that makes saves async). */
+    void *(*undo_alloc)(size_t bytes);
+    void (*undo_free)(void *p);
+    /* Undo log: save n bytes at src into host memory from undo_alloc, ordered
+     * on stream; restore them (blocking: abort is not a hot path). */
     int (*save)(void *host_dst, const void *src, size_t n, void *stream);
     int (*restore)(void *dst, const void *host_src, size_t n, void *stream);
-    /* Wait for work queued on stream. */
+    /* Flush, then wait for everything queued on stream; reports a failure
+     * of any queued work. Waits for the stream only, never the device. */
     int (*sync)(void *stream);
 } backend;
 

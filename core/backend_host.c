@@ -6,6 +6,11 @@
 #include "kernels/copy.h"
 #include "kernels/fingerprint.h"
 
+static int host_can_read(refit_device src)
+{
+    return src.device_type == REFIT_DEVICE_CPU || src.device_type == REFIT_DEVICE_CUDA_HOST;
+}
+
 static int host_copy(const refit_view *dst, const refit_view *src, void *stream)
 {
     (void)stream;
@@ -38,6 +43,11 @@ static int host_move(void *dst, const void *src, size_t n, void *stream)
     return REFIT_OK;
 }
 
+static void *host_undo_alloc(size_t bytes)
+{
+    return malloc(bytes ? bytes : 1);
+}
+
 static int host_sync(void *stream)
 {
     (void)stream;
@@ -46,11 +56,15 @@ static int host_sync(void *stream)
 
 const backend backend_host = {
     .name = "host",
+    .can_read = host_can_read,
     .copy = host_copy,
+    .flush = host_sync,
     .zero = host_zero,
     .fingerprint = host_fingerprint,
     .staging_alloc = host_staging_alloc,
     .staging_free = free,
+    .undo_alloc = host_undo_alloc,
+    .undo_free = free,
     .save = host_move,
     .restore = host_move,
     .sync = host_sync,

@@ -82,6 +82,14 @@ struct txn_scratch {
     uint8_t *rt_saved;          /* runtime tensor has an undo entry */
 };
 
+#define TXN_MAX_STREAMS 8
+
+/* A (backend, stream) pair the txn queued work on. */
+typedef struct txn_stream {
+    const backend *be;
+    void *stream;
+} txn_stream;
+
 struct refit_txn {
     refit_model *m;
     txn_state state;
@@ -95,6 +103,8 @@ struct refit_txn {
     size_t staging_in_use;
     refit_txn_stats stats;
     struct txn_scratch *s;
+    txn_stream streams[TXN_MAX_STREAMS];
+    uint32_t n_streams;
 };
 
 /* ---- invariants ---- */
@@ -212,6 +222,34 @@ static int txn_error(refit_txn *t, int status, const char *fmt, ...)
     return status;
 }
 
+/* Wait for every stream the txn used; the first failure wins. */
+static int txn_sync_streams(refit_txn *t)
+{
+    int first = REFIT_OK;
+    for (uint32_t i = 0; i < t->n_streams; i++) {
+        int rc = t->streams[i].be->sync(t->streams[i].stream);
+        if (rc && !first)
+            first = rc;
+    }
+    t->n_streams = 0;
+    return first;
+}
+
+/* Remember that work was queued on (be, stream), to wait for it later. */
+static int txn_use_stream(refit_txn *t, const backend *be, void *stream)
+{
+    for (uint32_t i = 0; i < t->n_streams; i++)
+        if (t->streams[i].be == be && t->streams[i].stream == stream)
+            return REFIT_OK;
+    if (t->n_streams == TXN_MAX_STREAMS) {
+        int rc = txn_sync_streams(t);
+        if (rc)
+            return txn_error(t, rc, "waiting for queued copies failed: %s", refit_strerror(rc));
+    }
+    t->streams[t->n_streams++] = (txn_stream){be, stream};
+    return REFIT_OK;
+}
+
 int refit_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts)
 {
     refit_update_opts defaults = REFIT_UPDATE_OPTS_INIT;
@@ -269,6 +307,7 @@ typedef struct delivery {
 
 static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit_view *v)
 {
+    const backend *be = t->m->runtime[r->target].be;
     if (!src)
         return txn_error(t, REFIT_EINVAL, "load %s: source tensor is NULL", r->name);
     if (src->ndim != r->spec.ndim)
@@ -278,10 +317,10 @@ static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit
         return txn_error(t, REFIT_EMISMATCH, "load %s (module %s): dtype %s delivered, %s expected",
                          r->name, t->m->modules[r->module].name, refit_dtype_name(src->dtype),
                          refit_dtype_name(r->spec.dtype));
-    if (src->device.device_type != REFIT_DEVICE_CPU &&
-        src->device.device_type != REFIT_DEVICE_CUDA_HOST)
-        return txn_error(t, REFIT_EUNSUPPORTED, "load %s: source on device type %d; this build "
-                         "reads host memory only", r->name, src->device.device_type);
+    if (!be->can_read(src->device))
+        return txn_error(t, REFIT_EUNSUPPORTED, "load %s: the %s backend of its target cannot "
+                         "read a source on device type %d", r->name, be->name,
+                         src->device.device_type);
     signature sig;
     if (signature_take(&sig, src))
         return txn_error(t, REFIT_EINVAL, "load %s: invalid source descriptor", r->name);
@@ -416,7 +455,10 @@ static int write_rows(refit_txn *t, delivery *d, void *staging)
         narrow(&src, r->split_dim, d->a - d->off, d->b - d->a);
         narrow(&dst, r->split_dim, d->a - r->lo, d->b - d->a);
     }
-    int rc = be->copy(&dst, &src, d->stream);
+    int rc = txn_use_stream(t, be, d->stream);
+    if (rc)
+        return rc;
+    rc = be->copy(&dst, &src, d->stream);
     if (rc)
         return txn_error(t, rc, "load %s (module %s): copy failed: %s", r->name,
                          t->m->modules[r->module].name, refit_strerror(rc));
@@ -441,14 +483,28 @@ static int module_post_load(refit_txn *t, module *mod, uint32_t mi, void *stream
     }
     t->s->mod_wrote[mi] = 1;
     t->wrote = true;
-    int rc = mod->fmt->post_load(&t->m->ctx->host, fm, stream);
+    /* staged copies must land before the post-load kernel reads them */
+    const backend *be = t->m->runtime[mod->runtime[0]].be;
+    int rc = t->n_streams == 1 && t->streams[0].be == be && t->streams[0].stream == stream
+                 ? be->flush(stream)
+                 : txn_sync_streams(t);
+    if (!rc)
+        rc = txn_use_stream(t, be, stream);
+    if (rc)
+        return txn_error(t, rc, "module %s: staged copies failed: %s", mod->name,
+                         refit_strerror(rc));
+    rc = mod->fmt->post_load(&t->m->ctx->host, fm, stream);
     for (uint32_t i = 0; i < fm->n_ckpt; i++)
         fm->ckpt[i].staged.data = NULL;
     if (rc)
         return txn_error(t, rc, "module %s: post-load of format %s failed: %s", mod->name,
                          mod->fmt->name, refit_errmsg(t->m->ctx)[0] ? refit_errmsg(t->m->ctx)
                                                                      : refit_strerror(rc));
-    const backend *be = t->m->runtime[mod->runtime[0]].be;
+    /* the staging block is freed only once the kernel that reads it is done */
+    rc = be->sync(stream);
+    if (rc)
+        return txn_error(t, rc, "module %s: post-load of format %s failed on the device: %s",
+                         mod->name, mod->fmt->name, refit_strerror(rc));
     be->staging_free(t->s->staging[mi]);
     t->s->staging[mi] = NULL;
     t->staging_in_use -= mod->staged_bytes;
@@ -462,9 +518,12 @@ static int route_complete(refit_txn *t, delivery *d)
     route *r = d->r;
     s->route_state[d->ri] = ROUTE_COMPLETE;
     if (r->flags & ROUTE_HAS_PAD) {
+        const backend *be = t->m->runtime[r->target].be;
         int rc = save_runtime(t, r->target, d->stream);
         if (!rc)
-            rc = t->m->runtime[r->target].be->zero(&r->pad, d->stream);
+            rc = txn_use_stream(t, be, d->stream);
+        if (!rc)
+            rc = be->zero(&r->pad, d->stream);
         if (rc)
             return txn_error(t, rc, "load %s: zeroing pad rows failed", r->name);
         s->mod_wrote[r->module] = 1;
@@ -601,7 +660,8 @@ static int txn_end_aborted(refit_txn *t)
 {
     refit_model *m = t->m;
     struct txn_scratch *s = t->s;
-    int rc = REFIT_OK;
+    /* queued copies finish (or fail) before bytes are put back */
+    int rc = txn_sync_streams(t);
     if (t->rollback) {
         rc = undo_restore_all(&t->undo, NULL);
         if (rc) /* bytes could not be put back: poison what was written */
@@ -722,7 +782,11 @@ int refit_finalize(refit_txn *t)
                        refit_status_name(t->fail_status));
     } else {
         txn_set_state(t, TXN_FINALIZING);
-        rc = check_complete(t);
+        rc = txn_sync_streams(t);
+        if (rc)
+            txn_error(t, rc, "finalize: queued copies failed: %s", refit_strerror(rc));
+        else
+            rc = check_complete(t);
         if (!rc)
             rc = model_check_signatures(m, "finalize");
     }

@@ -6,23 +6,32 @@
 #include "core/internal.h"
 #include "core/undo.h"
 
+/* Saved bytes live in chunks from their backend's undo_alloc (pinned host
+ * memory for a device backend, so saves stay asynchronous). */
 struct undo_chunk {
     undo_chunk *next;
+    const backend *be;
+    char *data;
     size_t size, used;
-    _Alignas(64) char data[];
 };
 
 #define UNDO_CHUNK_MIN (4u << 20)
 
-static char *undo_alloc(undo_log *u, size_t n)
+static char *undo_alloc(undo_log *u, const backend *be, size_t n)
 {
     size_t need = (n + 63) & ~(size_t)63;
     undo_chunk *c = u->chunks;
-    if (!c || c->size - c->used < need) {
+    if (!c || c->be != be || c->size - c->used < need) {
         size_t size = need > UNDO_CHUNK_MIN ? need : UNDO_CHUNK_MIN;
-        c = malloc(sizeof *c + size);
+        c = malloc(sizeof *c);
         if (!c)
             return NULL;
+        c->data = be->undo_alloc(size);
+        if (!c->data) {
+            free(c);
+            return NULL;
+        }
+        c->be = be;
         c->size = size;
         c->used = 0;
         c->next = u->chunks;
@@ -37,7 +46,7 @@ int undo_save(undo_log *u, const backend *be, char *dst, size_t n, void *stream)
 {
     if (grow_array((void **)&u->e, &u->cap, u->n, sizeof *u->e))
         return REFIT_ENOMEM;
-    char *saved = undo_alloc(u, n);
+    char *saved = undo_alloc(u, be, n);
     if (!saved)
         return REFIT_ENOMEM;
     int rc = be->save(saved, dst, n, stream);
@@ -57,11 +66,6 @@ int undo_restore_all(undo_log *u, void *stream)
         if (rc && !first)
             first = rc;
     }
-    for (uint32_t i = 0; i < u->n; i++) {
-        int rc = u->e[i].be->sync(stream);
-        if (rc && !first)
-            first = rc;
-    }
     return first;
 }
 
@@ -70,6 +74,7 @@ void undo_free(undo_log *u)
     while (u->chunks) {
         undo_chunk *c = u->chunks;
         u->chunks = c->next;
+        c->be->undo_free(c->data);
         free(c);
     }
     free(u->e);

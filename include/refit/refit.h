@@ -296,6 +296,60 @@ int refit_finalize(refit_txn *txn);
  * back to its previous state, REFIT_EPOISONED when it is poisoned. */
 int refit_abort(refit_txn *txn);
 
+/* ---- checkpoint sources -------------------------------------------------- */
+
+typedef struct refit_source refit_source;
+
+/* Open a safetensors checkpoint: a .safetensors file, or a directory with
+ * model.safetensors.index.json (or exactly one .safetensors file). Every
+ * file is validated as the reference reader validates it and mapped, not
+ * read. On failure *out is NULL and ctx's message names the file, the
+ * tensor where there is one, and the rule broken. */
+int refit_source_open(refit_source **out, refit_ctx *ctx, const char *path);
+/* The same over one safetensors file held in memory (borrowed: buf must
+ * outlive the source). Not durable: an update from it cannot be replayed. */
+int refit_source_open_memory(refit_source **out, refit_ctx *ctx, const void *buf, size_t len,
+                             const char *label);
+void refit_source_close(refit_source *src);
+
+/* A checkpoint tensor as the source holds it. Strings and shape are owned
+ * by the source. */
+typedef struct refit_source_tensor {
+    const char *name;
+    refit_dtype dtype;         /* code 0xff when refit has no such dtype */
+    int32_t ndim;
+    const int64_t *shape;
+    uint64_t bytes;
+    const char *file;
+} refit_source_tensor;
+
+size_t refit_source_count(const refit_source *src);
+int refit_source_tensor_at(const refit_source *src, size_t i, refit_source_tensor *out);
+/* "file:///abs/path" of the file or directory; owned by the source. */
+const char *refit_source_uri(const refit_source *src);
+/* 1 when the bytes can be found again by URI (files: yes), so an update
+ * from this source can be replayed. */
+int refit_source_is_durable(const refit_source *src);
+/* SHA-256 of the source, lower-case hex: for one file, the file's (what the
+ * hub publishes); for a directory, of the lines "<file name> <file sha256>\n"
+ * in file-name order. Reads every byte on the first call, then cached. */
+int refit_source_digest(refit_source *src, char hex[65]);
+
+/* Progress: called after each tensor with the running totals. */
+typedef void (*refit_progress_fn)(void *user, uint64_t bytes, uint64_t tensors,
+                                  const char *current);
+/* Filter: return 1 to load the named tensor, 0 to skip it. */
+typedef int (*refit_filter_fn)(void *user, const char *name);
+
+/* Stream every tensor of src (in file and offset order) into the open
+ * transaction, straight from the mapped files. First re-checks that no file
+ * changed since it was opened. A tensor the model does not expect is an
+ * error (REFIT_EUNEXPECTED), as with refit_load; use a filter to skip. */
+int refit_load_source(refit_txn *txn, refit_source *src, refit_progress_fn progress,
+                      void *user);
+int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_fn filter,
+                               void *filter_user, refit_progress_fn progress, void *user);
+
 /* Progress of an open transaction. */
 typedef struct refit_txn_stats {
     uint64_t tensors_loaded, bytes_loaded;

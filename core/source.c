@@ -1,0 +1,212 @@
+/* Checkpoint sources: a validated safetensors file or directory, streamed
+ * into a transaction straight from its mapping. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "core/safetensors.h"
+#include "core/sha256.h"
+
+struct refit_source {
+    refit_ctx *ctx;
+    st_set *set;
+    char *uri;
+    int durable;
+    int has_digest;
+    char digest[ST_SHA256_HEX];
+};
+
+static int source_error(refit_ctx *ctx, const st_error *e)
+{
+    char line[2048];
+    return ctx_error(ctx, e->status ? e->status : REFIT_ECORRUPT, "%s",
+                     st_error_line(e, line, sizeof line));
+}
+
+int refit_source_open(refit_source **out, refit_ctx *ctx, const char *path)
+{
+    if (!out || !ctx)
+        return REFIT_EINVAL;
+    *out = NULL;
+    ctx_clear_error(ctx);
+    if (!path)
+        return ctx_error(ctx, REFIT_EINVAL, "refit_source_open: path is NULL");
+    refit_source *src = calloc(1, sizeof *src);
+    if (!src)
+        return ctx_error(ctx, REFIT_ENOMEM, "source %s: out of memory", path);
+    src->ctx = ctx;
+    st_error err;
+    int rc = st_open(&src->set, path, &err);
+    if (rc) {
+        free(src);
+        return source_error(ctx, &err);
+    }
+    char abs[PATH_MAX];
+    const char *p = realpath(path, abs) ? abs : path;
+    size_t n = strlen(p) + sizeof "file://";
+    src->uri = malloc(n);
+    if (!src->uri) {
+        refit_source_close(src);
+        return ctx_error(ctx, REFIT_ENOMEM, "source %s: out of memory", path);
+    }
+    snprintf(src->uri, n, "file://%s", p);
+    src->durable = 1;
+    *out = src;
+    return REFIT_OK;
+}
+
+int refit_source_open_memory(refit_source **out, refit_ctx *ctx, const void *buf, size_t len,
+                             const char *label)
+{
+    if (!out || !ctx)
+        return REFIT_EINVAL;
+    *out = NULL;
+    ctx_clear_error(ctx);
+    if (!buf || !label)
+        return ctx_error(ctx, REFIT_EINVAL, "refit_source_open_memory: buffer and label needed");
+    refit_source *src = calloc(1, sizeof *src);
+    if (!src)
+        return ctx_error(ctx, REFIT_ENOMEM, "source %s: out of memory", label);
+    src->ctx = ctx;
+    st_error err;
+    int rc = st_open_memory(&src->set, buf, len, label, &err);
+    size_t n = strlen(label) + sizeof "memory://";
+    if (!rc && !(src->uri = malloc(n)))
+        rc = REFIT_ENOMEM;
+    if (rc) {
+        refit_source_close(src);
+        return rc == REFIT_ENOMEM ? ctx_error(ctx, rc, "source %s: out of memory", label)
+                                  : source_error(ctx, &err);
+    }
+    snprintf(src->uri, n, "memory://%s", label);
+    *out = src;
+    return REFIT_OK;
+}
+
+void refit_source_close(refit_source *src)
+{
+    if (!src)
+        return;
+    st_close(src->set);
+    free(src->uri);
+    free(src);
+}
+
+size_t refit_source_count(const refit_source *src)
+{
+    return src ? st_count(src->set) : 0;
+}
+
+int refit_source_tensor_at(const refit_source *src, size_t i, refit_source_tensor *out)
+{
+    if (!src || !out || i >= st_count(src->set))
+        return REFIT_EINVAL;
+    const st_tensor *t = st_tensor_at(src->set, i);
+    out->name = t->name;
+    out->dtype = st_dtype_to_refit(t->dtype);
+    out->ndim = t->ndim;
+    out->shape = t->shape;
+    out->bytes = t->nbytes;
+    out->file = st_file_path(src->set, t->file);
+    return REFIT_OK;
+}
+
+const char *refit_source_uri(const refit_source *src)
+{
+    return src ? src->uri : NULL;
+}
+
+int refit_source_is_durable(const refit_source *src)
+{
+    return src && src->durable;
+}
+
+static const char *base_name(const char *path)
+{
+    const char *s = strrchr(path, '/');
+    return s ? s + 1 : path;
+}
+
+int refit_source_digest(refit_source *src, char hex[65])
+{
+    if (!src || !hex)
+        return REFIT_EINVAL;
+    ctx_clear_error(src->ctx);
+    if (!src->has_digest) {
+        size_t nf = st_file_count(src->set);
+        st_sha256_ctx all;
+        st_sha256_init(&all);
+        for (size_t i = 0; i < nf; i++) {
+            st_error err;
+            char fh[ST_SHA256_HEX];
+            if (st_file_sha256(src->set, i, fh, &err))
+                return source_error(src->ctx, &err);
+            if (nf == 1) {
+                memcpy(src->digest, fh, sizeof fh);
+                break;
+            }
+            const char *name = base_name(st_file_path(src->set, i));
+            st_sha256_update(&all, name, strlen(name));
+            st_sha256_update(&all, " ", 1);
+            st_sha256_update(&all, fh, ST_SHA256_HEX - 1);
+            st_sha256_update(&all, "\n", 1);
+        }
+        if (nf != 1) {
+            uint8_t d[ST_SHA256_DIGEST];
+            st_sha256_final(&all, d);
+            st_sha256_hex(d, src->digest);
+        }
+        src->has_digest = 1;
+    }
+    memcpy(hex, src->digest, ST_SHA256_HEX);
+    return REFIT_OK;
+}
+
+int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_fn filter,
+                               void *filter_user, refit_progress_fn progress, void *user)
+{
+    if (!txn || !src)
+        return REFIT_EINVAL;
+    refit_ctx *ctx = src->ctx;
+    ctx_clear_error(ctx);
+    st_error err;
+    if (st_set_recheck(src->set, &err))
+        return source_error(ctx, &err);
+    uint64_t bytes = 0, tensors = 0;
+    size_t n = st_count(src->set);
+    for (size_t i = 0; i < n; i++) {
+        const st_tensor *t = st_tensor_at(src->set, i);
+        if (filter && !filter(filter_user, t->name))
+            continue;
+        refit_tensor view = {
+            .data = (void *)t->data,
+            .device = {REFIT_DEVICE_CPU, 0},
+            .ndim = t->ndim,
+            .dtype = st_dtype_to_refit(t->dtype),
+            .shape = (int64_t *)t->shape,
+            .strides = NULL,
+        };
+        if (view.dtype.code == ST_NO_REFIT)
+            return ctx_error(ctx, REFIT_EUNSUPPORTED, "%s: tensor %s has dtype %s, which refit "
+                             "cannot load", st_file_path(src->set, t->file), t->name,
+                             st_dtype_name(t->dtype));
+        int rc = refit_load(txn, t->name, &view, NULL);
+        if (rc) {
+            char why[REFIT_ERRMSG_SIZE];
+            snprintf(why, sizeof why, "%s", ctx->errmsg);
+            return ctx_error(ctx, rc, "%s (from %s)", why, st_file_path(src->set, t->file));
+        }
+        bytes += t->nbytes;
+        tensors++;
+        if (progress)
+            progress(user, bytes, tensors, t->name);
+    }
+    return REFIT_OK;
+}
+
+int refit_load_source(refit_txn *txn, refit_source *src, refit_progress_fn progress, void *user)
+{
+    return refit_load_source_filtered(txn, src, NULL, NULL, progress, user);
+}
