@@ -530,7 +530,13 @@ static int st_commit(st_set *s, uint32_t fi, struct st_raw **v, size_t n, st_err
 static int st_json_error(const char *file, const char *what, const json_error_t *je,
                          st_error *err)
 {
+    /* jansson reports most allocation failures as an unknown error with no
+     * text (some as a syntax error: those read as corrupt input). */
+    if (json_error_code(je) == json_error_unknown && !je->text[0])
+        return ST_NOMEM(err, file);
     switch (json_error_code(je)) {
+    case json_error_out_of_memory:
+        return ST_NOMEM(err, file);
     case json_error_invalid_utf8:
         return ST_CORRUPT(err, JSON_UTF8, file, NULL, "%s is not valid UTF-8 (byte %d)", what,
                           je->position);
