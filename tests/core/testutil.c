@@ -314,11 +314,20 @@ tt_tensor *tw_tmp(tw *w, refit_dtype dt, int ndim, const int64_t *shape)
     return tw_keep_tmp(w, tt_new(dt, ndim, shape));
 }
 
+tt_tensor *tw_adopt(tw *w, tt_tensor *t)
+{
+    return tw_keep_tmp(w, t);
+}
+
 tt_tensor *tw_runtime(tw *w, const char *module, const char *name, refit_dtype dt,
                       int ndim, const int64_t *shape)
 {
+    return tw_bind(w, module, name, tt_new(dt, ndim, shape));
+}
+
+tt_tensor *tw_bind(tw *w, const char *module, const char *name, tt_tensor *t)
+{
     assert_true(w->n_rt < TW_MAX);
-    tt_tensor *t = tt_new(dt, ndim, shape);
     w->rt[w->n_rt] = t;
     snprintf(w->rt_module[w->n_rt], sizeof w->rt_module[0], "%s", module);
     snprintf(w->rt_name[w->n_rt], sizeof w->rt_name[0], "%s", name);

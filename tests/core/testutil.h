@@ -112,6 +112,11 @@ tt_tensor *tw_tmp(tw *w, refit_dtype dt, int ndim, const int64_t *shape);
 /* Allocate a runtime tensor and bind it to module/name; asserts success. */
 tt_tensor *tw_runtime(tw *w, const char *module, const char *name, refit_dtype dt,
                       int ndim, const int64_t *shape);
+/* Keep t (freed with the world); returns it. */
+tt_tensor *tw_adopt(tw *w, tt_tensor *t);
+/* Bind a tensor the test made (e.g. strided) as a runtime tensor; the
+ * world frees it. Asserts success. */
+tt_tensor *tw_bind(tw *w, const char *module, const char *name, tt_tensor *t);
 /* Add a module; asserts success. */
 void tw_module(tw *w, const char *name, const char *format, const char *params);
 /* refit_model_expect, recorded for tw_load_all; returns the status. */
