@@ -460,6 +460,12 @@ static int split_dim_of(const tw_ckpt *p)
 
 void tw_load_all(tw *w, refit_txn *t, uint64_t version, const tw_load_opts *o)
 {
+    if (tw_try_load_all(w, t, version, o))
+        fail_msg("%s", w->err);
+}
+
+int tw_try_load_all(tw *w, refit_txn *t, uint64_t version, const tw_load_opts *o)
+{
     tw_load_opts defaults = {0};
     if (!o)
         o = &defaults;
@@ -541,17 +547,17 @@ void tw_load_all(tw *w, refit_txn *t, uint64_t version, const tw_load_opts *o)
             rc = refit_load_part(t, c->name, items[i].a, &piece->t, NULL);
         }
         if (rc) {
-            char msg[1400];
-            snprintf(msg, sizeof msg, "load %s rows [%lld, %lld): %s: %s", c->name,
+            snprintf(w->err, sizeof w->err, "load %s rows [%lld, %lld): %s: %s", c->name,
                      (long long)items[i].a, (long long)items[i].b, refit_status_name(rc),
                      refit_errmsg(w->ctx));
             free(items);
             free(full);
-            fail_msg("%s", msg);
+            return rc;
         }
     }
     free(items);
     free(full);
+    return REFIT_OK;
 }
 
 void tw_update(tw *w, uint64_t version, const char *label)

@@ -98,6 +98,7 @@ typedef struct tw {
     int n_tmp;
     tw_ckpt ck[TW_MAX];
     int n_ck;
+    char err[1400];          /* what tw_try_load_all refused */
 } tw;
 
 /* cmocka setup/teardown: *state becomes a tw with an open ctx and model. */
@@ -146,6 +147,8 @@ typedef struct tw_load_opts {
 /* Deliver every recorded checkpoint tensor of version; asserts each load
  * returns REFIT_OK. */
 void tw_load_all(tw *w, refit_txn *t, uint64_t version, const tw_load_opts *o);
+/* Same, returning the first failing status (w->err says which load). */
+int tw_try_load_all(tw *w, refit_txn *t, uint64_t version, const tw_load_opts *o);
 /* Deliver one checkpoint tensor whole; returns the status. */
 int tw_load(tw *w, refit_txn *t, const char *name, uint64_t version);
 /* Cold start or update to version with defaults; asserts READY after. */
