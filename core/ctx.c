@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/txn_journal.h"
 
 char *xstrdup(const char *s)
 {
@@ -128,9 +129,12 @@ int refit_open(refit_ctx **out, const refit_options *opt)
     ctx->worker_id = xstrdup(opt->worker_id ? opt->worker_id : "worker");
     ctx->rank = opt->rank;
     const char *jp = opt->journal_path ? opt->journal_path : getenv("REFIT_JOURNAL");
+    if (jp && !*jp) /* "" turns the journal off, whatever the environment says */
+        jp = NULL;
     ctx->journal_path = xstrdup(jp);
     ctx->plugin_dirs = xstrdup(opt->plugin_dirs);
     ctx->staging_budget = opt->staging_budget ? opt->staging_budget : (1ull << 30);
+    ctx->journal_best_effort = opt->journal_best_effort != 0;
     ctx_init_host(ctx);
     int rc = REFIT_ENOMEM;
     if (!ctx->worker_id || (jp && !ctx->journal_path) ||
@@ -139,6 +143,7 @@ int refit_open(refit_ctx **out, const refit_options *opt)
         refit_close(ctx);
         return rc;
     }
+    txj_open(ctx); /* a failure is kept for begin to report */
     *out = ctx;
     return REFIT_OK;
 }
@@ -148,6 +153,7 @@ void refit_close(refit_ctx *ctx)
     if (!ctx)
         return;
     refit_model_destroy(ctx->model);
+    txj_close(ctx);
     free(ctx->worker_id);
     free(ctx->journal_path);
     free(ctx->plugin_dirs);

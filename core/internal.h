@@ -23,6 +23,10 @@ struct refit_ctx {
     char *worker_id;
     int32_t rank;
     char *journal_path;
+    struct journal *journal;            /* NULL: none, or not open (see below) */
+    int journal_best_effort;
+    char journal_err[512];              /* why the journal could not be opened */
+    uint64_t journal_gaps;              /* writes lost while it had no handle */
     char *plugin_dirs;
     uint64_t staging_budget;
     refit_model *model;                 /* at most one */
@@ -113,6 +117,7 @@ typedef struct module {
     uint32_t *primary;          /* route index of each fm.ckpt[i] */
     refit_fmt_module fm;        /* the format's view, built at seal */
     size_t staged_bytes;        /* staging this module needs */
+    uint64_t expected_bytes;    /* checkpoint bytes of its primary tensors */
     module_state state;
 } module;
 
@@ -136,6 +141,7 @@ struct refit_model {
     char *version;              /* label of the last commit */
     struct refit_txn *txn;      /* open transaction, or NULL */
     struct txn_scratch *scratch;/* per-route/module arrays reused by every txn */
+    int64_t journal_plan;       /* module list recorded at seal, or 0 */
     refit_model_stats stats;
 };
 
@@ -153,8 +159,11 @@ uint32_t model_find_runtime(const refit_model *m, const module *mod, const char 
 
 /* Plan (plan.c): build routes, validate, record signatures. */
 int plan_build(refit_model *m);
+/* Content fingerprint of a module's runtime tensors (stream-synchronous). */
+int module_fingerprint(refit_model *m, const module *mod, uint64_t *out);
 
-/* Transactions (txn.c). */
+/* Transactions (txn.c). replay_of: journal id of the update replayed, or 0. */
+int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, int64_t replay_of);
 void txn_scratch_free(struct txn_scratch *s);
 
 /* Helpers. */

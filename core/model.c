@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/txn_journal.h"
 #include "kernels/fingerprint.h"
 
 #define MODEL_CHECK(m)                                                        \
@@ -292,6 +293,7 @@ int refit_model_seal(refit_model *m)
     }
     m->sealed = true;
     m->n_empty = m->n_modules;
+    txj_seal(m);
     return REFIT_OK;
 }
 
@@ -312,6 +314,23 @@ refit_health model_health(const refit_model *m)
     if (m->n_empty)
         return REFIT_HEALTH_EMPTY;
     return REFIT_HEALTH_READY;
+}
+
+int module_fingerprint(refit_model *m, const module *mod, uint64_t *out)
+{
+    uint64_t h = 0;
+    for (uint32_t i = 0; i < mod->n_runtime; i++) {
+        const tensor_reg *r = &m->runtime[mod->runtime[i]];
+        uint64_t fp;
+        int rc = r->be->fingerprint(&r->view, &fp, NULL);
+        if (!rc)
+            rc = r->be->sync(NULL);
+        if (rc)
+            return rc;
+        h = kern_fp_combine(h, fp);
+    }
+    *out = h;
+    return REFIT_OK;
 }
 
 static int fingerprint_reg(refit_model *m, const tensor_reg *r, uint64_t *out)

@@ -385,6 +385,7 @@ static int module_build_fm(refit_model *m, module *mod)
         if (r->split_dim >= 0)
             c->shape[r->split_dim] = r->hi - r->lo;
         r->fm_index = fm->n_ckpt;
+        mod->expected_bytes += r->bytes;
         mod->primary[fm->n_ckpt++] = mod->routes[i];
     }
     return REFIT_OK;
@@ -602,6 +603,7 @@ void model_free_plan(refit_model *m)
         mod->primary = NULL;
         mod->n_primary = 0;
         mod->staged_bytes = 0;
+        mod->expected_bytes = 0;
     }
     for (uint32_t i = 0; i < m->n_routes; i++)
         m->routes[i].flags = 0;

@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/txn_journal.h"
 #include "core/undo.h"
 #include "kernels/copy.h"
 
@@ -105,6 +106,9 @@ struct refit_txn {
     struct txn_scratch *s;
     txn_stream streams[TXN_MAX_STREAMS];
     uint32_t n_streams;
+    int64_t journal_id;         /* 0: not journaled */
+    txj_batch jb;                /* module progress not yet written */
+    bool fingerprint;           /* journal module fingerprints at commit */
 };
 
 /* ---- invariants ---- */
@@ -250,7 +254,7 @@ static int txn_use_stream(refit_txn *t, const backend *be, void *stream)
     return REFIT_OK;
 }
 
-int refit_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts)
+int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, int64_t replay_of)
 {
     refit_update_opts defaults = REFIT_UPDATE_OPTS_INIT;
     if (!out || !m)
@@ -276,6 +280,12 @@ int refit_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts)
     refit_txn *t = calloc(1, sizeof *t);
     if (!t)
         return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
+    /* last: a journal refusal must leave nothing behind */
+    if ((rc = txj_begin(m, opts, replay_of, &t->journal_id))) {
+        free(t);
+        return rc;
+    }
+    t->fingerprint = opts->fingerprint != 0;
     t->m = m;
     t->s = m->scratch;
     t->rollback = opts->rollback != 0;
@@ -287,10 +297,22 @@ int refit_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts)
         free(t);
         return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
     }
+    refit_health before = model_health(m);
     m->txn = t;
     txn_set_state(t, TXN_OPEN);
+    txj_health(m, before, REFIT_HEALTH_UPDATING, "update began");
     *out = t;
     return REFIT_OK;
+}
+
+int refit_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts)
+{
+    return txn_begin(out, m, opts, 0);
+}
+
+int64_t refit_txn_journal_id(const refit_txn *t)
+{
+    return t ? t->journal_id : 0;
 }
 
 /* ---- deliveries ---- */
@@ -630,8 +652,11 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
     rc = route_complete(t, &d);
     if (rc)
         return txn_fail(t, rc);
-    if (t->s->mod_complete[d.r->module] == mod->n_primary)
+    if (t->s->mod_complete[d.r->module] == mod->n_primary) {
         t->stats.modules_complete++;
+        txj_module_done(m, t->journal_id, &t->jb, d.r->module, mod->n_primary,
+                       mod->expected_bytes);
+    }
     return REFIT_OK;
 }
 
@@ -650,13 +675,54 @@ int refit_load_part(refit_txn *t, const char *ckpt_name, int64_t offset, const r
 
 static void txn_destroy(refit_txn *t)
 {
+    txj_batch_free(&t->jb);
     free(t->version_label);
     free(t->source_uri);
     free(t);
 }
 
-/* Leave the worker as abort defines it and end the txn. */
-static int txn_end_aborted(refit_txn *t)
+/* Received bytes of a module: its complete tensors. */
+static uint64_t module_bytes_in(const refit_txn *t, const module *mod)
+{
+    uint64_t n = 0;
+    for (uint32_t k = 0; k < mod->n_primary; k++)
+        if (t->s->route_state[mod->primary[k]] == ROUTE_COMPLETE)
+            n += t->m->routes[mod->primary[k]].bytes;
+    return n;
+}
+
+/* The journal's last word on a txn: every touched module's final row. */
+static void txn_journal_end(refit_txn *t, journal_update_state st, const char *error)
+{
+    if (!t->journal_id)
+        return;
+    refit_model *m = t->m;
+    const struct txn_scratch *s = t->s;
+    t->jb.n = 0; /* superseded by the final rows */
+    for (uint32_t i = 0; i < s->n_touched; i++) {
+        uint32_t mi = s->touched[i];
+        const module *mod = &m->modules[mi];
+        bool complete = s->mod_complete[mi] == mod->n_primary;
+        journal_module_progress p = {mi, complete ? JOURNAL_MODULE_COMPLETE
+                                                  : JOURNAL_MODULE_PARTIAL,
+                                     s->mod_complete[mi], module_bytes_in(t, mod), 0, 0};
+        if (st == JOURNAL_UPDATE_COMMITTED) {
+            p.state = JOURNAL_MODULE_COMMITTED;
+            p.has_fingerprint = t->fingerprint && !module_fingerprint(m, mod, &p.fingerprint);
+        } else if (st == JOURNAL_UPDATE_ROLLED_BACK) {
+            p.state = JOURNAL_MODULE_ROLLED_BACK;
+        } else if (s->mod_wrote[mi]) {
+            p.state = JOURNAL_MODULE_POISONED;
+        }
+        if (grow_array((void **)&t->jb.p, &t->jb.cap, t->jb.n, sizeof *t->jb.p) == REFIT_OK)
+            t->jb.p[t->jb.n++] = p;
+    }
+    txj_end(m, t->journal_id, &t->jb, st, t->stats.bytes_loaded, t->stats.tensors_loaded, error);
+}
+
+/* Leave the worker as abort defines it and end the txn. why: the reason
+ * for the journal (NULL: the caller aborted). */
+static int txn_end_aborted(refit_txn *t, const char *why)
 {
     refit_model *m = t->m;
     struct txn_scratch *s = t->s;
@@ -681,11 +747,17 @@ static int txn_end_aborted(refit_txn *t)
             mod->state = MODULE_DIRTY;
         }
     }
+    journal_update_state st = poisoned      ? JOURNAL_UPDATE_FAILED
+                              : t->wrote      ? JOURNAL_UPDATE_ROLLED_BACK
+                                              : JOURNAL_UPDATE_ABORTED;
+    txn_journal_end(t, st, why ? why : "aborted by the caller");
     undo_free(&t->undo);
     scratch_reset(t);
     m->txn = NULL;
     txn_set_state(t, TXN_ABORTED);
     txn_destroy(t);
+    txj_health(m, REFIT_HEALTH_UPDATING, model_health(m),
+              poisoned ? "update aborted without rollback" : "update aborted");
     return poisoned || m->n_dirty ? REFIT_EPOISONED : REFIT_OK;
 }
 
@@ -695,7 +767,7 @@ int refit_abort(refit_txn *t)
         return REFIT_EINVAL;
     ctx_clear_error(t->m->ctx);
     refit_model *m = t->m;
-    int rc = txn_end_aborted(t);
+    int rc = txn_end_aborted(t, NULL);
     if (rc == REFIT_EPOISONED)
         ctx_error(m->ctx, rc, "abort: worker %s is POISONED (%u module(s) hold bytes of an "
                   "aborted update; rollback was off)", m->ctx->worker_id, m->n_dirty);
@@ -764,10 +836,12 @@ static void txn_commit(refit_txn *t)
     free(m->version);
     m->version = t->version_label;
     t->version_label = NULL;
+    txn_journal_end(t, JOURNAL_UPDATE_COMMITTED, NULL);
     undo_free(&t->undo);
     scratch_reset(t);
     m->txn = NULL;
     txn_set_state(t, TXN_COMMITTED);
+    txj_health(m, REFIT_HEALTH_UPDATING, model_health(m), "update committed");
 }
 
 int refit_finalize(refit_txn *t)
@@ -794,7 +868,7 @@ int refit_finalize(refit_txn *t)
         char why[REFIT_ERRMSG_SIZE];
         memcpy(why, m->ctx->errmsg, sizeof why);
         bool rollback = t->rollback;
-        int arc = txn_end_aborted(t);
+        int arc = txn_end_aborted(t, why);
         ctx_error(m->ctx, rc, "%s; update aborted, %s", why,
                   arc == REFIT_EPOISONED ? "worker POISONED"
                   : rollback             ? "bytes rolled back"

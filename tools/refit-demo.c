@@ -13,6 +13,11 @@
  * at B, bytes identical); 4 the same without rollback (POISONED, serving
  * refused); 5 a retry that succeeds (READY at C, equal to a cold start on C).
  *
+ * Versions A and B are sent from memory, as a trainer would; version C is
+ * written to a safetensors file and streamed from it, so that with a journal
+ * ($REFIT_JOURNAL) the failed update of phase 4 is recovered in phase 5 by
+ * replaying it from that durable source, as an operator's tool would.
+ *
  * Options: --json (one JSON object on stdout), --crash-during-update (the
  * process SIGKILLs itself half-way through phase 2, for journal tests).
  */
@@ -25,6 +30,8 @@
 #include <unistd.h>
 
 #include <refit/refit.h>
+
+#include "core/safetensors_write.h" /* to write the demo's checkpoint file */
 
 #define VOCAB 1000
 #define VOCAB_PAD 1024
@@ -186,11 +193,12 @@ static int build_layer(worker *w, int l)
     return REFIT_OK;
 }
 
-static int worker_build(worker *w, const char *id)
+static int worker_build(worker *w, const char *id, bool journaled)
 {
     memset(w, 0, sizeof *w);
     refit_options o = REFIT_OPTIONS_INIT;
     o.worker_id = id;
+    o.journal_path = journaled ? NULL : ""; /* NULL: $REFIT_JOURNAL */
     o.rank = RANK;
     int rc = refit_open(&w->ctx, &o);
     if (rc)
@@ -251,7 +259,7 @@ typedef struct phase {
     const char *version;
     int status;
     const char *health;
-    const char *holds;
+    char holds[64];             /* version held after the phase, "" when none */
     uint64_t tensors, bytes;
     double ms;
     int bit_exact;              /* -1: not checked */
@@ -289,12 +297,15 @@ static void phase_print(const phase *p, bool ok)
     if (json_out)
         return;
     printf("  -> %s: worker %s", ok ? "ok" : "FAILED", p->health);
-    if (p->holds)
+    if (p->holds[0])
         printf(" at %s", p->holds);
     if (p->bit_exact >= 0)
         printf(", bit-exact vs cold start: %s", p->bit_exact ? "yes" : "NO");
-    printf(" (%llu tensors, %.2f MiB, %.1f ms)\n", (unsigned long long)p->tensors,
-           p->bytes / 1048576.0, p->ms);
+    if (p->tensors)
+        printf(" (%llu tensors, %.2f MiB, %.1f ms)\n", (unsigned long long)p->tensors,
+               p->bytes / 1048576.0, p->ms);
+    else
+        printf(" (%.1f ms)\n", p->ms);
     if (p->note[0])
         printf("     %s\n", p->note);
     printf("\n");
@@ -302,6 +313,7 @@ static void phase_print(const phase *p, bool ok)
 
 /* ---- an update: deliver a version's tensors, maybe stop half-way ---- */
 
+/* RUN_FAIL_HALF: the sender dies half-way; RUN_CRASH_HALF: so does the worker. */
 typedef enum { RUN_ALL, RUN_FAIL_HALF, RUN_CRASH_HALF } run_mode;
 
 static int run_update(worker *w, const char *version, int rollback, run_mode mode, phase *p)
@@ -318,20 +330,11 @@ static int run_update(worker *w, const char *version, int rollback, run_mode mod
     /* the tied lm_head is sent too, as a trainer's state dict would */
     for (int i = 0; i < w->n_ck; i++) {
         ckpt_tensor *c = &w->ck[i];
-        if (mode != RUN_ALL && i == w->n_ck / 2) {
-            if (mode == RUN_CRASH_HALF) {
-                if (!json_out)
-                    printf("\n  !! crashing with SIGKILL half-way (--crash-during-update)\n");
-                fflush(stdout);
-                raise(SIGKILL);
-            }
-            snprintf(p->note, sizeof p->note, "the sender died after %d of %d tensors; "
-                     "abort with rollback %s", i, w->n_ck, rollback ? "on" : "off");
+        if (mode == RUN_CRASH_HALF && i == w->n_ck / 2) {
             if (!json_out)
-                printf("\n  !! sender lost after %d of %d tensors: aborting\n", i, w->n_ck);
-            rc = refit_abort(txn);
-            p->ms = now_ms() - t0;
-            return rc;
+                printf("\n  !! crashing with SIGKILL half-way (--crash-during-update)\n");
+            fflush(stdout);
+            raise(SIGKILL);
         }
         refit_tensor src = {.data = c->data, .device = {REFIT_DEVICE_CPU, 0},
                             .ndim = c->spec.ndim, .dtype = REFIT_BF16,
@@ -350,12 +353,91 @@ static int run_update(worker *w, const char *version, int rollback, run_mode mod
     return rc;
 }
 
+/* Write the current version's checkpoint as one safetensors file. */
+static int write_checkpoint(worker *w, const char *path)
+{
+    st_out_tensor t[MAX_CKPT];
+    for (int i = 0; i < w->n_ck; i++)
+        t[i] = (st_out_tensor){w->ck[i].name, ST_BF16, w->ck[i].spec.ndim, w->ck[i].spec.shape,
+                               w->ck[i].data};
+    static const char *const meta[] = {"format", "pt", "written_by", "refit-demo"};
+    st_error err;
+    if (st_write_file(path, t, (size_t)w->n_ck, meta, 2, &err)) {
+        char line[2048];
+        fprintf(stderr, "refit-demo: %s\n", st_error_line(&err, line, sizeof line));
+        return REFIT_EIO;
+    }
+    return REFIT_OK;
+}
+
+/* Source streaming: a filter that plays a sender dying half-way. */
+typedef struct stream_state {
+    int sent, limit, total;
+    uint64_t bytes;
+} stream_state;
+
+static int stop_half_way(void *user, const char *name)
+{
+    (void)name;
+    stream_state *s = user;
+    return s->limit < 0 || s->sent++ < s->limit;
+}
+
+static void source_progress(void *user, uint64_t bytes, uint64_t tensors, const char *current)
+{
+    (void)current;
+    stream_state *s = user;
+    s->bytes = bytes;
+    progress((int)tensors, s->total, bytes);
+}
+
+/* An update streamed from a safetensors file; *journal_id: OUT. */
+static int run_update_source(worker *w, refit_source *src, const char *version, int rollback,
+                             run_mode mode, phase *p, int64_t *journal_id)
+{
+    char digest[65];
+    int rc = refit_source_digest(src, digest);
+    if (rc)
+        return rc;
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.version_label = version;
+    uo.source_uri = refit_source_uri(src);
+    uo.source_digest = digest;
+    uo.rollback = rollback;
+    uo.fingerprint = 1;
+    refit_txn *txn;
+    double t0 = now_ms();
+    if ((rc = refit_begin(&txn, w->model, &uo)))
+        return rc;
+    *journal_id = refit_txn_journal_id(txn);
+    int total = (int)refit_source_count(src);
+    stream_state st = {0, mode == RUN_ALL ? -1 : total / 2, total, 0};
+    rc = refit_load_source_filtered(txn, src, stop_half_way, &st, source_progress, &st);
+    p->tensors = (uint64_t)(st.limit < 0 ? total : st.sent > st.limit ? st.limit : st.sent);
+    p->bytes = st.bytes;
+    if (rc) {
+        refit_abort(txn);
+        return rc;
+    }
+    if (mode != RUN_ALL) {
+        snprintf(p->note, sizeof p->note, "the sender died after %d of %d tensors; abort with "
+                 "rollback %s", st.limit, total, rollback ? "on" : "off");
+        if (!json_out)
+            printf("\n  !! sender lost after %d of %d tensors: aborting\n", st.limit, total);
+        rc = refit_abort(txn);
+    } else {
+        rc = refit_finalize(txn);
+    }
+    p->ms = now_ms() - t0;
+    return rc;
+}
+
 /* Fingerprint of a fresh worker cold-started on version. */
 static int cold_start_fingerprint(const char *version, uint64_t *fp)
 {
     worker ref;
     phase scratch = {0};
-    int rc = worker_build(&ref, "reference");
+    int rc = worker_build(&ref, "reference", false);
     bool was_json = json_out;
     json_out = true; /* keep the reference run quiet */
     if (!rc)
@@ -372,7 +454,8 @@ static int cold_start_fingerprint(const char *version, uint64_t *fp)
 static void phase_state(worker *w, phase *p)
 {
     p->health = refit_health_name(refit_worker_health(w->ctx));
-    p->holds = refit_worker_version(w->ctx);
+    const char *v = refit_worker_version(w->ctx);
+    snprintf(p->holds, sizeof p->holds, "%s", v ? v : "");
 }
 
 static int fail(worker *w, const char *what, int rc)
@@ -392,8 +475,8 @@ static void json_phases(const phase *ph, int n, bool ok, uint64_t fp)
                "\"health\": \"%s\", \"holds\": %s%s%s, \"tensors\": %llu, \"bytes\": %llu, "
                "\"ms\": %.3f, \"bit_exact\": %s}",
                i ? ", " : "", p->n, p->title, p->version, refit_status_name(p->status),
-               p->health, p->holds ? "\"" : "", p->holds ? p->holds : "null",
-               p->holds ? "\"" : "", (unsigned long long)p->tensors,
+               p->health, p->holds[0] ? "\"" : "", p->holds[0] ? p->holds : "null",
+               p->holds[0] ? "\"" : "", (unsigned long long)p->tensors,
                (unsigned long long)p->bytes, p->ms,
                p->bit_exact < 0 ? "null" : p->bit_exact ? "true" : "false");
     }
@@ -420,7 +503,7 @@ int main(int argc, char **argv)
         }
     }
     worker w;
-    int rc = worker_build(&w, "demo-worker-0");
+    int rc = worker_build(&w, "demo-worker-0", true);
     if (rc)
         return fail(&w, "building the worker", rc);
     refit_model_stats st;
@@ -432,11 +515,13 @@ int main(int argc, char **argv)
                st.ckpt_tensors, refit_health_name(refit_worker_health(w.ctx)));
 
     phase ph[5] = {
-        {1, "cold start on A", "A", 0, 0, 0, 0, 0, 0, -1, ""},
-        {2, "update to B", "B", 0, 0, 0, 0, 0, 0, -1, ""},
-        {3, "update to C fails half-way, rollback on", "C", 0, 0, 0, 0, 0, 0, -1, ""},
-        {4, "update to C fails half-way, rollback off", "C", 0, 0, 0, 0, 0, 0, -1, ""},
-        {5, "retry the update to C", "C", 0, 0, 0, 0, 0, 0, -1, ""},
+        {.n = 1, .title = "cold start on A", .version = "A", .bit_exact = -1},
+        {.n = 2, .title = "update to B", .version = "B", .bit_exact = -1},
+        {.n = 3, .title = "update to C fails half-way, rollback on", .version = "C",
+         .bit_exact = -1},
+        {.n = 4, .title = "update to C fails half-way, rollback off", .version = "C",
+         .bit_exact = -1},
+        {.n = 5, .title = "retry the update to C", .version = "C", .bit_exact = -1},
     };
     bool ok = true;
     uint64_t fp = 0, ref = 0, before = 0;
@@ -462,25 +547,34 @@ int main(int argc, char **argv)
     ok &= ph[1].bit_exact && refit_check_serving(w.ctx) == REFIT_OK;
     phase_print(&ph[1], ok);
 
+    /* version C goes to a file: a durable source the journal can replay */
+    char dir[] = "/tmp/refit-demo-XXXXXX", path[64];
+    if (!mkdtemp(dir))
+        return fail(&w, "creating a temporary directory", REFIT_EIO);
+    snprintf(path, sizeof path, "%s/model-C.safetensors", dir);
+    refit_source *src = NULL;
+    if ((rc = make_version(&w, "C")) || (rc = write_checkpoint(&w, path)) ||
+        (rc = refit_source_open(&src, w.ctx, path)))
+        return fail(&w, "writing version C", rc);
+    if (!json_out)
+        printf("(version C written to %s)\n\n", path);
+
     /* 3: half an update to C, then abort with rollback: READY at B, same bytes */
     header(&ph[2]);
     before = fp;
-    make_version(&w, "C");
-    ph[2].status = run_update(&w, "C", 1, RUN_FAIL_HALF, &ph[2]);
+    int64_t jid = 0;
+    ph[2].status = run_update_source(&w, src, "C", 1, RUN_FAIL_HALF, &ph[2], &jid);
     refit_model_fingerprint(w.model, &fp);
-    ph[2].bit_exact = fp == before;
     phase_state(&w, &ph[2]);
-    ok &= ph[2].status == REFIT_OK && ph[2].bit_exact &&
+    ok &= ph[2].status == REFIT_OK && fp == before &&
           refit_worker_health(w.ctx) == REFIT_HEALTH_READY;
     if (!json_out)
-        printf("  worker bytes identical to B after rollback: %s\n",
-               ph[2].bit_exact ? "yes" : "NO");
-    ph[2].bit_exact = -1; /* compared with B itself, not a cold start */
+        printf("  worker bytes identical to B after rollback: %s\n", fp == before ? "yes" : "NO");
     phase_print(&ph[2], ok);
 
     /* 4: the same without rollback: POISONED, serving refused */
     header(&ph[3]);
-    ph[3].status = run_update(&w, "C", 0, RUN_FAIL_HALF, &ph[3]);
+    ph[3].status = run_update_source(&w, src, "C", 0, RUN_FAIL_HALF, &ph[3], &jid);
     phase_state(&w, &ph[3]);
     rc = refit_check_serving(w.ctx);
     ok &= ph[3].status == REFIT_EPOISONED && rc == REFIT_EPOISONED;
@@ -488,9 +582,25 @@ int main(int argc, char **argv)
         printf("  serving check: %s: %s\n", refit_status_name(rc), refit_errmsg(w.ctx));
     phase_print(&ph[3], ok);
 
-    /* 5: retry C in full: READY at C, equal to a cold start on C */
-    header(&ph[4]);
-    if ((rc = ph[4].status = run_update(&w, "C", 1, RUN_ALL, &ph[4])))
+    /* 5: recover: replay the failed update from the journal, or retry in full */
+    if (jid > 0) {
+        ph[4].title = "replay the failed update from the journal";
+        header(&ph[4]);
+        refit_replay_opts ro = REFIT_REPLAY_OPTS_INIT;
+        double t0 = now_ms();
+        ph[4].status = rc = refit_replay(w.model, jid, &ro);
+        ph[4].ms = now_ms() - t0;
+        snprintf(ph[4].note, sizeof ph[4].note, "replayed journal update %lld from %s",
+                 (long long)jid, refit_source_uri(src));
+    } else {
+        header(&ph[4]);
+        int64_t none;
+        ph[4].status = rc = run_update_source(&w, src, "C", 1, RUN_ALL, &ph[4], &none);
+    }
+    refit_source_close(src);
+    remove(path);
+    rmdir(dir);
+    if (rc)
         return fail(&w, "phase 5", rc);
     if ((rc = refit_model_fingerprint(w.model, &fp)) || (rc = cold_start_fingerprint("C", &ref)))
         return fail(&w, "fingerprints", rc);

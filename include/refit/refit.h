@@ -143,11 +143,16 @@ typedef struct refit_options {
     uint32_t version;          /* REFIT_OPTIONS_VERSION */
     const char *worker_id;     /* label in messages and the journal; NULL: "worker" */
     int32_t rank;              /* this worker's rank in its group */
-    const char *journal_path;  /* NULL: $REFIT_JOURNAL, else no journal */
+    const char *journal_path;  /* NULL: $REFIT_JOURNAL if set; "": no journal */
     const char *plugin_dirs;   /* ':'-separated extra plugin directories, or NULL */
     uint64_t staging_budget;   /* bytes of staging memory; 0 = 1 GiB */
+    /* 0 (journal=required): refit_begin refuses, touching nothing, when the
+     * update cannot be recorded. 1 (best-effort): the update goes on and
+     * the gap is recorded as soon as the journal works again. A journal
+     * failure never fails a finalize or an abort. */
+    int journal_best_effort;
 } refit_options;
-#define REFIT_OPTIONS_INIT {REFIT_OPTIONS_VERSION, NULL, 0, NULL, NULL, 0}
+#define REFIT_OPTIONS_INIT {REFIT_OPTIONS_VERSION, NULL, 0, NULL, NULL, 0, 0}
 
 /* Create a context. opt may be NULL for defaults. On failure *out is NULL
  * and the status says why (there is no context to hold a message). */
@@ -261,8 +266,11 @@ typedef struct refit_update_opts {
     const char *version_label; /* the weights' version, e.g. "step-1200" */
     const char *source_uri;    /* where the bytes come from, for the journal */
     int rollback;              /* 1: keep an undo log; abort restores bytes */
+    const char *source_digest; /* SHA-256 hex of the source, for the journal */
+    int fingerprint;           /* 1: journal each committed module's content
+                                  fingerprint (reads every byte it wrote) */
 } refit_update_opts;
-#define REFIT_UPDATE_OPTS_INIT {REFIT_UPDATE_OPTS_VERSION, NULL, NULL, 1}
+#define REFIT_UPDATE_OPTS_INIT {REFIT_UPDATE_OPTS_VERSION, NULL, NULL, 1, NULL, 0}
 
 /* Open an update. Verifies every signature first; refuses (changing
  * nothing) when the plan is stale or a tensor moved. Worker -> UPDATING. */
@@ -349,6 +357,27 @@ int refit_load_source(refit_txn *txn, refit_source *src, refit_progress_fn progr
                       void *user);
 int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_fn filter,
                                void *filter_user, refit_progress_fn progress, void *user);
+
+/* ---- journal and replay --------------------------------------------------- */
+
+/* Id of the journal row of an open update (0 when there is no journal). */
+int64_t refit_txn_journal_id(const refit_txn *txn);
+
+#define REFIT_REPLAY_OPTS_VERSION 1
+typedef struct refit_replay_opts {
+    uint32_t version;          /* REFIT_REPLAY_OPTS_VERSION */
+    int full;                  /* 1: send every module, not only the missing */
+    int rollback;              /* undo log for the replay itself */
+} refit_replay_opts;
+#define REFIT_REPLAY_OPTS_INIT {REFIT_REPLAY_OPTS_VERSION, 0, 1}
+
+/* Re-run a failed, aborted, rolled-back or interrupted update from its
+ * journal record: reopen its durable source, check the source digest, send
+ * the modules the journal does not show complete (and every module this
+ * worker holds no committed bytes for), finalize. Journaled as a replay of
+ * update_id. Ends READY, or fails with the reason and the worker as a
+ * failed update leaves it. */
+int refit_replay(refit_model *model, int64_t update_id, const refit_replay_opts *opts);
 
 /* Progress of an open transaction. */
 typedef struct refit_txn_stats {

@@ -1,0 +1,150 @@
+/* Replay: re-run a failed update from its journal record and durable source. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "core/txn_journal.h"
+
+/* What replay needs of the update row, copied out of the callback. */
+typedef struct replay_row {
+    char state[32];
+    char *version, *uri, *digest;
+    int rollback;
+} replay_row;
+
+static int copy_row(void *user, const journal_update_row *r)
+{
+    replay_row *out = user;
+    snprintf(out->state, sizeof out->state, "%s", r->state ? r->state : "?");
+    out->version = xstrdup(r->version);
+    out->uri = xstrdup(r->source_uri);
+    out->digest = xstrdup(r->source_digest);
+    out->rollback = r->rollback;
+    return 0;
+}
+
+typedef struct replay_set {
+    refit_model *m;
+    uint8_t *send;              /* per module */
+} replay_set;
+
+static int mark_module(void *user, const journal_module_row *r)
+{
+    replay_set *rs = user;
+    uint32_t mi = model_find_module(rs->m, r->name);
+    if (mi != NAMES_NONE)
+        rs->send[mi] = 1;
+    return 0;
+}
+
+static int filter_module(void *user, const char *name)
+{
+    replay_set *rs = user;
+    uint32_t ri = names_find(&rs->m->route_names, name);
+    return ri == NAMES_NONE || rs->send[rs->m->routes[ri].module];
+}
+
+static int replayable(refit_ctx *ctx, int64_t id, const replay_row *row)
+{
+    static const char *ok[] = {"failed", "aborted", "rolled_back", "interrupted"};
+    bool found = false;
+    for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
+        found |= !strcmp(row->state, ok[i]);
+    if (!found)
+        return ctx_error(ctx, REFIT_ESTATE, "replay: update %lld is %s; only failed, aborted, "
+                         "rolled_back or interrupted updates are replayed", (long long)id,
+                         row->state);
+    if (!row->uri || strncmp(row->uri, "file://", 7))
+        return ctx_error(ctx, REFIT_EUNSUPPORTED, "replay: update %lld came from %s, which is "
+                         "not durable; it cannot be replayed", (long long)id,
+                         row->uri ? row->uri : "an unrecorded source");
+    return REFIT_OK;
+}
+
+/* Open the recorded source and check it still holds the recorded bytes. */
+static int replay_source(refit_ctx *ctx, int64_t id, const replay_row *row, refit_source **src,
+                         char digest[65])
+{
+    int rc = refit_source_open(src, ctx, row->uri + 7);
+    if (rc)
+        return rc;
+    if ((rc = refit_source_digest(*src, digest)))
+        return rc;
+    if (row->digest && strcmp(row->digest, digest))
+        return ctx_error(ctx, REFIT_ECORRUPT, "replay: the source of update %lld changed: %s "
+                         "now has digest %s, the journal recorded %s", (long long)id,
+                         row->uri, digest, row->digest);
+    return REFIT_OK;
+}
+
+static int replay_run(refit_model *m, int64_t id, const refit_replay_opts *o, replay_row *row)
+{
+    refit_ctx *ctx = m->ctx;
+    int rc = journal_update_get(ctx->journal, id, copy_row, row);
+    if (rc)
+        return ctx_error(ctx, rc, "replay: update %lld: %s", (long long)id,
+                         rc == REFIT_ENOTFOUND ? "no such update in the journal"
+                                               : journal_errmsg(ctx->journal));
+    if ((rc = replayable(ctx, id, row)))
+        return rc;
+    replay_set rs = {m, calloc(m->n_modules + 1, 1)};
+    if (!rs.send)
+        return ctx_error(ctx, REFIT_ENOMEM, "replay: out of memory");
+    for (uint32_t i = 0; i < m->n_modules; i++)
+        rs.send[i] = o->full || m->modules[i].state != MODULE_CLEAN;
+    if (!o->full && (rc = journal_modules_list(ctx->journal, id, 1, mark_module, &rs))) {
+        free(rs.send);
+        return ctx_error(ctx, rc, "replay: reading modules of update %lld: %s", (long long)id,
+                         journal_errmsg(ctx->journal));
+    }
+    refit_source *src = NULL;
+    char digest[65];
+    rc = replay_source(ctx, id, row, &src, digest);
+    refit_txn *t = NULL;
+    if (!rc) {
+        refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+        uo.version_label = row->version;
+        uo.source_uri = row->uri;
+        uo.source_digest = digest;
+        uo.rollback = o->rollback;
+        rc = txn_begin(&t, m, &uo, id);
+    }
+    if (!rc && (rc = refit_load_source_filtered(t, src, filter_module, &rs, NULL, NULL))) {
+        char why[REFIT_ERRMSG_SIZE];
+        memcpy(why, ctx->errmsg, sizeof why);
+        refit_abort(t);
+        ctx_error(ctx, rc, "replay of update %lld: %s", (long long)id, why);
+    } else if (!rc) {
+        rc = refit_finalize(t);
+    }
+    refit_source_close(src);
+    free(rs.send);
+    return rc;
+}
+
+int refit_replay(refit_model *m, int64_t update_id, const refit_replay_opts *opts)
+{
+    refit_replay_opts defaults = REFIT_REPLAY_OPTS_INIT;
+    if (!m)
+        return REFIT_EINVAL;
+    refit_ctx *ctx = m->ctx;
+    ctx_clear_error(ctx);
+    if (!opts)
+        opts = &defaults;
+    if (opts->version != REFIT_REPLAY_OPTS_VERSION)
+        return ctx_error(ctx, REFIT_EINVAL, "replay: options of unknown version %u", opts->version);
+    if (!m->sealed || m->txn)
+        return ctx_error(ctx, REFIT_ESTATE, "replay: %s", !m->sealed ? "the model is not sealed"
+                                                                     : "an update is open");
+    txj_open(ctx);
+    if (!ctx->journal)
+        return ctx_error(ctx, REFIT_EJOURNAL, "replay needs a journal: %s",
+                         ctx->journal_path ? ctx->journal_err : "none configured");
+    replay_row row = {{0}, NULL, NULL, NULL, 0};
+    int rc = replay_run(m, update_id, opts, &row);
+    free(row.version);
+    free(row.uri);
+    free(row.digest);
+    return rc;
+}

@@ -1,0 +1,166 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/txn_journal.h"
+
+static const char *health_word(refit_health h)
+{
+    switch (h) {
+    case REFIT_HEALTH_EMPTY: return "empty";
+    case REFIT_HEALTH_READY: return "ready";
+    case REFIT_HEALTH_UPDATING: return "updating";
+    case REFIT_HEALTH_POISONED: return "poisoned";
+    }
+    return "unknown";
+}
+
+/* A write failed: keep it as a gap the journal records with its next write. */
+static void txj_gap(refit_ctx *ctx, const char *what)
+{
+    if (ctx->journal)
+        journal_note_gap(ctx->journal, what);
+    else
+        ctx->journal_gaps++;
+}
+
+void txj_open(refit_ctx *ctx)
+{
+    if (!ctx->journal_path || ctx->journal)
+        return;
+    journal_opts o = JOURNAL_OPTS_INIT;
+    o.mode = ctx->journal_best_effort ? JOURNAL_BEST_EFFORT : JOURNAL_REQUIRED;
+    struct journal *j;
+    if (journal_open(&j, ctx->journal_path, &o, ctx->journal_err, sizeof ctx->journal_err))
+        return;
+    if (journal_worker_register(j, ctx->worker_id, ctx->rank)) {
+        snprintf(ctx->journal_err, sizeof ctx->journal_err, "%s", journal_errmsg(j));
+        journal_close(j);
+        return;
+    }
+    ctx->journal = j;
+    ctx->journal_err[0] = '\0';
+    for (; ctx->journal_gaps > 0; ctx->journal_gaps--)
+        journal_note_gap(j, "a write while the journal could not be opened");
+}
+
+void txj_close(refit_ctx *ctx)
+{
+    journal_close(ctx->journal);
+    ctx->journal = NULL;
+}
+
+static journal_module_info *module_infos(const refit_model *m)
+{
+    journal_module_info *mi = calloc(m->n_modules ? m->n_modules : 1, sizeof *mi);
+    if (!mi)
+        return NULL;
+    for (uint32_t i = 0; i < m->n_modules; i++) {
+        const module *mod = &m->modules[i];
+        mi[i].name = mod->name;
+        mi[i].expected_tensors = mod->n_primary;
+        mi[i].expected_bytes = mod->expected_bytes;
+    }
+    return mi;
+}
+
+void txj_seal(refit_model *m)
+{
+    refit_ctx *ctx = m->ctx;
+    txj_open(ctx);
+    if (!ctx->journal)
+        return;
+    journal_module_info *mi = module_infos(m);
+    if (!mi || journal_plan_prepare(ctx->journal, m->n_modules, mi, &m->journal_plan))
+        txj_gap(ctx, "module list at seal");
+    free(mi);
+    txj_health(m, REFIT_HEALTH_EMPTY, REFIT_HEALTH_EMPTY, "model sealed");
+}
+
+void txj_health(refit_model *m, refit_health from, refit_health to, const char *reason)
+{
+    refit_ctx *ctx = m->ctx;
+    if (!ctx->journal)
+        return;
+    const char *version = to == REFIT_HEALTH_READY ? m->version : NULL;
+    if (journal_health(ctx->journal, ctx->worker_id, health_word(from), health_word(to), reason,
+                       version))
+        txj_gap(ctx, "health transition");
+}
+
+int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of, int64_t *id)
+{
+    refit_ctx *ctx = m->ctx;
+    *id = 0;
+    if (!ctx->journal_path)
+        return REFIT_OK;
+    txj_open(ctx); /* again: a journal fixed since is picked up */
+    const char *why = ctx->journal_err;
+    if (ctx->journal) {
+        journal_update_info info = {
+            .worker_id = ctx->worker_id,
+            .version = o->version_label,
+            .source_uri = o->source_uri,
+            .source_digest = o->source_digest,
+            .replay_of = replay_of,
+            .rollback = o->rollback != 0,
+        };
+        journal_module_info *mi = module_infos(m);
+        int rc = mi ? journal_update_begin(ctx->journal, id, &info, m->n_modules, mi)
+                    : REFIT_ENOMEM;
+        free(mi);
+        if (!rc)
+            return REFIT_OK;
+        why = rc == REFIT_ENOMEM ? "out of memory" : journal_errmsg(ctx->journal);
+    }
+    if (ctx->journal_best_effort) {
+        txj_gap(ctx, "update begin");
+        return REFIT_OK;
+    }
+    return ctx_error(ctx, REFIT_EJOURNAL, "begin: the update cannot be recorded in journal %s "
+                     "(%s); refusing, nothing written (journal=required)",
+                     ctx->journal_path, why[0] ? why : "unknown error");
+}
+
+static int batch_push(txj_batch *b, journal_module_progress p)
+{
+    if (grow_array((void **)&b->p, &b->cap, b->n, sizeof *b->p))
+        return REFIT_ENOMEM;
+    b->p[b->n++] = p;
+    return REFIT_OK;
+}
+
+void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi, uint64_t tensors,
+                    uint64_t bytes)
+{
+    refit_ctx *ctx = m->ctx;
+    if (!id || !ctx->journal)
+        return;
+    journal_module_progress p = {mi, JOURNAL_MODULE_COMPLETE, tensors, bytes, 0, 0};
+    if (batch_push(b, p)) {
+        txj_gap(ctx, "module progress");
+        return;
+    }
+    if (b->n < TXJ_BATCH_MODULES)
+        return;
+    if (journal_modules_progress(ctx->journal, id, b->n, b->p))
+        txj_gap(ctx, "module progress");
+    b->n = 0;
+}
+
+void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st, uint64_t bytes,
+            uint64_t tensors, const char *error)
+{
+    refit_ctx *ctx = m->ctx;
+    if (!id || !ctx->journal)
+        return;
+    if (journal_update_end(ctx->journal, id, st, bytes, tensors, error, b->n, b->p))
+        txj_gap(ctx, "update end");
+    b->n = 0;
+}
+
+void txj_batch_free(txj_batch *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}

@@ -1,0 +1,38 @@
+/* The core's side of the journal (journal/journal.h): when to write what.
+ * Writes are batched: one transaction at begin, module progress in batches
+ * of modules that completed, one at the end. Never one per tensor. A
+ * failure here never changes the model: begin refuses before touching it
+ * (journal=required) or the gap is counted and recorded later. */
+#ifndef REFIT_CORE_TXN_JOURNAL_H
+#define REFIT_CORE_TXN_JOURNAL_H
+
+#include "core/internal.h"
+#include "journal/journal.h"
+
+/* Modules that completed since the last progress write. */
+typedef struct txj_batch {
+    journal_module_progress *p;
+    uint32_t n, cap;
+} txj_batch;
+
+#define TXJ_BATCH_MODULES 1024
+
+/* Context: open the journal named by the options (errors kept for begin). */
+void txj_open(refit_ctx *ctx);
+void txj_close(refit_ctx *ctx);
+/* Seal: the module list, and the worker's health. */
+void txj_seal(refit_model *m);
+/* A health transition of the worker. */
+void txj_health(refit_model *m, refit_health from, refit_health to, const char *reason);
+/* Begin: record the update. REFIT_EJOURNAL (message set) when it cannot be
+ * recorded and the journal is required; *id is 0 when nothing is recorded. */
+int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of, int64_t *id);
+/* A module completed: queue its progress, write the batch when full. */
+void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi, uint64_t tensors,
+                    uint64_t bytes);
+/* End: final state and each touched module's final row. */
+void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st,
+            uint64_t bytes, uint64_t tensors, const char *error);
+void txj_batch_free(txj_batch *b);
+
+#endif
