@@ -1,0 +1,431 @@
+/* Format "int4": compressed-tensors pack-quantized INT4 weights, delivered
+ * through VIEW routes so that no repack runs on load.
+ *
+ * Checkpoint tensors of a module, told apart by the suffix after the last
+ * '.' of their names:
+ *   W.weight_packed      I32 [N, ceil(K/8)]  8 values per word along K,
+ *                        low nibble first, stored as value + 8
+ *   W.weight_scale       F32/F16/BF16 [N, G] G = ceil(K/group), 1 per channel
+ *   W.weight_zero_point  I32 [ceil(N/8), G]  asymmetric only, packed along N
+ *   W.weight_shape       I32/I64 [2]         (N, K); checked at post-load
+ *
+ * Runtime tensors (names in the module), for `layout: gptq` (default):
+ *   weight             I32 [ceil(K/8), N]  the checkpoint words transposed:
+ *                      the GPTQ qweight layout (uint4b8), what exllama and
+ *                      Marlin's repack take
+ *   weight_scale       float [G, N]        any of F32/F16/BF16 (cast)
+ *   weight_zero_point  I32 [G, ceil(N/8)]  GPTQ qzeros layout
+ * and for `layout: u8`:
+ *   weight             U8 [N, P]           the words' little-endian bytes,
+ *                      i.e. two values per byte along K, low nibble first;
+ *                      P >= 4 * ceil(K/8), a multiple of 4 (row pitch); pad
+ *                      bytes are re-zeroed at every load
+ *   weight_scale       float [N, G]
+ *   weight_zero_point  I32 [ceil(N/8), G]
+ * Each checkpoint tensor is written through a checkpoint-layout view the
+ * plan lays over its runtime tensor (transposed strides, or an I32 view of
+ * the byte rows), so the core's copy is the whole load.
+ *
+ * Params: group_size (required; -1 = one scale per row), layout,
+ * in_features / out_features (the unsharded K and N; needed only when K or
+ * N is not a whole number of groups / zero-point words).
+ *
+ * The module is WHOLE: a packed weight means nothing without its scales. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <refit/format.h>
+
+#include "kernels/copy.h"
+#include "kernels/quant_int4.h"
+
+#ifndef REFIT_PLUGIN_EXPORT
+#define REFIT_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+enum { R_PACKED, R_SCALE, R_ZP, R_SHAPE, R_COUNT };
+static const char *const role_name[R_COUNT] = {"weight_packed", "weight_scale",
+                                               "weight_zero_point", "weight_shape"};
+enum { RT_WEIGHT, RT_SCALE, RT_ZP, RT_COUNT };
+static const char *const rt_name[RT_COUNT] = {"weight", "weight_scale", "weight_zero_point"};
+
+enum { LAYOUT_GPTQ, LAYOUT_U8 };
+
+typedef struct int4_state {
+    int ck[R_COUNT];          /* index in m->ckpt, -1 when absent */
+    int rt[RT_COUNT];         /* index in m->runtime, -1 when absent */
+    int layout;
+    int64_t group;            /* 0: per channel */
+    int64_t n, words, groups; /* this rank's slice */
+    int64_t in_features, out_features;
+    int64_t pitch;            /* u8: bytes per runtime row */
+} int4_state;
+
+#define ERR(h, st, ...) (h)->error((h)->host, (st), __VA_ARGS__)
+
+static int is_float(refit_dtype d)
+{
+    return d.lanes == 1 && ((d.code == REFIT_DTYPE_FLOAT && (d.bits == 32 || d.bits == 16)) ||
+                            (d.code == REFIT_DTYPE_BFLOAT && d.bits == 16));
+}
+
+static int is_dtype(refit_dtype d, uint8_t code, uint8_t bits)
+{
+    return d.code == code && d.bits == bits && d.lanes == 1;
+}
+
+static const char *suffix(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    return dot ? dot + 1 : name;
+}
+
+/* An integer param; def when absent. -1 on a malformed value. */
+static int param_int(const refit_host_v1 *h, const refit_fmt_module *m, const char *key,
+                     int64_t def, int64_t *out)
+{
+    const char *s = h->param(h->host, m, key);
+    if (!s) {
+        *out = def;
+        return 0;
+    }
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end)
+        return ERR(h, REFIT_EINVAL, "module %s: param %s: '%s' is not an integer", m->name, key,
+                   s);
+    *out = v;
+    return 0;
+}
+
+static int read_params(const refit_host_v1 *h, const refit_fmt_module *m, int4_state *s)
+{
+    const char *layout = h->param(h->host, m, "layout");
+    if (!layout || !strcmp(layout, "gptq"))
+        s->layout = LAYOUT_GPTQ;
+    else if (!strcmp(layout, "u8"))
+        s->layout = LAYOUT_U8;
+    else
+        return ERR(h, REFIT_EINVAL, "module %s: format int4: layout '%s' (known: gptq, u8)",
+                   m->name, layout);
+    if (!h->param(h->host, m, "group_size"))
+        return ERR(h, REFIT_EINVAL, "module %s: format int4 needs param group_size (the "
+                   "checkpoint's quantization group; -1 for one scale per row)", m->name);
+    int rc = param_int(h, m, "group_size", 0, &s->group);
+    if (!rc)
+        rc = param_int(h, m, "in_features", 0, &s->in_features);
+    if (!rc)
+        rc = param_int(h, m, "out_features", 0, &s->out_features);
+    if (rc)
+        return rc;
+    if (s->group == -1)
+        s->group = 0;
+    else if (s->group <= 0)
+        return ERR(h, REFIT_EINVAL, "module %s: group_size %lld must be positive or -1",
+                   m->name, (long long)s->group);
+    return REFIT_OK;
+}
+
+/* Sort checkpoint tensors into roles and runtime tensors by name. */
+static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, int4_state *s)
+{
+    for (int r = 0; r < R_COUNT; r++)
+        s->ck[r] = -1;
+    for (int r = 0; r < RT_COUNT; r++)
+        s->rt[r] = -1;
+    for (uint32_t i = 0; i < m->n_ckpt; i++) {
+        const char *suf = suffix(m->ckpt[i].name);
+        int r = 0;
+        while (r < R_COUNT && strcmp(suf, role_name[r]))
+            r++;
+        if (r == R_COUNT)
+            return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: format int4 takes W.weight_packed, "
+                       "W.weight_scale, W.weight_zero_point and W.weight_shape (act-order "
+                       "g_idx is not supported)", m->name, m->ckpt[i].name);
+        if (s->ck[r] >= 0)
+            return ERR(h, REFIT_EFORMAT, "module %s: tensors %s and %s are both %s; one int4 "
+                       "weight per module (fused targets need the core to pass the offset "
+                       "of a VIEW route)", m->name, m->ckpt[s->ck[r]].name, m->ckpt[i].name,
+                       role_name[r]);
+        s->ck[r] = (int)i;
+    }
+    for (uint32_t i = 0; i < m->n_runtime; i++)
+        for (int r = 0; r < RT_COUNT; r++)
+            if (!strcmp(m->runtime[i].name, rt_name[r]))
+                s->rt[r] = (int)i;
+    if (s->ck[R_PACKED] < 0 || s->ck[R_SCALE] < 0)
+        return ERR(h, REFIT_EFORMAT, "module %s: format int4 needs W.weight_packed and "
+                   "W.weight_scale", m->name);
+    int need[RT_COUNT] = {1, 1, s->ck[R_ZP] >= 0};
+    for (int r = 0; r < RT_COUNT; r++)
+        if (need[r] && s->rt[r] < 0)
+            return ERR(h, REFIT_EFORMAT, "module %s: format int4 needs a runtime tensor named "
+                       "%s", m->name, rt_name[r]);
+    return REFIT_OK;
+}
+
+static int split_error(const refit_host_v1 *h, const refit_fmt_module *m, kern_q4_split sp,
+                       const char *what, const char *full_param)
+{
+    if (sp == KERN_Q4_SPLIT_RAGGED)
+        return ERR(h, REFIT_EMISMATCH, "module %s: %s is not a whole number of blocks; "
+                   "declare param %s (the unsharded extent) so that a ragged last block can "
+                   "be told from a shard boundary", m->name, what, full_param);
+    if (sp == KERN_Q4_SPLIT_MISMATCH)
+        return ERR(h, REFIT_EMISMATCH, "module %s: %s disagrees with param %s", m->name, what,
+                   full_param);
+    return ERR(h, REFIT_EMISMATCH, "module %s: %s: a shard boundary cuts a group (shard only "
+               "at multiples of the block)", m->name, what);
+}
+
+/* Dtypes and shapes of the checkpoint slices; the groups they imply. */
+static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, int4_state *s)
+{
+    const refit_fmt_ckpt *p = &m->ckpt[s->ck[R_PACKED]], *sc = &m->ckpt[s->ck[R_SCALE]];
+    if (!is_dtype(p->dtype, REFIT_DTYPE_INT, 32) || p->ndim != 2)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected I32 [N, K/8], got %s "
+                   "with %d dims (stacked experts are not supported)", m->name, p->name,
+                   refit_dtype_name(p->dtype), p->ndim);
+    s->n = p->shape[0];
+    s->words = p->shape[1];
+    if (!is_float(sc->dtype) || sc->ndim != 2 || sc->shape[0] != s->n)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected F32/F16/BF16 [%lld, G]",
+                   m->name, sc->name, (long long)s->n);
+    s->groups = sc->shape[1];
+    char what[160];
+    snprintf(what, sizeof what, "%lld int32 words of K against %lld groups of %lld",
+             (long long)s->words, (long long)s->groups, (long long)s->group);
+    kern_q4_split sp = s->group ? kern_q4_split_check(s->words, 8, s->groups, s->group,
+                                                      s->in_features)
+                                : (s->groups == 1 ? KERN_Q4_SPLIT_OK : KERN_Q4_SPLIT_MISMATCH);
+    if (sp)
+        return split_error(h, m, sp, what, "in_features");
+    if (s->ck[R_ZP] >= 0) {
+        const refit_fmt_ckpt *z = &m->ckpt[s->ck[R_ZP]];
+        if (!is_dtype(z->dtype, REFIT_DTYPE_INT, 32) || z->ndim != 2 ||
+            z->shape[1] != s->groups)
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected I32 [N/8, %lld]",
+                       m->name, z->name, (long long)s->groups);
+        snprintf(what, sizeof what, "%lld zero-point words of N against %lld rows",
+                 (long long)z->shape[0], (long long)s->n);
+        sp = kern_q4_split_check(z->shape[0], 8, s->n, 1, s->out_features);
+        if (sp)
+            return split_error(h, m, sp, what, "out_features");
+    }
+    if (s->ck[R_SHAPE] >= 0) {
+        const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_SHAPE]];
+        if ((!is_dtype(w->dtype, REFIT_DTYPE_INT, 32) && !is_dtype(w->dtype, REFIT_DTYPE_INT, 64)) ||
+            w->ndim != 1 || w->shape[0] != 2)
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected I32/I64 [2]",
+                       m->name, w->name);
+    }
+    return REFIT_OK;
+}
+
+static int runtime_is(const refit_view *v, int64_t a, int64_t b)
+{
+    return v->ndim == 2 && v->shape[0] == a && v->shape[1] == b;
+}
+
+/* A [b, a] runtime tensor seen as the checkpoint's [a, b], as dt. */
+static refit_view swapped(const refit_view *rt, refit_dtype dt)
+{
+    refit_view v = *rt;
+    v.dtype = dt;
+    v.shape[0] = rt->shape[1];
+    v.shape[1] = rt->shape[0];
+    v.strides[0] = rt->strides[1];
+    v.strides[1] = rt->strides[0];
+    return v;
+}
+
+/* Route one checkpoint tensor to its runtime tensor: through a transposed
+ * view (gptq) or DIRECT (u8 scales and zero points). */
+static int route_tensor(const refit_host_v1 *h, refit_fmt_module *m, const int4_state *s,
+                        int role, int rt_role, int64_t rows, int64_t cols, int want_float)
+{
+    refit_fmt_ckpt *c = &m->ckpt[s->ck[role]];
+    const refit_fmt_runtime *rt = &m->runtime[s->rt[rt_role]];
+    const refit_view *v = &rt->view;
+    int gptq = s->layout == LAYOUT_GPTQ;
+    if (c->target_index != s->rt[rt_role])
+        return ERR(h, REFIT_EINVAL, "module %s, tensor %s: its target must be runtime %s",
+                   m->name, c->name, rt_name[rt_role]);
+    int dt_ok = want_float ? is_float(v->dtype) : is_dtype(v->dtype, REFIT_DTYPE_INT, 32);
+    if (!dt_ok || !runtime_is(v, gptq ? cols : rows, gptq ? rows : cols))
+        return ERR(h, REFIT_EMISMATCH, "module %s: runtime %s must be %s [%lld, %lld] for "
+                   "layout %s (it is %s with %d dims)", m->name, rt->name,
+                   want_float ? "F32/F16/BF16" : "I32", (long long)(gptq ? cols : rows),
+                   (long long)(gptq ? rows : cols), gptq ? "gptq" : "u8",
+                   refit_dtype_name(v->dtype), v->ndim);
+    if (!kern_dtype_eq(v->dtype, c->dtype))
+        c->flags |= REFIT_CKPT_CAST;
+    if (gptq) {
+        c->route = REFIT_ROUTE_VIEW;
+        c->place = swapped(v, v->dtype);
+    } else {
+        c->route = REFIT_ROUTE_DIRECT;
+    }
+    return REFIT_OK;
+}
+
+/* u8 layout: an I32 view of the byte rows, so the words land unchanged. */
+static int route_u8_weight(const refit_host_v1 *h, refit_fmt_module *m, int4_state *s)
+{
+    refit_fmt_ckpt *c = &m->ckpt[s->ck[R_PACKED]];
+    const refit_fmt_runtime *rt = &m->runtime[s->rt[RT_WEIGHT]];
+    const refit_view *v = &rt->view;
+    if (c->target_index != s->rt[RT_WEIGHT])
+        return ERR(h, REFIT_EINVAL, "module %s, tensor %s: its target must be runtime weight",
+                   m->name, c->name);
+    if (!is_dtype(v->dtype, REFIT_DTYPE_UINT, 8) || v->ndim != 2 || v->shape[0] != s->n ||
+        v->shape[1] < 4 * s->words || v->shape[1] % 4 || v->strides[1] != 1 ||
+        v->strides[0] % 4 || (uintptr_t)v->data % 4)
+        return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight must be U8 [%lld, P], P >= "
+                   "%lld and a multiple of 4, bytes contiguous in a row, rows and data "
+                   "4-byte aligned (layout u8)", m->name, (long long)s->n,
+                   (long long)(4 * s->words));
+    refit_view w = *v;
+    w.dtype = REFIT_I32;
+    w.shape[1] = s->words;
+    w.strides[0] = v->strides[0] / 4;
+    c->place = w;
+    c->route = REFIT_ROUTE_VIEW;
+    s->pitch = v->shape[1];
+    return REFIT_OK;
+}
+
+static int route_gptq_weight(const refit_host_v1 *h, refit_fmt_module *m, int4_state *s)
+{
+    return route_tensor(h, m, s, R_PACKED, RT_WEIGHT, s->n, s->words, 0);
+}
+
+static int on_host(const refit_view *v)
+{
+    return v->device.device_type == REFIT_DEVICE_CPU ||
+           v->device.device_type == REFIT_DEVICE_CUDA_HOST;
+}
+
+static int int4_plan_routes(const refit_host_v1 *h, refit_fmt_module *m, int4_state *s)
+{
+    int rc = s->layout == LAYOUT_GPTQ ? route_gptq_weight(h, m, s) : route_u8_weight(h, m, s);
+    if (!rc)
+        rc = route_tensor(h, m, s, R_SCALE, RT_SCALE, s->n, s->groups, 1);
+    if (!rc && s->ck[R_ZP] >= 0)
+        rc = route_tensor(h, m, s, R_ZP, RT_ZP, m->ckpt[s->ck[R_ZP]].shape[0], s->groups, 0);
+    if (rc)
+        return rc;
+    m->flags = REFIT_MODULE_WHOLE;
+    int pad = s->layout == LAYOUT_U8 && s->pitch > 4 * s->words;
+    if (s->ck[R_SHAPE] >= 0 || pad) {
+        m->flags |= REFIT_MODULE_POST_LOAD;
+        if (!on_host(&m->runtime[s->rt[RT_WEIGHT]].view))
+            return ERR(h, REFIT_EUNSUPPORTED, "module %s: format int4's post-load (weight_shape "
+                       "check, pad zeroing) runs on host memory only in this build", m->name);
+    }
+    if (s->ck[R_SHAPE] >= 0)
+        m->ckpt[s->ck[R_SHAPE]].route = REFIT_ROUTE_STAGED;
+    return REFIT_OK;
+}
+
+static int int4_plan(const refit_host_v1 *h, refit_fmt_module *m)
+{
+    int4_state s;
+    memset(&s, 0, sizeof s);
+    int rc = read_params(h, m, &s);
+    if (!rc)
+        rc = find_roles(h, m, &s);
+    if (!rc)
+        rc = check_ckpt(h, m, &s);
+    if (!rc)
+        rc = int4_plan_routes(h, m, &s);
+    if (rc)
+        return rc;
+    int4_state *keep = h->mem_alloc(h->host, sizeof *keep);
+    if (!keep)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
+    *keep = s;
+    m->state = keep;
+    return REFIT_OK;
+}
+
+static void int4_release(const refit_host_v1 *h, refit_fmt_module *m)
+{
+    h->mem_free(h->host, m->state);
+    m->state = NULL;
+}
+
+static int64_t load_int(const refit_view *v, int64_t i)
+{
+    const char *p = (const char *)v->data + i * v->strides[0] * (v->dtype.bits / 8);
+    if (v->dtype.bits == 64) {
+        int64_t x;
+        memcpy(&x, p, 8);
+        return x;
+    }
+    int32_t x;
+    memcpy(&x, p, 4);
+    return x;
+}
+
+/* The checkpoint's (N, K) must describe the slices the plan was built for:
+ * a whole extent may end in a ragged group, a shard must not cut one. */
+static int check_shape(const refit_host_v1 *h, const refit_fmt_module *m, const int4_state *s)
+{
+    const refit_fmt_ckpt *c = &m->ckpt[s->ck[R_SHAPE]];
+    int64_t nk[2];
+    for (int i = 0; i < 2; i++)
+        nk[i] = load_int(&c->staged, i);
+    if (nk[0] <= 0 || nk[1] <= 0 || (s->in_features && nk[1] != s->in_features) ||
+        (s->out_features && nk[0] != s->out_features))
+        return ERR(h, REFIT_ECORRUPT, "module %s, tensor %s: shape (%lld, %lld) disagrees with "
+                   "the module's params", m->name, c->name, (long long)nk[0], (long long)nk[1]);
+    kern_q4_split sp = s->group ? kern_q4_split_check(s->words, 8, s->groups, s->group, nk[1])
+                                : (s->words <= (nk[1] + 7) / 8 ? KERN_Q4_SPLIT_OK
+                                                               : KERN_Q4_SPLIT_MISMATCH);
+    if (!sp && s->n > nk[0])
+        sp = KERN_Q4_SPLIT_MISMATCH;
+    if (!sp && s->ck[R_ZP] >= 0)
+        sp = kern_q4_split_check(m->ckpt[s->ck[R_ZP]].shape[0], 8, s->n, 1, nk[0]);
+    if (sp)
+        return ERR(h, REFIT_ECORRUPT, "module %s, tensor %s: shape (%lld, %lld) does not fit "
+                   "this rank's %lld rows, %lld words and %lld groups of %lld%s", m->name,
+                   c->name, (long long)nk[0], (long long)nk[1], (long long)s->n,
+                   (long long)s->words, (long long)s->groups, (long long)s->group,
+                   sp == KERN_Q4_SPLIT_CUT ? " (a shard boundary cuts a group)" : "");
+    return REFIT_OK;
+}
+
+/* u8 layout: bytes past the words of each row are padding, zero at every
+ * load (a write only; nothing of the runtime is read). */
+static void zero_pad(const refit_fmt_module *m, const int4_state *s)
+{
+    const refit_view *v = &m->runtime[s->rt[RT_WEIGHT]].view;
+    for (int64_t i = 0; i < s->n; i++)
+        memset((char *)v->data + i * v->strides[0] + 4 * s->words, 0,
+               (size_t)(s->pitch - 4 * s->words));
+}
+
+static int int4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+{
+    (void)stream;
+    const int4_state *s = m->state;
+    if (s->ck[R_SHAPE] >= 0) {
+        int rc = check_shape(h, m, s);
+        if (rc)
+            return rc;
+    }
+    if (s->layout == LAYOUT_U8 && s->pitch > 4 * s->words)
+        zero_pad(m, s);
+    return REFIT_OK;
+}
+
+REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+    .abi_version = REFIT_FORMAT_ABI_VERSION,
+    .struct_size = sizeof(refit_format_v1),
+    .name = "int4",
+    .plan = int4_plan,
+    .post_load = int4_post_load,
+    .release = int4_release,
+};
