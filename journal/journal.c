@@ -53,6 +53,11 @@ const char *journal_module_state_name(journal_module_state s)
 
 const char *journal_errmsg(const journal *j) { return j ? j->err : ""; }
 const char *journal_path(const journal *j) { return j ? j->path : ""; }
+journal_mode journal_opened_mode(const journal *j)
+{
+    return j ? j->mode : JOURNAL_REQUIRED;
+}
+
 size_t journal_interrupted_on_open(const journal *j)
 {
     return j ? j->interrupted : 0;
@@ -71,6 +76,15 @@ int jr_fail_sqlite(journal *j, const char *what)
 {
     int code = j->db ? sqlite3_extended_errcode(j->db) : SQLITE_ERROR;
     int sys = j->db ? sqlite3_system_errno(j->db) : 0;
+    const char *text = j->db ? sqlite3_errmsg(j->db) : "no database";
+    /* The code a step returned wins over the handle's, which a later call
+     * (a reset, another statement) may have replaced. */
+    if (j->last_rc && (code & 0xff) != (j->last_rc & 0xff)) {
+        code = j->last_rc;
+        text = sqlite3_errstr(code);
+        sys = 0;
+    }
+    j->last_rc = 0;
     char oserr[96] = "";
     if (sys)
         snprintf(oserr, sizeof oserr, ", os: %s", strerror(sys));
@@ -83,12 +97,9 @@ int jr_fail_sqlite(journal *j, const char *what)
     else if ((code & 0xff) == SQLITE_CORRUPT)
         hint = "; the file is damaged (refitctl journal verify)";
     snprintf(j->err, sizeof j->err, "journal %s: %s: %s (sqlite %d%s)%s",
-             j->path, what, j->db ? sqlite3_errmsg(j->db) : "no database",
-             code, oserr, hint);
+             j->path, what, text, code, oserr, hint);
     if (j->in_tx)
         jr_tx_rollback(j);
-    if (j->mode == JOURNAL_BEST_EFFORT && !j->readonly)
-        journal_note_gap(j, what);
     return REFIT_EJOURNAL;
 }
 
@@ -96,16 +107,22 @@ sqlite3_stmt *jr_stmt(journal *j, enum journal_stmt_id id)
 {
     if (!j->stmt[id] &&
         sqlite3_prepare_v3(j->db, stmt_sql[id], -1, SQLITE_PREPARE_PERSISTENT,
-                           &j->stmt[id], NULL) != SQLITE_OK) {
-        jr_fail_sqlite(j, "preparing a statement");
-        return NULL;
-    }
+                           &j->stmt[id], NULL) != SQLITE_OK)
+        return NULL; /* the caller reports: the handle holds the error */
     return j->stmt[id];
 }
 
-int jr_step_done(sqlite3_stmt *s)
+int jr_step(journal *j, sqlite3_stmt *s)
 {
     int rc = sqlite3_step(s);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        j->last_rc = rc;
+    return rc;
+}
+
+int jr_step_done(journal *j, sqlite3_stmt *s)
+{
+    int rc = jr_step(j, s);
     sqlite3_reset(s);
     return rc == SQLITE_ROW ? SQLITE_DONE : rc;
 }
@@ -122,8 +139,8 @@ int jr_tx_begin(journal *j, const char *what)
 {
     sqlite3_stmt *s = jr_stmt(j, JS_BEGIN);
     if (!s)
-        return REFIT_EJOURNAL;
-    if (jr_step_done(s) != SQLITE_DONE)
+        return jr_fail_sqlite(j, what);
+    if (jr_step_done(j, s) != SQLITE_DONE)
         return jr_fail_sqlite(j, what);
     j->in_tx = 1;
     return REFIT_OK;
@@ -153,7 +170,7 @@ static int record_gaps(journal *j)
     sqlite3_bind_null(s, 3);
     sqlite3_bind_text(s, 4, "gap", -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 5, msg, -1, SQLITE_TRANSIENT);
-    return jr_step_done(s);
+    return jr_step_done(j, s);
 }
 
 int jr_tx_commit(journal *j, const char *what)
@@ -162,7 +179,7 @@ int jr_tx_commit(journal *j, const char *what)
     if (gaps && record_gaps(j) != SQLITE_DONE)
         return jr_fail_sqlite(j, what);
     sqlite3_stmt *s = jr_stmt(j, JS_COMMIT);
-    if (!s || jr_step_done(s) != SQLITE_DONE)
+    if (!s || jr_step_done(j, s) != SQLITE_DONE)
         return jr_fail_sqlite(j, what);
     j->in_tx = 0;
     if (gaps) {

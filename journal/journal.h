@@ -18,9 +18,8 @@
  * journal_errmsg() then names the path, the operation and SQLite's text. A
  * failed write leaves no partial transaction behind. The journal applies no
  * policy: the core decides (journal=required refuses begin, best-effort goes
- * on). In JOURNAL_BEST_EFFORT mode each failed write is counted as a gap
- * and an event recording the gaps is written with the next write that
- * succeeds.
+ * on and counts what it could not record with journal_note_gap; an event
+ * listing the gaps rides in the next write transaction that succeeds).
  *
  * Threading: a journal handle is used by one thread at a time. Any number
  * of processes may open the same file; readers never block the writer (WAL).
@@ -42,9 +41,12 @@
 
 typedef struct journal journal;
 
+/* The policy the caller applies to failed writes; the journal behaves the
+ * same either way (it reports, the caller decides) and keeps the mode for
+ * journal_opened_mode(). */
 typedef enum journal_mode {
     JOURNAL_REQUIRED = 0,    /* the core refuses begin when a write fails */
-    JOURNAL_BEST_EFFORT = 1, /* the core goes on; failed writes become gaps */
+    JOURNAL_BEST_EFFORT = 1, /* the core goes on and notes gaps */
 } journal_mode;
 
 typedef struct journal_opts {
@@ -94,6 +96,8 @@ void journal_close(journal *j);
 const char *journal_errmsg(const journal *j);
 /* Path the journal was opened with. */
 const char *journal_path(const journal *j);
+/* The mode given at open. */
+journal_mode journal_opened_mode(const journal *j);
 /* Updates journal_open marked interrupted (for the caller's log). */
 size_t journal_interrupted_on_open(const journal *j);
 
@@ -175,7 +179,9 @@ int journal_event(journal *j, int64_t update_id, const char *worker_id,
                   const char *kind, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 /* Count a write the caller could not record (best effort): the next
- * successful write transaction also records an event "gap" listing them. */
+ * successful write transaction also records one event of kind "gap" with
+ * the count and the first descriptions. The journal never notes gaps by
+ * itself: the caller knows which failures it went on after. */
 void journal_note_gap(journal *j, const char *what);
 /* Gaps noted and not yet recorded. */
 size_t journal_pending_gaps(const journal *j);
@@ -217,7 +223,8 @@ typedef struct journal_event_row {
     const char *at, *worker, *kind, *message;
 } journal_event_row;
 
-/* Callbacks return 0 to go on, anything else to stop (returned as is). */
+/* Callbacks return 0 to go on, anything else to stop (returned as is). A
+ * NULL callback reads and drops the rows (update_get: an existence test). */
 typedef int (*journal_worker_fn)(void *user, const journal_worker_row *row);
 typedef int (*journal_update_fn)(void *user, const journal_update_row *row);
 typedef int (*journal_module_fn)(void *user, const journal_module_row *row);
@@ -239,8 +246,9 @@ int journal_modules_list(journal *j, int64_t update_id, int incomplete_only,
  * `limit` events when set). */
 int journal_events_list(journal *j, int64_t update_id, int64_t limit,
                         journal_event_fn fn, void *user);
-/* Integrity, foreign keys, schema and consistency checks. Each problem is
- * passed to fn; *n_problems: OUT. REFIT_OK when the checks could run. */
+/* Integrity, foreign keys, schema and consistency checks. Each problem (one
+ * line of text; a check that could not run is one too) is passed to fn;
+ * *n_problems: OUT. REFIT_OK unless the arguments are bad. */
 int journal_verify(journal *j, journal_problem_fn fn, void *user,
                    size_t *n_problems);
 

@@ -107,6 +107,7 @@ struct journal {
     journal_mode mode;
     int readonly;
     int in_tx;                     /* a BEGIN of ours is open */
+    int last_rc;                   /* error of the last failed step */
     int64_t pid, pid_start;        /* this process */
     char host[JOURNAL_HOST_MAX];
     sqlite3_stmt *stmt[JS_COUNT];
@@ -124,11 +125,13 @@ int jr_fail_sqlite(journal *j, const char *what);
 int jr_fail(journal *j, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* The cached statement id, prepared on first use; NULL on failure (the
- * message is set). */
+ * caller reports it with jr_fail_sqlite). */
 sqlite3_stmt *jr_stmt(journal *j, enum journal_stmt_id id);
+/* sqlite3_step, remembering an error code for jr_fail_sqlite. */
+int jr_step(journal *j, sqlite3_stmt *s);
 /* Step a statement that returns no row and reset it. SQLITE_DONE or the
  * SQLite error code. */
-int jr_step_done(sqlite3_stmt *s);
+int jr_step_done(journal *j, sqlite3_stmt *s);
 /* Write transactions: BEGIN IMMEDIATE takes the write lock up front so a
  * busy writer is waited for (busy_timeout) instead of failing a read-to-
  * write upgrade. Commit also records pending best-effort gaps. */

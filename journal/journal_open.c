@@ -92,7 +92,7 @@ static int configure_writer(journal *j)
     int wal = 0;
     if (sqlite3_prepare_v2(j->db, "PRAGMA journal_mode = WAL", -1, &s,
                            NULL) == SQLITE_OK &&
-        sqlite3_step(s) == SQLITE_ROW) {
+        jr_step(j, s) == SQLITE_ROW) {
         const char *m = (const char *)sqlite3_column_text(s, 0);
         wal = m && !strcmp(m, "wal");
     }

@@ -57,7 +57,7 @@ static int plan_find(journal *j, const char *digest, int64_t *id)
     if (!s)
         return SQLITE_ERROR;
     sqlite3_bind_text(s, 1, digest, -1, SQLITE_STATIC);
-    int rc = sqlite3_step(s);
+    int rc = jr_step(j, s);
     *id = rc == SQLITE_ROW ? sqlite3_column_int64(s, 0) : 0;
     sqlite3_reset(s);
     return rc == SQLITE_ROW ? SQLITE_DONE : rc;
@@ -75,7 +75,7 @@ static int plan_write(journal *j, const char *digest, size_t n,
     sqlite3_bind_text(p, 1, digest, -1, SQLITE_STATIC);
     sqlite3_bind_int64(p, 2, (sqlite3_int64)n);
     sqlite3_bind_text(p, 3, now, -1, SQLITE_STATIC);
-    int rc = jr_step_done(p);
+    int rc = jr_step_done(j, p);
     if (rc != SQLITE_DONE)
         return rc;
     *id = sqlite3_last_insert_rowid(j->db);
@@ -85,7 +85,7 @@ static int plan_write(journal *j, const char *digest, size_t n,
         sqlite3_bind_text(s, 3, m[i].name, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 4, (sqlite3_int64)m[i].expected_tensors);
         sqlite3_bind_int64(s, 5, (sqlite3_int64)m[i].expected_bytes);
-        rc = jr_step_done(s);
+        rc = jr_step_done(j, s);
     }
     return rc;
 }

@@ -74,7 +74,7 @@ static int received_row(journal *j, jr_update *u, size_t i)
             return SQLITE_ERROR;
         sqlite3_bind_int64(s, 1, u->id);
         sqlite3_bind_int64(s, 2, (sqlite3_int64)i);
-        if ((rc = jr_step_done(s)) == SQLITE_DONE)
+        if ((rc = jr_step_done(j, s)) == SQLITE_DONE)
             u->mod_flags[i] &= (uint8_t)~JR_MOD_ROW;
         return rc;
     }
@@ -84,7 +84,7 @@ static int received_row(journal *j, jr_update *u, size_t i)
     sqlite3_bind_int64(s, 2, (sqlite3_int64)i);
     sqlite3_bind_int64(s, 3, (sqlite3_int64)u->received[2 * i]);
     sqlite3_bind_int64(s, 4, (sqlite3_int64)u->received[2 * i + 1]);
-    if ((rc = jr_step_done(s)) == SQLITE_DONE)
+    if ((rc = jr_step_done(j, s)) == SQLITE_DONE)
         u->mod_flags[i] |= JR_MOD_ROW;
     return rc;
 }
@@ -96,7 +96,7 @@ static int resync(journal *j, jr_update *u)
     if (!s)
         return SQLITE_ERROR;
     sqlite3_bind_int64(s, 1, u->id);
-    int rc = jr_step_done(s);
+    int rc = jr_step_done(j, s);
     for (size_t i = 0; i < u->n; i++)
         u->mod_flags[i] &= (uint8_t)~JR_MOD_ROW;
     for (size_t i = 0; i < u->n && rc == SQLITE_DONE; i++)
@@ -126,7 +126,7 @@ static int chunk_writes(journal *j, jr_update *u)
                               SQLITE_STATIC);
         else
             sqlite3_bind_null(s, 4);
-        if ((rc = jr_step_done(s)) == SQLITE_DONE)
+        if ((rc = jr_step_done(j, s)) == SQLITE_DONE)
             u->chunk_flags[c] &= (uint8_t)~JR_CHUNK_DIRTY;
     }
     return rc;
@@ -182,7 +182,7 @@ static int end_row(journal *j, int64_t update_id, const char *state,
     else
         sqlite3_bind_null(s, 5);
     sqlite3_bind_text(s, 6, now, -1, SQLITE_STATIC);
-    int rc = jr_step_done(s);
+    int rc = jr_step_done(j, s);
     /* The row is ours (the writer is alive): 0 rows means it is gone. */
     return rc == SQLITE_DONE && sqlite3_changes(j->db) != 1 ? SQLITE_NOTFOUND
                                                             : rc;

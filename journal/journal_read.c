@@ -39,7 +39,7 @@ static int each_row(journal *j, sqlite3_stmt *s, const char *what,
                     int (*row)(journal *, sqlite3_stmt *, void *), void *ctx)
 {
     int rc, stop = 0;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW)
+    while ((rc = jr_step(j, s)) == SQLITE_ROW)
         if ((stop = row(j, s, ctx)) != 0)
             break;
     if (!stop && rc != SQLITE_DONE) {
@@ -83,7 +83,7 @@ static int worker_row(journal *j, sqlite3_stmt *s, void *ctx)
         if (sqlite3_column_int64(s, 10) == r.pid)
             r.health = "unknown";
     }
-    return c->fn.w(c->user, &r);
+    return c->fn.w ? c->fn.w(c->user, &r) : 0;
 }
 
 int journal_workers_list(journal *j, journal_worker_fn fn, void *user)
@@ -123,7 +123,7 @@ static int update_row(journal *j, sqlite3_stmt *s, void *ctx)
     if (is_open_state(r.state) &&
         !jr_writer_alive(j, r.host, r.pid, sqlite3_column_int64(s, 16)))
         r.state = "interrupted";
-    return c->fn.u(c->user, &r);
+    return c->fn.u ? c->fn.u(c->user, &r) : 0;
 }
 
 int journal_updates_list(journal *j, journal_update_fn fn, void *user)
@@ -189,7 +189,7 @@ static int module_row(journal *j, sqlite3_stmt *s, void *ctx)
         .expected_bytes = (uint64_t)sqlite3_column_int64(s, 6),
         .received_bytes = (uint64_t)sqlite3_column_int64(s, 7),
         .fingerprint = col_text(s, 8)};
-    return c->fn.m(c->user, &r);
+    return c->fn.m ? c->fn.m(c->user, &r) : 0;
 }
 
 int journal_modules_list(journal *j, int64_t update_id, int incomplete_only,
@@ -222,7 +222,7 @@ static int event_row(journal *j, sqlite3_stmt *s, void *ctx)
         .id = sqlite3_column_int64(s, 0), .at = col_text(s, 1),
         .update_id = sqlite3_column_int64(s, 2), .worker = col_text(s, 3),
         .kind = col_text(s, 4), .message = col_text(s, 5)};
-    return c->fn.e(c->user, &r);
+    return c->fn.e ? c->fn.e(c->user, &r) : 0;
 }
 
 int journal_events_list(journal *j, int64_t update_id, int64_t limit,

@@ -159,7 +159,7 @@ static int pragma_int(journal *j, const char *sql, int64_t *out)
 {
     sqlite3_stmt *s = NULL;
     int rc = sqlite3_prepare_v2(j->db, sql, -1, &s, NULL);
-    if (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+    if (rc == SQLITE_OK && (rc = jr_step(j, s)) == SQLITE_ROW) {
         *out = sqlite3_column_int64(s, 0);
         rc = SQLITE_OK;
     }
@@ -278,7 +278,7 @@ static int verify_table(journal *j, size_t t, journal_problem_fn fn,
              expected[t].table);
     if (sqlite3_prepare_v2(j->db, sql, -1, &s, NULL) != SQLITE_OK)
         return -1;
-    while ((rc = sqlite3_step(s)) == SQLITE_ROW) {
+    while ((rc = jr_step(j, s)) == SQLITE_ROW) {
         const char *col = (const char *)sqlite3_column_text(s, 0);
         int n = snprintf(have + used, sizeof have - used, "%s%s",
                          used ? " " : "", col ? col : "?");

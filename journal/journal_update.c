@@ -93,7 +93,7 @@ static int update_row(journal *j, const journal_update_info *info,
     else
         sqlite3_bind_null(s, 12);
     sqlite3_bind_text(s, 13, j->host, -1, SQLITE_STATIC);
-    int rc = jr_step_done(s);
+    int rc = jr_step_done(j, s);
     *id = sqlite3_last_insert_rowid(j->db);
     return rc;
 }
@@ -114,7 +114,7 @@ static int chunk_rows(journal *j, const jr_update *u, int64_t id)
         sqlite3_bind_int64(s, 2, (sqlite3_int64)c);
         sqlite3_bind_text(s, 3, u->states + c * JOURNAL_CHUNK,
                           (int)chunk_len(u, c), SQLITE_STATIC);
-        rc = jr_step_done(s);
+        rc = jr_step_done(j, s);
     }
     return rc;
 }
@@ -131,7 +131,7 @@ static int abandon_open(journal *j)
     sqlite3_bind_text(s, 2, now, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 3, "its end was never recorded (a journal write "
                       "failed); a later update began", -1, SQLITE_STATIC);
-    return jr_step_done(s);
+    return jr_step_done(j, s);
 }
 
 /* A foreign-key failure here means the worker row is missing. */
@@ -220,7 +220,7 @@ int journal_update_state_set(journal *j, int64_t update_id,
     sqlite3_bind_int64(s, 1, update_id);
     sqlite3_bind_text(s, 2, journal_update_state_name(state), -1,
                       SQLITE_STATIC);
-    if (jr_step_done(s) != SQLITE_DONE)
+    if (jr_step_done(j, s) != SQLITE_DONE)
         return jr_fail_sqlite(j, what);
     if (sqlite3_changes(j->db) != 1) {
         jr_tx_rollback(j);

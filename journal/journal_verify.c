@@ -8,24 +8,46 @@
 
 #include "journal/journal_int.h"
 
-/* Rows of a query, each a problem: the row's first column is the text. */
-static int each_problem(journal *j, const char *sql, const char *ok,
-                        journal_problem_fn fn, void *user, size_t *n)
+/* Pass each line of text as a problem: integrity_check packs several
+ * lines into one row, behind a "*** in database main ***" header. */
+static void report(const char *text, journal_problem_fn fn, void *user,
+                   size_t *n)
+{
+    char line[512];
+    for (const char *p = text; *p;) {
+        size_t len = strcspn(p, "\n");
+        snprintf(line, sizeof line, "%.*s", (int)len, p);
+        if (len && strncmp(line, "*** ", 4) != 0) {
+            fn(user, line);
+            (*n)++;
+        }
+        p += len;
+        p += strspn(p, "\n");
+    }
+}
+
+/* Rows of a query, each a problem: the row's first column is the text. A
+ * check that cannot run (a damaged file) is a problem too. */
+static void each_problem(journal *j, const char *sql, const char *ok,
+                         journal_problem_fn fn, void *user, size_t *n)
 {
     sqlite3_stmt *s = NULL;
+    char msg[512];
     int rc = sqlite3_prepare_v2(j->db, sql, -1, &s, NULL);
-    while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+    while (rc == SQLITE_OK && (rc = jr_step(j, s)) == SQLITE_ROW) {
         const char *t = (const char *)sqlite3_column_text(s, 0);
         rc = SQLITE_OK;
-        if (ok && t && !strcmp(t, ok))
-            continue;
-        fn(user, t ? t : "(null)");
+        if (!ok || !t || strcmp(t, ok))
+            report(t ? t : "(null)", fn, user, n);
+    }
+    if (rc != SQLITE_DONE) {
+        snprintf(msg, sizeof msg, "a check could not run: %s (sqlite %d)",
+                 sqlite3_errmsg(j->db), sqlite3_extended_errcode(j->db));
+        fn(user, msg);
         (*n)++;
     }
     sqlite3_finalize(s);
-    if (rc != SQLITE_DONE)
-        return jr_fail_sqlite(j, "verifying");
-    return REFIT_OK;
+    j->last_rc = 0;
 }
 
 /* Consistency rules, each a query yielding one message per offending row. */
@@ -67,24 +89,24 @@ int journal_verify(journal *j, journal_problem_fn fn, void *user,
     size_t n = 0;
     if (!j || !fn || !n_problems)
         return REFIT_EINVAL;
-    *n_problems = 0;
-    int rc = each_problem(j, "PRAGMA integrity_check", "ok", fn, user, &n);
-    if (rc == REFIT_OK)
-        rc = each_problem(j, "SELECT 'foreign key: ' || \"table\" || ' row ' "
-                          "|| coalesce(rowid, '?') || ' references a missing "
-                          "' || parent FROM pragma_foreign_key_check", NULL,
-                          fn, user, &n);
-    if (rc != REFIT_OK)
-        return rc;
+    each_problem(j, "PRAGMA integrity_check", "ok", fn, user, &n);
+    each_problem(j, "SELECT 'foreign key: ' || \"table\" || ' row ' || "
+                 "coalesce(rowid, '?') || ' references a missing ' || parent "
+                 "FROM pragma_foreign_key_check", NULL, fn, user, &n);
     int schema = jr_schema_verify(j, fn, user);
-    if (schema < 0)
-        return jr_fail_sqlite(j, "verifying the schema");
-    n += (size_t)schema;
-    /* The rules read tables the schema check found; skip them when it
-     * did not, their SQL would only fail. */
+    if (schema < 0) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "the schema could not be read: %s",
+                 sqlite3_errmsg(j->db));
+        fn(user, msg);
+        n++;
+    } else {
+        n += (size_t)schema;
+    }
+    /* The rules read the tables the schema check found; with the schema
+     * wrong they would only fail. */
     for (size_t i = 0; !schema && i < sizeof rules / sizeof *rules; i++)
-        if ((rc = each_problem(j, rules[i], NULL, fn, user, &n)) != REFIT_OK)
-            return rc;
+        each_problem(j, rules[i], NULL, fn, user, &n);
     *n_problems = n;
     return REFIT_OK;
 }

@@ -53,7 +53,7 @@ int journal_worker_register(journal *j, const char *worker_id, int rank)
         sqlite3_bind_null(s, 4);
     sqlite3_bind_text(s, 5, j->host, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 6, now, -1, SQLITE_STATIC);
-    if (jr_step_done(s) != SQLITE_DONE)
+    if (jr_step_done(j, s) != SQLITE_DONE)
         return jr_fail_sqlite(j, "registering a worker");
     return jr_tx_commit(j, "registering a worker");
 }
@@ -72,7 +72,7 @@ int journal_heartbeat(journal *j, const char *worker_id)
     jr_now(now, sizeof now);
     sqlite3_bind_text(s, 1, worker_id, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 2, now, -1, SQLITE_STATIC);
-    if (jr_step_done(s) != SQLITE_DONE)
+    if (jr_step_done(j, s) != SQLITE_DONE)
         return jr_fail_sqlite(j, "heartbeat");
     return jr_tx_commit(j, "heartbeat");
 }
@@ -91,7 +91,7 @@ static int health_rows(journal *j, const char *worker_id, const char *from,
     sqlite3_bind_text(w, 2, to, -1, SQLITE_STATIC);
     bind_text_or_null(w, 3, version);
     sqlite3_bind_text(w, 4, now, -1, SQLITE_STATIC);
-    int rc = jr_step_done(w);
+    int rc = jr_step_done(j, w);
     if (rc != SQLITE_DONE)
         return rc;
     sqlite3_bind_text(h, 1, worker_id, -1, SQLITE_STATIC);
@@ -100,7 +100,7 @@ static int health_rows(journal *j, const char *worker_id, const char *from,
     sqlite3_bind_text(h, 4, to, -1, SQLITE_STATIC);
     bind_text_or_null(h, 5, reason);
     bind_text_or_null(h, 6, version);
-    return jr_step_done(h);
+    return jr_step_done(j, h);
 }
 
 int journal_health(journal *j, const char *worker_id, const char *from,
@@ -137,7 +137,7 @@ static int event_row(journal *j, int64_t update_id, const char *worker_id,
     bind_text_or_null(s, 3, worker_id);
     sqlite3_bind_text(s, 4, kind, -1, SQLITE_STATIC);
     sqlite3_bind_text(s, 5, msg, -1, SQLITE_STATIC);
-    return jr_step_done(s);
+    return jr_step_done(j, s);
 }
 
 static int event_write(journal *j, int64_t update_id, const char *worker_id,
@@ -193,7 +193,7 @@ static int find_dead(journal *j, dead_update **out, size_t *n_out)
     int rc = sqlite3_prepare_v2(j->db, "SELECT id, worker, pid, pid_start,"
         " host, state FROM updates WHERE state IN ('loading', 'finalizing')",
         -1, &s, NULL);
-    while (rc == SQLITE_OK && (rc = sqlite3_step(s)) == SQLITE_ROW) {
+    while (rc == SQLITE_OK && (rc = jr_step(j, s)) == SQLITE_ROW) {
         const char *host = (const char *)sqlite3_column_text(s, 4);
         rc = SQLITE_OK;
         if (jr_writer_alive(j, host, sqlite3_column_int64(s, 2),
@@ -241,7 +241,7 @@ static int worker_unknown(journal *j, const dead_update *d, const char *msg)
         sqlite3_bind_text(s, 1, d->worker, -1, SQLITE_STATIC);
         sqlite3_bind_int64(s, 2, d->pid);
         sqlite3_bind_text(s, 3, d->host, -1, SQLITE_STATIC);
-        rc = sqlite3_step(s);
+        rc = jr_step(j, s);
         if (rc == SQLITE_ROW)
             snprintf(from, sizeof from, "%s",
                      (const char *)sqlite3_column_text(s, 0));
@@ -273,7 +273,7 @@ static int mark_one(journal *j, const dead_update *d)
         sqlite3_bind_int64(s, 1, d->id);
         sqlite3_bind_text(s, 2, now, -1, SQLITE_STATIC);
         sqlite3_bind_text(s, 3, msg, -1, SQLITE_STATIC);
-        rc = sqlite3_step(s);
+        rc = jr_step(j, s);
     }
     sqlite3_finalize(s);
     /* 0 rows: another process marked it between our read and our lock. */

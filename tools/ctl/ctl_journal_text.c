@@ -53,7 +53,7 @@ void ctl_wrap(FILE *f, const char *text, int col)
     if (room < 20)
         room = 20;
     do {
-        size_t n = strlen(p);
+        size_t n = strcspn(p, "\n");
         if (n > (size_t)room) {
             /* Break at the last space that fits, else mid-word. */
             n = (size_t)room;
@@ -66,8 +66,7 @@ void ctl_wrap(FILE *f, const char *text, int col)
         fprintf(f, "%*s%.*s\n", first ? 0 : col, "", (int)n, p);
         first = 0;
         p += n;
-        while (*p == ' ')
-            p++;
+        p += strspn(p, " \n");
     } while (*p);
 }
 
