@@ -69,6 +69,19 @@ tt_tensor *tt_new_strided(refit_dtype dt, int ndim, const int64_t *shape,
     return t;
 }
 
+tt_tensor *tt_alias(const tt_tensor *base, refit_dtype dt, int ndim, const int64_t *shape,
+                    const int64_t *strides, int64_t first)
+{
+    tt_tensor *t = tt_alloc_struct(dt, ndim, shape);
+    if (strides)
+        for (int i = 0; i < ndim; i++)
+            t->strides[i] = strides[i];
+    else
+        tt_row_major(t);
+    t->t.data = (char *)base->t.data + first * (int64_t)tt_esize(dt);
+    return t;
+}
+
 void tt_free(tt_tensor *t)
 {
     if (!t)
@@ -579,6 +592,8 @@ void *tw_snapshot(const tw *w, size_t *bytes)
     assert_non_null(p);
     size_t off = 0;
     for (int i = 0; i < w->n_rt; i++) {
+        if (!w->rt[i]->buf)
+            continue;
         memcpy(p + off, w->rt[i]->buf, w->rt[i]->bytes);
         off += w->rt[i]->bytes;
     }

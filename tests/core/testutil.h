@@ -38,6 +38,10 @@ tt_tensor *tt_new(refit_dtype dt, int ndim, const int64_t *shape);
 tt_tensor *tt_new_strided(refit_dtype dt, int ndim, const int64_t *shape,
                           const int64_t *strides, size_t alloc_elems, int64_t first);
 void tt_free(tt_tensor *t);
+/* A descriptor over base's memory (owns nothing: buf NULL): shape, strides
+ * (NULL: row-major), starting first elements into base's data. */
+tt_tensor *tt_alias(const tt_tensor *base, refit_dtype dt, int ndim, const int64_t *shape,
+                    const int64_t *strides, int64_t first);
 int64_t tt_numel(const tt_tensor *t);
 size_t tt_esize(refit_dtype dt);
 
@@ -154,7 +158,8 @@ int tw_load(tw *w, refit_txn *t, const char *name, uint64_t version);
 /* Cold start or update to version with defaults; asserts READY after. */
 void tw_update(tw *w, uint64_t version, const char *label);
 
-/* All runtime/side bytes concatenated (malloc'd; caller frees). */
+/* All runtime bytes concatenated (malloc'd; caller frees); tensors made
+ * with tt_alias own no memory and are left out. */
 void *tw_snapshot(const tw *w, size_t *bytes);
 /* Model fingerprint; asserts success. */
 uint64_t tw_fp(tw *w);
