@@ -1,0 +1,296 @@
+/* The transaction state machine: one open update per worker, begin needs a
+ * sealed model, FAILED is sticky until abort, the staging budget refuses
+ * before writing, and handles can be torn down with an update open. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "testutil.h"
+
+static int snap_equal(const tw *w, const void *snap, size_t n)
+{
+    size_t m;
+    void *now = tw_snapshot(w, &m);
+    int eq = m == n && !memcmp(now, snap, n);
+    free(now);
+    return eq;
+}
+
+/* A STAGED module "s" of format fmt (two tensors, 64 bytes each) and an
+ * unquantized module "plain". */
+static void model(tw *w, const char *fmt, const char *fmt2)
+{
+    tw_register_test_formats(w);
+    const char *mods[2] = {"s", "s2"}, *fmts[2] = {fmt, fmt2};
+    for (int k = 0; k < 2 && fmts[k]; k++) {
+        char name[32];
+        tw_module(w, mods[k], fmts[k], NULL);
+        tw_runtime(w, mods[k], "w", REFIT_F32, 2, TT_SHAPE(4, 4));
+        tw_runtime(w, mods[k], "b", REFIT_F32, 2, TT_SHAPE(4, 4));
+        refit_ckpt_spec s = tt_spec(REFIT_F32, 2, TT_SHAPE(4, 4));
+        s.target = "w";
+        snprintf(name, sizeof name, "%s.w", mods[k]);
+        assert_int_equal(tw_expect(w, mods[k], name, &s), REFIT_OK);
+        s.target = "b";
+        snprintf(name, sizeof name, "%s.b", mods[k]);
+        assert_int_equal(tw_expect(w, mods[k], name, &s), REFIT_OK);
+    }
+    tw_module(w, "plain", "unquantized", NULL);
+    tw_runtime(w, "plain", "w", REFIT_F32, 1, TT_SHAPE(4));
+    refit_ckpt_spec s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
+    assert_int_equal(tw_expect(w, "plain", "plain.w", &s), REFIT_OK);
+    tw_seal(w);
+}
+
+static void test_one_update_at_a_time(void **state)
+{
+    tw *w = *state;
+    model(w, "test-scale", NULL);
+    refit_txn *t = tw_begin(w, "v1", 1);
+    refit_txn *t2 = (refit_txn *)&t2;
+    assert_int_equal(refit_begin(&t2, w->m, NULL), REFIT_ESTATE);
+    assert_null(t2);
+    tw_assert_msg(w, "already open");
+    /* the open one is unharmed */
+    tw_load_all(w, t, 1, NULL);
+    assert_int_equal(refit_finalize(t), REFIT_OK);
+    /* once it is finalized (and freed) the next begin works */
+    t = tw_begin(w, "v2", 1);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
+    assert_int_equal(refit_begin(&t2, w->m, NULL), REFIT_ESTATE);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    t = tw_begin(w, "v3", 1);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+}
+
+static void test_begin_before_seal(void **state)
+{
+    tw *w = *state;
+    tw_module(w, "m", "unquantized", NULL);
+    tw_runtime(w, "m", "w", REFIT_F32, 1, TT_SHAPE(4));
+    refit_txn *t = (refit_txn *)&t;
+    assert_int_equal(refit_begin(&t, w->m, NULL), REFIT_ESTATE);
+    assert_null(t);
+    tw_assert_msg(w, "not sealed");
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+}
+
+static void test_bad_arguments(void **state)
+{
+    tw *w = *state;
+    model(w, "test-scale", NULL);
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.version = 0;
+    refit_txn *t = (refit_txn *)&t;
+    assert_int_equal(refit_begin(&t, w->m, &o), REFIT_EINVAL);
+    assert_null(t);
+    tw_assert_msg(w, "version");
+    assert_int_equal(refit_begin(NULL, w->m, NULL), REFIT_EINVAL);
+    assert_int_equal(refit_begin(&t, NULL, NULL), REFIT_EINVAL);
+    tt_tensor *x = tw_tmp(w, REFIT_F32, 1, TT_SHAPE(4));
+    assert_int_equal(refit_load(NULL, "plain.w", &x->t, NULL), REFIT_EINVAL);
+    assert_int_equal(refit_load_part(NULL, "plain.w", 0, &x->t, NULL), REFIT_EINVAL);
+    assert_int_equal(refit_finalize(NULL), REFIT_EINVAL);
+    assert_int_equal(refit_abort(NULL), REFIT_EINVAL);
+    refit_txn_stats st;
+    assert_int_equal(refit_txn_stats_get(NULL, &st), REFIT_EINVAL);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+}
+
+static void test_health_transitions(void **state)
+{
+    tw *w = *state;
+    model(w, "test-scale", NULL);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+    refit_txn *t = tw_begin(w, "v1", 1);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
+    tw_load_all(w, t, 1, NULL);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
+    assert_int_equal(refit_finalize(t), REFIT_OK);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    t = tw_begin(w, "v2", 0);
+    assert_int_equal(tw_load(w, t, "plain.w", 2), REFIT_OK);
+    assert_int_equal(refit_abort(t), REFIT_EPOISONED);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_POISONED);
+    t = tw_begin(w, "v2", 1);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
+    assert_int_equal(refit_abort(t), REFIT_EPOISONED); /* back to where it was: POISONED */
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_POISONED);
+}
+
+/* A post-load that fails puts the txn in FAILED: every further load is
+ * refused with ESTATE, and only abort or finalize (which aborts) end it. */
+static refit_txn *fail_update(tw *w, int rollback)
+{
+    refit_txn *t = tw_begin(w, "v2", rollback);
+    assert_int_equal(tw_load(w, t, "plain.w", 2), REFIT_OK);
+    assert_int_equal(tw_load(w, t, "s.w", 2), REFIT_OK);
+    assert_int_equal(tw_load(w, t, "s.b", 2), REFIT_EFORMAT);
+    tw_assert_msg(w, "module s", "test-fail");
+    /* sticky */
+    assert_int_equal(tw_load(w, t, "plain.w", 3), REFIT_ESTATE);
+    tw_assert_msg(w, "plain.w", "failed earlier", "REFIT_EFORMAT");
+    tt_tensor *p = tw_tmp(w, REFIT_F32, 1, TT_SHAPE(2));
+    assert_int_equal(refit_load_part(t, "plain.w", 0, &p->t, NULL), REFIT_ESTATE);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
+    return t;
+}
+
+static void test_failed_is_sticky_and_finalize_aborts(void **state)
+{
+    tw *w = *state;
+    model(w, "test-fail", NULL);
+    /* test-fail never commits: the worker is EMPTY, its runtime memory
+     * holds the world's junk, and rollback must put exactly that back */
+    size_t n;
+    void *snap = tw_snapshot(w, &n);
+    refit_txn *t = fail_update(w, 1);
+    assert_int_equal(refit_finalize(t), REFIT_EFORMAT);
+    tw_assert_msg(w, "failed earlier", "rolled back");
+    int same = snap_equal(w, snap, n);
+    free(snap);
+    assert_true(same);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+    /* a new update is possible afterwards */
+    t = tw_begin(w, "v3", 1);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+}
+
+static void test_failed_then_abort_restores(void **state)
+{
+    tw *w = *state;
+    model(w, "test-fail", NULL);
+    size_t n;
+    void *snap = tw_snapshot(w, &n);
+    refit_txn *t = fail_update(w, 1);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    int same = snap_equal(w, snap, n);
+    free(snap);
+    assert_true(same); /* including the junk the failing kernel wrote */
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+}
+
+static void test_failed_without_rollback_poisons(void **state)
+{
+    tw *w = *state;
+    model(w, "test-fail", NULL);
+    refit_txn *t = fail_update(w, 0);
+    assert_int_equal(refit_abort(t), REFIT_EPOISONED);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_POISONED);
+}
+
+static void test_staging_budget_refuses_before_writing(void **state)
+{
+    (void)state;
+    tw w;
+    refit_options opt = REFIT_OPTIONS_INIT;
+    opt.staging_budget = 128; /* one module's two 64-byte tensors */
+    assert_int_equal(tw_open(&w, &opt), REFIT_OK);
+    model(&w, "test-scale", "test-scale");
+    tw_update(&w, 1, "v1"); /* declaration order: s completes before s2 starts */
+    size_t n;
+    void *snap = tw_snapshot(&w, &n);
+    refit_txn *t = tw_begin(&w, "v2", 0); /* no rollback: a write would poison */
+    assert_int_equal(tw_load(&w, t, "s.w", 2), REFIT_OK); /* s holds 128 bytes */
+    int rc = tw_load(&w, t, "s2.w", 2);
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%s", refit_errmsg(w.ctx));
+    int same = snap_equal(&w, snap, n);
+    free(snap);
+    /* still usable: finishing s frees its staging, then s2 fits */
+    int rc2 = tw_load(&w, t, "s.b", 2);
+    int rc3 = tw_load(&w, t, "s2.w", 2);
+    int rc4 = tw_load(&w, t, "s2.b", 2);
+    int rc5 = refit_finalize(t);
+    refit_health h = refit_worker_health(w.ctx);
+    tw_close(&w);
+    assert_int_equal(rc, REFIT_EBUDGET);
+    if (!strstr(msg, "module s2") || !strstr(msg, "staging budget") || !strstr(msg, "128"))
+        fail_msg("message \"%s\"", msg);
+    assert_true(same);
+    assert_int_equal(rc2, REFIT_OK);
+    assert_int_equal(rc3, REFIT_OK);
+    assert_int_equal(rc4, REFIT_OK);
+    assert_int_equal(rc5, REFIT_OK);
+    assert_int_equal(h, REFIT_HEALTH_READY);
+}
+
+static void test_destroy_model_with_open_update_rolls_back(void **state)
+{
+    tw *w = *state;
+    model(w, "test-scale", NULL);
+    tw_update(w, 1, "v1");
+    size_t n;
+    void *snap = tw_snapshot(w, &n);
+    refit_txn *t = tw_begin(w, "v2", 1);
+    tw_load_all(w, t, 2, NULL);
+    refit_model_destroy(w->m); /* aborts the open update */
+    w->m = NULL;
+    int same = snap_equal(w, snap, n);
+    free(snap);
+    assert_true(same);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+    /* a new model on the same context */
+    assert_int_equal(refit_model_create(&w->m, w->ctx), REFIT_OK);
+}
+
+static void test_close_context_with_open_update(void **state)
+{
+    (void)state;
+    tw w;
+    assert_int_equal(tw_open(&w, NULL), REFIT_OK);
+    model(&w, "test-scale", NULL);
+    refit_txn *t = tw_begin(&w, "v1", 1);
+    assert_int_equal(tw_load(&w, t, "s.w", 1), REFIT_OK); /* staging held */
+    assert_int_equal(tw_load(&w, t, "plain.w", 1), REFIT_OK);
+    /* refit_close destroys the model, which aborts the txn; LeakSanitizer
+     * checks that nothing (txn, undo log, staging) is left behind */
+    refit_close(w.ctx);
+    w.ctx = NULL;
+    w.m = NULL;
+    tw_close(&w);
+}
+
+static void test_many_sequential_updates(void **state)
+{
+    tw *w = *state;
+    model(w, "test-scale", NULL);
+    uint64_t fp1 = 0;
+    for (uint64_t v = 1; v <= 20; v++) {
+        char label[16];
+        snprintf(label, sizeof label, "v%u", (unsigned)v);
+        refit_txn *t = tw_begin(w, label, (int)(v % 2));
+        tw_load_all(w, t, v % 3, NULL);
+        if (v % 4 == 0) {
+            assert_int_equal(refit_abort(t), v % 2 ? REFIT_OK : REFIT_EPOISONED);
+            tw_update(w, v % 3, label);
+        } else {
+            assert_int_equal(refit_finalize(t), REFIT_OK);
+        }
+        assert_string_equal(refit_worker_version(w->ctx), label);
+        if (v % 3 == 1 && !fp1)
+            fp1 = tw_fp(w);
+        if (v % 3 == 1)
+            assert_true(tw_fp(w) == fp1);
+    }
+}
+
+#define T(f) cmocka_unit_test_setup_teardown(f, tw_setup, tw_teardown)
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        T(test_one_update_at_a_time),
+        T(test_begin_before_seal),
+        T(test_bad_arguments),
+        T(test_health_transitions),
+        T(test_failed_is_sticky_and_finalize_aborts),
+        T(test_failed_then_abort_restores),
+        T(test_failed_without_rollback_poisons),
+        cmocka_unit_test(test_staging_budget_refuses_before_writing),
+        T(test_destroy_model_with_open_update_rolls_back),
+        cmocka_unit_test(test_close_context_with_open_update),
+        T(test_many_sequential_updates),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
