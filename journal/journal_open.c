@@ -55,15 +55,38 @@ static int check_exists(journal *j)
     return REFIT_OK;
 }
 
-static int open_db(journal *j, int busy_ms)
+/* "file:PATH?immutable=1" with the characters URIs reserve escaped. */
+static char *immutable_uri(const char *path)
+{
+    size_t n = strlen(path);
+    char *u = malloc(3 * n + 32), *p = u;
+    if (!u)
+        return NULL;
+    p += sprintf(p, "file:");
+    for (const char *c = path; *c; c++)
+        p += strchr("?#%", *c) ? sprintf(p, "%%%02X", (unsigned char)*c)
+                               : sprintf(p, "%c", *c);
+    sprintf(p, "?immutable=1");
+    return u;
+}
+
+static int open_db(journal *j, int busy_ms, int immutable)
 {
     int flags = j->readonly ? SQLITE_OPEN_READONLY
                             : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
-    if (j->readonly && check_exists(j) != REFIT_OK)
+    char *uri = immutable ? immutable_uri(j->path) : NULL;
+    if (immutable && !uri)
+        return jr_fail(j, REFIT_ENOMEM, "journal %s: out of memory",
+                       j->path);
+    if (j->readonly && check_exists(j) != REFIT_OK) {
+        free(uri);
         return REFIT_EJOURNAL;
+    }
     /* NOMUTEX: a handle is used by one thread at a time (journal.h). */
-    flags |= SQLITE_OPEN_NOMUTEX;
-    if (sqlite3_open_v2(j->path, &j->db, flags, NULL) != SQLITE_OK)
+    flags |= SQLITE_OPEN_NOMUTEX | (uri ? SQLITE_OPEN_URI : 0);
+    int rc = sqlite3_open_v2(uri ? uri : j->path, &j->db, flags, NULL);
+    free(uri);
+    if (rc != SQLITE_OK)
         return jr_fail_sqlite(j, "cannot open");
     sqlite3_extended_result_codes(j->db, 1);
     sqlite3_busy_timeout(j->db, busy_ms);
@@ -103,11 +126,39 @@ static int configure_writer(journal *j)
                 "setting pragmas");
 }
 
+/* A reader that may not create the -shm file (a directory it cannot
+ * write) cannot open a WAL database, unless the -wal file is absent: then
+ * no writer is connected, the main file holds every commit, and it can be
+ * read as immutable. A writer that starts during such a read can only make
+ * the read fail, never the file: immutable never writes. */
+static int reader_retry_immutable(journal *j)
+{
+    char wal[4096];
+    int code = j->db ? sqlite3_extended_errcode(j->db) & 0xff : 0;
+    if (!j->readonly || (code != SQLITE_READONLY && code != SQLITE_CANTOPEN))
+        return 0;
+    snprintf(wal, sizeof wal, "%s-wal", j->path);
+    return access(wal, F_OK) != 0 && errno == ENOENT;
+}
+
+static int open_and_check(journal *j, int busy_ms, int *need_migrate)
+{
+    int rc = open_db(j, busy_ms, 0);
+    if (rc == REFIT_OK)
+        rc = jr_schema_check(j, need_migrate);
+    if (rc != REFIT_OK && reader_retry_immutable(j)) {
+        sqlite3_close_v2(j->db);
+        j->db = NULL;
+        rc = open_db(j, busy_ms, 1);
+        if (rc == REFIT_OK)
+            rc = jr_schema_check(j, need_migrate);
+    }
+    return rc;
+}
+
 static int open_steps(journal *j, int busy_ms)
 {
-    int need_migrate = 0, rc = open_db(j, busy_ms);
-    if (rc == REFIT_OK)
-        rc = jr_schema_check(j, &need_migrate);
+    int need_migrate = 0, rc = open_and_check(j, busy_ms, &need_migrate);
     if (rc != REFIT_OK)
         return rc;
     if (j->readonly) {

@@ -180,7 +180,7 @@ int journal_event(journal *j, int64_t update_id, const char *worker_id,
 
 typedef struct dead_update {
     int64_t id, pid;
-    char worker[128], host[JOURNAL_HOST_MAX], state[16];
+    char worker[256], host[JOURNAL_HOST_MAX], state[16];
 } dead_update;
 
 /* Updates left loading/finalizing by writers that no longer run. *out is

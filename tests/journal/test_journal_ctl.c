@@ -302,6 +302,28 @@ static void test_read_while_writer_holds(void **state)
     sqlite3_close(db);
 }
 
+/* The child of test_concurrent_reader: an update whose modules complete
+ * one batch at a time. Plain calls and exit codes, no cmocka asserts. */
+_Noreturn static void stream_writer(const char *path, const jt_modules *m)
+{
+    journal *w = NULL;
+    char err[256];
+    int64_t id = 0;
+    journal_update_info info = {"w0", "v", NULL, NULL, 0, 1};
+    if (journal_open(&w, path, NULL, err, sizeof err) ||
+        journal_update_begin(w, &id, &info, m->n, m->info))
+        _exit(1);
+    for (uint32_t i = 0; i < m->n; i++) {
+        journal_module_progress p = {i, JOURNAL_MODULE_COMPLETE, 2, 8192,
+                                     0, 0};
+        if (journal_modules_progress(w, id, 1, &p))
+            _exit(2);
+        usleep(200); /* let the readers interleave */
+    }
+    journal_close(w);
+    _exit(0);
+}
+
 /* Readers during a stream of writes from another process: every read
  * succeeds and sees a consistent snapshot (counts only grow). */
 static void test_concurrent_reader(void **state)
@@ -314,24 +336,8 @@ static void test_concurrent_reader(void **state)
     journal_close(j);
     pid_t pid = fork();
     assert_true(pid >= 0);
-    if (pid == 0) {
-        journal *w = NULL;
-        char err[256];
-        int64_t id2 = 0;
-        journal_update_info info = {"w0", "v", NULL, NULL, 0, 1};
-        if (journal_open(&w, f->path, NULL, err, sizeof err) ||
-            journal_update_begin(w, &id2, &info, m.n, m.info))
-            _exit(1);
-        for (uint32_t i = 0; i < m.n; i++) {
-            journal_module_progress p = {i, JOURNAL_MODULE_COMPLETE, 2, 8192,
-                                         0, 0};
-            if (journal_modules_progress(w, id2, 1, &p))
-                _exit(2);
-            usleep(200); /* let the readers interleave */
-        }
-        journal_close(w);
-        _exit(0);
-    }
+    if (pid == 0)
+        stream_writer(f->path, &m);
     int64_t last = 0, reads = 0;
     int st = 0;
     /* A long-lived reader too, as a monitoring tool would keep. */

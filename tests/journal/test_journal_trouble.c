@@ -83,6 +83,36 @@ static void test_readonly_dir(void **state)
     assert_int_equal(jt_as_nobody(ro_dir_child, f->path), 0);
 }
 
+/* A reader that cannot write the directory: with no writer (no -wal file)
+ * and with a writer holding the journal open. */
+static int ro_reader_child(void *arg)
+{
+    journal *j = NULL;
+    char err[512];
+    journal_opts ro = JOURNAL_OPTS_INIT;
+    ro.readonly = 1;
+    if (journal_open(&j, arg, &ro, err, sizeof err) != REFIT_OK) {
+        printf("# child: %s\n", err);
+        return 1;
+    }
+    int rc = journal_update_get(j, 1, NULL, NULL);
+    journal_close(j);
+    return rc == REFIT_OK ? 0 : 2;
+}
+
+static void test_reader_readonly_dir(void **state)
+{
+    jt_fixture *f = *state;
+    make_journal(f->path);
+    assert_int_equal(chmod(f->dir, 0755), 0);
+    assert_int_equal(chmod(f->path, 0644), 0);
+    assert_int_equal(jt_as_nobody(ro_reader_child, f->path), 0);
+    journal *j = jt_open(f->path); /* a live writer: -wal and -shm exist */
+    assert_int_equal(journal_event(j, 0, NULL, "k", "m"), 0);
+    assert_int_equal(jt_as_nobody(ro_reader_child, f->path), 0);
+    journal_close(j);
+}
+
 /* ---- locked ------------------------------------------------------------- */
 
 static sqlite3 *hold_lock(const char *path, const char *sql)
@@ -306,6 +336,7 @@ int main(void)
 #define T(fn) cmocka_unit_test_setup_teardown(fn, jt_setup, jt_teardown)
     const struct CMUnitTest tests[] = {
         T(test_readonly_file),     T(test_readonly_dir),
+        T(test_reader_readonly_dir),
         T(test_locked_transaction), T(test_locked_exclusive_mode),
         T(test_best_effort_gap),   T(test_garbage_file),
         T(test_corrupt_pages),     T(test_newer_schema),
