@@ -5,15 +5,28 @@
 
 #include "core/names.h"
 
-/* FNV-1a, 64-bit: short names, no need for more. */
+/* Names are long and alike ("model.layers.17.mlp.experts.203.w2.weight"):
+ * hash 8 bytes a step, each word multiplied in, then a final mix. */
+static uint64_t names_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 uint64_t names_hash(const char *s)
 {
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 0x100000001b3ull;
+    size_t n = strlen(s);
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    for (; n >= 8; n -= 8, s += 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
     }
-    return h;
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    return names_mix(h ^ w);
 }
 
 static names_slot *probe(const names *t, const char *key, uint64_t h)

@@ -343,11 +343,19 @@ static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit
         return txn_error(t, REFIT_EUNSUPPORTED, "load %s: the %s backend of its target cannot "
                          "read a source on device type %d", r->name, be->name,
                          src->device.device_type);
-    signature sig;
-    if (signature_take(&sig, src))
-        return txn_error(t, REFIT_EINVAL, "load %s: invalid source descriptor", r->name);
-    view_from_signature(v, &sig);
-    if (!src->data && kern_view_numel(v) > 0)
+    /* only the first ndim entries of the view are read: fill just those */
+    v->data = (char *)src->data + src->byte_offset;
+    v->device = src->device;
+    v->dtype = src->dtype;
+    v->ndim = src->ndim;
+    int64_t numel = 1, stride = 1;
+    for (int i = src->ndim - 1; i >= 0; i--) {
+        v->shape[i] = src->shape[i];
+        v->strides[i] = src->strides ? src->strides[i] : stride;
+        stride *= src->shape[i] > 0 ? src->shape[i] : 1;
+        numel *= src->shape[i];
+    }
+    if (!src->data && numel > 0)
         return txn_error(t, REFIT_EINVAL, "load %s: source data is NULL", r->name);
     return REFIT_OK;
 }
@@ -608,7 +616,11 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
     if (ri == NAMES_NONE)
         return txn_error(t, REFIT_EUNEXPECTED, "load %s: no module of worker %s expects this "
                          "tensor; nothing written", name, m->ctx->worker_id);
-    delivery d = {.r = &m->routes[ri], .ri = ri, .off = off, .stream = stream};
+    delivery d; /* d.src is filled by src_view, dims [0, ndim) only */
+    d.r = &m->routes[ri];
+    d.ri = ri;
+    d.off = off;
+    d.stream = stream;
     bool skip = false;
     int rc = src_view(t, d.r, src, &d.src);
     if (!rc && (d.r->flags & ROUTE_ALIAS))

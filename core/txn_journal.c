@@ -1,6 +1,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/txn_journal.h"
 
@@ -122,6 +123,13 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of, int
                      ctx->journal_path, why[0] ? why : "unknown error");
 }
 
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
 static int batch_push(txj_batch *b, journal_module_progress p)
 {
     if (grow_array((void **)&b->p, &b->cap, b->n, sizeof *b->p))
@@ -141,11 +149,15 @@ void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi, uint
         txj_gap(ctx, "module progress");
         return;
     }
-    if (b->n < TXJ_BATCH_MODULES)
+    double now = mono_now();
+    if (b->n == 1 && b->last_write == 0)
+        b->last_write = now; /* the clock starts with the first module */
+    if (b->n < TXJ_BATCH_MODULES && now - b->last_write < TXJ_BATCH_SECONDS)
         return;
     if (journal_modules_progress(ctx->journal, id, b->n, b->p))
         txj_gap(ctx, "module progress");
     b->n = 0;
+    b->last_write = now;
 }
 
 void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st, uint64_t bytes,

@@ -13,9 +13,14 @@
 typedef struct txj_batch {
     journal_module_progress *p;
     uint32_t n, cap;
+    double last_write;          /* monotonic seconds of the last progress write */
 } txj_batch;
 
-#define TXJ_BATCH_MODULES 1024
+/* Progress is written when this many modules are waiting, or when the
+ * last write is this old: a reload of a few milliseconds writes none, a
+ * long one leaves a trail an operator can follow. */
+#define TXJ_BATCH_MODULES 8192
+#define TXJ_BATCH_SECONDS 0.25
 
 /* Context: open the journal named by the options (errors kept for begin). */
 void txj_open(refit_ctx *ctx);

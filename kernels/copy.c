@@ -5,18 +5,6 @@
 #include "cast.h"
 #include "copy.h"
 
-size_t kern_dtype_size(refit_dtype dt)
-{
-    if (dt.bits == 0 || dt.bits % 8 != 0 || dt.lanes != 1)
-        return 0;
-    return dt.bits / 8u;
-}
-
-int kern_dtype_eq(refit_dtype a, refit_dtype b)
-{
-    return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
-}
-
 static int is_float16ish(refit_dtype d)
 {
     return d.lanes == 1 && ((d.code == REFIT_DTYPE_FLOAT && (d.bits == 16 || d.bits == 32)) ||
@@ -167,10 +155,35 @@ static void walk_rows(const walk *w, char *d, const char *s, row_fn fn)
     }
 }
 
+/* Row-major with no gaps. */
+static int is_contiguous(const refit_view *v)
+{
+    int64_t s = 1;
+    for (int i = v->ndim - 1; i >= 0; i--) {
+        if (v->shape[i] != 1 && v->strides[i] != s)
+            return 0;
+        s *= v->shape[i];
+    }
+    return 1;
+}
+
 int kern_copy(const refit_view *dst, const refit_view *src)
 {
     if (dst->ndim != src->ndim)
         return REFIT_EMISMATCH;
+    size_t de = kern_dtype_size(dst->dtype);
+    if (de && kern_dtype_eq(dst->dtype, src->dtype) && is_contiguous(dst) &&
+        is_contiguous(src)) { /* the common case: one memcpy */
+        int64_t n = 1;
+        for (int i = 0; i < dst->ndim; i++) {
+            if (dst->shape[i] != src->shape[i])
+                return REFIT_EMISMATCH;
+            n *= dst->shape[i];
+        }
+        if (n > 0)
+            memcpy(dst->data, src->data, (size_t)n * de);
+        return REFIT_OK;
+    }
     for (int i = 0; i < dst->ndim; i++)
         if (dst->shape[i] != src->shape[i])
             return REFIT_EMISMATCH;
@@ -178,7 +191,7 @@ int kern_copy(const refit_view *dst, const refit_view *src)
         return REFIT_EUNSUPPORTED;
     if (kern_view_numel(dst) == 0)
         return REFIT_OK;
-    size_t de = kern_dtype_size(dst->dtype), se = kern_dtype_size(src->dtype);
+    size_t se = kern_dtype_size(src->dtype);
     walk w;
     walk_init(&w, dst, src, de, se);
     row_fn fn = pick_row(dst->dtype, src->dtype, &w, de);

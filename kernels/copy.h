@@ -8,10 +8,20 @@
 
 #include <refit/format.h>
 
-/* Bytes of one element, or 0 when the dtype is not a whole number of bytes. */
-size_t kern_dtype_size(refit_dtype dt);
+/* Bytes of one element, or 0 when the dtype is not a whole number of bytes.
+ * Inline: called for every tensor on the reload path. */
+static inline size_t kern_dtype_size(refit_dtype dt)
+{
+    if (dt.bits == 0 || dt.bits % 8 != 0 || dt.lanes != 1)
+        return 0;
+    return dt.bits / 8u;
+}
+
 /* 1 when the dtypes are equal. */
-int kern_dtype_eq(refit_dtype a, refit_dtype b);
+static inline int kern_dtype_eq(refit_dtype a, refit_dtype b)
+{
+    return a.code == b.code && a.bits == b.bits && a.lanes == b.lanes;
+}
 /* 1 when kern_copy can cast from src to dst (equal, or both F32/F16/BF16). */
 int kern_can_cast(refit_dtype dst, refit_dtype src);
 

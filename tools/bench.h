@@ -2,9 +2,9 @@
 #ifndef REFIT_TOOLS_BENCH_H
 #define REFIT_TOOLS_BENCH_H
 
-#include "tools/bench_journal.h"
+#include <stdio.h>
 
-/* refit-bench safetensors ...: argv[0] is "safetensors". */
-int bench_safetensors_main(int argc, char **argv);
+#include "tools/bench_journal.h"
+#include "tools/bench_safetensors.h"
 
 #endif
