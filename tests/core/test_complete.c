@@ -214,9 +214,6 @@ static void test_refused_loads_write_nothing(void **state)
     tt_tensor *gpu = tw_tmp(w, REFIT_F32, 2, TT_SHAPE(4, 4));
     gpu->t.device.device_type = REFIT_DEVICE_CUDA;
     assert_int_equal(refit_load(t, "top", &gpu->t, NULL), REFIT_EUNSUPPORTED);
-    tt_tensor *nul = tw_tmp(w, REFIT_F32, 2, TT_SHAPE(4, 4));
-    nul->t.data = NULL;
-    assert_int_equal(refit_load(t, "top", &nul->t, NULL), REFIT_EINVAL);
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
     int kept = snap_equal(w, snap, n);
     free(snap);
@@ -445,6 +442,25 @@ static void test_staged_only_partial_abort_is_not_poison(void **state)
     assert_string_equal(refit_worker_version(w->ctx), "v1");
 }
 
+/* CORE BUG (core/plan.c view_from_signature, called from txn.c src_view
+ * before its NULL check): a source descriptor with data == NULL makes the
+ * core compute NULL + byte_offset, undefined behaviour that UBSan reports
+ * ("applying zero offset to null pointer") and, with halt_on_error, kills
+ * the process. The load must be refused with REFIT_EINVAL before any
+ * pointer arithmetic. Last in this file so that under UBSan the tests
+ * before it still report. */
+static void test_load_with_null_data_refused(void **state)
+{
+    tw *w = *state;
+    small_model(w);
+    refit_txn *t = tw_begin(w, "v1", 1);
+    tt_tensor *nul = tw_tmp(w, REFIT_F32, 2, TT_SHAPE(4, 4));
+    nul->t.data = NULL;
+    assert_int_equal(refit_load(t, "top", &nul->t, NULL), REFIT_EINVAL);
+    tw_assert_msg(w, "top", "NULL");
+    assert_int_equal(refit_abort(t), REFIT_OK);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, tw_setup, tw_teardown)
 
 int main(void)
@@ -466,6 +482,7 @@ int main(void)
         T(test_first_update_must_deliver_every_module),
         T(test_partly_delivered_staged_module_fails),
         T(test_staged_only_partial_abort_is_not_poison),
+        T(test_load_with_null_data_refused), /* keep last: see its comment */
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -177,6 +177,14 @@ static void test_staged_parts_in_any_order(void **state)
     }
 }
 
+/* CORE BUG (core/txn.c module_post_load): the error message is built with
+ * refit_errmsg(ctx), the context's own message buffer, passed as a %s
+ * argument to txn_error, which vsnprintf()s into that same buffer
+ * (overlapping source and destination: undefined behaviour). The format's
+ * reason ("test-fail: injected post-load failure in module s") is lost and
+ * the message reads "module s: post-load of format test-fail failed: module
+ * s: post-load of format test-fail failed: s". Copy the format's message
+ * out before formatting. */
 static void test_post_load_failure_names_module_and_format(void **state)
 {
     tw *w = *state;
