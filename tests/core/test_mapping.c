@@ -34,6 +34,14 @@ static double at3(const tt_tensor *t, int64_t i, int64_t j, int64_t k)
     return tt_get(t, (int64_t[]){i, j, k});
 }
 
+static void finalize_ok(tw *w, refit_txn *t)
+{
+    int rc = refit_finalize(t);
+    if (rc)
+        fail_msg("finalize: %s: %s", refit_status_name(rc), refit_errmsg(w->ctx));
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+}
+
 /* One rank of a single-tensor model: ckpt [R, C] sharded on dim over tp. */
 static void check_shard_2d(int dim, int64_t R, int64_t C, int tp, const int64_t *want_rows)
 {
@@ -81,6 +89,14 @@ static void test_shard_dim0_uneven(void **state)
     (void)state;
     check_shard_2d(0, 10, 4, 3, (int64_t[]){4, 3, 3});
     check_shard_2d(0, 5, 2, 4, (int64_t[]){2, 1, 1, 1});
+}
+
+static void test_shard_rank_without_rows(void **state)
+{
+    (void)state;
+    /* 2 rows over 3 ranks: rank 2 holds none ([0, C] runtime) */
+    check_shard_2d(0, 2, 3, 3, (int64_t[]){1, 1, 0});
+    check_shard_2d(1, 4, 1, 2, (int64_t[]){1, 0});
 }
 
 static void test_shard_dim1_even_and_uneven(void **state)
@@ -233,6 +249,61 @@ static void test_stacked_experts(void **state)
     }
 }
 
+static void test_stacked_fused_experts(void **state)
+{
+    tw *w = *state;
+    /* w13 [E, 2I, H]: expert e's w1 at rows [0, I), w3 at rows [I, 2I) */
+    const int E = 3;
+    const int64_t I = 3, H = 2;
+    tw_module(w, "moe", "unquantized", NULL);
+    tt_tensor *w13 = tw_runtime(w, "moe", "w13", REFIT_F32, 3, TT_SHAPE(E, 2 * I, H));
+    char name[64];
+    for (int e = 0; e < E; e++)
+        for (int k = 0; k < 2; k++) {
+            refit_ckpt_spec s = tt_spec(REFIT_F32, 2, TT_SHAPE(I, H));
+            s.expert = e;
+            s.dst_offset[0] = k * I;
+            snprintf(name, sizeof name, "experts.%d.w%d", e, k ? 3 : 1);
+            assert_int_equal(tw_expect(w, "moe", name, &s), REFIT_OK);
+        }
+    tw_seal(w);
+    tw_update(w, 6, "v6");
+    for (int e = 0; e < E; e++)
+        for (int k = 0; k < 2; k++) {
+            snprintf(name, sizeof name, "experts.%d.w%d", e, k ? 3 : 1);
+            tt_tensor *ck = tw_ckpt_tensor(w, name, 6);
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t j = 0; j < H; j++)
+                    if (at3(w13, e, k * I + i, j) != at2(ck, i, j))
+                        fail_msg("%s [%lld][%lld]", name, (long long)i, (long long)j);
+        }
+}
+
+static void test_byte_offsets_of_source_and_runtime(void **state)
+{
+    tw *w = *state;
+    /* the runtime descriptor points at its allocation with byte_offset 12;
+     * the source at its buffer with byte_offset 8 */
+    tw_module(w, "m", "unquantized", NULL);
+    tt_tensor *base = tw_tmp(w, REFIT_F32, 1, TT_SHAPE(9));
+    tt_tensor *rt = tw_bind(w, "m", "w", tt_alias(base, REFIT_F32, 2, TT_SHAPE(2, 3), NULL, 0));
+    rt->t.byte_offset = 12;
+    refit_ckpt_spec s = tt_spec(REFIT_F32, 2, TT_SHAPE(2, 3));
+    assert_int_equal(tw_expect(w, "m", "x", &s), REFIT_OK);
+    tw_seal(w);
+    char keep[12];
+    memcpy(keep, base->buf, sizeof keep);
+    tt_tensor *sbase = tw_tmp(w, REFIT_F32, 1, TT_SHAPE(8));
+    tt_fill(sbase, 5);
+    tt_tensor *src = tw_adopt(w, tt_alias(sbase, REFIT_F32, 2, TT_SHAPE(2, 3), NULL, 0));
+    src->t.byte_offset = 8;
+    refit_txn *t = tw_begin(w, "v1", 1);
+    assert_int_equal(refit_load(t, "x", &src->t, NULL), REFIT_OK);
+    finalize_ok(w, t);
+    assert_memory_equal((char *)base->buf + 12, (char *)sbase->buf + 8, 24);
+    assert_memory_equal(base->buf, keep, sizeof keep);
+}
+
 static void test_stacked_experts_with_tp_on_dim1(void **state)
 {
     (void)state;
@@ -356,14 +427,6 @@ static tt_tensor *tied_model(tw *w)
     return rt;
 }
 
-static void finalize_ok(tw *w, refit_txn *t)
-{
-    int rc = refit_finalize(t);
-    if (rc)
-        fail_msg("finalize: %s: %s", refit_status_name(rc), refit_errmsg(w->ctx));
-    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
-}
-
 static void test_tie_primary_alone_completes(void **state)
 {
     tw *w = *state;
@@ -467,18 +530,23 @@ static void test_tie_alias_in_parts(void **state)
     assert_memory_equal(rt->buf, full->buf, rt->bytes);
 }
 
-/* 10 rows over 3 ranks (4, 3, 3), delivered as parts [0,5) [5,8) [8,10)
- * that straddle rank boundaries. order(r, k) gives the k-th part rank r
- * receives. */
-static void parts_across_ranks(int (*order)(int r, int k))
+/* 10 rows (or columns, dim 1) over 3 ranks (4, 3, 3), delivered as parts
+ * [0,5) [5,8) [8,10) that straddle rank boundaries; order(r, k) gives the
+ * k-th part rank r receives. Column parts are strided views of the full
+ * tensor. */
+static void parts_across_ranks_dim(int dim, int (*order)(int r, int k))
 {
+    const int64_t other = 2;
     for (int r = 0; r < 3; r++) {
         tw w;
         assert_int_equal(tw_open(&w, NULL), REFIT_OK);
         tw_module(&w, "m", "unquantized", NULL);
-        tt_tensor *rt = tw_runtime(&w, "m", "w", REFIT_F32, 2, TT_SHAPE(rows_of(10, 3, r), 2));
-        refit_ckpt_spec s = tt_spec(REFIT_F32, 2, TT_SHAPE(10, 2));
-        s.shard_dim = 0;
+        int64_t mine = rows_of(10, 3, r), a = first_row(10, 3, r);
+        tt_tensor *rt = tw_runtime(&w, "m", "w", REFIT_F32, 2,
+                                   dim == 0 ? TT_SHAPE(mine, other) : TT_SHAPE(other, mine));
+        refit_ckpt_spec s = tt_spec(REFIT_F32, 2, dim == 0 ? TT_SHAPE(10, other)
+                                                           : TT_SHAPE(other, 10));
+        s.shard_dim = dim;
         s.shard_rank = r;
         s.shard_count = 3;
         assert_int_equal(tw_expect(&w, "m", "x", &s), REFIT_OK);
@@ -488,12 +556,16 @@ static void parts_across_ranks(int (*order)(int r, int k))
         const int64_t cut[4] = {0, 5, 8, 10};
         for (int k = 0; k < 3; k++) {
             int p = order(r, k);
-            tt_tensor *piece = tw_tmp(&w, REFIT_F32, 2, TT_SHAPE(cut[p + 1] - cut[p], 2));
-            memcpy(piece->buf, (float *)full->buf + cut[p] * 2, piece->bytes);
+            int64_t len = cut[p + 1] - cut[p];
+            tt_tensor *piece =
+                dim == 0 ? tw_adopt(&w, tt_alias(full, REFIT_F32, 2, TT_SHAPE(len, other), NULL,
+                                                 cut[p] * other))
+                         : tw_adopt(&w, tt_alias(full, REFIT_F32, 2, TT_SHAPE(other, len),
+                                                 TT_SHAPE(10, 1), cut[p]));
             int rc = refit_load_part(t, "x", cut[p], &piece->t, NULL);
             if (rc) {
                 char msg[1400];
-                snprintf(msg, sizeof msg, "rank %d part [%lld, %lld): %s: %s", r,
+                snprintf(msg, sizeof msg, "dim %d rank %d part [%lld, %lld): %s: %s", dim, r,
                          (long long)cut[p], (long long)cut[p + 1], refit_status_name(rc),
                          refit_errmsg(w.ctx));
                 refit_abort(t);
@@ -502,10 +574,22 @@ static void parts_across_ranks(int (*order)(int r, int k))
             }
         }
         finalize_ok(&w, t);
-        int64_t a = first_row(10, 3, r);
-        assert_memory_equal(rt->buf, (float *)full->buf + a * 2, rt->bytes);
+        for (int64_t i = 0; i < rt->shape[0]; i++)
+            for (int64_t j = 0; j < rt->shape[1]; j++) {
+                double want = dim == 0 ? at2(full, a + i, j) : at2(full, i, a + j);
+                if (at2(rt, i, j) != want) {
+                    tw_close(&w);
+                    fail_msg("dim %d rank %d [%lld][%lld] wrong", dim, r, (long long)i,
+                             (long long)j);
+                }
+            }
         tw_close(&w);
     }
+}
+
+static void parts_across_ranks(int (*order)(int r, int k))
+{
+    parts_across_ranks_dim(0, order);
 }
 
 /* Parts holding none of the rank's rows first, so the rank's rows are
@@ -526,6 +610,12 @@ static void test_parts_straddling_rank_boundaries(void **state)
 {
     (void)state;
     parts_across_ranks(others_first);
+}
+
+static void test_parts_along_shard_dim1(void **state)
+{
+    (void)state;
+    parts_across_ranks_dim(1, others_first);
 }
 
 /* CORE BUG (txn.c, check_fresh): once this rank's rows of a route are
@@ -639,12 +729,15 @@ int main(void)
         cmocka_unit_test(test_shard_dim0_even),
         cmocka_unit_test(test_shard_dim0_uneven),
         cmocka_unit_test(test_shard_dim1_even_and_uneven),
+        cmocka_unit_test(test_shard_rank_without_rows),
         cmocka_unit_test(test_shard_with_cast),
         cmocka_unit_test(test_fused_qkv_with_tp),
         cmocka_unit_test(test_fused_gate_up_uneven_tp),
         T(test_column_fused_offsets),
         T(test_stacked_experts),
         cmocka_unit_test(test_stacked_experts_with_tp_on_dim1),
+        T(test_stacked_fused_experts),
+        T(test_byte_offsets_of_source_and_runtime),
         cmocka_unit_test(test_vocab_padding_without_tp),
         cmocka_unit_test(test_vocab_padding_with_tp_last_rank_holds_pad),
         cmocka_unit_test(test_vocab_padding_rank_with_only_pad),
@@ -655,6 +748,7 @@ int main(void)
         T(test_tie_same_name_twice_is_duplicate),
         T(test_tie_alias_in_parts),
         cmocka_unit_test(test_parts_straddling_rank_boundaries),
+        cmocka_unit_test(test_parts_along_shard_dim1),
         cmocka_unit_test(test_parts_for_other_ranks_after_completion),
         T(test_strided_source),
         T(test_strided_runtime_tensor),
