@@ -249,6 +249,37 @@ static void test_recovery_from_poisoned_needs_dirty_modules(void **state)
     assert_int_equal(refit_check_serving(w->ctx), REFIT_OK);
 }
 
+static void test_first_update_poisoned_then_recovered(void **state)
+{
+    tw *w = *state;
+    tw_module(w, "m", "unquantized", NULL);
+    tw_runtime(w, "m", "w", REFIT_F32, 1, TT_SHAPE(4));
+    tw_module(w, "n", "unquantized", NULL);
+    tw_runtime(w, "n", "w", REFIT_F32, 1, TT_SHAPE(4));
+    refit_ckpt_spec s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
+    assert_int_equal(tw_expect(w, "m", "m.w", &s), REFIT_OK);
+    assert_int_equal(tw_expect(w, "n", "n.w", &s), REFIT_OK);
+    tw_seal(w);
+    /* the first update, without rollback, dies after writing m */
+    refit_txn *t = tw_begin(w, "v1", 0);
+    assert_int_equal(tw_load(w, t, "m.w", 1), REFIT_OK);
+    assert_int_equal(refit_finalize(t), REFIT_EINCOMPLETE);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_POISONED);
+    /* m alone is not enough: n was never loaded */
+    t = tw_begin(w, "v1", 1);
+    assert_int_equal(tw_load(w, t, "m.w", 1), REFIT_OK);
+    assert_int_equal(refit_finalize(t), REFIT_EINCOMPLETE);
+    tw_assert_msg(w, "module n", "never loaded");
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_POISONED);
+    /* n alone is not enough: m holds bytes of the aborted update */
+    t = tw_begin(w, "v1", 1);
+    assert_int_equal(tw_load(w, t, "n.w", 1), REFIT_OK);
+    assert_int_equal(refit_finalize(t), REFIT_EINCOMPLETE);
+    tw_assert_msg(w, "module m", "aborted update");
+    tw_update(w, 1, "v1");
+    assert_int_equal(refit_check_serving(w->ctx), REFIT_OK);
+}
+
 static void test_worker_version_through_the_states(void **state)
 {
     tw *w = *state;
@@ -288,6 +319,7 @@ int main(void)
         T(test_failing_finalize_aborts_like_abort),
         T(test_new_update_after_abort),
         T(test_recovery_from_poisoned_needs_dirty_modules),
+        T(test_first_update_poisoned_then_recovered),
         T(test_worker_version_through_the_states),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

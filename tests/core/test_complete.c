@@ -192,6 +192,37 @@ static void test_scalar_cannot_come_in_parts(void **state)
     assert_memory_equal(tw_rt(w, "s", "scale")->buf, src->buf, 4);
 }
 
+static void test_zero_size_tensor(void **state)
+{
+    tw *w = *state;
+    tw_module(w, "m", "unquantized", NULL);
+    tw_runtime(w, "m", "empty", REFIT_F32, 2, TT_SHAPE(0, 4));
+    tw_runtime(w, "m", "w", REFIT_F32, 1, TT_SHAPE(4));
+    refit_ckpt_spec s = tt_spec(REFIT_F32, 2, TT_SHAPE(0, 4));
+    s.target = "empty";
+    assert_int_equal(tw_expect(w, "m", "nothing", &s), REFIT_OK);
+    s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
+    s.target = "w";
+    assert_int_equal(tw_expect(w, "m", "m.w", &s), REFIT_OK);
+    tw_seal(w);
+    /* whole: an empty tensor still has to arrive */
+    refit_txn *t = tw_begin(w, "v1", 1);
+    assert_int_equal(tw_load(w, t, "m.w", 1), REFIT_OK);
+    assert_int_equal(refit_finalize(t), REFIT_EINCOMPLETE);
+    tw_assert_msg(w, "nothing");
+    t = tw_begin(w, "v1", 1);
+    assert_int_equal(tw_load(w, t, "m.w", 1), REFIT_OK);
+    assert_int_equal(tw_load(w, t, "nothing", 1), REFIT_OK);
+    finalize_ok(w, t);
+    /* and as a (single, empty) part */
+    t = tw_begin(w, "v2", 1);
+    assert_int_equal(tw_load(w, t, "m.w", 2), REFIT_OK);
+    tt_tensor *e = tw_ckpt_tensor(w, "nothing", 2);
+    assert_int_equal(refit_load_part(t, "nothing", 0, &e->t, NULL), REFIT_OK);
+    finalize_ok(w, t);
+    assert_memory_equal(tw_rt(w, "m", "w")->buf, tw_ckpt_tensor(w, "m.w", 2)->buf, 16);
+}
+
 static void test_refused_loads_write_nothing(void **state)
 {
     tw *w = *state;
@@ -474,6 +505,7 @@ int main(void)
         T(test_missing_tensor_at_finalize),
         T(test_partly_delivered_tensor_at_finalize),
         T(test_scalar_cannot_come_in_parts),
+        T(test_zero_size_tensor),
         T(test_refused_loads_write_nothing),
         T(test_txn_stats),
         cmocka_unit_test(test_order_and_parts_never_matter),

@@ -413,6 +413,41 @@ static void test_vocab_padding_rank_with_only_pad(void **state)
         check_padded(10, 16, 4, r);
 }
 
+static void test_padding_along_sharded_dim1(void **state)
+{
+    (void)state;
+    /* [2, 5] columns padded to 6, over 2 ranks: rank 1 holds columns 3, 4
+     * and the pad column 5 (a strided pad view) */
+    for (int r = 0; r < 2; r++) {
+        tw w;
+        assert_int_equal(tw_open(&w, NULL), REFIT_OK);
+        tw_module(&w, "m", "unquantized", NULL);
+        tt_tensor *rt = tw_runtime(&w, "m", "w", REFIT_F32, 2, TT_SHAPE(2, 3));
+        refit_ckpt_spec s = tt_spec(REFIT_F32, 2, TT_SHAPE(2, 5));
+        s.shard_dim = 1;
+        s.shard_rank = r;
+        s.shard_count = 2;
+        s.pad_to = 6;
+        assert_int_equal(tw_expect(&w, "m", "x", &s), REFIT_OK);
+        tw_seal(&w);
+        tw_update(&w, 1, "v1");
+        tt_tensor *ck = tw_ckpt_tensor(&w, "x", 1);
+        int ok = 1;
+        for (int64_t i = 0; i < 2; i++)
+            for (int64_t j = 0; j < 3; j++) {
+                int64_t col = 3 * r + j;
+                double want = col < 5 ? at2(ck, i, col) : 0.0;
+                uint32_t bits;
+                memcpy(&bits, tt_ptr(rt, (int64_t[]){i, j}), 4);
+                if (at2(rt, i, j) != want || (col >= 5 && bits != 0))
+                    ok = 0;
+            }
+        tw_close(&w);
+        if (!ok)
+            fail_msg("rank %d: column padding wrong", r);
+    }
+}
+
 /* A module with a tied pair: embed_tokens (primary) and lm_head (alias). */
 static tt_tensor *tied_model(tw *w)
 {
@@ -741,6 +776,7 @@ int main(void)
         cmocka_unit_test(test_vocab_padding_without_tp),
         cmocka_unit_test(test_vocab_padding_with_tp_last_rank_holds_pad),
         cmocka_unit_test(test_vocab_padding_rank_with_only_pad),
+        cmocka_unit_test(test_padding_along_sharded_dim1),
         T(test_tie_primary_alone_completes),
         T(test_tie_alias_alone_completes),
         T(test_tie_both_names_primary_first),

@@ -185,20 +185,28 @@ static void test_cast_allowed_with_param(void **state)
     tw_module(w, "m", "unquantized", "cast: true");
     tt_tensor *up = tw_runtime(w, "m", "up", REFIT_F32, 2, TT_SHAPE(3, 5));
     tt_tensor *down = tw_runtime(w, "m", "down", REFIT_BF16, 2, TT_SHAPE(3, 5));
+    tt_tensor *half = tw_runtime(w, "m", "half", REFIT_F16, 2, TT_SHAPE(3, 5));
     refit_ckpt_spec s = tt_spec(REFIT_BF16, 2, TT_SHAPE(3, 5));
     s.target = "up";
     assert_int_equal(tw_expect(w, "m", "a", &s), REFIT_OK);
     s = tt_spec(REFIT_F32, 2, TT_SHAPE(3, 5));
     s.target = "down";
     assert_int_equal(tw_expect(w, "m", "b", &s), REFIT_OK);
+    s = tt_spec(REFIT_BF16, 2, TT_SHAPE(3, 5));
+    s.target = "half";
+    assert_int_equal(tw_expect(w, "m", "c", &s), REFIT_OK);
     tw_seal(w);
     tw_update(w, 1, "v1");
     tt_tensor *a = tw_ckpt_tensor(w, "a", 1), *b = tw_ckpt_tensor(w, "b", 1);
+    tt_tensor *c = tw_ckpt_tensor(w, "c", 1);
     for (int i = 0; i < 15; i++) {
         /* bf16 -> f32 is exact */
         assert_true(((float *)up->buf)[i] == kern_bf16_to_f32(((uint16_t *)a->buf)[i]));
         /* f32 -> bf16 rounds to nearest even */
         assert_int_equal(((uint16_t *)down->buf)[i], kern_f32_to_bf16(((float *)b->buf)[i]));
+        /* bf16 -> f16 through f32 (exact), then rounded */
+        assert_int_equal(((uint16_t *)half->buf)[i],
+                         kern_f32_to_f16(kern_bf16_to_f32(((uint16_t *)c->buf)[i])));
     }
 }
 
