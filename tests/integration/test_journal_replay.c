@@ -1,0 +1,448 @@
+/* The core with its journal and its sources: what a transaction records,
+ * journal=required and best-effort, replay from a durable source, and an
+ * update interrupted by a real SIGKILL. */
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include <refit/refit.h>
+
+#include "core/safetensors_write.h"
+#include "journal/journal.h"
+
+#define N_MOD 3
+#define ROWS 8
+#define COLS 16
+
+/* A worker of three modules, one f32 [8, 16] tensor each. */
+typedef struct world {
+    char dir[64], db[96], ckpt[96];
+    refit_ctx *ctx;
+    refit_model *model;
+    float rt[N_MOD][ROWS * COLS];
+    int64_t shape[2];
+    refit_tensor desc[N_MOD];
+    float ck[N_MOD][ROWS * COLS]; /* the checkpoint being sent */
+} world;
+
+static const char *ck_name(int i)
+{
+    static const char *names[N_MOD] = {"model.a.weight", "model.b.weight", "model.c.weight"};
+    return names[i];
+}
+
+static void make_version(world *w, int version)
+{
+    for (int i = 0; i < N_MOD; i++)
+        for (int k = 0; k < ROWS * COLS; k++)
+            w->ck[i][k] = (float)(version * 1000 + i * 100) + (float)k / 8.0f;
+}
+
+static int world_open(world *w, const char *journal, int best_effort)
+{
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.worker_id = "w0";
+    o.journal_path = journal ? journal : "";
+    o.journal_best_effort = best_effort;
+    int rc = refit_open(&w->ctx, &o);
+    if (rc || (rc = refit_model_create(&w->model, w->ctx)))
+        return rc;
+    w->shape[0] = ROWS;
+    w->shape[1] = COLS;
+    for (int i = 0; i < N_MOD; i++) {
+        char mod[16];
+        snprintf(mod, sizeof mod, "m%d", i);
+        w->desc[i] = (refit_tensor){.data = w->rt[i], .device = {REFIT_DEVICE_CPU, 0},
+                                    .ndim = 2, .dtype = REFIT_F32, .shape = w->shape};
+        refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
+        s.dtype = REFIT_F32;
+        s.ndim = 2;
+        s.shape[0] = ROWS;
+        s.shape[1] = COLS;
+        if ((rc = refit_model_add_module(w->model, mod, "unquantized", NULL)) ||
+            (rc = refit_module_bind_runtime(w->model, mod, "w", &w->desc[i])) ||
+            (rc = refit_model_expect(w->model, mod, ck_name(i), &s)))
+            return rc;
+    }
+    return refit_model_seal(w->model);
+}
+
+static int setup(void **state)
+{
+    world *w = calloc(1, sizeof *w);
+    snprintf(w->dir, sizeof w->dir, "/tmp/refit-jr-XXXXXX");
+    if (!w || !mkdtemp(w->dir))
+        return -1;
+    snprintf(w->db, sizeof w->db, "%s/j.db", w->dir);
+    snprintf(w->ckpt, sizeof w->ckpt, "%s/model.safetensors", w->dir);
+    w->shape[0] = ROWS; /* checkpoints can be written before the model exists */
+    w->shape[1] = COLS;
+    *state = w;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    world *w = *state;
+    refit_close(w->ctx);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", w->dir);
+    if (system(cmd) != 0)
+        return -1;
+    free(w);
+    return 0;
+}
+
+static void write_ckpt(world *w, const char *path)
+{
+    st_out_tensor t[N_MOD];
+    for (int i = 0; i < N_MOD; i++)
+        t[i] = (st_out_tensor){ck_name(i), ST_F32, 2, w->shape, w->ck[i]};
+    st_error err;
+    assert_int_equal(st_write_file(path, t, N_MOD, NULL, 0, &err), REFIT_OK);
+}
+
+/* Send the first n tensors of w->ck from memory; finalize when n == all. */
+static int send_memory(world *w, const char *version, int n, int rollback, int64_t *jid)
+{
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.version_label = version;
+    uo.source_uri = "memory://test";
+    uo.rollback = rollback;
+    uo.fingerprint = 1;
+    refit_txn *t;
+    int rc = refit_begin(&t, w->model, &uo);
+    if (rc)
+        return rc;
+    if (jid)
+        *jid = refit_txn_journal_id(t);
+    for (int i = 0; i < n; i++) {
+        refit_tensor src = {.data = w->ck[i], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
+                            .dtype = REFIT_F32, .shape = w->shape};
+        assert_int_equal(refit_load(t, ck_name(i), &src, NULL), REFIT_OK);
+    }
+    return n == N_MOD ? refit_finalize(t) : refit_abort(t);
+}
+
+/* Send from a file source, stopping after n tensors (abort) or finalizing. */
+static int stop_after(void *user, const char *name)
+{
+    (void)name;
+    int *left = user;
+    return (*left)-- > 0;
+}
+
+static int send_file(world *w, const char *version, int n, int rollback, int64_t *jid)
+{
+    refit_source *src;
+    char digest[65];
+    int rc = refit_source_open(&src, w->ctx, w->ckpt);
+    assert_int_equal(rc, REFIT_OK);
+    assert_int_equal(refit_source_digest(src, digest), REFIT_OK);
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.version_label = version;
+    uo.source_uri = refit_source_uri(src);
+    uo.source_digest = digest;
+    uo.rollback = rollback;
+    refit_txn *t;
+    assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
+    *jid = refit_txn_journal_id(t);
+    int left = n;
+    assert_int_equal(refit_load_source_filtered(t, src, stop_after, &left, NULL, NULL), REFIT_OK);
+    rc = n >= N_MOD ? refit_finalize(t) : refit_abort(t);
+    refit_source_close(src);
+    return rc;
+}
+
+typedef struct urow {
+    char state[32], mode[16], version[32];
+    int64_t replay_of;
+    uint64_t tensors;
+} urow;
+
+static int get_row(void *user, const journal_update_row *r)
+{
+    urow *u = user;
+    snprintf(u->state, sizeof u->state, "%s", r->state);
+    snprintf(u->mode, sizeof u->mode, "%s", r->mode);
+    snprintf(u->version, sizeof u->version, "%s", r->version ? r->version : "");
+    u->replay_of = r->replay_of;
+    u->tensors = r->tensors;
+    return 0;
+}
+
+static urow read_update(const char *db, int64_t id)
+{
+    journal *j;
+    journal_opts o = JOURNAL_OPTS_INIT;
+    o.readonly = 1;
+    char err[256];
+    urow u;
+    memset(&u, 0, sizeof u);
+    assert_int_equal(journal_open(&j, db, &o, err, sizeof err), REFIT_OK);
+    assert_int_equal(journal_update_get(j, id, get_row, &u), REFIT_OK);
+    journal_close(j);
+    return u;
+}
+
+typedef struct mrow {
+    int n, committed, fingerprints, poisoned;
+} mrow;
+
+static int count_module(void *user, const journal_module_row *r)
+{
+    mrow *m = user;
+    m->n++;
+    m->committed += !strcmp(r->state, "committed");
+    m->poisoned += !strcmp(r->state, "poisoned");
+    m->fingerprints += r->fingerprint != NULL && r->fingerprint[0] != '\0';
+    return 0;
+}
+
+static mrow read_modules(const char *db, int64_t id)
+{
+    journal *j;
+    journal_opts o = JOURNAL_OPTS_INIT;
+    o.readonly = 1;
+    char err[256];
+    mrow m = {0, 0, 0, 0};
+    assert_int_equal(journal_open(&j, db, &o, err, sizeof err), REFIT_OK);
+    assert_int_equal(journal_modules_list(j, id, 0, count_module, &m), REFIT_OK);
+    journal_close(j);
+    return m;
+}
+
+static void test_commit_recorded(void **state)
+{
+    world *w = *state;
+    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
+    make_version(w, 1);
+    int64_t id = 0;
+    assert_int_equal(send_memory(w, "v1", N_MOD, 1, &id), REFIT_OK);
+    assert_true(id > 0);
+    urow u = read_update(w->db, id);
+    assert_string_equal(u.state, "committed");
+    assert_string_equal(u.version, "v1");
+    assert_int_equal(u.tensors, N_MOD);
+    mrow m = read_modules(w->db, id);
+    assert_int_equal(m.n, N_MOD);
+    assert_int_equal(m.committed, N_MOD);
+    assert_int_equal(m.fingerprints, N_MOD);
+}
+
+static void test_abort_states_recorded(void **state)
+{
+    world *w = *state;
+    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
+    make_version(w, 1);
+    assert_int_equal(send_memory(w, "v1", N_MOD, 1, NULL), REFIT_OK);
+    make_version(w, 2);
+    int64_t a = 0, b = 0, c = 0;
+    assert_int_equal(send_memory(w, "v2", 0, 1, &a), REFIT_OK);
+    assert_int_equal(send_memory(w, "v2", 1, 1, &b), REFIT_OK);
+    assert_int_equal(send_memory(w, "v2", 2, 0, &c), REFIT_EPOISONED);
+    assert_string_equal(read_update(w->db, a).state, "aborted");
+    assert_string_equal(read_update(w->db, b).state, "rolled_back");
+    assert_string_equal(read_update(w->db, c).state, "failed");
+    assert_int_equal(read_modules(w->db, c).poisoned, 2);
+}
+
+static void test_required_refuses_untouched(void **state)
+{
+    world *w = *state;
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/no/such/dir/j.db", w->dir);
+    assert_int_equal(world_open(w, bad, 0), REFIT_OK); /* open keeps going */
+    memset(w->rt, 0x5a, sizeof w->rt);
+    float before[N_MOD][ROWS * COLS];
+    memcpy(before, w->rt, sizeof before);
+    make_version(w, 1);
+    refit_txn *t = NULL;
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_EJOURNAL);
+    assert_null(t);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "journal"));
+    assert_non_null(strstr(refit_errmsg(w->ctx), bad));
+    assert_memory_equal(before, w->rt, sizeof before);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+}
+
+static void test_best_effort_goes_on(void **state)
+{
+    world *w = *state;
+    char bad[160];
+    snprintf(bad, sizeof bad, "%s/no/such/dir/j.db", w->dir);
+    assert_int_equal(world_open(w, bad, 1), REFIT_OK);
+    make_version(w, 1);
+    assert_int_equal(send_memory(w, "v1", N_MOD, 1, NULL), REFIT_OK);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    assert_memory_equal(w->rt, w->ck, sizeof w->rt);
+}
+
+static void test_replay_from_file(void **state)
+{
+    world *w = *state;
+    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
+    make_version(w, 1);
+    assert_int_equal(send_memory(w, "v1", N_MOD, 1, NULL), REFIT_OK);
+    make_version(w, 2);
+    write_ckpt(w, w->ckpt);
+    int64_t id = 0;
+    assert_int_equal(send_file(w, "v2", 1, 0, &id), REFIT_EPOISONED);
+    assert_int_equal(refit_check_serving(w->ctx), REFIT_EPOISONED);
+    refit_replay_opts ro = REFIT_REPLAY_OPTS_INIT;
+    assert_int_equal(refit_replay(w->model, id, &ro), REFIT_OK);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    assert_string_equal(refit_worker_version(w->ctx), "v2");
+    assert_memory_equal(w->rt, w->ck, sizeof w->rt);
+    /* the replay is journaled as a replay of id */
+    urow u = read_update(w->db, id + 1);
+    assert_string_equal(u.mode, "replay");
+    assert_int_equal(u.replay_of, id);
+    assert_string_equal(u.state, "committed");
+    /* a committed update is not replayed */
+    assert_int_equal(refit_replay(w->model, id + 1, &ro), REFIT_ESTATE);
+}
+
+static void test_replay_refusals(void **state)
+{
+    world *w = *state;
+    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
+    make_version(w, 1);
+    int64_t mem = 0, file = 0;
+    assert_int_equal(send_memory(w, "v1", 1, 1, &mem), REFIT_OK);
+    refit_replay_opts ro = REFIT_REPLAY_OPTS_INIT;
+    assert_int_equal(refit_replay(w->model, mem, &ro), REFIT_EUNSUPPORTED);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "not durable"));
+    assert_int_equal(refit_replay(w->model, 999, &ro), REFIT_ENOTFOUND);
+    write_ckpt(w, w->ckpt);
+    assert_int_equal(send_file(w, "v1", 1, 1, &file), REFIT_OK);
+    make_version(w, 7); /* the file now holds other bytes */
+    write_ckpt(w, w->ckpt);
+    assert_int_equal(refit_replay(w->model, file, &ro), REFIT_ECORRUPT);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "changed"));
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+}
+
+/* A child begins an update, sends one tensor, and is SIGKILLed. */
+static void test_interrupted_then_replayed(void **state)
+{
+    world *w = *state;
+    make_version(w, 3);
+    write_ckpt(w, w->ckpt);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        world c;
+        memset(&c, 0, sizeof c);
+        memcpy(c.ckpt, w->ckpt, sizeof c.ckpt);
+        memcpy(c.shape, w->shape, sizeof c.shape);
+        if (world_open(&c, w->db, 0))
+            _exit(3);
+        refit_source *src;
+        refit_txn *t;
+        refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+        char digest[65];
+        if (refit_source_open(&src, c.ctx, c.ckpt) || refit_source_digest(src, digest))
+            _exit(4);
+        uo.version_label = "v3";
+        uo.source_uri = refit_source_uri(src);
+        uo.source_digest = digest;
+        if (refit_begin(&t, c.model, &uo))
+            _exit(5);
+        int left = 1;
+        refit_load_source_filtered(t, src, stop_after, &left, NULL, NULL);
+        raise(SIGKILL);
+        _exit(6);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    /* a new worker process: the journal says interrupted; replay recovers */
+    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
+    urow u = read_update(w->db, 1);
+    assert_string_equal(u.state, "interrupted");
+    refit_replay_opts ro = REFIT_REPLAY_OPTS_INIT;
+    assert_int_equal(refit_replay(w->model, 1, &ro), REFIT_OK);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    assert_string_equal(refit_worker_version(w->ctx), "v3");
+    assert_memory_equal(w->rt, w->ck, sizeof w->rt);
+}
+
+static void test_source_changed_refused(void **state)
+{
+    world *w = *state;
+    assert_int_equal(world_open(w, NULL, 0), REFIT_OK);
+    make_version(w, 1);
+    write_ckpt(w, w->ckpt);
+    memset(w->rt, 0, sizeof w->rt);
+    refit_source *src;
+    assert_int_equal(refit_source_open(&src, w->ctx, w->ckpt), REFIT_OK);
+    assert_int_equal(refit_source_count(src), N_MOD);
+    assert_int_equal(truncate(w->ckpt, 100), 0); /* someone cuts the file short */
+    refit_txn *t;
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
+    int rc = refit_load_source(t, src, NULL, NULL);
+    assert_int_not_equal(rc, REFIT_OK);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "model.safetensors"));
+    refit_txn_stats st;
+    assert_int_equal(refit_txn_stats_get(t, &st), REFIT_OK);
+    assert_int_equal(st.tensors_loaded, 0);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    refit_source_close(src);
+    float zero[N_MOD][ROWS * COLS];
+    memset(zero, 0, sizeof zero);
+    assert_memory_equal(w->rt, zero, sizeof zero);
+}
+
+static void test_source_unexpected_and_filter(void **state)
+{
+    world *w = *state;
+    assert_int_equal(world_open(w, NULL, 0), REFIT_OK);
+    make_version(w, 1);
+    st_out_tensor t[N_MOD + 1];
+    for (int i = 0; i < N_MOD; i++)
+        t[i] = (st_out_tensor){ck_name(i), ST_F32, 2, w->shape, w->ck[i]};
+    t[N_MOD] = (st_out_tensor){"rotary.inv_freq", ST_F32, 2, w->shape, w->ck[0]};
+    st_error err;
+    assert_int_equal(st_write_file(w->ckpt, t, N_MOD + 1, NULL, 0, &err), REFIT_OK);
+    refit_source *src;
+    assert_int_equal(refit_source_open(&src, w->ctx, w->ckpt), REFIT_OK);
+    refit_txn *x;
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    assert_int_equal(refit_begin(&x, w->model, &uo), REFIT_OK);
+    assert_int_equal(refit_load_source(x, src, NULL, NULL), REFIT_EUNEXPECTED);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "rotary.inv_freq"));
+    assert_int_equal(refit_abort(x), REFIT_OK);
+    assert_int_equal(refit_begin(&x, w->model, &uo), REFIT_OK);
+    int left = N_MOD; /* the unexpected tensor comes last in the file */
+    assert_int_equal(refit_load_source_filtered(x, src, stop_after, &left, NULL, NULL), REFIT_OK);
+    assert_int_equal(refit_finalize(x), REFIT_OK);
+    assert_memory_equal(w->rt, w->ck, sizeof w->rt);
+    refit_source_close(src);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_commit_recorded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_abort_states_recorded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_required_refuses_untouched, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_best_effort_goes_on, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replay_from_file, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replay_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_interrupted_then_replayed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_source_changed_refused, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_source_unexpected_and_filter, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
