@@ -20,8 +20,11 @@
  *   (none)     -> OPEN        refit_begin        signatures verified, nothing written
  *   OPEN       -> LOADING     txn_deliver        first delivery accepted
  *   LOADING    -> FAILED      txn_fail           a write or post-load failed (sticky)
- *   OPEN|LOADING -> FINALIZING refit_finalize
+ *   OPEN|LOADING -> FINALIZING refit_finalize, refit_finalize_prepare (every check)
  *   FINALIZING -> COMMITTED   txn_commit         modules CLEAN, version set
+ *                             (refit_finalize at once, refit_commit after a
+ *                             prepare: a group of ranks commits only when
+ *                             every rank prepared)
  *   OPEN|LOADING|FAILED|FINALIZING -> ABORTED    txn_end_aborted (refit_abort,
  *                                                or refit_finalize on a failed check)
  *
@@ -32,7 +35,8 @@
  *               tensor marked saved has exactly one undo entry; without,
  *               the undo log is empty.
  *   FAILED      fail_status is an error; nothing more is written.
- *   FINALIZING  not failed; as LOADING otherwise.
+ *   FINALIZING  not failed; as LOADING otherwise. Once prepared, nothing
+ *               but the commit decision is left: refit_commit or refit_abort.
  *   COMMITTED,
  *   ABORTED     terminal: the model no longer points at the txn, the undo
  *               log and staging are released.
@@ -856,16 +860,17 @@ static void txn_commit(refit_txn *t)
     txj_health(m, REFIT_HEALTH_UPDATING, model_health(m), "update committed");
 }
 
-int refit_finalize(refit_txn *t)
+/* Every check of finalize; on failure the update is aborted and freed. */
+static int txn_prepare(refit_txn *t)
 {
-    if (!t)
-        return REFIT_EINVAL;
     refit_model *m = t->m;
-    ctx_clear_error(m->ctx);
     int rc;
     if (t->state == TXN_FAILED) {
         rc = txn_error(t, t->fail_status, "finalize: the update failed earlier (%s); aborted",
                        refit_status_name(t->fail_status));
+    } else if (t->state == TXN_FINALIZING) {
+        return txn_error(t, REFIT_ESTATE, "finalize: the update is already prepared; commit "
+                         "or abort it");
     } else {
         txn_set_state(t, TXN_FINALIZING);
         rc = txn_sync_streams(t);
@@ -885,8 +890,39 @@ int refit_finalize(refit_txn *t)
                   arc == REFIT_EPOISONED ? "worker POISONED"
                   : rollback             ? "bytes rolled back"
                                          : "nothing was written");
-        return rc;
     }
+    return rc;
+}
+
+int refit_finalize_prepare(refit_txn *t)
+{
+    if (!t)
+        return REFIT_EINVAL;
+    ctx_clear_error(t->m->ctx);
+    return txn_prepare(t);
+}
+
+int refit_commit(refit_txn *t)
+{
+    if (!t)
+        return REFIT_EINVAL;
+    ctx_clear_error(t->m->ctx);
+    if (t->state != TXN_FINALIZING)
+        return txn_error(t, REFIT_ESTATE, "commit: the update is not prepared "
+                         "(refit_finalize_prepare first)");
+    txn_commit(t);
+    txn_destroy(t);
+    return REFIT_OK;
+}
+
+int refit_finalize(refit_txn *t)
+{
+    if (!t)
+        return REFIT_EINVAL;
+    ctx_clear_error(t->m->ctx);
+    int rc = txn_prepare(t);
+    if (rc)
+        return rc;
     txn_commit(t);
     txn_destroy(t);
     return REFIT_OK;

@@ -238,6 +238,18 @@ typedef struct refit_ckpt_spec {
 int refit_model_expect(refit_model *model, const char *module,
                        const char *ckpt_name, const refit_ckpt_spec *spec);
 
+/* Add the modules, runtime-tensor declarations and checkpoint expectations
+ * of a model manifest (schemas/model.schema.yaml; docs/plugins.md), as the
+ * calls above would. The engine then binds each declared runtime tensor
+ * with refit_module_bind_runtime, which refuses a dtype or shape other
+ * than the declared one; seal refuses a declared tensor never bound. A
+ * shard without a rank takes the context's rank. All or nothing: on
+ * failure the model is as before and the message starts "file:line:col:".
+ * REFIT_EIO (unreadable), REFIT_ECORRUPT (invalid manifest), REFIT_ENOTFOUND
+ * (unknown format), REFIT_EEXIST (name taken), REFIT_EINVAL, REFIT_ESTATE
+ * (sealed). */
+int refit_model_load_manifest(refit_model *model, const char *yaml_path);
+
 /* Build the plan: one route per checkpoint tensor; validate every mapping;
  * record the signature of every runtime and side tensor. Refuses with a
  * message and changes nothing on failure. After seal nothing can be added. */
@@ -297,6 +309,15 @@ int refit_load_part(refit_txn *txn, const char *ckpt_name, int64_t offset,
  * aborted as refit_abort would (rollback or POISONED) and the error
  * returned. The txn is freed either way. */
 int refit_finalize(refit_txn *txn);
+
+/* Two-phase finalize, for a group of ranks that must commit together:
+ * prepare runs every check of refit_finalize (queued copies done, every
+ * touched module complete, signatures) and, on failure, aborts and frees
+ * the txn as refit_finalize would. On success the txn stays open, the
+ * worker UPDATING, and only the decision is left: refit_commit (frees the
+ * txn; cannot fail once prepared) or refit_abort. */
+int refit_finalize_prepare(refit_txn *txn);
+int refit_commit(refit_txn *txn);
 
 /* Abandon the update. With rollback, every written byte is restored and the
  * worker returns to its previous health; without, the worker is POISONED if

@@ -431,6 +431,50 @@ static void test_source_unexpected_and_filter(void **state)
     refit_source_close(src);
 }
 
+/* Two-phase finalize: prepared, then the group's decision. */
+static void test_prepare_commit_abort(void **state)
+{
+    world *w = *state;
+    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
+    make_version(w, 1);
+    assert_int_equal(send_memory(w, "v1", N_MOD, 1, NULL), REFIT_OK);
+    float v1[N_MOD][ROWS * COLS];
+    memcpy(v1, w->rt, sizeof v1);
+    make_version(w, 2);
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.version_label = "v2";
+    for (int decide = 0; decide < 2; decide++) {
+        refit_txn *t;
+        assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
+        for (int i = 0; i < N_MOD; i++) {
+            refit_tensor src = {.data = w->ck[i], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
+                                .dtype = REFIT_F32, .shape = w->shape};
+            assert_int_equal(refit_load(t, ck_name(i), &src, NULL), REFIT_OK);
+        }
+        assert_int_equal(refit_commit(t), REFIT_ESTATE); /* not prepared yet */
+        assert_int_equal(refit_finalize_prepare(t), REFIT_OK);
+        assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
+        assert_int_equal(refit_finalize_prepare(t), REFIT_ESTATE);
+        if (decide == 0) { /* another rank failed: abort restores v1 */
+            assert_int_equal(refit_abort(t), REFIT_OK);
+            assert_memory_equal(w->rt, v1, sizeof v1);
+            assert_string_equal(refit_worker_version(w->ctx), "v1");
+        } else {
+            assert_int_equal(refit_commit(t), REFIT_OK);
+            assert_memory_equal(w->rt, w->ck, sizeof w->rt);
+            assert_string_equal(refit_worker_version(w->ctx), "v2");
+        }
+    }
+    /* a prepare that fails aborts and frees, as finalize does */
+    refit_txn *t;
+    assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
+    refit_tensor src = {.data = w->ck[0], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
+                        .dtype = REFIT_F32, .shape = w->shape};
+    assert_int_equal(refit_load(t, ck_name(0), &src, NULL), REFIT_OK);
+    assert_int_equal(refit_finalize_prepare(t), REFIT_OK); /* m0 whole: partial update ok */
+    assert_int_equal(refit_commit(t), REFIT_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -443,6 +487,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_interrupted_then_replayed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_source_changed_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_source_unexpected_and_filter, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_prepare_commit_abort, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
