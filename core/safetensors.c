@@ -991,6 +991,20 @@ static int st_open_dir(st_set *s, const char *dir, st_error *err)
     return rc;
 }
 
+/* The index file itself names its checkpoint: its shards sit beside it. */
+static int st_open_index_path(st_set *s, const char *ixpath, st_error *err)
+{
+    char *dir = strdup(ixpath);
+    if (!dir)
+        return ST_NOMEM(err, ixpath);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = '\0';
+    int rc = st_open_sharded(s, slash ? (slash == dir ? "/" : dir) : ".", ixpath, err);
+    free(dir);
+    return rc;
+}
+
 /* ---- entry points ------------------------------------------------------ */
 
 static void st_clear(st_error *err)
@@ -1014,6 +1028,8 @@ int st_open(st_set **out, const char *path, st_error *err)
         rc = st_io(err, path, "cannot stat");
     else if (S_ISDIR(st.st_mode))
         rc = st_open_dir(s, path, err);
+    else if (st_has_suffix(path, ".index.json"))
+        rc = st_open_index_path(s, path, err);
     else if ((rc = st_add_file(s, path, ST_R_IO, err)) == REFIT_OK)
         rc = st_build_index(s, err);
     if (rc) {

@@ -173,9 +173,11 @@ typedef struct st_tensor {
 
 typedef struct st_set st_set;
 
-/* Opens PATH: a .safetensors file; a directory with ST_INDEX_NAME; or a
- * directory without one holding exactly one *.safetensors file. Validates
- * everything before returning. OUT: *out, NULL on failure. */
+/* Opens PATH: a .safetensors file; a directory with ST_INDEX_NAME (shards
+ * it does not name are ignored); an index file itself (*.index.json, its
+ * shards beside it); or a directory without an index holding exactly one
+ * *.safetensors file. Validates everything before returning.
+ * OUT: *out, NULL on failure. */
 int st_open(st_set **out, const char *path, st_error *err);
 /* Same checks over a whole file held in memory (borrowed: buf must outlive
  * the set). label names it in errors and st_file_path(). */

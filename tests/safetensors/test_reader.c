@@ -209,6 +209,19 @@ static void test_index_parse_fixture(void **state)
     free(ixpath);
 }
 
+/* The index file itself opens the checkpoint beside it. */
+static void test_open_index_path(void **state)
+{
+    (void)state;
+    char *ixpath = tu_path(tu_source_root(), FIXTURE "/" ST_INDEX_NAME);
+    st_set *s = open_ok(ixpath);
+    assert_int_equal(st_file_count(s), 7);
+    assert_int_equal(st_count(s), 21);
+    assert_non_null(st_find(s, "lm_head.weight"));
+    st_close(s);
+    free(ixpath);
+}
+
 /* One shard opened as a file, and a directory holding only that shard. */
 static void test_single_file_and_lone_dir(void **state)
 {
@@ -533,6 +546,7 @@ int main(void)
         cmocka_unit_test(test_fixture_crosscheck),
         cmocka_unit_test(test_fixture_sha256),
         cmocka_unit_test(test_index_parse_fixture),
+        cmocka_unit_test(test_open_index_path),
         cmocka_unit_test(test_single_file_and_lone_dir),
         cmocka_unit_test(test_dtype_table),
         cmocka_unit_test(test_every_dtype),
