@@ -275,6 +275,51 @@ static void test_many_sequential_updates(void **state)
     }
 }
 
+static int finalize_empty_update(void *arg)
+{
+    (void)arg;
+    tt_raw r;
+    if (tt_raw_open(&r))
+        return 10;
+    refit_txn *t = NULL;
+    /* EMPTY worker: an update that delivers nothing cannot make it READY */
+    if (refit_begin(&t, r.m, NULL))
+        return 11;
+    if (refit_finalize(t) != REFIT_EINCOMPLETE)
+        return 12;
+    if (refit_worker_health(r.ctx) != REFIT_HEALTH_EMPTY)
+        return 13;
+    /* READY worker: an empty update changes nothing, whatever it returns */
+    if (refit_begin(&t, r.m, NULL) || refit_load(t, "x", &r.s, NULL) || refit_finalize(t))
+        return 14;
+    float keep[4];
+    memcpy(keep, r.buf, sizeof keep);
+    if (refit_begin(&t, r.m, NULL))
+        return 15;
+    (void)refit_finalize(t);
+    if (refit_worker_health(r.ctx) != REFIT_HEALTH_READY || memcmp(keep, r.buf, sizeof keep))
+        return 16;
+    refit_close(r.ctx);
+    return 0;
+}
+
+/* CORE BUG (core/txn.c refit_finalize / txn_invariants): finalize of an
+ * update that received no tensor moves the txn to FINALIZING, whose
+ * invariant requires n_touched > 0, so assert() aborts the process
+ * (SIGABRT; exit 134 from `begin; finalize`). It must return (EINCOMPLETE
+ * on an EMPTY worker; on a READY worker, an empty commit or an error, the
+ * bytes and health unchanged). Run in a child so the abort does not end
+ * the suite. */
+static void test_finalize_with_nothing_delivered(void **state)
+{
+    (void)state;
+    int code = tt_isolated(finalize_empty_update, NULL);
+    if (code == 128 + 6)
+        fail_msg("the core aborted (SIGABRT: a failed assert) finalizing an empty update");
+    if (code)
+        fail_msg("empty-update scenario failed with code %d (see finalize_empty_update)", code);
+}
+
 #define T(f) cmocka_unit_test_setup_teardown(f, tw_setup, tw_teardown)
 
 int main(void)
@@ -291,6 +336,7 @@ int main(void)
         T(test_destroy_model_with_open_update_rolls_back),
         cmocka_unit_test(test_close_context_with_open_update),
         T(test_many_sequential_updates),
+        cmocka_unit_test(test_finalize_with_nothing_delivered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kernels/cast.h"
 #include "testutil.h"
@@ -261,6 +263,43 @@ uint64_t tt_rand(tt_rng *r)
 uint64_t tt_randn(tt_rng *r, uint64_t n)
 {
     return n ? tt_rand(r) % n : 0;
+}
+
+int tt_isolated(int (*fn)(void *), void *arg)
+{
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0)
+        _exit(fn(arg));
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
+int tt_raw_open(tt_raw *r)
+{
+    memset(r, 0, sizeof *r);
+    r->shape[0] = 4;
+    r->t = (refit_tensor){r->buf, {REFIT_DEVICE_CPU, 0}, 1, REFIT_F32, r->shape, NULL, 0};
+    r->src_shape[0] = 4;
+    r->s = (refit_tensor){r->src, {REFIT_DEVICE_CPU, 0}, 1, REFIT_F32, r->src_shape, NULL, 0};
+    for (int i = 0; i < 4; i++) {
+        r->buf[i] = -1.0f;
+        r->src[i] = (float)i + 0.5f;
+    }
+    refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
+    s.dtype = REFIT_F32;
+    s.ndim = 1;
+    s.shape[0] = 4;
+    if (refit_open(&r->ctx, NULL) || refit_model_create(&r->m, r->ctx) ||
+        refit_model_add_module(r->m, "m", "unquantized", NULL) ||
+        refit_module_bind_runtime(r->m, "m", "w", &r->t) ||
+        refit_model_expect(r->m, "m", "x", &s) || refit_model_seal(r->m))
+        return 1;
+    return 0;
 }
 
 /* ---- world ---- */

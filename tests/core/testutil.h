@@ -79,6 +79,28 @@ uint64_t tt_rand(tt_rng *r);
 /* Uniform in [0, n). */
 uint64_t tt_randn(tt_rng *r, uint64_t n);
 
+/* Run fn(arg) in a child process and return its exit status, or 128 + the
+ * signal that killed it. For scenarios that crash the core (a failed
+ * assert, a sanitizer halt), so that one crash does not take the rest of
+ * the suite down. fn must not use cmocka assertions (they would jump back
+ * into the child's copy of the runner); it returns 0 or a failure code. */
+int tt_isolated(int (*fn)(void *), void *arg);
+
+/* A minimal sealed model built without cmocka assertions, for isolated
+ * children: module "m", runtime "w" [4] f32 over buf, checkpoint "x" [4]
+ * f32. Returns 0, or a nonzero code when a step failed. */
+typedef struct tt_raw {
+    refit_ctx *ctx;
+    refit_model *m;
+    float buf[4];
+    int64_t shape[1];
+    refit_tensor t;
+    float src[4];
+    int64_t src_shape[1];
+    refit_tensor s;  /* a source for "x" over src */
+} tt_raw;
+int tt_raw_open(tt_raw *r);
+
 /* ---- a world: one context, one model ---- */
 
 #define TW_MAX 512
