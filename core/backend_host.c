@@ -72,11 +72,18 @@ const backend backend_host = {
 
 const backend *backend_for_device(refit_device dev)
 {
+#ifdef REFIT_HAVE_CUDA
+    const backend *backend_cuda_get(void); /* core/cuda/backend_cuda.h */
+#endif
     switch (dev.device_type) {
     case REFIT_DEVICE_CPU:
     case REFIT_DEVICE_CUDA_HOST:
         return &backend_host;
+#ifdef REFIT_HAVE_CUDA
+    case REFIT_DEVICE_CUDA:
+        return backend_cuda_get(); /* NULL when the runtime finds no device */
+#endif
     default:
-        return NULL; /* REFIT_DEVICE_CUDA: the CUDA backend's slot */
+        return NULL;
     }
 }

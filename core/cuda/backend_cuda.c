@@ -1,0 +1,1070 @@
+/*
+ * The CUDA backend: moves checkpoint bytes into device memory on the
+ * caller's stream, inside a PyTorch (or any CUDA) process.
+ *
+ * Data paths of copy(dst, src, stream), dst always device memory:
+ *
+ *   src on the device, contiguous, same dtype   -> a row of the batch table
+ *                                                  (peer device: cudaMemcpyPeerAsync)
+ *   src pinned, contiguous, >= h2d_min bytes    -> cudaMemcpyAsync (copy engine)
+ *   src pinned, contiguous, smaller             -> a row of the batch table
+ *   src device or pinned, strided or cast       -> the strided-copy kernel
+ *   src pageable (CPU)                          -> memcpy into a pinned chunk of
+ *                                                  the stream's ring (worker threads
+ *                                                  for large pieces), then as pinned
+ *
+ * Batched rows (src, dst, bytes) collect in a pinned table per stream and go
+ * out as ONE kernel launch at flush (or when the table fills): the table is
+ * copied to the device and the kernel copies every row, one block a row.
+ * Each stream has two pinned tables used in turn, so a flush never rewrites
+ * a table whose upload may still be in flight.
+ *
+ * Undo saves smaller than save_min are rows of a separate save table that
+ * is launched before the copy rows of the same flush; any copy the backend
+ * issues at once (memcpy, kernel, memset) first flushes pending saves, so a
+ * save always reads the bytes before the txn's first write to them.
+ *
+ * Contract (backend.h): a pageable src is consumed before copy() returns; a
+ * device or pinned src must stay valid until the stream's flush + sync
+ * (refit_finalize / refit_abort). Nothing here synchronizes the device:
+ * only sync() waits, for one stream, and a host wait on an event happens
+ * only when a pinned chunk or table is reused.
+ *
+ * Memory held: per stream a device table and two pinned tables
+ * (2 x 2 x table_rows x 24 bytes), and, once a pageable source is seen,
+ * ring_chunks x ring_chunk_bytes of pinned memory. Device staging blocks and
+ * pinned undo chunks are kept for reuse up to staging_cache / undo_cache
+ * bytes; beyond that they are freed. Staging in use is bounded by the
+ * context's staging budget (the transaction checks it before allocating).
+ *
+ * The backend table has no context argument, so its state is one
+ * process-wide object guarded by one mutex (the only global mutable state
+ * in librefit; see docs/cuda.md).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/backend_cuda.h"
+#include "core/cuda/kern_cuda.h"
+#include "kernels/copy.h"
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+#define MAX_QUEUES 64
+#define MAX_RING 16
+
+/* ---- tunables (environment, read once) ---- */
+
+typedef struct cuda_cfg {
+    uint32_t table_rows;        /* REFIT_CUDA_TABLE_ROWS */
+    size_t row_max;             /* REFIT_CUDA_ROW_KB: a batched piece is split into rows */
+    size_t h2d_min;             /* REFIT_CUDA_H2D_MIN_KB: pinned pieces to the copy engine */
+    size_t d2d_memcpy_min;      /* REFIT_CUDA_D2D_MEMCPY_MIN_KB: 0 = always batch D2D */
+    size_t save_min;            /* REFIT_CUDA_SAVE_MIN_KB: smaller saves are batched */
+    uint32_t ring_chunks;       /* REFIT_CUDA_RING_CHUNKS */
+    size_t ring_chunk_bytes;    /* REFIT_CUDA_RING_CHUNK_MB */
+    size_t staging_cache;       /* REFIT_CUDA_STAGING_CACHE_MB */
+    size_t undo_cache;          /* REFIT_CUDA_UNDO_CACHE_MB */
+    int threads;                /* REFIT_CUDA_COPY_THREADS */
+} cuda_cfg;
+
+static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return def;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end || x > hi / unit || x * unit < lo)
+        return def;
+    return (size_t)x * unit;
+}
+
+static void cfg_load(cuda_cfg *c)
+{
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    size_t def_threads = ncpu > 2 ? (size_t)(ncpu > 9 ? 8 : ncpu - 1) : 1;
+    c->table_rows = (uint32_t)env_size("REFIT_CUDA_TABLE_ROWS", 32768, 1, 64, 1u << 22);
+    c->row_max = env_size("REFIT_CUDA_ROW_KB", 256 * KIB, KIB, 4 * KIB, 64 * MIB);
+    c->h2d_min = env_size("REFIT_CUDA_H2D_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
+    c->d2d_memcpy_min = env_size("REFIT_CUDA_D2D_MEMCPY_MIN_KB", 0, KIB, 0, SIZE_MAX / 2);
+    c->save_min = env_size("REFIT_CUDA_SAVE_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
+    c->ring_chunks = (uint32_t)env_size("REFIT_CUDA_RING_CHUNKS", 4, 1, 2, MAX_RING);
+    c->ring_chunk_bytes = env_size("REFIT_CUDA_RING_CHUNK_MB", 16 * MIB, MIB, MIB, 4096 * MIB);
+    c->staging_cache = env_size("REFIT_CUDA_STAGING_CACHE_MB", 1024 * MIB, MIB, 0, SIZE_MAX / 2);
+    c->undo_cache = env_size("REFIT_CUDA_UNDO_CACHE_MB", 2048 * MIB, MIB, 0, SIZE_MAX / 2);
+    c->threads = (int)env_size("REFIT_CUDA_COPY_THREADS", def_threads, 1, 0, 64);
+    c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
+}
+
+/* ---- errors ---- */
+
+static _Thread_local char last_error[512];
+
+const char *backend_cuda_last_error(void)
+{
+    return last_error;
+}
+
+static int cu_fail(cudaError_t e, const char *what)
+{
+    snprintf(last_error, sizeof last_error, "CUDA backend: %s: %s (%s)", what,
+             cudaGetErrorString(e), cudaGetErrorName(e));
+    return e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL;
+}
+
+/* A kernel wrapper failed: keep its message. */
+static int kern_fail(int rc)
+{
+    snprintf(last_error, sizeof last_error, "CUDA backend: %s", kern_cuda_last_error());
+    return rc;
+}
+
+static int fail(int rc, const char *what)
+{
+    snprintf(last_error, sizeof last_error, "CUDA backend: %s", what);
+    return rc;
+}
+
+/* ---- process-wide state ---- */
+
+/* A pinned chunk of a stream's ring, for pageable sources. */
+typedef struct pchunk {
+    char *p;                    /* host pointer */
+    char *dev;                  /* the same memory as the device addresses it */
+    size_t used;
+    cudaEvent_t ev;             /* after the last work that reads the chunk */
+    bool recorded;
+    bool in_table;              /* rows reading it wait in the current table */
+} pchunk;
+
+/* One of a stream's two pinned tables: save rows then copy rows. */
+typedef struct table {
+    kern_batch_row *rows;       /* 2 * table_rows: saves at 0, copies at table_rows */
+    uint32_t n_save, n_copy;
+    cudaEvent_t uploaded;
+    bool recorded;
+} table;
+
+typedef struct cq {
+    void *stream;
+    int device;
+    table tb[2];
+    int cur;
+    kern_batch_row *dev_rows;   /* the device copy of a table */
+    pchunk ring[MAX_RING];
+    uint32_t ring_cur;
+} cq;
+
+/* A cached allocation (device staging or pinned undo). */
+typedef struct blk {
+    struct blk *next;
+    void *p;
+    size_t size;
+    int device;
+    bool busy;
+} blk;
+
+typedef struct pool {
+    blk *list;
+    size_t cached;              /* bytes of blocks not busy */
+    bool pinned;
+} pool;
+
+static struct {
+    pthread_once_t once;
+    pthread_mutex_t mu;
+    cuda_cfg cfg;
+    int ndev;
+    bool host_ptr_is_dev;       /* pinned host memory has the same device address */
+    char why[384];              /* why no device can be used */
+    cq *q[MAX_QUEUES];
+    int nq;
+    pool staging, undo;
+    backend_cuda_stats stats;
+} G = {.once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER,
+       .undo = {.pinned = true}};
+
+static void probe(void)
+{
+    cfg_load(&G.cfg);
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        snprintf(G.why, sizeof G.why, "the CUDA runtime found no usable device: %s (%s)",
+                 cudaGetErrorString(e), cudaGetErrorName(e));
+        (void)cudaGetLastError();
+        return;
+    }
+    if (n == 0) {
+        snprintf(G.why, sizeof G.why, "the CUDA runtime found no device");
+        return;
+    }
+    int uva = 0, reg = 0;
+    if (cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, 0) != cudaSuccess ||
+        cudaDeviceGetAttribute(&reg, cudaDevAttrCanUseHostPointerForRegisteredMem, 0) !=
+            cudaSuccess)
+        (void)cudaGetLastError();
+    G.host_ptr_is_dev = uva != 0;
+    G.ndev = n;
+}
+
+const backend *backend_cuda_get(void)
+{
+    pthread_once(&G.once, probe);
+    return G.ndev > 0 ? &backend_cuda : NULL;
+}
+
+const char *backend_cuda_unavailable(void)
+{
+    pthread_once(&G.once, probe);
+    return G.why;
+}
+
+int backend_cuda_device_count(void)
+{
+    pthread_once(&G.once, probe);
+    return G.ndev;
+}
+
+void backend_cuda_stats_get(backend_cuda_stats *out)
+{
+    pthread_mutex_lock(&G.mu);
+    *out = G.stats;
+    pthread_mutex_unlock(&G.mu);
+}
+
+static void lock(void)
+{
+    pthread_once(&G.once, probe);
+    pthread_mutex_lock(&G.mu);
+}
+
+static void unlock(void)
+{
+    pthread_mutex_unlock(&G.mu);
+}
+
+/* ---- current device ---- */
+
+typedef struct devg {
+    int prev;
+    bool changed;
+} devg;
+
+static int dev_enter(devg *g, int dev)
+{
+    g->changed = false;
+    cudaError_t e = cudaGetDevice(&g->prev);
+    if (e == cudaSuccess && g->prev != dev) {
+        e = cudaSetDevice(dev);
+        g->changed = e == cudaSuccess;
+    }
+    return e == cudaSuccess ? REFIT_OK : cu_fail(e, "selecting the device");
+}
+
+static void dev_leave(const devg *g)
+{
+    if (g->changed)
+        (void)cudaSetDevice(g->prev);
+}
+
+/* ---- worker threads for large host copies ---- */
+
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    int started;
+    unsigned gen;
+    char *d;
+    const char *s;
+    size_t n, slice, n_slices, next, finished;
+} P = {.mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER,
+       .done = PTHREAD_COND_INITIALIZER};
+
+/* Take slices of the current job until none is left (P.mu held). */
+static void pool_work(void)
+{
+    while (P.next < P.n_slices) {
+        size_t i = P.next++;
+        size_t off = i * P.slice, len = P.n - off < P.slice ? P.n - off : P.slice;
+        char *d = P.d + off;
+        const char *s = P.s + off;
+        pthread_mutex_unlock(&P.mu);
+        memcpy(d, s, len);
+        pthread_mutex_lock(&P.mu);
+        if (++P.finished == P.n_slices)
+            pthread_cond_broadcast(&P.done);
+    }
+}
+
+static void *pool_main(void *arg)
+{
+    (void)arg;
+    pthread_mutex_lock(&P.mu);
+    unsigned seen = P.gen;
+    for (;;) {
+        while (P.gen == seen)
+            pthread_cond_wait(&P.go, &P.mu);
+        seen = P.gen;
+        pool_work();
+    }
+    return NULL;
+}
+
+static void pool_start(void)
+{
+    for (; P.started < G.cfg.threads; P.started++) {
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&t, &a, pool_main, NULL);
+        pthread_attr_destroy(&a);
+        if (rc)
+            break; /* fewer helpers: slower, still correct */
+    }
+}
+
+/* memcpy, split over the worker threads when large. Called under G.mu, so
+ * one job at a time. */
+static void par_memcpy(void *d, const void *s, size_t n)
+{
+    if (n < 2 * MIB || G.cfg.threads == 0) {
+        memcpy(d, s, n);
+        return;
+    }
+    pthread_mutex_lock(&P.mu);
+    pool_start();
+    size_t parts = (size_t)P.started + 1, by_size = n / MIB;
+    parts = parts < by_size ? parts : by_size;
+    P.d = d;
+    P.s = s;
+    P.n = n;
+    P.slice = ((n + parts - 1) / parts + 4095) & ~(size_t)4095;
+    P.n_slices = (n + P.slice - 1) / P.slice;
+    P.next = P.finished = 0;
+    P.gen++;
+    pthread_cond_broadcast(&P.go);
+    pool_work();
+    while (P.finished < P.n_slices)
+        pthread_cond_wait(&P.done, &P.mu);
+    pthread_mutex_unlock(&P.mu);
+}
+
+/* ---- queues: per (stream, device) ---- */
+
+static void queue_free(cq *q)
+{
+    for (int i = 0; i < 2; i++) {
+        if (q->tb[i].rows)
+            cudaFreeHost(q->tb[i].rows);
+        if (q->tb[i].uploaded)
+            cudaEventDestroy(q->tb[i].uploaded);
+    }
+    if (q->dev_rows)
+        cudaFree(q->dev_rows);
+    for (uint32_t i = 0; i < MAX_RING; i++) {
+        if (q->ring[i].p)
+            cudaFreeHost(q->ring[i].p);
+        if (q->ring[i].ev)
+            cudaEventDestroy(q->ring[i].ev);
+    }
+    free(q);
+}
+
+static int queue_new(cq **out, void *stream, int device)
+{
+    size_t bytes = (size_t)G.cfg.table_rows * 2 * sizeof(kern_batch_row);
+    cq *q = calloc(1, sizeof *q);
+    if (!q)
+        return fail(REFIT_ENOMEM, "out of memory for a stream queue");
+    q->stream = stream;
+    q->device = device;
+    cudaError_t e = cudaMalloc((void **)&q->dev_rows, bytes);
+    for (int i = 0; i < 2 && e == cudaSuccess; i++) {
+        e = cudaHostAlloc((void **)&q->tb[i].rows, bytes, cudaHostAllocPortable);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&q->tb[i].uploaded, cudaEventDisableTiming);
+    }
+    if (e != cudaSuccess) {
+        queue_free(q);
+        return cu_fail(e, "allocating the batch tables of a stream");
+    }
+    *out = q;
+    return REFIT_OK;
+}
+
+/* The queue of (stream, device), created on first use (G.mu held). */
+static int queue_get(cq **out, void *stream, int device)
+{
+    for (int i = 0; i < G.nq; i++)
+        if (G.q[i]->stream == stream && G.q[i]->device == device) {
+            *out = G.q[i];
+            return REFIT_OK;
+        }
+    if (G.nq == MAX_QUEUES)
+        return fail(REFIT_EBUDGET, "more than 64 (stream, device) pairs used");
+    int rc = queue_new(out, stream, device);
+    if (!rc)
+        G.q[G.nq++] = *out;
+    return rc;
+}
+
+/* The device a save or restore on stream works for: the device of a queue
+ * already on that stream, else the current one. */
+static int stream_device(void *stream)
+{
+    for (int i = 0; i < G.nq; i++)
+        if (G.q[i]->stream == stream)
+            return G.q[i]->device;
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        (void)cudaGetLastError();
+    return dev;
+}
+
+/* Launch what the current table holds: saves first, then copies. The
+ * caller has made q's device current. */
+static int queue_flush(cq *q)
+{
+    table *t = &q->tb[q->cur];
+    if (t->n_save == 0 && t->n_copy == 0)
+        return REFIT_OK;
+    cudaStream_t st = (cudaStream_t)q->stream;
+    uint32_t cap = G.cfg.table_rows;
+    cudaError_t e = cudaSuccess;
+    if (t->n_save)
+        e = cudaMemcpyAsync(q->dev_rows, t->rows, t->n_save * sizeof *t->rows,
+                            cudaMemcpyHostToDevice, st);
+    if (e == cudaSuccess && t->n_copy)
+        e = cudaMemcpyAsync(q->dev_rows + cap, t->rows + cap, t->n_copy * sizeof *t->rows,
+                            cudaMemcpyHostToDevice, st);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(t->uploaded, st);
+    uint32_t n_save = t->n_save, n_copy = t->n_copy;
+    t->n_save = t->n_copy = 0; /* a failed launch is reported once, not retried */
+    if (e != cudaSuccess)
+        return cu_fail(e, "uploading a batch table");
+    t->recorded = true;
+    int rc = kern_copy_batch_cuda(q->dev_rows, n_save, st);
+    if (!rc)
+        rc = kern_copy_batch_cuda(q->dev_rows + cap, n_copy, st);
+    if (rc)
+        return kern_fail(rc);
+    G.stats.batch_launches += (n_save > 0) + (n_copy > 0);
+    G.stats.batch_rows += n_save + n_copy;
+    for (uint32_t i = 0; i < G.cfg.ring_chunks; i++) {
+        pchunk *c = &q->ring[i];
+        if (!c->in_table)
+            continue;
+        if ((e = cudaEventRecord(c->ev, st)) != cudaSuccess)
+            return cu_fail(e, "recording a pinned chunk's event");
+        c->in_table = false;
+        c->recorded = true;
+    }
+    /* the other table is next: its upload must be done before we write it */
+    q->cur ^= 1;
+    table *n = &q->tb[q->cur];
+    if (n->recorded && (e = cudaEventSynchronize(n->uploaded)) != cudaSuccess)
+        return cu_fail(e, "waiting for a batch table's upload");
+    n->recorded = false;
+    return REFIT_OK;
+}
+
+/* Work issued now (not batched) must come after pending saves. */
+static int before_immediate(cq *q)
+{
+    return q->tb[q->cur].n_save ? queue_flush(q) : REFIT_OK;
+}
+
+/* Append rows for a contiguous piece, split at row_max. */
+static int queue_rows(cq *q, bool save, uint64_t dst, uint64_t src, uint64_t bytes)
+{
+    uint32_t cap = G.cfg.table_rows;
+    for (uint64_t off = 0; off < bytes; off += G.cfg.row_max) {
+        table *t = &q->tb[q->cur];
+        uint32_t *n = save ? &t->n_save : &t->n_copy;
+        if (*n == cap) {
+            int rc = queue_flush(q);
+            if (rc)
+                return rc;
+            t = &q->tb[q->cur];
+            n = save ? &t->n_save : &t->n_copy;
+        }
+        uint64_t len = bytes - off < G.cfg.row_max ? bytes - off : G.cfg.row_max;
+        t->rows[(save ? 0 : cap) + (*n)++] = (kern_batch_row){src + off, dst + off, len};
+    }
+    return REFIT_OK;
+}
+
+/* ---- the pinned ring for pageable sources ---- */
+
+static int chunk_init(pchunk *c)
+{
+    cudaError_t e = cudaHostAlloc((void **)&c->p, G.cfg.ring_chunk_bytes,
+                                  cudaHostAllocPortable | cudaHostAllocMapped);
+    if (e == cudaSuccess)
+        e = cudaHostGetDevicePointer((void **)&c->dev, c->p, 0);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&c->ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        if (c->p)
+            cudaFreeHost(c->p);
+        c->p = NULL;
+        return cu_fail(e, "allocating a pinned staging chunk");
+    }
+    return REFIT_OK;
+}
+
+/* want bytes of pinned memory whose address is congruent to align_to mod
+ * 16 (so the batch kernel copies 16-byte words); want <= chunk size. */
+static int ring_take(cq *q, size_t want, uint64_t align_to, pchunk **oc, char **op)
+{
+    size_t mis = (size_t)(align_to & 15);
+    pchunk *c = &q->ring[q->ring_cur];
+    size_t off = ((c->used + 15) & ~(size_t)15) + mis;
+    if (!c->p || off + want > G.cfg.ring_chunk_bytes) {
+        q->ring_cur = (q->ring_cur + 1) % G.cfg.ring_chunks;
+        c = &q->ring[q->ring_cur];
+        int rc = c->p ? REFIT_OK : chunk_init(c);
+        if (!rc && c->in_table)
+            rc = queue_flush(q);
+        if (rc)
+            return rc;
+        if (c->recorded) {
+            G.stats.ring_waits++;
+            cudaError_t e = cudaEventSynchronize(c->ev);
+            if (e != cudaSuccess)
+                return cu_fail(e, "waiting for a pinned staging chunk");
+            c->recorded = false;
+        }
+        off = mis;
+    }
+    c->used = off + want;
+    *oc = c;
+    *op = c->p + off;
+    return REFIT_OK;
+}
+
+static int chunk_mark(pchunk *c, cudaStream_t st)
+{
+    cudaError_t e = cudaEventRecord(c->ev, st);
+    if (e != cudaSuccess)
+        return cu_fail(e, "recording a pinned chunk's event");
+    c->recorded = true;
+    return REFIT_OK;
+}
+
+/* ---- views ---- */
+
+/* 1 when v's elements are one contiguous run (row-major, no gaps). */
+static bool view_contiguous(const refit_view *v)
+{
+    int64_t expect = 1;
+    for (int i = v->ndim - 1; i >= 0; i--) {
+        if (v->shape[i] != 1 && v->strides[i] != expect)
+            return false;
+        expect *= v->shape[i];
+    }
+    return true;
+}
+
+/* The device address of pinned host memory, or NULL when p is not pinned
+ * (then it is treated as pageable). */
+static void *pinned_dev(const void *p)
+{
+    void *d = NULL;
+    if (cudaHostGetDevicePointer(&d, (void *)p, 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return d;
+}
+
+/* ---- copy ---- */
+
+static int check_pair(const refit_view *dst, const refit_view *src)
+{
+    char m[160];
+    if (dst->device.device_type != REFIT_DEVICE_CUDA) {
+        snprintf(m, sizeof m, "destination on device type %d is not device memory",
+                 dst->device.device_type);
+        return fail(REFIT_EUNSUPPORTED, m);
+    }
+    if (dst->ndim != src->ndim)
+        return fail(REFIT_EMISMATCH, "copy between views of different ranks");
+    for (int i = 0; i < dst->ndim; i++)
+        if (dst->shape[i] != src->shape[i])
+            return fail(REFIT_EMISMATCH, "copy between views of different shapes");
+    if (!kern_can_cast(dst->dtype, src->dtype)) {
+        snprintf(m, sizeof m, "no copy from %s to %s", refit_dtype_name(src->dtype),
+                 refit_dtype_name(dst->dtype));
+        return fail(REFIT_EUNSUPPORTED, m);
+    }
+    return REFIT_OK;
+}
+
+static int memcpy_now(cq *q, void *dst, const void *src, size_t n)
+{
+    int rc = before_immediate(q);
+    if (rc)
+        return rc;
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, (cudaStream_t)q->stream);
+    if (e != cudaSuccess)
+        return cu_fail(e, "cudaMemcpyAsync");
+    G.stats.memcpy_calls++;
+    return REFIT_OK;
+}
+
+static int kernel_now(cq *q, const refit_view *dst, const refit_view *src)
+{
+    int rc = before_immediate(q);
+    if (!rc && (rc = kern_copy_cuda(dst, src, q->stream)))
+        return kern_fail(rc);
+    G.stats.kernel_copies++;
+    return rc;
+}
+
+/* src is readable by the device at sdev (device memory or mapped pinned). */
+static int copy_direct(cq *q, const refit_view *dst, const refit_view *src, void *sdev)
+{
+    if (!kern_dtype_eq(dst->dtype, src->dtype) || !view_contiguous(dst) ||
+        !view_contiguous(src)) {
+        refit_view s = *src;
+        s.data = sdev;
+        return kernel_now(q, dst, &s);
+    }
+    size_t bytes = (size_t)kern_view_numel(dst) * kern_dtype_size(dst->dtype);
+    bool host = src->device.device_type != REFIT_DEVICE_CUDA;
+    if (!host && src->device.device_id != dst->device.device_id) {
+        int rc = before_immediate(q);
+        cudaError_t e = rc ? cudaSuccess
+                           : cudaMemcpyPeerAsync(dst->data, dst->device.device_id, src->data,
+                                                 src->device.device_id, bytes,
+                                                 (cudaStream_t)q->stream);
+        if (e != cudaSuccess)
+            return cu_fail(e, "cudaMemcpyPeerAsync");
+        G.stats.memcpy_calls += !rc;
+        return rc;
+    }
+    if (host ? bytes >= G.cfg.h2d_min : G.cfg.d2d_memcpy_min && bytes >= G.cfg.d2d_memcpy_min)
+        return memcpy_now(q, dst->data, host ? src->data : sdev, bytes);
+    return queue_rows(q, false, (uint64_t)(uintptr_t)dst->data, (uint64_t)(uintptr_t)sdev,
+                      bytes);
+}
+
+/* A contiguous pageable piece: through the ring, pipelined chunk by chunk
+ * (the host fills chunk k+1 while the copy engine drains chunk k). */
+static int pageable_contig(cq *q, char *dst, const char *src, size_t bytes)
+{
+    size_t most = G.cfg.ring_chunk_bytes - 16;
+    for (size_t off = 0; off < bytes;) {
+        size_t piece = bytes - off < most ? bytes - off : most;
+        pchunk *c;
+        char *p;
+        int rc = ring_take(q, piece, (uint64_t)(uintptr_t)(dst + off), &c, &p);
+        if (rc)
+            return rc;
+        par_memcpy(p, src + off, piece);
+        G.stats.pageable_bytes += piece;
+        if (piece >= G.cfg.h2d_min) {
+            rc = memcpy_now(q, dst + off, p, piece);
+            if (!rc)
+                rc = chunk_mark(c, (cudaStream_t)q->stream);
+        } else {
+            rc = queue_rows(q, false, (uint64_t)(uintptr_t)(dst + off),
+                            (uint64_t)(uintptr_t)(c->dev + (p - c->p)), piece);
+            c->in_table = true;
+        }
+        if (rc)
+            return rc;
+        off += piece;
+    }
+    return REFIT_OK;
+}
+
+/* One tile of a strided or cast pageable copy: gathered into a pinned
+ * chunk on the host, then copied (and cast) from there on the device. */
+static int pageable_tile(cq *q, const refit_view *dst, const refit_view *src)
+{
+    size_t bytes = (size_t)kern_view_numel(src) * kern_dtype_size(src->dtype);
+    pchunk *c;
+    char *p;
+    int rc = ring_take(q, bytes, 0, &c, &p);
+    if (rc)
+        return rc;
+    refit_view ph = *src;
+    ph.data = p;
+    ph.device = (refit_device){REFIT_DEVICE_CPU, 0};
+    int64_t s = 1;
+    for (int i = src->ndim - 1; i >= 0; i--) {
+        ph.strides[i] = s;
+        s *= src->shape[i];
+    }
+    if (view_contiguous(src))
+        par_memcpy(p, src->data, bytes);
+    else if ((rc = kern_copy(&ph, src)))
+        return fail(rc, "gathering a pageable tile");
+    G.stats.pageable_bytes += bytes;
+    ph.data = c->dev + (p - c->p);
+    ph.device = (refit_device){REFIT_DEVICE_CUDA_HOST, 0};
+    rc = kernel_now(q, dst, &ph);
+    return rc ? rc : chunk_mark(c, (cudaStream_t)q->stream);
+}
+
+/* A sub-view: dims [k, nd) of v at outer index idx[0..k) and rows
+ * [j, j + rows) of dim k. */
+static refit_view sub_view(const refit_view *v, const int64_t *idx, int k, int64_t j,
+                           int64_t rows)
+{
+    refit_view t = *v;
+    int64_t off = j * v->strides[k];
+    for (int i = 0; i < k; i++)
+        off += idx[i] * v->strides[i];
+    t.data = (char *)v->data + off * (int64_t)kern_dtype_size(v->dtype);
+    t.ndim = v->ndim - k;
+    for (int i = k; i < v->ndim; i++) {
+        t.shape[i - k] = v->shape[i];
+        t.strides[i - k] = v->strides[i];
+    }
+    t.shape[0] = rows;
+    return t;
+}
+
+/* Split a strided/cast pageable copy into tiles that fit a chunk: whole
+ * inner dims, blocks of rows of the first dim that fits. */
+static int pageable_tiles(cq *q, const refit_view *dst, const refit_view *src)
+{
+    int nd = dst->ndim;
+    if (nd == 0)
+        return pageable_tile(q, dst, src);
+    size_t se = kern_dtype_size(src->dtype), cap = G.cfg.ring_chunk_bytes - 16;
+    int k = 0;
+    int64_t inner = kern_view_numel(src) / src->shape[0];
+    while ((size_t)inner * se > cap) { /* k < nd - 1 here: one element fits */
+        k++;
+        inner /= src->shape[k];
+    }
+    int64_t rows = (int64_t)(cap / ((size_t)inner * se));
+    int64_t idx[REFIT_MAX_DIMS] = {0};
+    for (;;) {
+        for (int64_t j = 0; j < dst->shape[k]; j += rows) {
+            int64_t r = dst->shape[k] - j < rows ? dst->shape[k] - j : rows;
+            refit_view dt = sub_view(dst, idx, k, j, r), st = sub_view(src, idx, k, j, r);
+            int rc = pageable_tile(q, &dt, &st);
+            if (rc)
+                return rc;
+        }
+        int i = k - 1;
+        for (; i >= 0; i--) {
+            if (++idx[i] < dst->shape[i])
+                break;
+            idx[i] = 0;
+        }
+        if (i < 0)
+            return REFIT_OK;
+    }
+}
+
+static int copy_pageable(cq *q, const refit_view *dst, const refit_view *src)
+{
+    if (kern_dtype_eq(dst->dtype, src->dtype) && view_contiguous(dst) && view_contiguous(src))
+        return pageable_contig(q, dst->data, src->data,
+                               (size_t)kern_view_numel(dst) * kern_dtype_size(dst->dtype));
+    return pageable_tiles(q, dst, src);
+}
+
+static int cuda_copy(const refit_view *dst, const refit_view *src, void *stream)
+{
+    int rc = check_pair(dst, src);
+    if (rc || kern_view_numel(dst) == 0)
+        return rc;
+    lock();
+    devg g;
+    cq *q;
+    rc = dev_enter(&g, dst->device.device_id);
+    if (!rc) {
+        rc = queue_get(&q, stream, dst->device.device_id);
+        if (!rc) {
+            void *sdev = NULL;
+            if (src->device.device_type == REFIT_DEVICE_CUDA)
+                sdev = src->data;
+            else if (src->device.device_type == REFIT_DEVICE_CUDA_HOST)
+                sdev = pinned_dev(src->data); /* NULL: not pinned after all */
+            rc = sdev ? copy_direct(q, dst, src, sdev) : copy_pageable(q, dst, src);
+        }
+        dev_leave(&g);
+    }
+    unlock();
+    return rc;
+}
+
+static int cuda_can_read(refit_device src)
+{
+    return src.device_type == REFIT_DEVICE_CUDA || src.device_type == REFIT_DEVICE_CUDA_HOST ||
+           src.device_type == REFIT_DEVICE_CPU;
+}
+
+/* ---- flush, sync ---- */
+
+/* Flush (and with wait, synchronize) every queue on stream. */
+static int streams_drain(void *stream, bool wait)
+{
+    int first = REFIT_OK;
+    bool any = false;
+    lock();
+    for (int i = 0; i < G.nq; i++) {
+        cq *q = G.q[i];
+        if (q->stream != stream)
+            continue;
+        any = true;
+        devg g;
+        int rc = dev_enter(&g, q->device);
+        if (!rc) {
+            rc = queue_flush(q);
+            cudaError_t e = wait ? cudaStreamSynchronize((cudaStream_t)stream) : cudaSuccess;
+            if (!rc && e != cudaSuccess)
+                rc = cu_fail(e, "cudaStreamSynchronize");
+            dev_leave(&g);
+        }
+        if (rc && !first)
+            first = rc;
+    }
+    if (!any && wait) {
+        cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+        if (e != cudaSuccess)
+            first = cu_fail(e, "cudaStreamSynchronize");
+    }
+    unlock();
+    return first;
+}
+
+static int cuda_flush(void *stream)
+{
+    return streams_drain(stream, false);
+}
+
+static int cuda_sync(void *stream)
+{
+    return streams_drain(stream, true);
+}
+
+/* ---- zero, fingerprint ---- */
+
+static int cuda_zero(const refit_view *dst, void *stream)
+{
+    if (dst->device.device_type != REFIT_DEVICE_CUDA)
+        return fail(REFIT_EUNSUPPORTED, "zero: destination is not device memory");
+    if (kern_view_numel(dst) == 0)
+        return REFIT_OK;
+    lock();
+    devg g;
+    cq *q;
+    int rc = dev_enter(&g, dst->device.device_id);
+    if (!rc) {
+        rc = queue_get(&q, stream, dst->device.device_id);
+        if (!rc)
+            rc = before_immediate(q);
+        if (!rc && (rc = kern_zero_cuda(dst, stream)))
+            rc = kern_fail(rc);
+        dev_leave(&g);
+    }
+    unlock();
+    return rc;
+}
+
+static int cuda_fingerprint(const refit_view *v, uint64_t *out, void *stream)
+{
+    lock();
+    devg g;
+    int rc = dev_enter(&g, v->device.device_id);
+    if (!rc) {
+        for (int i = 0; i < G.nq && !rc; i++)
+            if (G.q[i]->stream == stream && G.q[i]->device == v->device.device_id)
+                rc = queue_flush(G.q[i]); /* queued copies land first */
+        if (!rc && (rc = kern_fingerprint_view_cuda(v, out, stream)))
+            rc = kern_fail(rc);
+        dev_leave(&g);
+    }
+    unlock();
+    return rc;
+}
+
+/* ---- cached allocations: device staging, pinned undo ---- */
+
+static cudaError_t blk_release(const pool *pl, blk *b)
+{
+    if (pl->pinned)
+        return cudaFreeHost(b->p);
+    devg g;
+    if (dev_enter(&g, b->device))
+        return cudaErrorInvalidDevice;
+    cudaError_t e = cudaFree(b->p);
+    dev_leave(&g);
+    return e;
+}
+
+/* Free idle blocks, largest first, until at most cap bytes stay cached. */
+static void pool_trim(pool *pl, size_t cap)
+{
+    while (pl->cached > cap) {
+        blk **best = NULL;
+        for (blk **pp = &pl->list; *pp; pp = &(*pp)->next)
+            if (!(*pp)->busy && (!best || (*pp)->size > (*best)->size))
+                best = pp;
+        if (!best)
+            return;
+        blk *b = *best;
+        *best = b->next;
+        pl->cached -= b->size;
+        if (blk_release(pl, b) != cudaSuccess)
+            (void)cudaGetLastError();
+        free(b);
+    }
+}
+
+static cudaError_t blk_alloc(const pool *pl, void **p, size_t size)
+{
+    if (!pl->pinned)
+        return cudaMalloc(p, size);
+    cudaError_t e = cudaHostAlloc(p, size, cudaHostAllocPortable | cudaHostAllocMapped);
+    void *d = NULL;
+    if (e == cudaSuccess && (cudaHostGetDevicePointer(&d, *p, 0) != cudaSuccess || d != *p)) {
+        (void)cudaGetLastError();
+        G.host_ptr_is_dev = false; /* saves then go by cudaMemcpyAsync */
+    }
+    return e;
+}
+
+static void *pool_alloc(pool *pl, size_t bytes)
+{
+    size_t need = ((bytes ? bytes : 1) + 2 * MIB - 1) & ~(2 * MIB - 1);
+    int dev = -1;
+    lock();
+    if (!pl->pinned && cudaGetDevice(&dev) != cudaSuccess)
+        (void)cudaGetLastError();
+    blk *best = NULL;
+    for (blk *b = pl->list; b; b = b->next)
+        if (!b->busy && b->device == dev && b->size >= need && b->size / 2 <= need &&
+            (!best || b->size < best->size))
+            best = b;
+    void *p = NULL;
+    if (best) {
+        best->busy = true;
+        pl->cached -= best->size;
+        p = best->p;
+    } else {
+        blk *b = malloc(sizeof *b);
+        cudaError_t e = b ? blk_alloc(pl, &p, need) : cudaErrorMemoryAllocation;
+        if (b && e == cudaErrorMemoryAllocation) { /* give the cache back, try again */
+            (void)cudaGetLastError();
+            pool_trim(pl, 0);
+            e = blk_alloc(pl, &p, need);
+        }
+        if (e != cudaSuccess) {
+            cu_fail(e, pl->pinned ? "cudaHostAlloc (undo log)" : "cudaMalloc (staging)");
+            free(b);
+            p = NULL;
+        } else {
+            *b = (blk){pl->list, p, need, dev, true};
+            pl->list = b;
+        }
+    }
+    unlock();
+    return p;
+}
+
+static void pool_free(pool *pl, void *p, size_t cache_cap)
+{
+    if (!p)
+        return;
+    lock();
+    for (blk *b = pl->list; b; b = b->next)
+        if (b->p == p && b->busy) {
+            b->busy = false;
+            pl->cached += b->size;
+            break;
+        }
+    pool_trim(pl, cache_cap);
+    unlock();
+}
+
+static void *cuda_staging_alloc(size_t bytes)
+{
+    return pool_alloc(&G.staging, bytes);
+}
+
+static void cuda_staging_free(void *p)
+{
+    pool_free(&G.staging, p, G.cfg.staging_cache);
+}
+
+static void *cuda_undo_alloc(size_t bytes)
+{
+    return pool_alloc(&G.undo, bytes);
+}
+
+static void cuda_undo_free(void *p)
+{
+    pool_free(&G.undo, p, G.cfg.undo_cache);
+}
+
+/* ---- undo: save (async, on stream), restore (blocking) ---- */
+
+static int cuda_save(void *host_dst, const void *src, size_t n, void *stream)
+{
+    if (n == 0)
+        return REFIT_OK;
+    lock();
+    int dev = stream_device(stream);
+    devg g;
+    cq *q;
+    int rc = dev_enter(&g, dev);
+    if (!rc) {
+        rc = queue_get(&q, stream, dev);
+        if (!rc && n < G.cfg.save_min && G.host_ptr_is_dev)
+            rc = queue_rows(q, true, (uint64_t)(uintptr_t)host_dst, (uint64_t)(uintptr_t)src, n);
+        else if (!rc)
+            rc = memcpy_now(q, host_dst, src, n);
+        dev_leave(&g);
+    }
+    unlock();
+    return rc;
+}
+
+static int cuda_restore(void *dst, const void *host_src, size_t n, void *stream)
+{
+    (void)stream; /* abort has waited for every stream; this one blocks */
+    if (n == 0)
+        return REFIT_OK;
+    lock();
+    cudaError_t e = cudaMemcpy(dst, host_src, n, cudaMemcpyDefault);
+    int rc = e == cudaSuccess ? REFIT_OK : cu_fail(e, "cudaMemcpy (undo restore)");
+    unlock();
+    return rc;
+}
+
+const backend backend_cuda = {
+    .name = "cuda",
+    .can_read = cuda_can_read,
+    .copy = cuda_copy,
+    .flush = cuda_flush,
+    .zero = cuda_zero,
+    .fingerprint = cuda_fingerprint,
+    .staging_alloc = cuda_staging_alloc,
+    .staging_free = cuda_staging_free,
+    .undo_alloc = cuda_undo_alloc,
+    .undo_free = cuda_undo_free,
+    .save = cuda_save,
+    .restore = cuda_restore,
+    .sync = cuda_sync,
+};

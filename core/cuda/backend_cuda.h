@@ -1,0 +1,32 @@
+/* The CUDA backend: device memory, the caller's stream. Built where nvcc
+ * exists (REFIT_HAVE_CUDA), used where a device exists. docs/cuda.md
+ * describes the data paths, the memory it holds and its tunables. */
+#ifndef REFIT_CORE_CUDA_BACKEND_CUDA_H
+#define REFIT_CORE_CUDA_BACKEND_CUDA_H
+
+#include "core/backend.h"
+
+extern const backend backend_cuda;
+
+/* &backend_cuda when the CUDA runtime finds a device in this process,
+ * else NULL (backend_cuda_unavailable() says why). Probes once. */
+const backend *backend_cuda_get(void);
+/* Why no device can be used ("" when one can). */
+const char *backend_cuda_unavailable(void);
+/* Devices the runtime sees (0 when none or no driver). */
+int backend_cuda_device_count(void);
+/* What the last failing CUDA backend call on this thread reported. */
+const char *backend_cuda_last_error(void);
+
+/* Counters since the process started, for tests and benchmarks. */
+typedef struct backend_cuda_stats {
+    uint64_t batch_launches;    /* kernel launches of batched rows */
+    uint64_t batch_rows;        /* rows they carried */
+    uint64_t memcpy_calls;      /* cudaMemcpyAsync / Peer issued for copies and saves */
+    uint64_t kernel_copies;     /* strided or cast copies */
+    uint64_t pageable_bytes;    /* bytes staged through the pinned ring */
+    uint64_t ring_waits;        /* times a pinned chunk was waited for */
+} backend_cuda_stats;
+void backend_cuda_stats_get(backend_cuda_stats *out);
+
+#endif

@@ -1,0 +1,203 @@
+/* 64-bit content fingerprint on the GPU, bit-exact with
+ * kern_fingerprint_view (kernels/fingerprint.c): the hash of the view's
+ * bytes in row-major element order is mix(nbytes ^ sum_i mix(w_i ^ i*G))
+ * over its little-endian 8-byte words w_i, the last zero-padded. The sum is
+ * modulo 2^64, so each thread adds its words, then the block, then one
+ * atomicAdd per block: any split gives the same value. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <refit/format.h>
+
+#define FP_GOLDEN 0x9e3779b97f4a7c15ull
+#define FP_THREADS 256
+
+extern "C" void kern_cuda_set_error(const char *msg);
+
+static int fp_fail(cudaError_t e, const char *what)
+{
+    char m[256];
+    snprintf(m, sizeof m, "kern_fingerprint_view_cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+             cudaGetErrorName(e));
+    kern_cuda_set_error(m);
+    return e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL;
+}
+
+__host__ __device__ __forceinline__ uint64_t fp_mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* The view as a walk over its elements: dims of extent 1 dropped, strides
+ * in bytes, the innermost dim last. */
+struct fp_walk {
+    int nd;
+    int e;                      /* element bytes; 0: raw bytes of a contiguous view */
+    uint64_t nbytes;            /* of the logical byte stream */
+    int64_t shape[REFIT_MAX_DIMS];
+    int64_t st[REFIT_MAX_DIMS];
+    const unsigned char *base;
+    int contiguous;             /* the stream is base[0, nbytes) */
+};
+
+/* Byte offset of logical element i. */
+__device__ __forceinline__ int64_t fp_offset(const fp_walk &w, int64_t i)
+{
+    int64_t off = 0;
+    for (int k = w.nd - 1; k > 0; k--) {
+        int64_t q = i / w.shape[k];
+        off += (i - q * w.shape[k]) * w.st[k];
+        i = q;
+    }
+    return off + i * w.st[0];
+}
+
+/* Little-endian word idx of the logical byte stream, zero-padded. */
+__device__ __forceinline__ uint64_t fp_word(const fp_walk &w, uint64_t idx)
+{
+    uint64_t first = idx * 8, n = w.nbytes - first < 8 ? w.nbytes - first : 8;
+    if (w.contiguous) {
+        const unsigned char *p = w.base + first;
+        if (n == 8 && ((uintptr_t)p & 7) == 0)
+            return *(const uint64_t *)p;
+        uint64_t v = 0;
+        for (uint64_t b = 0; b < n; b++)
+            v |= (uint64_t)p[b] << (8 * b);
+        return v;
+    }
+    uint64_t v = 0;
+    if (w.e == 1 || w.e == 2 || w.e == 4 || w.e == 8) {
+        /* whole elements per word: one strided load each */
+        int per = 8 / w.e;
+        int64_t el = (int64_t)(first / (uint64_t)w.e);
+        int cnt = (int)(n / (uint64_t)w.e);
+        for (int k = 0; k < cnt && k < per; k++) {
+            const unsigned char *p = w.base + fp_offset(w, el + k);
+            uint64_t x;
+            switch (w.e) {
+            case 1: x = *p; break;
+            case 2: x = *(const uint16_t *)p; break;
+            case 4: x = *(const uint32_t *)p; break;
+            default: x = *(const uint64_t *)p; break;
+            }
+            v |= x << (8 * k * w.e);
+        }
+        return v;
+    }
+    for (uint64_t b = 0; b < n; b++) {
+        uint64_t pos = first + b;
+        const unsigned char *p = w.base + fp_offset(w, (int64_t)(pos / (uint64_t)w.e));
+        v |= (uint64_t)p[pos % (uint64_t)w.e] << (8 * b);
+    }
+    return v;
+}
+
+__global__ void __launch_bounds__(FP_THREADS) k_fingerprint(fp_walk w, unsigned long long *acc)
+{
+    uint64_t words = (w.nbytes + 7) / 8, sum = 0;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride)
+        sum += fp_mix(fp_word(w, i) ^ (i * FP_GOLDEN));
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_down_sync(0xffffffffu, sum, o);
+    __shared__ uint64_t part[FP_THREADS / 32];
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x / 32] = sum;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint64_t t = 0;
+        for (int k = 0; k < FP_THREADS / 32; k++)
+            t += part[k];
+        atomicAdd(acc, (unsigned long long)t);
+    }
+}
+
+static int64_t numel_of(const refit_view *v)
+{
+    int64_t n = 1;
+    for (int i = 0; i < v->ndim; i++)
+        n *= v->shape[i];
+    return n;
+}
+
+static void fp_walk_init(fp_walk *w, const refit_view *v)
+{
+    int e = (v->dtype.bits % 8 == 0 && v->dtype.lanes == 1) ? v->dtype.bits / 8 : 0;
+    int64_t numel = numel_of(v);
+    w->base = (const unsigned char *)v->data;
+    w->nd = 0;
+    w->e = e;
+    if (e == 0) { /* sub-byte: whole, contiguous bytes only (as the reference) */
+        w->nbytes = (uint64_t)((numel * v->dtype.bits + 7) / 8);
+        w->contiguous = 1;
+        return;
+    }
+    w->nbytes = (uint64_t)numel * (uint64_t)e;
+    for (int i = 0; i < v->ndim; i++) {
+        if (v->shape[i] == 1)
+            continue;
+        int64_t s = v->strides[i] * e;
+        int k = w->nd - 1;
+        if (k >= 0 && w->st[k] == s * v->shape[i]) {
+            w->shape[k] *= v->shape[i];
+            w->st[k] = s;
+            continue;
+        }
+        w->shape[w->nd] = v->shape[i];
+        w->st[w->nd] = s;
+        w->nd++;
+    }
+    if (w->nd == 0) {
+        w->nd = 1;
+        w->shape[0] = 1;
+        w->st[0] = e;
+    }
+    w->contiguous = w->nd == 1 && (w->st[0] == e || w->shape[0] == 1);
+}
+
+/* Fingerprint of a device-readable view. Ordered on stream, and waits for
+ * the stream (it returns the value); not for the hot path. */
+extern "C" int kern_fingerprint_view_cuda(const refit_view *v, uint64_t *out, void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    fp_walk w;
+    fp_walk_init(&w, v);
+    uint64_t acc = 0;
+    if (w.nbytes > 0) {
+        unsigned long long *dacc = NULL;
+        bool pooled = true;
+        cudaError_t e = cudaMallocAsync((void **)&dacc, sizeof *dacc, st);
+        if (e == cudaErrorNotSupported) { /* no stream-ordered allocator here */
+            (void)cudaGetLastError();
+            pooled = false;
+            e = cudaMalloc((void **)&dacc, sizeof *dacc);
+        }
+        if (e != cudaSuccess)
+            return fp_fail(e, "allocating the accumulator");
+        uint64_t words = (w.nbytes + 7) / 8;
+        uint64_t nb = (words + FP_THREADS - 1) / FP_THREADS;
+        unsigned blocks = (unsigned)(nb < 132 * 16 ? nb : 132 * 16);
+        (void)cudaGetLastError();
+        e = cudaMemsetAsync(dacc, 0, sizeof *dacc, st);
+        if (e == cudaSuccess) {
+            k_fingerprint<<<blocks, FP_THREADS, 0, st>>>(w, dacc);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(&acc, dacc, sizeof acc, cudaMemcpyDeviceToHost, st);
+        cudaError_t fe = pooled ? cudaFreeAsync(dacc, st) : cudaSuccess;
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(st);
+        if (!pooled)
+            fe = cudaFree(dacc);
+        if (e == cudaSuccess)
+            e = fe;
+        if (e != cudaSuccess)
+            return fp_fail(e, "reduction");
+    }
+    *out = fp_mix(acc ^ w.nbytes);
+    return REFIT_OK;
+}
