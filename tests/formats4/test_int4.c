@@ -1,0 +1,354 @@
+/* Format int4 (compressed-tensors pack-quantized): VIEW routes onto the
+ * gptq and u8 runtime layouts, checked against numpy's dequantization of
+ * the checkpoint (ref4.py int4), reload = cold start, TP shards and the
+ * refusals. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/quant_int4.h"
+#include "tests/formats4/f4util.h"
+
+extern const refit_format_v1 refit_format_plugin_v1;
+
+#define MOD "layers.0.q"
+
+/* Where each checkpoint tensor goes, and how it is sharded. */
+typedef struct layout_cfg {
+    int tp, rank;
+    int k_shard;          /* shard along K (row-parallel), else along N */
+} layout_cfg;
+
+static void spec_fn(const char *name, refit_ckpt_spec *s, void *user)
+{
+    const layout_cfg *c = user;
+    const char *suf = f4_suffix(name);
+    s->target = !strcmp(suf, "weight_scale") ? "weight_scale"
+                : !strcmp(suf, "weight_zero_point") ? "weight_zero_point"
+                                                    : "weight";
+    if (c && c->tp > 1 && strcmp(suf, "weight_shape")) {
+        s->shard_dim = c->k_shard ? 1 : 0;
+        s->shard_rank = c->rank;
+        s->shard_count = c->tp;
+    }
+}
+
+static void setup_world(tw *w)
+{
+    assert_int_equal(tw_open(w, NULL), REFIT_OK);
+    assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v1), REFIT_OK);
+}
+
+/* A gptq-layout module for an [n, k] weight of this rank. */
+static int build_gptq(tw *w, const st_set *s, int64_t n, int64_t k, int64_t g, int asym,
+                      const char *params, layout_cfg *c)
+{
+    int64_t words = (k + 7) / 8, groups = (k + g - 1) / g;
+    tw_module(w, MOD, "int4", params);
+    tw_runtime(w, MOD, "weight", REFIT_I32, 2, TT_SHAPE(words, n));
+    tw_runtime(w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(groups, n));
+    if (asym)
+        tw_runtime(w, MOD, "weight_zero_point", REFIT_I32, 2, TT_SHAPE(groups, (n + 7) / 8));
+    int rc = f4_expect_all(w, MOD, s, spec_fn, c);
+    return rc ? rc : refit_model_seal(w->m);
+}
+
+/* Dequantize this rank's runtime through the checkpoint-layout views. */
+static float *dequant_gptq(tw *w, int64_t n, int64_t k, int64_t g, int asym)
+{
+    tt_tensor *wt = tw_rt(w, MOD, "weight"), *sc = tw_rt(w, MOD, "weight_scale");
+    refit_device cpu = {REFIT_DEVICE_CPU, 0};
+    kern_int4_src src;
+    memset(&src, 0, sizeof src);
+    src.packed = kern_q4_transposed_view(wt->buf, cpu, REFIT_I32, n, (k + 7) / 8, n);
+    src.scale = kern_q4_transposed_view(sc->buf, cpu, REFIT_F32, n, (k + g - 1) / g, n);
+    if (asym) {
+        tt_tensor *zp = tw_rt(w, MOD, "weight_zero_point");
+        src.zp = kern_q4_transposed_view(zp->buf, cpu, REFIT_I32, (n + 7) / 8,
+                                         (k + g - 1) / g, (n + 7) / 8);
+    }
+    src.n = n;
+    src.k = k;
+    src.group = g;
+    float *out = malloc(sizeof(float) * (size_t)(n * k));
+    assert_non_null(out);
+    assert_int_equal(kern_int4_dequant(&src, out), REFIT_OK);
+    return out;
+}
+
+static void check_dequant(tw *w, const st_set *s, int64_t n, int64_t k, int64_t g, int asym,
+                          int64_t r0, int64_t c0, int64_t full_k)
+{
+    float *got = dequant_gptq(w, n, k, g, asym);
+    const float *want = f4_get(s, "expect.dequant")->data;
+    f4_assert_block_eq(want, full_k, r0, r0 + n, c0, c0 + k, got);
+    free(got);
+}
+
+static void gptq_sym_dequant(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4", "--n 24 --k 96 --group 32 --seed 3");
+    tw w;
+    setup_world(&w);
+    assert_int_equal(build_gptq(&w, s, 24, 96, 32, 0, "group_size: 32", NULL), REFIT_OK);
+    refit_model_stats st;
+    assert_int_equal(refit_model_stats_get(w.m, &st), REFIT_OK);
+    assert_int_equal(st.routes_view, 2);
+    assert_int_equal(st.routes_staged, 1);
+    f4_update(&w, s, "v1");
+    /* the runtime holds the checkpoint words, transposed, unchanged */
+    const int32_t *ck = f4_get(s, "W.weight_packed")->data;
+    const int32_t *rt = tw_rt(&w, MOD, "weight")->buf;
+    for (int i = 0; i < 24; i++)
+        for (int j = 0; j < 12; j++)
+            assert_int_equal(rt[j * 24 + i], ck[i * 12 + j]);
+    check_dequant(&w, s, 24, 96, 32, 0, 0, 0, 96);
+    tw_close(&w);
+    st_close(s);
+}
+
+static void gptq_asym_channel(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4", "--n 16 --k 64 --group -1 --asym --scale-dtype f32");
+    tw w;
+    setup_world(&w);
+    assert_int_equal(build_gptq(&w, s, 16, 64, 64, 1, "group_size: -1", NULL), REFIT_OK);
+    f4_update(&w, s, "v1");
+    check_dequant(&w, s, 16, 64, 64, 1, 0, 0, 64);
+    tw_close(&w);
+    st_close(s);
+}
+
+/* u8 layout: words land as bytes in rows with a pitch; the pad is zeroed. */
+static void u8_asym_ragged(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4", "--n 20 --k 100 --group 32 --asym --seed 5");
+    tw w;
+    setup_world(&w);
+    tw_module(&w, MOD, "int4", "group_size: 32\nlayout: u8\nin_features: 100\nout_features: 20");
+    tt_tensor *wt = tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(20, 64));
+    tt_tensor *sc = tw_runtime(&w, MOD, "weight_scale", REFIT_BF16, 2, TT_SHAPE(20, 4));
+    tt_tensor *zp = tw_runtime(&w, MOD, "weight_zero_point", REFIT_I32, 2, TT_SHAPE(3, 4));
+    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, NULL), REFIT_OK);
+    tw_seal(&w);
+    f4_update(&w, s, "v1");
+    const uint8_t *b = wt->buf;
+    for (int i = 0; i < 20; i++)
+        for (int j = 52; j < 64; j++)
+            assert_int_equal(b[i * 64 + j], 0);
+    kern_int4_src src;
+    memset(&src, 0, sizeof src);
+    src.packed = tt_view(wt);
+    src.packed.dtype = REFIT_I32;
+    src.packed.shape[1] = 13;
+    src.packed.strides[0] = 16;
+    src.scale = tt_view(sc);
+    src.zp = tt_view(zp);
+    src.n = 20;
+    src.k = 100;
+    src.group = 32;
+    float got[20 * 100];
+    assert_int_equal(kern_int4_dequant(&src, got), REFIT_OK);
+    f4_assert_block_eq(f4_get(s, "expect.dequant")->data, 100, 0, 20, 0, 100, got);
+    tw_close(&w);
+    st_close(s);
+}
+
+/* A ragged K without in_features is refused: it could be a cut shard. */
+static void u8_ragged_needs_in_features(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4", "--n 8 --k 100 --group 32");
+    tw w;
+    setup_world(&w);
+    tw_module(&w, MOD, "int4", "group_size: 32\nlayout: u8");
+    tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 52));
+    tw_runtime(&w, MOD, "weight_scale", REFIT_BF16, 2, TT_SHAPE(8, 4));
+    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, NULL), REFIT_OK);
+    assert_int_equal(refit_model_seal(w.m), REFIT_EMISMATCH);
+    tw_assert_msg(&w, MOD, "in_features", "ragged");
+    tw_close(&w);
+    st_close(s);
+}
+
+/* Loading B over A gives the bytes a cold start on B gives; twice too. */
+static void reload_equals_cold(void **state)
+{
+    (void)state;
+    st_set *a = f4_ref("int4", "--n 16 --k 128 --group 64 --asym --seed 7");
+    st_set *b = f4_ref("int4", "--n 16 --k 128 --group 64 --asym --seed 8");
+    tw cold, hot;
+    setup_world(&cold);
+    setup_world(&hot);
+    assert_int_equal(build_gptq(&cold, b, 16, 128, 64, 1, "group_size: 64", NULL), REFIT_OK);
+    assert_int_equal(build_gptq(&hot, a, 16, 128, 64, 1, "group_size: 64", NULL), REFIT_OK);
+    f4_update(&cold, b, "B");
+    f4_update(&hot, a, "A");
+    uint64_t fa = tw_fp(&hot);
+    f4_update(&hot, b, "B");
+    assert_int_equal(tw_fp(&hot), tw_fp(&cold));
+    assert_true(fa != tw_fp(&cold));
+    size_t n1, n2;
+    void *s1 = tw_snapshot(&hot, &n1);
+    f4_update(&hot, b, "B again");
+    void *s2 = tw_snapshot(&hot, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(s1, s2, n1);
+    free(s1);
+    free(s2);
+    tw_close(&cold);
+    tw_close(&hot);
+    st_close(a);
+    st_close(b);
+}
+
+/* Column-parallel (N) and row-parallel (K) shards, each rank checked
+ * against its block of numpy's dequantized matrix. */
+static void tp_shards(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4", "--n 48 --k 256 --group 32 --asym --seed 9");
+    for (int k_shard = 0; k_shard < 2; k_shard++) {
+        for (int rank = 0; rank < 2; rank++) {
+            layout_cfg c = {2, rank, k_shard};
+            int64_t lo, hi, n = 48, k = 256;
+            tw w;
+            setup_world(&w);
+            if (k_shard) {
+                f4_shard(32, 2, rank, &lo, &hi);
+                k = (hi - lo) * 8;
+            } else {
+                f4_shard(48, 2, rank, &lo, &hi);
+                n = hi - lo;
+            }
+            assert_int_equal(build_gptq(&w, s, n, k, 32, 1, "group_size: 32", &c), REFIT_OK);
+            f4_update(&w, s, "v1");
+            check_dequant(&w, s, n, k, 32, 1, k_shard ? 0 : lo, k_shard ? lo * 8 : 0, 256);
+            tw_close(&w);
+        }
+    }
+    st_close(s);
+}
+
+/* A K shard boundary inside a group, an N boundary inside a zero-point
+ * word: refused at seal, naming the module. */
+static void tp_cut_refused(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4", "--n 16 --k 192 --group 64");
+    layout_cfg c = {2, 0, 1};
+    tw w;
+    setup_world(&w);
+    assert_int_equal(build_gptq(&w, s, 16, 96, 64, 0, "group_size: 64\nin_features: 192", &c),
+                     REFIT_EMISMATCH);
+    tw_assert_msg(&w, MOD, "cuts a group");
+    tw_close(&w);
+    /* without in_features the slice could also be a whole ragged K */
+    setup_world(&w);
+    assert_int_equal(build_gptq(&w, s, 16, 96, 64, 0, "group_size: 64", &c), REFIT_EMISMATCH);
+    tw_assert_msg(&w, MOD, "declare param in_features");
+    tw_close(&w);
+    st_close(s);
+
+    s = f4_ref("int4", "--n 20 --k 64 --group 32 --asym");
+    layout_cfg cn = {2, 0, 0};
+    setup_world(&w);
+    assert_int_equal(build_gptq(&w, s, 10, 64, 32, 1, "group_size: 32\nout_features: 20", &cn),
+                     REFIT_EMISMATCH);
+    tw_assert_msg(&w, MOD, "zero-point words", "cuts a group");
+    tw_close(&w);
+    st_close(s);
+}
+
+static void expect_refusal(const st_set *s, const char *params, int64_t rows, const char *msg)
+{
+    tw w;
+    setup_world(&w);
+    int rc = build_gptq(&w, s, rows, 64, 32, 0, params, NULL);
+    assert_true(rc != REFIT_OK);
+    tw_assert_msg(&w, MOD, msg);
+    tw_close(&w);
+}
+
+static void plan_refusals(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4", "--n 16 --k 64 --group 32");
+    expect_refusal(s, NULL, 16, "group_size");
+    expect_refusal(s, "group_size: 32\nlayout: tiled", 16, "layout 'tiled'");
+    expect_refusal(s, "group_size: x", 16, "not an integer");
+    expect_refusal(s, "group_size: 32", 15, "runtime weight must be I32 [8, 16]");
+    expect_refusal(s, "group_size: 16", 16, "cuts a group");
+    tw w;
+    setup_world(&w);
+    tw_module(&w, MOD, "int4", "group_size: 32");
+    tw_runtime(&w, MOD, "weight", REFIT_I32, 2, TT_SHAPE(8, 16));
+    tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(2, 16));
+    refit_ckpt_spec sp = tt_spec(REFIT_I32, 1, TT_SHAPE(16));
+    sp.target = "weight";
+    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, NULL), REFIT_OK);
+    assert_int_equal(tw_expect(&w, MOD, "W.weight_g_idx", &sp), REFIT_OK);
+    assert_int_equal(refit_model_seal(w.m), REFIT_EFORMAT);
+    tw_assert_msg(&w, MOD, "W.weight_g_idx", "act-order");
+    tw_close(&w);
+    st_close(s);
+}
+
+/* A weight_shape that disagrees with the plan fails finalize; rollback
+ * leaves the previous version's bytes. */
+static void shape_checked_at_finalize(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4", "--n 24 --k 96 --group 32");
+    tw w;
+    setup_world(&w);
+    assert_int_equal(build_gptq(&w, s, 24, 96, 32, 0, "group_size: 32", NULL), REFIT_OK);
+    f4_update(&w, s, "v1");
+    size_t n1, n2;
+    void *before = tw_snapshot(&w, &n1);
+    refit_txn *t = tw_begin(&w, "bad", 1);
+    int64_t bad[2] = {24, 50}, dims[1] = {2};
+    refit_tensor shape = {bad, {REFIT_DEVICE_CPU, 0}, 1, {REFIT_DTYPE_INT, 64, 1}, dims, NULL, 0};
+    int failed = 0;
+    for (size_t i = 0; i < st_count(s) && !failed; i++) {
+        const st_tensor *x = st_tensor_at(s, i);
+        if (!strncmp(x->name, "expect.", 7))
+            continue;
+        refit_tensor d = f4_desc(x);
+        int shp = !strcmp(f4_suffix(x->name), "weight_shape");
+        int rc = refit_load(t, x->name, shp ? &shape : &d, NULL);
+        if (rc) { /* the post-load of the completed module checks it */
+            assert_int_equal(rc, REFIT_ECORRUPT);
+            tw_assert_msg(&w, MOD, "does not fit this rank");
+            failed = 1;
+        }
+    }
+    assert_true(failed);
+    assert_int_equal(refit_finalize(t), REFIT_ECORRUPT);
+    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_READY);
+    void *after = tw_snapshot(&w, &n2);
+    assert_memory_equal(before, after, n1);
+    free(before);
+    free(after);
+    tw_close(&w);
+    st_close(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(gptq_sym_dequant),
+        cmocka_unit_test(gptq_asym_channel),
+        cmocka_unit_test(u8_asym_ragged),
+        cmocka_unit_test(u8_ragged_needs_in_features),
+        cmocka_unit_test(reload_equals_cold),
+        cmocka_unit_test(tp_shards),
+        cmocka_unit_test(tp_cut_refused),
+        cmocka_unit_test(plan_refusals),
+        cmocka_unit_test(shape_checked_at_finalize),
+    };
+    return cmocka_run_group_tests_name("formats4-int4", tests, NULL, NULL);
+}
