@@ -275,6 +275,124 @@ static void test_many_sequential_updates(void **state)
     }
 }
 
+/* ---- two-phase finalize: refit_finalize_prepare + refit_commit ---- */
+
+/* Module "m": w [8, 4] from "top" and "bottom"; module "n": b [4] from
+ * "n.b". Loaded at v1. */
+static void two_modules_at_v1(tw *w)
+{
+    tw_module(w, "m", "unquantized", NULL);
+    tw_runtime(w, "m", "w", REFIT_F32, 2, TT_SHAPE(8, 4));
+    refit_ckpt_spec s = tt_spec(REFIT_F32, 2, TT_SHAPE(4, 4));
+    assert_int_equal(tw_expect(w, "m", "top", &s), REFIT_OK);
+    s.dst_offset[0] = 4;
+    assert_int_equal(tw_expect(w, "m", "bottom", &s), REFIT_OK);
+    tw_module(w, "n", "unquantized", NULL);
+    tw_runtime(w, "n", "b", REFIT_F32, 1, TT_SHAPE(4));
+    s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
+    assert_int_equal(tw_expect(w, "n", "n.b", &s), REFIT_OK);
+    tw_seal(w);
+    tw_update(w, 1, "v1");
+}
+
+static void test_prepare_then_commit(void **state)
+{
+    tw *w = *state;
+    two_modules_at_v1(w);
+    refit_txn *t = tw_begin(w, "v2", 1);
+    tw_load_all(w, t, 2, NULL);
+    assert_int_equal(refit_finalize_prepare(t), REFIT_OK);
+    /* prepared, not committed: still UPDATING, serving refused */
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
+    assert_null(refit_worker_version(w->ctx));
+    assert_int_equal(refit_commit(t), REFIT_OK);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    assert_string_equal(refit_worker_version(w->ctx), "v2");
+    assert_memory_equal(tw_rt(w, "n", "b")->buf, tw_ckpt_tensor(w, "n.b", 2)->buf, 16);
+}
+
+static void test_prepare_then_abort_rolls_back(void **state)
+{
+    tw *w = *state;
+    two_modules_at_v1(w);
+    size_t n;
+    void *snap = tw_snapshot(w, &n);
+    refit_txn *t = tw_begin(w, "v2", 1);
+    tw_load_all(w, t, 2, NULL);
+    assert_int_equal(refit_finalize_prepare(t), REFIT_OK);
+    assert_int_equal(refit_abort(t), REFIT_OK); /* another rank failed */
+    int same = snap_equal(w, snap, n);
+    free(snap);
+    assert_true(same);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    assert_string_equal(refit_worker_version(w->ctx), "v1");
+}
+
+static void test_prepare_failure_aborts_and_frees(void **state)
+{
+    tw *w = *state;
+    two_modules_at_v1(w);
+    size_t n;
+    void *snap = tw_snapshot(w, &n);
+    refit_txn *t = tw_begin(w, "v2", 1);
+    assert_int_equal(tw_load(w, t, "top", 2), REFIT_OK);
+    assert_int_equal(refit_finalize_prepare(t), REFIT_EINCOMPLETE);
+    tw_assert_msg(w, "bottom", "rolled back");
+    int same = snap_equal(w, snap, n);
+    free(snap);
+    assert_true(same);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    tw_update(w, 2, "v2"); /* the txn is gone: a new one opens */
+}
+
+static void test_commit_needs_prepare_and_prepare_once(void **state)
+{
+    tw *w = *state;
+    two_modules_at_v1(w);
+    refit_txn *t = tw_begin(w, "v2", 1);
+    tw_load_all(w, t, 2, NULL);
+    assert_int_equal(refit_commit(t), REFIT_ESTATE);
+    tw_assert_msg(w, "not prepared");
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
+    assert_int_equal(refit_finalize_prepare(t), REFIT_OK);
+    assert_int_equal(refit_finalize_prepare(t), REFIT_ESTATE);
+    tw_assert_msg(w, "already prepared");
+    assert_int_equal(refit_finalize(t), REFIT_ESTATE);
+    assert_int_equal(refit_commit(t), REFIT_OK);
+    assert_string_equal(refit_worker_version(w->ctx), "v2");
+    assert_int_equal(refit_commit(NULL), REFIT_EINVAL);
+    assert_int_equal(refit_finalize_prepare(NULL), REFIT_EINVAL);
+}
+
+/* CORE BUG (core/txn.c txn_deliver): deliveries are refused only in the
+ * FAILED state, so after refit_finalize_prepare has checked completeness a
+ * load is still accepted and written; refit_commit then marks a module that
+ * received half an update CLEAN (READY serving a mix of v1 and v2). After a
+ * successful prepare every load must be refused with REFIT_ESTATE and
+ * write nothing. */
+static void test_no_load_after_prepare(void **state)
+{
+    tw *w = *state;
+    two_modules_at_v1(w);
+    tt_tensor *m = tw_rt(w, "m", "w");
+    char keep[128];
+    memcpy(keep, m->buf, sizeof keep);
+    refit_txn *t = tw_begin(w, "v2", 1);
+    assert_int_equal(tw_load(w, t, "n.b", 2), REFIT_OK);
+    assert_int_equal(refit_finalize_prepare(t), REFIT_OK);
+    int rc = tw_load(w, t, "top", 2); /* module m: not part of this update */
+    int kept = !memcmp(keep, m->buf, sizeof keep);
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%s", refit_errmsg(w->ctx));
+    if (rc != REFIT_ESTATE || !kept) {
+        refit_abort(t);
+        fail_msg("load after prepare: %s (%s), %s", refit_status_name(rc), msg,
+                 kept ? "nothing written" : "bytes written into module m");
+    }
+    assert_int_equal(refit_commit(t), REFIT_OK);
+    assert_memory_equal(keep, m->buf, sizeof keep);
+}
+
 static int finalize_empty_update(void *arg)
 {
     (void)arg;
@@ -337,6 +455,11 @@ int main(void)
         cmocka_unit_test(test_close_context_with_open_update),
         T(test_many_sequential_updates),
         cmocka_unit_test(test_finalize_with_nothing_delivered),
+        T(test_prepare_then_commit),
+        T(test_prepare_then_abort_rolls_back),
+        T(test_prepare_failure_aborts_and_frees),
+        T(test_commit_needs_prepare_and_prepare_once),
+        T(test_no_load_after_prepare),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
