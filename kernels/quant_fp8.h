@@ -1,0 +1,81 @@
+/* FP8 (E4M3) weight quantization with F32 scales, and the 2-D view access
+ * that the quantization kernels (quant_fp8, quant_int8, quant_mx) share.
+ * The CUDA versions keep these names with a _cuda suffix and must give the
+ * same bytes.
+ *
+ * Schemes (x is a 2-D [n, k] F32/F16/BF16 weight, read as F32):
+ *   per-tensor   one scale for the whole matrix, scale[0]
+ *   per-channel  one scale per row, scale[i] (a [n] or [n, 1] tensor)
+ *   block-128    one scale per 128x128 tile, scale[i/128][j/128], a
+ *                [ceil(n/128), ceil(k/128)] tensor; edge tiles are ragged
+ * For each group: amax = max |x| over the group (F32),
+ *   scale = amax / 448   (one F32 division, round to nearest even)
+ *   scale = 1.0f         when that gives 0 (amax == 0, or amax so small
+ *                        that amax / 448 underflows): any positive scale
+ *                        encodes zeros as zeros, and 1 dequantizes exactly
+ *   q     = e4m3_sat(x / scale)   (F32 division, not a multiplication by
+ *                        1/scale: x / scale is correctly rounded, x * (1 /
+ *                        scale) is not, and CPU and CUDA must agree; CUDA
+ *                        uses __fdiv_rn)
+ * Dequantization: e4m3_to_f32(q) * scale. A NaN or infinite input has no
+ * meaningful scale: the quantizers refuse it with REFIT_ECORRUPT. For the
+ * serialized block scheme the scale tensor is `weight_scale_inv` in
+ * DeepSeek-style checkpoints: despite its name a multiplier, as here. */
+#ifndef REFIT_KERNELS_QUANT_FP8_H
+#define REFIT_KERNELS_QUANT_FP8_H
+
+#include <stdint.h>
+
+#include <refit/format.h>
+
+#define KERN_FP8_E4M3_MAX 448.0f
+#define KERN_FP8_BLOCK 128
+
+typedef enum kern_fp8_scheme {
+    KERN_FP8_PER_TENSOR = 0,
+    KERN_FP8_PER_CHANNEL = 1,
+    KERN_FP8_BLOCK128 = 2,
+} kern_fp8_scheme;
+
+/* ---- 2-D view access shared by the quantization kernels ---- */
+
+/* 1 for F32, F16, BF16 (the dtypes quantizers read). */
+int kern_is_float_dtype(refit_dtype d);
+/* 1 for one-byte elements (E4M3, E5M2, E8M0, U8, I8). */
+int kern_is_byte_dtype(refit_dtype d);
+/* Element (i, j) of a 2-D F32/F16/BF16 view, as F32. */
+float kern_view_f32(const refit_view *v, int64_t i, int64_t j);
+/* Address of element (i, j) of a 2-D view of one-byte elements. */
+uint8_t *kern_view_byte(const refit_view *v, int64_t i, int64_t j);
+/* Address of element (i, j) of a 2-D F32 view. */
+float *kern_view_f32_ptr(const refit_view *v, int64_t i, int64_t j);
+
+/* ---- FP8 ---- */
+
+/* amax / 448, or 1.0f when that is 0 (see above). amax must be finite. */
+float kern_fp8_scale(float amax);
+
+/* Shape of the scale tensor of a scheme for an [n, k] weight. */
+void kern_fp8_scale_shape(kern_fp8_scheme s, int64_t n, int64_t k, int64_t out[2]);
+
+/* Quantize x into q (2-D [n, k], one-byte elements, any strides) and its
+ * scales (2-D F32 view of kern_fp8_scale_shape; per-tensor [1, 1], a
+ * per-channel [n] tensor is passed as [n, 1]). Returns REFIT_OK,
+ * REFIT_EMISMATCH (shapes), REFIT_EUNSUPPORTED (dtypes) or REFIT_ECORRUPT
+ * (NaN/Inf input; outputs partly written). */
+int kern_quant_fp8(const refit_view *q, const refit_view *scale, const refit_view *x,
+                   kern_fp8_scheme scheme);
+
+/* Max |x| over rows [r0, r1) and columns [c0, c1) of a 2-D float view;
+ * -1.0f when a NaN or infinity is among them. */
+float kern_amax_f32(const refit_view *x, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+
+/* q <- e4m3_sat(x / scale) over rows [r0, r1) and columns [c0, c1). */
+void kern_fp8_encode_tile(const refit_view *q, const refit_view *x, float scale,
+                          int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+
+/* out [n, k] row-major F32 <- dequantized q with its scales (as above). */
+int kern_dequant_fp8(float *out, const refit_view *q, const refit_view *scale,
+                     kern_fp8_scheme scheme);
+
+#endif
