@@ -403,6 +403,10 @@ static void test_vocab_padding_with_tp_last_rank_holds_pad(void **state)
         check_padded(10, 12, 2, r); /* rank 1: rows 6..9 real, 10..11 pad */
     for (int r = 0; r < 4; r++)
         check_padded(10, 12, 4, r); /* rank 3: row 9 real, 10..11 pad */
+    for (int r = 0; r < 2; r++)
+        check_padded(10, 11, 2, r); /* uneven after padding: 6 + 5, one pad row */
+    for (int r = 0; r < 3; r++)
+        check_padded(10, 10, 3, r); /* pad_to equal to the extent: no pad at all */
 }
 
 static void test_vocab_padding_rank_with_only_pad(void **state)
