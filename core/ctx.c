@@ -153,6 +153,7 @@ void refit_close(refit_ctx *ctx)
     if (!ctx)
         return;
     refit_model_destroy(ctx->model);
+    formats_unload(ctx); /* after the model: its modules may call release */
     txj_close(ctx);
     free(ctx->worker_id);
     free(ctx->journal_path);
@@ -189,6 +190,9 @@ int refit_format_register(refit_ctx *ctx, const refit_format_v1 *fmt)
                          sizeof(refit_format_v1));
     if (!fmt->name || !*fmt->name || !fmt->plan)
         return ctx_error(ctx, REFIT_EFORMAT, "format without %s", fmt->plan ? "a name" : "a plan function");
+    int yrc = formats_yield_plugin(ctx, fmt); /* in-process beats a plugin found on a path */
+    if (yrc)
+        return yrc;
     if (ctx_find_format(ctx, fmt->name))
         return ctx_error(ctx, REFIT_EEXIST, "format '%s' is already registered", fmt->name);
     if (ctx->model && ctx->model->sealed)

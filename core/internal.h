@@ -28,6 +28,7 @@ struct refit_ctx {
     char journal_err[512];              /* why the journal could not be opened */
     uint64_t journal_gaps;              /* writes lost while it had no handle */
     char *plugin_dirs;
+    struct plugin_set *plugins;         /* format plugins found at open (formats_builtin.c) */
     uint64_t staging_budget;
     refit_model *model;                 /* at most one */
     const refit_format_v1 *formats[REFIT_MAX_FORMATS];
@@ -42,8 +43,18 @@ int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
 int ctx_verror(refit_ctx *ctx, int status, const char *fmt, va_list ap);
 static inline void ctx_clear_error(refit_ctx *ctx) { ctx->errmsg[0] = '\0'; }
 const refit_format_v1 *ctx_find_format(const refit_ctx *ctx, const char *name);
-/* Register the formats compiled into the library. */
+/* Find the format plugins on the search path and register them; only
+ * REFIT_ENOMEM fails (refusals are logged and kept for messages). */
 int formats_register_builtin(refit_ctx *ctx);
+/* dlclose the plugins (refit_close, after the model is destroyed). */
+void formats_unload(refit_ctx *ctx);
+/* "dir (origin), ..." of the plugin search path, for messages. */
+void formats_describe_path(const refit_ctx *ctx, char *buf, size_t n);
+/* After plan_build: every plugin module's plan against its declaration. */
+int formats_check_plan(refit_model *m);
+/* Before refit_format_register takes fmt: a plugin format of the same
+ * name, unused so far, steps aside (REFIT_OK); an error when it is used. */
+int formats_yield_plugin(refit_ctx *ctx, const refit_format_v1 *fmt);
 
 /* ---- model ---- */
 
@@ -141,6 +152,7 @@ struct refit_model {
     char *version;              /* label of the last commit */
     struct refit_txn *txn;      /* open transaction, or NULL */
     struct txn_scratch *scratch;/* per-route/module arrays reused by every txn */
+    struct manifest_decls *decls;/* runtime tensors declared by manifests (manifest.c) */
     int64_t journal_plan;       /* module list recorded at seal, or 0 */
     refit_model_stats stats;
 };

@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/manifest.h"
 #include "core/txn_journal.h"
 #include "kernels/fingerprint.h"
 
@@ -67,6 +68,7 @@ void refit_model_destroy(refit_model *m)
     names_free(&m->module_names);
     names_free(&m->side_names);
     names_free(&m->route_names);
+    manifest_decls_free(m);
     free(m->version);
     m->ctx->model = NULL;
     free(m);
@@ -95,9 +97,12 @@ int refit_model_add_module(refit_model *m, const char *name, const char *format,
     if (!name || !*name || !format)
         return ctx_error(ctx, REFIT_EINVAL, "refit_model_add_module: name and format are required");
     const refit_format_v1 *fmt = ctx_find_format(ctx, format);
-    if (!fmt)
-        return ctx_error(ctx, REFIT_ENOTFOUND, "module %s: no format named '%s' is registered",
-                         name, format);
+    if (!fmt) {
+        char path[768];
+        formats_describe_path(ctx, path, sizeof path);
+        return ctx_error(ctx, REFIT_ENOTFOUND, "module %s: no format named '%s' is registered "
+                         "(plugins searched in: %s)", name, format, path);
+    }
     if (model_find_module(m, name) != NAMES_NONE)
         return ctx_error(ctx, REFIT_EEXIST, "module %s is already registered", name);
     if (grow_array((void **)&m->modules, &m->cap_modules, m->n_modules, sizeof *m->modules))
@@ -157,6 +162,8 @@ int refit_module_bind_runtime(refit_model *m, const char *module_name, const cha
         return ctx_error(ctx, REFIT_EEXIST, "module %s: runtime tensor %s is already bound",
                          module_name, name);
     int rc = check_descriptor(m, "runtime tensor", name, t);
+    if (!rc)
+        rc = manifest_check_bind(m, mi, name, t);
     if (rc)
         return rc;
     if (grow_array((void **)&m->runtime, &m->cap_runtime, m->n_runtime, sizeof *m->runtime) ||
@@ -286,7 +293,12 @@ int refit_model_seal(refit_model *m)
     MODEL_CHECK(m);
     if (m->sealed)
         return ctx_error(m->ctx, REFIT_ESTATE, "the model is already sealed");
-    int rc = plan_build(m);
+    int rc = manifest_check_bound(m);
+    if (rc)
+        return rc;
+    rc = plan_build(m);
+    if (!rc)
+        rc = formats_check_plan(m);
     if (rc) {
         model_free_plan(m);
         return rc;

@@ -7,6 +7,19 @@
  * versioned: abi_version/struct_size first, members only appended, each
  * group under a "valid from ABI N" comment.
  *
+ * Packaging: one shared module per format, refit-fmt-<name>.so, exporting
+ * exactly one symbol, REFIT_FORMAT_PLUGIN_SYMBOL, a const refit_format_v1:
+ *
+ *   REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+ *       .abi_version = REFIT_FORMAT_ABI_VERSION,
+ *       .struct_size = sizeof(refit_format_v1),
+ *       .name = "fp8", .plan = fp8_plan, .post_load = fp8_post_load,
+ *   };
+ *
+ * Beside it lies <name>.yaml, its declaration (schemas/format.schema.yaml):
+ * the loader refuses a plugin whose declaration is missing, invalid, or
+ * disagrees with the code (docs/plugins.md says exactly when).
+ *
  * Life of a module, as the format sees it:
  *   plan(m)        at seal: set a route for every checkpoint tensor and the
  *                  module flags. May refuse (bad dtype, missing param).
@@ -18,6 +31,8 @@
  */
 #ifndef REFIT_FORMAT_H
 #define REFIT_FORMAT_H
+
+#include <stddef.h>
 
 #include <refit/refit.h>
 
@@ -82,44 +97,115 @@ typedef struct refit_fmt_module {
     const void *params;      /* opaque; read through host->param */
 } refit_fmt_module;
 
-/* Services the host hands to a format. */
+/* What the host knows of a device (host->device_info). */
+typedef struct refit_device_info {
+    uint32_t struct_size;    /* IN: sizeof(refit_device_info) of the caller */
+    refit_device device;
+    int32_t served;          /* 1 when a backend of this build serves it */
+    int32_t host_access;     /* 1 when the CPU may read and write its bytes
+                                directly (CPU, pinned): reference kernels
+                                may then run on views of it */
+    int32_t cc_major, cc_minor; /* compute capability; 0.0 when none/unknown */
+    const char *backend;     /* "host", "cuda" ...; NULL when not served.
+                                Static storage. */
+} refit_device_info;
+
+/* Services the host hands to a format. Every service may be called from
+ * plan, post_load and release, on the thread that called into refit. */
 typedef struct refit_host_v1 {
     uint32_t abi_version;
     uint32_t struct_size;
     void *host;              /* opaque, passed back to every service */
     /* valid from ABI 1 */
-    /* Record an error message for the current call; returns status. */
+    /* Record the message of the current call's failure (printf format) and
+     * return status unchanged, so `return host->error(...)` reads well.
+     * Never blocks; the message is copied. */
     int (*error)(void *host, int status, const char *fmt, ...);
-    /* Log a line (level 0 error .. 3 debug). Never blocks long. */
+    /* Log a line (level 0 error, 1 warning, 2 info, 3 debug). Never blocks
+     * long; the text is copied. */
     void (*log)(void *host, int level, const char *fmt, ...);
-    /* Value of a module parameter, or NULL when absent. Owned by the host,
-     * valid while the model lives. */
+    /* Value of a module parameter, or NULL when absent. Never blocks. The
+     * string is owned by the host, valid while the model lives. */
     const char *(*param)(void *host, const refit_fmt_module *m, const char *key);
-    /* Memory from the host's allocator (for m->state); free with mem_free. */
+    /* Host memory from the host's allocator (for m->state); NULL when none
+     * is left. Free with mem_free (NULL is ok). Never blocks long. */
     void *(*mem_alloc)(void *host, size_t size);
     void (*mem_free)(void *host, void *p);
     /* Copy src into dst (same shape), casting between float dtypes with
-     * round-to-nearest-even, on the module's device, ordered on stream. */
+     * round-to-nearest-even, on the module's device, ordered on stream: it
+     * may return before the copy is done (the host syncs the stream after
+     * post_load). Returns REFIT_OK, REFIT_EMISMATCH (shapes),
+     * REFIT_EUNSUPPORTED (dtypes, device); the message is set. */
     int (*copy)(void *host, const refit_view *dst, const refit_view *src,
                 void *stream);
+    /* valid from ABI 1, appended: present when struct_size covers them
+     * (REFIT_HOST_HAS(host, member)); a plugin checks before calling. */
+    /* Zero every element of dst, on its device, ordered on stream like
+     * copy. Returns REFIT_OK or REFIT_EUNSUPPORTED (no backend). */
+    int (*zero)(void *host, const refit_view *dst, void *stream);
+    /* Describe dev into *out (out->struct_size set by the caller; members
+     * beyond it are left alone). Never blocks. Returns REFIT_OK (also for
+     * a device no backend serves: out->served says so) or REFIT_EINVAL. */
+    int (*device_info)(void *host, refit_device dev, refit_device_info *out);
+    /* Short name of a dtype ("bf16", "f8_e4m3"; "?" when unknown), for
+     * messages: refit_dtype_name is a core symbol a plugin cannot link.
+     * Static storage; never blocks. */
+    const char *(*dtype_name)(void *host, refit_dtype dt);
 } refit_host_v1;
+
+/* Size of each struct as ABI 1 was first released: a struct_size below it
+ * is refused. Members appended later are read only when struct_size covers
+ * them, so a plugin built against an older header keeps working. */
+#define REFIT_HOST_V1_MIN_SIZE (offsetof(refit_host_v1, copy) + sizeof(void (*)(void)))
+#define REFIT_FORMAT_V1_MIN_SIZE (offsetof(refit_format_v1, release) + sizeof(void (*)(void)))
+/* 1 when struct *s (abi_version/struct_size first) holds member. */
+#define REFIT_STRUCT_HAS(s, type, member)                                     \
+    ((size_t)(s)->struct_size >= offsetof(type, member) + sizeof(((type *)0)->member))
+#define REFIT_HOST_HAS(h, member) REFIT_STRUCT_HAS(h, refit_host_v1, member)
 
 typedef struct refit_format_v1 {
     uint32_t abi_version;    /* REFIT_FORMAT_ABI_VERSION */
     uint32_t struct_size;    /* sizeof(refit_format_v1) */
     /* valid from ABI 1 */
-    const char *name;        /* "unquantized", "fp8" ... */
-    /* Plan one module at seal. May not block; returns REFIT_OK or an error
-     * set through host->error (naming the tensor). Must set route for every
-     * checkpoint tensor. */
+    const char *name;        /* "unquantized", "fp8" ...; static storage; a
+                                plugin's name is its file's <name> */
+    /* Plan one module at seal. Must not block (no device work, no I/O).
+     * Reads m (ckpt[] names, dtypes, shapes; runtime[] views; params
+     * through host->param); writes only ckpt[i].route, ckpt[i].flags,
+     * ckpt[i].place (VIEW), m->flags and m->state (memory from
+     * host->mem_alloc, freed in release). Must set a route for every
+     * checkpoint tensor. Returns REFIT_OK, or REFIT_EFORMAT/EMISMATCH/
+     * EUNSUPPORTED/ENOMEM with a message from host->error naming module
+     * and tensor; on failure release is still called when m->state is set.
+     * The routes are checked against the plugin's declaration afterwards. */
     int (*plan)(const refit_host_v1 *host, refit_fmt_module *m);
-    /* Build the runtime tensors of a complete STAGED module from staged
-     * bytes. Ordered on stream; NULL for formats without STAGED routes. */
+    /* Build the runtime tensors of a complete STAGED module from its staged
+     * checkpoint bytes (m->ckpt[i].staged), writing in place into
+     * m->runtime[] views. Reads no runtime byte (rule 4), so running it
+     * twice on the same checkpoint gives the same bytes. May enqueue work
+     * on stream and return before it is done; the host syncs the stream
+     * and owns every buffer it points at. Returns REFIT_OK or an error set
+     * through host->error; the update then fails. NULL when the format
+     * declares no post-load step. */
     int (*post_load)(const refit_host_v1 *host, const refit_fmt_module *m,
                      void *stream);
-    /* Free m->state; NULL when plan keeps none. */
+    /* Free m->state (at model destroy, or when seal fails). Never fails,
+     * never blocks on a device. NULL when plan keeps no state. */
     void (*release)(const refit_host_v1 *host, refit_fmt_module *m);
 } refit_format_v1;
+
+/* The one symbol a plugin exports: a const refit_format_v1. A later ABI
+ * adds "refit_format_plugin_v2" beside it; the loader looks up the newest
+ * it knows first. */
+#define REFIT_FORMAT_PLUGIN_SYMBOL "refit_format_plugin_v1"
+
+/* Put on the exported struct: plugins build with hidden visibility, so
+ * this is the only symbol they export. */
+#if defined(__GNUC__) || defined(__clang__)
+#define REFIT_PLUGIN_EXPORT __attribute__((visibility("default")))
+#else
+#define REFIT_PLUGIN_EXPORT
+#endif
 
 /* Make a format available to modules of ctx's model (before seal). The
  * struct must outlive ctx. Formats found in plugin directories are

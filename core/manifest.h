@@ -1,0 +1,19 @@
+/* Model manifests (refit_model_load_manifest) and the runtime tensors they
+ * declare: refit_module_bind_runtime checks a bound descriptor against its
+ * declaration, and seal refuses a declared tensor that was never bound. */
+#ifndef REFIT_CORE_MANIFEST_H
+#define REFIT_CORE_MANIFEST_H
+
+#include <stdint.h>
+
+#include <refit/refit.h>
+
+/* REFIT_OK when module mi has no declarations (not from a manifest) or
+ * name is declared with t's dtype and shape; else the error, message set. */
+int manifest_check_bind(refit_model *m, uint32_t mi, const char *name, const refit_tensor *t);
+/* REFIT_OK when every declared runtime tensor is bound; else the first
+ * missing one is named. */
+int manifest_check_bound(refit_model *m);
+void manifest_decls_free(refit_model *m);
+
+#endif
