@@ -64,6 +64,25 @@ typedef struct int4_state {
 
 #define ERR(h, st, ...) (h)->error((h)->host, (st), __VA_ARGS__)
 
+/* Dtype names for messages (refit_dtype_name is a core symbol; a plugin
+ * links none). */
+static const char *dt_name(refit_dtype d)
+{
+    static const struct {
+        uint8_t code, bits;
+        const char *name;
+    } names[] = {
+        {REFIT_DTYPE_FLOAT, 32, "f32"},         {REFIT_DTYPE_FLOAT, 16, "f16"},
+        {REFIT_DTYPE_BFLOAT, 16, "bf16"},       {REFIT_DTYPE_INT, 32, "i32"},
+        {REFIT_DTYPE_INT, 64, "i64"},           {REFIT_DTYPE_UINT, 8, "u8"},
+        {REFIT_DTYPE_FLOAT8_E4M3FN, 8, "f8_e4m3"}, {REFIT_DTYPE_FLOAT8_E8M0FNU, 8, "f8_e8m0"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (d.code == names[i].code && d.bits == names[i].bits)
+            return names[i].name;
+    return "?";
+}
+
 static int is_float(refit_dtype d)
 {
     return d.lanes == 1 && ((d.code == REFIT_DTYPE_FLOAT && (d.bits == 32 || d.bits == 16)) ||
@@ -186,7 +205,7 @@ static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, int4_st
     if (!is_dtype(p->dtype, REFIT_DTYPE_INT, 32) || p->ndim != 2)
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected I32 [N, K/8], got %s "
                    "with %d dims (stacked experts are not supported)", m->name, p->name,
-                   refit_dtype_name(p->dtype), p->ndim);
+                   dt_name(p->dtype), p->ndim);
     s->n = p->shape[0];
     s->words = p->shape[1];
     if (!is_float(sc->dtype) || sc->ndim != 2 || sc->shape[0] != s->n)
@@ -258,7 +277,7 @@ static int route_tensor(const refit_host_v1 *h, refit_fmt_module *m, const int4_
                    "layout %s (it is %s with %d dims)", m->name, rt->name,
                    want_float ? "F32/F16/BF16" : "I32", (long long)(gptq ? cols : rows),
                    (long long)(gptq ? rows : cols), gptq ? "gptq" : "u8",
-                   refit_dtype_name(v->dtype), v->ndim);
+                   dt_name(v->dtype), v->ndim);
     if (!kern_dtype_eq(v->dtype, c->dtype))
         c->flags |= REFIT_CKPT_CAST;
     if (gptq) {
