@@ -1,0 +1,100 @@
+/* E2M1 packing, the 128x4 scale swizzle and block-scaled FP4
+ * dequantization (see quant_nvfp4.h). */
+#include <string.h>
+
+#include "copy.h"
+#include "minifloat.h"
+#include "quant_nvfp4.h"
+
+uint8_t kern_fp4_get(const uint8_t *row, int64_t j)
+{
+    uint8_t b = row[j / 2];
+    return (uint8_t)((j & 1) ? b >> 4 : b & 0xf);
+}
+
+void kern_fp4_set(uint8_t *row, int64_t j, uint8_t code)
+{
+    uint8_t *b = &row[j / 2];
+    code &= 0xf;
+    *b = (uint8_t)((j & 1) ? (*b & 0x0f) | (code << 4) : (*b & 0xf0) | code);
+}
+
+void kern_fp4_pack(uint8_t *dst, const uint8_t *codes, int64_t n)
+{
+    for (int64_t i = 0; i < n / 2; i++)
+        dst[i] = (uint8_t)((codes[2 * i] & 0xf) | (codes[2 * i + 1] & 0xf) << 4);
+    if (n & 1)
+        dst[n / 2] = codes[n - 1] & 0xf;
+}
+
+void kern_fp4_unpack(uint8_t *codes, const uint8_t *src, int64_t n)
+{
+    for (int64_t j = 0; j < n; j++)
+        codes[j] = kern_fp4_get(src, j);
+}
+
+int64_t kern_swizzle_rows(int64_t rows)
+{
+    return (rows + KERN_SWIZZLE_ROWS - 1) / KERN_SWIZZLE_ROWS * KERN_SWIZZLE_ROWS;
+}
+
+int64_t kern_swizzle_cols(int64_t cols)
+{
+    return (cols + KERN_SWIZZLE_COLS - 1) / KERN_SWIZZLE_COLS * KERN_SWIZZLE_COLS;
+}
+
+int64_t kern_swizzle_offset(int64_t r, int64_t c, int64_t cols_p)
+{
+    int64_t tile = (r / 128) * (cols_p / 4) + c / 4;
+    return tile * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + c % 4;
+}
+
+static uint8_t *byte_at(const refit_view *v, int64_t i, int64_t j)
+{
+    return (uint8_t *)v->data + i * v->strides[0] + j * v->strides[1];
+}
+
+void kern_swizzle(uint8_t *dst, const refit_view *src)
+{
+    int64_t rows = src->shape[0], cols = src->shape[1];
+    int64_t rp = kern_swizzle_rows(rows), cp = kern_swizzle_cols(cols);
+    /* pad bytes are written too: the whole array is rebuilt every time */
+    memset(dst, 0, (size_t)(rp * cp));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[kern_swizzle_offset(r, c, cp)] = *byte_at(src, r, c);
+}
+
+void kern_unswizzle(const refit_view *dst, const uint8_t *src)
+{
+    int64_t cp = kern_swizzle_cols(dst->shape[1]);
+    for (int64_t r = 0; r < dst->shape[0]; r++)
+        for (int64_t c = 0; c < dst->shape[1]; c++)
+            *byte_at(dst, r, c) = src[kern_swizzle_offset(r, c, cp)];
+}
+
+static int fits(const refit_view *v, int64_t a, int64_t b)
+{
+    return v->ndim == 2 && v->shape[0] == a && v->shape[1] == b &&
+           kern_dtype_size(v->dtype) == 1;
+}
+
+int kern_fp4_dequant(const kern_fp4_src *s, float *out)
+{
+    int64_t blocks = (s->k + s->block - 1) / s->block;
+    if (s->block <= 0 || !fits(&s->packed, s->n, (s->k + 1) / 2) ||
+        !fits(&s->scale, s->n, blocks))
+        return REFIT_EMISMATCH;
+    for (int64_t i = 0; i < s->n; i++) {
+        for (int64_t j = 0; j < s->k; j++) {
+            uint8_t byte = *byte_at(&s->packed, i, j / 2);
+            uint8_t code = (uint8_t)((j & 1) ? byte >> 4 : byte & 0xf);
+            uint8_t sc = *byte_at(&s->scale, i, j / s->block);
+            float scale = s->scale_kind == KERN_FP4_SCALE_E8M0 ? kern_e8m0_to_f32(sc)
+                                                               : kern_e4m3_to_f32(sc);
+            float x = kern_e2m1_to_f32(code) * scale;
+            out[i * s->k + j] = x * s->mul / s->div;
+        }
+    }
+    return REFIT_OK;
+}

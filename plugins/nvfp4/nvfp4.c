@@ -1,0 +1,363 @@
+/* Format "nvfp4": E2M1 weights packed two per byte, E4M3 scales per block
+ * of 16 along K, and an FP32 per-tensor factor, in either public
+ * convention (told apart by the checkpoint names):
+ *
+ *   ModelOpt                      compressed-tensors
+ *   W.weight        U8 [N, K/2]   W.weight_packed        U8 [N, K/2]
+ *   W.weight_scale  E4M3 [N, K/16]  W.weight_scale       E4M3 [N, K/16]
+ *   W.weight_scale_2  F32 (x)     W.weight_global_scale  F32 [1] (/)
+ *   W.input_scale     F32 (x)     W.input_global_scale   F32 [1] (/)
+ *
+ * A ModelOpt factor multiplies (w = fp4 * scale * weight_scale_2), a
+ * compressed-tensors one divides (w = fp4 * scale / weight_global_scale).
+ *
+ * Runtime tensors (names in the module):
+ *   weight           U8 [N, K/2]          DIRECT: the checkpoint bytes
+ *   weight_scale     U8/E4M3 [Np, Sp]     (or [Np * Sp]) the block scales in
+ *                    the 128x4 swizzled layout of CUTLASS/FlashInfer
+ *                    block-scaled GEMMs, Np = ceil(N/128)*128,
+ *                    Sp = ceil((K/16)/4)*4, pad zero
+ *   alpha            F32 [1]   the GEMM's output factor: ModelOpt
+ *                    input_scale * weight_scale_2, compressed-tensors
+ *                    1 / (input_global_scale * weight_global_scale); without
+ *                    an input scale, the weight factor alone
+ *   input_scale_inv  F32 [1]   optional: what activations are multiplied by
+ *                    before FP4 quantization (1 / input_scale, or
+ *                    input_global_scale)
+ * Scales and factors are STAGED: post-load builds weight_scale, alpha and
+ * input_scale_inv from the staged checkpoint values only, so a reload of
+ * the same checkpoint writes the same bytes and nothing is fused twice.
+ *
+ * Params: in_features (unsharded K; needed only when K is not a multiple
+ * of 16). A K shard must start on a block. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <refit/format.h>
+
+#include "kernels/copy.h"
+#include "kernels/quant_int4.h"
+#include "kernels/quant_nvfp4.h"
+
+#ifndef REFIT_PLUGIN_EXPORT
+#define REFIT_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+#define ERR(h, st, ...) (h)->error((h)->host, (st), __VA_ARGS__)
+
+enum { R_WEIGHT, R_SCALE, R_WGLOBAL, R_INPUT, R_COUNT };
+enum { RT_WEIGHT, RT_SCALE, RT_ALPHA, RT_INV, RT_COUNT };
+static const char *const rt_name[RT_COUNT] = {"weight", "weight_scale", "alpha",
+                                              "input_scale_inv"};
+enum { CONV_NONE, CONV_MODELOPT, CONV_CT };
+
+/* Checkpoint suffixes, with the convention each implies. */
+static const struct {
+    const char *suffix;
+    int role, conv;
+} roles[] = {
+    {"weight", R_WEIGHT, CONV_NONE},
+    {"weight_packed", R_WEIGHT, CONV_NONE},
+    {"weight_scale", R_SCALE, CONV_NONE},
+    {"weight_scale_2", R_WGLOBAL, CONV_MODELOPT},
+    {"input_scale", R_INPUT, CONV_MODELOPT},
+    {"weight_global_scale", R_WGLOBAL, CONV_CT},
+    {"input_global_scale", R_INPUT, CONV_CT},
+};
+
+typedef struct nvfp4_state {
+    int ck[R_COUNT];
+    int rt[RT_COUNT];
+    int conv;
+    int64_t n, bytes, blocks;
+} nvfp4_state;
+
+/* Dtype names for messages (refit_dtype_name is a core symbol; a plugin
+ * links none). */
+static const char *dt_name(refit_dtype d)
+{
+    static const struct {
+        uint8_t code, bits;
+        const char *name;
+    } names[] = {
+        {REFIT_DTYPE_FLOAT, 32, "f32"},         {REFIT_DTYPE_FLOAT, 16, "f16"},
+        {REFIT_DTYPE_BFLOAT, 16, "bf16"},       {REFIT_DTYPE_INT, 32, "i32"},
+        {REFIT_DTYPE_INT, 64, "i64"},           {REFIT_DTYPE_UINT, 8, "u8"},
+        {REFIT_DTYPE_FLOAT8_E4M3FN, 8, "f8_e4m3"}, {REFIT_DTYPE_FLOAT8_E8M0FNU, 8, "f8_e8m0"},
+    };
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (d.code == names[i].code && d.bits == names[i].bits)
+            return names[i].name;
+    return "?";
+}
+
+static const char *suffix(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    return dot ? dot + 1 : name;
+}
+
+static int is_dtype(refit_dtype d, uint8_t code, uint8_t bits)
+{
+    return d.code == code && d.bits == bits && d.lanes == 1;
+}
+
+static int is_byte(refit_dtype d)
+{
+    return d.lanes == 1 && d.bits == 8 &&
+           (d.code == REFIT_DTYPE_UINT || d.code == REFIT_DTYPE_FLOAT8_E4M3FN);
+}
+
+static int64_t numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+
+static int classify(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_state *s,
+                    uint32_t i)
+{
+    const char *suf = suffix(m->ckpt[i].name);
+    size_t r = 0;
+    while (r < sizeof roles / sizeof roles[0] && strcmp(suf, roles[r].suffix))
+        r++;
+    if (r == sizeof roles / sizeof roles[0])
+        return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: format nvfp4 does not know this "
+                   "tensor (ModelOpt: weight, weight_scale, weight_scale_2, input_scale; "
+                   "compressed-tensors: weight_packed, weight_scale, weight_global_scale, "
+                   "input_global_scale)", m->name, m->ckpt[i].name);
+    if (roles[r].conv != CONV_NONE) {
+        if (s->conv != CONV_NONE && s->conv != roles[r].conv)
+            return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: mixes ModelOpt and "
+                       "compressed-tensors scale names", m->name, m->ckpt[i].name);
+        s->conv = roles[r].conv;
+    }
+    int role = roles[r].role;
+    if (s->ck[role] >= 0)
+        return ERR(h, REFIT_EFORMAT, "module %s: tensors %s and %s play the same part; one "
+                   "nvfp4 weight per module (fused targets need the core to pass the offset "
+                   "of each part to formats)", m->name, m->ckpt[s->ck[role]].name,
+                   m->ckpt[i].name);
+    s->ck[role] = (int)i;
+    return REFIT_OK;
+}
+
+static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_state *s)
+{
+    for (int r = 0; r < R_COUNT; r++)
+        s->ck[r] = -1;
+    for (int r = 0; r < RT_COUNT; r++)
+        s->rt[r] = -1;
+    for (uint32_t i = 0; i < m->n_ckpt; i++) {
+        int rc = classify(h, m, s, i);
+        if (rc)
+            return rc;
+    }
+    for (uint32_t i = 0; i < m->n_runtime; i++)
+        for (int r = 0; r < RT_COUNT; r++)
+            if (!strcmp(m->runtime[i].name, rt_name[r]))
+                s->rt[r] = (int)i;
+    if (s->ck[R_WEIGHT] < 0 || s->ck[R_SCALE] < 0 || s->ck[R_WGLOBAL] < 0)
+        return ERR(h, REFIT_EFORMAT, "module %s: format nvfp4 needs the packed weight, "
+                   "W.weight_scale and W.weight_scale_2 or W.weight_global_scale", m->name);
+    for (int r = RT_WEIGHT; r <= RT_ALPHA; r++)
+        if (s->rt[r] < 0)
+            return ERR(h, REFIT_EFORMAT, "module %s: format nvfp4 needs a runtime tensor "
+                       "named %s", m->name, rt_name[r]);
+    if (s->rt[RT_INV] >= 0 && s->ck[R_INPUT] < 0)
+        return ERR(h, REFIT_EFORMAT, "module %s: runtime input_scale_inv needs an input scale "
+                   "in the checkpoint (W.input_scale or W.input_global_scale)", m->name);
+    return REFIT_OK;
+}
+
+static int param_int(const refit_host_v1 *h, const refit_fmt_module *m, const char *key,
+                     int64_t *out)
+{
+    const char *v = h->param(h->host, m, key);
+    char *end = NULL;
+    *out = v ? strtoll(v, &end, 10) : 0;
+    if (v && (end == v || *end || *out < 0))
+        return ERR(h, REFIT_EINVAL, "module %s: param %s: '%s' is not a count", m->name, key, v);
+    return REFIT_OK;
+}
+
+static int check_scalar(const refit_host_v1 *h, const refit_fmt_module *m, int idx)
+{
+    const refit_fmt_ckpt *c = &m->ckpt[idx];
+    if (!is_dtype(c->dtype, REFIT_DTYPE_FLOAT, 32) || numel(c->ndim, c->shape) != 1)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected one F32 value, got %s "
+                   "with %lld elements", m->name, c->name, dt_name(c->dtype),
+                   (long long)numel(c->ndim, c->shape));
+    return REFIT_OK;
+}
+
+/* The packed weight and its scales must describe the same rows and the
+ * same K range: 2 elements a byte, 16 a block. */
+static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_state *s)
+{
+    const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_WEIGHT]], *sc = &m->ckpt[s->ck[R_SCALE]];
+    if (!is_dtype(w->dtype, REFIT_DTYPE_UINT, 8) || w->ndim != 2)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected U8 [N, K/2], got %s with "
+                   "%d dims (stacked experts are not supported)", m->name, w->name,
+                   dt_name(w->dtype), w->ndim);
+    if (!is_byte(sc->dtype) || sc->ndim != 2 || sc->shape[0] != w->shape[0])
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected F8_E4M3 [%lld, K/16]",
+                   m->name, sc->name, (long long)w->shape[0]);
+    s->n = w->shape[0];
+    s->bytes = w->shape[1];
+    s->blocks = sc->shape[1];
+    int64_t k = 0;
+    int rc = param_int(h, m, "in_features", &k);
+    if (rc)
+        return rc;
+    kern_q4_split sp = kern_q4_split_check(s->bytes, 2, s->blocks, KERN_NVFP4_BLOCK, k);
+    if (sp == KERN_Q4_SPLIT_RAGGED)
+        return ERR(h, REFIT_EMISMATCH, "module %s: %lld bytes of K against %lld blocks of 16: K "
+                   "is not a whole number of blocks; declare param in_features so that a ragged "
+                   "last block can be told from a shard boundary", m->name,
+                   (long long)s->bytes, (long long)s->blocks);
+    if (sp)
+        return ERR(h, REFIT_EMISMATCH, "module %s: %lld bytes of K against %lld blocks of 16%s: "
+                   "a shard boundary cuts a block, or the shapes disagree", m->name,
+                   (long long)s->bytes, (long long)s->blocks, k ? " and in_features" : "");
+    rc = check_scalar(h, m, s->ck[R_WGLOBAL]);
+    if (!rc && s->ck[R_INPUT] >= 0)
+        rc = check_scalar(h, m, s->ck[R_INPUT]);
+    return rc;
+}
+
+static int on_host(const refit_view *v)
+{
+    return v->device.device_type == REFIT_DEVICE_CPU ||
+           v->device.device_type == REFIT_DEVICE_CUDA_HOST;
+}
+
+static int contiguous(const refit_view *v)
+{
+    int64_t want = 1;
+    for (int i = v->ndim - 1; i >= 0; i--) {
+        if (v->shape[i] != 1 && v->strides[i] != want)
+            return 0;
+        want *= v->shape[i];
+    }
+    return 1;
+}
+
+static int check_runtime(const refit_host_v1 *h, const refit_fmt_module *m,
+                         const nvfp4_state *s)
+{
+    const refit_view *w = &m->runtime[s->rt[RT_WEIGHT]].view;
+    const refit_view *sc = &m->runtime[s->rt[RT_SCALE]].view;
+    int64_t rp = kern_swizzle_rows(s->n), cp = kern_swizzle_cols(s->blocks);
+    if (!is_dtype(w->dtype, REFIT_DTYPE_UINT, 8) || w->ndim != 2 || w->shape[0] != s->n ||
+        w->shape[1] != s->bytes)
+        return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight must be U8 [%lld, %lld]",
+                   m->name, (long long)s->n, (long long)s->bytes);
+    int shape_ok = (sc->ndim == 2 && sc->shape[0] == rp && sc->shape[1] == cp) ||
+                   (sc->ndim == 1 && sc->shape[0] == rp * cp);
+    if (!is_byte(sc->dtype) || !shape_ok || !contiguous(sc))
+        return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight_scale must be a contiguous "
+                   "U8/F8_E4M3 [%lld, %lld] (rows padded to 128, blocks to 4: the swizzled "
+                   "layout)", m->name, (long long)rp, (long long)cp);
+    for (int r = RT_ALPHA; r <= RT_INV; r++) {
+        if (s->rt[r] < 0)
+            continue;
+        const refit_view *v = &m->runtime[s->rt[r]].view;
+        if (!is_dtype(v->dtype, REFIT_DTYPE_FLOAT, 32) || numel(v->ndim, v->shape) != 1)
+            return ERR(h, REFIT_EMISMATCH, "module %s: runtime %s must be one F32 value",
+                       m->name, rt_name[r]);
+    }
+    for (uint32_t i = 0; i < m->n_runtime; i++)
+        if (!on_host(&m->runtime[i].view))
+            return ERR(h, REFIT_EUNSUPPORTED, "module %s: format nvfp4's post-load runs on host "
+                       "memory only in this build (runtime %s is on device type %d)", m->name,
+                       m->runtime[i].name, m->runtime[i].view.device.device_type);
+    return REFIT_OK;
+}
+
+static int nvfp4_plan(const refit_host_v1 *h, refit_fmt_module *m)
+{
+    nvfp4_state s;
+    memset(&s, 0, sizeof s);
+    int rc = find_roles(h, m, &s);
+    if (!rc)
+        rc = check_ckpt(h, m, &s);
+    if (!rc)
+        rc = check_runtime(h, m, &s);
+    if (rc)
+        return rc;
+    refit_fmt_ckpt *w = &m->ckpt[s.ck[R_WEIGHT]];
+    if (w->target_index != s.rt[RT_WEIGHT])
+        return ERR(h, REFIT_EINVAL, "module %s, tensor %s: its target must be runtime weight",
+                   m->name, w->name);
+    for (uint32_t i = 0; i < m->n_ckpt; i++)
+        m->ckpt[i].route = REFIT_ROUTE_STAGED;
+    w->route = REFIT_ROUTE_DIRECT;
+    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD;
+    nvfp4_state *keep = h->mem_alloc(h->host, sizeof *keep);
+    if (!keep)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
+    *keep = s;
+    m->state = keep;
+    return REFIT_OK;
+}
+
+static void nvfp4_release(const refit_host_v1 *h, refit_fmt_module *m)
+{
+    h->mem_free(h->host, m->state);
+    m->state = NULL;
+}
+
+static float staged_f32(const refit_fmt_module *m, int idx)
+{
+    float f;
+    memcpy(&f, m->ckpt[idx].staged.data, sizeof f);
+    return f;
+}
+
+static void store_f32(const refit_view *v, float f)
+{
+    memcpy(v->data, &f, sizeof f);
+}
+
+/* alpha and input_scale_inv from the staged factors, with the operations
+ * (and their order) the engines use, so the bits match theirs. */
+static void fuse_factors(const refit_fmt_module *m, const nvfp4_state *s)
+{
+    float gw = staged_f32(m, s->ck[R_WGLOBAL]);
+    int has_in = s->ck[R_INPUT] >= 0;
+    float gi = has_in ? staged_f32(m, s->ck[R_INPUT]) : 1.0f;
+    float alpha, inv = 0.0f;
+    if (s->conv == CONV_CT) {
+        alpha = has_in ? 1.0f / (gi * gw) : 1.0f / gw;
+        inv = gi;
+    } else {
+        alpha = has_in ? gi * gw : gw;
+        inv = 1.0f / gi;
+    }
+    store_f32(&m->runtime[s->rt[RT_ALPHA]].view, alpha);
+    if (s->rt[RT_INV] >= 0)
+        store_f32(&m->runtime[s->rt[RT_INV]].view, inv);
+}
+
+static int nvfp4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+{
+    (void)h;
+    (void)stream;
+    const nvfp4_state *s = m->state;
+    kern_swizzle(m->runtime[s->rt[RT_SCALE]].view.data, &m->ckpt[s->ck[R_SCALE]].staged);
+    fuse_factors(m, s);
+    return REFIT_OK;
+}
+
+REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+    .abi_version = REFIT_FORMAT_ABI_VERSION,
+    .struct_size = sizeof(refit_format_v1),
+    .name = "nvfp4",
+    .plan = nvfp4_plan,
+    .post_load = nvfp4_post_load,
+    .release = nvfp4_release,
+};
