@@ -1,4 +1,5 @@
-/* refitctl: inspect and operate refit journals, checkpoints and formats. */
+/* refitctl: inspect and operate refit journals, checkpoints, formats and
+ * manifests. */
 #include <stdio.h>
 #include <string.h>
 
@@ -18,6 +19,12 @@ static const struct ctl_area areas[] = {
 #endif
 #ifdef REFIT_CTL_SAFETENSORS
     {"safetensors", ctl_safetensors, "ls PATH [--json] | verify PATH"},
+#endif
+#ifdef REFIT_CTL_FORMATS
+    {"formats", ctl_formats, "[--plugin-dir DIR]... [--only] [--json]"},
+#endif
+#ifdef REFIT_CTL_VALIDATE
+    {"validate", ctl_validate, "[--format|--model] FILE..."},
 #endif
     {NULL, NULL, NULL},
 };
