@@ -1,0 +1,205 @@
+"""ctypes declarations of include/refit/refit.h (the public API only).
+
+The structs mirror the C layouts field for field; keep them in step with
+refit.h (members are only ever appended there, under a version check)."""
+
+import ctypes
+import ctypes.util
+import os
+
+c_int64_p = ctypes.POINTER(ctypes.c_int64)
+
+MAX_DIMS = 8
+
+DEVICE_CPU = 1
+DEVICE_CUDA = 2
+DEVICE_CUDA_HOST = 3
+
+
+class Device(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class DType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", Device),
+        ("ndim", ctypes.c_int32),
+        ("dtype", DType),
+        ("shape", c_int64_p),
+        ("strides", c_int64_p),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+OPTIONS_VERSION = 1
+
+
+class Options(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("worker_id", ctypes.c_char_p),
+        ("rank", ctypes.c_int32),
+        ("journal_path", ctypes.c_char_p),
+        ("plugin_dirs", ctypes.c_char_p),
+        ("staging_budget", ctypes.c_uint64),
+    ]
+
+
+CKPT_SPEC_VERSION = 1
+
+
+class CkptSpec(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("dtype", DType),
+        ("ndim", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("target", ctypes.c_char_p),
+        ("shard_dim", ctypes.c_int32),
+        ("shard_rank", ctypes.c_int32),
+        ("shard_count", ctypes.c_int32),
+        ("pad_to", ctypes.c_int64),
+        ("expert", ctypes.c_int64),
+        ("dst_offset", ctypes.c_int64 * MAX_DIMS),
+        ("tie_of", ctypes.c_char_p),
+    ]
+
+
+UPDATE_OPTS_VERSION = 1
+
+
+class UpdateOpts(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("version_label", ctypes.c_char_p),
+        ("source_uri", ctypes.c_char_p),
+        ("rollback", ctypes.c_int),
+    ]
+
+
+class ModelStats(ctypes.Structure):
+    _fields_ = [
+        ("modules", ctypes.c_uint32),
+        ("runtime_tensors", ctypes.c_uint32),
+        ("side_tensors", ctypes.c_uint32),
+        ("ckpt_tensors", ctypes.c_uint32),
+        ("routes_direct", ctypes.c_uint32),
+        ("routes_staged", ctypes.c_uint32),
+        ("routes_view", ctypes.c_uint32),
+        ("runtime_bytes", ctypes.c_uint64),
+    ]
+
+
+class TxnStats(ctypes.Structure):
+    _fields_ = [
+        ("tensors_loaded", ctypes.c_uint64),
+        ("bytes_loaded", ctypes.c_uint64),
+        ("modules_touched", ctypes.c_uint32),
+        ("modules_complete", ctypes.c_uint32),
+    ]
+
+
+class SourceTensor(ctypes.Structure):
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("dtype", DType),
+        ("ndim", ctypes.c_int32),
+        ("shape", c_int64_p),
+        ("bytes", ctypes.c_uint64),
+        ("file", ctypes.c_char_p),
+    ]
+
+
+PROGRESS_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64,
+                               ctypes.c_char_p)
+FILTER_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p)
+
+_P = ctypes.c_void_p
+_S = ctypes.c_char_p
+_I = ctypes.c_int
+
+# name: (restype, argtypes)
+_PROTOS = {
+    "refit_strerror": (_S, [_I]),
+    "refit_status_name": (_S, [_I]),
+    "refit_dtype_name": (_S, [DType]),
+    "refit_open": (_I, [ctypes.POINTER(_P), ctypes.POINTER(Options)]),
+    "refit_close": (None, [_P]),
+    "refit_errmsg": (_S, [_P]),
+    "refit_worker_health": (_I, [_P]),
+    "refit_health_name": (_S, [_I]),
+    "refit_check_serving": (_I, [_P]),
+    "refit_worker_version": (_S, [_P]),
+    "refit_model_create": (_I, [ctypes.POINTER(_P), _P]),
+    "refit_model_destroy": (None, [_P]),
+    "refit_model_add_module": (_I, [_P, _S, _S, _S]),
+    "refit_module_bind_runtime": (_I, [_P, _S, _S, ctypes.POINTER(Tensor)]),
+    "refit_model_add_side": (_I, [_P, _S, ctypes.POINTER(Tensor)]),
+    "refit_model_expect": (_I, [_P, _S, _S, ctypes.POINTER(CkptSpec)]),
+    "refit_model_load_manifest": (_I, [_P, _S]),
+    "refit_model_seal": (_I, [_P]),
+    "refit_model_stats_get": (_I, [_P, ctypes.POINTER(ModelStats)]),
+    "refit_runtime_fingerprint": (_I, [_P, _S, _S, ctypes.POINTER(ctypes.c_uint64)]),
+    "refit_model_fingerprint": (_I, [_P, ctypes.POINTER(ctypes.c_uint64)]),
+    "refit_begin": (_I, [ctypes.POINTER(_P), _P, ctypes.POINTER(UpdateOpts)]),
+    "refit_load": (_I, [_P, _S, ctypes.POINTER(Tensor), _P]),
+    "refit_load_part": (_I, [_P, _S, ctypes.c_int64, ctypes.POINTER(Tensor), _P]),
+    "refit_finalize": (_I, [_P]),
+    "refit_abort": (_I, [_P]),
+    "refit_txn_stats_get": (_I, [_P, ctypes.POINTER(TxnStats)]),
+    "refit_source_open": (_I, [ctypes.POINTER(_P), _P, _S]),
+    "refit_source_close": (None, [_P]),
+    "refit_source_count": (ctypes.c_size_t, [_P]),
+    "refit_source_tensor_at": (_I, [_P, ctypes.c_size_t, ctypes.POINTER(SourceTensor)]),
+    "refit_source_uri": (_S, [_P]),
+    "refit_load_source": (_I, [_P, _P, PROGRESS_FN, _P]),
+    "refit_load_source_filtered": (_I, [_P, _P, FILTER_FN, _P, PROGRESS_FN, _P]),
+}
+
+_lib = None
+
+
+def _candidates():
+    env = os.environ.get("REFIT_LIB")
+    if env:
+        yield env
+    here = os.path.dirname(os.path.abspath(__file__))
+    yield os.path.join(here, "librefit.so")
+    root = os.path.abspath(os.path.join(here, "..", "..", ".."))
+    for build in ("build", "build-gpu"):
+        yield os.path.join(root, build, "librefit.so")
+    found = ctypes.util.find_library("refit")
+    if found:
+        yield found
+
+
+def lib():
+    """The loaded librefit (REFIT_LIB, then beside the package, then the
+    source tree's build folders, then the system's library path)."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    tried = []
+    for path in _candidates():
+        if os.path.sep in path and not os.path.exists(path):
+            tried.append(path + " (missing)")
+            continue
+        try:
+            handle = ctypes.CDLL(path)
+        except OSError as e:
+            tried.append("%s (%s)" % (path, e))
+            continue
+        for name, (res, args) in _PROTOS.items():
+            fn = getattr(handle, name, None)
+            if fn is None:
+                continue  # an older library: calls to it raise AttributeError
+            fn.restype = res
+            fn.argtypes = args
+        _lib = handle
+        return _lib
+    raise OSError("refit: cannot load librefit.so; set REFIT_LIB. Tried: " + "; ".join(tried))

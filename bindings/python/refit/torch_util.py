@@ -1,0 +1,186 @@
+"""PyTorch glue: tensor descriptors, streams, and registering a
+torch.nn.Module's parameters and buffers by name with a structural mapping
+(unquantized, fused targets, TP shards, tied names, padded rows). Imports
+torch only when a torch object is handed in."""
+
+import ctypes
+
+from . import _ffi
+
+# refit dtype (code, bits) by torch dtype name
+_TORCH_DTYPES = {
+    "float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16), "float64": (2, 64),
+    "int8": (0, 8), "uint8": (1, 8), "int16": (0, 16), "int32": (0, 32), "int64": (0, 64),
+    "bool": (6, 8), "float8_e4m3fn": (10, 8), "float8_e5m2": (12, 8),
+    "float8_e8m0fnu": (14, 8),
+}
+_NAMES = {"f32": (2, 32), "f16": (2, 16), "bf16": (4, 16), "f64": (2, 64), "i8": (0, 8),
+          "u8": (1, 8), "i16": (0, 16), "i32": (0, 32), "i64": (0, 64)}
+
+
+def refit_dtype(dtype):
+    """(code, bits) of a torch dtype, a refit name ("bf16") or a pair."""
+    if isinstance(dtype, tuple):
+        return dtype
+    if isinstance(dtype, str):
+        return _NAMES[dtype]
+    name = str(dtype).replace("torch.", "")
+    if name not in _TORCH_DTYPES:
+        raise TypeError("refit: no refit dtype for %s" % name)
+    return _TORCH_DTYPES[name]
+
+
+class Desc:
+    """A refit_tensor over a tensor's memory, holding the tensor alive."""
+
+    __slots__ = ("t", "shape", "strides", "tensor", "device_type", "device_id")
+
+    def __init__(self, data, device_type, device_id, dtype, shape, strides, owner):
+        n = len(shape)
+        self.shape = (ctypes.c_int64 * max(n, 1))(*shape)
+        self.strides = (ctypes.c_int64 * max(n, 1))(*strides)
+        self.tensor = owner
+        self.device_type = device_type
+        self.device_id = device_id
+        code, bits = dtype
+        self.t = _ffi.Tensor(data, _ffi.Device(device_type, device_id), n,
+                             _ffi.DType(code, bits, 1),
+                             ctypes.cast(self.shape, _ffi.c_int64_p),
+                             ctypes.cast(self.strides, _ffi.c_int64_p), 0)
+
+
+def describe(t):
+    """Descriptor of a torch.Tensor: data_ptr, shape, stride (elements),
+    dtype, device (CUDA, pinned host, or pageable host)."""
+    dev = t.device
+    if dev.type == "cuda":
+        dt, did = _ffi.DEVICE_CUDA, dev.index if dev.index is not None else 0
+    elif dev.type == "cpu":
+        dt, did = (_ffi.DEVICE_CUDA_HOST if t.is_pinned() else _ffi.DEVICE_CPU), 0
+    else:
+        raise TypeError("refit: tensors on %s are not supported" % dev.type)
+    return Desc(t.data_ptr() or None, dt, did, refit_dtype(t.dtype), tuple(t.shape),
+                tuple(t.stride()), t)
+
+
+def default_stream(model_device, desc):
+    """The caller's current torch stream on the model's device (NULL when
+    the model has no device tensor or torch is not loaded)."""
+    if model_device is None:
+        return None
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    s = torch.cuda.current_stream(model_device[1]).cuda_stream
+    return ctypes.c_void_p(s) if s else None
+
+
+def _local_rows(n, rank, size):
+    """This rank's rows of n split over size ranks (lower ranks first), as
+    refit splits them."""
+    return n // size + (1 if rank < n % size else 0)
+
+
+def register_module(model, module, *, prefix="", rename=None, fused=None, shard_dims=None,
+                    tp_rank=0, tp_size=1, padded=None, ckpt_dtype=None, format="unquantized",
+                    side_buffers=True, skip=None):
+    """Register every parameter and persistent buffer of a torch.nn.Module.
+
+    Each runtime tensor becomes a module named by its qualified name, with
+    one runtime tensor "w" and the checkpoint tensors that fill it:
+
+      rename(name) or rename[name]: its checkpoint name (default: the name).
+      fused[name] = [(ckpt_name, rows), ...] or {"dim": d, "parts": [...]}:
+          the runtime is the concatenation of these checkpoint tensors along
+          dim d (0 by default), e.g. qkv or gate_up; rows are full,
+          unsharded extents.
+      shard_dims[name] = d: tensor parallel; this rank (tp_rank of tp_size)
+          holds its slice of dim d of the checkpoint tensor(s).
+      padded[name] = real: the checkpoint has `real` rows along the shard
+          dim (dim 0 when not sharded); the runtime's extra rows are padding,
+          zeroed at every load.
+      ckpt_dtype: a dtype (or name -> dtype) of the checkpoint when it
+          differs from the runtime's; the module then casts ("cast: true").
+      Names under which one Parameter appears again (tied weights) become
+          tie_of names of the first: one storage, written once.
+      Non-persistent buffers are registered as side tensors (their addresses
+          are verified, their bytes never written) when side_buffers is set.
+      skip(name) -> True leaves a tensor out.
+
+    Returns {checkpoint name: module name}."""
+    rename = rename or {}
+    fused = fused or {}
+    shard_dims = shard_dims or {}
+    padded = padded or {}
+    state_keys = set(module.state_dict(keep_vars=True).keys())
+    seen = {}      # id(tensor) -> primary checkpoint name
+    out = {}
+    named = list(module.named_parameters(prefix=prefix, remove_duplicate=False))
+    named += [(n, b) for n, b in module.named_buffers(prefix=prefix, remove_duplicate=False)]
+    for name, t in named:
+        if skip and skip(name):
+            continue
+        key = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
+        if key not in state_keys and not isinstance(t, _param_type()):
+            if side_buffers:
+                model.add_side(name, t.detach())
+            continue
+        ck = rename(name) if callable(rename) else rename.get(name, name)
+        if id(t) in seen:
+            primary = seen[id(t)]
+            model.expect(out[primary], ck, _ck_dtype(ckpt_dtype, name, t), _ck_shape(t),
+                         tie_of=primary)
+            out[ck] = out[primary]
+            continue
+        seen[id(t)] = ck
+        dt = _ck_dtype(ckpt_dtype, name, t)
+        params = "cast: true" if refit_dtype(dt) != refit_dtype(t.dtype) else None
+        model.add_module(name, format, params)
+        model.bind_runtime(name, "w", t.detach())
+        sd = shard_dims.get(name)
+        shard = (sd, tp_rank, tp_size) if sd is not None and tp_size > 1 else None
+        spec = fused.get(name)
+        if spec is None:
+            shape = list(t.shape)
+            d = sd if shard else 0
+            if shard:
+                shape[d] = t.shape[d] * tp_size
+            pad_to = 0
+            if name in padded:
+                pad_to = shape[d]
+                shape[d] = padded[name]
+            model.expect(name, ck, dt, shape, shard=shard, pad_to=pad_to)
+            out[ck] = name
+            continue
+        parts = spec["parts"] if isinstance(spec, dict) else spec
+        fdim = spec.get("dim", 0) if isinstance(spec, dict) else 0
+        off = 0
+        for part_name, rows in parts:
+            shape = list(t.shape)
+            shape[fdim] = rows
+            if shard:
+                shape[sd] = rows if sd == fdim else t.shape[sd] * tp_size
+            dst = [0] * len(shape)
+            dst[fdim] = off
+            off += _local_rows(rows, tp_rank, tp_size) if shard and sd == fdim else rows
+            model.expect(name, part_name, dt, shape, shard=shard, dst_offset=dst)
+            out[part_name] = name
+    return out
+
+
+def _param_type():
+    import torch
+    return torch.nn.Parameter
+
+
+def _ck_dtype(ckpt_dtype, name, t):
+    if ckpt_dtype is None:
+        return t.dtype
+    if isinstance(ckpt_dtype, dict):
+        return ckpt_dtype.get(name, t.dtype)
+    return ckpt_dtype
+
+
+def _ck_shape(t):
+    return list(t.shape)
