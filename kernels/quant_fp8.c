@@ -65,6 +65,18 @@ void kern_fp8_scale_shape(kern_fp8_scheme s, int64_t n, int64_t k, int64_t out[2
     out[1] = s == KERN_FP8_BLOCK128 ? cdiv(k, KERN_FP8_BLOCK) : 1;
 }
 
+kern_split kern_block_split(int64_t n, int64_t blocks, int64_t bs, int whole)
+{
+    int64_t need = cdiv(n, bs);
+    if (whole > 0)
+        return blocks == need ? KERN_SPLIT_OK : KERN_SPLIT_MISMATCH;
+    if (n == blocks * bs)
+        return KERN_SPLIT_OK;
+    if (whole < 0)
+        return KERN_SPLIT_CUT;
+    return blocks == need ? KERN_SPLIT_RAGGED : KERN_SPLIT_MISMATCH;
+}
+
 float kern_amax_f32(const refit_view *x, int64_t r0, int64_t r1, int64_t c0, int64_t c1)
 {
     float amax = 0.0f;

@@ -74,6 +74,20 @@ float kern_amax_f32(const refit_view *x, int64_t r0, int64_t r1, int64_t c0, int
 void kern_fp8_encode_tile(const refit_view *q, const refit_view *x, float scale,
                           int64_t r0, int64_t r1, int64_t c0, int64_t c1);
 
+/* Does a slice of n elements along one dim agree with a slice of `blocks`
+ * scale blocks of bs elements along the same dim? whole: 1 when n is the
+ * whole (unsharded) extent, -1 when it is known to be a shard of a larger
+ * one, 0 when unknown. Sound when every rank checks: with the core's
+ * split rule (sizes differ by at most one), equal n == blocks * bs on
+ * every rank gives equal offsets, so no boundary cuts a block. */
+typedef enum kern_split {
+    KERN_SPLIT_OK = 0,
+    KERN_SPLIT_CUT = 1,      /* a shard boundary cuts a block */
+    KERN_SPLIT_RAGGED = 2,   /* a ragged last block or a cut: needs whole */
+    KERN_SPLIT_MISMATCH = 3, /* the scale does not fit the weight */
+} kern_split;
+kern_split kern_block_split(int64_t n, int64_t blocks, int64_t bs, int whole);
+
 /* out [n, k] row-major F32 <- dequantized q with its scales (as above). */
 int kern_dequant_fp8(float *out, const refit_view *q, const refit_view *scale,
                      kern_fp8_scheme scheme);

@@ -1,0 +1,683 @@
+/* Format "fp8": E4M3 weights with F32 scales (docs/formats-fp8.md).
+ *
+ * Checkpoint tensors of a module, told apart by the suffix after the last
+ * '.' (a module may hold several weights fused into one runtime tensor,
+ * q/k/v into qkv; each W.* pairs with the W.weight of the same prefix):
+ *   W.weight            F8_E4M3 [N, K] serialized, or BF16/F16/F32 [N, K]
+ *                       (online: quantized at post-load)
+ *   W.weight_scale      F32, one element (per-tensor) or [N] / [N, 1]
+ *                       (per-channel); serialized only
+ *   W.weight_scale_inv  F32 [ceil(N/128), ceil(K/128)] (block-128, a
+ *                       multiplier despite its name); serialized only
+ *   W.input_scale       F32, static activation scale, copied as is
+ * Runtime tensors: weight (F8_E4M3), weight_scale (F32), input_scale (F32).
+ *
+ * Serialized: every route is DIRECT; the core places weights and scales
+ * (shards, fused offsets, experts) and nothing runs at load. Online: the
+ * weights are STAGED and post_load quantizes each into its place in the
+ * runtime weight, writing the runtime scales (kernels/quant_fp8.h gives
+ * the arithmetic). Either way the module is WHOLE: a weight without its
+ * scale means nothing.
+ *
+ * Params: scheme (per_tensor | per_channel | block128; serialized modules
+ * infer it from their scale tensors), online (bool, optional: asserts the
+ * weights' dtype), in_features / out_features (unsharded K and total N,
+ * needed only when a block-128 extent is not a whole number of blocks, so
+ * that a ragged last block can be told from a shard boundary). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <refit/format.h>
+
+#include "kernels/quant_fp8.h"
+
+#ifndef REFIT_PLUGIN_EXPORT
+#define REFIT_PLUGIN_EXPORT __attribute__((visibility("default")))
+#endif
+
+#define ERR(h, st, ...) ((h)->error((h)->host, (st), __VA_ARGS__))
+
+enum { R_WEIGHT, R_SCALE, R_SCALE_INV, R_INPUT_SCALE, R_COUNT };
+static const char *const role_suffix[R_COUNT] = {"weight", "weight_scale", "weight_scale_inv",
+                                                 "input_scale"};
+static const char *const scheme_name[3] = {"per_tensor", "per_channel", "block128"};
+
+typedef struct fp8_state {
+    int online;
+    kern_fp8_scheme scheme;
+    int rt_weight, rt_scale;  /* runtime indexes; -1 when absent */
+    uint32_t n_weights;
+    uint32_t *weights;        /* ckpt indexes of the W.weight tensors */
+    int *pair;                /* per ckpt: index of its weight's scale, or -1 */
+} fp8_state;
+
+static const char *suffix(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    return dot ? dot + 1 : name;
+}
+
+static size_t prefix_len(const char *name)
+{
+    const char *dot = strrchr(name, '.');
+    return dot ? (size_t)(dot - name) : 0;
+}
+
+static int same_prefix(const char *a, const char *b)
+{
+    size_t n = prefix_len(a);
+    return n == prefix_len(b) && !strncmp(a, b, n);
+}
+
+static int role_of(const char *name)
+{
+    const char *s = suffix(name);
+    for (int r = 0; r < R_COUNT; r++)
+        if (!strcmp(s, role_suffix[r]))
+            return r;
+    return -1;
+}
+
+static int is_e4m3(refit_dtype d)
+{
+    return d.code == REFIT_DTYPE_FLOAT8_E4M3FN && d.bits == 8 && d.lanes == 1;
+}
+
+static int is_f32(refit_dtype d)
+{
+    return d.code == REFIT_DTYPE_FLOAT && d.bits == 32 && d.lanes == 1;
+}
+
+/* Dtype names for messages (refit_dtype_name is a core symbol; a plugin
+ * links none). */
+static const char *dt_name(refit_dtype d)
+{
+    switch (d.code) {
+    case REFIT_DTYPE_FLOAT:
+        return d.bits == 32 ? "f32" : d.bits == 16 ? "f16" : d.bits == 64 ? "f64" : "float";
+    case REFIT_DTYPE_BFLOAT:
+        return "bf16";
+    case REFIT_DTYPE_INT:
+        return d.bits == 8 ? "i8" : d.bits == 32 ? "i32" : "int";
+    case REFIT_DTYPE_UINT:
+        return d.bits == 8 ? "u8" : "uint";
+    case REFIT_DTYPE_FLOAT8_E4M3FN:
+        return "f8_e4m3";
+    case REFIT_DTYPE_FLOAT8_E5M2:
+        return "f8_e5m2";
+    case REFIT_DTYPE_FLOAT8_E8M0FNU:
+        return "f8_e8m0";
+    default:
+        return "an unsupported dtype";
+    }
+}
+
+static int64_t numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= shape[i];
+    return n;
+}
+
+static int find_runtime(const refit_fmt_module *m, const char *name)
+{
+    for (uint32_t i = 0; i < m->n_runtime; i++)
+        if (!strcmp(m->runtime[i].name, name))
+            return (int)i;
+    return -1;
+}
+
+/* A non-negative integer param, 0 when absent. */
+static int int_param(const refit_host_v1 *h, const refit_fmt_module *m, const char *key,
+                     int64_t *out)
+{
+    const char *v = h->param(h->host, m, key);
+    *out = 0;
+    if (!v)
+        return REFIT_OK;
+    char *end;
+    long long x = strtoll(v, &end, 10);
+    if (end == v || *end || x < 0)
+        return ERR(h, REFIT_EINVAL, "module %s: param %s must be a non-negative integer, not "
+                   "'%s'", m->name, key, v);
+    *out = x;
+    return REFIT_OK;
+}
+
+/* -1 absent, 0 false, 1 true (true/yes/on/1, false/no/off/0, any case). */
+static int bool_param(const refit_host_v1 *h, const refit_fmt_module *m, const char *key,
+                      int *out)
+{
+    static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no",
+                                                                                "off", "0"};
+    const char *v = h->param(h->host, m, key);
+    *out = -1;
+    if (!v)
+        return REFIT_OK;
+    for (int i = 0; i < 4; i++) {
+        if (!strcasecmp(v, yes[i]))
+            *out = 1;
+        if (!strcasecmp(v, no[i]))
+            *out = 0;
+    }
+    if (*out < 0)
+        return ERR(h, REFIT_EINVAL, "module %s: param %s must be true or false, not '%s'",
+                   m->name, key, v);
+    return REFIT_OK;
+}
+
+/* -1 when the param is absent. */
+static int scheme_param(const refit_host_v1 *h, const refit_fmt_module *m, int *out)
+{
+    const char *v = h->param(h->host, m, "scheme");
+    *out = -1;
+    if (!v)
+        return REFIT_OK;
+    for (int s = 0; s < 3; s++)
+        if (!strcmp(v, scheme_name[s]))
+            *out = s;
+    if (*out < 0)
+        return ERR(h, REFIT_EINVAL, "module %s: param scheme is '%s'; format fp8 takes "
+                   "per_tensor, per_channel or block128", m->name, v);
+    return REFIT_OK;
+}
+
+/* ---- serialized: DIRECT routes, shapes checked ---- */
+
+/* 1 whole, -1 a shard, 0 unknown: how this rank's extent `have` relates
+ * to a declared unsharded extent `full` (0 = undeclared). */
+static int wholeness(int64_t have, int64_t full)
+{
+    return full == 0 ? 0 : have == full ? 1 : -1;
+}
+
+static int split_error(const refit_host_v1 *h, const refit_fmt_module *m,
+                       const refit_fmt_ckpt *sc, kern_split sp, const char *dim,
+                       int64_t n, int64_t blocks, const char *param)
+{
+    if (sp == KERN_SPLIT_CUT)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: %lld %s against %lld blocks of "
+                   "128: a shard boundary cuts a 128-block (shard block-128 weights only at "
+                   "multiples of 128)", m->name, sc->name, (long long)n, dim,
+                   (long long)blocks);
+    if (sp == KERN_SPLIT_RAGGED)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: %lld %s is not a whole number "
+                   "of 128-blocks; declare param %s (the unsharded extent) so that a ragged "
+                   "last block can be told from a shard boundary", m->name, sc->name,
+                   (long long)n, dim, param);
+    return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: %lld %s need %lld blocks of 128, "
+               "the scale has %lld", m->name, sc->name, (long long)n, dim,
+               (long long)((n + 127) / 128), (long long)blocks);
+}
+
+/* The block-128 scale sc of weight w, with the wholeness of each dim. */
+static int check_block(const refit_host_v1 *h, const refit_fmt_module *m,
+                       const refit_fmt_ckpt *w, const refit_fmt_ckpt *sc, int rows_whole,
+                       int cols_whole)
+{
+    if (sc->ndim != 2)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: a block-128 scale is 2-D "
+                   "[ceil(N/128), ceil(K/128)], not %d-D", m->name, sc->name, sc->ndim);
+    kern_split sp = kern_block_split(w->shape[0], sc->shape[0], KERN_FP8_BLOCK, rows_whole);
+    if (sp)
+        return split_error(h, m, sc, sp, "rows", w->shape[0], sc->shape[0], "out_features");
+    sp = kern_block_split(w->shape[1], sc->shape[1], KERN_FP8_BLOCK, cols_whole);
+    if (sp)
+        return split_error(h, m, sc, sp, "columns", w->shape[1], sc->shape[1], "in_features");
+    return REFIT_OK;
+}
+
+/* Scheme a scale tensor implies, and its shape against weight w. */
+static int check_scale(const refit_host_v1 *h, const refit_fmt_module *m,
+                       const refit_fmt_ckpt *w, const refit_fmt_ckpt *sc, int role,
+                       kern_fp8_scheme *out)
+{
+    if (!is_f32(sc->dtype))
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: scales are F32, not %s",
+                   m->name, sc->name, dt_name(sc->dtype));
+    if (role == R_SCALE_INV) {
+        *out = KERN_FP8_BLOCK128;
+        return REFIT_OK;
+    }
+    int64_t n = w->shape[0];
+    if (sc->ndim <= 2 && numel(sc->ndim, sc->shape) == 1) {
+        *out = KERN_FP8_PER_TENSOR;
+        return REFIT_OK;
+    }
+    if ((sc->ndim == 1 && sc->shape[0] == n) ||
+        (sc->ndim == 2 && sc->shape[0] == n && sc->shape[1] == 1)) {
+        *out = KERN_FP8_PER_CHANNEL;
+        return REFIT_OK;
+    }
+    return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: weight_scale is one element "
+               "(per-tensor) or [%lld] / [%lld, 1] (per-channel) for weight %s",
+               m->name, sc->name, (long long)n, (long long)n, w->name);
+}
+
+/* The scale of weight ckpt[wi]: the one W.weight_scale(_inv) of its prefix. */
+static int find_scale(const refit_host_v1 *h, const refit_fmt_module *m, uint32_t wi,
+                      int *out)
+{
+    *out = -1;
+    for (uint32_t i = 0; i < m->n_ckpt; i++) {
+        int r = role_of(m->ckpt[i].name);
+        if ((r != R_SCALE && r != R_SCALE_INV) || !same_prefix(m->ckpt[i].name, m->ckpt[wi].name))
+            continue;
+        if (*out >= 0)
+            return ERR(h, REFIT_EFORMAT, "module %s: weight %s has two scales, %s and %s",
+                       m->name, m->ckpt[wi].name, m->ckpt[*out].name, m->ckpt[i].name);
+        *out = (int)i;
+    }
+    if (*out < 0)
+        return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: a serialized FP8 weight needs its "
+                   "%.*s.weight_scale or %.*s.weight_scale_inv", m->name, m->ckpt[wi].name,
+                   (int)prefix_len(m->ckpt[wi].name), m->ckpt[wi].name,
+                   (int)prefix_len(m->ckpt[wi].name), m->ckpt[wi].name);
+    return REFIT_OK;
+}
+
+/* Sum of this rank's weight rows, against out_features. */
+static int rows_wholeness(const refit_host_v1 *h, const refit_fmt_module *m,
+                          const fp8_state *s, int64_t full, int *out)
+{
+    int64_t tot = 0;
+    for (uint32_t i = 0; i < s->n_weights; i++)
+        tot += m->ckpt[s->weights[i]].shape[0];
+    if (full && tot > full)
+        return ERR(h, REFIT_EMISMATCH, "module %s: the weights have %lld rows, more than "
+                   "param out_features %lld", m->name, (long long)tot, (long long)full);
+    *out = wholeness(tot, full);
+    return REFIT_OK;
+}
+
+static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, fp8_state *s,
+                           int want_scheme, int64_t in_f, int64_t out_f)
+{
+    int rows_whole = 0;
+    int rc = rows_wholeness(h, m, s, out_f, &rows_whole);
+    for (uint32_t i = 0; i < s->n_weights && !rc; i++) {
+        const refit_fmt_ckpt *w = &m->ckpt[s->weights[i]];
+        int si = -1;
+        kern_fp8_scheme sch = KERN_FP8_PER_TENSOR;
+        rc = find_scale(h, m, s->weights[i], &si);
+        if (!rc)
+            rc = check_scale(h, m, w, &m->ckpt[si], role_of(m->ckpt[si].name), &sch);
+        if (rc)
+            return rc;
+        if (w->ndim == 2 && w->shape[1] > in_f && in_f)
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: %lld columns, more than "
+                       "param in_features %lld", m->name, w->name, (long long)w->shape[1],
+                       (long long)in_f);
+        if (sch == KERN_FP8_BLOCK128)
+            rc = check_block(h, m, w, &m->ckpt[si], rows_whole, wholeness(w->shape[1], in_f));
+        if (i > 0 && sch != s->scheme)
+            return ERR(h, REFIT_EMISMATCH, "module %s: weight %s is %s but %s is %s; one "
+                       "scheme per module", m->name, w->name, scheme_name[sch],
+                       m->ckpt[s->weights[0]].name, scheme_name[s->scheme]);
+        s->scheme = sch;
+        s->pair[si] = (int)s->weights[i];
+    }
+    if (!rc && want_scheme >= 0 && (int)s->scheme != want_scheme)
+        return ERR(h, REFIT_EMISMATCH, "module %s: param scheme is %s but the checkpoint's "
+                   "scales are %s", m->name, scheme_name[want_scheme], scheme_name[s->scheme]);
+    return rc;
+}
+
+/* ---- online: STAGED weights, quantized at post-load ---- */
+
+static int row_major(const refit_view *v)
+{
+    int64_t st = 1;
+    for (int i = v->ndim - 1; i >= 0; i--) {
+        if (v->shape[i] != 1 && v->strides[i] != st)
+            return 0;
+        st *= v->shape[i];
+    }
+    return 1;
+}
+
+static int host_memory(refit_device d)
+{
+    return d.device_type == REFIT_DEVICE_CPU || d.device_type == REFIT_DEVICE_CUDA_HOST;
+}
+
+/* The runtime weight and scale an online module writes. */
+static int check_online_runtime(const refit_host_v1 *h, const refit_fmt_module *m,
+                                fp8_state *s)
+{
+    s->rt_scale = find_runtime(m, "weight_scale");
+    if (s->rt_weight < 0 || s->rt_scale < 0)
+        return ERR(h, REFIT_EFORMAT, "module %s: online fp8 writes runtime tensors named "
+                   "weight and weight_scale; bind both", m->name);
+    const refit_view *w = &m->runtime[s->rt_weight].view, *sc = &m->runtime[s->rt_scale].view;
+    if (!is_e4m3(w->dtype) || (w->ndim != 2 && w->ndim != 3) || !row_major(w))
+        return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight must be a contiguous "
+                   "f8_e4m3 [N, K] or [E, N, K] tensor (it is %s, %d-D)", m->name,
+                   dt_name(w->dtype), w->ndim);
+    if (!is_f32(sc->dtype) || !row_major(sc))
+        return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight_scale must be a contiguous "
+                   "f32 tensor (it is %s)", m->name, dt_name(sc->dtype));
+    if (!host_memory(w->device) || !host_memory(sc->device))
+        return ERR(h, REFIT_EUNSUPPORTED, "module %s: online fp8 quantization runs on host "
+                   "memory; this build has no device kernel for it", m->name);
+    return REFIT_OK;
+}
+
+/* Scale slots the runtime weight_scale must hold for the scheme. */
+static int check_online_slots(const refit_host_v1 *h, const refit_fmt_module *m,
+                              const fp8_state *s)
+{
+    const refit_view *w = &m->runtime[s->rt_weight].view, *sc = &m->runtime[s->rt_scale].view;
+    int64_t e = w->ndim == 3 ? w->shape[0] : 1, n = w->shape[w->ndim - 2];
+    int64_t k = w->shape[w->ndim - 1], have = numel(sc->ndim, sc->shape), want;
+    if (s->scheme == KERN_FP8_PER_TENSOR) {
+        if (have == 1 || have == e || have == (int64_t)s->n_weights)
+            return REFIT_OK;
+        return ERR(h, REFIT_EMISMATCH, "module %s: per-tensor runtime weight_scale holds %lld "
+                   "scales; it takes 1, one per expert (%lld) or one per weight (%u)",
+                   m->name, (long long)have, (long long)e, s->n_weights);
+    }
+    want = s->scheme == KERN_FP8_PER_CHANNEL
+               ? e * n
+               : e * ((n + KERN_FP8_BLOCK - 1) / KERN_FP8_BLOCK) *
+                     ((k + KERN_FP8_BLOCK - 1) / KERN_FP8_BLOCK);
+    if (have != want)
+        return ERR(h, REFIT_EMISMATCH, "module %s: %s runtime weight_scale holds %lld scales, "
+                   "the runtime weight needs %lld", m->name, scheme_name[s->scheme],
+                   (long long)have, (long long)want);
+    return REFIT_OK;
+}
+
+static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, fp8_state *s,
+                       int want_scheme)
+{
+    s->scheme = want_scheme >= 0 ? (kern_fp8_scheme)want_scheme : KERN_FP8_PER_TENSOR;
+    int rc = check_online_runtime(h, m, s);
+    if (rc)
+        return rc;
+    uint32_t ragged = 0;
+    for (uint32_t i = 0; i < s->n_weights; i++) {
+        refit_fmt_ckpt *w = &m->ckpt[s->weights[i]];
+        if (w->target_index != s->rt_weight)
+            return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: an online weight goes to runtime "
+                       "weight, not %s", m->name, w->name, w->target);
+        if (w->ndim != 2 || w->shape[1] != m->runtime[s->rt_weight].view.shape[
+                                               m->runtime[s->rt_weight].view.ndim - 1])
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an online weight is [N, K] "
+                       "with the runtime weight's K (fused shards stack along N)", m->name,
+                       w->name);
+        ragged += w->shape[0] % KERN_FP8_BLOCK != 0;
+        w->route = REFIT_ROUTE_STAGED;
+    }
+    if (s->scheme == KERN_FP8_BLOCK128 && ragged > 1)
+        return ERR(h, REFIT_EMISMATCH, "module %s: %u fused weights are not whole 128-row "
+                   "blocks; only the last shard of a fused block-128 weight may be ragged",
+                   m->name, ragged);
+    return check_online_slots(h, m, s);
+}
+
+/* ---- plan ---- */
+
+static int check_direct_target(const refit_host_v1 *h, const refit_fmt_module *m,
+                               refit_fmt_ckpt *c, int e4m3)
+{
+    refit_dtype rt = m->runtime[c->target_index].view.dtype;
+    if (e4m3 ? !is_e4m3(rt) : !is_f32(rt))
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: runtime %s is %s; format fp8 "
+                   "puts it in a %s tensor", m->name, c->name, c->target, dt_name(rt),
+                   e4m3 ? "f8_e4m3" : "f32");
+    c->route = REFIT_ROUTE_DIRECT;
+    return REFIT_OK;
+}
+
+/* Roles and dtypes of the checkpoint tensors; weights listed in s. */
+static int classify(const refit_host_v1 *h, refit_fmt_module *m, fp8_state *s)
+{
+    int n_e4m3 = 0, n_float = 0;
+    for (uint32_t i = 0; i < m->n_ckpt; i++) {
+        refit_fmt_ckpt *c = &m->ckpt[i];
+        int r = role_of(c->name);
+        s->pair[i] = -1;
+        if (r < 0)
+            return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: format fp8 takes W.weight, "
+                       "W.weight_scale, W.weight_scale_inv and W.input_scale", m->name, c->name);
+        if (r == R_INPUT_SCALE && !is_f32(c->dtype))
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: input_scale is f32, not %s",
+                       m->name, c->name, dt_name(c->dtype));
+        if (r != R_WEIGHT)
+            continue;
+        if (c->ndim != 2)
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: a weight is 2-D [N, K], not "
+                       "%d-D", m->name, c->name, c->ndim);
+        if (is_e4m3(c->dtype))
+            n_e4m3++;
+        else if (kern_is_float_dtype(c->dtype))
+            n_float++;
+        else
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an fp8 weight is f8_e4m3 "
+                       "(serialized) or bf16/f16/f32 (online), not %s", m->name, c->name,
+                       dt_name(c->dtype));
+        s->weights[s->n_weights++] = i;
+    }
+    if (s->n_weights == 0)
+        return ERR(h, REFIT_EFORMAT, "module %s: format fp8 needs a W.weight", m->name);
+    if (n_e4m3 && n_float)
+        return ERR(h, REFIT_EMISMATCH, "module %s: weights mix f8_e4m3 and float dtypes",
+                   m->name);
+    s->online = n_float > 0;
+    return REFIT_OK;
+}
+
+/* Routes of the tensors that are not online weights, and orphan scales. */
+static int route_rest(const refit_host_v1 *h, refit_fmt_module *m, const fp8_state *s)
+{
+    for (uint32_t i = 0; i < m->n_ckpt; i++) {
+        refit_fmt_ckpt *c = &m->ckpt[i];
+        int r = role_of(c->name), rc = REFIT_OK;
+        if (r == R_WEIGHT && !s->online)
+            rc = check_direct_target(h, m, c, 1);
+        else if (r == R_INPUT_SCALE)
+            rc = check_direct_target(h, m, c, 0);
+        else if (r == R_SCALE || r == R_SCALE_INV) {
+            if (s->online)
+                return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: an online module (bf16/f16/"
+                           "f32 weights) computes its scales; it takes none from the checkpoint",
+                           m->name, c->name);
+            if (s->pair[i] < 0)
+                return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: no %.*s.weight in the "
+                           "module for this scale", m->name, c->name, (int)prefix_len(c->name),
+                           c->name);
+            rc = check_direct_target(h, m, c, 0);
+        }
+        if (rc)
+            return rc;
+    }
+    return REFIT_OK;
+}
+
+static int fp8_plan(const refit_host_v1 *h, refit_fmt_module *m)
+{
+    size_t bytes;
+    if (__builtin_mul_overflow((size_t)m->n_ckpt, sizeof(uint32_t) + sizeof(int), &bytes) ||
+        __builtin_add_overflow(bytes, sizeof(fp8_state), &bytes))
+        return ERR(h, REFIT_ENOMEM, "module %s: too many checkpoint tensors", m->name);
+    fp8_state *s = h->mem_alloc(h->host, bytes);
+    if (!s)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
+    memset(s, 0, sizeof *s);
+    s->weights = (uint32_t *)(s + 1);
+    s->pair = (int *)(s->weights + m->n_ckpt);
+    s->rt_weight = find_runtime(m, "weight");
+    s->rt_scale = -1;
+    m->state = s; /* release frees it, also when plan fails */
+    int want_scheme, online;
+    int64_t in_f, out_f;
+    int rc = scheme_param(h, m, &want_scheme);
+    if (!rc)
+        rc = bool_param(h, m, "online", &online);
+    if (!rc)
+        rc = int_param(h, m, "in_features", &in_f);
+    if (!rc)
+        rc = int_param(h, m, "out_features", &out_f);
+    if (!rc)
+        rc = classify(h, m, s);
+    if (!rc && online >= 0 && online != s->online)
+        rc = ERR(h, REFIT_EMISMATCH, "module %s: param online is %s but the weights are %s",
+                 m->name, online ? "true" : "false", s->online ? "bf16/f16/f32" : "f8_e4m3");
+    if (!rc)
+        rc = s->online ? plan_online(h, m, s, want_scheme)
+                       : plan_serialized(h, m, s, want_scheme, in_f, out_f);
+    if (!rc)
+        rc = route_rest(h, m, s);
+    m->flags = REFIT_MODULE_WHOLE | (s->online ? REFIT_MODULE_POST_LOAD : 0);
+    return rc;
+}
+
+static void fp8_release(const refit_host_v1 *h, refit_fmt_module *m)
+{
+    h->mem_free(h->host, m->state);
+    m->state = NULL;
+}
+
+/* ---- post-load (online) ---- */
+
+/* Where one weight landed in the runtime weight: expert and first row. */
+typedef struct shard {
+    uint32_t ck;
+    int64_t e, row;
+} shard;
+
+static int shard_cmp(const void *a, const void *b)
+{
+    const shard *x = a, *y = b;
+    if (x->e != y->e)
+        return x->e < y->e ? -1 : 1;
+    if (x->row != y->row)
+        return x->row < y->row ? -1 : 1;
+    return x->ck < y->ck ? -1 : x->ck > y->ck;
+}
+
+/* Decompose the offset of ckpt ck's place in the (row-major) runtime
+ * weight into (expert, row); it must cover whole rows. */
+static int locate(const refit_host_v1 *h, const refit_fmt_module *m, const fp8_state *s,
+                  uint32_t ck, shard *out)
+{
+    const refit_view *rt = &m->runtime[s->rt_weight].view;
+    const refit_fmt_ckpt *c = &m->ckpt[ck];
+    int64_t n = rt->shape[rt->ndim - 2], k = rt->shape[rt->ndim - 1];
+    int64_t off = c->place.data ? (int64_t)((const char *)c->place.data - (const char *)rt->data)
+                                : -1;
+    if (off < 0 || c->place.ndim != 2 || c->place.shape[1] != k ||
+        (c->place.shape[0] > 1 && c->place.strides[0] != k) || (k && off % k))
+        return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: its place in runtime weight is not "
+                   "whole rows of it (online fp8 stacks fused weights along N)", m->name,
+                   c->name);
+    int64_t row = k ? off / k : 0;
+    out->ck = ck;
+    out->e = n ? row / n : 0;
+    out->row = n ? row % n : 0;
+    return REFIT_OK;
+}
+
+static int corrupt(const refit_host_v1 *h, const refit_fmt_module *m, uint32_t ck)
+{
+    return ERR(h, REFIT_ECORRUPT, "module %s, tensor %s: NaN or infinity in the weight; "
+               "refusing to quantize it", m->name, m->ckpt[ck].name);
+}
+
+/* Per-tensor: one scale per slot (per weight, per expert, or one), the
+ * amax taken over every weight of the slot. sh is sorted. */
+static int quant_per_tensor(const refit_host_v1 *h, const refit_fmt_module *m,
+                            const fp8_state *s, const shard *sh)
+{
+    const refit_view *sv = &m->runtime[s->rt_scale].view;
+    int64_t slots = numel(sv->ndim, sv->shape);
+    float *scale = sv->data;
+    for (uint32_t g0 = 0, g1; g0 < s->n_weights; g0 = g1) {
+        int64_t slot = slots == (int64_t)s->n_weights ? g0 : slots == 1 ? 0 : sh[g0].e;
+        for (g1 = g0 + 1; g1 < s->n_weights; g1++)
+            if ((slots == (int64_t)s->n_weights) || (slots != 1 && sh[g1].e != sh[g0].e))
+                break;
+        float amax = 0.0f;
+        for (uint32_t i = g0; i < g1; i++) {
+            const refit_view *x = &m->ckpt[sh[i].ck].staged;
+            float a = kern_amax_f32(x, 0, x->shape[0], 0, x->shape[1]);
+            if (a < 0.0f)
+                return corrupt(h, m, sh[i].ck);
+            amax = a > amax ? a : amax;
+        }
+        scale[slot] = kern_fp8_scale(amax);
+        for (uint32_t i = g0; i < g1; i++) {
+            const refit_fmt_ckpt *c = &m->ckpt[sh[i].ck];
+            kern_fp8_encode_tile(&c->place, &c->staged, scale[slot], 0, c->staged.shape[0], 0,
+                                 c->staged.shape[1]);
+        }
+    }
+    return REFIT_OK;
+}
+
+/* Per-channel and block-128: each weight's scales are rows of the runtime
+ * scale grid at its own row offset. */
+static int quant_rows(const refit_host_v1 *h, const refit_fmt_module *m, const fp8_state *s,
+                      const shard *sh)
+{
+    const refit_view *rt = &m->runtime[s->rt_weight].view;
+    int64_t n = rt->shape[rt->ndim - 2], k = rt->shape[rt->ndim - 1];
+    int64_t bn = (n + KERN_FP8_BLOCK - 1) / KERN_FP8_BLOCK, bk = (k + KERN_FP8_BLOCK - 1) /
+                                                                  KERN_FP8_BLOCK;
+    int block = s->scheme == KERN_FP8_BLOCK128;
+    for (uint32_t i = 0; i < s->n_weights; i++) {
+        const refit_fmt_ckpt *c = &m->ckpt[sh[i].ck];
+        if (block && sh[i].row % KERN_FP8_BLOCK)
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: lands at row %lld of runtime "
+                       "weight, inside a 128-row block; fused block-128 weights start on block "
+                       "boundaries", m->name, c->name, (long long)sh[i].row);
+        refit_view sv = {.device = rt->device, .dtype = REFIT_F32, .ndim = 2};
+        int64_t first = block ? (sh[i].e * bn + sh[i].row / KERN_FP8_BLOCK) * bk
+                              : sh[i].e * n + sh[i].row;
+        sv.data = (float *)m->runtime[s->rt_scale].view.data + first;
+        kern_fp8_scale_shape(s->scheme, c->staged.shape[0], k, sv.shape);
+        sv.strides[0] = block ? bk : 1;
+        sv.strides[1] = 1;
+        int rc = kern_quant_fp8(&c->place, &sv, &c->staged, s->scheme);
+        if (rc == REFIT_ECORRUPT)
+            return corrupt(h, m, sh[i].ck);
+        if (rc)
+            return ERR(h, rc, "module %s, tensor %s: quantization refused the views (%d)",
+                       m->name, c->name, rc);
+    }
+    return REFIT_OK;
+}
+
+static int fp8_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+{
+    (void)stream; /* host reference kernels: done on return */
+    const fp8_state *s = m->state;
+    if (!s || !s->online)
+        return REFIT_OK;
+    shard *sh = h->mem_alloc(h->host, sizeof *sh * s->n_weights);
+    if (!sh)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
+    int rc = REFIT_OK;
+    for (uint32_t i = 0; i < s->n_weights && !rc; i++)
+        rc = locate(h, m, s, s->weights[i], &sh[i]);
+    if (!rc) {
+        qsort(sh, s->n_weights, sizeof *sh, shard_cmp);
+        rc = s->scheme == KERN_FP8_PER_TENSOR ? quant_per_tensor(h, m, s, sh)
+                                              : quant_rows(h, m, s, sh);
+    }
+    h->mem_free(h->host, sh);
+    return rc;
+}
+
+REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+    .abi_version = REFIT_FORMAT_ABI_VERSION,
+    .struct_size = sizeof(refit_format_v1),
+    .name = "fp8",
+    .plan = fp8_plan,
+    .post_load = fp8_post_load,
+    .release = fp8_release,
+};
