@@ -165,13 +165,14 @@ def cmd_mxfp4(a, rng):
 def mx_quantize_block(x):
     """OCP MX v1.0 section 6.3: X = 2^(floor(log2(amax)) - emax_elem),
     emax_elem = 2 for E2M1; elements x / X rounded to nearest even E2M1,
-    saturating to +-6. A zero (or all-subnormal) block gets the E8M0 code
-    of the smallest exponent that keeps it representable."""
-    amax = np.max(np.abs(x)) if x.size else np.float32(0)
-    if amax == 0 or not np.isfinite(amax):
+    saturating to +-6. An all-zero block gets code 0 (X = 2^-127), as
+    kernels/quant_mx.h does."""
+    amax = np.max(np.abs(x.astype(np.float32))) if x.size else np.float32(0)
+    if amax == 0:
         e = -127
     else:
-        e = int(np.floor(np.log2(np.float32(amax)))) - 2
+        # floor(log2(amax)) exactly: frexp gives amax = m * 2^p, m in [0.5, 1)
+        e = int(np.frexp(np.float64(amax))[1]) - 1 - 2
         e = max(-127, min(127, e))
     scale = np.float32(2.0) ** np.float32(e) if e > -127 else np.float32(2.0**-127)
     q = np.clip(x.astype(np.float32) / scale, -6, 6).astype(E2M1)
