@@ -337,6 +337,28 @@ static void shape_checked_at_finalize(void **state)
     st_close(s);
 }
 
+/* The built refit-fmt-int4.so, found by the loader in the build's plugin
+ * dir and checked against int4.yaml at seal, gives the bytes the linked-in
+ * format gives, for both layouts' routes. */
+static void via_plugin_file(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4", "--n 16 --k 64 --group 32 --asym --seed 12");
+    tw file, linked;
+    assert_int_equal(tw_open(&file, NULL), REFIT_OK);
+    setup_world(&linked);
+    int rc = build_gptq(&file, s, 16, 64, 32, 1, "group_size: 32", NULL);
+    if (rc)
+        fail_msg("seal through the plugin file: %s", refit_errmsg(file.ctx));
+    assert_int_equal(build_gptq(&linked, s, 16, 64, 32, 1, "group_size: 32", NULL), REFIT_OK);
+    f4_update(&file, s, "v1");
+    f4_update(&linked, s, "v1");
+    assert_int_equal(tw_fp(&file), tw_fp(&linked));
+    tw_close(&file);
+    tw_close(&linked);
+    st_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -349,6 +371,7 @@ int main(void)
         cmocka_unit_test(tp_cut_refused),
         cmocka_unit_test(plan_refusals),
         cmocka_unit_test(shape_checked_at_finalize),
+        cmocka_unit_test(via_plugin_file),
     };
     return cmocka_run_group_tests_name("formats4-int4", tests, NULL, NULL);
 }

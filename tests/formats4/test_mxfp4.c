@@ -276,6 +276,35 @@ static void online_nan_refused(void **state)
     st_close(s);
 }
 
+/* The built refit-fmt-mxfp4.so (declaration checked at seal) gives the
+ * bytes the linked-in format gives: VIEW routes (blocks, E8M0 scales) and
+ * the online STAGED route. */
+static void via_plugin_case(const char *cmd, const char *args, int64_t e, int64_t n, int64_t k,
+                            refit_dtype sdt)
+{
+    st_set *s = f4_ref(cmd, args);
+    tw file, linked;
+    assert_int_equal(tw_open(&file, NULL), REFIT_OK);
+    open_world(&linked);
+    if (build(&file, s, e, n, k, sdt, NULL, NULL))
+        fail_msg("seal through the plugin file: %s", refit_errmsg(file.ctx));
+    assert_int_equal(build(&linked, s, e, n, k, sdt, NULL, NULL), REFIT_OK);
+    f4_update(&file, s, "v1");
+    f4_update(&linked, s, "v1");
+    assert_int_equal(tw_fp(&file), tw_fp(&linked));
+    tw_close(&file);
+    tw_close(&linked);
+    st_close(s);
+}
+
+static void via_plugin_file(void **state)
+{
+    (void)state;
+    refit_dtype e8m0 = {REFIT_DTYPE_FLOAT8_E8M0FNU, 8, 1};
+    via_plugin_case("mxfp4", "--n 8 --k 64 --experts 2 --blocks --seed 13", 2, 8, 64, e8m0);
+    via_plugin_case("mxfp4-online", "--n 8 --k 64 --seed 14", 0, 8, 64, REFIT_U8);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -288,6 +317,7 @@ int main(void)
         cmocka_unit_test(tp_shards),
         cmocka_unit_test(tp_cut_refused),
         cmocka_unit_test(online_nan_refused),
+        cmocka_unit_test(via_plugin_file),
     };
     return cmocka_run_group_tests_name("formats4-mxfp4", tests, NULL, NULL);
 }

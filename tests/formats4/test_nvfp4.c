@@ -252,6 +252,26 @@ static void plan_refusals(void **state)
     st_close(s);
 }
 
+/* The built refit-fmt-nvfp4.so (declaration checked at seal) gives the
+ * bytes the linked-in format gives. */
+static void via_plugin_file(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("nvfp4", "--n 40 --k 64 --convention ct --seed 12");
+    tw file, linked;
+    assert_int_equal(tw_open(&file, NULL), REFIT_OK);
+    open_world(&linked);
+    if (build(&file, s, 40, 64, 1, NULL, NULL))
+        fail_msg("seal through the plugin file: %s", refit_errmsg(file.ctx));
+    assert_int_equal(build(&linked, s, 40, 64, 1, NULL, NULL), REFIT_OK);
+    f4_update(&file, s, "v1");
+    f4_update(&linked, s, "v1");
+    assert_int_equal(tw_fp(&file), tw_fp(&linked));
+    tw_close(&file);
+    tw_close(&linked);
+    st_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -264,6 +284,7 @@ int main(void)
         cmocka_unit_test(ragged_k),
         cmocka_unit_test(tp_cut_refused),
         cmocka_unit_test(plan_refusals),
+        cmocka_unit_test(via_plugin_file),
     };
     return cmocka_run_group_tests_name("formats4-nvfp4", tests, NULL, NULL);
 }
