@@ -19,6 +19,9 @@
 #include <refit/refit.h>
 
 #include "tools/bench.h"
+#ifdef REFIT_HAVE_CUDA
+#include "tools/bench_gpu.h"
+#endif
 
 static double now_s(void)
 {
@@ -289,7 +292,8 @@ static int bench_host(int argc, char **argv)
 static int usage(void)
 {
     fprintf(stderr, "usage: refit-bench host [options]\n"
-                    "       refit-bench safetensors [options]\n");
+                    "       refit-bench safetensors [options]\n"
+                    "       refit-bench gpu [options]\n");
     return 2;
 }
 
@@ -301,5 +305,13 @@ int main(int argc, char **argv)
         return bench_host(argc - 1, argv + 1);
     if (!strcmp(argv[1], "safetensors"))
         return bench_safetensors(argc - 1, argv + 1, stdout);
+    if (!strcmp(argv[1], "gpu")) {
+#ifdef REFIT_HAVE_CUDA
+        return bench_gpu_main(argc - 1, argv + 1);
+#else
+        fprintf(stderr, "refit-bench gpu: this build has no CUDA backend (-Dcuda=enabled)\n");
+        return 2;
+#endif
+    }
     return usage();
 }

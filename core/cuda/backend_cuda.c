@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
@@ -54,6 +55,10 @@
 #include "core/cuda/backend_cuda.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/copy.h"
+
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22 /* Linux 5.14 */
+#endif
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
@@ -73,6 +78,7 @@ typedef struct cuda_cfg {
     size_t staging_cache;       /* REFIT_CUDA_STAGING_CACHE_MB */
     size_t undo_cache;          /* REFIT_CUDA_UNDO_CACHE_MB */
     int threads;                /* REFIT_CUDA_COPY_THREADS */
+    int populate;               /* REFIT_CUDA_POPULATE: prefault pageable sources */
 } cuda_cfg;
 
 static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
@@ -102,6 +108,7 @@ static void cfg_load(cuda_cfg *c)
     c->staging_cache = env_size("REFIT_CUDA_STAGING_CACHE_MB", 1024 * MIB, MIB, 0, SIZE_MAX / 2);
     c->undo_cache = env_size("REFIT_CUDA_UNDO_CACHE_MB", 2048 * MIB, MIB, 0, SIZE_MAX / 2);
     c->threads = (int)env_size("REFIT_CUDA_COPY_THREADS", def_threads, 1, 0, 64);
+    c->populate = (int)env_size("REFIT_CUDA_POPULATE", 1, 1, 0, 1);
     c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
 }
 
@@ -290,6 +297,17 @@ static struct {
 } P = {.mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER,
        .done = PTHREAD_COND_INITIALIZER};
 
+/* memcpy from a pageable source; a mapped file's pages are first faulted
+ * in with one madvise (cheaper than a fault every few pages). */
+static void host_read(void *d, const void *s, size_t n)
+{
+    if (G.cfg.populate && n >= 256 * KIB) {
+        uintptr_t a = (uintptr_t)s & ~(uintptr_t)4095, e = (uintptr_t)s + n;
+        (void)madvise((void *)a, e - a, MADV_POPULATE_READ); /* a hint: errors ignored */
+    }
+    memcpy(d, s, n);
+}
+
 /* Take slices of the current job until none is left (P.mu held). */
 static void pool_work(void)
 {
@@ -299,7 +317,7 @@ static void pool_work(void)
         char *d = P.d + off;
         const char *s = P.s + off;
         pthread_mutex_unlock(&P.mu);
-        memcpy(d, s, len);
+        host_read(d, s, len);
         pthread_mutex_lock(&P.mu);
         if (++P.finished == P.n_slices)
             pthread_cond_broadcast(&P.done);
@@ -339,7 +357,7 @@ static void pool_start(void)
 static void par_memcpy(void *d, const void *s, size_t n)
 {
     if (n < 2 * MIB || G.cfg.threads == 0) {
-        memcpy(d, s, n);
+        host_read(d, s, n);
         return;
     }
     pthread_mutex_lock(&P.mu);
