@@ -505,15 +505,46 @@ static void test_format_register_refusals(void **state)
     assert_int_equal(refit_format_register(w->ctx, &f), REFIT_EFORMAT);
     tw_assert_msg(w, "struct_size 8");
     f = tt_format_scale;
-    f.name = "unquantized";
-    assert_int_equal(refit_format_register(w->ctx, &f), REFIT_EEXIST);
-    tw_assert_msg(w, "unquantized", "already registered");
-    f = tt_format_scale;
     f.plan = NULL;
     assert_int_equal(refit_format_register(w->ctx, &f), REFIT_EFORMAT);
     assert_int_equal(refit_format_register(w->ctx, NULL), REFIT_EINVAL);
     assert_int_equal(refit_format_register(w->ctx, &tt_format_scale), REFIT_OK);
     assert_int_equal(refit_format_register(w->ctx, &tt_format_scale), REFIT_EEXIST);
+}
+
+static void test_in_process_format_and_plugin_names(void **state)
+{
+    tw *w = *state;
+    /* a plugin's format already used by a module cannot be replaced */
+    static refit_format_v1 f;
+    f = tt_format_scale;
+    f.name = "unquantized";
+    tw_module(w, "m", "unquantized", NULL);
+    assert_int_equal(refit_format_register(w->ctx, &f), REFIT_EEXIST);
+    tw_assert_msg(w, "unquantized", "module m");
+    /* on a fresh context, an in-process registration replaces the plugin
+     * of that name (once), and modules then get the in-process format */
+    tw x;
+    assert_int_equal(tw_open(&x, NULL), REFIT_OK);
+    int rc1 = refit_format_register(x.ctx, &f);
+    int rc2 = refit_format_register(x.ctx, &f);
+    tw_module(&x, "s", "unquantized", NULL);
+    tw_runtime(&x, "s", "w", REFIT_F32, 1, TT_SHAPE(4));
+    refit_ckpt_spec s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
+    assert_int_equal(tw_expect(&x, "s", "s.w", &s), REFIT_OK);
+    tw_seal(&x);
+    refit_model_stats st;
+    assert_int_equal(refit_model_stats_get(x.m, &st), REFIT_OK);
+    tw_update(&x, 1, "v1");
+    tt_tensor *rt = tw_rt(&x, "s", "w"), *ck = tw_ckpt_tensor(&x, "s.w", 1);
+    int doubled = 1;
+    for (int i = 0; i < 4; i++)
+        doubled &= ((float *)rt->buf)[i] == 2.0f * ((float *)ck->buf)[i];
+    tw_close(&x);
+    assert_int_equal(rc1, REFIT_OK);
+    assert_int_equal(rc2, REFIT_EEXIST);
+    assert_int_equal(st.routes_staged, 1);
+    assert_true(doubled);
 }
 
 static void test_plan_stats(void **state)
@@ -576,6 +607,7 @@ int main(void)
         T(test_unquantized_refuses_integer_checkpoints),
         T(test_device_without_backend),
         T(test_format_register_refusals),
+        T(test_in_process_format_and_plugin_names),
         T(test_plan_stats),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
