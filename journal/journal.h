@@ -121,6 +121,10 @@ typedef struct journal_update_info {
     const char *source_digest; /* may be NULL */
     int64_t replay_of;         /* 0: mode "normal"; > 0: mode "replay" of it */
     int rollback;              /* 1: undo log kept */
+    int64_t plan_id;           /* 0: find the plan of the modules given (a
+                                  hash over every name); > 0: the id
+                                  journal_plan_prepare returned on this
+                                  journal for the same list (no hashing) */
 } journal_update_info;
 
 typedef struct journal_module_info {

@@ -24,6 +24,7 @@
       "INSERT INTO health_transitions(worker, at, from_health, to_health,"    \
       " reason, version) VALUES (?1, ?2, ?3, ?4, ?5, ?6)")                     \
     X(PLAN_FIND, "SELECT id, n_modules FROM plans WHERE digest = ?1")         \
+    X(PLAN_CHECK, "SELECT n_modules FROM plans WHERE id = ?1")                 \
     X(PLAN_INSERT,                                                             \
       "INSERT INTO plans(digest, n_modules, created_at) VALUES (?1, ?2, ?3)")  \
     X(PLAN_MODULE_INSERT,                                                      \
@@ -161,6 +162,9 @@ int jr_schema_verify(journal *j, journal_problem_fn fn, void *user);
  * Inside the caller's transaction; SQLite code on failure. */
 int jr_plan_get(journal *j, size_t n, const journal_module_info *m,
                 int64_t *plan_id);
+/* The plan a caller named (journal_update_info.plan_id): SQLITE_DONE when
+ * it exists with n modules, SQLITE_MISMATCH when not, else SQLite's code. */
+int jr_plan_check(journal *j, int64_t plan_id, size_t n);
 /* Free the open update's memory (journal_update.c). */
 void jr_update_free(jr_update *u);
 

@@ -104,6 +104,22 @@ int jr_plan_get(journal *j, size_t n, const journal_module_info *m,
     return rc;
 }
 
+int jr_plan_check(journal *j, int64_t plan_id, size_t n)
+{
+    sqlite3_stmt *s = jr_stmt(j, JS_PLAN_CHECK);
+    if (!s)
+        return SQLITE_ERROR;
+    sqlite3_bind_int64(s, 1, plan_id);
+    int rc = jr_step(j, s);
+    if (rc == SQLITE_ROW)
+        rc = sqlite3_column_int64(s, 0) == (sqlite3_int64)n ? SQLITE_DONE
+                                                             : SQLITE_MISMATCH;
+    else if (rc == SQLITE_DONE)
+        rc = SQLITE_MISMATCH;
+    sqlite3_reset(s);
+    return rc;
+}
+
 int journal_plan_prepare(journal *j, size_t n_modules,
                          const journal_module_info *modules,
                          int64_t *plan_id)

@@ -134,9 +134,25 @@ static int abandon_open(journal *j)
     return jr_step_done(j, s);
 }
 
-/* A foreign-key failure here means the worker row is missing. */
-static int begin_fail(journal *j, const journal_update_info *info)
+/* The plan named by the caller (no hashing), else found or written. */
+static int begin_plan(journal *j, const journal_update_info *info, size_t n,
+                      const journal_module_info *m, int64_t *plan)
 {
+    if (info->plan_id <= 0)
+        return jr_plan_get(j, n, m, plan);
+    *plan = info->plan_id;
+    return jr_plan_check(j, info->plan_id, n);
+}
+
+/* A foreign-key failure here means the worker row is missing. */
+static int begin_fail(journal *j, const journal_update_info *info, int rc)
+{
+    if (rc == SQLITE_MISMATCH) {
+        jr_tx_rollback(j);
+        return jr_fail(j, REFIT_EINVAL, "journal %s: beginning an update: "
+                       "plan %lld is not in this journal with %s modules",
+                       j->path, (long long)info->plan_id, "the update's");
+    }
     if (sqlite3_extended_errcode(j->db) == SQLITE_CONSTRAINT_FOREIGNKEY) {
         jr_fail_sqlite(j, "beginning an update");
         return jr_fail(j, REFIT_EJOURNAL, "journal %s: beginning an update: "
@@ -183,12 +199,16 @@ int journal_update_begin(journal *j, int64_t *update_id,
         jr_update_free(&u);
         return rc;
     }
-    if ((j->cur.id && abandon_open(j) != SQLITE_DONE) ||
-        jr_plan_get(j, n_modules, modules, &plan) != SQLITE_DONE ||
-        update_row(j, info, plan, n_modules, &id) != SQLITE_DONE ||
-        chunk_rows(j, &u, id) != SQLITE_DONE) {
+    int src = j->cur.id ? abandon_open(j) : SQLITE_DONE;
+    if (src == SQLITE_DONE)
+        src = begin_plan(j, info, n_modules, modules, &plan);
+    if (src == SQLITE_DONE)
+        src = update_row(j, info, plan, n_modules, &id);
+    if (src == SQLITE_DONE)
+        src = chunk_rows(j, &u, id);
+    if (src != SQLITE_DONE) {
         jr_update_free(&u);
-        return begin_fail(j, info);
+        return begin_fail(j, info, src);
     }
     if ((rc = jr_tx_commit(j, what)) != REFIT_OK) {
         jr_update_free(&u);

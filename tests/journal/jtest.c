@@ -88,7 +88,9 @@ journal *jt_open(const char *path)
 
 int64_t jt_begin(journal *j, const jt_modules *m, const char *v)
 {
-    journal_update_info info = {"w0", v, "file:///ckpt", "sha256:abc", 0, 1};
+    journal_update_info info = {
+        .worker_id = "w0", .version = v, .source_uri = "file:///ckpt",
+        .source_digest = "sha256:abc", .rollback = 1};
     int64_t id = 0;
     int rc = journal_update_begin(j, &id, &info, m->n, m->info);
     if (rc != REFIT_OK)

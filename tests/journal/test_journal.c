@@ -160,7 +160,9 @@ static void test_final_states(void **state)
     assert_int_equal(seen.received[0], 1);
 
     /* A replay of the failed update. */
-    journal_update_info info = {"w0", "v", "file:///ckpt", "sha256:abc", x, 0};
+    journal_update_info info = {
+        .worker_id = "w0", .version = "v", .source_uri = "file:///ckpt",
+        .source_digest = "sha256:abc", .replay_of = x, .rollback = 0};
     int64_t id = 0;
     assert_int_equal(journal_update_begin(j, &id, &info, m.n, m.info), 0);
     jt_update_get(j, id, &u);
@@ -200,7 +202,8 @@ static void test_bad_calls(void **state)
     assert_int_equal(journal_modules_list(j, 999, 0, keep_module, &seen),
                      REFIT_ENOTFOUND);
     /* An unregistered worker cannot begin. */
-    journal_update_info info = {"nobody", "v", NULL, NULL, 0, 1};
+    journal_update_info info = {
+        .worker_id = "nobody", .version = "v", .rollback = 1};
     assert_int_equal(journal_update_begin(j, &id, &info, m.n, m.info),
                      REFIT_EJOURNAL);
     assert_true(jt_has(journal_errmsg(j), "'nobody' is not registered"));
@@ -265,6 +268,17 @@ static void test_plans_and_partials(void **state)
     assert_true(jt_has(u.error, "never recorded"));
     jt_update_get(j, c, &u);
     assert_string_equal(u.state, "loading");
+    /* A plan named by id skips the hash; one of another size is refused. */
+    int64_t plan = 0, d = 0;
+    assert_int_equal(journal_plan_prepare(j, m.n, m.info, &plan), 0);
+    journal_update_info info = {.worker_id = "w0", .plan_id = plan};
+    assert_int_equal(journal_update_begin(j, &d, &info, m2.n, m2.info),
+                     REFIT_EINVAL);
+    assert_true(jt_has(journal_errmsg(j), "plan"));
+    jt_update_get(j, c, &u); /* the refused begin closed nothing */
+    assert_string_equal(u.state, "loading");
+    assert_int_equal(journal_update_begin(j, &d, &info, m.n, m.info), 0);
+    assert_int_equal(jt_sql_int(f->path, "SELECT count(*) FROM plans"), 2);
     size_t problems = 99;
     assert_int_equal(journal_verify(j, print_problem, NULL, &problems), 0);
     assert_int_equal(problems, 0);
@@ -320,7 +334,9 @@ static void child_begin(const char *path, int fd)
     jt_modules m;
     int64_t id = 0;
     char err[256];
-    journal_update_info info = {"w0", "v2", "file:///ckpt", NULL, 0, 0};
+    journal_update_info info = {
+        .worker_id = "w0", .version = "v2", .source_uri = "file:///ckpt",
+        .rollback = 0};
     jt_modules_make(&m, 4);
     if (journal_open(&j, path, NULL, err, sizeof err) ||
         journal_worker_register(j, "w0", 0) ||

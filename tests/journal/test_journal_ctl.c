@@ -309,7 +309,8 @@ _Noreturn static void stream_writer(const char *path, const jt_modules *m)
     journal *w = NULL;
     char err[256];
     int64_t id = 0;
-    journal_update_info info = {"w0", "v", NULL, NULL, 0, 1};
+    journal_update_info info = {
+        .worker_id = "w0", .version = "v", .rollback = 1};
     if (journal_open(&w, path, NULL, err, sizeof err) ||
         journal_update_begin(w, &id, &info, m->n, m->info))
         _exit(1);
@@ -390,7 +391,8 @@ static void test_interrupted_seen(void **state)
         /* No cmocka asserts in the child: plain calls, exit codes. */
         journal *j = NULL;
         char err[256];
-        journal_update_info info = {"w0", "v", NULL, NULL, 0, 1};
+        journal_update_info info = {
+            .worker_id = "w0", .version = "v", .rollback = 1};
         if (journal_open(&j, f->path, NULL, err, sizeof err) ||
             journal_worker_register(j, "w0", 0) ||
             journal_update_begin(j, &id, &info, m.n, m.info))

@@ -121,7 +121,8 @@ static void test_full_in_begin(void **state)
     int64_t id = 7;
     jt_modules_make(&m, 300);
     journal *j = jt_open(f->path);
-    journal_update_info info = {"w0", "v", NULL, NULL, 0, 1};
+    journal_update_info info = {
+        .worker_id = "w0", .version = "v", .rollback = 1};
     fail_next("INSERT INTO module_chunks", 1, SQLITE_FULL);
     assert_int_equal(journal_update_begin(j, &id, &info, m.n, m.info),
                      REFIT_EJOURNAL);
@@ -198,7 +199,8 @@ static int count_problem(void *user, const char *p)
 
 static void one_life(journal *j, const jt_modules *m)
 {
-    journal_update_info info = {"w0", "v", NULL, NULL, 0, 1};
+    journal_update_info info = {
+        .worker_id = "w0", .version = "v", .rollback = 1};
     journal_module_progress p[2] = {
         {0, JOURNAL_MODULE_PARTIAL, 1, 1, 0, 0},
         {1, JOURNAL_MODULE_COMMITTED, 2, 8192, 1, 42}};
