@@ -112,6 +112,9 @@ static int64_t cdiv(int64_t a, int64_t b)
 kern_q4_split kern_q4_split_check(int64_t units, int64_t per, int64_t blocks, int64_t bs,
                                   int64_t full)
 {
+    if (units < 0 || blocks < 0 || per <= 0 || bs <= 0 || units > INT64_MAX / per ||
+        blocks > INT64_MAX / bs)
+        return KERN_Q4_SPLIT_MISMATCH; /* extents no tensor can have */
     int64_t have = units * per, cover = blocks * bs;
     if (full > 0) {
         if (units == cdiv(full, per)) /* the whole extent: a ragged tail is fine */

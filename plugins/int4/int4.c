@@ -208,6 +208,9 @@ static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, int4_st
                    dt_name(p->dtype), p->ndim);
     s->n = p->shape[0];
     s->words = p->shape[1];
+    if (s->words > INT64_MAX / 8 || s->n > INT64_MAX / 8)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: extents too large", m->name,
+                   p->name);
     if (!is_float(sc->dtype) || sc->ndim != 2 || sc->shape[0] != s->n)
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected F32/F16/BF16 [%lld, G]",
                    m->name, sc->name, (long long)s->n);
