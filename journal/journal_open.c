@@ -174,6 +174,11 @@ static int open_steps(journal *j, int busy_ms)
         rc = jr_schema_migrate(j);
     if (rc == REFIT_OK)
         rc = jr_mark_interrupted(j);
+    /* Compile the write statements now, at open, not inside the first
+     * update (about 0.7 ms on the development VM). */
+    for (int i = 0; rc == REFIT_OK && i < JS_COUNT; i++)
+        if (!jr_stmt(j, (enum journal_stmt_id)i))
+            rc = jr_fail_sqlite(j, "preparing the write statements");
     return rc;
 }
 
