@@ -179,7 +179,7 @@ static int view_blocks(refit_fmt_ckpt *c, const refit_view *w)
 {
     int d = w->ndim;
     if (d != c->ndim - 1 || !same_dims(w->shape, c->shape, d - 1) ||
-        w->shape[d - 1] != c->shape[d - 1] * 16)
+        c->shape[d - 1] > INT64_MAX / 16 || w->shape[d - 1] != c->shape[d - 1] * 16)
         return 0;
     refit_view v = *w;
     v.ndim = c->ndim;
@@ -285,6 +285,9 @@ static int route_online(const refit_host_v1 *h, refit_fmt_module *m, const mxfp4
     const refit_view *ws = &m->runtime[s->rt[RT_SCALE]].view;
     int d = c->ndim;
     int64_t k = d >= 2 ? c->shape[d - 1] : 0;
+    if (k > INT64_MAX - 32)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: extents too large", m->name,
+                   c->name);
     if (d < 2 || d > 3 || w->ndim != d || ws->ndim != d || !is_u8(w->dtype) ||
         !is_scale_dtype(ws->dtype) || !same_dims(w->shape, c->shape, d - 1) ||
         !same_dims(ws->shape, c->shape, d - 1) || w->shape[d - 1] != (k + 1) / 2 ||

@@ -209,6 +209,9 @@ static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_s
     s->n = w->shape[0];
     s->bytes = w->shape[1];
     s->blocks = sc->shape[1];
+    if (s->n > INT64_MAX / 4 || s->blocks > INT64_MAX / 4)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: extents too large", m->name,
+                   w->name);
     int64_t k = 0;
     int rc = param_int(h, m, "in_features", &k);
     if (rc)
