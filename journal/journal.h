@@ -7,9 +7,11 @@
  *   journal_open(&j, path, opts)           creates, migrates, marks updates
  *                                          of dead writers `interrupted`
  *     journal_worker_register(j, id, rank) once per worker process
+ *     journal_plan_prepare(j, ..., &plan)  at seal: the module list, once
  *     journal_health(j, ...)               every health transition
  *     journal_update_begin(j, &uid, ...)   one SQLite transaction
  *       journal_modules_progress(j, uid..) one transaction per batch
+ *       journal_update_state_set(FINALIZING)
  *     journal_update_end(j, uid, ...)      one transaction
  *   journal_close(j)
  *
