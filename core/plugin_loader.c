@@ -487,10 +487,12 @@ static int scan_dir(plugin_set *ps, plugin_dir *d)
             rc = consider(ps, d, files[i]);
             continue;
         }
+        static const char bad_name[] = "the name between refit-fmt- and .so is not a "
+                                       "lowercase identifier ([a-z][a-z0-9_]*)";
         plugin_entry *e = new_entry(ps, d->path, files[i]);
-        rc = !e ? REFIT_ENOMEM
-                : set_reason(e, PLUGIN_REFUSED, "the name between refit-fmt- and .so is not "
-                                                "a lowercase identifier ([a-z][a-z0-9_]*)");
+        rc = e ? set_reason(e, PLUGIN_REFUSED, bad_name) : REFIT_ENOMEM;
+        if (e)
+            ps_log(ps, 1, "plugin %s refused: %s", e->path, bad_name);
     }
     for (size_t i = 0; i < n; i++)
         free(files[i]);

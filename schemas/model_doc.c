@@ -27,6 +27,7 @@ typedef struct mbuild {
     mb_var env[MB_MAX_VARS];
     int n_env;
     size_t items;               /* modules + checkpoint entries so far */
+    ypos last_at;               /* of the last expansion error: one per node */
 } mbuild;
 
 static void mb_error(mbuild *b, ypos at, const char *fmt, ...)
@@ -38,6 +39,9 @@ static void mb_error(mbuild *b, ypos at, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (b->n_env && at.line == b->last_at.line && at.col == b->last_at.col)
+        return; /* the same node again in the next iteration */
+    b->last_at = at;
     if (b->n_env) { /* say which iteration of a repeat went wrong */
         char it[120] = "";
         size_t used = 0;
@@ -535,7 +539,7 @@ int mdoc_from_doc(mdoc **out, ydoc *doc, sdiags *d)
     if (!m->file)
         mb_nomem(&b);
     mb_module_list(&b, NULL, ydoc_get(doc, root, "modules"));
-    if (b.status == REFIT_OK)
+    if (b.status != REFIT_ENOMEM) /* what expanded is checked even after a mistake */
         mc_modules(&b);
     if (b.status) {
         mdoc_free(m);

@@ -276,11 +276,11 @@ static void chk_list(chk *c, yaml_node_t *spec, yaml_node_t *n, int depth)
     int64_t count = n->data.sequence.items.top - n->data.sequence.items.start, lim;
     const char *title = sstr(c, spec, "title");
     if (ydoc_int(sget(c, spec, "min_items"), &lim) && count < lim)
-        chk_error(c, n, "%s needs at least %lld item%s, has %lld", title ? title : "the list",
-                  (long long)lim, lim == 1 ? "" : "s", (long long)count);
+        chk_error(c, n, "%s: at least %lld item%s expected, got %lld",
+                  title ? title : "list", (long long)lim, lim == 1 ? "" : "s", (long long)count);
     if (ydoc_int(sget(c, spec, "max_items"), &lim) && count > lim)
-        chk_error(c, n, "%s takes at most %lld items, has %lld", title ? title : "the list",
-                  (long long)lim, (long long)count);
+        chk_error(c, n, "%s: at most %lld item%s expected, got %lld", title ? title : "list",
+                  (long long)lim, lim == 1 ? "" : "s", (long long)count);
     yaml_node_t *items = sget(c, spec, "items");
     if (!items)
         return;

@@ -323,34 +323,37 @@ int ydoc_dtype(const char *name, refit_dtype *out)
     return 0;
 }
 
+/* Optimal string alignment distance (a swap of neighbours costs 1, so
+ * "bf61" is nearer "bf16" than "f64"), stopped early past cap. */
 size_t ydoc_distance(const char *a, const char *b, size_t cap)
 {
     size_t la = strlen(a), lb = strlen(b);
     if (la > 63 || lb > 63)
         return cap + 1;
-    size_t row[64];
+    size_t prev2[64], prev[64], cur[64];
     for (size_t j = 0; j <= lb; j++)
-        row[j] = j;
+        prev[j] = j;
     for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0], best;
-        row[0] = i;
-        best = row[0];
+        size_t best = cur[0] = i;
         for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t v = diag + (a[i - 1] != b[j - 1]);
-            if (up + 1 < v)
-                v = up + 1;
-            if (row[j - 1] + 1 < v)
-                v = row[j - 1] + 1;
-            row[j] = v;
-            diag = up;
+            size_t v = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            if (prev[j] + 1 < v)
+                v = prev[j] + 1;
+            if (cur[j - 1] + 1 < v)
+                v = cur[j - 1] + 1;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] &&
+                prev2[j - 2] + 1 < v)
+                v = prev2[j - 2] + 1;
+            cur[j] = v;
             if (v < best)
                 best = v;
         }
         if (best > cap)
             return cap + 1;
+        memcpy(prev2, prev, sizeof prev);
+        memcpy(prev, cur, sizeof cur);
     }
-    return row[lb];
+    return prev[lb];
 }
 
 /* ---- arena ---- */
