@@ -27,6 +27,7 @@ struct refit_ctx {
     int journal_best_effort;
     char journal_err[512];              /* why the journal could not be opened */
     uint64_t journal_gaps;              /* writes lost while it had no handle */
+    double journal_seconds;             /* time spent in journal writes (bench) */
     char *plugin_dirs;
     struct plugin_set *plugins;         /* format plugins found at open (formats_builtin.c) */
     uint64_t staging_budget;
@@ -85,6 +86,7 @@ typedef enum route_flag {
     ROUTE_CAST = 1u << 0,       /* DIRECT copy casts */
     ROUTE_ALIAS = 1u << 1,      /* tied: another name of route tie */
     ROUTE_HAS_PAD = 1u << 2,    /* pad view is zeroed when complete */
+    ROUTE_TIED = 1u << 3,       /* a primary that other names are tied to */
 } route_flag;
 
 /* One checkpoint tensor: where it goes, built at seal. */
@@ -152,6 +154,7 @@ struct refit_model {
     char *version;              /* label of the last commit */
     struct refit_txn *txn;      /* open transaction, or NULL */
     struct txn_scratch *scratch;/* per-route/module arrays reused by every txn */
+    void *journal_modules;      /* journal_module_info[n_modules], built at seal */
     struct manifest_decls *decls;/* runtime tensors declared by manifests (manifest.c) */
     int64_t journal_plan;       /* module list recorded at seal, or 0 */
     refit_model_stats stats;

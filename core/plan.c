@@ -342,6 +342,7 @@ static int resolve_tie(refit_model *m, route *r)
         return ROUTE_ERR(m, r, REFIT_EINVAL, "tied to %s of module %s; ties stay in one module",
                          pr->name, m->modules[pr->module].name);
     r->tie = p;
+    m->routes[p].flags |= ROUTE_TIED;
     r->spec = pr->spec;
     r->spec.tie_of = r->tie_name;
     r->split_dim = pr->split_dim;
@@ -611,6 +612,8 @@ void model_free_plan(refit_model *m)
         m->runtime[i].via_view = false;
     txn_scratch_free(m->scratch);
     m->scratch = NULL;
+    free(m->journal_modules);
+    m->journal_modules = NULL;
     memset(&m->stats, 0, sizeof m->stats);
 }
 

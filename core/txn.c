@@ -35,7 +35,8 @@
  *               tensor marked saved has exactly one undo entry; without,
  *               the undo log is empty.
  *   FAILED      fail_status is an error; nothing more is written.
- *   FINALIZING  not failed; as LOADING otherwise. Once prepared, nothing
+ *   FINALIZING  not failed; undo log as in LOADING (an update may finalize
+ *               with nothing delivered). Once prepared, nothing
  *               but the commit decision is left: refit_commit or refit_abort.
  *   COMMITTED,
  *   ABORTED     terminal: the model no longer points at the txn, the undo
@@ -48,6 +49,7 @@
  * changes. The error state is sticky: FAILED leaves only through abort.
  */
 #include <assert.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,6 +87,9 @@ struct txn_scratch {
     uint32_t n_touched;
     void **staging;             /* per module block */
     uint8_t *rt_saved;          /* runtime tensor has an undo entry */
+    uint32_t *tie_owner;        /* tied primary: route index + 1 of the name
+                                   that delivers it (0: none yet) */
+    uint8_t *name_used;         /* a tied name accepted and skipped */
 };
 
 #define TXN_MAX_STREAMS 8
@@ -126,7 +131,8 @@ static bool txn_invariants(const refit_txn *t)
                t->staging_in_use == 0 && t->stats.tensors_loaded == 0;
     case TXN_LOADING:
     case TXN_FINALIZING:
-        return t->m->txn == t && t->fail_status == 0 && s->n_touched > 0 &&
+        return t->m->txn == t && t->fail_status == 0 &&
+               (t->state == TXN_FINALIZING || s->n_touched > 0) &&
                (t->rollback ? t->undo.n == t->n_saved : t->undo.n == 0);
     case TXN_FAILED:
         return t->m->txn == t && t->fail_status < 0;
@@ -158,6 +164,8 @@ void txn_scratch_free(struct txn_scratch *s)
     free(s->touched);
     free(s->staging);
     free(s->rt_saved);
+    free(s->tie_owner);
+    free(s->name_used);
     free(s);
 }
 
@@ -176,8 +184,11 @@ static struct txn_scratch *scratch_new(const refit_model *m)
     s->touched = calloc(nm, sizeof *s->touched);
     s->staging = calloc(nm, sizeof *s->staging);
     s->rt_saved = calloc(nt, 1);
+    s->tie_owner = calloc(nr, sizeof *s->tie_owner);
+    s->name_used = calloc(nr, 1);
     if (!s->route_state || !s->route_rows || !s->parts || !s->mod_complete ||
-        !s->mod_touched || !s->mod_wrote || !s->touched || !s->staging || !s->rt_saved) {
+        !s->mod_touched || !s->mod_wrote || !s->touched || !s->staging || !s->rt_saved ||
+        !s->tie_owner || !s->name_used) {
         txn_scratch_free(s);
         return NULL;
     }
@@ -196,6 +207,8 @@ static void scratch_reset(refit_txn *t)
             uint32_t ri = mod->routes[k];
             s->route_state[ri] = ROUTE_NONE;
             s->route_rows[ri] = 0;
+            s->tie_owner[ri] = 0;
+            s->name_used[ri] = 0;
             for (part *p = s->parts[ri]; p;) {
                 part *next = p->next;
                 free(p);
@@ -323,6 +336,7 @@ int64_t refit_txn_journal_id(const refit_txn *t)
 
 /* Where a delivery lands: src rows [a, b) of split dim d. */
 typedef struct delivery {
+    const char *name;           /* as delivered (a tied name, maybe) */
     route *r;                   /* the route written (primary of an alias) */
     uint32_t ri;
     refit_view src;             /* the whole delivered piece */
@@ -348,7 +362,7 @@ static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit
                          "read a source on device type %d", r->name, be->name,
                          src->device.device_type);
     /* only the first ndim entries of the view are read: fill just those */
-    v->data = (char *)src->data + src->byte_offset;
+    v->data = src->data ? (char *)src->data + src->byte_offset : NULL;
     v->device = src->device;
     v->dtype = src->dtype;
     v->ndim = src->ndim;
@@ -405,13 +419,15 @@ static int check_fresh(refit_txn *t, const delivery *d, bool whole)
     const struct txn_scratch *s = t->s;
     uint8_t st = s->route_state[d->ri];
     const char *mod = t->m->modules[d->r->module].name;
-    if (st == ROUTE_COMPLETE || (whole && st != ROUTE_NONE))
+    /* parts holding only other ranks' rows may come after this rank's are
+     * all here; only a whole delivery makes every later one a duplicate */
+    if ((whole && st != ROUTE_NONE) || (st == ROUTE_COMPLETE && !s->parts[d->ri]))
         return txn_error(t, REFIT_EDUPLICATE, "load %s (module %s): delivered twice in update "
-                         "'%s'", d->r->name, mod, t->version_label);
+                         "'%s'", d->name, mod, t->version_label);
     for (const part *p = s->parts[d->ri]; p; p = p->next)
         if (d->off < p->b && p->a < d->off + d->len)
             return txn_error(t, REFIT_EOVERLAP, "load %s (module %s): rows [%lld, %lld) overlap "
-                             "rows [%lld, %lld) delivered earlier", d->r->name, mod,
+                             "rows [%lld, %lld) delivered earlier", d->name, mod,
                              (long long)d->off, (long long)(d->off + d->len), (long long)p->a,
                              (long long)p->b);
     return REFIT_OK;
@@ -530,10 +546,13 @@ static int module_post_load(refit_txn *t, module *mod, uint32_t mi, void *stream
     rc = mod->fmt->post_load(&t->m->ctx->host, fm, stream);
     for (uint32_t i = 0; i < fm->n_ckpt; i++)
         fm->ckpt[i].staged.data = NULL;
-    if (rc)
+    if (rc) {
+        char why[REFIT_ERRMSG_SIZE]; /* the format's reason, before it is overwritten */
+        snprintf(why, sizeof why, "%s", t->m->ctx->errmsg[0] ? t->m->ctx->errmsg
+                                                             : refit_strerror(rc));
         return txn_error(t, rc, "module %s: post-load of format %s failed: %s", mod->name,
-                         mod->fmt->name, refit_errmsg(t->m->ctx)[0] ? refit_errmsg(t->m->ctx)
-                                                                     : refit_strerror(rc));
+                         mod->fmt->name, why);
+    }
     /* the staging block is freed only once the kernel that reads it is done */
     rc = be->sync(stream);
     if (rc)
@@ -581,26 +600,28 @@ static void touch_module(refit_txn *t, uint32_t mi)
     t->stats.modules_touched++;
 }
 
-/* A tied name: written under whichever name comes first, once. */
-static int alias_delivery(refit_txn *t, uint32_t ai, delivery *d, bool *skip)
+/* Tied names share their primary's route. The first name used owns the
+ * delivery (its parts, duplicates and overlaps); each other name is then
+ * accepted once, after the tensor is complete, and skipped: one storage,
+ * one write. */
+static int tie_resolve(refit_txn *t, uint32_t ri, delivery *d, bool *skip)
 {
-    struct txn_scratch *s = t->s;
-    const route *alias = &t->m->routes[ai];
+    const struct txn_scratch *s = t->s;
+    const route *r = &t->m->routes[ri];
+    uint32_t gi = (r->flags & ROUTE_ALIAS) ? r->tie : ri;
+    uint32_t owner = s->tie_owner[gi];
+    d->ri = gi;
+    d->r = &t->m->routes[gi];
     *skip = false;
-    if (s->route_state[ai] != ROUTE_NONE)
-        return txn_error(t, REFIT_EDUPLICATE, "load %s (module %s): delivered twice in update "
-                         "'%s'", alias->name, t->m->modules[alias->module].name,
-                         t->version_label);
-    uint8_t ps = s->route_state[alias->tie];
-    if (ps == ROUTE_COMPLETE) {
-        *skip = true; /* one storage, written once */
+    if (owner == 0 || owner == ri + 1)
         return REFIT_OK;
-    }
-    if (ps == ROUTE_PARTIAL)
-        return txn_error(t, REFIT_EDUPLICATE, "load %s: its tied name %s is partly delivered; "
-                         "deliver one name only", alias->name, t->m->routes[alias->tie].name);
-    d->ri = alias->tie;
-    d->r = &t->m->routes[alias->tie];
+    if (s->name_used[ri])
+        return txn_error(t, REFIT_EDUPLICATE, "load %s (module %s): delivered twice in update "
+                         "'%s'", r->name, t->m->modules[r->module].name, t->version_label);
+    if (s->route_state[gi] != ROUTE_COMPLETE)
+        return txn_error(t, REFIT_EDUPLICATE, "load %s: its tied name %s is being delivered; "
+                         "deliver one name only", r->name, t->m->routes[owner - 1].name);
+    *skip = true;
     return REFIT_OK;
 }
 
@@ -614,6 +635,9 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
     if (t->state == TXN_FAILED)
         return txn_error(t, REFIT_ESTATE, "load %s: the update failed earlier (%s); abort it",
                          name ? name : "?", refit_status_name(t->fail_status));
+    if (t->state != TXN_OPEN && t->state != TXN_LOADING)
+        return txn_error(t, REFIT_ESTATE, "load %s: the update is prepared; nothing more can "
+                         "be loaded (commit or abort it)", name ? name : "?");
     if (!name)
         return txn_error(t, REFIT_EINVAL, "load: checkpoint name is NULL");
     uint32_t ri = names_find(&m->route_names, name);
@@ -621,14 +645,16 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
         return txn_error(t, REFIT_EUNEXPECTED, "load %s: no module of worker %s expects this "
                          "tensor; nothing written", name, m->ctx->worker_id);
     delivery d; /* d.src is filled by src_view, dims [0, ndim) only */
+    d.name = name;
     d.r = &m->routes[ri];
     d.ri = ri;
     d.off = off;
     d.stream = stream;
     bool skip = false;
     int rc = src_view(t, d.r, src, &d.src);
-    if (!rc && (d.r->flags & ROUTE_ALIAS))
-        rc = alias_delivery(t, ri, &d, &skip);
+    bool tied = (d.r->flags & (ROUTE_ALIAS | ROUTE_TIED)) != 0;
+    if (!rc && tied)
+        rc = tie_resolve(t, ri, &d, &skip);
     if (!rc)
         rc = check_shape(t, &d, whole);
     if (!rc && !skip)
@@ -642,8 +668,10 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
 
     /* accepted: from here a failure is sticky */
     touch_module(t, d.r->module);
-    if (ri != d.ri)
-        t->s->route_state[ri] = ROUTE_COMPLETE; /* the alias name is used up */
+    if (tied && skip)
+        t->s->name_used[ri] = 1;
+    else if (tied && !t->s->tie_owner[d.ri])
+        t->s->tie_owner[d.ri] = ri + 1;
     t->stats.tensors_loaded++;
     t->stats.bytes_loaded += tensor_dtype_bytes(d.src.dtype, kern_view_numel(&d.src));
     if (t->state == TXN_OPEN)
@@ -660,6 +688,8 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
             return txn_fail(t, txn_error(t, REFIT_ENOMEM, "load %s: out of memory", name));
         *p = (part){d.off, d.off + d.len, t->s->parts[d.ri]};
         t->s->parts[d.ri] = p;
+        if (t->s->route_state[d.ri] == ROUTE_COMPLETE)
+            return REFIT_OK; /* other ranks' rows, after ours were all here */
         t->s->route_rows[d.ri] += rows;
         t->s->route_state[d.ri] = ROUTE_PARTIAL;
         if (t->s->route_rows[d.ri] < d.r->hi - d.r->lo)
@@ -873,6 +903,7 @@ static int txn_prepare(refit_txn *t)
                          "or abort it");
     } else {
         txn_set_state(t, TXN_FINALIZING);
+        txj_finalizing(m, t->journal_id);
         rc = txn_sync_streams(t);
         if (rc)
             txn_error(t, rc, "finalize: queued copies failed: %s", refit_strerror(rc));

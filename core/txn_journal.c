@@ -16,6 +16,18 @@ static const char *health_word(refit_health h)
     return "unknown";
 }
 
+static double mono_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+double txj_seconds(const refit_ctx *ctx)
+{
+    return ctx->journal_seconds;
+}
+
 /* A write failed: keep it as a gap the journal records with its next write. */
 static void txj_gap(refit_ctx *ctx, const char *what)
 {
@@ -71,10 +83,11 @@ void txj_seal(refit_model *m)
     txj_open(ctx);
     if (!ctx->journal)
         return;
+    /* kept for every begin: the journal checks its length against the plan */
     journal_module_info *mi = module_infos(m);
     if (!mi || journal_plan_prepare(ctx->journal, m->n_modules, mi, &m->journal_plan))
         txj_gap(ctx, "module list at seal");
-    free(mi);
+    m->journal_modules = mi;
     txj_health(m, REFIT_HEALTH_EMPTY, REFIT_HEALTH_EMPTY, "model sealed");
 }
 
@@ -84,9 +97,11 @@ void txj_health(refit_model *m, refit_health from, refit_health to, const char *
     if (!ctx->journal)
         return;
     const char *version = to == REFIT_HEALTH_READY ? m->version : NULL;
+    double t0 = mono_now();
     if (journal_health(ctx->journal, ctx->worker_id, health_word(from), health_word(to), reason,
                        version))
         txj_gap(ctx, "health transition");
+    ctx->journal_seconds += mono_now() - t0;
 }
 
 int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of, int64_t *id)
@@ -105,11 +120,15 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of, int
             .source_digest = o->source_digest,
             .replay_of = replay_of,
             .rollback = o->rollback != 0,
+            .plan_id = m->journal_plan, /* recorded at seal: no re-hashing */
         };
-        journal_module_info *mi = module_infos(m);
+        double t0 = mono_now();
+        if (!m->journal_modules)
+            m->journal_modules = module_infos(m);
+        const journal_module_info *mi = m->journal_modules;
         int rc = mi ? journal_update_begin(ctx->journal, id, &info, m->n_modules, mi)
                     : REFIT_ENOMEM;
-        free(mi);
+        ctx->journal_seconds += mono_now() - t0;
         if (!rc)
             return REFIT_OK;
         why = rc == REFIT_ENOMEM ? "out of memory" : journal_errmsg(ctx->journal);
@@ -123,12 +142,6 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of, int
                      ctx->journal_path, why[0] ? why : "unknown error");
 }
 
-static double mono_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static int batch_push(txj_batch *b, journal_module_progress p)
 {
@@ -157,7 +170,18 @@ void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi, uint
     if (journal_modules_progress(ctx->journal, id, b->n, b->p))
         txj_gap(ctx, "module progress");
     b->n = 0;
-    b->last_write = now;
+    b->last_write = mono_now();
+    ctx->journal_seconds += b->last_write - now;
+}
+
+void txj_finalizing(refit_model *m, int64_t id)
+{
+    refit_ctx *ctx = m->ctx;
+    double t0 = mono_now();
+    if (id && ctx->journal &&
+        journal_update_state_set(ctx->journal, id, JOURNAL_UPDATE_FINALIZING))
+        txj_gap(ctx, "update finalizing");
+    ctx->journal_seconds += mono_now() - t0;
 }
 
 void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st, uint64_t bytes,
@@ -166,9 +190,11 @@ void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st, 
     refit_ctx *ctx = m->ctx;
     if (!id || !ctx->journal)
         return;
+    double t0 = mono_now();
     if (journal_update_end(ctx->journal, id, st, bytes, tensors, error, b->n, b->p))
         txj_gap(ctx, "update end");
     b->n = 0;
+    ctx->journal_seconds += mono_now() - t0;
 }
 
 void txj_batch_free(txj_batch *b)

@@ -35,9 +35,13 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of, int
 /* A module completed: queue its progress, write the batch when full. */
 void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi, uint64_t tensors,
                     uint64_t bytes);
+/* Finalize began (a crash from here on is a crash while finalizing). */
+void txj_finalizing(refit_model *m, int64_t id);
 /* End: final state and each touched module's final row. */
 void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st,
             uint64_t bytes, uint64_t tensors, const char *error);
 void txj_batch_free(txj_batch *b);
+/* Wall time this context spent writing its journal (for refit-bench). */
+double txj_seconds(const refit_ctx *ctx);
 
 #endif
