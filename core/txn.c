@@ -298,7 +298,8 @@ int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, in
     if (!t)
         return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
     /* last: a journal refusal must leave nothing behind */
-    if ((rc = txj_begin(m, opts, replay_of, &t->journal_id))) {
+    refit_health before = model_health(m);
+    if ((rc = txj_begin(m, opts, replay_of, before, &t->journal_id))) {
         free(t);
         return rc;
     }
@@ -314,10 +315,8 @@ int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, in
         free(t);
         return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
     }
-    refit_health before = model_health(m);
     m->txn = t;
     txn_set_state(t, TXN_OPEN);
-    txj_health(m, before, REFIT_HEALTH_UPDATING, "update began");
     *out = t;
     return REFIT_OK;
 }
@@ -737,8 +736,18 @@ static uint64_t module_bytes_in(const refit_txn *t, const module *mod)
     return n;
 }
 
-/* The journal's last word on a txn: every touched module's final row. */
-static void txn_journal_end(refit_txn *t, journal_update_state st, const char *error)
+/* Health once the txn is gone (model_health says UPDATING while it is open). */
+static refit_health health_after(const refit_model *m)
+{
+    return m->n_dirty ? REFIT_HEALTH_POISONED
+         : m->n_empty ? REFIT_HEALTH_EMPTY
+                      : REFIT_HEALTH_READY;
+}
+
+/* The journal's last word on a txn: every touched module's final row, and
+ * the worker's health after it, in one write. */
+static void txn_journal_end(refit_txn *t, journal_update_state st, const char *error,
+                            const char *reason)
 {
     if (!t->journal_id)
         return;
@@ -763,7 +772,8 @@ static void txn_journal_end(refit_txn *t, journal_update_state st, const char *e
         if (grow_array((void **)&t->jb.p, &t->jb.cap, t->jb.n, sizeof *t->jb.p) == REFIT_OK)
             t->jb.p[t->jb.n++] = p;
     }
-    txj_end(m, t->journal_id, &t->jb, st, t->stats.bytes_loaded, t->stats.tensors_loaded, error);
+    txj_end(m, t->journal_id, &t->jb, st, t->stats.bytes_loaded, t->stats.tensors_loaded, error,
+            health_after(m), reason);
 }
 
 /* Leave the worker as abort defines it and end the txn. why: the reason
@@ -796,14 +806,13 @@ static int txn_end_aborted(refit_txn *t, const char *why)
     journal_update_state st = poisoned      ? JOURNAL_UPDATE_FAILED
                               : t->wrote      ? JOURNAL_UPDATE_ROLLED_BACK
                                               : JOURNAL_UPDATE_ABORTED;
-    txn_journal_end(t, st, why ? why : "aborted by the caller");
+    txn_journal_end(t, st, why ? why : "aborted by the caller",
+                    poisoned ? "update aborted without rollback" : "update aborted");
     undo_free(&t->undo);
     scratch_reset(t);
     m->txn = NULL;
     txn_set_state(t, TXN_ABORTED);
     txn_destroy(t);
-    txj_health(m, REFIT_HEALTH_UPDATING, model_health(m),
-              poisoned ? "update aborted without rollback" : "update aborted");
     return poisoned || m->n_dirty ? REFIT_EPOISONED : REFIT_OK;
 }
 
@@ -882,12 +891,11 @@ static void txn_commit(refit_txn *t)
     free(m->version);
     m->version = t->version_label;
     t->version_label = NULL;
-    txn_journal_end(t, JOURNAL_UPDATE_COMMITTED, NULL);
+    txn_journal_end(t, JOURNAL_UPDATE_COMMITTED, NULL, "update committed");
     undo_free(&t->undo);
     scratch_reset(t);
     m->txn = NULL;
     txn_set_state(t, TXN_COMMITTED);
-    txj_health(m, REFIT_HEALTH_UPDATING, model_health(m), "update committed");
 }
 
 /* Every check of finalize; on failure the update is aborted and freed. */

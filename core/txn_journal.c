@@ -104,7 +104,8 @@ void txj_health(refit_model *m, refit_health from, refit_health to, const char *
     ctx->journal_seconds += mono_now() - t0;
 }
 
-int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of, int64_t *id)
+int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
+              refit_health before, int64_t *id)
 {
     refit_ctx *ctx = m->ctx;
     *id = 0;
@@ -121,6 +122,8 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of, int
             .replay_of = replay_of,
             .rollback = o->rollback != 0,
             .plan_id = m->journal_plan, /* recorded at seal: no re-hashing */
+            .health_from = health_word(before),
+            .health_reason = "update began",
         };
         double t0 = mono_now();
         if (!m->journal_modules)
@@ -185,13 +188,15 @@ void txj_finalizing(refit_model *m, int64_t id)
 }
 
 void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st, uint64_t bytes,
-            uint64_t tensors, const char *error)
+             uint64_t tensors, const char *error, refit_health after, const char *reason)
 {
     refit_ctx *ctx = m->ctx;
     if (!id || !ctx->journal)
         return;
     double t0 = mono_now();
-    if (journal_update_end(ctx->journal, id, st, bytes, tensors, error, b->n, b->p))
+    journal_health_change h = {ctx->worker_id, "updating", health_word(after), reason,
+                               after == REFIT_HEALTH_READY ? m->version : NULL};
+    if (journal_update_end_health(ctx->journal, id, st, bytes, tensors, error, b->n, b->p, &h))
         txj_gap(ctx, "update end");
     b->n = 0;
     ctx->journal_seconds += mono_now() - t0;

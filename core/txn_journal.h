@@ -29,17 +29,21 @@ void txj_close(refit_ctx *ctx);
 void txj_seal(refit_model *m);
 /* A health transition of the worker. */
 void txj_health(refit_model *m, refit_health from, refit_health to, const char *reason);
-/* Begin: record the update. REFIT_EJOURNAL (message set) when it cannot be
+/* Begin: record the update and the worker going from before to UPDATING. REFIT_EJOURNAL (message set) when it cannot be
  * recorded and the journal is required; *id is 0 when nothing is recorded. */
-int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of, int64_t *id);
+int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
+              refit_health before, int64_t *id);
 /* A module completed: queue its progress, write the batch when full. */
 void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi, uint64_t tensors,
                     uint64_t bytes);
 /* Finalize began (a crash from here on is a crash while finalizing). */
 void txj_finalizing(refit_model *m, int64_t id);
 /* End: final state and each touched module's final row. */
+/* End: final state, each touched module's final row, and the worker's
+ * health after it, in one write. */
 void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st,
-            uint64_t bytes, uint64_t tensors, const char *error);
+             uint64_t bytes, uint64_t tensors, const char *error, refit_health after,
+             const char *reason);
 void txj_batch_free(txj_batch *b);
 /* Wall time this context spent writing its journal (for refit-bench). */
 double txj_seconds(const refit_ctx *ctx);

@@ -127,7 +127,18 @@ typedef struct journal_update_info {
                                   hash over every name); > 0: the id
                                   journal_plan_prepare returned on this
                                   journal for the same list (no hashing) */
+    const char *health_from;   /* not NULL: the same transaction records the
+                                  worker's transition from this health to
+                                  "updating" (as journal_health would) */
+    const char *health_reason;
 } journal_update_info;
+
+/* A health transition recorded inside another write's transaction. */
+typedef struct journal_health_change {
+    const char *worker_id;
+    const char *from, *to, *reason;
+    const char *version;       /* may be NULL */
+} journal_health_change;
 
 typedef struct journal_module_info {
     const char *name;
@@ -180,6 +191,13 @@ int journal_update_end(journal *j, int64_t update_id,
                        journal_update_state state, uint64_t bytes,
                        uint64_t tensors, const char *error, size_t n,
                        const journal_module_progress *p);
+/* The same, and the worker's health transition h (not NULL) in the same
+ * transaction: one write ends an update and says what the worker is now. */
+int journal_update_end_health(journal *j, int64_t update_id,
+                              journal_update_state state, uint64_t bytes,
+                              uint64_t tensors, const char *error, size_t n,
+                              const journal_module_progress *p,
+                              const journal_health_change *h);
 /* An event row. update_id 0 and worker_id NULL mean "none". */
 int journal_event(journal *j, int64_t update_id, const char *worker_id,
                   const char *kind, const char *fmt, ...)

@@ -144,6 +144,12 @@ int jr_check_writable(journal *j, const char *what);
 
 /* UTC time "2024-05-01T12:00:00.123Z" into buf (at least 32 bytes). */
 void jr_now(char *buf, size_t len);
+/* Health names stored lowercased ("READY" -> "ready"); NULL stays NULL. */
+const char *jr_health_lower(const char *in, char *buf, size_t len);
+/* The worker row's health and a health-transition row, inside the caller's
+ * transaction. Returns SQLITE_DONE or the failing SQLite code. */
+int jr_health_rows(journal *j, const char *worker_id, const char *from,
+                   const char *to, const char *reason, const char *version);
 /* This process's start time in clock ticks since boot (/proc), or 0. */
 int64_t jr_proc_start(int64_t pid);
 /* Whether the process that wrote (host, pid, pid_start) may still run:

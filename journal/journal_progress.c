@@ -193,8 +193,18 @@ int journal_update_end(journal *j, int64_t update_id,
                        uint64_t tensors, const char *error, size_t n,
                        const journal_module_progress *p)
 {
+    return journal_update_end_health(j, update_id, state, bytes, tensors,
+                                     error, n, p, NULL);
+}
+
+int journal_update_end_health(journal *j, int64_t update_id,
+                              journal_update_state state, uint64_t bytes,
+                              uint64_t tensors, const char *error, size_t n,
+                              const journal_module_progress *p,
+                              const journal_health_change *h)
+{
     const char *what = "ending an update";
-    if (!j || (n && !p))
+    if (!j || (n && !p) || (h && (!h->worker_id || !h->to)))
         return REFIT_EINVAL;
     if (state < JOURNAL_UPDATE_COMMITTED || state >= JOURNAL_UPDATE_STATE_COUNT)
         return jr_fail(j, REFIT_EINVAL, "journal %s: %s: %d is not a final "
@@ -211,6 +221,13 @@ int journal_update_end(journal *j, int64_t update_id,
                       tensors, error);
     if (src == SQLITE_DONE)
         src = write_batch(j, &j->cur, n, p);
+    if (src == SQLITE_DONE && h) {
+        char fbuf[32], tbuf[32];
+        src = jr_health_rows(j, h->worker_id,
+                             jr_health_lower(h->from, fbuf, sizeof fbuf),
+                             jr_health_lower(h->to, tbuf, sizeof tbuf),
+                             h->reason, h->version);
+    }
     if (src == SQLITE_NOTFOUND) {
         jr_tx_rollback(j);
         rc = jr_fail(j, REFIT_ENOTFOUND, "journal %s: %s: update %lld has "

@@ -206,6 +206,12 @@ int journal_update_begin(journal *j, int64_t *update_id,
         src = update_row(j, info, plan, n_modules, &id);
     if (src == SQLITE_DONE)
         src = chunk_rows(j, &u, id);
+    if (src == SQLITE_DONE && info->health_from) {
+        char fbuf[32];
+        src = jr_health_rows(j, info->worker_id,
+                             jr_health_lower(info->health_from, fbuf, sizeof fbuf),
+                             "updating", info->health_reason, NULL);
+    }
     if (src != SQLITE_DONE) {
         jr_update_free(&u);
         return begin_fail(j, info, src);

@@ -21,7 +21,7 @@ static void bind_text_or_null(sqlite3_stmt *s, int i, const char *v)
 }
 
 /* Lowercase copy of a health name, so "READY" and "ready" are one state. */
-static const char *health_lower(const char *in, char *buf, size_t len)
+const char *jr_health_lower(const char *in, char *buf, size_t len)
 {
     size_t i = 0;
     if (!in)
@@ -77,7 +77,7 @@ int journal_heartbeat(journal *j, const char *worker_id)
     return jr_tx_commit(j, "heartbeat");
 }
 
-static int health_rows(journal *j, const char *worker_id, const char *from,
+int jr_health_rows(journal *j, const char *worker_id, const char *from,
                        const char *to, const char *reason,
                        const char *version)
 {
@@ -113,8 +113,8 @@ int journal_health(journal *j, const char *worker_id, const char *from,
     int rc = jr_check_writable(j, what);
     if (rc != REFIT_OK || (rc = jr_tx_begin(j, what)))
         return rc;
-    rc = health_rows(j, worker_id, health_lower(from, fbuf, sizeof fbuf),
-                     health_lower(to, tbuf, sizeof tbuf), reason, version);
+    rc = jr_health_rows(j, worker_id, jr_health_lower(from, fbuf, sizeof fbuf),
+                     jr_health_lower(to, tbuf, sizeof tbuf), reason, version);
     if (rc != SQLITE_DONE)
         return jr_fail_sqlite(j, what);
     return jr_tx_commit(j, what);
@@ -251,7 +251,7 @@ static int worker_unknown(journal *j, const dead_update *d, const char *msg)
         return SQLITE_DONE;
     if (rc != SQLITE_ROW)
         return rc;
-    return health_rows(j, d->worker, from, "unknown", msg, NULL);
+    return jr_health_rows(j, d->worker, from, "unknown", msg, NULL);
 }
 
 static int mark_one(journal *j, const dead_update *d)
