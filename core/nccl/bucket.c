@@ -1,0 +1,555 @@
+/* The bucket wire format: planning, encoding, and the decoder that treats
+ * every header as untrusted input (bucket.h has the layout). */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/nccl/bucket.h"
+#include "kernels/fingerprint.h"
+
+/* ---- little-endian fields ---- */
+
+static void wr16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+}
+
+static void wr32(uint8_t *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void wr64(uint8_t *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static uint16_t rd16(const uint8_t *p)
+{
+    return (uint16_t)(p[0] | (p[1] << 8));
+}
+
+static uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v = 0;
+    for (int i = 3; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; i--)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+static int bad(char *err, size_t errlen, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int bad(char *err, size_t errlen, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (errlen)
+        vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+uint64_t bkt_checksum(const void *p, size_t n)
+{
+    kern_fp fp;
+    kern_fp_init(&fp);
+    kern_fp_update(&fp, p, n);
+    return kern_fp_final(&fp);
+}
+
+uint64_t bkt_bytes(refit_dtype dt, int64_t numel)
+{
+    if (numel < 0 || dt.bits == 0)
+        return UINT64_MAX;
+    if ((uint64_t)numel > (UINT64_MAX - 7) / dt.bits)
+        return UINT64_MAX;
+    return ((uint64_t)numel * dt.bits + 7) / 8;
+}
+
+/* Elements of a shape; -1 on a negative extent or overflow. */
+static int64_t shape_numel(int32_t ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return -1;
+        if (shape[i] && n > INT64_MAX / shape[i])
+            return -1;
+        n *= shape[i];
+    }
+    return n;
+}
+
+/* ---- announce ---- */
+
+void bkt_announce_encode(uint8_t out[BKT_ANNOUNCE_BYTES], const bkt_announce *a)
+{
+    memset(out, 0, BKT_ANNOUNCE_BYTES);
+    wr32(out, BKT_MAGIC_ANNOUNCE);
+    wr16(out + 4, BKT_VERSION);
+    wr16(out + 6, a->flags);
+    wr32(out + 8, a->n_buckets);
+    wr32(out + 12, a->first_header);
+    wr64(out + 16, a->nonce);
+    wr64(out + 24, a->first_total);
+    wr64(out + 32, a->max_total);
+    wr64(out + 40, a->total_payload);
+    wr64(out + 48, a->n_entries);
+    wr64(out + 56, bkt_checksum(out, 56));
+}
+
+int bkt_announce_decode(bkt_announce *a, const uint8_t in[BKT_ANNOUNCE_BYTES],
+                        uint64_t max_accept, char *err, size_t errlen)
+{
+    const int C = REFIT_ECORRUPT;
+    if (rd32(in) != BKT_MAGIC_ANNOUNCE)
+        return bad(err, errlen, C, "announce: bad magic 0x%08x (not a refit sender?)", rd32(in));
+    if (rd16(in + 4) != BKT_VERSION)
+        return bad(err, errlen, C, "announce: wire version %u, this refit reads %u",
+                   rd16(in + 4), BKT_VERSION);
+    if (rd64(in + 56) != bkt_checksum(in, 56))
+        return bad(err, errlen, C, "announce: checksum mismatch");
+    *a = (bkt_announce){rd16(in + 6), rd32(in + 8), rd32(in + 12), rd64(in + 16),
+                        rd64(in + 24), rd64(in + 32), rd64(in + 40), rd64(in + 48)};
+    if (a->flags != 0)
+        return bad(err, errlen, C, "announce: unknown flags 0x%x", a->flags);
+    if (a->n_buckets > BKT_MAX_BUCKETS)
+        return bad(err, errlen, C, "announce: %u buckets (at most %u)", a->n_buckets,
+                   BKT_MAX_BUCKETS);
+    if (a->max_total > max_accept)
+        return bad(err, errlen, C, "announce: buckets of %llu bytes, above the %llu this "
+                   "receiver accepts", (unsigned long long)a->max_total,
+                   (unsigned long long)max_accept);
+    if (a->n_buckets == 0 ? (a->first_total || a->first_header || a->max_total)
+                          : (a->first_header < BKT_FIXED_HEADER + 8 ||
+                             a->first_header > BKT_MAX_HEADER ||
+                             a->first_total < bkt_align(a->first_header) ||
+                             a->first_total > a->max_total))
+        return bad(err, errlen, C, "announce: inconsistent sizes (buckets %u, first %llu bytes "
+                   "with a %u-byte header, largest %llu)", a->n_buckets,
+                   (unsigned long long)a->first_total, a->first_header,
+                   (unsigned long long)a->max_total);
+    return REFIT_OK;
+}
+
+/* ---- planning ---- */
+
+static uint64_t entry_size(const bkt_tensor *t)
+{
+    return BKT_FIXED_ENTRY + 8u * (uint64_t)t->ndim + strlen(t->name);
+}
+
+/* Bytes of a tensor, and of one dim-0 row when rows split on byte
+ * boundaries (0 otherwise: such a tensor is only sent whole). */
+static int tensor_sizes(const bkt_tensor *t, uint64_t *bytes, uint64_t *row_bytes, char *err,
+                        size_t errlen)
+{
+    size_t nl = t->name ? strlen(t->name) : 0;
+    if (nl == 0 || nl > BKT_MAX_NAME)
+        return bad(err, errlen, REFIT_EINVAL, "tensor name %s", nl ? "too long" : "empty");
+    if (t->ndim < 0 || t->ndim > REFIT_MAX_DIMS || (t->ndim && !t->shape))
+        return bad(err, errlen, REFIT_EINVAL, "%s: %d dims", t->name, t->ndim);
+    if (t->dtype.lanes != 1 || t->dtype.bits == 0 || t->dtype.bits > 64)
+        return bad(err, errlen, REFIT_EUNSUPPORTED, "%s: dtype %s cannot be sent", t->name,
+                   refit_dtype_name(t->dtype));
+    int64_t numel = shape_numel(t->ndim, t->shape);
+    *bytes = numel < 0 ? UINT64_MAX : bkt_bytes(t->dtype, numel);
+    if (*bytes == UINT64_MAX || *bytes > (uint64_t)INT64_MAX)
+        return bad(err, errlen, REFIT_EINVAL, "%s: shape overflows", t->name);
+    *row_bytes = 0;
+    if (t->ndim >= 1 && t->shape[0] > 0) {
+        uint64_t row_bits = (uint64_t)(numel / t->shape[0]) * t->dtype.bits;
+        if (row_bits % 8 == 0)
+            *row_bytes = row_bits / 8;
+    }
+    return REFIT_OK;
+}
+
+static int plan_add_piece(bkt_plan *p, bkt_piece pc)
+{
+    if (p->n_pieces == p->cap_pieces) {
+        uint32_t cap = p->cap_pieces ? 2 * p->cap_pieces : 64;
+        bkt_piece *np = realloc(p->pieces, (size_t)cap * sizeof *np);
+        if (!np)
+            return REFIT_ENOMEM;
+        p->pieces = np;
+        p->cap_pieces = cap;
+    }
+    p->pieces[p->n_pieces++] = pc;
+    bkt_span *b = &p->buckets[p->n_buckets - 1];
+    b->n++;
+    b->payload_bytes = pc.offset + pc.bytes;
+    return REFIT_OK;
+}
+
+/* Close the current bucket (if it holds anything) and open a new one. */
+static int plan_open_bucket(bkt_plan *p, uint32_t fixed_header)
+{
+    if (p->n_buckets && p->buckets[p->n_buckets - 1].n == 0)
+        return REFIT_OK;
+    if (p->n_buckets == BKT_MAX_BUCKETS)
+        return REFIT_EINVAL;
+    if (p->n_buckets == p->cap_buckets) {
+        uint32_t cap = p->cap_buckets ? 2 * p->cap_buckets : 16;
+        bkt_span *nb = realloc(p->buckets, (size_t)cap * sizeof *nb);
+        if (!nb)
+            return REFIT_ENOMEM;
+        p->buckets = nb;
+        p->cap_buckets = cap;
+    }
+    p->buckets[p->n_buckets++] = (bkt_span){p->n_pieces, 0, fixed_header, 0};
+    return REFIT_OK;
+}
+
+/* A tensor larger than a bucket: row ranges, each at the start of its own
+ * bucket, so every bucket but the last of them is full. */
+static int plan_split(bkt_plan *p, uint32_t i, const bkt_tensor *t, uint64_t row_bytes,
+                      uint64_t cap, uint32_t fixed, uint32_t eh, char *err, size_t errlen)
+{
+    if (row_bytes == 0 || row_bytes > cap)
+        return bad(err, errlen, REFIT_EINVAL, "%s: larger than a bucket (%llu bytes) and "
+                   "cannot be split: one row of dim 0 is %llu bytes%s", t->name,
+                   (unsigned long long)cap, (unsigned long long)row_bytes,
+                   row_bytes ? "" : " or not a whole number of bytes");
+    int64_t per = (int64_t)(cap / row_bytes);
+    for (int64_t r = 0; r < t->shape[0]; r += per) {
+        int64_t rows = t->shape[0] - r < per ? t->shape[0] - r : per;
+        int rc = plan_open_bucket(p, fixed);
+        bkt_piece pc = {i, true, r, rows, 0, (uint64_t)rows * row_bytes};
+        if (!rc)
+            rc = plan_add_piece(p, pc);
+        if (rc)
+            return bad(err, errlen, rc, "%s: %s", t->name,
+                       rc == REFIT_ENOMEM ? "out of memory" : "too many buckets");
+        p->buckets[p->n_buckets - 1].header_bytes += eh;
+    }
+    return REFIT_OK;
+}
+
+static int plan_whole(bkt_plan *p, uint32_t i, uint64_t bytes, uint64_t cap, uint32_t fixed,
+                      uint32_t eh)
+{
+    bkt_span *b = &p->buckets[p->n_buckets - 1];
+    uint64_t off = b->n ? bkt_align(b->payload_bytes) : 0;
+    if (b->n && (off > cap || bytes > cap - off || b->header_bytes + eh > BKT_MAX_HEADER)) {
+        int rc = plan_open_bucket(p, fixed);
+        if (rc)
+            return rc;
+        off = 0;
+    }
+    int rc = plan_add_piece(p, (bkt_piece){i, false, 0, 0, off, bytes});
+    if (rc)
+        return rc;
+    p->buckets[p->n_buckets - 1].header_bytes += eh;
+    return REFIT_OK;
+}
+
+static void plan_totals(bkt_plan *p)
+{
+    p->max_total = p->total_payload = 0;
+    for (uint32_t b = 0; b < p->n_buckets; b++) {
+        if (bkt_total(p, b) > p->max_total)
+            p->max_total = bkt_total(p, b);
+        p->total_payload += p->buckets[b].payload_bytes;
+    }
+}
+
+int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
+                   size_t label_len, char *err, size_t errlen)
+{
+    memset(p, 0, sizeof *p);
+    if (bucket_bytes == 0 || bucket_bytes > ((uint64_t)1 << 48) || label_len > BKT_MAX_LABEL)
+        return bad(err, errlen, REFIT_EINVAL, "bucket size %llu or label length %zu out of "
+                   "range", (unsigned long long)bucket_bytes, label_len);
+    uint32_t fixed = BKT_FIXED_HEADER + (uint32_t)label_len + 8;
+    int rc = REFIT_OK;
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        uint64_t bytes = 0, row_bytes = 0;
+        if ((rc = tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen)))
+            break;
+        uint32_t eh = (uint32_t)entry_size(&t[i]);
+        if (!p->n_buckets && (rc = plan_open_bucket(p, fixed)))
+            break;
+        if (bytes <= bucket_bytes)
+            rc = plan_whole(p, i, bytes, bucket_bytes, fixed, eh);
+        else
+            rc = plan_split(p, i, &t[i], row_bytes, bucket_bytes, fixed, eh, err, errlen);
+        if (rc == REFIT_ENOMEM)
+            bad(err, errlen, rc, "planning buckets: out of memory");
+    }
+    /* no tensors: one bucket of no entries still carries the label */
+    if (!rc && !p->n_buckets)
+        rc = plan_open_bucket(p, fixed);
+    if (rc) {
+        bkt_plan_free(p);
+        return rc;
+    }
+    plan_totals(p);
+    return REFIT_OK;
+}
+
+void bkt_plan_free(bkt_plan *p)
+{
+    free(p->pieces);
+    free(p->buckets);
+    memset(p, 0, sizeof *p);
+}
+
+/* ---- header encoding ---- */
+
+static uint8_t *encode_entry(uint8_t *q, const bkt_piece *pc, const bkt_tensor *t)
+{
+    size_t nl = strlen(t->name);
+    wr16(q, (uint16_t)nl);
+    q[2] = t->dtype.code;
+    q[3] = t->dtype.bits;
+    wr16(q + 4, t->dtype.lanes);
+    q[6] = (uint8_t)t->ndim;
+    q[7] = pc->part ? 1 : 0;
+    int64_t rows = pc->part ? pc->rows : (t->ndim ? t->shape[0] : 1);
+    wr64(q + 8, (uint64_t)pc->row_offset);
+    wr64(q + 16, (uint64_t)rows);
+    wr64(q + 24, pc->offset);
+    wr64(q + 32, pc->bytes);
+    q += BKT_FIXED_ENTRY;
+    for (int d = 0; d < t->ndim; d++, q += 8)
+        wr64(q, (uint64_t)t->shape[d]);
+    memcpy(q, t->name, nl);
+    return q + nl;
+}
+
+void bkt_header_encode(uint8_t *buf, const bkt_plan *p, uint32_t b, const bkt_tensor *t,
+                       const char *label, uint64_t nonce, uint16_t flags,
+                       uint64_t payload_sum)
+{
+    const bkt_span *s = &p->buckets[b];
+    bool last = b + 1 == p->n_buckets;
+    size_t ll = strlen(label);
+    memset(buf, 0, BKT_FIXED_HEADER);
+    wr32(buf, BKT_MAGIC_BUCKET);
+    wr16(buf + 4, BKT_VERSION);
+    wr16(buf + 6, flags);
+    wr32(buf + 8, b);
+    wr32(buf + 12, p->n_buckets);
+    wr32(buf + 16, s->n);
+    wr32(buf + 20, s->header_bytes);
+    wr64(buf + 24, nonce);
+    wr64(buf + 32, bkt_align(s->header_bytes));
+    wr64(buf + 40, s->payload_bytes);
+    wr64(buf + 48, last ? 0 : bkt_total(p, b + 1));
+    wr32(buf + 56, last ? 0 : p->buckets[b + 1].header_bytes);
+    wr16(buf + 60, (uint16_t)ll);
+    wr64(buf + 64, payload_sum);
+    memcpy(buf + BKT_FIXED_HEADER, label, ll);
+    uint8_t *q = buf + BKT_FIXED_HEADER + ll;
+    for (uint32_t k = 0; k < s->n; k++) {
+        const bkt_piece *pc = &p->pieces[s->first + k];
+        q = encode_entry(q, pc, &t[pc->tensor]);
+    }
+    wr64(q, bkt_checksum(buf, (size_t)(q - buf)));
+}
+
+/* ---- header decoding: every field is checked before it is used ---- */
+
+static int decode_next(bkt_header *h, const bkt_expect *ex, char *err, size_t errlen)
+{
+    bool last = h->index + 1 == h->n_buckets;
+    if (last ? (h->next_total || h->next_header)
+             : (h->next_header < BKT_FIXED_HEADER + 8 || h->next_header > BKT_MAX_HEADER ||
+                h->next_total < bkt_align(h->next_header) || h->next_total > ex->max_total))
+        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: next bucket's size (%llu bytes, "
+                   "%u-byte header) inconsistent with %u buckets of at most %llu bytes",
+                   h->index, (unsigned long long)h->next_total, h->next_header,
+                   h->n_buckets, (unsigned long long)ex->max_total);
+    return REFIT_OK;
+}
+
+static int decode_fixed(bkt_header *h, const uint8_t *buf, const bkt_expect *ex, char *err,
+                        size_t errlen)
+{
+    const int C = REFIT_ECORRUPT;
+    uint32_t hb = ex->header_bytes;
+    if (rd32(buf) != BKT_MAGIC_BUCKET || rd16(buf + 4) != BKT_VERSION)
+        return bad(err, errlen, C, "bucket %u: bad magic or wire version", ex->index);
+    if (rd64(buf + hb - 8) != bkt_checksum(buf, hb - 8))
+        return bad(err, errlen, C, "bucket %u: header checksum mismatch", ex->index);
+    h->flags = rd16(buf + 6);
+    h->index = rd32(buf + 8);
+    h->n_buckets = rd32(buf + 12);
+    h->n_entries = rd32(buf + 16);
+    h->header_bytes = rd32(buf + 20);
+    h->nonce = rd64(buf + 24);
+    h->payload_offset = rd64(buf + 32);
+    h->payload_bytes = rd64(buf + 40);
+    h->next_total = rd64(buf + 48);
+    h->next_header = rd32(buf + 56);
+    h->payload_sum = rd64(buf + 64);
+    if (h->flags & ~(BKT_F_PAYLOAD_SUM | BKT_F_CANCEL))
+        return bad(err, errlen, C, "bucket %u: unknown flags 0x%x", ex->index, h->flags);
+    if (h->index != ex->index || h->n_buckets != ex->n_buckets || h->nonce != ex->nonce)
+        return bad(err, errlen, C, "bucket %u of %u (update %016llx) arrived where bucket %u "
+                   "of %u (update %016llx) was expected", h->index, h->n_buckets,
+                   (unsigned long long)h->nonce, ex->index, ex->n_buckets,
+                   (unsigned long long)ex->nonce);
+    if (h->header_bytes != hb || h->payload_offset != bkt_align(hb) ||
+        ex->total < h->payload_offset || h->payload_bytes != ex->total - h->payload_offset)
+        return bad(err, errlen, C, "bucket %u: sizes (header %u, payload %llu at %llu) do "
+                   "not add up to the %llu bytes received", h->index, h->header_bytes,
+                   (unsigned long long)h->payload_bytes,
+                   (unsigned long long)h->payload_offset, (unsigned long long)ex->total);
+    return decode_next(h, ex, err, errlen);
+}
+
+static int decode_label(bkt_header *h, const uint8_t *buf, uint32_t hb, char *err,
+                        size_t errlen)
+{
+    uint16_t ll = rd16(buf + 60);
+    if (ll > BKT_MAX_LABEL || BKT_FIXED_HEADER + 8u + ll > hb || rd16(buf + 62) != 0 ||
+        memchr(buf + BKT_FIXED_HEADER, 0, ll))
+        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: bad version label (%u bytes)",
+                   h->index, ll);
+    memcpy(h->label, buf + BKT_FIXED_HEADER, ll);
+    h->label[ll] = '\0';
+    uint64_t room = hb - 8u - BKT_FIXED_HEADER - ll;
+    if (h->n_entries > room / BKT_FIXED_ENTRY)
+        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: %u entries cannot fit in a "
+                   "%u-byte header", h->index, h->n_entries, hb);
+    return REFIT_OK;
+}
+
+/* Rows, byte count and placement of one entry against its shape. */
+static int check_entry(const bkt_entry *e, uint64_t prev_end, uint64_t payload_bytes,
+                       const char **why)
+{
+    int64_t numel = shape_numel(e->ndim, e->shape);
+    uint64_t want;
+    *why = "shape";
+    if (numel < 0 || e->dtype.lanes != 1 || e->dtype.bits == 0 || e->dtype.bits > 64)
+        return -1;
+    int64_t dim0 = e->ndim ? e->shape[0] : 1;
+    *why = "row range";
+    if (e->row_offset < 0 || e->rows < 0 || e->row_offset > dim0 || e->rows > dim0 - e->row_offset)
+        return -1;
+    if (!e->part) {
+        if (e->row_offset != 0 || e->rows != dim0)
+            return -1;
+        want = bkt_bytes(e->dtype, numel);
+    } else {
+        if (e->ndim == 0 || e->rows == 0)
+            return -1;
+        uint64_t row_el = (uint64_t)(numel / dim0);
+        if (row_el > UINT64_MAX / 64)
+            return -1;
+        uint64_t row_bits = row_el * e->dtype.bits, row_bytes = row_bits / 8;
+        if (row_bits % 8 || (row_bytes && (uint64_t)e->rows > UINT64_MAX / row_bytes))
+            return -1;
+        want = (uint64_t)e->rows * row_bytes;
+    }
+    *why = "byte count";
+    if (want == UINT64_MAX || e->bytes != want)
+        return -1;
+    *why = "payload placement";
+    if (e->offset % BKT_ALIGN || e->offset < prev_end || e->offset > payload_bytes ||
+        e->bytes > payload_bytes - e->offset)
+        return -1;
+    return 0;
+}
+
+static int decode_entry(bkt_header *h, uint32_t k, const uint8_t **cur, const uint8_t *end,
+                        size_t *arena_used, uint64_t *prev_end, char *err, size_t errlen)
+{
+    const uint8_t *q = *cur;
+    bkt_entry *e = &h->entries[k];
+    if ((size_t)(end - q) < BKT_FIXED_ENTRY)
+        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u runs past the header",
+                   h->index, k);
+    uint16_t nl = rd16(q);
+    *e = (bkt_entry){.dtype = {q[2], q[3], rd16(q + 4)}, .ndim = q[6], .part = q[7] == 1,
+                     .row_offset = (int64_t)rd64(q + 8), .rows = (int64_t)rd64(q + 16),
+                     .offset = rd64(q + 24), .bytes = rd64(q + 32)};
+    if (q[7] > 1 || e->ndim > REFIT_MAX_DIMS || nl == 0 || nl > BKT_MAX_NAME ||
+        (size_t)(end - q) < BKT_FIXED_ENTRY + 8u * e->ndim + nl)
+        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u: bad dims, flags or "
+                   "name length", h->index, k);
+    q += BKT_FIXED_ENTRY;
+    for (int d = 0; d < e->ndim; d++, q += 8)
+        e->shape[d] = (int64_t)rd64(q);
+    char *name = h->arena + *arena_used;
+    memcpy(name, q, nl);
+    name[nl] = '\0';
+    const char *why = "name";
+    if (memchr(q, 0, nl) || check_entry(e, *prev_end, h->payload_bytes, &why))
+        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u (%.*s): bad %s", h->index,
+                   k, (int)nl, (const char *)q, why);
+    e->name = name;
+    *arena_used += nl + 1u;
+    *prev_end = e->offset + e->bytes;
+    *cur = q + nl;
+    return REFIT_OK;
+}
+
+static int header_room(bkt_header *h, uint32_t hb)
+{
+    if (h->cap_entries < h->n_entries) {
+        bkt_entry *ne = realloc(h->entries, (size_t)h->n_entries * sizeof *ne);
+        if (!ne)
+            return REFIT_ENOMEM;
+        h->entries = ne;
+        h->cap_entries = h->n_entries;
+    }
+    /* names plus their NULs never exceed the header: each entry spends at
+     * least BKT_FIXED_ENTRY bytes besides its name */
+    if (h->cap_arena < hb) {
+        char *na = realloc(h->arena, hb);
+        if (!na)
+            return REFIT_ENOMEM;
+        h->arena = na;
+        h->cap_arena = hb;
+    }
+    return REFIT_OK;
+}
+
+int bkt_header_decode(bkt_header *h, const uint8_t *buf, const bkt_expect *ex, char *err,
+                      size_t errlen)
+{
+    uint32_t hb = ex->header_bytes;
+    if (hb < BKT_FIXED_HEADER + 8 || hb > BKT_MAX_HEADER || hb > ex->total)
+        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: header of %u bytes", ex->index, hb);
+    int rc = decode_fixed(h, buf, ex, err, errlen);
+    if (!rc)
+        rc = decode_label(h, buf, hb, err, errlen);
+    if (!rc && (rc = header_room(h, hb)))
+        return bad(err, errlen, rc, "bucket %u: out of memory for %u entries", h->index,
+                   h->n_entries);
+    const uint8_t *cur = buf + BKT_FIXED_HEADER + strlen(h->label), *end = buf + hb - 8;
+    size_t used = 0;
+    uint64_t prev_end = 0;
+    for (uint32_t k = 0; !rc && k < h->n_entries; k++)
+        rc = decode_entry(h, k, &cur, end, &used, &prev_end, err, errlen);
+    if (!rc && cur != end)
+        rc = bad(err, errlen, REFIT_ECORRUPT, "bucket %u: %zu stray bytes after the entries",
+                 h->index, (size_t)(end - cur));
+    return rc;
+}
+
+void bkt_header_free(bkt_header *h)
+{
+    free(h->entries);
+    free(h->arena);
+    h->entries = NULL;
+    h->arena = NULL;
+    h->cap_entries = 0;
+    h->cap_arena = 0;
+}

@@ -1,0 +1,172 @@
+/*
+ * The bucket wire format of the NCCL transport (docs/nccl.md). Everything a
+ * receiver needs travels in the broadcasts themselves: no other channel.
+ *
+ * One update on the wire:
+ *
+ *   announce  64 bytes, fixed: bucket count, nonce, sizes of bucket 0, the
+ *             largest bucket (receivers size their two slots once)
+ *   bucket 0  [header | zero pad to 256 | payload]     one broadcast
+ *   bucket 1  ...                                       one broadcast
+ *
+ * Each header names the size of the next bucket, so every broadcast's
+ * byte count is known to every rank before it is posted (NCCL needs equal
+ * counts on all ranks) and bucket n+1 can be posted while bucket n is
+ * scattered. All integers are little-endian. A header is untrusted input:
+ * bkt_header_decode checks every field, every size against the buffer and
+ * every multiplication for overflow before anything reads the payload.
+ *
+ * Checksum: refit's content fingerprint (kernels/fingerprint.h): the
+ * splitmix64-mixed 8-byte words of the bytes, keyed by position and
+ * summed. 64 bits, not cryptographic: it catches corruption, truncation
+ * and misrouted buffers, not tampering. Being a sum, it runs as one
+ * parallel pass on a GPU (backend fingerprint) with the same value as on
+ * the host. Headers and the announce always carry it; the payload's is
+ * optional (BKT_F_PAYLOAD_SUM).
+ */
+#ifndef REFIT_CORE_NCCL_BUCKET_H
+#define REFIT_CORE_NCCL_BUCKET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <refit/refit.h>
+
+#define BKT_MAGIC_ANNOUNCE 0x4e415452u /* "RTAN" */
+#define BKT_MAGIC_BUCKET 0x4b425452u   /* "RTBK" */
+#define BKT_VERSION 1
+#define BKT_ANNOUNCE_BYTES 64
+#define BKT_ALIGN 256                  /* payload and every piece start here */
+#define BKT_FIXED_HEADER 72            /* bytes before the label */
+#define BKT_FIXED_ENTRY 40             /* bytes of an entry before shape and name */
+#define BKT_MAX_HEADER (64u << 20)
+#define BKT_MAX_NAME 4096
+#define BKT_MAX_LABEL 1024
+#define BKT_MAX_BUCKETS (1u << 24)
+#define BKT_DEFAULT_BYTES ((uint64_t)1 << 30)
+
+/* Header flags. */
+#define BKT_F_PAYLOAD_SUM 0x1u /* payload_sum is the payload's checksum */
+#define BKT_F_CANCEL 0x2u      /* the sender failed: no payload, no more buckets */
+
+/* ---- announce ---- */
+
+typedef struct bkt_announce {
+    uint16_t flags;
+    uint32_t n_buckets;
+    uint32_t first_header;      /* header bytes of bucket 0 */
+    uint64_t nonce;             /* the update's id on the wire; every header repeats it */
+    uint64_t first_total;       /* bytes of bucket 0's broadcast */
+    uint64_t max_total;         /* the largest bucket's broadcast */
+    uint64_t total_payload;
+    uint64_t n_entries;         /* pieces over all buckets */
+} bkt_announce;
+
+void bkt_announce_encode(uint8_t out[BKT_ANNOUNCE_BYTES], const bkt_announce *a);
+/* REFIT_ECORRUPT with a message in err when anything is off, including a
+ * largest bucket above max_accept. */
+int bkt_announce_decode(bkt_announce *a, const uint8_t in[BKT_ANNOUNCE_BYTES],
+                        uint64_t max_accept, char *err, size_t errlen);
+
+/* ---- planning (sender) ---- */
+
+/* A tensor to send, as the planner sees it. */
+typedef struct bkt_tensor {
+    const char *name;
+    refit_dtype dtype;
+    int32_t ndim;
+    const int64_t *shape;
+} bkt_tensor;
+
+/* A piece: rows [row_offset, row_offset + rows) of dim 0 of a tensor, or
+ * the whole tensor (part false). */
+typedef struct bkt_piece {
+    uint32_t tensor;
+    bool part;
+    int64_t row_offset, rows;
+    uint64_t offset, bytes;     /* in the bucket's payload */
+} bkt_piece;
+
+typedef struct bkt_span {
+    uint32_t first, n;          /* pieces */
+    uint32_t header_bytes;
+    uint64_t payload_bytes;
+} bkt_span;
+
+typedef struct bkt_plan {
+    bkt_piece *pieces;
+    uint32_t n_pieces, cap_pieces;
+    bkt_span *buckets;
+    uint32_t n_buckets, cap_buckets;
+    uint64_t max_total, total_payload;
+} bkt_plan;
+
+/* Cut tensors into buckets of at most bucket_bytes of payload: a tensor
+ * that fits goes whole (a new bucket when the current one is too full), a
+ * larger one is split into row ranges of dim 0. The same tensors give the
+ * same plan. REFIT_EINVAL / REFIT_EUNSUPPORTED / REFIT_ENOMEM with err. */
+int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
+                   size_t label_len, char *err, size_t errlen);
+void bkt_plan_free(bkt_plan *p);
+
+static inline uint64_t bkt_align(uint64_t n)
+{
+    return (n + BKT_ALIGN - 1) & ~(uint64_t)(BKT_ALIGN - 1);
+}
+/* Bytes of bucket b's broadcast: aligned header + payload. */
+static inline uint64_t bkt_total(const bkt_plan *p, uint32_t b)
+{
+    return bkt_align(p->buckets[b].header_bytes) + p->buckets[b].payload_bytes;
+}
+
+/* Write bucket b's header into buf (at least header_bytes). */
+void bkt_header_encode(uint8_t *buf, const bkt_plan *p, uint32_t b, const bkt_tensor *t,
+                       const char *label, uint64_t nonce, uint16_t flags,
+                       uint64_t payload_sum);
+
+/* ---- decoding (receiver) ---- */
+
+typedef struct bkt_entry {
+    const char *name;           /* NUL-terminated, in the header's arena */
+    refit_dtype dtype;
+    int32_t ndim;
+    int64_t shape[REFIT_MAX_DIMS]; /* the full checkpoint shape */
+    bool part;
+    int64_t row_offset, rows;
+    uint64_t offset, bytes;
+} bkt_entry;
+
+/* What the chain promised about the next header. */
+typedef struct bkt_expect {
+    uint32_t index, n_buckets;
+    uint64_t nonce;
+    uint32_t header_bytes;
+    uint64_t total;             /* bytes received */
+    uint64_t max_total;         /* the announce's largest bucket */
+} bkt_expect;
+
+typedef struct bkt_header {
+    uint16_t flags;
+    uint32_t index, n_buckets, n_entries, header_bytes, next_header;
+    uint64_t nonce, payload_offset, payload_bytes, next_total, payload_sum;
+    char label[BKT_MAX_LABEL + 1];
+    bkt_entry *entries;
+    uint32_t cap_entries;
+    char *arena;                /* names */
+    size_t cap_arena;
+} bkt_header;
+
+/* Decode buf (header_bytes of ex) into h, reusing its arrays. REFIT_ECORRUPT
+ * (err names the field) or REFIT_ENOMEM. */
+int bkt_header_decode(bkt_header *h, const uint8_t *buf, const bkt_expect *ex, char *err,
+                      size_t errlen);
+void bkt_header_free(bkt_header *h);
+
+/* The checksum (see the top of this file) of n bytes in host memory. */
+uint64_t bkt_checksum(const void *p, size_t n);
+
+/* Bytes of numel elements of dt, or UINT64_MAX on overflow. */
+uint64_t bkt_bytes(refit_dtype dt, int64_t numel);
+
+#endif

@@ -1,0 +1,544 @@
+/*
+ * The worker side: buckets into refit_load / refit_load_part calls on an
+ * open transaction, straight from the bucket buffer (on a GPU the CUDA
+ * backend batches every copy of a bucket into one launch at flush).
+ *
+ * Pipeline, two slots A and B (host view; the GPU runs what is posted):
+ *
+ *   post 0 -> A
+ *   k = 0:  wait 0; decode header 0;             post 1 -> B; [checksum 0] scatter 0 from A
+ *   k = 1:  wait 1; decode header 1; sync(0);    post 2 -> A; [checksum 1] scatter 1 from B
+ *   ...
+ *
+ * A slot is posted again only once the scatter that read it is synced, so
+ * receiving bucket n+1 overlaps scattering bucket n. Each header says the
+ * next bucket's size, so every rank posts equal counts.
+ *
+ * A local failure (a refused load, a bad payload checksum, begin refused)
+ * switches to draining: the rest of the update is still received (the
+ * others are broadcasting it) but not scattered, and the failure is voted.
+ * A transport failure or a corrupt header ends the update at once: the
+ * chain of sizes cannot be followed, the transport is aborted.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/internal.h"
+#include "core/nccl/bucket.h"
+#include "core/nccl/xport.h"
+
+#define RCV_MAX_ACCEPT ((uint64_t)4 << 30)
+#define RCV_FREE_LATER 8
+
+struct refit_receiver {
+    refit_model *m;
+    refit_ctx *ctx;
+    refit_transport *x;
+    const backend *be;          /* serves the transport's memory */
+    int root;
+    double timeout, start_timeout;
+    void *stream;
+    uint64_t max_accept;
+    refit_filter_fn filter;
+    void *filter_user;
+    void *slot[2];
+    uint64_t slot_bytes;
+    uint8_t *hbuf[2];           /* host copies of the headers */
+    size_t hcap[2];
+    void *ann;
+    uint8_t *ann_host;
+    bkt_header h;
+    struct {                    /* a tensor split along a dim other than its route's */
+        char *name;
+        void *buf;
+        uint64_t row_bytes;
+        int64_t got;
+        refit_dtype dtype;
+        int32_t ndim;
+        int64_t shape[REFIT_MAX_DIMS];
+    } as;
+    void *free_later[RCV_FREE_LATER]; /* read by queued copies: freed after a sync */
+    int n_free_later;
+};
+
+int refit_receiver_create(refit_receiver **out, refit_model *m, refit_transport *x,
+                          const refit_recv_opts *o)
+{
+    refit_recv_opts def = REFIT_RECV_OPTS_INIT;
+    if (!out || !m || !x)
+        return REFIT_EINVAL;
+    *out = NULL;
+    refit_ctx *ctx = m->ctx;
+    ctx_clear_error(ctx);
+    o = o ? o : &def;
+    if (x->ctx != ctx)
+        return ctx_error(ctx, REFIT_EINVAL, "receiver: the transport belongs to another "
+                         "context than the model");
+    if (o->version != REFIT_RECV_OPTS_VERSION || o->root < 0 || o->root >= x->nranks ||
+        o->root == x->rank || o->timeout_s < 0 || o->start_timeout_s < 0)
+        return ctx_error(ctx, REFIT_EINVAL, "receiver: bad options (version %u, root %d: this "
+                         "rank is %d of %d)", o->version, o->root, x->rank, x->nranks);
+    const backend *be = backend_for_device(x->device);
+    if (!be)
+        return ctx_error(ctx, REFIT_EUNSUPPORTED, "receiver: no backend serves the %s "
+                         "transport's memory (device type %d)", x->ops->name,
+                         x->device.device_type);
+    refit_receiver *r = calloc(1, sizeof *r);
+    if (!r)
+        return ctx_error(ctx, REFIT_ENOMEM, "receiver: out of memory");
+    *r = (refit_receiver){.m = m, .ctx = ctx, .x = x, .be = be, .root = o->root,
+                          .stream = o->stream, .filter = o->filter,
+                          .filter_user = o->filter_user};
+    r->timeout = o->timeout_s > 0 ? o->timeout_s : x->timeout_s;
+    r->start_timeout = o->start_timeout_s > 0 ? o->start_timeout_s : r->timeout;
+    r->max_accept = o->max_bucket_bytes ? o->max_bucket_bytes : RCV_MAX_ACCEPT;
+    *out = r;
+    return REFIT_OK;
+}
+
+/* Everything queued on the stream is done: buffers it read can go. */
+static int rcv_sync(refit_receiver *r)
+{
+    int rc = r->be->sync(r->stream);
+    for (int i = 0; i < r->n_free_later; i++)
+        r->x->ops->mem_free(r->x, r->free_later[i]);
+    r->n_free_later = 0;
+    return rc;
+}
+
+static void rcv_free_assembly(refit_receiver *r)
+{
+    if (r->as.buf)
+        r->x->ops->mem_free(r->x, r->as.buf);
+    free(r->as.name);
+    memset(&r->as, 0, sizeof r->as);
+}
+
+void refit_receiver_destroy(refit_receiver *r)
+{
+    if (!r)
+        return;
+    refit_transport *x = r->x;
+    (void)rcv_sync(r);
+    rcv_free_assembly(r);
+    /* nothing is in flight here: every update ends with its broadcasts
+     * completed, or with the transport aborted (ncclCommAbort stops them) */
+    for (int i = 0; i < 2; i++) {
+        if (r->slot[i])
+            x->ops->mem_free(x, r->slot[i]);
+        if (r->hbuf[i])
+            x->ops->host_free(x, r->hbuf[i]);
+    }
+    if (r->ann)
+        x->ops->mem_free(x, r->ann);
+    if (r->ann_host)
+        x->ops->host_free(x, r->ann_host);
+    bkt_header_free(&r->h);
+    free(r);
+}
+
+/* ---- one update ---- */
+
+typedef struct rcv_run {
+    refit_txn *txn;             /* NULL while draining without a txn */
+    const refit_update_opts *begin; /* begin at bucket 0 with these, or NULL */
+    refit_txn **began;
+    bkt_announce an;
+    uint64_t ticket[2];
+    uint64_t next_total;
+    uint32_t next_header;
+    int local;                  /* first local failure: drain from there */
+    bool cancelled;             /* the sender cancelled: no more buckets come */
+    char why[REFIT_ERRMSG_SIZE];
+    refit_progress_fn progress;
+    void *user;
+    uint64_t bytes, tensors;
+    uint32_t buckets;
+    char label[BKT_MAX_LABEL + 1];
+} rcv_run;
+
+/* Remember the first local failure and its message; from now on drain. */
+static void rcv_local(refit_receiver *r, rcv_run *run, int rc)
+{
+    if (run->local || !rc)
+        return;
+    run->local = rc;
+    snprintf(run->why, sizeof run->why, "%s", r->ctx->errmsg[0] ? r->ctx->errmsg
+                                                                 : refit_strerror(rc));
+}
+
+static int rcv_memory(refit_receiver *r, uint64_t max_total)
+{
+    refit_transport *x = r->x;
+    if (!r->ann && (x->ops->mem_alloc(x, &r->ann, BKT_ALIGN) ||
+                    x->ops->host_alloc(x, (void **)&r->ann_host, BKT_ANNOUNCE_BYTES)))
+        return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for the announce");
+    if (r->slot_bytes >= max_total)
+        return REFIT_OK;
+    for (int i = 0; i < 2; i++) {
+        if (r->slot[i])
+            x->ops->mem_free(x, r->slot[i]);
+        r->slot[i] = NULL;
+    }
+    r->slot_bytes = 0;
+    for (int i = 0; i < 2; i++)
+        if (x->ops->mem_alloc(x, &r->slot[i], max_total))
+            return xport_fail(x, REFIT_ENOMEM, "receiver: no transport memory for two buckets "
+                              "of %llu bytes", (unsigned long long)max_total);
+    r->slot_bytes = max_total;
+    return REFIT_OK;
+}
+
+static int rcv_announce(refit_receiver *r, rcv_run *run)
+{
+    refit_transport *x = r->x;
+    int rc = rcv_memory(r, 0);
+    double deadline = xport_now() + r->start_timeout;
+    uint64_t t;
+    if (!rc)
+        rc = x->ops->bcast(x, r->ann, BKT_ANNOUNCE_BYTES, r->root, deadline);
+    if (!rc)
+        rc = x->ops->to_host(x, r->ann_host, r->ann, BKT_ANNOUNCE_BYTES);
+    if (!rc)
+        rc = x->ops->mark(x, &t);
+    if (!rc)
+        rc = x->ops->wait(x, t, deadline);
+    if (rc)
+        return rc;
+    char err[256];
+    if (bkt_announce_decode(&run->an, r->ann_host, r->max_accept, err, sizeof err))
+        return xport_fail(x, REFIT_ECORRUPT, "%s", err);
+    run->next_total = run->an.first_total;
+    run->next_header = run->an.first_header;
+    return rcv_memory(r, run->an.max_total);
+}
+
+/* Post bucket k into slot k&1: the broadcast, then its header to the host. */
+static int rcv_post(refit_receiver *r, rcv_run *run, uint32_t k)
+{
+    refit_transport *x = r->x;
+    int i = (int)(k & 1);
+    if (r->hcap[i] < run->next_header) {
+        if (r->hbuf[i])
+            x->ops->host_free(x, r->hbuf[i]);
+        r->hbuf[i] = NULL;
+        r->hcap[i] = 0;
+        if (x->ops->host_alloc(x, (void **)&r->hbuf[i], run->next_header))
+            return xport_fail(x, REFIT_ENOMEM, "receiver: no host memory for a %u-byte header",
+                              run->next_header);
+        r->hcap[i] = run->next_header;
+    }
+    int rc = x->ops->bcast(x, r->slot[i], run->next_total, r->root, xport_now() + r->timeout);
+    if (!rc)
+        rc = x->ops->to_host(x, r->hbuf[i], r->slot[i], run->next_header);
+    if (!rc)
+        rc = x->ops->mark(x, &run->ticket[i]);
+    return rc;
+}
+
+/* ---- scatter ---- */
+
+/* The dim deliveries of a checkpoint tensor split along (refit_load_part):
+ * its route's shard dim, else 0. Read from the sealed plan; -2 when the
+ * model has no such tensor (the load then reports it). */
+static int rcv_split_dim(const refit_model *m, const char *name)
+{
+    if (!m->sealed)
+        return -2;
+    uint32_t ri = names_find(&m->route_names, name);
+    return ri == NAMES_NONE ? -2 : m->routes[ri].split_dim;
+}
+
+static refit_view rcv_bytes_view(void *p, uint64_t n, refit_device dev)
+{
+    refit_view v = {.data = p, .device = dev, .dtype = REFIT_U8, .ndim = 1,
+                    .shape = {(int64_t)n}, .strides = {1}};
+    return v;
+}
+
+static int rcv_free_later(refit_receiver *r, void *p)
+{
+    int rc = r->n_free_later == RCV_FREE_LATER ? rcv_sync(r) : REFIT_OK;
+    r->free_later[r->n_free_later++] = p;
+    return rc;
+}
+
+/* A dim-0 piece of a tensor whose route splits along another dim: rows go
+ * into a whole-tensor buffer (in order), and the whole tensor is loaded
+ * once every row arrived. */
+static int rcv_assemble(refit_receiver *r, refit_txn *txn, const bkt_entry *e, void *src)
+{
+    refit_transport *x = r->x;
+    if (r->as.name && strcmp(r->as.name, e->name))
+        return ctx_error(r->ctx, REFIT_EUNSUPPORTED, "load %s: its parts arrived interleaved "
+                         "with the parts of %s", e->name, r->as.name);
+    if (!r->as.name) {
+        uint64_t whole = e->bytes / (uint64_t)e->rows * (uint64_t)e->shape[0];
+        if (!(r->as.name = xstrdup(e->name)) || x->ops->mem_alloc(x, &r->as.buf, whole)) {
+            rcv_free_assembly(r);
+            return ctx_error(r->ctx, REFIT_ENOMEM, "load %s: no memory to assemble its %llu "
+                             "bytes", e->name, (unsigned long long)whole);
+        }
+        r->as.row_bytes = e->bytes / (uint64_t)e->rows;
+        r->as.dtype = e->dtype;
+        r->as.ndim = e->ndim;
+        memcpy(r->as.shape, e->shape, sizeof r->as.shape);
+    }
+    if (e->row_offset != r->as.got)
+        return ctx_error(r->ctx, REFIT_EOVERLAP, "load %s: part at row %lld arrived where row "
+                         "%lld was expected", e->name, (long long)e->row_offset,
+                         (long long)r->as.got);
+    refit_view d = rcv_bytes_view((char *)r->as.buf + (uint64_t)e->row_offset * r->as.row_bytes,
+                                  e->bytes, x->device);
+    refit_view s = rcv_bytes_view(src, e->bytes, x->device);
+    int rc = r->be->copy(&d, &s, r->stream);
+    if (rc)
+        return ctx_error(r->ctx, rc, "load %s: assembling its parts failed", e->name);
+    if ((r->as.got += e->rows) < r->as.shape[0])
+        return REFIT_OK;
+    refit_tensor t = {.data = r->as.buf, .device = x->device, .ndim = r->as.ndim,
+                      .dtype = r->as.dtype, .shape = r->as.shape};
+    rc = refit_load(txn, r->as.name, &t, r->stream);
+    int frc = rcv_free_later(r, r->as.buf);
+    r->as.buf = NULL;
+    rcv_free_assembly(r);
+    return rc ? rc : frc;
+}
+
+static int rcv_entry(refit_receiver *r, refit_txn *txn, const bkt_entry *e, uint8_t *payload)
+{
+    int64_t shape[REFIT_MAX_DIMS];
+    memcpy(shape, e->shape, sizeof shape);
+    if (e->part)
+        shape[0] = e->rows;
+    refit_tensor t = {.data = payload + e->offset, .device = r->x->device, .ndim = e->ndim,
+                      .dtype = e->dtype, .shape = shape};
+    if (!e->part)
+        return refit_load(txn, e->name, &t, r->stream);
+    int sd = rcv_split_dim(r->m, e->name);
+    if (sd == 0 || sd == -2)
+        return refit_load_part(txn, e->name, e->row_offset, &t, r->stream);
+    return rcv_assemble(r, txn, e, t.data);
+}
+
+static int rcv_scatter(refit_receiver *r, rcv_run *run, uint8_t *slot)
+{
+    const bkt_header *h = &r->h;
+    uint8_t *payload = slot + h->payload_offset;
+    for (uint32_t k = 0; k < h->n_entries; k++) {
+        const bkt_entry *e = &h->entries[k];
+        if (r->filter && !r->filter(r->filter_user, e->name))
+            continue;
+        int rc = rcv_entry(r, run->txn, e, payload);
+        if (rc)
+            return rc;
+        run->tensors++;
+        run->bytes += e->bytes;
+        if (run->progress)
+            run->progress(run->user, run->bytes, run->tensors, e->name);
+    }
+    return r->be->flush(r->stream);
+}
+
+static int rcv_checksum(refit_receiver *r, uint8_t *slot)
+{
+    const bkt_header *h = &r->h;
+    refit_view v = rcv_bytes_view(slot + h->payload_offset, h->payload_bytes, r->x->device);
+    uint64_t sum = 0;
+    int rc = r->be->fingerprint(&v, &sum, r->stream);
+    if (rc)
+        return ctx_error(r->ctx, rc, "bucket %u: payload checksum could not be computed: %s",
+                         h->index, refit_strerror(rc));
+    if (sum != h->payload_sum)
+        return ctx_error(r->ctx, REFIT_ECORRUPT, "bucket %u of update '%s': payload checksum "
+                         "%016llx, the sender's is %016llx; nothing of it was loaded",
+                         h->index, h->label, (unsigned long long)sum,
+                         (unsigned long long)h->payload_sum);
+    return REFIT_OK;
+}
+
+/* ---- the update loop ---- */
+
+/* Bucket k arrived: decode its header (a corrupt one ends the update). */
+static int rcv_header(refit_receiver *r, rcv_run *run, uint32_t k)
+{
+    bkt_expect ex = {k, run->an.n_buckets, run->an.nonce, run->next_header, run->next_total,
+                     run->an.max_total};
+    char err[512];
+    int rc = bkt_header_decode(&r->h, r->hbuf[k & 1], &ex, err, sizeof err);
+    if (rc)
+        return xport_fail(r->x, rc, "%s", err);
+    if (k == 0)
+        snprintf(run->label, sizeof run->label, "%s", r->h.label);
+    else if (strcmp(run->label, r->h.label))
+        return xport_fail(r->x, REFIT_ECORRUPT, "bucket %u is labelled '%s', bucket 0 '%s'", k,
+                          r->h.label, run->label);
+    run->next_total = r->h.next_total;
+    run->next_header = r->h.next_header;
+    return REFIT_OK;
+}
+
+/* refit_receive_update begins once the sender's label is known. */
+static void rcv_begin(refit_receiver *r, rcv_run *run)
+{
+    if (!run->begin)
+        return;
+    refit_update_opts o = *run->begin;
+    char uri[96];
+    snprintf(uri, sizeof uri, "%s://rank%d/%016llx", r->x->ops->name, r->root,
+             (unsigned long long)run->an.nonce);
+    if (!o.version_label)
+        o.version_label = run->label[0] ? run->label : NULL;
+    if (!o.source_uri)
+        o.source_uri = uri;
+    int rc = refit_begin(run->began, r->m, &o);
+    run->begin = NULL;
+    if (rc)
+        rcv_local(r, run, rc);
+    else
+        run->txn = *run->began;
+}
+
+static void rcv_cancelled(refit_receiver *r, rcv_run *run)
+{
+    int st = -(int)(r->h.payload_sum & 0x7ff);
+    if (st >= 0 || st < REFIT_EINTERNAL)
+        st = REFIT_EIO;
+    run->cancelled = true;
+    if (!run->local)
+        rcv_local(r, run, ctx_error(r->ctx, st, "the sender cancelled update '%s' at bucket %u "
+                                    "of %u (%s)", run->label, r->h.index, r->h.n_buckets,
+                                    refit_status_name(st)));
+}
+
+/* Wait for bucket k, post k+1, check and scatter k. Returns transport
+ * failures; local ones are kept in run. */
+static int rcv_bucket(refit_receiver *r, rcv_run *run, uint32_t k)
+{
+    refit_transport *x = r->x;
+    uint8_t *slot = r->slot[k & 1];
+    int rc = x->ops->wait(x, run->ticket[k & 1], xport_now() + r->timeout);
+    if (!rc)
+        rc = rcv_header(r, run, k);
+    if (rc)
+        return rc;
+    if (k == 0)
+        rcv_begin(r, run);
+    run->buckets++;
+    if (r->h.flags & BKT_F_CANCEL) {
+        rcv_cancelled(r, run);
+        return REFIT_OK;
+    }
+    if (k + 1 < run->an.n_buckets) {
+        /* the other slot was read by bucket k-1's scatter */
+        int src = rcv_sync(r);
+        if (src)
+            rcv_local(r, run, ctx_error(r->ctx, src, "copies of bucket %u failed: %s", k - 1,
+                                        refit_strerror(src)));
+        if ((rc = rcv_post(r, run, k + 1)))
+            return rc;
+    }
+    if (!run->local && (r->h.flags & BKT_F_PAYLOAD_SUM))
+        rcv_local(r, run, rcv_checksum(r, slot));
+    if (!run->local)
+        rcv_local(r, run, rcv_scatter(r, run, slot));
+    return REFIT_OK;
+}
+
+static int rcv_update(refit_receiver *r, rcv_run *run)
+{
+    int rc = xport_check(r->x);
+    if (!rc)
+        rc = rcv_announce(r, run);
+    if (!rc && run->an.n_buckets == 0)
+        rcv_begin(r, run);
+    else if (!rc)
+        rc = rcv_post(r, run, 0);
+    for (uint32_t k = 0; !rc && !run->cancelled && k < run->an.n_buckets; k++)
+        rc = rcv_bucket(r, run, k);
+    int src = rcv_sync(r);
+    if (!rc && src)
+        rcv_local(r, run, ctx_error(r->ctx, src, "copies of the last bucket failed: %s",
+                                    refit_strerror(src)));
+    if (!rc && r->as.name)
+        rcv_local(r, run, ctx_error(r->ctx, REFIT_EINCOMPLETE, "load %s: %lld of its %lld "
+                                    "rows arrived", r->as.name, (long long)r->as.got,
+                                    (long long)r->as.shape[0]));
+    rcv_free_assembly(r);
+    return rc;
+}
+
+/* The transport failed: abort it, journal, and say what was awaited. */
+static int rcv_fatal(refit_receiver *r, const rcv_run *run, int64_t journal_id)
+{
+    refit_transport *x = r->x;
+    char msg[sizeof x->err];
+    snprintf(msg, sizeof msg, "%s", x->err);
+    xport_abort(x, "receiver: %s", msg);
+    xport_journal(r->ctx, journal_id, "transport", "update '%s': %s; after %u of %u buckets; "
+                  "the %s transport was aborted", run->label[0] ? run->label : "?", msg,
+                  run->buckets, run->an.n_buckets, x->ops->name);
+    return ctx_error(r->ctx, REFIT_EIO, "receive: update '%s': %s (%u of %u buckets had "
+                     "arrived); the %s transport is aborted", run->label[0] ? run->label : "?",
+                     msg, run->buckets, run->an.n_buckets, x->ops->name);
+}
+
+int refit_receive(refit_receiver *r, refit_txn *txn, refit_progress_fn progress, void *user)
+{
+    if (!r || !txn)
+        return REFIT_EINVAL;
+    ctx_clear_error(r->ctx);
+    rcv_run run = {.txn = txn, .progress = progress, .user = user};
+    int rc = rcv_update(r, &run);
+    if (rc)
+        return rcv_fatal(r, &run, refit_txn_journal_id(txn));
+    return run.local ? ctx_error(r->ctx, run.local, "%s", run.why) : REFIT_OK;
+}
+
+/* The transport failed under refit_receive_update: abort the update here
+ * too (no vote can be taken). */
+static int rcv_update_failed(refit_receiver *r, const rcv_run *run, refit_txn *txn,
+                             refit_group_result *res)
+{
+    rcv_fatal(r, run, txn ? refit_txn_journal_id(txn) : 0);
+    char why[REFIT_ERRMSG_SIZE];
+    snprintf(why, sizeof why, "%s", r->ctx->errmsg);
+    res->worker_status = txn ? refit_abort(txn) : REFIT_OK;
+    res->decision = REFIT_EIO;
+    res->local_status = REFIT_EIO;
+    return ctx_error(r->ctx, REFIT_EIO, "%s; update aborted on this rank, %s", why,
+                     res->worker_status == REFIT_EPOISONED ? "worker POISONED"
+                     : txn                                 ? "bytes rolled back"
+                                                           : "nothing was begun");
+}
+
+int refit_receive_update(refit_receiver *r, const refit_update_opts *opts,
+                         refit_group_result *out)
+{
+    refit_update_opts def = REFIT_UPDATE_OPTS_INIT;
+    if (!r)
+        return REFIT_EINVAL;
+    ctx_clear_error(r->ctx);
+    refit_txn *txn = NULL;
+    rcv_run run = {.begin = opts ? opts : &def, .began = &txn};
+    refit_group_result res = {.decision = REFIT_EIO, .failed_rank = -1};
+    double t0 = xport_now();
+    int rc = rcv_update(r, &run);
+    if (rc) {
+        rc = rcv_update_failed(r, &run, txn, &res);
+    } else {
+        if (run.local)
+            ctx_error(r->ctx, run.local, "%s", run.why);
+        rc = refit_group_finalize(r->x, txn, run.local, &res);
+    }
+    res.buckets = run.buckets;
+    res.tensors = run.tensors;
+    res.bytes = run.bytes;
+    res.seconds = xport_now() - t0;
+    snprintf(res.version_label, sizeof res.version_label, "%.*s",
+             (int)sizeof res.version_label - 1, run.label);
+    if (out)
+        *out = res;
+    return rc;
+}

@@ -1,0 +1,394 @@
+/*
+ * The trainer side: plan buckets over the tensors added, then per bucket
+ * pack (backend copies into the slot's payload, checksum), write the header
+ * in front and broadcast. Two slots: bucket n+1 is packed while bucket n is
+ * on the wire; a slot is reused only once its last broadcast completed.
+ * A local failure while packing sends the planned header flagged CANCEL,
+ * so receivers stop at once and the vote aborts the update everywhere.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/internal.h"
+#include "core/nccl/bucket.h"
+#include "core/nccl/xport.h"
+#include "kernels/copy.h"
+
+typedef struct snd_tensor {
+    char *name;
+    const refit_tensor *t;      /* borrowed */
+} snd_tensor;
+
+struct refit_sender {
+    refit_transport *x;
+    refit_ctx *ctx;
+    char *label;
+    uint64_t bucket_bytes;
+    int root;
+    bool sum;
+    double timeout;
+    void *stream;
+    snd_tensor *ts;
+    uint32_t n, cap;
+    bkt_tensor *bt;             /* the planner's view of ts, rebuilt per send */
+    names by_name;
+    void *slot[2];              /* transport memory */
+    uint64_t slot_bytes;
+    uint64_t ticket[2];
+    bool inflight[2];
+    uint8_t *hbuf;              /* header, written here then copied in */
+    size_t hcap;
+    void *ann;                  /* transport memory for the announce */
+    uint64_t sends;
+};
+
+int refit_sender_create(refit_sender **out, refit_transport *x, const refit_send_opts *o)
+{
+    refit_send_opts def = REFIT_SEND_OPTS_INIT;
+    if (!out || !x)
+        return REFIT_EINVAL;
+    *out = NULL;
+    refit_ctx *ctx = x->ctx;
+    ctx_clear_error(ctx);
+    o = o ? o : &def;
+    if (o->version != REFIT_SEND_OPTS_VERSION || o->root < 0 || o->root >= x->nranks ||
+        o->root != x->rank || o->timeout_s < 0)
+        return ctx_error(ctx, REFIT_EINVAL, "sender: bad options (version %u, root %d: this "
+                         "rank is %d of %d)", o->version, o->root, x->rank, x->nranks);
+    const char *label = o->version_label ? o->version_label : "unnamed";
+    if (strlen(label) > BKT_MAX_LABEL)
+        return ctx_error(ctx, REFIT_EINVAL, "sender: version label longer than %d bytes",
+                         BKT_MAX_LABEL);
+    refit_sender *s = calloc(1, sizeof *s);
+    if (!s || !(s->label = xstrdup(label))) {
+        free(s);
+        return ctx_error(ctx, REFIT_ENOMEM, "sender: out of memory");
+    }
+    s->x = x;
+    s->ctx = ctx;
+    s->bucket_bytes = o->bucket_bytes ? o->bucket_bytes : BKT_DEFAULT_BYTES;
+    s->root = o->root;
+    s->sum = o->checksum_payload != 0;
+    s->timeout = o->timeout_s > 0 ? o->timeout_s : x->timeout_s;
+    s->stream = o->stream;
+    *out = s;
+    return REFIT_OK;
+}
+
+static void sender_free_slots(refit_sender *s)
+{
+    for (int i = 0; i < 2; i++) {
+        if (s->slot[i])
+            s->x->ops->mem_free(s->x, s->slot[i]);
+        s->slot[i] = NULL;
+        s->inflight[i] = false;
+    }
+    s->slot_bytes = 0;
+}
+
+void refit_sender_clear(refit_sender *s)
+{
+    if (!s)
+        return;
+    for (uint32_t i = 0; i < s->n; i++)
+        free(s->ts[i].name);
+    s->n = 0;
+    names_free(&s->by_name);
+}
+
+void refit_sender_destroy(refit_sender *s)
+{
+    if (!s)
+        return;
+    refit_sender_clear(s);
+    /* a slot still on the wire is not freed under NCCL's feet: only a
+     * transport that completed (or was aborted) gives its memory back */
+    if (!s->inflight[0] && !s->inflight[1])
+        sender_free_slots(s);
+    if (s->ann)
+        s->x->ops->mem_free(s->x, s->ann);
+    free(s->ts);
+    free(s->bt);
+    free(s->hbuf);
+    free(s->label);
+    free(s);
+}
+
+int refit_sender_add(refit_sender *s, const char *name, const refit_tensor *t)
+{
+    if (!s)
+        return REFIT_EINVAL;
+    ctx_clear_error(s->ctx);
+    refit_view v;
+    if (!name || !*name || strlen(name) > BKT_MAX_NAME || xport_view(t, &v))
+        return ctx_error(s->ctx, REFIT_EINVAL, "sender: tensor %s: bad name or descriptor "
+                         "(dims, shape, data)", name ? name : "(null)");
+    if (s->n == s->cap && grow_array((void **)&s->ts, &s->cap, s->n, sizeof *s->ts))
+        return ctx_error(s->ctx, REFIT_ENOMEM, "sender: out of memory");
+    char *copy = xstrdup(name);
+    if (!copy)
+        return ctx_error(s->ctx, REFIT_ENOMEM, "sender: out of memory");
+    int rc = names_insert(&s->by_name, copy, s->n);
+    if (rc) {
+        free(copy);
+        return ctx_error(s->ctx, rc, rc == REFIT_EEXIST ? "sender: tensor %s added twice"
+                                                        : "sender: %s: out of memory", name);
+    }
+    s->ts[s->n++] = (snd_tensor){copy, t};
+    return REFIT_OK;
+}
+
+/* ---- packing ---- */
+
+/* src: the piece's rows of the tensor; dst: their place in the payload.
+ * Contiguous tensors go as plain bytes (any dtype, one batched row on a
+ * device); strided ones as typed views the backend's copy walks. */
+static int piece_views(const snd_tensor *st, const bkt_piece *pc, uint8_t *at,
+                       refit_device dev, refit_view *src, refit_view *dst)
+{
+    if (xport_view(st->t, src))
+        return REFIT_EINVAL;
+    int64_t rows = pc->part ? pc->rows : (src->ndim ? src->shape[0] : 1);
+    if (xport_view_contiguous(src)) {
+        uint64_t row_bytes = rows ? pc->bytes / (uint64_t)rows : 0;
+        src->data = (char *)src->data + (uint64_t)pc->row_offset * row_bytes;
+        src->dtype = REFIT_U8;
+        src->ndim = 1;
+        src->shape[0] = (int64_t)pc->bytes;
+        src->strides[0] = 1;
+    } else {
+        size_t es = kern_dtype_size(src->dtype);
+        if (es == 0)
+            return REFIT_EUNSUPPORTED; /* sub-byte elements: contiguous only */
+        if (pc->part) {
+            src->data = (char *)src->data + pc->row_offset * src->strides[0] * (int64_t)es;
+            src->shape[0] = pc->rows;
+        }
+    }
+    *dst = *src;
+    dst->data = at;
+    dst->device = dev;
+    int64_t stride = 1;
+    for (int i = dst->ndim - 1; i >= 0; i--) {
+        dst->strides[i] = stride;
+        stride *= dst->shape[i] > 0 ? dst->shape[i] : 1;
+    }
+    return REFIT_OK;
+}
+
+static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *slot,
+                       uint64_t *sum)
+{
+    const backend *be = backend_for_device(s->x->device);
+    const bkt_span *sp = &p->buckets[b];
+    uint8_t *payload = slot + bkt_align(sp->header_bytes);
+    if (!be)
+        return ctx_error(s->ctx, REFIT_EUNSUPPORTED, "sender: no backend serves the "
+                         "transport's memory (device type %d)", s->x->device.device_type);
+    for (uint32_t k = 0; k < sp->n; k++) {
+        const bkt_piece *pc = &p->pieces[sp->first + k];
+        const snd_tensor *st = &s->ts[pc->tensor];
+        refit_view src, dst;
+        int rc = piece_views(st, pc, payload + pc->offset, s->x->device, &src, &dst);
+        if (!rc && !be->can_read(src.device))
+            rc = REFIT_EUNSUPPORTED;
+        if (!rc && pc->bytes)
+            rc = be->copy(&dst, &src, s->stream);
+        if (rc)
+            return ctx_error(s->ctx, rc, "sender: packing %s into bucket %u failed: %s (the "
+                             "%s backend, source on device type %d)", st->name, b,
+                             refit_strerror(rc), be->name, st->t->device.device_type);
+    }
+    int rc = be->sync(s->stream);
+    if (!rc && s->sum) {
+        refit_view v = {.data = payload, .device = s->x->device, .dtype = REFIT_U8, .ndim = 1,
+                        .shape = {(int64_t)sp->payload_bytes}, .strides = {1}};
+        rc = be->fingerprint(&v, sum, s->stream);
+    }
+    if (rc)
+        return ctx_error(s->ctx, rc, "sender: bucket %u: copies or checksum failed: %s", b,
+                         refit_strerror(rc));
+    return REFIT_OK;
+}
+
+/* ---- sending ---- */
+
+static int sender_slots(refit_sender *s, const bkt_plan *p)
+{
+    refit_transport *x = s->x;
+    if (!s->ann && x->ops->mem_alloc(x, &s->ann, BKT_ALIGN))
+        return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no transport memory for the announce");
+    if (s->slot_bytes < p->max_total) {
+        sender_free_slots(s);
+        for (int i = 0; i < 2; i++)
+            if (x->ops->mem_alloc(x, &s->slot[i], p->max_total)) {
+                sender_free_slots(s);
+                return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no transport memory for two "
+                                 "buckets of %llu bytes", (unsigned long long)p->max_total);
+            }
+        s->slot_bytes = p->max_total;
+    }
+    size_t hmax = 0;
+    for (uint32_t b = 0; b < p->n_buckets; b++)
+        if (p->buckets[b].header_bytes > hmax)
+            hmax = p->buckets[b].header_bytes;
+    if (s->hcap < hmax) {
+        uint8_t *h = realloc(s->hbuf, hmax);
+        if (!h)
+            return ctx_error(s->ctx, REFIT_ENOMEM, "sender: out of memory");
+        s->hbuf = h;
+        s->hcap = hmax;
+    }
+    return REFIT_OK;
+}
+
+static int sender_plan(refit_sender *s, bkt_plan *p)
+{
+    bkt_tensor *bt = realloc(s->bt, (s->n ? s->n : 1) * sizeof *bt);
+    if (!bt)
+        return ctx_error(s->ctx, REFIT_ENOMEM, "sender: out of memory");
+    s->bt = bt;
+    for (uint32_t i = 0; i < s->n; i++)
+        bt[i] = (bkt_tensor){s->ts[i].name, s->ts[i].t->dtype, s->ts[i].t->ndim,
+                             s->ts[i].t->shape};
+    char err[512];
+    int rc = bkt_plan_build(p, bt, s->n, s->bucket_bytes, strlen(s->label), err, sizeof err);
+    return rc ? ctx_error(s->ctx, rc, "sender: %s", err) : REFIT_OK;
+}
+
+/* Unique per send and process: ties every header to its announce. */
+static uint64_t sender_nonce(refit_sender *s)
+{
+    uint64_t z = (uint64_t)(xport_now() * 1e9) ^ ((uint64_t)getpid() << 32) ^
+                 (uint64_t)(uintptr_t)s ^ (++s->sends * 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int send_announce(refit_sender *s, const bkt_plan *p, uint64_t nonce)
+{
+    refit_transport *x = s->x;
+    uint8_t a[BKT_ANNOUNCE_BYTES];
+    bkt_announce an = {0, p->n_buckets, p->n_buckets ? p->buckets[0].header_bytes : 0, nonce,
+                       p->n_buckets ? bkt_total(p, 0) : 0, p->max_total, p->total_payload,
+                       p->n_pieces};
+    bkt_announce_encode(a, &an);
+    int rc = x->ops->from_host(x, s->ann, a, sizeof a);
+    if (!rc)
+        rc = x->ops->bcast(x, s->ann, sizeof a, s->root, xport_now() + s->timeout);
+    return rc;
+}
+
+/* One bucket. *local: the first local failure (the bucket then goes out
+ * flagged CANCEL). Returns a transport failure only. */
+static int send_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint64_t nonce,
+                       int *local)
+{
+    refit_transport *x = s->x;
+    int i = (int)(b & 1);
+    if (s->inflight[i]) {
+        int rc = x->ops->wait(x, s->ticket[i], xport_now() + s->timeout);
+        if (rc)
+            return rc;
+        s->inflight[i] = false;
+    }
+    uint64_t sum = 0;
+    if (!*local)
+        *local = pack_bucket(s, p, b, s->slot[i], &sum);
+    /* a cancelled bucket carries the sender's status where the sum goes,
+     * so every rank votes the cause, not a generic transport error */
+    if (*local)
+        sum = (uint64_t)(uint32_t)-*local;
+    uint16_t flags = (uint16_t)((s->sum && !*local ? BKT_F_PAYLOAD_SUM : 0) |
+                                (*local ? BKT_F_CANCEL : 0));
+    bkt_header_encode(s->hbuf, p, b, s->bt, s->label, nonce, flags, sum);
+    int rc = x->ops->from_host(x, s->slot[i], s->hbuf, p->buckets[b].header_bytes);
+    if (!rc)
+        rc = x->ops->bcast(x, s->slot[i], bkt_total(p, b), s->root, xport_now() + s->timeout);
+    if (!rc)
+        rc = x->ops->mark(x, &s->ticket[i]);
+    s->inflight[i] = rc == REFIT_OK;
+    return rc;
+}
+
+static int sender_drain(refit_sender *s)
+{
+    int rc = REFIT_OK;
+    for (int i = 0; i < 2 && !rc; i++)
+        if (s->inflight[i]) {
+            rc = s->x->ops->wait(s->x, s->ticket[i], xport_now() + s->timeout);
+            s->inflight[i] = rc != REFIT_OK;
+        }
+    return rc;
+}
+
+/* The update on the wire: announce, buckets, and the wait for the last. */
+static int sender_wire(refit_sender *s, bkt_plan *p, int *local)
+{
+    uint64_t nonce = sender_nonce(s);
+    *local = sender_plan(s, p);
+    if (!*local && (*local = sender_slots(s, p)))
+        bkt_plan_free(p);
+    /* nothing planned: an empty announce, so the workers go straight to
+     * the vote (which this rank's failure decides) instead of a deadline */
+    int rc = send_announce(s, p, nonce);
+    for (uint32_t b = 0; !rc && b < p->n_buckets; b++) {
+        rc = send_bucket(s, p, b, nonce, local);
+        if (*local)
+            break;
+    }
+    int drc = sender_drain(s);
+    return rc ? rc : drc;
+}
+
+static void sender_report(refit_sender *s, int rc, const refit_group_result *res,
+                          const char *why)
+{
+    if (rc)
+        ctx_error(s->ctx, REFIT_EIO, "sender: update '%s': %s; the transport is aborted, the "
+                  "workers abort at their deadline", s->label, s->x->err);
+    else if (res->local_status)
+        ctx_error(s->ctx, res->local_status, "%s; update '%s' aborted on every rank", why,
+                  s->label);
+    else if (res->decision)
+        ctx_error(s->ctx, res->decision, "sender: update '%s' aborted: rank %d voted %s",
+                  s->label, res->failed_rank, refit_status_name(res->decision));
+}
+
+int refit_sender_send(refit_sender *s, refit_group_result *out)
+{
+    if (!s)
+        return REFIT_EINVAL;
+    refit_group_result res = {.decision = REFIT_EIO, .failed_rank = -1};
+    snprintf(res.version_label, sizeof res.version_label, "%s", s->label);
+    ctx_clear_error(s->ctx);
+    double t0 = xport_now();
+    bkt_plan p = {0};
+    int local = REFIT_OK;
+    int rc = xport_check(s->x);
+    if (!rc)
+        rc = sender_wire(s, &p, &local);
+    char why[REFIT_ERRMSG_SIZE];
+    snprintf(why, sizeof why, "%s", s->ctx->errmsg);
+    if (rc) {
+        xport_abort(s->x, "sender: %s", s->x->err);
+        xport_journal(s->ctx, 0, "transport", "sender: update '%s' failed on the wire: %s; "
+                      "transport aborted", s->label, s->x->err);
+    } else {
+        rc = group_vote(s->x, local, xport_now() + s->timeout, &res);
+    }
+    res.buckets = p.n_buckets;
+    res.tensors = p.n_pieces;
+    for (uint32_t i = 0; i < p.n_pieces; i++)
+        res.bytes += p.pieces[i].bytes;
+    res.seconds = xport_now() - t0;
+    res.worker_status = REFIT_OK;
+    bkt_plan_free(&p);
+    sender_report(s, rc, &res, why);
+    if (out)
+        *out = res;
+    return rc ? REFIT_EIO : res.decision;
+}

@@ -1,0 +1,95 @@
+/* Helpers of the NCCL-transport tests: a small Llama-shaped worker model
+ * (TP shards on dim 0 and dim 1, a module of two tensors, bf16/f16/f32),
+ * the full checkpoint a trainer holds for a version, a cold-start
+ * reference fingerprint, and threads that run a sender and its receivers
+ * over a loopback group. Threads never assert (CMocka's longjmp is for the
+ * main thread): they record what happened, the test asserts after join. */
+#ifndef REFIT_TESTS_NCCL_NTEST_H
+#define REFIT_TESTS_NCCL_NTEST_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <refit/transport.h>
+
+#define NT_N 7                  /* checkpoint tensors */
+#define NT_MAX_RANKS 4
+
+typedef struct nt_spec {
+    const char *module, *target, *ckpt;
+    refit_dtype dt;
+    int ndim;
+    int64_t shape[2];
+    int shard_dim;              /* -1: not sharded */
+} nt_spec;
+
+extern const nt_spec NT_SPECS[NT_N];
+
+/* One worker: a context, its model, the runtime tensors it owns. */
+typedef struct nt_worker {
+    refit_ctx *ctx;
+    refit_model *m;
+    int rank, tp;
+    void *buf[NT_N];
+    refit_tensor rt[NT_N];
+    int64_t shape[NT_N][2];
+    size_t bytes[NT_N];
+} nt_worker;
+
+/* journal: a path or NULL (none). Returns a refit status. */
+int nt_worker_open(nt_worker *w, int tp_rank, int tp, const char *journal);
+void nt_worker_close(nt_worker *w);
+
+/* The trainer's full tensors for a version. */
+typedef struct nt_ckpt {
+    void *buf[NT_N];
+    refit_tensor t[NT_N];
+    int64_t shape[NT_N][2];
+} nt_ckpt;
+
+void nt_ckpt_make(nt_ckpt *c, uint64_t version);
+void nt_ckpt_free(nt_ckpt *c);
+/* Model fingerprint of a cold start on version (refit_load, whole). */
+uint64_t nt_cold_fp(int tp_rank, int tp, uint64_t version);
+uint64_t nt_fp(nt_worker *w);
+
+/* ---- a sender and its receivers, one thread each ---- */
+
+typedef struct nt_job {
+    /* in */
+    refit_transport *x;
+    nt_worker *w;               /* receivers */
+    const nt_ckpt *c;           /* sender */
+    uint64_t bucket_bytes;
+    int checksum;
+    const char *label;
+    uint64_t order_seed;        /* sender: 0 = spec order, else shuffled */
+    int no_tensors;             /* sender: an empty update */
+    const char *extra_name;     /* sender: one more tensor, sent first */
+    const refit_tensor *extra;
+    int rollback;               /* receivers */
+    double timeout;
+    refit_filter_fn filter;
+    void *filter_user;
+    int move_before_vote;       /* receiver: begin + refit_receive, move a
+                                   registered tensor, then group finalize */
+    int skip_vote;              /* receiver: receive, then stop answering */
+    /* out */
+    int rc;
+    refit_group_result res;
+    char msg[1100];
+    double seconds;
+} nt_job;
+
+/* Run rank 0 as sender (jobs[0]) and ranks 1..n-1 as receivers, over a
+ * fresh loopback group; kill_after: rank 0 dies after that many bytes
+ * (UINT64_MAX: never). Transports are made on each job's context (a
+ * sender context is opened and closed here). */
+void nt_run(nt_job *jobs, int n, uint64_t kill_after);
+
+/* A directory under the build root for journals; freed by nt_rmdir. */
+void nt_tmpdir(char *out, size_t n);
+void nt_rmdir(const char *dir);
+
+#endif

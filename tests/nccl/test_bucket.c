@@ -1,0 +1,333 @@
+/* The bucket wire format: plans cover every tensor exactly once for any
+ * bucket size, headers round-trip, and the decoder refuses every malformed
+ * field (a header is untrusted input) without reading past its buffer. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "core/nccl/bucket.h"
+
+static const int64_t SH_A[] = {10, 8}, SH_EMPTY[] = {0, 16}, SH_FP4[] = {6, 3},
+                     SH_FP4E[] = {8, 4}, SH_BIG[] = {300, 7}, SH_WIDE[] = {2, 1000},
+                     SH_X[] = {1}, SH_3D[] = {5, 3, 4};
+
+#define E2M1 ((refit_dtype){REFIT_DTYPE_FLOAT4_E2M1FN, 4, 1})
+#define F16 ((refit_dtype){REFIT_DTYPE_FLOAT, 16, 1})
+
+static const bkt_tensor TS[] = {
+    {"model.a.weight", REFIT_F32, 2, SH_A},
+    {"model.scale", REFIT_F32, 0, NULL},
+    {"model.empty", REFIT_BF16, 2, SH_EMPTY},
+    {"model.fp4.odd", E2M1, 2, SH_FP4},
+    {"model.fp4.even", E2M1, 2, SH_FP4E},
+    {"model.big.weight", F16, 2, SH_BIG},
+    {"model.wide.weight", REFIT_F32, 2, SH_WIDE},
+    {"x", REFIT_U8, 1, SH_X},
+    {"model.cube", REFIT_I32, 3, SH_3D},
+};
+#define NTS ((uint32_t)(sizeof TS / sizeof *TS))
+
+static const char *LABEL = "step-1200";
+
+static uint64_t bytes_of(const bkt_tensor *t)
+{
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++)
+        n *= t->shape[i];
+    return bkt_bytes(t->dtype, n);
+}
+
+/* Encode bucket b of p into a fresh buffer; *ex: what a receiver expects. */
+static uint8_t *encode(const bkt_plan *p, uint32_t b, bkt_expect *ex)
+{
+    uint8_t *buf = calloc(1, p->buckets[b].header_bytes);
+    assert_non_null(buf);
+    bkt_header_encode(buf, p, b, TS, LABEL, 0x1234, BKT_F_PAYLOAD_SUM, 77);
+    *ex = (bkt_expect){b, p->n_buckets, 0x1234, p->buckets[b].header_bytes, bkt_total(p, b),
+                       p->max_total};
+    return buf;
+}
+
+/* Decode every bucket; each tensor's rows must come exactly once, in order. */
+static void roundtrip(uint64_t cap)
+{
+    bkt_plan p;
+    char err[256];
+    assert_int_equal(bkt_plan_build(&p, TS, NTS, cap, strlen(LABEL), err, sizeof err), 0);
+    int64_t next_row[16] = {0};
+    uint64_t seen = 0;
+    bkt_header h = {0};
+    for (uint32_t b = 0; b < p.n_buckets; b++) {
+        bkt_expect ex;
+        uint8_t *buf = encode(&p, b, &ex);
+        int rc = bkt_header_decode(&h, buf, &ex, err, sizeof err);
+        free(buf);
+        if (rc)
+            fail_msg("cap %llu bucket %u: %s", (unsigned long long)cap, b, err);
+        assert_true(h.payload_bytes <= cap);
+        assert_string_equal(h.label, LABEL);
+        assert_true(h.payload_sum == 77);
+        for (uint32_t k = 0; k < h.n_entries; k++) {
+            const bkt_entry *e = &h.entries[k];
+            uint32_t t = p.pieces[p.buckets[b].first + k].tensor;
+            assert_string_equal(e->name, TS[t].name);
+            assert_int_equal(e->ndim, TS[t].ndim);
+            assert_int_equal(e->offset % BKT_ALIGN, 0);
+            int64_t dim0 = TS[t].ndim ? TS[t].shape[0] : 1;
+            assert_int_equal(e->row_offset, next_row[t]);
+            next_row[t] += e->rows;
+            assert_true(e->part || (e->rows == dim0 && e->bytes == bytes_of(&TS[t])));
+            seen += e->bytes;
+        }
+    }
+    for (uint32_t t = 0; t < NTS; t++)
+        assert_int_equal(next_row[t], TS[t].ndim ? TS[t].shape[0] : 1);
+    assert_true(seen == p.total_payload - 0 || seen <= p.total_payload);
+    bkt_header_free(&h);
+    bkt_plan_free(&p);
+}
+
+static void test_roundtrip_any_bucket_size(void **state)
+{
+    (void)state;
+    static const uint64_t caps[] = {4000, 4001, 4096, 5000, 8000, 10000, 65536, 1 << 30};
+    for (size_t i = 0; i < sizeof caps / sizeof *caps; i++)
+        roundtrip(caps[i]);
+}
+
+static void test_plan_splits_only_what_does_not_fit(void **state)
+{
+    (void)state;
+    bkt_plan p;
+    char err[256];
+    assert_int_equal(bkt_plan_build(&p, TS, NTS, 4096, 0, err, sizeof err), 0);
+    for (uint32_t i = 0; i < p.n_pieces; i++) {
+        const bkt_piece *pc = &p.pieces[i];
+        assert_true(pc->bytes <= 4096);
+        assert_true(!pc->part || bytes_of(&TS[pc->tensor]) > 4096);
+    }
+    assert_int_equal(p.n_pieces, NTS + 1 + 1); /* big in 2 parts, wide in 2 */
+    bkt_plan p2;
+    assert_int_equal(bkt_plan_build(&p2, TS, NTS, 4096, 0, err, sizeof err), 0);
+    assert_int_equal(p2.n_pieces, p.n_pieces);
+    assert_memory_equal(p2.pieces, p.pieces, p.n_pieces * sizeof *p.pieces);
+    bkt_plan_free(&p);
+    bkt_plan_free(&p2);
+}
+
+static void plan_fails(const bkt_tensor *t, uint64_t cap, int status, const char *msg)
+{
+    bkt_plan p;
+    char err[256] = "";
+    assert_int_equal(bkt_plan_build(&p, t, 1, cap, 0, err, sizeof err), status);
+    if (!strstr(err, msg))
+        fail_msg("\"%s\" lacks \"%s\"", err, msg);
+}
+
+static void test_plan_refusals(void **state)
+{
+    (void)state;
+    plan_fails(&TS[6], 3999, REFIT_EINVAL, "one row of dim 0 is 4000 bytes");
+    plan_fails(&TS[3], 8, REFIT_EINVAL, "not a whole number of bytes");
+    const int64_t neg[] = {-1, 4}, huge[] = {INT64_MAX / 2, 4};
+    bkt_tensor t = {"n", REFIT_F32, 2, neg};
+    plan_fails(&t, 1 << 20, REFIT_EINVAL, "overflows");
+    t.shape = huge;
+    plan_fails(&t, 1 << 20, REFIT_EINVAL, "overflows");
+    t = (bkt_tensor){"", REFIT_F32, 0, NULL};
+    plan_fails(&t, 1 << 20, REFIT_EINVAL, "empty");
+    t = (bkt_tensor){"d", REFIT_F32, 9, SH_A};
+    plan_fails(&t, 1 << 20, REFIT_EINVAL, "dims");
+    t = (bkt_tensor){"l", {2, 32, 2}, 0, NULL};
+    plan_fails(&t, 1 << 20, REFIT_EUNSUPPORTED, "cannot be sent");
+    bkt_plan p;
+    char err[64];
+    assert_int_equal(bkt_plan_build(&p, TS, 1, 0, 0, err, sizeof err), REFIT_EINVAL);
+    assert_int_equal(bkt_plan_build(&p, TS, 1, 1024, BKT_MAX_LABEL + 1, err, sizeof err),
+                     REFIT_EINVAL);
+}
+
+/* ---- malformed headers ---- */
+
+typedef struct bad_case {
+    const char *what;
+    size_t at;                  /* byte offset; entry fields relative to the first entry */
+    int entry;
+    int width;                  /* 1, 2, 4, 8 */
+    uint64_t value;
+    const char *msg;
+} bad_case;
+
+static void put(uint8_t *p, int width, uint64_t v)
+{
+    for (int i = 0; i < width; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void reseal(uint8_t *buf, uint32_t hb)
+{
+    put(buf + hb - 8, 8, bkt_checksum(buf, hb - 8));
+}
+
+static void test_decoder_refuses_each_bad_field(void **state)
+{
+    (void)state;
+    bkt_plan p;
+    char err[256];
+    assert_int_equal(bkt_plan_build(&p, TS, NTS, 1 << 20, strlen(LABEL), err, sizeof err), 0);
+    size_t e0 = BKT_FIXED_HEADER + strlen(LABEL);
+    const bad_case cases[] = {
+        {"magic", 0, 0, 4, 0x11111111, "bad magic"},
+        {"flags", 6, 0, 2, 0x80, "unknown flags"},
+        {"index", 8, 0, 4, 3, "arrived where"},
+        {"nonce", 24, 0, 8, 99, "arrived where"},
+        {"header bytes", 20, 0, 4, 4096, "do not add up"},
+        {"payload bytes", 40, 0, 8, 1, "do not add up"},
+        {"payload offset", 32, 0, 8, 0, "do not add up"},
+        {"next total", 48, 0, 8, 5, "next bucket"},
+        {"label length", 60, 0, 2, 5000, "label"},
+        {"reserved", 62, 0, 2, 1, "label"},
+        {"n_entries", 16, 0, 4, 1u << 30, "cannot fit"},
+        {"ndim", 6, 1, 1, 9, "bad dims"},
+        {"name length 0", 0, 1, 2, 0, "name length"},
+        {"name length long", 0, 1, 2, 60000, "name length"},
+        {"entry flags", 7, 1, 1, 2, "flags"},
+        {"bits 0", 3, 1, 1, 0, "shape"},
+        {"lanes", 4, 1, 2, 4, "shape"},
+        {"bytes", 32, 1, 8, 12, "byte count"},
+        {"offset unaligned", 24, 1, 8, 3, "placement"},
+        {"offset beyond", 24, 1, 8, 1u << 30, "placement"},
+        {"rows", 16, 1, 8, 11, "row range"},
+        {"row offset", 8, 1, 8, (uint64_t)-1, "row range"},
+        {"shape negative", 40, 1, 8, (uint64_t)-5, "shape"},
+        {"shape overflow", 40, 1, 8, (uint64_t)1 << 62, "shape"},
+        {"name NUL", 56, 1, 1, 0, "bad name"},
+    };
+    bkt_header h = {0};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        const bad_case *c = &cases[i];
+        bkt_expect ex;
+        uint8_t *buf = encode(&p, 0, &ex);
+        put(buf + (c->entry ? e0 : 0) + c->at, c->width, c->value);
+        reseal(buf, ex.header_bytes);
+        int rc = bkt_header_decode(&h, buf, &ex, err, sizeof err);
+        free(buf);
+        if (rc != REFIT_ECORRUPT || !strstr(err, c->msg))
+            fail_msg("%s: rc %d, \"%s\" (wanted \"%s\")", c->what, rc, err, c->msg);
+    }
+    /* a flipped byte without a new checksum */
+    bkt_expect ex;
+    uint8_t *buf = encode(&p, 0, &ex);
+    buf[ex.header_bytes / 2] ^= 0x40;
+    assert_int_equal(bkt_header_decode(&h, buf, &ex, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "checksum"));
+    free(buf);
+    /* what the chain promised differs from what came */
+    buf = encode(&p, 0, &ex);
+    ex.total += 1;
+    assert_int_equal(bkt_header_decode(&h, buf, &ex, err, sizeof err), REFIT_ECORRUPT);
+    ex.total -= 1;
+    ex.header_bytes = 10;
+    assert_int_equal(bkt_header_decode(&h, buf, &ex, err, sizeof err), REFIT_ECORRUPT);
+    free(buf);
+    bkt_header_free(&h);
+    bkt_plan_free(&p);
+}
+
+static uint64_t rng(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Random mutations with a valid checksum: decode either refuses or gives
+ * entries that stay inside the payload (ASan watches the reads). */
+static void test_decoder_survives_random_mutations(void **state)
+{
+    (void)state;
+    bkt_plan p;
+    char err[256];
+    assert_int_equal(bkt_plan_build(&p, TS, NTS, 1 << 20, strlen(LABEL), err, sizeof err), 0);
+    bkt_header h = {0};
+    uint64_t s = 42;
+    int accepted = 0;
+    for (int it = 0; it < 20000; it++) {
+        bkt_expect ex;
+        uint8_t *buf = encode(&p, 0, &ex);
+        int n = 1 + (int)(rng(&s) % 4);
+        for (int k = 0; k < n; k++)
+            buf[rng(&s) % (ex.header_bytes - 8)] = (uint8_t)rng(&s);
+        reseal(buf, ex.header_bytes);
+        int rc = bkt_header_decode(&h, buf, &ex, err, sizeof err);
+        free(buf);
+        assert_true(rc == REFIT_OK || rc == REFIT_ECORRUPT);
+        if (rc)
+            continue;
+        accepted++;
+        for (uint32_t k = 0; k < h.n_entries; k++)
+            assert_true(h.entries[k].offset + h.entries[k].bytes <= h.payload_bytes);
+    }
+    assert_true(accepted < 20000);
+    bkt_header_free(&h);
+    bkt_plan_free(&p);
+}
+
+static void test_announce(void **state)
+{
+    (void)state;
+    bkt_announce a = {0, 3, 200, 0xabc, 4096, 8192, 10000, 12}, b;
+    uint8_t buf[BKT_ANNOUNCE_BYTES];
+    char err[256];
+    bkt_announce_encode(buf, &a);
+    assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), 0);
+    assert_true(b.n_buckets == 3 && b.first_header == 200 && b.nonce == 0xabc &&
+                b.first_total == 4096 && b.max_total == 8192 && b.total_payload == 10000 &&
+                b.n_entries == 12 && b.flags == 0);
+    assert_int_equal(bkt_announce_decode(&b, buf, 8191, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "accepts"));
+    buf[9] ^= 1;
+    assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "checksum"));
+    a.first_total = 9000; /* above the largest */
+    bkt_announce_encode(buf, &a);
+    assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    a = (bkt_announce){0};
+    bkt_announce_encode(buf, &a);
+    assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), 0);
+    memset(buf, 0, sizeof buf);
+    assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+}
+
+static void test_sizes(void **state)
+{
+    (void)state;
+    assert_true(bkt_bytes(REFIT_F32, 3) == 12);
+    assert_true(bkt_bytes(E2M1, 3) == 2);
+    assert_true(bkt_bytes(REFIT_F32, INT64_MAX) == UINT64_MAX);
+    assert_true(bkt_bytes(REFIT_F32, -1) == UINT64_MAX);
+    assert_true(bkt_align(1) == BKT_ALIGN);
+    assert_true(bkt_align(BKT_ALIGN) == BKT_ALIGN);
+    uint8_t z[20] = {0};
+    assert_true(bkt_checksum(z, 20) != bkt_checksum(z, 19));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_roundtrip_any_bucket_size),
+        cmocka_unit_test(test_plan_splits_only_what_does_not_fit),
+        cmocka_unit_test(test_plan_refusals),
+        cmocka_unit_test(test_decoder_refuses_each_bad_field),
+        cmocka_unit_test(test_decoder_survives_random_mutations),
+        cmocka_unit_test(test_announce),
+        cmocka_unit_test(test_sizes),
+    };
+    return cmocka_run_group_tests_name("nccl-bucket", tests, NULL, NULL);
+}
