@@ -209,8 +209,10 @@ typedef struct refit_format_v1 {
 
 /* Make a format available to modules of ctx's model (before seal). The
  * struct must outlive ctx. Formats found in plugin directories are
- * registered the same way. Refuses a bad version or size, or a name
- * already taken. */
+ * registered the same way at refit_open; an in-process registration
+ * replaces a plugin of the same name that no module uses yet (the plugin
+ * is then reported shadowed). Refuses a bad version or size, or a name
+ * already taken (REFIT_EFORMAT, REFIT_EEXIST). */
 int refit_format_register(refit_ctx *ctx, const refit_format_v1 *fmt);
 
 #define REFIT_FORMAT_V1_INIT {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v1), \

@@ -94,8 +94,10 @@ static void test_refuses_tiny_struct_size(void **state)
 static void test_refuses_struct_shorter_than_it_claims(void **state)
 {
     (void)state;
+    /* the symbol is 8 bytes (more under ASan, which pads globals with a
+     * redzone, but still fewer than it claims) */
     refused_fake("short", PT_DECL_DIRECT,
-                 pt_fmt("struct_size says %zu bytes but refit_format_plugin_v1 is 8 bytes",
+                 pt_fmt("struct_size says %zu bytes but refit_format_plugin_v1 is ",
                         sizeof(refit_format_v1)));
 }
 
