@@ -414,10 +414,28 @@ static void mc_fit(mbuild *b, const mdoc_ck *c, const mdoc_rt *t)
     }
 }
 
+/* 1 when the elements (and bits) of a shape fit in int64: the core
+ * multiplies extents, so a manifest must not hand it an overflow. */
+static int shape_fits(const int64_t *shape, int32_t ndim, uint8_t bits)
+{
+    int64_t n = bits ? bits : 1;
+    for (int32_t i = 0; i < ndim; i++) {
+        if (shape[i] != 0 && n > INT64_MAX / shape[i])
+            return 0;
+        n *= shape[i];
+    }
+    return 1;
+}
+
 static void mc_ck(mbuild *b, const mdoc_mod *mod, const mdoc_ck *c)
 {
     if (c->tie)
         return;
+    if (!shape_fits(c->shape, c->ndim, c->dtype.bits) ||
+        (c->pad_to && !shape_fits(&c->pad_to, 1, c->dtype.bits))) {
+        mc_error(b, c->at, c->iter, "checkpoint tensor %s: the shape is too large", c->name);
+        return;
+    }
     if (c->shard_count > 1 && c->shard_dim >= c->ndim) {
         /* nothing below makes sense without a valid split dim */
         mc_error(b, c->shard_at, c->iter, "shard dim %d, but %s has %d dims", c->shard_dim,
@@ -513,6 +531,10 @@ static void mc_modules(mbuild *b)
         } else if (rc) {
             mb_nomem(b);
         }
+        for (size_t i = 0; i < mod->n_rt; i++)
+            if (!shape_fits(mod->rt[i].shape, mod->rt[i].ndim, mod->rt[i].dtype.bits))
+                mc_error(b, mod->rt[i].at, mod->iter, "runtime tensor %s: the shape is too "
+                         "large", mod->rt[i].name);
         for (size_t i = 0; i < mod->n_rt; i++)
             for (size_t j = 0; j < i; j++)
                 if (!strcmp(mod->rt[i].name, mod->rt[j].name))

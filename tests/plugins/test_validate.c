@@ -92,6 +92,10 @@ static const vcase cases[] = {
     {"module of the wrong kind", SCHEMA_KIND_UNKNOWN, "kind: model\nmodules:\n  - embed\n",
      "3:5: expected a module or a repeat group, got a scalar"},
     /* model manifests: across nodes */
+    {"shape beyond int64", SCHEMA_KIND_UNKNOWN,
+     MOD_HEAD "    runtime: [{name: t, dtype: f32, shape: [4611686018427387904, 4]}]\n"
+     "    checkpoint: [{name: a, dtype: f32, shape: [4]}]\n",
+     "5:15: runtime tensor t: the shape is too large"},
     {"target that is not there", SCHEMA_KIND_UNKNOWN,
      MOD_HEAD "    runtime: [{name: t, dtype: f32, shape: [4]}, {name: u, dtype: f32, shape: [4]}]\n"
      "    checkpoint:\n      - {name: a, dtype: f32, shape: [4], target: v}\n",
