@@ -77,6 +77,8 @@ int refit_sender_create(refit_sender **out, refit_transport *x, const refit_send
     return REFIT_OK;
 }
 
+static int sender_drain(refit_sender *s);
+
 static void sender_free_slots(refit_sender *s)
 {
     for (int i = 0; i < 2; i++) {
@@ -103,10 +105,12 @@ void refit_sender_destroy(refit_sender *s)
     if (!s)
         return;
     refit_sender_clear(s);
-    /* a slot still on the wire is not freed under NCCL's feet: only a
-     * transport that completed (or was aborted) gives its memory back */
-    if (!s->inflight[0] && !s->inflight[1])
-        sender_free_slots(s);
+    /* a slot still on the wire is not freed under NCCL's feet: it is
+     * waited for, and past the deadline the transport is aborted (which
+     * stops the kernel that reads it) */
+    if (!s->x->aborted && (s->inflight[0] || s->inflight[1]) && sender_drain(s))
+        xport_abort(s->x, "sender destroyed with a broadcast stuck: %s", s->x->err);
+    sender_free_slots(s);
     if (s->ann)
         s->x->ops->mem_free(s->x, s->ann);
     free(s->ts);
