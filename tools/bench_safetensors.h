@@ -17,7 +17,8 @@
  *                         is always JSON)
  *   Writes one JSON object to json_out (keys documented in
  *   docs/safetensors.md: memcpy_gbps, stream_gbps, stream_vs_memcpy,
- *   open_parse_ms, header_open_ms, header_us_per_tensor ...); messages go to
+ *   with_open_vs_memcpy, open_parse_ms, header_open_ms,
+ *   header_us_per_tensor ...); messages go to
  *   stderr. Returns the process exit status: 0 ok, 1 failure, 2 usage.
  *   Files it creates are removed before it returns.
  *
