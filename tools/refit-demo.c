@@ -8,6 +8,10 @@
  * norms kept in F32 from a BF16 checkpoint. Checkpoint-named weights for
  * versions A, B and C are generated deterministically.
  *
+ * The model (modules, checkpoint names, shards, fusion, padding, ties) is
+ * described by the manifest tools/demo/demo.yaml; this file allocates the
+ * engine's runtime tensors and binds them by name, as an engine would.
+ *
  * Phases: 1 cold start on A; 2 update to B, compared bit for bit with a
  * cold start on B; 3 an update to C that fails half-way with rollback (READY
  * at B, bytes identical); 4 the same without rollback (POISONED, serving
@@ -90,8 +94,9 @@ typedef struct rt_tensor {
 
 typedef struct ckpt_tensor {
     char name[96];
-    char module[64];
-    refit_ckpt_spec spec;
+    int ndim;
+    int64_t shape[2];           /* full (unsharded) */
+    const char *tie_of;         /* the same values as this name (tied) */
     uint16_t *data;             /* full checkpoint tensor of one version */
     size_t numel;
 } ckpt_tensor;
@@ -124,73 +129,74 @@ static int add_rt(worker *w, const char *module, const char *name, int ndim, int
     return refit_module_bind_runtime(w->model, module, name, &r->t);
 }
 
-static ckpt_tensor *expect(worker *w, const char *module, const char *name, int ndim, int64_t d0,
-                           int64_t d1)
+/* The trainer's side: a checkpoint tensor it will send (name, shape). */
+static ckpt_tensor *expect(worker *w, const char *name, int ndim, int64_t d0, int64_t d1)
 {
     ckpt_tensor *c = &w->ck[w->n_ck++];
     snprintf(c->name, sizeof c->name, "%s", name);
-    snprintf(c->module, sizeof c->module, "%s", module);
-    refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
-    s.dtype = REFIT_BF16;
-    s.ndim = ndim;
-    s.shape[0] = d0;
-    s.shape[1] = d1;
-    c->spec = s;
+    c->ndim = ndim;
+    c->shape[0] = d0;
+    c->shape[1] = d1;
     c->numel = (size_t)d0 * (size_t)(ndim == 2 ? d1 : 1);
     return c;
 }
 
-static void shard(ckpt_tensor *c, int dim, const char *target, int64_t offset)
-{
-    c->spec.shard_dim = dim;
-    c->spec.shard_rank = RANK;
-    c->spec.shard_count = TP;
-    c->spec.target = target;
-    c->spec.dst_offset[0] = offset;
-}
-
+/* The engine's side: its runtime tensors for one layer, bound by name. */
 static int build_layer(worker *w, int l)
 {
     char mod[64], n[96];
     int rc;
-    /* attention: q, k, v of this rank fused into qkv; o row-parallel */
     snprintf(mod, sizeof mod, "layers.%d.attn", l);
-    if ((rc = refit_model_add_module(w->model, mod, "unquantized", NULL)) ||
-        (rc = add_rt(w, mod, "qkv", 2, (HIDDEN + 2 * KV) / TP, HIDDEN, REFIT_BF16)) ||
+    if ((rc = add_rt(w, mod, "qkv", 2, (HIDDEN + 2 * KV) / TP, HIDDEN, REFIT_BF16)) ||
         (rc = add_rt(w, mod, "o", 2, HIDDEN, HIDDEN / TP, REFIT_BF16)))
         return rc;
-    const char *qkv[3] = {"q_proj", "k_proj", "v_proj"};
-    int64_t rows[3] = {HIDDEN, KV, KV}, off = 0;
-    for (int i = 0; i < 3; i++) {
-        snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, qkv[i]);
-        shard(expect(w, mod, n, 2, rows[i], HIDDEN), 0, "qkv", off);
-        off += rows[i] / TP;
-    }
-    snprintf(n, sizeof n, "model.layers.%d.self_attn.o_proj.weight", l);
-    shard(expect(w, mod, n, 2, HIDDEN, HIDDEN), 1, "o", 0);
-    /* mlp: gate and up fused; down row-parallel */
     snprintf(mod, sizeof mod, "layers.%d.mlp", l);
-    if ((rc = refit_model_add_module(w->model, mod, "unquantized", NULL)) ||
-        (rc = add_rt(w, mod, "gate_up", 2, 2 * INTER / TP, HIDDEN, REFIT_BF16)) ||
+    if ((rc = add_rt(w, mod, "gate_up", 2, 2 * INTER / TP, HIDDEN, REFIT_BF16)) ||
         (rc = add_rt(w, mod, "down", 2, HIDDEN, INTER / TP, REFIT_BF16)))
         return rc;
-    snprintf(n, sizeof n, "model.layers.%d.mlp.gate_proj.weight", l);
-    shard(expect(w, mod, n, 2, INTER, HIDDEN), 0, "gate_up", 0);
-    snprintf(n, sizeof n, "model.layers.%d.mlp.up_proj.weight", l);
-    shard(expect(w, mod, n, 2, INTER, HIDDEN), 0, "gate_up", INTER / TP);
-    snprintf(n, sizeof n, "model.layers.%d.mlp.down_proj.weight", l);
-    shard(expect(w, mod, n, 2, HIDDEN, INTER), 1, "down", 0);
-    /* norms: replicated, F32 at runtime from BF16 in the checkpoint */
     snprintf(mod, sizeof mod, "layers.%d.norms", l);
-    if ((rc = refit_model_add_module(w->model, mod, "unquantized", "cast: true")) ||
-        (rc = add_rt(w, mod, "input", 1, HIDDEN, 0, REFIT_F32)) ||
+    if ((rc = add_rt(w, mod, "input", 1, HIDDEN, 0, REFIT_F32)) ||
         (rc = add_rt(w, mod, "post_attention", 1, HIDDEN, 0, REFIT_F32)))
         return rc;
+    /* what the trainer sends for this layer, in checkpoint names */
+    const char *attn[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    int64_t rows[4] = {HIDDEN, KV, KV, HIDDEN};
+    for (int i = 0; i < 4; i++) {
+        snprintf(n, sizeof n, "model.layers.%d.self_attn.%s.weight", l, attn[i]);
+        expect(w, n, 2, rows[i], HIDDEN);
+    }
+    snprintf(n, sizeof n, "model.layers.%d.mlp.gate_proj.weight", l);
+    expect(w, n, 2, INTER, HIDDEN);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.up_proj.weight", l);
+    expect(w, n, 2, INTER, HIDDEN);
+    snprintf(n, sizeof n, "model.layers.%d.mlp.down_proj.weight", l);
+    expect(w, n, 2, HIDDEN, INTER);
     snprintf(n, sizeof n, "model.layers.%d.input_layernorm.weight", l);
-    expect(w, mod, n, 1, HIDDEN, 0)->spec.target = "input";
+    expect(w, n, 1, HIDDEN, 0);
     snprintf(n, sizeof n, "model.layers.%d.post_attention_layernorm.weight", l);
-    expect(w, mod, n, 1, HIDDEN, 0)->spec.target = "post_attention";
+    expect(w, n, 1, HIDDEN, 0);
     return REFIT_OK;
+}
+
+/* The manifest describing the worker's model: beside the executable in the
+ * build tree, else where it is installed. */
+static const char *manifest_path(void)
+{
+    static char path[4096];
+    const char *env = getenv("REFIT_DEMO_MANIFEST");
+    if (env)
+        return env;
+    ssize_t n = readlink("/proc/self/exe", path, sizeof path - 16);
+    if (n > 0) {
+        path[n] = '\0';
+        char *slash = strrchr(path, '/');
+        if (slash) {
+            strcpy(slash + 1, "demo.yaml");
+            if (access(path, R_OK) == 0)
+                return path;
+        }
+    }
+    return REFIT_DEMO_MANIFEST_INSTALLED;
 }
 
 static int worker_build(worker *w, const char *id, bool journaled)
@@ -203,27 +209,21 @@ static int worker_build(worker *w, const char *id, bool journaled)
     int rc = refit_open(&w->ctx, &o);
     if (rc)
         return rc;
-    if ((rc = refit_model_create(&w->model, w->ctx)))
+    /* modules, their checkpoint names and mappings: tools/demo/demo.yaml */
+    if ((rc = refit_model_create(&w->model, w->ctx)) ||
+        (rc = refit_model_load_manifest(w->model, manifest_path())))
         return rc;
     /* embedding, vocabulary padded to 1024 rows, tied to the lm_head */
-    if ((rc = refit_model_add_module(w->model, "embed", "unquantized", NULL)) ||
-        (rc = add_rt(w, "embed", "table", 2, VOCAB_PAD, HIDDEN, REFIT_BF16)))
+    if ((rc = add_rt(w, "embed", "table", 2, VOCAB_PAD, HIDDEN, REFIT_BF16)))
         return rc;
-    ckpt_tensor *e = expect(w, "embed", "model.embed_tokens.weight", 2, VOCAB, HIDDEN);
-    e->spec.pad_to = VOCAB_PAD;
-    expect(w, "embed", "lm_head.weight", 2, VOCAB, HIDDEN)->spec.tie_of =
-        "model.embed_tokens.weight";
+    expect(w, "model.embed_tokens.weight", 2, VOCAB, HIDDEN);
+    expect(w, "lm_head.weight", 2, VOCAB, HIDDEN)->tie_of = "model.embed_tokens.weight";
     for (int l = 0; l < LAYERS && !rc; l++)
         rc = build_layer(w, l);
-    if (rc || (rc = refit_model_add_module(w->model, "norm", "unquantized", "cast: true")) ||
-        (rc = add_rt(w, "norm", "weight", 1, HIDDEN, 0, REFIT_F32)))
+    if (rc || (rc = add_rt(w, "norm", "weight", 1, HIDDEN, 0, REFIT_F32)))
         return rc;
-    expect(w, "norm", "model.norm.weight", 1, HIDDEN, 0);
-    for (int i = 0; i < w->n_ck && !rc; i++)
-        rc = refit_model_expect(w->model, w->ck[i].module, w->ck[i].name, &w->ck[i].spec);
-    if (!rc)
-        rc = refit_model_seal(w->model);
-    return rc;
+    expect(w, "model.norm.weight", 1, HIDDEN, 0);
+    return refit_model_seal(w->model);
 }
 
 static void worker_free(worker *w)
@@ -245,7 +245,7 @@ static int make_version(worker *w, const char *version)
         if (!c->data)
             return REFIT_ENOMEM;
         /* a tied name carries the same values as the name it is tied to */
-        const char *same = c->spec.tie_of ? c->spec.tie_of : c->name;
+        const char *same = c->tie_of ? c->tie_of : c->name;
         fill_bf16(c->data, c->numel, name_seed(version, same));
     }
     return REFIT_OK;
@@ -337,8 +337,8 @@ static int run_update(worker *w, const char *version, int rollback, run_mode mod
             raise(SIGKILL);
         }
         refit_tensor src = {.data = c->data, .device = {REFIT_DEVICE_CPU, 0},
-                            .ndim = c->spec.ndim, .dtype = REFIT_BF16,
-                            .shape = c->spec.shape, .strides = NULL};
+                            .ndim = c->ndim, .dtype = REFIT_BF16,
+                            .shape = c->shape, .strides = NULL};
         rc = refit_load(txn, c->name, &src, NULL);
         if (rc) {
             refit_abort(txn);
@@ -358,7 +358,7 @@ static int write_checkpoint(worker *w, const char *path)
 {
     st_out_tensor t[MAX_CKPT];
     for (int i = 0; i < w->n_ck; i++)
-        t[i] = (st_out_tensor){w->ck[i].name, ST_BF16, w->ck[i].spec.ndim, w->ck[i].spec.shape,
+        t[i] = (st_out_tensor){w->ck[i].name, ST_BF16, w->ck[i].ndim, w->ck[i].shape,
                                w->ck[i].data};
     static const char *const meta[] = {"format", "pt", "written_by", "refit-demo"};
     st_error err;
