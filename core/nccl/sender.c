@@ -38,9 +38,10 @@ struct refit_sender {
     uint64_t slot_bytes;
     uint64_t ticket[2];
     bool inflight[2];
-    uint8_t *hbuf;              /* header, written here then copied in */
-    size_t hcap;
+    uint8_t *hbuf[2];           /* each slot's header, host memory of the transport */
+    size_t hcap[2];
     void *ann;                  /* transport memory for the announce */
+    uint8_t *ann_host;
     uint64_t sends;
 };
 
@@ -84,7 +85,11 @@ static void sender_free_slots(refit_sender *s)
     for (int i = 0; i < 2; i++) {
         if (s->slot[i])
             s->x->ops->mem_free(s->x, s->slot[i]);
+        if (s->hbuf[i])
+            s->x->ops->host_free(s->x, s->hbuf[i]);
         s->slot[i] = NULL;
+        s->hbuf[i] = NULL;
+        s->hcap[i] = 0;
         s->inflight[i] = false;
     }
     s->slot_bytes = 0;
@@ -113,9 +118,10 @@ void refit_sender_destroy(refit_sender *s)
     sender_free_slots(s);
     if (s->ann)
         s->x->ops->mem_free(s->x, s->ann);
+    if (s->ann_host)
+        s->x->ops->host_free(s->x, s->ann_host);
     free(s->ts);
     free(s->bt);
-    free(s->hbuf);
     free(s->label);
     free(s);
 }
@@ -222,7 +228,8 @@ static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *
 static int sender_slots(refit_sender *s, const bkt_plan *p)
 {
     refit_transport *x = s->x;
-    if (!s->ann && x->ops->mem_alloc(x, &s->ann, BKT_ALIGN))
+    if (!s->ann && (x->ops->mem_alloc(x, &s->ann, BKT_ALIGN) ||
+                    x->ops->host_alloc(x, (void **)&s->ann_host, BKT_ANNOUNCE_BYTES)))
         return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no transport memory for the announce");
     if (s->slot_bytes < p->max_total) {
         sender_free_slots(s);
@@ -234,17 +241,23 @@ static int sender_slots(refit_sender *s, const bkt_plan *p)
             }
         s->slot_bytes = p->max_total;
     }
-    size_t hmax = 0;
-    for (uint32_t b = 0; b < p->n_buckets; b++)
-        if (p->buckets[b].header_bytes > hmax)
-            hmax = p->buckets[b].header_bytes;
-    if (s->hcap < hmax) {
-        uint8_t *h = realloc(s->hbuf, hmax);
-        if (!h)
-            return ctx_error(s->ctx, REFIT_ENOMEM, "sender: out of memory");
-        s->hbuf = h;
-        s->hcap = hmax;
-    }
+    return REFIT_OK;
+}
+
+/* Slot i's host header buffer, grown while the slot is idle. */
+static int sender_hbuf(refit_sender *s, int i, size_t need)
+{
+    refit_transport *x = s->x;
+    if (s->hcap[i] >= need)
+        return REFIT_OK;
+    if (s->hbuf[i])
+        x->ops->host_free(x, s->hbuf[i]);
+    s->hbuf[i] = NULL;
+    s->hcap[i] = 0;
+    if (x->ops->host_alloc(x, (void **)&s->hbuf[i], need))
+        return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no host memory for a %zu-byte header",
+                         need);
+    s->hcap[i] = need;
     return REFIT_OK;
 }
 
@@ -275,14 +288,21 @@ static uint64_t sender_nonce(refit_sender *s)
 static int send_announce(refit_sender *s, const bkt_plan *p, uint64_t nonce)
 {
     refit_transport *x = s->x;
-    uint8_t a[BKT_ANNOUNCE_BYTES];
     bkt_announce an = {0, p->n_buckets, p->n_buckets ? p->buckets[0].header_bytes : 0, nonce,
                        p->n_buckets ? bkt_total(p, 0) : 0, p->max_total, p->total_payload,
                        p->n_pieces};
-    bkt_announce_encode(a, &an);
-    int rc = x->ops->from_host(x, s->ann, a, sizeof a);
+    if (!s->ann)
+        return xport_fail(x, REFIT_ENOMEM, "sender: no transport memory for the announce");
+    bkt_announce_encode(s->ann_host, &an);
+    int rc = x->ops->from_host(x, s->ann, s->ann_host, BKT_ANNOUNCE_BYTES);
+    uint64_t t;
     if (!rc)
-        rc = x->ops->bcast(x, s->ann, sizeof a, s->root, xport_now() + s->timeout);
+        rc = x->ops->bcast(x, s->ann, BKT_ANNOUNCE_BYTES, s->root, xport_now() + s->timeout);
+    /* waited for: ann_host is rewritten by the next send */
+    if (!rc)
+        rc = x->ops->mark(x, &t);
+    if (!rc)
+        rc = x->ops->wait(x, t, xport_now() + s->timeout);
     return rc;
 }
 
@@ -299,6 +319,8 @@ static int send_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint64_t 
             return rc;
         s->inflight[i] = false;
     }
+    if (sender_hbuf(s, i, p->buckets[b].header_bytes))
+        return xport_fail(x, REFIT_ENOMEM, "sender: no host memory for bucket %u's header", b);
     uint64_t sum = 0;
     if (!*local)
         *local = pack_bucket(s, p, b, s->slot[i], &sum);
@@ -308,8 +330,8 @@ static int send_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint64_t 
         sum = (uint64_t)(uint32_t)-*local;
     uint16_t flags = (uint16_t)((s->sum && !*local ? BKT_F_PAYLOAD_SUM : 0) |
                                 (*local ? BKT_F_CANCEL : 0));
-    bkt_header_encode(s->hbuf, p, b, s->bt, s->label, nonce, flags, sum);
-    int rc = x->ops->from_host(x, s->slot[i], s->hbuf, p->buckets[b].header_bytes);
+    bkt_header_encode(s->hbuf[i], p, b, s->bt, s->label, nonce, flags, sum);
+    int rc = x->ops->from_host(x, s->slot[i], s->hbuf[i], p->buckets[b].header_bytes);
     if (!rc)
         rc = x->ops->bcast(x, s->slot[i], bkt_total(p, b), s->root, xport_now() + s->timeout);
     if (!rc)

@@ -26,8 +26,8 @@ typedef struct xport_ops {
     /* Memory that bcast reads and writes (device memory for NCCL). */
     int (*mem_alloc)(refit_transport *x, void **out, size_t bytes);
     void (*mem_free)(refit_transport *x, void *p);
-    /* Host memory that to_host may target (pinned for NCCL, so the copy
-     * stays asynchronous and the wait keeps its deadline). */
+    /* Host memory for to_host and from_host (pinned for NCCL, so copies
+     * stay asynchronous and every wait keeps its deadline). */
     int (*host_alloc)(refit_transport *x, void **out, size_t bytes);
     void (*host_free)(refit_transport *x, void *p);
     /* Broadcast bytes at buf on root into buf on every rank. NCCL only
@@ -36,7 +36,10 @@ typedef struct xport_ops {
     int (*bcast)(refit_transport *x, void *buf, size_t bytes, int root, double deadline);
     /* Enqueue a copy of n bytes of transport memory into host memory. */
     int (*to_host)(refit_transport *x, void *host, const void *src, size_t n);
-    /* Copy n bytes of host memory into transport memory; done on return. */
+    /* Enqueue a copy of n bytes of host memory from host_alloc into
+     * transport memory. The host bytes must stay as they are until a
+     * later ticket completes (NCCL: an asynchronous copy on the stream, so
+     * no host wait can hang without a deadline). */
     int (*from_host)(refit_transport *x, void *dst, const void *host, size_t n);
     /* A ticket for everything enqueued so far. */
     int (*mark)(refit_transport *x, uint64_t *ticket);
