@@ -26,6 +26,7 @@ static const struct ctl_area areas[] = {
 #ifdef REFIT_CTL_VALIDATE
     {"validate", ctl_validate, "[--format|--model] FILE..."},
 #endif
+    {"manifest", ctl_manifest, "llama CONFIG.json [--tp N] [--pad-unit U]"},
     {NULL, NULL, NULL},
 };
 
