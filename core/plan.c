@@ -385,6 +385,12 @@ static int module_build_fm(refit_model *m, module *mod)
         memcpy(c->shape, r->spec.shape, sizeof c->shape);
         if (r->split_dim >= 0)
             c->shape[r->split_dim] = r->hi - r->lo;
+        c->split_dim = r->split_dim;
+        c->slice_lo = r->lo;
+        c->slice_hi = r->hi;
+        memcpy(c->full_shape, r->spec.shape, sizeof c->full_shape);
+        c->expert = r->spec.expert;
+        memcpy(c->dst_offset, r->spec.dst_offset, sizeof c->dst_offset);
         r->fm_index = fm->n_ckpt;
         mod->expected_bytes += r->bytes;
         mod->primary[fm->n_ckpt++] = mod->routes[i];

@@ -75,6 +75,17 @@ typedef struct refit_fmt_ckpt {
     uint32_t flags;          /* OUT (plan): REFIT_CKPT_* */
     refit_view staged;       /* post_load: the staged bytes (STAGED only) */
     refit_view place;        /* where a DIRECT copy would land in the target */
+    /* appended to ABI 1: where this rank's slice sits in the whole tensor,
+     * and the placement the model declared, for formats that check block
+     * alignment or lay a VIEW at an offset themselves. (Arrays of this
+     * struct are built by the host for the plugin it loads: both sides
+     * use one header, so the element size agrees.) */
+    int32_t split_dim;       /* dim the slice is cut along; -1: a scalar */
+    int64_t slice_lo;        /* this rank's rows [slice_lo, slice_hi) of */
+    int64_t slice_hi;        /*   split_dim, in the whole tensor */
+    int64_t full_shape[REFIT_MAX_DIMS]; /* the whole (unsharded) tensor */
+    int64_t expert;          /* index into a stacked target's dim 0, or -1 */
+    int64_t dst_offset[REFIT_MAX_DIMS]; /* offset in the target, per dim */
 } refit_fmt_ckpt;
 
 typedef struct refit_fmt_runtime {
