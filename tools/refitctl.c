@@ -14,18 +14,10 @@ struct ctl_area {
 };
 
 static const struct ctl_area areas[] = {
-#ifdef REFIT_CTL_JOURNAL
     {"journal", ctl_journal, "status|updates|show ID|modules ID|events|verify"},
-#endif
-#ifdef REFIT_CTL_SAFETENSORS
     {"safetensors", ctl_safetensors, "ls PATH [--json] | verify PATH"},
-#endif
-#ifdef REFIT_CTL_FORMATS
     {"formats", ctl_formats, "[--plugin-dir DIR]... [--only] [--json]"},
-#endif
-#ifdef REFIT_CTL_VALIDATE
     {"validate", ctl_validate, "[--format|--model] FILE..."},
-#endif
     {"manifest", ctl_manifest, "llama CONFIG.json [--tp N] [--pad-unit U]"},
     {NULL, NULL, NULL},
 };
