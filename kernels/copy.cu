@@ -383,25 +383,48 @@ extern "C" int kern_zero_cuda(const refit_view *dst, void *stream)
 
 #define BATCH_THREADS 256
 
-/* Words of type T, both pointers aligned to sizeof(T); four loads in
- * flight per thread before the first store. */
-template <typename T>
+/* Words of type T, both pointers aligned to sizeof(T); U loads in flight
+ * per thread before the first store. */
+template <typename T, int U>
 __device__ __forceinline__ void copy_words(char *d, const char *s, uint64_t n)
 {
     const T *sv = (const T *)s;
     T *dv = (T *)d;
     uint64_t cnt = n / sizeof(T), step = blockDim.x, i = threadIdx.x;
-    for (; i + 3 * step < cnt; i += 4 * step) {
-        T a = sv[i], b = sv[i + step], c = sv[i + 2 * step], e = sv[i + 3 * step];
-        dv[i] = a;
-        dv[i + step] = b;
-        dv[i + 2 * step] = c;
-        dv[i + 3 * step] = e;
+    for (; i + (U - 1) * step < cnt; i += U * step) {
+        T v[U];
+#pragma unroll
+        for (int k = 0; k < U; k++)
+            v[k] = sv[i + k * step];
+#pragma unroll
+        for (int k = 0; k < U; k++)
+            dv[i + k * step] = v[k];
     }
     for (; i < cnt; i += step)
         dv[i] = sv[i];
 }
 
+/* 16-byte words with streaming hints: the data is touched once. */
+template <int U>
+__device__ __forceinline__ void copy_words_cs(char *d, const char *s, uint64_t n)
+{
+    const uint4 *sv = (const uint4 *)s;
+    uint4 *dv = (uint4 *)d;
+    uint64_t cnt = n / 16, step = blockDim.x, i = threadIdx.x;
+    for (; i + (U - 1) * step < cnt; i += U * step) {
+        uint4 v[U];
+#pragma unroll
+        for (int k = 0; k < U; k++)
+            v[k] = __ldcs(sv + i + k * step);
+#pragma unroll
+        for (int k = 0; k < U; k++)
+            __stcs(dv + i + k * step, v[k]);
+    }
+    for (; i < cnt; i += step)
+        __stcs(dv + i, __ldcs(sv + i));
+}
+
+template <int V>
 __global__ void __launch_bounds__(BATCH_THREADS) k_batch(const kern_batch_row *rows, uint32_t n)
 {
     for (uint32_t r = blockIdx.x; r < n; r += gridDim.x) {
@@ -423,15 +446,32 @@ __global__ void __launch_bounds__(BATCH_THREADS) k_batch(const kern_batch_row *r
         len -= head;
         uint64_t body = len & ~(uint64_t)(w - 1);
         switch (w) {
-        case 16: copy_words<uint4>(d, s, body); break;
-        case 8: copy_words<uint64_t>(d, s, body); break;
-        case 4: copy_words<uint32_t>(d, s, body); break;
-        case 2: copy_words<uint16_t>(d, s, body); break;
-        default: copy_words<uint8_t>(d, s, body); break;
+        case 16:
+            if (V == 0)
+                copy_words<uint4, 4>(d, s, body);
+            else if (V == 1)
+                copy_words<uint4, 8>(d, s, body);
+            else if (V == 2)
+                copy_words_cs<4>(d, s, body);
+            else
+                copy_words_cs<8>(d, s, body);
+            break;
+        case 8: copy_words<uint64_t, 4>(d, s, body); break;
+        case 4: copy_words<uint32_t, 4>(d, s, body); break;
+        case 2: copy_words<uint16_t, 4>(d, s, body); break;
+        default: copy_words<uint8_t, 4>(d, s, body); break;
         }
         for (uint64_t i = body + threadIdx.x; i < len; i += blockDim.x)
             d[i] = s[i];
     }
+}
+
+static int batch_variant = 1, batch_grid;
+
+extern "C" void kern_copy_batch_variant(int v, int grid)
+{
+    batch_variant = v;
+    batch_grid = grid;
 }
 
 /* rows: a device-readable table of n rows. One launch for all of them. */
@@ -441,6 +481,15 @@ extern "C" int kern_copy_batch_cuda(const void *rows, uint32_t n, void *stream)
         return REFIT_OK;
     (void)cudaGetLastError();
     unsigned nb = n < (1u << 30) ? n : (1u << 30);
-    k_batch<<<nb, BATCH_THREADS, 0, (cudaStream_t)stream>>>((const kern_batch_row *)rows, n);
+    if (batch_grid > 0 && (unsigned)batch_grid < nb)
+        nb = (unsigned)batch_grid;
+    const kern_batch_row *r = (const kern_batch_row *)rows;
+    cudaStream_t st = (cudaStream_t)stream;
+    switch (batch_variant) {
+    case 1: k_batch<1><<<nb, BATCH_THREADS, 0, st>>>(r, n); break;
+    case 2: k_batch<2><<<nb, BATCH_THREADS, 0, st>>>(r, n); break;
+    case 3: k_batch<3><<<nb, BATCH_THREADS, 0, st>>>(r, n); break;
+    default: k_batch<0><<<nb, BATCH_THREADS, 0, st>>>(r, n); break;
+    }
     return launched("kern_copy_batch_cuda");
 }

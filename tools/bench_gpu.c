@@ -57,6 +57,7 @@ typedef struct bench {
     int repeat, layers;
     const char *dir, *python, *out;
     bool json, keep, torch;
+    const char *only;           /* comma-separated sections, NULL: all */
     bt t[MAX_T];
     int n;
     size_t total;
@@ -413,7 +414,11 @@ static int bench_safetensors(bench *b, double t_ceil_h2d)
     put(o, "ceiling_memcpy_h2d_ms", t_ceil_h2d * 1e3);
     put(o, "ratio_to_h2d_ceiling", t_ceil_h2d / t);
     put(o, "refit_GBps", b->total / t / 1e9);
-    put(o, "ring_waits_per_reload", (double)(s1.ring_waits - s0.ring_waits) / (b->repeat + 1));
+    double runs = b->repeat + 1;
+    put(o, "host_copy_ms_per_reload", (double)(s1.host_copy_ns - s0.host_copy_ns) / runs / 1e6);
+    put(o, "prefault_ms_per_reload_all_threads",
+        (double)(s1.prefault_ns - s0.prefault_ns) / runs / 1e6);
+    put(o, "ring_wait_ms_per_reload", (double)(s1.ring_wait_ns - s0.ring_wait_ns) / runs / 1e6);
     put(o, "target", 0.80);
     json_object_set_new(o, "meets_target", json_boolean(t_ceil_h2d / t >= 0.80));
     json_object_set_new(b->res, "safetensors", o);
@@ -594,6 +599,17 @@ static void run_torch(bench *b)
 
 /* ---- main ---- */
 
+static bool wanted(const bench *b, const char *section)
+{
+    if (!b->only)
+        return true;
+    size_t n = strlen(section);
+    for (const char *p = b->only; (p = strstr(p, section)); p += n)
+        if ((p == b->only || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))
+            return true;
+    return false;
+}
+
 static void machine(bench *b)
 {
     struct utsname u;
@@ -618,7 +634,8 @@ static void machine(bench *b)
     json_t *env = json_object();
     static const char *vars[] = {"REFIT_CUDA_ROW_KB", "REFIT_CUDA_H2D_MIN_KB",
         "REFIT_CUDA_D2D_MEMCPY_MIN_KB", "REFIT_CUDA_RING_CHUNKS", "REFIT_CUDA_RING_CHUNK_MB",
-        "REFIT_CUDA_COPY_THREADS", "REFIT_CUDA_TABLE_ROWS", "REFIT_CUDA_POPULATE"};
+        "REFIT_CUDA_COPY_THREADS", "REFIT_CUDA_TABLE_ROWS", "REFIT_CUDA_POPULATE",
+        "REFIT_CUDA_BATCH_VARIANT", "REFIT_CUDA_UNDO_CACHE_MB"};
     for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++)
         if (getenv(vars[i]))
             json_object_set_new(env, vars[i], json_string(getenv(vars[i])));
@@ -645,7 +662,8 @@ static int write_only_dir(bench *b)
 static int usage(void)
 {
     fprintf(stderr, "usage: refit-bench gpu [--json] [--repeat R] [--layers L] [--dir PATH] "
-                    "[--keep] [--python PY] [--no-torch] [--out FILE] [--write-only]\n");
+                    "[--keep] [--python PY] [--no-torch] [--out FILE] [--write-only]\n"
+                    "       [--only d2d,pinned,safetensors,moe100k]\n");
     return 2;
 }
 
@@ -690,6 +708,8 @@ int bench_gpu_main(int argc, char **argv)
             b->python = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             b->out = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            b->only = argv[++i];
         else if (!strcmp(argv[i], "--write-only"))
             write_only = true;
         else
@@ -709,7 +729,8 @@ int bench_gpu_main(int argc, char **argv)
     int rc = llama_setup(b) || bench_d2d_pinned(b);
     if (!rc) {
         ceil_h2d = jget(b->res, "pinned", "ceiling_memcpy_h2d_ms") / 1e3;
-        rc = bench_safetensors(b, ceil_h2d) || bench_moe(b);
+        rc = (wanted(b, "safetensors") && bench_safetensors(b, ceil_h2d)) ||
+             (wanted(b, "moe100k") && bench_moe(b));
     }
     refit_close(b->ctx);
     cudaFree(b->dev_rt);

@@ -48,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
@@ -79,6 +80,10 @@ typedef struct cuda_cfg {
     size_t undo_cache;          /* REFIT_CUDA_UNDO_CACHE_MB */
     int threads;                /* REFIT_CUDA_COPY_THREADS */
     int populate;               /* REFIT_CUDA_POPULATE: prefault pageable sources */
+    int batch_variant;          /* REFIT_CUDA_BATCH_VARIANT: batch kernel code path */
+    int batch_grid;             /* REFIT_CUDA_BATCH_GRID: blocks of a batch launch, 0 = a row each */
+    int table_upload;           /* REFIT_CUDA_TABLE_UPLOAD: copy tables to the device first */
+    size_t flush_bytes;         /* REFIT_CUDA_FLUSH_MB: launch once this much is queued */
 } cuda_cfg;
 
 static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
@@ -99,17 +104,29 @@ static void cfg_load(cuda_cfg *c)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     size_t def_threads = ncpu > 2 ? (size_t)(ncpu > 9 ? 8 : ncpu - 1) : 1;
     c->table_rows = (uint32_t)env_size("REFIT_CUDA_TABLE_ROWS", 32768, 1, 64, 1u << 22);
-    c->row_max = env_size("REFIT_CUDA_ROW_KB", 256 * KIB, KIB, 4 * KIB, 64 * MIB);
+    c->row_max = env_size("REFIT_CUDA_ROW_KB", 1024 * KIB, KIB, 4 * KIB, 64 * MIB);
     c->h2d_min = env_size("REFIT_CUDA_H2D_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
     c->d2d_memcpy_min = env_size("REFIT_CUDA_D2D_MEMCPY_MIN_KB", 0, KIB, 0, SIZE_MAX / 2);
     c->save_min = env_size("REFIT_CUDA_SAVE_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
     c->ring_chunks = (uint32_t)env_size("REFIT_CUDA_RING_CHUNKS", 4, 1, 2, MAX_RING);
     c->ring_chunk_bytes = env_size("REFIT_CUDA_RING_CHUNK_MB", 16 * MIB, MIB, MIB, 4096 * MIB);
     c->staging_cache = env_size("REFIT_CUDA_STAGING_CACHE_MB", 1024 * MIB, MIB, 0, SIZE_MAX / 2);
-    c->undo_cache = env_size("REFIT_CUDA_UNDO_CACHE_MB", 2048 * MIB, MIB, 0, SIZE_MAX / 2);
+    c->undo_cache = env_size("REFIT_CUDA_UNDO_CACHE_MB", 8192 * MIB, MIB, 0, SIZE_MAX / 2);
     c->threads = (int)env_size("REFIT_CUDA_COPY_THREADS", def_threads, 1, 0, 64);
     c->populate = (int)env_size("REFIT_CUDA_POPULATE", 1, 1, 0, 1);
+    c->batch_variant = (int)env_size("REFIT_CUDA_BATCH_VARIANT", 1, 1, 0, 3);
+    c->batch_grid = (int)env_size("REFIT_CUDA_BATCH_GRID", 0, 1, 0, 1 << 20);
+    c->table_upload = (int)env_size("REFIT_CUDA_TABLE_UPLOAD", 0, 1, 0, 1);
+    c->flush_bytes = env_size("REFIT_CUDA_FLUSH_MB", 64 * MIB, MIB, MIB, SIZE_MAX / 2);
+    kern_copy_batch_variant(c->batch_variant, c->batch_grid);
     c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
+}
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 /* ---- errors ---- */
@@ -156,8 +173,10 @@ typedef struct pchunk {
 /* One of a stream's two pinned tables: save rows then copy rows. */
 typedef struct table {
     kern_batch_row *rows;       /* 2 * table_rows: saves at 0, copies at table_rows */
+    kern_batch_row *dev;        /* the same pinned memory, as the device reads it */
     uint32_t n_save, n_copy;
-    cudaEvent_t uploaded;
+    uint64_t copy_bytes;        /* bytes the copy rows move */
+    cudaEvent_t done;           /* after the kernels that read this table */
     bool recorded;
 } table;
 
@@ -166,7 +185,7 @@ typedef struct cq {
     int device;
     table tb[2];
     int cur;
-    kern_batch_row *dev_rows;   /* the device copy of a table */
+    kern_batch_row *dev_rows;   /* the device copy of a table (table_upload) */
     pchunk ring[MAX_RING];
     uint32_t ring_cur;
 } cq;
@@ -288,14 +307,14 @@ static void dev_leave(const devg *g)
 
 static struct {
     pthread_mutex_t mu;
-    pthread_cond_t go, done;
+    pthread_cond_t go;
     int started;
-    unsigned gen;
+    unsigned gen;               /* a new job; read without the lock by spinning workers */
     char *d;
     const char *s;
-    size_t n, slice, n_slices, next, finished;
-} P = {.mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER,
-       .done = PTHREAD_COND_INITIALIZER};
+    size_t n, slice, n_slices, next;
+    size_t finished;            /* slices done; the caller spins on it */
+} P = {.mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER};
 
 /* memcpy from a pageable source; a mapped file's pages are first faulted
  * in with one madvise (cheaper than a fault every few pages). */
@@ -303,12 +322,16 @@ static void host_read(void *d, const void *s, size_t n)
 {
     if (G.cfg.populate && n >= 256 * KIB) {
         uintptr_t a = (uintptr_t)s & ~(uintptr_t)4095, e = (uintptr_t)s + n;
+        uint64_t t0 = now_ns();
         (void)madvise((void *)a, e - a, MADV_POPULATE_READ); /* a hint: errors ignored */
+        __atomic_fetch_add(&G.stats.prefault_ns, now_ns() - t0, __ATOMIC_RELAXED);
     }
     memcpy(d, s, n);
 }
 
-/* Take slices of the current job until none is left (P.mu held). */
+/* Take slices of the current job until none is left (P.mu held). Job
+ * fields change only under P.mu and only once every slice of the job before
+ * is finished, so whatever job a worker finds here is whole. */
 static void pool_work(void)
 {
     while (P.next < P.n_slices) {
@@ -319,21 +342,41 @@ static void pool_work(void)
         pthread_mutex_unlock(&P.mu);
         host_read(d, s, len);
         pthread_mutex_lock(&P.mu);
-        if (++P.finished == P.n_slices)
-            pthread_cond_broadcast(&P.done);
+        __atomic_add_fetch(&P.finished, 1, __ATOMIC_RELEASE);
     }
 }
+
+/* Workers spin a while on the job counter before sleeping: a sleeping
+ * thread (an idle vCPU in a VM) can take a tenth of a millisecond to wake,
+ * which would stall every chunk of a pageable load. */
+#define POOL_SPIN_NS 3000000u
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
 
 static void *pool_main(void *arg)
 {
     (void)arg;
-    pthread_mutex_lock(&P.mu);
-    unsigned seen = P.gen;
+    unsigned seen = 0;
     for (;;) {
-        while (P.gen == seen)
-            pthread_cond_wait(&P.go, &P.mu);
+        uint64_t t0 = now_ns();
+        while (__atomic_load_n(&P.gen, __ATOMIC_ACQUIRE) == seen) {
+            if (now_ns() - t0 < POOL_SPIN_NS) {
+                cpu_relax();
+                continue;
+            }
+            pthread_mutex_lock(&P.mu);
+            while (P.gen == seen)
+                pthread_cond_wait(&P.go, &P.mu);
+            pthread_mutex_unlock(&P.mu);
+        }
+        pthread_mutex_lock(&P.mu);
         seen = P.gen;
         pool_work();
+        pthread_mutex_unlock(&P.mu);
     }
     return NULL;
 }
@@ -369,13 +412,15 @@ static void par_memcpy(void *d, const void *s, size_t n)
     P.n = n;
     P.slice = ((n + parts - 1) / parts + 4095) & ~(size_t)4095;
     P.n_slices = (n + P.slice - 1) / P.slice;
-    P.next = P.finished = 0;
-    P.gen++;
+    P.next = 0;
+    __atomic_store_n(&P.finished, 0, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&P.gen, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&P.go);
     pool_work();
-    while (P.finished < P.n_slices)
-        pthread_cond_wait(&P.done, &P.mu);
+    size_t total = P.n_slices;
     pthread_mutex_unlock(&P.mu);
+    while (__atomic_load_n(&P.finished, __ATOMIC_ACQUIRE) < total)
+        cpu_relax();
 }
 
 /* ---- queues: per (stream, device) ---- */
@@ -385,8 +430,8 @@ static void queue_free(cq *q)
     for (int i = 0; i < 2; i++) {
         if (q->tb[i].rows)
             cudaFreeHost(q->tb[i].rows);
-        if (q->tb[i].uploaded)
-            cudaEventDestroy(q->tb[i].uploaded);
+        if (q->tb[i].done)
+            cudaEventDestroy(q->tb[i].done);
     }
     if (q->dev_rows)
         cudaFree(q->dev_rows);
@@ -407,11 +452,14 @@ static int queue_new(cq **out, void *stream, int device)
         return fail(REFIT_ENOMEM, "out of memory for a stream queue");
     q->stream = stream;
     q->device = device;
-    cudaError_t e = cudaMalloc((void **)&q->dev_rows, bytes);
+    cudaError_t e = G.cfg.table_upload ? cudaMalloc((void **)&q->dev_rows, bytes) : cudaSuccess;
     for (int i = 0; i < 2 && e == cudaSuccess; i++) {
-        e = cudaHostAlloc((void **)&q->tb[i].rows, bytes, cudaHostAllocPortable);
+        e = cudaHostAlloc((void **)&q->tb[i].rows, bytes,
+                          cudaHostAllocPortable | cudaHostAllocMapped);
         if (e == cudaSuccess)
-            e = cudaEventCreateWithFlags(&q->tb[i].uploaded, cudaEventDisableTiming);
+            e = cudaHostGetDevicePointer((void **)&q->tb[i].dev, q->tb[i].rows, 0);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&q->tb[i].done, cudaEventDisableTiming);
     }
     if (e != cudaSuccess) {
         queue_free(q);
@@ -451,33 +499,39 @@ static int stream_device(void *stream)
 }
 
 /* Launch what the current table holds: saves first, then copies. The
- * caller has made q's device current. */
+ * kernels read the rows straight from the pinned table (or, with
+ * table_upload, from a device copy of it). The caller has made q's device
+ * current. */
 static int queue_flush(cq *q)
 {
     table *t = &q->tb[q->cur];
     if (t->n_save == 0 && t->n_copy == 0)
         return REFIT_OK;
     cudaStream_t st = (cudaStream_t)q->stream;
-    uint32_t cap = G.cfg.table_rows;
-    cudaError_t e = cudaSuccess;
-    if (t->n_save)
-        e = cudaMemcpyAsync(q->dev_rows, t->rows, t->n_save * sizeof *t->rows,
-                            cudaMemcpyHostToDevice, st);
-    if (e == cudaSuccess && t->n_copy)
-        e = cudaMemcpyAsync(q->dev_rows + cap, t->rows + cap, t->n_copy * sizeof *t->rows,
-                            cudaMemcpyHostToDevice, st);
-    if (e == cudaSuccess)
-        e = cudaEventRecord(t->uploaded, st);
-    uint32_t n_save = t->n_save, n_copy = t->n_copy;
+    uint32_t cap = G.cfg.table_rows, n_save = t->n_save, n_copy = t->n_copy;
     t->n_save = t->n_copy = 0; /* a failed launch is reported once, not retried */
-    if (e != cudaSuccess)
-        return cu_fail(e, "uploading a batch table");
-    t->recorded = true;
-    int rc = kern_copy_batch_cuda(q->dev_rows, n_save, st);
+    t->copy_bytes = 0;
+    const kern_batch_row *rows = t->dev;
+    cudaError_t e = cudaSuccess;
+    if (G.cfg.table_upload) {
+        rows = q->dev_rows;
+        if (n_save)
+            e = cudaMemcpyAsync(q->dev_rows, t->rows, n_save * sizeof *t->rows,
+                                cudaMemcpyHostToDevice, st);
+        if (e == cudaSuccess && n_copy)
+            e = cudaMemcpyAsync(q->dev_rows + cap, t->rows + cap, n_copy * sizeof *t->rows,
+                                cudaMemcpyHostToDevice, st);
+        if (e != cudaSuccess)
+            return cu_fail(e, "uploading a batch table");
+    }
+    int rc = kern_copy_batch_cuda(rows, n_save, st);
     if (!rc)
-        rc = kern_copy_batch_cuda(q->dev_rows + cap, n_copy, st);
+        rc = kern_copy_batch_cuda(rows + cap, n_copy, st);
     if (rc)
         return kern_fail(rc);
+    if ((e = cudaEventRecord(t->done, st)) != cudaSuccess)
+        return cu_fail(e, "recording a batch table's event");
+    t->recorded = true;
     G.stats.batch_launches += (n_save > 0) + (n_copy > 0);
     G.stats.batch_rows += n_save + n_copy;
     for (uint32_t i = 0; i < G.cfg.ring_chunks; i++) {
@@ -489,11 +543,11 @@ static int queue_flush(cq *q)
         c->in_table = false;
         c->recorded = true;
     }
-    /* the other table is next: its upload must be done before we write it */
+    /* the other table is next: the kernels that read it must be done */
     q->cur ^= 1;
     table *n = &q->tb[q->cur];
-    if (n->recorded && (e = cudaEventSynchronize(n->uploaded)) != cudaSuccess)
-        return cu_fail(e, "waiting for a batch table's upload");
+    if (n->recorded && (e = cudaEventSynchronize(n->done)) != cudaSuccess)
+        return cu_fail(e, "waiting for a batch table");
     n->recorded = false;
     return REFIT_OK;
 }
@@ -520,6 +574,12 @@ static int queue_rows(cq *q, bool save, uint64_t dst, uint64_t src, uint64_t byt
         }
         uint64_t len = bytes - off < G.cfg.row_max ? bytes - off : G.cfg.row_max;
         t->rows[(save ? 0 : cap) + (*n)++] = (kern_batch_row){src + off, dst + off, len};
+        if (!save && (t->copy_bytes += len) >= G.cfg.flush_bytes) {
+            /* enough for the device to start on while the host goes on */
+            int rc = queue_flush(q);
+            if (rc)
+                return rc;
+        }
     }
     return REFIT_OK;
 }
@@ -560,7 +620,9 @@ static int ring_take(cq *q, size_t want, uint64_t align_to, pchunk **oc, char **
             return rc;
         if (c->recorded) {
             G.stats.ring_waits++;
+            uint64_t t0 = now_ns();
             cudaError_t e = cudaEventSynchronize(c->ev);
+            G.stats.ring_wait_ns += now_ns() - t0;
             if (e != cudaSuccess)
                 return cu_fail(e, "waiting for a pinned staging chunk");
             c->recorded = false;
@@ -692,16 +754,18 @@ static int pageable_contig(cq *q, char *dst, const char *src, size_t bytes)
         int rc = ring_take(q, piece, (uint64_t)(uintptr_t)(dst + off), &c, &p);
         if (rc)
             return rc;
+        uint64_t t0 = now_ns();
         par_memcpy(p, src + off, piece);
+        G.stats.host_copy_ns += now_ns() - t0;
         G.stats.pageable_bytes += piece;
         if (piece >= G.cfg.h2d_min) {
             rc = memcpy_now(q, dst + off, p, piece);
             if (!rc)
                 rc = chunk_mark(c, (cudaStream_t)q->stream);
         } else {
+            c->in_table = true; /* before the rows: queue_rows may flush */
             rc = queue_rows(q, false, (uint64_t)(uintptr_t)(dst + off),
                             (uint64_t)(uintptr_t)(c->dev + (p - c->p)), piece);
-            c->in_table = true;
         }
         if (rc)
             return rc;

@@ -26,6 +26,9 @@ typedef struct backend_cuda_stats {
     uint64_t kernel_copies;     /* strided or cast copies */
     uint64_t pageable_bytes;    /* bytes staged through the pinned ring */
     uint64_t ring_waits;        /* times a pinned chunk was waited for */
+    uint64_t host_copy_ns;      /* spent copying pageable sources into pinned chunks */
+    uint64_t prefault_ns;       /* of which prefaulting their pages */
+    uint64_t ring_wait_ns;      /* spent waiting for a pinned chunk to drain */
 } backend_cuda_stats;
 void backend_cuda_stats_get(backend_cuda_stats *out);
 

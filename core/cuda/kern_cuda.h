@@ -32,6 +32,10 @@ int kern_zero_cuda(const refit_view *dst, void *stream);
 /* Every row of a device-readable table, in one kernel launch. Rows must
  * not overlap each other's destinations. */
 int kern_copy_batch_cuda(const void *rows, uint32_t n, void *stream);
+/* Code path of the batched copy: 0 four 16-byte loads in flight per thread,
+ * 1 eight, 2 four with streaming (evict-first) hints, 3 eight streaming;
+ * grid: blocks per launch, each taking rows in turn (0: one block a row). */
+void kern_copy_batch_variant(int v, int grid);
 /* kern_fingerprint_view of a device-readable view; waits for stream. */
 int kern_fingerprint_view_cuda(const refit_view *v, uint64_t *out, void *stream);
 

@@ -65,8 +65,10 @@ static twin twin_new(size_t bytes)
 {
     twin t = {malloc(bytes ? bytes : 1), NULL, bytes};
     assert_non_null(t.h);
-    for (size_t i = 0; i < bytes; i++)
-        t.h[i] = (char)rnd();
+    for (size_t i = 0; i < bytes; i += 8) {
+        uint64_t r = rnd();
+        memcpy(t.h + i, &r, bytes - i < 8 ? bytes - i : 8);
+    }
     CU(cudaMalloc((void **)&t.d, bytes ? bytes : 1));
     CU(cudaMemcpy(t.d, t.h, bytes, cudaMemcpyHostToDevice));
     return t;
