@@ -119,3 +119,85 @@ void q_shard(int64_t n, int tp, int rank, int64_t *lo, int64_t *hi)
     *lo = rank * base + (rank < extra ? rank : extra);
     *hi = *lo + base + (rank < extra ? 1 : 0);
 }
+
+/* The descriptor of an entry's full (unsharded) checkpoint tensor. */
+refit_tensor q_ent_desc(const st_set *s, const q_ent *e, int64_t *shape)
+{
+    const st_tensor *t = q_get(s, e->src);
+    refit_tensor d = q_desc(t);
+    size_t row_bytes = t->ndim ? (size_t)t->nbytes / (size_t)(t->shape[0] ? t->shape[0] : 1) : 0;
+    d.ndim = t->ndim;
+    for (int i = 0; i < t->ndim; i++)
+        shape[i] = t->shape[i];
+    if (e->rows) {
+        d.data = (char *)d.data + (size_t)e->row0 * row_bytes;
+        shape[0] = e->rows;
+    }
+    if (e->flat) {
+        int64_t n = 1;
+        for (int i = 0; i < d.ndim; i++)
+            n *= shape[i];
+        shape[0] = n;
+        d.ndim = 1;
+    }
+    d.shape = shape;
+    if (e->as == 1)
+        d.dtype = Q_E4M3;
+    else if (e->as == 2)
+        d.dtype = Q_E8M0;
+    return d;
+}
+
+int q_expect(tw *w, const char *mod, const st_set *s, const q_ent *e, int n, const q_tp *tp)
+{
+    for (int i = 0; i < n; i++) {
+        int64_t shape[REFIT_MAX_DIMS];
+        refit_tensor d = q_ent_desc(s, &e[i], shape);
+        refit_ckpt_spec sp = tt_spec(d.dtype, d.ndim, shape);
+        sp.target = e[i].target;
+        sp.dst_offset[0] = e[i].dst_row;
+        sp.expert = e[i].expert;
+        if (tp && tp->tp > 1 && e[i].shard_dim >= 0) {
+            sp.shard_dim = e[i].shard_dim;
+            sp.shard_rank = tp->rank;
+            sp.shard_count = tp->tp;
+        }
+        int rc = tw_expect(w, mod, e[i].name, &sp);
+        if (rc)
+            return rc;
+    }
+    return REFIT_OK;
+}
+
+/* begin, load every entry, finalize; returns the first failure. */
+int q_try_update(tw *w, const st_set *s, const q_ent *e, int n, const char *label)
+{
+    refit_txn *t = tw_begin(w, label, 1);
+    for (int i = 0; i < n; i++) {
+        int64_t shape[REFIT_MAX_DIMS];
+        refit_tensor d = q_ent_desc(s, &e[i], shape);
+        int rc = refit_load(t, e[i].name, &d, NULL);
+        if (rc) {
+            refit_abort(t);
+            return rc;
+        }
+    }
+    return refit_finalize(t);
+}
+
+void q_update(tw *w, const st_set *s, const q_ent *e, int n, const char *label)
+{
+    int rc = q_try_update(w, s, e, n, label);
+    if (rc)
+        fail_msg("update %s: %s: %s", label, refit_status_name(rc), refit_errmsg(w->ctx));
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+}
+
+void q_assert_rt(tw *w, const char *mod, const char *name, const void *want, size_t bytes)
+{
+    tt_tensor *t = tw_rt(w, mod, name);
+    assert_true(t->bytes >= bytes);
+    char what[160];
+    snprintf(what, sizeof what, "runtime %s/%s", mod, name);
+    q_assert_bytes(want, t->buf, bytes, what);
+}

@@ -15,115 +15,14 @@
 extern const refit_format_v1 refit_format_plugin_v1;
 
 #define MOD "layers.0.qkv"
-#define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})
 
 static const char *const schemes[3] = {"per_tensor", "per_channel", "block128"};
-
-/* One checkpoint tensor of a test module: rows [row0, row0 + rows) of a
- * tensor of the reference set (rows 0: all), maybe delivered as E4M3 (the
- * set stores codes as u8) or flattened to 1-D. */
-typedef struct ent {
-    const char *name;
-    const char *src;
-    const char *target;
-    int e4m3, flat;
-    int shard_dim;        /* -1: not sharded */
-    int64_t row0, rows;
-    int64_t dst_row;      /* dst_offset[0] in the target */
-    int64_t expert;       /* -1: none */
-} ent;
-
-typedef struct tp_cfg {
-    int tp, rank;
-} tp_cfg;
 
 static void world(tw *w, int reg)
 {
     assert_int_equal(tw_open(w, NULL), REFIT_OK);
     if (reg)
         assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v1), REFIT_OK);
-}
-
-/* The descriptor of an entry's full (unsharded) checkpoint tensor. */
-static refit_tensor ent_desc(const st_set *s, const ent *e, int64_t *shape)
-{
-    const st_tensor *t = q_get(s, e->src);
-    refit_tensor d = q_desc(t);
-    size_t row_bytes = t->ndim ? (size_t)t->nbytes / (size_t)(t->shape[0] ? t->shape[0] : 1) : 0;
-    d.ndim = t->ndim;
-    for (int i = 0; i < t->ndim; i++)
-        shape[i] = t->shape[i];
-    if (e->rows) {
-        d.data = (char *)d.data + (size_t)e->row0 * row_bytes;
-        shape[0] = e->rows;
-    }
-    if (e->flat) {
-        int64_t n = 1;
-        for (int i = 0; i < d.ndim; i++)
-            n *= shape[i];
-        shape[0] = n;
-        d.ndim = 1;
-    }
-    d.shape = shape;
-    if (e->e4m3)
-        d.dtype = E4M3;
-    return d;
-}
-
-static int expect_ents(tw *w, const char *mod, const st_set *s, const ent *e, int n,
-                       const tp_cfg *tp)
-{
-    for (int i = 0; i < n; i++) {
-        int64_t shape[REFIT_MAX_DIMS];
-        refit_tensor d = ent_desc(s, &e[i], shape);
-        refit_ckpt_spec sp = tt_spec(d.dtype, d.ndim, shape);
-        sp.target = e[i].target;
-        sp.dst_offset[0] = e[i].dst_row;
-        sp.expert = e[i].expert;
-        if (tp && tp->tp > 1 && e[i].shard_dim >= 0) {
-            sp.shard_dim = e[i].shard_dim;
-            sp.shard_rank = tp->rank;
-            sp.shard_count = tp->tp;
-        }
-        int rc = tw_expect(w, mod, e[i].name, &sp);
-        if (rc)
-            return rc;
-    }
-    return REFIT_OK;
-}
-
-/* begin, load every entry, finalize; returns the first failure. */
-static int try_update(tw *w, const st_set *s, const ent *e, int n, const char *label)
-{
-    refit_txn *t = tw_begin(w, label, 1);
-    for (int i = 0; i < n; i++) {
-        int64_t shape[REFIT_MAX_DIMS];
-        refit_tensor d = ent_desc(s, &e[i], shape);
-        int rc = refit_load(t, e[i].name, &d, NULL);
-        if (rc) {
-            refit_abort(t);
-            return rc;
-        }
-    }
-    return refit_finalize(t);
-}
-
-static void update(tw *w, const st_set *s, const ent *e, int n, const char *label)
-{
-    int rc = try_update(w, s, e, n, label);
-    if (rc)
-        fail_msg("update %s: %s: %s", label, refit_status_name(rc), refit_errmsg(w->ctx));
-    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
-}
-
-static void assert_rt(tw *w, const char *mod, const char *name, const void *want,
-                      size_t bytes)
-{
-    tt_tensor *t = tw_rt(w, mod, name);
-    assert_true(t->bytes >= bytes);
-    char what[160];
-    snprintf(what, sizeof what, "runtime %s/%s", mod, name);
-    q_assert_bytes(want, t->buf, bytes, what);
 }
 
 static const void *ref_data(const st_set *s, const char *fmt, const char *scheme)
@@ -138,26 +37,26 @@ static const void *ref_data(const st_set *s, const char *fmt, const char *scheme
 /* A serialized module over set s for a scheme: W.weight (E4M3) and its
  * scale, plus an input_scale. Returns the seal status. */
 static int build_serialized(tw *w, const st_set *s, int sch, int64_t n, int64_t k,
-                            const char *params, ent *e, const tp_cfg *tp, int64_t rn,
+                            const char *params, q_ent *e, const q_tp *tp, int64_t rn,
                             int64_t rk)
 {
     static char src_q[64], src_s[64];
     snprintf(src_q, sizeof src_q, "t.fp8.%s.q", schemes[sch]);
     snprintf(src_s, sizeof src_s, "t.fp8.%s.s", schemes[sch]);
-    e[0] = (ent){"W.weight", src_q, "weight", 1, 0, 0, 0, 0, 0, -1};
-    e[1] = (ent){sch == 2 ? "W.weight_scale_inv" : "W.weight_scale", src_s, "weight_scale",
+    e[0] = (q_ent){"W.weight", src_q, "weight", 1, 0, 0, 0, 0, 0, -1};
+    e[1] = (q_ent){sch == 2 ? "W.weight_scale_inv" : "W.weight_scale", src_s, "weight_scale",
                  0, sch == 0, sch == 0 ? -1 : 0, 0, 0, 0, -1};
-    e[2] = (ent){"W.input_scale", "t.fp8.per_tensor.s", "input_scale", 0, 1, -1, 0, 0, 0, -1};
+    e[2] = (q_ent){"W.input_scale", "t.fp8.per_tensor.s", "input_scale", 0, 1, -1, 0, 0, 0, -1};
     int64_t ss[2];
     kern_fp8_scale_shape((kern_fp8_scheme)sch, rn ? rn : n, rk ? rk : k, ss);
     tw_module(w, MOD, "fp8", params);
-    tw_runtime(w, MOD, "weight", E4M3, 2, TT_SHAPE(rn ? rn : n, rk ? rk : k));
+    tw_runtime(w, MOD, "weight", Q_E4M3, 2, TT_SHAPE(rn ? rn : n, rk ? rk : k));
     if (sch == 0)
         tw_runtime(w, MOD, "weight_scale", REFIT_F32, 1, TT_SHAPE(1));
     else
         tw_runtime(w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(ss[0], ss[1]));
     tw_runtime(w, MOD, "input_scale", REFIT_F32, 1, TT_SHAPE(1));
-    int rc = expect_ents(w, MOD, s, e, 3, tp);
+    int rc = q_expect(w, MOD, s, e, 3, tp);
     return rc ? rc : refit_model_seal(w->m);
 }
 
@@ -167,7 +66,7 @@ static void serialized_schemes(void **state)
     st_set *s = q_ref("quant_ref.py", "--n 300 --k 330 --specials --seed 4");
     for (int sch = 0; sch < 3; sch++) {
         tw w;
-        ent e[3];
+        q_ent e[3];
         world(&w, 1);
         const char *p = sch == 2 ? "in_features: 330\nout_features: 300" : NULL;
         assert_int_equal(build_serialized(&w, s, sch, 300, 330, p, e, NULL, 0, 0), REFIT_OK);
@@ -175,13 +74,13 @@ static void serialized_schemes(void **state)
         assert_int_equal(refit_model_stats_get(w.m, &st), REFIT_OK);
         assert_int_equal(st.routes_direct, 3);
         assert_int_equal(st.routes_staged, 0);
-        update(&w, s, e, 3, "v1");
-        assert_rt(&w, MOD, "weight", ref_data(s, "t.fp8.%s.q", schemes[sch]), 300 * 330);
+        q_update(&w, s, e, 3, "v1");
+        q_assert_rt(&w, MOD, "weight", ref_data(s, "t.fp8.%s.q", schemes[sch]), 300 * 330);
         int64_t ss[2];
         kern_fp8_scale_shape((kern_fp8_scheme)sch, 300, 330, ss);
-        assert_rt(&w, MOD, "weight_scale", ref_data(s, "t.fp8.%s.s", schemes[sch]),
+        q_assert_rt(&w, MOD, "weight_scale", ref_data(s, "t.fp8.%s.s", schemes[sch]),
                   sizeof(float) * (size_t)(ss[0] * ss[1]));
-        assert_rt(&w, MOD, "input_scale", ref_data(s, "t.fp8.%s.s", "per_tensor"), 4);
+        q_assert_rt(&w, MOD, "input_scale", ref_data(s, "t.fp8.%s.s", "per_tensor"), 4);
         tw_close(&w);
     }
     st_close(s);
@@ -194,7 +93,7 @@ static void serialized_ragged_needs_extent(void **state)
     (void)state;
     st_set *s = q_ref("quant_ref.py", "--n 300 --k 256 --seed 4");
     tw w;
-    ent e[3];
+    q_ent e[3];
     world(&w, 1);
     assert_int_equal(build_serialized(&w, s, 2, 300, 256, NULL, e, NULL, 0, 0), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "W.weight_scale_inv", "not a whole number of 128-blocks",
@@ -219,21 +118,21 @@ static void serialized_reload_equals_cold(void **state)
     st_set *b = q_ref("quant_ref.py", "--n 256 --k 200 --seed 2");
     for (int sch = 0; sch < 3; sch++) {
         tw hot, cold;
-        ent e[3];
+        q_ent e[3];
         const char *p = sch == 2 ? "in_features: 200" : NULL;
         world(&hot, 1);
         world(&cold, 1);
         assert_int_equal(build_serialized(&hot, a, sch, 256, 200, p, e, NULL, 0, 0), REFIT_OK);
         assert_int_equal(build_serialized(&cold, b, sch, 256, 200, p, e, NULL, 0, 0), REFIT_OK);
-        update(&hot, a, e, 3, "a");
+        q_update(&hot, a, e, 3, "a");
         uint64_t fa = tw_fp(&hot);
-        update(&hot, b, e, 3, "b");
-        update(&cold, b, e, 3, "b");
+        q_update(&hot, b, e, 3, "b");
+        q_update(&cold, b, e, 3, "b");
         assert_true(tw_fp(&hot) == tw_fp(&cold));
         assert_true(fa != tw_fp(&cold));
         size_t n1, n2;
         void *s1 = tw_snapshot(&hot, &n1);
-        update(&hot, b, e, 3, "b-again");
+        q_update(&hot, b, e, 3, "b-again");
         void *s2 = tw_snapshot(&hot, &n2);
         assert_int_equal(n1, n2);
         assert_memory_equal(s1, s2, n1);
@@ -261,33 +160,33 @@ static void serialized_tp_shards(void **state)
     for (int sch = 1; sch < 3; sch++)
         for (int rank = 0; rank < 2; rank++) {
             tw w;
-            ent e[3];
-            tp_cfg tp = {2, rank};
+            q_ent e[3];
+            q_tp tp = {2, rank};
             world(&w, 1);
             assert_int_equal(build_serialized(&w, s, sch, 512, 512, NULL, e, &tp, 256, 0),
                              REFIT_OK);
-            update(&w, s, e, 3, "v1");
-            assert_rt(&w, MOD, "weight", q[sch] + rank * 256 * 512, 256 * 512);
+            q_update(&w, s, e, 3, "v1");
+            q_assert_rt(&w, MOD, "weight", q[sch] + rank * 256 * 512, 256 * 512);
             size_t sb = sch == 1 ? 256 * 4 : 2 * 4 * 4;
-            assert_rt(&w, MOD, "weight_scale", sch == 1 ? sc[1] + rank * 256 : sc[2] + rank * 8,
+            q_assert_rt(&w, MOD, "weight_scale", sch == 1 ? sc[1] + rank * 256 : sc[2] + rank * 8,
                       sb);
             tw_close(&w);
         }
     /* row-parallel: K split, the block scale split along its columns */
     for (int rank = 0; rank < 2; rank++) {
         tw w;
-        ent e[3];
-        tp_cfg tp = {2, rank};
+        q_ent e[3];
+        q_tp tp = {2, rank};
         world(&w, 1);
         tw_module(&w, MOD, "fp8", "in_features: 512\nout_features: 512");
-        tt_tensor *wt = tw_runtime(&w, MOD, "weight", E4M3, 2, TT_SHAPE(512, 256));
+        tt_tensor *wt = tw_runtime(&w, MOD, "weight", Q_E4M3, 2, TT_SHAPE(512, 256));
         tt_tensor *st = tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(4, 2));
-        e[0] = (ent){"W.weight", "t.fp8.block128.q", "weight", 1, 0, 1, 0, 0, 0, -1};
-        e[1] = (ent){"W.weight_scale_inv", "t.fp8.block128.s", "weight_scale", 0, 0, 1, 0, 0,
+        e[0] = (q_ent){"W.weight", "t.fp8.block128.q", "weight", 1, 0, 1, 0, 0, 0, -1};
+        e[1] = (q_ent){"W.weight_scale_inv", "t.fp8.block128.s", "weight_scale", 0, 0, 1, 0, 0,
                      0, -1};
-        assert_int_equal(expect_ents(&w, MOD, s, e, 2, &tp), REFIT_OK);
+        assert_int_equal(q_expect(&w, MOD, s, e, 2, &tp), REFIT_OK);
         tw_seal(&w);
-        update(&w, s, e, 2, "v1");
+        q_update(&w, s, e, 2, "v1");
         const uint8_t *got = wt->buf;
         const float *gs = st->buf;
         for (int i = 0; i < 512; i++)
@@ -307,8 +206,8 @@ static void serialized_tp_cut_refused(void **state)
     st_set *s = q_ref("quant_ref.py", "--n 384 --k 128 --seed 6");
     for (int rank = 0; rank < 2; rank++) {
         tw w;
-        ent e[3];
-        tp_cfg tp = {2, rank};
+        q_ent e[3];
+        q_tp tp = {2, rank};
         world(&w, 1);
         assert_int_equal(build_serialized(&w, s, 2, 384, 128, "out_features: 384", e, &tp, 192,
                                           0),
@@ -329,7 +228,7 @@ static void serialized_fused_per_tensor(void **state)
     static const char *const names[3] = {"q", "k", "v"};
     int64_t rows[3] = {128, 128, 64}, off[3] = {0, 128, 256};
     st_set *part[3];
-    ent e[6];
+    q_ent e[6];
     char wn[3][32], sn[3][32], args[96];
     for (int i = 0; i < 3; i++) {
         snprintf(args, sizeof args, "--n %lld --k 64 --seed %d", (long long)rows[i], 20 + i);
@@ -340,13 +239,13 @@ static void serialized_fused_per_tensor(void **state)
     tw w;
     world(&w, 1);
     tw_module(&w, MOD, "fp8", "scheme: per_tensor");
-    tt_tensor *wt = tw_runtime(&w, MOD, "weight", E4M3, 2, TT_SHAPE(320, 64));
+    tt_tensor *wt = tw_runtime(&w, MOD, "weight", Q_E4M3, 2, TT_SHAPE(320, 64));
     tt_tensor *st = tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 1, TT_SHAPE(3));
     for (int i = 0; i < 3; i++) {
-        ent we = {wn[i], "t.fp8.per_tensor.q", "weight", 1, 0, -1, 0, 0, off[i], -1};
-        ent se = {sn[i], "t.fp8.per_tensor.s", "weight_scale", 0, 1, -1, 0, 0, i, -1};
-        assert_int_equal(expect_ents(&w, MOD, part[i], &we, 1, NULL), REFIT_OK);
-        assert_int_equal(expect_ents(&w, MOD, part[i], &se, 1, NULL), REFIT_OK);
+        q_ent we = {wn[i], "t.fp8.per_tensor.q", "weight", 1, 0, -1, 0, 0, off[i], -1};
+        q_ent se = {sn[i], "t.fp8.per_tensor.s", "weight_scale", 0, 1, -1, 0, 0, i, -1};
+        assert_int_equal(q_expect(&w, MOD, part[i], &we, 1, NULL), REFIT_OK);
+        assert_int_equal(q_expect(&w, MOD, part[i], &se, 1, NULL), REFIT_OK);
         e[2 * i] = we;
         e[2 * i + 1] = se;
     }
@@ -354,7 +253,7 @@ static void serialized_fused_per_tensor(void **state)
     refit_txn *t = tw_begin(&w, "v1", 1);
     for (int i = 0; i < 6; i++) {
         int64_t shape[REFIT_MAX_DIMS];
-        refit_tensor d = ent_desc(part[i / 2], &e[i], shape);
+        refit_tensor d = q_ent_desc(part[i / 2], &e[i], shape);
         assert_int_equal(refit_load(t, e[i].name, &d, NULL), REFIT_OK);
     }
     assert_int_equal(refit_finalize(t), REFIT_OK);
@@ -378,9 +277,9 @@ static void online_runtime(tw *w, int sch, int64_t e, int64_t n, int64_t k, int6
     int64_t ss[2];
     kern_fp8_scale_shape((kern_fp8_scheme)sch, n, k, ss);
     if (e > 1)
-        tw_runtime(w, MOD, "weight", E4M3, 3, TT_SHAPE(e, n, k));
+        tw_runtime(w, MOD, "weight", Q_E4M3, 3, TT_SHAPE(e, n, k));
     else
-        tw_runtime(w, MOD, "weight", E4M3, 2, TT_SHAPE(n, k));
+        tw_runtime(w, MOD, "weight", Q_E4M3, 2, TT_SHAPE(n, k));
     if (sch == 0)
         tw_runtime(w, MOD, "weight_scale", REFIT_F32, 1, TT_SHAPE(slots));
     else if (e > 1)
@@ -401,22 +300,22 @@ static void online_schemes(void **state)
 {
     (void)state;
     st_set *s = q_ref("quant_ref.py", "--n 300 --k 330 --specials --seed 12");
-    ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
+    q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
     for (int sch = 0; sch < 3; sch++) {
         tw w;
         world(&w, 1);
         tw_module(&w, MOD, "fp8", scheme_param(sch));
         online_runtime(&w, sch, 1, 300, 330, 1);
-        assert_int_equal(expect_ents(&w, MOD, s, &e, 1, NULL), REFIT_OK);
+        assert_int_equal(q_expect(&w, MOD, s, &e, 1, NULL), REFIT_OK);
         tw_seal(&w);
         refit_model_stats st;
         assert_int_equal(refit_model_stats_get(w.m, &st), REFIT_OK);
         assert_int_equal(st.routes_staged, 1);
-        update(&w, s, &e, 1, "v1");
-        assert_rt(&w, MOD, "weight", ref_data(s, "t.fp8.%s.q", schemes[sch]), 300 * 330);
+        q_update(&w, s, &e, 1, "v1");
+        q_assert_rt(&w, MOD, "weight", ref_data(s, "t.fp8.%s.q", schemes[sch]), 300 * 330);
         int64_t ss[2];
         kern_fp8_scale_shape((kern_fp8_scheme)sch, 300, 330, ss);
-        assert_rt(&w, MOD, "weight_scale", ref_data(s, "t.fp8.%s.s", schemes[sch]),
+        q_assert_rt(&w, MOD, "weight_scale", ref_data(s, "t.fp8.%s.s", schemes[sch]),
                   sizeof(float) * (size_t)(ss[0] * ss[1]));
         tw_close(&w);
     }
@@ -430,7 +329,7 @@ static void online_reload_equals_cold(void **state)
     (void)state;
     st_set *a = q_ref("quant_ref.py", "--n 200 --k 260 --seed 13 --specials");
     st_set *b = q_ref("quant_ref.py", "--n 200 --k 260 --seed 14");
-    ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
+    q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
     for (int sch = 0; sch < 3; sch++) {
         tw hot, cold;
         world(&hot, 1);
@@ -439,18 +338,18 @@ static void online_reload_equals_cold(void **state)
         for (int i = 0; i < 2; i++) {
             tw_module(ws[i], MOD, "fp8", scheme_param(sch));
             online_runtime(ws[i], sch, 1, 200, 260, 1);
-            assert_int_equal(expect_ents(ws[i], MOD, a, &e, 1, NULL), REFIT_OK);
+            assert_int_equal(q_expect(ws[i], MOD, a, &e, 1, NULL), REFIT_OK);
             tw_seal(ws[i]);
         }
-        update(&hot, a, &e, 1, "a");
+        q_update(&hot, a, &e, 1, "a");
         uint64_t fa = tw_fp(&hot);
-        update(&hot, b, &e, 1, "b");
-        update(&cold, b, &e, 1, "b");
+        q_update(&hot, b, &e, 1, "b");
+        q_update(&cold, b, &e, 1, "b");
         assert_true(tw_fp(&hot) == tw_fp(&cold));
         assert_true(fa != tw_fp(&hot));
         size_t n1, n2;
         void *s1 = tw_snapshot(&hot, &n1);
-        update(&hot, b, &e, 1, "b-again");
+        q_update(&hot, b, &e, 1, "b-again");
         void *s2 = tw_snapshot(&hot, &n2);
         assert_int_equal(n1, n2);
         assert_memory_equal(s1, s2, n1);
@@ -473,7 +372,7 @@ static void kernel_quant(const st_set *s, int64_t r0, int64_t n, int sch, uint8_
     x.data = (char *)x.data + (size_t)(r0 * k) * 2;
     x.shape[0] = n;
     kern_fp8_scale_shape((kern_fp8_scheme)sch, n, k, ss);
-    refit_view qv = q_buf_view(q, E4M3, n, k), sv = q_buf_view(sc, REFIT_F32, ss[0], ss[1]);
+    refit_view qv = q_buf_view(q, Q_E4M3, n, k), sv = q_buf_view(sc, REFIT_F32, ss[0], ss[1]);
     assert_int_equal(kern_quant_fp8(&qv, &sv, &x, (kern_fp8_scheme)sch), REFIT_OK);
 }
 
@@ -485,7 +384,7 @@ static void online_fused(void **state)
 {
     (void)state;
     st_set *s = q_ref("quant_ref.py", "--n 320 --k 200 --seed 15 --specials");
-    ent e[3] = {{"q_proj.weight", "t.x", "weight", 0, 0, -1, 0, 128, 0, -1},
+    q_ent e[3] = {{"q_proj.weight", "t.x", "weight", 0, 0, -1, 0, 128, 0, -1},
                 {"k_proj.weight", "t.x", "weight", 0, 0, -1, 128, 128, 128, -1},
                 {"v_proj.weight", "t.x", "weight", 0, 0, -1, 256, 64, 256, -1}};
     for (int v = 0; v < 4; v++) { /* per-tensor x3, per-tensor x1, per-channel, block */
@@ -494,9 +393,9 @@ static void online_fused(void **state)
         world(&w, 1);
         tw_module(&w, MOD, "fp8", scheme_param(sch));
         online_runtime(&w, sch, 1, 320, 200, v == 0 ? 3 : 1);
-        assert_int_equal(expect_ents(&w, MOD, s, e, 3, NULL), REFIT_OK);
+        assert_int_equal(q_expect(&w, MOD, s, e, 3, NULL), REFIT_OK);
         tw_seal(&w);
-        update(&w, s, e, 3, "v1");
+        q_update(&w, s, e, 3, "v1");
         if (v == 0) {
             uint8_t *q = malloc(128 * 200);
             float sc;
@@ -512,8 +411,8 @@ static void online_fused(void **state)
         } else {
             int64_t ss[2];
             kern_fp8_scale_shape((kern_fp8_scheme)sch, 320, 200, ss);
-            assert_rt(&w, MOD, "weight", ref_data(s, "t.fp8.%s.q", schemes[sch]), 320 * 200);
-            assert_rt(&w, MOD, "weight_scale", ref_data(s, "t.fp8.%s.s", schemes[sch]),
+            q_assert_rt(&w, MOD, "weight", ref_data(s, "t.fp8.%s.q", schemes[sch]), 320 * 200);
+            q_assert_rt(&w, MOD, "weight_scale", ref_data(s, "t.fp8.%s.s", schemes[sch]),
                       sizeof(float) * (size_t)(ss[0] * ss[1]));
         }
         tw_close(&w);
@@ -527,7 +426,7 @@ static void online_tp(void **state)
 {
     (void)state;
     st_set *s = q_ref("quant_ref.py", "--n 301 --k 140 --seed 16");
-    ent e = {"W.weight", "t.x", "weight", 0, 0, 0, 0, 0, 0, -1};
+    q_ent e = {"W.weight", "t.x", "weight", 0, 0, 0, 0, 0, 0, -1};
     uint8_t *q = malloc(151 * 140);
     float sc[151 * 2];
     assert_non_null(q);
@@ -537,16 +436,16 @@ static void online_tp(void **state)
             q_shard(301, 2, rank, &lo, &hi);
             kern_fp8_scale_shape((kern_fp8_scheme)sch, hi - lo, 140, ss);
             tw w;
-            tp_cfg tp = {2, rank};
+            q_tp tp = {2, rank};
             world(&w, 1);
             tw_module(&w, MOD, "fp8", scheme_param(sch));
             online_runtime(&w, sch, 1, hi - lo, 140, 1);
-            assert_int_equal(expect_ents(&w, MOD, s, &e, 1, &tp), REFIT_OK);
+            assert_int_equal(q_expect(&w, MOD, s, &e, 1, &tp), REFIT_OK);
             tw_seal(&w);
-            update(&w, s, &e, 1, "v1");
+            q_update(&w, s, &e, 1, "v1");
             kernel_quant(s, lo, hi - lo, sch, q, sc);
-            assert_rt(&w, MOD, "weight", q, (size_t)((hi - lo) * 140));
-            assert_rt(&w, MOD, "weight_scale", sc, sizeof(float) * (size_t)(ss[0] * ss[1]));
+            q_assert_rt(&w, MOD, "weight", q, (size_t)((hi - lo) * 140));
+            q_assert_rt(&w, MOD, "weight_scale", sc, sizeof(float) * (size_t)(ss[0] * ss[1]));
             tw_close(&w);
         }
     free(q);
@@ -559,7 +458,7 @@ static void online_experts(void **state)
 {
     (void)state;
     st_set *s = q_ref("quant_ref.py", "--n 256 --k 96 --seed 17");
-    ent e[2] = {{"experts.0.w1.weight", "t.x", "weight", 0, 0, -1, 0, 128, 0, 0},
+    q_ent e[2] = {{"experts.0.w1.weight", "t.x", "weight", 0, 0, -1, 0, 128, 0, 0},
                 {"experts.1.w1.weight", "t.x", "weight", 0, 0, -1, 128, 128, 0, 1}};
     uint8_t *q = malloc(128 * 96);
     float sc[128];
@@ -569,9 +468,9 @@ static void online_experts(void **state)
         world(&w, 1);
         tw_module(&w, MOD, "fp8", scheme_param(sch));
         online_runtime(&w, sch, 2, 128, 96, 2);
-        assert_int_equal(expect_ents(&w, MOD, s, e, 2, NULL), REFIT_OK);
+        assert_int_equal(q_expect(&w, MOD, s, e, 2, NULL), REFIT_OK);
         tw_seal(&w);
-        update(&w, s, e, 2, "v1");
+        q_update(&w, s, e, 2, "v1");
         int64_t ss[2];
         kern_fp8_scale_shape((kern_fp8_scheme)sch, 128, 96, ss);
         for (int x = 0; x < 2; x++) {
@@ -593,14 +492,14 @@ static void online_nan_refused(void **state)
 {
     (void)state;
     st_set *s = q_ref("quant_ref.py", "--n 8 --k 16 --seed 18");
-    ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
+    q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
     tw w;
     world(&w, 1);
     tw_module(&w, MOD, "fp8", "scheme: per_channel");
     online_runtime(&w, 1, 1, 8, 16, 1);
-    assert_int_equal(expect_ents(&w, MOD, s, &e, 1, NULL), REFIT_OK);
+    assert_int_equal(q_expect(&w, MOD, s, &e, 1, NULL), REFIT_OK);
     tw_seal(&w);
-    update(&w, s, &e, 1, "v1");
+    q_update(&w, s, &e, 1, "v1");
     size_t n1, n2;
     void *before = tw_snapshot(&w, &n1);
     uint16_t bad[8 * 16];
@@ -631,7 +530,7 @@ static void online_nan_refused(void **state)
 typedef struct bad_case {
     const char *what;
     const char *params;
-    ent e[3];
+    q_ent e[3];
     int n;
     int rt;             /* 0 online runtime per-tensor [1]; 1 bf16 weight; 2 [5] scale */
     const char *msg;
@@ -669,9 +568,9 @@ static void seal_refusals(void **state)
         tw w;
         world(&w, 1);
         tw_module(&w, MOD, "fp8", c->params);
-        tw_runtime(&w, MOD, "weight", c->rt == 1 ? REFIT_BF16 : E4M3, 2, TT_SHAPE(16, 32));
+        tw_runtime(&w, MOD, "weight", c->rt == 1 ? REFIT_BF16 : Q_E4M3, 2, TT_SHAPE(16, 32));
         tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 1, TT_SHAPE(c->rt == 2 ? 5 : 1));
-        int rc = expect_ents(&w, MOD, s, c->e, c->n, NULL);
+        int rc = q_expect(&w, MOD, s, c->e, c->n, NULL);
         if (!rc)
             rc = refit_model_seal(w.m);
         if (rc == REFIT_OK)
@@ -693,20 +592,20 @@ static void plugin_declaration_agrees(void **state)
     st_set *s = q_ref("quant_ref.py", "--n 256 --k 128 --seed 21");
     for (int online = 0; online < 2; online++) {
         tw w;
-        ent e[3];
+        q_ent e[3];
         world(&w, 0);
         if (online) {
-            e[0] = (ent){"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
+            e[0] = (q_ent){"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
             tw_module(&w, MOD, "fp8", "scheme: block128");
             online_runtime(&w, 2, 1, 256, 128, 1);
-            assert_int_equal(expect_ents(&w, MOD, s, e, 1, NULL), REFIT_OK);
+            assert_int_equal(q_expect(&w, MOD, s, e, 1, NULL), REFIT_OK);
             tw_seal(&w);
         } else {
             assert_int_equal(build_serialized(&w, s, 2, 256, 128, NULL, e, NULL, 0, 0),
                              REFIT_OK);
         }
-        update(&w, s, e, online ? 1 : 3, "v1");
-        assert_rt(&w, MOD, "weight", ref_data(s, "t.fp8.%s.q", "block128"), 256 * 128);
+        q_update(&w, s, e, online ? 1 : 3, "v1");
+        q_assert_rt(&w, MOD, "weight", ref_data(s, "t.fp8.%s.q", "block128"), 256 * 128);
         tw_close(&w);
     }
     st_close(s);
