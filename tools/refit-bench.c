@@ -20,6 +20,7 @@
 
 #include "core/txn_journal.h" /* txj_seconds: the journal's share of a reload */
 #include "tools/bench.h"
+#include "tools/bench_nccl.h"
 #ifdef REFIT_HAVE_CUDA
 #include "tools/bench_gpu.h"
 #endif
@@ -313,6 +314,8 @@ int main(int argc, char **argv)
         return usage();
     if (!strcmp(argv[1], "host"))
         return bench_host(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "nccl"))
+        return bench_nccl_main(argc - 1, argv + 1);
     if (!strcmp(argv[1], "safetensors"))
         return bench_safetensors(argc - 1, argv + 1, stdout);
     if (!strcmp(argv[1], "gpu")) {

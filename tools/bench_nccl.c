@@ -1,0 +1,736 @@
+/* refit-bench nccl (tools/bench_nccl.h): two processes, two GPUs. */
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <refit/transport.h>
+
+#include "core/nccl/nccl_shim.h"
+#include "core/nccl/xport.h"
+#include "journal/journal.h"
+#include "kernels/fingerprint.h"
+#include "tools/bench_nccl.h"
+
+#define MIB ((uint64_t)1 << 20)
+#define BN_PATTERN (16 * MIB)
+#define BN_MAX_BUCKETS 8
+#define BN_BF16 ((refit_dtype){REFIT_DTYPE_BFLOAT, 16, 1})
+
+typedef struct bn_opts {
+    int layers, repeat, failures;
+    int64_t hidden, inter, vocab;
+    uint64_t buckets[BN_MAX_BUCKETS];
+    int n_buckets;
+    double timeout;
+    const char *journal;
+} bn_opts;
+
+typedef struct bn_tensor {
+    char name[96], module[64];
+    int64_t shape[2];
+    uint64_t bytes, off;        /* in the arena */
+    refit_tensor t;
+} bn_tensor;
+
+typedef struct bn_model {
+    bn_tensor *t;
+    int n;
+    uint64_t total;
+} bn_model;
+
+typedef struct bn_gpu {
+    cu_api cu;
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr arena[2];       /* two versions (trainer), runtime (worker) */
+} bn_gpu;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* ---- the model ---- */
+
+static void bn_add(bn_model *L, const char *module, const char *name, int64_t r, int64_t c)
+{
+    bn_tensor *t = &L->t[L->n++];
+    snprintf(t->module, sizeof t->module, "%s", module);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->shape[0] = r;
+    t->shape[1] = c;
+    t->bytes = (uint64_t)(r * (c ? c : 1)) * 2;
+    t->off = L->total;
+    L->total += (t->bytes + 255) & ~(uint64_t)255;
+}
+
+/* Llama-shaped, bf16: embed, per layer norms, qkv, o, gate_up, down,
+ * final norm, lm_head. */
+static int bn_layout(bn_model *L, const bn_opts *o)
+{
+    L->t = calloc((size_t)o->layers * 6 + 3, sizeof *L->t);
+    if (!L->t)
+        return -1;
+    int64_t H = o->hidden, I = o->inter;
+    bn_add(L, "embed", "model.embed_tokens.weight", o->vocab, H);
+    for (int l = 0; l < o->layers; l++) {
+        char m[64], n[96];
+#define BN_T(part, ckpt, r, c)                                                   \
+        snprintf(m, sizeof m, "layers.%d.%s", l, part);                          \
+        snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, ckpt);             \
+        bn_add(L, m, n, r, c)
+        BN_T("in_norm", "input_layernorm", H, 0);
+        BN_T("qkv", "self_attn.qkv_proj", 3 * H, H);
+        BN_T("o", "self_attn.o_proj", H, H);
+        BN_T("post_norm", "post_attention_layernorm", H, 0);
+        BN_T("gate_up", "mlp.gate_up_proj", 2 * I, H);
+        BN_T("down", "mlp.down_proj", H, I);
+#undef BN_T
+    }
+    bn_add(L, "norm", "model.norm.weight", H, 0);
+    bn_add(L, "lm_head", "lm_head.weight", o->vocab, H);
+    return 0;
+}
+
+/* ---- deterministic bytes: tensor i of version v reads a 16 MiB random
+ * pattern from an offset of its own, wrapping around ---- */
+
+static uint8_t *pattern(void)
+{
+    static uint8_t *p;
+    if (!p && (p = malloc(BN_PATTERN))) {
+        uint64_t z = 0x5eed;
+        for (uint64_t i = 0; i < BN_PATTERN; i += 8) {
+            uint64_t w = (z += 0x9e3779b97f4a7c15ull);
+            w = (w ^ (w >> 30)) * 0xbf58476d1ce4e5b9ull;
+            w = (w ^ (w >> 27)) * 0x94d049bb133111ebull;
+            w ^= w >> 31;
+            memcpy(p + i, &w, 8);
+        }
+    }
+    return p;
+}
+
+static uint64_t pat_start(int i, int version)
+{
+    return ((uint64_t)i * 1048583u + (uint64_t)version * 7340033u) % BN_PATTERN;
+}
+
+/* Calls fn(user, chunk, len) over tensor i's bytes for version. */
+static int pat_walk(const bn_tensor *t, int i, int version,
+                    int (*fn)(void *user, uint64_t at, const uint8_t *p, size_t n), void *user)
+{
+    const uint8_t *P = pattern();
+    if (!P)
+        return -1;
+    uint64_t s = pat_start(i, version);
+    for (uint64_t at = 0; at < t->bytes;) {
+        size_t n = (size_t)(BN_PATTERN - s < t->bytes - at ? BN_PATTERN - s : t->bytes - at);
+        if (fn(user, at, P + s, n))
+            return -1;
+        at += n;
+        s = 0;
+    }
+    return 0;
+}
+
+typedef struct up_ctx {
+    bn_gpu *g;
+    CUdeviceptr base;
+} up_ctx;
+
+static int up_chunk(void *user, uint64_t at, const uint8_t *p, size_t n)
+{
+    up_ctx *u = user;
+    return u->g->cu.MemcpyHtoD(u->base + at, p, n) != CU_SUCCESS;
+}
+
+static int fp_chunk(void *user, uint64_t at, const uint8_t *p, size_t n)
+{
+    (void)at;
+    kern_fp_update(user, p, n);
+    return 0;
+}
+
+static int bn_upload(bn_gpu *g, const bn_model *L, CUdeviceptr arena, int version)
+{
+    for (int i = 0; i < L->n; i++) {
+        up_ctx u = {g, arena + L->t[i].off};
+        if (pat_walk(&L->t[i], i, version, up_chunk, &u))
+            return -1;
+    }
+    return 0;
+}
+
+static uint64_t bn_expected_fp(const bn_model *L, int i, int version)
+{
+    kern_fp fp;
+    kern_fp_init(&fp);
+    pat_walk(&L->t[i], i, version, fp_chunk, &fp);
+    return kern_fp_final(&fp);
+}
+
+/* ---- devices, descriptors ---- */
+
+static int bn_gpu_open(bn_gpu *g, int device, uint64_t bytes, int arenas, char *err, size_t n)
+{
+    memset(g, 0, sizeof *g);
+    int count = 0;
+    if (cu_api_open(&g->cu, err, n))
+        return -1;
+    if (g->cu.DeviceGetCount(&count) != CU_SUCCESS || count < 2) {
+        snprintf(err, n, "%d CUDA device(s); two are needed", count);
+        return -1;
+    }
+    CUresult r = g->cu.DeviceGet(&g->dev, device);
+    if (r == CU_SUCCESS)
+        r = g->cu.DevicePrimaryCtxRetain(&g->ctx, g->dev);
+    if (r == CU_SUCCESS)
+        r = g->cu.CtxSetCurrent(g->ctx);
+    for (int a = 0; a < arenas && r == CU_SUCCESS; a++)
+        r = g->cu.MemAlloc(&g->arena[a], bytes);
+    if (r != CU_SUCCESS)
+        snprintf(err, n, "device %d: %s", device, cu_errstr(&g->cu, r));
+    return r == CU_SUCCESS ? 0 : -1;
+}
+
+/* Descriptors of every tensor over an arena on device. */
+static void bn_describe(bn_model *L, CUdeviceptr arena, int device)
+{
+    for (int i = 0; i < L->n; i++) {
+        bn_tensor *t = &L->t[i];
+        t->t = (refit_tensor){.data = (void *)(uintptr_t)(arena + t->off),
+                              .device = {REFIT_DEVICE_CUDA, device},
+                              .ndim = t->shape[1] ? 2 : 1, .dtype = BN_BF16, .shape = t->shape};
+    }
+}
+
+static int bn_barrier(refit_transport *x, double timeout)
+{
+    int32_t v = 0;
+    return x->ops->allreduce_min(x, &v, xport_now() + timeout);
+}
+
+/* One raw broadcast of bytes at p, through the transport's stream. */
+static int bn_bcast(refit_transport *x, void *p, uint64_t bytes, double timeout)
+{
+    uint64_t t;
+    int rc = x->ops->bcast(x, p, bytes, 0, xport_now() + timeout);
+    if (!rc)
+        rc = x->ops->mark(x, &t);
+    return rc ? rc : x->ops->wait(x, t, xport_now() + timeout);
+}
+
+/* The raw figures: the whole arena in one broadcast, then one per tensor;
+ * best of repeat, timed on the calling rank after a barrier. */
+static int bn_raw(refit_transport *x, const bn_model *L, CUdeviceptr arena, const bn_opts *o,
+                  double *whole, double *per_tensor)
+{
+    *whole = *per_tensor = 1e30;
+    for (int r = 0; r < o->repeat + 1; r++) {
+        int rc = bn_barrier(x, o->timeout);
+        double t0 = now_s();
+        if (!rc)
+            rc = bn_bcast(x, (void *)(uintptr_t)arena, L->total, o->timeout);
+        double t1 = now_s();
+        for (int i = 0; i < L->n && !rc; i++) {
+            uint64_t t;
+            rc = x->ops->bcast(x, (void *)(uintptr_t)(arena + L->t[i].off), L->t[i].bytes, 0,
+                               xport_now() + o->timeout);
+            if (!rc && i == L->n - 1 && !(rc = x->ops->mark(x, &t)))
+                rc = x->ops->wait(x, t, xport_now() + o->timeout);
+        }
+        double t2 = now_s();
+        if (rc)
+            return rc;
+        if (r > 0 && t1 - t0 < *whole) /* the first is a warm-up */
+            *whole = t1 - t0;
+        if (r > 0 && t2 - t1 < *per_tensor)
+            *per_tensor = t2 - t1;
+    }
+    return 0;
+}
+
+/* ---- one rank ---- */
+
+typedef struct bn_rank {
+    const bn_opts *o;
+    refit_ctx *ctx;
+    refit_transport *x;
+    bn_gpu g;
+    bn_model L;
+    refit_model *m;             /* worker */
+    uint64_t fp[3][512];        /* worker: expected per-tensor fingerprints, per content */
+    char *json;                 /* worker: the output */
+    size_t jlen, jcap;
+    double raw_whole, raw_tensor;
+    int updates;
+} bn_rank;
+
+static void js(bn_rank *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void js(bn_rank *k, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(k->json + k->jlen, k->jcap - k->jlen, fmt, ap);
+    va_end(ap);
+    if (n > 0 && k->jlen + (size_t)n < k->jcap)
+        k->jlen += (size_t)n;
+}
+
+/* The content an update number carries: 1 or 2, alternating. */
+static int content_of(int update)
+{
+    return 1 + update % 2;
+}
+
+static void *killer(void *arg);
+
+static int trainer_send(bn_rank *k, uint64_t bucket, int checksum, refit_group_result *res,
+                        double kill_after)
+{
+    int c = content_of(k->updates);
+    char label[32];
+    snprintf(label, sizeof label, "u%d", k->updates++);
+    bn_describe(&k->L, k->g.arena[c - 1], 0);
+    refit_send_opts so = REFIT_SEND_OPTS_INIT;
+    so.version_label = label;
+    so.bucket_bytes = bucket;
+    so.checksum_payload = checksum;
+    so.timeout_s = k->o->timeout;
+    refit_sender *s = NULL;
+    int rc = refit_sender_create(&s, k->x, &so);
+    for (int i = 0; i < k->L.n && !rc; i++)
+        rc = refit_sender_add(s, k->L.t[i].name, &k->L.t[i].t);
+    if (!rc)
+        rc = bn_barrier(k->x, k->o->timeout);
+    static double after;
+    pthread_t th;
+    if (!rc && kill_after > 0 && (after = kill_after) > 0)
+        pthread_create(&th, NULL, killer, &after);
+    if (!rc)
+        rc = refit_sender_send(s, res);
+    refit_sender_destroy(s);
+    return rc;
+}
+
+static void *killer(void *arg)
+{
+    double *after = arg;
+    struct timespec ts = {(time_t)*after, (long)((*after - (double)(time_t)*after) * 1e9)};
+    nanosleep(&ts, NULL);
+    raise(SIGKILL); /* a trainer killed mid-update: no cleanup, no goodbye */
+    return NULL;
+}
+
+/* The trainer's part of each scenario, in the worker's order. */
+static int trainer_run(bn_rank *k)
+{
+    const bn_opts *o = k->o;
+    refit_group_result res;
+    int rc = bn_raw(k->x, &k->L, k->g.arena[0], o, &k->raw_whole, &k->raw_tensor);
+    for (int b = 0; b < o->n_buckets && !rc; b++)
+        for (int r = 0; r < o->repeat && !rc; r++)
+            rc = trainer_send(k, o->buckets[b] * MIB, 1, &res, 0);
+    uint64_t last = o->buckets[o->n_buckets - 1] * MIB;
+    if (!rc)
+        rc = trainer_send(k, last, 0, &res, 0); /* checksum off */
+    if (!rc)
+        rc = trainer_send(k, last, 1, &res, 0); /* the worker keeps an undo log */
+    if (rc || !o->failures)
+        return rc;
+    if (trainer_send(k, last, 1, &res, 0) != REFIT_EMOVED) { /* the worker fails its checks */
+        fprintf(stderr, "trainer: the vote did not abort: %s\n", refit_errmsg(k->ctx));
+        return 1;
+    }
+    trainer_send(k, 16 * MIB, 1, &res, k->raw_whole * 0.4 > 0.0005 ? k->raw_whole * 0.4 : 0.0005);
+    sleep(60); /* not reached: killed mid-update */
+    return 1;
+}
+
+static void js_str(bn_rank *k, const char *s)
+{
+    js(k, "\"");
+    for (; s && *s; s++) {
+        if (*s == '"' || *s == '\\')
+            js(k, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            js(k, "\\u%04x", *s);
+        else
+            js(k, "%c", *s);
+    }
+    js(k, "\"");
+}
+
+/* ---- the worker ---- */
+
+static int worker_model(bn_rank *k)
+{
+    int rc = refit_model_create(&k->m, k->ctx);
+    bn_describe(&k->L, k->g.arena[0], 1);
+    for (int i = 0; i < k->L.n && !rc; i++) {
+        bn_tensor *t = &k->L.t[i];
+        refit_ckpt_spec sp = REFIT_CKPT_SPEC_INIT;
+        sp.dtype = BN_BF16;
+        sp.ndim = t->t.ndim;
+        sp.shape[0] = t->shape[0];
+        sp.shape[1] = t->shape[1];
+        rc = refit_model_add_module(k->m, t->module, "unquantized", NULL);
+        if (!rc)
+            rc = refit_module_bind_runtime(k->m, t->module, "weight", &t->t);
+        if (!rc)
+            rc = refit_model_expect(k->m, t->module, t->name, &sp);
+    }
+    return rc ? rc : refit_model_seal(k->m);
+}
+
+/* Every runtime tensor holds content c, bit for bit (device fingerprints
+ * against the host's of the bytes the trainer uploaded). */
+static int worker_exact(bn_rank *k, int c, bool *exact)
+{
+    *exact = true;
+    for (int i = 0; i < k->L.n; i++) {
+        uint64_t fp = 0;
+        int rc = refit_runtime_fingerprint(k->m, k->L.t[i].module, "weight", &fp);
+        if (rc)
+            return rc;
+        if (fp != k->fp[c][i]) {
+            *exact = false;
+            fprintf(stderr, "worker: %s differs from content %d\n", k->L.t[i].name, c);
+        }
+    }
+    return REFIT_OK;
+}
+
+static int worker_update(bn_rank *k, refit_receiver *r, int rollback, double *secs,
+                         refit_group_result *res)
+{
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.rollback = rollback;
+    k->updates++;
+    int rc = bn_barrier(k->x, k->o->timeout);
+    double t0 = now_s();
+    if (!rc)
+        rc = refit_receive_update(r, &uo, res);
+    *secs = now_s() - t0;
+    return rc;
+}
+
+/* One figure: best of repeat reloads, the first checked bit-exact. */
+static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum, int rollback,
+                       int repeat, double *best_ratio)
+{
+    double best = 1e30;
+    bool exact = true, e;
+    refit_group_result res = {0};
+    for (int rep = 0; rep < repeat; rep++) {
+        double s;
+        int rc = worker_update(k, r, rollback, &s, &res);
+        if (!rc)
+            rc = worker_exact(k, content_of(k->updates - 1), &e);
+        if (rc)
+            return rc;
+        exact = exact && e;
+        best = s < best ? s : best;
+    }
+    double ratio = k->raw_whole / best;
+    if (checksum && !rollback && ratio > *best_ratio)
+        *best_ratio = ratio;
+    js(k, "%s{\"bucket_mib\": %llu, \"checksum\": %d, \"rollback\": %d, \"seconds\": %.6f, "
+       "\"gbps\": %.2f, \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f, "
+       "\"buckets\": %u, \"bit_exact\": %s}", k->jlen && k->json[k->jlen - 1] == '[' ? "" : ", ",
+       (unsigned long long)mib, checksum, rollback, best, (double)k->L.total / best / 1e9, ratio,
+       k->raw_tensor / best, res.buckets, exact ? "true" : "false");
+    return exact ? REFIT_OK : REFIT_EMISMATCH;
+}
+
+/* The worker's checks fail (a registered tensor moved before the vote):
+ * the vote must abort the update on both ranks, bytes rolled back. */
+static int worker_failed_check(bn_rank *k, refit_receiver *r)
+{
+    int before = content_of(k->updates - 1);
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    refit_txn *t = NULL;
+    refit_group_result res = {0};
+    k->updates++;
+    int rc = bn_barrier(k->x, k->o->timeout);
+    double t0 = now_s();
+    if (!rc)
+        rc = refit_begin(&t, k->m, &uo);
+    if (rc)
+        return rc;
+    int lrc = refit_receive(r, t, NULL, NULL);
+    void *keep = k->L.t[0].t.data;
+    k->L.t[0].t.data = (char *)keep + 256; /* the engine "moved" it */
+    rc = refit_group_finalize(k->x, t, lrc, &res);
+    k->L.t[0].t.data = keep;
+    double s = now_s() - t0;
+    bool exact = false;
+    int crc = worker_exact(k, before, &exact);
+    js(k, ", \"failed_check\": {\"status\": \"%s\", \"vote_taken\": %d, \"failed_rank\": %d, "
+       "\"seconds\": %.4f, \"health\": \"%s\", \"rolled_back\": %s, \"message\": ",
+       refit_status_name(rc), res.vote_taken, res.failed_rank, s,
+       refit_health_name(refit_worker_health(k->ctx)), exact && !crc ? "true" : "false");
+    js_str(k, refit_errmsg(k->ctx));
+    js(k, "}");
+    return rc == REFIT_EMOVED && exact && !crc ? REFIT_OK : REFIT_EINTERNAL;
+}
+
+static int last_event(void *user, const journal_event_row *row)
+{
+    snprintf(user, 512, "[%s] %s", row->kind, row->message);
+    return 0;
+}
+
+/* The trainer is killed mid-update: this rank must give up at its
+ * deadline, abort the communicator, roll back, and journal it. */
+static int worker_killed_trainer(bn_rank *k)
+{
+    int before = content_of(k->updates - 1);
+    refit_recv_opts ro = REFIT_RECV_OPTS_INIT;
+    ro.timeout_s = 3;
+    refit_receiver *r = NULL;
+    refit_group_result res = {0};
+    double s = 0;
+    int rc = refit_receiver_create(&r, k->m, k->x, &ro);
+    if (!rc)
+        rc = worker_update(k, r, 1, &s, &res);
+    refit_receiver_destroy(r);
+    bool exact = false;
+    int crc = worker_exact(k, before, &exact);
+    char ev[512] = "";
+    journal *j = NULL;
+    journal_opts jo = JOURNAL_OPTS_INIT;
+    jo.readonly = 1;
+    if (k->o->journal && !journal_open(&j, k->o->journal, &jo, ev, sizeof ev)) {
+        journal_events_list(j, 0, 1, last_event, ev);
+        journal_close(j);
+    }
+    js(k, ", \"killed_trainer\": {\"status\": \"%s\", \"seconds\": %.3f, \"deadline_s\": 3, "
+       "\"buckets_received\": %u, \"health\": \"%s\", \"rolled_back\": %s, "
+       "\"transport_aborted\": %d, \"journal_event\": ", refit_status_name(rc), s, res.buckets,
+       refit_health_name(refit_worker_health(k->ctx)), exact && !crc ? "true" : "false",
+       refit_transport_aborted(k->x));
+    js_str(k, ev);
+    js(k, ", \"message\": ");
+    js_str(k, refit_errmsg(k->ctx));
+    js(k, "}");
+    return rc == REFIT_EIO && exact && !crc && s < 10 ? REFIT_OK : REFIT_EINTERNAL;
+}
+
+static int worker_expected(bn_rank *k)
+{
+    if (k->L.n > 512)
+        return REFIT_EINVAL;
+    for (int c = 1; c <= 2; c++)
+        for (int i = 0; i < k->L.n; i++)
+            k->fp[c][i] = bn_expected_fp(&k->L, i, c);
+    return REFIT_OK;
+}
+
+static int worker_run(bn_rank *k)
+{
+    const bn_opts *o = k->o;
+    refit_recv_opts ro = REFIT_RECV_OPTS_INIT;
+    ro.timeout_s = o->timeout;
+    refit_receiver *r = NULL;
+    int rc = worker_model(k);
+    if (!rc)
+        rc = worker_expected(k);
+    if (!rc)
+        rc = refit_receiver_create(&r, k->m, k->x, &ro);
+    if (!rc)
+        rc = bn_raw(k->x, &k->L, k->g.arena[0], o, &k->raw_whole, &k->raw_tensor);
+    if (rc)
+        return refit_receiver_destroy(r), rc;
+    js(k, ", \"raw_broadcast_s\": %.6f, \"raw_broadcast_gbps\": %.2f, "
+       "\"per_tensor_broadcast_s\": %.6f, \"refit\": [", k->raw_whole,
+       (double)k->L.total / k->raw_whole / 1e9, k->raw_tensor);
+    double best = 0;
+    for (int b = 0; b < o->n_buckets && !rc; b++)
+        rc = worker_case(k, r, o->buckets[b], 1, 0, o->repeat, &best);
+    uint64_t last = o->buckets[o->n_buckets - 1];
+    if (!rc)
+        rc = worker_case(k, r, last, 0, 0, 1, &best);
+    if (!rc)
+        rc = worker_case(k, r, last, 1, 1, 1, &best);
+    js(k, "], \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f", best,
+       best * k->raw_tensor / k->raw_whole);
+    if (!rc && o->failures)
+        rc = worker_failed_check(k, r);
+    refit_receiver_destroy(r);
+    if (!rc && o->failures)
+        rc = worker_killed_trainer(k);
+    return rc;
+}
+
+/* ---- processes ---- */
+
+static int rank_setup(bn_rank *k, int rank, int fd, char *why, size_t n)
+{
+    refit_options ro = REFIT_OPTIONS_INIT;
+    ro.worker_id = rank ? "worker1" : "trainer";
+    ro.rank = rank;
+    ro.journal_path = rank && k->o->journal ? k->o->journal : "";
+    int rc = refit_open(&k->ctx, &ro);
+    if (rc || (rc = refit_nccl_probe(k->ctx)))
+        return snprintf(why, n, "%s", k->ctx ? refit_errmsg(k->ctx) : "refit_open"), -1;
+    if (bn_layout(&k->L, k->o) || bn_gpu_open(&k->g, rank, k->L.total, rank ? 1 : 2, why, n))
+        return -1;
+    refit_nccl_id id;
+    if (rank == 0) {
+        if (bn_upload(&k->g, &k->L, k->g.arena[0], 1) || bn_upload(&k->g, &k->L, k->g.arena[1], 2))
+            return snprintf(why, n, "uploading the trainer's tensors failed"), 1;
+        if ((rc = refit_nccl_unique_id(k->ctx, &id)) || write(fd, &id, sizeof id) != sizeof id)
+            return snprintf(why, n, "unique id: %s", refit_errmsg(k->ctx)), 1;
+    } else if (read(fd, &id, sizeof id) != sizeof id) {
+        return snprintf(why, n, "the trainer process did not start (see its stderr)"), 1;
+    }
+    close(fd);
+    refit_nccl_opts no = REFIT_NCCL_OPTS_INIT;
+    no.id = &id;
+    no.nranks = 2;
+    no.rank = rank;
+    no.device = rank;
+    no.timeout_s = k->o->timeout;
+    if ((rc = refit_transport_nccl(&k->x, k->ctx, &no)))
+        return snprintf(why, n, "%s", refit_errmsg(k->ctx)), 1;
+    return 0;
+}
+
+static int rank_main(const bn_opts *o, int rank, int fd)
+{
+    setenv("NCCL_NVLS_ENABLE", "0", 0); /* no NVLink multicast on shared hosts */
+    static char buf[65536];
+    bn_rank k = {.o = o, .json = buf, .jcap = sizeof buf};
+    char why[1024] = "";
+    int st = rank_setup(&k, rank, fd, why, sizeof why);
+    if (rank == 0 && st == 0)
+        st = trainer_run(&k) ? 1 : 0;
+    else if (rank == 0 && st > 0)
+        fprintf(stderr, "refit-bench nccl: trainer: %s\n", why);
+    if (rank == 1 && st == 0) {
+        js(&k, "{\"area\": \"nccl\", \"nccl\": ");
+        js_str(&k, refit_errmsg(k.ctx));
+        js(&k, ", \"model\": {\"layers\": %d, \"hidden\": %lld, \"tensors\": %d, \"bytes\": %llu}",
+           o->layers, (long long)o->hidden, k.L.n, (unsigned long long)k.L.total);
+        int rc = worker_run(&k);
+        if (rc) {
+            js(&k, ", \"error\": ");
+            js_str(&k, refit_errmsg(k.ctx));
+        }
+        js(&k, "}\n");
+        fwrite(k.json, 1, k.jlen, stdout);
+        st = rc ? 1 : 0;
+    } else if (rank == 1) {
+        printf("{\"area\": \"nccl\", \"%s\": ", st < 0 ? "skipped" : "error");
+        k.jlen = 0;
+        js_str(&k, why);
+        printf("%s}\n", k.json);
+        st = st < 0 ? 0 : 1;
+    }
+    fflush(stdout);
+    refit_transport_close(k.x);
+    refit_close(k.ctx);
+    return st < 0 ? 0 : st;
+}
+
+static int parse_buckets(bn_opts *o, const char *s)
+{
+    o->n_buckets = 0;
+    for (char *end; *s && o->n_buckets < BN_MAX_BUCKETS; s = *end ? end + 1 : end) {
+        unsigned long long v = strtoull(s, &end, 10);
+        if (v == 0 || v > 4096 || (*end && *end != ','))
+            return -1;
+        o->buckets[o->n_buckets++] = v;
+    }
+    return o->n_buckets ? 0 : -1;
+}
+
+static int parse(bn_opts *o, int argc, char **argv)
+{
+    *o = (bn_opts){.layers = 4, .repeat = 3, .failures = 1, .hidden = 4096, .inter = 14336,
+                   .vocab = 32000, .buckets = {1, 64, 256, 1024}, .n_buckets = 4,
+                   .timeout = 30};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--json"))
+            continue;
+        if (!strcmp(a, "--no-failures")) {
+            o->failures = 0;
+            continue;
+        }
+        if (!v)
+            return -1;
+        i++;
+        if (!strcmp(a, "--layers"))
+            o->layers = atoi(v);
+        else if (!strcmp(a, "--hidden"))
+            o->hidden = atoll(v);
+        else if (!strcmp(a, "--inter"))
+            o->inter = atoll(v);
+        else if (!strcmp(a, "--vocab"))
+            o->vocab = atoll(v);
+        else if (!strcmp(a, "--repeat"))
+            o->repeat = atoi(v);
+        else if (!strcmp(a, "--timeout"))
+            o->timeout = atof(v);
+        else if (!strcmp(a, "--journal"))
+            o->journal = v;
+        else if (!strcmp(a, "--buckets") ? parse_buckets(o, v) : 1)
+            return -1;
+    }
+    bool ok = o->layers >= 1 && o->layers <= 80 && o->hidden >= 8 && o->inter >= 8 &&
+              o->vocab >= 8 && o->repeat >= 1 && o->timeout > 0;
+    return ok ? 0 : -1;
+}
+
+int bench_nccl_main(int argc, char **argv)
+{
+    bn_opts o;
+    if (parse(&o, argc, argv)) {
+        fprintf(stderr, "usage: refit-bench nccl [--layers N] [--hidden H] [--inter I] "
+                        "[--vocab V] [--buckets MIB,...] [--repeat R] [--timeout S] "
+                        "[--journal PATH] [--no-failures] [--json]\n");
+        return 2;
+    }
+    fflush(stdout);
+    int p[2];
+    if (pipe(p))
+        return 1;
+    /* no CUDA in this process: a child of a CUDA process cannot use CUDA */
+    pid_t t = fork();
+    if (t == 0) {
+        close(p[0]);
+        _exit(rank_main(&o, 0, p[1]));
+    }
+    pid_t w = t < 0 ? -1 : fork();
+    if (w == 0) {
+        close(p[1]);
+        _exit(rank_main(&o, 1, p[0]));
+    }
+    close(p[0]);
+    close(p[1]);
+    int ws = 0, ts = 0;
+    if (w > 0)
+        waitpid(w, &ws, 0);
+    if (t > 0 && (w < 0 || !WIFEXITED(ws) || WEXITSTATUS(ws)))
+        kill(t, SIGKILL); /* the worker gave up: do not wait for the trainer's deadline */
+    if (t > 0)
+        waitpid(t, &ts, 0);
+    bool worker_ok = w > 0 && WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+    bool trainer_ok = (WIFEXITED(ts) && WEXITSTATUS(ts) == 0) ||
+                      (o.failures && WIFSIGNALED(ts) && WTERMSIG(ts) == SIGKILL);
+    if (!trainer_ok && worker_ok)
+        fprintf(stderr, "refit-bench nccl: the trainer process failed\n");
+    return worker_ok && trainer_ok ? 0 : 1;
+}
