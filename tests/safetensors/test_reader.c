@@ -134,11 +134,14 @@ static char *our_listing(const st_set *s)
 }
 
 /* Names, dtypes, shapes, sizes, shard placement and the bytes of every
- * tensor, as the reference reader sees them. */
+ * tensor, as the reference reader sees them. Without the venv, tests whose
+ * own C checks already ran just say so; test_fixture_crosscheck skips. */
 static void crosscheck_listing(const char *path)
 {
-    if (!tu_python())
-        skip();
+    if (!tu_python()) {
+        print_message("# no venv with safetensors: reference cross-check not run\n");
+        return;
+    }
     st_set *s = open_ok(path);
     char *ours = our_listing(s);
     char args[4200];
@@ -153,6 +156,8 @@ static void crosscheck_listing(const char *path)
 static void test_fixture_crosscheck(void **state)
 {
     (void)state;
+    if (!tu_python())
+        skip();
     char *dir = fixture_path();
     crosscheck_listing(dir);
     free(dir);
