@@ -5,12 +5,15 @@
  * q/k/v into qkv; each W.* pairs with the W.weight of the same prefix):
  *   W.weight            F8_E4M3 [N, K] serialized, or BF16/F16/F32 [N, K]
  *                       (online: quantized at post-load)
- *   W.weight_scale      F32, one element (per-tensor) or [N] / [N, 1]
+ *   W.weight_scale      one element (per-tensor) or [N] / [N, 1]
  *                       (per-channel); serialized only
- *   W.weight_scale_inv  F32 [ceil(N/128), ceil(K/128)] (block-128, a
+ *   W.weight_scale_inv  [ceil(N/128), ceil(K/128)] (block-128, a
  *                       multiplier despite its name); serialized only
- *   W.input_scale       F32, static activation scale, copied as is
- * Runtime tensors: weight (F8_E4M3), weight_scale (F32), input_scale (F32).
+ *   W.input_scale       static activation scale, copied as is
+ * Scales are F32, or BF16/F16 (compressed-tensors writes the model's
+ * dtype), cast to the runtime scale's float dtype on the copy.
+ * Runtime tensors: weight (F8_E4M3), weight_scale (F32; any float dtype
+ * when serialized), input_scale (float).
  *
  * Serialized: every route is DIRECT; the core places weights and scales
  * (shards, fused offsets, experts) and nothing runs at load. Online: the
@@ -116,8 +119,8 @@ static int check_scale(const refit_host_v1 *h, const refit_fmt_module *m,
                        const refit_fmt_ckpt *w, const refit_fmt_ckpt *sc, int role,
                        kern_fp8_scheme *out)
 {
-    if (!is_f32(sc->dtype))
-        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: scales are F32, not %s",
+    if (!kern_is_float_dtype(sc->dtype))
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: scales are f32/bf16/f16, not %s",
                    m->name, sc->name, dt_name(sc->dtype));
     if (role == R_SCALE_INV) {
         *out = KERN_FP8_BLOCK128;
@@ -290,10 +293,14 @@ static int check_direct_target(const refit_host_v1 *h, const refit_fmt_module *m
                                refit_fmt_ckpt *c, int e4m3)
 {
     refit_dtype rt = m->runtime[c->target_index].view.dtype;
-    if (e4m3 ? !is_e4m3(rt) : !is_f32(rt))
+    if (e4m3 ? !is_e4m3(rt) : !kern_is_float_dtype(rt))
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: runtime %s is %s; format fp8 "
                    "puts it in a %s tensor", m->name, c->name, c->target, dt_name(rt),
-                   e4m3 ? "f8_e4m3" : "f32");
+                   e4m3 ? "f8_e4m3" : "f32/bf16/f16");
+    /* scales: compressed-tensors writes them in the model's dtype (often
+     * bf16), kernels mostly read f32; bf16/f16 -> f32 is exact */
+    if (!e4m3 && (rt.code != c->dtype.code || rt.bits != c->dtype.bits))
+        c->flags |= REFIT_CKPT_CAST;
     c->route = REFIT_ROUTE_DIRECT;
     return REFIT_OK;
 }
@@ -309,8 +316,9 @@ static int classify(const refit_host_v1 *h, refit_fmt_module *m, fp8_state *s)
         if (r < 0)
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: format fp8 takes W.weight, "
                        "W.weight_scale, W.weight_scale_inv and W.input_scale", m->name, c->name);
-        if (r == R_INPUT_SCALE && !is_f32(c->dtype))
-            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: input_scale is f32, not %s",
+        if (r == R_INPUT_SCALE && !kern_is_float_dtype(c->dtype))
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: input_scale is f32/bf16/f16, "
+                       "not %s",
                        m->name, c->name, dt_name(c->dtype));
         if (r != R_WEIGHT)
             continue;

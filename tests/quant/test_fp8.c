@@ -268,6 +268,43 @@ static void serialized_fused_per_tensor(void **state)
     st_close(s);
 }
 
+/* compressed-tensors writes scales in the model's dtype: a BF16 per-channel
+ * scale is cast (exactly) into the F32 runtime scale. */
+static void serialized_bf16_scale(void **state)
+{
+    (void)state;
+    st_set *s = q_ref("quant_ref.py", "--n 64 --k 96 --seed 22");
+    const float *sc = q_get(s, "t.fp8.per_channel.s")->data;
+    uint16_t b[64];
+    float want[64];
+    for (int i = 0; i < 64; i++) {
+        b[i] = kern_f32_to_bf16(sc[i]);
+        want[i] = kern_bf16_to_f32(b[i]);
+    }
+    q_ent we = {"W.weight", "t.fp8.per_channel.q", "weight", 1, 0, -1, 0, 0, 0, -1};
+    tw w;
+    world(&w, 1);
+    tw_module(&w, MOD, "fp8", "scheme: per_channel");
+    tw_runtime(&w, MOD, "weight", Q_E4M3, 2, TT_SHAPE(64, 96));
+    tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(64, 1));
+    assert_int_equal(q_expect(&w, MOD, s, &we, 1, NULL), REFIT_OK);
+    refit_ckpt_spec sp = tt_spec(REFIT_BF16, 2, TT_SHAPE(64, 1));
+    sp.target = "weight_scale";
+    assert_int_equal(tw_expect(&w, MOD, "W.weight_scale", &sp), REFIT_OK);
+    tw_seal(&w);
+    refit_txn *t = tw_begin(&w, "v1", 1);
+    int64_t shape[REFIT_MAX_DIMS], sshape[2] = {64, 1};
+    refit_tensor d = q_ent_desc(s, &we, shape);
+    assert_int_equal(refit_load(t, "W.weight", &d, NULL), REFIT_OK);
+    refit_tensor ds = {.data = b, .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
+                       .dtype = REFIT_BF16, .shape = sshape};
+    assert_int_equal(refit_load(t, "W.weight_scale", &ds, NULL), REFIT_OK);
+    assert_int_equal(refit_finalize(t), REFIT_OK);
+    q_assert_rt(&w, MOD, "weight_scale", want, sizeof want);
+    tw_close(&w);
+    st_close(s);
+}
+
 /* ---- online ---- */
 
 /* Runtime tensors of an online module: weight [n, k] (or [e, n, k]) and a
@@ -620,6 +657,7 @@ int main(void)
         cmocka_unit_test(serialized_tp_shards),
         cmocka_unit_test(serialized_tp_cut_refused),
         cmocka_unit_test(serialized_fused_per_tensor),
+        cmocka_unit_test(serialized_bf16_scale),
         cmocka_unit_test(online_schemes),
         cmocka_unit_test(online_reload_equals_cold),
         cmocka_unit_test(online_fused),
