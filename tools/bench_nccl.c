@@ -1,4 +1,5 @@
 /* refit-bench nccl (tools/bench_nccl.h): two processes, two GPUs. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -30,6 +31,7 @@ typedef struct bn_opts {
     int n_buckets;
     double timeout;
     const char *journal;
+    const char *preload;        /* a libnccl.so.2 to load first, as an engine would */
 } bn_opts;
 
 typedef struct bn_tensor {
@@ -610,6 +612,10 @@ static int rank_setup(bn_rank *k, int rank, int fd, char *why, size_t n)
 static int rank_main(const bn_opts *o, int rank, int fd)
 {
     setenv("NCCL_NVLS_ENABLE", "0", 0); /* no NVLink multicast on shared hosts */
+    /* the engine's own NCCL, loaded privately (RTLD_LOCAL) the way a
+     * Python extension loads PyTorch's: refit must find and share it */
+    if (o->preload && !dlopen(o->preload, RTLD_NOW | RTLD_LOCAL))
+        fprintf(stderr, "refit-bench nccl: --preload %s: %s\n", o->preload, dlerror());
     static char buf[65536];
     bn_rank k = {.o = o, .json = buf, .jcap = sizeof buf};
     char why[1024] = "";
@@ -686,6 +692,8 @@ static int parse(bn_opts *o, int argc, char **argv)
             o->timeout = atof(v);
         else if (!strcmp(a, "--journal"))
             o->journal = v;
+        else if (!strcmp(a, "--preload"))
+            o->preload = v;
         else if (!strcmp(a, "--buckets") ? parse_buckets(o, v) : 1)
             return -1;
     }
@@ -700,7 +708,7 @@ int bench_nccl_main(int argc, char **argv)
     if (parse(&o, argc, argv)) {
         fprintf(stderr, "usage: refit-bench nccl [--layers N] [--hidden H] [--inter I] "
                         "[--vocab V] [--buckets MIB,...] [--repeat R] [--timeout S] "
-                        "[--journal PATH] [--no-failures] [--json]\n");
+                        "[--journal PATH] [--preload LIBNCCL] [--no-failures] [--json]\n");
         return 2;
     }
     fflush(stdout);

@@ -11,7 +11,11 @@
  *
  *   refit-bench nccl [--layers N] [--hidden H] [--inter I] [--vocab V]
  *                    [--buckets MIB,MIB,...] [--repeat R] [--timeout S]
- *                    [--journal PATH] [--no-failures] [--json]
+ *                    [--journal PATH] [--preload LIBNCCL] [--no-failures] [--json]
+ *
+ * --preload dlopens a libnccl.so.2 privately (RTLD_LOCAL) in each rank
+ * first, as PyTorch's extension does: refit then shares that copy (the
+ * "nccl" key says "already loaded").
  *
  * Writes one JSON object to stdout (docs/nccl.md lists the keys: among
  * them ratio_to_broadcast, refit's reload time against the raw broadcast's,

@@ -60,12 +60,14 @@ static void nx_leave(nx *n, const nx_guard *g)
         (void)n->cu.CtxSetCurrent(g->prev);
 }
 
-/* Sleep a little longer each time: 10 us up to 1 ms. */
+/* Sleep a little longer each time, 2 us up to 50 us: a bucket's broadcast
+ * takes from microseconds to milliseconds, and noticing its end late
+ * delays the next one by as much. */
 static void nx_pause(long *ns)
 {
     struct timespec ts = {0, *ns};
     nanosleep(&ts, NULL);
-    if (*ns < 1000000)
+    if (*ns < 50000)
         *ns *= 2;
 }
 
@@ -82,7 +84,7 @@ static int nx_cu(refit_transport *x, CUresult r, const char *what)
 static int nx_nccl(refit_transport *x, ncclResult_t r, const char *what, double deadline)
 {
     nx *n = x->impl;
-    long ns = 10000;
+    long ns = 2000;
     while (r == ncclInProgress && n->comm) {
         if (xport_now() > deadline)
             return xport_fail(x, REFIT_EIO, "deadline: %s still in progress after the timeout "
@@ -157,7 +159,7 @@ static int nx_wait(refit_transport *x, uint64_t ticket, double deadline)
     nx_guard g;
     nx_enter(n, &g);
     double t0 = xport_now();
-    for (long ns = 10000; !rc;) {
+    for (long ns = 2000; !rc;) {
         CUresult r = n->cu.EventQuery(n->ev[ticket % NX_EVENTS]);
         if (r == CU_SUCCESS) {
             n->done = ticket;
