@@ -354,7 +354,11 @@ static int trainer_run(bn_rank *k)
         fprintf(stderr, "trainer: the vote did not abort: %s\n", refit_errmsg(k->ctx));
         return 1;
     }
-    trainer_send(k, 16 * MIB, 1, &res, k->raw_whole * 0.4 > 0.0005 ? k->raw_whole * 0.4 : 0.0005);
+    /* buckets small enough that the update has several, killed once a
+     * fraction of a raw broadcast's time has passed: mid-update */
+    uint64_t kb = k->L.total / 8 < 16 * MIB ? k->L.total / 8 : 16 * MIB;
+    trainer_send(k, kb ? kb : 1, 1, &res,
+                 k->raw_whole * 0.4 > 0.0005 ? k->raw_whole * 0.4 : 0.0005);
     sleep(60); /* not reached: killed mid-update */
     return 1;
 }
