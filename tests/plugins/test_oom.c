@@ -80,7 +80,7 @@ static void test_manifest_under_every_failure(void **state)
         assert_int_equal(m->route_names.count, 0);
         refit_close(ctx);
     }
-    print_message("manifest: %ld allocations, each failed once\n", n - 1);
+    print_message("# manifest: %ld allocations, each failed once\n", n - 1);
     assert_true(n > 50);
 }
 
@@ -109,7 +109,7 @@ static void test_open_with_plugins_under_every_failure(void **state)
         else
             assert_int_equal(rc, REFIT_ENOMEM);
     }
-    print_message("refit_open: %ld allocations, each failed once\n", n - 1);
+    print_message("# refit_open: %ld allocations, each failed once\n", n - 1);
     pt_rmtree(dir);
 }
 
