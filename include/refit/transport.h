@@ -44,6 +44,13 @@
 extern "C" {
 #endif
 
+/* librefit.so is built with hidden visibility: what it exports must say
+ * so (the version script only narrows what is visible). refit.h may define
+ * this for the whole API; until then this header does, for its own. */
+#ifndef REFIT_API
+#define REFIT_API __attribute__((visibility("default")))
+#endif
+
 typedef struct refit_transport refit_transport;
 
 /* ---- NCCL ---------------------------------------------------------------- */
@@ -57,10 +64,10 @@ typedef struct refit_nccl_id {
 /* REFIT_OK when NCCL and the CUDA driver can be resolved in this process;
  * else REFIT_EUNSUPPORTED, and ctx's message says what was tried. On
  * success the message names the library found and its version. */
-int refit_nccl_probe(refit_ctx *ctx);
+REFIT_API int refit_nccl_probe(refit_ctx *ctx);
 
 /* ncclGetUniqueId: on one rank, then handed to every rank by the caller. */
-int refit_nccl_unique_id(refit_ctx *ctx, refit_nccl_id *out);
+REFIT_API int refit_nccl_unique_id(refit_ctx *ctx, refit_nccl_id *out);
 
 #define REFIT_NCCL_OPTS_VERSION 1
 typedef struct refit_nccl_opts {
@@ -81,29 +88,29 @@ typedef struct refit_nccl_opts {
 
 /* Open a transport over NCCL. Communicator creation waits up to the
  * timeout for every rank (non-blocking init, polled). Errors on ctx. */
-int refit_transport_nccl(refit_transport **out, refit_ctx *ctx, const refit_nccl_opts *opt);
+REFIT_API int refit_transport_nccl(refit_transport **out, refit_ctx *ctx, const refit_nccl_opts *opt);
 
 /* ---- loopback (in-process, for tests and single-process setups) --------- */
 
 typedef struct refit_loopback refit_loopback;
 
 /* A group of nranks endpoints in one process, one thread each. */
-int refit_loopback_create(refit_loopback **out, int nranks);
+REFIT_API int refit_loopback_create(refit_loopback **out, int nranks);
 /* After every endpoint is closed. NULL is ok. */
-void refit_loopback_destroy(refit_loopback *g);
+REFIT_API void refit_loopback_destroy(refit_loopback *g);
 /* The endpoint of rank in g; messages on ctx; timeout_s 0: 300. */
-int refit_transport_loopback(refit_transport **out, refit_ctx *ctx, refit_loopback *g, int rank,
+REFIT_API int refit_transport_loopback(refit_transport **out, refit_ctx *ctx, refit_loopback *g, int rank,
                              double timeout_s);
 
 /* ---- any transport --------------------------------------------------------- */
 
-int refit_transport_rank(const refit_transport *x);
-int refit_transport_nranks(const refit_transport *x);
+REFIT_API int refit_transport_rank(const refit_transport *x);
+REFIT_API int refit_transport_nranks(const refit_transport *x);
 /* 1 once a deadline or an error aborted it. */
-int refit_transport_aborted(const refit_transport *x);
+REFIT_API int refit_transport_aborted(const refit_transport *x);
 /* Close; a communicator refit created is destroyed (aborted if it was
  * stuck), a borrowed one is left to its owner. NULL is ok. */
-void refit_transport_close(refit_transport *x);
+REFIT_API void refit_transport_close(refit_transport *x);
 
 /* What an update came to, on this rank. */
 typedef struct refit_group_result {
@@ -141,17 +148,17 @@ typedef struct refit_send_opts {
 
 typedef struct refit_sender refit_sender;
 
-int refit_sender_create(refit_sender **out, refit_transport *x, const refit_send_opts *opt);
-void refit_sender_destroy(refit_sender *s);
+REFIT_API int refit_sender_create(refit_sender **out, refit_transport *x, const refit_send_opts *opt);
+REFIT_API void refit_sender_destroy(refit_sender *s);
 /* Add a tensor under its checkpoint name. t (and its shape/strides) is
  * borrowed until refit_sender_destroy or refit_sender_clear; its bytes are
  * read during each refit_sender_send. */
-int refit_sender_add(refit_sender *s, const char *name, const refit_tensor *t);
-void refit_sender_clear(refit_sender *s);
+REFIT_API int refit_sender_add(refit_sender *s, const char *name, const refit_tensor *t);
+REFIT_API void refit_sender_clear(refit_sender *s);
 /* Send every tensor added (one update), then take part in the vote.
  * REFIT_OK when every rank committed; else the decision's status (see
  * out), REFIT_EIO when the transport failed. out may be NULL. */
-int refit_sender_send(refit_sender *s, refit_group_result *out);
+REFIT_API int refit_sender_send(refit_sender *s, refit_group_result *out);
 
 /* ---- receiver (worker side) ---------------------------------------------- */
 
@@ -172,14 +179,14 @@ typedef struct refit_recv_opts {
 typedef struct refit_receiver refit_receiver;
 
 /* A receiver for model's worker. x must be on the model's context. */
-int refit_receiver_create(refit_receiver **out, refit_model *model, refit_transport *x,
+REFIT_API int refit_receiver_create(refit_receiver **out, refit_model *model, refit_transport *x,
                           const refit_recv_opts *opt);
-void refit_receiver_destroy(refit_receiver *r);
+REFIT_API void refit_receiver_destroy(refit_receiver *r);
 
 /* One whole update: wait for it, begin (opts; version label from the
  * sender when opts->version_label is NULL), receive every bucket into the
  * transaction, then refit_group_finalize. Returns as refit_group_finalize. */
-int refit_receive_update(refit_receiver *r, const refit_update_opts *opts,
+REFIT_API int refit_receive_update(refit_receiver *r, const refit_update_opts *opts,
                          refit_group_result *out);
 
 /* The receiving part alone, into a transaction the caller began: every
@@ -187,7 +194,7 @@ int refit_receive_update(refit_receiver *r, const refit_update_opts *opts,
  * other ranks go on broadcasting): the rest is drained, and the first
  * error is returned for the vote. REFIT_EIO: the transport failed (it is
  * aborted, and the caller should refit_abort). */
-int refit_receive(refit_receiver *r, refit_txn *txn, refit_progress_fn progress, void *user);
+REFIT_API int refit_receive(refit_receiver *r, refit_txn *txn, refit_progress_fn progress, void *user);
 
 /* Cross-rank commit, on every rank of x but the sender (which votes in
  * refit_sender_send):
@@ -198,7 +205,7 @@ int refit_receive(refit_receiver *r, refit_txn *txn, refit_progress_fn progress,
  * No rank commits before every rank prepared. A vote that fails (deadline,
  * dead peer) aborts: never commit without it. txn may be NULL (begin
  * failed; local_status says why). The txn is freed in every case. */
-int refit_group_finalize(refit_transport *x, refit_txn *txn, int local_status,
+REFIT_API int refit_group_finalize(refit_transport *x, refit_txn *txn, int local_status,
                          refit_group_result *out);
 
 #ifdef __cplusplus
