@@ -38,15 +38,15 @@ run() {
     nvidia-smi -L
     echo "PyTorch's NCCL: $nccl"
     echo "== nccl-gpu test (small Llama-shaped model)"
-    CMOCKA_MESSAGE_OUTPUT=TAP timeout 120 "$STAGE/tests/test-nccl-gpu"
+    CMOCKA_MESSAGE_OUTPUT=TAP timeout "${T_TEST:-60}" "$STAGE/tests/test-nccl-gpu"
     echo "test-nccl-gpu exit: $?"
     echo "== refit-bench nccl"
-    timeout 150 "$STAGE/tools/refit-bench" nccl --json --preload "$nccl" \
+    timeout "${T_BENCH:-100}" "$STAGE/tools/refit-bench" nccl --json --timeout 15 --preload "$nccl" \
         --journal "$out/nccl-journal.db" > "$out/nccl-refit.json"
     echo "refit-bench nccl exit: $?"
     cat "$out/nccl-refit.json"
     echo "== PyTorch peer"
-    PYTHONUNBUFFERED=1 timeout 120 python3 tools/bench_nccl.py > "$out/nccl-torch.json"
+    PYTHONUNBUFFERED=1 timeout "${T_TORCH:-60}" python3 tools/bench_nccl.py > "$out/nccl-torch.json"
     echo "bench_nccl.py exit: $?"
     cat "$out/nccl-torch.json"
     python3 - "$out/nccl-refit.json" "$out/nccl-torch.json" "$out/$stamp-nccl.json" <<'PY'
