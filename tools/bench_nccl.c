@@ -276,6 +276,8 @@ typedef struct bn_rank {
     size_t jlen, jcap;
     double raw_whole, raw_tensor;
     int updates;
+    int committed;              /* worker: the content its last commit holds */
+    char where[600];            /* which NCCL was found (refit_nccl_probe) */
 } bn_rank;
 
 static void js(bn_rank *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -442,7 +444,9 @@ static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum
         double s;
         int rc = worker_update(k, r, rollback, &s, &res);
         if (!rc)
-            rc = worker_exact(k, content_of(k->updates - 1), &e);
+            k->committed = content_of(k->updates - 1);
+        if (!rc)
+            rc = worker_exact(k, k->committed, &e);
         if (rc)
             return rc;
         exact = exact && e;
@@ -463,7 +467,7 @@ static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum
  * the vote must abort the update on both ranks, bytes rolled back. */
 static int worker_failed_check(bn_rank *k, refit_receiver *r)
 {
-    int before = content_of(k->updates - 1);
+    int before = k->committed;
     refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
     refit_txn *t = NULL;
     refit_group_result res = {0};
@@ -480,13 +484,15 @@ static int worker_failed_check(bn_rank *k, refit_receiver *r)
     rc = refit_group_finalize(k->x, t, lrc, &res);
     k->L.t[0].t.data = keep;
     double s = now_s() - t0;
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%s", refit_errmsg(k->ctx)); /* before the checks clear it */
     bool exact = false;
     int crc = worker_exact(k, before, &exact);
     js(k, ", \"failed_check\": {\"status\": \"%s\", \"vote_taken\": %d, \"failed_rank\": %d, "
        "\"seconds\": %.4f, \"health\": \"%s\", \"rolled_back\": %s, \"message\": ",
        refit_status_name(rc), res.vote_taken, res.failed_rank, s,
        refit_health_name(refit_worker_health(k->ctx)), exact && !crc ? "true" : "false");
-    js_str(k, refit_errmsg(k->ctx));
+    js_str(k, msg);
     js(k, "}");
     return rc == REFIT_EMOVED && exact && !crc ? REFIT_OK : REFIT_EINTERNAL;
 }
@@ -501,7 +507,7 @@ static int last_event(void *user, const journal_event_row *row)
  * deadline, abort the communicator, roll back, and journal it. */
 static int worker_killed_trainer(bn_rank *k)
 {
-    int before = content_of(k->updates - 1);
+    int before = k->committed; /* the failed check's update was aborted */
     refit_recv_opts ro = REFIT_RECV_OPTS_INIT;
     ro.timeout_s = 3;
     refit_receiver *r = NULL;
@@ -511,6 +517,8 @@ static int worker_killed_trainer(bn_rank *k)
     if (!rc)
         rc = worker_update(k, r, 1, &s, &res);
     refit_receiver_destroy(r);
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%s", refit_errmsg(k->ctx)); /* before the checks clear it */
     bool exact = false;
     int crc = worker_exact(k, before, &exact);
     char ev[512] = "";
@@ -528,7 +536,7 @@ static int worker_killed_trainer(bn_rank *k)
        refit_transport_aborted(k->x));
     js_str(k, ev);
     js(k, ", \"message\": ");
-    js_str(k, refit_errmsg(k->ctx));
+    js_str(k, msg);
     js(k, "}");
     return rc == REFIT_EIO && exact && !crc && s < 10 ? REFIT_OK : REFIT_EINTERNAL;
 }
@@ -590,6 +598,7 @@ static int rank_setup(bn_rank *k, int rank, int fd, char *why, size_t n)
     int rc = refit_open(&k->ctx, &ro);
     if (rc || (rc = refit_nccl_probe(k->ctx)))
         return snprintf(why, n, "%s", k->ctx ? refit_errmsg(k->ctx) : "refit_open"), -1;
+    snprintf(k->where, sizeof k->where, "%s", refit_errmsg(k->ctx));
     if (bn_layout(&k->L, k->o) || bn_gpu_open(&k->g, rank, k->L.total, rank ? 1 : 2, why, n))
         return -1;
     refit_nccl_id id;
@@ -630,7 +639,7 @@ static int rank_main(const bn_opts *o, int rank, int fd)
         fprintf(stderr, "refit-bench nccl: trainer: %s\n", why);
     if (rank == 1 && st == 0) {
         js(&k, "{\"area\": \"nccl\", \"nccl\": ");
-        js_str(&k, refit_errmsg(k.ctx));
+        js_str(&k, k.where);
         js(&k, ", \"model\": {\"layers\": %d, \"hidden\": %lld, \"tensors\": %d, \"bytes\": %llu}",
            o->layers, (long long)o->hidden, k.L.n, (unsigned long long)k.L.total);
         int rc = worker_run(&k);
