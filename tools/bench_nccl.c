@@ -564,8 +564,10 @@ static int worker_run(bn_rank *k)
         rc = refit_receiver_create(&r, k->m, k->x, &ro);
     if (!rc)
         rc = bn_raw(k->x, &k->L, k->g.arena[0], o, &k->raw_whole, &k->raw_tensor);
-    if (rc)
-        return refit_receiver_destroy(r), rc;
+    if (rc) {
+        refit_receiver_destroy(r);
+        return rc;
+    }
     js(k, ", \"raw_broadcast_s\": %.6f, \"raw_broadcast_gbps\": %.2f, "
        "\"per_tensor_broadcast_s\": %.6f, \"refit\": [", k->raw_whole,
        (double)k->L.total / k->raw_whole / 1e9, k->raw_tensor);
@@ -589,26 +591,34 @@ static int worker_run(bn_rank *k)
 
 /* ---- processes ---- */
 
+/* A message for the caller, and the result: -1 skipped, 1 failed. */
+static int setup_fail(char *why, size_t n, int result, const char *fmt, const char *arg)
+{
+    snprintf(why, n, fmt, arg);
+    return result;
+}
+
+/* Context, NCCL, devices, the trainer's tensors, the unique id handed
+ * from rank 0 to rank 1 through the pipe, the transport. */
 static int rank_setup(bn_rank *k, int rank, int fd, char *why, size_t n)
 {
     refit_options ro = REFIT_OPTIONS_INIT;
     ro.worker_id = rank ? "worker1" : "trainer";
     ro.rank = rank;
     ro.journal_path = rank && k->o->journal ? k->o->journal : "";
-    int rc = refit_open(&k->ctx, &ro);
-    if (rc || (rc = refit_nccl_probe(k->ctx)))
-        return snprintf(why, n, "%s", k->ctx ? refit_errmsg(k->ctx) : "refit_open"), -1;
+    if (refit_open(&k->ctx, &ro) || refit_nccl_probe(k->ctx))
+        return setup_fail(why, n, -1, "%s", k->ctx ? refit_errmsg(k->ctx) : "refit_open failed");
     snprintf(k->where, sizeof k->where, "%s", refit_errmsg(k->ctx));
     if (bn_layout(&k->L, k->o) || bn_gpu_open(&k->g, rank, k->L.total, rank ? 1 : 2, why, n))
         return -1;
     refit_nccl_id id;
     if (rank == 0) {
         if (bn_upload(&k->g, &k->L, k->g.arena[0], 1) || bn_upload(&k->g, &k->L, k->g.arena[1], 2))
-            return snprintf(why, n, "uploading the trainer's tensors failed"), 1;
-        if ((rc = refit_nccl_unique_id(k->ctx, &id)) || write(fd, &id, sizeof id) != sizeof id)
-            return snprintf(why, n, "unique id: %s", refit_errmsg(k->ctx)), 1;
+            return setup_fail(why, n, 1, "%s", "uploading the trainer's tensors failed");
+        if (refit_nccl_unique_id(k->ctx, &id) || write(fd, &id, sizeof id) != sizeof id)
+            return setup_fail(why, n, 1, "unique id: %s", refit_errmsg(k->ctx));
     } else if (read(fd, &id, sizeof id) != sizeof id) {
-        return snprintf(why, n, "the trainer process did not start (see its stderr)"), 1;
+        return setup_fail(why, n, 1, "%s", "the trainer process did not start (see its stderr)");
     }
     close(fd);
     refit_nccl_opts no = REFIT_NCCL_OPTS_INIT;
@@ -617,8 +627,8 @@ static int rank_setup(bn_rank *k, int rank, int fd, char *why, size_t n)
     no.rank = rank;
     no.device = rank;
     no.timeout_s = k->o->timeout;
-    if ((rc = refit_transport_nccl(&k->x, k->ctx, &no)))
-        return snprintf(why, n, "%s", refit_errmsg(k->ctx)), 1;
+    if (refit_transport_nccl(&k->x, k->ctx, &no))
+        return setup_fail(why, n, 1, "%s", refit_errmsg(k->ctx));
     return 0;
 }
 
