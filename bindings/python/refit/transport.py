@@ -1,0 +1,216 @@
+"""ctypes binding of include/refit/transport.h: weights from a trainer to
+the ranks of an engine over NCCL, in buckets, with a cross-rank commit
+(docs/nccl.md).
+
+Trainer (root)::
+
+    ctx = refit.Context(worker_id="trainer")
+    uid = nccl_unique_id(ctx)                  # hand it to every rank
+    x = Transport.nccl(ctx, device=0, unique_id=uid, nranks=n, rank=0)
+    s = Sender(x, label="step-1200")
+    for name, p in model.named_parameters():
+        s.add(name, p)                         # borrowed: kept alive here
+    res = s.send()                             # raises RefitError unless all committed
+
+Worker (every other rank)::
+
+    x = Transport.nccl(worker_ctx, device=r, unique_id=uid, nranks=n, rank=r)
+    res = Receiver(model, x).receive_update(rollback=True)
+"""
+
+import ctypes
+
+from . import _ffi
+from .core import RefitError, _b, _check, _s, describe
+
+_P, _I, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_double
+
+
+class NcclId(ctypes.Structure):
+    _fields_ = [("bytes", ctypes.c_uint8 * 128)]
+
+
+class NcclOpts(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("comm", _P), ("id", ctypes.POINTER(NcclId)),
+                ("nranks", ctypes.c_int32), ("rank", ctypes.c_int32),
+                ("device", ctypes.c_int32), ("stream", _P), ("timeout_s", _D),
+                ("abort_borrowed", _I)]
+
+
+class SendOpts(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("version_label", ctypes.c_char_p),
+                ("bucket_bytes", ctypes.c_uint64), ("root", _I), ("checksum_payload", _I),
+                ("timeout_s", _D), ("stream", _P)]
+
+
+class RecvOpts(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("root", _I), ("timeout_s", _D),
+                ("start_timeout_s", _D), ("stream", _P), ("max_bucket_bytes", ctypes.c_uint64),
+                ("filter", _ffi.FILTER_FN), ("filter_user", _P)]
+
+
+class UpdateOpts(ctypes.Structure):
+    """refit_update_opts as refit.h has it now (the members after rollback
+    included: the C side reads them)."""
+    _fields_ = [("version", ctypes.c_uint32), ("version_label", ctypes.c_char_p),
+                ("source_uri", ctypes.c_char_p), ("rollback", _I),
+                ("source_digest", ctypes.c_char_p), ("fingerprint", _I)]
+
+
+class GroupResult(ctypes.Structure):
+    _fields_ = [("decision", _I), ("local_status", _I), ("failed_rank", _I),
+                ("vote_taken", _I), ("worker_status", _I), ("buckets", ctypes.c_uint32),
+                ("tensors", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("seconds", _D),
+                ("version_label", ctypes.c_char * 128)]
+
+    def as_dict(self):
+        d = {k: getattr(self, k) for k, _ in self._fields_ if k != "version_label"}
+        d["version_label"] = _s(self.version_label)
+        return d
+
+
+_PP = ctypes.POINTER(_P)
+_PROTOS = {
+    "refit_nccl_probe": (_I, [_P]),
+    "refit_nccl_unique_id": (_I, [_P, ctypes.POINTER(NcclId)]),
+    "refit_transport_nccl": (_I, [_PP, _P, ctypes.POINTER(NcclOpts)]),
+    "refit_transport_close": (None, [_P]),
+    "refit_transport_rank": (_I, [_P]),
+    "refit_transport_nranks": (_I, [_P]),
+    "refit_transport_aborted": (_I, [_P]),
+    "refit_sender_create": (_I, [_PP, _P, ctypes.POINTER(SendOpts)]),
+    "refit_sender_destroy": (None, [_P]),
+    "refit_sender_add": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(_ffi.Tensor)]),
+    "refit_sender_clear": (None, [_P]),
+    "refit_sender_send": (_I, [_P, ctypes.POINTER(GroupResult)]),
+    "refit_receiver_create": (_I, [_PP, _P, _P, ctypes.POINTER(RecvOpts)]),
+    "refit_receiver_destroy": (None, [_P]),
+    "refit_receive_update": (_I, [_P, ctypes.POINTER(UpdateOpts),
+                                  ctypes.POINTER(GroupResult)]),
+}
+_ready = False
+
+
+def _lib():
+    global _ready
+    L = _ffi.lib()
+    if not _ready:
+        for name, (res, args) in _PROTOS.items():
+            fn = getattr(L, name)
+            fn.restype, fn.argtypes = res, args
+        _ready = True
+    return L
+
+
+def nccl_probe(ctx):
+    """Which NCCL and CUDA driver refit finds in this process (a string)."""
+    _check(ctx.handle, _lib().refit_nccl_probe(ctx.handle), "refit_nccl_probe")
+    return _s(_lib().refit_errmsg(ctx.handle))
+
+
+def nccl_unique_id(ctx):
+    """ncclGetUniqueId on this rank: 128 bytes to hand to every rank."""
+    uid = NcclId()
+    _check(ctx.handle, _lib().refit_nccl_unique_id(ctx.handle, ctypes.byref(uid)),
+           "refit_nccl_unique_id")
+    return bytes(uid.bytes)
+
+
+class Transport:
+    """refit_transport: NCCL (a communicator refit creates from a unique id,
+    or the caller's ncclComm_t as an int). Close it when done."""
+
+    def __init__(self, ctx, handle):
+        self.ctx, self._h = ctx, handle
+
+    @classmethod
+    def nccl(cls, ctx, device, unique_id=None, nranks=0, rank=0, comm=None, stream=None,
+             timeout=0.0, abort_borrowed=False):
+        uid = None
+        if unique_id is not None:
+            uid = NcclId()
+            uid.bytes[:] = list(unique_id)
+        o = NcclOpts(1, comm, ctypes.pointer(uid) if uid else None, nranks, rank, device,
+                     stream, timeout, int(abort_borrowed))
+        h = _P()
+        _check(ctx.handle, _lib().refit_transport_nccl(ctypes.byref(h), ctx.handle,
+                                                      ctypes.byref(o)), "refit_transport_nccl")
+        return cls(ctx, h)
+
+    @property
+    def handle(self):
+        if not self._h:
+            raise RefitError(-3, "REFIT_ESTATE", "transport is closed")
+        return self._h
+
+    rank = property(lambda self: _lib().refit_transport_rank(self.handle))
+    nranks = property(lambda self: _lib().refit_transport_nranks(self.handle))
+    aborted = property(lambda self: bool(_lib().refit_transport_aborted(self.handle)))
+
+    def close(self):
+        if self._h:
+            _lib().refit_transport_close(self._h)
+            self._h = None
+
+
+def _result(ctx, rc, res, call):
+    _check(ctx.handle, rc, call)
+    return res.as_dict()
+
+
+class Sender:
+    """The trainer side: add tensors once, send() each update."""
+
+    def __init__(self, transport, label=None, bucket_bytes=0, root=0, checksum=True,
+                 timeout=0.0, stream=None):
+        self.x, self._keep, self._label = transport, [], _b(label)
+        o = SendOpts(1, self._label, bucket_bytes, root, int(checksum), timeout, stream)
+        h = _P()
+        _check(transport.ctx.handle, _lib().refit_sender_create(ctypes.byref(h),
+               transport.handle, ctypes.byref(o)), "refit_sender_create")
+        self._h = h
+
+    def add(self, name, tensor):
+        d = describe(tensor)
+        _check(self.x.ctx.handle, _lib().refit_sender_add(self._h, _b(name), ctypes.byref(d.t)),
+               "refit_sender_add")
+        self._keep.append(d)
+
+    def send(self):
+        """One update, then the vote: the group result (a dict); RefitError
+        when the group did not commit."""
+        res = GroupResult()
+        rc = _lib().refit_sender_send(self._h, ctypes.byref(res))
+        return _result(self.x.ctx, rc, res, "refit_sender_send")
+
+    def close(self):
+        if self._h:
+            _lib().refit_sender_destroy(self._h)
+            self._h, self._keep = None, []
+
+
+class Receiver:
+    """A worker rank: receive_update() waits for an update, loads it and
+    takes part in the vote."""
+
+    def __init__(self, model, transport, root=0, timeout=0.0, start_timeout=0.0, stream=None,
+                 max_bucket_bytes=0):
+        self.model, self.x = model, transport
+        o = RecvOpts(1, root, timeout, start_timeout, stream, max_bucket_bytes,
+                     _ffi.FILTER_FN(0), None)
+        h = _P()
+        _check(model.ctx.handle, _lib().refit_receiver_create(ctypes.byref(h), model.handle,
+               transport.handle, ctypes.byref(o)), "refit_receiver_create")
+        self._h = h
+
+    def receive_update(self, rollback=True, label=None, source_uri=None):
+        self._strings = (_b(label), _b(source_uri))
+        opts = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
+        res = GroupResult()
+        rc = _lib().refit_receive_update(self._h, ctypes.byref(opts), ctypes.byref(res))
+        return _result(self.model.ctx, rc, res, "refit_receive_update")
+
+    def close(self):
+        if self._h:
+            _lib().refit_receiver_destroy(self._h)
+            self._h = None
