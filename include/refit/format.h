@@ -224,7 +224,7 @@ typedef struct refit_format_v1 {
  * replaces a plugin of the same name that no module uses yet (the plugin
  * is then reported shadowed). Refuses a bad version or size, or a name
  * already taken (REFIT_EFORMAT, REFIT_EEXIST). */
-int refit_format_register(refit_ctx *ctx, const refit_format_v1 *fmt);
+REFIT_API int refit_format_register(refit_ctx *ctx, const refit_format_v1 *fmt);
 
 #define REFIT_FORMAT_V1_INIT {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v1), \
                               NULL, NULL, NULL, NULL}

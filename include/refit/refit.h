@@ -42,6 +42,11 @@ extern "C" {
 
 #define REFIT_MAX_DIMS 8
 
+/* The library is built with hidden visibility; what it exports says so. */
+#ifndef REFIT_API
+#define REFIT_API __attribute__((visibility("default")))
+#endif
+
 /* ---- status codes ------------------------------------------------------ */
 
 /* X(NAME, value, description): the one table every status derives from. */
@@ -74,9 +79,9 @@ typedef enum refit_status {
 } refit_status;
 
 /* Human description of a status ("tensor delivered twice"). Never NULL. */
-const char *refit_strerror(int status);
+REFIT_API const char *refit_strerror(int status);
 /* Symbolic name of a status ("REFIT_EDUPLICATE"). Never NULL. */
-const char *refit_status_name(int status);
+REFIT_API const char *refit_status_name(int status);
 
 /* ---- tensors (DLPack DLTensor v1 layout) ------------------------------- */
 
@@ -130,7 +135,7 @@ typedef struct refit_tensor {
 } refit_tensor;
 
 /* Short dtype name ("bf16", "f32", "i8" ...); "?" when unknown. */
-const char *refit_dtype_name(refit_dtype dt);
+REFIT_API const char *refit_dtype_name(refit_dtype dt);
 
 /* ---- context ------------------------------------------------------------ */
 
@@ -156,12 +161,12 @@ typedef struct refit_options {
 
 /* Create a context. opt may be NULL for defaults. On failure *out is NULL
  * and the status says why (there is no context to hold a message). */
-int refit_open(refit_ctx **out, const refit_options *opt);
+REFIT_API int refit_open(refit_ctx **out, const refit_options *opt);
 /* Destroy a context; destroys its model if the caller did not. NULL is ok. */
-void refit_close(refit_ctx *ctx);
+REFIT_API void refit_close(refit_ctx *ctx);
 /* The message of the last failing call on ctx (or ""), valid until the next
  * call on ctx. Says what, where (module, tensor) and why. */
-const char *refit_errmsg(const refit_ctx *ctx);
+REFIT_API const char *refit_errmsg(const refit_ctx *ctx);
 
 /* ---- worker health ------------------------------------------------------ */
 
@@ -172,34 +177,34 @@ typedef enum refit_health {
     REFIT_HEALTH_POISONED = 3, /* an aborted update left bytes: serving refused */
 } refit_health;
 
-refit_health refit_worker_health(const refit_ctx *ctx);
-const char *refit_health_name(refit_health h);
+REFIT_API refit_health refit_worker_health(const refit_ctx *ctx);
+REFIT_API const char *refit_health_name(refit_health h);
 /* REFIT_OK when the worker may serve (READY), else REFIT_EPOISONED or
  * REFIT_ESTATE with a message saying why. */
-int refit_check_serving(refit_ctx *ctx);
+REFIT_API int refit_check_serving(refit_ctx *ctx);
 /* Version label the worker holds (READY), or NULL. Owned by the library. */
-const char *refit_worker_version(const refit_ctx *ctx);
+REFIT_API const char *refit_worker_version(const refit_ctx *ctx);
 
 /* ---- model registration ------------------------------------------------- */
 
 /* Create the context's model (one per context). */
-int refit_model_create(refit_model **out, refit_ctx *ctx);
-void refit_model_destroy(refit_model *model);
+REFIT_API int refit_model_create(refit_model **out, refit_ctx *ctx);
+REFIT_API void refit_model_destroy(refit_model *model);
 
 /* Add a module: the unit of completeness and post-load. format names a
  * registered format ("unquantized"); params is a flat YAML mapping of the
  * format's parameters ("cast: true"), or NULL. */
-int refit_model_add_module(refit_model *model, const char *name,
+REFIT_API int refit_model_add_module(refit_model *model, const char *name,
                            const char *format, const char *params);
 
 /* Bind a runtime tensor (engine-owned, graph-visible) to a module under a
  * name local to the module. t is borrowed (see the top of this file). */
-int refit_module_bind_runtime(refit_model *model, const char *module,
+REFIT_API int refit_module_bind_runtime(refit_model *model, const char *module,
                               const char *name, const refit_tensor *t);
 
 /* Register a side tensor: graph-visible memory that is not a weight
  * (workspace, table, constant). Only its signature is checked. Borrowed. */
-int refit_model_add_side(refit_model *model, const char *name,
+REFIT_API int refit_model_add_side(refit_model *model, const char *name,
                          const refit_tensor *t);
 
 /* What a module expects of one checkpoint tensor, and where it goes. */
@@ -235,7 +240,7 @@ typedef struct refit_ckpt_spec {
                               0, 0, 1, 0, -1, {0}, NULL}
 
 /* Declare that module expects checkpoint tensor ckpt_name. */
-int refit_model_expect(refit_model *model, const char *module,
+REFIT_API int refit_model_expect(refit_model *model, const char *module,
                        const char *ckpt_name, const refit_ckpt_spec *spec);
 
 /* Add the modules, runtime-tensor declarations and checkpoint expectations
@@ -248,12 +253,12 @@ int refit_model_expect(refit_model *model, const char *module,
  * REFIT_EIO (unreadable), REFIT_ECORRUPT (invalid manifest), REFIT_ENOTFOUND
  * (unknown format), REFIT_EEXIST (name taken), REFIT_EINVAL, REFIT_ESTATE
  * (sealed). */
-int refit_model_load_manifest(refit_model *model, const char *yaml_path);
+REFIT_API int refit_model_load_manifest(refit_model *model, const char *yaml_path);
 
 /* Build the plan: one route per checkpoint tensor; validate every mapping;
  * record the signature of every runtime and side tensor. Refuses with a
  * message and changes nothing on failure. After seal nothing can be added. */
-int refit_model_seal(refit_model *model);
+REFIT_API int refit_model_seal(refit_model *model);
 
 /* Plan statistics, for tools. */
 typedef struct refit_model_stats {
@@ -261,14 +266,14 @@ typedef struct refit_model_stats {
     uint32_t routes_direct, routes_staged, routes_view;
     uint64_t runtime_bytes;
 } refit_model_stats;
-int refit_model_stats_get(const refit_model *model, refit_model_stats *out);
+REFIT_API int refit_model_stats_get(const refit_model *model, refit_model_stats *out);
 
 /* 64-bit content fingerprint of a registered runtime tensor (logical
  * element order, so equal contents give equal fingerprints). */
-int refit_runtime_fingerprint(refit_model *model, const char *module,
+REFIT_API int refit_runtime_fingerprint(refit_model *model, const char *module,
                               const char *name, uint64_t *out);
 /* One fingerprint over every runtime tensor, in registration order. */
-int refit_model_fingerprint(refit_model *model, uint64_t *out);
+REFIT_API int refit_model_fingerprint(refit_model *model, uint64_t *out);
 
 /* ---- transactions ------------------------------------------------------- */
 
@@ -286,7 +291,7 @@ typedef struct refit_update_opts {
 
 /* Open an update. Verifies every signature first; refuses (changing
  * nothing) when the plan is stale or a tensor moved. Worker -> UPDATING. */
-int refit_begin(refit_txn **out, refit_model *model,
+REFIT_API int refit_begin(refit_txn **out, refit_model *model,
                 const refit_update_opts *opts);
 
 /* Deliver one whole checkpoint tensor. src has the checkpoint's full shape
@@ -294,21 +299,21 @@ int refit_begin(refit_txn **out, refit_model *model,
  * the caller's stream for device backends (NULL on the host). Every check
  * (name known, not yet delivered, dtype, shape) happens before any byte is
  * written. */
-int refit_load(refit_txn *txn, const char *ckpt_name, const refit_tensor *src,
+REFIT_API int refit_load(refit_txn *txn, const char *ckpt_name, const refit_tensor *src,
                void *stream);
 
 /* Deliver part of a checkpoint tensor: src covers rows [offset, offset +
  * src->shape[d]) of split dim d (the shard dim, else dim 0) and the full
  * extent of every other dim. Parts may arrive in any order; overlapping
  * parts are refused. */
-int refit_load_part(refit_txn *txn, const char *ckpt_name, int64_t offset,
+REFIT_API int refit_load_part(refit_txn *txn, const char *ckpt_name, int64_t offset,
                     const refit_tensor *src, void *stream);
 
 /* Check completeness of every touched module, run the checks, commit.
  * Worker -> READY at the update's version. On failure the update is
  * aborted as refit_abort would (rollback or POISONED) and the error
  * returned. The txn is freed either way. */
-int refit_finalize(refit_txn *txn);
+REFIT_API int refit_finalize(refit_txn *txn);
 
 /* Two-phase finalize, for a group of ranks that must commit together:
  * prepare runs every check of refit_finalize (queued copies done, every
@@ -316,14 +321,14 @@ int refit_finalize(refit_txn *txn);
  * the txn as refit_finalize would. On success the txn stays open, the
  * worker UPDATING, and only the decision is left: refit_commit (frees the
  * txn; cannot fail once prepared) or refit_abort. */
-int refit_finalize_prepare(refit_txn *txn);
-int refit_commit(refit_txn *txn);
+REFIT_API int refit_finalize_prepare(refit_txn *txn);
+REFIT_API int refit_commit(refit_txn *txn);
 
 /* Abandon the update. With rollback, every written byte is restored and the
  * worker returns to its previous health; without, the worker is POISONED if
  * any byte was written. Frees the txn. Returns REFIT_OK when the worker is
  * back to its previous state, REFIT_EPOISONED when it is poisoned. */
-int refit_abort(refit_txn *txn);
+REFIT_API int refit_abort(refit_txn *txn);
 
 /* ---- checkpoint sources -------------------------------------------------- */
 
@@ -334,12 +339,12 @@ typedef struct refit_source refit_source;
  * file is validated as the reference reader validates it and mapped, not
  * read. On failure *out is NULL and ctx's message names the file, the
  * tensor where there is one, and the rule broken. */
-int refit_source_open(refit_source **out, refit_ctx *ctx, const char *path);
+REFIT_API int refit_source_open(refit_source **out, refit_ctx *ctx, const char *path);
 /* The same over one safetensors file held in memory (borrowed: buf must
  * outlive the source). Not durable: an update from it cannot be replayed. */
-int refit_source_open_memory(refit_source **out, refit_ctx *ctx, const void *buf, size_t len,
+REFIT_API int refit_source_open_memory(refit_source **out, refit_ctx *ctx, const void *buf, size_t len,
                              const char *label);
-void refit_source_close(refit_source *src);
+REFIT_API void refit_source_close(refit_source *src);
 
 /* A checkpoint tensor as the source holds it. Strings and shape are owned
  * by the source. */
@@ -352,17 +357,17 @@ typedef struct refit_source_tensor {
     const char *file;
 } refit_source_tensor;
 
-size_t refit_source_count(const refit_source *src);
-int refit_source_tensor_at(const refit_source *src, size_t i, refit_source_tensor *out);
+REFIT_API size_t refit_source_count(const refit_source *src);
+REFIT_API int refit_source_tensor_at(const refit_source *src, size_t i, refit_source_tensor *out);
 /* "file:///abs/path" of the file or directory; owned by the source. */
-const char *refit_source_uri(const refit_source *src);
+REFIT_API const char *refit_source_uri(const refit_source *src);
 /* 1 when the bytes can be found again by URI (files: yes), so an update
  * from this source can be replayed. */
-int refit_source_is_durable(const refit_source *src);
+REFIT_API int refit_source_is_durable(const refit_source *src);
 /* SHA-256 of the source, lower-case hex: for one file, the file's (what the
  * hub publishes); for a directory, of the lines "<file name> <file sha256>\n"
  * in file-name order. Reads every byte on the first call, then cached. */
-int refit_source_digest(refit_source *src, char hex[65]);
+REFIT_API int refit_source_digest(refit_source *src, char hex[65]);
 
 /* Progress: called after each tensor with the running totals. */
 typedef void (*refit_progress_fn)(void *user, uint64_t bytes, uint64_t tensors,
@@ -374,15 +379,15 @@ typedef int (*refit_filter_fn)(void *user, const char *name);
  * transaction, straight from the mapped files. First re-checks that no file
  * changed since it was opened. A tensor the model does not expect is an
  * error (REFIT_EUNEXPECTED), as with refit_load; use a filter to skip. */
-int refit_load_source(refit_txn *txn, refit_source *src, refit_progress_fn progress,
+REFIT_API int refit_load_source(refit_txn *txn, refit_source *src, refit_progress_fn progress,
                       void *user);
-int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_fn filter,
+REFIT_API int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_fn filter,
                                void *filter_user, refit_progress_fn progress, void *user);
 
 /* ---- journal and replay --------------------------------------------------- */
 
 /* Id of the journal row of an open update (0 when there is no journal). */
-int64_t refit_txn_journal_id(const refit_txn *txn);
+REFIT_API int64_t refit_txn_journal_id(const refit_txn *txn);
 
 #define REFIT_REPLAY_OPTS_VERSION 1
 typedef struct refit_replay_opts {
@@ -398,14 +403,14 @@ typedef struct refit_replay_opts {
  * worker holds no committed bytes for), finalize. Journaled as a replay of
  * update_id. Ends READY, or fails with the reason and the worker as a
  * failed update leaves it. */
-int refit_replay(refit_model *model, int64_t update_id, const refit_replay_opts *opts);
+REFIT_API int refit_replay(refit_model *model, int64_t update_id, const refit_replay_opts *opts);
 
 /* Progress of an open transaction. */
 typedef struct refit_txn_stats {
     uint64_t tensors_loaded, bytes_loaded;
     uint32_t modules_touched, modules_complete;
 } refit_txn_stats;
-int refit_txn_stats_get(const refit_txn *txn, refit_txn_stats *out);
+REFIT_API int refit_txn_stats_get(const refit_txn *txn, refit_txn_stats *out);
 
 #ifdef __cplusplus
 }
