@@ -155,6 +155,7 @@ struct refit_model {
     struct refit_txn *txn;      /* open transaction, or NULL */
     struct txn_scratch *scratch;/* per-route/module arrays reused by every txn */
     void *journal_modules;      /* journal_module_info[n_modules], built at seal */
+    struct undo_chunk *undo_pool; /* undo memory kept between updates */
     struct manifest_decls *decls;/* runtime tensors declared by manifests (manifest.c) */
     int64_t journal_plan;       /* module list recorded at seal, or 0 */
     refit_model_stats stats;

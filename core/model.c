@@ -5,6 +5,7 @@
 #include "core/internal.h"
 #include "core/manifest.h"
 #include "core/txn_journal.h"
+#include "core/undo.h"
 #include "kernels/fingerprint.h"
 
 #define MODEL_CHECK(m)                                                        \
@@ -45,6 +46,7 @@ void refit_model_destroy(refit_model *m)
     if (m->txn)
         refit_abort(m->txn);
     model_free_plan(m);
+    undo_pool_free(&m->undo_pool);
     for (uint32_t i = 0; i < m->n_modules; i++) {
         module *mod = &m->modules[i];
         free(mod->name);

@@ -304,6 +304,7 @@ int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, in
         return rc;
     }
     t->fingerprint = opts->fingerprint != 0;
+    t->undo.pool = &m->undo_pool;
     t->m = m;
     t->s = m->scratch;
     t->rollback = opts->rollback != 0;
@@ -818,11 +819,16 @@ static int txn_end_aborted(refit_txn *t, const char *why)
 
 int refit_abort(refit_txn *t)
 {
+    return refit_abort_reason(t, NULL);
+}
+
+int refit_abort_reason(refit_txn *t, const char *why)
+{
     if (!t)
         return REFIT_EINVAL;
     ctx_clear_error(t->m->ctx);
     refit_model *m = t->m;
-    int rc = txn_end_aborted(t, NULL);
+    int rc = txn_end_aborted(t, why);
     if (rc == REFIT_EPOISONED)
         ctx_error(m->ctx, rc, "abort: worker %s is POISONED (%u module(s) hold bytes of an "
                   "aborted update; rollback was off)", m->ctx->worker_id, m->n_dirty);

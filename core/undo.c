@@ -17,12 +17,33 @@ struct undo_chunk {
 
 #define UNDO_CHUNK_MIN (4u << 20)
 
+/* A pooled chunk of be that holds need bytes, taken out of the pool. */
+static undo_chunk *pool_take(undo_chunk **pool, const backend *be, size_t need)
+{
+    for (undo_chunk **pp = pool; pool && *pp; pp = &(*pp)->next) {
+        undo_chunk *c = *pp;
+        if (c->be == be && c->size >= need) {
+            *pp = c->next;
+            c->used = 0;
+            return c;
+        }
+    }
+    return NULL;
+}
+
 static char *undo_alloc(undo_log *u, const backend *be, size_t n)
 {
     size_t need = (n + 63) & ~(size_t)63;
     undo_chunk *c = u->chunks;
     if (!c || c->be != be || c->size - c->used < need) {
         size_t size = need > UNDO_CHUNK_MIN ? need : UNDO_CHUNK_MIN;
+        if ((c = pool_take(u->pool, be, need))) {
+            c->next = u->chunks;
+            u->chunks = c;
+            char *p = c->data;
+            c->used = need;
+            return p;
+        }
         c = malloc(sizeof *c);
         if (!c)
             return NULL;
@@ -74,9 +95,24 @@ void undo_free(undo_log *u)
     while (u->chunks) {
         undo_chunk *c = u->chunks;
         u->chunks = c->next;
-        c->be->undo_free(c->data);
-        free(c);
+        if (u->pool) {
+            c->next = *u->pool;
+            *u->pool = c;
+        } else {
+            c->be->undo_free(c->data);
+            free(c);
+        }
     }
     free(u->e);
     memset(u, 0, sizeof *u);
+}
+
+void undo_pool_free(undo_chunk **pool)
+{
+    while (*pool) {
+        undo_chunk *c = *pool;
+        *pool = c->next;
+        c->be->undo_free(c->data);
+        free(c);
+    }
 }

@@ -70,7 +70,9 @@ extern "C" {
     X(EJOURNAL,   -16,  "journal error")                                      \
     X(ECORRUPT,   -17,  "corrupt or malformed input")                         \
     X(EBUDGET,    -18,  "staging memory budget exceeded")                     \
-    X(EINTERNAL,  -19,  "internal error")
+    X(EINTERNAL,  -19,  "internal error")                                     \
+    X(ETIMEDOUT,  -20,  "deadline passed")                                    \
+    X(EPEER,      -21,  "another rank of the group failed")
 
 typedef enum refit_status {
 #define REFIT_X_(name, value, desc) REFIT_##name = value,
@@ -329,6 +331,9 @@ REFIT_API int refit_commit(refit_txn *txn);
  * any byte was written. Frees the txn. Returns REFIT_OK when the worker is
  * back to its previous state, REFIT_EPOISONED when it is poisoned. */
 REFIT_API int refit_abort(refit_txn *txn);
+/* The same, with the reason recorded in the journal (a transport's
+ * deadline, a peer's failure) instead of "aborted by the caller". */
+REFIT_API int refit_abort_reason(refit_txn *txn, const char *why);
 
 /* ---- checkpoint sources -------------------------------------------------- */
 

@@ -49,7 +49,7 @@ static void test_status_values_distinct_ok_zero_errors_negative(void **state)
 static void test_unknown_status(void **state)
 {
     (void)state;
-    const int unknown[] = {1, 7, -20, -1000, 12345, -2147483647 - 1};
+    const int unknown[] = {1, 7, -99, -1000, 12345, -2147483647 - 1};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++) {
         const char *n = refit_status_name(unknown[i]);
         const char *d = refit_strerror(unknown[i]);
