@@ -52,6 +52,9 @@
 #include <unistd.h>
 
 #include <cuda_runtime_api.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "core/cuda/backend_cuda.h"
 #include "core/cuda/kern_cuda.h"
@@ -84,6 +87,7 @@ typedef struct cuda_cfg {
     int batch_grid;             /* REFIT_CUDA_BATCH_GRID: blocks of a batch launch, 0 = a row each */
     int table_upload;           /* REFIT_CUDA_TABLE_UPLOAD: copy tables to the device first */
     size_t flush_bytes;         /* REFIT_CUDA_FLUSH_MB: launch once this much is queued */
+    int nt_stores;              /* REFIT_CUDA_NT_STORES: stream into pinned chunks */
 } cuda_cfg;
 
 static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
@@ -104,7 +108,7 @@ static void cfg_load(cuda_cfg *c)
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     size_t def_threads = ncpu > 2 ? (size_t)(ncpu > 9 ? 8 : ncpu - 1) : 1;
     c->table_rows = (uint32_t)env_size("REFIT_CUDA_TABLE_ROWS", 32768, 1, 64, 1u << 22);
-    c->row_max = env_size("REFIT_CUDA_ROW_KB", 1024 * KIB, KIB, 4 * KIB, 64 * MIB);
+    c->row_max = env_size("REFIT_CUDA_ROW_KB", 256 * KIB, KIB, 4 * KIB, 64 * MIB);
     c->h2d_min = env_size("REFIT_CUDA_H2D_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
     c->d2d_memcpy_min = env_size("REFIT_CUDA_D2D_MEMCPY_MIN_KB", 0, KIB, 0, SIZE_MAX / 2);
     c->save_min = env_size("REFIT_CUDA_SAVE_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
@@ -118,6 +122,7 @@ static void cfg_load(cuda_cfg *c)
     c->batch_grid = (int)env_size("REFIT_CUDA_BATCH_GRID", 0, 1, 0, 1 << 20);
     c->table_upload = (int)env_size("REFIT_CUDA_TABLE_UPLOAD", 0, 1, 0, 1);
     c->flush_bytes = env_size("REFIT_CUDA_FLUSH_MB", 64 * MIB, MIB, MIB, SIZE_MAX / 2);
+    c->nt_stores = (int)env_size("REFIT_CUDA_NT_STORES", 0, 1, 0, 1);
     kern_copy_batch_variant(c->batch_variant, c->batch_grid);
     c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
 }
@@ -188,6 +193,7 @@ typedef struct cq {
     kern_batch_row *dev_rows;   /* the device copy of a table (table_upload) */
     pchunk ring[MAX_RING];
     uint32_t ring_cur;
+    uint64_t launched;          /* copy bytes launched since the last sync */
 } cq;
 
 /* A cached allocation (device staging or pinned undo). */
@@ -316,6 +322,39 @@ static struct {
     size_t finished;            /* slices done; the caller spins on it */
 } P = {.mu = PTHREAD_MUTEX_INITIALIZER, .go = PTHREAD_COND_INITIALIZER};
 
+/* memcpy with non-temporal stores: the pinned destination is not read for
+ * ownership first (a third less memory traffic) and does not evict the
+ * source from the caches. */
+static void nt_memcpy(void *dst, const void *src, size_t n)
+{
+#if defined(__SSE2__)
+    char *d = dst;
+    const char *s = src;
+    size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+    if (head > n)
+        head = n;
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    n -= head;
+    size_t body = n & ~(size_t)63;
+    for (size_t i = 0; i < body; i += 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)(s + i));
+        __m128i b = _mm_loadu_si128((const __m128i *)(s + i + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(s + i + 32));
+        __m128i e = _mm_loadu_si128((const __m128i *)(s + i + 48));
+        _mm_stream_si128((__m128i *)(d + i), a);
+        _mm_stream_si128((__m128i *)(d + i + 16), b);
+        _mm_stream_si128((__m128i *)(d + i + 32), c);
+        _mm_stream_si128((__m128i *)(d + i + 48), e);
+    }
+    _mm_sfence();
+    memcpy(d + body, s + body, n - body);
+#else
+    memcpy(dst, src, n);
+#endif
+}
+
 /* memcpy from a pageable source; a mapped file's pages are first faulted
  * in with one madvise (cheaper than a fault every few pages). */
 static void host_read(void *d, const void *s, size_t n)
@@ -326,7 +365,10 @@ static void host_read(void *d, const void *s, size_t n)
         (void)madvise((void *)a, e - a, MADV_POPULATE_READ); /* a hint: errors ignored */
         __atomic_fetch_add(&G.stats.prefault_ns, now_ns() - t0, __ATOMIC_RELAXED);
     }
-    memcpy(d, s, n);
+    if (G.cfg.nt_stores && n >= 64 * KIB)
+        nt_memcpy(d, s, n);
+    else
+        memcpy(d, s, n);
 }
 
 /* Take slices of the current job until none is left (P.mu held). Job
@@ -510,6 +552,7 @@ static int queue_flush(cq *q)
     cudaStream_t st = (cudaStream_t)q->stream;
     uint32_t cap = G.cfg.table_rows, n_save = t->n_save, n_copy = t->n_copy;
     t->n_save = t->n_copy = 0; /* a failed launch is reported once, not retried */
+    q->launched += t->copy_bytes;
     t->copy_bytes = 0;
     const kern_batch_row *rows = t->dev;
     cudaError_t e = cudaSuccess;
@@ -574,8 +617,11 @@ static int queue_rows(cq *q, bool save, uint64_t dst, uint64_t src, uint64_t byt
         }
         uint64_t len = bytes - off < G.cfg.row_max ? bytes - off : G.cfg.row_max;
         t->rows[(save ? 0 : cap) + (*n)++] = (kern_batch_row){src + off, dst + off, len};
-        if (!save && (t->copy_bytes += len) >= G.cfg.flush_bytes) {
-            /* enough for the device to start on while the host goes on */
+        if (!save && (t->copy_bytes += len) >= G.cfg.flush_bytes &&
+            t->copy_bytes >= q->launched) {
+            /* the device starts on the first flush_bytes while the host goes
+             * on routing; each launch after that is as large as all before
+             * it, so launches stay few and each fills the device */
             int rc = queue_flush(q);
             if (rc)
                 return rc;
@@ -914,6 +960,8 @@ static int streams_drain(void *stream, bool wait)
         if (!rc) {
             rc = queue_flush(q);
             cudaError_t e = wait ? cudaStreamSynchronize((cudaStream_t)stream) : cudaSuccess;
+            if (wait)
+                q->launched = 0;
             if (!rc && e != cudaSuccess)
                 rc = cu_fail(e, "cudaStreamSynchronize");
             dev_leave(&g);
