@@ -115,7 +115,7 @@ static void cfg_load(cuda_cfg *c)
     c->ring_chunks = (uint32_t)env_size("REFIT_CUDA_RING_CHUNKS", 4, 1, 2, MAX_RING);
     c->ring_chunk_bytes = env_size("REFIT_CUDA_RING_CHUNK_MB", 16 * MIB, MIB, MIB, 4096 * MIB);
     c->staging_cache = env_size("REFIT_CUDA_STAGING_CACHE_MB", 1024 * MIB, MIB, 0, SIZE_MAX / 2);
-    c->undo_cache = env_size("REFIT_CUDA_UNDO_CACHE_MB", 8192 * MIB, MIB, 0, SIZE_MAX / 2);
+    c->undo_cache = env_size("REFIT_CUDA_UNDO_CACHE_MB", 0, MIB, 0, SIZE_MAX / 2);
     c->threads = (int)env_size("REFIT_CUDA_COPY_THREADS", def_threads, 1, 0, 64);
     c->populate = (int)env_size("REFIT_CUDA_POPULATE", 1, 1, 0, 1);
     c->batch_variant = (int)env_size("REFIT_CUDA_BATCH_VARIANT", 1, 1, 0, 3);
