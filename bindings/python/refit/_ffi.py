@@ -47,6 +47,7 @@ class Options(ctypes.Structure):
         ("journal_path", ctypes.c_char_p),
         ("plugin_dirs", ctypes.c_char_p),
         ("staging_budget", ctypes.c_uint64),
+        ("journal_best_effort", ctypes.c_int),
     ]
 
 
@@ -78,6 +79,19 @@ class UpdateOpts(ctypes.Structure):
         ("version", ctypes.c_uint32),
         ("version_label", ctypes.c_char_p),
         ("source_uri", ctypes.c_char_p),
+        ("rollback", ctypes.c_int),
+        ("source_digest", ctypes.c_char_p),
+        ("fingerprint", ctypes.c_int),
+    ]
+
+
+REPLAY_OPTS_VERSION = 1
+
+
+class ReplayOpts(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("full", ctypes.c_int),
         ("rollback", ctypes.c_int),
     ]
 
@@ -150,7 +164,12 @@ _PROTOS = {
     "refit_load": (_I, [_P, _S, ctypes.POINTER(Tensor), _P]),
     "refit_load_part": (_I, [_P, _S, ctypes.c_int64, ctypes.POINTER(Tensor), _P]),
     "refit_finalize": (_I, [_P]),
+    "refit_finalize_prepare": (_I, [_P]),
+    "refit_commit": (_I, [_P]),
     "refit_abort": (_I, [_P]),
+    "refit_abort_reason": (_I, [_P, _S]),
+    "refit_txn_journal_id": (ctypes.c_int64, [_P]),
+    "refit_replay": (_I, [_P, ctypes.c_int64, ctypes.POINTER(ReplayOpts)]),
     "refit_txn_stats_get": (_I, [_P, ctypes.POINTER(TxnStats)]),
     "refit_source_open": (_I, [ctypes.POINTER(_P), _P, _S]),
     "refit_source_close": (None, [_P]),
