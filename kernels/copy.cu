@@ -15,6 +15,8 @@
 
 #include <refit/format.h>
 
+#include "kernels/cast_bits.h"
+
 /* One piece of a batched copy: the layout core/cuda/kern_cuda.h declares. */
 struct kern_batch_row {
     uint64_t src;
@@ -43,68 +45,26 @@ extern "C" void kern_cuda_set_error(const char *msg)
     snprintf(cuda_err, sizeof cuda_err, "%s", msg);
 }
 
-/* ---- casts: the algorithms of kernels/cast.c ---- */
+/* ---- casts: the same algorithms as the host (kernels/cast_bits.h) ---- */
 
 __device__ __forceinline__ float d_f16_to_f32(uint16_t h)
 {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f)
-        return __uint_as_float(sign | 0x7f800000u | (man << 13));
-    if (exp != 0)
-        return __uint_as_float(sign | ((exp + 112) << 23) | (man << 13));
-    if (man == 0)
-        return __uint_as_float(sign);
-    int e = -1;
-    do {
-        man <<= 1;
-        e++;
-    } while ((man & 0x400u) == 0);
-    return __uint_as_float(sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ffu) << 13));
-}
-
-__device__ __forceinline__ uint32_t d_shift_rne(uint32_t m, unsigned shift)
-{
-    uint32_t r = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1u)))
-        r++;
-    return r;
+    return __uint_as_float(kern_bits_f16_to_f32(h));
 }
 
 __device__ __forceinline__ uint16_t d_f32_to_f16(float f)
 {
-    uint32_t x = __float_as_uint(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    uint32_t a = x & 0x7fffffffu;
-    if (a >= 0x7f800000u)
-        return sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0);
-    if (a >= 0x477ff000u)
-        return sign | 0x7c00u;
-    if (a < 0x38800000u) {
-        uint32_t e = a >> 23;
-        if (e < 102)
-            return sign;
-        uint32_t m = (a & 0x7fffffu) | 0x800000u;
-        return sign | (uint16_t)d_shift_rne(m, 126 - e);
-    }
-    return sign | (uint16_t)d_shift_rne(a - (112u << 23), 13);
+    return kern_bits_f32_to_f16(__float_as_uint(f));
 }
 
 __device__ __forceinline__ float d_bf16_to_f32(uint16_t b)
 {
-    return __uint_as_float((uint32_t)b << 16);
+    return __uint_as_float(kern_bits_bf16_to_f32(b));
 }
 
 __device__ __forceinline__ uint16_t d_f32_to_bf16(float f)
 {
-    uint32_t x = __float_as_uint(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
+    return kern_bits_f32_to_bf16(__float_as_uint(f));
 }
 
 /* ---- strided walks ---- */
