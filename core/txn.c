@@ -761,7 +761,9 @@ static void txn_journal_end(refit_txn *t, journal_update_state st, const char *e
         bool complete = s->mod_complete[mi] == mod->n_primary;
         journal_module_progress p = {mi, complete ? JOURNAL_MODULE_COMPLETE
                                                   : JOURNAL_MODULE_PARTIAL,
-                                     s->mod_complete[mi], module_bytes_in(t, mod), 0, 0};
+                                     s->mod_complete[mi],
+                                     complete ? mod->expected_bytes : module_bytes_in(t, mod),
+                                     0, 0};
         if (st == JOURNAL_UPDATE_COMMITTED) {
             p.state = JOURNAL_MODULE_COMMITTED;
             p.has_fingerprint = t->fingerprint && !module_fingerprint(m, mod, &p.fingerprint);

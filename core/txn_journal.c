@@ -155,24 +155,38 @@ static int batch_push(txj_batch *b, journal_module_progress p)
 }
 
 void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi, uint64_t tensors,
-                    uint64_t bytes)
+                     uint64_t bytes)
 {
     refit_ctx *ctx = m->ctx;
+    (void)tensors;
+    (void)bytes;
     if (!id || !ctx->journal)
         return;
-    journal_module_progress p = {mi, JOURNAL_MODULE_COMPLETE, tensors, bytes, 0, 0};
-    if (batch_push(b, p)) {
+    if (grow_array((void **)&b->done, &b->cap_done, b->n_done, sizeof *b->done)) {
         txj_gap(ctx, "module progress");
         return;
     }
-    double now = mono_now();
-    if (b->n == 1 && b->last_write == 0)
-        b->last_write = now; /* the clock starts with the first module */
-    if (b->n < TXJ_BATCH_MODULES && now - b->last_write < TXJ_BATCH_SECONDS)
+    b->done[b->n_done++] = mi;
+    if (b->n_done % TXJ_CLOCK_EVERY != 1)
         return;
+    double now = mono_now();
+    if (b->last_write == 0)
+        b->last_write = now; /* the clock starts with the first module */
+    if (now - b->last_write < TXJ_BATCH_SECONDS)
+        return;
+    b->n = 0;
+    for (uint32_t i = 0; i < b->n_done; i++) {
+        const module *mod = &m->modules[b->done[i]];
+        journal_module_progress p = {b->done[i], JOURNAL_MODULE_COMPLETE, mod->n_primary,
+                                     mod->expected_bytes, 0, 0};
+        if (batch_push(b, p)) {
+            txj_gap(ctx, "module progress");
+            return;
+        }
+    }
     if (journal_modules_progress(ctx->journal, id, b->n, b->p))
         txj_gap(ctx, "module progress");
-    b->n = 0;
+    b->n = b->n_done = 0;
     b->last_write = mono_now();
     ctx->journal_seconds += b->last_write - now;
 }
@@ -205,5 +219,6 @@ void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st, 
 void txj_batch_free(txj_batch *b)
 {
     free(b->p);
+    free(b->done);
     memset(b, 0, sizeof *b);
 }

@@ -9,18 +9,22 @@
 #include "core/internal.h"
 #include "journal/journal.h"
 
-/* Modules that completed since the last progress write. */
+/* Modules that completed since the last progress write (p is also where
+ * the final rows are built at the end). */
 typedef struct txj_batch {
     journal_module_progress *p;
     uint32_t n, cap;
+    uint32_t *done;             /* indexes of modules completed since */
+    uint32_t n_done, cap_done;
     double last_write;          /* monotonic seconds of the last progress write */
 } txj_batch;
 
-/* Progress is written when this many modules are waiting, or when the
- * last write is this old: a reload of a few milliseconds writes none, a
- * long one leaves a trail an operator can follow. */
-#define TXJ_BATCH_MODULES 8192
+/* Progress is written when the last write is this old, the clock read
+ * once every TXJ_CLOCK_EVERY completed modules: a reload of a few
+ * milliseconds writes none, a long one leaves a trail an operator can
+ * follow. */
 #define TXJ_BATCH_SECONDS 0.25
+#define TXJ_CLOCK_EVERY 256
 
 /* Context: open the journal named by the options (errors kept for begin). */
 void txj_open(refit_ctx *ctx);
