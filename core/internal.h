@@ -28,6 +28,7 @@ struct refit_ctx {
     char journal_err[512];              /* why the journal could not be opened */
     uint64_t journal_gaps;              /* writes lost while it had no handle */
     double journal_seconds;             /* time spent in journal writes (bench) */
+    double journal_progress_s;          /* progress write interval */
     char *plugin_dirs;
     struct plugin_set *plugins;         /* format plugins found at open (formats_builtin.c) */
     uint64_t staging_budget;

@@ -41,6 +41,9 @@ void txj_open(refit_ctx *ctx)
 {
     if (!ctx->journal_path || ctx->journal)
         return;
+    /* $REFIT_JOURNAL_PROGRESS_S: the progress interval (0: every 256 modules) */
+    const char *ps = getenv("REFIT_JOURNAL_PROGRESS_S");
+    ctx->journal_progress_s = ps ? strtod(ps, NULL) : TXJ_BATCH_SECONDS;
     journal_opts o = JOURNAL_OPTS_INIT;
     o.mode = ctx->journal_best_effort ? JOURNAL_BEST_EFFORT : JOURNAL_REQUIRED;
     struct journal *j;
@@ -172,7 +175,7 @@ void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi, uint
     double now = mono_now();
     if (b->last_write == 0)
         b->last_write = now; /* the clock starts with the first module */
-    if (now - b->last_write < TXJ_BATCH_SECONDS)
+    if (now - b->last_write < ctx->journal_progress_s)
         return;
     b->n = 0;
     for (uint32_t i = 0; i < b->n_done; i++) {

@@ -431,6 +431,86 @@ static void test_source_unexpected_and_filter(void **state)
     refit_source_close(src);
 }
 
+/* A worker of n one-tensor modules, for progress records. */
+static int wide_open(refit_ctx **ctx, refit_model **m, const char *db, float *rt, int n,
+                     int64_t *shape)
+{
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.worker_id = "wide";
+    o.journal_path = db;
+    int rc = refit_open(ctx, &o);
+    if (rc || (rc = refit_model_create(m, *ctx)))
+        return rc;
+    static refit_tensor desc[1024];
+    for (int i = 0; i < n && !rc; i++) {
+        char mod[32], name[48];
+        snprintf(mod, sizeof mod, "m%d", i);
+        snprintf(name, sizeof name, "model.w%d", i);
+        desc[i] = (refit_tensor){.data = rt + i * 4, .device = {REFIT_DEVICE_CPU, 0}, .ndim = 1,
+                                 .dtype = REFIT_F32, .shape = shape};
+        refit_ckpt_spec sp = REFIT_CKPT_SPEC_INIT;
+        sp.dtype = REFIT_F32;
+        sp.ndim = 1;
+        sp.shape[0] = 4;
+        if (!(rc = refit_model_add_module(*m, mod, "unquantized", NULL)) &&
+            !(rc = refit_module_bind_runtime(*m, mod, "w", &desc[i])))
+            rc = refit_model_expect(*m, mod, name, &sp);
+    }
+    return rc ? rc : refit_model_seal(*m);
+}
+
+static int count_complete(void *user, const journal_module_row *r)
+{
+    int *n = user;
+    *n += !strcmp(r->state, "complete");
+    return 0;
+}
+
+/* A worker dies mid-update: the journal already shows the modules that
+ * arrived (with a progress interval of 0 every completion is written at
+ * once), so an operator sees how far it got. */
+static void test_progress_survives_a_crash(void **state)
+{
+    world *w = *state;
+    enum { N = 600, SENT = 300 };
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        setenv("REFIT_JOURNAL_PROGRESS_S", "0", 1);
+        static float rt[N * 4], src[4] = {1, 2, 3, 4};
+        int64_t shape[1] = {4};
+        refit_ctx *ctx;
+        refit_model *m;
+        refit_txn *t;
+        refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+        if (wide_open(&ctx, &m, w->db, rt, N, shape) || refit_begin(&t, m, &uo))
+            _exit(3);
+        refit_tensor s = {.data = src, .device = {REFIT_DEVICE_CPU, 0}, .ndim = 1,
+                          .dtype = REFIT_F32, .shape = shape};
+        for (int i = 0; i < SENT; i++) {
+            char name[48];
+            snprintf(name, sizeof name, "model.w%d", i);
+            if (refit_load(t, name, &s, NULL))
+                _exit(4);
+        }
+        raise(SIGKILL);
+        _exit(5);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_string_equal(read_update(w->db, 1).state, "interrupted");
+    journal *j;
+    journal_opts o = JOURNAL_OPTS_INIT;
+    o.readonly = 1;
+    char err[256];
+    int complete = 0;
+    assert_int_equal(journal_open(&j, w->db, &o, err, sizeof err), REFIT_OK);
+    assert_int_equal(journal_modules_list(j, 1, 0, count_complete, &complete), REFIT_OK);
+    journal_close(j);
+    assert_int_equal(complete, SENT);
+}
+
 /* Two-phase finalize: prepared, then the group's decision. */
 static void test_prepare_commit_abort(void **state)
 {
@@ -488,6 +568,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_source_changed_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_source_unexpected_and_filter, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prepare_commit_abort, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_progress_survives_a_crash, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
