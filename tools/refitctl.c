@@ -19,6 +19,7 @@ static const struct ctl_area areas[] = {
     {"formats", ctl_formats, "[--plugin-dir DIR]... [--only] [--json]"},
     {"validate", ctl_validate, "[--format|--model] FILE..."},
     {"manifest", ctl_manifest, "llama CONFIG.json [--tp N] [--pad-unit U]"},
+    {"convert", ctl_convert, "--format NAME [--param KEY=VALUE]... IN OUT"},
     {NULL, NULL, NULL},
 };
 

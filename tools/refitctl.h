@@ -11,5 +11,6 @@ int ctl_journal(int argc, char **argv);
 int ctl_formats(int argc, char **argv);
 int ctl_validate(int argc, char **argv);
 int ctl_manifest(int argc, char **argv);
+int ctl_convert(int argc, char **argv);
 
 #endif
