@@ -37,7 +37,7 @@
 /* PRAGMA application_id of a refit journal ("RFTJ"). */
 #define JOURNAL_APPLICATION_ID 0x5246544a
 /* PRAGMA user_version this code writes; older files are migrated forward. */
-#define JOURNAL_SCHEMA_VERSION 1
+#define JOURNAL_SCHEMA_VERSION 2
 /* Busy timeout when the options say 0. */
 #define JOURNAL_BUSY_TIMEOUT_MS 2000
 

@@ -35,12 +35,10 @@
       " replay_of, rollback_on, state, started_at, plan_id, n_modules, pid,"   \
       " pid_start, host) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'loading', ?8,"   \
       " ?9, ?10, ?11, ?12, ?13)")                                              \
-    X(CHUNK_INSERT,                                                            \
-      "INSERT INTO module_chunks(update_id, chunk, states)"                    \
-      " VALUES (?1, ?2, ?3)")                                                  \
     X(CHUNK_WRITE,                                                             \
-      "UPDATE module_chunks SET states = ?3, fingerprints = ?4"                \
-      " WHERE update_id = ?1 AND chunk = ?2")                                  \
+      "INSERT INTO module_chunks(update_id, chunk, states, fingerprints)"      \
+      " VALUES (?1, ?2, ?3, ?4) ON CONFLICT(update_id, chunk)"                 \
+      " DO UPDATE SET states = ?3, fingerprints = ?4")                         \
     X(RECEIVED_UPSERT,                                                         \
       "INSERT INTO module_received(update_id, idx, received_tensors,"          \
       " received_bytes) VALUES (?1, ?2, ?3, ?4) ON CONFLICT(update_id, idx)"   \

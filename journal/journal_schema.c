@@ -130,8 +130,34 @@ static const char schema_v1[] =
     "CREATE INDEX events_by_update ON events(update_id)"
     " WHERE update_id IS NOT NULL;";
 
+/* Version 2: an update's module_chunks rows are written when its modules
+ * first change, not at begin (a missing row is 256 pending modules), so a
+ * begin writes the same few rows whatever the model's size. */
+#define JOURNAL_STATE_LETTER_V2 "coalesce(substr(c.states, m.idx % 256 + 1, 1), '.')"
+static const char schema_v2[] =
+    "DROP VIEW modules;"
+    "CREATE VIEW modules AS SELECT"
+    " u.id AS update_id, m.idx AS idx, m.name AS name,"
+    " CASE " JOURNAL_STATE_LETTER_V2 " WHEN '.' THEN 'pending'"
+    " WHEN 'p' THEN 'partial' WHEN 'c' THEN 'complete'"
+    " WHEN 'C' THEN 'committed' WHEN 'r' THEN 'rolled_back'"
+    " WHEN 'X' THEN 'poisoned' END AS state,"
+    " m.expected_tensors AS expected_tensors,"
+    " coalesce(r.received_tensors, CASE " JOURNAL_STATE_LETTER_V2
+    "  WHEN '.' THEN 0 ELSE m.expected_tensors END) AS received_tensors,"
+    " m.expected_bytes AS expected_bytes,"
+    " coalesce(r.received_bytes, CASE " JOURNAL_STATE_LETTER_V2
+    "  WHEN '.' THEN 0 ELSE m.expected_bytes END) AS received_bytes,"
+    " CASE substr(c.fingerprints, (m.idx % 256) * 9 + 1, 1) WHEN x'01'"
+    "  THEN lower(hex(substr(c.fingerprints, (m.idx % 256) * 9 + 2, 8)))"
+    "  END AS fingerprint"
+    " FROM updates u"
+    " JOIN plan_modules m ON m.plan_id = u.plan_id"
+    " LEFT JOIN module_chunks c ON c.update_id = u.id AND c.chunk = m.idx / 256"
+    " LEFT JOIN module_received r ON r.update_id = u.id AND r.idx = m.idx;";
+
 /* The steps; steps[i] takes the file to version i + 1. */
-static const char *const steps[] = {schema_v1};
+static const char *const steps[] = {schema_v1, schema_v2};
 _Static_assert(sizeof steps / sizeof steps[0] == JOURNAL_SCHEMA_VERSION,
                "one migration step per schema version");
 

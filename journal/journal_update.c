@@ -98,27 +98,6 @@ static int update_row(journal *j, const journal_update_info *info,
     return rc;
 }
 
-static size_t chunk_len(const jr_update *u, size_t c)
-{
-    size_t left = u->n - c * JOURNAL_CHUNK;
-    return left < JOURNAL_CHUNK ? left : JOURNAL_CHUNK;
-}
-
-static int chunk_rows(journal *j, const jr_update *u, int64_t id)
-{
-    sqlite3_stmt *s = jr_stmt(j, JS_CHUNK_INSERT);
-    int rc = s ? SQLITE_DONE : SQLITE_ERROR;
-    if (s)
-        sqlite3_bind_int64(s, 1, id);
-    for (size_t c = 0; c < u->n_chunks && rc == SQLITE_DONE; c++) {
-        sqlite3_bind_int64(s, 2, (sqlite3_int64)c);
-        sqlite3_bind_text(s, 3, u->states + c * JOURNAL_CHUNK,
-                          (int)chunk_len(u, c), SQLITE_STATIC);
-        rc = jr_step_done(j, s);
-    }
-    return rc;
-}
-
 /* The previous update of this handle never got its end recorded. */
 static int abandon_open(journal *j)
 {
@@ -204,8 +183,6 @@ int journal_update_begin(journal *j, int64_t *update_id,
         src = begin_plan(j, info, n_modules, modules, &plan);
     if (src == SQLITE_DONE)
         src = update_row(j, info, plan, n_modules, &id);
-    if (src == SQLITE_DONE)
-        src = chunk_rows(j, &u, id);
     if (src == SQLITE_DONE && info->health_from) {
         char fbuf[32];
         src = jr_health_rows(j, info->worker_id,

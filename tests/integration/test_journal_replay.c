@@ -511,6 +511,46 @@ static void test_progress_survives_a_crash(void **state)
     assert_int_equal(complete, SENT);
 }
 
+static int count_verify(void *user, const char *problem)
+{
+    int *n = user;
+    print_message("# problem: %s\n", problem);
+    (*n)++;
+    return 0;
+}
+
+/* A journal written by schema 1 (the demo, before chunk rows became lazy)
+ * is migrated forward on its first writable open, and reads as before. */
+static void test_schema1_journal_migrates(void **state)
+{
+    world *w = *state;
+    const char *src = getenv("REFIT_SOURCE_ROOT");
+    char from[1024], cmd[2300];
+    snprintf(from, sizeof from, "%s/tests/data/journal-v1.db", src ? src : "..");
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, w->db);
+    assert_int_equal(system(cmd), 0);
+    journal *j;
+    char err[256];
+    assert_int_equal(journal_open(&j, w->db, NULL, err, sizeof err), REFIT_OK);
+    int problems = 0;
+    size_t n = 0;
+    assert_int_equal(journal_verify(j, count_verify, &problems, &n), REFIT_OK);
+    assert_int_equal(n, 0);
+    journal_close(j);
+    urow u = read_update(w->db, 1);
+    assert_string_equal(u.state, "committed");
+    mrow m = read_modules(w->db, 1);
+    assert_int_equal(m.n, 14);
+    assert_int_equal(m.committed, 14);
+    /* and a new update on the migrated file */
+    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
+    make_version(w, 1);
+    int64_t id = 0;
+    assert_int_equal(send_memory(w, "v1", N_MOD, 1, &id), REFIT_OK);
+    assert_string_equal(read_update(w->db, id).state, "committed");
+    assert_int_equal(read_modules(w->db, id).committed, N_MOD);
+}
+
 /* Two-phase finalize: prepared, then the group's decision. */
 static void test_prepare_commit_abort(void **state)
 {
@@ -569,6 +609,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_source_unexpected_and_filter, setup, teardown),
         cmocka_unit_test_setup_teardown(test_prepare_commit_abort, setup, teardown),
         cmocka_unit_test_setup_teardown(test_progress_survives_a_crash, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_schema1_journal_migrates, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
