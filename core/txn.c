@@ -919,7 +919,13 @@ static int txn_prepare(refit_txn *t)
                          "or abort it");
     } else {
         txn_set_state(t, TXN_FINALIZING);
-        txj_finalizing(m, t->journal_id);
+        /* the journal hears of this phase when it can last: when device
+         * work is still queued (on the host, finalize is a few checks) */
+        for (uint32_t i = 0; i < t->n_streams; i++)
+            if (t->streams[i].be != &backend_host) {
+                txj_finalizing(m, t->journal_id);
+                break;
+            }
         rc = txn_sync_streams(t);
         if (rc)
             txn_error(t, rc, "finalize: queued copies failed: %s", refit_strerror(rc));
