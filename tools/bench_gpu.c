@@ -16,6 +16,15 @@
  *                copy; peer: safetensors.torch.load_file + copy_.
  *   moe100k      100,000 small BF16 tensors [32, 64] into 1,000 stacked
  *                expert tensors; peer: a PyTorch copy_ loop.
+ *   quant        online FP8 quantization on the device of the model's
+ *                linear weights (154 BF16 matrices, 1.9 GB) per tensor, per
+ *                channel and per 128x128 block: the kernel (one call of the
+ *                quant_fp8 service for all, and one per weight as post-load
+ *                does per module) against the device copy bandwidth
+ *                (minimum bytes: 2 read + 1 written per element), and a
+ *                whole online-FP8 reload through refit; peer: the same
+ *                quantization in PyTorch ops. Checked against the CPU
+ *                reference on layer 0.
  *
  * The PyTorch peers run in tools/bench_gpu.py, exec'd here after refit's
  * figures with the same shapes; its JSON is merged into ours.
@@ -37,6 +46,8 @@
 #include <refit/refit.h>
 
 #include "core/cuda/backend_cuda.h"
+#include "core/cuda/kern_cuda.h"
+#include "kernels/quant_fp8.h"
 #include "tools/bench_gpu.h"
 
 #define MAX_T 512
@@ -521,6 +532,241 @@ static int bench_moe(bench *b)
     return rc != 0;
 }
 
+/* ---- quant: online FP8 on the device ---- */
+
+static double jget(json_t *o, const char *a, const char *k)
+{
+    json_t *x = json_object_get(json_object_get(o, a), k);
+    return x ? json_number_value(x) : -1;
+}
+
+static const char *const quant_key[3] = {"fp8_per_tensor", "fp8_per_channel", "fp8_block128"};
+static const char *const quant_param[3] = {"scheme: per_tensor", "scheme: per_channel",
+                                           "scheme: block128"};
+
+/* The linear weights: every 2-D tensor but the embedding and the head. */
+static int quant_weights(const bench *b, int *idx)
+{
+    int n = 0;
+    for (int i = 0; i < b->n; i++)
+        if (b->t[i].ndim == 2 && !strstr(b->t[i].name, "embed_tokens") &&
+            strcmp(b->t[i].name, "lm_head.weight"))
+            idx[n++] = i;
+    return n;
+}
+
+typedef struct qarena {
+    int idx[MAX_T], nw;
+    size_t elems, scales;
+    size_t qoff[MAX_T], soff[MAX_T];
+    char *q;                    /* device: the E4M3 weights */
+    float *s;                   /* device: the scales */
+    refit_view qv[MAX_T], sv[MAX_T], xv[MAX_T];
+    refit_tensor qt[MAX_T], st[MAX_T];
+    int64_t sshape[MAX_T][2];
+} qarena;
+
+/* Views of every weight for scheme sch (x: the device source arena). */
+static void quant_views(bench *b, qarena *a, int sch)
+{
+    for (int w = 0; w < a->nw; w++) {
+        const bt *t = &b->t[a->idx[w]];
+        int64_t n = t->shape[0], k = t->shape[1];
+        refit_view *x = &a->xv[w], *q = &a->qv[w], *s = &a->sv[w];
+        *x = (refit_view){.data = b->dev_src + t->off, .device = {REFIT_DEVICE_CUDA, 0},
+                          .dtype = REFIT_BF16, .ndim = 2, .shape = {n, k}, .strides = {k, 1}};
+        *q = *x;
+        q->data = a->q + a->qoff[w];
+        q->dtype = (refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1};
+        kern_fp8_scale_shape((kern_fp8_scheme)sch, n, k, a->sshape[w]);
+        *s = (refit_view){.data = a->s + a->soff[w], .device = {REFIT_DEVICE_CUDA, 0},
+                          .dtype = REFIT_F32, .ndim = 2,
+                          .shape = {a->sshape[w][0], a->sshape[w][1]},
+                          .strides = {a->sshape[w][1], 1}};
+    }
+}
+
+/* The first weights (layer 0) against the CPU reference on the pinned copy
+ * of the sources. */
+static int quant_check(bench *b, qarena *a, int sch)
+{
+    int rc = 0;
+    for (int w = 0; w < a->nw && w < 7 && !rc; w++) {
+        const bt *t = &b->t[a->idx[w]];
+        int64_t n = t->shape[0], k = t->shape[1], ns = a->sshape[w][0] * a->sshape[w][1];
+        uint8_t *q = malloc((size_t)(n * k)), *qd = malloc((size_t)(n * k));
+        float *s = malloc(sizeof *s * (size_t)ns), *sd = malloc(sizeof *sd * (size_t)ns);
+        refit_view x = a->xv[w], qv = a->qv[w], sv = a->sv[w];
+        x.data = b->pinned + t->off;
+        qv.data = q;
+        sv.data = s;
+        rc = !q || !qd || !s || !sd || kern_quant_fp8(&qv, &sv, &x, (kern_fp8_scheme)sch);
+        if (!rc && (cudaMemcpy(qd, a->qv[w].data, (size_t)(n * k), cudaMemcpyDeviceToHost) ||
+                    cudaMemcpy(sd, a->sv[w].data, sizeof *sd * (size_t)ns,
+                               cudaMemcpyDeviceToHost)))
+            rc = 1;
+        if (!rc && (memcmp(q, qd, (size_t)(n * k)) || memcmp(s, sd, sizeof *s * (size_t)ns))) {
+            fprintf(stderr, "refit-bench gpu: quant %s: %s differs from the CPU reference\n",
+                    quant_key[sch], t->name);
+            rc = 1;
+        }
+        free(q);
+        free(qd);
+        free(s);
+        free(sd);
+    }
+    return rc;
+}
+
+/* Median seconds of one call for every weight (all = 1; all = 2: the
+ * kernel itself, with the integer E4M3 encoder), or one call per weight. */
+static int time_quant(bench *b, qarena *a, int sch, int all, double *out)
+{
+    double v[64];
+    for (int r = -1; r < b->repeat; r++) {
+        CU(cudaDeviceSynchronize());
+        int32_t bad;
+        int rc = 0;
+        double t0 = now_s();
+        if (all == 1)
+            rc = backend_cuda_quant_fp8((uint32_t)a->nw, a->qv, a->sv, a->xv, sch, &bad, NULL);
+        else if (all == 2)
+            rc = kern_quant_fp8_cuda((uint32_t)a->nw, a->qv, a->sv, a->xv, sch, 0, &bad, NULL);
+        for (int w = 0; w < a->nw && !all && !rc; w++)
+            rc = backend_cuda_quant_fp8(1, &a->qv[w], &a->sv[w], &a->xv[w], sch, &bad, NULL);
+        if (r >= 0)
+            v[r] = now_s() - t0;
+        if (rc) {
+            fprintf(stderr, "refit-bench gpu: quant %s: %s: %s [%s]\n", quant_key[sch],
+                    refit_status_name(rc), backend_cuda_last_error(), kern_cuda_last_error());
+            return 1;
+        }
+    }
+    *out = median(v, b->repeat);
+    return 0;
+}
+
+/* A reload of the weights as online-FP8 modules through refit: staged
+ * copies from the device sources, then post-load per module. */
+static int time_quant_reload(bench *b, qarena *a, int sch, double *out)
+{
+    refit_ctx *ctx = NULL;
+    refit_model *m = NULL;
+    int rc = refit_open(&ctx, NULL);
+    if (!rc)
+        rc = refit_model_create(&m, ctx);
+    for (int w = 0; w < a->nw && !rc; w++) {
+        bt *t = &b->t[a->idx[w]];
+        a->qt[w] = (refit_tensor){.data = a->qv[w].data, .device = {REFIT_DEVICE_CUDA, 0},
+                                  .ndim = 2, .dtype = a->qv[w].dtype, .shape = t->shape};
+        a->st[w] = (refit_tensor){.data = a->sv[w].data, .device = {REFIT_DEVICE_CUDA, 0},
+                                  .ndim = 2, .dtype = REFIT_F32, .shape = a->sshape[w]};
+        refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
+        s.dtype = REFIT_BF16;
+        s.ndim = 2;
+        s.shape[0] = t->shape[0];
+        s.shape[1] = t->shape[1];
+        s.target = "weight";
+        if (!(rc = refit_model_add_module(m, t->name, "fp8", quant_param[sch])) &&
+            !(rc = refit_module_bind_runtime(m, t->name, "weight", &a->qt[w])) &&
+            !(rc = refit_module_bind_runtime(m, t->name, "weight_scale", &a->st[w])))
+            rc = refit_model_expect(m, t->name, t->name, &s);
+    }
+    if (!rc)
+        rc = refit_model_seal(m);
+    double v[64];
+    for (int r = -1; r < b->repeat && !rc; r++) {
+        refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+        o.rollback = 0;
+        refit_txn *txn;
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            rc = REFIT_EINTERNAL;
+        double t0 = now_s();
+        if (!rc)
+            rc = refit_begin(&txn, m, &o);
+        for (int w = 0; w < a->nw && !rc; w++) {
+            refit_tensor src = {.data = a->xv[w].data, .device = {REFIT_DEVICE_CUDA, 0},
+                                .ndim = 2, .dtype = REFIT_BF16, .shape = b->t[a->idx[w]].shape};
+            if ((rc = refit_load(txn, b->t[a->idx[w]].name, &src, NULL)))
+                refit_abort(txn);
+        }
+        if (!rc)
+            rc = refit_finalize(txn);
+        if (r >= 0)
+            v[r] = now_s() - t0;
+    }
+    if (rc)
+        fprintf(stderr, "refit-bench gpu: quant %s reload: %s: %s [%s]\n", quant_key[sch],
+                refit_status_name(rc), ctx ? refit_errmsg(ctx) : "", backend_cuda_last_error());
+    else
+        *out = median(v, b->repeat);
+    refit_close(ctx);
+    return rc != 0;
+}
+
+static int bench_quant(bench *b)
+{
+    qarena *a = calloc(1, sizeof *a);
+    if (!a)
+        return 1;
+    a->nw = quant_weights(b, a->idx);
+    for (int w = 0; w < a->nw; w++) {
+        const bt *t = &b->t[a->idx[w]];
+        a->qoff[w] = a->elems;
+        a->soff[w] = a->scales;
+        a->elems += ((size_t)(t->shape[0] * t->shape[1]) + 255) & ~(size_t)255;
+        a->scales += (size_t)t->shape[0] + 1; /* per-channel needs the most */
+    }
+    int rc = cudaMalloc((void **)&a->q, a->elems) != cudaSuccess ||
+             cudaMalloc((void **)&a->s, a->scales * sizeof(float)) != cudaSuccess;
+    double copy_Bps = 2.0 * (double)b->total /
+                      (jget(b->res, "d2d", "ceiling_memcpy_d2d_ms") / 1e3);
+    uint64_t cvt_bad = 0;
+    int enc = backend_cuda_fp8_encoder(0, &cvt_bad, NULL);
+    json_t *all = json_object();
+    json_object_set_new(all, "encoder", json_string(enc == 1 ? "cvt.rn.satfinite.e4m3x2.f32"
+                                                    : enc == 0 ? "integer" : "check failed"));
+    json_object_set_new(all, "cvt_mismatches", json_integer((json_int_t)cvt_bad));
+    for (int sch = 0; sch < 3 && !rc; sch++) {
+        double t_all, t_each, t_int, t_reload = -1;
+        size_t n = 0;
+        quant_views(b, a, sch);
+        rc = time_quant(b, a, sch, 1, &t_all) || quant_check(b, a, sch) ||
+             time_quant(b, a, sch, 2, &t_int) || quant_check(b, a, sch) ||
+             time_quant(b, a, sch, 0, &t_each) || quant_check(b, a, sch);
+        if (!rc && (rc = time_quant_reload(b, a, sch, &t_reload) || quant_check(b, a, sch)))
+            break;
+        for (int w = 0; w < a->nw; w++)
+            n += (size_t)(a->xv[w].shape[0] * a->xv[w].shape[1]);
+        size_t sc = 0;
+        for (int w = 0; w < a->nw; w++)
+            sc += (size_t)(a->sshape[w][0] * a->sshape[w][1]);
+        double min_bytes = 3.0 * (double)n + 4.0 * (double)sc;
+        json_t *o = json_object();
+        json_object_set_new(o, "weights", json_integer(a->nw));
+        json_object_set_new(o, "elements", json_integer((json_int_t)n));
+        put(o, "min_bytes", min_bytes);
+        put(o, "refit_ms", t_all * 1e3);
+        put(o, "refit_GBps", min_bytes / t_all / 1e9);
+        put(o, "copy_GBps", copy_Bps / 1e9);
+        put(o, "ratio_to_d2d", min_bytes / t_all / copy_Bps);
+        put(o, "integer_encoder_ms", t_int * 1e3);
+        put(o, "integer_encoder_ratio_to_d2d", min_bytes / t_int / copy_Bps);
+        put(o, "per_weight_calls_ms", t_each * 1e3);
+        put(o, "per_weight_ratio_to_d2d", min_bytes / t_each / copy_Bps);
+        put(o, "online_reload_ms", t_reload * 1e3);
+        put(o, "online_reload_ratio_to_d2d", min_bytes / t_reload / copy_Bps);
+        put(o, "target", 0.70);
+        json_object_set_new(o, "meets_target", json_boolean(min_bytes / t_all / copy_Bps >= 0.70));
+        json_object_set_new(all, quant_key[sch], o);
+    }
+    json_object_set_new(b->res, "quant", all);
+    cudaFree(a->q);
+    cudaFree(a->s);
+    free(a);
+    return rc;
+}
+
 /* ---- the PyTorch peers ---- */
 
 static int write_spec(bench *b, const char *path)
@@ -539,15 +785,10 @@ static int write_spec(bench *b, const char *path)
     json_object_set_new(o, "repeat", json_integer(b->repeat));
     json_object_set_new(o, "moe", json_pack("{s:i,s:i,s:i,s:i}", "modules", MOE_MODULES,
                                             "per", MOE_PER, "rows", MOE_R, "cols", MOE_C));
+    json_object_set_new(o, "quant", json_boolean(json_object_get(b->res, "quant") != NULL));
     int rc = json_dump_file(o, path, JSON_COMPACT);
     json_decref(o);
     return rc;
-}
-
-static double jget(json_t *o, const char *a, const char *k)
-{
-    json_t *x = json_object_get(json_object_get(o, a), k);
-    return x ? json_number_value(x) : -1;
 }
 
 static void merge_torch(bench *b, json_t *py)
@@ -563,6 +804,16 @@ static void merge_torch(bench *b, json_t *py)
     if (s && (v = jget(py, "safetensors", "load_file_copy_ms")) > 0) {
         put(s, "torch_load_file_copy_ms", v);
         put(s, "speedup_vs_torch", v / json_number_value(json_object_get(s, "refit_ms")));
+    }
+    json_t *q = json_object_get(b->res, "quant");
+    for (int sch = 0; q && sch < 3; sch++) {
+        json_t *o = json_object_get(q, quant_key[sch]);
+        json_t *tq = json_object_get(json_object_get(py, "quant"), quant_key[sch]);
+        double tv = tq ? json_number_value(json_object_get(tq, "ms")) : -1;
+        if (!o || tv <= 0)
+            continue;
+        put(o, "torch_ms", tv);
+        put(o, "speedup_vs_torch", tv / json_number_value(json_object_get(o, "refit_ms")));
     }
     if (m && (v = jget(py, "moe100k", "copy_loop_ms")) > 0) {
         double sp = v / json_number_value(json_object_get(m, "refit_ms"));
@@ -663,7 +914,7 @@ static int usage(void)
 {
     fprintf(stderr, "usage: refit-bench gpu [--json] [--repeat R] [--layers L] [--dir PATH] "
                     "[--keep] [--python PY] [--no-torch] [--out FILE] [--write-only]\n"
-                    "       [--only d2d,pinned,safetensors,moe100k]\n");
+                    "       [--only d2d,pinned,safetensors,moe100k,quant]\n");
     return 2;
 }
 
@@ -730,7 +981,7 @@ int bench_gpu_main(int argc, char **argv)
     if (!rc) {
         ceil_h2d = jget(b->res, "pinned", "ceiling_memcpy_h2d_ms") / 1e3;
         rc = (wanted(b, "safetensors") && bench_safetensors(b, ceil_h2d)) ||
-             (wanted(b, "moe100k") && bench_moe(b));
+             (wanted(b, "moe100k") && bench_moe(b)) || (wanted(b, "quant") && bench_quant(b));
     }
     refit_close(b->ctx);
     cudaFree(b->dev_rt);

@@ -7,6 +7,11 @@ after a warm-up).
   d2d          param.copy_(src) for every tensor of the Llama-shaped model
   safetensors  safetensors.torch.load_file(file) then param.copy_(t), every file
   moe100k      stack[e].copy_(src) for 100,000 small tensors
+  quant        FP8 E4M3 quantization of the model's linear weights (every
+               2-D tensor but the embedding and the head) per tensor, per
+               channel and per 128x128 block, written in PyTorch ops the way
+               an engine does it: amax, scale = amax / 448, (w / scale)
+               clamped to +-448, cast
 """
 import glob
 import json
@@ -29,6 +34,38 @@ def timed(fn, repeat):
         torch.cuda.synchronize()
         out.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(out)
+
+
+def quant(spec, dev, repeat):
+    ws = [torch.randn(s, device=dev).to(torch.bfloat16) for n, s in spec["tensors"]
+          if len(s) == 2 and "embed_tokens" not in n and n != "lm_head.weight"]
+    f8 = torch.float8_e4m3fn
+
+    def per_tensor():
+        for w in ws:
+            s = w.abs().amax().float() / 448.0
+            s = torch.where(s > 0, s, torch.ones_like(s))
+            (w.float() / s).clamp(-448.0, 448.0).to(f8)
+
+    def per_channel():
+        for w in ws:
+            s = w.abs().amax(dim=1, keepdim=True).float() / 448.0
+            s = torch.where(s > 0, s, torch.ones_like(s))
+            (w.float() / s).clamp(-448.0, 448.0).to(f8)
+
+    def block128():  # the shapes here are multiples of 128
+        for w in ws:
+            n, k = w.shape
+            t = w.float().view(n // 128, 128, k // 128, 128)
+            s = t.abs().amax(dim=(1, 3), keepdim=True) / 448.0
+            s = torch.where(s > 0, s, torch.ones_like(s))
+            (t / s).clamp(-448.0, 448.0).to(f8).view(n, k)
+
+    out = {}
+    for key, fn in (("fp8_per_tensor", per_tensor), ("fp8_per_channel", per_channel),
+                    ("fp8_block128", block128)):
+        out[key] = {"ms": timed(fn, repeat), "weights": len(ws)}
+    return out
 
 
 def main():
@@ -55,6 +92,9 @@ def main():
                     params[n].copy_(t)
         res["safetensors"] = {"load_file_copy_ms": timed(st, repeat), "files": len(files)}
     del params
+
+    if spec.get("quant") and hasattr(torch, "float8_e4m3fn"):
+        res["quant"] = quant(spec, dev, repeat)
 
     moe = spec["moe"]
     stacks = [torch.empty(moe["per"], moe["rows"], moe["cols"], dtype=torch.bfloat16, device=dev)

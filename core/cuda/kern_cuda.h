@@ -1,10 +1,12 @@
-/* The CUDA kernels (kernels/copy.cu, kernels/fingerprint.cu), declared for
- * C callers: the CUDA backend and the GPU tests. Same names as the host
- * references in kernels/copy.h and kernels/fingerprint.h with a _cuda
- * suffix, same results bit for bit. Every pointer must be readable by the
- * device (device memory, or mapped pinned host memory); every call is
- * ordered on stream (a cudaStream_t; NULL = the legacy default stream) and
- * returns without waiting, except the fingerprint, which returns a value.
+/* The CUDA kernels (kernels/copy.cu, kernels/fingerprint.cu,
+ * kernels/quant_fp8.cu), declared for C callers: the CUDA backend and the
+ * GPU tests. Same names as the host references in kernels/copy.h,
+ * kernels/fingerprint.h and kernels/quant_fp8.h with a _cuda suffix, same
+ * results bit for bit. Every pointer must be readable by the device (device
+ * memory, or mapped pinned host memory); every call is ordered on stream (a
+ * cudaStream_t; NULL = the legacy default stream) and returns without
+ * waiting, except the fingerprint, which returns a value, and the
+ * quantization, which reports non-finite input.
  * Failures return REFIT_ENOMEM or REFIT_EINTERNAL, and
  * kern_cuda_last_error() says what the CUDA runtime reported. */
 #ifndef REFIT_CORE_CUDA_KERN_CUDA_H
@@ -38,6 +40,28 @@ int kern_copy_batch_cuda(const void *rows, uint32_t n, void *stream);
 void kern_copy_batch_variant(int v, int grid);
 /* kern_fingerprint_view of a device-readable view; waits for stream. */
 int kern_fingerprint_view_cuda(const refit_view *v, uint64_t *out, void *stream);
+
+/* FP8 E4M3 quantization of n pieces (kernels/quant_fp8.cu), bit for bit
+ * kern_quant_fp8 on each: piece i is x[i] (2-D, F32/F16/BF16) into q[i]
+ * (2-D, one-byte elements) and its scales scale[i] (2-D F32, the shape
+ * kern_fp8_scale_shape gives), any strides; scheme: kern_fp8_scheme.
+ * Per-tensor pieces whose scale views start at the same element share one
+ * scale, the amax taken over all of them. Every view device-readable.
+ * hw: encode with the hardware's cvt.rn.satfinite.e4m3x2.f32 instead of
+ * the integer encoder; pass 1 only where kern_fp8_cvt_check_cuda found no
+ * difference on this device. Enqueues everything on stream, then waits for
+ * the stream once (to report non-finite input). Returns REFIT_OK;
+ * REFIT_ECORRUPT with *bad the lowest piece holding a NaN or infinity
+ * (outputs partly written; that piece's group keeps its old scale and
+ * bytes); REFIT_EUNSUPPORTED / EMISMATCH (dtypes, ranks; *bad the piece);
+ * REFIT_EINVAL, ENOMEM, EINTERNAL. */
+int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_view *scale,
+                        const refit_view *x, int scheme, int hw, int32_t *bad, void *stream);
+/* The hardware conversion against kern_f32_to_e4m3_sat on every finite f32
+ * (and the byte order of its pairs), on the current device: *mismatches
+ * differing inputs, *first the smallest (magnitude bits) or 0xffffffff.
+ * Takes a few milliseconds; waits for stream. */
+int kern_fp8_cvt_check_cuda(uint64_t *mismatches, uint32_t *first, void *stream);
 
 /* What the last failing call on this thread reported ("" if none). */
 const char *kern_cuda_last_error(void);

@@ -162,6 +162,30 @@ typedef struct refit_host_v1 {
      * messages: refit_dtype_name is a core symbol a plugin cannot link.
      * Static storage; never blocks. */
     const char *(*dtype_name)(void *host, refit_dtype dt);
+    /* valid from ABI 1, appended (REFIT_HOST_HAS(host, quant_fp8)): the
+     * post-load kernels, one service per kernel, each with the arithmetic of
+     * its CPU reference (kernels/quant_*.h) and run where the views live:
+     * host memory (CPU, pinned) by the reference itself, device memory by
+     * its CUDA twin, bit for bit the same bytes. */
+    /* FP8 E4M3 quantization of n pieces (kernels/quant_fp8.h): piece i is
+     * x[i] (2-D [n_i, k_i], F32/F16/BF16) into q[i] (2-D [n_i, k_i], one-byte
+     * elements) with its F32 scales scale[i], as kern_quant_fp8 takes them
+     * for `scheme` (0 per-tensor [1, 1], 1 per-channel [n_i, 1], 2 block-128
+     * [ceil(n_i/128), ceil(k_i/128)]); any strides. Per-tensor pieces whose
+     * scale views start at the same element share that scale: its amax is
+     * taken over all of them (fused q/k/v, or one scale per expert);
+     * per-channel and block-128 scale views must not overlap. Every view of
+     * a call is on one device. names (NULL, or n names) label the pieces in
+     * messages. Ordered on stream; on a device it enqueues every piece, then
+     * waits for stream once (it reports non-finite input). Returns REFIT_OK,
+     * REFIT_ECORRUPT (a NaN or infinity in a piece: outputs partly written,
+     * the message names the lowest such piece), REFIT_EMISMATCH (shapes),
+     * REFIT_EUNSUPPORTED (dtypes; a device with no kernel here), REFIT_EINVAL,
+     * REFIT_ENOMEM or REFIT_EINTERNAL (the device failed); the message is
+     * set. */
+    int (*quant_fp8)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
+                     const refit_view *x, const char *const *names, int scheme,
+                     void *stream);
 } refit_host_v1;
 
 /* Size of each struct as ABI 1 was first released: a struct_size below it

@@ -19,8 +19,11 @@
  * (shards, fused offsets, experts) and nothing runs at load. Online: the
  * weights are STAGED and post_load quantizes each into its place in the
  * runtime weight, writing the runtime scales (kernels/quant_fp8.h gives
- * the arithmetic). Either way the module is WHOLE: a weight without its
- * scale means nothing.
+ * the arithmetic), in one call of the host's quant_fp8 service: the CPU
+ * reference on host memory, its CUDA twin (the same bytes) on device
+ * memory. A host without the service gets the reference linked here, on
+ * host memory only (seal refuses device runtime tensors then). Either way
+ * the module is WHOLE: a weight without its scale means nothing.
  *
  * Params: scheme (per_tensor | per_channel | block128; serialized modules
  * infer it from their scale tensors), online (bool, optional: asserts the
@@ -212,6 +215,20 @@ static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, fp8_stat
 
 /* ---- online: STAGED weights, quantized at post-load ---- */
 
+/* 1 when the host quantizes on dev: it has the quant_fp8 service (ABI 1,
+ * appended) and a backend serving dev (then its device kernel is built:
+ * the CUDA backend and kernels/quant_fp8.cu come together). */
+static int device_kernel(const refit_host_v1 *h, refit_device dev)
+{
+    if (!REFIT_HOST_HAS(h, quant_fp8) || !h->quant_fp8 || !REFIT_HOST_HAS(h, device_info) ||
+        !h->device_info)
+        return 0;
+    refit_device_info di;
+    memset(&di, 0, sizeof di);
+    di.struct_size = sizeof di;
+    return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
+}
+
 /* The runtime weight and scale an online module writes. */
 static int check_online_runtime(const refit_host_v1 *h, const refit_fmt_module *m,
                                 fp8_state *s)
@@ -228,9 +245,18 @@ static int check_online_runtime(const refit_host_v1 *h, const refit_fmt_module *
     if (!is_f32(sc->dtype) || !row_major(sc))
         return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight_scale must be a contiguous "
                    "f32 tensor (it is %s)", m->name, dt_name(sc->dtype));
-    if (!host_memory(w->device) || !host_memory(sc->device))
-        return ERR(h, REFIT_EUNSUPPORTED, "module %s: online fp8 quantization runs on host "
-                   "memory; this build has no device kernel for it", m->name);
+    if (host_memory(w->device) && host_memory(sc->device))
+        return REFIT_OK;
+    if (w->device.device_type != sc->device.device_type ||
+        w->device.device_id != sc->device.device_id)
+        return ERR(h, REFIT_EUNSUPPORTED, "module %s: runtime weight and weight_scale are on "
+                   "different devices; online fp8 writes both in one place", m->name);
+    if (!device_kernel(h, w->device))
+        return ERR(h, REFIT_EUNSUPPORTED, "module %s: online fp8 quantization of device memory "
+                   "needs the host's quant_fp8 service and a backend serving device type %d; "
+                   "this host has %s", m->name, w->device.device_type,
+                   REFIT_HOST_HAS(h, quant_fp8) && h->quant_fp8 ? "no such backend"
+                                                                 : "no quant_fp8 service");
     return REFIT_OK;
 }
 
@@ -481,9 +507,62 @@ static int quant_rows(const refit_host_v1 *h, const refit_fmt_module *m, const f
     return REFIT_OK;
 }
 
+/* Every weight in one call of the host's quant_fp8, which runs the
+ * reference on host memory and its CUDA twin on device memory. Per-tensor
+ * weights of one slot get the same one-element scale view: the service
+ * takes their amax together. */
+static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m, const fp8_state *s,
+                         const shard *sh, void *stream)
+{
+    const refit_view *rt = &m->runtime[s->rt_weight].view, *sv = &m->runtime[s->rt_scale].view;
+    uint32_t nw = s->n_weights;
+    int64_t n = rt->shape[rt->ndim - 2], k = rt->shape[rt->ndim - 1];
+    int64_t bn = (n + KERN_FP8_BLOCK - 1) / KERN_FP8_BLOCK, bk = (k + KERN_FP8_BLOCK - 1) /
+                                                                  KERN_FP8_BLOCK;
+    int64_t slots = numel(sv->ndim, sv->shape);
+    int block = s->scheme == KERN_FP8_BLOCK128;
+    refit_view *v = h->mem_alloc(h->host, (sizeof *v * 3 + sizeof(char *)) * nw);
+    if (!v)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
+    refit_view *q = v, *sc = v + nw, *x = v + 2 * nw;
+    const char **names = (const char **)(v + 3 * nw);
+    int rc = REFIT_OK;
+    for (uint32_t i = 0; i < nw && !rc; i++) {
+        const refit_fmt_ckpt *c = &m->ckpt[sh[i].ck];
+        q[i] = c->place;
+        x[i] = c->staged;
+        names[i] = c->name;
+        memset(&sc[i], 0, sizeof sc[i]);
+        sc[i].device = sv->device;
+        sc[i].dtype = sv->dtype;
+        sc[i].ndim = 2;
+        sc[i].strides[1] = 1;
+        if (s->scheme == KERN_FP8_PER_TENSOR) {
+            /* one slot per weight, per expert, or one (see quant_per_tensor) */
+            int64_t slot = slots == (int64_t)nw ? i : slots == 1 ? 0 : sh[i].e;
+            sc[i].data = (float *)sv->data + slot;
+            sc[i].shape[0] = sc[i].shape[1] = 1;
+            sc[i].strides[0] = 1;
+            continue;
+        }
+        if (block && sh[i].row % KERN_FP8_BLOCK)
+            rc = ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: lands at row %lld of runtime "
+                     "weight, inside a 128-row block; fused block-128 weights start on block "
+                     "boundaries", m->name, c->name, (long long)sh[i].row);
+        int64_t first = block ? (sh[i].e * bn + sh[i].row / KERN_FP8_BLOCK) * bk
+                              : sh[i].e * n + sh[i].row;
+        sc[i].data = (float *)sv->data + first;
+        kern_fp8_scale_shape(s->scheme, c->staged.shape[0], k, sc[i].shape);
+        sc[i].strides[0] = block ? bk : 1;
+    }
+    if (!rc)
+        rc = h->quant_fp8(h->host, nw, q, sc, x, names, (int)s->scheme, stream);
+    h->mem_free(h->host, v);
+    return rc;
+}
+
 static int fp8_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
 {
-    (void)stream; /* host reference kernels: done on return */
     const fp8_state *s = m->state;
     if (!s || !s->online)
         return REFIT_OK;
@@ -495,8 +574,14 @@ static int fp8_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void
         rc = locate(h, m, s->rt_weight, s->weights[i], &sh[i]);
     if (!rc) {
         qsort(sh, s->n_weights, sizeof *sh, shard_cmp);
-        rc = s->scheme == KERN_FP8_PER_TENSOR ? quant_per_tensor(h, m, s, sh)
-                                              : quant_rows(h, m, s, sh);
+        /* the host's service where it has one (host or device memory);
+         * the reference kernels linked here otherwise (host memory only,
+         * checked at seal; done on return) */
+        if (REFIT_HOST_HAS(h, quant_fp8) && h->quant_fp8)
+            rc = quant_service(h, m, s, sh, stream);
+        else
+            rc = s->scheme == KERN_FP8_PER_TENSOR ? quant_per_tensor(h, m, s, sh)
+                                                  : quant_rows(h, m, s, sh);
     }
     h->mem_free(h->host, sh);
     return rc;

@@ -2,8 +2,10 @@
 # Every GPU test and the GPU benchmark, in one go, on a machine with a GPU:
 #   tests/gpu/run_all.sh BUILD_DIR OUT_DIR [bench options...]
 # BUILD_DIR: a meson build folder (-Dcuda=enabled), or a flat folder holding
-# test-gpu-kernels, test-gpu-backend, refit-bench, librefit.so and the shared
-# libraries they need. OUT_DIR receives the TAP logs, bench.json and a summary.
+# test-gpu-kernels, test-gpu-backend, test-gpu-quant, test-gpu-fp8,
+# refit-bench, librefit.so, plugins/ (refit-fmt-*.so and *.yaml) and the
+# shared libraries they need. OUT_DIR receives the TAP logs, bench.json and a
+# summary. The Python suites (tests/gpu/py_*.py) run from this source tree.
 # Extra arguments go to refit-bench gpu. Exit status: 0 when nothing failed.
 set -u
 B=$(cd "$1" && pwd) || exit 2
@@ -31,9 +33,13 @@ export REFIT_LIB="${REFIT_LIB:-$(pick librefit.so)}"
 cat "$O/env.txt"
 
 status=0
-for t in test-gpu-kernels test-gpu-backend; do
+for t in test-gpu-kernels test-gpu-backend test-gpu-quant test-gpu-fp8; do
   echo "== $t"
-  "$(pick $t)" > "$O/$t.tap" 2>&1 || status=1
+  if [ -x "$(pick $t)" ]; then
+    "$(pick $t)" > "$O/$t.tap" 2>&1 || status=1
+  else
+    printf '1..1\nnot ok 1 - %s is not in %s\n' "$t" "$B" > "$O/$t.tap"
+  fi
   cat "$O/$t.tap"
 done
 echo "== python"

@@ -1,0 +1,239 @@
+/* A small CUDA emulator for checking kernel logic where there is no GPU
+ * (tests/gpu/emu/run.sh). A kernel source is compiled as host C++ with the
+ * shims beside this file; each launch runs its blocks one after another,
+ * and a block's threads as ucontext fibers in one OS thread, switched at
+ * barriers: __syncthreads waits for the whole block, a warp shuffle for its
+ * warp (twice: write, then read). A deadlock, a shuffle with exited lanes,
+ * a __syncthreads some threads skipped, or a misaligned vector access
+ * (EMU_AL, put in by run.sh) aborts with a message. Not emulated: timing,
+ * memory ordering between blocks (blocks run in turn), the hardware's own
+ * conversions (the shims use the CPU references). */
+#pragma once
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <functional>
+
+struct dim3 {
+    unsigned x, y, z;
+};
+struct float4 {
+    float x, y, z, w;
+};
+struct uint4 {
+    unsigned x, y, z, w;
+};
+struct uint2 {
+    unsigned x, y;
+};
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __grid_constant__
+#define __shared__ static /* blocks run in turn: one copy is the block's */
+
+enum { EMU_RUN, EMU_BLOCK_BAR, EMU_WARP_BAR, EMU_DONE };
+
+struct emu_fiber {
+    ucontext_t ctx;
+    int state;
+    unsigned tid;
+    char *stack;
+};
+
+struct emu_state {
+    emu_fiber f[1024];
+    unsigned threads, block, grid;
+    ucontext_t sched;
+    emu_fiber *cur;
+    const std::function<void()> *fn;
+    uint32_t xbuf[1024]; /* shuffle exchange */
+};
+
+inline emu_state &emu()
+{
+    static emu_state s;
+    return s;
+}
+
+inline dim3 emu_tidx() { return dim3{emu().cur->tid, 0, 0}; }
+inline dim3 emu_bidx() { return dim3{emu().block, 0, 0}; }
+inline dim3 emu_bdim() { return dim3{emu().threads, 1, 1}; }
+inline dim3 emu_gdim() { return dim3{emu().grid, 1, 1}; }
+#define threadIdx (emu_tidx())
+#define blockIdx (emu_bidx())
+#define blockDim (emu_bdim())
+#define gridDim (emu_gdim())
+
+inline void emu_wait(int state)
+{
+    emu_fiber *f = emu().cur;
+    f->state = state;
+    swapcontext(&f->ctx, &emu().sched);
+}
+
+inline void __syncthreads() { emu_wait(EMU_BLOCK_BAR); }
+
+inline uint32_t __shfl_xor_sync(unsigned mask, uint32_t v, int lane_mask)
+{
+    (void)mask;
+    unsigned t = emu().cur->tid;
+    emu().xbuf[t] = v;
+    emu_wait(EMU_WARP_BAR);
+    uint32_t r = emu().xbuf[(t & ~31u) | ((t & 31u) ^ (unsigned)lane_mask)];
+    emu_wait(EMU_WARP_BAR);
+    return r;
+}
+
+inline float __uint_as_float(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+inline uint32_t __float_as_uint(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+/* SSE division: correctly rounded, subnormals kept, as __fdiv_rn */
+inline float __fdiv_rn(float a, float b)
+{
+    volatile float r = a / b;
+    return r;
+}
+inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
+inline uint32_t min(uint32_t a, uint32_t b) { return a < b ? a : b; }
+/* one fiber runs at a time: plain read-modify-writes are atomic here */
+inline unsigned atomicMax(unsigned *p, unsigned v)
+{
+    unsigned o = *p;
+    *p = v > o ? v : o;
+    return o;
+}
+inline unsigned atomicMin(unsigned *p, unsigned v)
+{
+    unsigned o = *p;
+    *p = v < o ? v : o;
+    return o;
+}
+inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
+{
+    unsigned long long o = *p;
+    *p = o + v;
+    return o;
+}
+
+inline const void *emu_al_check(const void *p, unsigned align, const char *type)
+{
+    if ((uintptr_t)p % align) {
+        fprintf(stderr, "EMU: misaligned %s access at %p (needs %u)\n", type, p, align);
+        abort();
+    }
+    return p;
+}
+#define EMU_AL(T, A, p) ((T *)emu_al_check((const void *)(p), (A), #T))
+
+inline void emu_trampoline()
+{
+    (*emu().fn)();
+    emu().cur->state = EMU_DONE;
+    swapcontext(&emu().cur->ctx, &emu().sched);
+}
+
+/* Release the warps whose live lanes all wait at a shuffle; 1 if any. */
+inline bool emu_release_warps(unsigned b)
+{
+    emu_state &E = emu();
+    bool any = false;
+    for (unsigned w = 0; w < E.threads / 32; w++) {
+        unsigned waiting = 0, done = 0;
+        for (unsigned l = 0; l < 32; l++) {
+            int s = E.f[w * 32 + l].state;
+            waiting += s == EMU_WARP_BAR;
+            done += s == EMU_DONE;
+        }
+        if (!waiting || waiting + done != 32)
+            continue;
+        if (done) {
+            fprintf(stderr, "EMU: block %u, warp %u: a shuffle with %u exited lanes\n", b, w,
+                    done);
+            abort();
+        }
+        for (unsigned l = 0; l < 32; l++)
+            E.f[w * 32 + l].state = EMU_RUN;
+        any = true;
+    }
+    return any;
+}
+
+inline void emu_block(unsigned b)
+{
+    emu_state &E = emu();
+    const size_t stack = 256 * 1024;
+    E.block = b;
+    for (unsigned t = 0; t < E.threads; t++) {
+        emu_fiber *f = &E.f[t];
+        if (!f->stack && !(f->stack = (char *)malloc(stack))) {
+            fprintf(stderr, "EMU: out of memory\n");
+            abort();
+        }
+        f->tid = t;
+        f->state = EMU_RUN;
+        getcontext(&f->ctx);
+        f->ctx.uc_stack.ss_sp = f->stack;
+        f->ctx.uc_stack.ss_size = stack;
+        f->ctx.uc_link = NULL;
+        makecontext(&f->ctx, emu_trampoline, 0);
+    }
+    for (;;) {
+        bool ran = false;
+        for (unsigned t = 0; t < E.threads; t++)
+            if (E.f[t].state == EMU_RUN) {
+                E.cur = &E.f[t];
+                ran = true;
+                swapcontext(&E.sched, &E.f[t].ctx);
+            }
+        if (ran || emu_release_warps(b))
+            continue;
+        unsigned done = 0, bar = 0;
+        for (unsigned t = 0; t < E.threads; t++) {
+            done += E.f[t].state == EMU_DONE;
+            bar += E.f[t].state == EMU_BLOCK_BAR;
+        }
+        if (done == E.threads)
+            return;
+        if (bar && bar + done == E.threads && !done) {
+            for (unsigned t = 0; t < E.threads; t++)
+                E.f[t].state = EMU_RUN;
+            continue;
+        }
+        fprintf(stderr, "EMU: block %u: stuck (%u threads exited, %u at __syncthreads)\n", b,
+                done, bar);
+        abort();
+    }
+}
+
+inline void emu_launch(unsigned grid, unsigned threads, const std::function<void()> &fn)
+{
+    emu_state &E = emu();
+    if (threads == 0 || threads > 1024 || threads % 32) {
+        fprintf(stderr, "EMU: %u threads a block\n", threads);
+        abort();
+    }
+    E.threads = threads;
+    E.grid = grid;
+    E.fn = &fn;
+    for (unsigned b = 0; b < grid; b++)
+        emu_block(b);
+}
+
+/* What run.sh puts in place of kernel<<<grid, threads, 0, stream>>>(args). */
+#define EMU_LAUNCH(grid, threads, k, ...) emu_launch((grid), (threads), [&]() { k(__VA_ARGS__); })

@@ -1,0 +1,39 @@
+#!/bin/sh
+# The CUDA FP8 quantization kernels (kernels/quant_fp8.cu) and their GPU
+# test (tests/gpu/test_gpu_quant.c) on the CPU, through the emulator in
+# this folder (emu.h says what it checks and what it cannot):
+#   sh tests/gpu/emu/run.sh BUILD_DIR [WORK_DIR]
+# BUILD_DIR: any meson build of refit (for librefit_kernels.a, the CPU
+# references); WORK_DIR (default BUILD_DIR/emu) receives the objects. Needs
+# g++, gcc and cmocka. Takes a few minutes: every thread is a fiber.
+set -eu
+B=$(cd "$1" && pwd)
+W=${2:-$B/emu}
+R=$(cd "$(dirname "$0")/../../.." && pwd)
+E=$R/tests/gpu/emu
+mkdir -p "$W"
+# kernel<<<grid, QF_THREADS, 0, st>>>(args) -> EMU_LAUNCH(...); vector and
+# scalar accesses through the alignment check
+sed -E -e 's/(k_[a-z0-9_]+(<[A-Z0-9_]+>)?)<<<([^,]+), QF_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(\3, QF_THREADS, \1, \4);/' \
+  -e 's/\*\(const float4 \*\)\(a \+ 16\)/*EMU_AL(const float4, 16, a + 16)/' \
+  -e 's/\*\(const float4 \*\)a/*EMU_AL(const float4, 16, a)/' \
+  -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
+  -e 's/\*\(uint2 \*\)\(/*EMU_AL(uint2, 8, /' \
+  -e 's/\*\(const float \*\)p/*EMU_AL(const float, 4, p)/' \
+  -e 's/\*\(const uint16_t \*\)p/*EMU_AL(const uint16_t, 2, p)/' \
+  "$R/kernels/quant_fp8.cu" > "$W/quant_fp8_emu.cc"
+launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_fp8_emu.cc")
+left=$(grep -c '<<<' "$W/quant_fp8_emu.cc" || true)
+if [ "$left" != 0 ]; then
+  echo "run.sh: $left kernel launches not rewritten" >&2
+  exit 1
+fi
+echo "emulating $launches launch sites"
+g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" \
+  -c "$W/quant_fp8_emu.cc" -o "$W/quant_fp8_emu.o"
+g++ -std=c++17 -O1 -g -Wall -c "$E/stubs.cc" -o "$W/stubs.o"
+gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
+  -c "$R/tests/gpu/test_gpu_quant.c" -o "$W/test_gpu_quant.o"
+g++ -o "$W/test-gpu-quant-emu" "$W/test_gpu_quant.o" "$W/quant_fp8_emu.o" "$W/stubs.o" \
+  "$B/librefit_kernels.a" -lcmocka -lm
+"$W/test-gpu-quant-emu"
