@@ -82,6 +82,14 @@ def scaled_mm(xq, sx, wq, sw):
     return r[0] if isinstance(r, tuple) else r
 
 
+def fp8_zeros(*shape):
+    return torch.zeros(*shape, dtype=torch.uint8, device=DEV).view(torch.float8_e4m3fn)
+
+
+def fp8_cat(ts):
+    return torch.cat([t.view(torch.uint8) for t in ts]).view(torch.float8_e4m3fn)
+
+
 class Engine:
     """FP8 weights and scales in fixed storage (what refit writes into):
     up [I, H] per-tensor; qkv [512, H] fused, one scale per piece; down
@@ -89,11 +97,10 @@ class Engine:
     (ragged rows: dequantized, then a BF16 matmul)."""
 
     def __init__(self):
-        f8 = dict(dtype=torch.float8_e4m3fn, device=DEV)
         f32 = dict(dtype=torch.float32, device=DEV)
         nq = sum(r for _, r in QKV)
-        self.w = {"up": torch.zeros(I, H, **f8), "qkv": torch.zeros(nq, H, **f8),
-                  "down": torch.zeros(H, I, **f8), "out": torch.zeros(H + 72, H, **f8)}
+        self.w = {"up": fp8_zeros(I, H), "qkv": fp8_zeros(nq, H), "down": fp8_zeros(H, I),
+                  "out": fp8_zeros(H + 72, H)}
         self.s = {"up": torch.ones(1, **f32), "qkv": torch.ones(len(QKV), **f32),
                   "down": torch.ones(H, 1, **f32), "out": torch.ones(3, 2, **f32)}
         self.rowwise = True
@@ -136,7 +143,7 @@ def reference_engine(ck):
         q, s = ref_quant(ck["%s_proj.weight" % name], "per_tensor")
         qs.append(q)
         ss.append(s)
-    e.w["qkv"], e.s["qkv"] = torch.cat(qs), torch.cat(ss)
+    e.w["qkv"], e.s["qkv"] = fp8_cat(qs), torch.cat(ss)
     e.w["down"], e.s["down"] = ref_quant(ck["down_proj.weight"], "per_channel")
     e.w["out"], e.s["out"] = ref_quant(ck["o_proj.weight"], "block128")
     return e
