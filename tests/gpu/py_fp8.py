@@ -114,11 +114,12 @@ class Engine:
         else:
             y = (h.float() @ (self.w["down"].float() * self.s["down"]).t()).to(torch.bfloat16)
         yq, sy = act_quant(y, False)
-        parts, r0 = [], 0
-        for i, (_, rows) in enumerate(QKV):
-            parts.append(scaled_mm(yq, sy, self.w["qkv"][r0:r0 + rows], self.s["qkv"][i].reshape(())))
-            r0 += rows
-        z = torch.cat(parts, dim=1)                                            # [M, 512]
+        # one GEMM over the fused weight (cuBLASLt refuses some narrow
+        # per-piece shapes), then each piece's scale on its columns
+        one = torch.ones((), dtype=torch.float32, device=DEV)
+        z = scaled_mm(yq, sy, self.w["qkv"], one)                              # [M, 512]
+        col = torch.cat([self.s["qkv"][i].expand(rows) for i, (_, rows) in enumerate(QKV)])
+        z = (z.float() * col).to(torch.bfloat16)
         wo = (self.w["out"].float() * expand_blocks(self.s["out"], H + 72, H)).to(torch.bfloat16)
         return z[:, :H] @ wo.t()
 
