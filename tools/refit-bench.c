@@ -171,6 +171,18 @@ static double min_of(const double *v, int n)
     return m;
 }
 
+/* Median of v (sorted in place). */
+static double median_of(double *v, int n)
+{
+    for (int i = 1; i < n; i++)
+        for (int k = i; k > 0 && v[k] < v[k - 1]; k--) {
+            double x = v[k];
+            v[k] = v[k - 1];
+            v[k - 1] = x;
+        }
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 static void machine_json(FILE *f)
 {
     struct utsname u;
@@ -245,16 +257,14 @@ static int bench_host(int argc, char **argv)
     double n = (double)h.n_tensors;
     double us = (t_plain - t_copy) / n * 1e6, us_rb = (t_rb - t_copy) / n * 1e6;
 
-    double t_journal = -1, t_jwrites = -1;
+    double t_journal = -1, t_jwrites = -1, t_plain_med = -1;
     if (journal) {
-        /* median of the journal's time inside each journaled reload */
-        for (int i = 1; i < repeat; i++)
-            for (int k = i; k > 0 && jw[k] < jw[k - 1]; k--) {
-                double x = jw[k];
-                jw[k] = jw[k - 1];
-                jw[k - 1] = x;
-            }
-        t_journal = jw[repeat / 2];
+        /* typical against typical: the median of the journal's time inside
+         * each journaled reload, over the median host-only reload */
+        double plain_copy[100];
+        memcpy(plain_copy, plain, sizeof(double) * (size_t)repeat);
+        t_plain_med = median_of(plain_copy, repeat);
+        t_journal = median_of(jw, repeat);
         /* the journal's writes alone, as the core issues them, for scale */
         if (bench_journal_write(journal, h.n_modules, h.n_tensors, &t_jwrites))
             return host_free(&h), host_free(&hj), 1;
@@ -276,10 +286,12 @@ static int bench_host(int argc, char **argv)
         if (journal)
             fprintf(f, ", \"journal_path\": \"%s\", \"reload_journaled_ms\": %.3f, "
                        "\"journal_ms\": %.3f, \"journal_writes_only_ms\": %.3f, "
+                       "\"reload_median_ms\": %.3f, "
                        "\"journal_ratio_to_reload\": %.5f, \"journal_target_ratio\": 0.02, "
                        "\"journal_meets_target\": %s",
                     journal, min_of(jr, repeat) * 1e3, t_journal * 1e3, t_jwrites * 1e3,
-                    t_journal / t_plain, t_journal / t_plain <= 0.02 ? "true" : "false");
+                    t_plain_med * 1e3, t_journal / t_plain_med,
+                    t_journal / t_plain_med <= 0.02 ? "true" : "false");
         fprintf(f, "}\n");
     } else {
         printf("host bench: %zu tensors in %zu modules (%d bytes each), best of %d\n",
@@ -291,9 +303,10 @@ static int bench_host(int argc, char **argv)
         printf("  host cost per tensor   %9.4f us  (target <= 1.0)\n", us);
         printf("  with rollback          %9.4f us\n", us_rb);
         if (journal)
-            printf("  journal cost           %9.3f ms  (%.2f%% of the reload; target <= 2%%; "
-                   "its writes alone %.3f ms)\n",
-                   t_journal * 1e3, 100 * t_journal / t_plain, t_jwrites * 1e3);
+            printf("  journal cost           %9.3f ms  (median; %.2f%% of the median reload, "
+                   "%.3f ms; target <= 2%%; its writes alone %.3f ms)\n",
+                   t_journal * 1e3, 100 * t_journal / t_plain_med, t_plain_med * 1e3,
+                   t_jwrites * 1e3);
     }
     host_free(&h);
     host_free(&hj);
