@@ -469,9 +469,11 @@ static int rcv_update(refit_receiver *r, rcv_run *run)
     return rc;
 }
 
-/* The transport failed: abort it, journal, and say what was awaited. */
-static int rcv_fatal(refit_receiver *r, const rcv_run *run, int64_t journal_id)
+/* The transport failed (rc: its status): abort it, journal, and say what
+ * was awaited. A deadline stays REFIT_ETIMEDOUT; anything else is EIO. */
+static int rcv_fatal(refit_receiver *r, const rcv_run *run, int64_t journal_id, int rc)
 {
+    int st = rc == REFIT_ETIMEDOUT ? REFIT_ETIMEDOUT : REFIT_EIO;
     refit_transport *x = r->x;
     char msg[sizeof x->err];
     snprintf(msg, sizeof msg, "%s", x->err);
@@ -479,7 +481,7 @@ static int rcv_fatal(refit_receiver *r, const rcv_run *run, int64_t journal_id)
     xport_journal(r->ctx, journal_id, "transport", "update '%s': %s; after %u of %u buckets; "
                   "the %s transport was aborted", run->label[0] ? run->label : "?", msg,
                   run->buckets, run->an.n_buckets, x->ops->name);
-    return ctx_error(r->ctx, REFIT_EIO, "receive: update '%s': %s (%u of %u buckets had "
+    return ctx_error(r->ctx, st, "receive: update '%s': %s (%u of %u buckets had "
                      "arrived); the %s transport is aborted", run->label[0] ? run->label : "?",
                      msg, run->buckets, run->an.n_buckets, x->ops->name);
 }
@@ -492,22 +494,22 @@ int refit_receive(refit_receiver *r, refit_txn *txn, refit_progress_fn progress,
     rcv_run run = {.txn = txn, .progress = progress, .user = user};
     int rc = rcv_update(r, &run);
     if (rc)
-        return rcv_fatal(r, &run, refit_txn_journal_id(txn));
+        return rcv_fatal(r, &run, refit_txn_journal_id(txn), rc);
     return run.local ? ctx_error(r->ctx, run.local, "%s", run.why) : REFIT_OK;
 }
 
 /* The transport failed under refit_receive_update: abort the update here
  * too (no vote can be taken). */
 static int rcv_update_failed(refit_receiver *r, const rcv_run *run, refit_txn *txn,
-                             refit_group_result *res)
+                             refit_group_result *res, int rc)
 {
-    rcv_fatal(r, run, txn ? refit_txn_journal_id(txn) : 0);
+    int st = rcv_fatal(r, run, txn ? refit_txn_journal_id(txn) : 0, rc);
     char why[REFIT_ERRMSG_SIZE];
     snprintf(why, sizeof why, "%s", r->ctx->errmsg);
-    res->worker_status = txn ? refit_abort(txn) : REFIT_OK;
-    res->decision = REFIT_EIO;
-    res->local_status = REFIT_EIO;
-    return ctx_error(r->ctx, REFIT_EIO, "%s; update aborted on this rank, %s", why,
+    res->worker_status = txn ? refit_abort_reason(txn, why) : REFIT_OK;
+    res->decision = st;
+    res->local_status = st;
+    return ctx_error(r->ctx, st, "%s; update aborted on this rank, %s", why,
                      res->worker_status == REFIT_EPOISONED ? "worker POISONED"
                      : txn                                 ? "bytes rolled back"
                                                            : "nothing was begun");
@@ -526,7 +528,7 @@ int refit_receive_update(refit_receiver *r, const refit_update_opts *opts,
     double t0 = xport_now();
     int rc = rcv_update(r, &run);
     if (rc) {
-        rc = rcv_update_failed(r, &run, txn, &res);
+        rc = rcv_update_failed(r, &run, txn, &res, rc);
     } else {
         if (run.local)
             ctx_error(r->ctx, run.local, "%s", run.why);

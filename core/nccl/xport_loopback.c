@@ -133,7 +133,7 @@ static int lb_post(refit_transport *x, lb_end *e, const void *buf, size_t bytes,
     int rc;
     while (!(rc = lb_gone(x, e)) && g->depth >= LB_DEPTH)
         if (lb_sleep(g, deadline))
-            return xport_fail(x, REFIT_EIO, "deadline: rank %d's receivers took no broadcast "
+            return xport_fail(x, REFIT_ETIMEDOUT, "deadline: rank %d's receivers took no broadcast "
                               "for the whole timeout", x->rank);
     if (rc)
         return rc;
@@ -179,7 +179,7 @@ static int lb_take(refit_transport *x, lb_end *e, void *buf, size_t bytes, int r
     int rc;
     while (!(rc = lb_gone(x, e)) && (!(m = lb_find(g, seq, &link)) || m->ready < m->bytes))
         if (lb_sleep(g, deadline))
-            return xport_fail(x, REFIT_EIO, "deadline: broadcast #%llu from rank %d %s",
+            return xport_fail(x, REFIT_ETIMEDOUT, "deadline: broadcast #%llu from rank %d %s",
                               (unsigned long long)seq, root,
                               m ? "stopped part-way (its sender stopped)" : "never came");
     if (rc)
@@ -229,7 +229,7 @@ static int lb_allreduce_min(refit_transport *x, int32_t *v, double deadline)
         }
         while (!rc && g->ar_gen == gen && !(rc = lb_gone(x, e)))
             if (lb_sleep(g, deadline))
-                rc = xport_fail(x, REFIT_EIO, "deadline: %d of %d ranks joined the all-reduce",
+                rc = xport_fail(x, REFIT_ETIMEDOUT, "deadline: %d of %d ranks joined the all-reduce",
                                 g->ar_count, g->nranks);
         if (!rc)
             *v = g->ar_result;

@@ -87,7 +87,7 @@ static int nx_nccl(refit_transport *x, ncclResult_t r, const char *what, double 
     long ns = 2000;
     while (r == ncclInProgress && n->comm) {
         if (xport_now() > deadline)
-            return xport_fail(x, REFIT_EIO, "deadline: %s still in progress after the timeout "
+            return xport_fail(x, REFIT_ETIMEDOUT, "deadline: %s still in progress after the timeout "
                               "(a peer is missing or stalled)", what);
         nx_pause(&ns);
         if (n->nc.CommGetAsyncError(n->comm, &r) != ncclSuccess)
@@ -172,7 +172,7 @@ static int nx_wait(refit_transport *x, uint64_t ticket, double deadline)
                  a != ncclInProgress)
             rc = nx_nccl(x, a, "NCCL reported an error on the communicator", deadline);
         else if (xport_now() > deadline)
-            rc = xport_fail(x, REFIT_EIO, "deadline: %.3g s passed and rank %d's queued "
+            rc = xport_fail(x, REFIT_ETIMEDOUT, "deadline: %.3g s passed and rank %d's queued "
                             "collective has not completed (a peer is dead or stalled)",
                             xport_now() - t0, x->rank);
         else

@@ -81,7 +81,7 @@ static void test_killed_trainer(void **state)
 {
     (void)state;
     json_t *k = json_object_get(result, "killed_trainer");
-    assert_string_equal(json_string_value(json_object_get(k, "status")), "REFIT_EIO");
+    assert_string_equal(json_string_value(json_object_get(k, "status")), "REFIT_ETIMEDOUT");
     assert_true(json_is_true(json_object_get(k, "rolled_back")));
     assert_string_equal(json_string_value(json_object_get(k, "health")), "ready");
     assert_non_null(strstr(json_string_value(json_object_get(k, "journal_event")),

@@ -208,7 +208,7 @@ static void killed_sender(fx *f, int rollback)
     nt_run(j, NR, 2500); /* dies in the middle of bucket 2 or 3 */
     for (int r = 0; r < TP; r++) {
         nt_job *w = &j[1 + r];
-        assert_int_equal(w->rc, REFIT_EIO);
+        assert_int_equal(w->rc, REFIT_ETIMEDOUT);
         assert_true(w->seconds < timeout + 2.0);
         assert_int_equal(w->res.vote_taken, 0);
         assert_contains(w->msg, "deadline");
