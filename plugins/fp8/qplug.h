@@ -191,4 +191,36 @@ static inline int corrupt(const refit_host_v1 *h, const refit_fmt_module *m, uin
                "refusing to quantize it", m->name, m->ckpt[ck].name);
 }
 
+/* A weight of an E4M3 format (fp8, mxfp8): 2-D, serialized f8_e4m3 or
+ * online bf16/f16/f32; counts which. Errors name module, tensor, format. */
+static inline int e4m3_weight(const refit_host_v1 *h, const refit_fmt_module *m,
+                              const refit_fmt_ckpt *c, const char *fmt, int *n_e4m3,
+                              int *n_float)
+{
+    if (c->ndim != 2)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: a weight is 2-D [N, K], not "
+                   "%d-D", m->name, c->name, c->ndim);
+    if (is_e4m3(c->dtype))
+        (*n_e4m3)++;
+    else if (kern_is_float_dtype(c->dtype))
+        (*n_float)++;
+    else
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an %s weight is f8_e4m3 "
+                   "(serialized) or bf16/f16/f32 (online), not %s", m->name, c->name, fmt,
+                   dt_name(c->dtype));
+    return REFIT_OK;
+}
+
+/* After every weight was seen: at least one, and not both kinds. */
+static inline int e4m3_weights_done(const refit_host_v1 *h, const refit_fmt_module *m,
+                                    const char *fmt, int n_weights, int n_e4m3, int n_float)
+{
+    if (n_weights == 0)
+        return ERR(h, REFIT_EFORMAT, "module %s: format %s needs a W.weight", m->name, fmt);
+    if (n_e4m3 && n_float)
+        return ERR(h, REFIT_EMISMATCH, "module %s: weights mix f8_e4m3 and float dtypes",
+                   m->name);
+    return REFIT_OK;
+}
+
 #endif

@@ -180,24 +180,14 @@ static int classify(const refit_host_v1 *h, refit_fmt_module *m, mx_state *s)
                        "W.weight_scale_inv (or W.weight_scale)", m->name, c->name);
         if (r != R_WEIGHT)
             continue;
-        if (c->ndim != 2)
-            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: a weight is 2-D [N, K], not "
-                       "%d-D", m->name, c->name, c->ndim);
-        if (is_e4m3(c->dtype))
-            n_e4m3++;
-        else if (kern_is_float_dtype(c->dtype))
-            n_float++;
-        else
-            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an mxfp8 weight is f8_e4m3 "
-                       "(serialized) or bf16/f16/f32 (online), not %s", m->name, c->name,
-                       dt_name(c->dtype));
+        int rc = e4m3_weight(h, m, c, "mxfp8", &n_e4m3, &n_float);
+        if (rc)
+            return rc;
         s->weights[s->n_weights++] = i;
     }
-    if (s->n_weights == 0)
-        return ERR(h, REFIT_EFORMAT, "module %s: format mxfp8 needs a W.weight", m->name);
-    if (n_e4m3 && n_float)
-        return ERR(h, REFIT_EMISMATCH, "module %s: weights mix f8_e4m3 and float dtypes",
-                   m->name);
+    int rc = e4m3_weights_done(h, m, "mxfp8", (int)s->n_weights, n_e4m3, n_float);
+    if (rc)
+        return rc;
     s->online = n_float > 0;
     if (s->online && (uint32_t)n_float != m->n_ckpt)
         return ERR(h, REFIT_EFORMAT, "module %s: an online module (bf16/f16/f32 weights) "
