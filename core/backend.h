@@ -39,6 +39,9 @@ typedef struct backend {
     /* Flush, then wait for everything queued on stream; reports a failure
      * of any queued work. Waits for the stream only, never the device. */
     int (*sync)(void *stream);
+    /* What the last failing call on this thread saw ("" when nothing), for
+     * the transaction's message. */
+    const char *(*last_error)(void);
 } backend;
 
 extern const backend backend_host;

@@ -54,6 +54,12 @@ static int host_sync(void *stream)
     return REFIT_OK;
 }
 
+/* Host kernels fail only on arguments, which their status says. */
+static const char *host_last_error(void)
+{
+    return "";
+}
+
 const backend backend_host = {
     .name = "host",
     .can_read = host_can_read,
@@ -68,6 +74,7 @@ const backend backend_host = {
     .save = host_move,
     .restore = host_move,
     .sync = host_sync,
+    .last_error = host_last_error,
 };
 
 const backend *backend_for_device(refit_device dev)

@@ -510,8 +510,9 @@ static int write_rows(refit_txn *t, delivery *d, void *staging)
         return rc;
     rc = be->copy(&dst, &src, d->stream);
     if (rc)
-        return txn_error(t, rc, "load %s (module %s): copy failed: %s", r->name,
-                         t->m->modules[r->module].name, refit_strerror(rc));
+        return txn_error(t, rc, "load %s (module %s): copy failed: %s%s%s", r->name,
+                         t->m->modules[r->module].name, refit_strerror(rc),
+                         be->last_error()[0] ? ": " : "", be->last_error());
     return REFIT_OK;
 }
 
@@ -926,9 +927,11 @@ static int txn_prepare(refit_txn *t)
                 txj_finalizing(m, t->journal_id);
                 break;
             }
+        const backend *be = t->n_streams ? t->streams[0].be : &backend_host;
         rc = txn_sync_streams(t);
         if (rc)
-            txn_error(t, rc, "finalize: queued copies failed: %s", refit_strerror(rc));
+            txn_error(t, rc, "finalize: queued copies failed: %s%s%s", refit_strerror(rc),
+                      be->last_error()[0] ? ": " : "", be->last_error());
         else
             rc = check_complete(t);
         if (!rc)

@@ -1268,4 +1268,5 @@ const backend backend_cuda = {
     .save = cuda_save,
     .restore = cuda_restore,
     .sync = cuda_sync,
+    .last_error = backend_cuda_last_error,
 };
