@@ -701,8 +701,7 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
         return txn_fail(t, rc);
     if (t->s->mod_complete[d.r->module] == mod->n_primary) {
         t->stats.modules_complete++;
-        txj_module_done(m, t->journal_id, &t->jb, d.r->module, mod->n_primary,
-                       mod->expected_bytes);
+        txj_module_done(m, t->journal_id, &t->jb, d.r->module);
     }
     return REFIT_OK;
 }

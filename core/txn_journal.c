@@ -157,12 +157,9 @@ static int batch_push(txj_batch *b, journal_module_progress p)
     return REFIT_OK;
 }
 
-void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi, uint64_t tensors,
-                     uint64_t bytes)
+void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi)
 {
     refit_ctx *ctx = m->ctx;
-    (void)tensors;
-    (void)bytes;
     if (!id || !ctx->journal)
         return;
     if (grow_array((void **)&b->done, &b->cap_done, b->n_done, sizeof *b->done)) {

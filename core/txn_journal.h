@@ -37,9 +37,9 @@ void txj_health(refit_model *m, refit_health from, refit_health to, const char *
  * recorded and the journal is required; *id is 0 when nothing is recorded. */
 int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
               refit_health before, int64_t *id);
-/* A module completed: queue its progress, write the batch when full. */
-void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi, uint64_t tensors,
-                    uint64_t bytes);
+/* A module completed: remember it; write the progress batch once the
+ * interval passed. */
+void txj_module_done(refit_model *m, int64_t id, txj_batch *b, uint32_t mi);
 /* Finalize began (a crash from here on is a crash while finalizing). */
 void txj_finalizing(refit_model *m, int64_t id);
 /* End: final state and each touched module's final row. */
