@@ -1100,6 +1100,28 @@ int backend_cuda_quant_fp8(uint32_t n, const refit_view *q, const refit_view *sc
     return rc;
 }
 
+/* A post-load kernel of a format (core/svc_*.c) on device dev, ordered on
+ * stream after the staged copies and undo saves queued there. */
+int backend_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *stream), void *arg)
+{
+    if (dev < 0 || dev >= MAX_DEVICES)
+        return fail(REFIT_EINVAL, "no such device");
+    lock();
+    devg g;
+    cq *qq;
+    int rc = dev_enter(&g, dev);
+    if (!rc) {
+        rc = queue_get(&qq, stream, dev);
+        if (!rc)
+            rc = queue_flush(qq);
+        if (!rc && (rc = launch(arg, stream)))
+            rc = kern_fail(rc);
+        dev_leave(&g);
+    }
+    unlock();
+    return rc;
+}
+
 /* ---- cached allocations: device staging, pinned undo ---- */
 
 static cudaError_t blk_release(const pool *pl, blk *b)

@@ -25,6 +25,12 @@ const char *backend_cuda_last_error(void);
  * lowest piece holding one); the message is backend_cuda_last_error(). */
 int backend_cuda_quant_fp8(uint32_t n, const refit_view *q, const refit_view *scale,
                            const refit_view *x, int scheme, int32_t *bad, void *stream);
+/* Run launch(arg, stream) on device dev (made current), ordered on stream
+ * after whatever copy() and save() queued there, under the backend's lock:
+ * how a format's post-load kernel (core/svc_*.c, kernels/*.cu) reaches the
+ * device. launch returns a refit status; a failure's CUDA message is
+ * backend_cuda_last_error(). Never synchronizes unless launch does. */
+int backend_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *stream), void *arg);
 /* How quantization encodes E4M3 on device dev: 1 with the hardware
  * conversion, 0 with the integer encoder, -1 when the check failed to run
  * (backend_cuda_last_error says why). The first call for a device checks
