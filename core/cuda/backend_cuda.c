@@ -1100,7 +1100,7 @@ int backend_cuda_quant_fp8(uint32_t n, const refit_view *q, const refit_view *sc
     return rc;
 }
 
-/* A post-load kernel of a format (core/svc_*.c) on device dev, ordered on
+/* A post-load kernel of a format (core/svc_<fmt>.c) on device dev, ordered on
  * stream after the staged copies and undo saves queued there. */
 int backend_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *stream), void *arg)
 {

@@ -27,7 +27,7 @@ int backend_cuda_quant_fp8(uint32_t n, const refit_view *q, const refit_view *sc
                            const refit_view *x, int scheme, int32_t *bad, void *stream);
 /* Run launch(arg, stream) on device dev (made current), ordered on stream
  * after whatever copy() and save() queued there, under the backend's lock:
- * how a format's post-load kernel (core/svc_*.c, kernels/*.cu) reaches the
+ * how a format's post-load kernel (core/svc_<fmt>.c, kernels/<fmt>.cu) reaches the
  * device. launch returns a refit status; a failure's CUDA message is
  * backend_cuda_last_error(). Never synchronizes unless launch does. */
 int backend_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *stream), void *arg);
