@@ -33,7 +33,11 @@ export REFIT_LIB="${REFIT_LIB:-$(pick librefit.so)}"
 cat "$O/env.txt"
 
 status=0
-for t in test-gpu-kernels test-gpu-backend test-gpu-quant test-gpu-fp8; do
+# the four first, then any other test-gpu-* the build holds (one per format)
+more=$(for f in "$B"/test-gpu-* "$B"/tests/gpu/test-gpu-*; do
+         [ -x "$f" ] && [ -f "$f" ] && basename "$f"; done 2>/dev/null |
+       grep -vxE 'test-gpu-(kernels|backend|quant|fp8)' | sort -u)
+for t in test-gpu-kernels test-gpu-backend test-gpu-quant test-gpu-fp8 $more; do
   echo "== $t"
   if [ -x "$(pick $t)" ]; then
     "$(pick $t)" > "$O/$t.tap" 2>&1 || status=1
