@@ -1,5 +1,6 @@
-/* The bucket wire format: planning, encoding, and the decoder that treats
- * every header as untrusted input (bucket.h has the layout). */
+/* The bucket wire format: planning, encoding, and the decoders that treat
+ * every announce, header and stamp as untrusted input (bucket.h has the
+ * layout). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,7 +108,28 @@ void bkt_announce_encode(uint8_t out[BKT_ANNOUNCE_BYTES], const bkt_announce *a)
     wr64(out + 32, a->max_total);
     wr64(out + 40, a->total_payload);
     wr64(out + 48, a->n_entries);
-    wr64(out + 56, bkt_checksum(out, 56));
+    wr64(out + 56, a->index_bytes);
+    /* 64..119 reserved (zero) */
+    wr64(out + 120, bkt_checksum(out, 120));
+}
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* The sizes an announce promises, against each other and the limits. */
+static bool announce_sizes_ok(const bkt_announce *a)
+{
+    if (a->n_buckets == 0)
+        return !a->first_total && !a->first_header && !a->max_total && !a->index_bytes;
+    return a->first_header >= BKT_FIXED_HEADER + 8 && a->first_header <= BKT_MAX_HEADER &&
+           a->first_total >= BKT_ALIGN && a->first_total <= a->max_total &&
+           a->index_bytes >= a->first_header && a->index_bytes <= BKT_MAX_INDEX &&
+           a->index_bytes / a->n_buckets >= BKT_FIXED_HEADER + 8;
 }
 
 int bkt_announce_decode(bkt_announce *a, const uint8_t in[BKT_ANNOUNCE_BYTES],
@@ -119,12 +141,16 @@ int bkt_announce_decode(bkt_announce *a, const uint8_t in[BKT_ANNOUNCE_BYTES],
     if (rd16(in + 4) != BKT_VERSION)
         return bad(err, errlen, C, "announce: wire version %u, this refit reads %u",
                    rd16(in + 4), BKT_VERSION);
-    if (rd64(in + 56) != bkt_checksum(in, 56))
+    if (rd64(in + 120) != bkt_checksum(in, 120))
         return bad(err, errlen, C, "announce: checksum mismatch");
-    *a = (bkt_announce){rd16(in + 6), rd32(in + 8), rd32(in + 12), rd64(in + 16),
-                        rd64(in + 24), rd64(in + 32), rd64(in + 40), rd64(in + 48)};
-    if (a->flags != 0)
-        return bad(err, errlen, C, "announce: unknown flags 0x%x", a->flags);
+    *a = (bkt_announce){.flags = rd16(in + 6), .n_buckets = rd32(in + 8),
+                        .first_header = rd32(in + 12), .nonce = rd64(in + 16),
+                        .first_total = rd64(in + 24), .max_total = rd64(in + 32),
+                        .total_payload = rd64(in + 40), .n_entries = rd64(in + 48),
+                        .index_bytes = rd64(in + 56)};
+    if (a->flags != 0 || !all_zero(in + 64, 56))
+        return bad(err, errlen, C, "announce: unknown flags 0x%x or reserved bytes set",
+                   a->flags);
     if (a->n_buckets > BKT_MAX_BUCKETS)
         return bad(err, errlen, C, "announce: %u buckets (at most %u)", a->n_buckets,
                    BKT_MAX_BUCKETS);
@@ -132,15 +158,54 @@ int bkt_announce_decode(bkt_announce *a, const uint8_t in[BKT_ANNOUNCE_BYTES],
         return bad(err, errlen, C, "announce: buckets of %llu bytes, above the %llu this "
                    "receiver accepts", (unsigned long long)a->max_total,
                    (unsigned long long)max_accept);
-    if (a->n_buckets == 0 ? (a->first_total || a->first_header || a->max_total)
-                          : (a->first_header < BKT_FIXED_HEADER + 8 ||
-                             a->first_header > BKT_MAX_HEADER ||
-                             a->first_total < bkt_align(a->first_header) ||
-                             a->first_total > a->max_total))
+    if (!announce_sizes_ok(a))
         return bad(err, errlen, C, "announce: inconsistent sizes (buckets %u, first %llu bytes "
-                   "with a %u-byte header, largest %llu)", a->n_buckets,
+                   "with a %u-byte header, largest %llu, index %llu)", a->n_buckets,
                    (unsigned long long)a->first_total, a->first_header,
-                   (unsigned long long)a->max_total);
+                   (unsigned long long)a->max_total, (unsigned long long)a->index_bytes);
+    return REFIT_OK;
+}
+
+/* ---- stamp ---- */
+
+void bkt_stamp_encode(uint8_t out[BKT_STAMP_BYTES], const bkt_stamp *st)
+{
+    memset(out, 0, BKT_STAMP_BYTES);
+    wr32(out, BKT_MAGIC_STAMP);
+    wr16(out + 4, BKT_VERSION);
+    wr16(out + 6, st->flags);
+    wr32(out + 8, st->index);
+    wr32(out + 12, (uint32_t)st->status);
+    wr64(out + 16, st->nonce);
+    wr64(out + 24, st->payload_bytes);
+    wr64(out + 32, st->payload_sum);
+    wr64(out + 56, bkt_checksum(out, 56));
+}
+
+int bkt_stamp_decode(bkt_stamp *st, const uint8_t in[BKT_STAMP_BYTES], uint32_t index,
+                     uint64_t nonce, uint64_t payload_bytes, char *err, size_t errlen)
+{
+    const int C = REFIT_ECORRUPT;
+    if (rd32(in) != BKT_MAGIC_STAMP || rd16(in + 4) != BKT_VERSION)
+        return bad(err, errlen, C, "bucket %u: bad stamp magic or wire version", index);
+    if (rd64(in + 56) != bkt_checksum(in, 56))
+        return bad(err, errlen, C, "bucket %u: stamp checksum mismatch", index);
+    *st = (bkt_stamp){.flags = rd16(in + 6), .index = rd32(in + 8),
+                      .status = (int32_t)rd32(in + 12), .nonce = rd64(in + 16),
+                      .payload_bytes = rd64(in + 24), .payload_sum = rd64(in + 32)};
+    if (st->index != index || st->nonce != nonce || st->payload_bytes != payload_bytes)
+        return bad(err, errlen, C, "bucket %u: the stamp is of bucket %u of update %016llx "
+                   "(%llu bytes), not of bucket %u of update %016llx (%llu bytes)", index,
+                   st->index, (unsigned long long)st->nonce,
+                   (unsigned long long)st->payload_bytes, index, (unsigned long long)nonce,
+                   (unsigned long long)payload_bytes);
+    bool cancel = st->flags & BKT_F_CANCEL;
+    if ((st->flags & ~(BKT_F_PAYLOAD_SUM | BKT_F_CANCEL)) || !all_zero(in + 40, 16) ||
+        (cancel ? st->status >= 0 || st->status < -2047 || (st->flags & BKT_F_PAYLOAD_SUM)
+                : st->status != 0) ||
+        (!(st->flags & BKT_F_PAYLOAD_SUM) && st->payload_sum))
+        return bad(err, errlen, C, "bucket %u: stamp flags 0x%x, status %d or reserved bytes "
+                   "inconsistent", index, st->flags, st->status);
     return REFIT_OK;
 }
 
@@ -213,47 +278,104 @@ static int plan_open_bucket(bkt_plan *p, uint32_t fixed_header)
     return REFIT_OK;
 }
 
-/* A tensor larger than a bucket: row ranges, each at the start of its own
- * bucket, so every bucket but the last of them is full. */
-static int plan_split(bkt_plan *p, uint32_t i, const bkt_tensor *t, uint64_t row_bytes,
-                      uint64_t cap, uint32_t fixed, uint32_t eh, char *err, size_t errlen)
+uint64_t bkt_plan_cap(uint64_t bucket_bytes, uint32_t b, uint64_t left)
 {
-    if (row_bytes == 0 || row_bytes > cap)
-        return bad(err, errlen, REFIT_EINVAL, "%s: larger than a bucket (%llu bytes) and "
-                   "cannot be split: one row of dim 0 is %llu bytes%s", t->name,
-                   (unsigned long long)cap, (unsigned long long)row_bytes,
-                   row_bytes ? "" : " or not a whole number of bytes");
-    int64_t per = (int64_t)(cap / row_bytes);
-    for (int64_t r = 0; r < t->shape[0]; r += per) {
-        int64_t rows = t->shape[0] - r < per ? t->shape[0] - r : per;
-        int rc = plan_open_bucket(p, fixed);
-        bkt_piece pc = {i, true, r, rows, 0, (uint64_t)rows * row_bytes};
-        if (!rc)
-            rc = plan_add_piece(p, pc);
-        if (rc)
-            return bad(err, errlen, rc, "%s: %s", t->name,
-                       rc == REFIT_ENOMEM ? "out of memory" : "too many buckets");
-        p->buckets[p->n_buckets - 1].header_bytes += eh;
-    }
+    uint64_t first = bucket_bytes / BKT_RAMP;
+    if (first < BKT_RAMP_MIN)
+        first = BKT_RAMP_MIN;
+    if (first >= bucket_bytes)
+        return bucket_bytes;
+    uint64_t cap = first;
+    for (uint32_t k = 0; k < b && cap < bucket_bytes; k++)
+        cap *= 2;
+    /* the end: each bucket takes half of what is left, down to the first
+     * bucket's size, so the last scatter (nothing after it to hide it
+     * behind) is small */
+    uint64_t tail = left / 2 + left % 2;
+    if (tail < first)
+        tail = first;
+    if (cap > tail)
+        cap = tail;
+    return cap < bucket_bytes ? cap : bucket_bytes;
+}
+
+uint32_t bkt_slots(uint64_t max_total)
+{
+    uint64_t n = max_total ? BKT_SLOT_BUDGET / max_total : BKT_MAX_SLOTS;
+    return n < 2 ? 2 : n > BKT_MAX_SLOTS ? BKT_MAX_SLOTS : (uint32_t)n;
+}
+
+uint64_t bkt_index_bytes(const bkt_plan *p)
+{
+    uint64_t n = 0;
+    for (uint32_t b = 0; b < p->n_buckets; b++)
+        n += p->buckets[b].header_bytes;
+    return n;
+}
+
+/* Planning state: the current bucket's cap and the bytes not yet placed. */
+typedef struct planner {
+    bkt_plan *p;
+    uint64_t bucket_bytes, left, cap;
+    uint32_t fixed;
+} planner;
+
+/* Close the current bucket (if it holds anything), open the next. */
+static int pl_next(planner *pl)
+{
+    int rc = plan_open_bucket(pl->p, pl->fixed);
+    if (!rc)
+        pl->cap = bkt_plan_cap(pl->bucket_bytes, pl->p->n_buckets - 1, pl->left);
+    return rc;
+}
+
+static int pl_add(planner *pl, bkt_piece pc, uint32_t eh)
+{
+    int rc = plan_add_piece(pl->p, pc);
+    if (rc)
+        return rc;
+    pl->p->buckets[pl->p->n_buckets - 1].header_bytes += eh;
+    pl->left -= pc.bytes < pl->left ? pc.bytes : pl->left;
     return REFIT_OK;
 }
 
-static int plan_whole(bkt_plan *p, uint32_t i, uint64_t bytes, uint64_t cap, uint32_t fixed,
-                      uint32_t eh)
+/* Tensor i: whole into the current bucket when it fits, else into a new
+ * one; a tensor larger than an empty bucket goes as row ranges of dim 0,
+ * each starting a bucket (so every bucket but the last of them is full). */
+static int plan_tensor(planner *pl, uint32_t i, const bkt_tensor *t, uint64_t bytes,
+                       uint64_t row_bytes, uint32_t eh, char *err, size_t errlen)
 {
-    bkt_span *b = &p->buckets[p->n_buckets - 1];
-    uint64_t off = b->n ? bkt_align(b->payload_bytes) : 0;
-    if (b->n && (off > cap || bytes > cap - off || b->header_bytes + eh > BKT_MAX_HEADER)) {
-        int rc = plan_open_bucket(p, fixed);
-        if (rc)
+    bkt_plan *p = pl->p;
+    int64_t dim0 = t->ndim ? t->shape[0] : 1, row = 0;
+    for (int rc;;) {
+        bkt_span *b = &p->buckets[p->n_buckets - 1];
+        uint64_t off = b->n ? bkt_align(b->payload_bytes) : 0;
+        uint64_t rest = row ? (uint64_t)(dim0 - row) * row_bytes : bytes;
+        if (b->header_bytes + eh <= BKT_MAX_HEADER && off <= pl->cap && rest <= pl->cap - off)
+            return pl_add(pl, row ? (bkt_piece){i, true, row, dim0 - row, off, rest}
+                                  : (bkt_piece){i, false, 0, 0, off, bytes}, eh);
+        if (b->n) {
+            if ((rc = pl_next(pl)))
+                return rc;
+            continue;
+        }
+        if (row_bytes == 0 || row_bytes > pl->bucket_bytes)
+            return bad(err, errlen, REFIT_EINVAL, "%s: larger than a bucket (%llu bytes) and "
+                       "cannot be split: one row of dim 0 is %llu bytes%s", t->name,
+                       (unsigned long long)pl->bucket_bytes, (unsigned long long)row_bytes,
+                       row_bytes ? "" : " or not a whole number of bytes");
+        /* a row wider than the ramp's cap gets a whole bucket */
+        uint64_t cap = pl->cap < row_bytes ? pl->bucket_bytes : pl->cap;
+        int64_t rows = (int64_t)(cap / row_bytes);
+        if (rows > dim0 - row)
+            rows = dim0 - row;
+        if ((rc = pl_add(pl, (bkt_piece){i, true, row, rows, 0, (uint64_t)rows * row_bytes}, eh)))
             return rc;
-        off = 0;
+        if ((row += rows) == dim0)
+            return REFIT_OK;
+        if ((rc = pl_next(pl)))
+            return rc;
     }
-    int rc = plan_add_piece(p, (bkt_piece){i, false, 0, 0, off, bytes});
-    if (rc)
-        return rc;
-    p->buckets[p->n_buckets - 1].header_bytes += eh;
-    return REFIT_OK;
 }
 
 static void plan_totals(bkt_plan *p)
@@ -273,25 +395,26 @@ int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket
     if (bucket_bytes == 0 || bucket_bytes > ((uint64_t)1 << 48) || label_len > BKT_MAX_LABEL)
         return bad(err, errlen, REFIT_EINVAL, "bucket size %llu or label length %zu out of "
                    "range", (unsigned long long)bucket_bytes, label_len);
-    uint32_t fixed = BKT_FIXED_HEADER + (uint32_t)label_len + 8;
+    planner pl = {p, bucket_bytes, 0, 0, BKT_FIXED_HEADER + (uint32_t)label_len + 8};
     int rc = REFIT_OK;
     for (uint32_t i = 0; i < n && !rc; i++) {
         uint64_t bytes = 0, row_bytes = 0;
-        if ((rc = tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen)))
-            break;
-        uint32_t eh = (uint32_t)entry_size(&t[i]);
-        if (!p->n_buckets && (rc = plan_open_bucket(p, fixed)))
-            break;
-        if (bytes <= bucket_bytes)
-            rc = plan_whole(p, i, bytes, bucket_bytes, fixed, eh);
-        else
-            rc = plan_split(p, i, &t[i], row_bytes, bucket_bytes, fixed, eh, err, errlen);
-        if (rc == REFIT_ENOMEM)
-            bad(err, errlen, rc, "planning buckets: out of memory");
+        rc = tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen);
+        pl.left = !rc && bytes < UINT64_MAX - pl.left ? pl.left + bytes : UINT64_MAX;
     }
     /* no tensors: one bucket of no entries still carries the label */
-    if (!rc && !p->n_buckets)
-        rc = plan_open_bucket(p, fixed);
+    if (!rc)
+        rc = pl_next(&pl);
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        uint64_t bytes = 0, row_bytes = 0;
+        tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen);
+        rc = plan_tensor(&pl, i, &t[i], bytes, row_bytes, (uint32_t)entry_size(&t[i]), err,
+                         errlen);
+        if (rc == REFIT_ENOMEM)
+            bad(err, errlen, rc, "planning buckets: out of memory");
+        else if (rc == REFIT_EINVAL && p->n_buckets == BKT_MAX_BUCKETS)
+            bad(err, errlen, rc, "%s: more than %u buckets", t[i].name, BKT_MAX_BUCKETS);
+    }
     if (rc) {
         bkt_plan_free(p);
         return rc;
@@ -331,8 +454,7 @@ static uint8_t *encode_entry(uint8_t *q, const bkt_piece *pc, const bkt_tensor *
 }
 
 void bkt_header_encode(uint8_t *buf, const bkt_plan *p, uint32_t b, const bkt_tensor *t,
-                       const char *label, uint64_t nonce, uint16_t flags,
-                       uint64_t payload_sum)
+                       const char *label, uint64_t nonce)
 {
     const bkt_span *s = &p->buckets[b];
     bool last = b + 1 == p->n_buckets;
@@ -340,18 +462,17 @@ void bkt_header_encode(uint8_t *buf, const bkt_plan *p, uint32_t b, const bkt_te
     memset(buf, 0, BKT_FIXED_HEADER);
     wr32(buf, BKT_MAGIC_BUCKET);
     wr16(buf + 4, BKT_VERSION);
-    wr16(buf + 6, flags);
     wr32(buf + 8, b);
     wr32(buf + 12, p->n_buckets);
     wr32(buf + 16, s->n);
     wr32(buf + 20, s->header_bytes);
     wr64(buf + 24, nonce);
-    wr64(buf + 32, bkt_align(s->header_bytes));
+    wr64(buf + 32, BKT_ALIGN); /* the stamp's room */
     wr64(buf + 40, s->payload_bytes);
     wr64(buf + 48, last ? 0 : bkt_total(p, b + 1));
     wr32(buf + 56, last ? 0 : p->buckets[b + 1].header_bytes);
     wr16(buf + 60, (uint16_t)ll);
-    wr64(buf + 64, payload_sum);
+    /* 62..71 reserved (zero; version 1 had the payload's checksum here) */
     memcpy(buf + BKT_FIXED_HEADER, label, ll);
     uint8_t *q = buf + BKT_FIXED_HEADER + ll;
     for (uint32_t k = 0; k < s->n; k++) {
@@ -368,7 +489,7 @@ static int decode_next(bkt_header *h, const bkt_expect *ex, char *err, size_t er
     bool last = h->index + 1 == h->n_buckets;
     if (last ? (h->next_total || h->next_header)
              : (h->next_header < BKT_FIXED_HEADER + 8 || h->next_header > BKT_MAX_HEADER ||
-                h->next_total < bkt_align(h->next_header) || h->next_total > ex->max_total))
+                h->next_total < BKT_ALIGN || h->next_total > ex->max_total))
         return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: next bucket's size (%llu bytes, "
                    "%u-byte header) inconsistent with %u buckets of at most %llu bytes",
                    h->index, (unsigned long long)h->next_total, h->next_header,
@@ -395,15 +516,15 @@ static int decode_fixed(bkt_header *h, const uint8_t *buf, const bkt_expect *ex,
     h->payload_bytes = rd64(buf + 40);
     h->next_total = rd64(buf + 48);
     h->next_header = rd32(buf + 56);
-    h->payload_sum = rd64(buf + 64);
-    if (h->flags & ~(BKT_F_PAYLOAD_SUM | BKT_F_CANCEL))
-        return bad(err, errlen, C, "bucket %u: unknown flags 0x%x", ex->index, h->flags);
+    if (h->flags || rd64(buf + 64))
+        return bad(err, errlen, C, "bucket %u: unknown flags 0x%x or reserved bytes set",
+                   ex->index, h->flags);
     if (h->index != ex->index || h->n_buckets != ex->n_buckets || h->nonce != ex->nonce)
         return bad(err, errlen, C, "bucket %u of %u (update %016llx) arrived where bucket %u "
                    "of %u (update %016llx) was expected", h->index, h->n_buckets,
                    (unsigned long long)h->nonce, ex->index, ex->n_buckets,
                    (unsigned long long)ex->nonce);
-    if (h->header_bytes != hb || h->payload_offset != bkt_align(hb) ||
+    if (h->header_bytes != hb || h->payload_offset != BKT_ALIGN ||
         ex->total < h->payload_offset || h->payload_bytes != ex->total - h->payload_offset)
         return bad(err, errlen, C, "bucket %u: sizes (header %u, payload %llu at %llu) do "
                    "not add up to the %llu bytes received", h->index, h->header_bytes,
@@ -525,7 +646,7 @@ int bkt_header_decode(bkt_header *h, const uint8_t *buf, const bkt_expect *ex, c
                       size_t errlen)
 {
     uint32_t hb = ex->header_bytes;
-    if (hb < BKT_FIXED_HEADER + 8 || hb > BKT_MAX_HEADER || hb > ex->total)
+    if (hb < BKT_FIXED_HEADER + 8 || hb > BKT_MAX_HEADER)
         return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: header of %u bytes", ex->index, hb);
     int rc = decode_fixed(h, buf, ex, err, errlen);
     if (!rc)

@@ -2,27 +2,33 @@
  * The bucket wire format of the NCCL transport (docs/nccl.md). Everything a
  * receiver needs travels in the broadcasts themselves: no other channel.
  *
- * One update on the wire:
+ * One update on the wire (wire version 2):
  *
- *   announce  64 bytes, fixed: bucket count, nonce, sizes of bucket 0, the
- *             largest bucket (receivers size their two slots once)
- *   bucket 0  [header | zero pad to 256 | payload]     one broadcast
+ *   announce  128 bytes, fixed: bucket count, nonce, the index's size, the
+ *             sizes of bucket 0 and of the largest bucket
+ *   index     every bucket's header, back to back (one broadcast): each
+ *             names the next one's size, so the whole update is known
+ *             before its first payload byte moves
+ *   bucket 0  [stamp | zero pad to 256 | payload]      one broadcast
  *   bucket 1  ...                                       one broadcast
  *
- * Each header names the size of the next bucket, so every broadcast's
- * byte count is known to every rank before it is posted (NCCL needs equal
- * counts on all ranks) and bucket n+1 can be posted while bucket n is
- * scattered. All integers are little-endian. A header is untrusted input:
- * bkt_header_decode checks every field, every size against the buffer and
- * every multiplication for overflow before anything reads the payload.
+ * Knowing every size up front, every rank posts broadcast n+1 (and more)
+ * right behind broadcast n: no host round trip between buckets. The stamp
+ * (64 bytes) is what a bucket cannot know in advance: the payload's
+ * checksum, and CANCEL when the sender failed while packing (it then still
+ * sends every planned bucket, unpacked, so collectives keep matching).
+ *
+ * All integers are little-endian. Headers and stamps are untrusted input:
+ * the decoders check every field, every size against the buffer and every
+ * multiplication for overflow before anything reads the payload.
  *
  * Checksum: refit's content fingerprint (kernels/fingerprint.h): the
  * splitmix64-mixed 8-byte words of the bytes, keyed by position and
  * summed. 64 bits, not cryptographic: it catches corruption, truncation
  * and misrouted buffers, not tampering. Being a sum, it runs as one
  * parallel pass on a GPU (backend fingerprint) with the same value as on
- * the host. Headers and the announce always carry it; the payload's is
- * optional (BKT_F_PAYLOAD_SUM).
+ * the host. The announce, headers and stamps always carry one; the
+ * payload's is optional (BKT_F_PAYLOAD_SUM in the stamp).
  */
 #ifndef REFIT_CORE_NCCL_BUCKET_H
 #define REFIT_CORE_NCCL_BUCKET_H
@@ -35,8 +41,10 @@
 
 #define BKT_MAGIC_ANNOUNCE 0x4e415452u /* "RTAN" */
 #define BKT_MAGIC_BUCKET 0x4b425452u   /* "RTBK" */
-#define BKT_VERSION 1
-#define BKT_ANNOUNCE_BYTES 64
+#define BKT_MAGIC_STAMP 0x53425452u    /* "RTBS" */
+#define BKT_VERSION 2
+#define BKT_ANNOUNCE_BYTES 128
+#define BKT_STAMP_BYTES 64
 #define BKT_ALIGN 256                  /* payload and every piece start here */
 #define BKT_FIXED_HEADER 72            /* bytes before the label */
 #define BKT_FIXED_ENTRY 40             /* bytes of an entry before shape and name */
@@ -44,19 +52,30 @@
 #define BKT_MAX_NAME 4096
 #define BKT_MAX_LABEL 1024
 #define BKT_MAX_BUCKETS (1u << 24)
+#define BKT_MAX_INDEX ((uint64_t)256 << 20)
 #define BKT_DEFAULT_BYTES ((uint64_t)1 << 30)
+/* Buckets ramp up from bucket_bytes / BKT_RAMP (at least BKT_RAMP_MIN)
+ * and back down at the end, so the first pack and the last scatter, which
+ * nothing overlaps, are small. */
+#define BKT_RAMP 16
+#define BKT_RAMP_MIN ((uint64_t)4 << 20)
+/* Slots (buckets in flight) each rank holds: as many as fit this budget,
+ * 2 to BKT_MAX_SLOTS, so small buckets keep NCCL fed too. */
+#define BKT_SLOT_BUDGET ((uint64_t)512 << 20)
+#define BKT_MAX_SLOTS 8
 
-/* Header flags. */
+/* Stamp flags. */
 #define BKT_F_PAYLOAD_SUM 0x1u /* payload_sum is the payload's checksum */
-#define BKT_F_CANCEL 0x2u      /* the sender failed: no payload, no more buckets */
+#define BKT_F_CANCEL 0x2u      /* the sender failed: payload not packed, status says why */
 
 /* ---- announce ---- */
 
 typedef struct bkt_announce {
     uint16_t flags;
     uint32_t n_buckets;
-    uint32_t first_header;      /* header bytes of bucket 0 */
+    uint32_t first_header;      /* header bytes of bucket 0 (first in the index) */
     uint64_t nonce;             /* the update's id on the wire; every header repeats it */
+    uint64_t index_bytes;       /* the index broadcast: every header, back to back */
     uint64_t first_total;       /* bytes of bucket 0's broadcast */
     uint64_t max_total;         /* the largest bucket's broadcast */
     uint64_t total_payload;
@@ -102,28 +121,49 @@ typedef struct bkt_plan {
     uint64_t max_total, total_payload;
 } bkt_plan;
 
-/* Cut tensors into buckets of at most bucket_bytes of payload: a tensor
- * that fits goes whole (a new bucket when the current one is too full), a
- * larger one is split into row ranges of dim 0. The same tensors give the
- * same plan. REFIT_EINVAL / REFIT_EUNSUPPORTED / REFIT_ENOMEM with err. */
+/* Cut tensors into buckets of at most bucket_bytes of payload (less at
+ * both ends: the ramp, bkt_plan_cap): a tensor that fits its bucket goes
+ * whole (a new bucket when the current one is too full), a larger one is
+ * split into row ranges of dim 0. The same tensors and bucket size give
+ * the same plan. REFIT_EINVAL / REFIT_EUNSUPPORTED / REFIT_ENOMEM with err. */
 int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
                    size_t label_len, char *err, size_t errlen);
 void bkt_plan_free(bkt_plan *p);
+/* The payload cap of bucket b when left bytes remain to plan. */
+uint64_t bkt_plan_cap(uint64_t bucket_bytes, uint32_t b, uint64_t left);
+/* Slots a rank holds for buckets of at most max_total bytes. */
+uint32_t bkt_slots(uint64_t max_total);
+/* Bytes of the index of p (every header). */
+uint64_t bkt_index_bytes(const bkt_plan *p);
 
 static inline uint64_t bkt_align(uint64_t n)
 {
     return (n + BKT_ALIGN - 1) & ~(uint64_t)(BKT_ALIGN - 1);
 }
-/* Bytes of bucket b's broadcast: aligned header + payload. */
+/* Bytes of bucket b's broadcast: the stamp's 256 bytes + payload. */
 static inline uint64_t bkt_total(const bkt_plan *p, uint32_t b)
 {
-    return bkt_align(p->buckets[b].header_bytes) + p->buckets[b].payload_bytes;
+    return BKT_ALIGN + p->buckets[b].payload_bytes;
 }
 
 /* Write bucket b's header into buf (at least header_bytes). */
 void bkt_header_encode(uint8_t *buf, const bkt_plan *p, uint32_t b, const bkt_tensor *t,
-                       const char *label, uint64_t nonce, uint16_t flags,
-                       uint64_t payload_sum);
+                       const char *label, uint64_t nonce);
+
+/* ---- the stamp: the first 64 bytes of every bucket's broadcast ---- */
+
+typedef struct bkt_stamp {
+    uint16_t flags;             /* BKT_F_* */
+    uint32_t index;
+    int32_t status;             /* CANCEL: the sender's refit status; else 0 */
+    uint64_t nonce, payload_bytes, payload_sum;
+} bkt_stamp;
+
+void bkt_stamp_encode(uint8_t out[BKT_STAMP_BYTES], const bkt_stamp *s);
+/* REFIT_ECORRUPT (err says why) unless in is a sound stamp of bucket
+ * index of update nonce, with payload_bytes of payload. */
+int bkt_stamp_decode(bkt_stamp *s, const uint8_t in[BKT_STAMP_BYTES], uint32_t index,
+                     uint64_t nonce, uint64_t payload_bytes, char *err, size_t errlen);
 
 /* ---- decoding (receiver) ---- */
 
@@ -147,9 +187,9 @@ typedef struct bkt_expect {
 } bkt_expect;
 
 typedef struct bkt_header {
-    uint16_t flags;
+    uint16_t flags;             /* none defined in version 2: must be 0 */
     uint32_t index, n_buckets, n_entries, header_bytes, next_header;
-    uint64_t nonce, payload_offset, payload_bytes, next_total, payload_sum;
+    uint64_t nonce, payload_offset, payload_bytes, next_total;
     char label[BKT_MAX_LABEL + 1];
     bkt_entry *entries;
     uint32_t cap_entries;

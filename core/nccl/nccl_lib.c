@@ -52,6 +52,7 @@ static const sym CU_SYMS[] = {
     CS(EventRecord, "cuEventRecord"),
     CS(EventQuery, "cuEventQuery"),
     CS(EventDestroy, "cuEventDestroy_v2"),
+    CS(StreamWaitEvent, "cuStreamWaitEvent"),
     CS(GetErrorString, "cuGetErrorString"),
     CS(MemcpyHtoD, "cuMemcpyHtoD_v2"),
     CS(MemcpyDtoH, "cuMemcpyDtoH_v2"),

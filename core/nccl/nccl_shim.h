@@ -110,6 +110,7 @@ typedef struct cu_api {
     CUresult (*EventRecord)(CUevent e, CUstream s);
     CUresult (*EventQuery)(CUevent e);
     CUresult (*EventDestroy)(CUevent e);                         /* _v2 */
+    CUresult (*StreamWaitEvent)(CUstream s, CUevent e, unsigned int flags);
     CUresult (*GetErrorString)(CUresult r, const char **s);
     /* for tools and tests: synchronous copies, device count */
     CUresult (*MemcpyHtoD)(CUdeviceptr dst, const void *src, size_t n);         /* _v2 */

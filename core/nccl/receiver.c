@@ -3,22 +3,29 @@
  * open transaction, straight from the bucket buffer (on a GPU the CUDA
  * backend batches every copy of a bucket into one launch at flush).
  *
- * Pipeline, two slots A and B (host view; the GPU runs what is posted):
+ * The announce and the index (every header) come first, so every bucket's
+ * size is known before any payload moves. Then, with S slots (bkt_slots:
+ * 2 to 8; host view, the GPU runs what is posted):
  *
- *   post 0 -> A
- *   k = 0:  wait 0; decode header 0;             post 1 -> B; [checksum 0] scatter 0 from A
- *   k = 1:  wait 1; decode header 1; sync(0);    post 2 -> A; [checksum 1] scatter 1 from B
- *   ...
+ *   post 0..S-1                       broadcast k into slot k % S, its stamp
+ *                                     to the host, a ticket
+ *   k = 0:  wait 0; stamp 0; [checksum 0]; scatter 0 (engine stream);
+ *           NCCL stream waits for the engine stream; post S
+ *   k = 1:  wait 1; ...                                          post S+1
  *
- * A slot is posted again only once the scatter that read it is synced, so
- * receiving bucket n+1 overlaps scattering bucket n. Each header says the
- * next bucket's size, so every rank posts equal counts.
+ * NCCL always has the next S-1 broadcasts queued while the host handles
+ * bucket k, and a slot is posted again only behind the scatter that read
+ * it, ordered on the device (wait_stream), never by a host sync. The host
+ * waits for broadcast k itself (with the deadline) before scattering it, so
+ * the engine stream never waits on NCCL: no host call can hang on a dead
+ * peer without a deadline.
  *
- * A local failure (a refused load, a bad payload checksum, begin refused)
- * switches to draining: the rest of the update is still received (the
- * others are broadcasting it) but not scattered, and the failure is voted.
- * A transport failure or a corrupt header ends the update at once: the
- * chain of sizes cannot be followed, the transport is aborted.
+ * A local failure (a refused load, a bad stamp or payload checksum, begin
+ * refused, the sender's CANCEL) switches to draining: the rest of the
+ * update is still received (the others are broadcasting it) but not
+ * scattered, and the failure is voted. A transport failure or a corrupt
+ * announce or index ends the update at once: the sizes cannot be
+ * followed, the transport is aborted.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +38,12 @@
 #define RCV_MAX_ACCEPT ((uint64_t)4 << 30)
 #define RCV_FREE_LATER 8
 
+/* Where bucket k's header sits in the index, and its broadcast's size. */
+typedef struct rcv_ref {
+    uint64_t at, total;
+    uint32_t header_bytes;
+} rcv_ref;
+
 struct refit_receiver {
     refit_model *m;
     refit_ctx *ctx;
@@ -42,12 +55,18 @@ struct refit_receiver {
     uint64_t max_accept;
     refit_filter_fn filter;
     void *filter_user;
-    void *slot[2];
+    void *slot[BKT_MAX_SLOTS];
+    uint32_t n_slots;
     uint64_t slot_bytes;
-    uint8_t *hbuf[2];           /* host copies of the headers */
-    size_t hcap[2];
-    void *ann;
+    void *ann;                  /* transport memory: the announce, then the index */
     uint8_t *ann_host;
+    void *idx;
+    uint8_t *idx_host;
+    uint64_t idx_cap;
+    uint8_t *stamps;            /* host: each bucket's stamp, copied behind its broadcast */
+    uint32_t stamps_cap;
+    rcv_ref *refs;
+    uint32_t refs_cap;
     bkt_header h;
     struct {                    /* a tensor split along a dim other than its route's */
         char *name;
@@ -124,16 +143,20 @@ void refit_receiver_destroy(refit_receiver *r)
     rcv_free_assembly(r);
     /* nothing is in flight here: every update ends with its broadcasts
      * completed, or with the transport aborted (ncclCommAbort stops them) */
-    for (int i = 0; i < 2; i++) {
+    for (uint32_t i = 0; i < BKT_MAX_SLOTS; i++)
         if (r->slot[i])
             x->ops->mem_free(x, r->slot[i]);
-        if (r->hbuf[i])
-            x->ops->host_free(x, r->hbuf[i]);
-    }
     if (r->ann)
         x->ops->mem_free(x, r->ann);
+    if (r->idx)
+        x->ops->mem_free(x, r->idx);
     if (r->ann_host)
         x->ops->host_free(x, r->ann_host);
+    if (r->idx_host)
+        x->ops->host_free(x, r->idx_host);
+    if (r->stamps)
+        x->ops->host_free(x, r->stamps);
+    free(r->refs);
     bkt_header_free(&r->h);
     free(r);
 }
@@ -145,11 +168,9 @@ typedef struct rcv_run {
     const refit_update_opts *begin; /* begin at bucket 0 with these, or NULL */
     refit_txn **began;
     bkt_announce an;
-    uint64_t ticket[2];
-    uint64_t next_total;
-    uint32_t next_header;
+    uint64_t ticket[BKT_MAX_SLOTS];
     int local;                  /* first local failure: drain from there */
-    bool cancelled;             /* the sender cancelled: no more buckets come */
+    bool cancelled;             /* the sender cancelled */
     char why[REFIT_ERRMSG_SIZE];
     refit_progress_fn progress;
     void *user;
@@ -168,70 +189,146 @@ static void rcv_local(refit_receiver *r, rcv_run *run, int rc)
                                                                  : refit_strerror(rc));
 }
 
-static int rcv_memory(refit_receiver *r, uint64_t max_total)
+static void rcv_free_slots(refit_receiver *r)
 {
-    refit_transport *x = r->x;
-    if (!r->ann && (x->ops->mem_alloc(x, &r->ann, BKT_ALIGN) ||
-                    x->ops->host_alloc(x, (void **)&r->ann_host, BKT_ANNOUNCE_BYTES)))
-        return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for the announce");
-    if (r->slot_bytes >= max_total)
-        return REFIT_OK;
-    for (int i = 0; i < 2; i++) {
+    for (uint32_t i = 0; i < BKT_MAX_SLOTS; i++) {
         if (r->slot[i])
-            x->ops->mem_free(x, r->slot[i]);
+            r->x->ops->mem_free(r->x, r->slot[i]);
         r->slot[i] = NULL;
     }
     r->slot_bytes = 0;
-    for (int i = 0; i < 2; i++)
-        if (x->ops->mem_alloc(x, &r->slot[i], max_total))
-            return xport_fail(x, REFIT_ENOMEM, "receiver: no transport memory for two buckets "
-                              "of %llu bytes", (unsigned long long)max_total);
+    r->n_slots = 0;
+}
+
+/* Slots for the announced buckets (grown, never in flight here). */
+static int rcv_slots(refit_receiver *r, uint64_t max_total)
+{
+    refit_transport *x = r->x;
+    uint32_t want = bkt_slots(max_total);
+    if (r->slot_bytes >= max_total && r->n_slots == want)
+        return REFIT_OK;
+    rcv_free_slots(r);
+    for (uint32_t i = 0; i < want; i++)
+        if (x->ops->mem_alloc(x, &r->slot[i], max_total)) {
+            rcv_free_slots(r);
+            return xport_fail(x, REFIT_ENOMEM, "receiver: no transport memory for %u buckets "
+                              "of %llu bytes", want, (unsigned long long)max_total);
+        }
     r->slot_bytes = max_total;
+    r->n_slots = want;
+    return REFIT_OK;
+}
+
+/* Room for the index, the stamps and the bucket table of an announce. */
+static int rcv_index_memory(refit_receiver *r, const bkt_announce *an)
+{
+    refit_transport *x = r->x;
+    if (r->idx_cap < an->index_bytes) {
+        if (r->idx)
+            x->ops->mem_free(x, r->idx);
+        if (r->idx_host)
+            x->ops->host_free(x, r->idx_host);
+        r->idx = r->idx_host = NULL;
+        r->idx_cap = 0;
+        if (x->ops->mem_alloc(x, &r->idx, an->index_bytes) ||
+            x->ops->host_alloc(x, (void **)&r->idx_host, an->index_bytes))
+            return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for an index of %llu bytes",
+                              (unsigned long long)an->index_bytes);
+        r->idx_cap = an->index_bytes;
+    }
+    if (r->stamps_cap < an->n_buckets) {
+        if (r->stamps)
+            x->ops->host_free(x, r->stamps);
+        r->stamps = NULL;
+        r->stamps_cap = 0;
+        free(r->refs);
+        r->refs = malloc((size_t)an->n_buckets * sizeof *r->refs);
+        if (!r->refs || x->ops->host_alloc(x, (void **)&r->stamps,
+                                           (size_t)an->n_buckets * BKT_STAMP_BYTES))
+            return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for %u buckets' stamps",
+                              an->n_buckets);
+        r->stamps_cap = an->n_buckets;
+    }
+    return REFIT_OK;
+}
+
+/* One broadcast of n bytes at dev into host, waited for. */
+static int rcv_fetch(refit_receiver *r, void *dev, uint8_t *host, uint64_t n, double deadline)
+{
+    refit_transport *x = r->x;
+    uint64_t t;
+    int rc = x->ops->bcast(x, dev, n, r->root, deadline);
+    if (!rc)
+        rc = x->ops->to_host(x, host, dev, n);
+    if (!rc)
+        rc = x->ops->mark(x, &t);
+    return rc ? rc : x->ops->wait(x, t, deadline);
+}
+
+/* Every header of the index, checked as a chain (each names the next
+ * one's size) before any payload is posted; the table says where each is. */
+static int rcv_index(refit_receiver *r, rcv_run *run)
+{
+    const bkt_announce *an = &run->an;
+    uint64_t at = 0, total = an->first_total;
+    uint32_t hb = an->first_header;
+    char err[512];
+    for (uint32_t k = 0; k < an->n_buckets; k++) {
+        if (hb > an->index_bytes - at)
+            return xport_fail(r->x, REFIT_ECORRUPT, "index: bucket %u's %u-byte header runs "
+                              "past the %llu-byte index", k, hb,
+                              (unsigned long long)an->index_bytes);
+        bkt_expect ex = {k, an->n_buckets, an->nonce, hb, total, an->max_total};
+        if (bkt_header_decode(&r->h, r->idx_host + at, &ex, err, sizeof err))
+            return xport_fail(r->x, REFIT_ECORRUPT, "index: %s", err);
+        if (k == 0)
+            snprintf(run->label, sizeof run->label, "%s", r->h.label);
+        else if (strcmp(run->label, r->h.label))
+            return xport_fail(r->x, REFIT_ECORRUPT, "index: bucket %u is labelled '%s', "
+                              "bucket 0 '%s'", k, r->h.label, run->label);
+        r->refs[k] = (rcv_ref){at, total, hb};
+        at += hb;
+        hb = r->h.next_header;
+        total = r->h.next_total;
+    }
+    if (at != an->index_bytes)
+        return xport_fail(r->x, REFIT_ECORRUPT, "index: %llu stray bytes after the last header",
+                          (unsigned long long)(an->index_bytes - at));
     return REFIT_OK;
 }
 
 static int rcv_announce(refit_receiver *r, rcv_run *run)
 {
     refit_transport *x = r->x;
-    int rc = rcv_memory(r, 0);
-    double deadline = xport_now() + r->start_timeout;
-    uint64_t t;
-    if (!rc)
-        rc = x->ops->bcast(x, r->ann, BKT_ANNOUNCE_BYTES, r->root, deadline);
-    if (!rc)
-        rc = x->ops->to_host(x, r->ann_host, r->ann, BKT_ANNOUNCE_BYTES);
-    if (!rc)
-        rc = x->ops->mark(x, &t);
-    if (!rc)
-        rc = x->ops->wait(x, t, deadline);
+    if (!r->ann && (x->ops->mem_alloc(x, &r->ann, BKT_ANNOUNCE_BYTES) ||
+                    x->ops->host_alloc(x, (void **)&r->ann_host, BKT_ANNOUNCE_BYTES)))
+        return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for the announce");
+    int rc = rcv_fetch(r, r->ann, r->ann_host, BKT_ANNOUNCE_BYTES,
+                       xport_now() + r->start_timeout);
     if (rc)
         return rc;
     char err[256];
     if (bkt_announce_decode(&run->an, r->ann_host, r->max_accept, err, sizeof err))
         return xport_fail(x, REFIT_ECORRUPT, "%s", err);
-    run->next_total = run->an.first_total;
-    run->next_header = run->an.first_header;
-    return rcv_memory(r, run->an.max_total);
+    if (!run->an.n_buckets)
+        return REFIT_OK;
+    rc = rcv_index_memory(r, &run->an);
+    if (!rc)
+        rc = rcv_fetch(r, r->idx, r->idx_host, run->an.index_bytes, xport_now() + r->timeout);
+    if (!rc)
+        rc = rcv_index(r, run);
+    return rc ? rc : rcv_slots(r, run->an.max_total);
 }
 
-/* Post bucket k into slot k&1: the broadcast, then its header to the host. */
+/* Post bucket k: the broadcast into its slot, then its stamp to the host. */
 static int rcv_post(refit_receiver *r, rcv_run *run, uint32_t k)
 {
     refit_transport *x = r->x;
-    int i = (int)(k & 1);
-    if (r->hcap[i] < run->next_header) {
-        if (r->hbuf[i])
-            x->ops->host_free(x, r->hbuf[i]);
-        r->hbuf[i] = NULL;
-        r->hcap[i] = 0;
-        if (x->ops->host_alloc(x, (void **)&r->hbuf[i], run->next_header))
-            return xport_fail(x, REFIT_ENOMEM, "receiver: no host memory for a %u-byte header",
-                              run->next_header);
-        r->hcap[i] = run->next_header;
-    }
-    int rc = x->ops->bcast(x, r->slot[i], run->next_total, r->root, xport_now() + r->timeout);
+    uint32_t i = k % r->n_slots;
+    int rc = x->ops->bcast(x, r->slot[i], r->refs[k].total, r->root, xport_now() + r->timeout);
     if (!rc)
-        rc = x->ops->to_host(x, r->hbuf[i], r->slot[i], run->next_header);
+        rc = x->ops->to_host(x, r->stamps + (size_t)k * BKT_STAMP_BYTES, r->slot[i],
+                             BKT_STAMP_BYTES);
     if (!rc)
         rc = x->ops->mark(x, &run->ticket[i]);
     return rc;
@@ -325,7 +422,7 @@ static int rcv_entry(refit_receiver *r, refit_txn *txn, const bkt_entry *e, uint
 static int rcv_scatter(refit_receiver *r, rcv_run *run, uint8_t *slot)
 {
     const bkt_header *h = &r->h;
-    uint8_t *payload = slot + h->payload_offset;
+    uint8_t *payload = slot + BKT_ALIGN;
     for (uint32_t k = 0; k < h->n_entries; k++) {
         const bkt_entry *e = &h->entries[k];
         if (r->filter && !r->filter(r->filter_user, e->name))
@@ -341,43 +438,23 @@ static int rcv_scatter(refit_receiver *r, rcv_run *run, uint8_t *slot)
     return r->be->flush(r->stream);
 }
 
-static int rcv_checksum(refit_receiver *r, uint8_t *slot)
+static int rcv_checksum(refit_receiver *r, uint8_t *slot, uint64_t want)
 {
     const bkt_header *h = &r->h;
-    refit_view v = rcv_bytes_view(slot + h->payload_offset, h->payload_bytes, r->x->device);
+    refit_view v = rcv_bytes_view(slot + BKT_ALIGN, h->payload_bytes, r->x->device);
     uint64_t sum = 0;
     int rc = r->be->fingerprint(&v, &sum, r->stream);
     if (rc)
         return ctx_error(r->ctx, rc, "bucket %u: payload checksum could not be computed: %s",
                          h->index, refit_strerror(rc));
-    if (sum != h->payload_sum)
+    if (sum != want)
         return ctx_error(r->ctx, REFIT_ECORRUPT, "bucket %u of update '%s': payload checksum "
                          "%016llx, the sender's is %016llx; nothing of it was loaded",
-                         h->index, h->label, (unsigned long long)sum,
-                         (unsigned long long)h->payload_sum);
+                         h->index, h->label, (unsigned long long)sum, (unsigned long long)want);
     return REFIT_OK;
 }
 
 /* ---- the update loop ---- */
-
-/* Bucket k arrived: decode its header (a corrupt one ends the update). */
-static int rcv_header(refit_receiver *r, rcv_run *run, uint32_t k)
-{
-    bkt_expect ex = {k, run->an.n_buckets, run->an.nonce, run->next_header, run->next_total,
-                     run->an.max_total};
-    char err[512];
-    int rc = bkt_header_decode(&r->h, r->hbuf[k & 1], &ex, err, sizeof err);
-    if (rc)
-        return xport_fail(r->x, rc, "%s", err);
-    if (k == 0)
-        snprintf(run->label, sizeof run->label, "%s", r->h.label);
-    else if (strcmp(run->label, r->h.label))
-        return xport_fail(r->x, REFIT_ECORRUPT, "bucket %u is labelled '%s', bucket 0 '%s'", k,
-                          r->h.label, run->label);
-    run->next_total = r->h.next_total;
-    run->next_header = r->h.next_header;
-    return REFIT_OK;
-}
 
 /* refit_receive_update begins once the sender's label is known. */
 static void rcv_begin(refit_receiver *r, rcv_run *run)
@@ -400,50 +477,64 @@ static void rcv_begin(refit_receiver *r, rcv_run *run)
         run->txn = *run->began;
 }
 
-static void rcv_cancelled(refit_receiver *r, rcv_run *run)
+static void rcv_cancelled(refit_receiver *r, rcv_run *run, const bkt_stamp *st)
 {
-    int st = -(int)(r->h.payload_sum & 0x7ff);
-    if (st >= 0 || st < REFIT_EINTERNAL)
-        st = REFIT_EIO;
     run->cancelled = true;
-    if (!run->local)
-        rcv_local(r, run, ctx_error(r->ctx, st, "the sender cancelled update '%s' at bucket %u "
-                                    "of %u (%s)", run->label, r->h.index, r->h.n_buckets,
-                                    refit_status_name(st)));
+    rcv_local(r, run, ctx_error(r->ctx, st->status, "the sender cancelled update '%s' at "
+                                "bucket %u of %u (%s)", run->label, st->index,
+                                run->an.n_buckets, refit_status_name(st->status)));
 }
 
-/* Wait for bucket k, post k+1, check and scatter k. Returns transport
- * failures; local ones are kept in run. */
+/* Bucket k arrived: its stamp, then (unless draining) its checksum and
+ * scatter. A bad stamp is local: the sizes come from the index, so the
+ * rest can still be drained and the failure voted. */
+static void rcv_use(refit_receiver *r, rcv_run *run, uint32_t k, uint8_t *slot)
+{
+    const rcv_ref *ref = &r->refs[k];
+    bkt_stamp st;
+    char err[512];
+    if (bkt_stamp_decode(&st, r->stamps + (size_t)k * BKT_STAMP_BYTES, k, run->an.nonce,
+                         ref->total - BKT_ALIGN, err, sizeof err)) {
+        rcv_local(r, run, ctx_error(r->ctx, REFIT_ECORRUPT, "update '%s': %s; nothing of it "
+                                    "was loaded", run->label, err));
+        return;
+    }
+    if (st.flags & BKT_F_CANCEL) {
+        if (!run->cancelled)
+            rcv_cancelled(r, run, &st);
+        return;
+    }
+    if (run->local)
+        return;
+    /* validated with the index: decoding again only fills the entries */
+    bkt_expect ex = {k, run->an.n_buckets, run->an.nonce, ref->header_bytes, ref->total,
+                     run->an.max_total};
+    if (bkt_header_decode(&r->h, r->idx_host + ref->at, &ex, err, sizeof err)) {
+        rcv_local(r, run, ctx_error(r->ctx, REFIT_ECORRUPT, "update '%s': %s", run->label, err));
+        return;
+    }
+    if (st.flags & BKT_F_PAYLOAD_SUM)
+        rcv_local(r, run, rcv_checksum(r, slot, st.payload_sum));
+    if (!run->local)
+        rcv_local(r, run, rcv_scatter(r, run, slot));
+}
+
+/* Wait for bucket k, use it, and post bucket k + S into its slot behind
+ * the scatter that read it. Returns transport failures; local ones are
+ * kept in run. */
 static int rcv_bucket(refit_receiver *r, rcv_run *run, uint32_t k)
 {
     refit_transport *x = r->x;
-    uint8_t *slot = r->slot[k & 1];
-    int rc = x->ops->wait(x, run->ticket[k & 1], xport_now() + r->timeout);
-    if (!rc)
-        rc = rcv_header(r, run, k);
+    uint32_t i = k % r->n_slots;
+    int rc = x->ops->wait(x, run->ticket[i], xport_now() + r->timeout);
     if (rc)
         return rc;
-    if (k == 0)
-        rcv_begin(r, run);
     run->buckets++;
-    if (r->h.flags & BKT_F_CANCEL) {
-        rcv_cancelled(r, run);
+    rcv_use(r, run, k, r->slot[i]);
+    if (k + r->n_slots >= run->an.n_buckets)
         return REFIT_OK;
-    }
-    if (k + 1 < run->an.n_buckets) {
-        /* the other slot was read by bucket k-1's scatter */
-        int src = rcv_sync(r);
-        if (src)
-            rcv_local(r, run, ctx_error(r->ctx, src, "copies of bucket %u failed: %s", k - 1,
-                                        refit_strerror(src)));
-        if ((rc = rcv_post(r, run, k + 1)))
-            return rc;
-    }
-    if (!run->local && (r->h.flags & BKT_F_PAYLOAD_SUM))
-        rcv_local(r, run, rcv_checksum(r, slot));
-    if (!run->local)
-        rcv_local(r, run, rcv_scatter(r, run, slot));
-    return REFIT_OK;
+    rc = x->ops->wait_stream(x, r->stream);
+    return rc ? rc : rcv_post(r, run, k + r->n_slots);
 }
 
 static int rcv_update(refit_receiver *r, rcv_run *run)
@@ -451,11 +542,12 @@ static int rcv_update(refit_receiver *r, rcv_run *run)
     int rc = xport_check(r->x);
     if (!rc)
         rc = rcv_announce(r, run);
-    if (!rc && run->an.n_buckets == 0)
+    if (!rc)
         rcv_begin(r, run);
-    else if (!rc)
-        rc = rcv_post(r, run, 0);
-    for (uint32_t k = 0; !rc && !run->cancelled && k < run->an.n_buckets; k++)
+    uint32_t n = run->an.n_buckets;
+    for (uint32_t k = 0; !rc && k < n && k < r->n_slots; k++)
+        rc = rcv_post(r, run, k);
+    for (uint32_t k = 0; !rc && k < n; k++)
         rc = rcv_bucket(r, run, k);
     int src = rcv_sync(r);
     if (!rc && src)

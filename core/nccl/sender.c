@@ -1,10 +1,15 @@
 /*
- * The trainer side: plan buckets over the tensors added, then per bucket
- * pack (backend copies into the slot's payload, checksum), write the header
- * in front and broadcast. Two slots: bucket n+1 is packed while bucket n is
- * on the wire; a slot is reused only once its last broadcast completed.
- * A local failure while packing sends the planned header flagged CANCEL,
- * so receivers stop at once and the vote aborts the update everywhere.
+ * The trainer side: plan every bucket of the update first, broadcast the
+ * announce and the index (every header), then per bucket pack (backend
+ * copies into a slot's payload, checksum), stamp it and broadcast it.
+ * Slots (bkt_slots: 2 to 8) rotate: bucket b is packed into the slot of
+ * bucket b - slots once that broadcast completed, while the broadcasts
+ * queued after it keep NCCL busy. The broadcast waits for the packing
+ * copies on the device (wait_stream), not on the host.
+ *
+ * A local failure while packing stamps that bucket and every later one
+ * CANCEL, unpacked: receivers posted every planned broadcast, so each one
+ * is still sent; they drain, and the vote aborts the update everywhere.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,14 +39,20 @@ struct refit_sender {
     uint32_t n, cap;
     bkt_tensor *bt;             /* the planner's view of ts, rebuilt per send */
     names by_name;
-    void *slot[2];              /* transport memory */
+    void *slot[BKT_MAX_SLOTS];  /* transport memory */
+    uint32_t n_slots;
     uint64_t slot_bytes;
-    uint64_t ticket[2];
-    bool inflight[2];
-    uint8_t *hbuf[2];           /* each slot's header, host memory of the transport */
-    size_t hcap[2];
-    void *ann;                  /* transport memory for the announce */
+    uint64_t ticket[BKT_MAX_SLOTS];
+    bool inflight[BKT_MAX_SLOTS];
+    uint8_t *stamps;            /* host memory of the transport: every bucket's stamp */
+    uint32_t stamps_cap;        /* in buckets */
+    void *ann;                  /* transport memory: the announce, then the index */
     uint8_t *ann_host;
+    void *idx;
+    uint8_t *idx_host;
+    uint64_t idx_cap;
+    uint64_t last;              /* ticket of the last broadcast */
+    bool busy;                  /* work queued since the last drain */
     uint64_t sends;
 };
 
@@ -82,17 +93,27 @@ static int sender_drain(refit_sender *s);
 
 static void sender_free_slots(refit_sender *s)
 {
-    for (int i = 0; i < 2; i++) {
+    for (uint32_t i = 0; i < BKT_MAX_SLOTS; i++) {
         if (s->slot[i])
             s->x->ops->mem_free(s->x, s->slot[i]);
-        if (s->hbuf[i])
-            s->x->ops->host_free(s->x, s->hbuf[i]);
         s->slot[i] = NULL;
-        s->hbuf[i] = NULL;
-        s->hcap[i] = 0;
         s->inflight[i] = false;
     }
     s->slot_bytes = 0;
+    s->n_slots = 0;
+}
+
+static void sender_free_index(refit_sender *s)
+{
+    if (s->idx)
+        s->x->ops->mem_free(s->x, s->idx);
+    if (s->idx_host)
+        s->x->ops->host_free(s->x, s->idx_host);
+    if (s->stamps)
+        s->x->ops->host_free(s->x, s->stamps);
+    s->idx = s->idx_host = s->stamps = NULL;
+    s->idx_cap = 0;
+    s->stamps_cap = 0;
 }
 
 void refit_sender_clear(refit_sender *s)
@@ -113,9 +134,10 @@ void refit_sender_destroy(refit_sender *s)
     /* a slot still on the wire is not freed under NCCL's feet: it is
      * waited for, and past the deadline the transport is aborted (which
      * stops the kernel that reads it) */
-    if (!s->x->aborted && (s->inflight[0] || s->inflight[1]) && sender_drain(s))
+    if (!s->x->aborted && s->busy && sender_drain(s))
         xport_abort(s->x, "sender destroyed with a broadcast stuck: %s", s->x->err);
     sender_free_slots(s);
+    sender_free_index(s);
     if (s->ann)
         s->x->ops->mem_free(s->x, s->ann);
     if (s->ann_host)
@@ -188,12 +210,15 @@ static int piece_views(const snd_tensor *st, const bkt_piece *pc, uint8_t *at,
     return REFIT_OK;
 }
 
+/* Bucket b's pieces into the payload at slot + BKT_ALIGN, enqueued on the
+ * sender's stream; with checksums, their sum (which waits for the copies:
+ * the broadcasts queued before keep NCCL busy meanwhile). */
 static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *slot,
                        uint64_t *sum)
 {
     const backend *be = backend_for_device(s->x->device);
     const bkt_span *sp = &p->buckets[b];
-    uint8_t *payload = slot + bkt_align(sp->header_bytes);
+    uint8_t *payload = slot + BKT_ALIGN;
     if (!be)
         return ctx_error(s->ctx, REFIT_EUNSUPPORTED, "sender: no backend serves the "
                          "transport's memory (device type %d)", s->x->device.device_type);
@@ -211,7 +236,7 @@ static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *
                              "%s backend, source on device type %d)", st->name, b,
                              refit_strerror(rc), be->name, st->t->device.device_type);
     }
-    int rc = be->sync(s->stream);
+    int rc = be->flush(s->stream);
     if (!rc && s->sum) {
         refit_view v = {.data = payload, .device = s->x->device, .dtype = REFIT_U8, .ndim = 1,
                         .shape = {(int64_t)sp->payload_bytes}, .strides = {1}};
@@ -225,39 +250,40 @@ static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *
 
 /* ---- sending ---- */
 
-static int sender_slots(refit_sender *s, const bkt_plan *p)
+/* Slots for the plan's buckets, the index and the stamps, grown while
+ * nothing is in flight (every send ends drained). */
+static int sender_memory(refit_sender *s, const bkt_plan *p, uint64_t index_bytes)
 {
     refit_transport *x = s->x;
-    if (!s->ann && (x->ops->mem_alloc(x, &s->ann, BKT_ALIGN) ||
+    if (!s->ann && (x->ops->mem_alloc(x, &s->ann, BKT_ANNOUNCE_BYTES) ||
                     x->ops->host_alloc(x, (void **)&s->ann_host, BKT_ANNOUNCE_BYTES)))
         return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no transport memory for the announce");
-    if (s->slot_bytes < p->max_total) {
+    uint32_t want = bkt_slots(p->max_total);
+    if (s->slot_bytes < p->max_total || s->n_slots != want) {
         sender_free_slots(s);
-        for (int i = 0; i < 2; i++)
+        for (uint32_t i = 0; i < want; i++)
             if (x->ops->mem_alloc(x, &s->slot[i], p->max_total)) {
                 sender_free_slots(s);
-                return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no transport memory for two "
-                                 "buckets of %llu bytes", (unsigned long long)p->max_total);
+                return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no transport memory for %u "
+                                 "buckets of %llu bytes", want,
+                                 (unsigned long long)p->max_total);
             }
         s->slot_bytes = p->max_total;
+        s->n_slots = want;
     }
-    return REFIT_OK;
-}
-
-/* Slot i's host header buffer, grown while the slot is idle. */
-static int sender_hbuf(refit_sender *s, int i, size_t need)
-{
-    refit_transport *x = s->x;
-    if (s->hcap[i] >= need)
-        return REFIT_OK;
-    if (s->hbuf[i])
-        x->ops->host_free(x, s->hbuf[i]);
-    s->hbuf[i] = NULL;
-    s->hcap[i] = 0;
-    if (x->ops->host_alloc(x, (void **)&s->hbuf[i], need))
-        return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no host memory for a %zu-byte header",
-                         need);
-    s->hcap[i] = need;
+    if (s->idx_cap < index_bytes || s->stamps_cap < p->n_buckets) {
+        sender_free_index(s);
+        if (x->ops->mem_alloc(x, &s->idx, index_bytes) ||
+            x->ops->host_alloc(x, (void **)&s->idx_host, index_bytes) ||
+            x->ops->host_alloc(x, (void **)&s->stamps, (size_t)p->n_buckets * BKT_STAMP_BYTES)) {
+            sender_free_index(s);
+            return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no memory for the index of %u "
+                             "buckets (%llu bytes)", p->n_buckets,
+                             (unsigned long long)index_bytes);
+        }
+        s->idx_cap = index_bytes;
+        s->stamps_cap = p->n_buckets;
+    }
     return REFIT_OK;
 }
 
@@ -285,87 +311,104 @@ static uint64_t sender_nonce(refit_sender *s)
     return z ^ (z >> 31);
 }
 
+/* The announce, then the index (every header): enqueued, not waited for
+ * (the host copies stay untouched until the send's drain). */
 static int send_announce(refit_sender *s, const bkt_plan *p, uint64_t nonce)
 {
     refit_transport *x = s->x;
-    bkt_announce an = {0, p->n_buckets, p->n_buckets ? p->buckets[0].header_bytes : 0, nonce,
-                       p->n_buckets ? bkt_total(p, 0) : 0, p->max_total, p->total_payload,
-                       p->n_pieces};
+    uint64_t ib = p->n_buckets ? bkt_index_bytes(p) : 0;
+    bkt_announce an = {.n_buckets = p->n_buckets, .nonce = nonce, .index_bytes = ib,
+                       .max_total = p->max_total, .total_payload = p->total_payload,
+                       .n_entries = p->n_pieces};
+    if (p->n_buckets) {
+        an.first_header = p->buckets[0].header_bytes;
+        an.first_total = bkt_total(p, 0);
+    }
     if (!s->ann)
         return xport_fail(x, REFIT_ENOMEM, "sender: no transport memory for the announce");
     bkt_announce_encode(s->ann_host, &an);
+    s->busy = true;
+    double deadline = xport_now() + s->timeout;
     int rc = x->ops->from_host(x, s->ann, s->ann_host, BKT_ANNOUNCE_BYTES);
-    uint64_t t;
     if (!rc)
-        rc = x->ops->bcast(x, s->ann, BKT_ANNOUNCE_BYTES, s->root, xport_now() + s->timeout);
-    /* waited for: ann_host is rewritten by the next send */
+        rc = x->ops->bcast(x, s->ann, BKT_ANNOUNCE_BYTES, s->root, deadline);
+    if (rc || !p->n_buckets)
+        return rc ? rc : x->ops->mark(x, &s->last);
+    uint8_t *q = s->idx_host;
+    for (uint32_t b = 0; b < p->n_buckets; q += p->buckets[b++].header_bytes)
+        bkt_header_encode(q, p, b, s->bt, s->label, nonce);
+    rc = x->ops->from_host(x, s->idx, s->idx_host, ib);
     if (!rc)
-        rc = x->ops->mark(x, &t);
+        rc = x->ops->bcast(x, s->idx, ib, s->root, deadline);
     if (!rc)
-        rc = x->ops->wait(x, t, xport_now() + s->timeout);
+        rc = x->ops->mark(x, &s->last);
     return rc;
 }
 
-/* One bucket. *local: the first local failure (the bucket then goes out
- * flagged CANCEL). Returns a transport failure only. */
+/* One bucket. *local: the first local failure (this bucket and the rest
+ * then go out stamped CANCEL). Returns a transport failure only. */
 static int send_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint64_t nonce,
                        int *local)
 {
     refit_transport *x = s->x;
-    int i = (int)(b & 1);
+    uint32_t i = b % s->n_slots;
     if (s->inflight[i]) {
         int rc = x->ops->wait(x, s->ticket[i], xport_now() + s->timeout);
         if (rc)
             return rc;
         s->inflight[i] = false;
     }
-    if (sender_hbuf(s, i, p->buckets[b].header_bytes))
-        return xport_fail(x, REFIT_ENOMEM, "sender: no host memory for bucket %u's header", b);
-    uint64_t sum = 0;
+    bkt_stamp st = {.index = b, .nonce = nonce, .payload_bytes = p->buckets[b].payload_bytes};
     if (!*local)
-        *local = pack_bucket(s, p, b, s->slot[i], &sum);
-    /* a cancelled bucket carries the sender's status where the sum goes,
-     * so every rank votes the cause, not a generic transport error */
-    if (*local)
-        sum = (uint64_t)(uint32_t)-*local;
-    uint16_t flags = (uint16_t)((s->sum && !*local ? BKT_F_PAYLOAD_SUM : 0) |
-                                (*local ? BKT_F_CANCEL : 0));
-    bkt_header_encode(s->hbuf[i], p, b, s->bt, s->label, nonce, flags, sum);
-    int rc = x->ops->from_host(x, s->slot[i], s->hbuf[i], p->buckets[b].header_bytes);
+        *local = pack_bucket(s, p, b, s->slot[i], &st.payload_sum);
+    if (*local) {
+        /* the cause rides along, so every rank votes it, not a generic
+         * transport error */
+        st.flags = BKT_F_CANCEL;
+        st.status = *local < 0 && *local >= -2047 ? *local : REFIT_EINTERNAL;
+        st.payload_sum = 0;
+    } else if (s->sum) {
+        st.flags = BKT_F_PAYLOAD_SUM;
+    }
+    uint8_t *stamp = s->stamps + (size_t)b * BKT_STAMP_BYTES;
+    bkt_stamp_encode(stamp, &st);
+    int rc = x->ops->wait_stream(x, s->stream);
+    if (!rc)
+        rc = x->ops->from_host(x, s->slot[i], stamp, BKT_STAMP_BYTES);
     if (!rc)
         rc = x->ops->bcast(x, s->slot[i], bkt_total(p, b), s->root, xport_now() + s->timeout);
     if (!rc)
         rc = x->ops->mark(x, &s->ticket[i]);
+    if (!rc)
+        s->last = s->ticket[i];
     s->inflight[i] = rc == REFIT_OK;
     return rc;
 }
 
+/* Everything queued is done: the host buffers and slots may be reused. */
 static int sender_drain(refit_sender *s)
 {
-    int rc = REFIT_OK;
-    for (int i = 0; i < 2 && !rc; i++)
-        if (s->inflight[i]) {
-            rc = s->x->ops->wait(s->x, s->ticket[i], xport_now() + s->timeout);
-            s->inflight[i] = rc != REFIT_OK;
-        }
+    int rc = s->busy ? s->x->ops->wait(s->x, s->last, xport_now() + s->timeout) : REFIT_OK;
+    if (!rc) {
+        s->busy = false;
+        for (uint32_t i = 0; i < BKT_MAX_SLOTS; i++)
+            s->inflight[i] = false;
+    }
     return rc;
 }
 
-/* The update on the wire: announce, buckets, and the wait for the last. */
+/* The update on the wire: announce, index, every bucket, and the drain. */
 static int sender_wire(refit_sender *s, bkt_plan *p, int *local)
 {
     uint64_t nonce = sender_nonce(s);
     *local = sender_plan(s, p);
-    if (!*local && (*local = sender_slots(s, p)))
+    if (!*local && (*local = sender_memory(s, p, bkt_index_bytes(p))))
         bkt_plan_free(p);
     /* nothing planned: an empty announce, so the workers go straight to
      * the vote (which this rank's failure decides) instead of a deadline */
     int rc = send_announce(s, p, nonce);
-    for (uint32_t b = 0; !rc && b < p->n_buckets; b++) {
+    for (uint32_t b = 0; !rc && b < p->n_buckets; b++)
         rc = send_bucket(s, p, b, nonce, local);
-        if (*local)
-            break;
-    }
     int drc = sender_drain(s);
     return rc ? rc : drc;
 }

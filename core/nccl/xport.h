@@ -43,6 +43,12 @@ typedef struct xport_ops {
     int (*from_host)(refit_transport *x, void *dst, const void *host, size_t n);
     /* A ticket for everything enqueued so far. */
     int (*mark)(refit_transport *x, uint64_t *ticket);
+    /* Work enqueued from now on (bcast, to_host, from_host) waits, on the
+     * device and not the host, for everything already queued on stream
+     * (another stream of the transport's device: the engine's, or the
+     * sender's packing stream; NULL is the default stream). Never blocks.
+     * The loopback runs everything at the call: nothing to do. */
+    int (*wait_stream)(refit_transport *x, void *stream);
     /* Until the ticket's work is done: REFIT_OK; REFIT_EIO past deadline
      * or on a communicator error (message in x->err). */
     int (*wait)(refit_transport *x, uint64_t ticket, double deadline);
@@ -85,6 +91,10 @@ void xport_journal(refit_ctx *ctx, int64_t update_id, const char *kind, const ch
  * after_bytes more bytes, mid-buffer, and that rank is dead from then on
  * (its calls fail, what it posted never completes): a killed sender. */
 void xport_loopback_kill_after(refit_loopback *g, int rank, uint64_t after_bytes);
+/* Test hook of the loopback: byte at of broadcast number seq (0-based, in
+ * the order rank sends them as root) is XORed with mask on the way: a
+ * corrupt header, stamp or payload on the wire. */
+void xport_loopback_corrupt(refit_loopback *g, int rank, uint64_t seq, uint64_t at, uint8_t mask);
 
 /* Take one vote over x: *res gets the decision. REFIT_OK when the vote
  * was taken (whatever it decided); REFIT_EIO when it could not be (x is

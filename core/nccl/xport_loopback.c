@@ -32,6 +32,11 @@ struct refit_loopback {
     uint32_t depth;
     uint64_t *calls;            /* per rank: broadcasts made */
     uint64_t *kill_after;       /* per rank: bytes it still sends before dying */
+    struct {                    /* one corrupt byte (xport_loopback_corrupt) */
+        int rank;
+        uint64_t seq, at;
+        uint8_t mask;
+    } corrupt;
     bool *dead;
     uint64_t ar_gen;
     int ar_count;
@@ -74,6 +79,7 @@ int refit_loopback_create(refit_loopback **out, int nranks)
     }
     for (int i = 0; i < nranks; i++)
         g->kill_after[i] = UINT64_MAX;
+    g->corrupt.rank = -1;
     *out = g;
     return REFIT_OK;
 }
@@ -99,6 +105,16 @@ void xport_loopback_kill_after(refit_loopback *g, int rank, uint64_t after_bytes
 {
     pthread_mutex_lock(&g->mu);
     g->kill_after[rank] = after_bytes;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void xport_loopback_corrupt(refit_loopback *g, int rank, uint64_t seq, uint64_t at, uint8_t mask)
+{
+    pthread_mutex_lock(&g->mu);
+    g->corrupt.rank = rank;
+    g->corrupt.seq = seq;
+    g->corrupt.at = at;
+    g->corrupt.mask = mask;
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -150,6 +166,8 @@ static int lb_post(refit_transport *x, lb_end *e, const void *buf, size_t bytes,
         *left -= bytes;
     }
     memcpy(m->data, buf, m->ready);
+    if (g->corrupt.rank == x->rank && g->corrupt.seq == m->seq && g->corrupt.at < m->ready)
+        m->data[g->corrupt.at] ^= g->corrupt.mask;
     lb_msg **pp = &g->head;
     while (*pp)
         pp = &(*pp)->next;
@@ -266,6 +284,13 @@ static int lb_from_host(refit_transport *x, void *dst, const void *host, size_t 
     return REFIT_OK;
 }
 
+static int lb_wait_stream(refit_transport *x, void *stream)
+{
+    (void)x;
+    (void)stream;
+    return REFIT_OK;
+}
+
 static int lb_mark(refit_transport *x, uint64_t *ticket)
 {
     lb_end *e = x->impl;
@@ -310,6 +335,7 @@ static const xport_ops lb_ops = {
     .to_host = lb_to_host,
     .from_host = lb_from_host,
     .mark = lb_mark,
+    .wait_stream = lb_wait_stream,
     .wait = lb_wait,
     .allreduce_min = lb_allreduce_min,
     .abort = lb_abort,

@@ -20,7 +20,8 @@
 #include "core/nccl/nccl_shim.h"
 #include "core/nccl/xport.h"
 
-#define NX_EVENTS 16
+#define NX_EVENTS 32             /* tickets in flight: a few per slot, BKT_MAX_SLOTS slots */
+#define NX_SPIN_NS 200000        /* poll without sleeping this long first */
 
 typedef struct nx {
     nccl_api nc;
@@ -33,6 +34,7 @@ typedef struct nx {
     CUstream stream;
     bool own_stream;
     CUevent ev[NX_EVENTS];
+    CUevent join;               /* recorded on another stream, waited for by ours */
     uint64_t issued, done;      /* tickets */
     int32_t *ar_dev, *ar_host;  /* the all-reduce's int, on both sides */
 } nx;
@@ -60,11 +62,15 @@ static void nx_leave(nx *n, const nx_guard *g)
         (void)n->cu.CtxSetCurrent(g->prev);
 }
 
-/* Sleep a little longer each time, 2 us up to 50 us: a bucket's broadcast
- * takes from microseconds to milliseconds, and noticing its end late
- * delays the next one by as much. */
-static void nx_pause(long *ns)
+/* Poll: spin for the first NX_SPIN_NS (a small bucket's broadcast takes
+ * microseconds, and a nanosleep rounds up to the timer slack, ~50 us),
+ * then sleep a little longer each time, up to 50 us. *ns starts at 0. */
+static void nx_pause(long *ns, double since)
 {
+    if (*ns == 0 && xport_now() - since < NX_SPIN_NS / 1e9)
+        return;
+    if (*ns == 0)
+        *ns = 2000;
     struct timespec ts = {0, *ns};
     nanosleep(&ts, NULL);
     if (*ns < 50000)
@@ -84,12 +90,13 @@ static int nx_cu(refit_transport *x, CUresult r, const char *what)
 static int nx_nccl(refit_transport *x, ncclResult_t r, const char *what, double deadline)
 {
     nx *n = x->impl;
-    long ns = 2000;
+    long ns = 0;
+    double t0 = xport_now();
     while (r == ncclInProgress && n->comm) {
         if (xport_now() > deadline)
             return xport_fail(x, REFIT_ETIMEDOUT, "deadline: %s still in progress after the timeout "
                               "(a peer is missing or stalled)", what);
-        nx_pause(&ns);
+        nx_pause(&ns, t0);
         if (n->nc.CommGetAsyncError(n->comm, &r) != ncclSuccess)
             break;
     }
@@ -159,7 +166,7 @@ static int nx_wait(refit_transport *x, uint64_t ticket, double deadline)
     nx_guard g;
     nx_enter(n, &g);
     double t0 = xport_now();
-    for (long ns = 2000; !rc;) {
+    for (long ns = 0; !rc;) {
         CUresult r = n->cu.EventQuery(n->ev[ticket % NX_EVENTS]);
         if (r == CU_SUCCESS) {
             n->done = ticket;
@@ -176,10 +183,29 @@ static int nx_wait(refit_transport *x, uint64_t ticket, double deadline)
                             "collective has not completed (a peer is dead or stalled)",
                             xport_now() - t0, x->rank);
         else
-            nx_pause(&ns);
+            nx_pause(&ns, t0);
     }
     nx_leave(n, &g);
     return rc;
+}
+
+/* The event is captured by cuStreamWaitEvent at the call, so one event
+ * serves every join: recording it again later changes no earlier wait. */
+static int nx_wait_stream(refit_transport *x, void *stream)
+{
+    nx *n = x->impl;
+    if ((CUstream)stream == n->stream)
+        return REFIT_OK;
+    int rc = xport_check(x);
+    if (rc)
+        return rc;
+    nx_guard g;
+    nx_enter(n, &g);
+    CUresult r = n->cu.EventRecord(n->join, (CUstream)stream);
+    if (r == CU_SUCCESS)
+        r = n->cu.StreamWaitEvent(n->stream, n->join, 0);
+    nx_leave(n, &g);
+    return nx_cu(x, r, "joining the transport's stream to another (cuStreamWaitEvent)");
 }
 
 static int nx_allreduce_min(refit_transport *x, int32_t *v, double deadline)
@@ -300,6 +326,8 @@ static void nx_destroy(refit_transport *x)
         for (int i = 0; i < NX_EVENTS; i++)
             if (n->ev[i])
                 (void)n->cu.EventDestroy(n->ev[i]);
+        if (n->join)
+            (void)n->cu.EventDestroy(n->join);
         nx_mem_free(x, n->ar_dev);
         nx_host_free(x, n->ar_host);
         if (n->own_stream && n->stream && !n->stuck)
@@ -326,6 +354,7 @@ static const xport_ops nx_ops = {
     .to_host = nx_to_host,
     .from_host = nx_from_host,
     .mark = nx_mark,
+    .wait_stream = nx_wait_stream,
     .wait = nx_wait,
     .allreduce_min = nx_allreduce_min,
     .abort = nx_abort,
@@ -391,6 +420,8 @@ static int nx_device(refit_transport *x, const refit_nccl_opts *o)
         n->own_stream = true;
     for (int i = 0; i < NX_EVENTS && !rc; i++)
         rc = nx_cu(x, n->cu.EventCreate(&n->ev[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    if (!rc)
+        rc = nx_cu(x, n->cu.EventCreate(&n->join, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
     if (!rc)
         rc = nx_mem_alloc(x, (void **)&n->ar_dev, 64);
     if (!rc)

@@ -1,6 +1,7 @@
-/* The bucket wire format: plans cover every tensor exactly once for any
- * bucket size, headers round-trip, and the decoder refuses every malformed
- * field (a header is untrusted input) without reading past its buffer. */
+/* The bucket wire format (version 2): plans cover every tensor exactly once
+ * for any bucket size (ramped at both ends), headers, stamps and the
+ * announce round-trip, and the decoders refuse every malformed field (all
+ * of it is untrusted input) without reading past their buffers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -47,7 +48,7 @@ static uint8_t *encode(const bkt_plan *p, uint32_t b, bkt_expect *ex)
 {
     uint8_t *buf = calloc(1, p->buckets[b].header_bytes);
     assert_non_null(buf);
-    bkt_header_encode(buf, p, b, TS, LABEL, 0x1234, BKT_F_PAYLOAD_SUM, 77);
+    bkt_header_encode(buf, p, b, TS, LABEL, 0x1234);
     *ex = (bkt_expect){b, p->n_buckets, 0x1234, p->buckets[b].header_bytes, bkt_total(p, b),
                        p->max_total};
     return buf;
@@ -71,7 +72,8 @@ static void roundtrip(uint64_t cap)
             fail_msg("cap %llu bucket %u: %s", (unsigned long long)cap, b, err);
         assert_true(h.payload_bytes <= cap);
         assert_string_equal(h.label, LABEL);
-        assert_true(h.payload_sum == 77);
+        assert_true(h.payload_offset == BKT_ALIGN);
+        assert_true(h.payload_bytes + BKT_ALIGN == bkt_total(&p, b));
         for (uint32_t k = 0; k < h.n_entries; k++) {
             const bkt_entry *e = &h.entries[k];
             uint32_t t = p.pieces[p.buckets[b].first + k].tensor;
@@ -184,12 +186,17 @@ static void test_decoder_refuses_each_bad_field(void **state)
     const bad_case cases[] = {
         {"magic", 0, 0, 4, 0x11111111, "bad magic"},
         {"flags", 6, 0, 2, 0x80, "unknown flags"},
+        {"flags v1 sum", 6, 0, 2, 0x1, "unknown flags"},
+        {"reserved sum", 64, 0, 8, 77, "reserved bytes"},
         {"index", 8, 0, 4, 3, "arrived where"},
         {"nonce", 24, 0, 8, 99, "arrived where"},
         {"header bytes", 20, 0, 4, 4096, "do not add up"},
         {"payload bytes", 40, 0, 8, 1, "do not add up"},
         {"payload offset", 32, 0, 8, 0, "do not add up"},
+        {"payload offset v1", 32, 0, 8, 512, "do not add up"},
         {"next total", 48, 0, 8, 5, "next bucket"},
+        {"next total huge", 48, 0, 8, (uint64_t)1 << 40, "next bucket"},
+        {"next header", 56, 0, 4, 12, "next bucket"},
         {"label length", 60, 0, 2, 5000, "label"},
         {"reserved", 62, 0, 2, 1, "label"},
         {"n_entries", 16, 0, 4, 1u << 30, "cannot fit"},
@@ -282,27 +289,177 @@ static void test_decoder_survives_random_mutations(void **state)
 static void test_announce(void **state)
 {
     (void)state;
-    bkt_announce a = {0, 3, 200, 0xabc, 4096, 8192, 10000, 12}, b;
+    bkt_announce a = {.n_buckets = 3, .first_header = 200, .nonce = 0xabc, .index_bytes = 700,
+                      .first_total = 4096, .max_total = 8192, .total_payload = 10000,
+                      .n_entries = 12},
+                 b;
     uint8_t buf[BKT_ANNOUNCE_BYTES];
     char err[256];
     bkt_announce_encode(buf, &a);
     assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), 0);
     assert_true(b.n_buckets == 3 && b.first_header == 200 && b.nonce == 0xabc &&
                 b.first_total == 4096 && b.max_total == 8192 && b.total_payload == 10000 &&
-                b.n_entries == 12 && b.flags == 0);
+                b.n_entries == 12 && b.flags == 0 && b.index_bytes == 700);
     assert_int_equal(bkt_announce_decode(&b, buf, 8191, err, sizeof err), REFIT_ECORRUPT);
     assert_non_null(strstr(err, "accepts"));
     buf[9] ^= 1;
     assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
     assert_non_null(strstr(err, "checksum"));
-    a.first_total = 9000; /* above the largest */
+    /* sizes that cannot be: each refused with a valid checksum */
+    const struct {
+        uint64_t first_total, index_bytes;
+        uint32_t first_header;
+    } bad_sizes[] = {
+        {9000, 700, 200},              /* first above the largest */
+        {100, 700, 200},               /* first smaller than its stamp's room */
+        {4096, 100, 200},              /* index smaller than its first header */
+        {4096, 3 * 40, 40},            /* headers smaller than the fixed part */
+        {4096, BKT_MAX_INDEX + 1, 200},
+    };
+    for (size_t i = 0; i < sizeof bad_sizes / sizeof *bad_sizes; i++) {
+        bkt_announce c = a;
+        c.first_total = bad_sizes[i].first_total;
+        c.index_bytes = bad_sizes[i].index_bytes;
+        c.first_header = bad_sizes[i].first_header;
+        bkt_announce_encode(buf, &c);
+        if (bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err) != REFIT_ECORRUPT)
+            fail_msg("sizes case %zu accepted", i);
+        assert_non_null(strstr(err, "inconsistent sizes"));
+    }
+    /* a reserved byte set (checksum resealed): refused */
     bkt_announce_encode(buf, &a);
+    buf[80] = 1;
+    uint64_t sum = bkt_checksum(buf, 120);
+    for (int i = 0; i < 8; i++)
+        buf[120 + i] = (uint8_t)(sum >> (8 * i));
     assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "reserved"));
+    /* version 1 announces are refused by name */
+    bkt_announce_encode(buf, &a);
+    buf[4] = 1;
+    assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "wire version 1"));
     a = (bkt_announce){0};
     bkt_announce_encode(buf, &a);
     assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), 0);
+    a.index_bytes = 5; /* no buckets, yet an index */
+    bkt_announce_encode(buf, &a);
+    assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
     memset(buf, 0, sizeof buf);
     assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+}
+
+/* ---- stamps ---- */
+
+static void reseal_stamp(uint8_t *buf)
+{
+    put(buf + 56, 8, bkt_checksum(buf, 56));
+}
+
+static void test_stamp(void **state)
+{
+    (void)state;
+    char err[256];
+    uint8_t buf[BKT_STAMP_BYTES];
+    bkt_stamp a = {BKT_F_PAYLOAD_SUM, 7, 0, 0xfeed, 4096, 0x1234567890abcdefull}, b;
+    bkt_stamp_encode(buf, &a);
+    assert_int_equal(bkt_stamp_decode(&b, buf, 7, 0xfeed, 4096, err, sizeof err), 0);
+    assert_true(b.flags == a.flags && b.index == 7 && b.status == 0 && b.nonce == 0xfeed &&
+                b.payload_bytes == 4096 && b.payload_sum == a.payload_sum);
+    /* what the index promised differs */
+    assert_int_equal(bkt_stamp_decode(&b, buf, 8, 0xfeed, 4096, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "not of bucket 8"));
+    assert_int_equal(bkt_stamp_decode(&b, buf, 7, 0xfeee, 4096, err, sizeof err), REFIT_ECORRUPT);
+    assert_int_equal(bkt_stamp_decode(&b, buf, 7, 0xfeed, 4095, err, sizeof err), REFIT_ECORRUPT);
+    /* a cancel carries a refit status */
+    bkt_stamp c = {BKT_F_CANCEL, 7, REFIT_EUNSUPPORTED, 0xfeed, 4096, 0};
+    bkt_stamp_encode(buf, &c);
+    assert_int_equal(bkt_stamp_decode(&b, buf, 7, 0xfeed, 4096, err, sizeof err), 0);
+    assert_int_equal(b.status, REFIT_EUNSUPPORTED);
+    const struct {
+        const char *what;
+        size_t at;
+        int width;
+        uint64_t value;
+        const char *msg;
+    } cases[] = {
+        {"magic", 0, 4, 0x4b425452, "magic"},
+        {"version", 4, 2, 1, "version"},
+        {"unknown flag", 6, 2, 0x4, "flags"},
+        {"cancel with sum", 6, 2, BKT_F_CANCEL | BKT_F_PAYLOAD_SUM, "flags"},
+        {"cancel status ok", 12, 4, 0, "status"},
+        {"cancel status positive", 12, 4, 5, "status"},
+        {"cancel status huge", 12, 4, (uint32_t)-5000, "status"},
+        {"reserved", 44, 1, 1, "reserved"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bkt_stamp_encode(buf, &c);
+        put(buf + cases[i].at, cases[i].width, cases[i].value);
+        reseal_stamp(buf);
+        int rc = bkt_stamp_decode(&b, buf, 7, 0xfeed, 4096, err, sizeof err);
+        if (rc != REFIT_ECORRUPT || !strstr(err, cases[i].msg))
+            fail_msg("%s: rc %d, \"%s\"", cases[i].what, rc, err);
+    }
+    /* no sum flag, yet a sum; a status without cancel */
+    bkt_stamp d = {0, 7, 0, 0xfeed, 4096, 5};
+    bkt_stamp_encode(buf, &d);
+    assert_int_equal(bkt_stamp_decode(&b, buf, 7, 0xfeed, 4096, err, sizeof err), REFIT_ECORRUPT);
+    d = (bkt_stamp){0, 7, REFIT_EIO, 0xfeed, 4096, 0};
+    bkt_stamp_encode(buf, &d);
+    assert_int_equal(bkt_stamp_decode(&b, buf, 7, 0xfeed, 4096, err, sizeof err), REFIT_ECORRUPT);
+    /* a flipped bit without a new checksum */
+    bkt_stamp_encode(buf, &a);
+    buf[33] ^= 0x10;
+    assert_int_equal(bkt_stamp_decode(&b, buf, 7, 0xfeed, 4096, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "checksum"));
+}
+
+/* ---- the ramp: small buckets at both ends ---- */
+
+static void test_plan_ramps_at_both_ends(void **state)
+{
+    (void)state;
+    const uint64_t MB = 1 << 20, cap = 64 * MB;
+    /* Llama-like rows: 4096 bf16 = 8 KiB per row; 600 MiB in all */
+    static const int64_t sh_emb[] = {32000, 4096}, sh_qkv[] = {12288, 4096},
+                         sh_norm[] = {4096}, sh_down[] = {4096, 14336};
+    const bkt_tensor ts[] = {
+        {"embed", REFIT_BF16, 2, sh_emb}, {"qkv", REFIT_BF16, 2, sh_qkv},
+        {"norm", REFIT_BF16, 1, sh_norm}, {"down", REFIT_BF16, 2, sh_down},
+        {"head", REFIT_BF16, 2, sh_emb},
+    };
+    bkt_plan p;
+    char err[256];
+    assert_int_equal(bkt_plan_build(&p, ts, 5, cap, 3, err, sizeof err), 0);
+    uint64_t first = cap / BKT_RAMP;
+    assert_true(p.buckets[0].payload_bytes <= first);
+    assert_true(p.buckets[p.n_buckets - 1].payload_bytes <= first);
+    assert_true(p.buckets[1].payload_bytes > first);
+    assert_true(p.max_total == BKT_ALIGN + cap); /* the middle reaches the cap */
+    int64_t next[5] = {0};
+    for (uint32_t b = 0; b < p.n_buckets; b++) {
+        assert_true(p.buckets[b].payload_bytes <= cap);
+        for (uint32_t k = 0; k < p.buckets[b].n; k++) {
+            const bkt_piece *pc = &p.pieces[p.buckets[b].first + k];
+            int64_t rows = pc->part ? pc->rows : ts[pc->tensor].shape[0];
+            assert_int_equal(pc->part ? pc->row_offset : 0, next[pc->tensor]);
+            next[pc->tensor] += rows;
+        }
+    }
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(next[i], ts[i].shape[0]);
+    /* the caps themselves: doubling from cap/16, halving what is left */
+    assert_true(bkt_plan_cap(cap, 0, 1000 * MB) == first);
+    assert_true(bkt_plan_cap(cap, 1, 1000 * MB) == 2 * first);
+    assert_true(bkt_plan_cap(cap, 9, 1000 * MB) == cap);
+    assert_true(bkt_plan_cap(cap, 9, 40 * MB) == 20 * MB);
+    assert_true(bkt_plan_cap(cap, 9, 5 * MB) == first);
+    assert_true(bkt_plan_cap(MB, 0, 1000 * MB) == MB); /* small buckets: no ramp */
+    assert_true(bkt_plan_cap(4096, 3, 1) == 4096);
+    assert_true(bkt_slots(BKT_ALIGN + ((uint64_t)1 << 30)) == 2);
+    assert_true(bkt_slots(BKT_ALIGN + 64 * MB) == 7);
+    assert_true(bkt_slots(BKT_ALIGN + MB) == BKT_MAX_SLOTS);
+    bkt_plan_free(&p);
 }
 
 static void test_sizes(void **state)
@@ -327,6 +484,8 @@ int main(void)
         cmocka_unit_test(test_decoder_refuses_each_bad_field),
         cmocka_unit_test(test_decoder_survives_random_mutations),
         cmocka_unit_test(test_announce),
+        cmocka_unit_test(test_stamp),
+        cmocka_unit_test(test_plan_ramps_at_both_ends),
         cmocka_unit_test(test_sizes),
     };
     return cmocka_run_group_tests_name("nccl-bucket", tests, NULL, NULL);

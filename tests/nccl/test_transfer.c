@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "ntest.h"
+#include "core/nccl/bucket.h"
 #include "journal/journal.h"
 
 #define TP 2
@@ -197,6 +198,26 @@ static int64_t newest_update(const char *db)
     return id;
 }
 
+/* Bytes version v's update puts on the wire (announce, index, buckets)
+ * before the middle of bucket 'from_end' buckets before the last. */
+static uint64_t wire_bytes_to(fx *f, int v, uint64_t bucket, uint32_t from_end)
+{
+    bkt_tensor t[NT_N];
+    for (int i = 0; i < NT_N; i++)
+        t[i] = (bkt_tensor){NT_SPECS[i].ckpt, NT_SPECS[i].dt, NT_SPECS[i].ndim,
+                            f->c[v].shape[i]};
+    bkt_plan p;
+    char err[256];
+    assert_int_equal(bkt_plan_build(&p, t, NT_N, bucket, 2, err, sizeof err), 0);
+    assert_true(p.n_buckets > from_end + 2);
+    uint32_t stop = p.n_buckets - 1 - from_end;
+    uint64_t n = BKT_ANNOUNCE_BYTES + bkt_index_bytes(&p) + bkt_total(&p, stop) / 2;
+    for (uint32_t b = 0; b < stop; b++)
+        n += bkt_total(&p, b);
+    bkt_plan_free(&p);
+    return n;
+}
+
 static void killed_sender(fx *f, int rollback)
 {
     update_to(f, 1, 1000);
@@ -205,10 +226,14 @@ static void killed_sender(fx *f, int rollback)
     jobs_for(f, j, 2, 1000, timeout);
     for (int r = 0; r < TP; r++)
         j[1 + r].rollback = rollback;
-    nt_run(j, NR, 2500); /* dies in the middle of bucket 2 or 3 */
+    /* it dies in the middle of the third bucket from the end: receivers
+     * (posting up to 8 buckets ahead) have scattered some by then */
+    nt_run(j, NR, wire_bytes_to(f, 2, 1000, 2));
     for (int r = 0; r < TP; r++) {
         nt_job *w = &j[1 + r];
         assert_int_equal(w->rc, REFIT_ETIMEDOUT);
+        assert_true(w->res.buckets < j[0].res.buckets || j[0].res.buckets == 0);
+        assert_contains(w->msg, "stopped part-way");
         assert_true(w->seconds < timeout + 2.0);
         assert_int_equal(w->res.vote_taken, 0);
         assert_contains(w->msg, "deadline");
