@@ -256,6 +256,20 @@ static int txn_sync_streams(refit_txn *t)
     return first;
 }
 
+/* Start the work queued on every stream the txn used, without waiting. */
+static int txn_flush_streams(refit_txn *t)
+{
+    for (uint32_t i = 0; i < t->n_streams; i++) {
+        const txn_stream *ts = &t->streams[i];
+        int rc = ts->be->flush ? ts->be->flush(ts->stream) : REFIT_OK;
+        if (rc)
+            return txn_error(t, rc, "finalize: queued copies failed to start: %s%s%s",
+                             refit_strerror(rc), ts->be->last_error()[0] ? ": " : "",
+                             ts->be->last_error());
+    }
+    return REFIT_OK;
+}
+
 /* Remember that work was queued on (be, stream), to wait for it later. */
 static int txn_use_stream(refit_txn *t, const backend *be, void *stream)
 {
@@ -926,15 +940,17 @@ static int txn_prepare(refit_txn *t)
                 txj_finalizing(m, t->journal_id);
                 break;
             }
+        /* start what is queued, check while the device copies, then wait:
+         * a failed check aborts (abort waits for the streams first) */
         const backend *be = t->n_streams ? t->streams[0].be : &backend_host;
-        rc = txn_sync_streams(t);
-        if (rc)
-            txn_error(t, rc, "finalize: queued copies failed: %s%s%s", refit_strerror(rc),
-                      be->last_error()[0] ? ": " : "", be->last_error());
-        else
+        rc = txn_flush_streams(t);
+        if (!rc)
             rc = check_complete(t);
         if (!rc)
             rc = model_check_signatures(m, "finalize");
+        if (!rc && (rc = txn_sync_streams(t)))
+            txn_error(t, rc, "finalize: queued copies failed: %s%s%s", refit_strerror(rc),
+                      be->last_error()[0] ? ": " : "", be->last_error());
     }
     if (rc) {
         char why[REFIT_ERRMSG_SIZE];

@@ -108,8 +108,8 @@ static void cfg_load(cuda_cfg *c)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     size_t def_threads = ncpu > 2 ? (size_t)(ncpu > 9 ? 8 : ncpu - 1) : 1;
-    c->table_rows = (uint32_t)env_size("REFIT_CUDA_TABLE_ROWS", 32768, 1, 64, 1u << 22);
-    c->row_max = env_size("REFIT_CUDA_ROW_KB", 256 * KIB, KIB, 4 * KIB, 64 * MIB);
+    c->table_rows = (uint32_t)env_size("REFIT_CUDA_TABLE_ROWS", 65536, 1, 64, 1u << 22);
+    c->row_max = env_size("REFIT_CUDA_ROW_KB", 64 * KIB, KIB, 4 * KIB, 64 * MIB);
     c->h2d_min = env_size("REFIT_CUDA_H2D_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
     c->d2d_memcpy_min = env_size("REFIT_CUDA_D2D_MEMCPY_MIN_KB", 0, KIB, 0, SIZE_MAX / 2);
     c->save_min = env_size("REFIT_CUDA_SAVE_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
