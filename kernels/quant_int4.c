@@ -133,3 +133,100 @@ kern_q4_split kern_q4_split_check(int64_t units, int64_t per, int64_t blocks, in
         return KERN_Q4_SPLIT_RAGGED;
     return KERN_Q4_SPLIT_CUT;
 }
+
+/* ---- online quantization (the arithmetic is quant_int4.h's) ---- */
+
+int kern_int4_float_kind(refit_dtype d)
+{
+    if (d.lanes != 1)
+        return -1;
+    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 32)
+        return 0;
+    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 16)
+        return 1;
+    if (d.code == REFIT_DTYPE_BFLOAT && d.bits == 16)
+        return 2;
+    return -1;
+}
+
+int kern_quant_int4_check(const refit_view *q, const refit_view *scale, const refit_view *x,
+                          int64_t group)
+{
+    if (kern_int4_float_kind(x->dtype) < 0 || kern_int4_float_kind(scale->dtype) < 0 ||
+        q->dtype.bits != 32 || q->dtype.lanes != 1 ||
+        (q->dtype.code != REFIT_DTYPE_INT && q->dtype.code != REFIT_DTYPE_UINT))
+        return REFIT_EUNSUPPORTED;
+    if (x->ndim != 2 || q->ndim != 2 || scale->ndim != 2 || group < 0 || x->shape[0] < 0 ||
+        x->shape[1] < 0)
+        return REFIT_EMISMATCH;
+    int64_t n = x->shape[0], k = x->shape[1];
+    int64_t groups = group > 0 ? cdiv(k, group) : 1;
+    if (!shape_is(q, n, cdiv(k, 8)) || !shape_is(scale, n, groups))
+        return REFIT_EMISMATCH;
+    return REFIT_OK;
+}
+
+static char *elem_mut(const refit_view *v, int64_t i, int64_t j)
+{
+    return (char *)elem_ptr(v, i, j);
+}
+
+/* Scales of row i (groups of g_len columns; one group for k = 0 per
+ * channel): REFIT_ECORRUPT at a non-finite group or a scale overflow. */
+static int quant_row_scales(const refit_view *scale, const refit_view *x, int64_t i,
+                            int64_t groups, int64_t g_len, int kind)
+{
+    int64_t k = x->shape[1];
+    for (int64_t g = 0; g < groups; g++) {
+        uint32_t m = 0;
+        int64_t c0 = g * g_len, c1 = c0 + g_len < k ? c0 + g_len : k;
+        for (int64_t j = c0; j < c1; j++) {
+            uint32_t a = kern_f32_bits_of(kern_q4_load_f32(x, i, j)) & 0x7fffffffu;
+            m = a > m ? a : m;
+        }
+        if (m >= 0x7f800000u)
+            return REFIT_ECORRUPT;
+        uint32_t b = kern_int4_scale_bits(kern_f32_of_bits(m), kind);
+        if (b == KERN_INT4_SCALE_OVERFLOW)
+            return REFIT_ECORRUPT;
+        char *p = elem_mut(scale, i, g);
+        if (kind == 0) {
+            memcpy(p, &b, 4);
+        } else {
+            uint16_t h = (uint16_t)b;
+            memcpy(p, &h, 2);
+        }
+    }
+    return REFIT_OK;
+}
+
+int kern_quant_int4(const refit_view *q, const refit_view *scale, const refit_view *x,
+                    int64_t group)
+{
+    int rc = kern_quant_int4_check(q, scale, x, group);
+    if (rc)
+        return rc;
+    int64_t n = x->shape[0], k = x->shape[1], words = cdiv(k, 8);
+    int64_t g_len = group > 0 ? group : (k > 0 ? k : 1);
+    int64_t groups = group > 0 ? cdiv(k, group) : 1;
+    int kind = kern_int4_float_kind(scale->dtype);
+    for (int64_t i = 0; i < n; i++) {
+        if ((rc = quant_row_scales(scale, x, i, groups, g_len, kind)))
+            return rc;
+        int64_t g_at = -1;
+        float s = 1.0f;
+        for (int64_t w = 0; w < words; w++) {
+            uint32_t word = 0;
+            for (int e = 0; e < KERN_INT4_PER_WORD && 8 * w + e < k; e++) {
+                int64_t j = 8 * w + e;
+                if (j / g_len != g_at) { /* the stored scale, read back */
+                    g_at = j / g_len;
+                    s = kern_q4_load_f32(scale, i, g_at);
+                }
+                word |= kern_int4_encode(kern_q4_load_f32(x, i, j), s) << (4 * e);
+            }
+            memcpy(elem_mut(q, i, w), &word, 4);
+        }
+    }
+    return REFIT_OK;
+}

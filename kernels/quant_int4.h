@@ -14,9 +14,13 @@
 #ifndef REFIT_KERNELS_QUANT_INT4_H
 #define REFIT_KERNELS_QUANT_INT4_H
 
+#include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <refit/format.h>
+
+#include "kernels/cast_bits.h"
 
 #define KERN_INT4_PER_WORD 8
 
@@ -66,5 +70,106 @@ typedef struct kern_int4_src {
 /* out[i * k + j] = dequantized element (i, j). Returns REFIT_OK, or
  * REFIT_EMISMATCH when the views' shapes do not fit n, k and group. */
 int kern_int4_dequant(const kern_int4_src *s, float *out);
+
+/* ---- online quantization: round-to-nearest, symmetric, per group ----
+ *
+ * The compressed-tensors convention for symmetric INT4 (calculate_qparams
+ * and _quantize of its quantization code), per row i and group g of
+ * `group` columns (group 0: the whole row), everything in f32:
+ *
+ *   amax  = max |x| over the group (0 counts: min <= 0 <= max)
+ *   scale = amax / 7.5 (bit range 15 / 2), correctly rounded, then rounded
+ *           (to nearest even) to the scale tensor's dtype; a scale that is
+ *           0 there becomes that dtype's machine epsilon (f32 2^-23, f16
+ *           2^-10, bf16 2^-7), so no division by zero
+ *   q     = round_half_even(clamp(x / scale, -8, 7)), x / scale correctly
+ *           rounded, scale the stored value
+ *
+ * and w = q * scale is what an engine dequantizes. The codes are packed as
+ * the checkpoint packs them (q + 8, 8 per word along K, low nibble first,
+ * a ragged last word padded with code 0). The two functions below hold
+ * this arithmetic for the CPU reference and the CUDA kernel alike
+ * (kernels/quant_int4.cu), so the two give the same bits. */
+/* Scale dtypes, as kinds: 0 f32, 1 f16, 2 bf16. */
+#define KERN_INT4_SCALE_OVERFLOW 0xffffffffu
+
+KERN_HD uint32_t kern_f32_bits_of(float f)
+{
+#ifdef __CUDA_ARCH__
+    return __float_as_uint(f);
+#else
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+#endif
+}
+
+KERN_HD float kern_f32_of_bits(uint32_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* The stored scale's bits (low 16 bits for f16/bf16) of a group whose
+ * amax is `amax` (finite, >= 0), or KERN_INT4_SCALE_OVERFLOW when it is
+ * past the dtype's range (f16: amax > ~491k). */
+KERN_HD uint32_t kern_int4_scale_bits(float amax, int kind)
+{
+    float s = amax / 7.5f;
+    uint32_t b;
+    if (kind == 1) {
+        b = kern_bits_f32_to_f16(kern_f32_bits_of(s));
+        if ((b & 0x7fffu) >= 0x7c00u)
+            return KERN_INT4_SCALE_OVERFLOW;
+        return (b & 0x7fffu) ? b : 0x1400u; /* 2^-10 */
+    }
+    if (kind == 2) {
+        b = kern_bits_f32_to_bf16(kern_f32_bits_of(s));
+        if ((b & 0x7fffu) >= 0x7f80u)
+            return KERN_INT4_SCALE_OVERFLOW;
+        return (b & 0x7fffu) ? b : 0x3c00u; /* 2^-7 */
+    }
+    b = kern_f32_bits_of(s);
+    return (b & 0x7fffffffu) ? b : 0x34000000u; /* 2^-23 */
+}
+
+/* The stored scale as f32. */
+KERN_HD float kern_int4_scale_value(uint32_t bits, int kind)
+{
+    uint32_t f = kind == 1 ? kern_bits_f16_to_f32((uint16_t)bits)
+                 : kind == 2 ? kern_bits_bf16_to_f32((uint16_t)bits) : bits;
+    return kern_f32_of_bits(f);
+}
+
+/* The 4-bit code (q + 8, 0..15) of x under scale s (finite, > 0). */
+KERN_HD uint32_t kern_int4_encode(float x, float s)
+{
+    float v = x / s;
+    v = v < -8.0f ? -8.0f : v > 7.0f ? 7.0f : v;
+    return (uint32_t)((int)rintf(v) + 8);
+}
+
+/* Quantize x (2-D [n, k], F32/F16/BF16, any strides) into q, an I32 view
+ * [n, ceil(k/8)] in checkpoint layout (any strides: the gptq layout's
+ * transposed words, or the u8 layout's byte rows seen as words), and its
+ * scales into scale ([n, ceil(k/group)], or [n, 1] for group 0; F32/F16/
+ * BF16, any strides). Row by row: every scale of the row, then its words
+ * (reading the row's stored scales back). Returns REFIT_OK;
+ * REFIT_ECORRUPT when a group holds a NaN or infinity or its scale
+ * overflows the scale dtype (rows before it written); REFIT_EMISMATCH
+ * (shapes, group < 0); REFIT_EUNSUPPORTED (dtypes). */
+int kern_quant_int4(const refit_view *q, const refit_view *scale, const refit_view *x,
+                    int64_t group);
+/* The checks kern_quant_int4 makes before writing anything (same
+ * returns), for the host services that hand the views to a device. */
+int kern_quant_int4_check(const refit_view *q, const refit_view *scale, const refit_view *x,
+                          int64_t group);
+/* 0 f32, 1 f16, 2 bf16; -1 for any other dtype. */
+int kern_int4_float_kind(refit_dtype d);
 
 #endif
