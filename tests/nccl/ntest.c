@@ -248,6 +248,9 @@ void nt_run(nt_job *jobs, int n, uint64_t kill_after)
     }
     if (kill_after != UINT64_MAX)
         xport_loopback_kill_after(g, 0, kill_after);
+    if (jobs[0].corrupt_mask)
+        xport_loopback_corrupt(g, 0, jobs[0].corrupt_seq, jobs[0].corrupt_at,
+                               jobs[0].corrupt_mask);
     pthread_t th[NT_MAX_RANKS];
     for (int i = 0; i < n; i++)
         pthread_create(&th[i], NULL, i == 0 ? sender_main : receiver_main, &jobs[i]);

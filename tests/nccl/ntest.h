@@ -75,6 +75,8 @@ typedef struct nt_job {
     int move_before_vote;       /* receiver: begin + refit_receive, move a
                                    registered tensor, then group finalize */
     int skip_vote;              /* receiver: receive, then stop answering */
+    uint64_t corrupt_seq, corrupt_at; /* sender: byte corrupt_at of its broadcast */
+    uint8_t corrupt_mask;       /* number corrupt_seq is XORed with this (0: none) */
     /* out */
     int rc;
     refit_group_result res;

@@ -364,12 +364,120 @@ static void test_sender_cancel_reaches_every_rank(void **state)
     nt_run(j, NR, UINT64_MAX);
     assert_int_equal(j[0].rc, REFIT_EUNSUPPORTED);
     assert_contains(j[0].msg, "model.big.weight");
+    assert_true(j[0].res.buckets > 3);
     for (int r = 1; r < NR; r++) {
         assert_int_equal(j[r].rc, REFIT_EUNSUPPORTED);
         assert_contains(j[r].msg, "cancelled");
         assert_true(j[r].seconds < 10);
+        /* every planned broadcast still came (the receivers posted them) */
+        assert_int_equal(j[r].res.buckets, j[0].res.buckets);
     }
     assert_at(f, 1);
+}
+
+/* The sender's broadcasts in order: 0 the announce, 1 the index, 2 + b
+ * bucket b. */
+#define SEQ_INDEX 1
+#define SEQ_BUCKET(b) (2 + (b))
+
+/* Where bucket k's header starts in version v's index. */
+static uint64_t header_at(fx *f, int v, uint64_t bucket, uint32_t k)
+{
+    bkt_tensor t[NT_N];
+    for (int i = 0; i < NT_N; i++)
+        t[i] = (bkt_tensor){NT_SPECS[i].ckpt, NT_SPECS[i].dt, NT_SPECS[i].ndim,
+                            f->c[v].shape[i]};
+    bkt_plan p;
+    char err[256];
+    assert_int_equal(bkt_plan_build(&p, t, NT_N, bucket, 2, err, sizeof err), 0);
+    assert_true(k < p.n_buckets);
+    uint64_t at = 0;
+    for (uint32_t b = 0; b < k; b++)
+        at += p.buckets[b].header_bytes;
+    bkt_plan_free(&p);
+    return at;
+}
+
+/* A header is corrupt on the wire: the chain of sizes cannot be trusted,
+ * so receivers abort their transport before any payload is posted (nothing
+ * was begun, bytes and health as they were); the sender's vote times out. */
+static void test_corrupt_header_aborts_before_any_payload(void **state)
+{
+    fx *f = *state;
+    update_to(f, 1, 1000);
+    nt_job j[NR];
+    jobs_for(f, j, 2, 1000, 0.5);
+    j[0].corrupt_seq = SEQ_INDEX;
+    j[0].corrupt_at = header_at(f, 2, 1000, 2) + 44; /* bucket 2's payload size */
+    j[0].corrupt_mask = 0x01;
+    nt_run(j, NR, UINT64_MAX);
+    for (int r = 1; r < NR; r++) {
+        assert_int_equal(j[r].rc, REFIT_EIO);
+        assert_contains(j[r].msg, "index: bucket 2: header checksum mismatch");
+        assert_contains(j[r].msg, "transport is aborted");
+        assert_int_equal(j[r].res.buckets, 0);
+        char ev[4096], st[64];
+        journal_of(f->db[r - 1], 0, ev, st);
+        assert_contains(ev, "[transport]");
+    }
+    assert_int_equal(j[0].rc, REFIT_EIO);
+    assert_at(f, 1);
+    for (int r = 0; r < TP; r++)
+        assert_string_equal(refit_worker_version(f->w[r].ctx), "v1");
+}
+
+/* A bucket's stamp is corrupt: sizes come from the index, so receivers
+ * drain the rest and vote; every rank aborts, bytes rolled back. */
+static void test_corrupt_stamp_drains_and_votes(void **state)
+{
+    fx *f = *state;
+    update_to(f, 1, 1000);
+    nt_job j[NR];
+    jobs_for(f, j, 2, 1000, 30);
+    j[0].corrupt_seq = SEQ_BUCKET(3);
+    j[0].corrupt_at = 20; /* the stamp's payload size */
+    j[0].corrupt_mask = 0x80;
+    nt_run(j, NR, UINT64_MAX);
+    for (int r = 0; r < NR; r++) {
+        assert_int_equal(j[r].rc, REFIT_ECORRUPT);
+        assert_int_equal(j[r].res.vote_taken, 1);
+        assert_true(j[r].seconds < 10);
+    }
+    for (int r = 1; r < NR; r++) {
+        assert_contains(j[r].msg, "bucket 3: stamp checksum mismatch");
+        assert_int_equal(j[r].res.buckets, j[0].res.buckets); /* drained to the end */
+    }
+    assert_at(f, 1);
+}
+
+/* A payload byte flips on the wire: the payload checksum (on by default)
+ * refuses that bucket before it is loaded and the group aborts; with the
+ * checksum off the same flip goes through (what the checksum is for). */
+static void test_corrupt_payload_caught_by_checksum(void **state)
+{
+    fx *f = *state;
+    update_to(f, 1, 1000);
+    for (int sum = 1; sum >= 0; sum--) {
+        nt_job j[NR];
+        jobs_for(f, j, 2, 1000, 30);
+        j[0].checksum = sum;
+        j[0].corrupt_seq = SEQ_BUCKET(1);
+        j[0].corrupt_at = BKT_ALIGN + 5;
+        j[0].corrupt_mask = 0x10;
+        nt_run(j, NR, UINT64_MAX);
+        if (sum) {
+            for (int r = 0; r < NR; r++)
+                assert_int_equal(j[r].rc, REFIT_ECORRUPT);
+            assert_contains(j[1].msg, "bucket 1 of update 'v2': payload checksum");
+            assert_at(f, 1);
+        } else {
+            assert_all_ok(j);
+            int differs = 0;
+            for (int r = 0; r < TP; r++)
+                differs += nt_fp(&f->w[r]) != f->cold[2][r];
+            assert_true(differs >= 1);
+        }
+    }
 }
 
 static void test_vote_never_completes(void **state)
@@ -421,6 +529,11 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_refused_load_drains_and_votes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sender_cancel_reaches_every_rank, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_header_aborts_before_any_payload, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_stamp_drains_and_votes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_payload_caught_by_checksum, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_vote_never_completes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_empty_update, setup, teardown),
     };
