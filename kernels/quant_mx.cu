@@ -1,0 +1,599 @@
+/* OCP MX quantization on the GPU (MXFP8: E4M3 elements; MXFP4: E2M1
+ * elements packed two per byte), bit-exact with kern_quant_mxfp8
+ * (kernels/quant_mx.c) and kern_quant_mxfp4 (kernels/quant_mxfp4.c); the
+ * arithmetic is defined in kernels/quant_mx.h:
+ *
+ *   amax = max |x| over a block of 32 of a row   (the max of the magnitude
+ *                                                  bits: their order is the
+ *                                                  value order)
+ *   s    = clamp(floor(log2 amax) - emax, -127, 127) + 127, 0 when amax == 0
+ *   q    = encode_sat(x / 2^(s - 127))
+ *
+ * x / 2^(s-127) is computed as x * 2^(127-s): the power of two and its
+ * inverse are exact in f32, so the product is the exact quotient rounded
+ * once, as the CPU's division rounds it (__fmul_rn: never contracted into
+ * an FMA). The encoders round with one f32 addition: adding M = 2^(23 + e)
+ * (e the exponent of the format's spacing in the value's binade) leaves
+ * x rounded to that spacing, to nearest even, in the low bits of the sum;
+ * the code is those bits plus a per-binade offset. Both are checked on the
+ * CPU reference's every reachable input (tests/gpu/test_gpu_mx.c). E4M3
+ * may instead use the hardware's cvt.rn.satfinite.e4m3x2.f32, where the
+ * backend found it equal to the reference on every finite f32
+ * (backend_cuda_fp8_encoder). nvcc's defaults keep subnormals (-ftz=false).
+ *
+ * Layout of the work: a 32-element block belongs to 4 lanes of a warp, 8
+ * consecutive elements each (one 16-byte load for 16-bit input, two for
+ * F32, where the row is contiguous and aligned; element by element
+ * otherwise), so a warp covers 8 blocks, a "task". The amax is reduced
+ * over the 4 lanes with two shuffles; lane 0 of the 4 writes the scale.
+ * Each piece's blocks, row-major over [matrices, rows, blocks of a row],
+ * are numbered from 0; a task never straddles pieces (a piece's tasks are
+ * rounded up), so the piece lookup is uniform in a warp. One launch takes
+ * up to MX_BATCH pieces in its parameters (a __grid_constant__ struct of
+ * ~30 KB: no upload), grid-stride over tasks, two tasks in flight per
+ * warp. Consecutive pieces of one shape spaced evenly (stacked experts)
+ * merge into one piece with a matrix stride. A block holding a NaN or
+ * infinity is left unwritten (scale and elements) and its piece's call
+ * index atomicMin'd into a status word, which the call copies back,
+ * waiting for the stream once, at the end. */
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <refit/format.h>
+
+#include "kernels/cast_bits.h"
+
+extern "C" void kern_cuda_set_error(const char *msg);
+
+#define MX_D __device__ __forceinline__
+#define MX_THREADS 256
+#define MX_WARPS (MX_THREADS / 32)
+#define MX_TASK 8               /* blocks of 32 a warp takes at once */
+#define MX_BATCH 184            /* pieces per launch */
+#define MX_CTAS_PER_SM 8
+#define MX_FINITE_MAX 0x7f7fffffu
+#define MX_NONE 0xffffffffu     /* status word: no piece failed */
+
+/* ---- encoders: finite inputs below the format's range limit 2^(emax+1)
+ * (what x / X can be); the sign comes back in the code ---- */
+
+/* E4M3, saturating: binades below 2^-6 share the subnormal spacing 2^-9. */
+MX_D uint32_t mx_e4m3_code(uint32_t a, float mag)
+{
+    uint32_t e = a >> 23, E = e > 121u ? e : 121u;
+    float m = __uint_as_float((E + 20u) << 23); /* spacing 2^(E-130) in its lsb */
+    uint32_t code = __float_as_uint(__fadd_rn(mag, m)) - ((E + 20u) << 23) + 8u * (E - 121u);
+    return code < 0x7eu ? code : 0x7eu;
+}
+
+/* E2M1, saturating to 6: binades below 1 share the subnormal spacing 0.5. */
+MX_D uint32_t mx_e2m1_code(uint32_t a, float mag)
+{
+    uint32_t e = a >> 23, E = e > 127u ? e : 127u;
+    float m = __uint_as_float((E + 22u) << 23); /* spacing 2^(E-128) */
+    uint32_t code = __float_as_uint(__fadd_rn(mag, m)) - ((E + 22u) << 23) + 2u * (E - 127u);
+    return code < 7u ? code : 7u;
+}
+
+/* ---- pieces ---- */
+
+/* x / d for x < 2^31 by a multiply (Granlund-Montgomery, round-up
+ * multiplier with p = 31 + ceil(log2 d)). */
+struct mx_div {
+    uint32_t d, mul, shift;
+};
+
+__device__ __forceinline__ uint32_t mx_divide(const mx_div &v, uint32_t x)
+{
+    return v.d == 1 ? x : __umulhi(x, v.mul) >> v.shift;
+}
+
+struct mx_piece {
+    const char *x;
+    unsigned char *q, *s;
+    int64_t xs0, xs1, xsm;      /* x strides in elements: row, column, matrix */
+    int64_t qs0, qs1, qsm;      /* q strides in bytes */
+    int64_t ss0, ss1, ssm;      /* scale strides in bytes */
+    int64_t k;                  /* columns */
+    int64_t first;              /* its first task in the launch */
+    uint32_t n, nb, blocks;     /* rows, blocks of a row, blocks in all (< 2^31) */
+    mx_div div_nb, div_n;
+    int32_t idx;                /* call index of its first matrix */
+    uint8_t kind;               /* x: 0 f32, 1 f16, 2 bf16 */
+    uint8_t vx, vq;             /* contiguous, aligned rows: vector loads, stores */
+};
+
+struct mx_batch {
+    int32_t np;
+    int32_t hw;                 /* E4M3 with the hardware conversion */
+    int64_t end;                /* tasks of the launch */
+    mx_piece p[MX_BATCH];
+};
+static_assert(sizeof(mx_batch) <= 32764, "mx_batch must fit the kernel parameters");
+
+/* Where a lane's 8 elements are. */
+struct mx_at {
+    int64_t col;                /* first column of the lane's 8 */
+    int64_t xo, qo, so;         /* element offset of the row in x; bytes in q; scale */
+    int32_t idx;                /* call index of the matrix */
+    bool live;                  /* the block exists (dead lanes still shuffle) */
+};
+
+__device__ __forceinline__ mx_at mx_locate(const mx_piece &p, int64_t task, unsigned g,
+                                           unsigned sub)
+{
+    mx_at a;
+    uint32_t blk = (uint32_t)((task - p.first) * MX_TASK + g);
+    a.live = blk < p.blocks;
+    if (!a.live)
+        blk = 0;
+    uint32_t r = mx_divide(p.div_nb, blk), bc = blk - r * p.nb;
+    uint32_t mi = mx_divide(p.div_n, r), row = r - mi * p.n;
+    a.col = (int64_t)bc * 32 + sub * 8;
+    a.xo = mi * p.xsm + row * p.xs0;
+    a.qo = mi * p.qsm + row * p.qs0;
+    a.so = mi * p.ssm + row * p.ss0 + bc * p.ss1;
+    a.idx = p.idx + (int32_t)mi;
+    return a;
+}
+
+__device__ __forceinline__ float mx_half(uint32_t w, int hi, int kind)
+{
+    uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffffu);
+    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
+}
+
+__device__ __forceinline__ float mx_decode(const char *p, int kind)
+{
+    if (kind == 0)
+        return *(const float *)p;
+    uint16_t h = *(const uint16_t *)p;
+    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
+}
+
+/* The lane's 8 elements (0 past the row's end, or for a dead lane). */
+__device__ __forceinline__ void mx_load(const mx_piece &p, const mx_at &a, float v[8])
+{
+    int64_t es = p.kind == 0 ? 4 : 2;
+    if (a.live && p.vx && a.col + 8 <= p.k) {
+        const char *at = p.x + (a.xo + a.col) * es;
+        if (p.kind == 0) {
+            float4 lo = *(const float4 *)at, hi = *(const float4 *)(at + 16);
+            v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
+            v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
+        } else {
+            uint4 w = *(const uint4 *)at;
+            v[0] = mx_half(w.x, 0, p.kind); v[1] = mx_half(w.x, 1, p.kind);
+            v[2] = mx_half(w.y, 0, p.kind); v[3] = mx_half(w.y, 1, p.kind);
+            v[4] = mx_half(w.z, 0, p.kind); v[5] = mx_half(w.z, 1, p.kind);
+            v[6] = mx_half(w.w, 0, p.kind); v[7] = mx_half(w.w, 1, p.kind);
+        }
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        v[u] = 0.0f;
+        if (a.live && a.col + u < p.k)
+            v[u] = mx_decode(p.x + (a.xo + (a.col + u) * p.xs1) * es, p.kind);
+    }
+}
+
+/* The block's amax bits, in its 4 lanes (lanes 4j .. 4j+3 of a warp). */
+__device__ __forceinline__ uint32_t mx_amax4(const float v[8])
+{
+    uint32_t m = 0;
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+        m = max(m, __float_as_uint(v[u]) & 0x7fffffffu);
+    m = max(m, (uint32_t)__shfl_xor_sync(0xffffffffu, m, 1));
+    return max(m, (uint32_t)__shfl_xor_sync(0xffffffffu, m, 2));
+}
+
+/* The E8M0 scale of a finite amax (kern_mx_scale_e8m0). */
+__device__ __forceinline__ uint32_t mx_scale(uint32_t amax, int emax)
+{
+    if (amax == 0)
+        return 0;
+    int fl = amax >= 0x00800000u ? (int)(amax >> 23) - 127 : (31 - __clz((int)amax)) - 149;
+    int e = fl - emax;
+    e = e < -127 ? -127 : e > 127 ? 127 : e;
+    return (uint32_t)(e + 127);
+}
+
+/* The hardware conversion of two finite floats: lo in the low byte. */
+__device__ __forceinline__ uint32_t mx_cvt2(float lo, float hi)
+{
+    return (uint32_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
+}
+
+/* Encode and store the lane's 8 elements with scale s; lane 0 of the 4
+ * stores s. fp4: E2M1 codes, two a byte, low nibble first. */
+template <int FP4>
+__device__ __forceinline__ void mx_store(const mx_piece &p, const mx_at &a, const float v[8],
+                                         uint32_t s, unsigned sub, int hw)
+{
+    /* 1 / X = 2^(127 - s), exact (2^-127 is an f32 subnormal) */
+    float inv = __uint_as_float(s < 254u ? (254u - s) << 23 : 0x00400000u);
+    uint32_t lo = 0, hi = 0;
+    if (!FP4 && hw) {
+#pragma unroll
+        for (int u = 0; u < 8; u += 2) {
+            uint32_t two = mx_cvt2(__fmul_rn(v[u], inv), __fmul_rn(v[u + 1], inv));
+            if (u < 4)
+                lo |= two << (8 * u);
+            else
+                hi |= two << (8 * (u - 4));
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            float w = __fmul_rn(v[u], inv);
+            uint32_t b = __float_as_uint(w), m = b & 0x7fffffffu;
+            uint32_t code = FP4 ? (mx_e2m1_code(m, __uint_as_float(m)) | (b >> 28 & 8u))
+                                : (mx_e4m3_code(m, __uint_as_float(m)) | (b >> 24 & 0x80u));
+            if (FP4)
+                lo |= code << (4 * u);
+            else if (u < 4)
+                lo |= code << (8 * u);
+            else
+                hi |= code << (8 * (u - 4));
+        }
+    }
+    if (sub == 0)
+        p.s[a.so] = (unsigned char)s;
+    if (FP4) {
+        /* the lane's bytes: (col/2) .. +3 of the row's ceil(k/2); elements
+         * past k were zeros, so a trailing high nibble is 0 */
+        int64_t b0 = a.col / 2, nbytes = (p.k + 1) / 2;
+        if (p.vq && b0 + 4 <= nbytes) {
+            *(uint32_t *)(p.q + a.qo + b0) = lo;
+            return;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (b0 + j < nbytes)
+                p.q[a.qo + b0 + j] = (unsigned char)(lo >> (8 * j));
+        return;
+    }
+    if (p.vq && a.col + 8 <= p.k) {
+        uint2 w;
+        w.x = lo;
+        w.y = hi;
+        *(uint2 *)(p.q + a.qo + a.col) = w;
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+        if (a.col + u < p.k)
+            p.q[a.qo + (a.col + u) * p.qs1] = (unsigned char)((u < 4 ? lo : hi) >> (8 * (u & 3)));
+}
+
+/* Scale and elements of one lane's share of a block, from its values. */
+template <int FP4>
+__device__ __forceinline__ void mx_finish(const mx_piece &p, const mx_at &a, const float v[8],
+                                          unsigned sub, int hw, unsigned int *status)
+{
+    uint32_t m = mx_amax4(v);
+    if (!a.live)
+        return;
+    if (m > MX_FINITE_MAX) {
+        if (sub == 0)
+            atomicMin(status, (unsigned int)a.idx);
+        return;
+    }
+    mx_store<FP4>(p, a, v, mx_scale(m, FP4 ? 2 : 8), sub, hw);
+}
+
+/* The piece holding task t, from a guess at or below it. */
+__device__ __forceinline__ int mx_find(const mx_batch &B, int i, int64_t t)
+{
+    while (i + 1 < B.np && t >= B.p[i + 1].first)
+        i++;
+    return i;
+}
+
+/* Grid-stride over tasks, two per warp at once (their loads in flight
+ * together). Every lane of a warp runs every shuffle: the task and its
+ * piece are the warp's; only `live` differs between lanes. */
+template <int FP4>
+__global__ void __launch_bounds__(MX_THREADS)
+k_mx(const __grid_constant__ mx_batch B, unsigned int *status)
+{
+    unsigned lane = threadIdx.x & 31u, g = lane >> 2, sub = lane & 3u;
+    int64_t nw = (int64_t)gridDim.x * MX_WARPS;
+    int i = 0;
+    for (int64_t t = (int64_t)blockIdx.x * MX_WARPS + threadIdx.x / 32; t < B.end; t += 2 * nw) {
+        int64_t t2 = t + nw;
+        bool two = t2 < B.end;
+        i = mx_find(B, i, t);
+        int i2 = two ? mx_find(B, i, t2) : i;
+        mx_at a = mx_locate(B.p[i], t, g, sub), a2;
+        float v[8], v2[8];
+        mx_load(B.p[i], a, v);
+        if (two) {
+            a2 = mx_locate(B.p[i2], t2, g, sub);
+            mx_load(B.p[i2], a2, v2);
+        }
+        mx_finish<FP4>(B.p[i], a, v, sub, B.hw, status);
+        if (two)
+            mx_finish<FP4>(B.p[i2], a2, v2, sub, B.hw, status);
+        i = i2;
+    }
+}
+
+/* ---- host side ---- */
+
+static int mx_fail(cudaError_t e, const char *what)
+{
+    char m[256];
+    snprintf(m, sizeof m, "kern_quant_mx_cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+             cudaGetErrorName(e));
+    kern_cuda_set_error(m);
+    return e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL;
+}
+
+static int mx_refuse(int rc, const char *what, uint32_t i)
+{
+    char m[256];
+    snprintf(m, sizeof m, "kern_quant_mx_cuda: piece %u: %s", i, what);
+    kern_cuda_set_error(m);
+    return rc;
+}
+
+static int mx_kind(refit_dtype d)
+{
+    if (d.lanes != 1)
+        return -1;
+    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 32)
+        return 0;
+    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 16)
+        return 1;
+    if (d.code == REFIT_DTYPE_BFLOAT && d.bits == 16)
+        return 2;
+    return -1;
+}
+
+static mx_div mx_div_make(uint32_t d)
+{
+    mx_div r = {d, 0, 0};
+    if (d <= 1) {
+        r.d = 1;
+        return r;
+    }
+    unsigned l = 0;
+    while ((1ull << l) < d)
+        l++;
+    r.mul = (uint32_t)(((1ull << (31 + l)) + d - 1) / d);
+    r.shift = l - 1;
+    return r;
+}
+
+/* Piece i as the kernel reads it (one matrix). The views were checked as
+ * the CPU references check them; dtypes, ranks and shapes again here. */
+static int mx_piece_init(mx_piece *pc, const refit_view *q, const refit_view *s,
+                         const refit_view *x, uint32_t i, int fp4)
+{
+    int kind = mx_kind(x->dtype);
+    if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 || s->dtype.bits != 8 ||
+        s->dtype.lanes != 1)
+        return mx_refuse(REFIT_EUNSUPPORTED, "dtypes: x f32/f16/bf16, q and scales one byte", i);
+    if (x->ndim != 2 || q->ndim != 2 || s->ndim != 2 || x->shape[0] < 0 || x->shape[1] < 0)
+        return mx_refuse(REFIT_EMISMATCH, "x, q and scales must be 2-D", i);
+    int64_t n = x->shape[0], k = x->shape[1], nb = (k + 31) / 32;
+    if (q->shape[0] != n || q->shape[1] != (fp4 ? (k + 1) / 2 : k) || s->shape[0] != n ||
+        s->shape[1] != nb || (fp4 && q->shape[1] > 1 && q->strides[1] != 1))
+        return mx_refuse(REFIT_EMISMATCH, fp4 ? "q must be [n, ceil(k/2)] bytes contiguous "
+                         "along k, scales [n, ceil(k/32)]" : "q must be [n, k], scales "
+                         "[n, ceil(k/32)]", i);
+    if (n && nb && n * nb > 0x7fffffffll - MX_TASK)
+        return mx_refuse(REFIT_EUNSUPPORTED, "more than 2^31 - 9 blocks of 32 in one piece", i);
+    memset(pc, 0, sizeof *pc);
+    int64_t es = kind == 0 ? 4 : 2;
+    pc->x = (const char *)x->data;
+    pc->q = (unsigned char *)q->data;
+    pc->s = (unsigned char *)s->data;
+    pc->xs0 = x->strides[0];
+    pc->xs1 = x->strides[1];
+    pc->qs0 = q->strides[0];
+    pc->qs1 = q->strides[1];
+    pc->ss0 = s->strides[0];
+    pc->ss1 = s->strides[1];
+    pc->k = k;
+    pc->n = (uint32_t)n;
+    pc->nb = (uint32_t)nb;
+    pc->blocks = (uint32_t)(n * nb);
+    pc->idx = (int32_t)i;
+    pc->kind = (uint8_t)kind;
+    bool one_row = n <= 1;
+    int qa = fp4 ? 4 : 8; /* bytes a lane stores at once */
+    pc->vx = (uintptr_t)pc->x % 16 == 0 && (k <= 1 || pc->xs1 == 1) &&
+             (one_row || (pc->xs0 * es) % 16 == 0);
+    pc->vq = (uintptr_t)pc->q % qa == 0 && (fp4 || k <= 1 || pc->qs1 == 1) &&
+             (one_row || pc->qs0 % qa == 0);
+    return REFIT_OK;
+}
+
+/* Append piece c to the stack at top when it is the next matrix of it:
+ * same shape, strides and dtype, and the same distance from the previous
+ * matrix in x, q and scales. */
+static bool mx_merge(mx_piece *top, const mx_piece *c, uint32_t *mats, int fp4)
+{
+    if (top->kind != c->kind || top->n != c->n || top->k != c->k || top->xs0 != c->xs0 ||
+        top->xs1 != c->xs1 || top->qs0 != c->qs0 || top->qs1 != c->qs1 ||
+        top->ss0 != c->ss0 || top->ss1 != c->ss1 || top->idx + (int32_t)*mats != c->idx ||
+        (int64_t)top->blocks + c->blocks > 0x7fffffffll - MX_TASK)
+        return false;
+    int64_t es = c->kind == 0 ? 4 : 2;
+    const char *last_x = top->x + (int64_t)(*mats - 1) * top->xsm * es;
+    int64_t dx = c->x - last_x;
+    int64_t dq = (const char *)c->q - (const char *)(top->q + (int64_t)(*mats - 1) * top->qsm);
+    int64_t ds = (const char *)c->s - (const char *)(top->s + (int64_t)(*mats - 1) * top->ssm);
+    if (dx % es)
+        return false;
+    if (*mats > 1 && (dx / es != top->xsm || dq != top->qsm || ds != top->ssm))
+        return false;
+    top->xsm = dx / es;
+    top->qsm = dq;
+    top->ssm = ds;
+    top->vx = top->vx && c->vx && dx % 16 == 0;
+    top->vq = top->vq && c->vq && dq % (fp4 ? 4 : 8) == 0;
+    top->blocks += c->blocks;
+    (*mats)++;
+    return true;
+}
+
+static void mx_launch_one(const mx_batch *b, int fp4, unsigned grid, unsigned int *status,
+                          cudaStream_t st)
+{
+    if (fp4)
+        k_mx<1><<<grid, MX_THREADS, 0, st>>>(*b, status);
+    else
+        k_mx<0><<<grid, MX_THREADS, 0, st>>>(*b, status);
+}
+
+/* Launch pieces pcs[0..m), MX_BATCH a launch. */
+static int mx_launch(const mx_piece *pcs, uint32_t m, int fp4, int hw, unsigned int *status,
+                     cudaStream_t st)
+{
+    int dev = 0, sms = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess)
+        return mx_fail(e, "the device's multiprocessor count");
+    mx_batch *b = (mx_batch *)malloc(sizeof *b); /* 30 KB: off the stack */
+    if (!b)
+        return mx_fail(cudaErrorMemoryAllocation, "host memory for a launch");
+    int rc = REFIT_OK;
+    for (uint32_t at = 0; at < m && !rc; at += MX_BATCH) {
+        uint32_t np = m - at < MX_BATCH ? m - at : MX_BATCH;
+        int64_t end = 0;
+        b->np = (int32_t)np;
+        b->hw = hw;
+        for (uint32_t j = 0; j < np; j++) {
+            b->p[j] = pcs[at + j];
+            b->p[j].first = end;
+            end += ((int64_t)b->p[j].blocks + MX_TASK - 1) / MX_TASK;
+        }
+        b->end = end;
+        if (end == 0)
+            continue;
+        int64_t want = (end + 2 * MX_WARPS - 1) / (2 * MX_WARPS);
+        int64_t most = (int64_t)(sms > 0 ? sms : 1) * MX_CTAS_PER_SM;
+        mx_launch_one(b, fp4, (unsigned)(want < most ? want : most), status, st);
+        e = cudaGetLastError();
+        if (e != cudaSuccess)
+            rc = mx_fail(e, "launching the kernel");
+    }
+    free(b);
+    return rc;
+}
+
+/* Pieces -> merged stacks; *out the count. */
+static int mx_pieces(uint32_t n, const refit_view *q, const refit_view *s, const refit_view *x,
+                     int fp4, mx_piece *pcs, uint32_t *out, int32_t *bad)
+{
+    uint32_t m = 0, mats = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        mx_piece c;
+        int rc = mx_piece_init(&c, &q[i], &s[i], &x[i], i, fp4);
+        if (rc) {
+            *bad = (int32_t)i;
+            return rc;
+        }
+        if (c.blocks == 0)
+            continue; /* nothing to write */
+        if (m && mx_merge(&pcs[m - 1], &c, &mats, fp4))
+            continue;
+        pcs[m++] = c;
+        mats = 1;
+    }
+    for (uint32_t j = 0; j < m; j++) {
+        pcs[j].div_nb = mx_div_make(pcs[j].nb);
+        pcs[j].div_n = mx_div_make(pcs[j].n);
+    }
+    *out = m;
+    return REFIT_OK;
+}
+
+/* Device scratch in stream order (cudaMalloc where the device has no
+ * stream-ordered allocator), set to 0xff; NULL on failure. */
+static unsigned int *mx_scratch(bool *pooled, cudaStream_t st, int *rc)
+{
+    void *p = NULL;
+    *pooled = true;
+    (void)cudaGetLastError();
+    cudaError_t e = cudaMallocAsync(&p, sizeof(unsigned int), st);
+    if (e == cudaErrorNotSupported) {
+        (void)cudaGetLastError();
+        *pooled = false;
+        e = cudaMalloc(&p, sizeof(unsigned int));
+    }
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(p, 0xff, sizeof(unsigned int), st);
+    if (e != cudaSuccess) {
+        *rc = mx_fail(e, "device scratch");
+        if (p)
+            (void)(*pooled ? cudaFreeAsync(p, st) : cudaFree(p));
+        return NULL;
+    }
+    return (unsigned int *)p;
+}
+
+/* Copy the status word back (unless the launches failed: rc), free the
+ * scratch in stream order, wait for the stream; the first failure wins. */
+static int mx_finish_call(unsigned int *scratch, bool pooled, unsigned int *out, int rc,
+                          cudaStream_t st)
+{
+    cudaError_t e = rc ? cudaSuccess
+                       : cudaMemcpyAsync(out, scratch, sizeof *out, cudaMemcpyDeviceToHost, st);
+    cudaError_t fe = pooled ? cudaFreeAsync(scratch, st) : cudaSuccess;
+    cudaError_t se = cudaStreamSynchronize(st);
+    if (!pooled)
+        fe = cudaFree(scratch);
+    if (e == cudaSuccess)
+        e = se != cudaSuccess ? se : fe;
+    if (!rc && e != cudaSuccess)
+        rc = mx_fail(e, "the device work");
+    return rc;
+}
+
+/* Quantize pieces (the contract is kern_cuda.h's). */
+extern "C" int kern_quant_mx_cuda(uint32_t n, const refit_view *q, const refit_view *scales,
+                                  const refit_view *x, int elem_bits, int hw, int32_t *bad,
+                                  void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    *bad = -1;
+    if ((elem_bits != 8 && elem_bits != 4) || n > 0x7fffffffu) {
+        kern_cuda_set_error("kern_quant_mx_cuda: elem_bits must be 8 (MXFP8) or 4 (MXFP4), "
+                            "pieces < 2^31");
+        return REFIT_EINVAL;
+    }
+    if (n == 0)
+        return REFIT_OK;
+    int fp4 = elem_bits == 4;
+    mx_piece *pcs = (mx_piece *)malloc(sizeof *pcs * n);
+    if (!pcs)
+        return mx_fail(cudaErrorMemoryAllocation, "host memory");
+    uint32_t m = 0;
+    int rc = mx_pieces(n, q, scales, x, fp4, pcs, &m, bad);
+    bool pooled = false;
+    unsigned int *scratch = NULL, status = MX_NONE;
+    if (!rc && m)
+        scratch = mx_scratch(&pooled, st, &rc);
+    if (scratch)
+        rc = mx_launch(pcs, m, fp4, !fp4 && hw, scratch, st);
+    if (scratch)
+        rc = mx_finish_call(scratch, pooled, &status, rc, st);
+    if (!rc && status != MX_NONE) {
+        *bad = (int32_t)status;
+        rc = mx_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", status);
+    }
+    free(pcs);
+    return rc;
+}
