@@ -1,9 +1,11 @@
-/* E2M1 packing, the 128x4 scale swizzle and block-scaled FP4
- * dequantization (see quant_nvfp4.h). */
+/* E2M1 packing, the 128x4 scale swizzle, block-scaled FP4 dequantization,
+ * online NVFP4 quantization and the checkpoint factors (see quant_nvfp4.h). */
+#include <float.h>
 #include <string.h>
 
 #include "copy.h"
 #include "minifloat.h"
+#include "quant_fp8.h"
 #include "quant_nvfp4.h"
 
 uint8_t kern_fp4_get(const uint8_t *row, int64_t j)
@@ -97,4 +99,90 @@ int kern_fp4_dequant(const kern_fp4_src *s, float *out)
         }
     }
     return REFIT_OK;
+}
+
+/* ---- online quantization ---- */
+
+float kern_nvfp4_global_scale(float amax)
+{
+    if (amax == 0.0f)
+        return 1.0f; /* any positive factor encodes zeros as zeros */
+    float gs = KERN_NVFP4_GLOBAL_MAX / amax;
+    return gs > FLT_MAX ? FLT_MAX : gs; /* an amax below 2688 / FLT_MAX */
+}
+
+uint8_t kern_nvfp4_block_scale(float bmax, float gs)
+{
+    float per = bmax / 6.0f;
+    uint8_t code = kern_f32_to_e4m3_sat(gs * per);
+    return code ? code : KERN_NVFP4_ZERO_SCALE;
+}
+
+uint8_t kern_nvfp4_encode(float x, float div)
+{
+    return kern_f32_to_e2m1(x / div);
+}
+
+static int quant_shapes_ok(const refit_view *packed, const refit_view *x)
+{
+    return x->ndim == 2 && packed->ndim == 2 && packed->shape[0] == x->shape[0] &&
+           packed->shape[1] == (x->shape[1] + 1) / 2 && x->shape[0] >= 0 && x->shape[1] >= 0;
+}
+
+/* Row i, columns [c0, c0 + w) (w <= 16, c0 even): one block. */
+static void quant_block(const refit_view *packed, uint8_t *swizzled, int64_t cp,
+                        const refit_view *x, float gs, int64_t i, int64_t c0, int64_t w)
+{
+    float v[KERN_NVFP4_BLOCK], bmax = 0.0f;
+    for (int64_t j = 0; j < w; j++) {
+        v[j] = kern_view_f32(x, i, c0 + j);
+        float a = v[j] < 0.0f ? -v[j] : v[j];
+        bmax = a > bmax ? a : bmax;
+    }
+    uint8_t code = kern_nvfp4_block_scale(bmax, gs);
+    swizzled[kern_swizzle_offset(i, c0 / KERN_NVFP4_BLOCK, cp)] = code;
+    float div = kern_e4m3_to_f32(code) / gs;
+    for (int64_t j = 0; j < w; j += 2) {
+        uint8_t lo = kern_nvfp4_encode(v[j], div);
+        uint8_t hi = j + 1 < w ? kern_nvfp4_encode(v[j + 1], div) : 0;
+        *byte_at(packed, i, (c0 + j) / 2) = (uint8_t)(lo | hi << 4);
+    }
+}
+
+int kern_quant_nvfp4(const refit_view *packed, uint8_t *swizzled, float *alpha,
+                     const refit_view *x)
+{
+    if (!kern_is_float_dtype(x->dtype) || kern_dtype_size(packed->dtype) != 1)
+        return REFIT_EUNSUPPORTED;
+    if (!quant_shapes_ok(packed, x))
+        return REFIT_EMISMATCH;
+    int64_t n = x->shape[0], k = x->shape[1];
+    float amax = kern_amax_f32(x, 0, n, 0, k);
+    if (amax < 0.0f)
+        return REFIT_ECORRUPT;
+    float gs = kern_nvfp4_global_scale(amax);
+    int64_t blocks = (k + KERN_NVFP4_BLOCK - 1) / KERN_NVFP4_BLOCK;
+    int64_t cp = kern_swizzle_cols(blocks);
+    memset(swizzled, 0, (size_t)(kern_swizzle_rows(n) * cp));
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t c0 = 0; c0 < k; c0 += KERN_NVFP4_BLOCK)
+            quant_block(packed, swizzled, cp, x, gs, i, c0,
+                        k - c0 < KERN_NVFP4_BLOCK ? k - c0 : KERN_NVFP4_BLOCK);
+    *alpha = 1.0f / gs;
+    return REFIT_OK;
+}
+
+/* ---- checkpoint factors ---- */
+
+void kern_nvfp4_fuse(kern_nvfp4_conv conv, float wf, const float *in, float *alpha, float *inv)
+{
+    if (conv == KERN_NVFP4_CT) {
+        *alpha = in ? 1.0f / (*in * wf) : 1.0f / wf;
+        if (in)
+            *inv = *in;
+    } else {
+        *alpha = in ? *in * wf : wf;
+        if (in)
+            *inv = 1.0f / *in;
+    }
 }

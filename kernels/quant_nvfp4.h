@@ -70,4 +70,59 @@ typedef struct kern_fp4_src {
  * views' shapes do not fit. */
 int kern_fp4_dequant(const kern_fp4_src *s, float *out);
 
+/* ---- online quantization (compressed-tensors NVFP4, round to nearest) ----
+ *
+ * x is a 2-D [n, k] F32/F16/BF16 weight, read as F32 (exact). Every step
+ * is one F32 operation rounded to nearest even, in this order (the order
+ * of compressed-tensors' generate_gparam, calculate_qparams and
+ * _quantize; the CUDA kernel uses __fdiv_rn/__fmul_rn for the same bits):
+ *   amax = max |x| over the tensor
+ *   gs   = 2688 / amax        (448 * 6: the global scale, a divisor);
+ *                             1 when amax == 0, FLT_MAX when it overflows
+ *   per block of 16 along a row (a ragged last block has its own scale):
+ *   s    = gs * (bmax / 6)    bmax = max |x| over the block
+ *   code = e4m3_sat(s), and 0x20 (0.125) when that is zero, as
+ *          compressed-tensors replaces a zero E4M3 scale
+ *   div  = e4m3(code) / gs
+ *   q    = e2m1(x / div)      round to nearest even, saturating to +-6; a
+ *                             negative value that rounds to zero keeps its
+ *                             sign (0x8), as ml_dtypes and the hardware
+ *                             conversion do
+ * The runtime factor is alpha = 1 / gs (compressed-tensors without an
+ * input scale). Dequantization: e2m1(q) * e4m3(code) / gs
+ * (kern_fp4_dequant with div = gs). */
+#define KERN_NVFP4_GLOBAL_MAX 2688.0f
+#define KERN_NVFP4_ZERO_SCALE 0x20 /* E4M3 0.125 */
+
+/* gs for a finite amax >= 0 (see above). */
+float kern_nvfp4_global_scale(float amax);
+/* The E4M3 code of a block with max |x| = bmax. */
+uint8_t kern_nvfp4_block_scale(float bmax, float gs);
+/* q of element x in a block whose divisor is div = e4m3(code) / gs. */
+uint8_t kern_nvfp4_encode(float x, float div);
+
+/* Quantize x (2-D [n, k] F32/F16/BF16, any strides) into packed (2-D
+ * [n, ceil(k/2)] 8-bit, any strides; an odd k leaves the last byte's high
+ * nibble 0), the swizzled block scales (contiguous, kern_swizzle_rows(n) *
+ * kern_swizzle_cols(ceil(k/16)) bytes, pad zero) and *alpha = 1 / gs.
+ * Every byte of packed and swizzled is written. Returns REFIT_OK,
+ * REFIT_EMISMATCH (shapes), REFIT_EUNSUPPORTED (dtypes) or REFIT_ECORRUPT (a
+ * NaN or infinity in x: nothing written). */
+int kern_quant_nvfp4(const refit_view *packed, uint8_t *swizzled, float *alpha,
+                     const refit_view *x);
+
+/* ---- checkpoint factors ---- */
+
+typedef enum kern_nvfp4_conv {
+    KERN_NVFP4_MODELOPT = 0, /* weight_scale_2 multiplies, input_scale multiplies */
+    KERN_NVFP4_CT = 1,       /* weight_global_scale divides, input_global_scale divides */
+} kern_nvfp4_conv;
+
+/* alpha and input_scale_inv from a checkpoint's weight factor wf and input
+ * factor in (NULL when absent), with the engines' operations in their
+ * order: ModelOpt alpha = in * wf, inv = 1 / in; compressed-tensors alpha =
+ * 1 / (in * wf), inv = in; without in, alpha is wf or 1 / wf (and *inv is
+ * left alone). */
+void kern_nvfp4_fuse(kern_nvfp4_conv conv, float wf, const float *in, float *alpha, float *inv);
+
 #endif

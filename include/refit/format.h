@@ -121,6 +121,26 @@ typedef struct refit_device_info {
                                 Static storage. */
 } refit_device_info;
 
+/* One NVFP4 post-load job (host->quant_nvfp4; kernels/quant_nvfp4.h has
+ * the arithmetic). N, K: the weight's rows and columns; C = ceil(K/16). */
+#define REFIT_NVFP4_ONLINE 0   /* quantize a float weight */
+#define REFIT_NVFP4_MODELOPT 1 /* checkpoint: factors multiply */
+#define REFIT_NVFP4_CT 2       /* checkpoint: compressed-tensors, factors divide */
+typedef struct refit_nvfp4_piece {
+    int32_t mode;              /* REFIT_NVFP4_* */
+    const char *name;          /* the checkpoint tensor, for messages (may be NULL) */
+    refit_view src;            /* online: F32/F16/BF16 [N, K]; checkpoint: the
+                                  block scales, 8-bit [N, C]; any strides */
+    refit_view packed;         /* OUT, online: 8-bit [N, ceil(K/2)], any strides */
+    refit_view scale;          /* OUT: the swizzled block scales, 8-bit, contiguous,
+                                  ceil(N/128)*128 * ceil(C/4)*4 elements */
+    refit_view alpha;          /* OUT: F32, one element */
+    refit_view input_scale_inv; /* OUT, checkpoint with an input factor: F32, one
+                                  element; data NULL: not written */
+    refit_view weight_factor;  /* checkpoint: F32, one element */
+    refit_view input_factor;   /* checkpoint: F32, one element; data NULL: none */
+} refit_nvfp4_piece;
+
 /* Services the host hands to a format. Every service may be called from
  * plan, post_load and release, on the thread that called into refit. */
 typedef struct refit_host_v1 {
@@ -186,6 +206,73 @@ typedef struct refit_host_v1 {
     int (*quant_fp8)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
                      const refit_view *x, const char *const *names, int scheme,
                      void *stream);
+    /* valid from ABI 1, appended (REFIT_HOST_HAS(host, quant_nvfp4)): the
+     * NVFP4 post-load of n pieces (refit_nvfp4_piece): an online piece
+     * quantizes src as kern_quant_nvfp4 does (global scale from the piece's
+     * amax, E4M3 block-16 scales, E2M1 values, alpha = 1 / global scale);
+     * a checkpoint piece swizzles src into scale (pad zero) and fuses
+     * alpha and input_scale_inv from the factors as kern_nvfp4_fuse does.
+     * Every view of a call is on one device. Ordered on stream; on a device
+     * it enqueues every piece, one launch per pass, and waits for stream
+     * once when online pieces are present (it reports non-finite input);
+     * checkpoint pieces alone never wait. Returns REFIT_OK, REFIT_ECORRUPT
+     * (a NaN or infinity in an online piece: the message names the lowest
+     * such piece; outputs partly written), REFIT_EMISMATCH (shapes),
+     * REFIT_EUNSUPPORTED (dtypes; a device with no kernel here),
+     * REFIT_EINVAL, REFIT_ENOMEM or REFIT_EINTERNAL (the device failed);
+     * the message is set and names the piece. */
+    int (*quant_nvfp4)(void *host, uint32_t n, const refit_nvfp4_piece *pieces, void *stream);
+    /* valid from ABI 1, appended (REFIT_HOST_HAS(host, quant_int4)): INT4
+     * quantization of n pieces, round-to-nearest, symmetric, per group of
+     * `group` columns (0: one scale per row), in the compressed-tensors
+     * convention (kernels/quant_int4.h: scale = amax / 7.5 rounded to the
+     * scale dtype, q = round(clamp(x / scale, -8, 7)), packed 8 per int32
+     * word along K as q + 8, low nibble first). Piece i is x[i] (2-D
+     * [n_i, k_i], F32/F16/BF16) into q[i], an I32 view [n_i, ceil(k_i/8)]
+     * in checkpoint layout over the runtime words (transposed strides for
+     * the GPTQ layout, a pitched byte row seen as words for the u8 one),
+     * and scale[i] ([n_i, ceil(k_i/group)] or [n_i, 1]; F32/F16/BF16, any
+     * strides), as kern_quant_int4 takes them. Every view of a call is on
+     * one device. names (NULL, or n names) label the pieces in messages.
+     * Ordered on stream; on a device one launch takes every piece, then the
+     * call waits for stream once (it reports non-finite input). Returns
+     * REFIT_OK, REFIT_ECORRUPT (a NaN or infinity in a piece, or a scale
+     * past an F16 scale's range: outputs partly written, the message names
+     * the lowest such piece), REFIT_EMISMATCH (shapes), REFIT_EUNSUPPORTED
+     * (dtypes; a device with no kernel here), REFIT_EINVAL, REFIT_ENOMEM or
+     * REFIT_EINTERNAL (the device failed); the message is set. */
+    int (*quant_int4)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
+                      const refit_view *x, const char *const *names, int64_t group,
+                      void *stream);
+    /* Copy `bytes` bytes of src (a contiguous view in host memory or on a
+     * device a backend serves: a staged shape, a count) into host memory
+     * at dst, after everything queued on stream, and wait for it: for the
+     * few values a post-load must check on the host. Returns REFIT_OK,
+     * REFIT_EINVAL (bytes past the view, not contiguous),
+     * REFIT_EUNSUPPORTED (no backend), or the device's failure; the message
+     * is set. */
+    int (*fetch)(void *host, void *dst, size_t bytes, const refit_view *src, void *stream);
+    /* valid from ABI 1, appended (REFIT_HOST_HAS(host, quant_mx)): OCP MX
+     * quantization of n pieces (kernels/quant_mx.h: one E8M0 scale per 32
+     * elements of a row, the MX spec's floor rule; elements x / 2^(s-127)
+     * encoded saturating, round to nearest even). elem_bits 8: MXFP8, q[i]
+     * [n_i, k_i] one-byte E4M3 elements, any strides (kern_quant_mxfp8);
+     * 4: MXFP4, q[i] [n_i, ceil(k_i/2)] bytes of two E2M1 codes, low nibble
+     * first, each row contiguous (kern_quant_mxfp4). Piece i is x[i] (2-D
+     * [n_i, k_i], F32/F16/BF16, any strides) with its scales scale[i]
+     * (8-bit [n_i, ceil(k_i/32)], any strides; a ragged last block has its
+     * own). Every view of a call is on one device. names (NULL, or n names)
+     * label the pieces in messages. Ordered on stream; on a device one
+     * launch takes every piece (stacked experts of one shape count as
+     * one), then the call waits for stream once (it reports non-finite
+     * input). Returns REFIT_OK, REFIT_ECORRUPT (a NaN or infinity in a
+     * piece: outputs partly written, the message names the lowest such
+     * piece), REFIT_EMISMATCH (shapes), REFIT_EUNSUPPORTED (dtypes; a
+     * device with no kernel here), REFIT_EINVAL, REFIT_ENOMEM or
+     * REFIT_EINTERNAL (the device failed); the message is set. */
+    int (*quant_mx)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
+                    const refit_view *x, const char *const *names, int elem_bits,
+                    void *stream);
 } refit_host_v1;
 
 /* Size of each struct as ABI 1 was first released: a struct_size below it

@@ -28,15 +28,31 @@
  * input_scale_inv from the staged checkpoint values only, so a reload of
  * the same checkpoint writes the same bytes and nothing is fused twice.
  *
+ * Online: a module whose one checkpoint tensor is an F32/F16/BF16
+ * W.weight [N, K] stages it and quantizes it at post-load into the same
+ * runtime tensors (weight [N, ceil(K/2)], weight_scale swizzled with
+ * ceil(K/16) blocks, alpha = 1 / global scale), compressed-tensors NVFP4
+ * with round to nearest (kernels/quant_nvfp4.h has the arithmetic). The
+ * global scale comes from this rank's slice; blocks start at its first
+ * column. input_scale_inv has no source then and is refused.
+ *
+ * Post-load runs in one call of the host's quant_nvfp4 service where the
+ * host has it: the CPU references on host memory, the CUDA kernel on a
+ * device (the same bytes). Without it the references linked here run, on
+ * host memory only (seal refuses device runtime tensors then).
+ *
  * Params: in_features (unsharded K; needed only when K is not a multiple
- * of 16). A K shard must start on a block. */
+ * of 16), online (bool, optional: asserts the weight's dtype). A K shard
+ * must start on a block. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include <refit/format.h>
 
 #include "kernels/copy.h"
+#include "kernels/quant_fp8.h"
 #include "kernels/quant_int4.h"
 #include "kernels/quant_nvfp4.h"
 
@@ -70,6 +86,7 @@ typedef struct nvfp4_state {
     int ck[R_COUNT];
     int rt[RT_COUNT];
     int conv;
+    int online;               /* the weight is F32/F16/BF16, quantized at post-load */
     int64_t n, bytes, blocks;
 } nvfp4_state;
 
@@ -160,9 +177,20 @@ static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_s
         for (int r = 0; r < RT_COUNT; r++)
             if (!strcmp(m->runtime[i].name, rt_name[r]))
                 s->rt[r] = (int)i;
-    if (s->ck[R_WEIGHT] < 0 || s->ck[R_SCALE] < 0 || s->ck[R_WGLOBAL] < 0)
+    s->online = s->ck[R_WEIGHT] >= 0 && kern_is_float_dtype(m->ckpt[s->ck[R_WEIGHT]].dtype);
+    if (s->online) {
+        for (int r = R_SCALE; r < R_COUNT; r++)
+            if (s->ck[r] >= 0)
+                return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: an online module (f32/f16/"
+                           "bf16 weight) computes its scales; it takes none from the checkpoint",
+                           m->name, m->ckpt[s->ck[r]].name);
+        if (s->rt[RT_INV] >= 0)
+            return ERR(h, REFIT_EFORMAT, "module %s: runtime input_scale_inv has no source in "
+                       "an online module (no input scale); unbind it", m->name);
+    } else if (s->ck[R_WEIGHT] < 0 || s->ck[R_SCALE] < 0 || s->ck[R_WGLOBAL] < 0)
         return ERR(h, REFIT_EFORMAT, "module %s: format nvfp4 needs the packed weight, "
-                   "W.weight_scale and W.weight_scale_2 or W.weight_global_scale", m->name);
+                   "W.weight_scale and W.weight_scale_2 or W.weight_global_scale (or one "
+                   "f32/f16/bf16 W.weight, quantized online)", m->name);
     for (int r = RT_WEIGHT; r <= RT_ALPHA; r++)
         if (s->rt[r] < 0)
             return ERR(h, REFIT_EFORMAT, "module %s: format nvfp4 needs a runtime tensor "
@@ -184,6 +212,26 @@ static int param_int(const refit_host_v1 *h, const refit_fmt_module *m, const ch
     return REFIT_OK;
 }
 
+/* -1 absent, 0 false, 1 true. */
+static int param_bool(const refit_host_v1 *h, const refit_fmt_module *m, const char *key,
+                      int *out)
+{
+    static const char *const yes[] = {"true", "yes", "on", "1"};
+    static const char *const no[] = {"false", "no", "off", "0"};
+    const char *v = h->param(h->host, m, key);
+    *out = -1;
+    for (int i = 0; v && i < 4; i++) {
+        if (!strcasecmp(v, yes[i]))
+            *out = 1;
+        if (!strcasecmp(v, no[i]))
+            *out = 0;
+    }
+    if (v && *out < 0)
+        return ERR(h, REFIT_EINVAL, "module %s: param %s must be true or false, not '%s'",
+                   m->name, key, v);
+    return REFIT_OK;
+}
+
 static int check_scalar(const refit_host_v1 *h, const refit_fmt_module *m, int idx)
 {
     const refit_fmt_ckpt *c = &m->ckpt[idx];
@@ -196,8 +244,32 @@ static int check_scalar(const refit_host_v1 *h, const refit_fmt_module *m, int i
 
 /* The packed weight and its scales must describe the same rows and the
  * same K range: 2 elements a byte, 16 a block. */
+/* An online weight: 2-D float [N, K]; its blocks start at its first column
+ * (a K shard therefore keeps its own blocks; see the header). */
+static int check_online(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_state *s)
+{
+    const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_WEIGHT]];
+    if (w->ndim != 2)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an online weight is 2-D [N, K], "
+                   "not %d-D (stacked experts are not supported)", m->name, w->name, w->ndim);
+    s->n = w->shape[0];
+    s->bytes = (w->shape[1] + 1) / 2;
+    s->blocks = (w->shape[1] + KERN_NVFP4_BLOCK - 1) / KERN_NVFP4_BLOCK;
+    return REFIT_OK;
+}
+
 static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_state *s)
 {
+    int online;
+    int rc = param_bool(h, m, "online", &online);
+    if (rc)
+        return rc;
+    if (online >= 0 && online != s->online)
+        return ERR(h, REFIT_EMISMATCH, "module %s: param online is %s but the weight %s is %s",
+                   m->name, online ? "true" : "false", m->ckpt[s->ck[R_WEIGHT]].name,
+                   dt_name(m->ckpt[s->ck[R_WEIGHT]].dtype));
+    if (s->online)
+        return check_online(h, m, s);
     const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_WEIGHT]], *sc = &m->ckpt[s->ck[R_SCALE]];
     if (!is_dtype(w->dtype, REFIT_DTYPE_UINT, 8) || w->ndim != 2)
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected U8 [N, K/2], got %s with "
@@ -213,7 +285,7 @@ static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_s
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: extents too large", m->name,
                    w->name);
     int64_t k = 0;
-    int rc = param_int(h, m, "in_features", &k);
+    rc = param_int(h, m, "in_features", &k);
     if (rc)
         return rc;
     kern_q4_split sp = kern_q4_split_check(s->bytes, 2, s->blocks, KERN_NVFP4_BLOCK, k);
@@ -249,6 +321,45 @@ static int contiguous(const refit_view *v)
     return 1;
 }
 
+/* 1 when the host runs post-load on dev: it has the quant_nvfp4 service
+ * and a backend serving dev (the CUDA backend and kernels/quant_nvfp4.cu
+ * come together). */
+static int device_service(const refit_host_v1 *h, refit_device dev)
+{
+    if (!REFIT_HOST_HAS(h, quant_nvfp4) || !h->quant_nvfp4 || !REFIT_HOST_HAS(h, device_info) ||
+        !h->device_info)
+        return 0;
+    refit_device_info di;
+    memset(&di, 0, sizeof di);
+    di.struct_size = sizeof di;
+    return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
+}
+
+/* Host memory, or every runtime tensor on one device the service serves. */
+static int check_placement(const refit_host_v1 *h, const refit_fmt_module *m)
+{
+    int all_host = 1;
+    for (uint32_t i = 0; i < m->n_runtime; i++)
+        all_host &= on_host(&m->runtime[i].view);
+    if (all_host)
+        return REFIT_OK;
+    refit_device d = m->runtime[0].view.device;
+    for (uint32_t i = 1; i < m->n_runtime; i++) {
+        refit_device e = m->runtime[i].view.device;
+        if (e.device_type != d.device_type || e.device_id != d.device_id)
+            return ERR(h, REFIT_EUNSUPPORTED, "module %s: runtime %s and %s are on different "
+                       "devices; nvfp4's post-load writes them in one place", m->name,
+                       m->runtime[0].name, m->runtime[i].name);
+    }
+    if (!device_service(h, d))
+        return ERR(h, REFIT_EUNSUPPORTED, "module %s: nvfp4's post-load on device type %d needs "
+                   "the host's quant_nvfp4 service and a backend serving the device; this host "
+                   "has %s", m->name, d.device_type,
+                   REFIT_HOST_HAS(h, quant_nvfp4) && h->quant_nvfp4 ? "no such backend"
+                                                                     : "no quant_nvfp4 service");
+    return REFIT_OK;
+}
+
 static int check_runtime(const refit_host_v1 *h, const refit_fmt_module *m,
                          const nvfp4_state *s)
 {
@@ -273,12 +384,7 @@ static int check_runtime(const refit_host_v1 *h, const refit_fmt_module *m,
             return ERR(h, REFIT_EMISMATCH, "module %s: runtime %s must be one F32 value",
                        m->name, rt_name[r]);
     }
-    for (uint32_t i = 0; i < m->n_runtime; i++)
-        if (!on_host(&m->runtime[i].view))
-            return ERR(h, REFIT_EUNSUPPORTED, "module %s: format nvfp4's post-load runs on host "
-                       "memory only in this build (runtime %s is on device type %d)", m->name,
-                       m->runtime[i].name, m->runtime[i].view.device.device_type);
-    return REFIT_OK;
+    return check_placement(h, m);
 }
 
 static int nvfp4_plan(const refit_host_v1 *h, refit_fmt_module *m)
@@ -298,7 +404,8 @@ static int nvfp4_plan(const refit_host_v1 *h, refit_fmt_module *m)
                    m->name, w->name);
     for (uint32_t i = 0; i < m->n_ckpt; i++)
         m->ckpt[i].route = REFIT_ROUTE_STAGED;
-    w->route = REFIT_ROUTE_DIRECT;
+    if (!s.online)
+        w->route = REFIT_ROUTE_DIRECT;
     m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD;
     nvfp4_state *keep = h->mem_alloc(h->host, sizeof *keep);
     if (!keep)
@@ -330,30 +437,70 @@ static void store_f32(const refit_view *v, float f)
  * (and their order) the engines use, so the bits match theirs. */
 static void fuse_factors(const refit_fmt_module *m, const nvfp4_state *s)
 {
-    float gw = staged_f32(m, s->ck[R_WGLOBAL]);
-    int has_in = s->ck[R_INPUT] >= 0;
-    float gi = has_in ? staged_f32(m, s->ck[R_INPUT]) : 1.0f;
+    float in = s->ck[R_INPUT] >= 0 ? staged_f32(m, s->ck[R_INPUT]) : 0.0f;
     float alpha, inv = 0.0f;
-    if (s->conv == CONV_CT) {
-        alpha = has_in ? 1.0f / (gi * gw) : 1.0f / gw;
-        inv = gi;
-    } else {
-        alpha = has_in ? gi * gw : gw;
-        inv = 1.0f / gi;
-    }
+    kern_nvfp4_fuse(s->conv == CONV_CT ? KERN_NVFP4_CT : KERN_NVFP4_MODELOPT,
+                    staged_f32(m, s->ck[R_WGLOBAL]), s->ck[R_INPUT] >= 0 ? &in : NULL, &alpha,
+                    &inv);
     store_f32(&m->runtime[s->rt[RT_ALPHA]].view, alpha);
     if (s->rt[RT_INV] >= 0)
         store_f32(&m->runtime[s->rt[RT_INV]].view, inv);
 }
 
+/* The module as one piece of the host's quant_nvfp4 service. */
+static void make_piece(const refit_fmt_module *m, const nvfp4_state *s, refit_nvfp4_piece *p)
+{
+    memset(p, 0, sizeof *p);
+    const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_WEIGHT]];
+    p->name = w->name;
+    p->scale = m->runtime[s->rt[RT_SCALE]].view;
+    p->alpha = m->runtime[s->rt[RT_ALPHA]].view;
+    if (s->online) {
+        p->mode = REFIT_NVFP4_ONLINE;
+        p->src = w->staged;
+        p->packed = m->runtime[s->rt[RT_WEIGHT]].view;
+        return;
+    }
+    p->mode = s->conv == CONV_CT ? REFIT_NVFP4_CT : REFIT_NVFP4_MODELOPT;
+    p->name = m->ckpt[s->ck[R_SCALE]].name;
+    p->src = m->ckpt[s->ck[R_SCALE]].staged;
+    p->weight_factor = m->ckpt[s->ck[R_WGLOBAL]].staged;
+    if (s->ck[R_INPUT] >= 0)
+        p->input_factor = m->ckpt[s->ck[R_INPUT]].staged;
+    if (s->rt[RT_INV] >= 0)
+        p->input_scale_inv = m->runtime[s->rt[RT_INV]].view;
+}
+
+/* The references linked here, on host memory (seal made sure). */
+static int post_load_here(const refit_host_v1 *h, const refit_fmt_module *m,
+                          const nvfp4_state *s)
+{
+    if (!s->online) {
+        kern_swizzle(m->runtime[s->rt[RT_SCALE]].view.data, &m->ckpt[s->ck[R_SCALE]].staged);
+        fuse_factors(m, s);
+        return REFIT_OK;
+    }
+    const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_WEIGHT]];
+    int rc = kern_quant_nvfp4(&m->runtime[s->rt[RT_WEIGHT]].view,
+                              m->runtime[s->rt[RT_SCALE]].view.data,
+                              m->runtime[s->rt[RT_ALPHA]].view.data, &w->staged);
+    if (rc == REFIT_ECORRUPT)
+        return ERR(h, rc, "module %s, tensor %s: NaN or infinity in the weight; refusing to "
+                   "quantize it", m->name, w->name);
+    if (rc)
+        return ERR(h, rc, "module %s, tensor %s: quantization refused the views (%d)", m->name,
+                   w->name, rc);
+    return REFIT_OK;
+}
+
 static int nvfp4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
 {
-    (void)h;
-    (void)stream;
     const nvfp4_state *s = m->state;
-    kern_swizzle(m->runtime[s->rt[RT_SCALE]].view.data, &m->ckpt[s->ck[R_SCALE]].staged);
-    fuse_factors(m, s);
-    return REFIT_OK;
+    if (!REFIT_HOST_HAS(h, quant_nvfp4) || !h->quant_nvfp4)
+        return post_load_here(h, m, s);
+    refit_nvfp4_piece p;
+    make_piece(m, s, &p);
+    return h->quant_nvfp4(h->host, 1, &p, stream);
 }
 
 REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {

@@ -8,7 +8,9 @@ bytes). Everything is computed here with numpy and ml_dtypes, independently
 of the C kernels.
 
   ref4.py int4   OUT --n N --k K --group G [--asym] [--seed S] [--scale-dtype bf16]
+  ref4.py int4-online OUT --n N --k K --group G [--dtype bf16] [--scale-dtype bf16] [--seed S]
   ref4.py nvfp4  OUT --n N --k K --convention modelopt|ct [--no-input] [--seed S]
+  ref4.py nvfp4-online OUT --n N --k K [--dtype bf16|f16|f32] [--seed S]
   ref4.py mxfp4  OUT --n N --k K [--experts E] [--blocks] [--seed S]
   ref4.py mxfp4-online OUT --n N --k K [--experts E] [--dtype bf16] [--seed S]
   ref4.py fp4pack OUT        every byte's two E2M1 codes and values
@@ -64,6 +66,48 @@ def cmd_int4(a, rng):
     deq = (q - zp[:, col_group]).astype(np.float32) * scale.astype(np.float32)[:, col_group]
     out["expect.dequant"] = deq.astype(np.float32)
     return out
+
+
+def int4_quantize(x, group, sdt):
+    """compressed-tensors symmetric INT4 (calculate_qparams, _quantize):
+    per row and group of `group` columns (<= 0: the row), amax with 0 in
+    the range, scale = amax / 7.5 (bit range 15 / 2) in f32, rounded to
+    the scale dtype, 0 -> that dtype's eps; q = rint(clip(x / scale, -8,
+    7)), ties to even. x: f32 [N, K]. Returns q [N, K], scale [N, G]."""
+    n, k = x.shape
+    g = group if group > 0 else max(k, 1)
+    groups = cdiv(k, g) if group > 0 else 1
+    pad = np.zeros((n, groups * g), dtype=np.float32)
+    pad[:, :k] = x
+    amax = np.abs(pad.reshape(n, groups, g)).max(axis=2)
+    s = (amax / np.float32(7.5)).astype(np.float32).astype(sdt)
+    eps = (ml_dtypes.finfo(sdt) if sdt == BF16 else np.finfo(sdt)).eps
+    s = np.where(s == 0, np.array(eps, dtype=sdt), s).astype(sdt)
+    sf = s.astype(np.float32)[:, np.arange(k) // g]
+    q = np.rint(np.clip(x / sf, np.float32(-8), np.float32(7))).astype(np.int64)
+    return q, s
+
+
+def cmd_int4_online(a, rng):
+    n, k = a.n, a.k
+    dt = {"bf16": BF16, "f16": np.float16, "f32": np.float32}[a.dtype]
+    sdt = {"bf16": BF16, "f16": np.float16, "f32": np.float32}[a.scale_dtype]
+    w = rng.normal(0, 1, size=(n, k)).astype(np.float32)
+    w *= np.float32(2.0) ** rng.integers(-6, 4, size=(n, 1)).astype(np.float32)
+    if n > 0 and k > 0:
+        w[0, :min(k, max(a.group, 1) if a.group > 0 else k)] = 0.0   # a zero group: eps
+    if n > 1 and k > 0:  # amax 7.5: scale 1, x / scale hits the ties of rint
+        w[1] = (np.arange(k) % 31 - 15).astype(np.float32) * np.float32(0.5)
+    if n > 2 and k > 0:  # subnormal magnitudes (f32 only stays subnormal)
+        w[2] = rng.uniform(-1, 1, size=k).astype(np.float32) * np.float32(1e-39)
+    if n > 3 and k > 0:
+        w[3, k // 2] = 1000.0
+    w = w.astype(dt)
+    q, s = int4_quantize(w.astype(np.float32), a.group, sdt)
+    return {"W.weight": w, "expect.packed": pack_int4_rows(q), "expect.scale": s,
+            "expect.dequant": (q.astype(np.float32) *
+                               s.astype(np.float32)[:, np.arange(k) // (a.group if a.group > 0
+                                                                        else max(k, 1))])}
 
 
 # ---- E2M1 packing, shared by nvfp4 and mxfp4 ----
@@ -135,6 +179,55 @@ def cmd_nvfp4(a, rng):
     out["expect.dequant"] = deq.astype(np.float32)
     out["expect.alpha"] = np.array([alpha], dtype=np.float32)
     return out
+
+
+def nvfp4_quantize(x):
+    """Online NVFP4 of a float32 [n, k] matrix, compressed-tensors' order
+    (generate_gparam, calculate_qparams, _quantize), every step in float32:
+    gs = 448 * 6 / amax (1 for amax 0, FLT_MAX past it); per block of 16
+    along a row s = gs * (bmax / 6) clamped to 448 and cast to E4M3 (a zero
+    scale becomes 0.125); q = E2M1(clip(x / (s / gs), -6, 6)).
+    Returns (codes [n, k], E4M3 scale bytes [n, ceil(k/16)], gs)."""
+    n, k = x.shape
+    f32 = np.float32
+    amax = f32(np.max(np.abs(x))) if x.size else f32(0)
+    with np.errstate(over="ignore", divide="ignore"):
+        gs = f32(1) if amax == 0 else f32(2688) / amax
+    if np.isinf(gs):
+        gs = f32(np.finfo(np.float32).max)
+    blocks = cdiv(k, 16)
+    xp = np.zeros((n, blocks * 16), dtype=np.float32)
+    xp[:, :k] = x
+    xb = xp.reshape(n, blocks, 16)
+    bmax = np.max(np.abs(xb), axis=2) if n else np.zeros((0, blocks), np.float32)
+    s = np.clip(gs * (bmax / f32(6)), 0, 448).astype(E4M3).view(np.uint8)
+    s = np.where(s == 0, np.uint8(0x20), s).astype(np.uint8)
+    div = s.view(E4M3).astype(np.float32) / gs
+    with np.errstate(over="ignore"):
+        q = np.clip(xb / div[..., None], -6, 6).astype(E2M1).view(np.uint8) & 0xF
+    return q.reshape(n, blocks * 16)[:, :k], s, gs
+
+
+def cmd_nvfp4_online(a, rng):
+    n, k = a.n, a.k
+    dt = {"bf16": BF16, "f16": np.float16, "f32": np.float32}[a.dtype]
+    w = rng.normal(0, 1, size=(n, k)).astype(np.float32)
+    w *= np.float32(2.0) ** rng.integers(-6, 6, size=(n, 1)).astype(np.float32)
+    if n > 3 and k > 0:
+        w[0, :min(16, k)] = 0.0                        # a zero block: scale 0.125
+        w[1, :] *= np.float32(1e-4)                    # small blocks: subnormal E4M3 scales
+        w[2, 0] = np.float32(-300.0)                   # an outlier sets the global scale
+        w[3, :min(16, k)] = np.float32(-1e-3) * w[3, :min(16, k)] ** 2  # -0 codes
+    w = w.astype(dt)
+    codes, scale, gs = nvfp4_quantize(w.astype(np.float32))
+    one = np.float32(1)
+    sv = scale.view(E4M3).astype(np.float32)
+    deq = decode_e2m1(codes) * sv[:, np.arange(k) // 16] / gs if k else codes.astype(np.float32)
+    return {"W.weight": w, "expect.packed": pack_fp4_rows(codes),
+            "expect.swizzled": swizzle_128x4(scale), "expect.scale": scale,
+            "expect.alpha": np.array([one / gs], dtype=np.float32),
+            "expect.dequant": deq.astype(np.float32),
+            "expect.div": (sv / gs).astype(np.float32)}
 
 
 # ---- mxfp4 ----
@@ -229,7 +322,9 @@ def main():
     a = ap.parse_args()
     rng = np.random.default_rng(a.seed)
     cmds = {"int4": cmd_int4, "nvfp4": cmd_nvfp4, "mxfp4": cmd_mxfp4,
-            "mxfp4-online": cmd_mxfp4_online, "fp4pack": cmd_fp4pack}
+            "mxfp4-online": cmd_mxfp4_online, "fp4pack": cmd_fp4pack,
+            "nvfp4-online": cmd_nvfp4_online}
+    cmds["int4-online"] = cmd_int4_online
     if a.cmd not in cmds:
         sys.exit(f"ref4.py: unknown command {a.cmd}")
     # np.array(copy) keeps 0-d scalars 0-d (ascontiguousarray would not)

@@ -1,11 +1,17 @@
 /* Format nvfp4: both conventions against numpy/ml_dtypes (ref4.py nvfp4):
  * packed bytes DIRECT, block scales swizzled (vLLM's swizzle_blockscale
  * reproduced in numpy), alpha fused from checkpoint values only; reload =
- * cold start, TP shards, ragged K, refusals. */
+ * cold start, TP shards, ragged K, refusals. Online (ref4.py nvfp4-online):
+ * F32/F16/BF16 weights quantized at post-load give numpy's bytes (packed,
+ * swizzled scales, alpha) on ragged shapes, dequantize within the format's
+ * error, reload equals a cold start, a NaN is refused with the bytes kept,
+ * and the online module's refusals. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/quant_fp8.h"
 #include "kernels/quant_nvfp4.h"
 #include "tests/formats4/f4util.h"
 
@@ -252,6 +258,213 @@ static void plan_refusals(void **state)
     st_close(s);
 }
 
+/* ---- online ---- */
+
+/* Runtime tensors of an online [n, k] module (inv: an input_scale_inv
+ * too, which it refuses); then expect and seal. */
+static int build_online_inv(tw *w, const st_set *s, int64_t n, int64_t k, const char *params,
+                            int inv)
+{
+    int64_t blocks = (k + 15) / 16;
+    tw_module(w, MOD, "nvfp4", params);
+    tw_runtime(w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(n, (k + 1) / 2));
+    tw_runtime(w, MOD, "weight_scale", ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1}), 1,
+               TT_SHAPE(kern_swizzle_rows(n) * kern_swizzle_cols(blocks)));
+    tw_runtime(w, MOD, "alpha", REFIT_F32, 1, TT_SHAPE(1));
+    if (inv)
+        tw_runtime(w, MOD, "input_scale_inv", REFIT_F32, 1, TT_SHAPE(1));
+    int rc = f4_expect_all(w, MOD, s, spec_fn, NULL);
+    return rc ? rc : refit_model_seal(w->m);
+}
+
+static int build_online(tw *w, const st_set *s, int64_t n, int64_t k, const char *params)
+{
+    return build_online_inv(w, s, n, k, params, 0);
+}
+
+/* The runtime's scales unswizzle to numpy's, and the runtime read back
+ * through the reference dequantization (times alpha) is within one block
+ * divisor of the weight wherever the block's E4M3 scale is normal: half
+ * the widest E2M1 gap (4 to 6) is one divisor, and saturation past 6 costs
+ * less (a normal scale rounds by 2^-4 at most). */
+static void check_online_dequant(tw *w, const st_set *s, int64_t n, int64_t k)
+{
+    int64_t blocks = (k + 15) / 16;
+    tt_tensor *sc = tw_tmp(w, REFIT_U8, 2, TT_SHAPE(n, blocks));
+    kern_unswizzle(&(refit_view){.data = sc->buf, .dtype = REFIT_U8, .ndim = 2,
+                                 .shape = {n, blocks}, .strides = {blocks, 1}},
+                   tw_rt(w, MOD, "weight_scale")->buf);
+    assert_memory_equal(sc->buf, f4_get(s, "expect.scale")->data, (size_t)(n * blocks));
+    kern_fp4_src src = {.packed = tt_view(tw_rt(w, MOD, "weight")), .scale = tt_view(sc),
+                        .n = n, .k = k, .block = 16, .scale_kind = KERN_FP4_SCALE_E4M3,
+                        .mul = 1.0f, .div = 1.0f};
+    memcpy(&src.mul, tw_rt(w, MOD, "alpha")->buf, 4);
+    float *got = malloc(sizeof(float) * (size_t)(n * k + 1));
+    assert_non_null(got);
+    assert_int_equal(kern_fp4_dequant(&src, got), REFIT_OK);
+    const float *div = f4_get(s, "expect.div")->data;
+    refit_view xv = f4_view(f4_get(s, "W.weight"));
+    int64_t checked = 0;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < k; j++) {
+            uint8_t code = ((uint8_t *)sc->buf)[i * blocks + j / 16];
+            float d = div[i * blocks + j / 16];
+            float e = fabsf(got[i * k + j] - kern_view_f32(&xv, i, j));
+            if (code < 8)
+                continue; /* a subnormal scale: coarser by design */
+            checked++;
+            if (e > d * 1.001f)
+                fail_msg("element (%lld, %lld): error %g past the block's divisor %g",
+                         (long long)i, (long long)j, e, d);
+        }
+    assert_true(checked > n * k / 2);
+    free(got);
+}
+
+static void online_case(const char *args, int64_t n, int64_t k, const char *params)
+{
+    st_set *s = f4_ref("nvfp4-online", args);
+    tw w;
+    open_world(&w);
+    if (build_online(&w, s, n, k, params))
+        fail_msg("seal: %s", refit_errmsg(w.ctx));
+    f4_update(&w, s, "v1");
+    const st_tensor *q = f4_get(s, "expect.packed"), *sw = f4_get(s, "expect.swizzled");
+    assert_memory_equal(tw_rt(&w, MOD, "weight")->buf, q->data, q->nbytes);
+    assert_memory_equal(tw_rt(&w, MOD, "weight_scale")->buf, sw->data, sw->nbytes);
+    assert_f32_bits(tw_rt(&w, MOD, "alpha")->buf, f4_get(s, "expect.alpha"));
+    check_online_dequant(&w, s, n, k);
+    tw_close(&w);
+    st_close(s);
+}
+
+static void online_bf16_ragged(void **state)
+{
+    (void)state;
+    online_case("--n 130 --k 40 --dtype bf16 --seed 21", 130, 40, "online: true");
+}
+
+static void online_f16_odd_k(void **state)
+{
+    (void)state;
+    online_case("--n 7 --k 33 --dtype f16 --seed 22", 7, 33, NULL);
+}
+
+static void online_f32_tiles(void **state)
+{
+    (void)state;
+    online_case("--n 256 --k 96 --dtype f32 --seed 23", 256, 96, NULL);
+    online_case("--n 5 --k 16 --dtype f32 --seed 24", 5, 16, NULL);
+}
+
+/* B over A equals a cold start on B, and B twice leaves the same bytes. */
+static void online_reload_equals_cold(void **state)
+{
+    (void)state;
+    st_set *a = f4_ref("nvfp4-online", "--n 40 --k 72 --seed 25");
+    st_set *b = f4_ref("nvfp4-online", "--n 40 --k 72 --seed 26");
+    tw cold, hot;
+    open_world(&cold);
+    open_world(&hot);
+    assert_int_equal(build_online(&cold, b, 40, 72, NULL), REFIT_OK);
+    assert_int_equal(build_online(&hot, a, 40, 72, NULL), REFIT_OK);
+    f4_update(&cold, b, "B");
+    f4_update(&hot, a, "A");
+    f4_update(&hot, b, "B");
+    assert_int_equal(tw_fp(&hot), tw_fp(&cold));
+    size_t n1, n2;
+    void *s1 = tw_snapshot(&hot, &n1);
+    f4_update(&hot, b, "B again");
+    void *s2 = tw_snapshot(&hot, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(s1, s2, n1);
+    free(s1);
+    free(s2);
+    tw_close(&cold);
+    tw_close(&hot);
+    st_close(a);
+    st_close(b);
+}
+
+/* A NaN or an infinity: the load that completes the module fails naming
+ * module and tensor; abort with rollback keeps every byte. */
+static void online_nonfinite_refused(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("nvfp4-online", "--n 4 --k 64 --dtype f32 --seed 27");
+    for (int inf = 0; inf < 2; inf++) {
+        tw w;
+        open_world(&w);
+        assert_int_equal(build_online(&w, s, 4, 64, NULL), REFIT_OK);
+        f4_update(&w, s, "v1");
+        size_t n1, n2;
+        void *before = tw_snapshot(&w, &n1);
+        tt_tensor *bad = tw_tmp(&w, REFIT_F32, 2, TT_SHAPE(4, 64));
+        memcpy(bad->buf, f4_get(s, "W.weight")->data, 4 * 64 * sizeof(float));
+        ((float *)bad->buf)[70] = inf ? -INFINITY : NAN;
+        refit_txn *t = tw_begin(&w, "bad", 1);
+        assert_int_equal(refit_load(t, "W.weight", &bad->t, NULL), REFIT_ECORRUPT);
+        tw_assert_msg(&w, MOD, "W.weight", "NaN or infinity");
+        assert_int_equal(refit_abort(t), REFIT_OK);
+        assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_READY);
+        void *after = tw_snapshot(&w, &n2);
+        assert_int_equal(n1, n2);
+        assert_memory_equal(before, after, n1);
+        free(before);
+        free(after);
+        tw_close(&w);
+    }
+    st_close(s);
+}
+
+static void online_refusals(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("nvfp4-online", "--n 8 --k 32 --dtype f32 --seed 28");
+    tw w;
+    open_world(&w);
+    assert_int_equal(build_online(&w, s, 8, 32, "online: false"), REFIT_EMISMATCH);
+    tw_assert_msg(&w, MOD, "param online is false", "f32");
+    tw_close(&w);
+
+    open_world(&w);
+    assert_int_equal(build_online(&w, s, 8, 32, "online: maybe"), REFIT_EINVAL);
+    tw_assert_msg(&w, MOD, "must be true or false");
+    tw_close(&w);
+
+    /* an input_scale_inv has no source */
+    open_world(&w);
+    assert_int_equal(build_online_inv(&w, s, 8, 32, NULL, 1), REFIT_EFORMAT);
+    tw_assert_msg(&w, MOD, "input_scale_inv has no source");
+    tw_close(&w);
+
+    /* scales from the checkpoint next to a float weight */
+    open_world(&w);
+    tw_module(&w, MOD, "nvfp4", NULL);
+    tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 16));
+    tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(128, 4));
+    tw_runtime(&w, MOD, "alpha", REFIT_F32, 1, TT_SHAPE(1));
+    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, NULL), REFIT_OK);
+    refit_ckpt_spec sp = tt_spec(REFIT_F32, 1, TT_SHAPE(1));
+    sp.target = "alpha";
+    assert_int_equal(tw_expect(&w, MOD, "W.weight_global_scale", &sp), REFIT_OK);
+    assert_int_equal(refit_model_seal(w.m), REFIT_EFORMAT);
+    tw_assert_msg(&w, MOD, "computes its scales");
+    tw_close(&w);
+
+    /* a runtime weight of the wrong width */
+    open_world(&w);
+    tw_module(&w, MOD, "nvfp4", NULL);
+    tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 32));
+    tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(128, 4));
+    tw_runtime(&w, MOD, "alpha", REFIT_F32, 1, TT_SHAPE(1));
+    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, NULL), REFIT_OK);
+    assert_int_equal(refit_model_seal(w.m), REFIT_EMISMATCH);
+    tw_assert_msg(&w, MOD, "runtime weight must be U8 [8, 16]");
+    tw_close(&w);
+    st_close(s);
+}
+
 /* The built refit-fmt-nvfp4.so (declaration checked at seal) gives the
  * bytes the linked-in format gives. */
 static void via_plugin_file(void **state)
@@ -264,6 +477,19 @@ static void via_plugin_file(void **state)
     if (build(&file, s, 40, 64, 1, NULL, NULL))
         fail_msg("seal through the plugin file: %s", refit_errmsg(file.ctx));
     assert_int_equal(build(&linked, s, 40, 64, 1, NULL, NULL), REFIT_OK);
+    f4_update(&file, s, "v1");
+    f4_update(&linked, s, "v1");
+    assert_int_equal(tw_fp(&file), tw_fp(&linked));
+    tw_close(&file);
+    tw_close(&linked);
+    st_close(s);
+    /* online through the file: its declaration takes f32/f16/bf16 weights */
+    s = f4_ref("nvfp4-online", "--n 40 --k 48 --dtype bf16 --seed 29");
+    assert_int_equal(tw_open(&file, NULL), REFIT_OK);
+    open_world(&linked);
+    if (build_online(&file, s, 40, 48, "online: true"))
+        fail_msg("online seal through the plugin file: %s", refit_errmsg(file.ctx));
+    assert_int_equal(build_online(&linked, s, 40, 48, NULL), REFIT_OK);
     f4_update(&file, s, "v1");
     f4_update(&linked, s, "v1");
     assert_int_equal(tw_fp(&file), tw_fp(&linked));
@@ -284,6 +510,12 @@ int main(void)
         cmocka_unit_test(ragged_k),
         cmocka_unit_test(tp_cut_refused),
         cmocka_unit_test(plan_refusals),
+        cmocka_unit_test(online_bf16_ragged),
+        cmocka_unit_test(online_f16_odd_k),
+        cmocka_unit_test(online_f32_tiles),
+        cmocka_unit_test(online_reload_equals_cold),
+        cmocka_unit_test(online_nonfinite_refused),
+        cmocka_unit_test(online_refusals),
         cmocka_unit_test(via_plugin_file),
     };
     return cmocka_run_group_tests_name("formats4-nvfp4", tests, NULL, NULL);

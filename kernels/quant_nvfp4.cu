@@ -1,0 +1,604 @@
+/* NVFP4 post-load on the GPU, bit-exact with the CPU references of
+ * kernels/quant_nvfp4.c (the arithmetic is defined in quant_nvfp4.h):
+ *
+ *   online      amax over the piece (k_nv_amax: each block folds its share
+ *               into the piece's device word with atomicMax of magnitude
+ *               bits), then k_nv_encode: gs = 2688 / amax, and per block of
+ *               16 along a row its E4M3 scale (written to the swizzled
+ *               128x4 layout), its divisor e4m3(code) / gs and 16 E2M1
+ *               codes (8 packed bytes); alpha = 1 / gs.
+ *   checkpoint  k_nv_encode alone: every byte of the swizzled array, the
+ *               staged scale or a pad zero, and alpha / input_scale_inv
+ *               fused from the staged factors (no host round trip).
+ *
+ * Work items are the positions of the padded scale grid [Rp, Cp], row by
+ * row, so a thread reads one block of 16 consecutive elements and every
+ * pad byte is written by the item that owns it. Blocks of a launch are
+ * shared among its pieces by their sizes (QN_BATCH pieces a launch, in
+ * a __grid_constant__ parameter); a piece's blocks stride over its items.
+ * Online pieces go in sets of about QN_SET_BYTES of input, amax then encode
+ * per set, so the second read of a set mostly hits L2.
+ *
+ * Element access: one block of 16 a thread; 16-byte loads (two for 16-bit
+ * inputs, four for F32) and one 8-byte store where the rows are contiguous
+ * and aligned and the block is whole, element by element otherwise (any
+ * strides, ragged K).
+ *
+ * nvcc's defaults keep this exact: -prec-div=true, -ftz=false (no
+ * --use_fast_math); the divisions and the one product use __fdiv_rn and
+ * __fmul_rn, so nothing is contracted into an FMA. A NaN or infinity makes
+ * its block atomicMin the piece's index into the status word; the call
+ * copies that word back and waits for the stream once, at the end. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <refit/format.h>
+
+#include "kernels/cast_bits.h"
+
+extern "C" void kern_cuda_set_error(const char *msg);
+
+#define QN_THREADS 256
+#define QN_BATCH 20                    /* pieces per launch (parameters < 4 KB) */
+#define QN_BLOCKS_MAX 8192             /* blocks per piece and launch */
+#define QN_ITEMS_PER_THREAD 2          /* items (blocks of 16) a thread, before striding */
+#define QN_SET_BYTES ((int64_t)24 << 20)
+#define QN_FINITE_MAX 0x7f7fffffu      /* magnitude bits of FLT_MAX */
+#define QN_NONE 0xffffffffu            /* status word: no piece failed */
+
+/* ---- codecs (kernels/minifloat.c, for the values that occur here) ---- */
+
+/* m >> shift rounded to nearest, ties to even (m < 2^24 when shift > 25). */
+__device__ __forceinline__ uint32_t qn_shift_rne(uint32_t m, unsigned shift)
+{
+    if (shift == 0)
+        return m;
+    if (shift > 25)
+        return 0;
+    uint32_t r = m >> shift;
+    uint32_t rem = m & ((1u << shift) - 1u);
+    uint32_t half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u)))
+        r++;
+    return r;
+}
+
+/* kern_f32_to_e4m3_sat of a non-negative, non-NaN f32 (a block scale). */
+__device__ __forceinline__ uint8_t qn_e4m3_sat(uint32_t a)
+{
+    if (a >= 0x7f800000u)
+        return 0x7eu;
+    int e = (int)(a >> 23);
+    uint32_t code;
+    if (e >= 121) {
+        code = qn_shift_rne(a - (120u << 23), 20);
+    } else {
+        uint32_t sig = a & 0x7fffffu;
+        if (e == 0)
+            e = 1;
+        else
+            sig |= 0x800000u;
+        code = qn_shift_rne(sig, (unsigned)(141 - e));
+    }
+    return (uint8_t)(code > 0x7eu ? 0x7eu : code);
+}
+
+/* kern_e4m3_to_f32 of a code without sign or NaN (0..0x7e). */
+__device__ __forceinline__ float qn_e4m3_value(uint32_t c)
+{
+    uint32_t exp = c >> 3, man = c & 7u;
+    if (exp == 0)
+        return (float)man * 0x1p-9f;
+    return __uint_as_float(((exp + 120u) << 23) | (man << 20));
+}
+
+/* kern_f32_to_e2m1 of a non-NaN f32: the grid 0, .5, 1, 1.5, 2, 3, 4, 6
+ * with its midpoints, ties to the even code, saturating at 6. */
+__device__ __forceinline__ uint32_t qn_e2m1(float x)
+{
+    uint32_t b = __float_as_uint(x);
+    float a = __uint_as_float(b & 0x7fffffffu);
+    uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
+                    (a >= 3.5f) + (a > 5.0f);
+    return code | ((b >> 28) & 0x8u);
+}
+
+/* ---- pieces ---- */
+
+struct qn_piece {
+    const char *x;              /* online: the weight; checkpoint: the staged scales */
+    unsigned char *q;           /* online: packed output */
+    unsigned char *s;           /* the swizzled scales */
+    float *alpha, *inv;         /* inv: NULL when not written */
+    const float *wf, *in;       /* checkpoint factors; in NULL when absent */
+    unsigned int *amax;         /* online: the piece's amax bits */
+    int64_t n, k;               /* online: rows, columns; checkpoint: rows, blocks */
+    int64_t xs0, xs1, qs0, qs1; /* strides, in elements */
+    int64_t cb, cp;             /* blocks of a row, padded blocks */
+    int64_t items;              /* rows padded to 128, times cp */
+    int64_t first;              /* its first block in the launch */
+    int32_t idx;                /* its index in the call */
+    uint8_t mode;               /* REFIT_NVFP4_* */
+    uint8_t kind;               /* online x: 0 f32, 1 f16, 2 bf16 */
+    uint8_t vx, vq;             /* rows of x (q) are 16 (8) byte aligned and contiguous */
+};
+
+struct qn_batch {
+    int32_t np;
+    int64_t end;                /* blocks of the launch */
+    qn_piece p[QN_BATCH];
+};
+static_assert(sizeof(qn_batch) <= 4000, "qn_batch must fit the kernel parameters");
+
+/* The piece that block b belongs to (the last whose first block <= b). */
+__device__ __forceinline__ int qn_find(const qn_batch &B, int64_t b)
+{
+    int i = 0;
+    while (i + 1 < B.np && b >= B.p[i + 1].first)
+        i++;
+    return i;
+}
+
+/* Row and padded block of item t. */
+__device__ __forceinline__ void qn_rc(const qn_piece &p, int64_t t, int64_t *r, int64_t *c)
+{
+    if (t <= 0xffffffffll && p.cp <= 0xffffffffll) {
+        uint32_t q = (uint32_t)t / (uint32_t)p.cp;
+        *r = q;
+        *c = t - (int64_t)q * p.cp;
+    } else {
+        *r = t / p.cp;
+        *c = t - *r * p.cp;
+    }
+}
+
+__device__ __forceinline__ int64_t qn_swizzle(int64_t r, int64_t c, int64_t cp)
+{
+    int64_t tile = (r >> 7) * (cp >> 2) + (c >> 2);
+    return tile * 512 + (r & 31) * 16 + ((r & 127) >> 5) * 4 + (c & 3);
+}
+
+__device__ __forceinline__ float qn_half(uint32_t w, int hi, int kind)
+{
+    uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffffu);
+    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
+}
+
+__device__ __forceinline__ float qn_decode(const char *p, int kind)
+{
+    if (kind == 0)
+        return *(const float *)p;
+    uint16_t h = *(const uint16_t *)p;
+    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
+}
+
+/* Block c of row r of an online piece into v (w elements; 0 past them). */
+__device__ __forceinline__ void qn_load16(const qn_piece &p, int64_t r, int64_t c, int w,
+                                          float v[16])
+{
+    int es = p.kind == 0 ? 4 : 2;
+    if (p.vx && w == 16) {
+        const char *a = p.x + (r * p.xs0 + c * 16) * es;
+        if (p.kind == 0) {
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float4 f = *(const float4 *)(a + 16 * u);
+                v[4 * u] = f.x; v[4 * u + 1] = f.y; v[4 * u + 2] = f.z; v[4 * u + 3] = f.w;
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                uint4 h = *(const uint4 *)(a + 16 * u);
+                v[8 * u] = qn_half(h.x, 0, p.kind); v[8 * u + 1] = qn_half(h.x, 1, p.kind);
+                v[8 * u + 2] = qn_half(h.y, 0, p.kind); v[8 * u + 3] = qn_half(h.y, 1, p.kind);
+                v[8 * u + 4] = qn_half(h.z, 0, p.kind); v[8 * u + 5] = qn_half(h.z, 1, p.kind);
+                v[8 * u + 6] = qn_half(h.w, 0, p.kind); v[8 * u + 7] = qn_half(h.w, 1, p.kind);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int u = 0; u < 16; u++)
+        v[u] = u < w ? qn_decode(p.x + (r * p.xs0 + (c * 16 + u) * p.xs1) * es, p.kind) : 0.0f;
+}
+
+__device__ __forceinline__ uint32_t qn_mag_max(const float v[16])
+{
+    uint32_t m = 0;
+#pragma unroll
+    for (int u = 0; u < 16; u++)
+        m = max(m, __float_as_uint(v[u]) & 0x7fffffffu);
+    return m;
+}
+
+/* The max of m over the block, in every thread. */
+__device__ __forceinline__ uint32_t qn_block_max(uint32_t m)
+{
+    __shared__ uint32_t part[QN_THREADS / 32];
+    for (int o = 16; o > 0; o >>= 1)
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0)
+        part[threadIdx.x / 32] = m;
+    __syncthreads();
+    m = part[0];
+    for (int k = 1; k < QN_THREADS / 32; k++)
+        m = max(m, part[k]);
+    return m;
+}
+
+/* gs from the amax bits (kern_nvfp4_global_scale). */
+__device__ __forceinline__ float qn_global(uint32_t amax_bits)
+{
+    if (amax_bits == 0)
+        return 1.0f;
+    float gs = __fdiv_rn(2688.0f, __uint_as_float(amax_bits));
+    return __float_as_uint(gs) >= 0x7f800000u ? __uint_as_float(QN_FINITE_MAX) : gs;
+}
+
+/* ---- amax ---- */
+
+__global__ void __launch_bounds__(QN_THREADS)
+k_nv_amax(const __grid_constant__ qn_batch B, unsigned int *status)
+{
+    int i = qn_find(B, blockIdx.x);
+    const qn_piece &p = B.p[i];
+    int64_t nb = (i + 1 < B.np ? B.p[i + 1].first : B.end) - p.first;
+    uint32_t m = 0;
+    for (int64_t t = ((int64_t)blockIdx.x - p.first) * QN_THREADS + threadIdx.x; t < p.items;
+         t += nb * QN_THREADS) {
+        int64_t r, c;
+        qn_rc(p, t, &r, &c);
+        if (r >= p.n || c >= p.cb)
+            continue;
+        int64_t w = p.k - c * 16;
+        float v[16];
+        qn_load16(p, r, c, w < 16 ? (int)w : 16, v);
+        m = max(m, qn_mag_max(v));
+    }
+    m = qn_block_max(m);
+    if (threadIdx.x == 0) {
+        atomicMax(p.amax, m);
+        if (m > QN_FINITE_MAX)
+            atomicMin(status, (unsigned int)p.idx);
+    }
+}
+
+/* ---- encode (online) and swizzle + fuse (checkpoint) ---- */
+
+/* Item (r, c) of an online piece: one block's scale and packed bytes. */
+__device__ __forceinline__ void qn_encode_item(const qn_piece &p, float gs, int64_t r, int64_t c)
+{
+    int64_t w = p.k - c * 16;
+    int wi = w < 16 ? (int)w : 16;
+    float v[16];
+    qn_load16(p, r, c, wi, v);
+    uint32_t code = qn_e4m3_sat(__float_as_uint(__fmul_rn(gs, __fdiv_rn(
+                        __uint_as_float(qn_mag_max(v)), 6.0f))));
+    if (code == 0)
+        code = 0x20u; /* KERN_NVFP4_ZERO_SCALE */
+    p.s[qn_swizzle(r, c, p.cp)] = (unsigned char)code;
+    float div = __fdiv_rn(qn_e4m3_value(code), gs);
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+        lo |= qn_e2m1(__fdiv_rn(v[u], div)) << (4 * u);
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+        hi |= qn_e2m1(__fdiv_rn(v[8 + u], div)) << (4 * u);
+    int bytes = (wi + 1) / 2; /* past wi, v holds zeros: code 0 (an odd k's high nibble) */
+    if (p.vq && wi == 16) {
+        uint2 o;
+        o.x = lo;
+        o.y = hi;
+        *(uint2 *)(p.q + r * p.qs0 + c * 8) = o;
+        return;
+    }
+    for (int u = 0; u < bytes; u++)
+        p.q[r * p.qs0 + (c * 8 + u) * p.qs1] =
+            (unsigned char)((u < 4 ? lo >> (8 * u) : hi >> (8 * (u - 4))) & 0xffu);
+}
+
+/* alpha and input_scale_inv of a checkpoint piece (kern_nvfp4_fuse). */
+__device__ __forceinline__ void qn_fuse(const qn_piece &p)
+{
+    float wf = *p.wf, in = p.in ? *p.in : 0.0f;
+    if (p.mode == REFIT_NVFP4_CT) {
+        *p.alpha = p.in ? __fdiv_rn(1.0f, __fmul_rn(in, wf)) : __fdiv_rn(1.0f, wf);
+        if (p.in && p.inv)
+            *p.inv = in;
+    } else {
+        *p.alpha = p.in ? __fmul_rn(in, wf) : wf;
+        if (p.in && p.inv)
+            *p.inv = __fdiv_rn(1.0f, in);
+    }
+}
+
+__global__ void __launch_bounds__(QN_THREADS) k_nv_encode(const __grid_constant__ qn_batch B)
+{
+    int i = qn_find(B, blockIdx.x);
+    const qn_piece &p = B.p[i];
+    int64_t nb = (i + 1 < B.np ? B.p[i + 1].first : B.end) - p.first;
+    int64_t rel = (int64_t)blockIdx.x - p.first;
+    bool online = p.mode == REFIT_NVFP4_ONLINE;
+    float gs = 1.0f;
+    if (online) {
+        uint32_t a = *p.amax;
+        if (a > QN_FINITE_MAX)
+            return; /* refused: the status word names the piece */
+        gs = qn_global(a);
+        if (rel == 0 && threadIdx.x == 0)
+            *p.alpha = __fdiv_rn(1.0f, gs);
+    } else if (rel == 0 && threadIdx.x == 0) {
+        qn_fuse(p);
+    }
+    for (int64_t t = rel * QN_THREADS + threadIdx.x; t < p.items; t += nb * QN_THREADS) {
+        int64_t r, c;
+        qn_rc(p, t, &r, &c);
+        if (r >= p.n || c >= p.cb)
+            p.s[qn_swizzle(r, c, p.cp)] = 0;
+        else if (online)
+            qn_encode_item(p, gs, r, c);
+        else
+            p.s[qn_swizzle(r, c, p.cp)] = (unsigned char)p.x[r * p.xs0 + c * p.xs1];
+    }
+}
+
+/* ---- host side ---- */
+
+static int qn_fail(cudaError_t e, const char *what)
+{
+    char m[256];
+    snprintf(m, sizeof m, "kern_quant_nvfp4_cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+             cudaGetErrorName(e));
+    kern_cuda_set_error(m);
+    return e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL;
+}
+
+static int qn_refuse(int rc, const char *what, uint32_t i)
+{
+    char m[256];
+    snprintf(m, sizeof m, "kern_quant_nvfp4_cuda: piece %u: %s", i, what);
+    kern_cuda_set_error(m);
+    return rc;
+}
+
+static int qn_kind(refit_dtype d)
+{
+    if (d.lanes != 1)
+        return -1;
+    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 32)
+        return 0;
+    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 16)
+        return 1;
+    if (d.code == REFIT_DTYPE_BFLOAT && d.bits == 16)
+        return 2;
+    return -1;
+}
+
+static bool qn_byte(const refit_view *v)
+{
+    return v->dtype.bits == 8 && v->dtype.lanes == 1;
+}
+
+static bool qn_one_f32(const refit_view *v)
+{
+    int64_t e = 1;
+    for (int i = 0; i < v->ndim; i++)
+        e *= v->shape[i];
+    return v->data && qn_kind(v->dtype) == 0 && e == 1;
+}
+
+static int64_t qn_pad(int64_t v, int64_t m)
+{
+    return (v + m - 1) / m * m;
+}
+
+/* Piece i as the kernels read it. The service checked the views as the
+ * references do; dtypes, ranks and sizes are checked again here. */
+static int qn_piece_init(qn_piece *pc, const refit_nvfp4_piece *v, uint32_t i)
+{
+    const refit_view *x = &v->src;
+    bool online = v->mode == REFIT_NVFP4_ONLINE;
+    int kind = online ? qn_kind(x->dtype) : 0;
+    if (v->mode < REFIT_NVFP4_ONLINE || v->mode > REFIT_NVFP4_CT)
+        return qn_refuse(REFIT_EINVAL, "mode must be online, ModelOpt or compressed-tensors", i);
+    if (kind < 0 || (!online && !qn_byte(x)) || !qn_byte(&v->scale) || !qn_one_f32(&v->alpha) ||
+        (online && !qn_byte(&v->packed)) || (!online && !qn_one_f32(&v->weight_factor)))
+        return qn_refuse(REFIT_EUNSUPPORTED, "dtypes: src f32/f16/bf16 (online) or 8-bit, "
+                         "scale and packed 8-bit, alpha and factors one f32", i);
+    if (x->ndim != 2 || x->shape[0] < 0 || x->shape[1] < 0 ||
+        (online && (v->packed.ndim != 2 || v->packed.shape[0] != x->shape[0] ||
+                    v->packed.shape[1] != (x->shape[1] + 1) / 2)))
+        return qn_refuse(REFIT_EMISMATCH, "src 2-D, packed [n, ceil(k/2)]", i);
+    memset(pc, 0, sizeof *pc);
+    pc->x = (const char *)x->data;
+    pc->s = (unsigned char *)v->scale.data;
+    pc->alpha = (float *)v->alpha.data;
+    pc->n = x->shape[0];
+    pc->k = x->shape[1];
+    pc->xs0 = x->strides[0];
+    pc->xs1 = x->strides[1];
+    pc->cb = online ? (pc->k + 15) / 16 : pc->k;
+    pc->cp = qn_pad(pc->cb, 4);
+    pc->items = qn_pad(pc->n, 128) * pc->cp;
+    pc->idx = (int32_t)i;
+    pc->mode = (uint8_t)v->mode;
+    pc->kind = (uint8_t)kind;
+    if (online) {
+        int64_t es = kind == 0 ? 4 : 2;
+        pc->q = (unsigned char *)v->packed.data;
+        pc->qs0 = v->packed.strides[0];
+        pc->qs1 = v->packed.strides[1];
+        bool one_row = pc->n <= 1;
+        pc->vx = ((uintptr_t)pc->x % 16 == 0) && pc->xs1 == 1 &&
+                 (one_row || (pc->xs0 * es) % 16 == 0);
+        pc->vq = ((uintptr_t)pc->q % 8 == 0) && pc->qs1 == 1 && (one_row || pc->qs0 % 8 == 0);
+    } else {
+        pc->wf = (const float *)v->weight_factor.data;
+        pc->in = (const float *)v->input_factor.data;
+        pc->inv = pc->in ? (float *)v->input_scale_inv.data : NULL;
+    }
+    return REFIT_OK;
+}
+
+/* Blocks of a piece: about QN_ITEMS_PER_THREAD items a thread, at least
+ * one (which writes alpha of an empty piece). */
+static int64_t qn_blocks(const qn_piece *p)
+{
+    int64_t per = (int64_t)QN_THREADS * QN_ITEMS_PER_THREAD;
+    int64_t b = (p->items + per - 1) / per;
+    return b < 1 ? 1 : b > QN_BLOCKS_MAX ? QN_BLOCKS_MAX : b;
+}
+
+/* Launch k_nv_amax (amax 1) or k_nv_encode over pieces ord[0..m) of pcs,
+ * QN_BATCH a launch. */
+static int qn_launch(int amax, const qn_piece *pcs, const uint32_t *ord, uint32_t m,
+                     unsigned int *status, cudaStream_t st)
+{
+    qn_batch *b = (qn_batch *)malloc(sizeof *b); /* 4 KB: off the stack */
+    if (!b)
+        return qn_fail(cudaErrorMemoryAllocation, "host memory for a launch");
+    int rc = REFIT_OK;
+    for (uint32_t at = 0; at < m && !rc; at += QN_BATCH) {
+        uint32_t np = m - at < QN_BATCH ? m - at : QN_BATCH;
+        int64_t end = 0;
+        b->np = (int32_t)np;
+        for (uint32_t j = 0; j < np; j++) {
+            b->p[j] = pcs[ord[at + j]];
+            b->p[j].first = end;
+            end += qn_blocks(&b->p[j]);
+        }
+        b->end = end;
+        if (amax)
+            k_nv_amax<<<(unsigned)end, QN_THREADS, 0, st>>>(*b, status);
+        else
+            k_nv_encode<<<(unsigned)end, QN_THREADS, 0, st>>>(*b);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess)
+            rc = qn_fail(e, "launching an NVFP4 kernel");
+    }
+    free(b);
+    return rc;
+}
+
+/* Device scratch in stream order (cudaMalloc where the device has no
+ * stream-ordered allocator), zeroed; NULL on failure. */
+static void *qn_scratch(size_t bytes, bool *pooled, cudaStream_t st, int *rc)
+{
+    void *p = NULL;
+    *pooled = true;
+    (void)cudaGetLastError();
+    cudaError_t e = cudaMallocAsync(&p, bytes, st);
+    if (e == cudaErrorNotSupported) {
+        (void)cudaGetLastError();
+        *pooled = false;
+        e = cudaMalloc(&p, bytes);
+    }
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(p, 0, bytes, st);
+    if (e == cudaSuccess) /* the status word: no piece failed */
+        e = cudaMemsetAsync(p, 0xff, sizeof(unsigned int), st);
+    if (e != cudaSuccess) {
+        *rc = qn_fail(e, "device scratch");
+        if (p)
+            (void)(*pooled ? cudaFreeAsync(p, st) : cudaFree(p));
+        return NULL;
+    }
+    return p;
+}
+
+/* Copy the status word back (unless the launches failed: rc), free the
+ * scratch in stream order, wait for the stream; the first failure wins. */
+static int qn_finish(unsigned int *scratch, bool pooled, unsigned int *status, int rc,
+                     cudaStream_t st)
+{
+    cudaError_t e = rc ? cudaSuccess
+                       : cudaMemcpyAsync(status, scratch, sizeof *status,
+                                         cudaMemcpyDeviceToHost, st);
+    cudaError_t fe = pooled ? cudaFreeAsync(scratch, st) : cudaSuccess;
+    cudaError_t se = cudaStreamSynchronize(st);
+    if (!pooled)
+        fe = cudaFree(scratch);
+    if (e == cudaSuccess)
+        e = se != cudaSuccess ? se : fe;
+    if (!rc && e != cudaSuccess)
+        rc = qn_fail(e, "the device work");
+    return rc;
+}
+
+/* Online pieces ord[0..m): sets of about QN_SET_BYTES, amax then encode. */
+static int qn_online(qn_piece *pcs, const uint32_t *ord, uint32_t m, unsigned int *scratch,
+                     cudaStream_t st)
+{
+    int rc = REFIT_OK;
+    for (uint32_t j = 0; j < m; j++)
+        pcs[ord[j]].amax = scratch + 1 + j;
+    for (uint32_t a = 0; a < m && !rc;) {
+        int64_t bytes = 0;
+        uint32_t b = a;
+        while (b < m && (b == a || bytes < QN_SET_BYTES)) {
+            const qn_piece *p = &pcs[ord[b++]];
+            bytes += p->n * p->k * (p->kind == 0 ? 4 : 2);
+        }
+        rc = qn_launch(1, pcs, ord + a, b - a, scratch, st);
+        if (!rc)
+            rc = qn_launch(0, pcs, ord + a, b - a, scratch, st);
+        a = b;
+    }
+    return rc;
+}
+
+/* NVFP4 post-load of n pieces (the contract is core/cuda/kern_cuda.h's). */
+extern "C" int kern_quant_nvfp4_cuda(uint32_t n, const refit_nvfp4_piece *pieces, int32_t *bad,
+                                     void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    *bad = -1;
+    if (n == 0)
+        return REFIT_OK;
+    if (!pieces || n > 0x7fffffffu) {
+        kern_cuda_set_error("kern_quant_nvfp4_cuda: no pieces, or 2^31 or more");
+        return REFIT_EINVAL;
+    }
+    qn_piece *pcs = (qn_piece *)malloc(sizeof *pcs * n);
+    uint32_t *ord = (uint32_t *)malloc(sizeof *ord * n);
+    int rc = pcs && ord ? REFIT_OK : qn_fail(cudaErrorMemoryAllocation, "host memory");
+    uint32_t n_on = 0, n_ck = 0;
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        if ((rc = qn_piece_init(&pcs[i], &pieces[i], i))) {
+            *bad = (int32_t)i;
+            break;
+        }
+        if (pcs[i].mode == REFIT_NVFP4_ONLINE)
+            n_on++;
+    }
+    /* ord: checkpoint pieces first (from the end), online ones from 0 */
+    for (uint32_t i = 0; i < n && !rc; i++)
+        if (pcs[i].mode != REFIT_NVFP4_ONLINE)
+            ord[n - 1 - n_ck++] = i;
+    for (uint32_t i = 0, j = 0; i < n && !rc; i++)
+        if (pcs[i].mode == REFIT_NVFP4_ONLINE)
+            ord[j++] = i;
+    if (!rc && n_ck)
+        rc = qn_launch(0, pcs, ord + n_on, n_ck, NULL, st);
+    if (!rc && n_on) {
+        bool pooled;
+        unsigned int status = QN_NONE;
+        unsigned int *scratch = (unsigned int *)qn_scratch(
+            sizeof(unsigned int) * ((size_t)n_on + 1), &pooled, st, &rc);
+        if (scratch) {
+            rc = qn_online(pcs, ord, n_on, scratch, st);
+            rc = qn_finish(scratch, pooled, &status, rc, st);
+        }
+        if (!rc && status != QN_NONE) {
+            *bad = (int32_t)status;
+            rc = qn_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", status);
+        }
+    }
+    free(pcs);
+    free(ord);
+    return rc;
+}
