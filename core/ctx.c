@@ -249,6 +249,8 @@ static void ctx_init_host(refit_ctx *ctx)
     h->mem_free = host_free;
     h->copy = host_copy;
     h->quant_fp8 = host_quant_fp8;
+    void svc_quant_int4_install(refit_host_v1 *); /* core/svc_quant_int4.c */
+    svc_quant_int4_install(h);
 }
 
 /* ---- public ---- */

@@ -63,6 +63,19 @@ int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_view *scale
  * Takes a few milliseconds; waits for stream. */
 int kern_fp8_cvt_check_cuda(uint64_t *mismatches, uint32_t *first, void *stream);
 
+/* INT4 quantization of n pieces (kernels/quant_int4.cu), bit for bit
+ * kern_quant_int4 on each: piece i is x[i] (2-D [n_i, k_i], F32/F16/BF16)
+ * into q[i] (I32 [n_i, ceil(k_i/8)], checkpoint layout) and scale[i]
+ * ([n_i, ceil(k_i/group)], [n_i, 1] for group 0; F32/F16/BF16), any
+ * strides, every view device-readable. One launch for up to 256 pieces;
+ * then waits for stream once (to report non-finite input). Returns
+ * REFIT_OK; REFIT_ECORRUPT with *bad the lowest piece holding a NaN or
+ * infinity or a scale past the scale dtype's range (that group unwritten,
+ * the rest written); REFIT_EUNSUPPORTED / EMISMATCH (views; *bad the
+ * piece), REFIT_EINVAL (group < 0), ENOMEM, EINTERNAL. */
+int kern_quant_int4_cuda(uint32_t n, const refit_view *q, const refit_view *scale,
+                         const refit_view *x, int64_t group, int32_t *bad, void *stream);
+
 /* What the last failing call on this thread reported ("" if none). */
 const char *kern_cuda_last_error(void);
 void kern_cuda_set_error(const char *msg);

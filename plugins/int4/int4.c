@@ -28,7 +28,18 @@
  *
  * Params: group_size (required; -1 = one scale per row), layout,
  * in_features / out_features (the unsharded K and N; needed only when K or
- * N is not a whole number of groups / zero-point words).
+ * N is not a whole number of groups / zero-point words), online.
+ *
+ * Online (STAGED): a module whose one checkpoint tensor is an F32/F16/BF16
+ * W.weight [N, K] quantizes it at post-load into the same runtime layouts
+ * (no zero points: symmetric), round-to-nearest per group in the
+ * compressed-tensors convention (kernels/quant_int4.h), through the host's
+ * quant_int4 service: the CPU reference on host memory, its CUDA kernel on
+ * a device.
+ *
+ * Post-load on a device: the staged weight_shape comes back through the
+ * host's fetch service, the u8 row pad is zeroed through its zero service
+ * (a strided view of the pad columns).
  *
  * The module is WHOLE: a packed weight means nothing without its scales. */
 #include <stdio.h>
@@ -44,9 +55,9 @@
 #define REFIT_PLUGIN_EXPORT __attribute__((visibility("default")))
 #endif
 
-enum { R_PACKED, R_SCALE, R_ZP, R_SHAPE, R_COUNT };
+enum { R_PACKED, R_SCALE, R_ZP, R_SHAPE, R_WEIGHT, R_COUNT };
 static const char *const role_name[R_COUNT] = {"weight_packed", "weight_scale",
-                                               "weight_zero_point", "weight_shape"};
+                                               "weight_zero_point", "weight_shape", "weight"};
 enum { RT_WEIGHT, RT_SCALE, RT_ZP, RT_COUNT };
 static const char *const rt_name[RT_COUNT] = {"weight", "weight_scale", "weight_zero_point"};
 
@@ -60,6 +71,8 @@ typedef struct int4_state {
     int64_t n, words, groups; /* this rank's slice */
     int64_t in_features, out_features;
     int64_t pitch;            /* u8: bytes per runtime row */
+    int online;               /* a float W.weight, quantized at post-load */
+    int64_t k;                /* online: this rank's K */
 } int4_state;
 
 #define ERR(h, st, ...) (h)->error((h)->host, (st), __VA_ARGS__)
@@ -131,7 +144,18 @@ static int read_params(const refit_host_v1 *h, const refit_fmt_module *m, int4_s
     if (!h->param(h->host, m, "group_size"))
         return ERR(h, REFIT_EINVAL, "module %s: format int4 needs param group_size (the "
                    "checkpoint's quantization group; -1 for one scale per row)", m->name);
-    int rc = param_int(h, m, "group_size", 0, &s->group);
+    int rc = REFIT_OK;
+    const char *online = h->param(h->host, m, "online");
+    s->online = -1; /* not asserted */
+    if (online && !strcmp(online, "true"))
+        s->online = 1;
+    else if (online && !strcmp(online, "false"))
+        s->online = 0;
+    else if (online)
+        return ERR(h, REFIT_EINVAL, "module %s: param online: '%s' is not true or false",
+                   m->name, online);
+    if (!rc)
+        rc = param_int(h, m, "group_size", 0, &s->group);
     if (!rc)
         rc = param_int(h, m, "in_features", 0, &s->in_features);
     if (!rc)
@@ -160,8 +184,9 @@ static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, int4_st
             r++;
         if (r == R_COUNT)
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: format int4 takes W.weight_packed, "
-                       "W.weight_scale, W.weight_zero_point and W.weight_shape (act-order "
-                       "g_idx is not supported)", m->name, m->ckpt[i].name);
+                       "W.weight_scale, W.weight_zero_point and W.weight_shape, or one float "
+                       "W.weight to quantize online (act-order g_idx is not supported)",
+                       m->name, m->ckpt[i].name);
         if (s->ck[r] >= 0)
             return ERR(h, REFIT_EFORMAT, "module %s: tensors %s and %s are both %s; one int4 "
                        "weight per module (fused targets need the core to pass the offset "
@@ -173,9 +198,21 @@ static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, int4_st
         for (int r = 0; r < RT_COUNT; r++)
             if (!strcmp(m->runtime[i].name, rt_name[r]))
                 s->rt[r] = (int)i;
-    if (s->ck[R_PACKED] < 0 || s->ck[R_SCALE] < 0)
+    int online = s->ck[R_WEIGHT] >= 0;
+    if (s->online >= 0 && s->online != online)
+        return ERR(h, REFIT_EMISMATCH, "module %s: param online is %s but the module holds %s",
+                   m->name, s->online ? "true" : "false",
+                   online ? "a float W.weight" : "no float W.weight");
+    s->online = online;
+    if (online && m->n_ckpt != 1)
+        return ERR(h, REFIT_EFORMAT, "module %s: an online int4 module holds one float W.weight "
+                   "and nothing else (it has %u checkpoint tensors)", m->name, m->n_ckpt);
+    if (online && s->rt[RT_ZP] >= 0)
+        return ERR(h, REFIT_EFORMAT, "module %s: online int4 is symmetric; it writes no runtime "
+                   "weight_zero_point", m->name);
+    if (!online && (s->ck[R_PACKED] < 0 || s->ck[R_SCALE] < 0))
         return ERR(h, REFIT_EFORMAT, "module %s: format int4 needs W.weight_packed and "
-                   "W.weight_scale", m->name);
+                   "W.weight_scale (or one float W.weight, quantized online)", m->name);
     int need[RT_COUNT] = {1, 1, s->ck[R_ZP] >= 0};
     for (int r = 0; r < RT_COUNT; r++)
         if (need[r] && s->rt[r] < 0)
@@ -292,6 +329,30 @@ static int route_tensor(const refit_host_v1 *h, refit_fmt_module *m, const int4_
     return REFIT_OK;
 }
 
+static int check_u8_weight(const refit_host_v1 *h, const refit_fmt_module *m,
+                           const int4_state *s)
+{
+    const refit_view *v = &m->runtime[s->rt[RT_WEIGHT]].view;
+    if (!is_dtype(v->dtype, REFIT_DTYPE_UINT, 8) || v->ndim != 2 || v->shape[0] != s->n ||
+        v->shape[1] < 4 * s->words || v->shape[1] % 4 || v->strides[1] != 1 ||
+        v->strides[0] % 4 || (uintptr_t)v->data % 4)
+        return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight must be U8 [%lld, P], P >= "
+                   "%lld and a multiple of 4, bytes contiguous in a row, rows and data "
+                   "4-byte aligned (layout u8)", m->name, (long long)s->n,
+                   (long long)(4 * s->words));
+    return REFIT_OK;
+}
+
+/* The u8 runtime's byte rows seen as the checkpoint's I32 words. */
+static refit_view u8_words(const refit_view *v, const int4_state *s)
+{
+    refit_view w = *v;
+    w.dtype = REFIT_I32;
+    w.shape[1] = s->words;
+    w.strides[0] = v->strides[0] / 4;
+    return w;
+}
+
 /* u8 layout: an I32 view of the byte rows, so the words land unchanged. */
 static int route_u8_weight(const refit_host_v1 *h, refit_fmt_module *m, int4_state *s)
 {
@@ -301,18 +362,10 @@ static int route_u8_weight(const refit_host_v1 *h, refit_fmt_module *m, int4_sta
     if (c->target_index != s->rt[RT_WEIGHT])
         return ERR(h, REFIT_EINVAL, "module %s, tensor %s: its target must be runtime weight",
                    m->name, c->name);
-    if (!is_dtype(v->dtype, REFIT_DTYPE_UINT, 8) || v->ndim != 2 || v->shape[0] != s->n ||
-        v->shape[1] < 4 * s->words || v->shape[1] % 4 || v->strides[1] != 1 ||
-        v->strides[0] % 4 || (uintptr_t)v->data % 4)
-        return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight must be U8 [%lld, P], P >= "
-                   "%lld and a multiple of 4, bytes contiguous in a row, rows and data "
-                   "4-byte aligned (layout u8)", m->name, (long long)s->n,
-                   (long long)(4 * s->words));
-    refit_view w = *v;
-    w.dtype = REFIT_I32;
-    w.shape[1] = s->words;
-    w.strides[0] = v->strides[0] / 4;
-    c->place = w;
+    int rc = check_u8_weight(h, m, s);
+    if (rc)
+        return rc;
+    c->place = u8_words(v, s);
     c->route = REFIT_ROUTE_VIEW;
     s->pitch = v->shape[1];
     return REFIT_OK;
@@ -329,6 +382,41 @@ static int on_host(const refit_view *v)
            v->device.device_type == REFIT_DEVICE_CUDA_HOST;
 }
 
+/* 1 when a backend of the host serves dev. */
+static int served(const refit_host_v1 *h, refit_device dev)
+{
+    if (!REFIT_HOST_HAS(h, device_info) || !h->device_info)
+        return 0;
+    refit_device_info di;
+    memset(&di, 0, sizeof di);
+    di.struct_size = sizeof di;
+    return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
+}
+
+/* Post-load on a runtime outside host memory needs the host's services:
+ * fetch (the weight_shape check), zero (the u8 pad), quant_int4 (online). */
+static int check_device(const refit_host_v1 *h, const refit_fmt_module *m, const int4_state *s,
+                        int shape, int pad, int online)
+{
+    const refit_view *w = &m->runtime[s->rt[RT_WEIGHT]].view;
+    const refit_view *sc = &m->runtime[s->rt[RT_SCALE]].view;
+    if (on_host(w) && (!online || on_host(sc)))
+        return REFIT_OK;
+    if (online && (w->device.device_type != sc->device.device_type ||
+                   w->device.device_id != sc->device.device_id))
+        return ERR(h, REFIT_EUNSUPPORTED, "module %s: runtime weight and weight_scale are on "
+                   "different devices; online int4 writes both in one place", m->name);
+    const char *missing = !served(h, w->device) ? "a backend serving its device"
+                          : shape && !(REFIT_HOST_HAS(h, fetch) && h->fetch) ? "the fetch service"
+                          : pad && !(REFIT_HOST_HAS(h, zero) && h->zero) ? "the zero service"
+                          : online && !(REFIT_HOST_HAS(h, quant_int4) && h->quant_int4)
+                              ? "the quant_int4 service" : NULL;
+    if (missing)
+        return ERR(h, REFIT_EUNSUPPORTED, "module %s: format int4's post-load on device type %d "
+                   "needs %s, which this host lacks", m->name, w->device.device_type, missing);
+    return REFIT_OK;
+}
+
 static int int4_plan_routes(const refit_host_v1 *h, refit_fmt_module *m, int4_state *s)
 {
     int rc = s->layout == LAYOUT_GPTQ ? route_gptq_weight(h, m, s) : route_u8_weight(h, m, s);
@@ -342,13 +430,72 @@ static int int4_plan_routes(const refit_host_v1 *h, refit_fmt_module *m, int4_st
     int pad = s->layout == LAYOUT_U8 && s->pitch > 4 * s->words;
     if (s->ck[R_SHAPE] >= 0 || pad) {
         m->flags |= REFIT_MODULE_POST_LOAD;
-        if (!on_host(&m->runtime[s->rt[RT_WEIGHT]].view))
-            return ERR(h, REFIT_EUNSUPPORTED, "module %s: format int4's post-load (weight_shape "
-                       "check, pad zeroing) runs on host memory only in this build", m->name);
+        int rc2 = check_device(h, m, s, s->ck[R_SHAPE] >= 0, pad, 0);
+        if (rc2)
+            return rc2;
     }
     if (s->ck[R_SHAPE] >= 0)
         m->ckpt[s->ck[R_SHAPE]].route = REFIT_ROUTE_STAGED;
     return REFIT_OK;
+}
+
+/* Online: the float weight's slice, the runtime tensors it is quantized
+ * into, and a K shard that starts and ends on whole groups and words. */
+static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, int4_state *s)
+{
+    refit_fmt_ckpt *c = &m->ckpt[s->ck[R_WEIGHT]];
+    if (!is_float(c->dtype) || c->ndim != 2)
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an online int4 weight is "
+                   "F32/F16/BF16 [N, K], not %s with %d dims", m->name, c->name,
+                   dt_name(c->dtype), c->ndim);
+    if (c->target_index != s->rt[RT_WEIGHT])
+        return ERR(h, REFIT_EINVAL, "module %s, tensor %s: its target must be runtime weight",
+                   m->name, c->name);
+    s->n = c->shape[0];
+    s->k = c->shape[1];
+    s->words = (s->k + 7) / 8;
+    s->groups = s->group ? (s->k + s->group - 1) / s->group : 1;
+    int64_t full_k = c->full_shape[1];
+    if ((s->in_features && full_k != s->in_features) ||
+        (s->out_features && c->full_shape[0] != s->out_features))
+        return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: [%lld, %lld] disagrees with params "
+                   "out_features/in_features", m->name, c->name, (long long)c->full_shape[0],
+                   (long long)full_k);
+    if (c->split_dim == 1 && s->k != full_k) {
+        /* a row-parallel shard quantizes its own columns: only whole
+         * groups (and whole words) give the bytes the whole matrix gives */
+        int64_t step = s->group; /* the least multiple of both group and 8 */
+        while (step && step % 8)
+            step += s->group;
+        if (!s->group || c->slice_lo % step || (c->slice_hi != full_k && c->slice_hi % step))
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: columns [%lld, %lld) of %lld: "
+                       "a shard boundary cuts a group (shard K only at multiples of %lld%s)",
+                       m->name, c->name, (long long)c->slice_lo, (long long)c->slice_hi,
+                       (long long)full_k, (long long)(s->group ? step : full_k),
+                       s->group ? "" : "; one scale per row needs the whole row");
+    }
+    const refit_fmt_runtime *rw = &m->runtime[s->rt[RT_WEIGHT]], *rs = &m->runtime[s->rt[RT_SCALE]];
+    int gptq = s->layout == LAYOUT_GPTQ;
+    if (gptq && (!is_dtype(rw->view.dtype, REFIT_DTYPE_INT, 32) ||
+                 !runtime_is(&rw->view, s->words, s->n)))
+        return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight must be I32 [%lld, %lld] for "
+                   "layout gptq (it is %s with %d dims)", m->name, (long long)s->words,
+                   (long long)s->n, dt_name(rw->view.dtype), rw->view.ndim);
+    if (!gptq) {
+        int rc = check_u8_weight(h, m, s);
+        if (rc)
+            return rc;
+        s->pitch = rw->view.shape[1];
+    }
+    if (!is_float(rs->view.dtype) || !runtime_is(&rs->view, gptq ? s->groups : s->n,
+                                                 gptq ? s->n : s->groups))
+        return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight_scale must be F32/F16/BF16 "
+                   "[%lld, %lld] for layout %s (it is %s with %d dims)", m->name,
+                   (long long)(gptq ? s->groups : s->n), (long long)(gptq ? s->n : s->groups),
+                   gptq ? "gptq" : "u8", dt_name(rs->view.dtype), rs->view.ndim);
+    c->route = REFIT_ROUTE_STAGED;
+    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD;
+    return check_device(h, m, s, 0, !gptq && s->pitch > 4 * s->words, 1);
 }
 
 static int int4_plan(const refit_host_v1 *h, refit_fmt_module *m)
@@ -358,9 +505,11 @@ static int int4_plan(const refit_host_v1 *h, refit_fmt_module *m)
     int rc = read_params(h, m, &s);
     if (!rc)
         rc = find_roles(h, m, &s);
-    if (!rc)
+    if (!rc && s.online)
+        rc = plan_online(h, m, &s);
+    if (!rc && !s.online)
         rc = check_ckpt(h, m, &s);
-    if (!rc)
+    if (!rc && !s.online)
         rc = int4_plan_routes(h, m, &s);
     if (rc)
         return rc;
@@ -393,12 +542,27 @@ static int64_t load_int(const refit_view *v, int64_t i)
 
 /* The checkpoint's (N, K) must describe the slices the plan was built for:
  * a whole extent may end in a ragged group, a shard must not cut one. */
-static int check_shape(const refit_host_v1 *h, const refit_fmt_module *m, const int4_state *s)
+static int check_shape(const refit_host_v1 *h, const refit_fmt_module *m, const int4_state *s,
+                       void *stream)
 {
     const refit_fmt_ckpt *c = &m->ckpt[s->ck[R_SHAPE]];
     int64_t nk[2];
-    for (int i = 0; i < 2; i++)
-        nk[i] = load_int(&c->staged, i);
+    if (on_host(&c->staged)) {
+        for (int i = 0; i < 2; i++)
+            nk[i] = load_int(&c->staged, i);
+    } else { /* staged on the device: its two values come back (checked at seal) */
+        size_t es = c->staged.dtype.bits / 8;
+        char raw[16];
+        refit_view one = c->staged;
+        one.data = raw;
+        one.device = (refit_device){REFIT_DEVICE_CPU, 0};
+        one.strides[0] = 1;
+        int rc = h->fetch(h->host, raw, 2 * es, &c->staged, stream);
+        if (rc)
+            return rc;
+        for (int i = 0; i < 2; i++)
+            nk[i] = load_int(&one, i);
+    }
     if (nk[0] <= 0 || nk[1] <= 0 || (s->in_features && nk[1] != s->in_features) ||
         (s->out_features && nk[0] != s->out_features))
         return ERR(h, REFIT_ECORRUPT, "module %s, tensor %s: shape (%lld, %lld) disagrees with "
@@ -420,27 +584,67 @@ static int check_shape(const refit_host_v1 *h, const refit_fmt_module *m, const 
 }
 
 /* u8 layout: bytes past the words of each row are padding, zero at every
- * load (a write only; nothing of the runtime is read). */
-static void zero_pad(const refit_fmt_module *m, const int4_state *s)
+ * load (a write only; nothing of the runtime is read): the host's zero
+ * service on the pad columns, a strided view, wherever they live. */
+static int zero_pad(const refit_host_v1 *h, const refit_fmt_module *m, const int4_state *s,
+                    void *stream)
 {
     const refit_view *v = &m->runtime[s->rt[RT_WEIGHT]].view;
-    for (int64_t i = 0; i < s->n; i++)
+    if (REFIT_HOST_HAS(h, zero) && h->zero) {
+        refit_view pad = *v;
+        pad.data = (char *)v->data + 4 * s->words;
+        pad.shape[1] = s->pitch - 4 * s->words;
+        return h->zero(h->host, &pad, stream);
+    }
+    for (int64_t i = 0; i < s->n; i++) /* an older host: host memory (checked at seal) */
         memset((char *)v->data + i * v->strides[0] + 4 * s->words, 0,
                (size_t)(s->pitch - 4 * s->words));
+    return REFIT_OK;
+}
+
+/* Online: the staged weight into the runtime words and scales, seen in
+ * checkpoint layout, by the host's quant_int4 (the reference on host
+ * memory, the CUDA kernel on a device) or, on an older host, the
+ * reference linked here (host memory only, checked at seal). */
+static int quantize(const refit_host_v1 *h, const refit_fmt_module *m, const int4_state *s,
+                    void *stream)
+{
+    const refit_fmt_ckpt *c = &m->ckpt[s->ck[R_WEIGHT]];
+    const refit_view *w = &m->runtime[s->rt[RT_WEIGHT]].view;
+    const refit_view *sv = &m->runtime[s->rt[RT_SCALE]].view;
+    refit_view q, sc;
+    if (s->layout == LAYOUT_GPTQ) {
+        q = swapped(w, w->dtype);
+        sc = swapped(sv, sv->dtype);
+    } else {
+        q = u8_words(w, s);
+        sc = *sv;
+    }
+    const char *const names[1] = {c->name};
+    if (REFIT_HOST_HAS(h, quant_int4) && h->quant_int4)
+        return h->quant_int4(h->host, 1, &q, &sc, &c->staged, names, s->group, stream);
+    int rc = kern_quant_int4(&q, &sc, &c->staged, s->group);
+    if (rc == REFIT_ECORRUPT)
+        return ERR(h, rc, "module %s, tensor %s: NaN or infinity in the weight, or a group whose "
+                   "scale is past the scale dtype's range; refusing to quantize it", m->name,
+                   c->name);
+    if (rc)
+        return ERR(h, rc, "module %s, tensor %s: quantization refused the views (%d)", m->name,
+                   c->name, rc);
+    return REFIT_OK;
 }
 
 static int int4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
 {
-    (void)stream;
     const int4_state *s = m->state;
-    if (s->ck[R_SHAPE] >= 0) {
-        int rc = check_shape(h, m, s);
-        if (rc)
-            return rc;
-    }
-    if (s->layout == LAYOUT_U8 && s->pitch > 4 * s->words)
-        zero_pad(m, s);
-    return REFIT_OK;
+    int rc = REFIT_OK;
+    if (s->online)
+        rc = quantize(h, m, s, stream);
+    else if (s->ck[R_SHAPE] >= 0)
+        rc = check_shape(h, m, s, stream);
+    if (!rc && s->layout == LAYOUT_U8 && s->pitch > 4 * s->words)
+        rc = zero_pad(h, m, s, stream);
+    return rc;
 }
 
 REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {

@@ -2,6 +2,7 @@
  * gptq and u8 runtime layouts, checked against numpy's dequantization of
  * the checkpoint (ref4.py int4), reload = cold start, TP shards and the
  * refusals. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -359,6 +360,256 @@ static void via_plugin_file(void **state)
     st_close(s);
 }
 
+/* ---- online: float weights quantized at post-load ---- */
+
+/* An online module: W.weight [n, k] into layout gptq (scale dtype sdt) or
+ * u8 (row pitch P). */
+static int build_online(tw *w, const st_set *s, int64_t n, int64_t k, int64_t g, int u8,
+                        int64_t pitch, refit_dtype sdt, const char *params, layout_cfg *c)
+{
+    int64_t words = (k + 7) / 8, groups = g > 0 ? (k + g - 1) / g : 1;
+    tw_module(w, MOD, "int4", params);
+    if (u8) {
+        tw_runtime(w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(n, pitch));
+        tw_runtime(w, MOD, "weight_scale", sdt, 2, TT_SHAPE(n, groups));
+    } else {
+        tw_runtime(w, MOD, "weight", REFIT_I32, 2, TT_SHAPE(words, n));
+        tw_runtime(w, MOD, "weight_scale", sdt, 2, TT_SHAPE(groups, n));
+    }
+    int rc = f4_expect_all(w, MOD, s, spec_fn, c);
+    return rc ? rc : refit_model_seal(w->m);
+}
+
+/* The runtime words and scales of this rank equal numpy's, columns
+ * [w0, w0 + words) of expect.packed and [g0, g0 + groups) of expect.scale,
+ * bit for bit. */
+static void check_online(tw *w, const st_set *s, int64_t n, int64_t words, int64_t groups,
+                         int u8, int64_t pitch, int64_t w0, int64_t g0)
+{
+    const st_tensor *ep = f4_get(s, "expect.packed"), *es = f4_get(s, "expect.scale");
+    int64_t all_w = ep->shape[1], all_g = es->shape[1];
+    size_t sz = es->dtype == ST_F32 ? 4 : 2;
+    const int32_t *want = ep->data;
+    const char *want_s = es->data;
+    tt_tensor *rt = tw_rt(w, MOD, "weight"), *rs = tw_rt(w, MOD, "weight_scale");
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t j = 0; j < words; j++) {
+            int32_t got;
+            if (u8)
+                memcpy(&got, (char *)rt->buf + i * pitch + 4 * j, 4);
+            else
+                got = ((const int32_t *)rt->buf)[j * n + i];
+            if (got != want[i * all_w + w0 + j])
+                fail_msg("row %lld word %lld: %08x, numpy %08x", (long long)i, (long long)j,
+                         (unsigned)got, (unsigned)want[i * all_w + w0 + j]);
+        }
+        for (int64_t g = 0; g < groups; g++) {
+            int64_t at = u8 ? i * groups + g : g * n + i;
+            if (memcmp((char *)rs->buf + at * (int64_t)sz,
+                       want_s + (i * all_g + g0 + g) * (int64_t)sz, sz))
+                fail_msg("row %lld group %lld: the scale differs from numpy's", (long long)i,
+                         (long long)g);
+        }
+        if (u8)
+            for (int64_t b = 4 * words; b < pitch; b++)
+                assert_int_equal(((uint8_t *)rt->buf)[i * pitch + b], 0);
+    }
+}
+
+/* Ragged K (not a multiple of 8 or of the group), BF16 weight and scales,
+ * zero and tie rows: the gptq words and scales are numpy's. */
+static void online_gptq_ragged(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4-online", "--n 24 --k 100 --group 32 --dtype bf16 --scale-dtype bf16 "
+                                      "--seed 21");
+    tw w;
+    setup_world(&w);
+    assert_int_equal(build_online(&w, s, 24, 100, 32, 0, 0, REFIT_BF16,
+                                  "group_size: 32\nonline: true", NULL), REFIT_OK);
+    refit_model_stats st;
+    assert_int_equal(refit_model_stats_get(w.m, &st), REFIT_OK);
+    assert_int_equal(st.routes_staged, 1);
+    f4_update(&w, s, "v1");
+    check_online(&w, s, 24, 13, 4, 0, 0, 0, 0);
+    /* and what an engine dequantizes is numpy's q * scale */
+    tt_tensor *wt = tw_rt(&w, MOD, "weight"), *sc = tw_rt(&w, MOD, "weight_scale");
+    refit_device cpu = {REFIT_DEVICE_CPU, 0};
+    kern_int4_src src;
+    memset(&src, 0, sizeof src);
+    src.packed = kern_q4_transposed_view(wt->buf, cpu, REFIT_I32, 24, 13, 24);
+    src.scale = kern_q4_transposed_view(sc->buf, cpu, REFIT_BF16, 24, 4, 24);
+    src.n = 24;
+    src.k = 100;
+    src.group = 32;
+    float got[24 * 100];
+    assert_int_equal(kern_int4_dequant(&src, got), REFIT_OK);
+    f4_assert_block_eq(f4_get(s, "expect.dequant")->data, 100, 0, 24, 0, 100, got);
+    tw_close(&w);
+    st_close(s);
+}
+
+/* u8 layout, one scale per row (F16 scales from F32 weights), a row pitch
+ * whose pad (junk before the load) comes back zero. */
+static void online_u8_per_channel(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4-online", "--n 20 --k 77 --group -1 --dtype f32 --scale-dtype f16 "
+                                      "--seed 22");
+    tw w;
+    setup_world(&w);
+    assert_int_equal(build_online(&w, s, 20, 77, -1, 1, 48, REFIT_F16,
+                                  "group_size: -1\nlayout: u8", NULL), REFIT_OK);
+    memset(tw_rt(&w, MOD, "weight")->buf, 0xab, 20 * 48);
+    f4_update(&w, s, "v1");
+    check_online(&w, s, 20, 10, 1, 1, 48, 0, 0);
+    tw_close(&w);
+    st_close(s);
+}
+
+/* F16 weights, F32 scales, K a multiple of 8 but not of the group. */
+static void online_f16_group64(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4-online", "--n 9 --k 136 --group 64 --dtype f16 --scale-dtype f32 "
+                                      "--seed 23");
+    tw w;
+    setup_world(&w);
+    assert_int_equal(build_online(&w, s, 9, 136, 64, 0, 0, REFIT_F32, "group_size: 64", NULL),
+                     REFIT_OK);
+    f4_update(&w, s, "v1");
+    check_online(&w, s, 9, 17, 3, 0, 0, 0, 0);
+    /* the same weights again leave the same bytes (post-load reads staged
+     * bytes only) */
+    size_t n1, n2;
+    void *a = tw_snapshot(&w, &n1);
+    f4_update(&w, s, "v1 again");
+    void *b = tw_snapshot(&w, &n2);
+    assert_int_equal(n1, n2);
+    assert_memory_equal(a, b, n1);
+    free(a);
+    free(b);
+    tw_close(&w);
+    st_close(s);
+}
+
+/* Row-parallel shards of whole groups quantize to numpy's columns of the
+ * whole matrix; a shard boundary inside a group is refused at seal. */
+static void online_tp_k_shards(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4-online", "--n 16 --k 256 --group 32 --dtype bf16 --seed 24");
+    for (int rank = 0; rank < 2; rank++) {
+        layout_cfg c = {2, rank, 1};
+        tw w;
+        setup_world(&w);
+        assert_int_equal(build_online(&w, s, 16, 128, 32, 0, 0, REFIT_BF16, "group_size: 32", &c),
+                         REFIT_OK);
+        f4_update(&w, s, "v1");
+        check_online(&w, s, 16, 16, 4, 0, 0, rank * 16, rank * 4);
+        tw_close(&w);
+    }
+    layout_cfg c = {2, 1, 1};
+    tw w;
+    setup_world(&w);
+    assert_int_equal(build_online(&w, s, 16, 128, 96, 0, 0, REFIT_BF16, "group_size: 96", &c),
+                     REFIT_EMISMATCH);
+    tw_assert_msg(&w, MOD, "W.weight", "cuts a group");
+    tw_close(&w);
+    setup_world(&w);
+    assert_int_equal(build_online(&w, s, 16, 128, -1, 0, 0, REFIT_BF16, "group_size: -1", &c),
+                     REFIT_EMISMATCH);
+    tw_assert_msg(&w, MOD, "one scale per row needs the whole row");
+    tw_close(&w);
+    st_close(s);
+}
+
+/* A NaN in the weight fails the update naming the tensor; rollback keeps
+ * the previous version's bytes. */
+static void online_nan_rolls_back(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4-online", "--n 8 --k 64 --group 32 --dtype f32 --seed 25");
+    tw w;
+    setup_world(&w);
+    assert_int_equal(build_online(&w, s, 8, 64, 32, 0, 0, REFIT_F32, "group_size: 32", NULL),
+                     REFIT_OK);
+    f4_update(&w, s, "v1");
+    size_t n1, n2;
+    void *before = tw_snapshot(&w, &n1);
+    const st_tensor *x = f4_get(s, "W.weight");
+    float *bad = malloc(8 * 64 * sizeof(float));
+    assert_non_null(bad);
+    memcpy(bad, x->data, 8 * 64 * sizeof(float));
+    bad[5 * 64 + 40] = NAN;
+    refit_tensor d = f4_desc(x);
+    d.data = bad;
+    refit_txn *t = tw_begin(&w, "bad", 1);
+    assert_int_equal(refit_load(t, "W.weight", &d, NULL), REFIT_ECORRUPT);
+    tw_assert_msg(&w, MOD, "W.weight", "NaN");
+    assert_int_equal(refit_finalize(t), REFIT_ECORRUPT);
+    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_READY);
+    void *after = tw_snapshot(&w, &n2);
+    assert_memory_equal(before, after, n1);
+    free(bad);
+    free(before);
+    free(after);
+    tw_close(&w);
+    st_close(s);
+}
+
+static void online_refusals(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4-online", "--n 16 --k 64 --group 32 --seed 26");
+    tw w;
+    setup_world(&w);
+    assert_int_equal(build_online(&w, s, 16, 64, 32, 0, 0, REFIT_BF16,
+                                  "group_size: 32\nonline: false", NULL), REFIT_EMISMATCH);
+    tw_assert_msg(&w, MOD, "param online is false");
+    tw_close(&w);
+    setup_world(&w);
+    tw_module(&w, MOD, "int4", "group_size: 32");
+    tw_runtime(&w, MOD, "weight", REFIT_I32, 2, TT_SHAPE(8, 16));
+    tw_runtime(&w, MOD, "weight_scale", REFIT_BF16, 2, TT_SHAPE(2, 16));
+    tw_runtime(&w, MOD, "weight_zero_point", REFIT_I32, 2, TT_SHAPE(2, 2));
+    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, NULL), REFIT_OK);
+    assert_int_equal(refit_model_seal(w.m), REFIT_EFORMAT);
+    tw_assert_msg(&w, MOD, "symmetric");
+    tw_close(&w);
+    setup_world(&w);
+    assert_int_equal(build_online(&w, s, 16, 64, 16, 0, 0, REFIT_BF16, "group_size: 32", NULL),
+                     REFIT_EMISMATCH);
+    tw_assert_msg(&w, MOD, "runtime weight_scale must be F32/F16/BF16 [2, 16]");
+    tw_close(&w);
+    st_close(s);
+}
+
+/* The online module through the built refit-fmt-int4.so (its declaration's
+ * STAGED role and post-load kernel checked by the loader): the bytes of the
+ * linked-in format. */
+static void online_via_plugin_file(void **state)
+{
+    (void)state;
+    st_set *s = f4_ref("int4-online", "--n 16 --k 72 --group 16 --seed 27");
+    tw file, linked;
+    assert_int_equal(tw_open(&file, NULL), REFIT_OK);
+    setup_world(&linked);
+    int rc = build_online(&file, s, 16, 72, 16, 1, 40, REFIT_BF16,
+                          "group_size: 16\nlayout: u8\nonline: true", NULL);
+    if (rc)
+        fail_msg("seal through the plugin file: %s", refit_errmsg(file.ctx));
+    assert_int_equal(build_online(&linked, s, 16, 72, 16, 1, 40, REFIT_BF16,
+                                  "group_size: 16\nlayout: u8\nonline: true", NULL), REFIT_OK);
+    f4_update(&file, s, "v1");
+    f4_update(&linked, s, "v1");
+    check_online(&file, s, 16, 9, 5, 1, 40, 0, 0);
+    assert_int_equal(tw_fp(&file), tw_fp(&linked));
+    tw_close(&file);
+    tw_close(&linked);
+    st_close(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -372,6 +623,13 @@ int main(void)
         cmocka_unit_test(plan_refusals),
         cmocka_unit_test(shape_checked_at_finalize),
         cmocka_unit_test(via_plugin_file),
+        cmocka_unit_test(online_gptq_ragged),
+        cmocka_unit_test(online_u8_per_channel),
+        cmocka_unit_test(online_f16_group64),
+        cmocka_unit_test(online_tp_k_shards),
+        cmocka_unit_test(online_nan_rolls_back),
+        cmocka_unit_test(online_refusals),
+        cmocka_unit_test(online_via_plugin_file),
     };
     return cmocka_run_group_tests_name("formats4-int4", tests, NULL, NULL);
 }
