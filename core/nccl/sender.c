@@ -231,10 +231,13 @@ static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *
             rc = REFIT_EUNSUPPORTED;
         if (!rc && pc->bytes)
             rc = be->copy(&dst, &src, s->stream);
-        if (rc)
+        if (rc) {
+            /* what was queued writes into the slot: done before it is reused or freed */
+            (void)be->sync(s->stream);
             return ctx_error(s->ctx, rc, "sender: packing %s into bucket %u failed: %s (the "
                              "%s backend, source on device type %d)", st->name, b,
                              refit_strerror(rc), be->name, st->t->device.device_type);
+        }
     }
     int rc = be->flush(s->stream);
     if (!rc && s->sum) {

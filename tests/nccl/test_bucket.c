@@ -117,7 +117,12 @@ static void test_plan_splits_only_what_does_not_fit(void **state)
     bkt_plan p2;
     assert_int_equal(bkt_plan_build(&p2, TS, NTS, 4096, 0, err, sizeof err), 0);
     assert_int_equal(p2.n_pieces, p.n_pieces);
-    assert_memory_equal(p2.pieces, p.pieces, p.n_pieces * sizeof *p.pieces);
+    for (uint32_t i = 0; i < p.n_pieces; i++) { /* field by field: padding is not data */
+        const bkt_piece *a = &p.pieces[i], *b = &p2.pieces[i];
+        assert_true(a->tensor == b->tensor && a->part == b->part &&
+                    a->row_offset == b->row_offset && a->rows == b->rows &&
+                    a->offset == b->offset && a->bytes == b->bytes);
+    }
     bkt_plan_free(&p);
     bkt_plan_free(&p2);
 }

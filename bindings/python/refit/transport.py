@@ -16,6 +16,12 @@ Worker (every other rank)::
 
     x = Transport.nccl(worker_ctx, device=r, unique_id=uid, nranks=n, rank=r)
     res = Receiver(model, x).receive_update(rollback=True)
+
+Ranks that load their own tensors (no sender) commit as a group::
+
+    txn = model.begin(version="step-1200")
+    txn.load_dict(my_shard)
+    res = group_finalize(x, txn)               # every rank commits, or every rank aborts
 """
 
 import ctypes
@@ -87,6 +93,8 @@ _PROTOS = {
     "refit_receiver_destroy": (None, [_P]),
     "refit_receive_update": (_I, [_P, ctypes.POINTER(UpdateOpts),
                                   ctypes.POINTER(GroupResult)]),
+    "refit_receive": (_I, [_P, _P, _P, _P]),
+    "refit_group_finalize": (_I, [_P, _P, _I, ctypes.POINTER(GroupResult)]),
 }
 _ready = False
 
@@ -176,6 +184,13 @@ class Sender:
                "refit_sender_add")
         self._keep.append(d)
 
+    def add_descriptor(self, name, desc):
+        """Add a prepared descriptor (torch_util.describe) as it is: for
+        tensors whose descriptor the caller adjusted."""
+        _check(self.x.ctx.handle, _lib().refit_sender_add(self._h, _b(name), ctypes.byref(desc.t)),
+               "refit_sender_add")
+        self._keep.append(desc)
+
     def send(self):
         """One update, then the vote: the group result (a dict); RefitError
         when the group did not commit."""
@@ -210,7 +225,33 @@ class Receiver:
         rc = _lib().refit_receive_update(self._h, ctypes.byref(opts), ctypes.byref(res))
         return _result(self.model.ctx, rc, res, "refit_receive_update")
 
+    def receive(self, txn):
+        """Every bucket of one update into txn (a refit.Txn the caller
+        began). Returns this rank's status for the vote (0, or the first
+        local failure: the rest was drained); raises RefitError when the
+        transport failed (it is aborted: abort the txn)."""
+        rc = _lib().refit_receive(self._h, txn.handle, None, None)
+        if rc in (-15, -20):  # REFIT_EIO, REFIT_ETIMEDOUT: the transport, not the data
+            _check(self.model.ctx.handle, rc, "refit_receive")
+        return rc
+
     def close(self):
         if self._h:
             _lib().refit_receiver_destroy(self._h)
             self._h = None
+
+
+def group_finalize(transport, txn, local_status=0):
+    """Cross-rank commit of txn (a refit.Txn) on this rank: prepare (or
+    abort at once when local_status is not 0), vote over the transport,
+    commit only when every rank prepared. The txn ends here in every case.
+    Returns the group result (a dict); RefitError when the group aborted."""
+    h, txn._h = txn.handle, None
+    res = GroupResult()
+    try:
+        rc = _lib().refit_group_finalize(transport.handle, h, int(local_status),
+                                         ctypes.byref(res))
+    finally:
+        txn._keep.clear()
+    txn.result = "committed" if rc == 0 else "aborted"
+    return _result(transport.ctx, rc, res, "refit_group_finalize")
