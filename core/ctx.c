@@ -251,6 +251,10 @@ static void ctx_init_host(refit_ctx *ctx)
     h->quant_fp8 = host_quant_fp8;
     void svc_quant_int4_install(refit_host_v1 *); /* core/svc_quant_int4.c */
     svc_quant_int4_install(h);
+    int svc_quant_nvfp4(void *, uint32_t, const refit_nvfp4_piece *, void *); /* core/svc_quant_nvfp4.c */
+    h->quant_nvfp4 = svc_quant_nvfp4;
+    int svc_quant_mx(void *, uint32_t, const refit_view *, const refit_view *, const refit_view *, const char *const *, int, void *); /* core/svc_quant_mx.c */
+    h->quant_mx = svc_quant_mx;
 }
 
 /* ---- public ---- */

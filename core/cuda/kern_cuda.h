@@ -63,6 +63,19 @@ int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_view *scale
  * Takes a few milliseconds; waits for stream. */
 int kern_fp8_cvt_check_cuda(uint64_t *mismatches, uint32_t *first, void *stream);
 
+/* NVFP4 post-load of n pieces (kernels/quant_nvfp4.cu; refit_nvfp4_piece
+ * in include/refit/format.h), bit for bit kern_quant_nvfp4 (online
+ * pieces) and kern_swizzle + kern_nvfp4_fuse (checkpoint pieces). Every
+ * view device-readable. Checkpoint pieces go in one launch per QN_BATCH
+ * pieces and are never waited for; online pieces in sets, one amax and one
+ * encode launch per set, then the call waits for stream once (to report
+ * non-finite input). Returns REFIT_OK; REFIT_ECORRUPT with *bad the lowest
+ * online piece holding a NaN or infinity (that piece's outputs unwritten,
+ * others' written); REFIT_EUNSUPPORTED / EMISMATCH / EINVAL (views; *bad
+ * the piece), ENOMEM, EINTERNAL. */
+int kern_quant_nvfp4_cuda(uint32_t n, const refit_nvfp4_piece *pieces, int32_t *bad,
+                          void *stream);
+
 /* INT4 quantization of n pieces (kernels/quant_int4.cu), bit for bit
  * kern_quant_int4 on each: piece i is x[i] (2-D [n_i, k_i], F32/F16/BF16)
  * into q[i] (I32 [n_i, ceil(k_i/8)], checkpoint layout) and scale[i]
@@ -75,6 +88,21 @@ int kern_fp8_cvt_check_cuda(uint64_t *mismatches, uint32_t *first, void *stream)
  * piece), REFIT_EINVAL (group < 0), ENOMEM, EINTERNAL. */
 int kern_quant_int4_cuda(uint32_t n, const refit_view *q, const refit_view *scale,
                          const refit_view *x, int64_t group, int32_t *bad, void *stream);
+
+/* OCP MX quantization of n pieces (kernels/quant_mx.cu), bit for bit
+ * kern_quant_mxfp8 (elem_bits 8: q[i] [n_i, k_i] E4M3, any strides) or
+ * kern_quant_mxfp4 (elem_bits 4: q[i] [n_i, ceil(k_i/2)] packed E2M1,
+ * rows contiguous) on each: x[i] 2-D F32/F16/BF16, scales[i] 8-bit
+ * [n_i, ceil(k_i/32)], any strides, every view device-readable. hw (MXFP8
+ * only): E4M3 by cvt.rn.satfinite.e4m3x2.f32; pass 1 only where
+ * kern_fp8_cvt_check_cuda found it equal to the encoder. One launch for up
+ * to 184 pieces (evenly spaced pieces of one shape merge into one), then
+ * waits for stream once (to report non-finite input). Returns REFIT_OK;
+ * REFIT_ECORRUPT with *bad the lowest piece holding a NaN or infinity (its
+ * blocks holding one unwritten, the rest written); REFIT_EUNSUPPORTED /
+ * EMISMATCH (views; *bad the piece), REFIT_EINVAL, ENOMEM, EINTERNAL. */
+int kern_quant_mx_cuda(uint32_t n, const refit_view *q, const refit_view *scales,
+                       const refit_view *x, int elem_bits, int hw, int32_t *bad, void *stream);
 
 /* What the last failing call on this thread reported ("" if none). */
 const char *kern_cuda_last_error(void);

@@ -18,10 +18,15 @@
  * [(E,) N, K] stages it; post-load quantizes it (kernels/quant_mxfp4.h,
  * the shared MX scale rule of kernels/quant_mx.h) into `weight` U8
  * [(E,) N, ceil(K/2)] and `weight_scale` [(E,) N, ceil(K/32)]. Blocks start
- * at the first column of this rank's slice.
+ * at the first column of this rank's slice. Every expert goes in one call
+ * of the host's quant_mx service: the CPU reference on host memory, its
+ * CUDA twin (the same bytes) on device memory. A host without the service
+ * gets the reference linked here, on host memory only (seal refuses device
+ * runtime tensors then).
  *
  * Params: in_features (unsharded K; needed only when a serialized K/2-byte
  * layout holds a K that is not a multiple of 32). */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -277,6 +282,43 @@ static int on_host(const refit_view *v)
            v->device.device_type == REFIT_DEVICE_CUDA_HOST;
 }
 
+/* The host's quant_mx service (ABI 1, appended). */
+static int has_service(const refit_host_v1 *h)
+{
+    return REFIT_HOST_HAS(h, quant_mx) && h->quant_mx;
+}
+
+/* 1 when the host quantizes on dev: the service and a backend serving dev
+ * (the CUDA backend and kernels/quant_mx.cu come together). */
+static int device_kernel(const refit_host_v1 *h, refit_device dev)
+{
+    if (!has_service(h) || !REFIT_HOST_HAS(h, device_info) || !h->device_info)
+        return 0;
+    refit_device_info di;
+    memset(&di, 0, sizeof di);
+    di.struct_size = sizeof di;
+    return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
+}
+
+/* Where online quantization writes: host memory, or one device the host
+ * quantizes on. */
+static int check_place(const refit_host_v1 *h, const refit_fmt_module *m, const refit_view *w,
+                       const refit_view *ws)
+{
+    if (on_host(w) && on_host(ws))
+        return REFIT_OK;
+    if (w->device.device_type != ws->device.device_type ||
+        w->device.device_id != ws->device.device_id)
+        return ERR(h, REFIT_EUNSUPPORTED, "module %s: runtime weight and weight_scale are on "
+                   "different devices; online mxfp4 writes both in one place", m->name);
+    if (!device_kernel(h, w->device))
+        return ERR(h, REFIT_EUNSUPPORTED, "module %s: online mxfp4 quantization of device "
+                   "memory needs the host's quant_mx service and a backend serving device type "
+                   "%d; this host has %s", m->name, w->device.device_type,
+                   has_service(h) ? "no such backend" : "no quant_mx service");
+    return REFIT_OK;
+}
+
 /* Online: runtime shapes follow the staged slice [(E,) N, K]. */
 static int route_online(const refit_host_v1 *h, refit_fmt_module *m, const mxfp4_state *s)
 {
@@ -297,9 +339,9 @@ static int route_online(const refit_host_v1 *h, refit_fmt_module *m, const mxfp4
                    "checkpoint's leading dims (a per-expert source needs the core to pass its "
                    "expert index: stack experts in one checkpoint tensor)", m->name, c->name,
                    (long long)((k + 1) / 2), (long long)kern_mx_blocks(k));
-    if (!on_host(w) || !on_host(ws))
-        return ERR(h, REFIT_EUNSUPPORTED, "module %s: online mxfp4 quantizes on host memory only "
-                   "in this build", m->name);
+    int rc = check_place(h, m, w, ws);
+    if (rc)
+        return rc;
     c->route = REFIT_ROUTE_STAGED;
     m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD;
     return REFIT_OK;
@@ -343,13 +385,50 @@ static refit_view matrix(const refit_view *v, int64_t e)
     return r;
 }
 
+/* Every expert in one call of the host's quant_mx; an expert's name in
+ * messages is "W (expert e)". */
+static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m,
+                         const refit_fmt_ckpt *c, const refit_view *w, const refit_view *ws,
+                         void *stream)
+{
+    int64_t experts = c->ndim == 3 ? c->shape[0] : 1;
+    size_t nlen = strlen(c->name) + 32, per = sizeof(refit_view) * 3 + sizeof(char *) + nlen;
+    if (experts < 1 || experts > UINT32_MAX || (size_t)experts > SIZE_MAX / per)
+        return experts < 1 ? REFIT_OK
+                           : ERR(h, REFIT_ENOMEM, "module %s: too many experts", m->name);
+    size_t ne = (size_t)experts;
+    refit_view *v = h->mem_alloc(h->host, per * ne);
+    if (!v)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
+    refit_view *q = v, *sc = v + ne, *x = v + 2 * ne;
+    const char **names = (const char **)(v + 3 * ne);
+    char *text = (char *)(names + ne);
+    for (size_t e = 0; e < ne; e++) {
+        q[e] = matrix(w, (int64_t)e);
+        sc[e] = matrix(ws, (int64_t)e);
+        x[e] = matrix(&c->staged, (int64_t)e);
+        names[e] = text + e * nlen;
+        if (c->ndim == 3)
+            snprintf(text + e * nlen, nlen, "%s (expert %zu)", c->name, e);
+        else
+            snprintf(text + e * nlen, nlen, "%s", c->name);
+    }
+    int rc = h->quant_mx(h->host, (uint32_t)ne, q, sc, x, names, 4, stream);
+    h->mem_free(h->host, v);
+    return rc;
+}
+
 static int mxfp4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
 {
-    (void)stream;
     const mxfp4_state *s = m->state;
     const refit_fmt_ckpt *c = &m->ckpt[s->ck[R_SOURCE]];
     const refit_view *w = &m->runtime[s->rt[RT_WEIGHT]].view;
     const refit_view *ws = &m->runtime[s->rt[RT_SCALE]].view;
+    /* the host's service where it has one (host or device memory); the
+     * reference linked here otherwise (host memory only, checked at seal;
+     * done on return) */
+    if (has_service(h))
+        return quant_service(h, m, c, w, ws, stream);
     int64_t experts = c->ndim == 3 ? c->shape[0] : 1;
     for (int64_t e = 0; e < experts; e++) {
         refit_view q = matrix(w, e), sc = matrix(ws, e), x = matrix(&c->staged, e);

@@ -18,7 +18,11 @@
  *
  * Serialized: DIRECT routes; a K shard must cut at a multiple of 32.
  * Online: the weights are STAGED and post_load quantizes each into its
- * rows of the runtime weight and scale. The module is WHOLE.
+ * rows of the runtime weight and scale, in one call of the host's quant_mx
+ * service for the module: the CPU reference on host memory, its CUDA twin
+ * (the same bytes) on device memory. A host without the service gets the
+ * reference linked here, on host memory only (seal refuses device runtime
+ * tensors then). The module is WHOLE.
  *
  * Params: online (bool, optional assertion of the weights' dtype),
  * in_features (unsharded K; needed only when a serialized K is not a
@@ -136,6 +140,24 @@ static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, const mx
 
 /* ---- online ---- */
 
+/* The host's quant_mx service (ABI 1, appended). */
+static int has_service(const refit_host_v1 *h)
+{
+    return REFIT_HOST_HAS(h, quant_mx) && h->quant_mx;
+}
+
+/* 1 when the host quantizes on dev: the service and a backend serving dev
+ * (the CUDA backend and kernels/quant_mx.cu come together). */
+static int device_kernel(const refit_host_v1 *h, refit_device dev)
+{
+    if (!has_service(h) || !REFIT_HOST_HAS(h, device_info) || !h->device_info)
+        return 0;
+    refit_device_info di;
+    memset(&di, 0, sizeof di);
+    di.struct_size = sizeof di;
+    return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
+}
+
 static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, mx_state *s)
 {
     s->rt_scale = find_runtime(m, "weight_scale");
@@ -153,9 +175,17 @@ static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, mx_state *s)
         return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight_scale must be a contiguous "
                    "u8/f8_e8m0 tensor of %lld codes ([E,] N, ceil(K/32))", m->name,
                    (long long)want);
-    if (!host_memory(w->device) || !host_memory(sc->device))
-        return ERR(h, REFIT_EUNSUPPORTED, "module %s: online mxfp8 quantization runs on host "
-                   "memory; this build has no device kernel for it", m->name);
+    if (!host_memory(w->device) || !host_memory(sc->device)) {
+        if (w->device.device_type != sc->device.device_type ||
+            w->device.device_id != sc->device.device_id)
+            return ERR(h, REFIT_EUNSUPPORTED, "module %s: runtime weight and weight_scale are on "
+                       "different devices; online mxfp8 writes both in one place", m->name);
+        if (!device_kernel(h, w->device))
+            return ERR(h, REFIT_EUNSUPPORTED, "module %s: online mxfp8 quantization of device "
+                       "memory needs the host's quant_mx service and a backend serving device "
+                       "type %d; this host has %s", m->name, w->device.device_type,
+                       has_service(h) ? "no such backend" : "no quant_mx service");
+    }
     for (uint32_t i = 0; i < s->n_weights; i++) {
         refit_fmt_ckpt *c = &m->ckpt[s->weights[i]];
         if (c->target_index != s->rt_weight || c->shape[1] != k)
@@ -233,35 +263,83 @@ static void mx_release(const refit_host_v1 *h, refit_fmt_module *m)
 
 /* ---- post-load (online) ---- */
 
-/* Each weight's scales are rows of the runtime scale at its row offset. */
-static int mx_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+/* The scale rows of weight ckpt ck: rows of the runtime scale at its row
+ * offset. */
+static int scale_view(const refit_host_v1 *h, const refit_fmt_module *m, const mx_state *s,
+                      uint32_t ck, refit_view *sv)
 {
-    (void)stream; /* host reference kernels: done on return */
-    const mx_state *s = m->state;
-    if (!s || !s->online)
-        return REFIT_OK;
     const refit_view *rt = &m->runtime[s->rt_weight].view, *rs = &m->runtime[s->rt_scale].view;
     int64_t n = rt->shape[rt->ndim - 2], kb = kern_mx_blocks(rt->shape[rt->ndim - 1]);
+    shard sh = {0, 0, 0};
+    int rc = locate(h, m, s->rt_weight, ck, &sh);
+    if (rc)
+        return rc;
+    memset(sv, 0, sizeof *sv);
+    sv->device = rs->device;
+    sv->dtype = rs->dtype;
+    sv->ndim = 2;
+    sv->data = (uint8_t *)rs->data + (sh.e * n + sh.row) * kb;
+    sv->shape[0] = m->ckpt[ck].staged.shape[0];
+    sv->shape[1] = kb;
+    sv->strides[0] = kb;
+    sv->strides[1] = 1;
+    return REFIT_OK;
+}
+
+/* Every weight in one call of the host's quant_mx. */
+static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m, const mx_state *s,
+                         void *stream)
+{
+    uint32_t nw = s->n_weights;
+    refit_view *v = h->mem_alloc(h->host, (sizeof *v * 3 + sizeof(char *)) * nw);
+    if (!v)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
+    refit_view *q = v, *sc = v + nw, *x = v + 2 * nw;
+    const char **names = (const char **)(v + 3 * nw);
+    int rc = REFIT_OK;
+    for (uint32_t i = 0; i < nw && !rc; i++) {
+        const refit_fmt_ckpt *c = &m->ckpt[s->weights[i]];
+        q[i] = c->place;
+        x[i] = c->staged;
+        names[i] = c->name;
+        rc = scale_view(h, m, s, s->weights[i], &sc[i]);
+    }
+    if (!rc)
+        rc = h->quant_mx(h->host, nw, q, sc, x, names, 8, stream);
+    h->mem_free(h->host, v);
+    return rc;
+}
+
+/* The reference linked here, weight by weight (host memory only). */
+static int quant_linked(const refit_host_v1 *h, const refit_fmt_module *m, const mx_state *s)
+{
     for (uint32_t i = 0; i < s->n_weights; i++) {
-        shard sh = {0, 0, 0};
-        int rc = locate(h, m, s->rt_weight, s->weights[i], &sh);
+        const refit_fmt_ckpt *c = &m->ckpt[s->weights[i]];
+        refit_view sv;
+        int rc = scale_view(h, m, s, s->weights[i], &sv);
         if (rc)
             return rc;
-        const refit_fmt_ckpt *c = &m->ckpt[sh.ck];
-        refit_view sv = {.device = rs->device, .dtype = rs->dtype, .ndim = 2};
-        sv.data = (uint8_t *)rs->data + (sh.e * n + sh.row) * kb;
-        sv.shape[0] = c->staged.shape[0];
-        sv.shape[1] = kb;
-        sv.strides[0] = kb;
-        sv.strides[1] = 1;
         rc = kern_quant_mxfp8(&c->place, &sv, &c->staged);
         if (rc == REFIT_ECORRUPT)
-            return corrupt(h, m, sh.ck);
+            return corrupt(h, m, s->weights[i]);
         if (rc)
             return ERR(h, rc, "module %s, tensor %s: quantization refused the views (%d)",
                        m->name, c->name, rc);
     }
     return REFIT_OK;
+}
+
+/* The host's service where it has one (host or device memory, one call
+ * for the module); the reference linked here otherwise (host memory only,
+ * checked at seal; done on return). */
+static int mx_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+{
+    const mx_state *s = m->state;
+    if (!s || !s->online)
+        return REFIT_OK;
+    if (has_service(h))
+        return quant_service(h, m, s, stream);
+    return quant_linked(h, m, s);
 }
 
 REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {

@@ -1,0 +1,85 @@
+#!/bin/sh
+# The CUDA MX quantization kernel (kernels/quant_mx.cu) and its GPU test
+# (tests/gpu/test_gpu_mx.c, kernel cases only: REFIT_GPU_MX_EMU) on the
+# CPU, through the emulator in this folder (emu.h says what it checks and
+# what it cannot):
+#   sh tests/gpu/emu/run_mx.sh BUILD_DIR [WORK_DIR]
+# BUILD_DIR: any meson build of refit (for librefit_kernels.a, the CPU
+# references); WORK_DIR (default BUILD_DIR/emu-mx) receives the objects.
+# Needs g++, gcc and cmocka. The encoder sweep takes every
+# REFIT_GPU_MX_STRIDE-th input (default here 9973) plus the neighbourhoods
+# of every code and rounding boundary; on a GPU it takes every input.
+set -eu
+B=$(cd "$1" && pwd)
+W=${2:-$B/emu-mx}
+R=$(cd "$(dirname "$0")/../../.." && pwd)
+E=$R/tests/gpu/emu
+mkdir -p "$W"
+# kernel<<<grid, MX_THREADS, 0, st>>>(args) -> EMU_LAUNCH(...); vector
+# accesses through the alignment check
+sed -E -e 's/(k_[a-z0-9_]+(<[A-Z0-9_]+>)?)<<<([^,]+), MX_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(\3, MX_THREADS, \1, \4);/' \
+  -e 's/\*\(const float4 \*\)\(at \+ 16\)/*EMU_AL(const float4, 16, at + 16)/' \
+  -e 's/\*\(const float4 \*\)at/*EMU_AL(const float4, 16, at)/' \
+  -e 's/\*\(const uint4 \*\)at/*EMU_AL(const uint4, 16, at)/' \
+  -e 's/\*\(uint2 \*\)\(/*EMU_AL(uint2, 8, /' \
+  -e 's/\*\(uint32_t \*\)\(/*EMU_AL(uint32_t, 4, /' \
+  -e 's/\*\(const float \*\)p/*EMU_AL(const float, 4, p)/' \
+  -e 's/\*\(const uint16_t \*\)p/*EMU_AL(const uint16_t, 2, p)/' \
+  "$R/kernels/quant_mx.cu" > "$W/quant_mx_emu.cc"
+launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_mx_emu.cc")
+aligned=$(grep -o 'EMU_AL(' "$W/quant_mx_emu.cc" | wc -l)
+left=$(grep -c '<<<' "$W/quant_mx_emu.cc" || true)
+if [ "$left" != 0 ] || [ "$aligned" -lt 7 ]; then
+  echo "run_mx.sh: $left kernel launches not rewritten, $aligned accesses checked (want 7)" >&2
+  exit 1
+fi
+echo "emulating $launches launch sites, $aligned checked accesses"
+# What the MX kernel needs beyond the shared shims (emu.h, cuda_runtime.h,
+# which grow as other kernels need more): each definition only where the
+# shims lack it. SSE arithmetic rounds to nearest even and keeps
+# subnormals, as __fmul_rn/__fadd_rn with -ftz=false.
+{
+  echo '#pragma once'
+  echo '#include "cuda_runtime.h"'
+  echo '#include "cuda_fp8.h"'
+  have() { grep -q "$1" "$E"/*.h; }
+  have 'cudaDevAttrMultiProcessorCount' ||
+    echo 'enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };'
+  have 'cudaGetDevice(' ||
+    echo 'inline cudaError_t cudaGetDevice(int *d) { *d = 0; return cudaSuccess; }'
+  have 'cudaDeviceGetAttribute(' ||
+    echo 'inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) { *v = 2; return cudaSuccess; }'
+  have '__fmul_rn(' ||
+    echo 'inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }'
+  have '__fadd_rn(' ||
+    echo 'inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }'
+  have '__umulhi(' ||
+    echo 'inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }'
+  have '__clz(' ||
+    echo 'inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }'
+} > "$W/mx_extra.h"
+# The backend's pieces the test calls: one device; the E4M3 "instruction"
+# is the CPU reference in the emulator (cuda_fp8.h), so both encoders run.
+cat > "$W/mx_stubs.cc" <<'EOF'
+#include <stdint.h>
+#include <stdio.h>
+static char err[256];
+extern "C" const char *kern_cuda_last_error(void) { return err; }
+extern "C" void kern_cuda_set_error(const char *m) { snprintf(err, sizeof err, "%s", m); }
+extern "C" int backend_cuda_device_count(void) { return 1; }
+extern "C" const char *backend_cuda_unavailable(void) { return ""; }
+extern "C" int backend_cuda_fp8_encoder(int, uint64_t *mismatches, void *)
+{
+    if (mismatches)
+        *mismatches = 0;
+    return 1;
+}
+EOF
+g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" \
+  -include "$W/mx_extra.h" -c "$W/quant_mx_emu.cc" -o "$W/quant_mx_emu.o"
+g++ -std=c++17 -O1 -g -Wall -c "$W/mx_stubs.cc" -o "$W/mx_stubs.o"
+gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_MX_EMU -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" \
+  -I"$R" -c "$R/tests/gpu/test_gpu_mx.c" -o "$W/test_gpu_mx.o"
+g++ -o "$W/test-gpu-mx-emu" "$W/test_gpu_mx.o" "$W/quant_mx_emu.o" "$W/mx_stubs.o" \
+  "$B/librefit_kernels.a" -lcmocka -lm
+REFIT_GPU_MX_STRIDE=${REFIT_GPU_MX_STRIDE:-9973} "$W/test-gpu-mx-emu"

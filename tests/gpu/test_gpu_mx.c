@@ -1,0 +1,1296 @@
+/* MXFP8 and MXFP4 on the device.
+ *
+ * Kernel: kern_quant_mx_cuda (kernels/quant_mx.cu) against the CPU
+ * references kern_quant_mxfp8 and kern_quant_mxfp4, bit for bit: F32, F16
+ * and BF16 weights, shapes that are not multiples of 32 (ragged last
+ * blocks, odd K for the packed nibbles) and empty ones, row-major, padded,
+ * transposed and misaligned views of weight, output and scales, zero rows,
+ * subnormal rows, the largest finite values, a block amax at every f32
+ * binade (every scale code, both clamps), stacked experts (evenly spaced
+ * pieces merge into one) mixed with pieces that do not, more pieces than
+ * one launch carries, a caller's stream, NaN and infinity refused with the
+ * lowest piece (or expert) named, and the encoders on every input they can
+ * meet (|x / X| below 2^(emax+1): every f32 there, through the kernel;
+ * REFIT_GPU_MX_STRIDE=S takes every S-th plus the neighbourhoods of every
+ * code and rounding boundary, for the emulator). Each case runs the
+ * reference on a junk-filled host allocation and the kernel on a device
+ * copy of the same junk, then compares whole allocations, so bytes outside
+ * the views are checked too. MXFP8 runs with the integer encoder and, where
+ * the backend's check passed, with the conversion instruction.
+ *
+ * Public API (not in the emulator build, REFIT_GPU_MX_EMU): online mxfp8
+ * and mxfp4 modules through the plugins and the host's quant_mx service,
+ * the model in device memory against the same model in host memory (the
+ * CPU reference): fused q/k/v with a ragged K, an F32 weight, fused F16
+ * weights with F8_E8M0 scales, stacked experts (mxfp8 one tensor each,
+ * mxfp4 one [E, N, K] tensor), an odd K for mxfp4; every source kind and a
+ * caller's stream; reload equals a cold start; a NaN refused (module and
+ * tensor named) with every byte kept; an abort with rollback after every
+ * post-load. REFIT_GPU_MX_ON_HOST=1 runs the "device" model in host memory
+ * (the service's host path), so CI checks it without a GPU.
+ *
+ * Without a device the suite is skipped. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include <refit/format.h>
+
+#include "core/cuda/backend_cuda.h"
+#include "core/cuda/kern_cuda.h"
+#include "kernels/cast.h"
+#include "kernels/minifloat.h"
+#include "kernels/quant_mx.h"
+#include "kernels/quant_mxfp4.h"
+
+#ifndef REFIT_GPU_MX_EMU
+#include <refit/refit.h>
+#endif
+
+#define F32 ((refit_dtype){REFIT_DTYPE_FLOAT, 32, 1})
+#define F16 ((refit_dtype){REFIT_DTYPE_FLOAT, 16, 1})
+#define BF16 ((refit_dtype){REFIT_DTYPE_BFLOAT, 16, 1})
+#define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})
+#define U8 ((refit_dtype){REFIT_DTYPE_UINT, 8, 1})
+#define E8M0 ((refit_dtype){REFIT_DTYPE_FLOAT8_E8M0FNU, 8, 1})
+
+#define CU(call)                                                              \
+    do {                                                                      \
+        cudaError_t e_ = (call);                                              \
+        if (e_ != cudaSuccess)                                                \
+            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
+    } while (0)
+
+static uint64_t rng_state = 0x6d78667034ull;
+static int encoders = 1; /* MXFP8 runs per case: 1, or 2 with the instruction */
+
+static uint64_t rnd(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static const char *dt_name(refit_dtype d)
+{
+    return d.bits == 32 ? "f32" : d.code == REFIT_DTYPE_BFLOAT ? "bf16" : "f16";
+}
+
+/* ---- a host allocation and its device twin, same junk ---- */
+
+typedef struct twin {
+    char *h, *d;
+    size_t bytes;
+} twin;
+
+static twin twin_new(size_t bytes)
+{
+    twin t = {malloc(bytes ? bytes : 1), NULL, bytes};
+    assert_non_null(t.h);
+    for (size_t i = 0; i < bytes; i += 8) {
+        uint64_t r = rnd();
+        memcpy(t.h + i, &r, bytes - i < 8 ? bytes - i : 8);
+    }
+    CU(cudaMalloc((void **)&t.d, bytes ? bytes : 1));
+    CU(cudaMemcpy(t.d, t.h, bytes, cudaMemcpyHostToDevice));
+    return t;
+}
+
+static void twin_push(const twin *t)
+{
+    CU(cudaMemcpy(t->d, t->h, t->bytes, cudaMemcpyHostToDevice));
+}
+
+static void twin_free(twin *t)
+{
+    free(t->h);
+    cudaFree(t->d);
+}
+
+static void twin_check(const twin *t, const char *what)
+{
+    unsigned char *back = malloc(t->bytes ? t->bytes : 1);
+    assert_non_null(back);
+    CU(cudaMemcpy(back, t->d, t->bytes, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < t->bytes; i++)
+        if (back[i] != (unsigned char)t->h[i]) {
+            unsigned a = back[i], b = (unsigned char)t->h[i];
+            free(back);
+            fail_msg("%s: byte %zu of %zu differs: device %02x, host %02x", what, i, t->bytes,
+                     a, b);
+        }
+    free(back);
+}
+
+/* A 2-D view at element offset first of base. */
+static refit_view v2(char *base, refit_dtype dt, int64_t n, int64_t k, int64_t s0, int64_t s1,
+                     int64_t first)
+{
+    refit_view v;
+    memset(&v, 0, sizeof v);
+    v.data = base + first * (int64_t)(dt.bits / 8);
+    v.device = (refit_device){REFIT_DEVICE_CUDA, 0};
+    v.dtype = dt;
+    v.ndim = 2;
+    v.shape[0] = n;
+    v.shape[1] = k;
+    v.strides[0] = s0;
+    v.strides[1] = s1;
+    return v;
+}
+
+static refit_view on_host(refit_view v, const twin *t)
+{
+    v.data = t->h + ((char *)v.data - t->d);
+    v.device = (refit_device){REFIT_DEVICE_CPU, 0};
+    return v;
+}
+
+/* Layouts of an [n, k] view: 0 row-major, 1 padded rows, 2 transposed
+ * (column-major), 3 row-major one element past an aligned start. */
+typedef struct lay {
+    int64_t s0, s1, first, elems;
+} lay;
+
+static lay layout(int kind, int64_t n, int64_t k)
+{
+    lay l = {k, 1, 0, n * k};
+    if (kind == 1) {
+        l.s0 = k + 3;
+        l.elems = n * (k + 3);
+    } else if (kind == 2) {
+        l.s0 = 1;
+        l.s1 = n;
+    } else if (kind == 3) {
+        l.first = 1;
+    }
+    l.elems += l.first + 1;
+    return l;
+}
+
+/* ---- values ---- */
+
+enum pat { PAT_MIXED, PAT_ZERO, PAT_SUBNORMAL, PAT_BIG, PAT_RANDOM };
+
+static void put(const refit_view *x, int64_t i, int64_t j, float f, uint16_t raw16, int use_raw)
+{
+    char *p = (char *)x->data + (i * x->strides[0] + j * x->strides[1]) * (x->dtype.bits / 8);
+    if (x->dtype.bits == 32) {
+        memcpy(p, &f, 4);
+        return;
+    }
+    uint16_t h = use_raw ? raw16
+                 : x->dtype.code == REFIT_DTYPE_BFLOAT ? kern_f32_to_bf16(f) : kern_f32_to_f16(f);
+    memcpy(p, &h, 2);
+}
+
+static float uniform(void)
+{
+    return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static float biggest(refit_dtype dt)
+{
+    if (dt.bits == 32)
+        return 3.4028235e38f;
+    return dt.code == REFIT_DTYPE_FLOAT ? 65504.0f : 3.3895314e38f; /* bf16's largest */
+}
+
+/* One value of kind p (raw 16-bit bits for subnormals of F16/BF16). */
+static void value(refit_dtype dt, int p, float *f, uint16_t *raw, int *use_raw)
+{
+    *use_raw = 0;
+    *f = 0.0f;
+    switch (p) {
+    case PAT_ZERO:
+        *f = (rnd() & 1) ? -0.0f : 0.0f;
+        break;
+    case PAT_SUBNORMAL: {
+        uint32_t b = (uint32_t)(rnd() & 0x80000000u) | ((uint32_t)(rnd() & 0x7fffffu) >>
+                                                         (rnd() % 23));
+        memcpy(f, &b, 4);
+        uint16_t s = (uint16_t)(rnd() & 0x8000u);
+        *raw = dt.code == REFIT_DTYPE_BFLOAT ? (uint16_t)(s | (rnd() & 0x7fu))
+                                             : (uint16_t)(s | (rnd() & 0x3ffu));
+        *use_raw = dt.bits == 16;
+        break;
+    }
+    case PAT_BIG:
+        *f = biggest(dt) * (0.5f + 0.5f * uniform());
+        if (rnd() % 61 == 0)
+            *f = (rnd() & 1) ? biggest(dt) : -biggest(dt);
+        break;
+    default: {
+        int e = (int)(rnd() % 60) - 30;
+        *f = uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
+        if (dt.bits == 16 && dt.code == REFIT_DTYPE_FLOAT)
+            *f = *f > 60000.0f ? 60000.0f : *f < -60000.0f ? -60000.0f : *f;
+        break;
+    }
+    }
+}
+
+/* Fill x with pattern p; mixed: rows of zeros, subnormals and the largest
+ * values among random rows, and some blocks of one kind in a random row. */
+static void fill(const refit_view *x, enum pat p)
+{
+    int64_t n = x->shape[0], k = x->shape[1];
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < k; j++) {
+            int kind = p;
+            if (p == PAT_MIXED) {
+                kind = i % 7 == 3 ? PAT_ZERO : i % 11 == 5 ? PAT_SUBNORMAL : i % 13 == 6 ? PAT_BIG
+                                                                                        : PAT_RANDOM;
+                if (kind == PAT_RANDOM && (j / 32) % 5 == 2)
+                    kind = (int)((i + j / 32) % 3) + PAT_ZERO;
+            }
+            float f;
+            uint16_t raw = 0;
+            int use_raw;
+            value(x->dtype, kind, &f, &raw, &use_raw);
+            put(x, i, j, f, raw, use_raw);
+        }
+}
+
+/* ---- one call, device against reference ---- */
+
+static int reference(int bits, uint32_t n, const refit_view *q, const refit_view *s,
+                     const refit_view *x, int32_t *bad)
+{
+    *bad = -1;
+    for (uint32_t i = 0; i < n; i++) {
+        int rc = bits == 8 ? kern_quant_mxfp8(&q[i], &s[i], &x[i])
+                           : kern_quant_mxfp4(&q[i], &s[i], &x[i]);
+        if (rc) {
+            *bad = (int32_t)i;
+            return rc;
+        }
+    }
+    return REFIT_OK;
+}
+
+/* Layout of the output: MXFP4 rows must be contiguous (no transposed). */
+static lay q_layout(int bits, int kind, int64_t n, int64_t k)
+{
+    if (bits == 4 && kind == 2)
+        kind = 1;
+    return layout(kind, n, bits == 4 ? (k + 1) / 2 : k);
+}
+
+/* One piece: x [n, k] of dt in layout xl, q in ql, scales in sl, values
+ * of pattern p, on stream. */
+static void one(int bits, refit_dtype dt, int64_t n, int64_t k, int xl, int ql, int sl,
+                enum pat p, void *stream)
+{
+    int64_t qk = bits == 4 ? (k + 1) / 2 : k, nb = kern_mx_blocks(k);
+    lay lx = layout(xl, n, k), lq = q_layout(bits, ql, n, k), ls = layout(sl, n, nb);
+    twin tx = twin_new((size_t)lx.elems * (dt.bits / 8));
+    twin tq = twin_new((size_t)lq.elems);
+    twin ts = twin_new((size_t)ls.elems);
+    refit_view gx = v2(tx.d, dt, n, k, lx.s0, lx.s1, lx.first);
+    refit_view gq = v2(tq.d, bits == 8 ? E4M3 : U8, n, qk, lq.s0, lq.s1, lq.first);
+    refit_view gs = v2(ts.d, (sl & 1) ? E8M0 : U8, n, nb, ls.s0, ls.s1, ls.first);
+    refit_view hx = on_host(gx, &tx), hq = on_host(gq, &tq), hs = on_host(gs, &ts);
+    fill(&hx, p);
+    twin_push(&tx);
+    char *jq = malloc(tq.bytes), *js = malloc(ts.bytes);
+    assert_non_null(jq);
+    assert_non_null(js);
+    memcpy(jq, tq.h, tq.bytes);
+    memcpy(js, ts.h, ts.bytes);
+    int32_t bad_h, bad_d;
+    int rh = reference(bits, 1, &hq, &hs, &hx, &bad_h);
+    for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
+        if (hw) {
+            CU(cudaMemcpy(tq.d, jq, tq.bytes, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(ts.d, js, ts.bytes, cudaMemcpyHostToDevice));
+        }
+        int rd = kern_quant_mx_cuda(1, &gq, &gs, &gx, bits, hw, &bad_d, stream);
+        char what[200];
+        snprintf(what, sizeof what, "mxfp%d %s [%lld, %lld], layouts x %d q %d scales %d, "
+                 "values %d, %s", bits, dt_name(dt), (long long)n, (long long)k, xl, ql, sl,
+                 (int)p, hw ? "conversion instruction" : "integer encoder");
+        if (rd != rh)
+            fail_msg("%s: device returned %d (%s), the reference %d", what, rd,
+                     kern_cuda_last_error(), rh);
+        twin_check(&tq, what);
+        twin_check(&ts, what);
+        twin_check(&tx, what);
+    }
+    free(jq);
+    free(js);
+    twin_free(&tx);
+    twin_free(&tq);
+    twin_free(&ts);
+}
+
+static const int64_t shapes[][2] = {
+    {1, 1}, {7, 13}, {3, 32}, {5, 33}, {2, 64}, {31, 95}, {129, 257}, {4, 1000}, {0, 5},
+    {5, 0}, {40, 256}, {3, 4099},
+};
+#define N_SHAPES (sizeof shapes / sizeof shapes[0])
+
+#define SKIP_WITHOUT_DEVICE()                                                 \
+    do {                                                                      \
+        if (backend_cuda_device_count() == 0) {                               \
+            print_message("# no CUDA device: %s\n", backend_cuda_unavailable()); \
+            skip();                                                           \
+        }                                                                     \
+    } while (0)
+
+static void sweep(int bits)
+{
+    refit_dtype dts[3] = {BF16, F16, F32};
+    for (size_t si = 0; si < N_SHAPES; si++)
+        for (int d = 0; d < 3; d++)
+            for (int l = 0; l < 4; l++) {
+                one(bits, dts[d], shapes[si][0], shapes[si][1], l, (l + d) % 4,
+                    (int)((l + si) % 3), PAT_MIXED, NULL);
+                if (l % 2 == 0)
+                    one(bits, dts[d], shapes[si][0], shapes[si][1], l, (l + d + 1) % 4, 0,
+                        PAT_RANDOM, NULL);
+            }
+}
+
+/* The backend's E4M3 encoder choice: MXFP8 cases then run with both. */
+static void test_encoder_choice(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    uint64_t bad = 0;
+    int enc = backend_cuda_fp8_encoder(0, &bad, NULL);
+    print_message("# backend E4M3 encoder: %s (%llu mismatches)\n",
+                  enc == 1 ? "the conversion instruction" : enc == 0 ? "integer" : "?",
+                  (unsigned long long)bad);
+    assert_true(enc == 0 || enc == 1);
+    encoders = 1 + (enc == 1);
+}
+
+static void test_mxfp8_layouts(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    sweep(8);
+}
+
+static void test_mxfp4_layouts(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    sweep(4);
+}
+
+/* Whole matrices of one kind: zeros (scale code 0), subnormals (tiny or
+ * clamped scales), the largest finite values. */
+static void test_edges(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    refit_dtype dts[3] = {BF16, F16, F32};
+    enum pat pats[3] = {PAT_ZERO, PAT_SUBNORMAL, PAT_BIG};
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (int d = 0; d < 3; d++)
+            for (int p = 0; p < 3; p++) {
+                one(bits, dts[d], 9, 130, 0, 0, 0, pats[p], NULL);
+                one(bits, dts[d], 33, 17, 2, 1, 2, pats[p], NULL);
+            }
+}
+
+/* A block amax at every f32 binade and every subnormal bit position, with
+ * random smaller elements: every scale code the rule gives, both clamps. */
+static void test_scales(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    enum { ROWS = 254 + 23, K = 64 };
+    for (int bits = 8; bits >= 4; bits -= 4) {
+        int64_t qk = bits == 4 ? K / 2 : K;
+        twin tx = twin_new(ROWS * K * 4), tq = twin_new(ROWS * qk), ts = twin_new(ROWS * 2);
+        refit_view gx = v2(tx.d, F32, ROWS, K, K, 1, 0);
+        refit_view gq = v2(tq.d, bits == 8 ? E4M3 : U8, ROWS, qk, qk, 1, 0);
+        refit_view gs = v2(ts.d, U8, ROWS, 2, 2, 1, 0);
+        refit_view hx = on_host(gx, &tx), hq = on_host(gq, &tq), hs = on_host(gs, &ts);
+        for (int r = 0; r < ROWS; r++)
+            for (int j = 0; j < K; j++) {
+                /* rows 0..253: amax 2^(r-126) * (1 + m); 254..: a subnormal amax */
+                uint32_t top = r < 254 ? (uint32_t)(r + 1) << 23 | (uint32_t)(rnd() & 0x7fffffu)
+                                       : 1u << (r - 254);
+                uint32_t b = j % 32 == 7 ? top : (uint32_t)(rnd() % (top + 1u));
+                b |= (uint32_t)(rnd() & 0x80000000u);
+                float f;
+                memcpy(&f, &b, 4);
+                put(&hx, r, j, f, 0, 0);
+            }
+        twin_push(&tx);
+        int32_t bad;
+        assert_int_equal(reference(bits, 1, &hq, &hs, &hx, &bad), REFIT_OK);
+        for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
+            assert_int_equal(kern_quant_mx_cuda(1, &gq, &gs, &gx, bits, hw, &bad, NULL),
+                             REFIT_OK);
+            twin_check(&tq, bits == 8 ? "mxfp8 every binade" : "mxfp4 every binade");
+            twin_check(&ts, bits == 8 ? "mxfp8 scales" : "mxfp4 scales");
+        }
+        int lo = 255, hi = -1;
+        for (int r = 0; r < ROWS * 2; r++) {
+            int s = (unsigned char)ts.h[r];
+            lo = s < lo ? s : lo;
+            hi = s > hi ? s : hi;
+        }
+        print_message("# mxfp%d: scale codes %d..%d\n", bits, lo, hi);
+        assert_int_equal(lo, 0); /* the low clamp (subnormal amaxes) */
+        assert_int_equal(hi, 254 - (bits == 8 ? 8 : 2));
+        twin_free(&tx);
+        twin_free(&tq);
+        twin_free(&ts);
+    }
+}
+
+/* ---- several pieces per call ---- */
+
+enum { MAXP = 200 };
+
+typedef struct multi {
+    uint32_t n;
+    twin tx, tq, ts;
+    refit_view gq[MAXP], gs[MAXP], gx[MAXP], hq[MAXP], hs[MAXP], hx[MAXP];
+} multi;
+
+/* n pieces [rows[i], k]; gap[i] elements of padding after piece i (0:
+ * evenly spaced stacks merge; odd: they do not). */
+static void multi_new(multi *m, int bits, refit_dtype dt, uint32_t n, const int64_t *rows,
+                      int64_t k, const int64_t *gap)
+{
+    memset(m, 0, sizeof *m);
+    m->n = n;
+    int64_t qk = bits == 4 ? (k + 1) / 2 : k, nb = kern_mx_blocks(k);
+    size_t xe = 0, qe = 0, se = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        xe += (size_t)(rows[i] * k + gap[i]);
+        qe += (size_t)(rows[i] * qk + gap[i]);
+        se += (size_t)(rows[i] * nb + gap[i]);
+    }
+    m->tx = twin_new((xe + 1) * (dt.bits / 8));
+    m->tq = twin_new(qe + 1);
+    m->ts = twin_new(se + 1);
+    size_t xo = 0, qo = 0, so = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        m->gx[i] = v2(m->tx.d, dt, rows[i], k, k, 1, (int64_t)xo);
+        m->gq[i] = v2(m->tq.d, bits == 8 ? E4M3 : U8, rows[i], qk, qk, 1, (int64_t)qo);
+        m->gs[i] = v2(m->ts.d, U8, rows[i], nb, nb, 1, (int64_t)so);
+        xo += (size_t)(rows[i] * k + gap[i]);
+        qo += (size_t)(rows[i] * qk + gap[i]);
+        so += (size_t)(rows[i] * nb + gap[i]);
+        m->hx[i] = on_host(m->gx[i], &m->tx);
+        m->hq[i] = on_host(m->gq[i], &m->tq);
+        m->hs[i] = on_host(m->gs[i], &m->ts);
+        fill(&m->hx[i], PAT_MIXED);
+    }
+    twin_push(&m->tx);
+}
+
+static void multi_free(multi *m)
+{
+    twin_free(&m->tx);
+    twin_free(&m->tq);
+    twin_free(&m->ts);
+}
+
+static void multi_run(multi *m, int bits, const char *what, void *stream)
+{
+    int32_t bad_h, bad_d;
+    char *jq = malloc(m->tq.bytes), *js = malloc(m->ts.bytes);
+    assert_non_null(jq);
+    assert_non_null(js);
+    memcpy(jq, m->tq.h, m->tq.bytes);
+    memcpy(js, m->ts.h, m->ts.bytes);
+    int rh = reference(bits, m->n, m->hq, m->hs, m->hx, &bad_h);
+    for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
+        CU(cudaMemcpy(m->tq.d, jq, m->tq.bytes, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(m->ts.d, js, m->ts.bytes, cudaMemcpyHostToDevice));
+        int rd = kern_quant_mx_cuda(m->n, m->gq, m->gs, m->gx, bits, hw, &bad_d, stream);
+        if (rh != REFIT_OK || rd != REFIT_OK)
+            fail_msg("%s, mxfp%d: device %d (%s), reference %d", what, bits, rd,
+                     kern_cuda_last_error(), rh);
+        twin_check(&m->tq, what);
+        twin_check(&m->ts, what);
+    }
+    free(jq);
+    free(js);
+}
+
+/* Stacked experts (evenly spaced: one merged piece), broken by a padded
+ * piece, an empty one and a different shape; then more pieces than a
+ * launch carries. */
+static void test_pieces(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    static const int64_t rows[9] = {40, 40, 40, 40, 0, 40, 40, 17, 40};
+    static const int64_t gap[9] = {0, 0, 0, 3, 0, 0, 0, 0, 0};
+    refit_dtype dts[3] = {BF16, F16, F32};
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (int d = 0; d < 3; d++) {
+            multi m;
+            multi_new(&m, bits, dts[d], 9, rows, 136, gap);
+            multi_run(&m, bits, "stacks", NULL);
+            multi_free(&m);
+        }
+    int64_t r2[MAXP], g2[MAXP];
+    for (int i = 0; i < MAXP; i++) {
+        r2[i] = 1 + (i * 37) % 23;
+        g2[i] = i % 3 == 0;
+    }
+    for (int bits = 8; bits >= 4; bits -= 4) {
+        multi m;
+        multi_new(&m, bits, BF16, MAXP, r2, 72, g2);
+        multi_run(&m, bits, "200 pieces", NULL);
+        multi_free(&m);
+    }
+}
+
+/* A caller's non-blocking stream. */
+static void test_user_stream(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    one(8, BF16, 300, 1000, 0, 0, 0, PAT_MIXED, st);
+    one(4, BF16, 300, 1001, 0, 0, 0, PAT_MIXED, st);
+    CU(cudaStreamDestroy(st));
+}
+
+/* NaN or infinity: REFIT_ECORRUPT, the lowest piece holding one named; a
+ * merged stack names its expert. */
+static void test_nonfinite(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    static const int64_t rows[6] = {64, 64, 64, 64, 7, 300};
+    static const int64_t gap[6] = {0, 0, 0, 5, 0, 0};
+    refit_dtype dts[3] = {BF16, F16, F32};
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (int d = 0; d < 3; d++)
+            for (int which = 0; which < 3; which++) {
+                multi m;
+                multi_new(&m, bits, dts[d], 6, rows, 200, gap);
+                /* a NaN in piece 5; -inf in piece 2 (inside the stack of
+                 * 0..3); or +inf in piece 1 as well */
+                put(&m.hx[5], 250, 199, __builtin_nanf(""), 0, 0);
+                if (which >= 1)
+                    put(&m.hx[2], 63, 3, -__builtin_inff(), 0, 0);
+                if (which == 2)
+                    put(&m.hx[1], 0, 0, __builtin_inff(), 0, 0);
+                twin_push(&m.tx);
+                int want = which == 0 ? 5 : which == 1 ? 2 : 1;
+                for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
+                    int32_t bad = 99;
+                    int rc = kern_quant_mx_cuda(6, m.gq, m.gs, m.gx, bits, hw, &bad, NULL);
+                    if (rc != REFIT_ECORRUPT || bad != want)
+                        fail_msg("mxfp%d %s case %d: status %d, piece %d, want %d (%s)", bits,
+                                 dt_name(dts[d]), which, rc, bad, want, kern_cuda_last_error());
+                }
+                multi_free(&m);
+            }
+}
+
+/* ---- the encoders on every input they can meet ---- */
+
+/* With one element of each 32-block at 2^emax (X = 1, s = 127) and the
+ * other 31 below 2^(emax+1), x / X = x: the kernel encodes x itself.
+ * Values: f32 bits 0 .. limit in steps of `stride`, signs alternating;
+ * with stride > 1 also +-24 bits around every code and rounding boundary
+ * of the format. */
+typedef struct sweep_src {
+    int bits;
+    uint32_t limit, stride;
+    uint32_t edges[16384];
+    uint32_t n_edges;
+    uint64_t total;
+} sweep_src;
+
+static void add_edge(sweep_src *s, float c)
+{
+    uint32_t b;
+    memcpy(&b, &c, 4);
+    for (int d = -24; d <= 24; d++) {
+        int64_t e = (int64_t)b + d;
+        if (e >= 0 && e < s->limit && s->n_edges < 16384)
+            s->edges[s->n_edges++] = (uint32_t)e;
+    }
+}
+
+static void sweep_init(sweep_src *s, int bits, uint32_t stride)
+{
+    memset(s, 0, sizeof *s);
+    s->bits = bits;
+    s->stride = stride;
+    s->limit = bits == 8 ? 0x44000000u : 0x41000000u; /* 512, 8 */
+    if (stride > 1) {
+        int codes = bits == 8 ? 0x7f : 8;
+        for (int c = 0; c < codes; c++) {
+            float v = bits == 8 ? kern_e4m3_to_f32((uint8_t)c) : kern_e2m1_to_f32((uint8_t)c);
+            float w = c + 1 < codes ? (bits == 8 ? kern_e4m3_to_f32((uint8_t)(c + 1))
+                                                 : kern_e2m1_to_f32((uint8_t)(c + 1)))
+                                    : 2 * v;
+            add_edge(s, v);
+            add_edge(s, (v + w) / 2);
+        }
+        add_edge(s, 0.0f);
+        if (bits == 8) { /* past 448: 464 rounds to even (448), 480 would be 0x7f */
+            add_edge(s, 464.0f);
+            add_edge(s, 480.0f);
+        }
+    }
+    s->total = s->n_edges + ((uint64_t)s->limit + stride - 1) / stride;
+}
+
+static uint32_t sweep_at(const sweep_src *s, uint64_t i)
+{
+    uint32_t b = i < s->n_edges ? s->edges[i] : (uint32_t)((i - s->n_edges) * s->stride);
+    return (i & 1) ? b | 0x80000000u : b;
+}
+
+static void test_encoders(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    const char *e = getenv("REFIT_GPU_MX_STRIDE");
+    uint32_t stride = e && atoi(e) > 1 ? (uint32_t)atoi(e) : 1;
+    enum { ROWS = 1 << 16, PER = 31 };
+    twin tx = twin_new((size_t)ROWS * 32 * 4), tq = twin_new((size_t)ROWS * 32);
+    twin ts = twin_new(ROWS);
+    uint8_t *back = malloc((size_t)ROWS * 32), *sback = malloc(ROWS);
+    assert_non_null(back);
+    assert_non_null(sback);
+    for (int bits = 8; bits >= 4; bits -= 4) {
+        sweep_src src;
+        sweep_init(&src, bits, stride);
+        float anchor = bits == 8 ? 256.0f : 4.0f;
+        int64_t qk = bits == 8 ? 32 : 16;
+        uint64_t checked = 0;
+        for (uint64_t at = 0; at < src.total; at += (uint64_t)ROWS * PER) {
+            uint64_t left = src.total - at;
+            int64_t rows = left >= (uint64_t)ROWS * PER ? ROWS : (int64_t)((left + PER - 1) / PER);
+            float *x = (float *)tx.h;
+            for (int64_t r = 0; r < rows; r++) {
+                x[r * 32] = anchor;
+                for (int j = 0; j < PER; j++) {
+                    uint64_t i = at + (uint64_t)r * PER + (uint64_t)j;
+                    uint32_t b = i < src.total ? sweep_at(&src, i) : 0;
+                    memcpy(&x[r * 32 + 1 + j], &b, 4);
+                }
+            }
+            CU(cudaMemcpy(tx.d, tx.h, (size_t)rows * 128, cudaMemcpyHostToDevice));
+            refit_view gx = v2(tx.d, F32, rows, 32, 32, 1, 0);
+            refit_view gq = v2(tq.d, bits == 8 ? E4M3 : U8, rows, qk, qk, 1, 0);
+            refit_view gs = v2(ts.d, U8, rows, 1, 1, 1, 0);
+            for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
+                int32_t bad;
+                if (kern_quant_mx_cuda(1, &gq, &gs, &gx, bits, hw, &bad, NULL) != REFIT_OK)
+                    fail_msg("sweep: %s", kern_cuda_last_error());
+                CU(cudaMemcpy(back, tq.d, (size_t)(rows * qk), cudaMemcpyDeviceToHost));
+                CU(cudaMemcpy(sback, ts.d, (size_t)rows, cudaMemcpyDeviceToHost));
+                for (int64_t r = 0; r < rows; r++) {
+                    if (sback[r] != 127)
+                        fail_msg("mxfp%d sweep: row %lld has scale %u, not 127", bits,
+                                 (long long)r, sback[r]);
+                    for (int j = 0; j < 32; j++) {
+                        float f = x[r * 32 + j];
+                        uint8_t want = bits == 8 ? kern_f32_to_e4m3_sat(f) : kern_f32_to_e2m1(f);
+                        uint8_t got = bits == 8 ? back[r * 32 + j]
+                                                : (uint8_t)((back[r * 16 + j / 2] >> (4 * (j & 1))) & 15u);
+                        if (got != want) {
+                            uint32_t b;
+                            memcpy(&b, &f, 4);
+                            fail_msg("mxfp%d (%s): x = %a (bits %08x) encodes to %02x, the "
+                                     "reference %02x", bits, hw ? "instruction" : "integer",
+                                     (double)f, b, got, want);
+                        }
+                    }
+                }
+            }
+            checked += (uint64_t)rows * PER;
+        }
+        print_message("# mxfp%d: %llu inputs below 2^%d (stride %u, %u edge values) encode as "
+                      "the reference\n", bits, (unsigned long long)src.total,
+                      bits == 8 ? 9 : 3, stride, src.n_edges);
+        assert_true(checked >= src.total);
+    }
+    free(back);
+    free(sback);
+    twin_free(&tx);
+    twin_free(&tq);
+    twin_free(&ts);
+}
+
+#ifndef REFIT_GPU_MX_EMU
+/* ---- through the public API: a model on the device against the same
+ * model in host memory ---- */
+
+#define OK(w, call)                                                           \
+    do {                                                                      \
+        int rc_ = (call);                                                     \
+        if (rc_ != REFIT_OK)                                                  \
+            fail_msg("%s: %s: %s [%s]", #call, refit_status_name(rc_),        \
+                     refit_errmsg((w)->ctx), backend_cuda_last_error());      \
+    } while (0)
+
+enum { MAX_RT = 24, MAX_CK = 24 };
+
+static int on_host_only; /* REFIT_GPU_MX_ON_HOST: the "device" world in host memory */
+
+static void *mem_alloc(int device, size_t bytes)
+{
+    void *p = NULL;
+    if (device && !on_host_only)
+        CU(cudaMalloc(&p, bytes ? bytes : 1));
+    else
+        p = malloc(bytes ? bytes : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static void mem_free(int device, void *p)
+{
+    if (device && !on_host_only)
+        cudaFree(p);
+    else
+        free(p);
+}
+
+static void mem_put(int device, void *dst, const void *src, size_t n)
+{
+    if (device && !on_host_only)
+        CU(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    else
+        memcpy(dst, src, n);
+}
+
+static void mem_get(int device, void *dst, const void *src, size_t n)
+{
+    if (device && !on_host_only)
+        CU(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+    else
+        memcpy(dst, src, n);
+}
+
+static refit_device dev_of(int device)
+{
+    return (refit_device){device && !on_host_only ? REFIT_DEVICE_CUDA : REFIT_DEVICE_CPU, 0};
+}
+
+typedef struct rt {
+    refit_tensor t;
+    int64_t shape[3];
+    void *data;
+    size_t bytes;
+} rt;
+
+typedef struct ck {
+    char name[64];
+    char module[32];
+    refit_dtype dtype;
+    int ndim;
+    int64_t shape[3];
+} ck;
+
+typedef struct world {
+    refit_ctx *ctx;
+    refit_model *m;
+    int device;
+    rt rt[MAX_RT];
+    int n_rt;
+    ck ck[MAX_CK];
+    int n_ck;
+} world;
+
+static void bind(world *w, const char *module, const char *name, refit_dtype dt, int nd,
+                 const int64_t *shape)
+{
+    rt *r = &w->rt[w->n_rt++];
+    memset(r, 0, sizeof *r);
+    int64_t numel = 1;
+    for (int i = 0; i < nd; i++) {
+        r->shape[i] = shape[i];
+        numel *= shape[i];
+    }
+    r->bytes = (size_t)numel * (dt.bits / 8);
+    r->data = mem_alloc(w->device, r->bytes);
+    char *junk = malloc(r->bytes ? r->bytes : 1);
+    assert_non_null(junk);
+    memset(junk, 0x5a, r->bytes);
+    mem_put(w->device, r->data, junk, r->bytes);
+    free(junk);
+    r->t = (refit_tensor){.data = r->data, .device = dev_of(w->device), .ndim = nd,
+                          .dtype = dt, .shape = r->shape, .strides = NULL};
+    OK(w, refit_module_bind_runtime(w->m, module, name, &r->t));
+}
+
+/* An online module: runtime weight [e,] n, kq and its scales [e,] n, kb. */
+static void module(world *w, const char *name, const char *fmt, refit_dtype wdt,
+                   refit_dtype sdt, int64_t e, int64_t n, int64_t kq, int64_t kb)
+{
+    OK(w, refit_model_add_module(w->m, name, fmt, NULL));
+    if (e) {
+        bind(w, name, "weight", wdt, 3, (int64_t[]){e, n, kq});
+        bind(w, name, "weight_scale", sdt, 3, (int64_t[]){e, n, kb});
+    } else {
+        bind(w, name, "weight", wdt, 2, (int64_t[]){n, kq});
+        bind(w, name, "weight_scale", sdt, 2, (int64_t[]){n, kb});
+    }
+}
+
+/* A checkpoint weight [(e3,) rows, k] at row `row` of expert e (-1: none). */
+static void weight(world *w, const char *module, const char *name, refit_dtype dt, int64_t e3,
+                   int64_t rows, int64_t k, int64_t row, int64_t e)
+{
+    refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
+    s.dtype = dt;
+    s.ndim = e3 ? 3 : 2;
+    if (e3) {
+        s.shape[0] = e3;
+        s.shape[1] = rows;
+        s.shape[2] = k;
+    } else {
+        s.shape[0] = rows;
+        s.shape[1] = k;
+        s.dst_offset[0] = row;
+    }
+    s.target = "weight";
+    s.expert = e;
+    OK(w, refit_model_expect(w->m, module, name, &s));
+    ck *c = &w->ck[w->n_ck++];
+    snprintf(c->name, sizeof c->name, "%s", name);
+    snprintf(c->module, sizeof c->module, "%s", module);
+    c->dtype = dt;
+    c->ndim = s.ndim;
+    memcpy(c->shape, s.shape, sizeof c->shape);
+}
+
+static void world_open(world *w, int device)
+{
+    memset(w, 0, sizeof *w);
+    w->device = device;
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.worker_id = device ? "gpu-mx" : "host-mx";
+    assert_int_equal(refit_open(&w->ctx, &o), REFIT_OK);
+    OK(w, refit_model_create(&w->m, w->ctx));
+    char n[64];
+    /* mxfp8: fused q/k/v, K = 136 (a ragged last block) */
+    module(w, "l0.qkv", "mxfp8", E4M3, U8, 0, 280, 136, 5);
+    weight(w, "l0.qkv", "l0.q_proj.weight", BF16, 0, 200, 136, 0, -1);
+    weight(w, "l0.qkv", "l0.k_proj.weight", BF16, 0, 40, 136, 200, -1);
+    weight(w, "l0.qkv", "l0.v_proj.weight", BF16, 0, 40, 136, 240, -1);
+    /* an F32 weight; fused F16 weights with E8M0 scales */
+    module(w, "l0.down", "mxfp8", E4M3, U8, 0, 200, 600, 19);
+    weight(w, "l0.down", "l0.down_proj.weight", F32, 0, 200, 600, 0, -1);
+    module(w, "l0.gate_up", "mxfp8", E4M3, E8M0, 0, 600, 200, 7);
+    weight(w, "l0.gate_up", "l0.gate_proj.weight", F16, 0, 300, 200, 0, -1);
+    weight(w, "l0.gate_up", "l0.up_proj.weight", F16, 0, 300, 200, 300, -1);
+    /* stacked experts, one checkpoint tensor each */
+    module(w, "l0.experts", "mxfp8", E4M3, U8, 4, 96, 64, 2);
+    for (int e = 0; e < 4; e++) {
+        snprintf(n, sizeof n, "l0.experts.%d.down_proj.weight", e);
+        weight(w, "l0.experts", n, BF16, 0, 96, 64, 0, e);
+    }
+    /* mxfp4: experts in one [E, N, K] tensor; a 2-D weight with odd K */
+    module(w, "l1.experts", "mxfp4", U8, U8, 3, 64, 65, 5);
+    weight(w, "l1.experts", "l1.experts.weight", BF16, 3, 64, 130, 0, -1);
+    module(w, "l1.o", "mxfp4", U8, E8M0, 0, 100, 39, 3);
+    weight(w, "l1.o", "l1.o_proj.weight", F32, 0, 100, 77, 0, -1);
+    OK(w, refit_model_seal(w->m));
+}
+
+static void world_close(world *w)
+{
+    refit_close(w->ctx);
+    for (int i = 0; i < w->n_rt; i++)
+        mem_free(w->device, w->rt[i].data);
+}
+
+static uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static size_t ck_numel(const ck *c)
+{
+    size_t n = 1;
+    for (int i = 0; i < c->ndim; i++)
+        n *= (size_t)c->shape[i];
+    return n;
+}
+
+/* Weight c of version v, contiguous host bytes: a wide range of
+ * magnitudes, zero rows, subnormal rows and rows near the dtype's largest
+ * value. nan_at >= 0: a NaN there. */
+static void *ckpt_bytes(const ck *c, int v, int64_t nan_at, size_t *bytes)
+{
+    size_t e = c->dtype.bits / 8, n = ck_numel(c);
+    int64_t k = c->shape[c->ndim - 1];
+    uint64_t seed = (uint64_t)v * 0x100000001b3ull;
+    for (const char *p = c->name; *p; p++)
+        seed = (seed ^ (unsigned char)*p) * 0x100000001b3ull;
+    char *b = malloc(n * e + 1);
+    assert_non_null(b);
+    int f16 = c->dtype.code == REFIT_DTYPE_FLOAT && c->dtype.bits == 16;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = mix(seed + i);
+        int64_t row = (int64_t)i / k;
+        float f;
+        uint32_t u;
+        if (row % 9 == 4) {
+            f = 0.0f;
+        } else if (row % 7 == 2) {
+            u = f16 ? 0x33800000u + (uint32_t)(r & 0xfffff) : (uint32_t)(r & 0x7fffffu) | 1u;
+            memcpy(&f, &u, 4);
+        } else if (row % 11 == 6) {
+            f = (f16 ? 65000.0f : 3.0e38f) * ((float)((r >> 40) & 0xffff) / 65536.0f);
+        } else {
+            int ex = (int)(r % 24) - 12;
+            f = (float)((double)((r >> 20) & 0xffff) / 32768.0 - 1.0) *
+                (float)(ex < 0 ? 1.0 / (double)(1u << -ex) : (double)(1u << ex));
+        }
+        if (r & (1ull << 63))
+            f = -f;
+        if ((int64_t)i == nan_at)
+            f = __builtin_nanf("");
+        if (e == 4) {
+            memcpy(b + i * 4, &f, 4);
+        } else {
+            uint16_t h = f16 ? kern_f32_to_f16(f) : kern_f32_to_bf16(f);
+            memcpy(b + i * 2, &h, 2);
+        }
+    }
+    *bytes = n * e;
+    return b;
+}
+
+enum src_kind { SRC_PAGEABLE, SRC_PINNED, SRC_DEVICE };
+
+typedef struct src {
+    refit_tensor t;
+    int64_t shape[3];
+    void *buf;
+    enum src_kind kind;
+} src;
+
+static void src_make(src *s, const ck *c, int v, enum src_kind kind, int64_t nan_at)
+{
+    memset(s, 0, sizeof *s);
+    size_t n;
+    void *h = ckpt_bytes(c, v, nan_at, &n);
+    if (on_host_only)
+        kind = SRC_PAGEABLE;
+    s->kind = kind;
+    memcpy(s->shape, c->shape, sizeof s->shape);
+    s->t = (refit_tensor){.device = {REFIT_DEVICE_CPU, 0}, .ndim = c->ndim, .dtype = c->dtype,
+                          .shape = s->shape};
+    if (kind == SRC_PINNED) {
+        CU(cudaHostAlloc(&s->buf, n ? n : 1, cudaHostAllocDefault));
+        memcpy(s->buf, h, n);
+        s->t.device.device_type = REFIT_DEVICE_CUDA_HOST;
+    } else if (kind == SRC_DEVICE) {
+        CU(cudaMalloc(&s->buf, n ? n : 1));
+        CU(cudaMemcpy(s->buf, h, n, cudaMemcpyHostToDevice));
+        s->t.device.device_type = REFIT_DEVICE_CUDA;
+    } else {
+        s->buf = h;
+        h = NULL;
+    }
+    s->t.data = s->buf;
+    free(h);
+}
+
+static void src_free(src *s)
+{
+    if (s->kind == SRC_PINNED)
+        cudaFreeHost(s->buf);
+    else if (s->kind == SRC_DEVICE)
+        cudaFree(s->buf);
+    else
+        free(s->buf);
+}
+
+static int deliver(world *w, refit_txn *t, int v, enum src_kind kind, void *stream, src *keep,
+                   int bad)
+{
+    for (int i = 0; i < w->n_ck; i++) {
+        src_make(&keep[i], &w->ck[i], v, kind, i == bad ? 37 : -1);
+        int rc = refit_load(t, w->ck[i].name, &keep[i].t, stream);
+        if (rc)
+            return rc;
+    }
+    return REFIT_OK;
+}
+
+static void keep_free(world *w, src *keep)
+{
+    for (int i = 0; i < w->n_ck; i++)
+        src_free(&keep[i]);
+    free(keep);
+}
+
+static void update(world *w, int v, enum src_kind kind, void *stream)
+{
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    char label[32];
+    snprintf(label, sizeof label, "v%d", v);
+    o.version_label = label;
+    o.rollback = 1;
+    refit_txn *t;
+    OK(w, refit_begin(&t, w->m, &o));
+    src *keep = calloc(MAX_CK, sizeof *keep);
+    assert_non_null(keep);
+    int rc = deliver(w, t, v, kind, stream, keep, -1);
+    if (rc)
+        fail_msg("update v%d: %s: %s [%s]", v, refit_status_name(rc), refit_errmsg(w->ctx),
+                 backend_cuda_last_error());
+    OK(w, refit_finalize(t));
+    keep_free(w, keep);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+}
+
+static char *snapshot(world *w, size_t *bytes)
+{
+    size_t n = 0;
+    for (int i = 0; i < w->n_rt; i++)
+        n += w->rt[i].bytes;
+    char *out = malloc(n ? n : 1), *p = out;
+    assert_non_null(out);
+    for (int i = 0; i < w->n_rt; i++) {
+        mem_get(w->device, p, w->rt[i].data, w->rt[i].bytes);
+        p += w->rt[i].bytes;
+    }
+    *bytes = n;
+    return out;
+}
+
+static void assert_snap(world *w, const char *a, const char *b, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            size_t at = i;
+            int r = 0;
+            while (r < w->n_rt && at >= w->rt[r].bytes)
+                at -= w->rt[r++].bytes;
+            fail_msg("%s: byte %zu differs (runtime tensor %d, byte %zu): %02x vs %02x", what, i,
+                     r, at, (unsigned char)a[i], (unsigned char)b[i]);
+        }
+}
+
+static void assert_same(world *d, world *h, const char *what)
+{
+    size_t nd, nh;
+    char *a = snapshot(d, &nd), *b = snapshot(h, &nh);
+    assert_int_equal(nd, nh);
+    assert_snap(d, a, b, nd, what);
+    free(a);
+    free(b);
+    uint64_t fd, fh;
+    OK(d, refit_model_fingerprint(d->m, &fd));
+    OK(h, refit_model_fingerprint(h->m, &fh));
+    if (fd != fh)
+        fail_msg("%s: fingerprints differ: device %016llx, host %016llx", what,
+                 (unsigned long long)fd, (unsigned long long)fh);
+}
+
+static int setup(void **state)
+{
+    if (backend_cuda_device_count() == 0 && !on_host_only) {
+        *state = NULL;
+        return 0;
+    }
+    world *w = calloc(2, sizeof *w);
+    if (!w)
+        return -1;
+    world_open(&w[0], 1);
+    world_open(&w[1], 0);
+    *state = w;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    world *w = *state;
+    if (w) {
+        world_close(&w[0]);
+        world_close(&w[1]);
+        free(w);
+    }
+    return 0;
+}
+
+#define WORLDS(state, d, h)                                                   \
+    if (!*(state)) {                                                          \
+        print_message("# no CUDA device: %s\n", backend_cuda_unavailable());  \
+        skip();                                                               \
+    }                                                                         \
+    world *d = &((world *)*(state))[0], *h = &((world *)*(state))[1]
+
+static void test_model_matches_host(void **state)
+{
+    WORLDS(state, d, h);
+    enum src_kind kinds[3] = {SRC_DEVICE, SRC_PINNED, SRC_PAGEABLE};
+    for (int v = 1; v <= 3; v++) {
+        update(h, v, SRC_PAGEABLE, NULL);
+        update(d, v, kinds[v - 1], NULL);
+        char what[64];
+        snprintf(what, sizeof what, "version %d, source kind %d", v, (int)kinds[v - 1]);
+        assert_same(d, h, what);
+    }
+}
+
+static void test_model_reload_equals_cold(void **state)
+{
+    WORLDS(state, d, h);
+    (void)h;
+    size_t n1, n2, n3;
+    update(d, 11, SRC_DEVICE, NULL);
+    char *a = snapshot(d, &n1);
+    update(d, 11, SRC_DEVICE, NULL);
+    char *b = snapshot(d, &n2);
+    assert_int_equal(n1, n2);
+    assert_snap(d, a, b, n1, "the same weights reloaded");
+    update(d, 12, SRC_DEVICE, NULL);
+    char *c = snapshot(d, &n3);
+    assert_true(memcmp(a, c, n1) != 0);
+    update(d, 11, SRC_PAGEABLE, NULL);
+    free(b);
+    b = snapshot(d, &n2);
+    assert_snap(d, a, b, n1, "A, B, then A again");
+    world cold;
+    world_open(&cold, 1);
+    update(&cold, 11, SRC_DEVICE, NULL);
+    free(c);
+    c = snapshot(&cold, &n3);
+    assert_int_equal(n1, n3);
+    assert_snap(d, c, b, n1, "reload against a cold start");
+    world_close(&cold);
+    free(a);
+    free(b);
+    free(c);
+}
+
+static void test_model_user_stream(void **state)
+{
+    WORLDS(state, d, h);
+    cudaStream_t st = NULL;
+    if (!on_host_only)
+        CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    update(h, 21, SRC_PAGEABLE, NULL);
+    update(d, 21, SRC_DEVICE, st);
+    assert_same(d, h, "on a non-blocking stream");
+    update(d, 22, SRC_PAGEABLE, st);
+    update(h, 22, SRC_PAGEABLE, NULL);
+    assert_same(d, h, "pageable on a non-blocking stream");
+    if (st)
+        CU(cudaStreamDestroy(st));
+}
+
+/* A NaN refused with module and tensor named and every byte kept; an abort
+ * after every post-load ran restores every byte. */
+static void test_model_nan_and_abort(void **state)
+{
+    WORLDS(state, d, h);
+    update(h, 31, SRC_PAGEABLE, NULL);
+    update(d, 31, SRC_DEVICE, NULL);
+    size_t n0, n1;
+    char *before = snapshot(d, &n0);
+    /* l0.k_proj, l0.down_proj (F32), an mxfp8 expert, the mxfp4 experts,
+     * the mxfp4 odd-K weight */
+    static const int bads[5] = {1, 3, 7, 10, 11};
+    for (int k = 0; k < 5; k++) {
+        refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+        o.rollback = 1;
+        refit_txn *t;
+        OK(d, refit_begin(&t, d->m, &o));
+        src *keep = calloc(MAX_CK, sizeof *keep);
+        assert_non_null(keep);
+        int rc = deliver(d, t, 32, SRC_DEVICE, NULL, keep, bads[k]);
+        if (rc == REFIT_OK)
+            rc = refit_finalize(t);
+        assert_int_equal(rc, REFIT_ECORRUPT);
+        const char *msg = refit_errmsg(d->ctx);
+        const ck *c = &d->ck[bads[k]];
+        if (!strstr(msg, c->module) || !strstr(msg, c->name) || !strstr(msg, "NaN or infinity"))
+            fail_msg("message \"%s\" lacks module %s, tensor %s or the reason", msg, c->module,
+                     c->name);
+        if (refit_worker_health(d->ctx) == REFIT_HEALTH_UPDATING)
+            refit_abort(t);
+        keep_free(d, keep);
+        assert_int_equal(refit_worker_health(d->ctx), REFIT_HEALTH_READY);
+        char *after = snapshot(d, &n1);
+        assert_snap(d, before, after, n0, "after a refused NaN");
+        free(after);
+    }
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.rollback = 1;
+    refit_txn *t;
+    OK(d, refit_begin(&t, d->m, &o));
+    src *keep = calloc(MAX_CK, sizeof *keep);
+    assert_non_null(keep);
+    assert_int_equal(deliver(d, t, 33, SRC_DEVICE, NULL, keep, -1), REFIT_OK);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    keep_free(d, keep);
+    assert_int_equal(refit_worker_health(d->ctx), REFIT_HEALTH_READY);
+    char *after = snapshot(d, &n1);
+    assert_snap(d, before, after, n0, "after an abort with rollback");
+    free(after);
+    free(before);
+    assert_same(d, h, "after the refusals");
+}
+#endif
+
+int main(void)
+{
+#ifndef REFIT_GPU_MX_EMU
+    const char *e = getenv("REFIT_GPU_MX_ON_HOST");
+    on_host_only = e && *e && strcmp(e, "0");
+    if (on_host_only) {
+        const struct CMUnitTest model[] = {
+            cmocka_unit_test(test_model_matches_host),
+            cmocka_unit_test(test_model_reload_equals_cold),
+            cmocka_unit_test(test_model_user_stream),
+            cmocka_unit_test(test_model_nan_and_abort),
+        };
+        return cmocka_run_group_tests(model, setup, teardown);
+    }
+#endif
+    /* cmocka's TAP output writes a skipped case as "not ok ... # SKIP",
+     * which TAP consumers count as a failure: without a device, the whole
+     * suite is one skipped plan instead. */
+    if (backend_cuda_device_count() == 0) {
+        printf("1..0 # SKIP no CUDA device: %s\n", backend_cuda_unavailable());
+        return 0;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_encoder_choice),
+        cmocka_unit_test(test_mxfp8_layouts),
+        cmocka_unit_test(test_mxfp4_layouts),
+        cmocka_unit_test(test_edges),
+        cmocka_unit_test(test_scales),
+        cmocka_unit_test(test_pieces),
+        cmocka_unit_test(test_user_stream),
+        cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_encoders),
+#ifndef REFIT_GPU_MX_EMU
+        cmocka_unit_test_setup_teardown(test_model_matches_host, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_model_reload_equals_cold, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_model_user_stream, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_model_nan_and_abort, setup, teardown),
+#endif
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
