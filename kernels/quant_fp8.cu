@@ -3,7 +3,8 @@
  *
  *   amax  = max |x| over the group        (the max of the magnitude bits:
  *                                          for non-negative floats the bit
- *                                          order is the value order)
+ *                                          order is the value order, in
+ *                                          F16 and BF16 as in F32)
  *   scale = __fdiv_rn(amax, 448), 1 when that is 0
  *   q     = e4m3_sat(__fdiv_rn(x, scale)) (the integer encoder of
  *                                          kernels/minifloat.c, written again
@@ -17,31 +18,43 @@
  * --use_fast_math), so divisions are correctly rounded and subnormals kept,
  * as on the CPU.
  *
- * A call quantizes n pieces (kern_quant_fp8_cuda in core/cuda/kern_cuda.h):
+ * Built for bandwidth: a call is ONE kernel launch whatever its pieces, and
+ * every thread keeps several 16-byte loads in flight before it uses any.
+ * A "group" is 16 bytes of a row of x (8 F16/BF16 or 4 F32 elements): one
+ * vector load where the row is contiguous and aligned, element loads
+ * otherwise (a ragged row end, any strides), the encoded bytes one 8-byte
+ * (4-byte) store or byte stores likewise. Groups stay raw in registers
+ * (one uint4 each) and the amax is taken on their raw magnitude bits.
  *
- *   per-tensor   pieces whose scale views start at the same element form a
- *                group; k_amax folds each piece into its group's amax (a
- *                device word, atomicMax of magnitude bits), then k_encode
- *                turns the amax into the scale and writes the piece. Groups
- *                go in sets of about QF_SET_BYTES of input, amax then encode
- *                per set, so the second read of a set mostly hits L2.
- *   per-channel  one block per tile (a row; a 128x128 tile, ragged at the
- *   block-128    edges): the block reads its tile into registers (up to
- *                QF_CH groups of 8 elements per thread, else it reads the
- *                tile twice), reduces the amax, writes the scale, encodes.
+ *   per-channel  k_rows<CH>: a warp per row (rows of all pieces in one
+ *                grid-stride loop); each lane keeps up to CH groups of the
+ *                row (CH * 256 elements of a 16-bit row in the warp), so a
+ *                row is read once; groups past that are read again for the
+ *                encode (from L1/L2).
+ *   block-128    k_tiles<CH>: a 256-thread block per 128x128 tile (CH = 8
+ *                groups a thread holds a 16-bit tile, 16 an F32 one), a
+ *                block-wide max through shared memory.
+ *   per-tensor   k_tensor: chunks of 2048 groups; a persistent grid takes
+ *                tickets (an atomic counter) that walk the chunks twice,
+ *                amax then encode, the encode pass lagging the amax pass by
+ *                a few rounds of QF_ROUND chunks, so that a chunk is read
+ *                again while it is still in L2 (2 bytes of HBM a BF16
+ *                element, not 4). An encode chunk waits (spins) until every
+ *                amax chunk of its group is done; the lag is at least the
+ *                largest group's span in rounds, so what it waits on holds
+ *                an earlier ticket, taken by a running block: no deadlock
+ *                whatever the number of resident blocks.
  *
- * Pieces travel in the kernel's parameters (QF_BATCH per launch, a
- * __grid_constant__ struct), so nothing is copied to the device but two
- * memsets of a small scratch (the status word and the per-tensor amaxes,
- * from cudaMallocAsync). A NaN or infinity makes its block atomicMin the
- * piece's index into the status word; the call copies that word back and
- * waits for the stream once, at the end, to report it.
- *
- * Element access: 8 consecutive elements of a row per thread ("a group"),
- * one 16-byte load (two for F32) and one 8-byte store where the row is
- * contiguous and aligned, element by element otherwise (any strides). */
+ * The pieces travel in a table uploaded once per call (one cudaMemcpyAsync
+ * from a pinned buffer) with the status word and the per-tensor groups'
+ * words beside it: no memset, no stream-ordered allocation; the pinned and
+ * device buffers are cached per device and reused (grown when a call needs
+ * more). A NaN or infinity makes its warp/block atomicMin the piece's index
+ * into the status word; the call copies that word back and waits for the
+ * stream once, at the end, to report it. */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,13 +68,15 @@ extern "C" void kern_cuda_set_error(const char *msg);
 
 #define QF_HD __host__ __device__ __forceinline__
 #define QF_THREADS 256
-#define QF_BATCH 24                    /* pieces per launch (4 KB of parameters) */
-#define QF_CH 8                        /* groups of 8 a thread keeps in registers */
-#define QF_BLOCKS_MAX 8192             /* per-tensor blocks per piece */
-#define QF_SET_BYTES ((int64_t)24 << 20)
+#define QF_WARPS (QF_THREADS / 32)
+#define QF_SLOTS 8                     /* groups a thread holds: per-tensor chunk, 16-bit tile */
+#define QF_CHUNK (QF_THREADS * QF_SLOTS) /* groups of a per-tensor chunk */
+#define QF_ROW_CH_MAX 24               /* groups a lane holds of a per-channel row */
+#define QF_ROUND 64                    /* per-tensor: chunks a round (REFIT_CUDA_FP8_ROUND) */
+#define QF_LAG 2                       /* per-tensor: least lag in rounds (REFIT_CUDA_FP8_LAG) */
 #define QF_FINITE_MAX 0x7f7fffffu      /* magnitude bits of FLT_MAX */
 #define QF_NONE 0xffffffffu            /* status word: no piece failed */
-
+#define QF_DEVICES 64
 /* ---- the E4M3 encoder (kernels/minifloat.c: encode_mag, e4m3_encode) ---- */
 
 /* m >> shift rounded to nearest, ties to even; 0 when shift > 25 (m < 2^24
@@ -109,105 +124,121 @@ QF_HD uint8_t qf_e4m3_sat(uint32_t x)
 
 /* ---- pieces ---- */
 
+/* Piece i of a call as the kernels read it (the device table). */
 struct qf_piece {
     const char *x;
     unsigned char *q;
     float *s;                   /* the scale grid (per-tensor: the group's scale) */
     int64_t n, k;               /* rows, columns (a contiguous per-tensor piece: 1, n*k) */
     int64_t xs0, xs1, qs0, qs1, ss0, ss1; /* strides, in elements */
-    int64_t first;              /* its first block (per-tensor) or tile in the launch */
-    unsigned int *amax;         /* per-tensor: the group's amax bits */
+    int64_t first;              /* its first row, tile or chunk in the call */
+    int64_t gpr;                /* groups a row: ceil(k / elements a group) */
+    uint32_t group;             /* per-tensor: its group */
     int32_t idx;                /* its index in the call */
     uint8_t kind;               /* x: 0 f32, 1 f16, 2 bf16 */
+    uint8_t shift;              /* log2 of the elements a group: 2 (f32) or 3 */
     uint8_t vx, vq;             /* rows of x (q) are 16 (8) byte aligned and contiguous */
     uint8_t leader;             /* per-tensor: writes the group's scale */
 };
 
-struct qf_batch {
-    int32_t np;
-    int32_t hw;                 /* encode with the hardware conversion */
-    int64_t end;                /* blocks of the launch */
-    qf_piece p[QF_BATCH];
-};
-static_assert(sizeof(qf_batch) <= 4000, "qf_batch must fit the kernel parameters");
-
-/* A rectangle of a piece, walked in row-major order by groups of 8. */
-struct qf_tile {
-    int64_t r0, c0, h, w;
+/* Per-tensor group words: the amax bits, the amax chunks done, and how
+ * many there are. */
+struct qf_group {
+    unsigned int amax, done, need, pad;
 };
 
-/* The piece that block b belongs to (the last whose first block <= b). */
-__device__ __forceinline__ int qf_find(const qf_batch &B, int64_t b)
+/* The head of the device table: the status word and the ticket counter. */
+struct qf_head {
+    unsigned int status, pad;
+    unsigned long long ticket;
+};
+
+/* The piece of unit t (row, tile or chunk): the last whose first unit is
+ * <= t, searched from lo up (P[lo].first <= t; t only grows in a loop). */
+__device__ __forceinline__ int qf_find(const qf_piece *P, int np, int64_t t, int lo)
 {
-    int i = 0;
-    while (i + 1 < B.np && b >= B.p[i + 1].first)
-        i++;
-    return i;
+    if (lo + 1 >= np || P[lo + 1].first > t)
+        return lo;
+    int hi = np - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (P[mid].first <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
 }
 
-__device__ __forceinline__ float qf_decode(const char *p, int kind)
+/* ---- a group: 16 bytes of a row of x ---- */
+
+__device__ __forceinline__ const char *qf_xat(const qf_piece &p, int64_t r, int64_t c)
+{
+    return p.x + (r * p.xs0 + c * p.xs1) * (p.kind == 0 ? 4 : 2);
+}
+
+__device__ __forceinline__ uint4 qf_ld16(const char *a)
+{
+    return *(const uint4 *)a;
+}
+
+__device__ __forceinline__ uint32_t qf_ld4(const char *a)
+{
+    return *(const uint32_t *)a;
+}
+
+__device__ __forceinline__ uint32_t qf_ld2(const char *a)
+{
+    return *(const uint16_t *)a;
+}
+
+/* Group gg of row r, raw: one vector load where the row allows, else the
+ * elements one by one (0 past the row's end, which adds nothing to an
+ * amax and is never stored). */
+__device__ __forceinline__ uint4 qf_load(const qf_piece &p, int64_t r, int64_t gg)
+{
+    int64_t c = gg << p.shift, ne = (int64_t)1 << p.shift;
+    if (p.vx && c + ne <= p.k)
+        return qf_ld16(qf_xat(p, r, c));
+    uint32_t w[4] = {0, 0, 0, 0};
+    if (p.kind == 0) {
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+            if (c + u < p.k)
+                w[u] = qf_ld4(qf_xat(p, r, c + u));
+    } else {
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (c + u < p.k)
+                w[u >> 1] |= qf_ld2(qf_xat(p, r, c + u)) << (16 * (u & 1));
+    }
+    uint4 v;
+    v.x = w[0];
+    v.y = w[1];
+    v.z = w[2];
+    v.w = w[3];
+    return v;
+}
+
+/* The largest magnitude of a raw group, in the bits of its own dtype (an
+ * F16/BF16 magnitude orders as its value does, as an F32 one does). */
+__device__ __forceinline__ uint32_t qf_gmax(uint4 w, int kind)
 {
     if (kind == 0)
-        return *(const float *)p;
-    uint16_t h = *(const uint16_t *)p;
-    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
+        return max(max(w.x & 0x7fffffffu, w.y & 0x7fffffffu),
+                   max(w.z & 0x7fffffffu, w.w & 0x7fffffffu));
+    const uint32_t m = 0x7fff7fffu;
+    uint32_t t = __vmaxu2(__vmaxu2(w.x & m, w.y & m), __vmaxu2(w.z & m, w.w & m));
+    return max(t & 0xffffu, t >> 16);
 }
 
-__device__ __forceinline__ float qf_half(uint32_t w, int hi, int kind)
+/* A max of qf_gmax values as F32 magnitude bits (NaN and infinity stay
+ * above QF_FINITE_MAX). */
+__device__ __forceinline__ uint32_t qf_mag_f32(uint32_t m, int kind)
 {
-    uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffffu);
-    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
-}
-
-/* Row and column, in the tile, of element e. */
-__device__ __forceinline__ void qf_rc(const qf_tile &t, int64_t e, int64_t *r, int64_t *c)
-{
-    if (t.h == 1) {
-        *r = 0;
-        *c = e;
-    } else if (e <= 0xffffffffll && t.w <= 0xffffffffll) {
-        uint32_t q = (uint32_t)e / (uint32_t)t.w;
-        *r = q;
-        *c = e - (int64_t)q * t.w;
-    } else {
-        *r = e / t.w;
-        *c = e - *r * t.w;
-    }
-}
-
-/* Group g of tile t: elements 8g .. 8g+7 (0 past the end). */
-__device__ __forceinline__ void qf_load8(const qf_piece &p, const qf_tile &t, int64_t g,
-                                         float v[8])
-{
-    int64_t total = t.h * t.w, e = 8 * g, r, c;
-    qf_rc(t, e, &r, &c);
-    size_t es = p.kind == 0 ? 4 : 2;
-    if (p.vx && c + 8 <= t.w && ((t.c0 + c) & 7) == 0) {
-        const char *a = p.x + ((t.r0 + r) * p.xs0 + t.c0 + c) * (int64_t)es;
-        if (p.kind == 0) {
-            float4 lo = *(const float4 *)a, hi = *(const float4 *)(a + 16);
-            v[0] = lo.x; v[1] = lo.y; v[2] = lo.z; v[3] = lo.w;
-            v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
-        } else {
-            uint4 w = *(const uint4 *)a;
-            v[0] = qf_half(w.x, 0, p.kind); v[1] = qf_half(w.x, 1, p.kind);
-            v[2] = qf_half(w.y, 0, p.kind); v[3] = qf_half(w.y, 1, p.kind);
-            v[4] = qf_half(w.z, 0, p.kind); v[5] = qf_half(w.z, 1, p.kind);
-            v[6] = qf_half(w.w, 0, p.kind); v[7] = qf_half(w.w, 1, p.kind);
-        }
-        return;
-    }
-#pragma unroll
-    for (int u = 0; u < 8; u++) {
-        v[u] = 0.0f;
-        if (e + u < total)
-            v[u] = qf_decode(p.x + ((t.r0 + r) * p.xs0 + (t.c0 + c) * p.xs1) * (int64_t)es,
-                             p.kind);
-        if (++c == t.w) {
-            c = 0;
-            r++;
-        }
-    }
+    if (kind == 0)
+        return m;
+    return kind == 1 ? kern_bits_f16_to_f32((uint16_t)m) : m << 16;
 }
 
 /* The hardware conversion of two finite floats: lo in the low byte. */
@@ -216,63 +247,99 @@ __device__ __forceinline__ uint16_t qf_cvt2(float lo, float hi)
     return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
 }
 
-/* Encode group g of tile t with scale s and store it. */
-__device__ __forceinline__ void qf_store8(const qf_piece &p, const qf_tile &t, int64_t g,
-                                          const float v[8], float s, int hw)
+__device__ __forceinline__ float qf_half(uint32_t w, int hi, int kind)
 {
-    uint8_t b[8];
+    uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffffu);
+    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : (uint32_t)h << 16);
+}
+
+/* A raw group encoded with scale s: byte u is element u (4 of an F32
+ * group, 8 of a 16-bit one). */
+__device__ __forceinline__ uint2 qf_encode(uint4 w, int kind, float s, int hw)
+{
+    float v[8];
+    int ne = kind == 0 ? 4 : 8;
+    if (kind == 0) {
+        v[0] = __uint_as_float(w.x);
+        v[1] = __uint_as_float(w.y);
+        v[2] = __uint_as_float(w.z);
+        v[3] = __uint_as_float(w.w);
+        v[4] = v[5] = v[6] = v[7] = 0.0f;
+    } else {
+        v[0] = qf_half(w.x, 0, kind); v[1] = qf_half(w.x, 1, kind);
+        v[2] = qf_half(w.y, 0, kind); v[3] = qf_half(w.y, 1, kind);
+        v[4] = qf_half(w.z, 0, kind); v[5] = qf_half(w.z, 1, kind);
+        v[6] = qf_half(w.w, 0, kind); v[7] = qf_half(w.w, 1, kind);
+    }
+    uint32_t b[8];
     if (hw) {
 #pragma unroll
         for (int u = 0; u < 8; u += 2) {
-            uint16_t two = qf_cvt2(__fdiv_rn(v[u], s), __fdiv_rn(v[u + 1], s));
-            b[u] = (uint8_t)(two & 0xffu);
-            b[u + 1] = (uint8_t)(two >> 8);
+            uint16_t two = u < ne ? qf_cvt2(__fdiv_rn(v[u], s), __fdiv_rn(v[u + 1], s)) : 0;
+            b[u] = two & 0xffu;
+            b[u + 1] = (uint32_t)two >> 8;
         }
     } else {
 #pragma unroll
         for (int u = 0; u < 8; u++)
-            b[u] = qf_e4m3_sat(__float_as_uint(__fdiv_rn(v[u], s)));
+            b[u] = u < ne ? qf_e4m3_sat(__float_as_uint(__fdiv_rn(v[u], s))) : 0;
     }
-    int64_t total = t.h * t.w, e = 8 * g, r, c;
-    qf_rc(t, e, &r, &c);
-    if (p.vq && c + 8 <= t.w && ((t.c0 + c) & 7) == 0) {
-        uint2 w;
-        w.x = b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-        w.y = b[4] | (uint32_t)b[5] << 8 | (uint32_t)b[6] << 16 | (uint32_t)b[7] << 24;
-        *(uint2 *)(p.q + (t.r0 + r) * p.qs0 + t.c0 + c) = w;
+    uint2 o;
+    o.x = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24;
+    o.y = b[4] | b[5] << 8 | b[6] << 16 | b[7] << 24;
+    return o;
+}
+
+__device__ __forceinline__ void qf_st8(unsigned char *a, uint2 w)
+{
+    *(uint2 *)(a) = w;
+}
+
+__device__ __forceinline__ void qf_st4(unsigned char *a, uint32_t w)
+{
+    *(uint32_t *)(a) = w;
+}
+
+/* Store encoded group gg of row r: one store where q's row allows. */
+__device__ __forceinline__ void qf_store(const qf_piece &p, int64_t r, int64_t gg, uint2 b)
+{
+    int64_t c = gg << p.shift, ne = (int64_t)1 << p.shift;
+    if (p.vq && c + ne <= p.k) {
+        unsigned char *a = p.q + r * p.qs0 + c;
+        if (p.kind == 0)
+            qf_st4(a, b.x);
+        else
+            qf_st8(a, b);
         return;
     }
 #pragma unroll
-    for (int u = 0; u < 8; u++) {
-        if (e + u < total)
-            p.q[(t.r0 + r) * p.qs0 + (t.c0 + c) * p.qs1] = b[u];
-        if (++c == t.w) {
-            c = 0;
-            r++;
-        }
-    }
+    for (int u = 0; u < 8; u++)
+        if (u < ne && c + u < p.k)
+            p.q[r * p.qs0 + (c + u) * p.qs1] =
+                (unsigned char)((u < 4 ? b.x >> (8 * u) : b.y >> (8 * (u - 4))) & 0xffu);
 }
 
-__device__ __forceinline__ uint32_t qf_mag_max(uint32_t m, const float v[8])
+__device__ __forceinline__ uint32_t qf_warp_max(uint32_t m)
 {
-#pragma unroll
-    for (int u = 0; u < 8; u++)
-        m = max(m, __float_as_uint(v[u]) & 0x7fffffffu);
+    for (int o = 16; o > 0; o >>= 1)
+        m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
     return m;
 }
 
-/* The max of m over the block, in every thread. */
+/* The max of m over the block, in every thread; the block may call it
+ * again at once (the second barrier keeps the next call's writes after
+ * this call's reads). */
 __device__ __forceinline__ uint32_t qf_block_max(uint32_t m)
 {
-    __shared__ uint32_t part[QF_THREADS / 32];
-    for (int o = 16; o > 0; o >>= 1)
-        m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    __shared__ uint32_t part[QF_WARPS];
+    m = qf_warp_max(m);
     if ((threadIdx.x & 31) == 0)
         part[threadIdx.x / 32] = m;
     __syncthreads();
     m = part[0];
-    for (int k = 1; k < QF_THREADS / 32; k++)
+    for (int k = 1; k < QF_WARPS; k++)
         m = max(m, part[k]);
+    __syncthreads();
     return m;
 }
 
@@ -282,123 +349,223 @@ __device__ __forceinline__ float qf_scale(uint32_t amax_bits)
     return s > 0.0f ? s : 1.0f;
 }
 
-/* ---- per-tensor: amax, then encode ---- */
+/* ---- per-channel: a warp per row ---- */
 
-__global__ void __launch_bounds__(QF_THREADS)
-k_amax(const __grid_constant__ qf_batch B, unsigned int *status)
-{
-    int i = qf_find(B, blockIdx.x);
-    const qf_piece &p = B.p[i];
-    int64_t nb = (i + 1 < B.np ? B.p[i + 1].first : B.end) - p.first;
-    qf_tile t = {0, 0, p.n, p.k};
-    int64_t ng = (p.n * p.k + 7) / 8;
-    uint32_t m = 0;
-    for (int64_t g = ((int64_t)blockIdx.x - p.first) * QF_THREADS + threadIdx.x; g < ng;
-         g += nb * QF_THREADS) {
-        float v[8];
-        qf_load8(p, t, g, v);
-        m = qf_mag_max(m, v);
-    }
-    m = qf_block_max(m);
-    if (threadIdx.x == 0) {
-        atomicMax(p.amax, m);
-        if (m > QF_FINITE_MAX)
-            atomicMin(status, (unsigned int)p.idx);
-    }
-}
-
-__global__ void __launch_bounds__(QF_THREADS) k_encode(const __grid_constant__ qf_batch B)
-{
-    int i = qf_find(B, blockIdx.x);
-    const qf_piece &p = B.p[i];
-    int64_t nb = (i + 1 < B.np ? B.p[i + 1].first : B.end) - p.first;
-    int64_t rel = (int64_t)blockIdx.x - p.first;
-    uint32_t a = *p.amax;
-    if (a > QF_FINITE_MAX)
-        return; /* refused: the status word names a piece of the group */
-    float s = qf_scale(a);
-    if (p.leader && rel == 0 && threadIdx.x == 0)
-        *p.s = s;
-    qf_tile t = {0, 0, p.n, p.k};
-    int64_t ng = (p.n * p.k + 7) / 8;
-    for (int64_t g = rel * QF_THREADS + threadIdx.x; g < ng; g += nb * QF_THREADS) {
-        float v[8];
-        qf_load8(p, t, g, v);
-        qf_store8(p, t, g, v, s, B.hw);
-    }
-}
-
-/* ---- per-channel and block-128: one block per tile ---- */
-
-/* CH: groups of 8 a thread keeps in registers (a tile of up to CH * 256
- * groups is read once; a larger one twice). The launch picks the smallest
- * CH that holds its largest tile: registers limit how many blocks an SM
- * runs, and short rows need many. */
+/* CH: groups a lane keeps (the launch picks the smallest that holds its
+ * longest row, at most QF_ROW_CH_MAX; longer rows read the rest twice). */
 template <int CH>
 __global__ void __launch_bounds__(QF_THREADS)
-k_tiles(const __grid_constant__ qf_batch B, int block128, unsigned int *status)
+k_rows(const qf_piece *__restrict__ P, int np, int64_t rows, unsigned int *status, int hw)
 {
-    int i = qf_find(B, blockIdx.x);
-    const qf_piece &p = B.p[i];
-    int64_t tile = (int64_t)blockIdx.x - p.first, si, sj;
-    qf_tile t;
-    if (block128) {
-        int64_t bk = (p.k + 127) / 128;
-        si = tile / bk;
-        sj = tile - si * bk;
-        t.r0 = si * 128;
-        t.c0 = sj * 128;
-        t.h = p.n - t.r0 < 128 ? p.n - t.r0 : 128;
-        t.w = p.k - t.c0 < 128 ? p.k - t.c0 : 128;
-    } else {
-        si = tile;
-        sj = 0;
-        t.r0 = tile;
-        t.c0 = 0;
-        t.h = 1;
-        t.w = p.k;
-    }
-    int64_t ng = (t.h * t.w + 7) / 8;
-    bool cached = ng <= (int64_t)CH * QF_THREADS;
-    float v[CH][8];
-    uint32_t m = 0;
-    if (cached) {
+    int lane = threadIdx.x & 31, pi = 0;
+    int64_t step = (int64_t)gridDim.x * QF_WARPS;
+    for (int64_t t = (int64_t)blockIdx.x * QF_WARPS + threadIdx.x / 32; t < rows; t += step) {
+        pi = qf_find(P, np, t, pi);
+        const qf_piece &p = P[pi];
+        int64_t r = t - p.first, G = p.gpr;
+        int kind = p.kind;
+        uint4 raw[CH];
 #pragma unroll
-        for (int c = 0; c < CH; c++) {
-            int64_t g = (int64_t)c * QF_THREADS + threadIdx.x;
-            if (g < ng) {
-                qf_load8(p, t, g, v[c]);
-                m = qf_mag_max(m, v[c]);
-            }
+        for (int i = 0; i < CH; i++) {
+            int64_t gg = lane + 32 * i;
+            raw[i] = make_uint4(0, 0, 0, 0);
+            if (gg < G)
+                raw[i] = qf_load(p, r, gg);
         }
-    } else {
-        for (int64_t g = threadIdx.x; g < ng; g += QF_THREADS) {
-            float w[8];
-            qf_load8(p, t, g, w);
-            m = qf_mag_max(m, w);
+        uint32_t m = 0;
+#pragma unroll
+        for (int i = 0; i < CH; i++)
+            m = max(m, qf_gmax(raw[i], kind));
+        for (int64_t gg = lane + 32 * CH; gg < G; gg += 32)
+            m = max(m, qf_gmax(qf_load(p, r, gg), kind));
+        m = qf_warp_max(qf_mag_f32(m, kind));
+        if (m > QF_FINITE_MAX) {
+            if (lane == 0)
+                atomicMin(status, (unsigned int)p.idx);
+            continue;
         }
+        float s = qf_scale(m);
+        if (lane == 0)
+            p.s[r * p.ss0] = s;
+#pragma unroll
+        for (int i = 0; i < CH; i++) {
+            int64_t gg = lane + 32 * i;
+            if (gg < G)
+                qf_store(p, r, gg, qf_encode(raw[i], kind, s, hw));
+        }
+        for (int64_t gg = lane + 32 * CH; gg < G; gg += 32)
+            qf_store(p, r, gg, qf_encode(qf_load(p, r, gg), kind, s, hw));
     }
-    m = qf_block_max(m);
-    if (m > QF_FINITE_MAX) {
+}
+
+/* ---- block-128: a block per 128x128 tile ---- */
+
+/* Slot i of thread t is group t + 256 i of the tile, row-major (16 groups
+ * a row of a 16-bit tile, 32 of an F32 one); CH slots a thread, groups
+ * past them read twice (an F32 tile under CH = 8). */
+template <int CH>
+__global__ void __launch_bounds__(QF_THREADS)
+k_tiles(const qf_piece *__restrict__ P, int np, int64_t tiles, unsigned int *status, int hw)
+{
+    int pi = 0;
+    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+        pi = qf_find(P, np, t, pi);
+        const qf_piece &p = P[pi];
+        int64_t tile = t - p.first, bk = (p.k + 127) >> 7;
+        int64_t si = tile / bk, sj = tile - si * bk, r0 = si * 128;
+        int64_t h = p.n - r0 < 128 ? p.n - r0 : 128, G = p.gpr;
+        int kind = p.kind, gsh = 7 - p.shift, gw = 1 << gsh;
+        int64_t g0 = sj << gsh, ng = h << gsh;
+        uint4 raw[CH];
+#pragma unroll
+        for (int i = 0; i < CH; i++) {
+            int gi = threadIdx.x + QF_THREADS * i;
+            int64_t gg = g0 + (gi & (gw - 1));
+            raw[i] = make_uint4(0, 0, 0, 0);
+            if (gi < ng && gg < G)
+                raw[i] = qf_load(p, r0 + (gi >> gsh), gg);
+        }
+        uint32_t m = 0;
+#pragma unroll
+        for (int i = 0; i < CH; i++)
+            m = max(m, qf_gmax(raw[i], kind));
+        for (int64_t gi = threadIdx.x + QF_THREADS * CH; gi < ng; gi += QF_THREADS) {
+            int64_t gg = g0 + (gi & (gw - 1));
+            if (gg < G)
+                m = max(m, qf_gmax(qf_load(p, r0 + (gi >> gsh), gg), kind));
+        }
+        m = qf_block_max(qf_mag_f32(m, kind));
+        if (m > QF_FINITE_MAX) {
+            if (threadIdx.x == 0)
+                atomicMin(status, (unsigned int)p.idx);
+            continue;
+        }
+        float s = qf_scale(m);
         if (threadIdx.x == 0)
-            atomicMin(status, (unsigned int)p.idx);
-        return;
-    }
-    float s = qf_scale(m);
-    if (threadIdx.x == 0)
-        p.s[si * p.ss0 + sj * p.ss1] = s;
-    if (cached) {
+            p.s[si * p.ss0 + sj * p.ss1] = s;
 #pragma unroll
-        for (int c = 0; c < CH; c++) {
-            int64_t g = (int64_t)c * QF_THREADS + threadIdx.x;
-            if (g < ng)
-                qf_store8(p, t, g, v[c], s, B.hw);
+        for (int i = 0; i < CH; i++) {
+            int gi = threadIdx.x + QF_THREADS * i;
+            int64_t gg = g0 + (gi & (gw - 1));
+            if (gi < ng && gg < G)
+                qf_store(p, r0 + (gi >> gsh), gg, qf_encode(raw[i], kind, s, hw));
         }
+        for (int64_t gi = threadIdx.x + QF_THREADS * CH; gi < ng; gi += QF_THREADS) {
+            int64_t gg = g0 + (gi & (gw - 1));
+            if (gg < G)
+                qf_store(p, r0 + (gi >> gsh), gg,
+                         qf_encode(qf_load(p, r0 + (gi >> gsh), gg), kind, s, hw));
+        }
+    }
+}
+
+/* ---- per-tensor: one persistent launch, amax then encode ---- */
+
+/* Row and group of group gi of a piece (a flattened piece is one row). */
+__device__ __forceinline__ void qf_rowgrp(const qf_piece &p, int64_t gi, int64_t *r, int64_t *gg)
+{
+    if (p.n == 1) {
+        *r = 0;
+        *gg = gi;
     } else {
-        for (int64_t g = threadIdx.x; g < ng; g += QF_THREADS) {
-            float w[8];
-            qf_load8(p, t, g, w);
-            qf_store8(p, t, g, w, s, B.hw);
+        *r = gi / p.gpr;
+        *gg = gi - *r * p.gpr;
+    }
+}
+
+/* Chunk c of piece p into raw (QF_SLOTS groups a thread). */
+__device__ __forceinline__ void qf_chunk_load(const qf_piece &p, int64_t c, uint4 raw[QF_SLOTS])
+{
+    int64_t total = p.n * p.gpr;
+#pragma unroll
+    for (int i = 0; i < QF_SLOTS; i++) {
+        int64_t gi = c * QF_CHUNK + threadIdx.x + QF_THREADS * i, r, gg;
+        raw[i] = make_uint4(0, 0, 0, 0);
+        if (gi < total) {
+            qf_rowgrp(p, gi, &r, &gg);
+            raw[i] = qf_load(p, r, gg);
+        }
+    }
+}
+
+/* Tickets t = 0, 1, ... in rounds of 2 * round: a round's first half is
+ * amax chunks r * round .., its second half the encode chunks of round
+ * r - lag (empty slots past either end). A block takes a ticket, and the
+ * next one while it works on it. */
+__global__ void __launch_bounds__(QF_THREADS)
+k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int64_t chunks,
+         int64_t round, int64_t lag, int hw)
+{
+    __shared__ unsigned long long next;
+    __shared__ uint32_t amax;
+    const unsigned long long tickets =
+        (unsigned long long)((chunks + round - 1) / round + lag) * 2 * (unsigned long long)round;
+    int pa = 0, pe = 0;
+    if (threadIdx.x == 0)
+        next = atomicAdd(&head->ticket, 1ull);
+    for (;;) {
+        __syncthreads();
+        unsigned long long t = next;
+        __syncthreads();
+        if (t >= tickets)
+            break;
+        if (threadIdx.x == 0)
+            next = atomicAdd(&head->ticket, 1ull);
+        int64_t r = (int64_t)(t / (2 * (unsigned long long)round));
+        int64_t j = (int64_t)t - r * 2 * round;
+        bool enc = j >= round;
+        int64_t c = enc ? (r - lag) * round + (j - round) : r * round + j;
+        if (c < 0 || c >= chunks)
+            continue;
+        int pi = qf_find(P, np, c, enc ? pe : pa);
+        if (enc)
+            pe = pi;
+        else
+            pa = pi;
+        const qf_piece &p = P[pi];
+        qf_group *g = &G[p.group];
+        int64_t pc = c - p.first;
+        int kind = p.kind;
+        uint4 raw[QF_SLOTS];
+        if (!enc) {
+            qf_chunk_load(p, pc, raw);
+            uint32_t m = 0;
+#pragma unroll
+            for (int i = 0; i < QF_SLOTS; i++)
+                m = max(m, qf_gmax(raw[i], kind));
+            m = qf_block_max(qf_mag_f32(m, kind));
+            if (threadIdx.x == 0) {
+                if (m > QF_FINITE_MAX)
+                    atomicMin(&head->status, (unsigned int)p.idx);
+                atomicMax(&g->amax, m);
+                __threadfence(); /* the amax before the count that publishes it */
+                atomicAdd(&g->done, 1u);
+            }
+            continue;
+        }
+        if (threadIdx.x == 0) {
+            /* every amax chunk of the group holds an earlier ticket */
+            while (*(volatile unsigned int *)&g->done < g->need)
+                __nanosleep(256);
+            __threadfence();
+            amax = *(volatile unsigned int *)&g->amax;
+        }
+        __syncthreads();
+        uint32_t a = amax;
+        if (a > QF_FINITE_MAX)
+            continue; /* refused: the status word names a piece of the group */
+        float s = qf_scale(a);
+        if (p.leader && pc == 0 && threadIdx.x == 0)
+            *p.s = s;
+        qf_chunk_load(p, pc, raw);
+        int64_t total = p.n * p.gpr;
+#pragma unroll
+        for (int i = 0; i < QF_SLOTS; i++) {
+            int64_t gi = pc * QF_CHUNK + threadIdx.x + QF_THREADS * i, rr, gg;
+            if (gi < total) {
+                qf_rowgrp(p, gi, &rr, &gg);
+                qf_store(p, rr, gg, qf_encode(raw[i], kind, s, hw));
+            }
         }
     }
 }
@@ -473,9 +640,9 @@ static bool qf_contiguous(const refit_view *v)
            (v->shape[1] <= 1 || v->strides[1] == 1);
 }
 
-/* Piece i as the kernels read it; flat: a contiguous per-tensor piece is
- * walked as one row. The views were checked as kern_quant_fp8 checks them;
- * the dtype and ranks are checked again here. */
+/* Piece i as the kernels read it; a contiguous per-tensor piece is walked
+ * as one row. The views were checked as kern_quant_fp8 checks them; the
+ * dtype and ranks are checked again here. */
 static int qf_piece_init(qf_piece *pc, const refit_view *q, const refit_view *s,
                          const refit_view *x, uint32_t i, int scheme)
 {
@@ -500,143 +667,30 @@ static int qf_piece_init(qf_piece *pc, const refit_view *q, const refit_view *s,
     pc->ss1 = s->strides[1];
     pc->idx = (int32_t)i;
     pc->kind = (uint8_t)kind;
+    pc->shift = kind == 0 ? 2 : 3;
     if (scheme == 0 && qf_contiguous(x) && qf_contiguous(q)) {
         pc->k = pc->n * pc->k;
-        pc->n = 1;
+        pc->n = pc->k ? 1 : 0;
         pc->xs0 = pc->qs0 = pc->k;
         pc->xs1 = pc->qs1 = 1;
     }
+    pc->gpr = (pc->k + (1 << pc->shift) - 1) >> pc->shift;
     bool one_row = pc->n <= 1;
     pc->vx = ((uintptr_t)pc->x % 16 == 0) && pc->xs1 == 1 && (one_row || (pc->xs0 * es) % 16 == 0);
     pc->vq = ((uintptr_t)pc->q % 8 == 0) && pc->qs1 == 1 && (one_row || pc->qs0 % 8 == 0);
     return REFIT_OK;
 }
 
-/* Blocks of a per-tensor piece: about two groups a thread, at least one
- * block (which writes the scale of an empty piece). */
-static int64_t qf_blocks(const qf_piece *p)
-{
-    int64_t ng = (p->n * p->k + 7) / 8, b = (ng + 2 * QF_THREADS - 1) / (2 * QF_THREADS);
-    return b < 1 ? 1 : b > QF_BLOCKS_MAX ? QF_BLOCKS_MAX : b;
-}
-
-static int64_t qf_tiles(const qf_piece *p, int scheme)
+/* Units of work of a piece: rows (per-channel), 128x128 tiles (block-128),
+ * chunks (per-tensor; at least one, which writes an empty group's scale). */
+static int64_t qf_units(const qf_piece *p, int scheme)
 {
     if (scheme == 1)
         return p->n;
-    return ((p->n + 127) / 128) * ((p->k + 127) / 128);
-}
-
-/* Groups of 8 in the largest tile of the launch. */
-static int64_t qf_tile_groups(const qf_batch *b, int scheme)
-{
-    int64_t most = 0;
-    for (int j = 0; j < b->np; j++) {
-        int64_t h = scheme == 1 ? 1 : b->p[j].n < 128 ? b->p[j].n : 128;
-        int64_t w = scheme == 1 || b->p[j].k < 128 ? b->p[j].k : 128;
-        int64_t g = (h * w + 7) / 8;
-        most = g > most ? g : most;
-    }
-    return most;
-}
-
-static void qf_tiles_launch(const qf_batch *b, int scheme, unsigned int *status, cudaStream_t st)
-{
-    int64_t g = qf_tile_groups(b, scheme);
-    unsigned grid = (unsigned)b->end;
-    if (g <= QF_THREADS)
-        k_tiles<1><<<grid, QF_THREADS, 0, st>>>(*b, scheme == 2, status);
-    else if (g <= 2 * QF_THREADS)
-        k_tiles<2><<<grid, QF_THREADS, 0, st>>>(*b, scheme == 2, status);
-    else if (g <= 4 * QF_THREADS)
-        k_tiles<4><<<grid, QF_THREADS, 0, st>>>(*b, scheme == 2, status);
-    else if (g <= QF_CH * QF_THREADS)
-        k_tiles<QF_CH><<<grid, QF_THREADS, 0, st>>>(*b, scheme == 2, status);
-    else /* read twice anyway: the fewest registers */
-        k_tiles<1><<<grid, QF_THREADS, 0, st>>>(*b, scheme == 2, status);
-}
-
-/* Launch kernel `kind` (0 k_amax, 1 k_encode, 2 k_tiles) over pieces
- * ord[0..m) of pcs, QF_BATCH a launch. */
-static int qf_launch(int kind, const qf_piece *pcs, const uint32_t *ord, uint32_t m, int scheme,
-                     int hw, unsigned int *status, cudaStream_t st)
-{
-    qf_batch *b = (qf_batch *)malloc(sizeof *b); /* 3 KB: off the stack */
-    if (!b)
-        return qf_fail(cudaErrorMemoryAllocation, "host memory for a launch");
-    int rc = REFIT_OK;
-    for (uint32_t at = 0; at < m && !rc; at += QF_BATCH) {
-        uint32_t np = m - at < QF_BATCH ? m - at : QF_BATCH;
-        int64_t end = 0;
-        b->np = (int32_t)np;
-        b->hw = hw;
-        for (uint32_t j = 0; j < np; j++) {
-            b->p[j] = pcs[ord ? ord[at + j] : at + j];
-            b->p[j].first = end;
-            end += kind == 2 ? qf_tiles(&b->p[j], scheme) : qf_blocks(&b->p[j]);
-        }
-        b->end = end;
-        if (end == 0)
-            continue;
-        if (end > 0x7fffffffll) {
-            kern_cuda_set_error("kern_quant_fp8_cuda: more than 2^31 - 1 tiles in one launch");
-            rc = REFIT_EUNSUPPORTED;
-            break;
-        }
-        if (kind == 0)
-            k_amax<<<(unsigned)end, QF_THREADS, 0, st>>>(*b, status);
-        else if (kind == 1)
-            k_encode<<<(unsigned)end, QF_THREADS, 0, st>>>(*b);
-        else
-            qf_tiles_launch(b, scheme, status, st);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess)
-            rc = qf_fail(e, "launching a quantization kernel");
-    }
-    free(b);
-    return rc;
-}
-
-/* Per-tensor: groups (by scale element), amax scratch per group, pieces
- * ordered by group, sets of about QF_SET_BYTES, amax then encode per set. */
-static int qf_per_tensor(qf_piece *pcs, uint32_t n, const refit_view *x, unsigned int *scratch,
-                         uint32_t *ord, const uint32_t *grp, uint32_t ngroups, int hw,
-                         cudaStream_t st)
-{
-    /* ord: pieces by group (counting sort, stable) */
-    uint32_t *start = (uint32_t *)calloc((size_t)ngroups + 1, sizeof *start);
-    if (!start)
-        return qf_fail(cudaErrorMemoryAllocation, "host memory for the groups");
-    for (uint32_t i = 0; i < n; i++)
-        start[grp[i] + 1]++;
-    for (uint32_t g = 0; g < ngroups; g++)
-        start[g + 1] += start[g];
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t at = start[grp[i]]++;
-        ord[at] = i;
-        pcs[i].amax = scratch + 1 + grp[i];
-        pcs[i].leader = 0;
-    }
-    for (uint32_t g = 0, at = 0; g < ngroups; g++) { /* start[g] is now the end of g */
-        pcs[ord[at]].leader = 1;
-        at = start[g];
-    }
-    int rc = REFIT_OK;
-    for (uint32_t a = 0; a < n && !rc;) {
-        int64_t bytes = 0;
-        uint32_t b = a;
-        while (b < n && (b == a || bytes < QF_SET_BYTES)) { /* whole groups */
-            uint32_t g = grp[ord[b]];
-            for (; b < n && grp[ord[b]] == g; b++)
-                bytes += x[ord[b]].shape[0] * x[ord[b]].shape[1] * (int64_t)(x[ord[b]].dtype.bits / 8);
-        }
-        rc = qf_launch(0, pcs, ord + a, b - a, 0, hw, scratch, st);
-        if (!rc)
-            rc = qf_launch(1, pcs, ord + a, b - a, 0, hw, scratch, st);
-        a = b;
-    }
-    free(start);
-    return rc;
+    if (scheme == 2)
+        return ((p->n + 127) / 128) * ((p->k + 127) / 128);
+    int64_t c = (p->n * p->gpr + QF_CHUNK - 1) / QF_CHUNK;
+    return c < 1 ? 1 : c;
 }
 
 /* Dense group numbers of per-tensor pieces: pieces whose scale views start
@@ -653,45 +707,175 @@ static uint32_t qf_groups(const refit_view *scale, uint32_t n, uint32_t *grp)
     return ng;
 }
 
-/* Device scratch in stream order (cudaMalloc where the device has no
- * stream-ordered allocator), set to `fill` bytes; NULL on failure. */
-static void *qf_scratch(size_t bytes, int fill, bool *pooled, cudaStream_t st, int *rc)
+static int64_t qf_env(const char *name, int64_t dflt)
 {
-    void *p = NULL;
-    *pooled = true;
-    (void)cudaGetLastError();
-    cudaError_t e = cudaMallocAsync(&p, bytes, st);
-    if (e == cudaErrorNotSupported) {
-        (void)cudaGetLastError();
-        *pooled = false;
-        e = cudaMalloc(&p, bytes);
-    }
-    if (e == cudaSuccess)
-        e = cudaMemsetAsync(p, fill, bytes, st);
-    if (e != cudaSuccess) {
-        *rc = qf_fail(e, "device scratch");
-        if (p)
-            (void)(*pooled ? cudaFreeAsync(p, st) : cudaFree(p));
-        return NULL;
-    }
-    return p;
+    const char *v = getenv(name);
+    long long x = v ? atoll(v) : 0;
+    return x > 0 ? (int64_t)x : dflt;
 }
 
-/* Copy n bytes of scratch back (unless the launches failed: rc), free it
- * in stream order, wait for the stream; the first failure wins. */
-static int qf_finish(void *scratch, bool pooled, void *out, size_t n, int rc, cudaStream_t st)
+/* Per device: the pinned and device tables (grown, never shrunk), the
+ * multiprocessor count, the timing events. Calls are serialized by
+ * qf_mu: the pinned table is written by one call at a time, and a call
+ * waits for its stream before it returns, so the previous call's copies
+ * are done when the next one writes. */
+struct qf_cache {
+    char *host, *dev;
+    size_t cap;
+    int sms;
+    cudaEvent_t ev[2];
+    bool have_ev;
+};
+static qf_cache qf_dev[QF_DEVICES];
+static pthread_mutex_t qf_mu = PTHREAD_MUTEX_INITIALIZER;
+static int qf_timing;                  /* record events around the launch */
+static double qf_last_ms = -1.0;       /* the last timed launch */
+
+static int qf_cache_get(qf_cache **out, size_t bytes)
 {
-    cudaError_t e = rc ? cudaSuccess
-                       : cudaMemcpyAsync(out, scratch, n, cudaMemcpyDeviceToHost, st);
-    cudaError_t fe = pooled ? cudaFreeAsync(scratch, st) : cudaSuccess;
-    cudaError_t se = cudaStreamSynchronize(st);
-    if (!pooled)
-        fe = cudaFree(scratch);
-    if (e == cudaSuccess)
-        e = se != cudaSuccess ? se : fe;
-    if (!rc && e != cudaSuccess)
-        rc = qf_fail(e, "the device work");
-    return rc;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return qf_fail(e, "the current device");
+    if (dev < 0 || dev >= QF_DEVICES)
+        return qf_fail(cudaErrorInvalidDevice, "device number");
+    qf_cache *c = &qf_dev[dev];
+    if (!c->sms) {
+        int v = 0;
+        if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+            return qf_fail(e, "the multiprocessor count");
+        c->sms = v > 0 ? v : 1;
+    }
+    if (c->cap < bytes) {
+        size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
+        char *h = NULL, *d = NULL;
+        if ((e = cudaMallocHost((void **)&h, cap)) != cudaSuccess)
+            return qf_fail(e, "the pinned piece table");
+        if ((e = cudaMalloc((void **)&d, cap)) != cudaSuccess) {
+            cudaFreeHost(h);
+            return qf_fail(e, "the device piece table");
+        }
+        if (c->cap) {
+            cudaFreeHost(c->host);
+            cudaFree(c->dev);
+        }
+        c->host = h;
+        c->dev = d;
+        c->cap = cap;
+    }
+    if (qf_timing && !c->have_ev) {
+        if ((e = cudaEventCreate(&c->ev[0])) != cudaSuccess)
+            return qf_fail(e, "a timing event");
+        if ((e = cudaEventCreate(&c->ev[1])) != cudaSuccess) {
+            cudaEventDestroy(c->ev[0]);
+            return qf_fail(e, "a timing event");
+        }
+        c->have_ev = true;
+    }
+    *out = c;
+    return REFIT_OK;
+}
+
+static size_t qf_align(size_t n)
+{
+    return (n + 15) & ~(size_t)15;
+}
+
+/* The one launch of a call over the table at c->dev. */
+static void qf_launch(const qf_cache *c, const qf_piece *pcs, uint32_t n, int scheme,
+                      int64_t units, int64_t round, int64_t lag, int hw, cudaStream_t st)
+{
+    const qf_piece *P = (const qf_piece *)(c->dev + qf_align(sizeof(qf_head)));
+    qf_head *head = (qf_head *)c->dev;
+    unsigned int *status = &head->status;
+    int np = (int)n;
+    if (scheme == 0) {
+        qf_group *G = (qf_group *)(c->dev + qf_align(sizeof(qf_head)) +
+                                   qf_align(sizeof(qf_piece) * n));
+        int64_t tickets = ((units + round - 1) / round + lag) * 2 * round;
+        int64_t most = (int64_t)c->sms * 8;
+        unsigned grid = (unsigned)(tickets < most ? tickets : most);
+        k_tensor<<<grid, QF_THREADS, 0, st>>>(P, np, G, head, units, round, lag, hw);
+        return;
+    }
+    int64_t most = (int64_t)c->sms * 16;
+    if (scheme == 2) {
+        bool f32 = false;
+        for (uint32_t i = 0; i < n; i++)
+            f32 = f32 || pcs[i].kind == 0;
+        unsigned grid = (unsigned)(units < most ? units : most);
+        if (f32)
+            k_tiles<16><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+        else
+            k_tiles<QF_SLOTS><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+        return;
+    }
+    int64_t g = 0, blocks = (units + QF_WARPS - 1) / QF_WARPS;
+    for (uint32_t i = 0; i < n; i++)
+        g = pcs[i].n && pcs[i].gpr > g ? pcs[i].gpr : g;
+    unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    if (g <= 32)
+        k_rows<1><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+    else if (g <= 2 * 32)
+        k_rows<2><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+    else if (g <= 4 * 32)
+        k_rows<4><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+    else if (g <= 8 * 32)
+        k_rows<8><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+    else if (g <= 16 * 32)
+        k_rows<16><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+    else
+        k_rows<QF_ROW_CH_MAX><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+}
+
+/* Pieces in launch order, each with its first unit; per-tensor: ordered by
+ * group (ord: a stable counting sort, so that a group's chunks are one
+ * run), the group words, and the lag that keeps every encode chunk after
+ * its group's amax chunks. Returns the units of the call. */
+static int64_t qf_plan(qf_piece *pcs, const qf_piece *in, uint32_t n, int scheme,
+                       const uint32_t *grp, uint32_t ngroups, uint32_t *ord, qf_group *G,
+                       int64_t round, int64_t *lag)
+{
+    int64_t units = 0;
+    if (scheme != 0) {
+        for (uint32_t i = 0; i < n; i++) {
+            pcs[i] = in[i];
+            pcs[i].first = units;
+            units += qf_units(&pcs[i], scheme);
+        }
+        return units;
+    }
+    /* ord[0..ngroups] counts, then the start of each group, then its end */
+    uint32_t *start = ord + n;
+    memset(start, 0, sizeof *start * ((size_t)ngroups + 1));
+    for (uint32_t i = 0; i < n; i++)
+        start[grp[i] + 1]++;
+    for (uint32_t g = 0; g < ngroups; g++)
+        start[g + 1] += start[g];
+    for (uint32_t i = 0; i < n; i++)
+        ord[start[grp[i]]++] = i;
+    int64_t span = 0, gf = 0;
+    for (uint32_t at = 0; at < n; at++) {
+        uint32_t g = grp[ord[at]];
+        bool lead = at == 0 || grp[ord[at - 1]] != g;
+        if (lead)
+            gf = units;
+        pcs[at] = in[ord[at]];
+        pcs[at].first = units;
+        pcs[at].group = g;
+        pcs[at].leader = lead;
+        units += qf_units(&pcs[at], 0);
+        if (at + 1 == n || grp[ord[at + 1]] != g) { /* the group's last piece */
+            G[g].amax = 0;
+            G[g].done = 0;
+            G[g].need = (unsigned int)(units - gf);
+            G[g].pad = 0;
+            int64_t sp = (units - 1) / round - gf / round;
+            span = sp > span ? sp : span;
+        }
+    }
+    *lag = span > *lag ? span : *lag;
+    return units;
 }
 
 /* Quantize pieces (the contract is kern_cuda.h's). */
@@ -707,36 +891,113 @@ extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_
     }
     if (n == 0)
         return REFIT_OK;
-    qf_piece *pcs = (qf_piece *)malloc(sizeof *pcs * n);
-    uint32_t *ord = (uint32_t *)malloc(sizeof *ord * n * 2);
-    uint32_t *grp = ord + n, ngroups = 0;
-    int rc = pcs && ord ? REFIT_OK : qf_fail(cudaErrorMemoryAllocation, "host memory");
+    qf_piece *in = (qf_piece *)malloc(sizeof *in * n);
+    /* grp: piece -> group; ord: pieces by group, then the sort's counts */
+    uint32_t *grp = (uint32_t *)malloc(sizeof *grp * (3 * (size_t)n + 1)), ngroups = 0;
+    uint32_t *ord = grp ? grp + n : NULL;
+    int rc = in && grp ? REFIT_OK : qf_fail(cudaErrorMemoryAllocation, "host memory");
     for (uint32_t i = 0; i < n && !rc; i++)
-        if ((rc = qf_piece_init(&pcs[i], &q[i], &scale[i], &x[i], i, scheme)))
+        if ((rc = qf_piece_init(&in[i], &q[i], &scale[i], &x[i], i, scheme)))
             *bad = (int32_t)i;
     if (!rc && scheme == 0)
         ngroups = qf_groups(scale, n, grp);
-    /* the status word (0xffffffff: no piece failed), then the amaxes (0) */
-    bool pooled;
-    unsigned int *scratch = NULL, status = QF_NONE;
-    if (!rc)
-        scratch = (unsigned int *)qf_scratch(sizeof *scratch * ((size_t)ngroups + 1), 0,
-                                             &pooled, st, &rc);
-    cudaError_t e = scratch ? cudaMemsetAsync(scratch, 0xff, sizeof *scratch, st) : cudaSuccess;
-    if (e != cudaSuccess)
-        rc = qf_fail(e, "device scratch");
-    if (!rc)
-        rc = scheme == 0 ? qf_per_tensor(pcs, n, x, scratch, ord, grp, ngroups, hw != 0, st)
-                         : qf_launch(2, pcs, NULL, n, scheme, hw != 0, scratch, st);
-    if (scratch)
-        rc = qf_finish(scratch, pooled, &status, sizeof status, rc, st);
+    size_t off_p = qf_align(sizeof(qf_head)), off_g = off_p + qf_align(sizeof(qf_piece) * n);
+    size_t bytes = off_g + sizeof(qf_group) * ngroups;
+    qf_cache *c = NULL;
+    unsigned int status = QF_NONE;
+    bool locked = false;
+    if (!rc) {
+        pthread_mutex_lock(&qf_mu);
+        locked = true;
+        rc = qf_cache_get(&c, bytes);
+    }
+    if (!rc) {
+        qf_head *h = (qf_head *)c->host;
+        memset(h, 0, sizeof *h);
+        h->status = QF_NONE;
+        int64_t round = qf_env("REFIT_CUDA_FP8_ROUND", QF_ROUND);
+        int64_t lag = qf_env("REFIT_CUDA_FP8_LAG", QF_LAG);
+        int64_t units = qf_plan((qf_piece *)(c->host + off_p), in, n, scheme, grp, ngroups,
+                                ord, (qf_group *)(c->host + off_g), round, &lag);
+        if (units > ((int64_t)1 << 40)) {
+            kern_cuda_set_error("kern_quant_fp8_cuda: more than 2^40 units of work in a call");
+            rc = REFIT_EUNSUPPORTED;
+        }
+        cudaError_t e = rc ? cudaSuccess
+                           : cudaMemcpyAsync(c->dev, c->host, bytes, cudaMemcpyHostToDevice, st);
+        if (e != cudaSuccess)
+            rc = qf_fail(e, "the piece table");
+        if (!rc && units > 0) {
+            if (qf_timing)
+                cudaEventRecord(c->ev[0], st);
+            qf_launch(c, (const qf_piece *)(c->host + off_p), n, scheme, units, round, lag,
+                      hw != 0, st);
+            if ((e = cudaGetLastError()) != cudaSuccess)
+                rc = qf_fail(e, "launching the quantization kernel");
+            if (qf_timing)
+                cudaEventRecord(c->ev[1], st);
+        }
+        e = rc ? cudaSuccess
+               : cudaMemcpyAsync(&h->status, c->dev, sizeof h->status, cudaMemcpyDeviceToHost, st);
+        /* wait even after a failure: the next call rewrites the pinned table */
+        cudaError_t se = cudaStreamSynchronize(st);
+        if (e == cudaSuccess)
+            e = se;
+        if (!rc && e != cudaSuccess)
+            rc = qf_fail(e, "the device work");
+        if (!rc) {
+            status = h->status;
+            float ms = -1.0f;
+            if (qf_timing && units > 0 && cudaEventElapsedTime(&ms, c->ev[0], c->ev[1]) != cudaSuccess)
+                ms = -1.0f;
+            qf_last_ms = ms;
+        }
+    }
+    if (locked)
+        pthread_mutex_unlock(&qf_mu);
     if (!rc && status != QF_NONE) {
         *bad = (int32_t)status;
         rc = qf_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", status);
     }
-    free(pcs);
-    free(ord);
+    free(in);
+    free(grp);
     return rc;
+}
+
+/* Benchmarks: record events around the launch of each call from now on
+ * (on: 1), and the last timed call's launch in milliseconds (-1: none).
+ * The events cost two records a call, so they are off by default. */
+extern "C" void kern_quant_fp8_cuda_timing(int on)
+{
+    pthread_mutex_lock(&qf_mu);
+    qf_timing = on != 0;
+    qf_last_ms = -1.0;
+    pthread_mutex_unlock(&qf_mu);
+}
+
+extern "C" double kern_quant_fp8_cuda_kernel_ms(void)
+{
+    pthread_mutex_lock(&qf_mu);
+    double ms = qf_last_ms;
+    pthread_mutex_unlock(&qf_mu);
+    return ms;
+}
+
+/* Device scratch for the conversion check, set to `fill` bytes; NULL on
+ * failure. */
+static void *qf_scratch(size_t bytes, int fill, cudaStream_t st, int *rc)
+{
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaSuccess)
+        e = cudaMemsetAsync(p, fill, bytes, st);
+    if (e != cudaSuccess) {
+        *rc = qf_fail(e, "device scratch");
+        if (p)
+            cudaFree(p);
+        return NULL;
+    }
+    return p;
 }
 
 /* The hardware conversion against the encoder on every finite f32 (the
@@ -748,10 +1009,9 @@ extern "C" int kern_fp8_cvt_check_cuda(uint64_t *mismatches, uint32_t *first, vo
         unsigned long long count;
         unsigned int first;
     } h = {0, 0xffffffffu};
-    bool pooled;
     int rc = REFIT_OK;
     /* zeros, then the first as 0xffffffff */
-    res *d = (res *)qf_scratch(sizeof h, 0, &pooled, st, &rc);
+    res *d = (res *)qf_scratch(sizeof h, 0, st, &rc);
     if (!d)
         return rc;
     cudaError_t e = cudaMemsetAsync(&d->first, 0xff, sizeof d->first, st);
@@ -759,12 +1019,15 @@ extern "C" int kern_fp8_cvt_check_cuda(uint64_t *mismatches, uint32_t *first, vo
         k_cvt_check<<<132 * 8, QF_THREADS, 0, st>>>(&d->count, &d->first);
         e = cudaGetLastError();
     }
+    if (e == cudaSuccess)
+        e = cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, st);
+    cudaError_t se = cudaStreamSynchronize(st);
+    if (e == cudaSuccess)
+        e = se;
+    cudaFree(d);
     if (e != cudaSuccess)
-        rc = qf_fail(e, "the conversion check");
-    rc = qf_finish(d, pooled, &h, sizeof h, rc, st);
-    if (!rc) {
-        *mismatches = h.count;
-        *first = h.first;
-    }
-    return rc;
+        return qf_fail(e, "the conversion check");
+    *mismatches = h.count;
+    *first = h.first;
+    return REFIT_OK;
 }

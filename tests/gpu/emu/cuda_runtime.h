@@ -8,6 +8,7 @@ typedef void *cudaStream_t;
 typedef enum {
     cudaSuccess = 0,
     cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidDevice = 101,
     cudaErrorNotSupported = 801,
 } cudaError_t;
 typedef enum {
@@ -46,3 +47,37 @@ inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyK
     return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaMallocHost(void **p, size_t n) { return cudaMalloc(p, n); }
+inline cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+inline cudaError_t cudaGetDevice(int *d)
+{
+    *d = 0;
+    return cudaSuccess;
+}
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+/* a small device: persistent grids of a few blocks, and the emulated
+ * grid-stride loops go round several times */
+inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev)
+{
+    (void)dev;
+    *v = a == cudaDevAttrMultiProcessorCount ? 2 : 0;
+    return cudaSuccess;
+}
+/* events: no timing here (elapsed 0) */
+typedef struct emu_event *cudaEvent_t;
+inline cudaError_t cudaEventCreate(cudaEvent_t *e)
+{
+    *e = (cudaEvent_t)malloc(1);
+    return *e ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e)
+{
+    free(e);
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t, cudaEvent_t)
+{
+    *ms = 0.0f;
+    return cudaSuccess;
+}

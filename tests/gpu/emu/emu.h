@@ -7,7 +7,11 @@
  * a __syncthreads some threads skipped, or a misaligned vector access
  * (EMU_AL, put in by run.sh) aborts with a message. Not emulated: timing,
  * memory ordering between blocks (blocks run in turn), the hardware's own
- * conversions (the shims use the CPU references). */
+ * conversions (the shims use the CPU references). Blocks run in turn and a
+ * fiber runs until it waits at a barrier, so a spin wait (__nanosleep in a
+ * loop) that does not succeed at once never would: it aborts, naming the
+ * deadlock a real GPU could reach (a block waiting on work that no earlier
+ * ticket holds). */
 #pragma once
 #include <stdint.h>
 #include <stdio.h>
@@ -29,6 +33,10 @@ struct uint4 {
 struct uint2 {
     unsigned x, y;
 };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
+{
+    return uint4{x, y, z, w};
+}
 
 #define __global__
 #define __device__
@@ -123,6 +131,29 @@ inline unsigned atomicMin(unsigned *p, unsigned v)
     unsigned o = *p;
     *p = v < o ? v : o;
     return o;
+}
+inline unsigned atomicAdd(unsigned *p, unsigned v)
+{
+    unsigned o = *p;
+    *p = o + v;
+    return o;
+}
+/* one block at a time: its writes are visible to the next at once */
+inline void __threadfence() {}
+inline void __nanosleep(unsigned ns)
+{
+    (void)ns;
+    fprintf(stderr, "EMU: block %u, thread %u: a spin wait on work no earlier block did "
+            "(on a GPU: a deadlock once the waiters fill the device)\n", emu().block,
+            emu().cur->tid);
+    abort();
+}
+/* per 16-bit half: the unsigned max */
+inline uint32_t __vmaxu2(uint32_t a, uint32_t b)
+{
+    uint32_t lo = (a & 0xffffu) > (b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
+    uint32_t hi = (a >> 16) > (b >> 16) ? a >> 16 : b >> 16;
+    return hi << 16 | lo;
 }
 inline unsigned long long atomicAdd(unsigned long long *p, unsigned long long v)
 {

@@ -12,19 +12,21 @@ W=${2:-$B/emu}
 R=$(cd "$(dirname "$0")/../../.." && pwd)
 E=$R/tests/gpu/emu
 mkdir -p "$W"
-# kernel<<<grid, QF_THREADS, 0, st>>>(args) -> EMU_LAUNCH(...); vector and
-# scalar accesses through the alignment check
+# kernel<<<grid, QF_THREADS, 0, st>>>(args) -> EMU_LAUNCH(...); every
+# vector and scalar access of x and q (the qf_ld*/qf_st* helpers) through
+# the alignment check
 sed -E -e 's/(k_[a-z0-9_]+(<[A-Z0-9_]+>)?)<<<([^,]+), QF_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(\3, QF_THREADS, \1, \4);/' \
-  -e 's/\*\(const float4 \*\)\(a \+ 16\)/*EMU_AL(const float4, 16, a + 16)/' \
-  -e 's/\*\(const float4 \*\)a/*EMU_AL(const float4, 16, a)/' \
   -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
+  -e 's/\*\(const uint32_t \*\)a/*EMU_AL(const uint32_t, 4, a)/' \
+  -e 's/\*\(const uint16_t \*\)a/*EMU_AL(const uint16_t, 2, a)/' \
   -e 's/\*\(uint2 \*\)\(/*EMU_AL(uint2, 8, /' \
-  -e 's/\*\(const float \*\)p/*EMU_AL(const float, 4, p)/' \
-  -e 's/\*\(const uint16_t \*\)p/*EMU_AL(const uint16_t, 2, p)/' \
+  -e 's/\*\(uint32_t \*\)\(/*EMU_AL(uint32_t, 4, /' \
   "$R/kernels/quant_fp8.cu" > "$W/quant_fp8_emu.cc"
 launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_fp8_emu.cc")
 left=$(grep -c '<<<' "$W/quant_fp8_emu.cc" || true)
-if [ "$left" != 0 ]; then
+raw=$(grep -Ec '\*\((const )?(uint4|uint2|uint32_t|uint16_t|float4|float) \*\)' "$W/quant_fp8_emu.cc" || true)
+if [ "$left" != 0 ] || [ "$raw" != 0 ]; then
+  echo "run.sh: $raw vector or scalar accesses not rewritten" >&2
   echo "run.sh: $left kernel launches not rewritten" >&2
   exit 1
 fi
