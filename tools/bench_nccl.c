@@ -434,8 +434,11 @@ static int worker_update(bn_rank *k, refit_receiver *r, int rollback, double *se
 }
 
 /* One figure: best of repeat reloads, the first checked bit-exact. */
+/* The default bucket size (refit_send_opts.bucket_bytes 0), in MiB. */
+#define BN_DEFAULT_MIB 1024
+
 static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum, int rollback,
-                       int repeat, double *best_ratio)
+                       int repeat, double *best_ratio, double *default_ratio)
 {
     double best = 1e30;
     bool exact = true, e;
@@ -455,6 +458,8 @@ static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum
     double ratio = k->raw_whole / best;
     if (checksum && !rollback && ratio > *best_ratio)
         *best_ratio = ratio;
+    if (checksum && !rollback && mib == BN_DEFAULT_MIB)
+        *default_ratio = ratio;
     js(k, "%s{\"bucket_mib\": %llu, \"checksum\": %d, \"rollback\": %d, \"seconds\": %.6f, "
        "\"gbps\": %.2f, \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f, "
        "\"buckets\": %u, \"bit_exact\": %s}", k->jlen && k->json[k->jlen - 1] == '[' ? "" : ", ",
@@ -538,7 +543,9 @@ static int worker_killed_trainer(bn_rank *k)
     js(k, ", \"message\": ");
     js_str(k, msg);
     js(k, "}");
-    return rc == REFIT_EIO && exact && !crc && s < 10 ? REFIT_OK : REFIT_EINTERNAL;
+    /* the deadline (REFIT_ETIMEDOUT), or NCCL noticing the dead peer first (EIO) */
+    bool gave_up = rc == REFIT_ETIMEDOUT || rc == REFIT_EIO;
+    return gave_up && exact && !crc && s < 10 ? REFIT_OK : REFIT_EINTERNAL;
 }
 
 static int worker_expected(bn_rank *k)
@@ -571,16 +578,17 @@ static int worker_run(bn_rank *k)
     js(k, ", \"raw_broadcast_s\": %.6f, \"raw_broadcast_gbps\": %.2f, "
        "\"per_tensor_broadcast_s\": %.6f, \"refit\": [", k->raw_whole,
        (double)k->L.total / k->raw_whole / 1e9, k->raw_tensor);
-    double best = 0;
+    double best = 0, dflt = 0;
     for (int b = 0; b < o->n_buckets && !rc; b++)
-        rc = worker_case(k, r, o->buckets[b], 1, 0, o->repeat, &best);
+        rc = worker_case(k, r, o->buckets[b], 1, 0, o->repeat, &best, &dflt);
     uint64_t last = o->buckets[o->n_buckets - 1];
     if (!rc)
-        rc = worker_case(k, r, last, 0, 0, 1, &best);
+        rc = worker_case(k, r, last, 0, 0, 1, &best, &dflt);
     if (!rc)
-        rc = worker_case(k, r, last, 1, 1, 1, &best);
-    js(k, "], \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f", best,
-       best * k->raw_tensor / k->raw_whole);
+        rc = worker_case(k, r, last, 1, 1, 1, &best, &dflt);
+    js(k, "], \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f, "
+       "\"default_bucket_mib\": %d, \"ratio_at_default_bucket\": %.3f, \"wire_version\": 2",
+       best, best * k->raw_tensor / k->raw_whole, BN_DEFAULT_MIB, dflt);
     if (!rc && o->failures)
         rc = worker_failed_check(k, r);
     refit_receiver_destroy(r);

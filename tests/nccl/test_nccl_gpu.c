@@ -19,16 +19,18 @@ static json_t *result;
 /* Run the bench; NULL when it skipped (reason printed). */
 static json_t *run_bench(char *why, size_t n)
 {
-    const char *root = getenv("REFIT_BUILD_ROOT");
-    char cmd[1024], dir[512];
+    const char *root = getenv("REFIT_BUILD_ROOT"), *bench = getenv("REFIT_BENCH");
+    char cmd[2048], dir[512], path[600];
     snprintf(dir, sizeof dir, "%s/nccl-gpu-XXXXXX", root ? root : ".");
     if (!mkdtemp(dir)) {
         snprintf(why, n, "no temporary directory under %s", dir);
         return NULL;
     }
-    snprintf(cmd, sizeof cmd, "%s/tools/refit-bench nccl --layers 2 --hidden 512 --inter 1024 "
-             "--vocab 1000 --buckets 1,3,64 --repeat 1 --timeout 20 --journal %s/j.db",
-             root ? root : ".", dir);
+    /* REFIT_BENCH: a flat folder of binaries (tests/nccl/run_gpu.sh) */
+    snprintf(path, sizeof path, "%s/tools/refit-bench", root ? root : ".");
+    snprintf(cmd, sizeof cmd, "%s nccl --layers 2 --hidden 512 --inter 1024 --vocab 1000 "
+             "--buckets 1,3,64 --repeat 1 --timeout 20 --journal %s/j.db",
+             bench && *bench ? bench : path, dir);
     FILE *p = popen(cmd, "r");
     if (!p) {
         snprintf(why, n, "could not run refit-bench");
@@ -81,7 +83,10 @@ static void test_killed_trainer(void **state)
 {
     (void)state;
     json_t *k = json_object_get(result, "killed_trainer");
-    assert_string_equal(json_string_value(json_object_get(k, "status")), "REFIT_ETIMEDOUT");
+    const char *st = json_string_value(json_object_get(k, "status"));
+    assert_non_null(st); /* the deadline, or NCCL noticing the dead peer first */
+    if (strcmp(st, "REFIT_ETIMEDOUT") && strcmp(st, "REFIT_EIO"))
+        fail_msg("killed trainer: the worker ended with %s", st);
     assert_true(json_is_true(json_object_get(k, "rolled_back")));
     assert_string_equal(json_string_value(json_object_get(k, "health")), "ready");
     assert_non_null(strstr(json_string_value(json_object_get(k, "journal_event")),
