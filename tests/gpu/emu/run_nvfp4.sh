@@ -1,0 +1,60 @@
+#!/bin/sh
+# The CUDA NVFP4 post-load kernels (kernels/quant_nvfp4.cu) and the kernel
+# half of their GPU test (tests/gpu/test_gpu_nvfp4.c, built with
+# REFIT_GPU_EMU) on the CPU, through the emulator in this folder (emu.h
+# says what it checks and what it cannot):
+#   sh tests/gpu/emu/run_nvfp4.sh BUILD_DIR [WORK_DIR]
+# BUILD_DIR: any meson build of refit (for librefit_kernels.a, the CPU
+# references); WORK_DIR (default BUILD_DIR/emu-nvfp4) receives the objects.
+# Needs g++, gcc and cmocka. Takes a few minutes: every thread is a fiber.
+set -eu
+B=$(cd "$1" && pwd)
+W=${2:-$B/emu-nvfp4}
+R=$(cd "$(dirname "$0")/../../.." && pwd)
+E=$R/tests/gpu/emu
+mkdir -p "$W"
+# kernel<<<grid, QN_THREADS, 0, st>>>(args) -> EMU_LAUNCH(...); vector and
+# scalar accesses through the alignment check
+sed -E -e 's/(k_[a-z0-9_]+)<<<([^,]+), QN_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(\2, QN_THREADS, \1, \3);/' \
+  -e 's/\*\(const float4 \*\)\(a \+ 16 \* u\)/*EMU_AL(const float4, 16, a + 16 * u)/' \
+  -e 's/\*\(const uint4 \*\)\(a \+ 16 \* u\)/*EMU_AL(const uint4, 16, a + 16 * u)/' \
+  -e 's/\*\(uint2 \*\)\(/*EMU_AL(uint2, 8, /' \
+  -e 's/\*\(const float \*\)p/*EMU_AL(const float, 4, p)/' \
+  -e 's/\*\(const uint16_t \*\)p/*EMU_AL(const uint16_t, 2, p)/' \
+  "$R/kernels/quant_nvfp4.cu" > "$W/quant_nvfp4_emu.cc"
+launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_nvfp4_emu.cc")
+left=$(grep -c '<<<' "$W/quant_nvfp4_emu.cc" || true)
+vec=$(grep -c 'EMU_AL(' "$W/quant_nvfp4_emu.cc")
+if [ "$left" != 0 ] || [ "$launches" != 2 ] || [ "$vec" != 5 ]; then
+  echo "run_nvfp4.sh: $launches launches and $vec checked accesses rewritten (want 2 and 5)," \
+    "$left launches left" >&2
+  exit 1
+fi
+echo "emulating $launches launch sites, $vec aligned accesses checked"
+# what emu.h lacks for this kernel, and the few backend symbols the test
+# calls (stubs.cc also wants the FP8 kernels)
+cat > "$W/nv_shim.h" <<'EOF'
+#pragma once
+/* SSE multiplication: correctly rounded, subnormals kept, as __fmul_rn */
+inline float __fmul_rn(float a, float b)
+{
+    volatile float r = a * b;
+    return r;
+}
+EOF
+cat > "$W/nv_stubs.cc" <<'EOF'
+#include <stdio.h>
+static char err[256];
+extern "C" const char *kern_cuda_last_error(void) { return err; }
+extern "C" void kern_cuda_set_error(const char *m) { snprintf(err, sizeof err, "%s", m); }
+extern "C" int backend_cuda_device_count(void) { return 1; }
+extern "C" const char *backend_cuda_unavailable(void) { return ""; }
+EOF
+g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" \
+  -include "$W/nv_shim.h" -c "$W/quant_nvfp4_emu.cc" -o "$W/quant_nvfp4_emu.o"
+g++ -std=c++17 -O1 -g -Wall -c "$W/nv_stubs.cc" -o "$W/nv_stubs.o"
+gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_EMU -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
+  -c "$R/tests/gpu/test_gpu_nvfp4.c" -o "$W/test_gpu_nvfp4.o"
+g++ -o "$W/test-gpu-nvfp4-emu" "$W/test_gpu_nvfp4.o" "$W/quant_nvfp4_emu.o" "$W/nv_stubs.o" \
+  "$B/librefit_kernels.a" -lcmocka -lm
+"$W/test-gpu-nvfp4-emu"
