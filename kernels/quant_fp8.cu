@@ -401,8 +401,8 @@ k_rows(const qf_piece *__restrict__ P, int np, int64_t rows, unsigned int *statu
 /* ---- block-128: a block per 128x128 tile ---- */
 
 /* Slot i of thread t is group t + 256 i of the tile, row-major (16 groups
- * a row of a 16-bit tile, 32 of an F32 one); CH slots a thread, groups
- * past them read twice (an F32 tile under CH = 8). */
+ * a row of a 16-bit tile, 32 of an F32 one): CH slots a thread must hold
+ * the launch's largest tile (8: 16-bit pieces only, 16 with an F32 one). */
 template <int CH>
 __global__ void __launch_bounds__(QF_THREADS)
 k_tiles(const qf_piece *__restrict__ P, int np, int64_t tiles, unsigned int *status, int hw)
@@ -429,11 +429,6 @@ k_tiles(const qf_piece *__restrict__ P, int np, int64_t tiles, unsigned int *sta
 #pragma unroll
         for (int i = 0; i < CH; i++)
             m = max(m, qf_gmax(raw[i], kind));
-        for (int64_t gi = threadIdx.x + QF_THREADS * CH; gi < ng; gi += QF_THREADS) {
-            int64_t gg = g0 + (gi & (gw - 1));
-            if (gg < G)
-                m = max(m, qf_gmax(qf_load(p, r0 + (gi >> gsh), gg), kind));
-        }
         m = qf_block_max(qf_mag_f32(m, kind));
         if (m > QF_FINITE_MAX) {
             if (threadIdx.x == 0)
@@ -449,12 +444,6 @@ k_tiles(const qf_piece *__restrict__ P, int np, int64_t tiles, unsigned int *sta
             int64_t gg = g0 + (gi & (gw - 1));
             if (gi < ng && gg < G)
                 qf_store(p, r0 + (gi >> gsh), gg, qf_encode(raw[i], kind, s, hw));
-        }
-        for (int64_t gi = threadIdx.x + QF_THREADS * CH; gi < ng; gi += QF_THREADS) {
-            int64_t gg = g0 + (gi & (gw - 1));
-            if (gg < G)
-                qf_store(p, r0 + (gi >> gsh), gg,
-                         qf_encode(qf_load(p, r0 + (gi >> gsh), gg), kind, s, hw));
         }
     }
 }

@@ -10,7 +10,9 @@
  * allocation and the CUDA kernel on a device copy of the same junk, then
  * compares whole allocations, so bytes outside the views are checked too.
  * Several pieces per call: per-tensor groups sharing a scale, sets larger
- * than the kernel's L2 set and launches of more than its batch of pieces;
+ * than the L2 share of the per-tensor schedule, a call of 300 pieces, F32 and 16-bit pieces in
+ * one call, per-channel rows at every register depth of the kernel and
+ * longer, per-tensor groups spanning many rounds of its schedule;
  * NaN and infinity refused with the lowest piece named. Every case runs
  * with the integer E4M3 encoder and, when the device's conversion
  * instruction agrees with it on every finite f32 (checked first, the
@@ -460,40 +462,45 @@ static void test_conversion_check(void **state)
 
 /* ---- several pieces per call ---- */
 
+#define MULTI_MAX 320
+
 typedef struct multi {
     uint32_t n;
     twin tx, tq, ts;
-    refit_view gq[80], gs[80], gx[80], hq[80], hs[80], hx[80];
+    refit_view gq[MULTI_MAX], gs[MULTI_MAX], gx[MULTI_MAX], hq[MULTI_MAX], hs[MULTI_MAX],
+        hx[MULTI_MAX];
 } multi;
 
-/* n pieces [rows[i], k], each in its own region of one allocation per
- * kind; scale element or grid of piece i at slot[i] (per-tensor: pieces
- * with equal slots share it). */
-static void multi_new(multi *m, int scheme, refit_dtype dt, uint32_t n, const int64_t *rows,
-                      int64_t k, const uint32_t *slot)
+/* n pieces [rows[i], k] of dtype dts[i], each in its own 16-byte aligned
+ * region of one allocation per kind; scale element or grid of piece i at
+ * slot[i] (per-tensor: pieces with equal slots share it). */
+static void multi_new_dts(multi *m, int scheme, const refit_dtype *dts, uint32_t n,
+                          const int64_t *rows, int64_t k, const uint32_t *slot)
 {
+    assert_true(n <= MULTI_MAX);
     memset(m, 0, sizeof *m);
     m->n = n;
-    size_t xe = 0, qe = 0, se = 0;
-    int64_t ss[2], cells[80];
+    size_t xb = 0, qe = 0, se = 0;
+    int64_t ss[2], cells[MULTI_MAX];
     for (uint32_t i = 0; i < n; i++) {
         kern_fp8_scale_shape((kern_fp8_scheme)scheme, rows[i], k, ss);
         cells[i] = ss[0] * ss[1];
-        xe += (size_t)(rows[i] * k) + 8;
+        xb += ((size_t)(rows[i] * k) * (dts[i].bits / 8) + 15) & ~(size_t)15;
         qe += (size_t)(rows[i] * k) + 8;
         se += scheme == KERN_FP8_PER_TENSOR ? 1 : (size_t)cells[i];
     }
-    m->tx = twin_new(xe * (dt.bits / 8));
+    m->tx = twin_new(xb + 16);
     m->tq = twin_new(qe);
     m->ts = twin_new((se + 1) * 4);
     size_t xo = 0, qo = 0, so = 0;
     for (uint32_t i = 0; i < n; i++) {
+        size_t es = (size_t)dts[i].bits / 8;
         kern_fp8_scale_shape((kern_fp8_scheme)scheme, rows[i], k, ss);
-        m->gx[i] = v2(m->tx.d, dt, rows[i], k, k, 1, (int64_t)xo);
+        m->gx[i] = v2(m->tx.d, dts[i], rows[i], k, k, 1, (int64_t)(xo / es));
         m->gq[i] = v2(m->tq.d, E4M3, rows[i], k, k, 1, (int64_t)qo);
         m->gs[i] = v2(m->ts.d, F32, ss[0], ss[1], ss[1], 1,
                       scheme == KERN_FP8_PER_TENSOR ? (int64_t)slot[i] : (int64_t)so);
-        xo += (size_t)(rows[i] * k) + 8;
+        xo += ((size_t)(rows[i] * k) * es + 15) & ~(size_t)15;
         qo += (size_t)(rows[i] * k) + 8;
         so += (size_t)cells[i];
         m->hx[i] = on_host(m->gx[i], &m->tx);
@@ -502,6 +509,15 @@ static void multi_new(multi *m, int scheme, refit_dtype dt, uint32_t n, const in
         fill(&m->hx[i], PAT_MIXED);
     }
     twin_push(&m->tx);
+}
+
+static void multi_new(multi *m, int scheme, refit_dtype dt, uint32_t n, const int64_t *rows,
+                      int64_t k, const uint32_t *slot)
+{
+    refit_dtype dts[MULTI_MAX];
+    for (uint32_t i = 0; i < n && i < MULTI_MAX; i++)
+        dts[i] = dt;
+    multi_new_dts(m, scheme, dts, n, rows, k, slot);
 }
 
 static void multi_free(multi *m)
@@ -565,8 +581,8 @@ static void test_many_pieces(void **state)
 {
     (void)state;
     SKIP_WITHOUT_DEVICE();
-    int64_t rows[80];
-    uint32_t slot[80];
+    int64_t rows[MULTI_MAX];
+    uint32_t slot[MULTI_MAX];
     for (int i = 0; i < 80; i++) {
         rows[i] = 1 + (i * 37) % 50;
         slot[i] = (uint32_t)i;
@@ -585,6 +601,77 @@ static void test_many_pieces(void **state)
     multi_new(&m, 0, BF16, 30, rows, 1024, slot);
     multi_run(&m, 0, "30 MiB in interleaved groups", NULL);
     multi_free(&m);
+}
+
+/* Launch shapes: per-channel rows that a warp holds whole at each depth
+ * (BF16 rows up to 2048, 4096 and 6144 elements: 8, 16 and 24 groups of
+ * 16 bytes a lane) and rows longer than that (the rest read twice), F32
+ * rows likewise; calls mixing F32 and 16-bit pieces (an F32 128x128 tile
+ * needs 16 groups a thread, a 16-bit one 8). */
+static void test_launch_shapes(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    static const int64_t ks[] = {2048, 3000, 5632, 6144, 6152, 12000};
+    for (size_t i = 0; i < sizeof ks / sizeof ks[0]; i++) {
+        one(KERN_FP8_PER_CHANNEL, BF16, 3, ks[i], 0, 0, 0, PAT_RANDOM, NULL);
+        one(KERN_FP8_PER_CHANNEL, F16, 2, ks[i], 0, 1, 1, PAT_MIXED, NULL);
+        one(KERN_FP8_PER_CHANNEL, F32, 2, ks[i] / 2 + 1, 0, 0, 0, PAT_RANDOM, NULL);
+    }
+    static const int64_t rows[6] = {130, 7, 129, 64, 1, 200};
+    static const uint32_t slot[6] = {0, 1, 0, 2, 1, 3};
+    refit_dtype dts[6] = {F32, BF16, F16, BF16, F32, F16};
+    for (int sch = 0; sch < 3; sch++) {
+        multi m;
+        multi_new_dts(&m, sch, dts, 6, rows, 300, slot);
+        multi_run(&m, sch, "F32 and 16-bit pieces in one call", NULL);
+        multi_free(&m);
+    }
+}
+
+/* Many pieces in one call (the table the kernels read, no launch
+ * parameters), and per-tensor groups spanning many rounds of the
+ * amax/encode schedule: with rounds of 1 and 3 chunks
+ * (REFIT_CUDA_FP8_ROUND) and the least lag (REFIT_CUDA_FP8_LAG=1), the
+ * encode pass must lag by the largest group's span; under the emulator a
+ * shorter lag aborts (a block would wait on a chunk no earlier ticket
+ * holds: a deadlock on a GPU). */
+static void test_table_and_rounds(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    int64_t rows[MULTI_MAX];
+    uint32_t slot[MULTI_MAX];
+    for (int i = 0; i < 300; i++) {
+        rows[i] = 1 + (i * 37) % 13;
+        slot[i] = (uint32_t)(i % 7);
+    }
+    for (int sch = 0; sch < 3; sch++) {
+        multi m;
+        multi_new(&m, sch, BF16, 300, rows, 40, slot);
+        multi_run(&m, sch, "300 pieces", NULL);
+        multi_free(&m);
+    }
+    static const char *const rounds[2] = {"1", "3"};
+    for (int r = 0; r < 2; r++) {
+        setenv("REFIT_CUDA_FP8_ROUND", rounds[r], 1);
+        setenv("REFIT_CUDA_FP8_LAG", "1", 1);
+        int64_t big[24];
+        uint32_t bslot[24];
+        for (int i = 0; i < 24; i++) {
+            big[i] = i % 3 ? 64 : 33;
+            bslot[i] = (uint32_t)(i % 5);
+        }
+        multi m;
+        multi_new(&m, 0, BF16, 24, big, 1024, bslot);
+        multi_run(&m, 0, "groups over many short rounds", NULL);
+        multi_free(&m);
+        multi_new(&m, 0, F16, 300, rows, 40, slot);
+        multi_run(&m, 0, "300 pieces, short rounds", NULL);
+        multi_free(&m);
+        unsetenv("REFIT_CUDA_FP8_ROUND");
+        unsetenv("REFIT_CUDA_FP8_LAG");
+    }
 }
 
 /* The caller's stream: a non-blocking one. */
@@ -638,6 +725,9 @@ int main(void)
         return 0;
     }
     encoders = 1;
+    /* e.g. REFIT_TEST_FILTER='test_table*' (the emulator is slow) */
+    if (getenv("REFIT_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("REFIT_TEST_FILTER"));
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conversion_check),
         cmocka_unit_test(test_per_tensor),
@@ -647,6 +737,8 @@ int main(void)
         cmocka_unit_test(test_saturation_happens),
         cmocka_unit_test(test_groups),
         cmocka_unit_test(test_many_pieces),
+        cmocka_unit_test(test_launch_shapes),
+        cmocka_unit_test(test_table_and_rounds),
         cmocka_unit_test(test_user_stream),
         cmocka_unit_test(test_nonfinite),
     };
