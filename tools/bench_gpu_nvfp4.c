@@ -1,0 +1,312 @@
+/* refit-bench gpu, quant section: quant.nvfp4 (online NVFP4 quantization
+ * of the bench model's linear weights on the device, the kernel of the
+ * quant_nvfp4 host service; docs/cuda.md).
+ *
+ * One call for every weight (as the service runs it: backend_cuda_run +
+ * kern_quant_nvfp4_cuda) and one call per weight (what a reload's
+ * post-load does, a module at a time), timed as medians; ratio_to_d2d is
+ * the minimum bytes of a call (2 read per BF16 element, 1/2 written, the
+ * swizzled scale bytes, 4 for alpha) per second against the d2d ceiling's
+ * bytes read plus written per second. Layer 0 is checked against the CPU
+ * reference. With PyTorch (tools/bench_gpu.py, its own process and spec):
+ * the same quantization in PyTorch ops, timed on the same shapes, and its
+ * bytes compared with ours on layer 0 (written to files in the bench
+ * directory, removed afterwards). */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+#include <jansson.h>
+
+#include <refit/refit.h>
+
+#include "core/cuda/backend_cuda.h"
+#include "core/cuda/kern_cuda.h"
+#include "kernels/quant_nvfp4.h"
+
+int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
+                    const char *host_base, double copy_Bps, int repeat, const char *python,
+                    const char *dir);
+
+#define NVB_LAYER0 7 /* q, k, v, o, gate, up, down */
+
+typedef struct nv_arena {
+    int nw;
+    refit_nvfp4_piece *p;
+    char *d;                    /* device: packed, scales, alphas */
+    size_t bytes, min_bytes;
+    uint32_t at, count;         /* the pieces of the next call */
+} nv_arena;
+
+static double nvb_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int nvb_cmp(const void *a, const void *b)
+{
+    double u = *(const double *)a, v = *(const double *)b;
+    return u < v ? -1 : u > v;
+}
+
+static double nvb_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, nvb_cmp);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void nvb_put(json_t *o, const char *k, double v)
+{
+    json_object_set_new(o, k, json_real(v));
+}
+
+static size_t nvb_round(size_t v)
+{
+    return (v + 255) & ~(size_t)255;
+}
+
+static size_t nvb_packed(const refit_view *x)
+{
+    return (size_t)(x->shape[0] * ((x->shape[1] + 1) / 2));
+}
+
+static size_t nvb_scales(const refit_view *x)
+{
+    return (size_t)(kern_swizzle_rows(x->shape[0]) *
+                    kern_swizzle_cols((x->shape[1] + KERN_NVFP4_BLOCK - 1) / KERN_NVFP4_BLOCK));
+}
+
+/* Online pieces for every weight, outputs in one device allocation. */
+static int nvb_pieces(nv_arena *a, const refit_view *x)
+{
+    a->p = calloc((size_t)a->nw, sizeof *a->p);
+    if (!a->p)
+        return 1;
+    a->bytes = a->min_bytes = 0;
+    for (int w = 0; w < a->nw; w++) {
+        size_t np = nvb_packed(&x[w]), ns = nvb_scales(&x[w]);
+        a->bytes += nvb_round(np) + nvb_round(ns) + 256;
+        a->min_bytes += (size_t)(x[w].shape[0] * x[w].shape[1]) * 2 + np + ns + 4;
+    }
+    if (cudaMalloc((void **)&a->d, a->bytes) != cudaSuccess)
+        return 1;
+    size_t off = 0;
+    refit_device dev = {REFIT_DEVICE_CUDA, 0};
+    for (int w = 0; w < a->nw; w++) {
+        int64_t n = x[w].shape[0], kb = (x[w].shape[1] + 1) / 2;
+        size_t np = nvb_packed(&x[w]), ns = nvb_scales(&x[w]);
+        refit_nvfp4_piece *p = &a->p[w];
+        p->mode = REFIT_NVFP4_ONLINE;
+        p->src = x[w];
+        p->packed = (refit_view){.data = a->d + off, .device = dev, .dtype = REFIT_U8,
+                                 .ndim = 2, .shape = {n, kb}, .strides = {kb, 1}};
+        off += nvb_round(np);
+        p->scale = (refit_view){.data = a->d + off, .device = dev, .dtype = REFIT_U8,
+                                .ndim = 1, .shape = {(int64_t)ns}, .strides = {1}};
+        off += nvb_round(ns);
+        p->alpha = (refit_view){.data = a->d + off, .device = dev, .dtype = REFIT_F32,
+                                .ndim = 1, .shape = {1}, .strides = {1}};
+        off += 256;
+    }
+    return 0;
+}
+
+static int nvb_launch(void *arg, void *stream)
+{
+    nv_arena *a = arg;
+    int32_t bad;
+    return kern_quant_nvfp4_cuda(a->count, a->p + a->at, &bad, stream);
+}
+
+/* Median seconds of one call for every weight (all), or one per weight. */
+static int nvb_time(nv_arena *a, int all, int repeat, double *out)
+{
+    double v[64];
+    for (int r = -1; r < repeat; r++) {
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            return 1;
+        double t0 = nvb_now();
+        int rc = 0;
+        for (int w = 0; w < a->nw && !rc; w += all ? a->nw : 1) {
+            a->at = (uint32_t)w;
+            a->count = all ? (uint32_t)a->nw : 1;
+            rc = backend_cuda_run(0, NULL, nvb_launch, a);
+        }
+        if (rc) {
+            fprintf(stderr, "refit-bench gpu: quant nvfp4: %s: %s\n", refit_status_name(rc),
+                    backend_cuda_last_error());
+            return 1;
+        }
+        if (r >= 0)
+            v[r] = nvb_now() - t0;
+    }
+    *out = nvb_median(v, repeat);
+    return 0;
+}
+
+/* Our bytes of weight w (packed, swizzled scales, alpha) into buf. */
+static size_t nvb_fetch(const nv_arena *a, int w, uint8_t *buf)
+{
+    const refit_nvfp4_piece *p = &a->p[w];
+    size_t np = nvb_packed(&p->src), ns = nvb_scales(&p->src);
+    if (cudaMemcpy(buf, p->packed.data, np, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(buf + np, p->scale.data, ns, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(buf + np + ns, p->alpha.data, 4, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return 0;
+    return np + ns + 4;
+}
+
+/* Layer 0 against the CPU reference on the host copy of the sources. */
+static int nvb_check(const nv_arena *a, const char *dev_base, const char *host_base)
+{
+    for (int w = 0; w < a->nw && w < NVB_LAYER0; w++) {
+        const refit_nvfp4_piece *p = &a->p[w];
+        size_t np = nvb_packed(&p->src), ns = nvb_scales(&p->src), n = np + ns + 4;
+        uint8_t *ref = malloc(n), *got = malloc(n);
+        refit_view x = p->src, q = p->packed;
+        x.data = (char *)host_base + ((const char *)p->src.data - dev_base);
+        x.device.device_type = REFIT_DEVICE_CPU;
+        q.data = ref;
+        q.device.device_type = REFIT_DEVICE_CPU;
+        float alpha = 0.0f;
+        int rc = !ref || !got || kern_quant_nvfp4(&q, ref + np, &alpha, &x);
+        if (!rc)
+            memcpy(ref + np + ns, &alpha, 4);
+        rc = rc || nvb_fetch(a, w, got) != n || memcmp(ref, got, n);
+        free(ref);
+        free(got);
+        if (rc) {
+            fprintf(stderr, "refit-bench gpu: quant nvfp4: weight %d differs from the CPU "
+                            "reference\n", w);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int nvb_write(const char *path, const void *p, size_t n, const char *mode)
+{
+    FILE *f = fopen(path, mode);
+    int rc = !f || fwrite(p, 1, n, f) != n;
+    if (f && fclose(f))
+        rc = 1;
+    return rc;
+}
+
+/* Layer 0's sources (BF16) and our bytes, for PyTorch to compare. */
+static int nvb_dump(const nv_arena *a, const char *dir, const char *host_base,
+                    const char *dev_base)
+{
+    char path[4200];
+    for (int w = 0; w < a->nw && w < NVB_LAYER0; w++) {
+        const refit_nvfp4_piece *p = &a->p[w];
+        size_t n = nvb_packed(&p->src) + nvb_scales(&p->src) + 4;
+        uint8_t *buf = malloc(n);
+        int rc = !buf || nvb_fetch(a, w, buf) != n;
+        snprintf(path, sizeof path, "%s/nvfp4-layer0-q.bin", dir);
+        rc = rc || nvb_write(path, buf, n, w ? "ab" : "wb");
+        free(buf);
+        size_t xb = (size_t)(p->src.shape[0] * p->src.shape[1]) * 2;
+        snprintf(path, sizeof path, "%s/nvfp4-layer0-x.bin", dir);
+        rc = rc || nvb_write(path, host_base + ((const char *)p->src.data - dev_base), xb,
+                             w ? "ab" : "wb");
+        if (rc)
+            return 1;
+    }
+    return 0;
+}
+
+/* PyTorch's timing and byte check, merged into o. */
+static void nvb_torch(json_t *o, const refit_view *x, int nw, int repeat, const char *python,
+                      const char *dir)
+{
+    char spec[4200], cmd[8600], script[4096];
+    snprintf(spec, sizeof spec, "%s/bench-nvfp4-spec.json", dir);
+    const char *root = getenv("REFIT_SOURCE_ROOT");
+    snprintf(script, sizeof script, "%s/tools/bench_gpu.py", root ? root : ".");
+    json_t *s = json_object(), *ts = json_array();
+    for (int w = 0; w < nw; w++)
+        json_array_append_new(ts, json_pack("[I,I]", (json_int_t)x[w].shape[0],
+                                            (json_int_t)x[w].shape[1]));
+    json_object_set_new(s, "nvfp4_shapes", ts);
+    json_object_set_new(s, "repeat", json_integer(repeat));
+    json_object_set_new(s, "nvfp4_layer0", json_integer(nw < NVB_LAYER0 ? nw : NVB_LAYER0));
+    json_object_set_new(s, "dir", json_string(dir));
+    int rc = json_dump_file(s, spec, JSON_COMPACT);
+    json_decref(s);
+    if (rc)
+        return;
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s'", python, script, spec);
+    FILE *p = popen(cmd, "r");
+    json_error_t err;
+    json_t *py = p ? json_loadf(p, 0, &err) : NULL;
+    int st = p ? pclose(p) : -1;
+    json_t *t = py ? json_object_get(py, "nvfp4") : NULL;
+    json_t *ms = t ? json_object_get(t, "ms") : NULL;
+    if (!ms) {
+        fprintf(stderr, "refit-bench gpu: quant nvfp4: no result from %s (exit %d)\n", cmd, st);
+        json_object_set_new(o, "torch", json_string("failed: see stderr"));
+    } else {
+        double tv = json_number_value(ms);
+        nvb_put(o, "torch_ms", tv);
+        nvb_put(o, "speedup_vs_torch", tv / json_number_value(json_object_get(o, "refit_ms")));
+        json_object_set(o, "torch_bytes_equal_layer0", json_object_get(t, "bytes_equal"));
+        json_object_set(o, "torch", json_object_get(py, "torch"));
+    }
+    json_decref(py);
+    unlink(spec);
+}
+
+int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
+                    const char *host_base, double copy_Bps, int repeat, const char *python,
+                    const char *dir)
+{
+    nv_arena a = {.nw = nw};
+    double t_all = 0, t_each = 0;
+    int rc = nvb_pieces(&a, x) || nvb_time(&a, 1, repeat, &t_all) ||
+             nvb_check(&a, dev_base, host_base) || nvb_time(&a, 0, repeat, &t_each) ||
+             nvb_check(&a, dev_base, host_base);
+    if (!rc && python && ((mkdir(dir, 0755) && errno != EEXIST) ||
+                          nvb_dump(&a, dir, host_base, dev_base)))
+        python = NULL;
+    if (!rc) {
+        size_t elems = 0;
+        for (int w = 0; w < nw; w++)
+            elems += (size_t)(x[w].shape[0] * x[w].shape[1]);
+        double mb = (double)a.min_bytes;
+        json_t *o = json_object();
+        json_object_set_new(o, "weights", json_integer(nw));
+        json_object_set_new(o, "elements", json_integer((json_int_t)elems));
+        nvb_put(o, "min_bytes", mb);
+        nvb_put(o, "refit_ms", t_all * 1e3);
+        nvb_put(o, "refit_GBps", mb / t_all / 1e9);
+        nvb_put(o, "copy_GBps", copy_Bps / 1e9);
+        nvb_put(o, "ratio_to_d2d", mb / t_all / copy_Bps);
+        nvb_put(o, "per_weight_calls_ms", t_each * 1e3);
+        nvb_put(o, "per_weight_ratio_to_d2d", mb / t_each / copy_Bps);
+        nvb_put(o, "target", 0.70);
+        json_object_set_new(o, "meets_target", json_boolean(mb / t_all / copy_Bps >= 0.70));
+        json_object_set_new(o, "layer0_equals_cpu_reference", json_true());
+        if (python)
+            nvb_torch(o, x, nw, repeat, python, dir);
+        json_object_set_new(quant, "nvfp4", o);
+    }
+    if (python) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/nvfp4-layer0-x.bin", dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/nvfp4-layer0-q.bin", dir);
+        unlink(path);
+    }
+    cudaFree(a.d);
+    free(a.p);
+    return rc;
+}
