@@ -542,11 +542,12 @@ static int rcv_update(refit_receiver *r, rcv_run *run)
     int rc = xport_check(r->x);
     if (!rc)
         rc = rcv_announce(r, run);
-    if (!rc)
-        rcv_begin(r, run);
     uint32_t n = run->an.n_buckets;
     for (uint32_t k = 0; !rc && k < n && k < r->n_slots; k++)
         rc = rcv_post(r, run, k);
+    /* after the first posts: begin's journal write overlaps their transfer */
+    if (!rc)
+        rcv_begin(r, run);
     for (uint32_t k = 0; !rc && k < n; k++)
         rc = rcv_bucket(r, run, k);
     int src = rcv_sync(r);
