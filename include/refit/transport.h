@@ -1,6 +1,8 @@
 /*
  * refit transports: weights from a trainer to the workers of an engine over
- * NCCL, in buckets, with a cross-rank commit (docs/nccl.md).
+ * NCCL, in buckets, with a cross-rank commit (docs/nccl.md; wire version 2:
+ * an announce and an index of every bucket come first, so every rank queues
+ * the next broadcasts behind the current one).
  *
  *   trainer (root)                              every worker rank
  *   ─────────────                               ─────────────────
@@ -28,9 +30,12 @@
  * libnccl.so.2 on the library path, or at $REFIT_NCCL_LIBRARY. The CUDA
  * driver (libcuda.so.1) likewise.
  *
+ * Ranks that load their own tensors (no sender) commit as a group with
+ * refit_group_finalize alone.
+ *
  * Threading: a transport, and the sender or receiver using it, belong to
- * one thread at a time. Status codes are refit's (refit.h); a transport
- * failure or a deadline is REFIT_EIO.
+ * one thread at a time. Status codes are refit's (refit.h); a receiver's
+ * deadline is REFIT_ETIMEDOUT, any other transport failure REFIT_EIO.
  */
 #ifndef REFIT_TRANSPORT_H
 #define REFIT_TRANSPORT_H
@@ -135,11 +140,14 @@ typedef struct refit_group_result {
 typedef struct refit_send_opts {
     uint32_t version;          /* REFIT_SEND_OPTS_VERSION */
     const char *version_label; /* in every bucket header; NULL: "unnamed" */
-    uint64_t bucket_bytes;     /* payload per bucket; 0: 1 GiB. Two buckets
-                                  are held (double buffer) on each rank */
+    uint64_t bucket_bytes;     /* payload per bucket at most; 0: 1 GiB. The
+                                  first and last buckets are smaller (ramp).
+                                  Each rank holds 2 to 8 buckets in flight
+                                  (as many as fit 512 MiB) */
     int root;                  /* the sending rank */
     int checksum_payload;      /* 1: checksum every payload (one extra read
-                                  of the bytes on each side) */
+                                  of the bytes on each side, and a wait for
+                                  it per bucket while later buckets move) */
     double timeout_s;          /* each wait; 0: the transport's */
     void *stream;              /* stream for the packing copies (device
                                   tensors), NULL: the default stream */
@@ -157,7 +165,10 @@ REFIT_API int refit_sender_add(refit_sender *s, const char *name, const refit_te
 REFIT_API void refit_sender_clear(refit_sender *s);
 /* Send every tensor added (one update), then take part in the vote.
  * REFIT_OK when every rank committed; else the decision's status (see
- * out), REFIT_EIO when the transport failed. out may be NULL. */
+ * out), REFIT_EIO when the transport failed. A tensor that cannot be
+ * packed cancels the update: every planned bucket is still sent (stamped
+ * CANCEL, so the receivers' queued broadcasts match), and every rank votes
+ * that status. out may be NULL. */
 REFIT_API int refit_sender_send(refit_sender *s, refit_group_result *out);
 
 /* ---- receiver (worker side) ---------------------------------------------- */
@@ -185,15 +196,17 @@ REFIT_API void refit_receiver_destroy(refit_receiver *r);
 
 /* One whole update: wait for it, begin (opts; version label from the
  * sender when opts->version_label is NULL), receive every bucket into the
- * transaction, then refit_group_finalize. Returns as refit_group_finalize. */
+ * transaction, then refit_group_finalize. Returns as refit_group_finalize;
+ * REFIT_ETIMEDOUT when a wait passed its deadline (the transport is then
+ * aborted and the update aborted on this rank). */
 REFIT_API int refit_receive_update(refit_receiver *r, const refit_update_opts *opts,
                          refit_group_result *out);
 
 /* The receiving part alone, into a transaction the caller began: every
  * bucket of one update. A load that fails does not stop the receiving (the
  * other ranks go on broadcasting): the rest is drained, and the first
- * error is returned for the vote. REFIT_EIO: the transport failed (it is
- * aborted, and the caller should refit_abort). */
+ * error is returned for the vote. REFIT_EIO or REFIT_ETIMEDOUT: the
+ * transport failed (it is aborted, and the caller should refit_abort). */
 REFIT_API int refit_receive(refit_receiver *r, refit_txn *txn, refit_progress_fn progress, void *user);
 
 /* Cross-rank commit, on every rank of x but the sender (which votes in
