@@ -1,14 +1,14 @@
 /* NVFP4 post-load on the GPU, bit-exact with the CPU references of
  * kernels/quant_nvfp4.c (the arithmetic is defined in quant_nvfp4.h):
  *
- *   online      amax over the piece (k_nv_amax: each block folds its share
+ *   online      the amax pass over the piece (each block folds its share
  *               into the piece's device word with atomicMax of magnitude
- *               bits), then k_nv_encode: gs = 2688 / amax, and per block of
- *               16 along a row its E4M3 scale (written to the swizzled
- *               128x4 layout), its divisor e4m3(code) / gs and 16 E2M1
- *               codes (8 packed bytes); alpha = 1 / gs.
- *   checkpoint  k_nv_encode alone: every byte of the swizzled array, the
- *               staged scale or a pad zero, and alpha / input_scale_inv
+ *               bits), then the encode pass: gs = 2688 / amax, and per
+ *               block of 16 along a row its E4M3 scale (written to the
+ *               swizzled 128x4 layout), its divisor e4m3(code) / gs and 16
+ *               E2M1 codes (8 packed bytes); alpha = 1 / gs.
+ *   checkpoint  the encode pass alone: every byte of the swizzled array,
+ *               the staged scale or a pad zero, and alpha / input_scale_inv
  *               fused from the staged factors (no host round trip).
  *
  * Work items are the positions of the padded scale grid [Rp, Cp], row by
@@ -16,13 +16,21 @@
  * pad byte is written by the item that owns it. Blocks of a launch are
  * shared among its pieces by their sizes (QN_BATCH pieces a launch, in
  * a __grid_constant__ parameter); a piece's blocks stride over its items.
- * Online pieces go in sets of about QN_SET_BYTES of input, amax then encode
- * per set, so the second read of a set mostly hits L2.
+ * One kernel, k_nv_pass, runs both passes, a piece's blocks taking the
+ * pass its entry names. Online pieces go in sets of about QN_SET_BYTES of
+ * input, software-pipelined: launch j runs the encode pass of set j - 1
+ * (whose amax launch j - 1 completed, stream order) and the amax pass of
+ * set j, so a set is read from memory once by its amax pass and again from
+ * L2 one launch later; the encode pass reads with evict-first hints
+ * (__ldcs: a last use) and streams its stores (__stcs), so the set behind
+ * it stays in L2. Checkpoint pieces ride in the first launch. n online
+ * pieces in s sets take s + 1 launches (more when a launch holds more than
+ * QN_BATCH entries).
  *
  * Element access: one block of 16 a thread; 16-byte loads (two for 16-bit
  * inputs, four for F32) and one 8-byte store where the rows are contiguous
  * and aligned and the block is whole, element by element otherwise (any
- * strides, ragged K).
+ * strides, ragged K). Registers: the 16 values and a few indexes.
  *
  * nvcc's defaults keep this exact: -prec-div=true, -ftz=false (no
  * --use_fast_math); the divisions and the one product use __fdiv_rn and
@@ -42,10 +50,12 @@
 extern "C" void kern_cuda_set_error(const char *msg);
 
 #define QN_THREADS 256
-#define QN_BATCH 20                    /* pieces per launch (parameters < 4 KB) */
+#define QN_BATCH 20                    /* entries per launch (parameters < 4 KB) */
 #define QN_BLOCKS_MAX 8192             /* blocks per piece and launch */
 #define QN_ITEMS_PER_THREAD 2          /* items (blocks of 16) a thread, before striding */
+#ifndef QN_SET_BYTES /* tests/gpu/emu/run_nvfp4.sh makes it small: many sets */
 #define QN_SET_BYTES ((int64_t)24 << 20)
+#endif
 #define QN_FINITE_MAX 0x7f7fffffu      /* magnitude bits of FLT_MAX */
 #define QN_NONE 0xffffffffu            /* status word: no piece failed */
 
@@ -122,6 +132,7 @@ struct qn_piece {
     int64_t first;              /* its first block in the launch */
     int32_t idx;                /* its index in the call */
     uint8_t mode;               /* REFIT_NVFP4_* */
+    uint8_t pass;               /* in a launch: 0 amax, 1 encode (or swizzle) */
     uint8_t kind;               /* online x: 0 f32, 1 f16, 2 bf16 */
     uint8_t vx, vq;             /* rows of x (q) are 16 (8) byte aligned and contiguous */
 };
@@ -175,9 +186,15 @@ __device__ __forceinline__ float qn_decode(const char *p, int kind)
     return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
 }
 
+/* 16 aligned bytes; last: the data's last use (evict first). */
+__device__ __forceinline__ uint4 qn_ld16(const char *a, bool last)
+{
+    return last ? __ldcs((const uint4 *)a) : *(const uint4 *)a;
+}
+
 /* Block c of row r of an online piece into v (w elements; 0 past them). */
 __device__ __forceinline__ void qn_load16(const qn_piece &p, int64_t r, int64_t c, int w,
-                                          float v[16])
+                                          float v[16], bool last)
 {
     int es = p.kind == 0 ? 4 : 2;
     if (p.vx && w == 16) {
@@ -185,13 +202,14 @@ __device__ __forceinline__ void qn_load16(const qn_piece &p, int64_t r, int64_t 
         if (p.kind == 0) {
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                float4 f = *(const float4 *)(a + 16 * u);
-                v[4 * u] = f.x; v[4 * u + 1] = f.y; v[4 * u + 2] = f.z; v[4 * u + 3] = f.w;
+                uint4 f = qn_ld16(a + 16 * u, last);
+                v[4 * u] = __uint_as_float(f.x); v[4 * u + 1] = __uint_as_float(f.y);
+                v[4 * u + 2] = __uint_as_float(f.z); v[4 * u + 3] = __uint_as_float(f.w);
             }
         } else {
 #pragma unroll
             for (int u = 0; u < 2; u++) {
-                uint4 h = *(const uint4 *)(a + 16 * u);
+                uint4 h = qn_ld16(a + 16 * u, last);
                 v[8 * u] = qn_half(h.x, 0, p.kind); v[8 * u + 1] = qn_half(h.x, 1, p.kind);
                 v[8 * u + 2] = qn_half(h.y, 0, p.kind); v[8 * u + 3] = qn_half(h.y, 1, p.kind);
                 v[8 * u + 4] = qn_half(h.z, 0, p.kind); v[8 * u + 5] = qn_half(h.z, 1, p.kind);
@@ -240,22 +258,20 @@ __device__ __forceinline__ float qn_global(uint32_t amax_bits)
 
 /* ---- amax ---- */
 
-__global__ void __launch_bounds__(QN_THREADS)
-k_nv_amax(const __grid_constant__ qn_batch B, unsigned int *status)
+/* The amax pass: this block's share of the piece (nb blocks, rel its
+ * rank among them). */
+__device__ __forceinline__ void qn_amax(const qn_piece &p, int64_t rel, int64_t nb,
+                                        unsigned int *status)
 {
-    int i = qn_find(B, blockIdx.x);
-    const qn_piece &p = B.p[i];
-    int64_t nb = (i + 1 < B.np ? B.p[i + 1].first : B.end) - p.first;
     uint32_t m = 0;
-    for (int64_t t = ((int64_t)blockIdx.x - p.first) * QN_THREADS + threadIdx.x; t < p.items;
-         t += nb * QN_THREADS) {
+    for (int64_t t = rel * QN_THREADS + threadIdx.x; t < p.items; t += nb * QN_THREADS) {
         int64_t r, c;
         qn_rc(p, t, &r, &c);
         if (r >= p.n || c >= p.cb)
             continue;
         int64_t w = p.k - c * 16;
         float v[16];
-        qn_load16(p, r, c, w < 16 ? (int)w : 16, v);
+        qn_load16(p, r, c, w < 16 ? (int)w : 16, v, false);
         m = max(m, qn_mag_max(v));
     }
     m = qn_block_max(m);
@@ -274,7 +290,7 @@ __device__ __forceinline__ void qn_encode_item(const qn_piece &p, float gs, int6
     int64_t w = p.k - c * 16;
     int wi = w < 16 ? (int)w : 16;
     float v[16];
-    qn_load16(p, r, c, wi, v);
+    qn_load16(p, r, c, wi, v, true);
     uint32_t code = qn_e4m3_sat(__float_as_uint(__fmul_rn(gs, __fdiv_rn(
                         __uint_as_float(qn_mag_max(v)), 6.0f))));
     if (code == 0)
@@ -293,7 +309,7 @@ __device__ __forceinline__ void qn_encode_item(const qn_piece &p, float gs, int6
         uint2 o;
         o.x = lo;
         o.y = hi;
-        *(uint2 *)(p.q + r * p.qs0 + c * 8) = o;
+        __stcs((uint2 *)(p.q + r * p.qs0 + c * 8), o);
         return;
     }
     for (int u = 0; u < bytes; u++)
@@ -316,12 +332,9 @@ __device__ __forceinline__ void qn_fuse(const qn_piece &p)
     }
 }
 
-__global__ void __launch_bounds__(QN_THREADS) k_nv_encode(const __grid_constant__ qn_batch B)
+/* The encode pass (online) or swizzle and fuse (checkpoint). */
+__device__ __forceinline__ void qn_encode(const qn_piece &p, int64_t rel, int64_t nb)
 {
-    int i = qn_find(B, blockIdx.x);
-    const qn_piece &p = B.p[i];
-    int64_t nb = (i + 1 < B.np ? B.p[i + 1].first : B.end) - p.first;
-    int64_t rel = (int64_t)blockIdx.x - p.first;
     bool online = p.mode == REFIT_NVFP4_ONLINE;
     float gs = 1.0f;
     if (online) {
@@ -344,6 +357,20 @@ __global__ void __launch_bounds__(QN_THREADS) k_nv_encode(const __grid_constant_
         else
             p.s[qn_swizzle(r, c, p.cp)] = (unsigned char)p.x[r * p.xs0 + c * p.xs1];
     }
+}
+
+/* Every block runs one pass of one piece: the entry it falls in. */
+__global__ void __launch_bounds__(QN_THREADS)
+k_nv_pass(const __grid_constant__ qn_batch B, unsigned int *status)
+{
+    int i = qn_find(B, blockIdx.x);
+    const qn_piece &p = B.p[i];
+    int64_t nb = (i + 1 < B.np ? B.p[i + 1].first : B.end) - p.first;
+    int64_t rel = (int64_t)blockIdx.x - p.first;
+    if (p.pass == 0)
+        qn_amax(p, rel, nb, status);
+    else
+        qn_encode(p, rel, nb);
 }
 
 /* ---- host side ---- */
@@ -453,10 +480,15 @@ static int64_t qn_blocks(const qn_piece *p)
     return b < 1 ? 1 : b > QN_BLOCKS_MAX ? QN_BLOCKS_MAX : b;
 }
 
-/* Launch k_nv_amax (amax 1) or k_nv_encode over pieces ord[0..m) of pcs,
- * QN_BATCH a launch. */
-static int qn_launch(int amax, const qn_piece *pcs, const uint32_t *ord, uint32_t m,
-                     unsigned int *status, cudaStream_t st)
+/* One pass of one piece in a launch. */
+struct qn_entry {
+    uint32_t piece;
+    uint8_t pass;               /* 0 amax, 1 encode */
+};
+
+/* Launch k_nv_pass over entries e[0..m), QN_BATCH a launch. */
+static int qn_launch(const qn_piece *pcs, const qn_entry *e, uint32_t m, unsigned int *status,
+                     cudaStream_t st)
 {
     qn_batch *b = (qn_batch *)malloc(sizeof *b); /* 4 KB: off the stack */
     if (!b)
@@ -467,18 +499,16 @@ static int qn_launch(int amax, const qn_piece *pcs, const uint32_t *ord, uint32_
         int64_t end = 0;
         b->np = (int32_t)np;
         for (uint32_t j = 0; j < np; j++) {
-            b->p[j] = pcs[ord[at + j]];
+            b->p[j] = pcs[e[at + j].piece];
+            b->p[j].pass = e[at + j].pass;
             b->p[j].first = end;
             end += qn_blocks(&b->p[j]);
         }
         b->end = end;
-        if (amax)
-            k_nv_amax<<<(unsigned)end, QN_THREADS, 0, st>>>(*b, status);
-        else
-            k_nv_encode<<<(unsigned)end, QN_THREADS, 0, st>>>(*b);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess)
-            rc = qn_fail(e, "launching an NVFP4 kernel");
+        k_nv_pass<<<(unsigned)end, QN_THREADS, 0, st>>>(*b, status);
+        cudaError_t ce = cudaGetLastError();
+        if (ce != cudaSuccess)
+            rc = qn_fail(ce, "launching an NVFP4 kernel");
     }
     free(b);
     return rc;
@@ -529,24 +559,46 @@ static int qn_finish(unsigned int *scratch, bool pooled, unsigned int *status, i
     return rc;
 }
 
-/* Online pieces ord[0..m): sets of about QN_SET_BYTES, amax then encode. */
-static int qn_online(qn_piece *pcs, const uint32_t *ord, uint32_t m, unsigned int *scratch,
-                     cudaStream_t st)
+/* Set numbers of the online pieces ord[0..m) (about QN_SET_BYTES of input
+ * each, whole pieces), their amax words, and the count of sets. */
+static uint32_t qn_sets(qn_piece *pcs, const uint32_t *ord, uint32_t m, unsigned int *scratch,
+                        uint32_t *set)
+{
+    uint32_t ns = 0;
+    int64_t bytes = 0;
+    for (uint32_t j = 0; j < m; j++) {
+        qn_piece *p = &pcs[ord[j]];
+        if (j == 0 || bytes >= QN_SET_BYTES) {
+            ns++;
+            bytes = 0;
+        }
+        set[j] = ns - 1;
+        bytes += p->n * p->k * (p->kind == 0 ? 4 : 2);
+        p->amax = scratch + 1 + j;
+    }
+    return ns;
+}
+
+/* Launches 0 .. sets: launch j holds the encode entries of set j - 1
+ * (launch 0: the checkpoint pieces instead) and the amax entries of set
+ * j. ord: online pieces [0, n_on), then checkpoint pieces. */
+static int qn_pipeline(qn_piece *pcs, const uint32_t *ord, uint32_t n_on, uint32_t n_ck,
+                       const uint32_t *set, uint32_t sets, unsigned int *status, qn_entry *e,
+                       cudaStream_t st)
 {
     int rc = REFIT_OK;
-    for (uint32_t j = 0; j < m; j++)
-        pcs[ord[j]].amax = scratch + 1 + j;
-    for (uint32_t a = 0; a < m && !rc;) {
-        int64_t bytes = 0;
-        uint32_t b = a;
-        while (b < m && (b == a || bytes < QN_SET_BYTES)) {
-            const qn_piece *p = &pcs[ord[b++]];
-            bytes += p->n * p->k * (p->kind == 0 ? 4 : 2);
-        }
-        rc = qn_launch(1, pcs, ord + a, b - a, scratch, st);
-        if (!rc)
-            rc = qn_launch(0, pcs, ord + a, b - a, scratch, st);
-        a = b;
+    uint32_t enc = 0, amx = 0; /* next online piece to encode, to take the amax of */
+    for (uint32_t j = 0; j <= sets && !rc; j++) {
+        uint32_t m = 0;
+        if (j == 0)
+            for (uint32_t c = 0; c < n_ck; c++)
+                e[m++] = qn_entry{ord[n_on + c], 1};
+        for (; enc < n_on && j > 0 && set[enc] == j - 1; enc++)
+            e[m++] = qn_entry{ord[enc], 1};
+        for (; amx < n_on && set[amx] == j; amx++)
+            e[m++] = qn_entry{ord[amx], 0};
+        if (m)
+            rc = qn_launch(pcs, e, m, status, st);
     }
     return rc;
 }
@@ -564,33 +616,31 @@ extern "C" int kern_quant_nvfp4_cuda(uint32_t n, const refit_nvfp4_piece *pieces
         return REFIT_EINVAL;
     }
     qn_piece *pcs = (qn_piece *)malloc(sizeof *pcs * n);
-    uint32_t *ord = (uint32_t *)malloc(sizeof *ord * n);
-    int rc = pcs && ord ? REFIT_OK : qn_fail(cudaErrorMemoryAllocation, "host memory");
+    uint32_t *ord = (uint32_t *)malloc(sizeof *ord * n * 2);
+    qn_entry *e = (qn_entry *)malloc(sizeof *e * n);
+    uint32_t *set = ord ? ord + n : NULL;
+    int rc = pcs && ord && e ? REFIT_OK : qn_fail(cudaErrorMemoryAllocation, "host memory");
     uint32_t n_on = 0, n_ck = 0;
     for (uint32_t i = 0; i < n && !rc; i++) {
         if ((rc = qn_piece_init(&pcs[i], &pieces[i], i))) {
             *bad = (int32_t)i;
             break;
         }
-        if (pcs[i].mode == REFIT_NVFP4_ONLINE)
-            n_on++;
+        n_on += pcs[i].mode == REFIT_NVFP4_ONLINE;
     }
-    /* ord: checkpoint pieces first (from the end), online ones from 0 */
+    /* ord: online pieces in call order, then checkpoint pieces */
     for (uint32_t i = 0; i < n && !rc; i++)
-        if (pcs[i].mode != REFIT_NVFP4_ONLINE)
-            ord[n - 1 - n_ck++] = i;
-    for (uint32_t i = 0, j = 0; i < n && !rc; i++)
-        if (pcs[i].mode == REFIT_NVFP4_ONLINE)
-            ord[j++] = i;
-    if (!rc && n_ck)
-        rc = qn_launch(0, pcs, ord + n_on, n_ck, NULL, st);
-    if (!rc && n_on) {
+        ord[pcs[i].mode == REFIT_NVFP4_ONLINE ? i - n_ck : n_on + n_ck++] = i;
+    if (!rc && !n_on) /* nothing to report: no scratch, no wait */
+        rc = qn_pipeline(pcs, ord, 0, n_ck, set, 0, NULL, e, st);
+    else if (!rc) {
         bool pooled;
         unsigned int status = QN_NONE;
         unsigned int *scratch = (unsigned int *)qn_scratch(
             sizeof(unsigned int) * ((size_t)n_on + 1), &pooled, st, &rc);
         if (scratch) {
-            rc = qn_online(pcs, ord, n_on, scratch, st);
+            uint32_t sets = qn_sets(pcs, ord, n_on, scratch, set);
+            rc = qn_pipeline(pcs, ord, n_on, n_ck, set, sets, scratch, e, st);
             rc = qn_finish(scratch, pooled, &status, rc, st);
         }
         if (!rc && status != QN_NONE) {
@@ -598,6 +648,7 @@ extern "C" int kern_quant_nvfp4_cuda(uint32_t n, const refit_nvfp4_piece *pieces
             rc = qn_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", status);
         }
     }
+    free(e);
     free(pcs);
     free(ord);
     return rc;
