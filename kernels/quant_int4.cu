@@ -34,6 +34,7 @@
  * write nothing; the call copies the word back and waits for the stream
  * once, at the end, to report it. */
 #include <cuda_runtime.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,0 +1,989 @@
+/* INT4 on the device.
+ *
+ * Kernel: kern_quant_int4_cuda (kernels/quant_int4.cu) against the CPU
+ * reference kern_quant_int4 (kernels/quant_int4.c), bit for bit: F32/F16/
+ * BF16 weights and scales, ragged shapes (K not a multiple of 8 or of the
+ * group, empty), every group kind (8..256 columns: lanes of a warp; 0 = per
+ * row, 24, 100, 512: a block a row), the GPTQ layout's transposed words and
+ * scales and the u8 layout's pitched rows, padded, transposed and
+ * misaligned weights, zero, subnormal and tie values. Each case runs the
+ * reference on a junk-filled host allocation and the kernel on a device
+ * copy of the same junk, then compares whole allocations (bytes outside the
+ * views too). One call of more pieces than a launch holds; a NaN, an
+ * infinity and an F16 scale overflow refused with the lowest piece named.
+ *
+ * Model (not built under the CPU emulator, tests/gpu/emu/run_int4.sh): the
+ * int4 plugin through the public API, the same model in device memory and
+ * in host memory (the CPU reference), every update to both, device bytes
+ * and fingerprints equal to the host's: checkpoint modules (gptq and u8
+ * with its row pad, symmetric and asymmetric, I64 and I32 weight_shape,
+ * checked through the host's fetch service) and online modules (BF16, F16
+ * and F32 weights; groups of 128 and 32, per row, 100). Reload equals a cold
+ * start; a wrong weight_shape and a NaN fail the update naming the tensor
+ * and leave every byte; an abort after every post-load restores them.
+ *
+ * Skipped without a CUDA device. REFIT_GPU_INT4_ON_HOST=1 runs the
+ * "device" model in host memory (the kernel cases skip), to check the test
+ * and the plugin's service path without a GPU. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <cuda_runtime_api.h>
+
+#include "core/cuda/backend_cuda.h"
+#include "core/cuda/kern_cuda.h"
+#include "kernels/cast.h"
+#include "kernels/quant_int4.h"
+#ifndef REFIT_GPU_EMU
+#include <refit/refit.h>
+#endif
+
+#define F32 ((refit_dtype){REFIT_DTYPE_FLOAT, 32, 1})
+#define F16 ((refit_dtype){REFIT_DTYPE_FLOAT, 16, 1})
+#define BF16 ((refit_dtype){REFIT_DTYPE_BFLOAT, 16, 1})
+#define I32 ((refit_dtype){REFIT_DTYPE_INT, 32, 1})
+#define I64 ((refit_dtype){REFIT_DTYPE_INT, 64, 1})
+#define U8 ((refit_dtype){REFIT_DTYPE_UINT, 8, 1})
+
+#define CU(call)                                                              \
+    do {                                                                      \
+        cudaError_t e_ = (call);                                              \
+        if (e_ != cudaSuccess)                                                \
+            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
+    } while (0)
+
+static int on_host_only; /* REFIT_GPU_INT4_ON_HOST */
+
+static uint64_t rng_state = 0x1a7e4c3d;
+
+static uint64_t mix(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rnd(void)
+{
+    return mix(rng_state += 0x9e3779b97f4a7c15ull);
+}
+
+static const char *dt_name(refit_dtype d)
+{
+    return d.bits == 32 ? "f32" : d.code == REFIT_DTYPE_BFLOAT ? "bf16" : "f16";
+}
+
+/* Raw bits of f in a float dtype (2 or 4 bytes at p). */
+static void put_float(char *p, refit_dtype dt, float f)
+{
+    if (dt.bits == 32) {
+        memcpy(p, &f, 4);
+        return;
+    }
+    uint16_t h = dt.code == REFIT_DTYPE_BFLOAT ? kern_f32_to_bf16(f) : kern_f32_to_f16(f);
+    memcpy(p, &h, 2);
+}
+
+/* ---- kernel against reference ---- */
+
+/* A host allocation and its device twin, same junk. */
+typedef struct twin {
+    char *h, *d;
+    size_t bytes;
+} twin;
+
+static twin twin_new(size_t bytes)
+{
+    twin t = {malloc(bytes ? bytes : 1), NULL, bytes};
+    assert_non_null(t.h);
+    for (size_t i = 0; i < bytes; i += 8) {
+        uint64_t r = rnd();
+        memcpy(t.h + i, &r, bytes - i < 8 ? bytes - i : 8);
+    }
+    CU(cudaMalloc((void **)&t.d, bytes ? bytes : 1));
+    CU(cudaMemcpy(t.d, t.h, bytes, cudaMemcpyHostToDevice));
+    return t;
+}
+
+static void twin_push(const twin *t)
+{
+    CU(cudaMemcpy(t->d, t->h, t->bytes, cudaMemcpyHostToDevice));
+}
+
+static void twin_free(twin *t)
+{
+    free(t->h);
+    cudaFree(t->d);
+}
+
+static void twin_check(const twin *t, const char *what, const char *part)
+{
+    unsigned char *back = malloc(t->bytes ? t->bytes : 1);
+    assert_non_null(back);
+    CU(cudaMemcpy(back, t->d, t->bytes, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < t->bytes; i++)
+        if (back[i] != (unsigned char)t->h[i]) {
+            unsigned a = back[i], b = (unsigned char)t->h[i];
+            free(back);
+            fail_msg("%s: %s byte %zu of %zu differs: device %02x, host %02x", what, part, i,
+                     t->bytes, a, b);
+        }
+    free(back);
+}
+
+static refit_view v2(char *base, refit_dtype dt, int64_t n, int64_t k, int64_t s0, int64_t s1,
+                     int64_t first)
+{
+    refit_view v;
+    memset(&v, 0, sizeof v);
+    v.data = base + first * (int64_t)(dt.bits / 8);
+    v.device = (refit_device){REFIT_DEVICE_CUDA, 0};
+    v.dtype = dt;
+    v.ndim = 2;
+    v.shape[0] = n;
+    v.shape[1] = k;
+    v.strides[0] = s0;
+    v.strides[1] = s1;
+    return v;
+}
+
+static refit_view on_host(refit_view v, const twin *t)
+{
+    v.data = t->h + ((char *)v.data - t->d);
+    v.device = (refit_device){REFIT_DEVICE_CPU, 0};
+    return v;
+}
+
+/* Layouts of an [n, k] view: 0 row-major, 1 padded rows, 2 transposed
+ * (the GPTQ layout's words and scales), 3 row-major one element past an
+ * aligned start. */
+typedef struct lay {
+    int64_t s0, s1, first, elems;
+} lay;
+
+static lay layout(int kind, int64_t n, int64_t k)
+{
+    lay l = {k, 1, 0, n * k};
+    if (kind == 1) {
+        l.s0 = k + 3;
+        l.elems = n * (k + 3);
+    } else if (kind == 2) {
+        l.s0 = 1;
+        l.s1 = n;
+    } else if (kind == 3) {
+        l.first = 1;
+    }
+    l.elems += l.first + 1;
+    return l;
+}
+
+enum pat { PAT_MIXED, PAT_RANDOM, PAT_ZERO, PAT_SUBNORMAL, PAT_TIES };
+
+static void put(const refit_view *x, int64_t i, int64_t j, float f)
+{
+    put_float((char *)x->data + (i * x->strides[0] + j * x->strides[1]) * (x->dtype.bits / 8),
+              x->dtype, f);
+}
+
+static float uniform(void)
+{
+    return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+/* A subnormal of the dtype, as an f32 that converts to it exactly. */
+static float subnormal(refit_dtype dt)
+{
+    uint32_t b;
+    if (dt.bits == 32)
+        b = (uint32_t)(rnd() & 0x7fffffu) | 1u;
+    else if (dt.code == REFIT_DTYPE_BFLOAT)
+        b = ((uint32_t)(rnd() & 0x7fu) | 1u) << 16;
+    else
+        b = 0x33800000u + ((uint32_t)(rnd() & 0x3ffu) << 13); /* f16 subnormal range */
+    if (rnd() & 1)
+        b |= 0x80000000u;
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+/* Values: random over a wide range of magnitudes (kept below 60000, so an
+ * F16 scale never overflows), zero rows, subnormal rows, and tie rows
+ * (amax 7.5: scale 1 where the scale dtype holds it, x / scale on the .5s). */
+static void fill(const refit_view *x, enum pat p)
+{
+    int64_t n = x->shape[0], k = x->shape[1];
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < k; j++) {
+            int kind = p;
+            if (p == PAT_MIXED)
+                kind = i % 7 == 3 ? PAT_ZERO : i % 5 == 2 ? PAT_SUBNORMAL
+                       : i % 6 == 1 ? PAT_TIES : PAT_RANDOM;
+            float f;
+            switch (kind) {
+            case PAT_ZERO:
+                f = (rnd() & 1) ? -0.0f : 0.0f;
+                break;
+            case PAT_SUBNORMAL:
+                f = subnormal(x->dtype);
+                break;
+            case PAT_TIES:
+                f = (float)((int)(j % 31) - 15) * 0.5f;
+                break;
+            default: {
+                int e = (int)(rnd() % 30) - 20;
+                f = uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
+                break;
+            }
+            }
+            put(x, i, j, f);
+        }
+}
+
+static int lanes_kind(int64_t group)
+{
+    return group > 0 && group % 8 == 0 && group <= 256 && ((group / 8) & (group / 8 - 1)) == 0;
+}
+
+/* One piece: x [n, k] of dt in layout xl; words as the GPTQ layout
+ * (transposed) or the u8 one (pitched rows, ql 1); scales of sdt,
+ * transposed or row-major (sl). */
+static void one(refit_dtype dt, refit_dtype sdt, int64_t n, int64_t k, int64_t group, int xl,
+                int ql, int sl, enum pat p)
+{
+    int64_t words = (k + 7) / 8, groups = group > 0 ? (k + group - 1) / group : 1;
+    lay lx = layout(xl, n, k);
+    lay lq = ql ? (lay){words + 3, 1, 0, n * (words + 3) + 1} : layout(2, n, words);
+    lay ls = layout(sl ? 1 : 2, n, groups);
+    twin tx = twin_new((size_t)lx.elems * (dt.bits / 8));
+    twin tq = twin_new((size_t)lq.elems * 4);
+    twin ts = twin_new((size_t)ls.elems * (sdt.bits / 8));
+    refit_view gx = v2(tx.d, dt, n, k, lx.s0, lx.s1, lx.first);
+    refit_view gq = v2(tq.d, I32, n, words, lq.s0, lq.s1, lq.first);
+    refit_view gs = v2(ts.d, sdt, n, groups, ls.s0, ls.s1, ls.first);
+    refit_view hx = on_host(gx, &tx), hq = on_host(gq, &tq), hs = on_host(gs, &ts);
+    fill(&hx, p);
+    twin_push(&tx);
+    int rh = kern_quant_int4(&hq, &hs, &hx, group);
+    int32_t bad;
+    int rd = kern_quant_int4_cuda(1, &gq, &gs, &gx, group, &bad, NULL);
+    char what[200];
+    snprintf(what, sizeof what, "%s x, %s scales, [%lld, %lld], group %lld (%s), x layout %d, "
+             "%s words, scale layout %d, values %d", dt_name(dt), dt_name(sdt), (long long)n,
+             (long long)k, (long long)group, lanes_kind(group) ? "lanes" : "rows", xl,
+             ql ? "u8" : "gptq", sl, (int)p);
+    if (rd != rh)
+        fail_msg("%s: device returned %d (%s), the reference %d", what, rd,
+                 kern_cuda_last_error(), rh);
+    assert_int_equal(rh, REFIT_OK);
+    twin_check(&tq, what, "words");
+    twin_check(&ts, what, "scales");
+    twin_check(&tx, what, "weight (untouched)");
+    twin_free(&tx);
+    twin_free(&tq);
+    twin_free(&ts);
+}
+
+#ifdef REFIT_GPU_EMU /* every thread a fiber: fewer, smaller cases */
+static const int64_t shapes[][2] = {{1, 1}, {7, 13}, {3, 8}, {9, 100}, {0, 5}, {5, 0}, {2, 520}};
+static const int64_t groups[] = {8, 32, 128, 0, 24, 100};
+#else
+static const int64_t shapes[][2] = {
+    {1, 1}, {7, 13}, {3, 8}, {129, 257}, {64, 100}, {33, 136}, {0, 5}, {5, 0}, {2, 2001},
+    {40, 520}, {300, 1024},
+};
+static const int64_t groups[] = {8, 16, 32, 64, 128, 256, 0, 24, 100, 512};
+#endif
+#define N_SHAPES (sizeof shapes / sizeof shapes[0])
+#define N_GROUPS (sizeof groups / sizeof groups[0])
+
+#define SKIP_WITHOUT_DEVICE()                                                 \
+    do {                                                                      \
+        if (on_host_only || backend_cuda_device_count() == 0) {               \
+            print_message("# no CUDA device: %s\n", backend_cuda_unavailable()); \
+            skip();                                                           \
+        }                                                                     \
+    } while (0)
+
+static void test_kernel_sweep(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    refit_dtype dts[3] = {BF16, F16, F32};
+    for (size_t si = 0; si < N_SHAPES; si++)
+        for (size_t gi = 0; gi < N_GROUPS; gi++)
+            for (int d = 0; d < 3; d++) {
+                int l = (int)((si + gi + d) % 4);
+                one(dts[d], dts[(d + gi) % 3], shapes[si][0], shapes[si][1], groups[gi], l,
+                    (int)((gi + d) % 2), (int)(si % 2), PAT_MIXED);
+            }
+}
+
+/* Whole matrices of one kind: zeros (every scale the dtype's epsilon),
+ * subnormals (tiny or epsilon scales), ties. */
+static void test_kernel_edges(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    refit_dtype dts[3] = {BF16, F16, F32};
+    enum pat pats[3] = {PAT_ZERO, PAT_SUBNORMAL, PAT_TIES};
+    int64_t gs[3] = {32, 0, 100};
+    for (int d = 0; d < 3; d++)
+        for (int s = 0; s < 3; s++)
+            for (int p = 0; p < 3; p++) {
+                one(dts[d], dts[s], 17, 136, gs[p], 0, p % 2, s % 2, pats[p]);
+                one(dts[d], dts[s], 5, 45, gs[(p + 1) % 3], 2, (p + 1) % 2, 0, pats[p]);
+            }
+}
+
+/* Many pieces in one call (past a launch's batch): the bytes of the
+ * reference piece by piece; then a NaN, an infinity and an F16 scale
+ * overflow, the lowest refused piece named. */
+static void test_kernel_pieces(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+#ifdef REFIT_GPU_EMU
+    enum { NP = 40 };
+#else
+    enum { NP = 300 };
+#endif
+    for (int gi = 0; gi < 2; gi++) {
+        int64_t group = gi ? 0 : 64;
+        refit_view gq[NP], gs[NP], gx[NP], hq[NP], hs[NP], hx[NP];
+        twin tx[NP], tq[NP], ts[NP];
+        for (int i = 0; i < NP; i++) {
+            int64_t n = 1 + (int64_t)(rnd() % 40), k = 1 + (int64_t)(rnd() % 200);
+            int64_t words = (k + 7) / 8, g = group ? (k + group - 1) / group : 1;
+            refit_dtype dt = i % 3 == 0 ? BF16 : i % 3 == 1 ? F16 : F32;
+            refit_dtype sdt = i % 2 ? F32 : BF16;
+            tx[i] = twin_new((size_t)(n * k) * (dt.bits / 8));
+            tq[i] = twin_new((size_t)(n * words) * 4);
+            ts[i] = twin_new((size_t)(n * g) * (sdt.bits / 8));
+            gx[i] = v2(tx[i].d, dt, n, k, k, 1, 0);
+            gq[i] = v2(tq[i].d, I32, n, words, 1, n, 0);
+            gs[i] = v2(ts[i].d, sdt, n, g, g, 1, 0);
+            hx[i] = on_host(gx[i], &tx[i]);
+            hq[i] = on_host(gq[i], &tq[i]);
+            hs[i] = on_host(gs[i], &ts[i]);
+            fill(&hx[i], PAT_MIXED);
+            twin_push(&tx[i]);
+            assert_int_equal(kern_quant_int4(&hq[i], &hs[i], &hx[i], group), REFIT_OK);
+        }
+        int32_t bad;
+        int rc = kern_quant_int4_cuda(NP, gq, gs, gx, group, &bad, NULL);
+        if (rc)
+            fail_msg("%d pieces: %d (%s)", NP, rc, kern_cuda_last_error());
+        for (int i = 0; i < NP; i++) {
+            char what[64];
+            snprintf(what, sizeof what, "piece %d of %d, group %lld", i, NP, (long long)group);
+            twin_check(&tq[i], what, "words");
+            twin_check(&ts[i], what, "scales");
+        }
+        /* refusals: an infinity at piece NP-5, a NaN at NP/2, an F16-scale
+         * overflow at NP/3 (an F32 weight of 1e6 with F16 scales) */
+        put(&hx[NP - 5], 0, 0, __builtin_inff());
+        twin_push(&tx[NP - 5]);
+        put(&hx[NP / 2], hx[NP / 2].shape[0] - 1, hx[NP / 2].shape[1] - 1, __builtin_nanf(""));
+        twin_push(&tx[NP / 2]);
+        rc = kern_quant_int4_cuda(NP, gq, gs, gx, group, &bad, NULL);
+        assert_int_equal(rc, REFIT_ECORRUPT);
+        assert_int_equal(bad, NP / 2);
+        int j = NP / 3;
+        twin big = twin_new(4 * 8), bs = twin_new(2);
+        refit_view bx = v2(big.d, F32, 1, 8, 8, 1, 0), hb = on_host(bx, &big);
+        for (int e = 0; e < 8; e++)
+            put(&hb, 0, e, e == 3 ? 1.0e6f : 1.0f);
+        twin_push(&big);
+        refit_view bq = v2(tq[j].d, I32, 1, 1, 1, 1, 0), bsc = v2(bs.d, F16, 1, 1, 1, 1, 0);
+        refit_view hbq = on_host(bq, &tq[j]), hbs = on_host(bsc, &bs);
+        assert_int_equal(kern_quant_int4(&hbq, &hbs, &hb, group), REFIT_ECORRUPT);
+        gq[j] = bq;
+        gs[j] = bsc;
+        gx[j] = bx;
+        rc = kern_quant_int4_cuda(NP, gq, gs, gx, group, &bad, NULL);
+        assert_int_equal(rc, REFIT_ECORRUPT);
+        assert_int_equal(bad, j);
+        twin_free(&big);
+        twin_free(&bs);
+        for (int i = 0; i < NP; i++) {
+            twin_free(&tx[i]);
+            twin_free(&tq[i]);
+            twin_free(&ts[i]);
+        }
+    }
+    /* views the kernel refuses before launching: the piece named */
+    twin t = twin_new(64);
+    refit_view x = v2(t.d, F32, 2, 8, 8, 1, 0), q = v2(t.d, I32, 2, 2, 2, 1, 0);
+    refit_view s = v2(t.d, F32, 2, 1, 1, 1, 0);
+    int32_t bad;
+    assert_int_equal(kern_quant_int4_cuda(1, &q, &s, &x, 0, &bad, NULL), REFIT_EMISMATCH);
+    assert_int_equal(bad, 0);
+    q.shape[1] = 1;
+    s.dtype = I32;
+    assert_int_equal(kern_quant_int4_cuda(1, &q, &s, &x, 0, &bad, NULL), REFIT_EUNSUPPORTED);
+    assert_int_equal(kern_quant_int4_cuda(1, &q, &s, &x, -1, &bad, NULL), REFIT_EINVAL);
+    twin_free(&t);
+}
+
+#ifndef REFIT_GPU_EMU
+/* ---- the model through the public API: device against host ---- */
+
+#define OK(w, call)                                                           \
+    do {                                                                      \
+        int rc_ = (call);                                                     \
+        if (rc_ != REFIT_OK)                                                  \
+            fail_msg("%s: %s: %s [%s]", #call, refit_status_name(rc_),        \
+                     refit_errmsg((w)->ctx), backend_cuda_last_error());      \
+    } while (0)
+
+enum { MAX_RT = 24, MAX_CK = 24 };
+
+static void *mem_alloc(int device, size_t bytes)
+{
+    void *p = NULL;
+    if (device && !on_host_only)
+        CU(cudaMalloc(&p, bytes ? bytes : 1));
+    else
+        p = malloc(bytes ? bytes : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static void mem_free(int device, void *p)
+{
+    if (device && !on_host_only)
+        cudaFree(p);
+    else
+        free(p);
+}
+
+static void mem_put(int device, void *dst, const void *src, size_t n)
+{
+    if (device && !on_host_only)
+        CU(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
+    else
+        memcpy(dst, src, n);
+}
+
+static void mem_get(int device, void *dst, const void *src, size_t n)
+{
+    if (device && !on_host_only)
+        CU(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
+    else
+        memcpy(dst, src, n);
+}
+
+typedef struct rt {
+    refit_tensor t;
+    int64_t shape[2];
+    void *data;
+    size_t bytes;
+} rt;
+
+/* What a checkpoint tensor holds. */
+enum ck_kind { CK_PACKED, CK_SCALE, CK_ZP, CK_SHAPE, CK_FLOAT };
+
+typedef struct ck {
+    char name[64];
+    char module[16];
+    enum ck_kind kind;
+    refit_dtype dtype;
+    int ndim;
+    int64_t shape[2];
+    int64_t nk[2]; /* CK_SHAPE: the (N, K) it holds */
+} ck;
+
+typedef struct world {
+    refit_ctx *ctx;
+    refit_model *m;
+    int device;
+    rt rt[MAX_RT];
+    int n_rt;
+    ck ck[MAX_CK];
+    int n_ck;
+} world;
+
+static void bind(world *w, const char *module, const char *name, refit_dtype dt, int64_t a,
+                 int64_t b)
+{
+    rt *r = &w->rt[w->n_rt++];
+    memset(r, 0, sizeof *r);
+    r->shape[0] = a;
+    r->shape[1] = b;
+    r->bytes = (size_t)(a * b) * (dt.bits / 8);
+    r->data = mem_alloc(w->device, r->bytes);
+    char *junk = malloc(r->bytes ? r->bytes : 1);
+    assert_non_null(junk);
+    memset(junk, 0x5a, r->bytes);
+    mem_put(w->device, r->data, junk, r->bytes);
+    free(junk);
+    r->t = (refit_tensor){.data = r->data,
+                          .device = {w->device && !on_host_only ? REFIT_DEVICE_CUDA
+                                                                : REFIT_DEVICE_CPU, 0},
+                          .ndim = 2, .dtype = dt, .shape = r->shape, .strides = NULL};
+    OK(w, refit_module_bind_runtime(w->m, module, name, &r->t));
+}
+
+static void expect(world *w, const char *module, const char *suffix, enum ck_kind kind,
+                   refit_dtype dt, int ndim, int64_t a, int64_t b, const char *target)
+{
+    ck *c = &w->ck[w->n_ck++];
+    memset(c, 0, sizeof *c);
+    snprintf(c->name, sizeof c->name, "%s.%s", module, suffix);
+    snprintf(c->module, sizeof c->module, "%s", module);
+    c->kind = kind;
+    c->dtype = dt;
+    c->ndim = ndim;
+    c->shape[0] = a;
+    c->shape[1] = b;
+    refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
+    s.dtype = dt;
+    s.ndim = ndim;
+    s.shape[0] = a;
+    s.shape[1] = b;
+    s.target = target;
+    OK(w, refit_model_expect(w->m, module, c->name, &s));
+}
+
+/* A checkpoint module: gptq or u8 (row pitch), zero points or not, the
+ * weight_shape as sdt (I32/I64). */
+static void ckpt_module(world *w, const char *name, const char *params, int64_t n, int64_t k,
+                        int64_t group, int u8, int64_t pitch, int asym, refit_dtype scale_dt,
+                        refit_dtype shape_dt)
+{
+    int64_t words = (k + 7) / 8, groups = (k + group - 1) / group;
+    OK(w, refit_model_add_module(w->m, name, "int4", params));
+    if (u8) {
+        bind(w, name, "weight", U8, n, pitch);
+        bind(w, name, "weight_scale", scale_dt, n, groups);
+        if (asym)
+            bind(w, name, "weight_zero_point", I32, (n + 7) / 8, groups);
+    } else {
+        bind(w, name, "weight", I32, words, n);
+        bind(w, name, "weight_scale", scale_dt, groups, n);
+        if (asym)
+            bind(w, name, "weight_zero_point", I32, groups, (n + 7) / 8);
+    }
+    expect(w, name, "weight_packed", CK_PACKED, I32, 2, n, words, "weight");
+    expect(w, name, "weight_scale", CK_SCALE, scale_dt, 2, n, groups, "weight_scale");
+    if (asym)
+        expect(w, name, "weight_zero_point", CK_ZP, I32, 2, (n + 7) / 8, groups,
+               "weight_zero_point");
+    expect(w, name, "weight_shape", CK_SHAPE, shape_dt, 1, 2, 0, "weight");
+    w->ck[w->n_ck - 1].nk[0] = n;
+    w->ck[w->n_ck - 1].nk[1] = k;
+}
+
+/* An online module: a float W.weight [n, k] into gptq or u8. */
+static void online_module(world *w, const char *name, const char *params, int64_t n, int64_t k,
+                          int64_t group, int u8, int64_t pitch, refit_dtype dt,
+                          refit_dtype scale_dt)
+{
+    int64_t words = (k + 7) / 8, groups = group > 0 ? (k + group - 1) / group : 1;
+    OK(w, refit_model_add_module(w->m, name, "int4", params));
+    if (u8) {
+        bind(w, name, "weight", U8, n, pitch);
+        bind(w, name, "weight_scale", scale_dt, n, groups);
+    } else {
+        bind(w, name, "weight", I32, words, n);
+        bind(w, name, "weight_scale", scale_dt, groups, n);
+    }
+    expect(w, name, "weight", CK_FLOAT, dt, 2, n, k, "weight");
+}
+
+static void world_open(world *w, int device)
+{
+    memset(w, 0, sizeof *w);
+    w->device = device;
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.worker_id = device ? "gpu-int4" : "host-int4";
+    assert_int_equal(refit_open(&w->ctx, &o), REFIT_OK);
+    OK(w, refit_model_create(&w->m, w->ctx));
+    ckpt_module(w, "c0", "group_size: 32\nin_features: 100", 48, 100, 32, 0, 0, 0, BF16, I64);
+    ckpt_module(w, "c1", "group_size: 64\nlayout: u8", 24, 128, 64, 1, 80, 1, F16, I32);
+    online_module(w, "o0", "group_size: 128\nonline: true", 96, 520, 128, 0, 0, BF16, BF16);
+    online_module(w, "o1", "group_size: -1\nlayout: u8", 33, 77, 0, 1, 48, F32, F16);
+    online_module(w, "o2", "group_size: 100", 16, 300, 100, 0, 0, F16, F32);
+    online_module(w, "o3", "group_size: 32\nlayout: u8", 64, 256, 32, 1, 136, BF16, BF16);
+    OK(w, refit_model_seal(w->m));
+}
+
+static void world_close(world *w)
+{
+    refit_close(w->ctx);
+    for (int i = 0; i < w->n_rt; i++)
+        mem_free(w->device, w->rt[i].data);
+}
+
+/* Contiguous host bytes of tensor c at version v. bad: 1 a NaN in a float
+ * weight, 2 a weight_shape with K + 1. */
+static void *ckpt_bytes(const ck *c, int v, int bad, size_t *bytes)
+{
+    int64_t numel = c->ndim == 1 ? c->shape[0] : c->shape[0] * c->shape[1];
+    size_t e = c->dtype.bits / 8, n = (size_t)numel;
+    uint64_t seed = (uint64_t)v * 0x100000001b3ull;
+    for (const char *p = c->name; *p; p++)
+        seed = (seed ^ (unsigned char)*p) * 0x100000001b3ull;
+    char *b = malloc(n * e + 1);
+    assert_non_null(b);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = mix(seed + i);
+        int64_t row = c->ndim == 2 ? (int64_t)i / c->shape[1] : 0;
+        if (c->kind == CK_PACKED || c->kind == CK_ZP) {
+            uint32_t u = (uint32_t)r;
+            memcpy(b + i * 4, &u, 4);
+        } else if (c->kind == CK_SHAPE) {
+            int64_t x = c->nk[i] + (bad == 2 && i == 1);
+            if (e == 8)
+                memcpy(b + i * 8, &x, 8);
+            else {
+                int32_t y = (int32_t)x;
+                memcpy(b + i * 4, &y, 4);
+            }
+        } else if (c->kind == CK_SCALE) {
+            put_float(b + i * e, c->dtype, 0.001f + (float)((r >> 40) & 0xffff) / 65536.0f);
+        } else {
+            float f;
+            if (row % 9 == 4) {
+                f = 0.0f;
+            } else if (row % 7 == 2) {
+                uint32_t u = c->dtype.bits == 16 && c->dtype.code == REFIT_DTYPE_FLOAT
+                                 ? 0x33800000u + (uint32_t)(r & 0xfffff)
+                                 : (uint32_t)(r & 0x7fffffu) | 1u;
+                memcpy(&f, &u, 4);
+            } else if (row % 6 == 1) {
+                f = (float)((int)(i % 31) - 15) * 0.5f;
+            } else {
+                int ex = (int)(r % 24) - 12;
+                f = (float)((double)((r >> 20) & 0xffff) / 32768.0 - 1.0) *
+                    (float)(ex < 0 ? 1.0 / (double)(1u << -ex) : (double)(1u << ex));
+            }
+            if (r & (1ull << 63))
+                f = -f;
+            if (bad == 1 && i == 37)
+                f = __builtin_nanf("");
+            put_float(b + i * e, c->dtype, f);
+        }
+    }
+    *bytes = n * e;
+    return b;
+}
+
+enum src_kind { SRC_PAGEABLE, SRC_PINNED, SRC_DEVICE };
+
+typedef struct src {
+    refit_tensor t;
+    int64_t shape[2];
+    void *buf;
+    enum src_kind kind;
+} src;
+
+static void src_make(src *s, const ck *c, int v, enum src_kind kind, int bad)
+{
+    memset(s, 0, sizeof *s);
+    size_t n;
+    void *h = ckpt_bytes(c, v, bad, &n);
+    if (on_host_only)
+        kind = SRC_PAGEABLE;
+    s->kind = kind;
+    s->shape[0] = c->shape[0];
+    s->shape[1] = c->shape[1];
+    s->t = (refit_tensor){.device = {REFIT_DEVICE_CPU, 0}, .ndim = c->ndim, .dtype = c->dtype,
+                          .shape = s->shape};
+    if (kind == SRC_PINNED) {
+        CU(cudaHostAlloc(&s->buf, n ? n : 1, cudaHostAllocDefault));
+        memcpy(s->buf, h, n);
+        s->t.device.device_type = REFIT_DEVICE_CUDA_HOST;
+    } else if (kind == SRC_DEVICE) {
+        CU(cudaMalloc(&s->buf, n ? n : 1));
+        CU(cudaMemcpy(s->buf, h, n, cudaMemcpyHostToDevice));
+        s->t.device.device_type = REFIT_DEVICE_CUDA;
+    } else {
+        s->buf = h;
+        h = NULL;
+    }
+    s->t.data = s->buf;
+    free(h);
+}
+
+static void src_free(src *s)
+{
+    if (!s->buf)
+        return;
+    if (s->kind == SRC_PINNED)
+        cudaFreeHost(s->buf);
+    else if (s->kind == SRC_DEVICE)
+        cudaFree(s->buf);
+    else
+        free(s->buf);
+}
+
+/* Deliver version v; tensor `bad_at` gets defect `bad`. Returns the first
+ * failing status. */
+static int deliver(world *w, refit_txn *t, int v, enum src_kind kind, src *keep, int bad_at,
+                   int bad)
+{
+    for (int i = 0; i < w->n_ck; i++) {
+        src_make(&keep[i], &w->ck[i], v, kind, i == bad_at ? bad : 0);
+        int rc = refit_load(t, w->ck[i].name, &keep[i].t, NULL);
+        if (rc)
+            return rc;
+    }
+    return REFIT_OK;
+}
+
+static void keep_free(world *w, src *keep)
+{
+    for (int i = 0; i < w->n_ck; i++)
+        src_free(&keep[i]);
+    free(keep);
+}
+
+static void update(world *w, int v, enum src_kind kind)
+{
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    char label[32];
+    snprintf(label, sizeof label, "v%d", v);
+    o.version_label = label;
+    o.rollback = 1;
+    refit_txn *t;
+    OK(w, refit_begin(&t, w->m, &o));
+    src *keep = calloc(MAX_CK, sizeof *keep);
+    assert_non_null(keep);
+    int rc = deliver(w, t, v, kind, keep, -1, 0);
+    if (rc)
+        fail_msg("update v%d: %s: %s [%s]", v, refit_status_name(rc), refit_errmsg(w->ctx),
+                 backend_cuda_last_error());
+    OK(w, refit_finalize(t));
+    keep_free(w, keep);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+}
+
+static char *snapshot(world *w, size_t *bytes)
+{
+    size_t n = 0;
+    for (int i = 0; i < w->n_rt; i++)
+        n += w->rt[i].bytes;
+    char *out = malloc(n ? n : 1), *p = out;
+    assert_non_null(out);
+    for (int i = 0; i < w->n_rt; i++) {
+        mem_get(w->device, p, w->rt[i].data, w->rt[i].bytes);
+        p += w->rt[i].bytes;
+    }
+    *bytes = n;
+    return out;
+}
+
+static void assert_snap(world *w, const char *a, const char *b, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++)
+        if (a[i] != b[i]) {
+            size_t at = i;
+            int r = 0;
+            while (r < w->n_rt && at >= w->rt[r].bytes)
+                at -= w->rt[r++].bytes;
+            fail_msg("%s: byte %zu differs (runtime tensor #%d, byte %zu): %02x vs %02x", what,
+                     i, r, at, (unsigned char)a[i], (unsigned char)b[i]);
+        }
+}
+
+static void assert_same(world *d, world *h, const char *what)
+{
+    size_t nd, nh;
+    char *a = snapshot(d, &nd), *b = snapshot(h, &nh);
+    assert_int_equal(nd, nh);
+    assert_snap(d, a, b, nd, what);
+    free(a);
+    free(b);
+    uint64_t fd, fh;
+    OK(d, refit_model_fingerprint(d->m, &fd));
+    OK(h, refit_model_fingerprint(h->m, &fh));
+    if (fd != fh)
+        fail_msg("%s: fingerprints differ: device %016llx, host %016llx", what,
+                 (unsigned long long)fd, (unsigned long long)fh);
+}
+
+static int setup(void **state)
+{
+    if (backend_cuda_device_count() == 0 && !on_host_only) {
+        *state = NULL;
+        return 0;
+    }
+    world *w = calloc(2, sizeof *w);
+    if (!w)
+        return -1;
+    world_open(&w[0], 1);
+    world_open(&w[1], 0);
+    *state = w;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    world *w = *state;
+    if (w) {
+        world_close(&w[0]);
+        world_close(&w[1]);
+        free(w);
+    }
+    return 0;
+}
+
+#define WORLDS(state, d, h)                                                   \
+    if (!*(state)) {                                                          \
+        print_message("# no CUDA device: %s\n", backend_cuda_unavailable());  \
+        skip();                                                               \
+    }                                                                         \
+    world *d = &((world *)*(state))[0], *h = &((world *)*(state))[1]
+
+/* The device model's bytes are the host model's, from every source kind;
+ * the u8 row pads are zero. */
+static void test_model_matches_host(void **state)
+{
+    WORLDS(state, d, h);
+    enum src_kind kinds[3] = {SRC_DEVICE, SRC_PINNED, SRC_PAGEABLE};
+    for (int v = 1; v <= 3; v++) {
+        update(h, v, SRC_PAGEABLE);
+        update(d, v, kinds[v - 1]);
+        char what[64];
+        snprintf(what, sizeof what, "version %d, source kind %d", v, (int)kinds[v - 1]);
+        assert_same(d, h, what);
+    }
+    /* c1's runtime weight (runtime #2: c0 binds two) holds rows of 80 bytes,
+     * 64 of them words */
+    unsigned char row[80];
+    for (int64_t i = 0; i < 24; i++) {
+        mem_get(1, row, (char *)d->rt[2].data + i * 80, 80);
+        for (int b = 64; b < 80; b++)
+            assert_int_equal(row[b], 0);
+    }
+}
+
+/* The same weights twice leave the same bytes; B over A equals a cold
+ * start on B. */
+static void test_model_reload_equals_cold(void **state)
+{
+    WORLDS(state, d, h);
+    (void)h;
+    size_t n1, n2, n3;
+    update(d, 11, SRC_DEVICE);
+    char *a = snapshot(d, &n1);
+    update(d, 11, SRC_DEVICE);
+    char *b = snapshot(d, &n2);
+    assert_int_equal(n1, n2);
+    assert_snap(d, a, b, n1, "the same weights reloaded");
+    update(d, 12, SRC_DEVICE);
+    world cold;
+    world_open(&cold, 1);
+    update(&cold, 12, SRC_DEVICE);
+    char *c = snapshot(&cold, &n3);
+    free(b);
+    b = snapshot(d, &n2);
+    assert_int_equal(n2, n3);
+    assert_snap(d, c, b, n2, "reload against a cold start");
+    assert_true(memcmp(a, b, n1) != 0);
+    world_close(&cold);
+    free(a);
+    free(b);
+    free(c);
+}
+
+/* A refused update (wrong weight_shape of c0 and c1, a NaN in o0 and in
+ * o3) names its tensor and leaves every byte; so does an abort after every
+ * module's post-load. */
+static void test_model_refusals_roll_back(void **state)
+{
+    WORLDS(state, d, h);
+    update(h, 31, SRC_PAGEABLE);
+    update(d, 31, SRC_DEVICE);
+    size_t n0, n1;
+    char *before = snapshot(d, &n0);
+    static const struct {
+        const char *tensor;
+        int bad;
+        const char *reason;
+    } cases[4] = {
+        {"c0.weight_shape", 2, "disagrees with the module's params"},
+        {"c1.weight_shape", 2, "does not fit"},
+        {"o0.weight", 1, "NaN or infinity"},
+        {"o3.weight", 1, "NaN or infinity"},
+    };
+    for (int k = 0; k < 4; k++) {
+        int at = 0;
+        while (strcmp(d->ck[at].name, cases[k].tensor))
+            at++;
+        refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+        o.rollback = 1;
+        refit_txn *t;
+        OK(d, refit_begin(&t, d->m, &o));
+        src *keep = calloc(MAX_CK, sizeof *keep);
+        assert_non_null(keep);
+        int rc = deliver(d, t, 32, SRC_DEVICE, keep, at, cases[k].bad);
+        if (rc == REFIT_OK)
+            rc = refit_finalize(t);
+        assert_int_equal(rc, REFIT_ECORRUPT);
+        const char *msg = refit_errmsg(d->ctx);
+        if (!strstr(msg, cases[k].tensor) || !strstr(msg, cases[k].reason))
+            fail_msg("message \"%s\" lacks tensor %s or \"%s\"", msg, cases[k].tensor,
+                     cases[k].reason);
+        if (refit_worker_health(d->ctx) == REFIT_HEALTH_UPDATING)
+            refit_abort(t);
+        keep_free(d, keep);
+        assert_int_equal(refit_worker_health(d->ctx), REFIT_HEALTH_READY);
+        char *after = snapshot(d, &n1);
+        assert_snap(d, before, after, n0, cases[k].tensor);
+        free(after);
+    }
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.rollback = 1;
+    refit_txn *t;
+    OK(d, refit_begin(&t, d->m, &o));
+    src *keep = calloc(MAX_CK, sizeof *keep);
+    assert_non_null(keep);
+    assert_int_equal(deliver(d, t, 33, SRC_DEVICE, keep, -1, 0), REFIT_OK);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    keep_free(d, keep);
+    assert_int_equal(refit_worker_health(d->ctx), REFIT_HEALTH_READY);
+    char *after = snapshot(d, &n1);
+    assert_snap(d, before, after, n0, "after an abort with rollback");
+    free(after);
+    free(before);
+    assert_same(d, h, "after the refusals");
+}
+#endif /* REFIT_GPU_EMU */
+
+int main(void)
+{
+    const char *e = getenv("REFIT_GPU_INT4_ON_HOST");
+    on_host_only = e && *e && strcmp(e, "0");
+    /* a skipped cmocka case reads as a failure in TAP: without a device the
+     * suite is one skipped plan */
+    if (backend_cuda_device_count() == 0 && !on_host_only) {
+        printf("1..0 # SKIP no CUDA device: %s\n", backend_cuda_unavailable());
+        return 0;
+    }
+    /* one group (one TAP plan): the kernel cases where the kernel runs, the
+     * model cases where the library is linked */
+    struct CMUnitTest tests[6];
+    size_t n = 0;
+    if (!on_host_only) {
+        tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_sweep);
+        tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_edges);
+        tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_pieces);
+    }
+#ifndef REFIT_GPU_EMU
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_matches_host);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_reload_equals_cold);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_refusals_roll_back);
+    return _cmocka_run_group_tests("gpu-int4", tests, n, setup, teardown);
+#else
+    return _cmocka_run_group_tests("gpu-int4", tests, n, NULL, NULL);
+#endif
+}
