@@ -277,6 +277,9 @@ typedef struct bn_rank {
     double raw_whole, raw_tensor;
     int updates;
     int committed;              /* worker: the content its last commit holds */
+    refit_sender *snd;          /* trainer: kept across updates of one configuration */
+    uint64_t snd_bucket;
+    int snd_sum;
     char where[600];            /* which NCCL was found (refit_nccl_probe) */
 } bn_rank;
 
@@ -305,16 +308,30 @@ static int trainer_send(bn_rank *k, uint64_t bucket, int checksum, refit_group_r
     int c = content_of(k->updates);
     char label[32];
     snprintf(label, sizeof label, "u%d", k->updates++);
+    /* the descriptors the sender borrows now point at content c */
     bn_describe(&k->L, k->g.arena[c - 1], 0);
-    refit_send_opts so = REFIT_SEND_OPTS_INIT;
-    so.version_label = label;
-    so.bucket_bytes = bucket;
-    so.checksum_payload = checksum;
-    so.timeout_s = k->o->timeout;
-    refit_sender *s = NULL;
-    int rc = refit_sender_create(&s, k->x, &so);
-    for (int i = 0; i < k->L.n && !rc; i++)
-        rc = refit_sender_add(s, k->L.t[i].name, &k->L.t[i].t);
+    /* a trainer keeps its sender across steps (slots and buffers reused):
+     * a new one only when the configuration changes */
+    if (k->snd && (k->snd_bucket != bucket || k->snd_sum != checksum)) {
+        refit_sender_destroy(k->snd);
+        k->snd = NULL;
+    }
+    int rc = REFIT_OK;
+    if (!k->snd) {
+        refit_send_opts so = REFIT_SEND_OPTS_INIT;
+        so.version_label = label;
+        so.bucket_bytes = bucket;
+        so.checksum_payload = checksum;
+        so.timeout_s = k->o->timeout;
+        rc = refit_sender_create(&k->snd, k->x, &so);
+        for (int i = 0; i < k->L.n && !rc; i++)
+            rc = refit_sender_add(k->snd, k->L.t[i].name, &k->L.t[i].t);
+        k->snd_bucket = bucket;
+        k->snd_sum = checksum;
+    } else {
+        rc = refit_sender_set_label(k->snd, label);
+    }
+    refit_sender *s = k->snd;
     if (!rc)
         rc = bn_barrier(k->x, k->o->timeout);
     static double after;
@@ -323,7 +340,6 @@ static int trainer_send(bn_rank *k, uint64_t bucket, int checksum, refit_group_r
         pthread_create(&th, NULL, killer, &after);
     if (!rc)
         rc = refit_sender_send(s, res);
-    refit_sender_destroy(s);
     return rc;
 }
 
@@ -346,12 +362,14 @@ static int trainer_run(bn_rank *k)
         for (int r = 0; r < o->repeat && !rc; r++)
             rc = trainer_send(k, o->buckets[b] * MIB, 1, &res, 0);
     uint64_t last = o->buckets[o->n_buckets - 1] * MIB;
-    if (!rc)
+    for (int r = 0; r < o->repeat && !rc; r++)
         rc = trainer_send(k, last, 0, &res, 0); /* checksum off */
     if (!rc)
         rc = trainer_send(k, last, 1, &res, 0); /* the worker keeps an undo log */
-    if (rc || !o->failures)
+    if (rc || !o->failures) {
+        refit_sender_destroy(k->snd);
         return rc;
+    }
     if (trainer_send(k, last, 1, &res, 0) != REFIT_EMOVED) { /* the worker fails its checks */
         fprintf(stderr, "trainer: the vote did not abort: %s\n", refit_errmsg(k->ctx));
         return 1;
@@ -583,7 +601,7 @@ static int worker_run(bn_rank *k)
         rc = worker_case(k, r, o->buckets[b], 1, 0, o->repeat, &best, &dflt);
     uint64_t last = o->buckets[o->n_buckets - 1];
     if (!rc)
-        rc = worker_case(k, r, last, 0, 0, 1, &best, &dflt);
+        rc = worker_case(k, r, last, 0, 0, o->repeat, &best, &dflt);
     if (!rc)
         rc = worker_case(k, r, last, 1, 1, 1, &best, &dflt);
     js(k, "], \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f, "

@@ -126,6 +126,22 @@ void refit_sender_clear(refit_sender *s)
     names_free(&s->by_name);
 }
 
+int refit_sender_set_label(refit_sender *s, const char *label)
+{
+    if (!s)
+        return REFIT_EINVAL;
+    ctx_clear_error(s->ctx);
+    if (!label || strlen(label) > BKT_MAX_LABEL)
+        return ctx_error(s->ctx, REFIT_EINVAL, "sender: version label %s", label ? "longer "
+                         "than 1024 bytes" : "missing");
+    char *copy = xstrdup(label);
+    if (!copy)
+        return ctx_error(s->ctx, REFIT_ENOMEM, "sender: out of memory");
+    free(s->label);
+    s->label = copy;
+    return REFIT_OK;
+}
+
 void refit_sender_destroy(refit_sender *s)
 {
     if (!s)

@@ -163,6 +163,10 @@ REFIT_API void refit_sender_destroy(refit_sender *s);
  * read during each refit_sender_send. */
 REFIT_API int refit_sender_add(refit_sender *s, const char *name, const refit_tensor *t);
 REFIT_API void refit_sender_clear(refit_sender *s);
+/* The version label of the next sends (a trainer keeps one sender across
+ * steps: its slots and buffers are reused). REFIT_EINVAL when longer than
+ * 1024 bytes. */
+REFIT_API int refit_sender_set_label(refit_sender *s, const char *label);
 /* Send every tensor added (one update), then take part in the vote.
  * REFIT_OK when every rank committed; else the decision's status (see
  * out), REFIT_EIO when the transport failed. A tensor that cannot be

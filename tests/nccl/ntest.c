@@ -179,6 +179,8 @@ static void *sender_main(void *arg)
         j->rc = refit_sender_add(s, NT_SPECS[order[i]].ckpt, &j->c->t[order[i]]);
     if (!j->rc)
         j->rc = refit_sender_send(s, &j->res);
+    if (!j->rc && j->again_label && !(j->rc = refit_sender_set_label(s, j->again_label)))
+        j->rc = refit_sender_send(s, &j->res);
     j->seconds = now_s() - t0;
     snprintf(j->msg, sizeof j->msg, "%s", refit_errmsg(j->x->ctx));
     refit_sender_destroy(s);
@@ -221,6 +223,8 @@ static void *receiver_main(void *arg)
     if (!j->rc && (j->move_before_vote || j->skip_vote))
         j->rc = receive_low_level(j, r, &u);
     else if (!j->rc)
+        j->rc = refit_receive_update(r, &u, &j->res);
+    if (!j->rc && j->again_label)
         j->rc = refit_receive_update(r, &u, &j->res);
     j->seconds = now_s() - t0;
     snprintf(j->msg, sizeof j->msg, "%s", refit_errmsg(j->w->ctx));

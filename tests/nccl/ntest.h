@@ -77,6 +77,8 @@ typedef struct nt_job {
     int skip_vote;              /* receiver: receive, then stop answering */
     uint64_t corrupt_seq, corrupt_at; /* sender: byte corrupt_at of its broadcast */
     uint8_t corrupt_mask;       /* number corrupt_seq is XORed with this (0: none) */
+    const char *again_label;    /* sender: then relabel the same sender and send
+                                   again; receivers: receive a second update */
     /* out */
     int rc;
     refit_group_result res;

@@ -134,6 +134,24 @@ static void test_order_and_checksum_off(void **state)
     }
 }
 
+/* One sender kept across steps: relabelled, sent again (slots reused);
+ * the receivers' second update carries the new label, the same bytes. */
+static void test_sender_reused_across_updates(void **state)
+{
+    fx *f = *state;
+    nt_job j[NR];
+    jobs_for(f, j, 1, 1000, 5);
+    for (int i = 0; i < NR; i++)
+        j[i].again_label = "v1-again";
+    nt_run(j, NR, UINT64_MAX);
+    assert_all_ok(j);
+    for (int r = 0; r < TP; r++) {
+        assert_string_equal(refit_worker_version(f->w[r].ctx), "v1-again");
+        assert_string_equal(j[1 + r].res.version_label, "v1-again");
+    }
+    assert_at(f, 1);
+}
+
 static void test_result_counts(void **state)
 {
     fx *f = *state;
@@ -520,6 +538,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_bucket_sizes_give_identical_bytes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_order_and_checksum_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_result_counts, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sender_reused_across_updates, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sender_killed_mid_bucket_rolls_back, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sender_killed_mid_bucket_poisons_without_rollback,

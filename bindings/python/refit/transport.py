@@ -88,6 +88,7 @@ _PROTOS = {
     "refit_sender_destroy": (None, [_P]),
     "refit_sender_add": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(_ffi.Tensor)]),
     "refit_sender_clear": (None, [_P]),
+    "refit_sender_set_label": (_I, [_P, ctypes.c_char_p]),
     "refit_sender_send": (_I, [_P, ctypes.POINTER(GroupResult)]),
     "refit_receiver_create": (_I, [_PP, _P, _P, ctypes.POINTER(RecvOpts)]),
     "refit_receiver_destroy": (None, [_P]),
@@ -183,6 +184,13 @@ class Sender:
         _check(self.x.ctx.handle, _lib().refit_sender_add(self._h, _b(name), ctypes.byref(d.t)),
                "refit_sender_add")
         self._keep.append(d)
+
+    def set_label(self, label):
+        """The version label of the next send() (keep one Sender across
+        steps: its buffers are reused)."""
+        self._label = _b(label)
+        _check(self.x.ctx.handle, _lib().refit_sender_set_label(self._h, self._label),
+               "refit_sender_set_label")
 
     def add_descriptor(self, name, desc):
         """Add a prepared descriptor (torch_util.describe) as it is: for
