@@ -1,0 +1,333 @@
+/* refit-bench gpu, quant section: quant.mxfp8 and quant.mxfp4 (OCP MX
+ * quantization of the bench model's linear weights on the device, the
+ * kernel of the quant_mx host service; docs/cuda.md).
+ *
+ * For each format: one call for every weight (as the service runs it:
+ * backend_cuda_run + kern_quant_mx_cuda) and one call per weight, timed as
+ * medians; ratio_to_d2d is the minimum bytes of a call (2 read per BF16
+ * element, 1 or 1/2 written, one scale byte per 32) per second against
+ * the d2d ceiling's bytes read plus written per second. Layer 0 is checked
+ * against the CPU reference. With PyTorch (tools/bench_gpu.py, its own
+ * process and spec): the same quantization in PyTorch ops, timed on the
+ * same shapes, and its bytes compared with ours on layer 0 (written to
+ * files in the bench directory, removed afterwards). */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+#include <jansson.h>
+
+#include <refit/refit.h>
+
+#include "core/cuda/backend_cuda.h"
+#include "core/cuda/kern_cuda.h"
+#include "kernels/quant_mx.h"
+#include "kernels/quant_mxfp4.h"
+
+int bench_gpu_mx(json_t *quant, int nw, const refit_view *x, const char *dev_base,
+                 const char *host_base, double copy_Bps, int repeat, const char *python,
+                 const char *dir);
+
+#define MXB_LAYER0 7 /* q, k, v, o, gate, up, down */
+
+typedef struct mx_arena {
+    int bits, nw, hw;
+    const refit_view *x;
+    refit_view *q, *s;
+    char *qd, *sd;              /* device */
+    size_t qbytes, sbytes;
+    uint32_t at, count;         /* the pieces of the next call */
+} mx_arena;
+
+static double mxb_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int mxb_cmp(const void *a, const void *b)
+{
+    double u = *(const double *)a, v = *(const double *)b;
+    return u < v ? -1 : u > v;
+}
+
+static double mxb_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, mxb_cmp);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void mxb_put(json_t *o, const char *k, double v)
+{
+    json_object_set_new(o, k, json_real(v));
+}
+
+/* Output and scale views of every weight, in two device allocations. */
+static int mxb_views(mx_arena *a)
+{
+    a->q = calloc((size_t)a->nw * 2, sizeof *a->q);
+    if (!a->q)
+        return 1;
+    a->s = a->q + a->nw;
+    size_t qo[512], so[512];
+    a->qbytes = a->sbytes = 0;
+    for (int w = 0; w < a->nw && w < 512; w++) {
+        int64_t n = a->x[w].shape[0], k = a->x[w].shape[1];
+        int64_t qk = a->bits == 4 ? (k + 1) / 2 : k;
+        qo[w] = a->qbytes;
+        so[w] = a->sbytes;
+        a->qbytes += ((size_t)(n * qk) + 255) & ~(size_t)255;
+        a->sbytes += ((size_t)(n * kern_mx_blocks(k)) + 255) & ~(size_t)255;
+    }
+    if (cudaMalloc((void **)&a->qd, a->qbytes) != cudaSuccess ||
+        cudaMalloc((void **)&a->sd, a->sbytes) != cudaSuccess)
+        return 1;
+    for (int w = 0; w < a->nw; w++) {
+        int64_t n = a->x[w].shape[0], k = a->x[w].shape[1];
+        int64_t qk = a->bits == 4 ? (k + 1) / 2 : k, nb = kern_mx_blocks(k);
+        a->q[w] = (refit_view){.data = a->qd + qo[w], .device = {REFIT_DEVICE_CUDA, 0},
+                               .dtype = a->bits == 8 ? (refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1}
+                                                     : REFIT_U8,
+                               .ndim = 2, .shape = {n, qk}, .strides = {qk, 1}};
+        a->s[w] = (refit_view){.data = a->sd + so[w], .device = {REFIT_DEVICE_CUDA, 0},
+                               .dtype = REFIT_U8, .ndim = 2, .shape = {n, nb},
+                               .strides = {nb, 1}};
+    }
+    return 0;
+}
+
+static int mxb_launch(void *arg, void *stream)
+{
+    mx_arena *a = arg;
+    int32_t bad;
+    return kern_quant_mx_cuda(a->count, a->q + a->at, a->s + a->at, a->x + a->at, a->bits,
+                              a->hw, &bad, stream);
+}
+
+/* Median seconds of one call for every weight (all), or one per weight. */
+static int mxb_time(mx_arena *a, int all, int repeat, double *out)
+{
+    double v[64];
+    for (int r = -1; r < repeat; r++) {
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            return 1;
+        double t0 = mxb_now();
+        int rc = 0;
+        for (int w = 0; w < a->nw && !rc; w += all ? a->nw : 1) {
+            a->at = (uint32_t)w;
+            a->count = all ? (uint32_t)a->nw : 1;
+            rc = backend_cuda_run(0, NULL, mxb_launch, a);
+        }
+        if (rc) {
+            fprintf(stderr, "refit-bench gpu: quant mxfp%d: %s: %s\n", a->bits,
+                    refit_status_name(rc), backend_cuda_last_error());
+            return 1;
+        }
+        if (r >= 0)
+            v[r] = mxb_now() - t0;
+    }
+    *out = mxb_median(v, repeat);
+    return 0;
+}
+
+/* Our bytes of weight w (outputs then scales) into buf; returns the count. */
+static size_t mxb_fetch(const mx_arena *a, int w, uint8_t *buf)
+{
+    size_t nq = (size_t)(a->q[w].shape[0] * a->q[w].shape[1]);
+    size_t ns = (size_t)(a->s[w].shape[0] * a->s[w].shape[1]);
+    if (cudaMemcpy(buf, a->q[w].data, nq, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(buf + nq, a->s[w].data, ns, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return 0;
+    return nq + ns;
+}
+
+/* Layer 0 against the CPU reference on the host copy of the sources. */
+static int mxb_check(const mx_arena *a, const char *dev_base, const char *host_base)
+{
+    for (int w = 0; w < a->nw && w < MXB_LAYER0; w++) {
+        size_t nq = (size_t)(a->q[w].shape[0] * a->q[w].shape[1]);
+        size_t ns = (size_t)(a->s[w].shape[0] * a->s[w].shape[1]);
+        uint8_t *ref = malloc(nq + ns), *got = malloc(nq + ns);
+        refit_view x = a->x[w], q = a->q[w], s = a->s[w];
+        x.data = (char *)host_base + ((const char *)a->x[w].data - dev_base);
+        x.device.device_type = REFIT_DEVICE_CPU;
+        q.data = ref;
+        s.data = ref + nq;
+        q.device.device_type = s.device.device_type = REFIT_DEVICE_CPU;
+        int rc = !ref || !got ||
+                 (a->bits == 8 ? kern_quant_mxfp8(&q, &s, &x) : kern_quant_mxfp4(&q, &s, &x)) ||
+                 mxb_fetch(a, w, got) != nq + ns || memcmp(ref, got, nq + ns);
+        free(ref);
+        free(got);
+        if (rc) {
+            fprintf(stderr, "refit-bench gpu: quant mxfp%d: weight %d differs from the CPU "
+                            "reference\n", a->bits, w);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Layer 0's sources (BF16) and our bytes, for PyTorch to compare. */
+static int mxb_write(const char *path, const void *p, size_t n, const char *mode)
+{
+    FILE *f = fopen(path, mode);
+    int rc = !f || fwrite(p, 1, n, f) != n;
+    if (f && fclose(f))
+        rc = 1;
+    return rc;
+}
+
+static int mxb_dump(const mx_arena *a, const char *dir, const char *host_base,
+                    const char *dev_base, int first)
+{
+    char path[4200];
+    for (int w = 0; w < a->nw && w < MXB_LAYER0; w++) {
+        size_t n = (size_t)(a->q[w].shape[0] * a->q[w].shape[1] + a->s[w].shape[0] *
+                            a->s[w].shape[1]);
+        uint8_t *buf = malloc(n);
+        int rc = !buf || mxb_fetch(a, w, buf) != n;
+        snprintf(path, sizeof path, "%s/mx-layer0-mxfp%d.bin", dir, a->bits);
+        rc = rc || mxb_write(path, buf, n, w ? "ab" : "wb");
+        free(buf);
+        if (!rc && first) {
+            size_t xb = (size_t)(a->x[w].shape[0] * a->x[w].shape[1]) * 2;
+            snprintf(path, sizeof path, "%s/mx-layer0-x.bin", dir);
+            rc = mxb_write(path, host_base + ((const char *)a->x[w].data - dev_base), xb,
+                           w ? "ab" : "wb");
+        }
+        if (rc)
+            return 1;
+    }
+    return 0;
+}
+
+/* PyTorch's timing and byte check, merged into q8/q4. */
+static void mxb_torch(json_t *q8, json_t *q4, const mx_arena *a, int repeat,
+                      const char *python, const char *dir)
+{
+    char spec[4200], cmd[8600], script[4096];
+    snprintf(spec, sizeof spec, "%s/bench-mx-spec.json", dir);
+    const char *root = getenv("REFIT_SOURCE_ROOT");
+    snprintf(script, sizeof script, "%s/tools/bench_gpu.py", root ? root : ".");
+    json_t *o = json_object(), *ts = json_array();
+    for (int w = 0; w < a->nw; w++)
+        json_array_append_new(ts, json_pack("[I,I]", (json_int_t)a->x[w].shape[0],
+                                            (json_int_t)a->x[w].shape[1]));
+    json_object_set_new(o, "mx_shapes", ts);
+    json_object_set_new(o, "repeat", json_integer(repeat));
+    json_object_set_new(o, "mx_layer0", json_integer(a->nw < MXB_LAYER0 ? a->nw : MXB_LAYER0));
+    json_object_set_new(o, "dir", json_string(dir));
+    int rc = json_dump_file(o, spec, JSON_COMPACT);
+    json_decref(o);
+    if (rc)
+        return;
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s'", python, script, spec);
+    FILE *p = popen(cmd, "r");
+    json_error_t err;
+    json_t *py = p ? json_loadf(p, 0, &err) : NULL;
+    int st = p ? pclose(p) : -1;
+    if (!py) {
+        fprintf(stderr, "refit-bench gpu: no JSON from %s (exit %d)\n", cmd, st);
+        json_object_set_new(q8, "torch", json_string("failed: see stderr"));
+        json_object_set_new(q4, "torch", json_string("failed: see stderr"));
+    }
+    json_t *qs[2] = {q8, q4};
+    static const char *const key[2] = {"mxfp8", "mxfp4"};
+    for (int i = 0; py && i < 2; i++) {
+        json_t *t = json_object_get(py, key[i]);
+        json_t *ms = json_object_get(t, "ms");
+        if (!ms)
+            continue;
+        double tv = json_number_value(ms);
+        mxb_put(qs[i], "torch_ms", tv);
+        mxb_put(qs[i], "speedup_vs_torch",
+                tv / json_number_value(json_object_get(qs[i], "refit_ms")));
+        json_object_set(qs[i], "torch_bytes_equal_layer0", json_object_get(t, "bytes_equal"));
+    }
+    const char *tv = py ? json_string_value(json_object_get(py, "torch")) : NULL;
+    if (tv)
+        json_object_set_new(q8, "torch", json_string(tv));
+    json_decref(py);
+    unlink(spec);
+}
+
+static void mxb_free(mx_arena *a)
+{
+    cudaFree(a->qd);
+    cudaFree(a->sd);
+    free(a->q);
+}
+
+int bench_gpu_mx(json_t *quant, int nw, const refit_view *x, const char *dev_base,
+                 const char *host_base, double copy_Bps, int repeat, const char *python,
+                 const char *dir)
+{
+    json_t *res[2] = {NULL, NULL};
+    int rc = 0;
+    if (python && mkdir(dir, 0755) && errno != EEXIST)
+        python = NULL;
+    for (int f = 0; f < 2 && !rc; f++) {
+        mx_arena a = {.bits = f ? 4 : 8, .nw = nw, .x = x};
+        a.hw = a.bits == 8 && backend_cuda_fp8_encoder(0, NULL, NULL) == 1;
+        double t_all = 0, t_each = 0;
+        rc = mxb_views(&a) || mxb_time(&a, 1, repeat, &t_all) ||
+             mxb_check(&a, dev_base, host_base) || mxb_time(&a, 0, repeat, &t_each) ||
+             mxb_check(&a, dev_base, host_base);
+        if (rc) {
+            mxb_free(&a);
+            break;
+        }
+        if (python && mxb_dump(&a, dir, host_base, dev_base, f == 0))
+            python = NULL;
+        size_t elems = 0, scales = 0;
+        for (int w = 0; w < nw; w++) {
+            elems += (size_t)(x[w].shape[0] * x[w].shape[1]);
+            scales += (size_t)(a.s[w].shape[0] * a.s[w].shape[1]);
+        }
+        double min_bytes = (2.0 + a.bits / 8.0) * (double)elems + (double)scales;
+        json_t *o = json_object();
+        json_object_set_new(o, "weights", json_integer(nw));
+        json_object_set_new(o, "elements", json_integer((json_int_t)elems));
+        json_object_set_new(o, "encoder", json_string(a.bits == 4 ? "f32-add rounding"
+                                                      : a.hw ? "cvt.rn.satfinite.e4m3x2.f32"
+                                                             : "f32-add rounding"));
+        mxb_put(o, "min_bytes", min_bytes);
+        mxb_put(o, "refit_ms", t_all * 1e3);
+        mxb_put(o, "refit_GBps", min_bytes / t_all / 1e9);
+        mxb_put(o, "copy_GBps", copy_Bps / 1e9);
+        mxb_put(o, "ratio_to_d2d", min_bytes / t_all / copy_Bps);
+        mxb_put(o, "per_weight_calls_ms", t_each * 1e3);
+        mxb_put(o, "per_weight_ratio_to_d2d", min_bytes / t_each / copy_Bps);
+        mxb_put(o, "target", 0.70);
+        json_object_set_new(o, "meets_target",
+                            json_boolean(min_bytes / t_all / copy_Bps >= 0.70));
+        json_object_set_new(o, "layer0_equals_cpu_reference", json_true());
+        res[f] = o;
+        mxb_free(&a);
+    }
+    if (!rc && python) {
+        mx_arena a = {.nw = nw, .x = x};
+        mxb_torch(res[0], res[1], &a, repeat, python, dir);
+    }
+    if (python) {
+        char path[4200];
+        static const char *const files[3] = {"mx-layer0-x.bin", "mx-layer0-mxfp8.bin",
+                                             "mx-layer0-mxfp4.bin"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+            unlink(path);
+        }
+    }
+    for (int f = 0; f < 2; f++)
+        if (res[f])
+            json_object_set_new(quant, f ? "mxfp4" : "mxfp8", res[f]);
+    return rc;
+}
