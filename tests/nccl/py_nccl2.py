@@ -194,7 +194,6 @@ A_STEPS = [("w1-1m", 1, MIB, "ok"), ("w0-a", 0, 64 * MIB, "ok"),
 
 def a_trainer(rep, ids_q, out_dir):
     import torch
-    import refit
     from refit import transport as T
     from refit.torch_util import describe
     cfg = config()
