@@ -110,7 +110,7 @@ static int replay_run(refit_model *m, int64_t id, const refit_replay_opts *o, re
         uo.rollback = o->rollback;
         rc = txn_begin(&t, m, &uo, id);
     }
-    if (!rc && (rc = refit_load_source_filtered(t, src, filter_module, &rs, NULL, NULL))) {
+    if (!rc && (rc = refit_load_source_filtered(t, src, filter_module, &rs, NULL, NULL, NULL))) {
         char why[REFIT_ERRMSG_SIZE];
         memcpy(why, ctx->errmsg, sizeof why);
         refit_abort(t);

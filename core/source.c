@@ -165,7 +165,8 @@ int refit_source_digest(refit_source *src, char hex[65])
 }
 
 int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_fn filter,
-                               void *filter_user, refit_progress_fn progress, void *user)
+                               void *filter_user, refit_progress_fn progress, void *user,
+                               void *stream)
 {
     if (!txn || !src)
         return REFIT_EINVAL;
@@ -192,7 +193,7 @@ int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_f
             return ctx_error(ctx, REFIT_EUNSUPPORTED, "%s: tensor %s has dtype %s, which refit "
                              "cannot load", st_file_path(src->set, t->file), t->name,
                              st_dtype_name(t->dtype));
-        int rc = refit_load(txn, t->name, &view, NULL);
+        int rc = refit_load(txn, t->name, &view, stream);
         if (rc) {
             char why[REFIT_ERRMSG_SIZE];
             snprintf(why, sizeof why, "%s", ctx->errmsg);
@@ -206,7 +207,8 @@ int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_f
     return REFIT_OK;
 }
 
-int refit_load_source(refit_txn *txn, refit_source *src, refit_progress_fn progress, void *user)
+int refit_load_source(refit_txn *txn, refit_source *src, refit_progress_fn progress, void *user,
+                      void *stream)
 {
-    return refit_load_source_filtered(txn, src, NULL, NULL, progress, user);
+    return refit_load_source_filtered(txn, src, NULL, NULL, progress, user, stream);
 }

@@ -412,7 +412,7 @@ static int run_update_source(worker *w, refit_source *src, const char *version, 
     *journal_id = refit_txn_journal_id(txn);
     int total = (int)refit_source_count(src);
     stream_state st = {0, mode == RUN_ALL ? -1 : total / 2, total, 0};
-    rc = refit_load_source_filtered(txn, src, stop_half_way, &st, source_progress, &st);
+    rc = refit_load_source_filtered(txn, src, stop_half_way, &st, source_progress, &st, NULL);
     p->tensors = (uint64_t)(st.limit < 0 ? total : st.sent > st.limit ? st.limit : st.sent);
     p->bytes = st.bytes;
     if (rc) {

@@ -274,6 +274,7 @@ void backend_cuda_stats_get(backend_cuda_stats *out)
 {
     pthread_mutex_lock(&G.mu);
     *out = G.stats;
+    out->queues = (uint64_t)G.nq;
     pthread_mutex_unlock(&G.mu);
 }
 

@@ -51,6 +51,7 @@ typedef struct backend_cuda_stats {
     uint64_t host_copy_ns;      /* spent copying pageable sources into pinned chunks */
     uint64_t prefault_ns;       /* of which prefaulting their pages */
     uint64_t ring_wait_ns;      /* spent waiting for a pinned chunk to drain */
+    uint64_t queues;            /* (stream, device) pairs work was queued on */
 } backend_cuda_stats;
 void backend_cuda_stats_get(backend_cuda_stats *out);
 

@@ -381,13 +381,18 @@ typedef void (*refit_progress_fn)(void *user, uint64_t bytes, uint64_t tensors,
 typedef int (*refit_filter_fn)(void *user, const char *name);
 
 /* Stream every tensor of src (in file and offset order) into the open
- * transaction, straight from the mapped files. First re-checks that no file
- * changed since it was opened. A tensor the model does not expect is an
- * error (REFIT_EUNEXPECTED), as with refit_load; use a filter to skip. */
+ * transaction, straight from the mapped files, each as refit_load would on
+ * `stream` (the caller's cudaStream_t for a model on a device; NULL: the
+ * legacy default stream). First re-checks that no file changed since it
+ * was opened. A tensor the model does not expect is an error
+ * (REFIT_EUNEXPECTED), as with refit_load; use a filter to skip. The
+ * mapped bytes are consumed before the call returns: the source may be
+ * closed at once. */
 REFIT_API int refit_load_source(refit_txn *txn, refit_source *src, refit_progress_fn progress,
-                      void *user);
+                                void *user, void *stream);
 REFIT_API int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_fn filter,
-                               void *filter_user, refit_progress_fn progress, void *user);
+                                         void *filter_user, refit_progress_fn progress, void *user,
+                                         void *stream);
 
 /* ---- journal and replay --------------------------------------------------- */
 
@@ -407,7 +412,8 @@ typedef struct refit_replay_opts {
  * the modules the journal does not show complete (and every module this
  * worker holds no committed bytes for), finalize. Journaled as a replay of
  * update_id. Ends READY, or fails with the reason and the worker as a
- * failed update leaves it. */
+ * failed update leaves it. Device copies go on the legacy default stream
+ * (recovery runs while the engine serves nothing). */
 REFIT_API int refit_replay(refit_model *model, int64_t update_id, const refit_replay_opts *opts);
 
 /* Progress of an open transaction. */

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 #include <cuda_runtime_api.h>
@@ -24,6 +25,7 @@
 #include <refit/refit.h>
 
 #include "core/cuda/backend_cuda.h"
+#include "core/safetensors_write.h"
 
 #define F32 ((refit_dtype){REFIT_DTYPE_FLOAT, 32, 1})
 #define F16 ((refit_dtype){REFIT_DTYPE_FLOAT, 16, 1})
@@ -470,6 +472,73 @@ static void test_on_user_stream(void **state)
     CU(cudaStreamDestroy(st));
 }
 
+/* A safetensors checkpoint of version v with every checkpoint tensor. */
+static void write_ckpt_file(world *w, int v, const char *path)
+{
+    st_out_tensor *o = calloc((size_t)w->n_ck, sizeof *o);
+    void **bufs = calloc((size_t)w->n_ck, sizeof *bufs);
+    assert_non_null(o);
+    assert_non_null(bufs);
+    for (int i = 0; i < w->n_ck; i++) {
+        const ck *c = &w->ck[i];
+        const char *name = c->dtype.code == REFIT_DTYPE_BFLOAT ? "BF16"
+                           : c->dtype.code == REFIT_DTYPE_FLOAT
+                               ? (c->dtype.bits == 32 ? "F32" : "F16")
+                               : NULL;
+        assert_non_null(name);
+        size_t n;
+        bufs[i] = ckpt_bytes(c, v, &n);
+        st_dtype dt;
+        assert_int_equal(st_dtype_from_name(name, &dt), 0);
+        o[i] = (st_out_tensor){c->name, dt, c->ndim, c->shape, bufs[i]};
+    }
+    st_error err;
+    if (st_write_file(path, o, (size_t)w->n_ck, NULL, 0, &err))
+        fail_msg("writing %s: %s", path, err.message);
+    for (int i = 0; i < w->n_ck; i++)
+        free(bufs[i]);
+    free(bufs);
+    free(o);
+}
+
+/* refit_load_source on the caller's (non-blocking) stream: the device
+ * bytes equal the host model's, the work went to that stream (a queue for
+ * it appears), and the mapped file may go before finalize. */
+static void test_from_safetensors_on_stream(void **state)
+{
+    WORLDS(state, d, h);
+    char path[] = "/tmp/refit-gpu-st-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    for (int v = 11; v <= 12; v++) {
+        write_ckpt_file(d, v, path);
+        update(h, v, SRC_PAGEABLE, NULL, 1);
+        backend_cuda_stats a, b;
+        backend_cuda_stats_get(&a);
+        refit_txn *t;
+        refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+        o.rollback = v == 12;
+        OK(d, refit_begin(&t, d->m, &o));
+        refit_source *src;
+        OK(d, refit_source_open(&src, d->ctx, path));
+        OK(d, refit_load_source(t, src, NULL, NULL, st));
+        refit_source_close(src);
+        assert_int_equal(unlink(path), 0); /* consumed: nothing reads it later */
+        backend_cuda_stats_get(&b);
+        OK(d, refit_finalize(t));
+        if (v == 11)
+            assert_int_equal(b.queues, a.queues + 1);
+        assert_true(b.pageable_bytes > a.pageable_bytes);
+        char what[64];
+        snprintf(what, sizeof what, "safetensors on a stream, version %d", v);
+        assert_same(d, h, what);
+    }
+    CU(cudaStreamDestroy(st));
+}
+
 /* Many small device tensors leave in a few kernel launches. */
 static void test_batched(void **state)
 {
@@ -549,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_from_pinned),
         cmocka_unit_test(test_from_device),
         cmocka_unit_test(test_on_user_stream),
+        cmocka_unit_test(test_from_safetensors_on_stream),
         cmocka_unit_test(test_batched),
         cmocka_unit_test(test_abort),
     };

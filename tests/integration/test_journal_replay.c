@@ -156,7 +156,7 @@ static int send_file(world *w, const char *version, int n, int rollback, int64_t
     assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
     *jid = refit_txn_journal_id(t);
     int left = n;
-    assert_int_equal(refit_load_source_filtered(t, src, stop_after, &left, NULL, NULL), REFIT_OK);
+    assert_int_equal(refit_load_source_filtered(t, src, stop_after, &left, NULL, NULL, NULL), REFIT_OK);
     rc = n >= N_MOD ? refit_finalize(t) : refit_abort(t);
     refit_source_close(src);
     return rc;
@@ -359,7 +359,7 @@ static void test_interrupted_then_replayed(void **state)
         if (refit_begin(&t, c.model, &uo))
             _exit(5);
         int left = 1;
-        refit_load_source_filtered(t, src, stop_after, &left, NULL, NULL);
+        refit_load_source_filtered(t, src, stop_after, &left, NULL, NULL, NULL);
         raise(SIGKILL);
         _exit(6);
     }
@@ -391,7 +391,7 @@ static void test_source_changed_refused(void **state)
     refit_txn *t;
     refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
     assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
-    int rc = refit_load_source(t, src, NULL, NULL);
+    int rc = refit_load_source(t, src, NULL, NULL, NULL);
     assert_int_not_equal(rc, REFIT_OK);
     assert_non_null(strstr(refit_errmsg(w->ctx), "model.safetensors"));
     refit_txn_stats st;
@@ -420,12 +420,12 @@ static void test_source_unexpected_and_filter(void **state)
     refit_txn *x;
     refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
     assert_int_equal(refit_begin(&x, w->model, &uo), REFIT_OK);
-    assert_int_equal(refit_load_source(x, src, NULL, NULL), REFIT_EUNEXPECTED);
+    assert_int_equal(refit_load_source(x, src, NULL, NULL, NULL), REFIT_EUNEXPECTED);
     assert_non_null(strstr(refit_errmsg(w->ctx), "rotary.inv_freq"));
     assert_int_equal(refit_abort(x), REFIT_OK);
     assert_int_equal(refit_begin(&x, w->model, &uo), REFIT_OK);
     int left = N_MOD; /* the unexpected tensor comes last in the file */
-    assert_int_equal(refit_load_source_filtered(x, src, stop_after, &left, NULL, NULL), REFIT_OK);
+    assert_int_equal(refit_load_source_filtered(x, src, stop_after, &left, NULL, NULL, NULL), REFIT_OK);
     assert_int_equal(refit_finalize(x), REFIT_OK);
     assert_memory_equal(w->rt, w->ck, sizeof w->rt);
     refit_source_close(src);

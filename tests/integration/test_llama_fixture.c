@@ -120,7 +120,7 @@ static void load_checkpoint(rank_world *w, const char *ckpt)
     assert_int_equal(refit_source_open(&src, w->ctx, ckpt), REFIT_OK);
     assert_int_equal(refit_source_count(src), 21);
     assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
-    int rc = refit_load_source(t, src, NULL, NULL);
+    int rc = refit_load_source(t, src, NULL, NULL, NULL);
     if (rc)
         fail_msg("load: %s", refit_errmsg(w->ctx));
     rc = refit_finalize(t);

@@ -176,8 +176,8 @@ _PROTOS = {
     "refit_source_count": (ctypes.c_size_t, [_P]),
     "refit_source_tensor_at": (_I, [_P, ctypes.c_size_t, ctypes.POINTER(SourceTensor)]),
     "refit_source_uri": (_S, [_P]),
-    "refit_load_source": (_I, [_P, _P, PROGRESS_FN, _P]),
-    "refit_load_source_filtered": (_I, [_P, _P, FILTER_FN, _P, PROGRESS_FN, _P]),
+    "refit_load_source": (_I, [_P, _P, PROGRESS_FN, _P, _P]),
+    "refit_load_source_filtered": (_I, [_P, _P, FILTER_FN, _P, PROGRESS_FN, _P, _P]),
 }
 
 _lib = None

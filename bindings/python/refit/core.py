@@ -291,13 +291,14 @@ class Txn:
                 continue
             self.load(name, t, stream)
 
-    def load_safetensors(self, path, strict=True, progress=None):
+    def load_safetensors(self, path, strict=True, progress=None, stream=None):
         """A .safetensors file or a checkpoint directory, streamed from its
-        mapping (refit_source_open + refit_load_source). With strict=False,
+        mapping (refit_source_open + refit_load_source) on stream (default:
+        the current torch stream of the model's device). With strict=False,
         tensors no module expects are skipped."""
         src = Source(self.model.ctx, path)
         try:
-            src.load_into(self, strict=strict, progress=progress)
+            src.load_into(self, strict=strict, progress=progress, stream=stream)
         finally:
             src.close()
 
@@ -374,12 +375,13 @@ class Source:
             out.append((_s(st.name), tuple(st.shape[k] for k in range(st.ndim)), st.bytes))
         return out
 
-    def load_into(self, txn, strict=True, progress=None):
+    def load_into(self, txn, strict=True, progress=None, stream=None):
         L = _ffi.lib()
+        st = txn._stream(None, stream)
         prog = _ffi.PROGRESS_FN(lambda u, b, n, cur: progress(b, n, _s(cur))) if progress \
             else _ffi.PROGRESS_FN()
         if strict and not txn.model.aliases:
-            rc = L.refit_load_source(txn.handle, self._h, prog, None)
+            rc = L.refit_load_source(txn.handle, self._h, prog, None, st)
         else:
             expected, aliases = txn.model.expected, txn.model.aliases
             present = {n for n, _, _ in self.tensors()}
@@ -390,5 +392,5 @@ class Source:
                     return 0  # its primary is in the source: written once
                 return 1 if (strict or n in expected) else 0
             filt = _ffi.FILTER_FN(keep)
-            rc = L.refit_load_source_filtered(txn.handle, self._h, filt, None, prog, None)
+            rc = L.refit_load_source_filtered(txn.handle, self._h, filt, None, prog, None, st)
         txn.model._check(rc, "load_source %s" % self.uri)
