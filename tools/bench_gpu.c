@@ -389,7 +389,7 @@ static int reload_st(bench *b, double *secs)
     int rc = refit_source_open(&src, b->ctx, b->dir);
     if (!rc)
         rc = refit_begin(&txn, b->model, &o);
-    if (!rc && (rc = refit_load_source(txn, src, NULL, NULL)))
+    if (!rc && (rc = refit_load_source(txn, src, NULL, NULL, NULL)))
         refit_abort(txn);
     else if (!rc)
         rc = refit_finalize(txn);
