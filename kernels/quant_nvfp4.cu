@@ -375,6 +375,14 @@ k_nv_pass(const __grid_constant__ qn_batch B, unsigned int *status)
 
 /* ---- host side ---- */
 
+/* Input bytes of a set (kern_quant_nvfp4_set_bytes: a benchmark's knob). */
+static int64_t qn_set_bytes = QN_SET_BYTES;
+
+extern "C" void kern_quant_nvfp4_set_bytes(int64_t bytes)
+{
+    qn_set_bytes = bytes > 0 ? bytes : QN_SET_BYTES;
+}
+
 static int qn_fail(cudaError_t e, const char *what)
 {
     char m[256];
@@ -568,12 +576,13 @@ static uint32_t qn_sets(qn_piece *pcs, const uint32_t *ord, uint32_t m, unsigned
     int64_t bytes = 0;
     for (uint32_t j = 0; j < m; j++) {
         qn_piece *p = &pcs[ord[j]];
-        if (j == 0 || bytes >= QN_SET_BYTES) {
+        int64_t b = p->n * p->k * (p->kind == 0 ? 4 : 2);
+        if (j == 0 || bytes + b > qn_set_bytes) { /* a piece larger than a set is one */
             ns++;
             bytes = 0;
         }
         set[j] = ns - 1;
-        bytes += p->n * p->k * (p->kind == 0 ? 4 : 2);
+        bytes += b;
         p->amax = scratch + 1 + j;
     }
     return ns;

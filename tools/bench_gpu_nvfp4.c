@@ -11,7 +11,8 @@
  * reference. With PyTorch (tools/bench_gpu.py, its own process and spec):
  * the same quantization in PyTorch ops, timed on the same shapes, and its
  * bytes compared with ours on layer 0 (written to files in the bench
- * directory, removed afterwards). */
+ * directory, removed afterwards). set_sweep: the one-call ratio with other
+ * L2 set sizes (kern_quant_nvfp4_set_bytes), to tune the default. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -295,6 +296,18 @@ int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_
         nvb_put(o, "target", 0.70);
         json_object_set_new(o, "meets_target", json_boolean(mb / t_all / copy_Bps >= 0.70));
         json_object_set_new(o, "layer0_equals_cpu_reference", json_true());
+        json_t *sw = json_object();
+        static const int set_mb[4] = {8, 16, 32, 48};
+        for (int i = 0; i < 4 && !rc; i++) {
+            double t = 0;
+            char key[16];
+            kern_quant_nvfp4_set_bytes((int64_t)set_mb[i] << 20);
+            rc = nvb_time(&a, 1, repeat, &t) || nvb_check(&a, dev_base, host_base);
+            snprintf(key, sizeof key, "%dMB", set_mb[i]);
+            nvb_put(sw, key, mb / t / copy_Bps);
+        }
+        kern_quant_nvfp4_set_bytes(0);
+        json_object_set_new(o, "set_sweep", sw);
         if (python)
             nvb_torch(o, x, nw, repeat, python, dir);
         json_object_set_new(quant, "nvfp4", o);

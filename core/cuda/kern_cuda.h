@@ -75,6 +75,9 @@ int kern_fp8_cvt_check_cuda(uint64_t *mismatches, uint32_t *first, void *stream)
  * the piece), ENOMEM, EINTERNAL. */
 int kern_quant_nvfp4_cuda(uint32_t n, const refit_nvfp4_piece *pieces, int32_t *bad,
                           void *stream);
+/* Input bytes of an online set of kern_quant_nvfp4_cuda (about 24 MB, to
+ * fit L2 twice; <= 0: that default), for benchmarks; not thread-safe. */
+void kern_quant_nvfp4_set_bytes(int64_t bytes);
 
 /* INT4 quantization of n pieces (kernels/quant_int4.cu), bit for bit
  * kern_quant_int4 on each: piece i is x[i] (2-D [n_i, k_i], F32/F16/BF16)
