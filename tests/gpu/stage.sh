@@ -1,0 +1,29 @@
+#!/bin/sh
+# Copy what the GPU runs need from a CUDA build folder into one flat folder,
+# to carry to a GPU machine that has no SQLite/libyaml/CMocka:
+#
+#   sh tests/gpu/stage.sh BUILD DIST
+#
+# DIST then holds every test-gpu-* and test-nccl-gpu, refit-bench,
+# refitctl, librefit.so*, plugins/ (refit-fmt-*.so and *.yaml) and the
+# shared libraries of those that the GPU machine lacks. Both
+# `sh tests/gpu/run_all.sh DIST OUT` and `sh tests/nccl/run_gpu.sh DIST OUT`
+# take it.
+set -eu
+B=${1:?build dir}
+D=${2:?dist dir}
+rm -rf "$D"
+mkdir -p "$D/plugins"
+for f in "$B"/tests/gpu/test-gpu-* "$B"/tests/nccl/test-nccl-gpu "$B"/tools/refit-bench \
+         "$B"/tools/refitctl; do
+    [ -f "$f" ] && [ -x "$f" ] && cp "$f" "$D/"
+done
+for f in "$B"/librefit.so*; do [ -d "$f" ] || cp -P "$f" "$D/"; done
+cp "$B"/plugins/refit-fmt-*.so "$B"/plugins/*.yaml "$D/plugins/" 2>/dev/null || true
+for x in "$D"/test-* "$D"/refit-bench "$D"/refitctl "$D"/librefit.so; do
+    ldd "$x" | awk '/=> \// {print $3}' | grep -E 'sqlite|yaml|jansson|cmocka' || true
+done | sort -u | xargs -r -I{} cp -L {} "$D/"
+chmod -R go-w "$D"
+ls "$D" | tr '\n' ' '
+echo
+du -sh "$D"
