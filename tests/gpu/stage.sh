@@ -23,6 +23,10 @@ cp "$B"/plugins/refit-fmt-*.so "$B"/plugins/*.yaml "$D/plugins/" 2>/dev/null || 
 for x in "$D"/test-* "$D"/refit-bench "$D"/refitctl "$D"/librefit.so; do
     ldd "$x" | awk '/=> \// {print $3}' | grep -E 'sqlite|yaml|jansson|cmocka' || true
 done | sort -u | xargs -r -I{} cp -L {} "$D/"
+# debug info stays here: the carry to the GPU machine is size-limited
+for f in "$D"/test-* "$D"/refit-bench "$D"/refitctl "$D"/librefit.so.*.* "$D"/plugins/*.so; do
+    [ -f "$f" ] && strip --strip-debug "$f"
+done
 chmod -R go-w "$D"
 ls "$D" | tr '\n' ' '
 echo
