@@ -35,7 +35,8 @@
  * nvcc's defaults keep this exact: -prec-div=true, -ftz=false (no
  * --use_fast_math); the divisions and the one product use __fdiv_rn and
  * __fmul_rn, so nothing is contracted into an FMA. A NaN or infinity makes
- * its block atomicMin the piece's index into the status word; the call
+ * its block atomicMax the piece's index, inverted (~idx: the lowest piece
+ * wins; 0, one memset with the amaxes, means none), into the status word; the call
  * copies that word back and waits for the stream once, at the end. */
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -57,7 +58,7 @@ extern "C" void kern_cuda_set_error(const char *msg);
 #define QN_SET_BYTES ((int64_t)24 << 20)
 #endif
 #define QN_FINITE_MAX 0x7f7fffffu      /* magnitude bits of FLT_MAX */
-#define QN_NONE 0xffffffffu            /* status word: no piece failed */
+#define QN_NONE 0u                     /* status word: no piece failed (else ~idx) */
 
 /* ---- codecs (kernels/minifloat.c, for the values that occur here) ---- */
 
@@ -278,7 +279,7 @@ __device__ __forceinline__ void qn_amax(const qn_piece &p, int64_t rel, int64_t 
     if (threadIdx.x == 0) {
         atomicMax(p.amax, m);
         if (m > QN_FINITE_MAX)
-            atomicMin(status, (unsigned int)p.idx);
+            atomicMax(status, ~(unsigned int)p.idx);
     }
 }
 
@@ -537,8 +538,6 @@ static void *qn_scratch(size_t bytes, bool *pooled, cudaStream_t st, int *rc)
     }
     if (e == cudaSuccess)
         e = cudaMemsetAsync(p, 0, bytes, st);
-    if (e == cudaSuccess) /* the status word: no piece failed */
-        e = cudaMemsetAsync(p, 0xff, sizeof(unsigned int), st);
     if (e != cudaSuccess) {
         *rc = qn_fail(e, "device scratch");
         if (p)
@@ -653,8 +652,8 @@ extern "C" int kern_quant_nvfp4_cuda(uint32_t n, const refit_nvfp4_piece *pieces
             rc = qn_finish(scratch, pooled, &status, rc, st);
         }
         if (!rc && status != QN_NONE) {
-            *bad = (int32_t)status;
-            rc = qn_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", status);
+            *bad = (int32_t)~status;
+            rc = qn_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", ~status);
         }
     }
     free(e);

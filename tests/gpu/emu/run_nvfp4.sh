@@ -31,7 +31,7 @@ if [ "$left" != 0 ] || [ "$launches" != 1 ] || [ "$vec" != 3 ]; then
   exit 1
 fi
 echo "emulating $launches launch site, $vec plain accesses and the __ldcs/__stcs ones checked"
-# what emu.h lacks for this kernel, and the few backend symbols the test
+# what emu.h lacks for this kernel (the cache-hinted accesses), and the few backend symbols the test
 # calls (stubs.cc also wants the FP8 kernels)
 cat > "$W/nv_shim.h" <<'EOF'
 #pragma once
@@ -49,12 +49,6 @@ template <class T> inline const T *nv_al(const T *p)
 }
 template <class T> inline T __ldcs(const T *p) { return *nv_al(p); }
 template <class T> inline void __stcs(T *p, T v) { *(T *)nv_al(p) = v; }
-/* SSE multiplication: correctly rounded, subnormals kept, as __fmul_rn */
-inline float __fmul_rn(float a, float b)
-{
-    volatile float r = a * b;
-    return r;
-}
 EOF
 cat > "$W/nv_stubs.cc" <<'EOF'
 #include <stdio.h>
