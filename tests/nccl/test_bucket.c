@@ -467,6 +467,89 @@ static void test_plan_ramps_at_both_ends(void **state)
     bkt_plan_free(&p);
 }
 
+/* Random tensor sets (shapes only: planning reads no data) and bucket sizes
+ * from 1 KiB to 2 GiB, ramped or not: every tensor's rows come exactly once
+ * and in order, a whole piece only when unsplit, no bucket above its size,
+ * pieces aligned and inside the payload, every bucket but an empty update's
+ * non-empty, headers encodable and decodable as a chain. */
+static void test_plan_random_property(void **state)
+{
+    (void)state;
+    uint64_t seed = 7;
+    int64_t shapes[24][3];
+    bkt_tensor ts[24];
+    char names[24][16];
+    for (int it = 0; it < 300; it++) {
+        uint32_t n = 1 + (uint32_t)(rng(&seed) % 24);
+        for (uint32_t i = 0; i < n; i++) {
+            int nd = (int)(rng(&seed) % 3) + 1;
+            for (int d = 0; d < 3; d++)
+                shapes[i][d] = d == 0 ? (int64_t)(rng(&seed) % 20000) : 1 + (int64_t)(rng(&seed) % 400);
+            snprintf(names[i], sizeof names[i], "t%u.w", i);
+            ts[i] = (bkt_tensor){names[i], rng(&seed) % 2 ? REFIT_BF16 : REFIT_F32, nd, shapes[i]};
+        }
+        uint64_t bucket = (uint64_t)1024 << (rng(&seed) % 22);
+        bucket += rng(&seed) % 2 ? 0 : rng(&seed) % bucket;
+        bkt_plan p;
+        char err[256];
+        int rc = bkt_plan_build(&p, ts, n, bucket, 5, err, sizeof err);
+        if (rc) { /* only a row wider than a bucket may be refused */
+            assert_int_equal(rc, REFIT_EINVAL);
+            assert_non_null(strstr(err, "cannot be split"));
+            continue;
+        }
+        int64_t next[24] = {0};
+        for (uint32_t b = 0; b < p.n_buckets; b++) {
+            const bkt_span *sp = &p.buckets[b];
+            assert_true(sp->payload_bytes <= bucket);
+            assert_true(sp->n > 0 || n == 0);
+            assert_true(sp->header_bytes <= BKT_MAX_HEADER);
+            uint64_t end = 0;
+            for (uint32_t k = 0; k < sp->n; k++) {
+                const bkt_piece *pc = &p.pieces[sp->first + k];
+                const bkt_tensor *t = &ts[pc->tensor];
+                assert_int_equal(pc->offset % BKT_ALIGN, 0);
+                assert_true(pc->offset >= end);
+                end = pc->offset + pc->bytes;
+                assert_true(end <= sp->payload_bytes);
+                if (!pc->part) {
+                    assert_int_equal(next[pc->tensor], 0);
+                    assert_true(pc->bytes == bytes_of(t));
+                    next[pc->tensor] = t->shape[0];
+                } else {
+                    assert_int_equal(pc->row_offset, next[pc->tensor]);
+                    assert_true(pc->rows > 0);
+                    next[pc->tensor] += pc->rows;
+                }
+            }
+        }
+        for (uint32_t i = 0; i < n; i++)
+            assert_int_equal(next[i], ts[i].shape[0]);
+        /* the index: every header back to back, walked as a chain */
+        uint64_t ib = bkt_index_bytes(&p), at = 0;
+        uint8_t *idx = malloc(ib);
+        assert_non_null(idx);
+        for (uint32_t b = 0; b < p.n_buckets; at += p.buckets[b++].header_bytes)
+            bkt_header_encode(idx + at, &p, b, ts, "label", 99);
+        bkt_header h = {0};
+        uint32_t hb = p.buckets[0].header_bytes;
+        uint64_t total = bkt_total(&p, 0);
+        at = 0;
+        for (uint32_t b = 0; b < p.n_buckets; b++) {
+            bkt_expect ex = {b, p.n_buckets, 99, hb, total, p.max_total};
+            if (bkt_header_decode(&h, idx + at, &ex, err, sizeof err))
+                fail_msg("iteration %d bucket %u: %s", it, b, err);
+            at += hb;
+            hb = h.next_header;
+            total = h.next_total;
+        }
+        assert_true(at == ib);
+        free(idx);
+        bkt_header_free(&h);
+        bkt_plan_free(&p);
+    }
+}
+
 static void test_sizes(void **state)
 {
     (void)state;
@@ -491,6 +574,7 @@ int main(void)
         cmocka_unit_test(test_announce),
         cmocka_unit_test(test_stamp),
         cmocka_unit_test(test_plan_ramps_at_both_ends),
+        cmocka_unit_test(test_plan_random_property),
         cmocka_unit_test(test_sizes),
     };
     return cmocka_run_group_tests_name("nccl-bucket", tests, NULL, NULL);
