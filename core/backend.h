@@ -42,6 +42,13 @@ typedef struct backend {
     /* What the last failing call on this thread saw ("" when nothing), for
      * the transaction's message. */
     const char *(*last_error)(void);
+    /* on = 1: until the call with on = 0 for the same stream, a pageable
+     * src given to copy() on stream stays valid and unchanged, so copy() may
+     * return before reading it (refit_load_source holds its mapped files
+     * around its loop). on = 0 returns once every such byte was read; it
+     * reports a failure of the deferred work. NULL: copy() always reads
+     * pageable sources before it returns. */
+    int (*hold_host_sources)(void *stream, int on);
 } backend;
 
 extern const backend backend_host;

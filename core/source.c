@@ -164,17 +164,11 @@ int refit_source_digest(refit_source *src, char hex[65])
     return REFIT_OK;
 }
 
-int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_fn filter,
-                               void *filter_user, refit_progress_fn progress, void *user,
-                               void *stream)
+/* Every tensor of src through refit_load, in file and offset order. */
+static int load_all(refit_txn *txn, refit_source *src, refit_filter_fn filter, void *filter_user,
+                    refit_progress_fn progress, void *user, void *stream)
 {
-    if (!txn || !src)
-        return REFIT_EINVAL;
     refit_ctx *ctx = src->ctx;
-    ctx_clear_error(ctx);
-    st_error err;
-    if (st_set_recheck(src->set, &err))
-        return source_error(ctx, &err);
     uint64_t bytes = 0, tensors = 0;
     size_t n = st_count(src->set);
     for (size_t i = 0; i < n; i++) {
@@ -205,6 +199,31 @@ int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_f
             progress(user, bytes, tensors, t->name);
     }
     return REFIT_OK;
+}
+
+int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_fn filter,
+                               void *filter_user, refit_progress_fn progress, void *user,
+                               void *stream)
+{
+    if (!txn || !src)
+        return REFIT_EINVAL;
+    refit_ctx *ctx = src->ctx;
+    ctx_clear_error(ctx);
+    st_error err;
+    if (st_set_recheck(src->set, &err))
+        return source_error(ctx, &err);
+    /* the mapping outlives the loop: a device backend may read it after
+     * refit_load returns, until the hold ends */
+    const backend *dev = backend_for_device((refit_device){REFIT_DEVICE_CUDA, 0});
+    int held = dev && dev->hold_host_sources && !dev->hold_host_sources(stream, 1);
+    int rc = load_all(txn, src, filter, filter_user, progress, user, stream);
+    if (held) {
+        int hrc = dev->hold_host_sources(stream, 0);
+        if (hrc && !rc)
+            rc = ctx_error(ctx, hrc, "loading %s: device copies failed: %s", src->uri,
+                           dev->last_error());
+    }
+    return rc;
 }
 
 int refit_load_source(refit_txn *txn, refit_source *src, refit_progress_fn progress, void *user,

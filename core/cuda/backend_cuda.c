@@ -89,6 +89,8 @@ typedef struct cuda_cfg {
     int table_upload;           /* REFIT_CUDA_TABLE_UPLOAD: copy tables to the device first */
     size_t flush_bytes;         /* REFIT_CUDA_FLUSH_MB: launch once this much is queued */
     int nt_stores;              /* REFIT_CUDA_NT_STORES: stream into pinned chunks */
+    int defer;                  /* REFIT_CUDA_DEFER: read held sources after copy() returns */
+    size_t defer_slice;         /* REFIT_CUDA_DEFER_SLICE_KB: a worker's unit of work */
 } cuda_cfg;
 
 static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
@@ -124,6 +126,8 @@ static void cfg_load(cuda_cfg *c)
     c->table_upload = (int)env_size("REFIT_CUDA_TABLE_UPLOAD", 0, 1, 0, 1);
     c->flush_bytes = env_size("REFIT_CUDA_FLUSH_MB", 64 * MIB, MIB, MIB, SIZE_MAX / 2);
     c->nt_stores = (int)env_size("REFIT_CUDA_NT_STORES", 0, 1, 0, 1);
+    c->defer = (int)env_size("REFIT_CUDA_DEFER", 1, 1, 0, 1);
+    c->defer_slice = env_size("REFIT_CUDA_DEFER_SLICE_KB", 2 * MIB, KIB, 64 * KIB, 64 * MIB);
     kern_copy_batch_variant(c->batch_variant, c->batch_grid);
     c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
 }
@@ -224,6 +228,7 @@ static struct {
     pool staging, undo;
     backend_cuda_stats stats;
     int8_t fp8_cvt[MAX_DEVICES];    /* 0 unchecked, 1 hardware, 2 encoder, 3 check failed */
+    int defer_err;              /* a deferred slice failed; flush/sync/hold report it */
     uint64_t fp8_cvt_bad[MAX_DEVICES];
 } G = {.once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER,
        .undo = {.pinned = true}};
@@ -278,10 +283,20 @@ void backend_cuda_stats_get(backend_cuda_stats *out)
     pthread_mutex_unlock(&G.mu);
 }
 
-static void lock(void)
+static void defer_settle_all(void);
+
+static void lock_raw(void)
 {
     pthread_once(&G.once, probe);
     pthread_mutex_lock(&G.mu);
+}
+
+/* Every entry point but a deferrable copy: deferred slices go out first,
+ * so the caller's stream order holds. */
+static void lock(void)
+{
+    lock_raw();
+    defer_settle_all();
 }
 
 static void unlock(void)
@@ -319,6 +334,7 @@ static struct {
     pthread_mutex_t mu;
     pthread_cond_t go;
     int started;
+    int sleeping;               /* workers waiting on go */
     unsigned gen;               /* a new job; read without the lock by spinning workers */
     char *d;
     const char *s;
@@ -392,6 +408,66 @@ static void pool_work(void)
     }
 }
 
+/* ---- deferred pageable reads ----
+ *
+ * Between hold(stream, 1) and hold(stream, 0) (refit_load_source around its
+ * loop: the mapped file outlives both) a contiguous pageable copy on that
+ * stream only queues slices: (dst, src, a place in the stream's pinned
+ * ring). The worker threads copy slices into the ring in any order; the
+ * calling thread issues each filled slice's cudaMemcpyAsync in order
+ * (after pending undo saves, like any immediate work), whenever it enters
+ * the backend, and helps copy while it waits. So the copy engine drains
+ * slice k while the workers fill k+1.., across tensors, with no barrier per
+ * piece. hold(stream, 0) returns once every slice is filled and issued:
+ * the source is consumed. Any other work on the backend first settles the
+ * slices (copy of another kind, flush, sync, zero, fingerprint, kernels),
+ * so stream order is what the caller asked for. One stream at a time. */
+
+typedef struct dslice {
+    char *dst;
+    const char *src;
+    char *pin;
+    size_t bytes;
+    uint32_t chunk;
+    int filled;                 /* set by the worker that copied it (release) */
+} dslice;
+
+#define DEFER_CAP 4096u
+
+static struct {
+    void *hold;                 /* the stream held (G.mu) */
+    bool held;
+    cq *q;                      /* the queue whose slices are in flight (G.mu) */
+    dslice s[DEFER_CAP];
+    uint64_t head;              /* slices published (written by the caller, read by workers) */
+    uint64_t next_fill;         /* next slice a worker takes (CAS) */
+    uint64_t issued;            /* slices issued (caller only) */
+    uint32_t cur;               /* ring chunk being filled, and its fill mark */
+    size_t used;
+    uint32_t pending[MAX_RING]; /* slices placed in a chunk and not issued yet */
+    int err;                    /* the first failure; the rest is drained, not issued */
+} D;
+
+/* Take and copy slices while some wait. Any thread. */
+static bool defer_work(void)
+{
+    bool did = false;
+    for (;;) {
+        uint64_t n = __atomic_load_n(&D.next_fill, __ATOMIC_RELAXED);
+        if (n >= __atomic_load_n(&D.head, __ATOMIC_ACQUIRE))
+            return did;
+        if (!__atomic_compare_exchange_n(&D.next_fill, &n, n + 1, false, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_RELAXED))
+            continue;
+        dslice *x = &D.s[n % DEFER_CAP];
+        uint64_t t0 = now_ns();
+        host_read(x->pin, x->src, x->bytes);
+        __atomic_fetch_add(&G.stats.host_copy_ns, now_ns() - t0, __ATOMIC_RELAXED);
+        __atomic_store_n(&x->filled, 1, __ATOMIC_RELEASE);
+        did = true;
+    }
+}
+
 /* Workers spin a while on the job counter before sleeping: a sleeping
  * thread (an idle vCPU in a VM) can take a tenth of a millisecond to wake,
  * which would stall every chunk of a pageable load. */
@@ -410,13 +486,20 @@ static void *pool_main(void *arg)
     for (;;) {
         uint64_t t0 = now_ns();
         while (__atomic_load_n(&P.gen, __ATOMIC_ACQUIRE) == seen) {
+            if (defer_work()) {
+                t0 = now_ns();
+                continue;
+            }
             if (now_ns() - t0 < POOL_SPIN_NS) {
                 cpu_relax();
                 continue;
             }
             pthread_mutex_lock(&P.mu);
-            while (P.gen == seen)
+            P.sleeping++;
+            while (P.gen == seen && __atomic_load_n(&D.next_fill, __ATOMIC_RELAXED) >=
+                                        __atomic_load_n(&D.head, __ATOMIC_ACQUIRE))
                 pthread_cond_wait(&P.go, &P.mu);
+            P.sleeping--;
             pthread_mutex_unlock(&P.mu);
         }
         pthread_mutex_lock(&P.mu);
@@ -694,6 +777,198 @@ static int chunk_mark(pchunk *c, cudaStream_t st)
     return REFIT_OK;
 }
 
+/* ---- deferred pageable reads: the caller's side (G.mu held) ---- */
+
+static int memcpy_now(cq *q, void *dst, const void *src, size_t n);
+
+/* Wake sleeping workers after publishing slices. */
+static void defer_wake(void)
+{
+    pthread_mutex_lock(&P.mu);
+    if (P.sleeping)
+        pthread_cond_broadcast(&P.go);
+    pthread_mutex_unlock(&P.mu);
+}
+
+/* Issue the filled slices at the front, in order; one cudaMemcpyAsync per
+ * run of slices adjacent in both the chunk and the destination. Returns
+ * true when it issued any. */
+static bool defer_issue(void)
+{
+    cq *q = D.q;
+    bool any = false;
+    while (D.issued < D.head) {
+        dslice *x = &D.s[D.issued % DEFER_CAP];
+        if (!__atomic_load_n(&x->filled, __ATOMIC_ACQUIRE))
+            break;
+        uint64_t end = D.issued + 1;
+        size_t bytes = x->bytes;
+        while (end < D.head) {
+            dslice *y = &D.s[end % DEFER_CAP];
+            if (!__atomic_load_n(&y->filled, __ATOMIC_ACQUIRE) || y->chunk != x->chunk ||
+                y->pin != x->pin + bytes || y->dst != x->dst + bytes)
+                break;
+            bytes += y->bytes;
+            end++;
+        }
+        if (!D.err) {
+            int rc = memcpy_now(q, x->dst, x->pin, bytes);
+            if (!rc)
+                rc = chunk_mark(&q->ring[x->chunk], (cudaStream_t)q->stream);
+            if (rc)
+                D.err = rc;
+        }
+        for (uint64_t i = D.issued; i < end; i++) {
+            dslice *y = &D.s[i % DEFER_CAP];
+            D.pending[y->chunk]--;
+            y->filled = 0;
+        }
+        D.issued = end;
+        any = true;
+    }
+    return any;
+}
+
+/* Issue, and copy slices here too, until slice index `upto` is issued. */
+static void defer_wait_issued(uint64_t upto)
+{
+    while (D.issued < upto) {
+        if (!defer_issue() && !defer_work())
+            cpu_relax();
+    }
+}
+
+/* Everything queued is copied and issued; D is free for another stream. */
+static int defer_settle(void)
+{
+    if (!D.q)
+        return REFIT_OK;
+    defer_wait_issued(D.head);
+    int rc = D.err;
+    D.q = NULL;
+    D.err = 0;
+    return rc;
+}
+
+/* The next ring chunk, once nothing placed in it waits to be issued and
+ * the copies that read it are done. */
+static int defer_next_chunk(cq *q)
+{
+    uint32_t nc = (D.cur + 1) % G.cfg.ring_chunks;
+    pchunk *c = &q->ring[nc];
+    int rc = c->p ? REFIT_OK : chunk_init(c);
+    if (rc)
+        return rc;
+    if (D.pending[nc]) {
+        uint64_t t0 = now_ns();
+        while (D.pending[nc])
+            if (!defer_issue() && !defer_work())
+                cpu_relax();
+        G.stats.ring_wait_ns += now_ns() - t0;
+    }
+    if (c->in_table && (rc = queue_flush(q)))
+        return rc;
+    if (c->recorded) {
+        G.stats.ring_waits++;
+        uint64_t t0 = now_ns();
+        cudaError_t e = cudaEventSynchronize(c->ev);
+        G.stats.ring_wait_ns += now_ns() - t0;
+        if (e != cudaSuccess)
+            return cu_fail(e, "waiting for a pinned staging chunk");
+        c->recorded = false;
+    }
+    c->used = 0;
+    D.cur = nc;
+    D.used = 0;
+    return REFIT_OK;
+}
+
+/* Queue a contiguous pageable copy as slices (q is D.q or becomes it). */
+static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
+{
+    if (D.q != q) {
+        int rc = defer_settle();
+        if (rc)
+            return rc;
+        D.q = q;
+        D.cur = q->ring_cur;
+        D.used = G.cfg.ring_chunk_bytes; /* start on a fresh chunk */
+        pthread_mutex_lock(&P.mu);
+        pool_start();
+        pthread_mutex_unlock(&P.mu);
+    }
+    if (D.err)
+        return D.err;
+    size_t cap = G.cfg.ring_chunk_bytes;
+    for (size_t off = 0; off < bytes;) {
+        D.used = (D.used + 63) & ~(size_t)63;
+        if (D.used >= cap) {
+            int rc = defer_next_chunk(q);
+            if (rc)
+                return D.err = rc;
+        }
+        if (D.head - D.issued == DEFER_CAP)
+            defer_wait_issued(D.head - DEFER_CAP + 1);
+        size_t n = bytes - off;
+        if (n > G.cfg.defer_slice)
+            n = G.cfg.defer_slice;
+        if (n > cap - D.used)
+            n = cap - D.used;
+        pchunk *c = &q->ring[D.cur];
+        dslice *x = &D.s[D.head % DEFER_CAP];
+        *x = (dslice){dst + off, src + off, c->p + D.used, n, D.cur, 0};
+        D.pending[D.cur]++;
+        D.used += n;
+        off += n;
+        __atomic_store_n(&D.head, D.head + 1, __ATOMIC_RELEASE);
+        G.stats.pageable_bytes += n;
+    }
+    defer_wake();
+    defer_issue();
+    return REFIT_OK;
+}
+
+/* The ring as the synchronous path finds it after deferred use. */
+static void defer_leave_ring(cq *q)
+{
+    q->ring_cur = D.cur;
+    q->ring[D.cur].used = G.cfg.ring_chunk_bytes; /* the next take moves on */
+}
+
+static void defer_settle_all(void)
+{
+    cq *q = D.q;
+    if (!q)
+        return;
+    devg g;
+    int rc = dev_enter(&g, q->device);
+    if (!rc) {
+        rc = defer_settle();
+        defer_leave_ring(q);
+        dev_leave(&g);
+    }
+    if (rc && !G.defer_err)
+        G.defer_err = rc;
+}
+
+static int cuda_hold_host_sources(void *stream, int on)
+{
+    lock_raw();
+    int rc = REFIT_OK;
+    if (on && G.cfg.defer && !D.held) {
+        D.held = true;
+        D.hold = stream;
+    } else if (!on && D.held && D.hold == stream) {
+        defer_settle_all();
+        D.held = false;
+        D.hold = NULL;
+        rc = G.defer_err;
+        G.defer_err = 0;
+    }
+    unlock();
+    return rc;
+}
+
 /* ---- views ---- */
 
 /* 1 when v's elements are one contiguous run (row-major, no gaps). */
@@ -920,7 +1195,7 @@ static int cuda_copy(const refit_view *dst, const refit_view *src, void *stream)
     int rc = check_pair(dst, src);
     if (rc || kern_view_numel(dst) == 0)
         return rc;
-    lock();
+    lock_raw(); /* a deferrable copy must not settle the slices before it */
     devg g;
     cq *q;
     rc = dev_enter(&g, dst->device.device_id);
@@ -932,7 +1207,16 @@ static int cuda_copy(const refit_view *dst, const refit_view *src, void *stream)
                 sdev = src->data;
             else if (src->device.device_type == REFIT_DEVICE_CUDA_HOST)
                 sdev = pinned_dev(src->data); /* NULL: not pinned after all */
-            rc = sdev ? copy_direct(q, dst, src, sdev) : copy_pageable(q, dst, src);
+            bool deferrable = !sdev && D.held && D.hold == stream && (!D.q || D.q == q) &&
+                              kern_dtype_eq(dst->dtype, src->dtype) && view_contiguous(dst) &&
+                              view_contiguous(src);
+            if (deferrable)
+                rc = defer_copy(q, dst->data, src->data,
+                                (size_t)kern_view_numel(dst) * kern_dtype_size(dst->dtype));
+            else {
+                defer_settle_all();
+                rc = sdev ? copy_direct(q, dst, src, sdev) : copy_pageable(q, dst, src);
+            }
         }
         dev_leave(&g);
     }
@@ -978,6 +1262,9 @@ static int streams_drain(void *stream, bool wait)
         if (e != cudaSuccess)
             first = cu_fail(e, "cudaStreamSynchronize");
     }
+    if (G.defer_err && !first)
+        first = G.defer_err;
+    G.defer_err = 0;
     unlock();
     return first;
 }
@@ -1292,4 +1579,5 @@ const backend backend_cuda = {
     .restore = cuda_restore,
     .sync = cuda_sync,
     .last_error = backend_cuda_last_error,
+    .hold_host_sources = cuda_hold_host_sources,
 };
