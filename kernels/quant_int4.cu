@@ -159,15 +159,21 @@ __device__ __forceinline__ void q4_store_word(const q4_piece &p, int64_t i, int6
     *(uint32_t *)(p.q + (i * p.qs0 + w * p.qs1) * 4) = word;
 }
 
-/* Row and group of unit r of piece p. */
+/* Row and group of unit r of piece p (32-bit division where it fits: a
+ * 64-bit one costs several times more, once per unit). */
 __device__ __forceinline__ void q4_unit(const q4_piece &p, int64_t r, int64_t *i, int64_t *g)
 {
+    int64_t d = p.colmajor ? p.n : p.groups, a;
+    if (((uint64_t)r | (uint64_t)d) <= 0xffffffffull)
+        a = (int64_t)((uint32_t)r / (uint32_t)d);
+    else
+        a = r / d;
     if (p.colmajor) {
-        *g = r / p.n;
-        *i = r - *g * p.n;
+        *g = a;
+        *i = r - a * p.n;
     } else {
-        *i = r / p.groups;
-        *g = r - *i * p.groups;
+        *i = a;
+        *g = r - a * p.groups;
     }
 }
 
@@ -278,17 +284,21 @@ k_q4_rows(const __grid_constant__ q4_batch B, unsigned int *status)
         }
         __syncthreads(); /* the row's scales, stored by thread 0, are visible */
         for (int64_t w = threadIdx.x; w < p.words; w += Q4_THREADS) {
-            float v[8], s = 1.0f;
-            int64_t g_at = -1;
+            float v[8];
             q4_load8(p, i, w, v);
+            /* the group of the word's first element; the next one starts
+             * at g_end (a word may cross into it) */
+            int64_t g_at = 8 * w / g_len, g_end = (g_at + 1) * g_len;
+            float s = q4_load_scale(p, i, g_at);
             uint32_t word = 0;
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 int64_t j = 8 * w + e;
                 if (j >= p.k)
                     break;
-                if (j / g_len != g_at) {
-                    g_at = j / g_len;
+                if (j >= g_end) {
+                    g_at++;
+                    g_end += g_len;
                     s = q4_load_scale(p, i, g_at);
                 }
                 word |= kern_int4_encode(v[e], s) << (4 * e);

@@ -704,6 +704,11 @@ static int time_quant_reload(bench *b, qarena *a, int sch, double *out)
     return rc != 0;
 }
 
+/* quant.int4: tools/bench_gpu_int4.c */
+int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
+                   const char *host_base, double copy_Bps, int repeat, const char *python,
+                   const char *dir);
+
 static int bench_quant(bench *b)
 {
     qarena *a = calloc(1, sizeof *a);
@@ -760,6 +765,9 @@ static int bench_quant(bench *b)
         json_object_set_new(o, "meets_target", json_boolean(min_bytes / t_all / copy_Bps >= 0.70));
         json_object_set_new(all, quant_key[sch], o);
     }
+    if (!rc)
+        rc = bench_gpu_int4(all, a->nw, a->xv, b->dev_src, b->pinned, copy_Bps, b->repeat,
+                            b->torch ? b->python : NULL, b->dir);
     json_object_set_new(b->res, "quant", all);
     cudaFree(a->q);
     cudaFree(a->s);

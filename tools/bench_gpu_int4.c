@@ -1,0 +1,328 @@
+/* refit-bench gpu, quant section: quant.int4 (online INT4 quantization of
+ * the bench model's linear weights on the device: round-to-nearest,
+ * symmetric, groups of 128 columns, BF16 scales, the compressed-tensors
+ * convention of kernels/quant_int4.h; the kernel of the quant_int4 host
+ * service; docs/cuda.md).
+ *
+ * Layout gptq (the words transposed, I32 [K/8, N], scales [G, N]: what
+ * the plugin writes for GPTQ/Marlin engines) timed as one call for every
+ * weight (backend_cuda_run + kern_quant_int4_cuda, as the service runs it)
+ * and one call per weight (a reload's post-load, a module at a time);
+ * layout u8 (rows of bytes, scales [N, G]) as one call. Medians.
+ * ratio_to_d2d is the minimum bytes of a call (2 read per BF16 element,
+ * the packed words and the scales written) per second against the d2d
+ * ceiling's bytes read plus written per second. Layer 0 is checked against
+ * the CPU reference. With PyTorch (tools/bench_gpu.py, its own process and
+ * spec): the same quantization in PyTorch ops (int4_quant), timed on the
+ * same shapes, and its bytes compared with ours on layer 0 (written to
+ * files in the bench directory, removed afterwards). */
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cuda_runtime_api.h>
+#include <jansson.h>
+
+#include <refit/refit.h>
+
+#include "core/cuda/backend_cuda.h"
+#include "core/cuda/kern_cuda.h"
+#include "kernels/quant_int4.h"
+
+int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
+                   const char *host_base, double copy_Bps, int repeat, const char *python,
+                   const char *dir);
+
+#define I4B_GROUP 128
+#define I4B_LAYER0 7 /* q, k, v, o, gate, up, down */
+#define I4B_RUNS 64
+
+typedef struct i4_arena {
+    int nw;
+    refit_view *q, *s;          /* per weight, the current layout's views */
+    const refit_view *x;
+    char *d;                    /* device: words and scales */
+    size_t *qoff, *soff, bytes, min_bytes;
+    uint32_t at, count;         /* the pieces of the next call */
+} i4_arena;
+
+static double i4b_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int i4b_cmp(const void *a, const void *b)
+{
+    double u = *(const double *)a, v = *(const double *)b;
+    return u < v ? -1 : u > v;
+}
+
+static double i4b_median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, i4b_cmp);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void i4b_put(json_t *o, const char *k, double v)
+{
+    json_object_set_new(o, k, json_real(v));
+}
+
+static int64_t i4b_words(const refit_view *x)
+{
+    return (x->shape[1] + 7) / 8;
+}
+
+static int64_t i4b_groups(const refit_view *x)
+{
+    return (x->shape[1] + I4B_GROUP - 1) / I4B_GROUP;
+}
+
+/* Room for every weight's words and scales in one device allocation. */
+static int i4b_alloc(i4_arena *a)
+{
+    a->q = calloc((size_t)a->nw * 2, sizeof *a->q);
+    a->qoff = calloc((size_t)a->nw * 2, sizeof *a->qoff);
+    if (!a->q || !a->qoff)
+        return 1;
+    a->s = a->q + a->nw;
+    a->soff = a->qoff + a->nw;
+    a->bytes = a->min_bytes = 0;
+    for (int w = 0; w < a->nw; w++) {
+        int64_t n = a->x[w].shape[0], k = a->x[w].shape[1];
+        size_t nq = (size_t)(n * i4b_words(&a->x[w])) * 4, ns = (size_t)(n * i4b_groups(&a->x[w])) * 2;
+        a->qoff[w] = a->bytes;
+        a->bytes += (nq + 255) & ~(size_t)255;
+        a->soff[w] = a->bytes;
+        a->bytes += (ns + 255) & ~(size_t)255;
+        a->min_bytes += (size_t)(n * k) * (a->x[w].dtype.bits / 8) + nq + ns;
+    }
+    return cudaMalloc((void **)&a->d, a->bytes) != cudaSuccess;
+}
+
+/* The views of layout gptq (words and scales transposed) or u8 (rows). */
+static void i4b_views(i4_arena *a, int u8)
+{
+    refit_device dev = {REFIT_DEVICE_CUDA, 0};
+    for (int w = 0; w < a->nw; w++) {
+        int64_t n = a->x[w].shape[0], nwd = i4b_words(&a->x[w]), g = i4b_groups(&a->x[w]);
+        a->q[w] = (refit_view){.data = a->d + a->qoff[w], .device = dev, .dtype = REFIT_I32,
+                               .ndim = 2, .shape = {n, nwd},
+                               .strides = {u8 ? nwd : 1, u8 ? 1 : n}};
+        a->s[w] = (refit_view){.data = a->d + a->soff[w], .device = dev, .dtype = REFIT_BF16,
+                               .ndim = 2, .shape = {n, g}, .strides = {u8 ? g : 1, u8 ? 1 : n}};
+    }
+}
+
+static int i4b_launch(void *arg, void *stream)
+{
+    i4_arena *a = arg;
+    int32_t bad;
+    return kern_quant_int4_cuda(a->count, a->q + a->at, a->s + a->at, a->x + a->at, I4B_GROUP,
+                                &bad, stream);
+}
+
+/* Median seconds of one call for every weight (all), or one per weight. */
+static int i4b_time(i4_arena *a, int all, int repeat, double *out)
+{
+    double v[I4B_RUNS];
+    if (repeat > I4B_RUNS)
+        repeat = I4B_RUNS;
+    for (int r = -1; r < repeat; r++) {
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            return 1;
+        double t0 = i4b_now();
+        int rc = 0;
+        for (int w = 0; w < a->nw && !rc; w += all ? a->nw : 1) {
+            a->at = (uint32_t)w;
+            a->count = all ? (uint32_t)a->nw : 1;
+            rc = backend_cuda_run(0, NULL, i4b_launch, a);
+        }
+        if (rc) {
+            fprintf(stderr, "refit-bench gpu: quant int4: %s: %s\n", refit_status_name(rc),
+                    backend_cuda_last_error());
+            return 1;
+        }
+        if (r >= 0)
+            v[r] = i4b_now() - t0;
+    }
+    *out = i4b_median(v, repeat);
+    return 0;
+}
+
+/* Our bytes of weight w (words, then scales, as laid out) into buf. */
+static size_t i4b_fetch(const i4_arena *a, int w, uint8_t *buf)
+{
+    int64_t n = a->x[w].shape[0];
+    size_t nq = (size_t)(n * i4b_words(&a->x[w])) * 4, ns = (size_t)(n * i4b_groups(&a->x[w])) * 2;
+    if (cudaMemcpy(buf, a->d + a->qoff[w], nq, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(buf + nq, a->d + a->soff[w], ns, cudaMemcpyDeviceToHost) != cudaSuccess)
+        return 0;
+    return nq + ns;
+}
+
+/* Layer 0 against the CPU reference on the host copy of the sources. */
+static int i4b_check(const i4_arena *a, const char *dev_base, const char *host_base,
+                     const char *layout)
+{
+    for (int w = 0; w < a->nw && w < I4B_LAYER0; w++) {
+        int64_t n = a->x[w].shape[0];
+        size_t nq = (size_t)(n * i4b_words(&a->x[w])) * 4;
+        size_t len = nq + (size_t)(n * i4b_groups(&a->x[w])) * 2;
+        uint8_t *ref = malloc(len), *got = malloc(len);
+        refit_view x = a->x[w], q = a->q[w], s = a->s[w];
+        x.data = (char *)host_base + ((const char *)a->x[w].data - dev_base);
+        q.data = ref;
+        s.data = ref + nq;
+        x.device.device_type = q.device.device_type = s.device.device_type = REFIT_DEVICE_CPU;
+        int rc = !ref || !got || kern_quant_int4(&q, &s, &x, I4B_GROUP) ||
+                 i4b_fetch(a, w, got) != len || memcmp(ref, got, len);
+        free(ref);
+        free(got);
+        if (rc) {
+            fprintf(stderr, "refit-bench gpu: quant int4 (%s): weight %d differs from the CPU "
+                            "reference\n", layout, w);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int i4b_write(const char *path, const void *p, size_t n, const char *mode)
+{
+    FILE *f = fopen(path, mode);
+    int rc = !f || fwrite(p, 1, n, f) != n;
+    if (f && fclose(f))
+        rc = 1;
+    return rc;
+}
+
+/* Layer 0's sources (BF16) and our gptq bytes, for PyTorch to compare. */
+static int i4b_dump(const i4_arena *a, const char *dir, const char *host_base,
+                    const char *dev_base)
+{
+    char path[4200];
+    for (int w = 0; w < a->nw && w < I4B_LAYER0; w++) {
+        int64_t n = a->x[w].shape[0];
+        size_t len = (size_t)(n * i4b_words(&a->x[w])) * 4 + (size_t)(n * i4b_groups(&a->x[w])) * 2;
+        uint8_t *buf = malloc(len);
+        int rc = !buf || i4b_fetch(a, w, buf) != len;
+        snprintf(path, sizeof path, "%s/int4-layer0-q.bin", dir);
+        rc = rc || i4b_write(path, buf, len, w ? "ab" : "wb");
+        free(buf);
+        size_t xb = (size_t)(n * a->x[w].shape[1]) * 2;
+        snprintf(path, sizeof path, "%s/int4-layer0-x.bin", dir);
+        rc = rc || i4b_write(path, host_base + ((const char *)a->x[w].data - dev_base), xb,
+                             w ? "ab" : "wb");
+        if (rc)
+            return 1;
+    }
+    return 0;
+}
+
+/* PyTorch's timing and byte check, merged into o. */
+static void i4b_torch(json_t *o, const refit_view *x, int nw, int repeat, const char *python,
+                      const char *dir)
+{
+    char spec[4200], cmd[8600], script[4096];
+    snprintf(spec, sizeof spec, "%s/bench-int4-spec.json", dir);
+    const char *root = getenv("REFIT_SOURCE_ROOT");
+    snprintf(script, sizeof script, "%s/tools/bench_gpu.py", root ? root : ".");
+    json_t *s = json_object(), *ts = json_array();
+    for (int w = 0; w < nw; w++)
+        json_array_append_new(ts, json_pack("[I,I]", (json_int_t)x[w].shape[0],
+                                            (json_int_t)x[w].shape[1]));
+    json_object_set_new(s, "int4_shapes", ts);
+    json_object_set_new(s, "int4_group", json_integer(I4B_GROUP));
+    json_object_set_new(s, "repeat", json_integer(repeat));
+    json_object_set_new(s, "int4_layer0", json_integer(nw < I4B_LAYER0 ? nw : I4B_LAYER0));
+    json_object_set_new(s, "dir", json_string(dir));
+    int rc = json_dump_file(s, spec, JSON_COMPACT);
+    json_decref(s);
+    if (rc)
+        return;
+    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s'", python, script, spec);
+    FILE *p = popen(cmd, "r");
+    json_error_t err;
+    json_t *py = p ? json_loadf(p, 0, &err) : NULL;
+    int st = p ? pclose(p) : -1;
+    json_t *t = py ? json_object_get(py, "int4") : NULL;
+    json_t *ms = t ? json_object_get(t, "ms") : NULL;
+    if (!ms) {
+        fprintf(stderr, "refit-bench gpu: quant int4: no result from %s (exit %d)\n", cmd, st);
+        json_object_set_new(o, "torch", json_string("failed: see stderr"));
+    } else {
+        double tv = json_number_value(ms);
+        i4b_put(o, "torch_ms", tv);
+        i4b_put(o, "speedup_vs_torch", tv / json_number_value(json_object_get(o, "refit_ms")));
+        json_object_set(o, "torch_bytes_equal_layer0", json_object_get(t, "bytes_equal"));
+        json_object_set(o, "torch", json_object_get(py, "torch"));
+    }
+    json_decref(py);
+    unlink(spec);
+}
+
+int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
+                   const char *host_base, double copy_Bps, int repeat, const char *python,
+                   const char *dir)
+{
+    i4_arena a = {.nw = nw, .x = x};
+    double t_all = 0, t_each = 0, t_u8 = 0;
+    int rc = i4b_alloc(&a);
+    if (!rc) {
+        i4b_views(&a, 1);
+        rc = i4b_time(&a, 1, repeat, &t_u8) || i4b_check(&a, dev_base, host_base, "u8");
+    }
+    if (!rc) {
+        i4b_views(&a, 0);
+        rc = i4b_time(&a, 0, repeat, &t_each) || i4b_check(&a, dev_base, host_base, "gptq") ||
+             i4b_time(&a, 1, repeat, &t_all) || i4b_check(&a, dev_base, host_base, "gptq");
+    }
+    if (!rc && python && ((mkdir(dir, 0755) && errno != EEXIST) ||
+                          i4b_dump(&a, dir, host_base, dev_base)))
+        python = NULL;
+    if (!rc) {
+        size_t elems = 0;
+        for (int w = 0; w < nw; w++)
+            elems += (size_t)(x[w].shape[0] * x[w].shape[1]);
+        double mb = (double)a.min_bytes;
+        json_t *o = json_object();
+        json_object_set_new(o, "weights", json_integer(nw));
+        json_object_set_new(o, "elements", json_integer((json_int_t)elems));
+        json_object_set_new(o, "group", json_integer(I4B_GROUP));
+        json_object_set_new(o, "layout", json_string("gptq"));
+        i4b_put(o, "min_bytes", mb);
+        i4b_put(o, "refit_ms", t_all * 1e3);
+        i4b_put(o, "refit_GBps", mb / t_all / 1e9);
+        i4b_put(o, "copy_GBps", copy_Bps / 1e9);
+        i4b_put(o, "ratio_to_d2d", mb / t_all / copy_Bps);
+        i4b_put(o, "per_weight_calls_ms", t_each * 1e3);
+        i4b_put(o, "per_weight_ratio_to_d2d", mb / t_each / copy_Bps);
+        i4b_put(o, "u8_refit_ms", t_u8 * 1e3);
+        i4b_put(o, "u8_ratio_to_d2d", mb / t_u8 / copy_Bps);
+        i4b_put(o, "target", 0.70);
+        json_object_set_new(o, "meets_target", json_boolean(mb / t_all / copy_Bps >= 0.70));
+        json_object_set_new(o, "layer0_equals_cpu_reference", json_true());
+        if (python)
+            i4b_torch(o, x, nw, repeat, python, dir);
+        json_object_set_new(quant, "int4", o);
+    }
+    if (python) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/int4-layer0-x.bin", dir);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/int4-layer0-q.bin", dir);
+        unlink(path);
+    }
+    cudaFree(a.d);
+    free(a.q);
+    free(a.qoff);
+    return rc;
+}
