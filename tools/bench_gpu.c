@@ -618,31 +618,47 @@ static int quant_check(bench *b, qarena *a, int sch)
     return rc;
 }
 
+/* The kernel's own launch time (kernels/quant_fp8.cu: events around the
+ * launch, inside the call, when timing is on; -1 when none). */
+void kern_quant_fp8_cuda_timing(int on);
+double kern_quant_fp8_cuda_kernel_ms(void);
+
 /* Median seconds of one call for every weight (all = 1; all = 2: the
- * kernel itself, with the integer E4M3 encoder), or one call per weight. */
-static int time_quant(bench *b, qarena *a, int sch, int all, double *out)
+ * kernel itself, with the integer E4M3 encoder), or one call per weight;
+ * *kern: the median of the kernels' launch time in the same runs (summed
+ * over a run's calls), so that call - kernel shows what a call adds. */
+static int time_quant(bench *b, qarena *a, int sch, int all, double *out, double *kern)
 {
-    double v[64];
+    double v[64], kv[64];
+    kern_quant_fp8_cuda_timing(1);
     for (int r = -1; r < b->repeat; r++) {
         CU(cudaDeviceSynchronize());
         int32_t bad;
         int rc = 0;
-        double t0 = now_s();
+        double t0 = now_s(), k = 0;
         if (all == 1)
             rc = backend_cuda_quant_fp8((uint32_t)a->nw, a->qv, a->sv, a->xv, sch, &bad, NULL);
         else if (all == 2)
             rc = kern_quant_fp8_cuda((uint32_t)a->nw, a->qv, a->sv, a->xv, sch, 0, &bad, NULL);
-        for (int w = 0; w < a->nw && !all && !rc; w++)
+        k = all ? kern_quant_fp8_cuda_kernel_ms() / 1e3 : 0;
+        for (int w = 0; w < a->nw && !all && !rc; w++) {
             rc = backend_cuda_quant_fp8(1, &a->qv[w], &a->sv[w], &a->xv[w], sch, &bad, NULL);
-        if (r >= 0)
+            k += kern_quant_fp8_cuda_kernel_ms() / 1e3;
+        }
+        if (r >= 0) {
             v[r] = now_s() - t0;
+            kv[r] = k;
+        }
         if (rc) {
+            kern_quant_fp8_cuda_timing(0);
             fprintf(stderr, "refit-bench gpu: quant %s: %s: %s [%s]\n", quant_key[sch],
                     refit_status_name(rc), backend_cuda_last_error(), kern_cuda_last_error());
             return 1;
         }
     }
+    kern_quant_fp8_cuda_timing(0);
     *out = median(v, b->repeat);
+    *kern = median(kv, b->repeat);
     return 0;
 }
 
@@ -704,6 +720,14 @@ static int time_quant_reload(bench *b, qarena *a, int sch, double *out)
     return rc != 0;
 }
 
+/* quant.mxfp8, quant.mxfp4: tools/bench_gpu_mx.c */
+int bench_gpu_mx(json_t *quant, int nw, const refit_view *x, const char *dev_base,
+                 const char *host_base, double copy_Bps, int repeat, const char *python,
+                 const char *dir);
+/* quant.nvfp4: tools/bench_gpu_nvfp4.c */
+int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
+                    const char *host_base, double copy_Bps, int repeat, const char *python,
+                    const char *dir);
 /* quant.int4: tools/bench_gpu_int4.c */
 int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
                    const char *host_base, double copy_Bps, int repeat, const char *python,
@@ -733,12 +757,12 @@ static int bench_quant(bench *b)
                                                     : enc == 0 ? "integer" : "check failed"));
     json_object_set_new(all, "cvt_mismatches", json_integer((json_int_t)cvt_bad));
     for (int sch = 0; sch < 3 && !rc; sch++) {
-        double t_all, t_each, t_int, t_reload = -1;
+        double t_all, t_each, t_int, t_reload = -1, k_all, k_each, k_int;
         size_t n = 0;
         quant_views(b, a, sch);
-        rc = time_quant(b, a, sch, 1, &t_all) || quant_check(b, a, sch) ||
-             time_quant(b, a, sch, 2, &t_int) || quant_check(b, a, sch) ||
-             time_quant(b, a, sch, 0, &t_each) || quant_check(b, a, sch);
+        rc = time_quant(b, a, sch, 1, &t_all, &k_all) || quant_check(b, a, sch) ||
+             time_quant(b, a, sch, 2, &t_int, &k_int) || quant_check(b, a, sch) ||
+             time_quant(b, a, sch, 0, &t_each, &k_each) || quant_check(b, a, sch);
         if (!rc && (rc = time_quant_reload(b, a, sch, &t_reload) || quant_check(b, a, sch)))
             break;
         for (int w = 0; w < a->nw; w++)
@@ -759,12 +783,23 @@ static int bench_quant(bench *b)
         put(o, "integer_encoder_ratio_to_d2d", min_bytes / t_int / copy_Bps);
         put(o, "per_weight_calls_ms", t_each * 1e3);
         put(o, "per_weight_ratio_to_d2d", min_bytes / t_each / copy_Bps);
+        put(o, "kernel_ms", k_all * 1e3);
+        put(o, "kernel_ratio_to_d2d", min_bytes / k_all / copy_Bps);
+        put(o, "integer_encoder_kernel_ms", k_int * 1e3);
+        put(o, "per_weight_kernel_ms", k_each * 1e3);
+        put(o, "per_weight_kernel_ratio_to_d2d", min_bytes / k_each / copy_Bps);
         put(o, "online_reload_ms", t_reload * 1e3);
         put(o, "online_reload_ratio_to_d2d", min_bytes / t_reload / copy_Bps);
         put(o, "target", 0.70);
         json_object_set_new(o, "meets_target", json_boolean(min_bytes / t_all / copy_Bps >= 0.70));
         json_object_set_new(all, quant_key[sch], o);
     }
+    if (!rc)
+        rc = bench_gpu_mx(all, a->nw, a->xv, b->dev_src, b->pinned, copy_Bps, b->repeat,
+                          b->torch ? b->python : NULL, b->dir);
+    if (!rc)
+        rc = bench_gpu_nvfp4(all, a->nw, a->xv, b->dev_src, b->pinned, copy_Bps, b->repeat,
+                             b->torch ? b->python : NULL, b->dir);
     if (!rc)
         rc = bench_gpu_int4(all, a->nw, a->xv, b->dev_src, b->pinned, copy_Bps, b->repeat,
                             b->torch ? b->python : NULL, b->dir);

@@ -12,6 +12,12 @@ after a warm-up).
                channel and per 128x128 block, written in PyTorch ops the way
                an engine does it: amax, scale = amax / 448, (w / scale)
                clamped to +-448, cast
+  mx           (a spec with mx_shapes, from tools/bench_gpu_mx.c) MXFP8 and
+               MXFP4 in PyTorch ops (mx_quant), and their bytes against refit's
+               on layer 0
+  nvfp4        (a spec with nvfp4_shapes, from tools/bench_gpu_nvfp4.c) online
+               NVFP4 in PyTorch ops (nvfp4_quant), and its bytes against
+               refit's on layer 0
   int4         (a spec with int4_shapes, from tools/bench_gpu_int4.c) online
                INT4 in PyTorch ops (int4_quant), and its bytes against
                refit's on layer 0
@@ -68,6 +74,121 @@ def quant(spec, dev, repeat):
     for key, fn in (("fp8_per_tensor", per_tensor), ("fp8_per_channel", per_channel),
                     ("fp8_block128", block128)):
         out[key] = {"ms": timed(fn, repeat), "weights": len(ws)}
+    return out
+
+
+def mx_quant(w, bits):
+    """OCP MX quantization of a 2-D BF16/F16/F32 tensor in PyTorch ops, the
+    arithmetic of kernels/quant_mx.h: per 32-block of a row s = clamp(
+    floor(log2 amax) - emax, -127, 127) + 127 (0 when amax is 0), elements
+    x * 2^(127-s) (exact: the same value as x / 2^(s-127)) rounded to E4M3
+    (clamp to +-448, cast) or to E2M1 (RNE thresholds), E2M1 packed two a
+    byte, low nibble first. Returns (elements, scales) as uint8 tensors."""
+    n, k = w.shape
+    nb = (k + 31) // 32
+    x = torch.nn.functional.pad(w.float(), (0, nb * 32 - k)).view(n, nb, 32)
+    amax = x.abs().amax(dim=2)
+    _, ex = torch.frexp(amax)  # amax = m * 2^ex, m in [0.5, 1): floor(log2) = ex - 1
+    e = (ex - 1 - (8 if bits == 8 else 2)).clamp(-127, 127) + 127
+    s = torch.where(amax > 0, e, torch.zeros_like(e)).to(torch.int32)
+    inv = torch.where(s < 254, (254 - s) << 23, torch.full_like(s, 0x00400000)).view(torch.float32)
+    v = (x * inv.unsqueeze(2)).view(n, nb * 32)[:, :k]
+    if bits == 8:
+        q = v.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    else:
+        a = v.abs()
+        code = ((a > 0.25).int() + (a >= 0.75).int() + (a > 1.25).int() + (a >= 1.75).int() +
+                (a > 2.5).int() + (a >= 3.5).int() + (a > 5.0).int())
+        code = code | (torch.signbit(v).int() << 3)
+        code = torch.nn.functional.pad(code, (0, k % 2))
+        q = (code[:, 0::2] | (code[:, 1::2] << 4)).to(torch.uint8)
+    return q, s.to(torch.uint8)
+
+
+def quant_mx(spec, dev, repeat):
+    """refit-bench gpu's MX peer (tools/bench_gpu_mx.c): mx_quant over the
+    model's linear weights, timed; and its bytes against refit's on layer 0
+    (the BF16 sources and refit's outputs, written by the bench)."""
+    ws = [torch.randn(s, device=dev).to(torch.bfloat16) for s in spec["mx_shapes"]]
+    out = {"torch": torch.__version__}
+    raw = open(os.path.join(spec["dir"], "mx-layer0-x.bin"), "rb").read()
+    xs, at = [], 0
+    for n, k in spec["mx_shapes"][:spec["mx_layer0"]]:
+        t = torch.frombuffer(bytearray(raw[at:at + n * k * 2]), dtype=torch.bfloat16)
+        xs.append(t.view(n, k).to(dev))
+        at += n * k * 2
+    for bits in (8, 4):
+        key = "mxfp%d" % bits
+
+        def run():
+            for w in ws:
+                mx_quant(w, bits)
+        ours = open(os.path.join(spec["dir"], "mx-layer0-%s.bin" % key), "rb").read()
+        theirs = b"".join(bytes(q.cpu().numpy().tobytes()) + bytes(s.cpu().numpy().tobytes())
+                          for q, s in (mx_quant(x, bits) for x in xs))
+        out[key] = {"ms": timed(run, repeat), "weights": len(ws),
+                    "bytes_equal": ours == theirs}
+    return out
+
+
+def nvfp4_quant(w):
+    """Online NVFP4 of a 2-D tensor in PyTorch ops, the arithmetic of
+    kernels/quant_nvfp4.h (compressed-tensors, round to nearest), every step
+    in float32: gs = 2688 / amax (1 for 0, clamped to FLT_MAX); per 16-block
+    of a row an E4M3 scale gs * (bmax / 6) clamped to 448 and cast (0 ->
+    0.125); codes E2M1(x / (scale / gs)) by RNE thresholds, packed two a
+    byte, low nibble first; scales in the 128x4 swizzled layout. Returns
+    (packed, swizzled, alpha) as uint8 tensors."""
+    n, k = w.shape
+    nb = (k + 15) // 16
+    x = torch.nn.functional.pad(w.float(), (0, nb * 16 - k)).view(n, nb, 16)
+    amax = x.abs().amax()
+    gs = torch.where(amax > 0, 2688.0 / amax, torch.ones_like(amax))
+    gs = gs.clamp(max=torch.finfo(torch.float32).max)
+    s = (gs * (x.abs().amax(dim=2) / 6.0)).clamp(0, 448).to(torch.float8_e4m3fn).view(torch.uint8)
+    s = torch.where(s == 0, torch.full_like(s, 0x20), s)
+    div = s.view(torch.float8_e4m3fn).float() / gs
+    y = x / div.unsqueeze(2)
+    a = y.abs()
+    c = ((a > 0.25).to(torch.uint8) + (a >= 0.75) + (a > 1.25) + (a >= 1.75) + (a > 2.5) +
+         (a >= 3.5) + (a > 5.0)) | (torch.signbit(y).to(torch.uint8) << 3)
+    c = c.view(n, nb * 16)[:, :k]
+    if k % 2:
+        c = torch.nn.functional.pad(c, (0, 1))
+    packed = c[:, 0::2] | (c[:, 1::2] << 4)
+    rp, cp = (n + 127) // 128 * 128, (nb + 3) // 4 * 4
+    sw = torch.zeros(rp, cp, dtype=torch.uint8, device=w.device)
+    sw[:n, :nb] = s
+    sw = sw.view(rp // 128, 4, 32, cp // 4, 4).permute(0, 3, 2, 1, 4).contiguous().view(-1)
+    alpha = (1.0 / gs).reshape(1).view(torch.uint8)
+    return packed, sw, alpha
+
+
+def quant_nvfp4(spec, dev, repeat):
+    """(tools/bench_gpu_nvfp4.c) nvfp4_quant on every shape, timed, and its
+    bytes against refit's on layer 0."""
+    out = {"torch": torch.__version__}
+    ws = [torch.randn(s, device=dev).to(torch.bfloat16) for s in spec["nvfp4_shapes"]]
+
+    def run():
+        for w in ws:
+            nvfp4_quant(w)
+    res = {"ms": timed(run, repeat), "weights": len(ws)}
+    try:
+        with open(os.path.join(spec["dir"], "nvfp4-layer0-x.bin"), "rb") as f:
+            xb = f.read()
+        with open(os.path.join(spec["dir"], "nvfp4-layer0-q.bin"), "rb") as f:
+            qb = f.read()
+        mine, at = [], 0
+        for n, k in spec["nvfp4_shapes"][:spec["nvfp4_layer0"]]:
+            x = torch.frombuffer(bytearray(xb[at:at + 2 * n * k]), dtype=torch.bfloat16)
+            at += 2 * n * k
+            parts = nvfp4_quant(x.view(n, k).to(dev))
+            mine.append(torch.cat([p.reshape(-1) for p in parts]).cpu().numpy().tobytes())
+        res["bytes_equal"] = b"".join(mine) == qb
+    except OSError as e:
+        res["bytes_equal"] = "no layer-0 files: " + str(e)
+    out["nvfp4"] = res
     return out
 
 
@@ -131,6 +252,14 @@ def main():
     dev = torch.device("cuda")
     if "int4_shapes" in spec:
         json.dump(quant_int4(spec, dev, repeat), sys.stdout)
+        sys.stdout.write("\n")
+        return
+    if "nvfp4_shapes" in spec:
+        json.dump(quant_nvfp4(spec, dev, repeat), sys.stdout)
+        sys.stdout.write("\n")
+        return
+    if "mx_shapes" in spec:
+        json.dump(quant_mx(spec, dev, repeat), sys.stdout)
         sys.stdout.write("\n")
         return
     res = {"torch": torch.__version__}
