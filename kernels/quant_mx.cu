@@ -54,7 +54,7 @@ extern "C" void kern_cuda_set_error(const char *msg);
 #define MX_WARPS (MX_THREADS / 32)
 #define MX_TASK 8               /* blocks of 32 a warp takes at once */
 #define MX_BATCH 184            /* pieces per launch */
-#define MX_CTAS_PER_SM 8
+#define MX_CTAS_PER_SM 4         /* resident at 64 registers: one wave */
 #define MX_FINITE_MAX 0x7f7fffffu
 #define MX_NONE 0xffffffffu     /* status word: no piece failed */
 
@@ -193,13 +193,14 @@ __device__ __forceinline__ uint32_t mx_amax4(const float v[8])
     return max(m, (uint32_t)__shfl_xor_sync(0xffffffffu, m, 2));
 }
 
-/* The E8M0 scale of a finite amax (kern_mx_scale_e8m0). */
+/* The E8M0 scale of a finite amax (kern_mx_scale_e8m0). A zero or
+ * subnormal amax has floor(log2) < -126, so the low clamp gives code 0 for
+ * every element format (emax >= 1). */
 __device__ __forceinline__ uint32_t mx_scale(uint32_t amax, int emax)
 {
-    if (amax == 0)
+    if (amax < 0x00800000u)
         return 0;
-    int fl = amax >= 0x00800000u ? (int)(amax >> 23) - 127 : (31 - __clz((int)amax)) - 149;
-    int e = fl - emax;
+    int e = (int)(amax >> 23) - 127 - emax;
     e = e < -127 ? -127 : e > 127 ? 127 : e;
     return (uint32_t)(e + 127);
 }
@@ -300,7 +301,7 @@ __device__ __forceinline__ int mx_find(const mx_batch &B, int i, int64_t t)
  * together). Every lane of a warp runs every shuffle: the task and its
  * piece are the warp's; only `live` differs between lanes. */
 template <int FP4>
-__global__ void __launch_bounds__(MX_THREADS)
+__global__ void __launch_bounds__(MX_THREADS, MX_CTAS_PER_SM)
 k_mx(const __grid_constant__ mx_batch B, unsigned int *status)
 {
     unsigned lane = threadIdx.x & 31u, g = lane >> 2, sub = lane & 3u;

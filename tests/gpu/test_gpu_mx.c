@@ -533,13 +533,14 @@ static void test_pieces(void **state)
 {
     (void)state;
     SKIP_WITHOUT_DEVICE();
-    static const int64_t rows[9] = {40, 40, 40, 40, 0, 40, 40, 17, 40};
-    static const int64_t gap[9] = {0, 0, 0, 3, 0, 0, 0, 0, 0};
+    /* stacks: [0, 1] (2 is further away), [2, 3, 4], [6, 7]; 5 is empty */
+    static const int64_t rows[10] = {40, 40, 40, 40, 40, 0, 40, 40, 17, 40};
+    static const int64_t gap[10] = {0, 3, 0, 0, 0, 0, 0, 0, 0, 0};
     refit_dtype dts[3] = {BF16, F16, F32};
     for (int bits = 8; bits >= 4; bits -= 4)
         for (int d = 0; d < 3; d++) {
             multi m;
-            multi_new(&m, bits, dts[d], 9, rows, 136, gap);
+            multi_new(&m, bits, dts[d], 10, rows, 136, gap);
             multi_run(&m, bits, "stacks", NULL);
             multi_free(&m);
         }
