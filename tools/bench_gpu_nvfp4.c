@@ -12,7 +12,10 @@
  * the same quantization in PyTorch ops, timed on the same shapes, and its
  * bytes compared with ours on layer 0 (written to files in the bench
  * directory, removed afterwards). set_sweep: the one-call ratio with other
- * L2 set sizes (kern_quant_nvfp4_set_bytes), to tune the default. */
+ * L2 set sizes (kern_quant_nvfp4_set_bytes), to tune the default.
+ * online_reload: a whole reload of the weights as online nvfp4 modules
+ * through refit and the nvfp4 plugin (staged copies from the device
+ * sources, then post-load per module through the quant_nvfp4 service). */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -266,6 +269,76 @@ static void nvb_torch(json_t *o, const refit_view *x, int nw, int repeat, const 
     unlink(spec);
 }
 
+/* Median seconds of a reload of every weight as an online nvfp4 module
+ * (runtime tensors: the arena's outputs). */
+static int nvb_reload(nv_arena *a, int repeat, double *out)
+{
+    refit_ctx *ctx = NULL;
+    refit_model *m = NULL;
+    refit_tensor *rt = calloc((size_t)a->nw * 3, sizeof *rt);
+    int rc = rt ? refit_open(&ctx, NULL) : REFIT_ENOMEM;
+    if (!rc)
+        rc = refit_model_create(&m, ctx);
+    for (int w = 0; w < a->nw && !rc; w++) {
+        refit_nvfp4_piece *p = &a->p[w];
+        char name[32], ck[40];
+        snprintf(name, sizeof name, "w%d", w);
+        snprintf(ck, sizeof ck, "w%d.weight", w);
+        refit_tensor *t = &rt[3 * w];
+        t[0] = (refit_tensor){.data = p->packed.data, .device = p->packed.device, .ndim = 2,
+                              .dtype = REFIT_U8, .shape = p->packed.shape};
+        t[1] = (refit_tensor){.data = p->scale.data, .device = p->scale.device, .ndim = 1,
+                              .dtype = REFIT_U8, .shape = p->scale.shape};
+        t[2] = (refit_tensor){.data = p->alpha.data, .device = p->alpha.device, .ndim = 1,
+                              .dtype = REFIT_F32, .shape = p->alpha.shape};
+        refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
+        s.dtype = p->src.dtype;
+        s.ndim = 2;
+        s.shape[0] = p->src.shape[0];
+        s.shape[1] = p->src.shape[1];
+        s.target = "weight";
+        if (!(rc = refit_model_add_module(m, name, "nvfp4", "online: true")) &&
+            !(rc = refit_module_bind_runtime(m, name, "weight", &t[0])) &&
+            !(rc = refit_module_bind_runtime(m, name, "weight_scale", &t[1])) &&
+            !(rc = refit_module_bind_runtime(m, name, "alpha", &t[2])))
+            rc = refit_model_expect(m, name, ck, &s);
+    }
+    if (!rc)
+        rc = refit_model_seal(m);
+    double v[64];
+    for (int r = -1; r < repeat && !rc; r++) {
+        refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+        o.rollback = 0;
+        refit_txn *txn;
+        if (cudaDeviceSynchronize() != cudaSuccess)
+            rc = REFIT_EINTERNAL;
+        double t0 = nvb_now();
+        if (!rc)
+            rc = refit_begin(&txn, m, &o);
+        for (int w = 0; w < a->nw && !rc; w++) {
+            char ck[40];
+            snprintf(ck, sizeof ck, "w%d.weight", w);
+            refit_tensor src = {.data = a->p[w].src.data, .device = a->p[w].src.device,
+                                .ndim = 2, .dtype = a->p[w].src.dtype,
+                                .shape = a->p[w].src.shape};
+            if ((rc = refit_load(txn, ck, &src, NULL)))
+                refit_abort(txn);
+        }
+        if (!rc)
+            rc = refit_finalize(txn);
+        if (r >= 0)
+            v[r] = nvb_now() - t0;
+    }
+    if (rc)
+        fprintf(stderr, "refit-bench gpu: quant nvfp4 reload: %s: %s [%s]\n",
+                refit_status_name(rc), ctx ? refit_errmsg(ctx) : "", backend_cuda_last_error());
+    else
+        *out = nvb_median(v, repeat);
+    refit_close(ctx);
+    free(rt);
+    return rc != 0;
+}
+
 int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
                     const char *host_base, double copy_Bps, int repeat, const char *python,
                     const char *dir)
@@ -308,6 +381,12 @@ int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_
         }
         kern_quant_nvfp4_set_bytes(0);
         json_object_set_new(o, "set_sweep", sw);
+        double t_reload = 0;
+        if (!rc && !(rc = nvb_reload(&a, repeat, &t_reload) ||
+                           nvb_check(&a, dev_base, host_base))) {
+            nvb_put(o, "online_reload_ms", t_reload * 1e3);
+            nvb_put(o, "online_reload_ratio_to_d2d", mb / t_reload / copy_Bps);
+        }
         if (python)
             nvb_torch(o, x, nw, repeat, python, dir);
         json_object_set_new(quant, "nvfp4", o);
