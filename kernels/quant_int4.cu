@@ -159,6 +159,29 @@ __device__ __forceinline__ void q4_store_word(const q4_piece &p, int64_t i, int6
     *(uint32_t *)(p.q + (i * p.qs0 + w * p.qs1) * 4) = word;
 }
 
+/* kern_int4_encode(x, s), the code of round(clamp(x / s, -8, 7)) with
+ * x / s correctly rounded, by a multiply where that provably gives the
+ * same integer (a division is the costliest step of the kernel). With
+ * inv = RN(1/s) and t = RN(x * inv), |t - x/s| <= |x/s| * 2^-23 < 2^-19
+ * for |t| < 16, and RN(x/s) is within 2^-21 of x/s; so when t is more than
+ * 2^-17 from every half-integer, x/s and RN(x/s) lie strictly inside the
+ * same rounding interval as t and round to the same integer. Near a
+ * half-integer, or past 16 (clamped anyway, but inv may be infinite for a
+ * tiny scale), the exact division decides. __fmul_rn: never contracted
+ * into an FMA. */
+__device__ __forceinline__ uint32_t q4_encode(float x, float s, float inv)
+{
+    float t = __fmul_rn(x, inv), a = fabsf(t);
+    if (a < 16.0f) {
+        float f = a - floorf(a);
+        if (fabsf(f - 0.5f) > 0x1p-17f) {
+            float v = t < -8.0f ? -8.0f : t > 7.0f ? 7.0f : t;
+            return (uint32_t)((int)rintf(v) + 8);
+        }
+    }
+    return kern_int4_encode(x, s);
+}
+
 /* Row and group of unit r of piece p (32-bit division where it fits: a
  * 64-bit one costs several times more, once per unit). */
 __device__ __forceinline__ void q4_unit(const q4_piece &p, int64_t r, int64_t *i, int64_t *g)
@@ -217,12 +240,12 @@ k_q4_groups(const __grid_constant__ q4_batch B, unsigned int *status)
             q4_store_scale(p, i, g, sb);
         if (w >= p.words)
             continue;
-        float s = kern_int4_scale_value(sb, p.skind);
+        float s = kern_int4_scale_value(sb, p.skind), inv = __fdiv_rn(1.0f, s);
         uint32_t word = 0;
 #pragma unroll
         for (int e = 0; e < 8; e++)
             if (8 * w + e < p.k)
-                word |= kern_int4_encode(v[e], s) << (4 * e);
+                word |= q4_encode(v[e], s, inv) << (4 * e);
         q4_store_word(p, i, w, word);
     }
 }
@@ -289,7 +312,7 @@ k_q4_rows(const __grid_constant__ q4_batch B, unsigned int *status)
             /* the group of the word's first element; the next one starts
              * at g_end (a word may cross into it) */
             int64_t g_at = 8 * w / g_len, g_end = (g_at + 1) * g_len;
-            float s = q4_load_scale(p, i, g_at);
+            float s = q4_load_scale(p, i, g_at), inv = __fdiv_rn(1.0f, s);
             uint32_t word = 0;
 #pragma unroll
             for (int e = 0; e < 8; e++) {
@@ -300,8 +323,9 @@ k_q4_rows(const __grid_constant__ q4_batch B, unsigned int *status)
                     g_at++;
                     g_end += g_len;
                     s = q4_load_scale(p, i, g_at);
+                    inv = __fdiv_rn(1.0f, s);
                 }
-                word |= kern_int4_encode(v[e], s) << (4 * e);
+                word |= q4_encode(v[e], s, inv) << (4 * e);
             }
             q4_store_word(p, i, w, word);
         }

@@ -43,7 +43,14 @@ extern "C" void kern_cuda_set_error(const char *m) { snprintf(err, sizeof err, "
 extern "C" int backend_cuda_device_count(void) { return 1; }
 extern "C" const char *backend_cuda_unavailable(void) { return ""; }
 STUBS
-g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" \
+# __fmul_rn, where emu.h lacks it: the IEEE multiply it is
+extra=
+if ! grep -q '__fmul_rn' "$E/emu.h"; then
+  echo 'inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }' \
+    > "$W/emu_int4_extra.h"
+  extra="-include $W/emu_int4_extra.h"
+fi
+g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" $extra \
   -c "$W/quant_int4_emu.cc" -o "$W/quant_int4_emu.o"
 g++ -std=c++17 -O1 -g -Wall -c "$W/stubs_int4.cc" -o "$W/stubs_int4.o"
 gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_EMU -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
