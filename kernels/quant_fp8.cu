@@ -6,7 +6,11 @@
  *                                          order is the value order, in
  *                                          F16 and BF16 as in F32)
  *   scale = __fdiv_rn(amax, 448), 1 when that is 0
- *   q     = e4m3_sat(__fdiv_rn(x, scale)) (the integer encoder of
+ *   q     = e4m3_sat(x / scale)         (x / scale: __fdiv_rn, or for
+ *                                          F16/BF16 a reciprocal and one
+ *                                          FMA correction that gives the
+ *                                          same bytes: qf_div; e4m3_sat:
+ *                                          the integer encoder of
  *                                          kernels/minifloat.c, written again
  *                                          below, or the hardware's
  *                                          cvt.rn.satfinite.e4m3x2.f32 where
@@ -139,6 +143,7 @@ struct qf_piece {
     uint8_t shift;              /* log2 of the elements a group: 2 (f32) or 3 */
     uint8_t vx, vq;             /* rows of x (q) are 16 (8) byte aligned and contiguous */
     uint8_t leader;             /* per-tensor: writes the group's scale */
+    uint8_t onekind;            /* per-tensor: every piece of its group has its dtype */
 };
 
 /* Per-tensor group words: the amax bits, the amax chunks done, and how
@@ -253,9 +258,35 @@ __device__ __forceinline__ float qf_half(uint32_t w, int hi, int kind)
     return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : (uint32_t)h << 16);
 }
 
-/* A raw group encoded with scale s: byte u is element u (4 of an F32
- * group, 8 of a 16-bit one). */
-__device__ __forceinline__ uint2 qf_encode(uint4 w, int kind, float s, int hw)
+/* The reciprocal of scale s for qf_div, or 0 where x / s is divided in
+ * full (__fdiv_rn, ~10 instructions): F32 weights, scales below 2^-100
+ * (where the reciprocal loses range), and per-tensor groups mixing dtypes
+ * (ok = 0: their scale may come from another dtype's amax). */
+__device__ __forceinline__ float qf_recip(float s, int kind, bool ok)
+{
+    return kind != 0 && ok && s >= 0x1p-100f ? __frcp_rn(s) : 0.0f;
+}
+
+/* x / s as __fdiv_rn gives it, for what the encoder sees: with r =
+ * qf_recip(s) != 0, the product x * r corrected by one FMA of the exact
+ * residual (Markstein); the residual 0 keeps the product, so -0 stays -0.
+ * For every F16/BF16 x with |x| <= amax and s = amax / 448 the E4M3 bytes
+ * equal those of the full division (tests/gpu/emu/fastdiv.cc checks all
+ * 2^31 pairs of each dtype on the CPU, through this code); the quotients
+ * themselves differ only where x and s are so small that the residual
+ * underflows, and then by less than 2^-12, which E4M3 rounds to 0. */
+__device__ __forceinline__ float qf_div(float x, float s, float r)
+{
+    if (r == 0.0f)
+        return __fdiv_rn(x, s);
+    float q0 = __fmul_rn(x, r);
+    float e = __fmaf_rn(-q0, s, x);
+    return e == 0.0f ? q0 : __fmaf_rn(e, r, q0);
+}
+
+/* A raw group encoded with scale s (r: qf_recip of it): byte u is element
+ * u (4 of an F32 group, 8 of a 16-bit one). */
+__device__ __forceinline__ uint2 qf_encode(uint4 w, int kind, float s, float r, int hw)
 {
     float v[8];
     int ne = kind == 0 ? 4 : 8;
@@ -275,14 +306,14 @@ __device__ __forceinline__ uint2 qf_encode(uint4 w, int kind, float s, int hw)
     if (hw) {
 #pragma unroll
         for (int u = 0; u < 8; u += 2) {
-            uint16_t two = u < ne ? qf_cvt2(__fdiv_rn(v[u], s), __fdiv_rn(v[u + 1], s)) : 0;
+            uint16_t two = u < ne ? qf_cvt2(qf_div(v[u], s, r), qf_div(v[u + 1], s, r)) : 0;
             b[u] = two & 0xffu;
             b[u + 1] = (uint32_t)two >> 8;
         }
     } else {
 #pragma unroll
         for (int u = 0; u < 8; u++)
-            b[u] = u < ne ? qf_e4m3_sat(__float_as_uint(__fdiv_rn(v[u], s))) : 0;
+            b[u] = u < ne ? qf_e4m3_sat(__float_as_uint(qf_div(v[u], s, r))) : 0;
     }
     uint2 o;
     o.x = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24;
@@ -384,17 +415,17 @@ k_rows(const qf_piece *__restrict__ P, int np, int64_t rows, unsigned int *statu
                 atomicMin(status, (unsigned int)p.idx);
             continue;
         }
-        float s = qf_scale(m);
+        float s = qf_scale(m), rc = qf_recip(s, kind, true);
         if (lane == 0)
             p.s[r * p.ss0] = s;
 #pragma unroll
         for (int i = 0; i < CH; i++) {
             int64_t gg = lane + 32 * i;
             if (gg < G)
-                qf_store(p, r, gg, qf_encode(raw[i], kind, s, hw));
+                qf_store(p, r, gg, qf_encode(raw[i], kind, s, rc, hw));
         }
         for (int64_t gg = lane + 32 * CH; gg < G; gg += 32)
-            qf_store(p, r, gg, qf_encode(qf_load(p, r, gg), kind, s, hw));
+            qf_store(p, r, gg, qf_encode(qf_load(p, r, gg), kind, s, rc, hw));
     }
 }
 
@@ -435,7 +466,7 @@ k_tiles(const qf_piece *__restrict__ P, int np, int64_t tiles, unsigned int *sta
                 atomicMin(status, (unsigned int)p.idx);
             continue;
         }
-        float s = qf_scale(m);
+        float s = qf_scale(m), rc = qf_recip(s, kind, true);
         if (threadIdx.x == 0)
             p.s[si * p.ss0 + sj * p.ss1] = s;
 #pragma unroll
@@ -443,7 +474,7 @@ k_tiles(const qf_piece *__restrict__ P, int np, int64_t tiles, unsigned int *sta
             int gi = threadIdx.x + QF_THREADS * i;
             int64_t gg = g0 + (gi & (gw - 1));
             if (gi < ng && gg < G)
-                qf_store(p, r0 + (gi >> gsh), gg, qf_encode(raw[i], kind, s, hw));
+                qf_store(p, r0 + (gi >> gsh), gg, qf_encode(raw[i], kind, s, rc, hw));
         }
     }
 }
@@ -543,7 +574,7 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int
         uint32_t a = amax;
         if (a > QF_FINITE_MAX)
             continue; /* refused: the status word names a piece of the group */
-        float s = qf_scale(a);
+        float s = qf_scale(a), rc = qf_recip(s, kind, p.onekind);
         if (p.leader && pc == 0 && threadIdx.x == 0)
             *p.s = s;
         qf_chunk_load(p, pc, raw);
@@ -553,7 +584,7 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int
             int64_t gi = pc * QF_CHUNK + threadIdx.x + QF_THREADS * i, rr, gg;
             if (gi < total) {
                 qf_rowgrp(p, gi, &rr, &gg);
-                qf_store(p, rr, gg, qf_encode(raw[i], kind, s, hw));
+                qf_store(p, rr, gg, qf_encode(raw[i], kind, s, rc, hw));
             }
         }
     }
@@ -844,17 +875,25 @@ static int64_t qf_plan(qf_piece *pcs, const qf_piece *in, uint32_t n, int scheme
     for (uint32_t i = 0; i < n; i++)
         ord[start[grp[i]]++] = i;
     int64_t span = 0, gf = 0;
+    uint32_t lead_at = 0;
     for (uint32_t at = 0; at < n; at++) {
         uint32_t g = grp[ord[at]];
         bool lead = at == 0 || grp[ord[at - 1]] != g;
-        if (lead)
+        if (lead) {
             gf = units;
+            lead_at = at;
+        }
         pcs[at] = in[ord[at]];
         pcs[at].first = units;
         pcs[at].group = g;
         pcs[at].leader = lead;
         units += qf_units(&pcs[at], 0);
         if (at + 1 == n || grp[ord[at + 1]] != g) { /* the group's last piece */
+            bool one = true;
+            for (uint32_t j = lead_at; j <= at; j++)
+                one = one && pcs[j].kind == pcs[lead_at].kind;
+            for (uint32_t j = lead_at; j <= at; j++)
+                pcs[j].onekind = one;
             G[g].amax = 0;
             G[g].done = 0;
             G[g].need = (unsigned int)(units - gf);

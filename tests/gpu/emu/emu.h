@@ -13,6 +13,7 @@
  * deadlock a real GPU could reach (a block waiting on work that no earlier
  * ticket holds). */
 #pragma once
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +118,19 @@ inline float __fdiv_rn(float a, float b)
     volatile float r = a / b;
     return r;
 }
+/* IEEE single operations, rounded to nearest even (no contraction: x86-64
+ * without -mfma has no FMA instruction to contract into; fmaf is exact) */
+inline float __fmul_rn(float a, float b)
+{
+    volatile float r = a * b;
+    return r;
+}
+inline float __frcp_rn(float a)
+{
+    volatile float r = 1.0f / a;
+    return r;
+}
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 inline uint32_t max(uint32_t a, uint32_t b) { return a > b ? a : b; }
 inline uint32_t min(uint32_t a, uint32_t b) { return a < b ? a : b; }
 /* one fiber runs at a time: plain read-modify-writes are atomic here */

@@ -34,6 +34,10 @@ echo "emulating $launches launch sites"
 g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" \
   -c "$W/quant_fp8_emu.cc" -o "$W/quant_fp8_emu.o"
 g++ -std=c++17 -O1 -g -Wall -c "$E/stubs.cc" -o "$W/stubs.o"
+# the division shortcut's proof, through the kernel's own code
+g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W" \
+  "$E/fastdiv.cc" "$W/stubs.o" "$B/librefit_kernels.a" -lm -o "$W/fastdiv"
+"$W/fastdiv"
 gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
   -c "$R/tests/gpu/test_gpu_quant.c" -o "$W/test_gpu_quant.o"
 g++ -o "$W/test-gpu-quant-emu" "$W/test_gpu_quant.o" "$W/quant_fp8_emu.o" "$W/stubs.o" \
