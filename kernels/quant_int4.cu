@@ -74,9 +74,12 @@ struct q4_batch {
 };
 static_assert(sizeof(q4_batch) <= 32000, "q4_batch must fit the kernel parameters");
 
-/* The piece unit u belongs to (the last whose first unit <= u). */
-__device__ __forceinline__ int q4_find(const q4_batch &B, int64_t u)
+/* The piece unit u belongs to (the last whose first unit <= u): pi when
+ * it still is (units only grow along a thread's loop), else searched. */
+__device__ __forceinline__ int q4_find(const q4_batch &B, int64_t u, int pi = 0)
 {
+    if (B.p[pi].first <= u && (pi + 1 >= B.np || u < B.p[pi + 1].first))
+        return pi;
     int lo = 0, hi = B.np - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
@@ -162,23 +165,18 @@ __device__ __forceinline__ void q4_store_word(const q4_piece &p, int64_t i, int6
 /* kern_int4_encode(x, s), the code of round(clamp(x / s, -8, 7)) with
  * x / s correctly rounded, by a multiply where that provably gives the
  * same integer (a division is the costliest step of the kernel). With
- * inv = RN(1/s) and t = RN(x * inv), |t - x/s| <= |x/s| * 2^-23 < 2^-19
- * for |t| < 16, and RN(x/s) is within 2^-21 of x/s; so when t is more than
- * 2^-17 from every half-integer, x/s and RN(x/s) lie strictly inside the
- * same rounding interval as t and round to the same integer. Near a
- * half-integer, or past 16 (clamped anyway, but inv may be infinite for a
- * tiny scale), the exact division decides. __fmul_rn: never contracted
- * into an FMA. */
+ * inv = RN(1/s), t = RN(x * inv) and m = rint(t): for |t| < 16,
+ * |t - x/s| <= |x/s| * 2^-23 < 2^-19 and RN(x/s) is within 2^-21 of x/s,
+ * so when |t - m| < 1/2 - 2^-17 (t more than 2^-17 from both half-integers
+ * beside m) x/s and RN(x/s) round to m too; for |t| >= 16 both clamp to
+ * the same end. t - m is exact (Sterbenz). Near a half-integer, or for an
+ * infinite inv (a tiny scale: t - m is then NaN), the exact division
+ * decides. __fmul_rn: never contracted into an FMA. */
 __device__ __forceinline__ uint32_t q4_encode(float x, float s, float inv)
 {
-    float t = __fmul_rn(x, inv), a = fabsf(t);
-    if (a < 16.0f) {
-        float f = a - floorf(a);
-        if (fabsf(f - 0.5f) > 0x1p-17f) {
-            float v = t < -8.0f ? -8.0f : t > 7.0f ? 7.0f : t;
-            return (uint32_t)((int)rintf(v) + 8);
-        }
-    }
+    float t = __fmul_rn(x, inv), m = rintf(t);
+    if (fabsf(t - m) < 0.5f - 0x1p-17f)
+        return (uint32_t)((int)fminf(fmaxf(m, -8.0f), 7.0f) + 8);
     return kern_int4_encode(x, s);
 }
 
@@ -210,14 +208,14 @@ k_q4_groups(const __grid_constant__ q4_batch B, unsigned int *status)
     int lane = threadIdx.x & 31, sub = lane & (L - 1);
     int64_t warp = ((int64_t)blockIdx.x * Q4_THREADS + threadIdx.x) >> 5;
     int64_t warps = ((int64_t)gridDim.x * Q4_THREADS) >> 5;
+    int pi = 0; /* the piece of the last unit */
     for (int64_t base = warp * per_warp; base < B.end; base += warps * per_warp) {
         int64_t u = base + lane / L, i = 0, g = 0, w = 0;
         bool live = u < B.end;
-        int pi = 0;
         float v[8];
         uint32_t m = 0;
         if (live) {
-            pi = q4_find(B, u);
+            pi = q4_find(B, u, pi);
             q4_unit(B.p[pi], u - B.p[pi].first, &i, &g);
             w = g * L + sub;
             q4_load8(B.p[pi], i, w, v);

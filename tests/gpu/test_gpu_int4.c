@@ -31,6 +31,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -183,7 +184,7 @@ static lay layout(int kind, int64_t n, int64_t k)
     return l;
 }
 
-enum pat { PAT_MIXED, PAT_RANDOM, PAT_ZERO, PAT_SUBNORMAL, PAT_TIES };
+enum pat { PAT_MIXED, PAT_RANDOM, PAT_ZERO, PAT_SUBNORMAL, PAT_TIES, PAT_NEARTIE };
 
 static void put(const refit_view *x, int64_t i, int64_t j, float f)
 {
@@ -213,10 +214,27 @@ static float subnormal(refit_dtype dt)
     return f;
 }
 
+/* Near-tie value j of a row whose amax is 2.25 (element 0): the float
+ * nearest (m + 1/2) * scale, m in -7..6, stepped -3..3 ulps, so x / scale
+ * lands within a few ulps of a half-integer (for F32 weights): where the
+ * kernel's multiply must defer to the division. */
+static float near_tie(int64_t j, refit_dtype sdt)
+{
+    if (j == 0)
+        return 2.25f;
+    int kind = kern_int4_float_kind(sdt);
+    float sc = kern_int4_scale_value(kern_int4_scale_bits(2.25f, kind), kind);
+    float f = (float)(((double)((j / 7) % 14) - 7.0 + 0.5) * (double)sc);
+    for (int k = (int)(j % 7) - 3; k != 0; k += k < 0 ? 1 : -1)
+        f = nextafterf(f, k < 0 ? -1e30f : 1e30f);
+    return f;
+}
+
 /* Values: random over a wide range of magnitudes (kept below 60000, so an
- * F16 scale never overflows), zero rows, subnormal rows, and tie rows
- * (amax 7.5: scale 1 where the scale dtype holds it, x / scale on the .5s). */
-static void fill(const refit_view *x, enum pat p)
+ * F16 scale never overflows), zero rows, subnormal rows, tie rows (amax
+ * 7.5: scale 1 where the scale dtype holds it, x / scale on the .5s) and
+ * near-tie rows for scales of dtype sdt. */
+static void fill(const refit_view *x, enum pat p, refit_dtype sdt)
 {
     int64_t n = x->shape[0], k = x->shape[1];
     for (int64_t i = 0; i < n; i++)
@@ -224,7 +242,7 @@ static void fill(const refit_view *x, enum pat p)
             int kind = p;
             if (p == PAT_MIXED)
                 kind = i % 7 == 3 ? PAT_ZERO : i % 5 == 2 ? PAT_SUBNORMAL
-                       : i % 6 == 1 ? PAT_TIES : PAT_RANDOM;
+                       : i % 6 == 1 ? PAT_TIES : i % 4 == 0 ? PAT_NEARTIE : PAT_RANDOM;
             float f;
             switch (kind) {
             case PAT_ZERO:
@@ -235,6 +253,9 @@ static void fill(const refit_view *x, enum pat p)
                 break;
             case PAT_TIES:
                 f = (float)((int)(j % 31) - 15) * 0.5f;
+                break;
+            case PAT_NEARTIE:
+                f = near_tie(j, sdt);
                 break;
             default: {
                 int e = (int)(rnd() % 30) - 20;
@@ -268,7 +289,7 @@ static void one(refit_dtype dt, refit_dtype sdt, int64_t n, int64_t k, int64_t g
     refit_view gq = v2(tq.d, I32, n, words, lq.s0, lq.s1, lq.first);
     refit_view gs = v2(ts.d, sdt, n, groups, ls.s0, ls.s1, ls.first);
     refit_view hx = on_host(gx, &tx), hq = on_host(gq, &tq), hs = on_host(gs, &ts);
-    fill(&hx, p);
+    fill(&hx, p, sdt);
     twin_push(&tx);
     int rh = kern_quant_int4(&hq, &hs, &hx, group);
     int32_t bad;
@@ -326,18 +347,18 @@ static void test_kernel_sweep(void **state)
 }
 
 /* Whole matrices of one kind: zeros (every scale the dtype's epsilon),
- * subnormals (tiny or epsilon scales), ties. */
+ * subnormals (tiny or epsilon scales), ties, near-ties. */
 static void test_kernel_edges(void **state)
 {
     (void)state;
     SKIP_WITHOUT_DEVICE();
     refit_dtype dts[3] = {BF16, F16, F32};
-    enum pat pats[3] = {PAT_ZERO, PAT_SUBNORMAL, PAT_TIES};
+    enum pat pats[4] = {PAT_ZERO, PAT_SUBNORMAL, PAT_TIES, PAT_NEARTIE};
     int64_t gs[3] = {32, 0, 100};
     for (int d = 0; d < 3; d++)
         for (int s = 0; s < 3; s++)
-            for (int p = 0; p < 3; p++) {
-                one(dts[d], dts[s], 17, 136, gs[p], 0, p % 2, s % 2, pats[p]);
+            for (int p = 0; p < 4; p++) {
+                one(dts[d], dts[s], 17, 136, gs[p % 3], 0, p % 2, s % 2, pats[p]);
                 one(dts[d], dts[s], 5, 45, gs[(p + 1) % 3], 2, (p + 1) % 2, 0, pats[p]);
             }
 }
@@ -372,7 +393,7 @@ static void test_kernel_pieces(void **state)
             hx[i] = on_host(gx[i], &tx[i]);
             hq[i] = on_host(gq[i], &tq[i]);
             hs[i] = on_host(gs[i], &ts[i]);
-            fill(&hx[i], PAT_MIXED);
+            fill(&hx[i], PAT_MIXED, sdt);
             twin_push(&tx[i]);
             assert_int_equal(kern_quant_int4(&hq[i], &hs[i], &hx[i], group), REFIT_OK);
         }
