@@ -214,13 +214,14 @@ static float subnormal(refit_dtype dt)
     return f;
 }
 
-/* Near-tie value j of a row whose amax is 2.25 (element 0): the float
- * nearest (m + 1/2) * scale, m in -7..6, stepped -3..3 ulps, so x / scale
- * lands within a few ulps of a half-integer (for F32 weights): where the
- * kernel's multiply must defer to the division. */
+/* Near-tie value j of a row whose amax is 2.25 (every 8th element, so in
+ * every group of 8 or more columns): the float nearest (m + 1/2) * scale,
+ * m in -7..6, stepped -3..3 ulps, so x / scale lands within a few ulps of
+ * a half-integer (for F32 weights): where the kernel's multiply must defer
+ * to the division. */
 static float near_tie(int64_t j, refit_dtype sdt)
 {
-    if (j == 0)
+    if (j % 8 == 0)
         return 2.25f;
     int kind = kern_int4_float_kind(sdt);
     float sc = kern_int4_scale_value(kern_int4_scale_bits(2.25f, kind), kind);
