@@ -100,7 +100,7 @@ int st_write_file(const char *path, const st_out_tensor *t, size_t n,
         int bad_io = write_all(f, le, 8) || write_all(f, text, len) ||
                      write_all(f, spaces, padded - len);
         for (size_t i = 0; i < n && !bad_io; i++) {
-            uint64_t nb;
+            uint64_t nb = 0; /* sizes were checked above */
             tensor_bytes(&t[i], &nb);
             bad_io = write_all(f, t[i].data, (size_t)nb);
         }
