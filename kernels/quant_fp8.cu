@@ -22,7 +22,8 @@
  * --use_fast_math), so divisions are correctly rounded and subnormals kept,
  * as on the CPU.
  *
- * Built for bandwidth: a call is ONE kernel launch whatever its pieces, and
+ * Built for bandwidth: a call is one kernel launch whatever its pieces (two
+ * for per-channel calls with both short and long rows), and
  * every thread keeps several 16-byte loads in flight before it uses any.
  * A "group" is 16 bytes of a row of x (8 F16/BF16 or 4 F32 elements): one
  * vector load where the row is contiguous and aligned, element loads
@@ -34,7 +35,8 @@
  *                grid-stride loop); each lane keeps up to CH groups of the
  *                row (CH * 256 elements of a 16-bit row in the warp), so a
  *                row is read once; groups past that are read again for the
- *                encode (from L1/L2).
+ *                encode (from L1/L2). Rows of up to 256 groups and longer
+ *                ones go in separate launches, each at its own depth.
  *   block-128    k_tiles<CH>: a 256-thread block per 128x128 tile (CH = 8
  *                groups a thread holds a 16-bit tile, 16 an F32 one), a
  *                block-wide max through shared memory.
@@ -76,6 +78,7 @@ extern "C" void kern_cuda_set_error(const char *msg);
 #define QF_SLOTS 8                     /* groups a thread holds: per-tensor chunk, 16-bit tile */
 #define QF_CHUNK (QF_THREADS * QF_SLOTS) /* groups of a per-tensor chunk */
 #define QF_ROW_CH_MAX 24               /* groups a lane holds of a per-channel row */
+#define QF_SHORT_ROW (8 * 32)          /* per-channel: groups of a short row (its own launch) */
 #define QF_ROUND 64                    /* per-tensor: chunks a round (REFIT_CUDA_FP8_ROUND) */
 #define QF_LAG 2                       /* per-tensor: least lag in rounds (REFIT_CUDA_FP8_LAG) */
 #define QF_FINITE_MAX 0x7f7fffffu      /* magnitude bits of FLT_MAX */
@@ -382,15 +385,17 @@ __device__ __forceinline__ float qf_scale(uint32_t amax_bits)
 
 /* ---- per-channel: a warp per row ---- */
 
-/* CH: groups a lane keeps (the launch picks the smallest that holds its
- * longest row, at most QF_ROW_CH_MAX; longer rows read the rest twice). */
+/* Rows t0 .. t1 - 1 of the call (P: the pieces holding them). CH: groups
+ * a lane keeps (the launch picks the smallest that holds its longest row,
+ * at most QF_ROW_CH_MAX; longer rows read the rest twice). */
 template <int CH>
 __global__ void __launch_bounds__(QF_THREADS)
-k_rows(const qf_piece *__restrict__ P, int np, int64_t rows, unsigned int *status, int hw)
+k_rows(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1, unsigned int *status,
+       int hw)
 {
     int lane = threadIdx.x & 31, pi = 0;
     int64_t step = (int64_t)gridDim.x * QF_WARPS;
-    for (int64_t t = (int64_t)blockIdx.x * QF_WARPS + threadIdx.x / 32; t < rows; t += step) {
+    for (int64_t t = t0 + (int64_t)blockIdx.x * QF_WARPS + threadIdx.x / 32; t < t1; t += step) {
         pi = qf_find(P, np, t, pi);
         const qf_piece &p = P[pi];
         int64_t r = t - p.first, G = p.gpr;
@@ -801,7 +806,36 @@ static size_t qf_align(size_t n)
     return (n + 15) & ~(size_t)15;
 }
 
-/* The one launch of a call over the table at c->dev. */
+/* k_rows over pieces a .. b - 1 (rows from pcs[a].first to t1), at the
+ * depth of their longest row. */
+static void qf_rows_launch(const qf_cache *c, const qf_piece *P, const qf_piece *pcs, uint32_t a,
+                           uint32_t b, int64_t t1, unsigned int *status, int hw, cudaStream_t st)
+{
+    int64_t g = 0, t0 = pcs[a].first, most = (int64_t)c->sms * 16;
+    int64_t blocks = (t1 - t0 + QF_WARPS - 1) / QF_WARPS;
+    if (blocks == 0)
+        return;
+    for (uint32_t i = a; i < b; i++)
+        g = pcs[i].n && pcs[i].gpr > g ? pcs[i].gpr : g;
+    unsigned grid = (unsigned)(blocks < most ? blocks : most);
+    P += a;
+    int np = (int)(b - a);
+    if (g <= 32)
+        k_rows<1><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+    else if (g <= 2 * 32)
+        k_rows<2><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+    else if (g <= 4 * 32)
+        k_rows<4><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+    else if (g <= 8 * 32)
+        k_rows<8><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+    else if (g <= 16 * 32)
+        k_rows<16><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+    else
+        k_rows<QF_ROW_CH_MAX><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+}
+
+/* The launch(es) of a call over the table at c->dev: one, or two for
+ * per-channel calls with short and long rows. */
 static void qf_launch(const qf_cache *c, const qf_piece *pcs, uint32_t n, int scheme,
                       int64_t units, int64_t round, int64_t lag, int hw, cudaStream_t st)
 {
@@ -830,22 +864,16 @@ static void qf_launch(const qf_cache *c, const qf_piece *pcs, uint32_t n, int sc
             k_tiles<QF_SLOTS><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
         return;
     }
-    int64_t g = 0, blocks = (units + QF_WARPS - 1) / QF_WARPS;
-    for (uint32_t i = 0; i < n; i++)
-        g = pcs[i].n && pcs[i].gpr > g ? pcs[i].gpr : g;
-    unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    if (g <= 32)
-        k_rows<1><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
-    else if (g <= 2 * 32)
-        k_rows<2><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
-    else if (g <= 4 * 32)
-        k_rows<4><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
-    else if (g <= 8 * 32)
-        k_rows<8><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
-    else if (g <= 16 * 32)
-        k_rows<16><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
-    else
-        k_rows<QF_ROW_CH_MAX><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+    /* short rows first (qf_plan put them there), then long ones: a launch
+     * each, so that short rows do not run at the long rows' register
+     * depth (fewer warps an SM, less in flight) */
+    uint32_t ns = 0;
+    while (ns < n && pcs[ns].gpr <= QF_SHORT_ROW)
+        ns++;
+    if (ns > 0)
+        qf_rows_launch(c, P, pcs, 0, ns, ns < n ? pcs[ns].first : units, status, hw, st);
+    if (ns < n)
+        qf_rows_launch(c, P, pcs, ns, n, units, status, hw, st);
 }
 
 /* Pieces in launch order, each with its first unit; per-tensor: ordered by
@@ -857,12 +885,17 @@ static int64_t qf_plan(qf_piece *pcs, const qf_piece *in, uint32_t n, int scheme
                        int64_t round, int64_t *lag)
 {
     int64_t units = 0;
-    if (scheme != 0) {
-        for (uint32_t i = 0; i < n; i++) {
-            pcs[i] = in[i];
-            pcs[i].first = units;
-            units += qf_units(&pcs[i], scheme);
-        }
+    if (scheme != 0) { /* per-channel: short rows first, each class in call order */
+        uint32_t at = 0;
+        for (int pass = 0; pass < (scheme == 1 ? 2 : 1); pass++)
+            for (uint32_t i = 0; i < n; i++) {
+                if (scheme == 1 && (in[i].gpr > QF_SHORT_ROW) != (pass == 1))
+                    continue;
+                pcs[at] = in[i];
+                pcs[at].first = units;
+                units += qf_units(&pcs[at], scheme);
+                at++;
+            }
         return units;
     }
     /* ord[0..ngroups] counts, then the start of each group, then its end */

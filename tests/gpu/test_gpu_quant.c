@@ -471,11 +471,11 @@ typedef struct multi {
         hx[MULTI_MAX];
 } multi;
 
-/* n pieces [rows[i], k] of dtype dts[i], each in its own 16-byte aligned
- * region of one allocation per kind; scale element or grid of piece i at
- * slot[i] (per-tensor: pieces with equal slots share it). */
+/* n pieces [rows[i], ks[i]] of dtype dts[i], each in its own 16-byte
+ * aligned region of one allocation per kind; scale element or grid of
+ * piece i at slot[i] (per-tensor: pieces with equal slots share it). */
 static void multi_new_dts(multi *m, int scheme, const refit_dtype *dts, uint32_t n,
-                          const int64_t *rows, int64_t k, const uint32_t *slot)
+                          const int64_t *rows, const int64_t *ks, const uint32_t *slot)
 {
     assert_true(n <= MULTI_MAX);
     memset(m, 0, sizeof *m);
@@ -483,6 +483,7 @@ static void multi_new_dts(multi *m, int scheme, const refit_dtype *dts, uint32_t
     size_t xb = 0, qe = 0, se = 0;
     int64_t ss[2], cells[MULTI_MAX];
     for (uint32_t i = 0; i < n; i++) {
+        int64_t k = ks[i];
         kern_fp8_scale_shape((kern_fp8_scheme)scheme, rows[i], k, ss);
         cells[i] = ss[0] * ss[1];
         xb += ((size_t)(rows[i] * k) * (dts[i].bits / 8) + 15) & ~(size_t)15;
@@ -495,6 +496,7 @@ static void multi_new_dts(multi *m, int scheme, const refit_dtype *dts, uint32_t
     size_t xo = 0, qo = 0, so = 0;
     for (uint32_t i = 0; i < n; i++) {
         size_t es = (size_t)dts[i].bits / 8;
+        int64_t k = ks[i];
         kern_fp8_scale_shape((kern_fp8_scheme)scheme, rows[i], k, ss);
         m->gx[i] = v2(m->tx.d, dts[i], rows[i], k, k, 1, (int64_t)(xo / es));
         m->gq[i] = v2(m->tq.d, E4M3, rows[i], k, k, 1, (int64_t)qo);
@@ -515,9 +517,12 @@ static void multi_new(multi *m, int scheme, refit_dtype dt, uint32_t n, const in
                       int64_t k, const uint32_t *slot)
 {
     refit_dtype dts[MULTI_MAX];
-    for (uint32_t i = 0; i < n && i < MULTI_MAX; i++)
+    int64_t ks[MULTI_MAX];
+    for (uint32_t i = 0; i < n && i < MULTI_MAX; i++) {
         dts[i] = dt;
-    multi_new_dts(m, scheme, dts, n, rows, k, slot);
+        ks[i] = k;
+    }
+    multi_new_dts(m, scheme, dts, n, rows, ks, slot);
 }
 
 static void multi_free(multi *m)
@@ -607,7 +612,8 @@ static void test_many_pieces(void **state)
  * (BF16 rows up to 2048, 4096 and 6144 elements: 8, 16 and 24 groups of
  * 16 bytes a lane) and rows longer than that (the rest read twice), F32
  * rows likewise; calls mixing F32 and 16-bit pieces (an F32 128x128 tile
- * needs 16 groups a thread, a 16-bit one 8). */
+ * needs 16 groups a thread, a 16-bit one 8); a per-channel call with short
+ * rows (up to 256 groups) and long ones, which go in separate launches. */
 static void test_launch_shapes(void **state)
 {
     (void)state;
@@ -619,14 +625,24 @@ static void test_launch_shapes(void **state)
         one(KERN_FP8_PER_CHANNEL, F32, 2, ks[i] / 2 + 1, 0, 0, 0, PAT_RANDOM, NULL);
     }
     static const int64_t rows[6] = {130, 7, 129, 64, 1, 200};
+    static const int64_t k300[6] = {300, 300, 300, 300, 300, 300};
     static const uint32_t slot[6] = {0, 1, 0, 2, 1, 3};
     refit_dtype dts[6] = {F32, BF16, F16, BF16, F32, F16};
     for (int sch = 0; sch < 3; sch++) {
         multi m;
-        multi_new_dts(&m, sch, dts, 6, rows, 300, slot);
+        multi_new_dts(&m, sch, dts, 6, rows, k300, slot);
         multi_run(&m, sch, "F32 and 16-bit pieces in one call", NULL);
         multi_free(&m);
     }
+    /* short and long rows in one per-channel call (a launch each), in
+     * mixed order, F32 rows short or long by their 16-byte groups */
+    static const int64_t mrows[7] = {5, 3, 9, 0, 4, 2, 6};
+    static const int64_t mks[7] = {5632, 2048, 100, 7000, 3000, 1025, 2049};
+    refit_dtype mdts[7] = {BF16, BF16, F16, BF16, F16, F32, BF16};
+    multi m;
+    multi_new_dts(&m, KERN_FP8_PER_CHANNEL, mdts, 7, mrows, mks, NULL);
+    multi_run(&m, KERN_FP8_PER_CHANNEL, "short and long rows in one call", NULL);
+    multi_free(&m);
 }
 
 /* Many pieces in one call (the table the kernels read, no launch
