@@ -429,6 +429,8 @@ typedef struct dslice {
     char *pin;
     size_t bytes;
     uint32_t chunk;
+    uint32_t call;              /* the copy() it came from: runs never join two calls,
+                                 * whose destinations may be separate allocations */
     int filled;                 /* set by the worker that copied it (release) */
 } dslice;
 
@@ -445,6 +447,7 @@ static struct {
     uint32_t cur;               /* ring chunk being filled, and its fill mark */
     size_t used;
     uint32_t pending[MAX_RING]; /* slices placed in a chunk and not issued yet */
+    uint32_t calls;             /* copy() calls deferred */
     int err;                    /* the first failure; the rest is drained, not issued */
 } D;
 
@@ -805,7 +808,8 @@ static bool defer_issue(void)
         size_t bytes = x->bytes;
         while (end < D.head) {
             dslice *y = &D.s[end % DEFER_CAP];
-            if (!__atomic_load_n(&y->filled, __ATOMIC_ACQUIRE) || y->chunk != x->chunk ||
+            if (!__atomic_load_n(&y->filled, __ATOMIC_ACQUIRE) || y->call != x->call ||
+                y->chunk != x->chunk ||
                 y->pin != x->pin + bytes || y->dst != x->dst + bytes)
                 break;
             bytes += y->bytes;
@@ -900,6 +904,7 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
     if (D.err)
         return D.err;
     size_t cap = G.cfg.ring_chunk_bytes;
+    uint32_t call = ++D.calls;
     for (size_t off = 0; off < bytes;) {
         D.used = (D.used + 63) & ~(size_t)63;
         if (D.used >= cap) {
@@ -916,7 +921,7 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
             n = cap - D.used;
         pchunk *c = &q->ring[D.cur];
         dslice *x = &D.s[D.head % DEFER_CAP];
-        *x = (dslice){dst + off, src + off, c->p + D.used, n, D.cur, 0};
+        *x = (dslice){dst + off, src + off, c->p + D.used, n, D.cur, call, 0};
         D.pending[D.cur]++;
         D.used += n;
         off += n;
