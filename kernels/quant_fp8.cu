@@ -190,6 +190,13 @@ __device__ __forceinline__ uint4 qf_ld16(const char *a)
     return *(const uint4 *)a;
 }
 
+/* A last read (the per-tensor encode pass): evict-first, so that L2 keeps
+ * the chunks the amax pass has read and the encode pass has not. */
+__device__ __forceinline__ uint4 qf_ld16_last(const char *a)
+{
+    return __ldcs((const uint4 *)a);
+}
+
 __device__ __forceinline__ uint32_t qf_ld4(const char *a)
 {
     return *(const uint32_t *)a;
@@ -200,14 +207,15 @@ __device__ __forceinline__ uint32_t qf_ld2(const char *a)
     return *(const uint16_t *)a;
 }
 
-/* Group gg of row r, raw: one vector load where the row allows, else the
- * elements one by one (0 past the row's end, which adds nothing to an
- * amax and is never stored). */
-__device__ __forceinline__ uint4 qf_load(const qf_piece &p, int64_t r, int64_t gg)
+/* Group gg of row r, raw: one vector load where the row allows (last: the
+ * group's last read), else the elements one by one (0 past the row's end,
+ * which adds nothing to an amax and is never stored). */
+__device__ __forceinline__ uint4 qf_load(const qf_piece &p, int64_t r, int64_t gg,
+                                         bool last = false)
 {
     int64_t c = gg << p.shift, ne = (int64_t)1 << p.shift;
     if (p.vx && c + ne <= p.k)
-        return qf_ld16(qf_xat(p, r, c));
+        return last ? qf_ld16_last(qf_xat(p, r, c)) : qf_ld16(qf_xat(p, r, c));
     uint32_t w[4] = {0, 0, 0, 0};
     if (p.kind == 0) {
 #pragma unroll
@@ -324,14 +332,15 @@ __device__ __forceinline__ uint2 qf_encode(uint4 w, int kind, float s, float r, 
     return o;
 }
 
+/* Stores of q: streaming (evict-first), nothing here reads them again. */
 __device__ __forceinline__ void qf_st8(unsigned char *a, uint2 w)
 {
-    *(uint2 *)(a) = w;
+    __stcs((uint2 *)a, w);
 }
 
 __device__ __forceinline__ void qf_st4(unsigned char *a, uint32_t w)
 {
-    *(uint32_t *)(a) = w;
+    __stcs((unsigned int *)a, (unsigned int)w);
 }
 
 /* Store encoded group gg of row r: one store where q's row allows. */
@@ -498,8 +507,10 @@ __device__ __forceinline__ void qf_rowgrp(const qf_piece &p, int64_t gi, int64_t
     }
 }
 
-/* Chunk c of piece p into raw (QF_SLOTS groups a thread). */
-__device__ __forceinline__ void qf_chunk_load(const qf_piece &p, int64_t c, uint4 raw[QF_SLOTS])
+/* Chunk c of piece p into raw (QF_SLOTS groups a thread; last: the
+ * encode pass). */
+__device__ __forceinline__ void qf_chunk_load(const qf_piece &p, int64_t c, uint4 raw[QF_SLOTS],
+                                              bool last)
 {
     int64_t total = p.n * p.gpr;
 #pragma unroll
@@ -508,7 +519,7 @@ __device__ __forceinline__ void qf_chunk_load(const qf_piece &p, int64_t c, uint
         raw[i] = make_uint4(0, 0, 0, 0);
         if (gi < total) {
             qf_rowgrp(p, gi, &r, &gg);
-            raw[i] = qf_load(p, r, gg);
+            raw[i] = qf_load(p, r, gg, last);
         }
     }
 }
@@ -553,7 +564,7 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int
         int kind = p.kind;
         uint4 raw[QF_SLOTS];
         if (!enc) {
-            qf_chunk_load(p, pc, raw);
+            qf_chunk_load(p, pc, raw, false);
             uint32_t m = 0;
 #pragma unroll
             for (int i = 0; i < QF_SLOTS; i++)
@@ -582,7 +593,7 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int
         float s = qf_scale(a), rc = qf_recip(s, kind, p.onekind);
         if (p.leader && pc == 0 && threadIdx.x == 0)
             *p.s = s;
-        qf_chunk_load(p, pc, raw);
+        qf_chunk_load(p, pc, raw, true);
         int64_t total = p.n * p.gpr;
 #pragma unroll
         for (int i = 0; i < QF_SLOTS; i++) {

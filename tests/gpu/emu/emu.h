@@ -185,6 +185,15 @@ inline const void *emu_al_check(const void *p, unsigned align, const char *type)
     return p;
 }
 #define EMU_AL(T, A, p) ((T *)emu_al_check((const void *)(p), (A), #T))
+/* cache-hinted loads and stores: plain ones here, alignment checked */
+template <class T> inline T __ldcs(const T *p)
+{
+    return *(const T *)emu_al_check(p, sizeof(T), "__ldcs");
+}
+template <class T> inline void __stcs(T *p, T v)
+{
+    *(T *)emu_al_check(p, sizeof(T), "__stcs") = v;
+}
 
 inline void emu_trampoline()
 {

@@ -13,14 +13,12 @@ R=$(cd "$(dirname "$0")/../../.." && pwd)
 E=$R/tests/gpu/emu
 mkdir -p "$W"
 # kernel<<<grid, QF_THREADS, 0, st>>>(args) -> EMU_LAUNCH(...); every
-# vector and scalar access of x and q (the qf_ld*/qf_st* helpers) through
-# the alignment check
+# plain vector and scalar load of x (the qf_ld* helpers) through the
+# alignment check (the cache-hinted __ldcs/__stcs check it in emu.h)
 sed -E -e 's/(k_[a-z0-9_]+(<[A-Z0-9_]+>)?)<<<([^,]+), QF_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(\3, QF_THREADS, \1, \4);/' \
   -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
   -e 's/\*\(const uint32_t \*\)a/*EMU_AL(const uint32_t, 4, a)/' \
   -e 's/\*\(const uint16_t \*\)a/*EMU_AL(const uint16_t, 2, a)/' \
-  -e 's/\*\(uint2 \*\)\(/*EMU_AL(uint2, 8, /' \
-  -e 's/\*\(uint32_t \*\)\(/*EMU_AL(uint32_t, 4, /' \
   "$R/kernels/quant_fp8.cu" > "$W/quant_fp8_emu.cc"
 launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_fp8_emu.cc")
 left=$(grep -c '<<<' "$W/quant_fp8_emu.cc" || true)
