@@ -201,3 +201,41 @@ extern "C" int kern_fingerprint_view_cuda(const refit_view *v, uint64_t *out, vo
     *out = fp_mix(acc ^ w.nbytes);
     return REFIT_OK;
 }
+
+/* The last step of kern_fingerprint_to_cuda: the summed words, mixed with
+ * the length as kern_fp_final does, replace the sum in place. */
+__global__ void k_fingerprint_final(unsigned long long *acc, uint64_t nbytes)
+{
+    *acc = (unsigned long long)fp_mix((uint64_t)*acc ^ nbytes);
+}
+
+/* Fingerprint of a device-readable view into the 8 bytes at dst (device
+ * memory or mapped pinned memory, 8-byte aligned), ordered on stream:
+ * zero the word, add every block's sum into it, mix it with the length.
+ * Allocates nothing and never waits, so a hot path can queue it between
+ * a copy and a collective that reads its result. */
+extern "C" int kern_fingerprint_to_cuda(const refit_view *v, uint64_t *dst, void *stream)
+{
+    cudaStream_t st = (cudaStream_t)stream;
+    if (((uintptr_t)dst & 7) != 0) {
+        kern_cuda_set_error("kern_fingerprint_to_cuda: destination not 8-byte aligned");
+        return REFIT_EINVAL;
+    }
+    fp_walk w;
+    fp_walk_init(&w, v);
+    unsigned long long *acc = (unsigned long long *)dst;
+    (void)cudaGetLastError();
+    cudaError_t e = cudaMemsetAsync(acc, 0, sizeof *acc, st);
+    if (e == cudaSuccess && w.nbytes > 0) {
+        uint64_t words = (w.nbytes + 7) / 8;
+        uint64_t nb = (words + FP_THREADS - 1) / FP_THREADS;
+        unsigned blocks = (unsigned)(nb < 132 * 16 ? nb : 132 * 16);
+        k_fingerprint<<<blocks, FP_THREADS, 0, st>>>(w, acc);
+        e = cudaGetLastError();
+    }
+    if (e == cudaSuccess) {
+        k_fingerprint_final<<<1, 1, 0, st>>>(acc, w.nbytes);
+        e = cudaGetLastError();
+    }
+    return e == cudaSuccess ? REFIT_OK : fp_fail(e, "enqueueing the reduction");
+}

@@ -1586,3 +1586,24 @@ const backend backend_cuda = {
     .last_error = backend_cuda_last_error,
     .hold_host_sources = cuda_hold_host_sources,
 };
+
+/* ---- fingerprint into device memory (the NCCL transport's checksums) ---- */
+
+typedef struct fp_to_arg {
+    const refit_view *v;
+    void *dst;
+} fp_to_arg;
+
+static int fp_to_launch(void *arg, void *stream)
+{
+    const fp_to_arg *a = arg;
+    return kern_fingerprint_to_cuda(a->v, a->dst, stream);
+}
+
+int backend_cuda_fingerprint_to(void *dst, const refit_view *v, void *stream)
+{
+    if (v->device.device_type != REFIT_DEVICE_CUDA)
+        return fail(REFIT_EUNSUPPORTED, "fingerprint_to: the view is not device memory");
+    fp_to_arg a = {v, dst};
+    return backend_cuda_run(v->device.device_id, stream, fp_to_launch, &a);
+}

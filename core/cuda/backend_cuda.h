@@ -55,4 +55,12 @@ typedef struct backend_cuda_stats {
 } backend_cuda_stats;
 void backend_cuda_stats_get(backend_cuda_stats *out);
 
+/* kern_fingerprint_to_cuda on the device of v (CUDA memory), ordered on
+ * stream after whatever copy() and save() queued there: the fingerprint of
+ * v lands in the 8 bytes at dst (device memory of that device, or mapped
+ * pinned memory; 8-byte aligned). Never waits: the NCCL transport stamps a
+ * bucket's payload checksum on the device before its broadcast, and a
+ * receiver sums each bucket for one comparison at the end. */
+int backend_cuda_fingerprint_to(void *dst, const refit_view *v, void *stream);
+
 #endif

@@ -40,6 +40,10 @@ int kern_copy_batch_cuda(const void *rows, uint32_t n, void *stream);
 void kern_copy_batch_variant(int v, int grid);
 /* kern_fingerprint_view of a device-readable view; waits for stream. */
 int kern_fingerprint_view_cuda(const refit_view *v, uint64_t *out, void *stream);
+/* The same fingerprint into the 8 bytes at dst (device-writable, 8-byte
+ * aligned, as a little-endian word), ordered on stream; never waits and
+ * allocates nothing (a zeroing memset and two launches). */
+int kern_fingerprint_to_cuda(const refit_view *v, uint64_t *dst, void *stream);
 
 /* FP8 E4M3 quantization of n pieces (kernels/quant_fp8.cu), bit for bit
  * kern_quant_fp8 on each: piece i is x[i] (2-D, F32/F16/BF16) into q[i]

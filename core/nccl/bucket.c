@@ -168,6 +168,11 @@ int bkt_announce_decode(bkt_announce *a, const uint8_t in[BKT_ANNOUNCE_BYTES],
 
 /* ---- stamp ---- */
 
+uint64_t bkt_le64(const uint8_t *p)
+{
+    return rd64(p);
+}
+
 void bkt_stamp_encode(uint8_t out[BKT_STAMP_BYTES], const bkt_stamp *st)
 {
     memset(out, 0, BKT_STAMP_BYTES);
@@ -178,7 +183,6 @@ void bkt_stamp_encode(uint8_t out[BKT_STAMP_BYTES], const bkt_stamp *st)
     wr32(out + 12, (uint32_t)st->status);
     wr64(out + 16, st->nonce);
     wr64(out + 24, st->payload_bytes);
-    wr64(out + 32, st->payload_sum);
     wr64(out + 56, bkt_checksum(out, 56));
 }
 
@@ -192,7 +196,7 @@ int bkt_stamp_decode(bkt_stamp *st, const uint8_t in[BKT_STAMP_BYTES], uint32_t 
         return bad(err, errlen, C, "bucket %u: stamp checksum mismatch", index);
     *st = (bkt_stamp){.flags = rd16(in + 6), .index = rd32(in + 8),
                       .status = (int32_t)rd32(in + 12), .nonce = rd64(in + 16),
-                      .payload_bytes = rd64(in + 24), .payload_sum = rd64(in + 32)};
+                      .payload_bytes = rd64(in + 24)};
     if (st->index != index || st->nonce != nonce || st->payload_bytes != payload_bytes)
         return bad(err, errlen, C, "bucket %u: the stamp is of bucket %u of update %016llx "
                    "(%llu bytes), not of bucket %u of update %016llx (%llu bytes)", index,
@@ -200,10 +204,9 @@ int bkt_stamp_decode(bkt_stamp *st, const uint8_t in[BKT_STAMP_BYTES], uint32_t 
                    (unsigned long long)st->payload_bytes, index, (unsigned long long)nonce,
                    (unsigned long long)payload_bytes);
     bool cancel = st->flags & BKT_F_CANCEL;
-    if ((st->flags & ~(BKT_F_PAYLOAD_SUM | BKT_F_CANCEL)) || !all_zero(in + 40, 16) ||
+    if ((st->flags & ~(BKT_F_PAYLOAD_SUM | BKT_F_CANCEL)) || !all_zero(in + 32, 24) ||
         (cancel ? st->status >= 0 || st->status < -2047 || (st->flags & BKT_F_PAYLOAD_SUM)
-                : st->status != 0) ||
-        (!(st->flags & BKT_F_PAYLOAD_SUM) && st->payload_sum))
+                : st->status != 0))
         return bad(err, errlen, C, "bucket %u: stamp flags 0x%x, status %d or reserved bytes "
                    "inconsistent", index, st->flags, st->status);
     return REFIT_OK;

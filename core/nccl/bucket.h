@@ -14,9 +14,14 @@
  *
  * Knowing every size up front, every rank posts broadcast n+1 (and more)
  * right behind broadcast n: no host round trip between buckets. The stamp
- * (64 bytes) is what a bucket cannot know in advance: the payload's
- * checksum, and CANCEL when the sender failed while packing (it then still
- * sends every planned bucket, unpacked, so collectives keep matching).
+ * (64 bytes) is what a bucket cannot know in advance: CANCEL when the
+ * sender failed while packing (it then still sends every planned bucket,
+ * unpacked, so collectives keep matching), and whether the 8 bytes right
+ * after it (BKT_SUM_AT, in the pad) hold the payload's checksum. The
+ * sender's device writes that word straight from the payload, ordered
+ * before the broadcast, so no host waits for it; it sits outside the
+ * stamp's own checksum (a flipped bit in it fails the payload comparison,
+ * which refuses the bucket all the same).
  *
  * All integers are little-endian. Headers and stamps are untrusted input:
  * the decoders check every field, every size against the buffer and every
@@ -28,7 +33,8 @@
  * and misrouted buffers, not tampering. Being a sum, it runs as one
  * parallel pass on a GPU (backend fingerprint) with the same value as on
  * the host. The announce, headers and stamps always carry one; the
- * payload's is optional (BKT_F_PAYLOAD_SUM in the stamp).
+ * payload's is optional (BKT_F_PAYLOAD_SUM in the stamp, the value at
+ * BKT_SUM_AT).
  */
 #ifndef REFIT_CORE_NCCL_BUCKET_H
 #define REFIT_CORE_NCCL_BUCKET_H
@@ -46,6 +52,8 @@
 #define BKT_ANNOUNCE_BYTES 128
 #define BKT_STAMP_BYTES 64
 #define BKT_ALIGN 256                  /* payload and every piece start here */
+#define BKT_SUM_AT BKT_STAMP_BYTES     /* the payload checksum word (little-endian) */
+#define BKT_STAMP_COPY (BKT_SUM_AT + 8) /* what a receiver copies to the host per bucket */
 #define BKT_FIXED_HEADER 72            /* bytes before the label */
 #define BKT_FIXED_ENTRY 40             /* bytes of an entry before shape and name */
 #define BKT_MAX_HEADER (64u << 20)
@@ -65,7 +73,7 @@
 #define BKT_MAX_SLOTS 8
 
 /* Stamp flags. */
-#define BKT_F_PAYLOAD_SUM 0x1u /* payload_sum is the payload's checksum */
+#define BKT_F_PAYLOAD_SUM 0x1u /* the word at BKT_SUM_AT is the payload's checksum */
 #define BKT_F_CANCEL 0x2u      /* the sender failed: payload not packed, status says why */
 
 /* ---- announce ---- */
@@ -156,7 +164,7 @@ typedef struct bkt_stamp {
     uint16_t flags;             /* BKT_F_* */
     uint32_t index;
     int32_t status;             /* CANCEL: the sender's refit status; else 0 */
-    uint64_t nonce, payload_bytes, payload_sum;
+    uint64_t nonce, payload_bytes;
 } bkt_stamp;
 
 void bkt_stamp_encode(uint8_t out[BKT_STAMP_BYTES], const bkt_stamp *s);
@@ -205,6 +213,8 @@ void bkt_header_free(bkt_header *h);
 
 /* The checksum (see the top of this file) of n bytes in host memory. */
 uint64_t bkt_checksum(const void *p, size_t n);
+/* The little-endian 64-bit word at p (a payload checksum word). */
+uint64_t bkt_le64(const uint8_t *p);
 
 /* Bytes of numel elements of dt, or UINT64_MAX on overflow. */
 uint64_t bkt_bytes(refit_dtype dt, int64_t numel);

@@ -9,8 +9,8 @@
  *
  *   post 0..S-1                       broadcast k into slot k % S, its stamp
  *                                     to the host, a ticket
- *   k = 0:  wait 0; stamp 0; [checksum 0]; scatter 0 (engine stream);
- *           NCCL stream waits for the engine stream; post S
+ *   k = 0:  wait 0; stamp 0; [sum 0 on the device]; scatter 0 (engine
+ *           stream); NCCL stream waits for the engine stream; post S
  *   k = 1:  wait 1; ...                                          post S+1
  *
  * NCCL always has the next S-1 broadcasts queued while the host handles
@@ -19,6 +19,13 @@
  * waits for broadcast k itself (with the deadline) before scattering it, so
  * the engine stream never waits on NCCL: no host call can hang on a dead
  * peer without a deadline.
+ *
+ * Payload checksums: each bucket's fingerprint is summed on the engine
+ * stream into a small array of transport memory, and the sender's (the
+ * word after the stamp) comes to the host with the stamp; the two are
+ * compared once, after the last bucket and before the vote. A mismatch
+ * fails the update naming the bucket; what was scattered rolls back with
+ * the vote's abort, as for any local failure.
  *
  * A local failure (a refused load, a bad stamp or payload checksum, begin
  * refused, the sender's CANCEL) switches to draining: the rest of the
@@ -38,10 +45,13 @@
 #define RCV_MAX_ACCEPT ((uint64_t)4 << 30)
 #define RCV_FREE_LATER 8
 
-/* Where bucket k's header sits in the index, and its broadcast's size. */
+/* Where bucket k's header sits in the index, and its broadcast's size;
+ * with a payload checksum, the sender's (compared after the last bucket). */
 typedef struct rcv_ref {
     uint64_t at, total;
     uint32_t header_bytes;
+    bool summed;                /* its fingerprint was queued into sums[k] */
+    uint64_t want;              /* the sender's checksum */
 } rcv_ref;
 
 struct refit_receiver {
@@ -63,8 +73,11 @@ struct refit_receiver {
     void *idx;
     uint8_t *idx_host;
     uint64_t idx_cap;
-    uint8_t *stamps;            /* host: each bucket's stamp, copied behind its broadcast */
+    uint8_t *stamps;            /* host: each bucket's stamp and checksum word
+                                 * (BKT_STAMP_COPY bytes), copied behind its broadcast */
     uint32_t stamps_cap;
+    void *sums;                 /* transport memory: each bucket's payload fingerprint */
+    uint8_t *sums_host;         /* their copy, read once after the last bucket */
     rcv_ref *refs;
     uint32_t refs_cap;
     bkt_header h;
@@ -156,6 +169,10 @@ void refit_receiver_destroy(refit_receiver *r)
         x->ops->host_free(x, r->idx_host);
     if (r->stamps)
         x->ops->host_free(x, r->stamps);
+    if (r->sums)
+        x->ops->mem_free(x, r->sums);
+    if (r->sums_host)
+        x->ops->host_free(x, r->sums_host);
     free(r->refs);
     bkt_header_free(&r->h);
     free(r);
@@ -239,14 +256,21 @@ static int rcv_index_memory(refit_receiver *r, const bkt_announce *an)
     if (r->stamps_cap < an->n_buckets) {
         if (r->stamps)
             x->ops->host_free(x, r->stamps);
-        r->stamps = NULL;
+        if (r->sums)
+            x->ops->mem_free(x, r->sums);
+        if (r->sums_host)
+            x->ops->host_free(x, r->sums_host);
+        r->stamps = r->sums_host = NULL;
+        r->sums = NULL;
         r->stamps_cap = 0;
         free(r->refs);
-        r->refs = malloc((size_t)an->n_buckets * sizeof *r->refs);
-        if (!r->refs || x->ops->host_alloc(x, (void **)&r->stamps,
-                                           (size_t)an->n_buckets * BKT_STAMP_BYTES))
-            return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for %u buckets' stamps",
-                              an->n_buckets);
+        size_t n = an->n_buckets;
+        r->refs = malloc(n * sizeof *r->refs);
+        if (!r->refs || x->ops->host_alloc(x, (void **)&r->stamps, n * BKT_STAMP_COPY) ||
+            x->ops->mem_alloc(x, &r->sums, n * 8) ||
+            x->ops->host_alloc(x, (void **)&r->sums_host, n * 8))
+            return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for %u buckets' stamps "
+                              "and checksums", an->n_buckets);
         r->stamps_cap = an->n_buckets;
     }
     return REFIT_OK;
@@ -286,7 +310,7 @@ static int rcv_index(refit_receiver *r, rcv_run *run)
         else if (strcmp(run->label, r->h.label))
             return xport_fail(r->x, REFIT_ECORRUPT, "index: bucket %u is labelled '%s', "
                               "bucket 0 '%s'", k, r->h.label, run->label);
-        r->refs[k] = (rcv_ref){at, total, hb};
+        r->refs[k] = (rcv_ref){.at = at, .total = total, .header_bytes = hb};
         at += hb;
         hb = r->h.next_header;
         total = r->h.next_total;
@@ -320,15 +344,16 @@ static int rcv_announce(refit_receiver *r, rcv_run *run)
     return rc ? rc : rcv_slots(r, run->an.max_total);
 }
 
-/* Post bucket k: the broadcast into its slot, then its stamp to the host. */
+/* Post bucket k: the broadcast into its slot, then its stamp and checksum
+ * word to the host. */
 static int rcv_post(refit_receiver *r, rcv_run *run, uint32_t k)
 {
     refit_transport *x = r->x;
     uint32_t i = k % r->n_slots;
     int rc = x->ops->bcast(x, r->slot[i], r->refs[k].total, r->root, xport_now() + r->timeout);
     if (!rc)
-        rc = x->ops->to_host(x, r->stamps + (size_t)k * BKT_STAMP_BYTES, r->slot[i],
-                             BKT_STAMP_BYTES);
+        rc = x->ops->to_host(x, r->stamps + (size_t)k * BKT_STAMP_COPY, r->slot[i],
+                             BKT_STAMP_COPY);
     if (!rc)
         rc = x->ops->mark(x, &run->ticket[i]);
     return rc;
@@ -438,19 +463,52 @@ static int rcv_scatter(refit_receiver *r, rcv_run *run, uint8_t *slot)
     return r->be->flush(r->stream);
 }
 
-static int rcv_checksum(refit_receiver *r, uint8_t *slot, uint64_t want)
+/* Bucket k's fingerprint, queued on the engine stream ahead of its scatter
+ * (so before the slot is posted again) into sums[k]; the sender's is kept
+ * for the comparison after the last bucket. */
+static int rcv_checksum(refit_receiver *r, uint32_t k, uint8_t *slot)
 {
-    const bkt_header *h = &r->h;
-    refit_view v = rcv_bytes_view(slot + BKT_ALIGN, h->payload_bytes, r->x->device);
-    uint64_t sum = 0;
-    int rc = r->be->fingerprint(&v, &sum, r->stream);
+    rcv_ref *ref = &r->refs[k];
+    refit_view v = rcv_bytes_view(slot + BKT_ALIGN, r->h.payload_bytes, r->x->device);
+    ref->want = bkt_le64(r->stamps + (size_t)k * BKT_STAMP_COPY + BKT_SUM_AT);
+    int rc = r->x->ops->fingerprint_to(r->x, (uint8_t *)r->sums + (size_t)k * 8, &v, r->stream);
     if (rc)
-        return ctx_error(r->ctx, rc, "bucket %u: payload checksum could not be computed: %s",
-                         h->index, refit_strerror(rc));
-    if (sum != want)
-        return ctx_error(r->ctx, REFIT_ECORRUPT, "bucket %u of update '%s': payload checksum "
-                         "%016llx, the sender's is %016llx; nothing of it was loaded",
-                         h->index, h->label, (unsigned long long)sum, (unsigned long long)want);
+        return ctx_error(r->ctx, rc, "bucket %u: %s", k, r->x->err);
+    ref->summed = true;
+    return REFIT_OK;
+}
+
+/* Every queued fingerprint against the sender's, once the engine stream is
+ * done (rcv_sync): one copy and one wait for the whole update. A transport
+ * failure is returned; a mismatch is local (the first bucket named). */
+static int rcv_compare(refit_receiver *r, rcv_run *run)
+{
+    refit_transport *x = r->x;
+    uint32_t n = run->an.n_buckets, first = n;
+    for (uint32_t k = 0; k < n && first == n; k++)
+        if (r->refs[k].summed)
+            first = k;
+    if (first == n)
+        return REFIT_OK;
+    uint64_t t;
+    int rc = x->ops->to_host(x, r->sums_host, r->sums, (size_t)n * 8);
+    if (!rc)
+        rc = x->ops->mark(x, &t);
+    if (!rc)
+        rc = x->ops->wait(x, t, xport_now() + r->timeout);
+    if (rc)
+        return rc;
+    for (uint32_t k = first; k < n; k++) {
+        uint64_t got = bkt_le64(r->sums_host + (size_t)k * 8);
+        if (!r->refs[k].summed || got == r->refs[k].want)
+            continue;
+        rcv_local(r, run, ctx_error(r->ctx, REFIT_ECORRUPT, "bucket %u of update '%s': payload "
+                                    "checksum %016llx, the sender's is %016llx; the update is "
+                                    "refused (what was loaded rolls back)", k, run->label,
+                                    (unsigned long long)got,
+                                    (unsigned long long)r->refs[k].want));
+        break;
+    }
     return REFIT_OK;
 }
 
@@ -493,7 +551,7 @@ static void rcv_use(refit_receiver *r, rcv_run *run, uint32_t k, uint8_t *slot)
     const rcv_ref *ref = &r->refs[k];
     bkt_stamp st;
     char err[512];
-    if (bkt_stamp_decode(&st, r->stamps + (size_t)k * BKT_STAMP_BYTES, k, run->an.nonce,
+    if (bkt_stamp_decode(&st, r->stamps + (size_t)k * BKT_STAMP_COPY, k, run->an.nonce,
                          ref->total - BKT_ALIGN, err, sizeof err)) {
         rcv_local(r, run, ctx_error(r->ctx, REFIT_ECORRUPT, "update '%s': %s; nothing of it "
                                     "was loaded", run->label, err));
@@ -514,7 +572,7 @@ static void rcv_use(refit_receiver *r, rcv_run *run, uint32_t k, uint8_t *slot)
         return;
     }
     if (st.flags & BKT_F_PAYLOAD_SUM)
-        rcv_local(r, run, rcv_checksum(r, slot, st.payload_sum));
+        rcv_local(r, run, rcv_checksum(r, k, slot));
     if (!run->local)
         rcv_local(r, run, rcv_scatter(r, run, slot));
 }
@@ -554,6 +612,8 @@ static int rcv_update(refit_receiver *r, rcv_run *run)
     if (!rc && src)
         rcv_local(r, run, ctx_error(r->ctx, src, "copies of the last bucket failed: %s",
                                     refit_strerror(src)));
+    if (!rc && !src)
+        rc = rcv_compare(r, run);
     if (!rc && r->as.name)
         rcv_local(r, run, ctx_error(r->ctx, REFIT_EINCOMPLETE, "load %s: %lld of its %lld "
                                     "rows arrived", r->as.name, (long long)r->as.got,

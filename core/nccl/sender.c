@@ -5,7 +5,10 @@
  * Slots (bkt_slots: 2 to 8) rotate: bucket b is packed into the slot of
  * bucket b - slots once that broadcast completed, while the broadcasts
  * queued after it keep NCCL busy. The broadcast waits for the packing
- * copies on the device (wait_stream), not on the host.
+ * copies on the device (wait_stream), not on the host; with checksums, the
+ * payload's fingerprint is summed on the packing stream straight into the
+ * bucket's checksum word (BKT_SUM_AT), so no host waits for it either: the
+ * only host waits of a send are a slot's previous broadcast and the end.
  *
  * A local failure while packing stamps that bucket and every later one
  * CANCEL, unpacked: receivers posted every planned broadcast, so each one
@@ -227,10 +230,9 @@ static int piece_views(const snd_tensor *st, const bkt_piece *pc, uint8_t *at,
 }
 
 /* Bucket b's pieces into the payload at slot + BKT_ALIGN, enqueued on the
- * sender's stream; with checksums, their sum (which waits for the copies:
- * the broadcasts queued before keep NCCL busy meanwhile). */
-static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *slot,
-                       uint64_t *sum)
+ * sender's stream; with checksums, their fingerprint into the slot's
+ * checksum word behind them, on the same stream (nothing waits). */
+static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *slot)
 {
     const backend *be = backend_for_device(s->x->device);
     const bkt_span *sp = &p->buckets[b];
@@ -256,14 +258,15 @@ static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *
         }
     }
     int rc = be->flush(s->stream);
-    if (!rc && s->sum) {
+    if (rc)
+        return ctx_error(s->ctx, rc, "sender: bucket %u: packing copies failed: %s (%s)", b,
+                         refit_strerror(rc), be->last_error());
+    if (s->sum) {
         refit_view v = {.data = payload, .device = s->x->device, .dtype = REFIT_U8, .ndim = 1,
                         .shape = {(int64_t)sp->payload_bytes}, .strides = {1}};
-        rc = be->fingerprint(&v, sum, s->stream);
+        if ((rc = s->x->ops->fingerprint_to(s->x, slot + BKT_SUM_AT, &v, s->stream)))
+            return ctx_error(s->ctx, rc, "sender: bucket %u: %s", b, s->x->err);
     }
-    if (rc)
-        return ctx_error(s->ctx, rc, "sender: bucket %u: copies or checksum failed: %s", b,
-                         refit_strerror(rc));
     return REFIT_OK;
 }
 
@@ -379,18 +382,19 @@ static int send_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint64_t 
     }
     bkt_stamp st = {.index = b, .nonce = nonce, .payload_bytes = p->buckets[b].payload_bytes};
     if (!*local)
-        *local = pack_bucket(s, p, b, s->slot[i], &st.payload_sum);
+        *local = pack_bucket(s, p, b, s->slot[i]);
     if (*local) {
         /* the cause rides along, so every rank votes it, not a generic
          * transport error */
         st.flags = BKT_F_CANCEL;
         st.status = *local < 0 && *local >= -2047 ? *local : REFIT_EINTERNAL;
-        st.payload_sum = 0;
     } else if (s->sum) {
         st.flags = BKT_F_PAYLOAD_SUM;
     }
     uint8_t *stamp = s->stamps + (size_t)b * BKT_STAMP_BYTES;
     bkt_stamp_encode(stamp, &st);
+    /* the stamp's 64 bytes only: the checksum word after them is the
+     * device's, written on the packing stream the broadcast waits for */
     int rc = x->ops->wait_stream(x, s->stream);
     if (!rc)
         rc = x->ops->from_host(x, s->slot[i], stamp, BKT_STAMP_BYTES);

@@ -49,6 +49,13 @@ typedef struct xport_ops {
      * sender's packing stream; NULL is the default stream). Never blocks.
      * The loopback runs everything at the call: nothing to do. */
     int (*wait_stream)(refit_transport *x, void *stream);
+    /* Enqueue on stream (another stream of the transport's device, after
+     * the copies queued there; NULL is the default stream) the content
+     * fingerprint (kernels/fingerprint.h) of v, a view of transport
+     * memory, into the 8 bytes of transport memory at dst (8-byte aligned)
+     * as a little-endian word. Never waits: NCCL runs it on the device (the
+     * CUDA backend's fingerprint_to), the loopback at the call. */
+    int (*fingerprint_to)(refit_transport *x, void *dst, const refit_view *v, void *stream);
     /* Until the ticket's work is done: REFIT_OK; REFIT_EIO past deadline
      * or on a communicator error (message in x->err). */
     int (*wait)(refit_transport *x, uint64_t ticket, double deadline);

@@ -12,6 +12,7 @@
 
 #include "core/internal.h"
 #include "core/nccl/xport.h"
+#include "kernels/fingerprint.h"
 
 #define LB_DEPTH 4              /* messages a root may run ahead of its slowest receiver */
 
@@ -284,6 +285,18 @@ static int lb_from_host(refit_transport *x, void *dst, const void *host, size_t 
     return REFIT_OK;
 }
 
+/* The packing copies ran at their call (host backend): sum them now. */
+static int lb_fingerprint_to(refit_transport *x, void *dst, const refit_view *v, void *stream)
+{
+    (void)x;
+    (void)stream;
+    uint64_t h = kern_fingerprint_view(v);
+    uint8_t *p = dst;
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(h >> (8 * i));
+    return REFIT_OK;
+}
+
 static int lb_wait_stream(refit_transport *x, void *stream)
 {
     (void)x;
@@ -336,6 +349,7 @@ static const xport_ops lb_ops = {
     .from_host = lb_from_host,
     .mark = lb_mark,
     .wait_stream = lb_wait_stream,
+    .fingerprint_to = lb_fingerprint_to,
     .wait = lb_wait,
     .allreduce_min = lb_allreduce_min,
     .abort = lb_abort,

@@ -19,6 +19,9 @@
 #include "core/internal.h"
 #include "core/nccl/nccl_shim.h"
 #include "core/nccl/xport.h"
+#ifdef REFIT_HAVE_CUDA
+#include "core/cuda/backend_cuda.h"
+#endif
 
 #define NX_EVENTS 32             /* tickets in flight: a few per slot, BKT_MAX_SLOTS slots */
 #define NX_SPIN_NS 200000        /* poll without sleeping this long first */
@@ -208,6 +211,27 @@ static int nx_wait_stream(refit_transport *x, void *stream)
     return nx_cu(x, r, "joining the transport's stream to another (cuStreamWaitEvent)");
 }
 
+/* A bucket's payload checksum, summed on the device into device memory
+ * (the CUDA backend's kernel, on the caller's stream): nothing waits. */
+static int nx_fingerprint_to(refit_transport *x, void *dst, const refit_view *v, void *stream)
+{
+#ifdef REFIT_HAVE_CUDA
+    if (!backend_cuda_get())
+        return xport_fail(x, REFIT_EUNSUPPORTED, "payload checksum on the device: %s",
+                          backend_cuda_unavailable());
+    int rc = backend_cuda_fingerprint_to(dst, v, stream);
+    return rc ? xport_fail(x, rc, "payload checksum on the device: %s",
+                           backend_cuda_last_error())
+              : REFIT_OK;
+#else
+    (void)dst;
+    (void)v;
+    (void)stream;
+    return xport_fail(x, REFIT_EUNSUPPORTED, "payload checksum on the device: this refit was "
+                      "built without CUDA (checksum_payload = 0 sends without one)");
+#endif
+}
+
 static int nx_allreduce_min(refit_transport *x, int32_t *v, double deadline)
 {
     nx *n = x->impl;
@@ -355,6 +379,7 @@ static const xport_ops nx_ops = {
     .from_host = nx_from_host,
     .mark = nx_mark,
     .wait_stream = nx_wait_stream,
+    .fingerprint_to = nx_fingerprint_to,
     .wait = nx_wait,
     .allreduce_min = nx_allreduce_min,
     .abort = nx_abort,

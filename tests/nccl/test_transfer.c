@@ -498,6 +498,45 @@ static void test_corrupt_payload_caught_by_checksum(void **state)
     }
 }
 
+/* A middle bucket's payload, or the sender's checksum word after its stamp
+ * (outside the stamp's own checksum), flips on the wire. Receivers sum
+ * every bucket on the device and compare once after the last: every bucket
+ * is still scattered, the mismatch is named and voted, and the abort rolls
+ * every rank back. */
+static void test_corrupt_middle_bucket_rolls_back(void **state)
+{
+    fx *f = *state;
+    nt_job j[NR];
+    jobs_for(f, j, 1, 1000, 30);
+    nt_run(j, NR, UINT64_MAX);
+    assert_all_ok(j);
+    uint32_t n = j[1].res.buckets, mid = n / 2;
+    uint64_t tensors[TP];
+    for (int r = 0; r < TP; r++)
+        tensors[r] = j[1 + r].res.tensors;
+    assert_true(n >= 5);
+    static const uint64_t at[] = {BKT_ALIGN + 5, BKT_SUM_AT + 3};
+    for (size_t k = 0; k < sizeof at / sizeof *at; k++) {
+        jobs_for(f, j, 2, 1000, 30);
+        j[0].corrupt_seq = SEQ_BUCKET(mid);
+        j[0].corrupt_at = at[k];
+        j[0].corrupt_mask = 0x04;
+        nt_run(j, NR, UINT64_MAX);
+        char want[96];
+        snprintf(want, sizeof want, "bucket %u of update 'v2': payload checksum", mid);
+        for (int r = 0; r < NR; r++) {
+            assert_int_equal(j[r].rc, REFIT_ECORRUPT);
+            assert_int_equal(j[r].res.vote_taken, 1);
+        }
+        for (int r = 1; r < NR; r++) {
+            assert_contains(j[r].msg, want);
+            assert_int_equal(j[r].res.buckets, n);
+            assert_int_equal(j[r].res.tensors, tensors[r - 1]);
+        }
+        assert_at(f, 1);
+    }
+}
+
 static void test_vote_never_completes(void **state)
 {
     fx *f = *state;
@@ -552,6 +591,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_stamp_drains_and_votes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_payload_caught_by_checksum, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_middle_bucket_rolls_back, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_vote_never_completes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_empty_update, setup, teardown),
