@@ -203,10 +203,12 @@ extern "C" int kern_fingerprint_view_cuda(const refit_view *v, uint64_t *out, vo
 }
 
 /* The last step of kern_fingerprint_to_cuda: the summed words, mixed with
- * the length as kern_fp_final does, replace the sum in place. */
+ * the length as kern_fp_final does, replace the sum in place. One warp
+ * (the emulator runs whole warps), one thread writes. */
 __global__ void k_fingerprint_final(unsigned long long *acc, uint64_t nbytes)
 {
-    *acc = (unsigned long long)fp_mix((uint64_t)*acc ^ nbytes);
+    if (threadIdx.x == 0)
+        *acc = (unsigned long long)fp_mix((uint64_t)*acc ^ nbytes);
 }
 
 /* Fingerprint of a device-readable view into the 8 bytes at dst (device
@@ -234,7 +236,7 @@ extern "C" int kern_fingerprint_to_cuda(const refit_view *v, uint64_t *dst, void
         e = cudaGetLastError();
     }
     if (e == cudaSuccess) {
-        k_fingerprint_final<<<1, 1, 0, st>>>(acc, w.nbytes);
+        k_fingerprint_final<<<1, 32, 0, st>>>(acc, w.nbytes);
         e = cudaGetLastError();
     }
     return e == cudaSuccess ? REFIT_OK : fp_fail(e, "enqueueing the reduction");

@@ -328,6 +328,75 @@ static void test_batch(void **state)
     twin_free(&d);
 }
 
+/* kern_fingerprint_to_cuda and backend_cuda_fingerprint_to: the value the
+ * host's kern_fingerprint_view gives, written as one word into device
+ * memory on a stream, with no wait: byte counts that are not multiples of
+ * 8, unaligned starts, an empty view, strided views; the words around the
+ * destination untouched; a misaligned destination refused; through the
+ * backend, ordered after copies it still holds queued on that stream. */
+static void test_fingerprint_to(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    static const int64_t sizes[] = {0, 1, 7, 9, 13, 255, 4097, 1000003, (1 << 24) + 5};
+    enum { NS = sizeof sizes / sizeof sizes[0], NW = 3 * NS + 2 };
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    uint64_t *dout, out[NW], want[NW];
+    CU(cudaMalloc((void **)&dout, sizeof out));
+    CU(cudaMemset(dout, 0xa5, sizeof out));
+    memset(want, 0xa5, sizeof want);
+    twin t[NS];
+    for (int i = 0; i < NS; i++) {
+        t[i] = twin_new((size_t)sizes[i] + 3);
+        for (int64_t off = 0; off < 3; off++) {
+            int64_t shape[1] = {sizes[i]}, str[1] = {1};
+            refit_view hv = mkview(t[i].h, I8, 1, shape, str, off);
+            refit_view gv = mkview(t[i].d, I8, 1, shape, str, off);
+            /* every third word left alone: a write of more than 8 bytes shows */
+            int w = 1 + 3 * i + (int)off;
+            want[w] = kern_fingerprint_view(&hv);
+            if (off == 1)
+                assert_int_equal(backend_cuda_fingerprint_to(dout + w, &gv, st), REFIT_OK);
+            else if (kern_fingerprint_to_cuda(&gv, dout + w, st))
+                fail_msg("kern_fingerprint_to_cuda: %s", kern_cuda_last_error());
+        }
+    }
+    /* strided BF16 (a transpose of a 129 x 1031 view, odd byte count per row) */
+    int64_t shape2[2] = {129, 1031}, st2[2], first2;
+    layout(2, 2, shape2, st2, &first2);
+    twin tb = twin_new(span_elems(2, shape2, st2, first2) * 2);
+    refit_view hb = mkview(tb.h, BF16, 2, shape2, st2, first2);
+    refit_view gb = mkview(tb.d, BF16, 2, shape2, st2, first2);
+    want[0] = kern_fingerprint_view(&hb);
+    assert_int_equal(backend_cuda_fingerprint_to(dout, &gb, st), REFIT_OK);
+    CU(cudaStreamSynchronize(st));
+    CU(cudaMemcpy(out, dout, sizeof out, cudaMemcpyDeviceToHost));
+    for (int w = 0; w < NW; w++)
+        if (out[w] != want[w])
+            fail_msg("word %d: device %016llx, host %016llx", w, (unsigned long long)out[w],
+                     (unsigned long long)want[w]);
+    /* a destination that is not 8-byte aligned */
+    refit_view g0 = mkview(t[3].d, I8, 1, &sizes[3], (const int64_t[]){1}, 0);
+    assert_int_equal(kern_fingerprint_to_cuda(&g0, (uint64_t *)((char *)dout + 4), st),
+                     REFIT_EINVAL);
+    /* through the backend, after a small copy it batches on st: the
+     * fingerprint reads the copied bytes (1001 of them) */
+    int64_t n = 1001, one[1] = {1};
+    refit_view src = mkview(t[6].d, I8, 1, &n, one, 0), dst = mkview(t[7].d, I8, 1, &n, one, 1);
+    assert_int_equal(backend_cuda.copy(&dst, &src, st), REFIT_OK);
+    refit_view hsrc = mkview(t[6].h, I8, 1, &n, one, 0);
+    assert_int_equal(backend_cuda_fingerprint_to(dout + 1, &dst, st), REFIT_OK);
+    assert_int_equal(backend_cuda.sync(st), REFIT_OK);
+    CU(cudaMemcpy(out, dout, 16, cudaMemcpyDeviceToHost));
+    assert_true(out[1] == kern_fingerprint_view(&hsrc));
+    for (int i = 0; i < NS; i++)
+        twin_free(&t[i]);
+    twin_free(&tb);
+    cudaFree(dout);
+    CU(cudaStreamDestroy(st));
+}
+
 int main(void)
 {
     /* cmocka's TAP output writes a skipped case as "not ok ... # SKIP",
@@ -344,6 +413,7 @@ int main(void)
         cmocka_unit_test(test_zero),
         cmocka_unit_test(test_fingerprint),
         cmocka_unit_test(test_batch),
+        cmocka_unit_test(test_fingerprint_to),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
