@@ -455,8 +455,9 @@ static int worker_update(bn_rank *k, refit_receiver *r, int rollback, double *se
 /* The default bucket size (refit_send_opts.bucket_bytes 0), in MiB. */
 #define BN_DEFAULT_MIB 1024
 
+/* default_ratio[0]: checksum on, [1]: off, at the default bucket. */
 static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum, int rollback,
-                       int repeat, double *best_ratio, double *default_ratio)
+                       int repeat, double *best_ratio, double default_ratio[2])
 {
     double best = 1e30;
     bool exact = true, e;
@@ -476,13 +477,16 @@ static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum
     double ratio = k->raw_whole / best;
     if (checksum && !rollback && ratio > *best_ratio)
         *best_ratio = ratio;
-    if (checksum && !rollback && mib == BN_DEFAULT_MIB)
-        *default_ratio = ratio;
+    if (!rollback && mib == BN_DEFAULT_MIB)
+        default_ratio[checksum ? 0 : 1] = ratio;
+    /* us_per_bucket: the whole reload over its buckets, what per-bucket
+     * host work costs where buckets are small */
     js(k, "%s{\"bucket_mib\": %llu, \"checksum\": %d, \"rollback\": %d, \"seconds\": %.6f, "
        "\"gbps\": %.2f, \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f, "
-       "\"buckets\": %u, \"bit_exact\": %s}", k->jlen && k->json[k->jlen - 1] == '[' ? "" : ", ",
-       (unsigned long long)mib, checksum, rollback, best, (double)k->L.total / best / 1e9, ratio,
-       k->raw_tensor / best, res.buckets, exact ? "true" : "false");
+       "\"buckets\": %u, \"us_per_bucket\": %.1f, \"bit_exact\": %s}",
+       k->jlen && k->json[k->jlen - 1] == '[' ? "" : ", ", (unsigned long long)mib, checksum,
+       rollback, best, (double)k->L.total / best / 1e9, ratio, k->raw_tensor / best, res.buckets,
+       res.buckets ? best / res.buckets * 1e6 : 0.0, exact ? "true" : "false");
     return exact ? REFIT_OK : REFIT_EMISMATCH;
 }
 
@@ -596,17 +600,18 @@ static int worker_run(bn_rank *k)
     js(k, ", \"raw_broadcast_s\": %.6f, \"raw_broadcast_gbps\": %.2f, "
        "\"per_tensor_broadcast_s\": %.6f, \"refit\": [", k->raw_whole,
        (double)k->L.total / k->raw_whole / 1e9, k->raw_tensor);
-    double best = 0, dflt = 0;
+    double best = 0, dflt[2] = {0, 0};
     for (int b = 0; b < o->n_buckets && !rc; b++)
-        rc = worker_case(k, r, o->buckets[b], 1, 0, o->repeat, &best, &dflt);
+        rc = worker_case(k, r, o->buckets[b], 1, 0, o->repeat, &best, dflt);
     uint64_t last = o->buckets[o->n_buckets - 1];
     if (!rc)
-        rc = worker_case(k, r, last, 0, 0, o->repeat, &best, &dflt);
+        rc = worker_case(k, r, last, 0, 0, o->repeat, &best, dflt);
     if (!rc)
-        rc = worker_case(k, r, last, 1, 1, 1, &best, &dflt);
+        rc = worker_case(k, r, last, 1, 1, 1, &best, dflt);
     js(k, "], \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f, "
-       "\"default_bucket_mib\": %d, \"ratio_at_default_bucket\": %.3f, \"wire_version\": 2",
-       best, best * k->raw_tensor / k->raw_whole, BN_DEFAULT_MIB, dflt);
+       "\"default_bucket_mib\": %d, \"ratio_at_default_bucket\": %.3f, "
+       "\"ratio_at_default_bucket_checksum_off\": %.3f, \"wire_version\": 3",
+       best, best * k->raw_tensor / k->raw_whole, BN_DEFAULT_MIB, dflt[0], dflt[1]);
     if (!rc && o->failures)
         rc = worker_failed_check(k, r);
     refit_receiver_destroy(r);

@@ -2,7 +2,8 @@
  * The bucket wire format of the NCCL transport (docs/nccl.md). Everything a
  * receiver needs travels in the broadcasts themselves: no other channel.
  *
- * One update on the wire (wire version 2):
+ * One update on the wire (wire version 3; version 2 carried the payload
+ * checksum inside the stamp, version 1 each header inside its bucket):
  *
  *   announce  128 bytes, fixed: bucket count, nonce, the index's size, the
  *             sizes of bucket 0 and of the largest bucket
@@ -48,7 +49,7 @@
 #define BKT_MAGIC_ANNOUNCE 0x4e415452u /* "RTAN" */
 #define BKT_MAGIC_BUCKET 0x4b425452u   /* "RTBK" */
 #define BKT_MAGIC_STAMP 0x53425452u    /* "RTBS" */
-#define BKT_VERSION 2
+#define BKT_VERSION 3
 #define BKT_ANNOUNCE_BYTES 128
 #define BKT_STAMP_BYTES 64
 #define BKT_ALIGN 256                  /* payload and every piece start here */
