@@ -229,10 +229,13 @@ static int piece_views(const snd_tensor *st, const bkt_piece *pc, uint8_t *at,
     return REFIT_OK;
 }
 
-/* Bucket b's pieces into the payload at slot + BKT_ALIGN, enqueued on the
- * sender's stream; with checksums, their fingerprint into the slot's
- * checksum word behind them, on the same stream (nothing waits). */
-static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *slot)
+/* Bucket b's pieces into the payload at slot + BKT_ALIGN and its stamp
+ * into the slot's first bytes, enqueued on the sender's stream (the stamp
+ * rides in the same batch as the pieces: no copy of its own on the NCCL
+ * stream); with checksums, their fingerprint into the slot's checksum word
+ * behind them, on the same stream. Nothing waits. */
+static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *slot,
+                       const uint8_t *stamp)
 {
     const backend *be = backend_for_device(s->x->device);
     const bkt_span *sp = &p->buckets[b];
@@ -257,10 +260,19 @@ static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *
                              refit_strerror(rc), be->name, st->t->device.device_type);
         }
     }
-    int rc = be->flush(s->stream);
-    if (rc)
+    refit_view sv = {.data = (void *)stamp, .device = s->x->host_device, .dtype = REFIT_U8,
+                     .ndim = 1, .shape = {BKT_STAMP_BYTES}, .strides = {1}};
+    refit_view sd = sv;
+    sd.data = slot;
+    sd.device = s->x->device;
+    int rc = be->copy(&sd, &sv, s->stream);
+    if (!rc)
+        rc = be->flush(s->stream);
+    if (rc) {
+        (void)be->sync(s->stream);
         return ctx_error(s->ctx, rc, "sender: bucket %u: packing copies failed: %s (%s)", b,
                          refit_strerror(rc), be->last_error());
+    }
     if (s->sum) {
         refit_view v = {.data = payload, .device = s->x->device, .dtype = REFIT_U8, .ndim = 1,
                         .shape = {(int64_t)sp->payload_bytes}, .strides = {1}};
@@ -380,24 +392,23 @@ static int send_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint64_t 
             return rc;
         s->inflight[i] = false;
     }
-    bkt_stamp st = {.index = b, .nonce = nonce, .payload_bytes = p->buckets[b].payload_bytes};
-    if (!*local)
-        *local = pack_bucket(s, p, b, s->slot[i]);
-    if (*local) {
-        /* the cause rides along, so every rank votes it, not a generic
-         * transport error */
-        st.flags = BKT_F_CANCEL;
-        st.status = *local < 0 && *local >= -2047 ? *local : REFIT_EINTERNAL;
-    } else if (s->sum) {
-        st.flags = BKT_F_PAYLOAD_SUM;
-    }
+    bkt_stamp st = {.index = b, .nonce = nonce, .payload_bytes = p->buckets[b].payload_bytes,
+                    .flags = s->sum ? BKT_F_PAYLOAD_SUM : 0};
     uint8_t *stamp = s->stamps + (size_t)b * BKT_STAMP_BYTES;
     bkt_stamp_encode(stamp, &st);
-    /* the stamp's 64 bytes only: the checksum word after them is the
-     * device's, written on the packing stream the broadcast waits for */
+    if (!*local)
+        *local = pack_bucket(s, p, b, s->slot[i], stamp);
+    /* the broadcast after the packing stream's copies, stamp and sum */
     int rc = x->ops->wait_stream(x, s->stream);
-    if (!rc)
+    if (!rc && *local) {
+        /* the cause rides along, so every rank votes it, not a generic
+         * transport error; written on the NCCL stream, behind whatever
+         * the failed pack had queued */
+        st.flags = BKT_F_CANCEL;
+        st.status = *local < 0 && *local >= -2047 ? *local : REFIT_EINTERNAL;
+        bkt_stamp_encode(stamp, &st);
         rc = x->ops->from_host(x, s->slot[i], stamp, BKT_STAMP_BYTES);
+    }
     if (!rc)
         rc = x->ops->bcast(x, s->slot[i], bkt_total(p, b), s->root, xport_now() + s->timeout);
     if (!rc)

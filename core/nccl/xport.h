@@ -71,6 +71,8 @@ struct refit_transport {
     refit_ctx *ctx;             /* messages go here */
     int rank, nranks;
     refit_device device;        /* where mem_alloc memory lives */
+    refit_device host_device;   /* what host_alloc memory is, for a backend's copy (pinned
+                                 * CUDA host memory for NCCL: device-readable) */
     void *stream;               /* where the transport's work is ordered (NCCL), or NULL */
     double timeout_s;           /* default deadline of each wait */
     bool aborted;

@@ -376,6 +376,7 @@ int refit_transport_loopback(refit_transport **out, refit_ctx *ctx, refit_loopba
     e->g = g;
     *x = (refit_transport){.ops = &lb_ops, .ctx = ctx, .rank = rank, .nranks = g->nranks,
                            .device = {REFIT_DEVICE_CPU, 0},
+                           .host_device = {REFIT_DEVICE_CPU, 0},
                            .timeout_s = timeout_s > 0 ? timeout_s : 300, .impl = e};
     *out = x;
     return REFIT_OK;

@@ -508,6 +508,7 @@ int refit_transport_nccl(refit_transport **out, refit_ctx *ctx, const refit_nccl
     }
     *x = (refit_transport){.ops = &nx_ops, .ctx = ctx, .rank = o->rank, .nranks = o->nranks,
                            .device = {REFIT_DEVICE_CUDA, o->device},
+                           .host_device = {REFIT_DEVICE_CUDA_HOST, o->device},
                            .timeout_s = o->timeout_s > 0 ? o->timeout_s : 300, .impl = n};
     if ((rc = nx_open(x, o))) {
         char why[sizeof x->err];
