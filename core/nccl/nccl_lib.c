@@ -32,6 +32,7 @@ static const sym NCCL_SYMS[] = {
 };
 
 #define CS(f, name) {name, offsetof(cu_api, f), 0}
+#define CS_OPT(f, name) {name, offsetof(cu_api, f), 1}
 static const sym CU_SYMS[] = {
     CS(Init, "cuInit"),
     CS(DeviceGet, "cuDeviceGet"),
@@ -57,6 +58,8 @@ static const sym CU_SYMS[] = {
     CS(MemcpyHtoD, "cuMemcpyHtoD_v2"),
     CS(MemcpyDtoH, "cuMemcpyDtoH_v2"),
     CS(DeviceGetCount, "cuDeviceGetCount"),
+    CS_OPT(CtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange"),
+    CS_OPT(StreamCreateWithPriority, "cuStreamCreateWithPriority"),
 };
 
 typedef struct lib_spec {

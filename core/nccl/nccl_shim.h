@@ -116,6 +116,9 @@ typedef struct cu_api {
     CUresult (*MemcpyHtoD)(CUdeviceptr dst, const void *src, size_t n);         /* _v2 */
     CUresult (*MemcpyDtoH)(void *dst, CUdeviceptr src, size_t n);               /* _v2 */
     CUresult (*DeviceGetCount)(int *n);
+    /* optional: the transport's own stream at the highest priority */
+    CUresult (*CtxGetStreamPriorityRange)(int *least, int *greatest);
+    CUresult (*StreamCreateWithPriority)(CUstream *s, unsigned int flags, int priority);
     void *handle;
     char where[512];
 } cu_api;

@@ -427,6 +427,23 @@ static int nx_comm_borrow(refit_transport *x, const refit_nccl_opts *o)
     return rc;
 }
 
+/* The transport's own stream, at the device's highest priority where the
+ * driver has one: the broadcasts' CTAs are then scheduled ahead of the
+ * packing, checksum and scatter kernels queued beside them on other
+ * streams (a kernel that fills the device would otherwise hold a
+ * broadcast back until its blocks drain). */
+static int nx_stream_create(nx *n, refit_transport *x)
+{
+    int least = 0, greatest = 0;
+    if (n->cu.StreamCreateWithPriority && n->cu.CtxGetStreamPriorityRange &&
+        n->cu.CtxGetStreamPriorityRange(&least, &greatest) == CU_SUCCESS &&
+        n->cu.StreamCreateWithPriority(&n->stream, CU_STREAM_NON_BLOCKING, greatest) ==
+            CU_SUCCESS)
+        return REFIT_OK;
+    n->stream = NULL;
+    return nx_cu(x, n->cu.StreamCreate(&n->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+}
+
 /* Device context, stream, events, the all-reduce buffers. */
 static int nx_device(refit_transport *x, const refit_nccl_opts *o)
 {
@@ -440,8 +457,7 @@ static int nx_device(refit_transport *x, const refit_nccl_opts *o)
     nx_guard g;
     nx_enter(n, &g);
     n->stream = o->stream;
-    if (!n->stream && !(rc = nx_cu(x, n->cu.StreamCreate(&n->stream, CU_STREAM_NON_BLOCKING),
-                                   "cuStreamCreate")))
+    if (!n->stream && !(rc = nx_stream_create(n, x)))
         n->own_stream = true;
     for (int i = 0; i < NX_EVENTS && !rc; i++)
         rc = nx_cu(x, n->cu.EventCreate(&n->ev[i], CU_EVENT_DISABLE_TIMING), "cuEventCreate");
