@@ -34,6 +34,7 @@
  * write nothing; the call copies the word back and waits for the stream
  * once, at the end, to report it. */
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -51,6 +52,7 @@ extern "C" void kern_cuda_set_error(const char *msg);
 #define Q4_BLOCKS_MAX 4096       /* grid-stride beyond this */
 #define Q4_FINITE 0x7f800000u    /* magnitude bits at and past infinity */
 #define Q4_NONE 0xffffffffu      /* status word: no piece failed */
+#define Q4_DEVICES 64            /* devices with a cached status word */
 
 struct q4_piece {
     const char *x;
@@ -427,13 +429,61 @@ static void q4_launch_one(const q4_batch *b, int lanes, unsigned int *status, cu
     }
 }
 
+/* Per device, made by its first call and kept: the status word, its
+ * pinned host copy and the launch parameters (31 KB, off the stack). A
+ * call then costs its launches, one 4-byte copy back and one stream wait:
+ * no allocation, no pageable copy. The word holds Q4_NONE between calls
+ * while `clean`; a call that read a refusal or could not read it (a
+ * failed launch or copy) clears `clean`, and the next call sets the word
+ * again in its stream before its launches. Calls are serialized by q4_mu
+ * (the backend calls under its own lock anyway): the pinned word and the
+ * parameters are one call's at a time, and a call waits for its stream
+ * before it returns. */
+struct q4_cache {
+    unsigned int *dev, *host;
+    q4_batch *batch;
+    bool clean;
+};
+static q4_cache q4_dev[Q4_DEVICES];
+static pthread_mutex_t q4_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int q4_cache_get(q4_cache **out, cudaStream_t st)
+{
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return q4_fail(e, "the current device");
+    if (dev < 0 || dev >= Q4_DEVICES)
+        return q4_fail(cudaErrorInvalidDevice, "device number");
+    q4_cache *c = &q4_dev[dev];
+    if (!c->batch && !(c->batch = (q4_batch *)malloc(sizeof *c->batch)))
+        return q4_fail(cudaErrorMemoryAllocation, "host memory for a launch");
+    if (!c->host && (e = cudaMallocHost((void **)&c->host, sizeof *c->host)) != cudaSuccess) {
+        c->host = NULL;
+        return q4_fail(e, "the pinned status word");
+    }
+    if (!c->dev) {
+        if ((e = cudaMalloc((void **)&c->dev, sizeof *c->dev)) != cudaSuccess) {
+            c->dev = NULL;
+            return q4_fail(e, "the device status word");
+        }
+        c->clean = false;
+    }
+    if (!c->clean) {
+        if ((e = cudaMemsetAsync(c->dev, 0xff, sizeof *c->dev, st)) != cudaSuccess)
+            return q4_fail(e, "setting the status word");
+        c->clean = true;
+    }
+    *out = c;
+    return REFIT_OK;
+}
+
 /* Pieces Q4_BATCH a launch. */
-static int q4_launch(const q4_piece *pcs, uint32_t n, int64_t group, unsigned int *status,
+static int q4_launch(const q4_cache *c, const q4_piece *pcs, uint32_t n, int64_t group,
                      cudaStream_t st)
 {
-    q4_batch *b = (q4_batch *)malloc(sizeof *b); /* 31 KB: off the stack */
-    if (!b)
-        return q4_fail(cudaErrorMemoryAllocation, "host memory for a launch");
+    q4_batch *b = c->batch;
+    unsigned int *status = c->dev;
     int lanes = q4_lanes(group), rc = REFIT_OK;
     for (uint32_t at = 0; at < n && !rc; at += Q4_BATCH) {
         uint32_t np = n - at < Q4_BATCH ? n - at : Q4_BATCH;
@@ -454,7 +504,25 @@ static int q4_launch(const q4_piece *pcs, uint32_t n, int64_t group, unsigned in
         if (e != cudaSuccess)
             rc = q4_fail(e, "launching the quantization kernel");
     }
-    free(b);
+    return rc;
+}
+
+/* Copy the status word back into *out (unless the launches failed: rc)
+ * and wait for the stream, even after a failure (the next call rewrites
+ * the pinned word and the parameters); the first failure wins. */
+static int q4_finish_call(q4_cache *c, unsigned int *out, int rc, cudaStream_t st)
+{
+    cudaError_t e = rc ? cudaSuccess
+                       : cudaMemcpyAsync(c->host, c->dev, sizeof *c->host,
+                                         cudaMemcpyDeviceToHost, st);
+    cudaError_t se = cudaStreamSynchronize(st);
+    if (e == cudaSuccess)
+        e = se;
+    if (!rc && e != cudaSuccess)
+        rc = q4_fail(e, "the device work");
+    *out = rc ? Q4_NONE : *c->host;
+    if (rc || *out != Q4_NONE)
+        c->clean = false; /* the next call sets the word again */
     return rc;
 }
 
@@ -476,35 +544,16 @@ extern "C" int kern_quant_int4_cuda(uint32_t n, const refit_view *q, const refit
     for (uint32_t i = 0; i < n && !rc; i++)
         if ((rc = q4_piece_init(&pcs[i], &q[i], &scale[i], &x[i], group, i)))
             *bad = (int32_t)i;
-    unsigned int *status = NULL, found = Q4_NONE;
-    bool pooled = true;
+    unsigned int found = Q4_NONE;
     if (!rc) {
-        (void)cudaGetLastError();
-        cudaError_t e = cudaMallocAsync((void **)&status, sizeof *status, st);
-        if (e == cudaErrorNotSupported) {
-            (void)cudaGetLastError();
-            pooled = false;
-            e = cudaMalloc((void **)&status, sizeof *status);
+        q4_cache *c = NULL;
+        pthread_mutex_lock(&q4_mu);
+        rc = q4_cache_get(&c, st);
+        if (!rc) {
+            rc = q4_launch(c, pcs, n, group, st);
+            rc = q4_finish_call(c, &found, rc, st);
         }
-        if (e == cudaSuccess)
-            e = cudaMemsetAsync(status, 0xff, sizeof *status, st);
-        if (e != cudaSuccess)
-            rc = q4_fail(e, "device scratch");
-    }
-    if (!rc)
-        rc = q4_launch(pcs, n, group, status, st);
-    if (status) {
-        cudaError_t e = rc ? cudaSuccess
-                           : cudaMemcpyAsync(&found, status, sizeof found,
-                                             cudaMemcpyDeviceToHost, st);
-        cudaError_t fe = pooled ? cudaFreeAsync(status, st) : cudaSuccess;
-        cudaError_t se = cudaStreamSynchronize(st);
-        if (!pooled)
-            fe = cudaFree(status);
-        if (e == cudaSuccess)
-            e = se != cudaSuccess ? se : fe;
-        if (!rc && e != cudaSuccess)
-            rc = q4_fail(e, "the device work");
+        pthread_mutex_unlock(&q4_mu);
     }
     if (!rc && found != Q4_NONE) {
         *bad = (int32_t)found;

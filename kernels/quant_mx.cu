@@ -38,6 +38,8 @@
  * waiting for the stream once, at the end. */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
+#include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +56,8 @@ extern "C" void kern_cuda_set_error(const char *msg);
 #define MX_WARPS (MX_THREADS / 32)
 #define MX_TASK 8               /* blocks of 32 a warp takes at once */
 #define MX_BATCH 184            /* pieces per launch */
+#define MX_SMALL 8              /* pieces of a launch with a short parameter block */
+#define MX_DEVICES 64           /* devices with a cached status word */
 #define MX_CTAS_PER_SM 4         /* resident at 64 registers: one wave */
 #define MX_FINITE_MAX 0x7f7fffffu
 #define MX_NONE 0xffffffffu     /* status word: no piece failed */
@@ -107,12 +111,17 @@ struct mx_piece {
     uint8_t vx, vq;             /* contiguous, aligned rows: vector loads, stores */
 };
 
-struct mx_batch {
+/* The launch's parameters. CAP MX_SMALL for a call of few pieces (one
+ * weight, as post-load calls per module): the driver copies a launch's
+ * whole parameter block, ~1.4 KB instead of ~30 KB. */
+template <int CAP> struct mx_batch_of {
     int32_t np;
     int32_t hw;                 /* E4M3 with the hardware conversion */
     int64_t end;                /* tasks of the launch */
-    mx_piece p[MX_BATCH];
+    mx_piece p[CAP];
 };
+typedef mx_batch_of<MX_BATCH> mx_batch;
+typedef mx_batch_of<MX_SMALL> mx_batch_small;
 static_assert(sizeof(mx_batch) <= 32764, "mx_batch must fit the kernel parameters");
 
 /* Where a lane's 8 elements are. */
@@ -290,7 +299,8 @@ __device__ __forceinline__ void mx_finish(const mx_piece &p, const mx_at &a, con
 }
 
 /* The piece holding task t, from a guess at or below it. */
-__device__ __forceinline__ int mx_find(const mx_batch &B, int i, int64_t t)
+template <class BATCH>
+__device__ __forceinline__ int mx_find(const BATCH &B, int i, int64_t t)
 {
     while (i + 1 < B.np && t >= B.p[i + 1].first)
         i++;
@@ -299,11 +309,15 @@ __device__ __forceinline__ int mx_find(const mx_batch &B, int i, int64_t t)
 
 /* Grid-stride over tasks, two per warp at once (their loads in flight
  * together). Every lane of a warp runs every shuffle: the task and its
- * piece are the warp's; only `live` differs between lanes. */
-template <int FP4>
+ * piece are the warp's; only `live` differs between lanes. MODE: bit 0
+ * MXFP4, bit 1 the short parameter block (one template argument: the
+ * emulator's launch macro takes the kernel as one macro argument). */
+template <int MODE>
 __global__ void __launch_bounds__(MX_THREADS, MX_CTAS_PER_SM)
-k_mx(const __grid_constant__ mx_batch B, unsigned int *status)
+k_mx(const __grid_constant__ mx_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
+     unsigned int *status)
 {
+    constexpr int FP4 = MODE & 1;
     unsigned lane = threadIdx.x & 31u, g = lane >> 2, sub = lane & 3u;
     int64_t nw = (int64_t)gridDim.x * MX_WARPS;
     int i = 0;
@@ -450,25 +464,84 @@ static bool mx_merge(mx_piece *top, const mx_piece *c, uint32_t *mats, int fp4)
 static void mx_launch_one(const mx_batch *b, int fp4, unsigned grid, unsigned int *status,
                           cudaStream_t st)
 {
-    if (fp4)
+    if (b->np <= MX_SMALL) {
+        mx_batch_small sb;
+        memset(&sb, 0, sizeof sb);
+        memcpy(&sb, b, offsetof(mx_batch, p) + sizeof b->p[0] * (size_t)b->np);
+        if (fp4)
+            k_mx<3><<<grid, MX_THREADS, 0, st>>>(sb, status);
+        else
+            k_mx<2><<<grid, MX_THREADS, 0, st>>>(sb, status);
+    } else if (fp4)
         k_mx<1><<<grid, MX_THREADS, 0, st>>>(*b, status);
     else
         k_mx<0><<<grid, MX_THREADS, 0, st>>>(*b, status);
 }
 
+/* Per device, made by its first call and kept: the status word, its
+ * pinned host copy, the multiprocessor count, the launch parameters (30
+ * KB, off the stack). A call then costs its launches, one 4-byte copy
+ * back and one stream wait: no allocation, no pageable copy. The word
+ * holds MX_NONE between calls while `clean`; a call that read a refusal
+ * or could not read it (a failed launch or copy) clears `clean`, and the
+ * next call sets the word again in its stream before its launches. Calls
+ * are serialized by mx_mu (the backend calls under its own lock anyway):
+ * the pinned word and the parameters are one call's at a time, and a
+ * call waits for its stream before it returns. */
+struct mx_cache {
+    unsigned int *dev, *host;
+    mx_batch *batch;
+    int sms;
+    bool clean;
+};
+static mx_cache mx_dev[MX_DEVICES];
+static pthread_mutex_t mx_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int mx_cache_get(mx_cache **out, cudaStream_t st)
+{
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return mx_fail(e, "the current device");
+    if (dev < 0 || dev >= MX_DEVICES)
+        return mx_fail(cudaErrorInvalidDevice, "device number");
+    mx_cache *c = &mx_dev[dev];
+    if (!c->sms) {
+        int v = 0;
+        if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+            return mx_fail(e, "the device's multiprocessor count");
+        c->sms = v > 0 ? v : 1;
+    }
+    if (!c->batch && !(c->batch = (mx_batch *)malloc(sizeof *c->batch)))
+        return mx_fail(cudaErrorMemoryAllocation, "host memory for a launch");
+    if (!c->host && (e = cudaMallocHost((void **)&c->host, sizeof *c->host)) != cudaSuccess) {
+        c->host = NULL;
+        return mx_fail(e, "the pinned status word");
+    }
+    if (!c->dev) {
+        if ((e = cudaMalloc((void **)&c->dev, sizeof *c->dev)) != cudaSuccess) {
+            c->dev = NULL;
+            return mx_fail(e, "the device status word");
+        }
+        c->clean = false;
+    }
+    if (!c->clean) {
+        if ((e = cudaMemsetAsync(c->dev, 0xff, sizeof *c->dev, st)) != cudaSuccess)
+            return mx_fail(e, "setting the status word");
+        c->clean = true;
+    }
+    *out = c;
+    return REFIT_OK;
+}
+
 /* Launch pieces pcs[0..m), MX_BATCH a launch. */
-static int mx_launch(const mx_piece *pcs, uint32_t m, int fp4, int hw, unsigned int *status,
+static int mx_launch(const mx_cache *c, const mx_piece *pcs, uint32_t m, int fp4, int hw,
                      cudaStream_t st)
 {
-    int dev = 0, sms = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess)
-        return mx_fail(e, "the device's multiprocessor count");
-    mx_batch *b = (mx_batch *)malloc(sizeof *b); /* 30 KB: off the stack */
-    if (!b)
-        return mx_fail(cudaErrorMemoryAllocation, "host memory for a launch");
+    mx_batch *b = c->batch;
+    unsigned int *status = c->dev;
+    int sms = c->sms;
+    cudaError_t e;
     int rc = REFIT_OK;
     for (uint32_t at = 0; at < m && !rc; at += MX_BATCH) {
         uint32_t np = m - at < MX_BATCH ? m - at : MX_BATCH;
@@ -490,7 +563,6 @@ static int mx_launch(const mx_piece *pcs, uint32_t m, int fp4, int hw, unsigned 
         if (e != cudaSuccess)
             rc = mx_fail(e, "launching the kernel");
     }
-    free(b);
     return rc;
 }
 
@@ -521,45 +593,22 @@ static int mx_pieces(uint32_t n, const refit_view *q, const refit_view *s, const
     return REFIT_OK;
 }
 
-/* Device scratch in stream order (cudaMalloc where the device has no
- * stream-ordered allocator), set to 0xff; NULL on failure. */
-static unsigned int *mx_scratch(bool *pooled, cudaStream_t st, int *rc)
-{
-    void *p = NULL;
-    *pooled = true;
-    (void)cudaGetLastError();
-    cudaError_t e = cudaMallocAsync(&p, sizeof(unsigned int), st);
-    if (e == cudaErrorNotSupported) {
-        (void)cudaGetLastError();
-        *pooled = false;
-        e = cudaMalloc(&p, sizeof(unsigned int));
-    }
-    if (e == cudaSuccess)
-        e = cudaMemsetAsync(p, 0xff, sizeof(unsigned int), st);
-    if (e != cudaSuccess) {
-        *rc = mx_fail(e, "device scratch");
-        if (p)
-            (void)(*pooled ? cudaFreeAsync(p, st) : cudaFree(p));
-        return NULL;
-    }
-    return (unsigned int *)p;
-}
-
-/* Copy the status word back (unless the launches failed: rc), free the
- * scratch in stream order, wait for the stream; the first failure wins. */
-static int mx_finish_call(unsigned int *scratch, bool pooled, unsigned int *out, int rc,
-                          cudaStream_t st)
+/* Copy the status word back into *out (unless the launches failed: rc)
+ * and wait for the stream, even after a failure (the next call rewrites
+ * the pinned word and the parameters); the first failure wins. */
+static int mx_finish_call(mx_cache *c, unsigned int *out, int rc, cudaStream_t st)
 {
     cudaError_t e = rc ? cudaSuccess
-                       : cudaMemcpyAsync(out, scratch, sizeof *out, cudaMemcpyDeviceToHost, st);
-    cudaError_t fe = pooled ? cudaFreeAsync(scratch, st) : cudaSuccess;
+                       : cudaMemcpyAsync(c->host, c->dev, sizeof *c->host,
+                                         cudaMemcpyDeviceToHost, st);
     cudaError_t se = cudaStreamSynchronize(st);
-    if (!pooled)
-        fe = cudaFree(scratch);
     if (e == cudaSuccess)
-        e = se != cudaSuccess ? se : fe;
+        e = se;
     if (!rc && e != cudaSuccess)
         rc = mx_fail(e, "the device work");
+    *out = rc ? MX_NONE : *c->host;
+    if (rc || *out != MX_NONE)
+        c->clean = false; /* the next call sets the word again */
     return rc;
 }
 
@@ -583,14 +632,17 @@ extern "C" int kern_quant_mx_cuda(uint32_t n, const refit_view *q, const refit_v
         return mx_fail(cudaErrorMemoryAllocation, "host memory");
     uint32_t m = 0;
     int rc = mx_pieces(n, q, scales, x, fp4, pcs, &m, bad);
-    bool pooled = false;
-    unsigned int *scratch = NULL, status = MX_NONE;
-    if (!rc && m)
-        scratch = mx_scratch(&pooled, st, &rc);
-    if (scratch)
-        rc = mx_launch(pcs, m, fp4, !fp4 && hw, scratch, st);
-    if (scratch)
-        rc = mx_finish_call(scratch, pooled, &status, rc, st);
+    unsigned int status = MX_NONE;
+    if (!rc && m) {
+        mx_cache *c = NULL;
+        pthread_mutex_lock(&mx_mu);
+        rc = mx_cache_get(&c, st);
+        if (!rc) {
+            rc = mx_launch(c, pcs, m, fp4, !fp4 && hw, st);
+            rc = mx_finish_call(c, &status, rc, st);
+        }
+        pthread_mutex_unlock(&mx_mu);
+    }
     if (!rc && status != MX_NONE) {
         *bad = (int32_t)status;
         rc = mx_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", status);

@@ -39,6 +39,7 @@
  * wins; 0, one memset with the amaxes, means none), into the status word; the call
  * copies that word back and waits for the stream once, at the end. */
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,6 +60,7 @@ extern "C" void kern_cuda_set_error(const char *msg);
 #endif
 #define QN_FINITE_MAX 0x7f7fffffu      /* magnitude bits of FLT_MAX */
 #define QN_NONE 0u                     /* status word: no piece failed (else ~idx) */
+#define QN_DEVICES 64                  /* devices with cached scratch */
 
 /* ---- codecs (kernels/minifloat.c, for the values that occur here) ---- */
 
@@ -495,13 +497,11 @@ struct qn_entry {
     uint8_t pass;               /* 0 amax, 1 encode */
 };
 
-/* Launch k_nv_pass over entries e[0..m), QN_BATCH a launch. */
-static int qn_launch(const qn_piece *pcs, const qn_entry *e, uint32_t m, unsigned int *status,
-                     cudaStream_t st)
+/* Launch k_nv_pass over entries e[0..m), QN_BATCH a launch, the
+ * parameters built in b. */
+static int qn_launch(qn_batch *b, const qn_piece *pcs, const qn_entry *e, uint32_t m,
+                     unsigned int *status, cudaStream_t st)
 {
-    qn_batch *b = (qn_batch *)malloc(sizeof *b); /* 4 KB: off the stack */
-    if (!b)
-        return qn_fail(cudaErrorMemoryAllocation, "host memory for a launch");
     int rc = REFIT_OK;
     for (uint32_t at = 0; at < m && !rc; at += QN_BATCH) {
         uint32_t np = m - at < QN_BATCH ? m - at : QN_BATCH;
@@ -519,50 +519,72 @@ static int qn_launch(const qn_piece *pcs, const qn_entry *e, uint32_t m, unsigne
         if (ce != cudaSuccess)
             rc = qn_fail(ce, "launching an NVFP4 kernel");
     }
-    free(b);
     return rc;
 }
 
-/* Device scratch in stream order (cudaMalloc where the device has no
- * stream-ordered allocator), zeroed; NULL on failure. */
-static void *qn_scratch(size_t bytes, bool *pooled, cudaStream_t st, int *rc)
+/* Per device, made by its first call and kept: the scratch words (the
+ * status word, then one amax word an online piece; grown, never shrunk),
+ * a pinned host copy of the status word and the launch parameters. A call
+ * then costs one memset of its words, its launches, one 4-byte copy back
+ * and one stream wait: no allocation, no pageable copy. Calls are
+ * serialized by qn_mu (the backend calls under its own lock anyway): the
+ * words, the pinned word and the parameters are one call's at a time, and
+ * a call waits for its stream before it returns. */
+struct qn_cache {
+    unsigned int *dev, *host;
+    size_t words;               /* of dev */
+    qn_batch *batch;
+};
+static qn_cache qn_dev[QN_DEVICES];
+static pthread_mutex_t qn_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* The device's cache with at least `words` scratch words, zeroed in the
+ * stream (when words > 0). */
+static int qn_cache_get(qn_cache **out, size_t words, cudaStream_t st)
 {
-    void *p = NULL;
-    *pooled = true;
-    (void)cudaGetLastError();
-    cudaError_t e = cudaMallocAsync(&p, bytes, st);
-    if (e == cudaErrorNotSupported) {
-        (void)cudaGetLastError();
-        *pooled = false;
-        e = cudaMalloc(&p, bytes);
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return qn_fail(e, "the current device");
+    if (dev < 0 || dev >= QN_DEVICES)
+        return qn_fail(cudaErrorInvalidDevice, "device number");
+    qn_cache *c = &qn_dev[dev];
+    if (!c->batch && !(c->batch = (qn_batch *)malloc(sizeof *c->batch)))
+        return qn_fail(cudaErrorMemoryAllocation, "host memory for a launch");
+    if (!c->host && (e = cudaMallocHost((void **)&c->host, sizeof *c->host)) != cudaSuccess) {
+        c->host = NULL;
+        return qn_fail(e, "the pinned status word");
     }
-    if (e == cudaSuccess)
-        e = cudaMemsetAsync(p, 0, bytes, st);
-    if (e != cudaSuccess) {
-        *rc = qn_fail(e, "device scratch");
-        if (p)
-            (void)(*pooled ? cudaFreeAsync(p, st) : cudaFree(p));
-        return NULL;
+    if (c->words < words) {
+        size_t cap = words < 16 ? 16 : words + words / 2;
+        unsigned int *p = NULL;
+        if ((e = cudaMalloc((void **)&p, cap * sizeof *p)) != cudaSuccess)
+            return qn_fail(e, "device scratch");
+        if (c->dev)
+            (void)cudaFree(c->dev); /* idle: every call waited for its stream */
+        c->dev = p;
+        c->words = cap;
     }
-    return p;
+    if (words && (e = cudaMemsetAsync(c->dev, 0, words * sizeof *c->dev, st)) != cudaSuccess)
+        return qn_fail(e, "zeroing the scratch");
+    *out = c;
+    return REFIT_OK;
 }
 
-/* Copy the status word back (unless the launches failed: rc), free the
- * scratch in stream order, wait for the stream; the first failure wins. */
-static int qn_finish(unsigned int *scratch, bool pooled, unsigned int *status, int rc,
-                     cudaStream_t st)
+/* Copy the status word back into *status (unless the launches failed:
+ * rc) and wait for the stream, even after a failure (the next call
+ * rewrites the words and the parameters); the first failure wins. */
+static int qn_finish(qn_cache *c, unsigned int *status, int rc, cudaStream_t st)
 {
     cudaError_t e = rc ? cudaSuccess
-                       : cudaMemcpyAsync(status, scratch, sizeof *status,
+                       : cudaMemcpyAsync(c->host, c->dev, sizeof *c->host,
                                          cudaMemcpyDeviceToHost, st);
-    cudaError_t fe = pooled ? cudaFreeAsync(scratch, st) : cudaSuccess;
     cudaError_t se = cudaStreamSynchronize(st);
-    if (!pooled)
-        fe = cudaFree(scratch);
     if (e == cudaSuccess)
-        e = se != cudaSuccess ? se : fe;
+        e = se;
     if (!rc && e != cudaSuccess)
         rc = qn_fail(e, "the device work");
+    *status = rc ? QN_NONE : *c->host;
     return rc;
 }
 
@@ -590,9 +612,9 @@ static uint32_t qn_sets(qn_piece *pcs, const uint32_t *ord, uint32_t m, unsigned
 /* Launches 0 .. sets: launch j holds the encode entries of set j - 1
  * (launch 0: the checkpoint pieces instead) and the amax entries of set
  * j. ord: online pieces [0, n_on), then checkpoint pieces. */
-static int qn_pipeline(qn_piece *pcs, const uint32_t *ord, uint32_t n_on, uint32_t n_ck,
-                       const uint32_t *set, uint32_t sets, unsigned int *status, qn_entry *e,
-                       cudaStream_t st)
+static int qn_pipeline(qn_batch *b, qn_piece *pcs, const uint32_t *ord, uint32_t n_on,
+                       uint32_t n_ck, const uint32_t *set, uint32_t sets, unsigned int *status,
+                       qn_entry *e, cudaStream_t st)
 {
     int rc = REFIT_OK;
     uint32_t enc = 0, amx = 0; /* next online piece to encode, to take the amax of */
@@ -606,7 +628,7 @@ static int qn_pipeline(qn_piece *pcs, const uint32_t *ord, uint32_t n_on, uint32
         for (; amx < n_on && set[amx] == j; amx++)
             e[m++] = qn_entry{ord[amx], 0};
         if (m)
-            rc = qn_launch(pcs, e, m, status, st);
+            rc = qn_launch(b, pcs, e, m, status, st);
     }
     return rc;
 }
@@ -639,23 +661,27 @@ extern "C" int kern_quant_nvfp4_cuda(uint32_t n, const refit_nvfp4_piece *pieces
     /* ord: online pieces in call order, then checkpoint pieces */
     for (uint32_t i = 0; i < n && !rc; i++)
         ord[pcs[i].mode == REFIT_NVFP4_ONLINE ? i - n_ck : n_on + n_ck++] = i;
-    if (!rc && !n_on) /* nothing to report: no scratch, no wait */
-        rc = qn_pipeline(pcs, ord, 0, n_ck, set, 0, NULL, e, st);
+    qn_cache *c = NULL;
+    bool locked = !rc;
+    if (locked) {
+        pthread_mutex_lock(&qn_mu);
+        /* no online piece: nothing to report, no scratch, no wait */
+        rc = qn_cache_get(&c, n_on ? (size_t)n_on + 1 : 0, st);
+    }
+    if (!rc && !n_on)
+        rc = qn_pipeline(c->batch, pcs, ord, 0, n_ck, set, 0, NULL, e, st);
     else if (!rc) {
-        bool pooled;
         unsigned int status = QN_NONE;
-        unsigned int *scratch = (unsigned int *)qn_scratch(
-            sizeof(unsigned int) * ((size_t)n_on + 1), &pooled, st, &rc);
-        if (scratch) {
-            uint32_t sets = qn_sets(pcs, ord, n_on, scratch, set);
-            rc = qn_pipeline(pcs, ord, n_on, n_ck, set, sets, scratch, e, st);
-            rc = qn_finish(scratch, pooled, &status, rc, st);
-        }
+        uint32_t sets = qn_sets(pcs, ord, n_on, c->dev, set);
+        rc = qn_pipeline(c->batch, pcs, ord, n_on, n_ck, set, sets, c->dev, e, st);
+        rc = qn_finish(c, &status, rc, st);
         if (!rc && status != QN_NONE) {
             *bad = (int32_t)~status;
             rc = qn_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", ~status);
         }
     }
+    if (locked)
+        pthread_mutex_unlock(&qn_mu);
     free(e);
     free(pcs);
     free(ord);

@@ -364,6 +364,62 @@ static void test_kernel_edges(void **state)
             }
 }
 
+/* The status word is kept per device between calls: after a refusal of
+ * piece 0, a refusal of piece 1 alone names piece 1 (the 0 left over
+ * would win the minimum), and a clean call succeeds with every byte of
+ * the reference. Both kernels (groups of 64, whole rows). */
+static void test_status_after_refusal(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    for (int gi = 0; gi < 2; gi++) {
+        int64_t group = gi ? 0 : 64, n = 6, k = 128, words = k / 8, g = gi ? 1 : k / 64;
+        refit_view gq[2], gs[2], gx[2], hq[2], hs[2], hx[2];
+        twin tx[2], tq[2], ts[2];
+        for (int i = 0; i < 2; i++) {
+            tx[i] = twin_new((size_t)(n * k) * 2);
+            tq[i] = twin_new((size_t)(n * words) * 4);
+            ts[i] = twin_new((size_t)(n * g) * 4);
+            gx[i] = v2(tx[i].d, BF16, n, k, k, 1, 0);
+            gq[i] = v2(tq[i].d, I32, n, words, 1, n, 0);
+            gs[i] = v2(ts[i].d, F32, n, g, g, 1, 0);
+            hx[i] = on_host(gx[i], &tx[i]);
+            hq[i] = on_host(gq[i], &tq[i]);
+            hs[i] = on_host(gs[i], &ts[i]);
+            fill(&hx[i], PAT_MIXED, F32);
+        }
+        int32_t bad = 99;
+        put(&hx[0], 2, 7, __builtin_nanf(""));
+        twin_push(&tx[0]);
+        twin_push(&tx[1]);
+        int rc = kern_quant_int4_cuda(2, gq, gs, gx, group, &bad, NULL);
+        if (rc != REFIT_ECORRUPT || bad != 0)
+            fail_msg("group %lld, NaN in piece 0: %d, piece %d", (long long)group, rc, bad);
+        put(&hx[0], 2, 7, 0.25f);
+        put(&hx[1], 5, 127, -__builtin_inff());
+        twin_push(&tx[0]);
+        twin_push(&tx[1]);
+        rc = kern_quant_int4_cuda(2, gq, gs, gx, group, &bad, NULL);
+        if (rc != REFIT_ECORRUPT || bad != 1)
+            fail_msg("group %lld, -inf in piece 1 after a refusal of piece 0: %d, piece %d",
+                     (long long)group, rc, bad);
+        put(&hx[1], 5, 127, 1.5f);
+        twin_push(&tx[1]);
+        rc = kern_quant_int4_cuda(2, gq, gs, gx, group, &bad, NULL);
+        if (rc)
+            fail_msg("group %lld, a clean call after refusals: %d (%s)", (long long)group, rc,
+                     kern_cuda_last_error());
+        for (int i = 0; i < 2; i++) {
+            assert_int_equal(kern_quant_int4(&hq[i], &hs[i], &hx[i], group), REFIT_OK);
+            twin_check(&tq[i], "a clean call after refusals", "words");
+            twin_check(&ts[i], "a clean call after refusals", "scales");
+            twin_free(&tx[i]);
+            twin_free(&tq[i]);
+            twin_free(&ts[i]);
+        }
+    }
+}
+
 /* Many pieces in one call (past a launch's batch): the bytes of the
  * reference piece by piece; then a NaN, an infinity and an F16 scale
  * overflow, the lowest refused piece named. */
@@ -993,12 +1049,13 @@ int main(void)
     }
     /* one group (one TAP plan): the kernel cases where the kernel runs, the
      * model cases where the library is linked */
-    struct CMUnitTest tests[6];
+    struct CMUnitTest tests[7];
     size_t n = 0;
     if (!on_host_only) {
         tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_sweep);
         tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_edges);
         tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_pieces);
+        tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_status_after_refusal);
     }
 #ifndef REFIT_GPU_EMU
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_matches_host);

@@ -603,6 +603,48 @@ static void test_nonfinite(void **state)
             }
 }
 
+/* The status word is kept per device between calls: after a refusal a
+ * later call names its own piece (a lower one left over would win the
+ * minimum), and a clean call after a refusal succeeds with every byte of
+ * the reference; both the short and the full parameter block. */
+static void test_status_after_refusal(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    int64_t rows[MAXP], gap[MAXP];
+    for (int i = 0; i < MAXP; i++) {
+        rows[i] = 3 + i % 5;
+        gap[i] = 1; /* no stacks: each launch carries every piece */
+    }
+    static const uint32_t counts[2] = {4, MAXP};
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (int c = 0; c < 2; c++) {
+            uint32_t n = counts[c];
+            multi m;
+            multi_new(&m, bits, BF16, n, rows, 96, gap);
+            for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
+                int32_t bad = 99;
+                put(&m.hx[1], 1, 40, __builtin_nanf(""), 0, 0);
+                twin_push(&m.tx);
+                int rc = kern_quant_mx_cuda(n, m.gq, m.gs, m.gx, bits, hw, &bad, NULL);
+                if (rc != REFIT_ECORRUPT || bad != 1)
+                    fail_msg("mxfp%d, %u pieces: NaN in 1: status %d, piece %d", bits, n, rc,
+                             bad);
+                put(&m.hx[1], 1, 40, 0.5f, 0, 0);
+                put(&m.hx[n - 1], 0, 95, -__builtin_inff(), 0, 0);
+                twin_push(&m.tx);
+                rc = kern_quant_mx_cuda(n, m.gq, m.gs, m.gx, bits, hw, &bad, NULL);
+                if (rc != REFIT_ECORRUPT || bad != (int32_t)n - 1)
+                    fail_msg("mxfp%d, %u pieces: after a refusal of piece 1, -inf in %u: "
+                             "status %d, piece %d", bits, n, n - 1, rc, bad);
+                put(&m.hx[n - 1], 0, 95, 2.0f, 0, 0);
+                twin_push(&m.tx);
+            }
+            multi_run(&m, bits, "a clean call after refusals", NULL);
+            multi_free(&m);
+        }
+}
+
 /* ---- the encoders on every input they can meet ---- */
 
 /* With one element of each 32-block at 2^emax (X = 1, s = 127) and the
@@ -1285,6 +1327,7 @@ int main(void)
         cmocka_unit_test(test_pieces),
         cmocka_unit_test(test_user_stream),
         cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_status_after_refusal),
         cmocka_unit_test(test_encoders),
 #ifndef REFIT_GPU_MX_EMU
         cmocka_unit_test_setup_teardown(test_model_matches_host, setup, teardown),

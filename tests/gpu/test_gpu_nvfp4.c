@@ -530,6 +530,49 @@ static void test_nonfinite(void **state)
         }
 }
 
+/* The scratch words are kept per device between calls (grown, never
+ * shrunk): a piece whose amax word held a larger piece's amax in the call
+ * before gets its own global scale; after a refusal a clean call
+ * succeeds; and a call of more online pieces than the words held grows
+ * them. Every byte against the reference. */
+static void test_scratch_reuse(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    enum { N = 40 };
+    refit_dtype dts[3] = {BF16, F16, F32};
+    for (int d = 0; d < 3; d++) {
+        tpiece big, small;
+        piece_online(&big, dts[d], 32, 64, 0, 0, PAT_RANDOM);
+        put(&big.h.src, 3, 5, 3.0e4f, 0, 0);
+        twin_push(&big.tx);
+        run_check(1, &big, "a piece of amax 3e4", NULL);
+        piece_online(&small, dts[d], 20, 48, 0, 0, PAT_RANDOM);
+        for (int64_t i = 0; i < 20; i++)
+            for (int64_t j = 0; j < 48; j++)
+                put(&small.h.src, i, j, (float)((i * 48 + j) % 13) * 0.01f - 0.06f, 0, 0);
+        twin_push(&small.tx);
+        run_check(1, &small, "then a piece of amax 0.06", NULL);
+        put(&small.h.src, 7, 40, __builtin_nanf(""), 0x7fc1, dts[d].bits == 16);
+        twin_push(&small.tx);
+        run_check(1, &small, "then a NaN", NULL);
+        put(&small.h.src, 7, 40, 0.05f, 0, 0);
+        twin_push(&small.tx);
+        run_check(1, &small, "a clean call after a refusal", NULL);
+        piece_free(&big);
+        piece_free(&small);
+    }
+    tpiece *t = calloc(N, sizeof *t);
+    assert_non_null(t);
+    for (int i = 0; i < N; i++)
+        piece_online(&t[i], dts[i % 3], 1 + i % 7, 16 + i % 9, 0, 0, PAT_MIXED);
+    run_check(N, t, "40 online pieces", NULL);
+    run_check(3, t, "then 3 of them", NULL);
+    for (int i = 0; i < N; i++)
+        piece_free(&t[i]);
+    free(t);
+}
+
 #ifndef REFIT_GPU_EMU
 /* ---- the model through the public API ---- */
 
@@ -1070,6 +1113,7 @@ int main(void)
         cmocka_unit_test(test_online_sweep),   cmocka_unit_test(test_edges),
         cmocka_unit_test(test_global_scale_clamped), cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_many_pieces),    cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_scratch_reuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #else
@@ -1081,7 +1125,8 @@ int main(void)
         cmocka_unit_test(test_online_sweep),   cmocka_unit_test(test_edges),
         cmocka_unit_test(test_global_scale_clamped), cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_many_pieces),    cmocka_unit_test(test_sets),
-        cmocka_unit_test(test_nonfinite),      MODEL_TESTS,
+        cmocka_unit_test(test_nonfinite),      cmocka_unit_test(test_scratch_reuse),
+        MODEL_TESTS,
     };
     if (on_host_only)
         return cmocka_run_group_tests(model_only, NULL, NULL);
