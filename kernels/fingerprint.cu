@@ -95,12 +95,10 @@ __device__ __forceinline__ uint64_t fp_word(const fp_walk &w, uint64_t idx)
     return v;
 }
 
-__global__ void __launch_bounds__(FP_THREADS) k_fingerprint(fp_walk w, unsigned long long *acc)
+/* Every thread's sum into *acc: the warp, then the block, then one
+ * atomicAdd per block. */
+__device__ __forceinline__ void fp_block_add(uint64_t sum, unsigned long long *acc)
 {
-    uint64_t words = (w.nbytes + 7) / 8, sum = 0;
-    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
-    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride)
-        sum += fp_mix(fp_word(w, i) ^ (i * FP_GOLDEN));
     for (int o = 16; o > 0; o >>= 1)
         sum += __shfl_down_sync(0xffffffffu, sum, o);
     __shared__ uint64_t part[FP_THREADS / 32];
@@ -113,6 +111,49 @@ __global__ void __launch_bounds__(FP_THREADS) k_fingerprint(fp_walk w, unsigned 
             t += part[k];
         atomicAdd(acc, (unsigned long long)t);
     }
+}
+
+__global__ void __launch_bounds__(FP_THREADS) k_fingerprint(fp_walk w, unsigned long long *acc)
+{
+    uint64_t words = (w.nbytes + 7) / 8, sum = 0;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    for (uint64_t i = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; i < words; i += stride)
+        sum += fp_mix(fp_word(w, i) ^ (i * FP_GOLDEN));
+    fp_block_add(sum, acc);
+}
+
+__device__ __forceinline__ uint4 fp_ld16(const unsigned char *p)
+{
+    return *(const uint4 *)p;
+}
+
+/* Words 2j and 2j + 1 of the stream, as one 16-byte load (little-endian). */
+__device__ __forceinline__ uint64_t fp_pair(uint4 v, uint64_t j)
+{
+    uint64_t w0 = v.x | (uint64_t)v.y << 32, w1 = v.z | (uint64_t)v.w << 32;
+    return fp_mix(w0 ^ (2 * j * FP_GOLDEN)) + fp_mix(w1 ^ ((2 * j + 1) * FP_GOLDEN));
+}
+
+/* kern_fingerprint_to_cuda's pass over contiguous, 16-byte aligned bytes:
+ * two 16-byte loads in flight per thread, the last words (past the last
+ * whole 16 bytes) by one thread. Launched with a few blocks per SM only,
+ * so it runs beside a broadcast instead of holding its CTAs back. */
+__global__ void __launch_bounds__(FP_THREADS) k_fingerprint_flat(fp_walk w,
+                                                                 unsigned long long *acc)
+{
+    uint64_t n16 = w.nbytes / 16, sum = 0;
+    uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+    uint64_t j = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    for (; j + stride < n16; j += 2 * stride) {
+        uint4 a = fp_ld16(w.base + 16 * j), b = fp_ld16(w.base + 16 * (j + stride));
+        sum += fp_pair(a, j) + fp_pair(b, j + stride);
+    }
+    if (j < n16)
+        sum += fp_pair(fp_ld16(w.base + 16 * j), j);
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        for (uint64_t i = 2 * n16; i < (w.nbytes + 7) / 8; i++)
+            sum += fp_mix(fp_word(w, i) ^ (i * FP_GOLDEN));
+    fp_block_add(sum, acc);
 }
 
 static int64_t numel_of(const refit_view *v)
@@ -211,6 +252,28 @@ __global__ void k_fingerprint_final(unsigned long long *acc, uint64_t nbytes)
         *acc = (unsigned long long)fp_mix((uint64_t)*acc ^ nbytes);
 }
 
+/* Blocks of k_fingerprint_flat on the current device: FP_FLAT_PER_SM a
+ * multiprocessor (512 of its 2048 threads), cached per device. */
+#define FP_FLAT_PER_SM 2
+static unsigned fp_flat_blocks(void)
+{
+    static int sms[64];
+    int dev = 0, n = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return 132 * FP_FLAT_PER_SM;
+    }
+    if (sms[dev] == 0) {
+        if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+            n <= 0) {
+            (void)cudaGetLastError();
+            n = 132;
+        }
+        sms[dev] = n; /* the same value from any thread that races here */
+    }
+    return (unsigned)sms[dev] * FP_FLAT_PER_SM;
+}
+
 /* Fingerprint of a device-readable view into the 8 bytes at dst (device
  * memory or mapped pinned memory, 8-byte aligned), ordered on stream:
  * zero the word, add every block's sum into it, mix it with the length.
@@ -232,7 +295,14 @@ extern "C" int kern_fingerprint_to_cuda(const refit_view *v, uint64_t *dst, void
         uint64_t words = (w.nbytes + 7) / 8;
         uint64_t nb = (words + FP_THREADS - 1) / FP_THREADS;
         unsigned blocks = (unsigned)(nb < 132 * 16 ? nb : 132 * 16);
-        k_fingerprint<<<blocks, FP_THREADS, 0, st>>>(w, acc);
+        if (w.contiguous && ((uintptr_t)w.base & 15) == 0) {
+            uint64_t nf = (w.nbytes / 16 + FP_THREADS - 1) / FP_THREADS;
+            unsigned cap = fp_flat_blocks();
+            blocks = (unsigned)(nf == 0 ? 1 : nf < cap ? nf : cap);
+            k_fingerprint_flat<<<blocks, FP_THREADS, 0, st>>>(w, acc);
+        } else {
+            k_fingerprint<<<blocks, FP_THREADS, 0, st>>>(w, acc);
+        }
         e = cudaGetLastError();
     }
     if (e == cudaSuccess) {

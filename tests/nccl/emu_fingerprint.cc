@@ -64,11 +64,13 @@ int main(void)
     const refit_dtype u8 = {REFIT_DTYPE_UINT, 8, 1}, u4 = {REFIT_DTYPE_UINT, 4, 1};
     const refit_dtype bf16 = {REFIT_DTYPE_BFLOAT, 16, 1};
     static const int64_t sizes[] = {0, 1, 7, 8, 9, 13, 255, 2048, 2051, 20483, 65541};
+    static const int64_t offs[] = {0, 1, 2, 16};
     uint8_t *buf = (uint8_t *)malloc(BUF);
     for (int i = 0; i < BUF; i++)
         buf[i] = (uint8_t)(i * 131 + (i >> 7) * 7 + 3);
+    /* starts 0 and 16: the 16-byte path; 1 and 2: the general walk */
     for (int64_t n : sizes)
-        for (int64_t off = 0; off < 3; off++) {
+        for (int64_t off : offs) {
             refit_view v = bytes_view(buf + off, n, u8);
             check(&v, "u8", n, off);
             if (off == 0) {

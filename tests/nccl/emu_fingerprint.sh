@@ -14,10 +14,10 @@ mkdir -p "$W"
 # kernel<<<grid, threads, 0, st>>>(args) -> EMU_LAUNCH(...); the kernel's
 # word and element loads through the emulator's alignment check
 sed -E -e 's/(k_[a-z0-9_]+)<<<([^,]+), ([^,]+), 0, st>>>\((.*)\);/EMU_LAUNCH(\2, \3, \1, \4);/' \
-  -e 's/\*\(const (uint64_t|uint32_t|uint16_t) \*\)p/*EMU_AL(const \1, sizeof(\1), p)/g' \
+  -e 's/\*\(const (uint64_t|uint32_t|uint16_t|uint4) \*\)p/*EMU_AL(const \1, sizeof(\1), p)/g' \
   "$R/kernels/fingerprint.cu" > "$W/fingerprint_emu.cc"
 left=$(grep -c '<<<' "$W/fingerprint_emu.cc" || true)
-raw=$(grep -Ec '\*\(const (uint64_t|uint32_t|uint16_t) \*\)' "$W/fingerprint_emu.cc" || true)
+raw=$(grep -Ec '\*\(const (uint64_t|uint32_t|uint16_t|uint4) \*\)' "$W/fingerprint_emu.cc" || true)
 if [ "$left" != 0 ] || [ "$raw" != 0 ]; then
   echo "emu_fingerprint.sh: $left launches, $raw loads not rewritten" >&2
   exit 1
