@@ -10,6 +10,9 @@
 # OUT receives, per step, a TAP log or JSON, then summary.txt:
 #   env.txt               GPUs, torch, the NCCL found
 #   nccl-gpu.tap          test-nccl-gpu: refit-bench nccl on a small model
+#   gpu-kernels.tap       test-gpu-kernels (when staged): the device checksum
+#                         (kern_fingerprint_to_cuda) against the host's, and
+#                         the other kernels
 #   nccl-python.tap       tests/nccl/py_nccl2.py: trainer -> CUDA-graphed
 #                         Llama worker; two worker ranks voting
 #   nccl-refit.json       refit-bench nccl, Llama-shaped 2.5 GB model
@@ -26,6 +29,7 @@ stage() {
     b=$1 d=$2
     mkdir -p "$d/plugins" || exit 2
     cp "$b/tools/refit-bench" "$b/tests/nccl/test-nccl-gpu" "$d/" || exit 2
+    [ -x "$b/tests/gpu/test-gpu-kernels" ] && cp "$b/tests/gpu/test-gpu-kernels" "$d/"
     for f in "$b"/librefit.so*; do [ -d "$f" ] || cp -P "$f" "$d/"; done
     cp "$b"/plugins/refit-fmt-*.so "$b"/plugins/*.yaml "$d/plugins/" 2>/dev/null
     for x in "$d/refit-bench" "$d/test-nccl-gpu" "$d/librefit.so"; do
@@ -43,7 +47,7 @@ O=$(cd "$2" && pwd)
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 2
 
-pick() { for p in "$B/$1" "$B/tools/$1" "$B/tests/nccl/$1"; do
+pick() { for p in "$B/$1" "$B/tools/$1" "$B/tests/nccl/$1" "$B/tests/gpu/$1"; do
            [ -e "$p" ] && { echo "$p"; return 0; }; done; echo "$B/$1"; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CMOCKA_MESSAGE_OUTPUT=TAP PYTHONUNBUFFERED=1 REFIT_SOURCE_ROOT="$ROOT"
@@ -70,6 +74,13 @@ t=$(pick test-nccl-gpu)
 if [ -x "$t" ]; then timeout "${T_TEST:-90}" "$t" > "$O/nccl-gpu.tap" 2>&1
 else tap_missing "test-nccl-gpu is not in $B (run_gpu.sh stage)" "$O/nccl-gpu.tap"; fi
 cat "$O/nccl-gpu.tap"
+
+t=$(pick test-gpu-kernels)
+if [ -x "$t" ]; then
+  echo "== test-gpu-kernels (the device checksum among them)"
+  timeout "${T_TEST:-90}" "$t" > "$O/gpu-kernels.tap" 2>&1
+  cat "$O/gpu-kernels.tap"
+fi
 
 echo "== refit-bench nccl (Llama-shaped, 2.5 GB)"
 timeout "${T_BENCH:-120}" "$REFIT_BENCH" nccl --json --timeout 15 ${nccl:+--preload "$nccl"} \
