@@ -504,7 +504,8 @@ static int rcv_compare(refit_receiver *r, rcv_run *run)
             continue;
         rcv_local(r, run, ctx_error(r->ctx, REFIT_ECORRUPT, "bucket %u of update '%s': payload "
                                     "checksum %016llx, the sender's is %016llx; the update is "
-                                    "refused (what was loaded rolls back)", k, run->label,
+                                    "refused (its loaded bytes roll back with the abort, or "
+                                    "the worker is POISONED without an undo log)", k, run->label,
                                     (unsigned long long)got,
                                     (unsigned long long)r->refs[k].want));
         break;
