@@ -1,8 +1,9 @@
 /*
  * refit transports: weights from a trainer to the workers of an engine over
- * NCCL, in buckets, with a cross-rank commit (docs/nccl.md; wire version 2:
+ * NCCL, in buckets, with a cross-rank commit (docs/nccl.md; wire version 3:
  * an announce and an index of every bucket come first, so every rank queues
- * the next broadcasts behind the current one).
+ * the next broadcasts behind the current one; payload checksums are summed
+ * on the device on both sides and compared once, before the vote).
  *
  *   trainer (root)                              every worker rank
  *   ─────────────                               ─────────────────
@@ -146,8 +147,11 @@ typedef struct refit_send_opts {
                                   (as many as fit 512 MiB) */
     int root;                  /* the sending rank */
     int checksum_payload;      /* 1: checksum every payload (one extra read
-                                  of the bytes on each side, and a wait for
-                                  it per bucket while later buckets move) */
+                                  of the bytes on each side, on the device
+                                  beside the broadcasts; no host wait per
+                                  bucket: receivers compare every bucket's
+                                  once, before the vote, and a mismatch
+                                  aborts the update on every rank) */
     double timeout_s;          /* each wait; 0: the transport's */
     void *stream;              /* stream for the packing copies (device
                                   tensors), NULL: the default stream */
