@@ -463,15 +463,18 @@ static int rcv_scatter(refit_receiver *r, rcv_run *run, uint8_t *slot)
     return r->be->flush(r->stream);
 }
 
-/* Bucket k's fingerprint, queued on the engine stream ahead of its scatter
- * (so before the slot is posted again) into sums[k]; the sender's is kept
- * for the comparison after the last bucket. */
-static int rcv_checksum(refit_receiver *r, uint32_t k, uint8_t *slot)
+/* Bucket k's fingerprint into sums[k], queued on the engine stream ahead of
+ * its scatter (so before the slot is posted again); the last bucket's on
+ * the transport's stream instead, idle once the last broadcast is in, so
+ * it runs beside the last scatter and the comparison's copy follows it in
+ * stream order. The sender's is kept for the comparison. */
+static int rcv_checksum(refit_receiver *r, const rcv_run *run, uint32_t k, uint8_t *slot)
 {
     rcv_ref *ref = &r->refs[k];
     refit_view v = rcv_bytes_view(slot + BKT_ALIGN, r->h.payload_bytes, r->x->device);
     ref->want = bkt_le64(r->stamps + (size_t)k * BKT_STAMP_COPY + BKT_SUM_AT);
-    int rc = r->x->ops->fingerprint_to(r->x, (uint8_t *)r->sums + (size_t)k * 8, &v, r->stream);
+    void *stream = k + 1 == run->an.n_buckets ? r->x->stream : r->stream;
+    int rc = r->x->ops->fingerprint_to(r->x, (uint8_t *)r->sums + (size_t)k * 8, &v, stream);
     if (rc)
         return ctx_error(r->ctx, rc, "bucket %u: %s", k, r->x->err);
     ref->summed = true;
@@ -479,8 +482,9 @@ static int rcv_checksum(refit_receiver *r, uint32_t k, uint8_t *slot)
 }
 
 /* Every queued fingerprint against the sender's, once the engine stream is
- * done (rcv_sync): one copy and one wait for the whole update. A transport
- * failure is returned; a mismatch is local (the first bucket named). */
+ * done (rcv_sync; the last bucket's is ahead of the copy on the transport's
+ * stream): one copy and one wait for the whole update. A transport failure
+ * is returned; a mismatch is local (the first bucket named). */
 static int rcv_compare(refit_receiver *r, rcv_run *run)
 {
     refit_transport *x = r->x;
@@ -573,7 +577,7 @@ static void rcv_use(refit_receiver *r, rcv_run *run, uint32_t k, uint8_t *slot)
         return;
     }
     if (st.flags & BKT_F_PAYLOAD_SUM)
-        rcv_local(r, run, rcv_checksum(r, k, slot));
+        rcv_local(r, run, rcv_checksum(r, run, k, slot));
     if (!run->local)
         rcv_local(r, run, rcv_scatter(r, run, slot));
 }

@@ -499,7 +499,8 @@ static void test_corrupt_payload_caught_by_checksum(void **state)
 }
 
 /* A middle bucket's payload, or the sender's checksum word after its stamp
- * (outside the stamp's own checksum), flips on the wire. Receivers sum
+ * (outside the stamp's own checksum), or the last bucket's payload, flips
+ * on the wire. Receivers sum
  * every bucket on the device and compare once after the last: every bucket
  * is still scattered, the mismatch is named and voted, and the abort rolls
  * every rank back. */
@@ -515,15 +516,17 @@ static void test_corrupt_middle_bucket_rolls_back(void **state)
     for (int r = 0; r < TP; r++)
         tensors[r] = j[1 + r].res.tensors;
     assert_true(n >= 5);
+    /* the last bucket too: on a GPU its sum runs on the transport's stream */
     static const uint64_t at[] = {BKT_ALIGN + 5, BKT_SUM_AT + 3};
-    for (size_t k = 0; k < sizeof at / sizeof *at; k++) {
+    const uint32_t bad[] = {mid, mid, n - 1};
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
         jobs_for(f, j, 2, 1000, 30);
-        j[0].corrupt_seq = SEQ_BUCKET(mid);
-        j[0].corrupt_at = at[k];
+        j[0].corrupt_seq = SEQ_BUCKET(bad[k]);
+        j[0].corrupt_at = at[k % 2];
         j[0].corrupt_mask = 0x04;
         nt_run(j, NR, UINT64_MAX);
         char want[96];
-        snprintf(want, sizeof want, "bucket %u of update 'v2': payload checksum", mid);
+        snprintf(want, sizeof want, "bucket %u of update 'v2': payload checksum", bad[k]);
         for (int r = 0; r < NR; r++) {
             assert_int_equal(j[r].rc, REFIT_ECORRUPT);
             assert_int_equal(j[r].res.vote_taken, 1);
