@@ -108,15 +108,23 @@ __device__ __forceinline__ float qn_e4m3_value(uint32_t c)
     return __uint_as_float(((exp + 120u) << 23) | (man << 20));
 }
 
-/* kern_f32_to_e2m1 of a non-NaN f32: the grid 0, .5, 1, 1.5, 2, 3, 4, 6
- * with its midpoints, ties to the even code, saturating at 6. */
+/* kern_f32_to_e2m1 of a non-NaN f32: the grid 0, .5, 1, 1.5, 2, 3, 4, 6,
+ * ties to the even code, saturating at 6. Branch-free, by one f32
+ * addition (as quant_mx.cu's mx_e2m1_code): adding M = 2^(23 + e), e the
+ * exponent of the grid's spacing in the value's binade (binades below 1
+ * share the spacing 0.5), rounds the magnitude to that spacing, to nearest
+ * even, into the low bits of the sum; the code is those bits plus 2 per
+ * binade above 1. Magnitudes from 7 up (infinity too) encode as 6, so they
+ * are clamped to 7 first (code 8, saturated to 7), which keeps M finite.
+ * Fewer instructions than comparing with the 7 midpoints; run_nvfp4.sh
+ * checks it against kern_f32_to_e2m1 on every non-NaN f32, both signs. */
 __device__ __forceinline__ uint32_t qn_e2m1(float x)
 {
-    uint32_t b = __float_as_uint(x);
-    float a = __uint_as_float(b & 0x7fffffffu);
-    uint32_t code = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
-                    (a >= 3.5f) + (a > 5.0f);
-    return code | ((b >> 28) & 0x8u);
+    uint32_t b = __float_as_uint(x), a = min(b & 0x7fffffffu, 0x40e00000u);
+    uint32_t e = a >> 23, E = e > 127u ? e : 127u, m = (E + 22u) << 23;
+    uint32_t code = __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(m))) - m +
+                    2u * (E - 127u);
+    return min(code, 7u) | ((b >> 28) & 0x8u);
 }
 
 /* ---- pieces ---- */
