@@ -244,9 +244,12 @@ k_q4_groups(const __grid_constant__ q4_batch B, unsigned int *status)
         uint32_t word = 0;
 #pragma unroll
         for (int e = 0; e < 8; e++)
-            if (8 * w + e < p.k)
-                word |= q4_encode(v[e], s, inv) << (4 * e);
-        q4_store_word(p, i, w, word);
+            word |= q4_encode(v[e], s, inv) << (4 * e);
+        /* nibbles past k are 0: every element encoded (those past k were
+         * loaded as 0), then masked once, rather than a 64-bit bound
+         * check per element */
+        int64_t left = p.k - 8 * w;
+        q4_store_word(p, i, w, left >= 8 ? word : word & ((1u << (4 * left)) - 1u));
     }
 }
 
