@@ -207,15 +207,14 @@ __device__ __forceinline__ uint32_t qf_ld2(const char *a)
     return *(const uint16_t *)a;
 }
 
-/* Group gg of row r, raw: one vector load where the row allows (last: the
- * group's last read), else the elements one by one (0 past the row's end,
- * which adds nothing to an amax and is never stored). */
-__device__ __forceinline__ uint4 qf_load(const qf_piece &p, int64_t r, int64_t gg,
-                                         bool last = false)
+/* The elements of group gg of row r one by one (0 past the row's end,
+ * which adds nothing to an amax and is never stored). Out of line, as the
+ * other rare paths: the kernels unroll their groups, and inlined copies
+ * of every path overflowed the instruction cache (ncu, H200: warps waiting
+ * on instruction fetch most of the time). */
+__device__ __noinline__ uint4 qf_load_slow(const qf_piece &p, int64_t r, int64_t gg)
 {
-    int64_t c = gg << p.shift, ne = (int64_t)1 << p.shift;
-    if (p.vx && c + ne <= p.k)
-        return last ? qf_ld16_last(qf_xat(p, r, c)) : qf_ld16(qf_xat(p, r, c));
+    int64_t c = gg << p.shift;
     uint32_t w[4] = {0, 0, 0, 0};
     if (p.kind == 0) {
 #pragma unroll
@@ -234,6 +233,17 @@ __device__ __forceinline__ uint4 qf_load(const qf_piece &p, int64_t r, int64_t g
     v.z = w[2];
     v.w = w[3];
     return v;
+}
+
+/* Group gg of row r, raw: one vector load where the row allows (last: the
+ * group's last read), else qf_load_slow. */
+__device__ __forceinline__ uint4 qf_load(const qf_piece &p, int64_t r, int64_t gg,
+                                         bool last = false)
+{
+    int64_t c = gg << p.shift, ne = (int64_t)1 << p.shift;
+    if (p.vx && c + ne <= p.k)
+        return last ? qf_ld16_last(qf_xat(p, r, c)) : qf_ld16(qf_xat(p, r, c));
+    return qf_load_slow(p, r, gg);
 }
 
 /* The largest magnitude of a raw group, in the bits of its own dtype (an
@@ -297,7 +307,7 @@ __device__ __forceinline__ float qf_div(float x, float s, float r)
 
 /* A raw group encoded with scale s (r: qf_recip of it): byte u is element
  * u (4 of an F32 group, 8 of a 16-bit one). */
-__device__ __forceinline__ uint2 qf_encode(uint4 w, int kind, float s, float r, int hw)
+__device__ __noinline__ uint2 qf_encode(uint4 w, int kind, float s, float r, int hw)
 {
     float v[8];
     int ne = kind == 0 ? 4 : 8;
@@ -343,6 +353,17 @@ __device__ __forceinline__ void qf_st4(unsigned char *a, uint32_t w)
     __stcs((unsigned int *)a, (unsigned int)w);
 }
 
+/* Encoded group gg of row r, byte by byte (a ragged end, any strides). */
+__device__ __noinline__ void qf_store_slow(const qf_piece &p, int64_t r, int64_t gg, uint2 b)
+{
+    int64_t c = gg << p.shift, ne = (int64_t)1 << p.shift;
+#pragma unroll
+    for (int u = 0; u < 8; u++)
+        if (u < ne && c + u < p.k)
+            p.q[r * p.qs0 + (c + u) * p.qs1] =
+                (unsigned char)((u < 4 ? b.x >> (8 * u) : b.y >> (8 * (u - 4))) & 0xffu);
+}
+
 /* Store encoded group gg of row r: one store where q's row allows. */
 __device__ __forceinline__ void qf_store(const qf_piece &p, int64_t r, int64_t gg, uint2 b)
 {
@@ -355,11 +376,7 @@ __device__ __forceinline__ void qf_store(const qf_piece &p, int64_t r, int64_t g
             qf_st8(a, b);
         return;
     }
-#pragma unroll
-    for (int u = 0; u < 8; u++)
-        if (u < ne && c + u < p.k)
-            p.q[r * p.qs0 + (c + u) * p.qs1] =
-                (unsigned char)((u < 4 ? b.x >> (8 * u) : b.y >> (8 * (u - 4))) & 0xffu);
+    qf_store_slow(p, r, gg, b);
 }
 
 __device__ __forceinline__ uint32_t qf_warp_max(uint32_t m)

@@ -43,6 +43,7 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
 #define __device__
 #define __host__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __grid_constant__
 #define __shared__ static /* blocks run in turn: one copy is the block's */
