@@ -30,7 +30,7 @@
  * are numbered from 0; a task never straddles pieces (a piece's tasks are
  * rounded up), so the piece lookup is uniform in a warp. One launch takes
  * up to MX_BATCH pieces in its parameters (a __grid_constant__ struct of
- * ~30 KB: no upload), grid-stride over tasks, two tasks in flight per
+ * ~30 KB: no upload), grid-stride over pairs of adjacent tasks in flight per
  * warp. Consecutive pieces of one shape spaced evenly (stacked experts)
  * merge into one piece with a matrix stride. A block holding a NaN or
  * infinity is left unwritten (scale and elements) and its piece's call
@@ -148,6 +148,21 @@ __device__ __forceinline__ mx_at mx_locate(const mx_piece &p, int64_t task, unsi
     a.so = mi * p.ssm + row * p.ss0 + bc * p.ss1;
     a.idx = p.idx + (int32_t)mi;
     return a;
+}
+
+/* The lane's place one task on (task + 1, same piece): the next 8 blocks
+ * of its row where the row has them (no division, no offsets to
+ * multiply), else located afresh. */
+__device__ __forceinline__ mx_at mx_next(const mx_piece &p, const mx_at &a, int64_t task,
+                                         unsigned g, unsigned sub)
+{
+    if (a.live && (uint32_t)(a.col >> 5) + MX_TASK < p.nb) {
+        mx_at b = a;
+        b.col += MX_TASK * 32;
+        b.so += MX_TASK * p.ss1;
+        return b;
+    }
+    return mx_locate(p, task, g, sub);
 }
 
 __device__ __forceinline__ float mx_half(uint32_t w, int hi, int kind)
@@ -307,8 +322,9 @@ __device__ __forceinline__ int mx_find(const BATCH &B, int i, int64_t t)
     return i;
 }
 
-/* Grid-stride over tasks, two per warp at once (their loads in flight
- * together). Every lane of a warp runs every shuffle: the task and its
+/* Grid-stride over pairs of adjacent tasks, a pair per warp at once (their
+ * loads in flight together; the second mostly found from the first by
+ * mx_next). Every lane of a warp runs every shuffle: the task and its
  * piece are the warp's; only `live` differs between lanes. MODE: bit 0
  * MXFP4, bit 1 the short parameter block (one template argument: the
  * emulator's launch macro takes the kernel as one macro argument). */
@@ -321,8 +337,9 @@ k_mx(const __grid_constant__ mx_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
     unsigned lane = threadIdx.x & 31u, g = lane >> 2, sub = lane & 3u;
     int64_t nw = (int64_t)gridDim.x * MX_WARPS;
     int i = 0;
-    for (int64_t t = (int64_t)blockIdx.x * MX_WARPS + threadIdx.x / 32; t < B.end; t += 2 * nw) {
-        int64_t t2 = t + nw;
+    for (int64_t t = ((int64_t)blockIdx.x * MX_WARPS + threadIdx.x / 32) * 2; t < B.end;
+         t += 2 * nw) {
+        int64_t t2 = t + 1;
         bool two = t2 < B.end;
         i = mx_find(B, i, t);
         int i2 = two ? mx_find(B, i, t2) : i;
@@ -330,7 +347,7 @@ k_mx(const __grid_constant__ mx_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
         float v[8], v2[8];
         mx_load(B.p[i], a, v);
         if (two) {
-            a2 = mx_locate(B.p[i2], t2, g, sub);
+            a2 = i2 == i ? mx_next(B.p[i], a, t2, g, sub) : mx_locate(B.p[i2], t2, g, sub);
             mx_load(B.p[i2], a2, v2);
         }
         mx_finish<FP4>(B.p[i], a, v, sub, B.hw, status);
