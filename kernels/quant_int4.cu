@@ -53,6 +53,8 @@ extern "C" void kern_cuda_set_error(const char *msg);
 #define Q4_FINITE 0x7f800000u    /* magnitude bits at and past infinity */
 #define Q4_NONE 0xffffffffu      /* status word: no piece failed */
 #define Q4_DEVICES 64            /* devices with a cached status word */
+#define Q4_SMALL 8               /* pieces of a launch with a short parameter block */
+#define Q4_SHORT 64              /* kernel template flag: the short parameter block */
 
 struct q4_piece {
     const char *x;
@@ -67,18 +69,27 @@ struct q4_piece {
     uint8_t colmajor;            /* units walk rows fastest */
 };
 
-struct q4_batch {
+/* The launch's parameters. CAP Q4_SMALL for a launch of few pieces (a
+ * call per weight, as post-load makes): the driver copies a launch's whole
+ * parameter block, ~1.4 KB instead of ~31 KB. */
+template <int CAP> struct q4_batch_of {
     int32_t np;
     int32_t pad;
     int64_t g_len;               /* columns per group, > 0 (k_q4_rows: 0 = k) */
     int64_t end;                 /* units of the launch */
-    q4_piece p[Q4_BATCH];
+    q4_piece p[CAP];
 };
+typedef q4_batch_of<Q4_BATCH> q4_batch;
+typedef q4_batch_of<Q4_SMALL> q4_batch_small;
 static_assert(sizeof(q4_batch) <= 32000, "q4_batch must fit the kernel parameters");
+/* A kernel's parameters by its template flag (Q4_SHORT: the short block;
+ * one template argument, as the emulator's launch macro needs). */
+#define Q4_PARAMS(F) q4_batch_of<((F) & Q4_SHORT) ? Q4_SMALL : Q4_BATCH>
 
 /* The piece unit u belongs to (the last whose first unit <= u): pi when
  * it still is (units only grow along a thread's loop), else searched. */
-__device__ __forceinline__ int q4_find(const q4_batch &B, int64_t u, int pi = 0)
+template <class BATCH>
+__device__ __forceinline__ int q4_find(const BATCH &B, int64_t u, int pi = 0)
 {
     if (B.p[pi].first <= u && (pi + 1 >= B.np || u < B.p[pi + 1].first))
         return pi;
@@ -202,10 +213,11 @@ __device__ __forceinline__ void q4_unit(const q4_piece &p, int64_t r, int64_t *i
 
 /* ---- groups of 8L columns: L lanes a (row, group) ---- */
 
-template <int L>
+template <int LS> /* L | Q4_SHORT for the short parameter block */
 __global__ void __launch_bounds__(Q4_THREADS)
-k_q4_groups(const __grid_constant__ q4_batch B, unsigned int *status)
+k_q4_groups(const __grid_constant__ Q4_PARAMS(LS) B, unsigned int *status)
 {
+    constexpr int L = LS & (Q4_SHORT - 1);
     const int per_warp = 32 / L;
     int lane = threadIdx.x & 31, sub = lane & (L - 1);
     int64_t warp = ((int64_t)blockIdx.x * Q4_THREADS + threadIdx.x) >> 5;
@@ -271,8 +283,9 @@ __device__ __forceinline__ uint32_t q4_block_max(uint32_t m, uint32_t *part)
     return m;
 }
 
+template <int S> /* Q4_SHORT for the short parameter block, else 0 */
 __global__ void __launch_bounds__(Q4_THREADS)
-k_q4_rows(const __grid_constant__ q4_batch B, unsigned int *status)
+k_q4_rows(const __grid_constant__ Q4_PARAMS(S) B, unsigned int *status)
 {
     __shared__ uint32_t part[Q4_THREADS / 32];
     for (int64_t u = blockIdx.x; u < B.end; u += gridDim.x) {
@@ -416,19 +429,35 @@ static int q4_lanes(int64_t group)
     return (l & (l - 1)) == 0 ? (int)l : 0;
 }
 
+/* The kernel for `lanes` with parameters b (S: Q4_SHORT for the short
+ * block, else 0). */
+template <int S, class BATCH>
+static void q4_launch_as(const BATCH &b, int lanes, unsigned grid, unsigned int *status,
+                         cudaStream_t st)
+{
+    switch (lanes) {
+    case 1: k_q4_groups<1 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    case 2: k_q4_groups<2 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    case 4: k_q4_groups<4 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    case 8: k_q4_groups<8 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    case 16: k_q4_groups<16 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    case 32: k_q4_groups<32 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    default: k_q4_rows<S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    }
+}
+
 static void q4_launch_one(const q4_batch *b, int lanes, unsigned int *status, cudaStream_t st)
 {
     int64_t threads = lanes ? b->end * lanes : b->end * Q4_THREADS;
     int64_t blocks = (threads + Q4_THREADS - 1) / Q4_THREADS;
     unsigned grid = (unsigned)(blocks > Q4_BLOCKS_MAX ? Q4_BLOCKS_MAX : blocks);
-    switch (lanes) {
-    case 1: k_q4_groups<1><<<grid, Q4_THREADS, 0, st>>>(*b, status); break;
-    case 2: k_q4_groups<2><<<grid, Q4_THREADS, 0, st>>>(*b, status); break;
-    case 4: k_q4_groups<4><<<grid, Q4_THREADS, 0, st>>>(*b, status); break;
-    case 8: k_q4_groups<8><<<grid, Q4_THREADS, 0, st>>>(*b, status); break;
-    case 16: k_q4_groups<16><<<grid, Q4_THREADS, 0, st>>>(*b, status); break;
-    case 32: k_q4_groups<32><<<grid, Q4_THREADS, 0, st>>>(*b, status); break;
-    default: k_q4_rows<<<grid, Q4_THREADS, 0, st>>>(*b, status); break;
+    if (b->np <= Q4_SMALL) {
+        q4_batch_small sb;
+        memset(&sb, 0, sizeof sb);
+        memcpy(&sb, b, offsetof(q4_batch, p) + sizeof b->p[0] * (size_t)b->np);
+        q4_launch_as<Q4_SHORT>(sb, lanes, grid, status, st);
+    } else {
+        q4_launch_as<0>(*b, lanes, grid, status, st);
     }
 }
 

@@ -16,7 +16,7 @@ E=$R/tests/gpu/emu
 mkdir -p "$W"
 # kernel<<<grid, Q4_THREADS, 0, st>>>(args) -> EMU_LAUNCH(...); every
 # vector and scalar access of the kernels through the alignment check
-sed -E -e 's/(k_[a-z0-9_]+(<[0-9]+>)?)<<<([^,]+), Q4_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(\3, Q4_THREADS, \1, \4);/' \
+sed -E -e 's/(k_[a-z0-9_]+(<[0-9A-Z_ |]+>)?)<<<([^,]+), Q4_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(\3, Q4_THREADS, \1, \4);/' \
   -e 's/\*\(const float4 \*\)\(a \+ 16\)/*EMU_AL(const float4, 16, a + 16)/' \
   -e 's/\*\(const float4 \*\)a/*EMU_AL(const float4, 16, a)/' \
   -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
