@@ -52,6 +52,8 @@
 
 #ifndef REFIT_GPU_MX_EMU
 #include <refit/refit.h>
+
+#include "gpu_pair.h"
 #endif
 
 #define F32 ((refit_dtype){REFIT_DTYPE_FLOAT, 32, 1})
@@ -777,156 +779,34 @@ static void test_encoders(void **state)
 
 #ifndef REFIT_GPU_MX_EMU
 /* ---- through the public API: a model on the device against the same
- * model in host memory ---- */
-
-#define OK(w, call)                                                           \
-    do {                                                                      \
-        int rc_ = (call);                                                     \
-        if (rc_ != REFIT_OK)                                                  \
-            fail_msg("%s: %s: %s [%s]", #call, refit_status_name(rc_),        \
-                     refit_errmsg((w)->ctx), backend_cuda_last_error());      \
-    } while (0)
-
-enum { MAX_RT = 24, MAX_CK = 24 };
-
-static int on_host_only; /* REFIT_GPU_MX_ON_HOST: the "device" world in host memory */
-
-static void *mem_alloc(int device, size_t bytes)
-{
-    void *p = NULL;
-    if (device && !on_host_only)
-        CU(cudaMalloc(&p, bytes ? bytes : 1));
-    else
-        p = malloc(bytes ? bytes : 1);
-    assert_non_null(p);
-    return p;
-}
-
-static void mem_free(int device, void *p)
-{
-    if (device && !on_host_only)
-        cudaFree(p);
-    else
-        free(p);
-}
-
-static void mem_put(int device, void *dst, const void *src, size_t n)
-{
-    if (device && !on_host_only)
-        CU(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
-    else
-        memcpy(dst, src, n);
-}
-
-static void mem_get(int device, void *dst, const void *src, size_t n)
-{
-    if (device && !on_host_only)
-        CU(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
-    else
-        memcpy(dst, src, n);
-}
-
-static refit_device dev_of(int device)
-{
-    return (refit_device){device && !on_host_only ? REFIT_DEVICE_CUDA : REFIT_DEVICE_CPU, 0};
-}
-
-typedef struct rt {
-    refit_tensor t;
-    int64_t shape[3];
-    void *data;
-    size_t bytes;
-} rt;
-
-typedef struct ck {
-    char name[64];
-    char module[32];
-    refit_dtype dtype;
-    int ndim;
-    int64_t shape[3];
-} ck;
-
-typedef struct world {
-    refit_ctx *ctx;
-    refit_model *m;
-    int device;
-    rt rt[MAX_RT];
-    int n_rt;
-    ck ck[MAX_CK];
-    int n_ck;
-} world;
-
-static void bind(world *w, const char *module, const char *name, refit_dtype dt, int nd,
-                 const int64_t *shape)
-{
-    rt *r = &w->rt[w->n_rt++];
-    memset(r, 0, sizeof *r);
-    int64_t numel = 1;
-    for (int i = 0; i < nd; i++) {
-        r->shape[i] = shape[i];
-        numel *= shape[i];
-    }
-    r->bytes = (size_t)numel * (dt.bits / 8);
-    r->data = mem_alloc(w->device, r->bytes);
-    char *junk = malloc(r->bytes ? r->bytes : 1);
-    assert_non_null(junk);
-    memset(junk, 0x5a, r->bytes);
-    mem_put(w->device, r->data, junk, r->bytes);
-    free(junk);
-    r->t = (refit_tensor){.data = r->data, .device = dev_of(w->device), .ndim = nd,
-                          .dtype = dt, .shape = r->shape, .strides = NULL};
-    OK(w, refit_module_bind_runtime(w->m, module, name, &r->t));
-}
+ * model in host memory (the paired harness, gpu_pair.h) ---- */
 
 /* An online module: runtime weight [e,] n, kq and its scales [e,] n, kb. */
-static void module(world *w, const char *name, const char *fmt, refit_dtype wdt,
+static void module(pair_world *w, const char *name, const char *fmt, refit_dtype wdt,
                    refit_dtype sdt, int64_t e, int64_t n, int64_t kq, int64_t kb)
 {
     OK(w, refit_model_add_module(w->m, name, fmt, NULL));
     if (e) {
-        bind(w, name, "weight", wdt, 3, (int64_t[]){e, n, kq});
-        bind(w, name, "weight_scale", sdt, 3, (int64_t[]){e, n, kb});
+        pair_bind(w, name, "weight", wdt, 3, (int64_t[]){e, n, kq});
+        pair_bind(w, name, "weight_scale", sdt, 3, (int64_t[]){e, n, kb});
     } else {
-        bind(w, name, "weight", wdt, 2, (int64_t[]){n, kq});
-        bind(w, name, "weight_scale", sdt, 2, (int64_t[]){n, kb});
+        pair_bind(w, name, "weight", wdt, 2, (int64_t[]){n, kq});
+        pair_bind(w, name, "weight_scale", sdt, 2, (int64_t[]){n, kb});
     }
 }
 
 /* A checkpoint weight [(e3,) rows, k] at row `row` of expert e (-1: none). */
-static void weight(world *w, const char *module, const char *name, refit_dtype dt, int64_t e3,
-                   int64_t rows, int64_t k, int64_t row, int64_t e)
+static void weight(pair_world *w, const char *module, const char *name, refit_dtype dt,
+                   int64_t e3, int64_t rows, int64_t k, int64_t row, int64_t e)
 {
-    refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
-    s.dtype = dt;
-    s.ndim = e3 ? 3 : 2;
-    if (e3) {
-        s.shape[0] = e3;
-        s.shape[1] = rows;
-        s.shape[2] = k;
-    } else {
-        s.shape[0] = rows;
-        s.shape[1] = k;
-        s.dst_offset[0] = row;
-    }
-    s.target = "weight";
-    s.expert = e;
-    OK(w, refit_model_expect(w->m, module, name, &s));
-    ck *c = &w->ck[w->n_ck++];
-    snprintf(c->name, sizeof c->name, "%s", name);
-    snprintf(c->module, sizeof c->module, "%s", module);
-    c->dtype = dt;
-    c->ndim = s.ndim;
-    memcpy(c->shape, s.shape, sizeof c->shape);
+    if (e3)
+        pair_expect(w, module, name, dt, 3, (int64_t[]){e3, rows, k}, "weight", 0, e);
+    else
+        pair_expect(w, module, name, dt, 2, (int64_t[]){rows, k}, "weight", row, e);
 }
 
-static void world_open(world *w, int device)
+static void build(pair_world *w)
 {
-    memset(w, 0, sizeof *w);
-    w->device = device;
-    refit_options o = REFIT_OPTIONS_INIT;
-    o.worker_id = device ? "gpu-mx" : "host-mx";
-    assert_int_equal(refit_open(&w->ctx, &o), REFIT_OK);
-    OK(w, refit_model_create(&w->m, w->ctx));
     char n[64];
     /* mxfp8: fused q/k/v, K = 136 (a ragged last block) */
     module(w, "l0.qkv", "mxfp8", E4M3, U8, 0, 280, 136, 5);
@@ -950,14 +830,6 @@ static void world_open(world *w, int device)
     weight(w, "l1.experts", "l1.experts.weight", BF16, 3, 64, 130, 0, -1);
     module(w, "l1.o", "mxfp4", U8, E8M0, 0, 100, 39, 3);
     weight(w, "l1.o", "l1.o_proj.weight", F32, 0, 100, 77, 0, -1);
-    OK(w, refit_model_seal(w->m));
-}
-
-static void world_close(world *w)
-{
-    refit_close(w->ctx);
-    for (int i = 0; i < w->n_rt; i++)
-        mem_free(w->device, w->rt[i].data);
 }
 
 static uint64_t mix(uint64_t z)
@@ -967,7 +839,7 @@ static uint64_t mix(uint64_t z)
     return z ^ (z >> 31);
 }
 
-static size_t ck_numel(const ck *c)
+static size_t ck_numel(const pair_ck *c)
 {
     size_t n = 1;
     for (int i = 0; i < c->ndim; i++)
@@ -978,7 +850,7 @@ static size_t ck_numel(const ck *c)
 /* Weight c of version v, contiguous host bytes: a wide range of
  * magnitudes, zero rows, subnormal rows and rows near the dtype's largest
  * value. nan_at >= 0: a NaN there. */
-static void *ckpt_bytes(const ck *c, int v, int64_t nan_at, size_t *bytes)
+static void *ckpt_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
 {
     size_t e = c->dtype.bits / 8, n = ck_numel(c);
     int64_t k = c->shape[c->ndim - 1];
@@ -1020,295 +892,53 @@ static void *ckpt_bytes(const ck *c, int v, int64_t nan_at, size_t *bytes)
     return b;
 }
 
-enum src_kind { SRC_PAGEABLE, SRC_PINNED, SRC_DEVICE };
-
-typedef struct src {
-    refit_tensor t;
-    int64_t shape[3];
-    void *buf;
-    enum src_kind kind;
-} src;
-
-static void src_make(src *s, const ck *c, int v, enum src_kind kind, int64_t nan_at)
+/* The harness's defect 1: a NaN at element 37. */
+static void *mx_bytes(const pair_ck *c, int v, int defect, size_t *bytes)
 {
-    memset(s, 0, sizeof *s);
-    size_t n;
-    void *h = ckpt_bytes(c, v, nan_at, &n);
-    if (on_host_only)
-        kind = SRC_PAGEABLE;
-    s->kind = kind;
-    memcpy(s->shape, c->shape, sizeof s->shape);
-    s->t = (refit_tensor){.device = {REFIT_DEVICE_CPU, 0}, .ndim = c->ndim, .dtype = c->dtype,
-                          .shape = s->shape};
-    if (kind == SRC_PINNED) {
-        CU(cudaHostAlloc(&s->buf, n ? n : 1, cudaHostAllocDefault));
-        memcpy(s->buf, h, n);
-        s->t.device.device_type = REFIT_DEVICE_CUDA_HOST;
-    } else if (kind == SRC_DEVICE) {
-        CU(cudaMalloc(&s->buf, n ? n : 1));
-        CU(cudaMemcpy(s->buf, h, n, cudaMemcpyHostToDevice));
-        s->t.device.device_type = REFIT_DEVICE_CUDA;
-    } else {
-        s->buf = h;
-        h = NULL;
-    }
-    s->t.data = s->buf;
-    free(h);
+    return ckpt_bytes(c, v, defect ? 37 : -1, bytes);
 }
 
-static void src_free(src *s)
-{
-    if (s->kind == SRC_PINNED)
-        cudaFreeHost(s->buf);
-    else if (s->kind == SRC_DEVICE)
-        cudaFree(s->buf);
-    else
-        free(s->buf);
-}
-
-static int deliver(world *w, refit_txn *t, int v, enum src_kind kind, void *stream, src *keep,
-                   int bad)
-{
-    for (int i = 0; i < w->n_ck; i++) {
-        src_make(&keep[i], &w->ck[i], v, kind, i == bad ? 37 : -1);
-        int rc = refit_load(t, w->ck[i].name, &keep[i].t, stream);
-        if (rc)
-            return rc;
-    }
-    return REFIT_OK;
-}
-
-static void keep_free(world *w, src *keep)
-{
-    for (int i = 0; i < w->n_ck; i++)
-        src_free(&keep[i]);
-    free(keep);
-}
-
-static void update(world *w, int v, enum src_kind kind, void *stream)
-{
-    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
-    char label[32];
-    snprintf(label, sizeof label, "v%d", v);
-    o.version_label = label;
-    o.rollback = 1;
-    refit_txn *t;
-    OK(w, refit_begin(&t, w->m, &o));
-    src *keep = calloc(MAX_CK, sizeof *keep);
-    assert_non_null(keep);
-    int rc = deliver(w, t, v, kind, stream, keep, -1);
-    if (rc)
-        fail_msg("update v%d: %s: %s [%s]", v, refit_status_name(rc), refit_errmsg(w->ctx),
-                 backend_cuda_last_error());
-    OK(w, refit_finalize(t));
-    keep_free(w, keep);
-    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
-}
-
-static char *snapshot(world *w, size_t *bytes)
-{
-    size_t n = 0;
-    for (int i = 0; i < w->n_rt; i++)
-        n += w->rt[i].bytes;
-    char *out = malloc(n ? n : 1), *p = out;
-    assert_non_null(out);
-    for (int i = 0; i < w->n_rt; i++) {
-        mem_get(w->device, p, w->rt[i].data, w->rt[i].bytes);
-        p += w->rt[i].bytes;
-    }
-    *bytes = n;
-    return out;
-}
-
-static void assert_snap(world *w, const char *a, const char *b, size_t n, const char *what)
-{
-    for (size_t i = 0; i < n; i++)
-        if (a[i] != b[i]) {
-            size_t at = i;
-            int r = 0;
-            while (r < w->n_rt && at >= w->rt[r].bytes)
-                at -= w->rt[r++].bytes;
-            fail_msg("%s: byte %zu differs (runtime tensor %d, byte %zu): %02x vs %02x", what, i,
-                     r, at, (unsigned char)a[i], (unsigned char)b[i]);
-        }
-}
-
-static void assert_same(world *d, world *h, const char *what)
-{
-    size_t nd, nh;
-    char *a = snapshot(d, &nd), *b = snapshot(h, &nh);
-    assert_int_equal(nd, nh);
-    assert_snap(d, a, b, nd, what);
-    free(a);
-    free(b);
-    uint64_t fd, fh;
-    OK(d, refit_model_fingerprint(d->m, &fd));
-    OK(h, refit_model_fingerprint(h->m, &fh));
-    if (fd != fh)
-        fail_msg("%s: fingerprints differ: device %016llx, host %016llx", what,
-                 (unsigned long long)fd, (unsigned long long)fh);
-}
-
-static int setup(void **state)
-{
-    if (backend_cuda_device_count() == 0 && !on_host_only) {
-        *state = NULL;
-        return 0;
-    }
-    world *w = calloc(2, sizeof *w);
-    if (!w)
-        return -1;
-    world_open(&w[0], 1);
-    world_open(&w[1], 0);
-    *state = w;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    world *w = *state;
-    if (w) {
-        world_close(&w[0]);
-        world_close(&w[1]);
-        free(w);
-    }
-    return 0;
-}
-
-#define WORLDS(state, d, h)                                                   \
-    if (!*(state)) {                                                          \
-        print_message("# no CUDA device: %s\n", backend_cuda_unavailable());  \
-        skip();                                                               \
-    }                                                                         \
-    world *d = &((world *)*(state))[0], *h = &((world *)*(state))[1]
+static const pair_format mx_model = {"REFIT_GPU_MX_ON_HOST", "mx", build, mx_bytes};
 
 static void test_model_matches_host(void **state)
 {
-    WORLDS(state, d, h);
-    enum src_kind kinds[3] = {SRC_DEVICE, SRC_PINNED, SRC_PAGEABLE};
-    for (int v = 1; v <= 3; v++) {
-        update(h, v, SRC_PAGEABLE, NULL);
-        update(d, v, kinds[v - 1], NULL);
-        char what[64];
-        snprintf(what, sizeof what, "version %d, source kind %d", v, (int)kinds[v - 1]);
-        assert_same(d, h, what);
-    }
+    pair_check_matches_host(state);
 }
 
+/* Reloads and a cold start agree byte for byte (fingerprints not compared
+ * here, as before the harness). */
 static void test_model_reload_equals_cold(void **state)
 {
-    WORLDS(state, d, h);
-    (void)h;
-    size_t n1, n2, n3;
-    update(d, 11, SRC_DEVICE, NULL);
-    char *a = snapshot(d, &n1);
-    update(d, 11, SRC_DEVICE, NULL);
-    char *b = snapshot(d, &n2);
-    assert_int_equal(n1, n2);
-    assert_snap(d, a, b, n1, "the same weights reloaded");
-    update(d, 12, SRC_DEVICE, NULL);
-    char *c = snapshot(d, &n3);
-    assert_true(memcmp(a, c, n1) != 0);
-    update(d, 11, SRC_PAGEABLE, NULL);
-    free(b);
-    b = snapshot(d, &n2);
-    assert_snap(d, a, b, n1, "A, B, then A again");
-    world cold;
-    world_open(&cold, 1);
-    update(&cold, 11, SRC_DEVICE, NULL);
-    free(c);
-    c = snapshot(&cold, &n3);
-    assert_int_equal(n1, n3);
-    assert_snap(d, c, b, n1, "reload against a cold start");
-    world_close(&cold);
-    free(a);
-    free(b);
-    free(c);
+    pair_check_reload_equals_cold(state, 0);
 }
 
 static void test_model_user_stream(void **state)
 {
-    WORLDS(state, d, h);
-    cudaStream_t st = NULL;
-    if (!on_host_only)
-        CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-    update(h, 21, SRC_PAGEABLE, NULL);
-    update(d, 21, SRC_DEVICE, st);
-    assert_same(d, h, "on a non-blocking stream");
-    update(d, 22, SRC_PAGEABLE, st);
-    update(h, 22, SRC_PAGEABLE, NULL);
-    assert_same(d, h, "pageable on a non-blocking stream");
-    if (st)
-        CU(cudaStreamDestroy(st));
+    pair_check_user_stream(state);
 }
 
 /* A NaN refused with module and tensor named and every byte kept; an abort
  * after every post-load ran restores every byte. */
 static void test_model_nan_and_abort(void **state)
 {
-    WORLDS(state, d, h);
-    update(h, 31, SRC_PAGEABLE, NULL);
-    update(d, 31, SRC_DEVICE, NULL);
-    size_t n0, n1;
-    char *before = snapshot(d, &n0);
     /* l0.k_proj, l0.down_proj (F32), an mxfp8 expert, the mxfp4 experts,
      * the mxfp4 odd-K weight */
     static const int bads[5] = {1, 3, 7, 10, 11};
-    for (int k = 0; k < 5; k++) {
-        refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
-        o.rollback = 1;
-        refit_txn *t;
-        OK(d, refit_begin(&t, d->m, &o));
-        src *keep = calloc(MAX_CK, sizeof *keep);
-        assert_non_null(keep);
-        int rc = deliver(d, t, 32, SRC_DEVICE, NULL, keep, bads[k]);
-        if (rc == REFIT_OK)
-            rc = refit_finalize(t);
-        assert_int_equal(rc, REFIT_ECORRUPT);
-        const char *msg = refit_errmsg(d->ctx);
-        const ck *c = &d->ck[bads[k]];
-        if (!strstr(msg, c->module) || !strstr(msg, c->name) || !strstr(msg, "NaN or infinity"))
-            fail_msg("message \"%s\" lacks module %s, tensor %s or the reason", msg, c->module,
-                     c->name);
-        if (refit_worker_health(d->ctx) == REFIT_HEALTH_UPDATING)
-            refit_abort(t);
-        keep_free(d, keep);
-        assert_int_equal(refit_worker_health(d->ctx), REFIT_HEALTH_READY);
-        char *after = snapshot(d, &n1);
-        assert_snap(d, before, after, n0, "after a refused NaN");
-        free(after);
-    }
-    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
-    o.rollback = 1;
-    refit_txn *t;
-    OK(d, refit_begin(&t, d->m, &o));
-    src *keep = calloc(MAX_CK, sizeof *keep);
-    assert_non_null(keep);
-    assert_int_equal(deliver(d, t, 33, SRC_DEVICE, NULL, keep, -1), REFIT_OK);
-    assert_int_equal(refit_abort(t), REFIT_OK);
-    keep_free(d, keep);
-    assert_int_equal(refit_worker_health(d->ctx), REFIT_HEALTH_READY);
-    char *after = snapshot(d, &n1);
-    assert_snap(d, before, after, n0, "after an abort with rollback");
-    free(after);
-    free(before);
-    assert_same(d, h, "after the refusals");
+    pair_check_nan_and_abort(state, bads, 5);
 }
 #endif
 
 int main(void)
 {
 #ifndef REFIT_GPU_MX_EMU
-    const char *e = getenv("REFIT_GPU_MX_ON_HOST");
-    on_host_only = e && *e && strcmp(e, "0");
-    if (on_host_only) {
+    if (pair_use(&mx_model)) {
         const struct CMUnitTest model[] = {
             cmocka_unit_test(test_model_matches_host),
             cmocka_unit_test(test_model_reload_equals_cold),
             cmocka_unit_test(test_model_user_stream),
             cmocka_unit_test(test_model_nan_and_abort),
         };
-        return cmocka_run_group_tests(model, setup, teardown);
+        return cmocka_run_group_tests(model, pair_setup, pair_teardown);
     }
 #endif
     /* cmocka's TAP output writes a skipped case as "not ok ... # SKIP",
@@ -1330,10 +960,10 @@ int main(void)
         cmocka_unit_test(test_status_after_refusal),
         cmocka_unit_test(test_encoders),
 #ifndef REFIT_GPU_MX_EMU
-        cmocka_unit_test_setup_teardown(test_model_matches_host, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_model_reload_equals_cold, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_model_user_stream, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_model_nan_and_abort, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_model_matches_host, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_model_reload_equals_cold, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_model_user_stream, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_model_nan_and_abort, pair_setup, pair_teardown),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
