@@ -1465,7 +1465,7 @@ static void *pool_alloc(pool *pl, size_t bytes)
 {
     size_t need = ((bytes ? bytes : 1) + 2 * MIB - 1) & ~(2 * MIB - 1);
     int dev = -1;
-    lock();
+    lock_raw(); /* an allocation orders nothing: deferred slices stay queued */
     if (!pl->pinned && cudaGetDevice(&dev) != cudaSuccess)
         (void)cudaGetLastError();
     blk *best = NULL;
@@ -1540,7 +1540,7 @@ static int cuda_save(void *host_dst, const void *src, size_t n, void *stream)
 {
     if (n == 0)
         return REFIT_OK;
-    lock();
+    lock_raw(); /* a save precedes its own region's write; slices of other regions stay queued */
     int dev = stream_device(stream);
     devg g;
     cq *q;

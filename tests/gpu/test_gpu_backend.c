@@ -536,6 +536,28 @@ static void test_from_safetensors_on_stream(void **state)
         snprintf(what, sizeof what, "safetensors on a stream, version %d", v);
         assert_same(d, h, what);
     }
+    /* an update from a file, aborted with rollback: every save must have
+     * read its region before the deferred copy wrote it */
+    size_t n0, n1;
+    char *before = snapshot(d, &n0);
+    write_ckpt_file(d, 13, path);
+    refit_txn *t;
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.rollback = 1;
+    OK(d, refit_begin(&t, d->m, &o));
+    refit_source *src;
+    OK(d, refit_source_open(&src, d->ctx, path));
+    OK(d, refit_load_source(t, src, NULL, NULL, st));
+    refit_source_close(src);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    assert_int_equal(refit_worker_health(d->ctx), REFIT_HEALTH_READY);
+    char *after = snapshot(d, &n1);
+    assert_int_equal(n0, n1);
+    assert_memory_equal(before, after, n0);
+    free(before);
+    free(after);
+    assert_same(d, h, "safetensors update aborted with rollback");
     CU(cudaStreamDestroy(st));
 }
 
