@@ -43,6 +43,8 @@
 #include "kernels/quant_int4.h"
 #ifndef REFIT_GPU_EMU
 #include <refit/refit.h>
+
+#include "gpu_pair.h"
 #endif
 
 #define F32 ((refit_dtype){REFIT_DTYPE_FLOAT, 32, 1})
@@ -511,143 +513,39 @@ static void test_kernel_pieces(void **state)
 }
 
 #ifndef REFIT_GPU_EMU
-/* ---- the model through the public API: device against host ---- */
-
-#define OK(w, call)                                                           \
-    do {                                                                      \
-        int rc_ = (call);                                                     \
-        if (rc_ != REFIT_OK)                                                  \
-            fail_msg("%s: %s: %s [%s]", #call, refit_status_name(rc_),        \
-                     refit_errmsg((w)->ctx), backend_cuda_last_error());      \
-    } while (0)
-
-enum { MAX_RT = 24, MAX_CK = 24 };
-
-static void *mem_alloc(int device, size_t bytes)
-{
-    void *p = NULL;
-    if (device && !on_host_only)
-        CU(cudaMalloc(&p, bytes ? bytes : 1));
-    else
-        p = malloc(bytes ? bytes : 1);
-    assert_non_null(p);
-    return p;
-}
-
-static void mem_free(int device, void *p)
-{
-    if (device && !on_host_only)
-        cudaFree(p);
-    else
-        free(p);
-}
-
-static void mem_put(int device, void *dst, const void *src, size_t n)
-{
-    if (device && !on_host_only)
-        CU(cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice));
-    else
-        memcpy(dst, src, n);
-}
-
-static void mem_get(int device, void *dst, const void *src, size_t n)
-{
-    if (device && !on_host_only)
-        CU(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
-    else
-        memcpy(dst, src, n);
-}
-
-typedef struct rt {
-    refit_tensor t;
-    int64_t shape[2];
-    void *data;
-    size_t bytes;
-} rt;
+/* ---- the model through the public API: device against host (the paired
+ * harness, gpu_pair.h) ---- */
 
 /* What a checkpoint tensor holds. */
 enum ck_kind { CK_PACKED, CK_SCALE, CK_ZP, CK_SHAPE, CK_FLOAT };
 
-typedef struct ck {
-    char name[64];
-    char module[16];
-    enum ck_kind kind;
-    refit_dtype dtype;
-    int ndim;
-    int64_t shape[2];
-    int64_t nk[2]; /* CK_SHAPE: the (N, K) it holds */
-} ck;
-
-typedef struct world {
-    refit_ctx *ctx;
-    refit_model *m;
-    int device;
-    rt rt[MAX_RT];
-    int n_rt;
-    ck ck[MAX_CK];
-    int n_ck;
-} world;
-
-static void bind(world *w, const char *module, const char *name, refit_dtype dt, int64_t a,
-                 int64_t b)
-{
-    rt *r = &w->rt[w->n_rt++];
-    memset(r, 0, sizeof *r);
-    r->shape[0] = a;
-    r->shape[1] = b;
-    r->bytes = (size_t)(a * b) * (dt.bits / 8);
-    r->data = mem_alloc(w->device, r->bytes);
-    char *junk = malloc(r->bytes ? r->bytes : 1);
-    assert_non_null(junk);
-    memset(junk, 0x5a, r->bytes);
-    mem_put(w->device, r->data, junk, r->bytes);
-    free(junk);
-    r->t = (refit_tensor){.data = r->data,
-                          .device = {w->device && !on_host_only ? REFIT_DEVICE_CUDA
-                                                                : REFIT_DEVICE_CPU, 0},
-                          .ndim = 2, .dtype = dt, .shape = r->shape, .strides = NULL};
-    OK(w, refit_module_bind_runtime(w->m, module, name, &r->t));
-}
-
-static void expect(world *w, const char *module, const char *suffix, enum ck_kind kind,
+/* A checkpoint tensor "module.suffix" [a, b] (ndim 1: [a]). */
+static void expect(pair_world *w, const char *module, const char *suffix, enum ck_kind kind,
                    refit_dtype dt, int ndim, int64_t a, int64_t b, const char *target)
 {
-    ck *c = &w->ck[w->n_ck++];
-    memset(c, 0, sizeof *c);
-    snprintf(c->name, sizeof c->name, "%s.%s", module, suffix);
-    snprintf(c->module, sizeof c->module, "%s", module);
-    c->kind = kind;
-    c->dtype = dt;
-    c->ndim = ndim;
-    c->shape[0] = a;
-    c->shape[1] = b;
-    refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
-    s.dtype = dt;
-    s.ndim = ndim;
-    s.shape[0] = a;
-    s.shape[1] = b;
-    s.target = target;
-    OK(w, refit_model_expect(w->m, module, c->name, &s));
+    char name[64];
+    snprintf(name, sizeof name, "%s.%s", module, suffix);
+    pair_expect(w, module, name, dt, ndim, (int64_t[]){a, b}, target, 0, -1)->kind = kind;
 }
 
 /* A checkpoint module: gptq or u8 (row pitch), zero points or not, the
  * weight_shape as sdt (I32/I64). */
-static void ckpt_module(world *w, const char *name, const char *params, int64_t n, int64_t k,
+static void ckpt_module(pair_world *w, const char *name, const char *params, int64_t n, int64_t k,
                         int64_t group, int u8, int64_t pitch, int asym, refit_dtype scale_dt,
                         refit_dtype shape_dt)
 {
     int64_t words = (k + 7) / 8, groups = (k + group - 1) / group;
     OK(w, refit_model_add_module(w->m, name, "int4", params));
     if (u8) {
-        bind(w, name, "weight", U8, n, pitch);
-        bind(w, name, "weight_scale", scale_dt, n, groups);
+        pair_bind(w, name, "weight", U8, 2, (int64_t[]){n, pitch});
+        pair_bind(w, name, "weight_scale", scale_dt, 2, (int64_t[]){n, groups});
         if (asym)
-            bind(w, name, "weight_zero_point", I32, (n + 7) / 8, groups);
+            pair_bind(w, name, "weight_zero_point", I32, 2, (int64_t[]){(n + 7) / 8, groups});
     } else {
-        bind(w, name, "weight", I32, words, n);
-        bind(w, name, "weight_scale", scale_dt, groups, n);
+        pair_bind(w, name, "weight", I32, 2, (int64_t[]){words, n});
+        pair_bind(w, name, "weight_scale", scale_dt, 2, (int64_t[]){groups, n});
         if (asym)
-            bind(w, name, "weight_zero_point", I32, groups, (n + 7) / 8);
+            pair_bind(w, name, "weight_zero_point", I32, 2, (int64_t[]){groups, (n + 7) / 8});
     }
     expect(w, name, "weight_packed", CK_PACKED, I32, 2, n, words, "weight");
     expect(w, name, "weight_scale", CK_SCALE, scale_dt, 2, n, groups, "weight_scale");
@@ -655,54 +553,40 @@ static void ckpt_module(world *w, const char *name, const char *params, int64_t 
         expect(w, name, "weight_zero_point", CK_ZP, I32, 2, (n + 7) / 8, groups,
                "weight_zero_point");
     expect(w, name, "weight_shape", CK_SHAPE, shape_dt, 1, 2, 0, "weight");
-    w->ck[w->n_ck - 1].nk[0] = n;
-    w->ck[w->n_ck - 1].nk[1] = k;
+    w->ck[w->n_ck - 1].aux[0] = n;
+    w->ck[w->n_ck - 1].aux[1] = k;
 }
 
 /* An online module: a float W.weight [n, k] into gptq or u8. */
-static void online_module(world *w, const char *name, const char *params, int64_t n, int64_t k,
+static void online_module(pair_world *w, const char *name, const char *params, int64_t n, int64_t k,
                           int64_t group, int u8, int64_t pitch, refit_dtype dt,
                           refit_dtype scale_dt)
 {
     int64_t words = (k + 7) / 8, groups = group > 0 ? (k + group - 1) / group : 1;
     OK(w, refit_model_add_module(w->m, name, "int4", params));
     if (u8) {
-        bind(w, name, "weight", U8, n, pitch);
-        bind(w, name, "weight_scale", scale_dt, n, groups);
+        pair_bind(w, name, "weight", U8, 2, (int64_t[]){n, pitch});
+        pair_bind(w, name, "weight_scale", scale_dt, 2, (int64_t[]){n, groups});
     } else {
-        bind(w, name, "weight", I32, words, n);
-        bind(w, name, "weight_scale", scale_dt, groups, n);
+        pair_bind(w, name, "weight", I32, 2, (int64_t[]){words, n});
+        pair_bind(w, name, "weight_scale", scale_dt, 2, (int64_t[]){groups, n});
     }
     expect(w, name, "weight", CK_FLOAT, dt, 2, n, k, "weight");
 }
 
-static void world_open(world *w, int device)
+static void build(pair_world *w)
 {
-    memset(w, 0, sizeof *w);
-    w->device = device;
-    refit_options o = REFIT_OPTIONS_INIT;
-    o.worker_id = device ? "gpu-int4" : "host-int4";
-    assert_int_equal(refit_open(&w->ctx, &o), REFIT_OK);
-    OK(w, refit_model_create(&w->m, w->ctx));
     ckpt_module(w, "c0", "group_size: 32\nin_features: 100", 48, 100, 32, 0, 0, 0, BF16, I64);
     ckpt_module(w, "c1", "group_size: 64\nlayout: u8", 24, 128, 64, 1, 80, 1, F16, I32);
     online_module(w, "o0", "group_size: 128\nonline: true", 96, 520, 128, 0, 0, BF16, BF16);
     online_module(w, "o1", "group_size: -1\nlayout: u8", 33, 77, 0, 1, 48, F32, F16);
     online_module(w, "o2", "group_size: 100", 16, 300, 100, 0, 0, F16, F32);
     online_module(w, "o3", "group_size: 32\nlayout: u8", 64, 256, 32, 1, 136, BF16, BF16);
-    OK(w, refit_model_seal(w->m));
-}
-
-static void world_close(world *w)
-{
-    refit_close(w->ctx);
-    for (int i = 0; i < w->n_rt; i++)
-        mem_free(w->device, w->rt[i].data);
 }
 
 /* Contiguous host bytes of tensor c at version v. bad: 1 a NaN in a float
  * weight, 2 a weight_shape with K + 1. */
-static void *ckpt_bytes(const ck *c, int v, int bad, size_t *bytes)
+static void *ckpt_bytes(const pair_ck *c, int v, int bad, size_t *bytes)
 {
     int64_t numel = c->ndim == 1 ? c->shape[0] : c->shape[0] * c->shape[1];
     size_t e = c->dtype.bits / 8, n = (size_t)numel;
@@ -718,7 +602,7 @@ static void *ckpt_bytes(const ck *c, int v, int bad, size_t *bytes)
             uint32_t u = (uint32_t)r;
             memcpy(b + i * 4, &u, 4);
         } else if (c->kind == CK_SHAPE) {
-            int64_t x = c->nk[i] + (bad == 2 && i == 1);
+            int64_t x = c->aux[i] + (bad == 2 && i == 1);
             if (e == 8)
                 memcpy(b + i * 8, &x, 8);
             else {
@@ -754,191 +638,20 @@ static void *ckpt_bytes(const ck *c, int v, int bad, size_t *bytes)
     return b;
 }
 
-enum src_kind { SRC_PAGEABLE, SRC_PINNED, SRC_DEVICE };
-
-typedef struct src {
-    refit_tensor t;
-    int64_t shape[2];
-    void *buf;
-    enum src_kind kind;
-} src;
-
-static void src_make(src *s, const ck *c, int v, enum src_kind kind, int bad)
-{
-    memset(s, 0, sizeof *s);
-    size_t n;
-    void *h = ckpt_bytes(c, v, bad, &n);
-    if (on_host_only)
-        kind = SRC_PAGEABLE;
-    s->kind = kind;
-    s->shape[0] = c->shape[0];
-    s->shape[1] = c->shape[1];
-    s->t = (refit_tensor){.device = {REFIT_DEVICE_CPU, 0}, .ndim = c->ndim, .dtype = c->dtype,
-                          .shape = s->shape};
-    if (kind == SRC_PINNED) {
-        CU(cudaHostAlloc(&s->buf, n ? n : 1, cudaHostAllocDefault));
-        memcpy(s->buf, h, n);
-        s->t.device.device_type = REFIT_DEVICE_CUDA_HOST;
-    } else if (kind == SRC_DEVICE) {
-        CU(cudaMalloc(&s->buf, n ? n : 1));
-        CU(cudaMemcpy(s->buf, h, n, cudaMemcpyHostToDevice));
-        s->t.device.device_type = REFIT_DEVICE_CUDA;
-    } else {
-        s->buf = h;
-        h = NULL;
-    }
-    s->t.data = s->buf;
-    free(h);
-}
-
-static void src_free(src *s)
-{
-    if (!s->buf)
-        return;
-    if (s->kind == SRC_PINNED)
-        cudaFreeHost(s->buf);
-    else if (s->kind == SRC_DEVICE)
-        cudaFree(s->buf);
-    else
-        free(s->buf);
-}
-
-/* Deliver version v; tensor `bad_at` gets defect `bad`. Returns the first
- * failing status. */
-static int deliver(world *w, refit_txn *t, int v, enum src_kind kind, src *keep, int bad_at,
-                   int bad)
-{
-    for (int i = 0; i < w->n_ck; i++) {
-        src_make(&keep[i], &w->ck[i], v, kind, i == bad_at ? bad : 0);
-        int rc = refit_load(t, w->ck[i].name, &keep[i].t, NULL);
-        if (rc)
-            return rc;
-    }
-    return REFIT_OK;
-}
-
-static void keep_free(world *w, src *keep)
-{
-    for (int i = 0; i < w->n_ck; i++)
-        src_free(&keep[i]);
-    free(keep);
-}
-
-static void update(world *w, int v, enum src_kind kind)
-{
-    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
-    char label[32];
-    snprintf(label, sizeof label, "v%d", v);
-    o.version_label = label;
-    o.rollback = 1;
-    refit_txn *t;
-    OK(w, refit_begin(&t, w->m, &o));
-    src *keep = calloc(MAX_CK, sizeof *keep);
-    assert_non_null(keep);
-    int rc = deliver(w, t, v, kind, keep, -1, 0);
-    if (rc)
-        fail_msg("update v%d: %s: %s [%s]", v, refit_status_name(rc), refit_errmsg(w->ctx),
-                 backend_cuda_last_error());
-    OK(w, refit_finalize(t));
-    keep_free(w, keep);
-    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
-}
-
-static char *snapshot(world *w, size_t *bytes)
-{
-    size_t n = 0;
-    for (int i = 0; i < w->n_rt; i++)
-        n += w->rt[i].bytes;
-    char *out = malloc(n ? n : 1), *p = out;
-    assert_non_null(out);
-    for (int i = 0; i < w->n_rt; i++) {
-        mem_get(w->device, p, w->rt[i].data, w->rt[i].bytes);
-        p += w->rt[i].bytes;
-    }
-    *bytes = n;
-    return out;
-}
-
-static void assert_snap(world *w, const char *a, const char *b, size_t n, const char *what)
-{
-    for (size_t i = 0; i < n; i++)
-        if (a[i] != b[i]) {
-            size_t at = i;
-            int r = 0;
-            while (r < w->n_rt && at >= w->rt[r].bytes)
-                at -= w->rt[r++].bytes;
-            fail_msg("%s: byte %zu differs (runtime tensor #%d, byte %zu): %02x vs %02x", what,
-                     i, r, at, (unsigned char)a[i], (unsigned char)b[i]);
-        }
-}
-
-static void assert_same(world *d, world *h, const char *what)
-{
-    size_t nd, nh;
-    char *a = snapshot(d, &nd), *b = snapshot(h, &nh);
-    assert_int_equal(nd, nh);
-    assert_snap(d, a, b, nd, what);
-    free(a);
-    free(b);
-    uint64_t fd, fh;
-    OK(d, refit_model_fingerprint(d->m, &fd));
-    OK(h, refit_model_fingerprint(h->m, &fh));
-    if (fd != fh)
-        fail_msg("%s: fingerprints differ: device %016llx, host %016llx", what,
-                 (unsigned long long)fd, (unsigned long long)fh);
-}
-
-static int setup(void **state)
-{
-    if (backend_cuda_device_count() == 0 && !on_host_only) {
-        *state = NULL;
-        return 0;
-    }
-    world *w = calloc(2, sizeof *w);
-    if (!w)
-        return -1;
-    world_open(&w[0], 1);
-    world_open(&w[1], 0);
-    *state = w;
-    return 0;
-}
-
-static int teardown(void **state)
-{
-    world *w = *state;
-    if (w) {
-        world_close(&w[0]);
-        world_close(&w[1]);
-        free(w);
-    }
-    return 0;
-}
-
-#define WORLDS(state, d, h)                                                   \
-    if (!*(state)) {                                                          \
-        print_message("# no CUDA device: %s\n", backend_cuda_unavailable());  \
-        skip();                                                               \
-    }                                                                         \
-    world *d = &((world *)*(state))[0], *h = &((world *)*(state))[1]
+static const pair_format int4_model = {"REFIT_GPU_INT4_ON_HOST", "int4", build, ckpt_bytes};
 
 /* The device model's bytes are the host model's, from every source kind;
  * the u8 row pads are zero. */
 static void test_model_matches_host(void **state)
 {
     WORLDS(state, d, h);
-    enum src_kind kinds[3] = {SRC_DEVICE, SRC_PINNED, SRC_PAGEABLE};
-    for (int v = 1; v <= 3; v++) {
-        update(h, v, SRC_PAGEABLE);
-        update(d, v, kinds[v - 1]);
-        char what[64];
-        snprintf(what, sizeof what, "version %d, source kind %d", v, (int)kinds[v - 1]);
-        assert_same(d, h, what);
-    }
+    (void)h;
+    pair_check_matches_host(state);
     /* c1's runtime weight (runtime #2: c0 binds two) holds rows of 80 bytes,
      * 64 of them words */
     unsigned char row[80];
     for (int64_t i = 0; i < 24; i++) {
-        mem_get(1, row, (char *)d->rt[2].data + i * 80, 80);
+        pair_mem_get(1, row, (char *)d->rt[2].data + i * 80, 80);
         for (int b = 64; b < 80; b++)
             assert_int_equal(row[b], 0);
     }
@@ -951,23 +664,23 @@ static void test_model_reload_equals_cold(void **state)
     WORLDS(state, d, h);
     (void)h;
     size_t n1, n2, n3;
-    update(d, 11, SRC_DEVICE);
-    char *a = snapshot(d, &n1);
-    update(d, 11, SRC_DEVICE);
-    char *b = snapshot(d, &n2);
+    pair_update(d, 11, SRC_DEVICE, NULL);
+    char *a = pair_snapshot(d, &n1);
+    pair_update(d, 11, SRC_DEVICE, NULL);
+    char *b = pair_snapshot(d, &n2);
     assert_int_equal(n1, n2);
-    assert_snap(d, a, b, n1, "the same weights reloaded");
-    update(d, 12, SRC_DEVICE);
-    world cold;
-    world_open(&cold, 1);
-    update(&cold, 12, SRC_DEVICE);
-    char *c = snapshot(&cold, &n3);
+    pair_assert_snap(d, a, b, n1, "the same weights reloaded");
+    pair_update(d, 12, SRC_DEVICE, NULL);
+    pair_world cold;
+    pair_open(&cold, 1);
+    pair_update(&cold, 12, SRC_DEVICE, NULL);
+    char *c = pair_snapshot(&cold, &n3);
     free(b);
-    b = snapshot(d, &n2);
+    b = pair_snapshot(d, &n2);
     assert_int_equal(n2, n3);
-    assert_snap(d, c, b, n2, "reload against a cold start");
+    pair_assert_snap(d, c, b, n2, "reload against a cold start");
     assert_true(memcmp(a, b, n1) != 0);
-    world_close(&cold);
+    pair_close(&cold);
     free(a);
     free(b);
     free(c);
@@ -979,10 +692,10 @@ static void test_model_reload_equals_cold(void **state)
 static void test_model_refusals_roll_back(void **state)
 {
     WORLDS(state, d, h);
-    update(h, 31, SRC_PAGEABLE);
-    update(d, 31, SRC_DEVICE);
-    size_t n0, n1;
-    char *before = snapshot(d, &n0);
+    pair_update(h, 31, SRC_PAGEABLE, NULL);
+    pair_update(d, 31, SRC_DEVICE, NULL);
+    size_t n0;
+    char *before = pair_snapshot(d, &n0);
     static const struct {
         const char *tensor;
         int bad;
@@ -997,50 +710,22 @@ static void test_model_refusals_roll_back(void **state)
         int at = 0;
         while (strcmp(d->ck[at].name, cases[k].tensor))
             at++;
-        refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
-        o.rollback = 1;
-        refit_txn *t;
-        OK(d, refit_begin(&t, d->m, &o));
-        src *keep = calloc(MAX_CK, sizeof *keep);
-        assert_non_null(keep);
-        int rc = deliver(d, t, 32, SRC_DEVICE, keep, at, cases[k].bad);
-        if (rc == REFIT_OK)
-            rc = refit_finalize(t);
-        assert_int_equal(rc, REFIT_ECORRUPT);
-        const char *msg = refit_errmsg(d->ctx);
-        if (!strstr(msg, cases[k].tensor) || !strstr(msg, cases[k].reason))
-            fail_msg("message \"%s\" lacks tensor %s or \"%s\"", msg, cases[k].tensor,
-                     cases[k].reason);
-        if (refit_worker_health(d->ctx) == REFIT_HEALTH_UPDATING)
-            refit_abort(t);
-        keep_free(d, keep);
-        assert_int_equal(refit_worker_health(d->ctx), REFIT_HEALTH_READY);
-        char *after = snapshot(d, &n1);
-        assert_snap(d, before, after, n0, cases[k].tensor);
-        free(after);
+        pair_check_refused(d, at, cases[k].bad, cases[k].reason, before, n0, cases[k].tensor);
     }
-    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
-    o.rollback = 1;
-    refit_txn *t;
-    OK(d, refit_begin(&t, d->m, &o));
-    src *keep = calloc(MAX_CK, sizeof *keep);
-    assert_non_null(keep);
-    assert_int_equal(deliver(d, t, 33, SRC_DEVICE, keep, -1, 0), REFIT_OK);
-    assert_int_equal(refit_abort(t), REFIT_OK);
-    keep_free(d, keep);
-    assert_int_equal(refit_worker_health(d->ctx), REFIT_HEALTH_READY);
-    char *after = snapshot(d, &n1);
-    assert_snap(d, before, after, n0, "after an abort with rollback");
-    free(after);
+    pair_check_abort_restores(d, before, n0);
     free(before);
-    assert_same(d, h, "after the refusals");
+    pair_assert_same(d, h, "after the refusals");
 }
 #endif /* REFIT_GPU_EMU */
 
 int main(void)
 {
+#ifndef REFIT_GPU_EMU
+    on_host_only = pair_use(&int4_model);
+#else
     const char *e = getenv("REFIT_GPU_INT4_ON_HOST");
     on_host_only = e && *e && strcmp(e, "0");
+#endif
     /* a skipped cmocka case reads as a failure in TAP: without a device the
      * suite is one skipped plan */
     if (backend_cuda_device_count() == 0 && !on_host_only) {
@@ -1061,7 +746,7 @@ int main(void)
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_matches_host);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_reload_equals_cold);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_refusals_roll_back);
-    return _cmocka_run_group_tests("gpu-int4", tests, n, setup, teardown);
+    return _cmocka_run_group_tests("gpu-int4", tests, n, pair_setup, pair_teardown);
 #else
     return _cmocka_run_group_tests("gpu-int4", tests, n, NULL, NULL);
 #endif
