@@ -12,6 +12,8 @@
 #include <cuda_runtime_api.h>
 
 #include "gpu_pair.h"
+#include "gpu_twin.h"
+#include "kernels/cast.h"
 
 #define CU(call)                                                              \
     do {                                                                      \
@@ -71,6 +73,58 @@ void pair_mem_get(int device, void *dst, const void *src, size_t n)
         CU(cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost));
     else
         memcpy(dst, src, n);
+}
+
+/* ---- checkpoint values ---- */
+
+void *pair_float_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
+{
+    size_t e = c->dtype.bits / 8, n = 1;
+    for (int d = 0; d < c->ndim; d++)
+        n *= (size_t)c->shape[d];
+    int64_t k = c->shape[c->ndim - 1];
+    uint64_t seed = (uint64_t)v * 0x100000001b3ull;
+    for (const char *p = c->name; *p; p++)
+        seed = (seed ^ (unsigned char)*p) * 0x100000001b3ull;
+    char *b = malloc(n * e + 1);
+    assert_non_null(b);
+    int f16 = c->dtype.code == REFIT_DTYPE_FLOAT && c->dtype.bits == 16;
+    for (size_t i = 0; i < n; i++) {
+        uint64_t r = twin_mix(seed + i);
+        int64_t row = (int64_t)i / k;
+        float f;
+        uint32_t u;
+        if (row % 9 == 4) {
+            f = 0.0f;
+        } else if (row % 7 == 2) { /* subnormal in the dtype */
+            u = f16 ? 0x33800000u + (uint32_t)(r & 0xfffff) /* below f16's normals */
+                    : (uint32_t)(r & 0x7fffffu) | 1u;
+            memcpy(&f, &u, 4);
+        } else if (row % 11 == 6) {
+            f = (f16 ? 65000.0f : 3.0e38f) * ((float)((r >> 40) & 0xffff) / 65536.0f);
+        } else {
+            int ex = (int)(r % 24) - 12;
+            f = (float)((double)((r >> 20) & 0xffff) / 32768.0 - 1.0) *
+                (float)(ex < 0 ? 1.0 / (double)(1u << -ex) : (double)(1u << ex));
+        }
+        if (r & (1ull << 63))
+            f = -f;
+        if ((int64_t)i == nan_at)
+            f = __builtin_nanf("");
+        if (e == 4) {
+            memcpy(b + i * 4, &f, 4);
+        } else {
+            uint16_t h = f16 ? kern_f32_to_f16(f) : kern_f32_to_bf16(f);
+            memcpy(b + i * 2, &h, 2);
+        }
+    }
+    *bytes = n * e;
+    return b;
+}
+
+void *pair_float_ckpt(const pair_ck *c, int v, int defect, size_t *bytes)
+{
+    return pair_float_bytes(c, v, defect ? 37 : -1, bytes);
 }
 
 /* ---- a world: the model in one kind of memory ---- */

@@ -68,6 +68,14 @@ typedef struct pair_format {
     void *(*ckpt_bytes)(const pair_ck *c, int v, int defect, size_t *bytes);
 } pair_format;
 
+/* A float checkpoint weight (F32, F16 or BF16, any ndim, rows along the
+ * last dim) of version v, contiguous host bytes (malloc'd): finite values
+ * over a wide range of magnitudes, with zero rows, rows of subnormals and
+ * rows near the dtype's largest value. nan_at >= 0: a NaN at that element. */
+void *pair_float_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes);
+/* The same as a pair_format's ckpt_bytes: defect 1 is a NaN at element 37. */
+void *pair_float_ckpt(const pair_ck *c, int v, int defect, size_t *bytes);
+
 /* Selects the format and reads its switch; returns whether the "device"
  * world lives in host memory. Call first in main. */
 int pair_use(const pair_format *f);

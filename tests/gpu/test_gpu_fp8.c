@@ -103,67 +103,8 @@ static void build(pair_world *w)
     }
 }
 
-/* ---- checkpoint values ---- */
-
-static uint64_t mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Weight c of version v, contiguous host bytes: finite values over a wide
- * range of magnitudes, with zero rows, rows of subnormals and rows near
- * the dtype's largest value. nan_at >= 0: a NaN at that element. */
-static void *ckpt_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
-{
-    size_t e = c->dtype.bits / 8, n = (size_t)(c->shape[0] * c->shape[1]);
-    uint64_t seed = (uint64_t)v * 0x100000001b3ull;
-    for (const char *p = c->name; *p; p++)
-        seed = (seed ^ (unsigned char)*p) * 0x100000001b3ull;
-    char *b = malloc(n * e + 1);
-    assert_non_null(b);
-    int f16 = c->dtype.code == REFIT_DTYPE_FLOAT && c->dtype.bits == 16;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t r = mix(seed + i);
-        int64_t row = (int64_t)i / c->shape[1];
-        float f;
-        uint32_t u;
-        if (row % 9 == 4) {
-            f = 0.0f;
-        } else if (row % 7 == 2) { /* subnormal in the dtype */
-            u = f16 ? 0x33800000u + (uint32_t)(r & 0xfffff) /* below f16's normals */
-                    : (uint32_t)(r & 0x7fffffu) | 1u;
-            memcpy(&f, &u, 4);
-        } else if (row % 11 == 6) {
-            f = (f16 ? 65000.0f : 3.0e38f) * ((float)((r >> 40) & 0xffff) / 65536.0f);
-        } else {
-            int ex = (int)(r % 24) - 12;
-            f = (float)((double)((r >> 20) & 0xffff) / 32768.0 - 1.0) *
-                (float)(ex < 0 ? 1.0 / (double)(1u << -ex) : (double)(1u << ex));
-        }
-        if (r & (1ull << 63))
-            f = -f;
-        if ((int64_t)i == nan_at)
-            f = __builtin_nanf("");
-        if (e == 4) {
-            memcpy(b + i * 4, &f, 4);
-        } else {
-            uint16_t h = f16 ? kern_f32_to_f16(f) : kern_f32_to_bf16(f);
-            memcpy(b + i * 2, &h, 2);
-        }
-    }
-    *bytes = n * e;
-    return b;
-}
-
-/* The harness's defect 1: a NaN at element 37. */
-static void *fp8_bytes(const pair_ck *c, int v, int defect, size_t *bytes)
-{
-    return ckpt_bytes(c, v, defect ? 37 : -1, bytes);
-}
-
-static const pair_format fp8_model = {"REFIT_GPU_FP8_ON_HOST", "fp8", build, fp8_bytes};
+/* Every checkpoint tensor is a float weight; defect 1: a NaN at element 37. */
+static const pair_format fp8_model = {"REFIT_GPU_FP8_ON_HOST", "fp8", build, pair_float_ckpt};
 
 /* ---- tests ---- */
 

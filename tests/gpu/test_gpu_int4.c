@@ -38,6 +38,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/cuda/backend_cuda.h"
+#include "gpu_twin.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/cast.h"
 #include "kernels/quant_int4.h"
@@ -63,23 +64,18 @@
 
 static int on_host_only; /* REFIT_GPU_INT4_ON_HOST */
 
-static uint64_t rng_state = 0x1a7e4c3d;
-
-static uint64_t mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rnd(void)
-{
-    return mix(rng_state += 0x9e3779b97f4a7c15ull);
-}
 
 static const char *dt_name(refit_dtype d)
 {
     return d.bits == 32 ? "f32" : d.code == REFIT_DTYPE_BFLOAT ? "bf16" : "f16";
+}
+
+/* twin_check, the part of the call's output named: "<what>: <part>". */
+static void twin_check_part(const twin *t, const char *what, const char *part)
+{
+    char label[256];
+    snprintf(label, sizeof label, "%s: %s", what, part);
+    twin_check(t, label);
 }
 
 /* Raw bits of f in a float dtype (2 or 4 bytes at p). */
@@ -95,97 +91,6 @@ static void put_float(char *p, refit_dtype dt, float f)
 
 /* ---- kernel against reference ---- */
 
-/* A host allocation and its device twin, same junk. */
-typedef struct twin {
-    char *h, *d;
-    size_t bytes;
-} twin;
-
-static twin twin_new(size_t bytes)
-{
-    twin t = {malloc(bytes ? bytes : 1), NULL, bytes};
-    assert_non_null(t.h);
-    for (size_t i = 0; i < bytes; i += 8) {
-        uint64_t r = rnd();
-        memcpy(t.h + i, &r, bytes - i < 8 ? bytes - i : 8);
-    }
-    CU(cudaMalloc((void **)&t.d, bytes ? bytes : 1));
-    CU(cudaMemcpy(t.d, t.h, bytes, cudaMemcpyHostToDevice));
-    return t;
-}
-
-static void twin_push(const twin *t)
-{
-    CU(cudaMemcpy(t->d, t->h, t->bytes, cudaMemcpyHostToDevice));
-}
-
-static void twin_free(twin *t)
-{
-    free(t->h);
-    cudaFree(t->d);
-}
-
-static void twin_check(const twin *t, const char *what, const char *part)
-{
-    unsigned char *back = malloc(t->bytes ? t->bytes : 1);
-    assert_non_null(back);
-    CU(cudaMemcpy(back, t->d, t->bytes, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < t->bytes; i++)
-        if (back[i] != (unsigned char)t->h[i]) {
-            unsigned a = back[i], b = (unsigned char)t->h[i];
-            free(back);
-            fail_msg("%s: %s byte %zu of %zu differs: device %02x, host %02x", what, part, i,
-                     t->bytes, a, b);
-        }
-    free(back);
-}
-
-static refit_view v2(char *base, refit_dtype dt, int64_t n, int64_t k, int64_t s0, int64_t s1,
-                     int64_t first)
-{
-    refit_view v;
-    memset(&v, 0, sizeof v);
-    v.data = base + first * (int64_t)(dt.bits / 8);
-    v.device = (refit_device){REFIT_DEVICE_CUDA, 0};
-    v.dtype = dt;
-    v.ndim = 2;
-    v.shape[0] = n;
-    v.shape[1] = k;
-    v.strides[0] = s0;
-    v.strides[1] = s1;
-    return v;
-}
-
-static refit_view on_host(refit_view v, const twin *t)
-{
-    v.data = t->h + ((char *)v.data - t->d);
-    v.device = (refit_device){REFIT_DEVICE_CPU, 0};
-    return v;
-}
-
-/* Layouts of an [n, k] view: 0 row-major, 1 padded rows, 2 transposed
- * (the GPTQ layout's words and scales), 3 row-major one element past an
- * aligned start. */
-typedef struct lay {
-    int64_t s0, s1, first, elems;
-} lay;
-
-static lay layout(int kind, int64_t n, int64_t k)
-{
-    lay l = {k, 1, 0, n * k};
-    if (kind == 1) {
-        l.s0 = k + 3;
-        l.elems = n * (k + 3);
-    } else if (kind == 2) {
-        l.s0 = 1;
-        l.s1 = n;
-    } else if (kind == 3) {
-        l.first = 1;
-    }
-    l.elems += l.first + 1;
-    return l;
-}
-
 enum pat { PAT_MIXED, PAT_RANDOM, PAT_ZERO, PAT_SUBNORMAL, PAT_TIES, PAT_NEARTIE };
 
 static void put(const refit_view *x, int64_t i, int64_t j, float f)
@@ -196,7 +101,7 @@ static void put(const refit_view *x, int64_t i, int64_t j, float f)
 
 static float uniform(void)
 {
-    return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    return (float)((double)(twin_rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 /* A subnormal of the dtype, as an f32 that converts to it exactly. */
@@ -204,12 +109,12 @@ static float subnormal(refit_dtype dt)
 {
     uint32_t b;
     if (dt.bits == 32)
-        b = (uint32_t)(rnd() & 0x7fffffu) | 1u;
+        b = (uint32_t)(twin_rnd() & 0x7fffffu) | 1u;
     else if (dt.code == REFIT_DTYPE_BFLOAT)
-        b = ((uint32_t)(rnd() & 0x7fu) | 1u) << 16;
+        b = ((uint32_t)(twin_rnd() & 0x7fu) | 1u) << 16;
     else
-        b = 0x33800000u + ((uint32_t)(rnd() & 0x3ffu) << 13); /* f16 subnormal range */
-    if (rnd() & 1)
+        b = 0x33800000u + ((uint32_t)(twin_rnd() & 0x3ffu) << 13); /* f16 subnormal range */
+    if (twin_rnd() & 1)
         b |= 0x80000000u;
     float f;
     memcpy(&f, &b, 4);
@@ -249,7 +154,7 @@ static void fill(const refit_view *x, enum pat p, refit_dtype sdt)
             float f;
             switch (kind) {
             case PAT_ZERO:
-                f = (rnd() & 1) ? -0.0f : 0.0f;
+                f = (twin_rnd() & 1) ? -0.0f : 0.0f;
                 break;
             case PAT_SUBNORMAL:
                 f = subnormal(x->dtype);
@@ -261,7 +166,7 @@ static void fill(const refit_view *x, enum pat p, refit_dtype sdt)
                 f = near_tie(j, sdt);
                 break;
             default: {
-                int e = (int)(rnd() % 30) - 20;
+                int e = (int)(twin_rnd() % 30) - 20;
                 f = uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
                 break;
             }
@@ -306,9 +211,9 @@ static void one(refit_dtype dt, refit_dtype sdt, int64_t n, int64_t k, int64_t g
         fail_msg("%s: device returned %d (%s), the reference %d", what, rd,
                  kern_cuda_last_error(), rh);
     assert_int_equal(rh, REFIT_OK);
-    twin_check(&tq, what, "words");
-    twin_check(&ts, what, "scales");
-    twin_check(&tx, what, "weight (untouched)");
+    twin_check_part(&tq, what, "words");
+    twin_check_part(&ts, what, "scales");
+    twin_check_part(&tx, what, "weight (untouched)");
     twin_free(&tx);
     twin_free(&tq);
     twin_free(&ts);
@@ -413,8 +318,8 @@ static void test_status_after_refusal(void **state)
                      kern_cuda_last_error());
         for (int i = 0; i < 2; i++) {
             assert_int_equal(kern_quant_int4(&hq[i], &hs[i], &hx[i], group), REFIT_OK);
-            twin_check(&tq[i], "a clean call after refusals", "words");
-            twin_check(&ts[i], "a clean call after refusals", "scales");
+            twin_check_part(&tq[i], "a clean call after refusals", "words");
+            twin_check_part(&ts[i], "a clean call after refusals", "scales");
             twin_free(&tx[i]);
             twin_free(&tq[i]);
             twin_free(&ts[i]);
@@ -439,7 +344,7 @@ static void test_kernel_pieces(void **state)
         refit_view gq[NP], gs[NP], gx[NP], hq[NP], hs[NP], hx[NP];
         twin tx[NP], tq[NP], ts[NP];
         for (int i = 0; i < NP; i++) {
-            int64_t n = 1 + (int64_t)(rnd() % 40), k = 1 + (int64_t)(rnd() % 200);
+            int64_t n = 1 + (int64_t)(twin_rnd() % 40), k = 1 + (int64_t)(twin_rnd() % 200);
             int64_t words = (k + 7) / 8, g = group ? (k + group - 1) / group : 1;
             refit_dtype dt = i % 3 == 0 ? BF16 : i % 3 == 1 ? F16 : F32;
             refit_dtype sdt = i % 2 ? F32 : BF16;
@@ -463,8 +368,8 @@ static void test_kernel_pieces(void **state)
         for (int i = 0; i < NP; i++) {
             char what[64];
             snprintf(what, sizeof what, "piece %d of %d, group %lld", i, NP, (long long)group);
-            twin_check(&tq[i], what, "words");
-            twin_check(&ts[i], what, "scales");
+            twin_check_part(&tq[i], what, "words");
+            twin_check_part(&ts[i], what, "scales");
         }
         /* refusals: an infinity at piece NP-5, a NaN at NP/2, an F16-scale
          * overflow at NP/3 (an F32 weight of 1e6 with F16 scales) */
@@ -596,7 +501,7 @@ static void *ckpt_bytes(const pair_ck *c, int v, int bad, size_t *bytes)
     char *b = malloc(n * e + 1);
     assert_non_null(b);
     for (size_t i = 0; i < n; i++) {
-        uint64_t r = mix(seed + i);
+        uint64_t r = twin_mix(seed + i);
         int64_t row = c->ndim == 2 ? (int64_t)i / c->shape[1] : 0;
         if (c->kind == CK_PACKED || c->kind == CK_ZP) {
             uint32_t u = (uint32_t)r;
@@ -720,6 +625,7 @@ static void test_model_refusals_roll_back(void **state)
 
 int main(void)
 {
+    twin_seed(0x1a7e4c3d); /* this program's inputs, as before the shared stream */
 #ifndef REFIT_GPU_EMU
     on_host_only = pair_use(&int4_model);
 #else

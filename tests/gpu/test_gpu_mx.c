@@ -44,6 +44,7 @@
 #include <refit/format.h>
 
 #include "core/cuda/backend_cuda.h"
+#include "gpu_twin.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/cast.h"
 #include "kernels/minifloat.h"
@@ -70,16 +71,7 @@
             fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
     } while (0)
 
-static uint64_t rng_state = 0x6d78667034ull;
 static int encoders = 1; /* MXFP8 runs per case: 1, or 2 with the instruction */
-
-static uint64_t rnd(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static const char *dt_name(refit_dtype d)
 {
@@ -87,96 +79,6 @@ static const char *dt_name(refit_dtype d)
 }
 
 /* ---- a host allocation and its device twin, same junk ---- */
-
-typedef struct twin {
-    char *h, *d;
-    size_t bytes;
-} twin;
-
-static twin twin_new(size_t bytes)
-{
-    twin t = {malloc(bytes ? bytes : 1), NULL, bytes};
-    assert_non_null(t.h);
-    for (size_t i = 0; i < bytes; i += 8) {
-        uint64_t r = rnd();
-        memcpy(t.h + i, &r, bytes - i < 8 ? bytes - i : 8);
-    }
-    CU(cudaMalloc((void **)&t.d, bytes ? bytes : 1));
-    CU(cudaMemcpy(t.d, t.h, bytes, cudaMemcpyHostToDevice));
-    return t;
-}
-
-static void twin_push(const twin *t)
-{
-    CU(cudaMemcpy(t->d, t->h, t->bytes, cudaMemcpyHostToDevice));
-}
-
-static void twin_free(twin *t)
-{
-    free(t->h);
-    cudaFree(t->d);
-}
-
-static void twin_check(const twin *t, const char *what)
-{
-    unsigned char *back = malloc(t->bytes ? t->bytes : 1);
-    assert_non_null(back);
-    CU(cudaMemcpy(back, t->d, t->bytes, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < t->bytes; i++)
-        if (back[i] != (unsigned char)t->h[i]) {
-            unsigned a = back[i], b = (unsigned char)t->h[i];
-            free(back);
-            fail_msg("%s: byte %zu of %zu differs: device %02x, host %02x", what, i, t->bytes,
-                     a, b);
-        }
-    free(back);
-}
-
-/* A 2-D view at element offset first of base. */
-static refit_view v2(char *base, refit_dtype dt, int64_t n, int64_t k, int64_t s0, int64_t s1,
-                     int64_t first)
-{
-    refit_view v;
-    memset(&v, 0, sizeof v);
-    v.data = base + first * (int64_t)(dt.bits / 8);
-    v.device = (refit_device){REFIT_DEVICE_CUDA, 0};
-    v.dtype = dt;
-    v.ndim = 2;
-    v.shape[0] = n;
-    v.shape[1] = k;
-    v.strides[0] = s0;
-    v.strides[1] = s1;
-    return v;
-}
-
-static refit_view on_host(refit_view v, const twin *t)
-{
-    v.data = t->h + ((char *)v.data - t->d);
-    v.device = (refit_device){REFIT_DEVICE_CPU, 0};
-    return v;
-}
-
-/* Layouts of an [n, k] view: 0 row-major, 1 padded rows, 2 transposed
- * (column-major), 3 row-major one element past an aligned start. */
-typedef struct lay {
-    int64_t s0, s1, first, elems;
-} lay;
-
-static lay layout(int kind, int64_t n, int64_t k)
-{
-    lay l = {k, 1, 0, n * k};
-    if (kind == 1) {
-        l.s0 = k + 3;
-        l.elems = n * (k + 3);
-    } else if (kind == 2) {
-        l.s0 = 1;
-        l.s1 = n;
-    } else if (kind == 3) {
-        l.first = 1;
-    }
-    l.elems += l.first + 1;
-    return l;
-}
 
 /* ---- values ---- */
 
@@ -196,7 +98,7 @@ static void put(const refit_view *x, int64_t i, int64_t j, float f, uint16_t raw
 
 static float uniform(void)
 {
-    return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    return (float)((double)(twin_rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 static float biggest(refit_dtype dt)
@@ -213,25 +115,25 @@ static void value(refit_dtype dt, int p, float *f, uint16_t *raw, int *use_raw)
     *f = 0.0f;
     switch (p) {
     case PAT_ZERO:
-        *f = (rnd() & 1) ? -0.0f : 0.0f;
+        *f = (twin_rnd() & 1) ? -0.0f : 0.0f;
         break;
     case PAT_SUBNORMAL: {
-        uint32_t b = (uint32_t)(rnd() & 0x80000000u) | ((uint32_t)(rnd() & 0x7fffffu) >>
-                                                         (rnd() % 23));
+        uint32_t b = (uint32_t)(twin_rnd() & 0x80000000u) | ((uint32_t)(twin_rnd() & 0x7fffffu) >>
+                                                         (twin_rnd() % 23));
         memcpy(f, &b, 4);
-        uint16_t s = (uint16_t)(rnd() & 0x8000u);
-        *raw = dt.code == REFIT_DTYPE_BFLOAT ? (uint16_t)(s | (rnd() & 0x7fu))
-                                             : (uint16_t)(s | (rnd() & 0x3ffu));
+        uint16_t s = (uint16_t)(twin_rnd() & 0x8000u);
+        *raw = dt.code == REFIT_DTYPE_BFLOAT ? (uint16_t)(s | (twin_rnd() & 0x7fu))
+                                             : (uint16_t)(s | (twin_rnd() & 0x3ffu));
         *use_raw = dt.bits == 16;
         break;
     }
     case PAT_BIG:
         *f = biggest(dt) * (0.5f + 0.5f * uniform());
-        if (rnd() % 61 == 0)
-            *f = (rnd() & 1) ? biggest(dt) : -biggest(dt);
+        if (twin_rnd() % 61 == 0)
+            *f = (twin_rnd() & 1) ? biggest(dt) : -biggest(dt);
         break;
     default: {
-        int e = (int)(rnd() % 60) - 30;
+        int e = (int)(twin_rnd() % 60) - 30;
         *f = uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
         if (dt.bits == 16 && dt.code == REFIT_DTYPE_FLOAT)
             *f = *f > 60000.0f ? 60000.0f : *f < -60000.0f ? -60000.0f : *f;
@@ -423,10 +325,11 @@ static void test_scales(void **state)
         for (int r = 0; r < ROWS; r++)
             for (int j = 0; j < K; j++) {
                 /* rows 0..253: amax 2^(r-126) * (1 + m); 254..: a subnormal amax */
-                uint32_t top = r < 254 ? (uint32_t)(r + 1) << 23 | (uint32_t)(rnd() & 0x7fffffu)
-                                       : 1u << (r - 254);
-                uint32_t b = j % 32 == 7 ? top : (uint32_t)(rnd() % (top + 1u));
-                b |= (uint32_t)(rnd() & 0x80000000u);
+                uint32_t top = r < 254
+                                   ? (uint32_t)(r + 1) << 23 | (uint32_t)(twin_rnd() & 0x7fffffu)
+                                   : 1u << (r - 254);
+                uint32_t b = j % 32 == 7 ? top : (uint32_t)(twin_rnd() % (top + 1u));
+                b |= (uint32_t)(twin_rnd() & 0x80000000u);
                 float f;
                 memcpy(&f, &b, 4);
                 put(&hx, r, j, f, 0, 0);
@@ -832,73 +735,8 @@ static void build(pair_world *w)
     weight(w, "l1.o", "l1.o_proj.weight", F32, 0, 100, 77, 0, -1);
 }
 
-static uint64_t mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static size_t ck_numel(const pair_ck *c)
-{
-    size_t n = 1;
-    for (int i = 0; i < c->ndim; i++)
-        n *= (size_t)c->shape[i];
-    return n;
-}
-
-/* Weight c of version v, contiguous host bytes: a wide range of
- * magnitudes, zero rows, subnormal rows and rows near the dtype's largest
- * value. nan_at >= 0: a NaN there. */
-static void *ckpt_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
-{
-    size_t e = c->dtype.bits / 8, n = ck_numel(c);
-    int64_t k = c->shape[c->ndim - 1];
-    uint64_t seed = (uint64_t)v * 0x100000001b3ull;
-    for (const char *p = c->name; *p; p++)
-        seed = (seed ^ (unsigned char)*p) * 0x100000001b3ull;
-    char *b = malloc(n * e + 1);
-    assert_non_null(b);
-    int f16 = c->dtype.code == REFIT_DTYPE_FLOAT && c->dtype.bits == 16;
-    for (size_t i = 0; i < n; i++) {
-        uint64_t r = mix(seed + i);
-        int64_t row = (int64_t)i / k;
-        float f;
-        uint32_t u;
-        if (row % 9 == 4) {
-            f = 0.0f;
-        } else if (row % 7 == 2) {
-            u = f16 ? 0x33800000u + (uint32_t)(r & 0xfffff) : (uint32_t)(r & 0x7fffffu) | 1u;
-            memcpy(&f, &u, 4);
-        } else if (row % 11 == 6) {
-            f = (f16 ? 65000.0f : 3.0e38f) * ((float)((r >> 40) & 0xffff) / 65536.0f);
-        } else {
-            int ex = (int)(r % 24) - 12;
-            f = (float)((double)((r >> 20) & 0xffff) / 32768.0 - 1.0) *
-                (float)(ex < 0 ? 1.0 / (double)(1u << -ex) : (double)(1u << ex));
-        }
-        if (r & (1ull << 63))
-            f = -f;
-        if ((int64_t)i == nan_at)
-            f = __builtin_nanf("");
-        if (e == 4) {
-            memcpy(b + i * 4, &f, 4);
-        } else {
-            uint16_t h = f16 ? kern_f32_to_f16(f) : kern_f32_to_bf16(f);
-            memcpy(b + i * 2, &h, 2);
-        }
-    }
-    *bytes = n * e;
-    return b;
-}
-
-/* The harness's defect 1: a NaN at element 37. */
-static void *mx_bytes(const pair_ck *c, int v, int defect, size_t *bytes)
-{
-    return ckpt_bytes(c, v, defect ? 37 : -1, bytes);
-}
-
-static const pair_format mx_model = {"REFIT_GPU_MX_ON_HOST", "mx", build, mx_bytes};
+/* Every checkpoint tensor is a float weight; defect 1: a NaN at element 37. */
+static const pair_format mx_model = {"REFIT_GPU_MX_ON_HOST", "mx", build, pair_float_ckpt};
 
 static void test_model_matches_host(void **state)
 {
@@ -930,6 +768,7 @@ static void test_model_nan_and_abort(void **state)
 
 int main(void)
 {
+    twin_seed(0x6d78667034ull); /* this program's inputs, as before the shared stream */
 #ifndef REFIT_GPU_MX_EMU
     if (pair_use(&mx_model)) {
         const struct CMUnitTest model[] = {

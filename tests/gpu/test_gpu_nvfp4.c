@@ -44,6 +44,7 @@
 #include <refit/refit.h>
 
 #include "core/cuda/backend_cuda.h"
+#include "gpu_twin.h"
 #ifndef REFIT_GPU_EMU
 #include "gpu_pair.h"
 #endif
@@ -64,115 +65,13 @@
             fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
     } while (0)
 
-static uint64_t rng_state = 0x6e76f4a1;
-
-static uint64_t rnd(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
 
 static float uniform(void)
 {
-    return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    return (float)((double)(twin_rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 /* ---- kernel against reference ---- */
-
-/* A host allocation and its device twin, same junk. */
-typedef struct twin {
-    char *h, *d;
-    size_t bytes;
-} twin;
-
-static twin twin_new(size_t bytes)
-{
-    twin t = {malloc(bytes ? bytes : 1), NULL, bytes};
-    assert_non_null(t.h);
-    for (size_t i = 0; i < bytes; i += 8) {
-        uint64_t r = rnd();
-        memcpy(t.h + i, &r, bytes - i < 8 ? bytes - i : 8);
-    }
-    CU(cudaMalloc((void **)&t.d, bytes ? bytes : 1));
-    CU(cudaMemcpy(t.d, t.h, bytes, cudaMemcpyHostToDevice));
-    return t;
-}
-
-static void twin_push(const twin *t)
-{
-    CU(cudaMemcpy(t->d, t->h, t->bytes, cudaMemcpyHostToDevice));
-}
-
-static void twin_free(twin *t)
-{
-    free(t->h);
-    cudaFree(t->d);
-}
-
-static void twin_check(const twin *t, const char *what)
-{
-    unsigned char *back = malloc(t->bytes ? t->bytes : 1);
-    assert_non_null(back);
-    CU(cudaMemcpy(back, t->d, t->bytes, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < t->bytes; i++)
-        if (back[i] != (unsigned char)t->h[i]) {
-            unsigned a = back[i], b = (unsigned char)t->h[i];
-            free(back);
-            fail_msg("%s: byte %zu of %zu differs: device %02x, host %02x", what, i, t->bytes,
-                     a, b);
-        }
-    free(back);
-}
-
-/* A view at element offset first of base (ndim 1 or 2). */
-static refit_view vw(char *base, refit_dtype dt, int nd, int64_t n, int64_t k, int64_t s0,
-                     int64_t s1, int64_t first)
-{
-    refit_view v;
-    memset(&v, 0, sizeof v);
-    v.data = base + first * (int64_t)(dt.bits / 8);
-    v.device = (refit_device){REFIT_DEVICE_CUDA, 0};
-    v.dtype = dt;
-    v.ndim = nd;
-    v.shape[0] = n;
-    v.shape[1] = k;
-    v.strides[0] = s0;
-    v.strides[1] = s1;
-    return v;
-}
-
-static refit_view on_host(refit_view v, const twin *t)
-{
-    if (!v.data)
-        return v;
-    v.data = t->h + ((char *)v.data - t->d);
-    v.device = (refit_device){REFIT_DEVICE_CPU, 0};
-    return v;
-}
-
-/* Layouts of an [n, k] view: 0 row-major, 1 padded rows, 2 transposed
- * (column-major), 3 row-major one element past an aligned start. */
-typedef struct lay {
-    int64_t s0, s1, first, elems;
-} lay;
-
-static lay layout(int kind, int64_t n, int64_t k)
-{
-    lay l = {k, 1, 0, n * k};
-    if (kind == 1) {
-        l.s0 = k + 3;
-        l.elems = n * (k + 3);
-    } else if (kind == 2) {
-        l.s0 = 1;
-        l.s1 = n;
-    } else if (kind == 3) {
-        l.first = 1;
-    }
-    l.elems += l.first + 1;
-    return l;
-}
 
 enum pat { PAT_MIXED, PAT_ZERO, PAT_SUBNORMAL, PAT_BIG, PAT_RANDOM };
 
@@ -208,21 +107,22 @@ static void fill(const refit_view *x, enum pat p)
                 kind = (i + j / 16) % 7 == 3 ? PAT_ZERO : i % 11 == 5 ? PAT_SUBNORMAL
                        : i % 13 == 6 ? PAT_BIG : PAT_RANDOM;
             if (kind == PAT_ZERO) {
-                f = (rnd() & 1) ? -0.0f : 0.0f;
+                f = (twin_rnd() & 1) ? -0.0f : 0.0f;
             } else if (kind == PAT_SUBNORMAL) {
-                uint32_t b = (uint32_t)(rnd() & 0x80000000u) | ((uint32_t)(rnd() & 0x7fffffu) |
-                                                                1u) >> (rnd() % 20);
+                uint32_t b = (uint32_t)(twin_rnd() & 0x80000000u) |
+                             ((uint32_t)(twin_rnd() & 0x7fffffu) | 1u) >> (twin_rnd() % 20);
                 memcpy(&f, &b, 4);
                 use_raw = x->dtype.bits == 16;
-                raw = (uint16_t)((rnd() & 0x8000u) |
-                                 (x->dtype.code == REFIT_DTYPE_BFLOAT ? (rnd() & 0x7fu) | 1u
-                                                                      : (rnd() & 0x3ffu) | 1u));
+                raw = (uint16_t)((twin_rnd() & 0x8000u) |
+                                 (x->dtype.code == REFIT_DTYPE_BFLOAT
+                                      ? (twin_rnd() & 0x7fu) | 1u
+                                      : (twin_rnd() & 0x3ffu) | 1u));
             } else if (kind == PAT_BIG) {
                 f = biggest(x->dtype) * (0.5f + 0.5f * uniform());
-                if (rnd() % 97 == 0)
-                    f = (rnd() & 1) ? biggest(x->dtype) : -biggest(x->dtype);
+                if (twin_rnd() % 97 == 0)
+                    f = (twin_rnd() & 1) ? biggest(x->dtype) : -biggest(x->dtype);
             } else {
-                int e = (int)(rnd() % 40) - 20 - (int)((i + j / 16) % 5) * 3;
+                int e = (int)(twin_rnd() % 40) - 20 - (int)((i + j / 16) % 5) * 3;
                 f = uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
                 if (x->dtype.bits == 16 && x->dtype.code == REFIT_DTYPE_FLOAT)
                     f = f > 60000.0f ? 60000.0f : f < -60000.0f ? -60000.0f : f;
@@ -272,7 +172,8 @@ static void piece_ckpt(tpiece *t, int mode, int64_t n, int64_t c, int sl, int in
     t->tx = twin_new((size_t)ls.elems);
     t->ts = twin_new((size_t)sw + 2);
     t->tf = twin_new(20);
-    float wf = 0.25f + (float)(rnd() % 1000) / 97.0f, in = 0.5f + (float)(rnd() % 1000) / 89.0f;
+    float wf = 0.25f + (float)(twin_rnd() % 1000) / 97.0f,
+          in = 0.5f + (float)(twin_rnd() % 1000) / 89.0f;
     memcpy(t->tf.h + 8, &wf, 4);
     memcpy(t->tf.h + 12, &in, 4);
     t->g.mode = mode;
@@ -294,7 +195,7 @@ static void piece_ckpt(tpiece *t, int mode, int64_t n, int64_t c, int sl, int in
     t->h.input_factor = on_host(t->g.input_factor, &t->tf);
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < c; j++)
-            *((uint8_t *)t->h.src.data + i * ls.s0 + j * ls.s1) = (uint8_t)(rnd() % 0x7f);
+            *((uint8_t *)t->h.src.data + i * ls.s0 + j * ls.s1) = (uint8_t)(twin_rnd() % 0x7f);
     twin_push(&t->tx);
     twin_push(&t->tf);
 }
@@ -640,18 +541,12 @@ static void build(pair_world *w)
     online_module(w, "l1.down", "l1.down_proj", BF16, 256, 512);
 }
 
-static uint64_t mix(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* Tensor c of version v, contiguous host bytes. Float weights: values over
- * a wide range with zero rows, rows of subnormals and rows near the
- * dtype's largest value. nan_at >= 0: a NaN there. */
+/* Tensor c of version v, contiguous host bytes. Float weights: the
+ * harness's (pair_float_bytes; nan_at >= 0: a NaN there). */
 static void *ckpt_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
 {
+    if (c->kind == CK_FLOAT)
+        return pair_float_bytes(c, v, nan_at, bytes);
     size_t e = c->dtype.bits / 8, n = (size_t)(c->ndim == 2 ? c->shape[0] * c->shape[1] : 1);
     uint64_t seed = (uint64_t)v * 0x100000001b3ull;
     for (const char *p = c->name; *p; p++)
@@ -660,7 +555,7 @@ static void *ckpt_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
     assert_non_null(b);
     int f16 = c->dtype.code == REFIT_DTYPE_FLOAT && c->dtype.bits == 16;
     for (size_t i = 0; i < n; i++) {
-        uint64_t r = mix(seed + i);
+        uint64_t r = twin_mix(seed + i);
         if (c->kind == CK_PACKED) {
             b[i] = (char)(r & 0xff);
             continue;
@@ -669,29 +564,7 @@ static void *ckpt_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
             b[i] = (char)(((1 + r % 14) << 3) | ((r >> 8) & 7)); /* normal, finite */
             continue;
         }
-        float f;
-        if (c->kind == CK_FACTOR) {
-            f = 0.001f + (float)(r % 100000) / 7919.0f;
-        } else {
-            int64_t row = (int64_t)i / c->shape[1];
-            uint32_t u;
-            if (row % 9 == 4) {
-                f = 0.0f;
-            } else if (row % 7 == 2) {
-                u = f16 ? 0x33800000u + (uint32_t)(r & 0xfffff) : (uint32_t)(r & 0x7fffffu) | 1u;
-                memcpy(&f, &u, 4);
-            } else if (row % 11 == 6) {
-                f = (f16 ? 65000.0f : 3.0e38f) * ((float)((r >> 40) & 0xffff) / 65536.0f);
-            } else {
-                int ex = (int)(r % 24) - 12;
-                f = (float)((double)((r >> 20) & 0xffff) / 32768.0 - 1.0) *
-                    (float)(ex < 0 ? 1.0 / (double)(1u << -ex) : (double)(1u << ex));
-            }
-            if (r & (1ull << 63))
-                f = -f;
-            if ((int64_t)i == nan_at)
-                f = __builtin_nanf("");
-        }
+        float f = 0.001f + (float)(r % 100000) / 7919.0f; /* CK_FACTOR */
         if (e == 4) {
             memcpy(b + i * 4, &f, 4);
         } else {
@@ -745,6 +618,7 @@ static void test_model_nan_and_abort(void **state)
 
 int main(void)
 {
+    twin_seed(0x6e76f4a1); /* this program's inputs, as before the shared stream */
 #ifdef REFIT_GPU_EMU
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_online_sweep),   cmocka_unit_test(test_edges),

@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/cuda/backend_cuda.h"
+#include "gpu_twin.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/cast.h"
 #include "kernels/quant_fp8.h"
@@ -46,109 +47,8 @@
             fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
     } while (0)
 
-static uint64_t rng_state = 0x51ed2701;
 static int hw_ok;      /* the conversion instruction matched the encoder */
 static int encoders;   /* runs per case: 1, or 2 with the instruction */
-
-static uint64_t rnd(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-/* A host allocation and its device twin, same junk. */
-typedef struct twin {
-    char *h, *d;
-    size_t bytes;
-} twin;
-
-static twin twin_new(size_t bytes)
-{
-    twin t = {malloc(bytes ? bytes : 1), NULL, bytes};
-    assert_non_null(t.h);
-    for (size_t i = 0; i < bytes; i += 8) {
-        uint64_t r = rnd();
-        memcpy(t.h + i, &r, bytes - i < 8 ? bytes - i : 8);
-    }
-    CU(cudaMalloc((void **)&t.d, bytes ? bytes : 1));
-    CU(cudaMemcpy(t.d, t.h, bytes, cudaMemcpyHostToDevice));
-    return t;
-}
-
-/* Host bytes to the device (after the host side wrote the inputs). */
-static void twin_push(const twin *t)
-{
-    CU(cudaMemcpy(t->d, t->h, t->bytes, cudaMemcpyHostToDevice));
-}
-
-static void twin_free(twin *t)
-{
-    free(t->h);
-    cudaFree(t->d);
-}
-
-static void twin_check(const twin *t, const char *what)
-{
-    unsigned char *back = malloc(t->bytes ? t->bytes : 1);
-    assert_non_null(back);
-    CU(cudaMemcpy(back, t->d, t->bytes, cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < t->bytes; i++)
-        if (back[i] != (unsigned char)t->h[i]) {
-            unsigned a = back[i], b = (unsigned char)t->h[i];
-            free(back);
-            fail_msg("%s: byte %zu of %zu differs: device %02x, host %02x", what, i, t->bytes,
-                     a, b);
-        }
-    free(back);
-}
-
-/* A 2-D view at element offset first of base. */
-static refit_view v2(char *base, refit_dtype dt, int64_t n, int64_t k, int64_t s0, int64_t s1,
-                     int64_t first)
-{
-    refit_view v;
-    memset(&v, 0, sizeof v);
-    v.data = base + first * (int64_t)(dt.bits / 8);
-    v.device = (refit_device){REFIT_DEVICE_CUDA, 0};
-    v.dtype = dt;
-    v.ndim = 2;
-    v.shape[0] = n;
-    v.shape[1] = k;
-    v.strides[0] = s0;
-    v.strides[1] = s1;
-    return v;
-}
-
-static refit_view on_host(refit_view v, const twin *t)
-{
-    v.data = t->h + ((char *)v.data - t->d);
-    v.device = (refit_device){REFIT_DEVICE_CPU, 0};
-    return v;
-}
-
-/* Layouts of an [n, k] view: 0 row-major, 1 padded rows, 2 transposed
- * (column-major), 3 row-major one element past an aligned start. */
-typedef struct lay {
-    int64_t s0, s1, first, elems;
-} lay;
-
-static lay layout(int kind, int64_t n, int64_t k)
-{
-    lay l = {k, 1, 0, n * k};
-    if (kind == 1) {
-        l.s0 = k + 3;
-        l.elems = n * (k + 3);
-    } else if (kind == 2) {
-        l.s0 = 1;
-        l.s1 = n;
-    } else if (kind == 3) {
-        l.first = 1;
-    }
-    l.elems += l.first + 1;
-    return l;
-}
 
 /* ---- values ---- */
 
@@ -168,20 +68,20 @@ static void put(const refit_view *x, int64_t i, int64_t j, float f, uint16_t raw
 
 static float uniform(void)
 {
-    return (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    return (float)((double)(twin_rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 /* A finite subnormal of the dtype: raw bits (16-bit) or an f32. */
 static void subnormal(refit_dtype dt, float *f, uint16_t *raw)
 {
-    uint32_t m = (uint32_t)(rnd() & 0x7fffffu) | 1u;
-    uint32_t b = (uint32_t)(rnd() & 0x80000000u) | (m >> (rnd() % 20));
+    uint32_t m = (uint32_t)(twin_rnd() & 0x7fffffu) | 1u;
+    uint32_t b = (uint32_t)(twin_rnd() & 0x80000000u) | (m >> (twin_rnd() % 20));
     if (!(b & 0x7fffffffu))
         b |= 1u;
     memcpy(f, &b, 4);
-    uint16_t s = (uint16_t)(rnd() & 0x8000u);
-    *raw = dt.code == REFIT_DTYPE_BFLOAT ? (uint16_t)(s | ((rnd() & 0x7fu) | 1u))
-                                         : (uint16_t)(s | ((rnd() & 0x3ffu) | 1u));
+    uint16_t s = (uint16_t)(twin_rnd() & 0x8000u);
+    *raw = dt.code == REFIT_DTYPE_BFLOAT ? (uint16_t)(s | ((twin_rnd() & 0x7fu) | 1u))
+                                         : (uint16_t)(s | ((twin_rnd() & 0x3ffu) | 1u));
 }
 
 static float biggest(refit_dtype dt)
@@ -213,7 +113,7 @@ static void fill(const refit_view *x, enum pat p)
             }
             switch (kind) {
             case PAT_ZERO:
-                f = (rnd() & 1) ? -0.0f : 0.0f;
+                f = (twin_rnd() & 1) ? -0.0f : 0.0f;
                 break;
             case PAT_SUBNORMAL:
                 subnormal(x->dtype, &f, &raw);
@@ -221,11 +121,11 @@ static void fill(const refit_view *x, enum pat p)
                 break;
             case PAT_BIG:
                 f = biggest(x->dtype) * (0.5f + 0.5f * uniform());
-                if (rnd() % 997 == 0)
-                    f = (rnd() & 1) ? biggest(x->dtype) : -biggest(x->dtype);
+                if (twin_rnd() % 997 == 0)
+                    f = (twin_rnd() & 1) ? biggest(x->dtype) : -biggest(x->dtype);
                 break;
             default: {
-                int e = (int)(rnd() % 40) - 20;
+                int e = (int)(twin_rnd() % 40) - 20;
                 f = uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
                 if (x->dtype.bits == 16 && x->dtype.code == REFIT_DTYPE_FLOAT)
                     f = f > 60000.0f ? 60000.0f : f < -60000.0f ? -60000.0f : f;
@@ -733,6 +633,7 @@ static void test_nonfinite(void **state)
 
 int main(void)
 {
+    twin_seed(0x51ed2701); /* this program's inputs, as before the shared stream */
     /* cmocka's TAP output writes a skipped case as "not ok ... # SKIP",
      * which TAP consumers count as a failure: without a device, the whole
      * suite is one skipped plan instead. */

@@ -38,6 +38,9 @@ g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W
 "$W/fastdiv"
 gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
   -c "$R/tests/gpu/test_gpu_quant.c" -o "$W/test_gpu_quant.o"
-g++ -o "$W/test-gpu-quant-emu" "$W/test_gpu_quant.o" "$W/quant_fp8_emu.o" "$W/stubs.o" \
+# the kernel tests' shared helpers (gpu_twin.c), over the emulator's runtime
+gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
+  -c "$R/tests/gpu/gpu_twin.c" -o "$W/gpu_twin.o"
+g++ -o "$W/test-gpu-quant-emu" "$W/test_gpu_quant.o" "$W/gpu_twin.o" "$W/quant_fp8_emu.o" "$W/stubs.o" \
   "$B/librefit_kernels.a" -lcmocka -lm
 "$W/test-gpu-quant-emu"

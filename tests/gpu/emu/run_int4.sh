@@ -55,6 +55,9 @@ g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" $e
 g++ -std=c++17 -O1 -g -Wall -c "$W/stubs_int4.cc" -o "$W/stubs_int4.o"
 gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_EMU -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
   -c "$R/tests/gpu/test_gpu_int4.c" -o "$W/test_gpu_int4.o"
-g++ -o "$W/test-gpu-int4-emu" "$W/test_gpu_int4.o" "$W/quant_int4_emu.o" "$W/stubs_int4.o" \
+# the kernel tests' shared helpers (gpu_twin.c), over the emulator's runtime
+gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
+  -c "$R/tests/gpu/gpu_twin.c" -o "$W/gpu_twin.o"
+g++ -o "$W/test-gpu-int4-emu" "$W/test_gpu_int4.o" "$W/gpu_twin.o" "$W/quant_int4_emu.o" "$W/stubs_int4.o" \
   "$B/librefit_kernels.a" -lcmocka -lm
 "$W/test-gpu-int4-emu"

@@ -82,7 +82,10 @@ g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" \
 g++ -std=c++17 -O1 -g -Wall -c "$W/mx_stubs.cc" -o "$W/mx_stubs.o"
 gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_MX_EMU -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" \
   -I"$R" -c "$R/tests/gpu/test_gpu_mx.c" -o "$W/test_gpu_mx.o"
-g++ -o "$W/test-gpu-mx-emu" "$W/test_gpu_mx.o" "$W/quant_mx_emu.o" "$W/mx_stubs.o" \
+# the kernel tests' shared helpers (gpu_twin.c), over the emulator's runtime
+gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
+  -c "$R/tests/gpu/gpu_twin.c" -o "$W/gpu_twin.o"
+g++ -o "$W/test-gpu-mx-emu" "$W/test_gpu_mx.o" "$W/gpu_twin.o" "$W/quant_mx_emu.o" "$W/mx_stubs.o" \
   "$B/librefit_kernels.a" -lcmocka -lm
 # The encoders alone, natively, on every input they can meet (every f32 of
 # magnitude below 2^9 for E4M3, 2^3 for E2M1, both signs) against the CPU

@@ -74,7 +74,10 @@ g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" \
 g++ -std=c++17 -O1 -g -Wall -c "$W/nv_stubs.cc" -o "$W/nv_stubs.o"
 gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_EMU -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
   -c "$R/tests/gpu/test_gpu_nvfp4.c" -o "$W/test_gpu_nvfp4.o"
-g++ -o "$W/test-gpu-nvfp4-emu" "$W/test_gpu_nvfp4.o" "$W/quant_nvfp4_emu.o" "$W/nv_stubs.o" \
+# the kernel tests' shared helpers (gpu_twin.c), over the emulator's runtime
+gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
+  -c "$R/tests/gpu/gpu_twin.c" -o "$W/gpu_twin.o"
+g++ -o "$W/test-gpu-nvfp4-emu" "$W/test_gpu_nvfp4.o" "$W/gpu_twin.o" "$W/quant_nvfp4_emu.o" "$W/nv_stubs.o" \
   "$B/librefit_kernels.a" -lcmocka -lm
 "$W/test-gpu-nvfp4-emu"
 # The E2M1 encoder alone, natively, against the CPU reference on every

@@ -1,0 +1,56 @@
+/* The kernel tests' shared helpers (test_gpu_quant.c, _mx, _nvfp4, _int4):
+ * a seeded random stream, a host buffer with its device twin, views into
+ * them and the layouts the tests sweep. Also built into the emulator runs
+ * (tests/gpu/emu/run*.sh), where cudaMalloc and friends are the
+ * emulator's. Include after <cmocka.h>. */
+#ifndef REFIT_TESTS_GPU_TWIN_H
+#define REFIT_TESTS_GPU_TWIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <refit/format.h>
+
+/* splitmix64: twin_mix is its finalizer, twin_rnd the stream. Each test
+ * program seeds it once with its own seed so its cases keep their inputs. */
+uint64_t twin_mix(uint64_t z);
+void twin_seed(uint64_t seed);
+uint64_t twin_rnd(void);
+
+/* A host allocation and its device twin, same junk. */
+typedef struct twin {
+    char *h, *d;
+    size_t bytes;
+} twin;
+
+twin twin_new(size_t bytes);
+/* Host bytes to the device (after the host side wrote the inputs). */
+void twin_push(const twin *t);
+void twin_free(twin *t);
+/* The device bytes equal the host's, or a failure naming what and where. */
+void twin_check(const twin *t, const char *what);
+
+/* A device view at element offset first of base (ndim 1 or 2). */
+refit_view vw(char *base, refit_dtype dt, int nd, int64_t n, int64_t k, int64_t s0, int64_t s1,
+              int64_t first);
+
+/* A 2-D device view at element offset first of base. */
+static inline refit_view v2(char *base, refit_dtype dt, int64_t n, int64_t k, int64_t s0,
+                            int64_t s1, int64_t first)
+{
+    return vw(base, dt, 2, n, k, s0, s1, first);
+}
+
+/* The same view over the twin's host bytes (a NULL view stays NULL). */
+refit_view on_host(refit_view v, const twin *t);
+
+/* Layouts of an [n, k] view: 0 row-major, 1 padded rows, 2 transposed
+ * (column-major; the GPTQ layout's words and scales), 3 row-major one
+ * element past an aligned start. elems: what a twin must hold. */
+typedef struct lay {
+    int64_t s0, s1, first, elems;
+} lay;
+
+lay layout(int kind, int64_t n, int64_t k);
+
+#endif
