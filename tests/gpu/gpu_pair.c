@@ -15,13 +15,6 @@
 #include "gpu_twin.h"
 #include "kernels/cast.h"
 
-#define CU(call)                                                              \
-    do {                                                                      \
-        cudaError_t e_ = (call);                                              \
-        if (e_ != cudaSuccess)                                                \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
-    } while (0)
-
 static const pair_format *format;
 static int on_host_only;
 

@@ -11,13 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include "gpu_twin.h"
-
-#define CU(call)                                                              \
-    do {                                                                      \
-        cudaError_t e_ = (call);                                              \
-        if (e_ != cudaSuccess)                                                \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
-    } while (0)
+#include "kernels/cast.h"
 
 static uint64_t rng_state;
 
@@ -36,6 +30,11 @@ void twin_seed(uint64_t seed)
 uint64_t twin_rnd(void)
 {
     return twin_mix(rng_state += 0x9e3779b97f4a7c15ull);
+}
+
+float twin_uniform(void)
+{
+    return (float)((double)(twin_rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 twin twin_new(size_t bytes)
@@ -116,4 +115,16 @@ lay layout(int kind, int64_t n, int64_t k)
     }
     l.elems += l.first + 1;
     return l;
+}
+
+void view_put(const refit_view *x, int64_t i, int64_t j, float f, uint16_t raw16, int use_raw)
+{
+    char *p = (char *)x->data + (i * x->strides[0] + j * x->strides[1]) * (x->dtype.bits / 8);
+    if (x->dtype.bits == 32) {
+        memcpy(p, &f, 4);
+        return;
+    }
+    uint16_t h = use_raw ? raw16
+                 : x->dtype.code == REFIT_DTYPE_BFLOAT ? kern_f32_to_bf16(f) : kern_f32_to_f16(f);
+    memcpy(p, &h, 2);
 }

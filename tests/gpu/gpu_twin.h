@@ -9,13 +9,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <cuda_runtime_api.h>
+
 #include <refit/format.h>
+
+/* A CUDA runtime call that must succeed (a test failure naming it). */
+#define CU(call)                                                              \
+    do {                                                                      \
+        cudaError_t e_ = (call);                                              \
+        if (e_ != cudaSuccess)                                                \
+            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
+    } while (0)
 
 /* splitmix64: twin_mix is its finalizer, twin_rnd the stream. Each test
  * program seeds it once with its own seed so its cases keep their inputs. */
 uint64_t twin_mix(uint64_t z);
 void twin_seed(uint64_t seed);
 uint64_t twin_rnd(void);
+/* Uniform in [-1, 1), from the stream. */
+float twin_uniform(void);
 
 /* A host allocation and its device twin, same junk. */
 typedef struct twin {
@@ -52,5 +64,9 @@ typedef struct lay {
 } lay;
 
 lay layout(int kind, int64_t n, int64_t k);
+
+/* Element (i, j) of view x (F32, F16 or BF16 in host memory) set to f, or,
+ * for a 16-bit dtype with use_raw, to the bits raw16. */
+void view_put(const refit_view *x, int64_t i, int64_t j, float f, uint16_t raw16, int use_raw);
 
 #endif

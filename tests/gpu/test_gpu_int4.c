@@ -55,13 +55,6 @@
 #define I64 ((refit_dtype){REFIT_DTYPE_INT, 64, 1})
 #define U8 ((refit_dtype){REFIT_DTYPE_UINT, 8, 1})
 
-#define CU(call)                                                              \
-    do {                                                                      \
-        cudaError_t e_ = (call);                                              \
-        if (e_ != cudaSuccess)                                                \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
-    } while (0)
-
 static int on_host_only; /* REFIT_GPU_INT4_ON_HOST */
 
 
@@ -97,11 +90,6 @@ static void put(const refit_view *x, int64_t i, int64_t j, float f)
 {
     put_float((char *)x->data + (i * x->strides[0] + j * x->strides[1]) * (x->dtype.bits / 8),
               x->dtype, f);
-}
-
-static float uniform(void)
-{
-    return (float)((double)(twin_rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
 }
 
 /* A subnormal of the dtype, as an f32 that converts to it exactly. */
@@ -167,7 +155,7 @@ static void fill(const refit_view *x, enum pat p, refit_dtype sdt)
                 break;
             default: {
                 int e = (int)(twin_rnd() % 30) - 20;
-                f = uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
+                f = twin_uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
                 break;
             }
             }

@@ -64,13 +64,6 @@
 #define U8 ((refit_dtype){REFIT_DTYPE_UINT, 8, 1})
 #define E8M0 ((refit_dtype){REFIT_DTYPE_FLOAT8_E8M0FNU, 8, 1})
 
-#define CU(call)                                                              \
-    do {                                                                      \
-        cudaError_t e_ = (call);                                              \
-        if (e_ != cudaSuccess)                                                \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
-    } while (0)
-
 static int encoders = 1; /* MXFP8 runs per case: 1, or 2 with the instruction */
 
 static const char *dt_name(refit_dtype d)
@@ -83,23 +76,6 @@ static const char *dt_name(refit_dtype d)
 /* ---- values ---- */
 
 enum pat { PAT_MIXED, PAT_ZERO, PAT_SUBNORMAL, PAT_BIG, PAT_RANDOM };
-
-static void put(const refit_view *x, int64_t i, int64_t j, float f, uint16_t raw16, int use_raw)
-{
-    char *p = (char *)x->data + (i * x->strides[0] + j * x->strides[1]) * (x->dtype.bits / 8);
-    if (x->dtype.bits == 32) {
-        memcpy(p, &f, 4);
-        return;
-    }
-    uint16_t h = use_raw ? raw16
-                 : x->dtype.code == REFIT_DTYPE_BFLOAT ? kern_f32_to_bf16(f) : kern_f32_to_f16(f);
-    memcpy(p, &h, 2);
-}
-
-static float uniform(void)
-{
-    return (float)((double)(twin_rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
 
 static float biggest(refit_dtype dt)
 {
@@ -128,13 +104,13 @@ static void value(refit_dtype dt, int p, float *f, uint16_t *raw, int *use_raw)
         break;
     }
     case PAT_BIG:
-        *f = biggest(dt) * (0.5f + 0.5f * uniform());
+        *f = biggest(dt) * (0.5f + 0.5f * twin_uniform());
         if (twin_rnd() % 61 == 0)
             *f = (twin_rnd() & 1) ? biggest(dt) : -biggest(dt);
         break;
     default: {
         int e = (int)(twin_rnd() % 60) - 30;
-        *f = uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
+        *f = twin_uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
         if (dt.bits == 16 && dt.code == REFIT_DTYPE_FLOAT)
             *f = *f > 60000.0f ? 60000.0f : *f < -60000.0f ? -60000.0f : *f;
         break;
@@ -160,7 +136,7 @@ static void fill(const refit_view *x, enum pat p)
             uint16_t raw = 0;
             int use_raw;
             value(x->dtype, kind, &f, &raw, &use_raw);
-            put(x, i, j, f, raw, use_raw);
+            view_put(x, i, j, f, raw, use_raw);
         }
 }
 
@@ -332,7 +308,7 @@ static void test_scales(void **state)
                 b |= (uint32_t)(twin_rnd() & 0x80000000u);
                 float f;
                 memcpy(&f, &b, 4);
-                put(&hx, r, j, f, 0, 0);
+                view_put(&hx, r, j, f, 0, 0);
             }
         twin_push(&tx);
         int32_t bad;
@@ -490,11 +466,11 @@ static void test_nonfinite(void **state)
                 multi_new(&m, bits, dts[d], 6, rows, 200, gap);
                 /* a NaN in piece 5; -inf in piece 2 (inside the stack of
                  * 0..3); or +inf in piece 1 as well */
-                put(&m.hx[5], 250, 199, __builtin_nanf(""), 0, 0);
+                view_put(&m.hx[5], 250, 199, __builtin_nanf(""), 0, 0);
                 if (which >= 1)
-                    put(&m.hx[2], 63, 3, -__builtin_inff(), 0, 0);
+                    view_put(&m.hx[2], 63, 3, -__builtin_inff(), 0, 0);
                 if (which == 2)
-                    put(&m.hx[1], 0, 0, __builtin_inff(), 0, 0);
+                    view_put(&m.hx[1], 0, 0, __builtin_inff(), 0, 0);
                 twin_push(&m.tx);
                 int want = which == 0 ? 5 : which == 1 ? 2 : 1;
                 for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
@@ -529,20 +505,20 @@ static void test_status_after_refusal(void **state)
             multi_new(&m, bits, BF16, n, rows, 96, gap);
             for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
                 int32_t bad = 99;
-                put(&m.hx[1], 1, 40, __builtin_nanf(""), 0, 0);
+                view_put(&m.hx[1], 1, 40, __builtin_nanf(""), 0, 0);
                 twin_push(&m.tx);
                 int rc = kern_quant_mx_cuda(n, m.gq, m.gs, m.gx, bits, hw, &bad, NULL);
                 if (rc != REFIT_ECORRUPT || bad != 1)
                     fail_msg("mxfp%d, %u pieces: NaN in 1: status %d, piece %d", bits, n, rc,
                              bad);
-                put(&m.hx[1], 1, 40, 0.5f, 0, 0);
-                put(&m.hx[n - 1], 0, 95, -__builtin_inff(), 0, 0);
+                view_put(&m.hx[1], 1, 40, 0.5f, 0, 0);
+                view_put(&m.hx[n - 1], 0, 95, -__builtin_inff(), 0, 0);
                 twin_push(&m.tx);
                 rc = kern_quant_mx_cuda(n, m.gq, m.gs, m.gx, bits, hw, &bad, NULL);
                 if (rc != REFIT_ECORRUPT || bad != (int32_t)n - 1)
                     fail_msg("mxfp%d, %u pieces: after a refusal of piece 1, -inf in %u: "
                              "status %d, piece %d", bits, n, n - 1, rc, bad);
-                put(&m.hx[n - 1], 0, 95, 2.0f, 0, 0);
+                view_put(&m.hx[n - 1], 0, 95, 2.0f, 0, 0);
                 twin_push(&m.tx);
             }
             multi_run(&m, bits, "a clean call after refusals", NULL);

@@ -58,34 +58,10 @@
 #define U8 ((refit_dtype){REFIT_DTYPE_UINT, 8, 1})
 #define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})
 
-#define CU(call)                                                              \
-    do {                                                                      \
-        cudaError_t e_ = (call);                                              \
-        if (e_ != cudaSuccess)                                                \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
-    } while (0)
-
-
-static float uniform(void)
-{
-    return (float)((double)(twin_rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
 
 /* ---- kernel against reference ---- */
 
 enum pat { PAT_MIXED, PAT_ZERO, PAT_SUBNORMAL, PAT_BIG, PAT_RANDOM };
-
-static void put(const refit_view *x, int64_t i, int64_t j, float f, uint16_t raw16, int use_raw)
-{
-    char *p = (char *)x->data + (i * x->strides[0] + j * x->strides[1]) * (x->dtype.bits / 8);
-    if (x->dtype.bits == 32) {
-        memcpy(p, &f, 4);
-        return;
-    }
-    uint16_t h = use_raw ? raw16
-                 : x->dtype.code == REFIT_DTYPE_BFLOAT ? kern_f32_to_bf16(f) : kern_f32_to_f16(f);
-    memcpy(p, &h, 2);
-}
 
 static float biggest(refit_dtype dt)
 {
@@ -118,16 +94,16 @@ static void fill(const refit_view *x, enum pat p)
                                       ? (twin_rnd() & 0x7fu) | 1u
                                       : (twin_rnd() & 0x3ffu) | 1u));
             } else if (kind == PAT_BIG) {
-                f = biggest(x->dtype) * (0.5f + 0.5f * uniform());
+                f = biggest(x->dtype) * (0.5f + 0.5f * twin_uniform());
                 if (twin_rnd() % 97 == 0)
                     f = (twin_rnd() & 1) ? biggest(x->dtype) : -biggest(x->dtype);
             } else {
                 int e = (int)(twin_rnd() % 40) - 20 - (int)((i + j / 16) % 5) * 3;
-                f = uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
+                f = twin_uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
                 if (x->dtype.bits == 16 && x->dtype.code == REFIT_DTYPE_FLOAT)
                     f = f > 60000.0f ? 60000.0f : f < -60000.0f ? -60000.0f : f;
             }
-            put(x, i, j, f, raw, use_raw);
+            view_put(x, i, j, f, raw, use_raw);
         }
 }
 
@@ -418,9 +394,9 @@ static void test_nonfinite(void **state)
             piece_online(&t[1], dts[d], 130, 40, 1, 0, PAT_RANDOM);
             piece_ckpt(&t[2], REFIT_NVFP4_CT, 20, 3, 0, 1, 1);
             piece_online(&t[3], dts[d], 300, 33, 2, 3, PAT_RANDOM);
-            put(&t[3].h.src, 250, 32, __builtin_nanf(""), 0x7fc1, dts[d].bits == 16);
+            view_put(&t[3].h.src, 250, 32, __builtin_nanf(""), 0x7fc1, dts[d].bits == 16);
             if (which == 0)
-                put(&t[1].h.src, 129, 3, -__builtin_inff(), 0, 0);
+                view_put(&t[1].h.src, 129, 3, -__builtin_inff(), 0, 0);
             twin_push(&t[1].tx);
             twin_push(&t[3].tx);
             refit_nvfp4_piece g[4] = {t[0].g, t[1].g, t[2].g, t[3].g};
@@ -448,19 +424,19 @@ static void test_scratch_reuse(void **state)
     for (int d = 0; d < 3; d++) {
         tpiece big, small;
         piece_online(&big, dts[d], 32, 64, 0, 0, PAT_RANDOM);
-        put(&big.h.src, 3, 5, 3.0e4f, 0, 0);
+        view_put(&big.h.src, 3, 5, 3.0e4f, 0, 0);
         twin_push(&big.tx);
         run_check(1, &big, "a piece of amax 3e4", NULL);
         piece_online(&small, dts[d], 20, 48, 0, 0, PAT_RANDOM);
         for (int64_t i = 0; i < 20; i++)
             for (int64_t j = 0; j < 48; j++)
-                put(&small.h.src, i, j, (float)((i * 48 + j) % 13) * 0.01f - 0.06f, 0, 0);
+                view_put(&small.h.src, i, j, (float)((i * 48 + j) % 13) * 0.01f - 0.06f, 0, 0);
         twin_push(&small.tx);
         run_check(1, &small, "then a piece of amax 0.06", NULL);
-        put(&small.h.src, 7, 40, __builtin_nanf(""), 0x7fc1, dts[d].bits == 16);
+        view_put(&small.h.src, 7, 40, __builtin_nanf(""), 0x7fc1, dts[d].bits == 16);
         twin_push(&small.tx);
         run_check(1, &small, "then a NaN", NULL);
-        put(&small.h.src, 7, 40, 0.05f, 0, 0);
+        view_put(&small.h.src, 7, 40, 0.05f, 0, 0);
         twin_push(&small.tx);
         run_check(1, &small, "a clean call after a refusal", NULL);
         piece_free(&big);

@@ -40,36 +40,12 @@
 #define BF16 ((refit_dtype){REFIT_DTYPE_BFLOAT, 16, 1})
 #define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})
 
-#define CU(call)                                                              \
-    do {                                                                      \
-        cudaError_t e_ = (call);                                              \
-        if (e_ != cudaSuccess)                                                \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
-    } while (0)
-
 static int hw_ok;      /* the conversion instruction matched the encoder */
 static int encoders;   /* runs per case: 1, or 2 with the instruction */
 
 /* ---- values ---- */
 
 enum pat { PAT_MIXED, PAT_ZERO, PAT_SUBNORMAL, PAT_BIG, PAT_RANDOM };
-
-static void put(const refit_view *x, int64_t i, int64_t j, float f, uint16_t raw16, int use_raw)
-{
-    char *p = (char *)x->data + (i * x->strides[0] + j * x->strides[1]) * (x->dtype.bits / 8);
-    if (x->dtype.bits == 32) {
-        memcpy(p, &f, 4);
-        return;
-    }
-    uint16_t h = use_raw ? raw16
-                 : x->dtype.code == REFIT_DTYPE_BFLOAT ? kern_f32_to_bf16(f) : kern_f32_to_f16(f);
-    memcpy(p, &h, 2);
-}
-
-static float uniform(void)
-{
-    return (float)((double)(twin_rnd() >> 11) / 9007199254740992.0 * 2.0 - 1.0);
-}
 
 /* A finite subnormal of the dtype: raw bits (16-bit) or an f32. */
 static void subnormal(refit_dtype dt, float *f, uint16_t *raw)
@@ -120,19 +96,19 @@ static void fill(const refit_view *x, enum pat p)
                 use_raw = x->dtype.bits == 16;
                 break;
             case PAT_BIG:
-                f = biggest(x->dtype) * (0.5f + 0.5f * uniform());
+                f = biggest(x->dtype) * (0.5f + 0.5f * twin_uniform());
                 if (twin_rnd() % 997 == 0)
                     f = (twin_rnd() & 1) ? biggest(x->dtype) : -biggest(x->dtype);
                 break;
             default: {
                 int e = (int)(twin_rnd() % 40) - 20;
-                f = uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
+                f = twin_uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
                 if (x->dtype.bits == 16 && x->dtype.code == REFIT_DTYPE_FLOAT)
                     f = f > 60000.0f ? 60000.0f : f < -60000.0f ? -60000.0f : f;
                 break;
             }
             }
-            put(x, i, j, f, raw, use_raw);
+            view_put(x, i, j, f, raw, use_raw);
         }
 }
 
@@ -616,9 +592,9 @@ static void test_nonfinite(void **state)
                 multi m;
                 multi_new(&m, sch, dts[d], 4, rows, 200, slot);
                 /* a NaN in piece 3, an infinity in piece 1 (or only the NaN) */
-                put(&m.hx[3], 250, 199, __builtin_nanf(""), 0, 0);
+                view_put(&m.hx[3], 250, 199, __builtin_nanf(""), 0, 0);
                 if (which == 0)
-                    put(&m.hx[1], 129, 3, -__builtin_inff(), 0, 0);
+                    view_put(&m.hx[1], 129, 3, -__builtin_inff(), 0, 0);
                 twin_push(&m.tx);
                 for (int hw = 0; hw < encoders; hw++) {
                     int32_t bad = 99;
