@@ -70,15 +70,21 @@ void pair_mem_get(int device, void *dst, const void *src, size_t n)
 
 /* ---- checkpoint values ---- */
 
+uint64_t pair_seed(const pair_ck *c, int v)
+{
+    uint64_t seed = (uint64_t)v * 0x100000001b3ull;
+    for (const char *p = c->name; *p; p++)
+        seed = (seed ^ (unsigned char)*p) * 0x100000001b3ull;
+    return seed;
+}
+
 void *pair_float_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
 {
     size_t e = c->dtype.bits / 8, n = 1;
     for (int d = 0; d < c->ndim; d++)
         n *= (size_t)c->shape[d];
     int64_t k = c->shape[c->ndim - 1];
-    uint64_t seed = (uint64_t)v * 0x100000001b3ull;
-    for (const char *p = c->name; *p; p++)
-        seed = (seed ^ (unsigned char)*p) * 0x100000001b3ull;
+    uint64_t seed = pair_seed(c, v);
     char *b = malloc(n * e + 1);
     assert_non_null(b);
     int f16 = c->dtype.code == REFIT_DTYPE_FLOAT && c->dtype.bits == 16;

@@ -68,6 +68,9 @@ typedef struct pair_format {
     void *(*ckpt_bytes)(const pair_ck *c, int v, int defect, size_t *bytes);
 } pair_format;
 
+/* The random seed of checkpoint tensor c at version v (its name and v
+ * hashed): element i's random word is twin_mix(seed + i). */
+uint64_t pair_seed(const pair_ck *c, int v);
 /* A float checkpoint weight (F32, F16 or BF16, any ndim, rows along the
  * last dim) of version v, contiguous host bytes (malloc'd): finite values
  * over a wide range of magnitudes, with zero rows, rows of subnormals and

@@ -483,9 +483,7 @@ static void *ckpt_bytes(const pair_ck *c, int v, int bad, size_t *bytes)
 {
     int64_t numel = c->ndim == 1 ? c->shape[0] : c->shape[0] * c->shape[1];
     size_t e = c->dtype.bits / 8, n = (size_t)numel;
-    uint64_t seed = (uint64_t)v * 0x100000001b3ull;
-    for (const char *p = c->name; *p; p++)
-        seed = (seed ^ (unsigned char)*p) * 0x100000001b3ull;
+    uint64_t seed = pair_seed(c, v);
     char *b = malloc(n * e + 1);
     assert_non_null(b);
     for (size_t i = 0; i < n; i++) {

@@ -524,9 +524,7 @@ static void *ckpt_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
     if (c->kind == CK_FLOAT)
         return pair_float_bytes(c, v, nan_at, bytes);
     size_t e = c->dtype.bits / 8, n = (size_t)(c->ndim == 2 ? c->shape[0] * c->shape[1] : 1);
-    uint64_t seed = (uint64_t)v * 0x100000001b3ull;
-    for (const char *p = c->name; *p; p++)
-        seed = (seed ^ (unsigned char)*p) * 0x100000001b3ull;
+    uint64_t seed = pair_seed(c, v);
     char *b = malloc(n * e + 1);
     assert_non_null(b);
     int f16 = c->dtype.code == REFIT_DTYPE_FLOAT && c->dtype.bits == 16;
