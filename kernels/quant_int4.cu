@@ -43,6 +43,7 @@
 
 #include <refit/format.h>
 
+#include "kernels/status_word.cuh"
 #include "kernels/quant_int4.h"
 
 extern "C" void kern_cuda_set_error(const char *msg);
@@ -51,7 +52,7 @@ extern "C" void kern_cuda_set_error(const char *msg);
 #define Q4_BATCH 256             /* pieces per launch */
 #define Q4_BLOCKS_MAX 4096       /* grid-stride beyond this */
 #define Q4_FINITE 0x7f800000u    /* magnitude bits at and past infinity */
-#define Q4_NONE 0xffffffffu      /* status word: no piece failed */
+#define Q4_NONE KC_STATUS_NONE      /* status word: no piece failed */
 #define Q4_DEVICES 64            /* devices with a cached status word */
 #define Q4_SMALL 8               /* pieces of a launch with a short parameter block */
 #define Q4_SHORT 64              /* kernel template flag: the short parameter block */
@@ -461,20 +462,13 @@ static void q4_launch_one(const q4_batch *b, int lanes, unsigned int *status, cu
     }
 }
 
-/* Per device, made by its first call and kept: the status word, its
- * pinned host copy and the launch parameters (31 KB, off the stack). A
- * call then costs its launches, one 4-byte copy back and one stream wait:
- * no allocation, no pageable copy. The word holds Q4_NONE between calls
- * while `clean`; a call that read a refusal or could not read it (a
- * failed launch or copy) clears `clean`, and the next call sets the word
- * again in its stream before its launches. Calls are serialized by q4_mu
- * (the backend calls under its own lock anyway): the pinned word and the
- * parameters are one call's at a time, and a call waits for its stream
- * before it returns. */
+/* Per device, made by its first call and kept: the status word
+ * (kernels/status_word.cuh) and the launch parameters (31 KB, off the
+ * stack). Calls are serialized by q4_mu (the backend calls under its own
+ * lock anyway). */
 struct q4_cache {
-    unsigned int *dev, *host;
+    kc_status word;
     q4_batch *batch;
-    bool clean;
 };
 static q4_cache q4_dev[Q4_DEVICES];
 static pthread_mutex_t q4_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -490,22 +484,9 @@ static int q4_cache_get(q4_cache **out, cudaStream_t st)
     q4_cache *c = &q4_dev[dev];
     if (!c->batch && !(c->batch = (q4_batch *)malloc(sizeof *c->batch)))
         return q4_fail(cudaErrorMemoryAllocation, "host memory for a launch");
-    if (!c->host && (e = cudaMallocHost((void **)&c->host, sizeof *c->host)) != cudaSuccess) {
-        c->host = NULL;
-        return q4_fail(e, "the pinned status word");
-    }
-    if (!c->dev) {
-        if ((e = cudaMalloc((void **)&c->dev, sizeof *c->dev)) != cudaSuccess) {
-            c->dev = NULL;
-            return q4_fail(e, "the device status word");
-        }
-        c->clean = false;
-    }
-    if (!c->clean) {
-        if ((e = cudaMemsetAsync(c->dev, 0xff, sizeof *c->dev, st)) != cudaSuccess)
-            return q4_fail(e, "setting the status word");
-        c->clean = true;
-    }
+    const char *what = NULL;
+    if ((e = kc_status_ready(&c->word, st, &what)) != cudaSuccess)
+        return q4_fail(e, what);
     *out = c;
     return REFIT_OK;
 }
@@ -515,7 +496,7 @@ static int q4_launch(const q4_cache *c, const q4_piece *pcs, uint32_t n, int64_t
                      cudaStream_t st)
 {
     q4_batch *b = c->batch;
-    unsigned int *status = c->dev;
+    unsigned int *status = c->word.dev;
     int lanes = q4_lanes(group), rc = REFIT_OK;
     for (uint32_t at = 0; at < n && !rc; at += Q4_BATCH) {
         uint32_t np = n - at < Q4_BATCH ? n - at : Q4_BATCH;
@@ -544,17 +525,9 @@ static int q4_launch(const q4_cache *c, const q4_piece *pcs, uint32_t n, int64_t
  * the pinned word and the parameters); the first failure wins. */
 static int q4_finish_call(q4_cache *c, unsigned int *out, int rc, cudaStream_t st)
 {
-    cudaError_t e = rc ? cudaSuccess
-                       : cudaMemcpyAsync(c->host, c->dev, sizeof *c->host,
-                                         cudaMemcpyDeviceToHost, st);
-    cudaError_t se = cudaStreamSynchronize(st);
-    if (e == cudaSuccess)
-        e = se;
+    cudaError_t e = kc_status_read(&c->word, !rc, out, st);
     if (!rc && e != cudaSuccess)
         rc = q4_fail(e, "the device work");
-    *out = rc ? Q4_NONE : *c->host;
-    if (rc || *out != Q4_NONE)
-        c->clean = false; /* the next call sets the word again */
     return rc;
 }
 

@@ -47,6 +47,7 @@
 
 #include <refit/format.h>
 
+#include "kernels/status_word.cuh"
 #include "kernels/cast_bits.h"
 
 extern "C" void kern_cuda_set_error(const char *msg);
@@ -60,7 +61,7 @@ extern "C" void kern_cuda_set_error(const char *msg);
 #define MX_DEVICES 64           /* devices with a cached status word */
 #define MX_CTAS_PER_SM 4         /* resident at 64 registers: one wave */
 #define MX_FINITE_MAX 0x7f7fffffu
-#define MX_NONE 0xffffffffu     /* status word: no piece failed */
+#define MX_NONE KC_STATUS_NONE     /* status word: no piece failed */
 
 /* ---- encoders: finite inputs below the format's range limit 2^(emax+1)
  * (what x / X can be); the sign comes back in the code ---- */
@@ -495,21 +496,14 @@ static void mx_launch_one(const mx_batch *b, int fp4, unsigned grid, unsigned in
         k_mx<0><<<grid, MX_THREADS, 0, st>>>(*b, status);
 }
 
-/* Per device, made by its first call and kept: the status word, its
- * pinned host copy, the multiprocessor count, the launch parameters (30
- * KB, off the stack). A call then costs its launches, one 4-byte copy
- * back and one stream wait: no allocation, no pageable copy. The word
- * holds MX_NONE between calls while `clean`; a call that read a refusal
- * or could not read it (a failed launch or copy) clears `clean`, and the
- * next call sets the word again in its stream before its launches. Calls
- * are serialized by mx_mu (the backend calls under its own lock anyway):
- * the pinned word and the parameters are one call's at a time, and a
- * call waits for its stream before it returns. */
+/* Per device, made by its first call and kept: the status word
+ * (kernels/status_word.cuh), the multiprocessor count, the launch
+ * parameters (30 KB, off the stack). Calls are serialized by mx_mu (the
+ * backend calls under its own lock anyway). */
 struct mx_cache {
-    unsigned int *dev, *host;
+    kc_status word;
     mx_batch *batch;
     int sms;
-    bool clean;
 };
 static mx_cache mx_dev[MX_DEVICES];
 static pthread_mutex_t mx_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -531,22 +525,9 @@ static int mx_cache_get(mx_cache **out, cudaStream_t st)
     }
     if (!c->batch && !(c->batch = (mx_batch *)malloc(sizeof *c->batch)))
         return mx_fail(cudaErrorMemoryAllocation, "host memory for a launch");
-    if (!c->host && (e = cudaMallocHost((void **)&c->host, sizeof *c->host)) != cudaSuccess) {
-        c->host = NULL;
-        return mx_fail(e, "the pinned status word");
-    }
-    if (!c->dev) {
-        if ((e = cudaMalloc((void **)&c->dev, sizeof *c->dev)) != cudaSuccess) {
-            c->dev = NULL;
-            return mx_fail(e, "the device status word");
-        }
-        c->clean = false;
-    }
-    if (!c->clean) {
-        if ((e = cudaMemsetAsync(c->dev, 0xff, sizeof *c->dev, st)) != cudaSuccess)
-            return mx_fail(e, "setting the status word");
-        c->clean = true;
-    }
+    const char *what = NULL;
+    if ((e = kc_status_ready(&c->word, st, &what)) != cudaSuccess)
+        return mx_fail(e, what);
     *out = c;
     return REFIT_OK;
 }
@@ -556,7 +537,7 @@ static int mx_launch(const mx_cache *c, const mx_piece *pcs, uint32_t m, int fp4
                      cudaStream_t st)
 {
     mx_batch *b = c->batch;
-    unsigned int *status = c->dev;
+    unsigned int *status = c->word.dev;
     int sms = c->sms;
     cudaError_t e;
     int rc = REFIT_OK;
@@ -615,17 +596,9 @@ static int mx_pieces(uint32_t n, const refit_view *q, const refit_view *s, const
  * the pinned word and the parameters); the first failure wins. */
 static int mx_finish_call(mx_cache *c, unsigned int *out, int rc, cudaStream_t st)
 {
-    cudaError_t e = rc ? cudaSuccess
-                       : cudaMemcpyAsync(c->host, c->dev, sizeof *c->host,
-                                         cudaMemcpyDeviceToHost, st);
-    cudaError_t se = cudaStreamSynchronize(st);
-    if (e == cudaSuccess)
-        e = se;
+    cudaError_t e = kc_status_read(&c->word, !rc, out, st);
     if (!rc && e != cudaSuccess)
         rc = mx_fail(e, "the device work");
-    *out = rc ? MX_NONE : *c->host;
-    if (rc || *out != MX_NONE)
-        c->clean = false; /* the next call sets the word again */
     return rc;
 }
 
