@@ -31,6 +31,7 @@
 #include <refit/refit.h>
 
 #include "core/cuda/backend_cuda.h"
+#include "bench_gpu_peer.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/quant_int4.h"
 
@@ -68,11 +69,6 @@ static double i4b_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, i4b_cmp);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static void i4b_put(json_t *o, const char *k, double v)
-{
-    json_object_set_new(o, k, json_real(v));
 }
 
 static int64_t i4b_words(const refit_view *x)
@@ -195,15 +191,6 @@ static int i4b_check(const i4_arena *a, const char *dev_base, const char *host_b
     return 0;
 }
 
-static int i4b_write(const char *path, const void *p, size_t n, const char *mode)
-{
-    FILE *f = fopen(path, mode);
-    int rc = !f || fwrite(p, 1, n, f) != n;
-    if (f && fclose(f))
-        rc = 1;
-    return rc;
-}
-
 /* Layer 0's sources (BF16) and our gptq bytes, for PyTorch to compare. */
 static int i4b_dump(const i4_arena *a, const char *dir, const char *host_base,
                     const char *dev_base)
@@ -215,11 +202,11 @@ static int i4b_dump(const i4_arena *a, const char *dir, const char *host_base,
         uint8_t *buf = malloc(len);
         int rc = !buf || i4b_fetch(a, w, buf) != len;
         snprintf(path, sizeof path, "%s/int4-layer0-q.bin", dir);
-        rc = rc || i4b_write(path, buf, len, w ? "ab" : "wb");
+        rc = rc || bpeer_write(path, buf, len, w ? "ab" : "wb");
         free(buf);
         size_t xb = (size_t)(n * a->x[w].shape[1]) * 2;
         snprintf(path, sizeof path, "%s/int4-layer0-x.bin", dir);
-        rc = rc || i4b_write(path, host_base + ((const char *)a->x[w].data - dev_base), xb,
+        rc = rc || bpeer_write(path, host_base + ((const char *)a->x[w].data - dev_base), xb,
                              w ? "ab" : "wb");
         if (rc)
             return 1;
@@ -231,10 +218,6 @@ static int i4b_dump(const i4_arena *a, const char *dir, const char *host_base,
 static void i4b_torch(json_t *o, const refit_view *x, int nw, int repeat, const char *python,
                       const char *dir)
 {
-    char spec[4200], cmd[8600], script[4096];
-    snprintf(spec, sizeof spec, "%s/bench-int4-spec.json", dir);
-    const char *root = getenv("REFIT_SOURCE_ROOT");
-    snprintf(script, sizeof script, "%s/tools/bench_gpu.py", root ? root : ".");
     json_t *s = json_object(), *ts = json_array();
     for (int w = 0; w < nw; w++)
         json_array_append_new(ts, json_pack("[I,I]", (json_int_t)x[w].shape[0],
@@ -244,29 +227,9 @@ static void i4b_torch(json_t *o, const refit_view *x, int nw, int repeat, const 
     json_object_set_new(s, "repeat", json_integer(repeat));
     json_object_set_new(s, "int4_layer0", json_integer(nw < I4B_LAYER0 ? nw : I4B_LAYER0));
     json_object_set_new(s, "dir", json_string(dir));
-    int rc = json_dump_file(s, spec, JSON_COMPACT);
-    json_decref(s);
-    if (rc)
-        return;
-    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s'", python, script, spec);
-    FILE *p = popen(cmd, "r");
-    json_error_t err;
-    json_t *py = p ? json_loadf(p, 0, &err) : NULL;
-    int st = p ? pclose(p) : -1;
-    json_t *t = py ? json_object_get(py, "int4") : NULL;
-    json_t *ms = t ? json_object_get(t, "ms") : NULL;
-    if (!ms) {
-        fprintf(stderr, "refit-bench gpu: quant int4: no result from %s (exit %d)\n", cmd, st);
-        json_object_set_new(o, "torch", json_string("failed: see stderr"));
-    } else {
-        double tv = json_number_value(ms);
-        i4b_put(o, "torch_ms", tv);
-        i4b_put(o, "speedup_vs_torch", tv / json_number_value(json_object_get(o, "refit_ms")));
-        json_object_set(o, "torch_bytes_equal_layer0", json_object_get(t, "bytes_equal"));
-        json_object_set(o, "torch", json_object_get(py, "torch"));
-    }
+    json_t *py = bpeer_torch(s, python, dir, "int4");
+    bpeer_merge(o, py, "int4");
     json_decref(py);
-    unlink(spec);
 }
 
 int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
@@ -298,16 +261,16 @@ int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_b
         json_object_set_new(o, "elements", json_integer((json_int_t)elems));
         json_object_set_new(o, "group", json_integer(I4B_GROUP));
         json_object_set_new(o, "layout", json_string("gptq"));
-        i4b_put(o, "min_bytes", mb);
-        i4b_put(o, "refit_ms", t_all * 1e3);
-        i4b_put(o, "refit_GBps", mb / t_all / 1e9);
-        i4b_put(o, "copy_GBps", copy_Bps / 1e9);
-        i4b_put(o, "ratio_to_d2d", mb / t_all / copy_Bps);
-        i4b_put(o, "per_weight_calls_ms", t_each * 1e3);
-        i4b_put(o, "per_weight_ratio_to_d2d", mb / t_each / copy_Bps);
-        i4b_put(o, "u8_refit_ms", t_u8 * 1e3);
-        i4b_put(o, "u8_ratio_to_d2d", mb / t_u8 / copy_Bps);
-        i4b_put(o, "target", 0.70);
+        bpeer_put(o, "min_bytes", mb);
+        bpeer_put(o, "refit_ms", t_all * 1e3);
+        bpeer_put(o, "refit_GBps", mb / t_all / 1e9);
+        bpeer_put(o, "copy_GBps", copy_Bps / 1e9);
+        bpeer_put(o, "ratio_to_d2d", mb / t_all / copy_Bps);
+        bpeer_put(o, "per_weight_calls_ms", t_each * 1e3);
+        bpeer_put(o, "per_weight_ratio_to_d2d", mb / t_each / copy_Bps);
+        bpeer_put(o, "u8_refit_ms", t_u8 * 1e3);
+        bpeer_put(o, "u8_ratio_to_d2d", mb / t_u8 / copy_Bps);
+        bpeer_put(o, "target", 0.70);
         json_object_set_new(o, "meets_target", json_boolean(mb / t_all / copy_Bps >= 0.70));
         json_object_set_new(o, "layer0_equals_cpu_reference", json_true());
         if (python)

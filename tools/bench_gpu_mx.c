@@ -26,6 +26,7 @@
 #include <refit/refit.h>
 
 #include "core/cuda/backend_cuda.h"
+#include "bench_gpu_peer.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/quant_mx.h"
 #include "kernels/quant_mxfp4.h"
@@ -62,11 +63,6 @@ static double mxb_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, mxb_cmp);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static void mxb_put(json_t *o, const char *k, double v)
-{
-    json_object_set_new(o, k, json_real(v));
 }
 
 /* Output and scale views of every weight, in two device allocations. */
@@ -176,15 +172,6 @@ static int mxb_check(const mx_arena *a, const char *dev_base, const char *host_b
 }
 
 /* Layer 0's sources (BF16) and our bytes, for PyTorch to compare. */
-static int mxb_write(const char *path, const void *p, size_t n, const char *mode)
-{
-    FILE *f = fopen(path, mode);
-    int rc = !f || fwrite(p, 1, n, f) != n;
-    if (f && fclose(f))
-        rc = 1;
-    return rc;
-}
-
 static int mxb_dump(const mx_arena *a, const char *dir, const char *host_base,
                     const char *dev_base, int first)
 {
@@ -195,12 +182,12 @@ static int mxb_dump(const mx_arena *a, const char *dir, const char *host_base,
         uint8_t *buf = malloc(n);
         int rc = !buf || mxb_fetch(a, w, buf) != n;
         snprintf(path, sizeof path, "%s/mx-layer0-mxfp%d.bin", dir, a->bits);
-        rc = rc || mxb_write(path, buf, n, w ? "ab" : "wb");
+        rc = rc || bpeer_write(path, buf, n, w ? "ab" : "wb");
         free(buf);
         if (!rc && first) {
             size_t xb = (size_t)(a->x[w].shape[0] * a->x[w].shape[1]) * 2;
             snprintf(path, sizeof path, "%s/mx-layer0-x.bin", dir);
-            rc = mxb_write(path, host_base + ((const char *)a->x[w].data - dev_base), xb,
+            rc = bpeer_write(path, host_base + ((const char *)a->x[w].data - dev_base), xb,
                            w ? "ab" : "wb");
         }
         if (rc)
@@ -213,10 +200,6 @@ static int mxb_dump(const mx_arena *a, const char *dir, const char *host_base,
 static void mxb_torch(json_t *q8, json_t *q4, const mx_arena *a, int repeat,
                       const char *python, const char *dir)
 {
-    char spec[4200], cmd[8600], script[4096];
-    snprintf(spec, sizeof spec, "%s/bench-mx-spec.json", dir);
-    const char *root = getenv("REFIT_SOURCE_ROOT");
-    snprintf(script, sizeof script, "%s/tools/bench_gpu.py", root ? root : ".");
     json_t *o = json_object(), *ts = json_array();
     for (int w = 0; w < a->nw; w++)
         json_array_append_new(ts, json_pack("[I,I]", (json_int_t)a->x[w].shape[0],
@@ -225,38 +208,10 @@ static void mxb_torch(json_t *q8, json_t *q4, const mx_arena *a, int repeat,
     json_object_set_new(o, "repeat", json_integer(repeat));
     json_object_set_new(o, "mx_layer0", json_integer(a->nw < MXB_LAYER0 ? a->nw : MXB_LAYER0));
     json_object_set_new(o, "dir", json_string(dir));
-    int rc = json_dump_file(o, spec, JSON_COMPACT);
-    json_decref(o);
-    if (rc)
-        return;
-    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s'", python, script, spec);
-    FILE *p = popen(cmd, "r");
-    json_error_t err;
-    json_t *py = p ? json_loadf(p, 0, &err) : NULL;
-    int st = p ? pclose(p) : -1;
-    if (!py) {
-        fprintf(stderr, "refit-bench gpu: no JSON from %s (exit %d)\n", cmd, st);
-        json_object_set_new(q8, "torch", json_string("failed: see stderr"));
-        json_object_set_new(q4, "torch", json_string("failed: see stderr"));
-    }
-    json_t *qs[2] = {q8, q4};
-    static const char *const key[2] = {"mxfp8", "mxfp4"};
-    for (int i = 0; py && i < 2; i++) {
-        json_t *t = json_object_get(py, key[i]);
-        json_t *ms = json_object_get(t, "ms");
-        if (!ms)
-            continue;
-        double tv = json_number_value(ms);
-        mxb_put(qs[i], "torch_ms", tv);
-        mxb_put(qs[i], "speedup_vs_torch",
-                tv / json_number_value(json_object_get(qs[i], "refit_ms")));
-        json_object_set(qs[i], "torch_bytes_equal_layer0", json_object_get(t, "bytes_equal"));
-    }
-    const char *tv = py ? json_string_value(json_object_get(py, "torch")) : NULL;
-    if (tv)
-        json_object_set_new(q8, "torch", json_string(tv));
+    json_t *py = bpeer_torch(o, python, dir, "mx");
+    bpeer_merge(q8, py, "mxfp8");
+    bpeer_merge(q4, py, "mxfp4");
     json_decref(py);
-    unlink(spec);
 }
 
 static void mxb_free(mx_arena *a)
@@ -299,14 +254,14 @@ int bench_gpu_mx(json_t *quant, int nw, const refit_view *x, const char *dev_bas
         json_object_set_new(o, "encoder", json_string(a.bits == 4 ? "f32-add rounding"
                                                       : a.hw ? "cvt.rn.satfinite.e4m3x2.f32"
                                                              : "f32-add rounding"));
-        mxb_put(o, "min_bytes", min_bytes);
-        mxb_put(o, "refit_ms", t_all * 1e3);
-        mxb_put(o, "refit_GBps", min_bytes / t_all / 1e9);
-        mxb_put(o, "copy_GBps", copy_Bps / 1e9);
-        mxb_put(o, "ratio_to_d2d", min_bytes / t_all / copy_Bps);
-        mxb_put(o, "per_weight_calls_ms", t_each * 1e3);
-        mxb_put(o, "per_weight_ratio_to_d2d", min_bytes / t_each / copy_Bps);
-        mxb_put(o, "target", 0.70);
+        bpeer_put(o, "min_bytes", min_bytes);
+        bpeer_put(o, "refit_ms", t_all * 1e3);
+        bpeer_put(o, "refit_GBps", min_bytes / t_all / 1e9);
+        bpeer_put(o, "copy_GBps", copy_Bps / 1e9);
+        bpeer_put(o, "ratio_to_d2d", min_bytes / t_all / copy_Bps);
+        bpeer_put(o, "per_weight_calls_ms", t_each * 1e3);
+        bpeer_put(o, "per_weight_ratio_to_d2d", min_bytes / t_each / copy_Bps);
+        bpeer_put(o, "target", 0.70);
         json_object_set_new(o, "meets_target",
                             json_boolean(min_bytes / t_all / copy_Bps >= 0.70));
         json_object_set_new(o, "layer0_equals_cpu_reference", json_true());

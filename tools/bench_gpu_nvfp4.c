@@ -31,6 +31,7 @@
 #include <refit/refit.h>
 
 #include "core/cuda/backend_cuda.h"
+#include "bench_gpu_peer.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/quant_nvfp4.h"
 
@@ -65,11 +66,6 @@ static double nvb_median(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, nvb_cmp);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static void nvb_put(json_t *o, const char *k, double v)
-{
-    json_object_set_new(o, k, json_real(v));
 }
 
 static size_t nvb_round(size_t v)
@@ -196,15 +192,6 @@ static int nvb_check(const nv_arena *a, const char *dev_base, const char *host_b
     return 0;
 }
 
-static int nvb_write(const char *path, const void *p, size_t n, const char *mode)
-{
-    FILE *f = fopen(path, mode);
-    int rc = !f || fwrite(p, 1, n, f) != n;
-    if (f && fclose(f))
-        rc = 1;
-    return rc;
-}
-
 /* Layer 0's sources (BF16) and our bytes, for PyTorch to compare. */
 static int nvb_dump(const nv_arena *a, const char *dir, const char *host_base,
                     const char *dev_base)
@@ -216,11 +203,11 @@ static int nvb_dump(const nv_arena *a, const char *dir, const char *host_base,
         uint8_t *buf = malloc(n);
         int rc = !buf || nvb_fetch(a, w, buf) != n;
         snprintf(path, sizeof path, "%s/nvfp4-layer0-q.bin", dir);
-        rc = rc || nvb_write(path, buf, n, w ? "ab" : "wb");
+        rc = rc || bpeer_write(path, buf, n, w ? "ab" : "wb");
         free(buf);
         size_t xb = (size_t)(p->src.shape[0] * p->src.shape[1]) * 2;
         snprintf(path, sizeof path, "%s/nvfp4-layer0-x.bin", dir);
-        rc = rc || nvb_write(path, host_base + ((const char *)p->src.data - dev_base), xb,
+        rc = rc || bpeer_write(path, host_base + ((const char *)p->src.data - dev_base), xb,
                              w ? "ab" : "wb");
         if (rc)
             return 1;
@@ -232,10 +219,6 @@ static int nvb_dump(const nv_arena *a, const char *dir, const char *host_base,
 static void nvb_torch(json_t *o, const refit_view *x, int nw, int repeat, const char *python,
                       const char *dir)
 {
-    char spec[4200], cmd[8600], script[4096];
-    snprintf(spec, sizeof spec, "%s/bench-nvfp4-spec.json", dir);
-    const char *root = getenv("REFIT_SOURCE_ROOT");
-    snprintf(script, sizeof script, "%s/tools/bench_gpu.py", root ? root : ".");
     json_t *s = json_object(), *ts = json_array();
     for (int w = 0; w < nw; w++)
         json_array_append_new(ts, json_pack("[I,I]", (json_int_t)x[w].shape[0],
@@ -244,29 +227,9 @@ static void nvb_torch(json_t *o, const refit_view *x, int nw, int repeat, const 
     json_object_set_new(s, "repeat", json_integer(repeat));
     json_object_set_new(s, "nvfp4_layer0", json_integer(nw < NVB_LAYER0 ? nw : NVB_LAYER0));
     json_object_set_new(s, "dir", json_string(dir));
-    int rc = json_dump_file(s, spec, JSON_COMPACT);
-    json_decref(s);
-    if (rc)
-        return;
-    snprintf(cmd, sizeof cmd, "'%s' '%s' '%s'", python, script, spec);
-    FILE *p = popen(cmd, "r");
-    json_error_t err;
-    json_t *py = p ? json_loadf(p, 0, &err) : NULL;
-    int st = p ? pclose(p) : -1;
-    json_t *t = py ? json_object_get(py, "nvfp4") : NULL;
-    json_t *ms = t ? json_object_get(t, "ms") : NULL;
-    if (!ms) {
-        fprintf(stderr, "refit-bench gpu: quant nvfp4: no result from %s (exit %d)\n", cmd, st);
-        json_object_set_new(o, "torch", json_string("failed: see stderr"));
-    } else {
-        double tv = json_number_value(ms);
-        nvb_put(o, "torch_ms", tv);
-        nvb_put(o, "speedup_vs_torch", tv / json_number_value(json_object_get(o, "refit_ms")));
-        json_object_set(o, "torch_bytes_equal_layer0", json_object_get(t, "bytes_equal"));
-        json_object_set(o, "torch", json_object_get(py, "torch"));
-    }
+    json_t *py = bpeer_torch(s, python, dir, "nvfp4");
+    bpeer_merge(o, py, "nvfp4");
     json_decref(py);
-    unlink(spec);
 }
 
 /* Median seconds of a reload of every weight as an online nvfp4 module
@@ -359,14 +322,14 @@ int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_
         json_t *o = json_object();
         json_object_set_new(o, "weights", json_integer(nw));
         json_object_set_new(o, "elements", json_integer((json_int_t)elems));
-        nvb_put(o, "min_bytes", mb);
-        nvb_put(o, "refit_ms", t_all * 1e3);
-        nvb_put(o, "refit_GBps", mb / t_all / 1e9);
-        nvb_put(o, "copy_GBps", copy_Bps / 1e9);
-        nvb_put(o, "ratio_to_d2d", mb / t_all / copy_Bps);
-        nvb_put(o, "per_weight_calls_ms", t_each * 1e3);
-        nvb_put(o, "per_weight_ratio_to_d2d", mb / t_each / copy_Bps);
-        nvb_put(o, "target", 0.70);
+        bpeer_put(o, "min_bytes", mb);
+        bpeer_put(o, "refit_ms", t_all * 1e3);
+        bpeer_put(o, "refit_GBps", mb / t_all / 1e9);
+        bpeer_put(o, "copy_GBps", copy_Bps / 1e9);
+        bpeer_put(o, "ratio_to_d2d", mb / t_all / copy_Bps);
+        bpeer_put(o, "per_weight_calls_ms", t_each * 1e3);
+        bpeer_put(o, "per_weight_ratio_to_d2d", mb / t_each / copy_Bps);
+        bpeer_put(o, "target", 0.70);
         json_object_set_new(o, "meets_target", json_boolean(mb / t_all / copy_Bps >= 0.70));
         json_object_set_new(o, "layer0_equals_cpu_reference", json_true());
         json_t *sw = json_object();
@@ -377,15 +340,15 @@ int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_
             kern_quant_nvfp4_set_bytes((int64_t)set_mb[i] << 20);
             rc = nvb_time(&a, 1, repeat, &t) || nvb_check(&a, dev_base, host_base);
             snprintf(key, sizeof key, "%dMB", set_mb[i]);
-            nvb_put(sw, key, mb / t / copy_Bps);
+            bpeer_put(sw, key, mb / t / copy_Bps);
         }
         kern_quant_nvfp4_set_bytes(0);
         json_object_set_new(o, "set_sweep", sw);
         double t_reload = 0;
         if (!rc && !(rc = nvb_reload(&a, repeat, &t_reload) ||
                            nvb_check(&a, dev_base, host_base))) {
-            nvb_put(o, "online_reload_ms", t_reload * 1e3);
-            nvb_put(o, "online_reload_ratio_to_d2d", mb / t_reload / copy_Bps);
+            bpeer_put(o, "online_reload_ms", t_reload * 1e3);
+            bpeer_put(o, "online_reload_ratio_to_d2d", mb / t_reload / copy_Bps);
         }
         if (python)
             nvb_torch(o, x, nw, repeat, python, dir);
