@@ -933,17 +933,18 @@ static int txn_prepare(refit_txn *t)
                          "or abort it");
     } else {
         txn_set_state(t, TXN_FINALIZING);
+        /* start what is queued first, so the device copies while the host
+         * journals and checks, then wait: a failed check aborts (abort
+         * waits for the streams first) */
+        const backend *be = t->n_streams ? t->streams[0].be : &backend_host;
+        rc = txn_flush_streams(t);
         /* the journal hears of this phase when it can last: when device
-         * work is still queued (on the host, finalize is a few checks) */
+         * work is still running (on the host, finalize is a few checks) */
         for (uint32_t i = 0; i < t->n_streams; i++)
             if (t->streams[i].be != &backend_host) {
                 txj_finalizing(m, t->journal_id);
                 break;
             }
-        /* start what is queued, check while the device copies, then wait:
-         * a failed check aborts (abort waits for the streams first) */
-        const backend *be = t->n_streams ? t->streams[0].be : &backend_host;
-        rc = txn_flush_streams(t);
         if (!rc)
             rc = check_complete(t);
         if (!rc)

@@ -203,7 +203,10 @@ static int llama_setup(bench *b)
 
 /* One reload from an arena (device or pinned), timed from begin to the
  * return of finalize (which waits for the stream). */
-static int reload_arena(bench *b, char *arena, int dev_type, int rollback, double *secs)
+/* One reload of the arena; secs: begin to finalize's return. phase (may be
+ * NULL): where the host spent it, [begin, the loads, finalize]. */
+static int reload_arena(bench *b, char *arena, int dev_type, int rollback, double *secs,
+                        double phase[3])
 {
     refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
     o.version_label = "bench";
@@ -211,6 +214,7 @@ static int reload_arena(bench *b, char *arena, int dev_type, int rollback, doubl
     refit_txn *txn;
     double t0 = now_s();
     int rc = refit_begin(&txn, b->model, &o);
+    double t1 = now_s();
     for (int i = 0; i < b->n && !rc; i++) {
         bt *t = &b->t[i];
         refit_tensor src = {.data = arena + t->off, .device = {dev_type, 0}, .ndim = t->ndim,
@@ -218,9 +222,16 @@ static int reload_arena(bench *b, char *arena, int dev_type, int rollback, doubl
         if ((rc = refit_load(txn, t->name, &src, NULL)))
             refit_abort(txn);
     }
+    double t2 = now_s();
     if (!rc)
         rc = refit_finalize(txn);
-    *secs = now_s() - t0;
+    double t3 = now_s();
+    *secs = t3 - t0;
+    if (phase) {
+        phase[0] = t1 - t0;
+        phase[1] = t2 - t1;
+        phase[2] = t3 - t2;
+    }
     return rc ? rfail(b, "reload", rc) : 0;
 }
 
@@ -255,19 +266,27 @@ static int time_memcpy(bench *b, void *dst, const void *src, double *out)
     return 0;
 }
 
-static int time_reload(bench *b, char *arena, int dev_type, int rollback, double *out)
+/* The median reload time, and the median of each host phase (phase may be
+ * NULL). */
+static int time_reload(bench *b, char *arena, int dev_type, int rollback, double *out,
+                       double phase[3])
 {
-    double v[64];
+    double v[64], ph[3][64];
     for (int r = -1; r < b->repeat; r++) {
         CU(cudaMemset(b->dev_rt, 0, b->total));
         CU(cudaDeviceSynchronize());
-        double s;
-        if (reload_arena(b, arena, dev_type, rollback, &s))
+        double s, p[3];
+        if (reload_arena(b, arena, dev_type, rollback, &s, p))
             return 1;
-        if (r >= 0)
+        if (r >= 0) {
             v[r] = s;
+            for (int k = 0; k < 3; k++)
+                ph[k][r] = p[k];
+        }
     }
     *out = median(v, b->repeat);
+    for (int k = 0; k < 3 && phase; k++)
+        phase[k] = median(ph[k], b->repeat);
     return check_equal(b, dev_type == REFIT_DEVICE_CUDA ? "d2d" : "pinned");
 }
 
@@ -278,12 +297,12 @@ static void put(json_t *o, const char *k, double v)
 
 static int bench_d2d_pinned(bench *b)
 {
-    double t_d2d, t_d2d_rb, t_ceil_d2d, t_pin, t_ceil_h2d;
+    double t_d2d, t_d2d_rb, t_ceil_d2d, t_pin, t_ceil_h2d, ph[3];
     if (time_memcpy(b, b->dev_rt, b->dev_src, &t_ceil_d2d) ||
-        time_reload(b, b->dev_src, REFIT_DEVICE_CUDA, 0, &t_d2d) ||
-        time_reload(b, b->dev_src, REFIT_DEVICE_CUDA, 1, &t_d2d_rb) ||
+        time_reload(b, b->dev_src, REFIT_DEVICE_CUDA, 0, &t_d2d, ph) ||
+        time_reload(b, b->dev_src, REFIT_DEVICE_CUDA, 1, &t_d2d_rb, NULL) ||
         time_memcpy(b, b->dev_rt, b->pinned, &t_ceil_h2d) ||
-        time_reload(b, b->pinned, REFIT_DEVICE_CUDA_HOST, 0, &t_pin))
+        time_reload(b, b->pinned, REFIT_DEVICE_CUDA_HOST, 0, &t_pin, NULL))
         return 1;
     json_t *d = json_object(), *p = json_object();
     json_object_set_new(d, "tensors", json_integer(b->n));
@@ -294,6 +313,9 @@ static int bench_d2d_pinned(bench *b)
     put(d, "refit_GBps", b->total / t_d2d / 1e9);
     put(d, "ceiling_GBps", b->total / t_ceil_d2d / 1e9);
     put(d, "refit_rollback_ms", t_d2d_rb * 1e3);
+    put(d, "host_begin_ms", ph[0] * 1e3);
+    put(d, "host_loads_ms", ph[1] * 1e3);
+    put(d, "host_finalize_ms", ph[2] * 1e3);
     put(d, "target", 0.90);
     json_object_set_new(d, "meets_target", json_boolean(t_ceil_d2d / t_d2d >= 0.90));
     json_object_set_new(b->res, "d2d", d);
