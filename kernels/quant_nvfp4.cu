@@ -146,6 +146,8 @@ struct qn_piece {
     uint8_t pass;               /* in a launch: 0 amax, 1 encode (or swizzle) */
     uint8_t kind;               /* online x: 0 f32, 1 f16, 2 bf16 */
     uint8_t vx, vq;             /* rows of x (q) are 16 (8) byte aligned and contiguous */
+    uint32_t nblk;              /* dense pieces (below): blocks of 16; 0: the general path */
+    uint32_t dmul, dshift;      /* dense: division by cb (qn_row) */
 };
 
 struct qn_batch {
@@ -293,6 +295,248 @@ __device__ __forceinline__ void qn_amax(const qn_piece &p, int64_t rel, int64_t 
     }
 }
 
+/* ---- the dense path ----
+ *
+ * A dense piece (qn_piece_init decides, per piece): online, F16 or BF16,
+ * x and q contiguous (rows of k and k / 2 with no gap), k a multiple of
+ * 16, x 16-byte and q 4-byte aligned, under 2^30 blocks and 2^31 scale
+ * bytes. Its blocks are then one flat run, so the work is addressed by
+ * 32-bit block numbers from one 64-bit base, with no per-element index
+ * math: warp unit u is blocks 64 u .. 64 u + 63, four 512-byte segments,
+ * lane l reading bytes 16 l .. 16 l + 15 of each (4 loads in flight,
+ * coalesced; lanes 2b and 2b + 1 hold the halves of block b of a
+ * segment) and storing 4 packed bytes (a half block) per segment. Bench
+ * weights (TinyLlama, BF16, contiguous, k a multiple of 128) are all
+ * dense; everything else keeps the general path above. */
+#define QN_UNIT_BLOCKS 64          /* blocks of a warp unit */
+#define QN_UNITS_PER_WARP 2        /* units a warp encodes (CTAs sized by it) */
+#define QN_MAG2 0x7fff7fffu        /* magnitude bits of two 16-bit values */
+#define QN_SAFE_LO 0x0d800000u     /* 2^-100 .. 2^100: where qn_quot's reciprocal form holds */
+#define QN_SAFE_HI 0x71800000u
+
+/* An F32's bits from a 16-bit magnitude: BF16 by a shift; F16 exactly. */
+template <int KIND> __device__ __forceinline__ uint32_t qn_f32_of(uint32_t h)
+{
+    return KIND == 2 ? h << 16 : kern_bits_f16_to_f32((uint16_t)h);
+}
+
+/* The low and high 16-bit values of a magnitude word, as F32. */
+template <int KIND> __device__ __forceinline__ float qn_lo(uint32_t m)
+{
+    return __uint_as_float(KIND == 2 ? m << 16 : kern_bits_f16_to_f32((uint16_t)m));
+}
+template <int KIND> __device__ __forceinline__ float qn_hi(uint32_t m)
+{
+    return __uint_as_float(KIND == 2 ? m & 0xffff0000u : kern_bits_f16_to_f32((uint16_t)(m >> 16)));
+}
+
+/* The max of the 8 magnitudes of a 16-byte load, in both halves of a
+ * word's pairwise maxima (unsigned 16-bit max of magnitude bits orders
+ * them as values; NaN and infinity above every finite one). */
+__device__ __forceinline__ uint32_t qn_vmax8(uint4 w)
+{
+    return __vmaxu2(__vmaxu2(w.x & QN_MAG2, w.y & QN_MAG2), __vmaxu2(w.z & QN_MAG2, w.w & QN_MAG2));
+}
+
+/* The dense amax pass: a warp takes 8 segments a trip (8 loads in
+ * flight a lane), folds them with __vmaxu2 on magnitude bits, and the
+ * block's max goes to the piece's word in one atomicMax; a NaN or an
+ * infinity is found on that max alone. */
+template <int KIND>
+__device__ __forceinline__ void qn_amax_dense(const qn_piece &p, uint32_t rel, uint32_t nb,
+                                              unsigned int *status)
+{
+    const char *x = p.x;
+    const uint32_t chunks = p.nblk * 2u; /* 16-byte loads of the piece */
+    const uint32_t lane = threadIdx.x & 31u, warps = QN_THREADS / 32;
+    uint32_t acc = 0;
+    for (uint32_t t = rel * warps + (threadIdx.x >> 5); t * 256u < chunks; t += nb * warps) {
+        const uint32_t c0 = t * 256u + lane;
+        const char *a = x + (size_t)c0 * 16u;
+        uint4 w[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            w[j] = c0 + 32u * j < chunks ? qn_ld16(a + 512 * j, false) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            acc = __vmaxu2(acc, qn_vmax8(w[j]));
+    }
+    uint32_t m = qn_block_max(qn_f32_of<KIND>(max(acc & 0xffffu, acc >> 16)));
+    if (threadIdx.x == 0) {
+        atomicMax(p.amax, m);
+        if (m > QN_FINITE_MAX)
+            atomicMax(status, ~(unsigned int)p.idx);
+    }
+}
+
+/* bmax / 6 as __fdiv_rn gives it: the product by RN(1/6) corrected by one
+ * FMA of the exact residual (Markstein), in full below 2^-100 (where the
+ * residual may leave the normal range). run_nvfp4.sh checks it against
+ * the division on every F16 and BF16 magnitude. */
+__device__ __forceinline__ float qn_div6(float b)
+{
+    if (__float_as_uint(b) < QN_SAFE_LO)
+        return __fdiv_rn(b, 6.0f);
+    const float y6 = 0x1.555556p-3f; /* RN(1/6) */
+    float q0 = __fmul_rn(b, y6);
+    return __fmaf_rn(__fmaf_rn(-q0, 6.0f, b), y6, q0);
+}
+
+/* A block's E4M3 scale code from its magnitude max (F32 bits). */
+__device__ __forceinline__ uint32_t qn_scale_code(uint32_t bmax, float gs)
+{
+    uint32_t code = qn_e4m3_sat(__float_as_uint(__fmul_rn(gs, qn_div6(__uint_as_float(bmax)))));
+    return code ? code : 0x20u; /* KERN_NVFP4_ZERO_SCALE */
+}
+
+/* a / d as __fdiv_rn gives it, where it decides an E2M1 code: with y =
+ * RN(1/d) and d in [2^-100, 2^100], the product a * y corrected by one
+ * FMA of the exact residual (Markstein). a is a magnitude: the sign is
+ * put back from the input's bits, so -0 keeps its sign bit. run_nvfp4.sh
+ * checks the codes against the full division (kern_f32_to_e2m1 of
+ * __fdiv_rn) on every F16 and BF16 magnitude for divisors across the
+ * range and near every E2M1 midpoint. */
+__device__ __forceinline__ float qn_quot(float a, float d, float y)
+{
+    float q0 = __fmul_rn(a, y);
+    return __fmaf_rn(__fmaf_rn(-q0, d, a), y, q0);
+}
+
+/* kern_f32_to_e2m1 of a non-negative quotient, without sign: qn_e2m1 with
+ * the clamp at 6 (every magnitude from 6 up, infinity and a NaN from an
+ * overflowed residual too, encodes as 7), so no clamp of the code. */
+__device__ __forceinline__ uint32_t qn_e2m1_mag(float q)
+{
+    uint32_t a = min(__float_as_uint(q), 0x40c00000u);
+    uint32_t e = a >> 23, E = e > 127u ? e : 127u, m = (E + 22u) << 23;
+    return __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(m))) - m +
+           2u * (E - 127u);
+}
+
+/* The sign bits of a 16-byte load's 8 values, at bit 3 of each nibble of
+ * the packed word (value e's nibble is e): the high byte of each value
+ * gathered with byte permutes, even values' bytes shifted down 4. */
+__device__ __forceinline__ uint32_t qn_signs8(uint4 w)
+{
+    uint32_t l = __byte_perm(w.x, w.y, 0x7351), m = __byte_perm(w.z, w.w, 0x7351);
+    uint32_t even = __byte_perm(l, m, 0x5410), odd = __byte_perm(l, m, 0x7632);
+    return (odd & 0x80808080u) | ((even >> 4) & 0x08080808u);
+}
+
+/* 8 values (one load: half a block) as 8 E2M1 codes, value e in nibble
+ * e, with divisor d; y = RN(1/d), or 0 where d is out of qn_quot's range
+ * (then divided in full). */
+template <int KIND>
+__device__ __forceinline__ uint32_t qn_pack8(uint4 w, float d, float y)
+{
+    uint32_t m[4] = {w.x & QN_MAG2, w.y & QN_MAG2, w.z & QN_MAG2, w.w & QN_MAG2};
+    uint32_t out = qn_signs8(w);
+    if (y != 0.0f) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            out |= qn_e2m1_mag(qn_quot(qn_lo<KIND>(m[i]), d, y)) << (8 * i) |
+                   qn_e2m1_mag(qn_quot(qn_hi<KIND>(m[i]), d, y)) << (8 * i + 4);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            out |= qn_e2m1_mag(__fdiv_rn(qn_lo<KIND>(m[i]), d)) << (8 * i) |
+                   qn_e2m1_mag(__fdiv_rn(qn_hi<KIND>(m[i]), d)) << (8 * i + 4);
+    }
+    return out;
+}
+
+/* Offset of block g's scale in the swizzled array: row r = g / cb by the
+ * multiply of qn_piece_init, column c, then the fixed permutation within
+ * 128x4 tiles (kern_swizzle_offset) in 32 bits. */
+__device__ __forceinline__ uint32_t qn_swz(uint32_t g, uint32_t cb, uint32_t dmul,
+                                           uint32_t dshift, uint32_t tiles_row)
+{
+    uint32_t r = cb == 1u ? g : __umulhi(g, dmul) >> dshift;
+    uint32_t c = g - r * cb;
+    return ((r >> 7) * tiles_row + (c >> 2)) << 9 | (r & 31u) << 4 | (r & 96u) >> 3 | (c & 3u);
+}
+
+/* The scale grid's pad bytes of a dense piece (columns cb .. cp - 1 of
+ * rows < n, then rows n .. up to a multiple of 128): zero. */
+__device__ __forceinline__ void qn_pads(const qn_piece &p, uint32_t rel, uint32_t nb)
+{
+    uint32_t n = (uint32_t)p.n, cb = (uint32_t)p.cb, cp = (uint32_t)p.cp;
+    uint32_t side = n * (cp - cb), rows = (uint32_t)(p.items / p.cp) - n;
+    for (uint32_t t = rel * QN_THREADS + threadIdx.x; t < side + rows * cp; t += nb * QN_THREADS) {
+        uint32_t r, c;
+        if (t < side) {
+            r = t / (cp - cb);
+            c = cb + (t - r * (cp - cb));
+        } else {
+            r = n + (t - side) / cp;
+            c = (t - side) - (r - n) * cp;
+        }
+        p.s[qn_swizzle(r, c, p.cp)] = 0;
+    }
+}
+
+/* The dense encode pass. A CTA's table holds, for every scale code, the
+ * divisor e4m3(code) / gs and its reciprocal (computed once a CTA, not per
+ * block). Per unit, each lane pair finds its four blocks' maxima (one
+ * shuffle a pair of segments), the even lane computes the scales of
+ * segments 0 and 1, the odd one those of 2 and 3 (one shuffle swaps the
+ * codes), each writes its two scale bytes, and every lane packs and
+ * stores its four half blocks. */
+template <int KIND>
+__device__ __forceinline__ void qn_encode_dense(const qn_piece &p, float gs, uint32_t rel,
+                                                uint32_t nb)
+{
+    __shared__ uint2 tab[128];
+    if (threadIdx.x < 128) {
+        float d = __fdiv_rn(qn_e4m3_value(threadIdx.x < 0x7fu ? threadIdx.x : 0x7eu), gs);
+        uint32_t db = __float_as_uint(d);
+        float y = db >= QN_SAFE_LO && db < QN_SAFE_HI ? __frcp_rn(d) : 0.0f;
+        tab[threadIdx.x] = uint2{db, __float_as_uint(y)};
+    }
+    __syncthreads();
+    qn_pads(p, rel, nb);
+    const char *x = p.x;
+    unsigned char *q = p.q, *s = p.s;
+    const uint32_t nblk = p.nblk, cb = (uint32_t)p.cb, dmul = p.dmul, dshift = p.dshift;
+    const uint32_t tiles_row = (uint32_t)(p.cp >> 2), warps = QN_THREADS / 32;
+    const uint32_t lane = threadIdx.x & 31u, odd = lane & 1u;
+    for (uint32_t u = rel * warps + (threadIdx.x >> 5); u * QN_UNIT_BLOCKS < nblk;
+         u += nb * warps) {
+        const uint32_t g0 = u * QN_UNIT_BLOCKS + (lane >> 1); /* its block in segment 0 */
+        const char *a = x + (size_t)u * (QN_UNIT_BLOCKS * 32) + lane * 16u;
+        uint4 w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            w[j] = g0 + 16u * j < nblk ? qn_ld16(a + 512 * j, true) : make_uint4(0, 0, 0, 0);
+        /* block maxima: segments 0, 1 in the halves of lo, 2, 3 in hi */
+        uint32_t h0 = qn_vmax8(w[0]), h1 = qn_vmax8(w[1]), h2 = qn_vmax8(w[2]),
+                 h3 = qn_vmax8(w[3]);
+        uint32_t lo = __vmaxu2(__byte_perm(h0, h1, 0x5410), __byte_perm(h0, h1, 0x7632));
+        uint32_t hi = __vmaxu2(__byte_perm(h2, h3, 0x5410), __byte_perm(h2, h3, 0x7632));
+        lo = __vmaxu2(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
+        hi = __vmaxu2(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
+        const uint32_t mine = odd ? hi : lo;
+        const uint32_t ca = qn_scale_code(qn_f32_of<KIND>(mine & 0xffffu), gs);
+        const uint32_t cb2 = qn_scale_code(qn_f32_of<KIND>(mine >> 16), gs);
+        const uint32_t own = ca | cb2 << 8, other = __shfl_xor_sync(0xffffffffu, own, 1);
+        const uint32_t codes = odd ? other | own << 16 : own | other << 16; /* segment j: byte j */
+        const uint32_t ga = g0 + 32u * odd;
+        if (ga < nblk)
+            s[qn_swz(ga, cb, dmul, dshift, tiles_row)] = (unsigned char)ca;
+        if (ga + 16u < nblk)
+            s[qn_swz(ga + 16u, cb, dmul, dshift, tiles_row)] = (unsigned char)cb2;
+        unsigned char *o = q + (size_t)u * (QN_UNIT_BLOCKS * 8) + lane * 4u;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            if (g0 + 16u * j >= nblk)
+                break;
+            uint2 t = tab[(codes >> (8 * j)) & 0x7fu];
+            __stcs((unsigned int *)(o + 128 * j),
+                   qn_pack8<KIND>(w[j], __uint_as_float(t.x), __uint_as_float(t.y)));
+        }
+    }
+}
+
 /* ---- encode (online) and swizzle + fuse (checkpoint) ---- */
 
 /* Item (r, c) of an online piece: one block's scale and packed bytes. */
@@ -358,6 +602,10 @@ __device__ __forceinline__ void qn_encode(const qn_piece &p, int64_t rel, int64_
     } else if (rel == 0 && threadIdx.x == 0) {
         qn_fuse(p);
     }
+    if (p.nblk && p.kind == 2)
+        return qn_encode_dense<2>(p, gs, (uint32_t)rel, (uint32_t)nb);
+    if (p.nblk)
+        return qn_encode_dense<1>(p, gs, (uint32_t)rel, (uint32_t)nb);
     for (int64_t t = rel * QN_THREADS + threadIdx.x; t < p.items; t += nb * QN_THREADS) {
         int64_t r, c;
         qn_rc(p, t, &r, &c);
@@ -378,10 +626,16 @@ k_nv_pass(const __grid_constant__ qn_batch B, unsigned int *status)
     const qn_piece &p = B.p[i];
     int64_t nb = (i + 1 < B.np ? B.p[i + 1].first : B.end) - p.first;
     int64_t rel = (int64_t)blockIdx.x - p.first;
-    if (p.pass == 0)
-        qn_amax(p, rel, nb, status);
-    else
+    if (p.pass == 0) {
+        if (p.nblk && p.kind == 2)
+            qn_amax_dense<2>(p, (uint32_t)rel, (uint32_t)nb, status);
+        else if (p.nblk)
+            qn_amax_dense<1>(p, (uint32_t)rel, (uint32_t)nb, status);
+        else
+            qn_amax(p, rel, nb, status);
+    } else {
         qn_encode(p, rel, nb);
+    }
 }
 
 /* ---- host side ---- */
@@ -442,6 +696,26 @@ static int64_t qn_pad(int64_t v, int64_t m)
     return (v + m - 1) / m * m;
 }
 
+/* Mark an online piece dense (the dense path's conditions, at its
+ * section) and set its row division: r = umulhi(g, dmul) >> dshift for
+ * every g < 2^31 (Granlund-Montgomery, the round-up multiplier with
+ * p = 31 + ceil(log2 cb); cb 1 is taken apart in qn_swz). */
+static void qn_dense_init(qn_piece *pc)
+{
+    int64_t blocks = pc->n * pc->cb;
+    bool rows = pc->n <= 1 || (pc->xs0 == pc->k && pc->qs0 == pc->k / 2);
+    if (pc->kind == 0 || pc->k == 0 || pc->k % 16 || pc->xs1 != 1 || pc->qs1 != 1 || !rows ||
+        (uintptr_t)pc->x % 16 || (uintptr_t)pc->q % 4 || blocks >= ((int64_t)1 << 30) ||
+        pc->items >= ((int64_t)1 << 31))
+        return;
+    uint32_t d = (uint32_t)pc->cb, l = 0;
+    while (l < 32 && ((uint64_t)1 << l) < d)
+        l++;
+    pc->nblk = (uint32_t)blocks;
+    pc->dmul = d > 1 ? (uint32_t)((((uint64_t)1 << (31 + l)) + d - 1) / d) : 0;
+    pc->dshift = d > 1 ? l - 1 : 0;
+}
+
 /* Piece i as the kernels read it. The service checked the views as the
  * references do; dtypes, ranks and sizes are checked again here. */
 static int qn_piece_init(qn_piece *pc, const refit_nvfp4_piece *v, uint32_t i)
@@ -482,6 +756,7 @@ static int qn_piece_init(qn_piece *pc, const refit_nvfp4_piece *v, uint32_t i)
         pc->vx = ((uintptr_t)pc->x % 16 == 0) && pc->xs1 == 1 &&
                  (one_row || (pc->xs0 * es) % 16 == 0);
         pc->vq = ((uintptr_t)pc->q % 8 == 0) && pc->qs1 == 1 && (one_row || pc->qs0 % 8 == 0);
+        qn_dense_init(pc);
     } else {
         pc->wf = (const float *)v->weight_factor.data;
         pc->in = (const float *)v->input_factor.data;
@@ -494,6 +769,11 @@ static int qn_piece_init(qn_piece *pc, const refit_nvfp4_piece *v, uint32_t i)
  * one (which writes alpha of an empty piece). */
 static int64_t qn_blocks(const qn_piece *p)
 {
+    if (p->nblk) { /* dense: QN_UNITS_PER_WARP units a warp */
+        int64_t per = (int64_t)QN_UNIT_BLOCKS * QN_UNITS_PER_WARP * (QN_THREADS / 32);
+        int64_t b = (p->nblk + per - 1) / per;
+        return b > QN_BLOCKS_MAX ? QN_BLOCKS_MAX : b;
+    }
     int64_t per = (int64_t)QN_THREADS * QN_ITEMS_PER_THREAD;
     int64_t b = (p->items + per - 1) / per;
     return b < 1 ? 1 : b > QN_BLOCKS_MAX ? QN_BLOCKS_MAX : b;

@@ -61,6 +61,24 @@ if ! grep -q '__fadd_rn(' "$E/emu.h"; then
   echo 'inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }' \
     >> "$W/nv_shim.h"
 fi
+# the dense path's integer intrinsics, where emu.h lacks them
+if ! grep -q '__byte_perm(' "$E/emu.h"; then
+  cat >> "$W/nv_shim.h" <<'EOF'
+/* byte i of the result: byte (s >> 4i) & 7 of y:x (x bytes 0-3) */
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s)
+{
+    unsigned long long v = (unsigned long long)y << 32 | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+}
+EOF
+fi
+if ! grep -q '__umulhi(' "$E/emu.h"; then
+  echo 'inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }' \
+    >> "$W/nv_shim.h"
+fi
 cat > "$W/nv_stubs.cc" <<'EOF'
 #include <stdio.h>
 static char err[256];
