@@ -350,6 +350,300 @@ k_q4_rows(const __grid_constant__ Q4_PARAMS(S) B, unsigned int *status)
     }
 }
 
+/* ---- the dense fast path: 16-bit x, 16-bit scales, contiguous rows ----
+ *
+ * k_q4_dense<L> takes the pieces whose rows are contiguous and 16-byte
+ * aligned, whose weights and scales are F16/BF16, whose K is a whole
+ * number of groups of 8L columns (L = 4..32: groups of 32..256) and whose
+ * words lie along N (the GPTQ layout) or along K (the u8 layout). A tile
+ * is R = 128/L rows x one group: each lane makes 4 independent 16-byte
+ * loads (one word of one row each; L lanes a row, coalesced), the L lanes
+ * of a row reduce its magnitude bits with __vmaxu2 (two rows packed a
+ * register), lane j computes row j's scale and 1/scale once and hands
+ * 1/scale back with a shuffle. Each warp walks a contiguous run of tiles
+ * (rows fastest, then groups), so a piece's fields are read from the
+ * parameters once per piece, not per tile, and (row tile, group) is
+ * stepped, not divided. GPTQ words go through a per-warp shared tile so
+ * that each store instruction writes R consecutive rows of a word index
+ * (whole 32-byte sectors for L <= 16); u8 words are stored as loaded (L
+ * consecutive words a row).
+ *
+ * Encoding without a division. With 16-bit x = X 2^a and a 16-bit scale
+ * s = S 2^b (|X|, S < 2^11), x / s is either a half-integer h or at least
+ * min(1/(2S), 2^(a-b)/S) > 2^-12.3 from every h with |x/s| >= 0.4 (the
+ * difference 2X 2^a - (2m+1) S 2^b is a nonzero multiple of
+ * 2^min(a+1, b)). u = RN(x * inv + 768) with inv = RN(1/s) (one FMA: the
+ * product exact) is x/s to within 7.53 * 2^-24 + 2^-15, snapped to the
+ * 2^-14 grid, so it equals h exactly at a tie and lies strictly on the
+ * same side of every half-integer otherwise; RN(u + 12582152) is then
+ * rint(x / s) + 1.5 * 2^23 + 8 (ties to even: the offset is even), whose
+ * low 4 bits, after clamping at 1.5 * 2^23 + 15, are the code. No lower
+ * clamp: a scale normal in its dtype is within 2^-8 of amax / 7.5, so
+ * |x / s| <= 7.53. A group whose scale is subnormal (or that fails) gets
+ * 1/scale 0 and takes the exact division (kern_int4_encode) instead. */
+#define Q4D_LOADS 4              /* 16-byte loads a lane per tile */
+#define Q4D_BLOCKS_PER_SM 4      /* resident blocks an SM at <= 64 registers */
+
+struct q4d_piece {
+    const char *x;
+    char *q;                     /* the I32 words */
+    char *s;                     /* the 16-bit scales */
+    int64_t first;               /* its first tile in the launch */
+    int64_t xs0;                 /* x's row pitch in bytes */
+    int64_t qs;                  /* q's stride in elements along the other dim: qs1 (GPTQ), qs0 (u8) */
+    int64_t ss0, ss1;            /* scale strides, elements */
+    int32_t n, groups, nrt;      /* rows, groups a row, row tiles */
+    int32_t idx;                 /* its index in the call */
+    uint8_t kind, skind;         /* 1 f16, 2 bf16 */
+    uint8_t colmajor;            /* words along N: stored through the shared tile */
+};
+
+template <int CAP> struct q4d_batch_of {
+    int32_t np;
+    int32_t pad;
+    int64_t end;                 /* tiles of the launch */
+    int64_t per_warp;            /* tiles a warp takes, a contiguous run */
+    q4d_piece p[CAP];
+};
+typedef q4d_batch_of<Q4_BATCH> q4d_batch;
+typedef q4d_batch_of<Q4_SMALL> q4d_batch_small;
+static_assert(sizeof(q4d_batch) <= 32000, "q4d_batch must fit the kernel parameters");
+#define Q4D_PARAMS(F) q4d_batch_of<((F) & Q4_SHORT) ? Q4_SMALL : Q4_BATCH>
+
+/* A piece's fields, read once into registers. */
+struct q4d_regs {
+    const char *x;
+    char *q, *s;
+    int32_t xs0, qs, ss0, ss1;   /* bytes, elements (the host checked they fit) */
+    int32_t n, nrt, idx;
+    int skind;
+    bool colmajor;
+};
+
+/* Element 2h (lo) or 2h+1 (hi) of a 32-bit pair, as f32 (exact). */
+template <int KIND> __device__ __forceinline__ float q4d_lo(uint32_t w)
+{
+    if (KIND == 2)
+        return __uint_as_float(w << 16);
+#ifdef __CUDA_ARCH__
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(w & 0xffffu)));
+    return f;
+#else
+    return __uint_as_float(kern_bits_f16_to_f32((uint16_t)(w & 0xffffu)));
+#endif
+}
+template <int KIND> __device__ __forceinline__ float q4d_hi(uint32_t w)
+{
+    if (KIND == 2)
+        return __uint_as_float(w & 0xffff0000u);
+#ifdef __CUDA_ARCH__
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(w >> 16)));
+    return f;
+#else
+    return __uint_as_float(kern_bits_f16_to_f32((uint16_t)(w >> 16)));
+#endif
+}
+
+/* The code of x (low nibble; bits 4..7 zero) under 1/scale inv (above). */
+__device__ __forceinline__ uint32_t q4d_code(float x, float inv)
+{
+    float u = __fmaf_rn(x, inv, 768.0f);
+    return __float_as_uint(fminf(__fadd_rn(u, 12582152.0f), 12582927.0f));
+}
+
+/* Two codes as a byte (element 2h low); the garbage above bit 7 is left. */
+template <int KIND> __device__ __forceinline__ uint32_t q4d_pair(uint32_t w, float inv)
+{
+    return q4d_code(q4d_hi<KIND>(w), inv) * 16u + q4d_code(q4d_lo<KIND>(w), inv);
+}
+
+/* The word of 8 elements. */
+template <int KIND> __device__ __forceinline__ uint32_t q4d_word(uint4 u, float inv)
+{
+    uint32_t lo = __byte_perm(q4d_pair<KIND>(u.x, inv), q4d_pair<KIND>(u.y, inv), 0x0040);
+    uint32_t hi = __byte_perm(q4d_pair<KIND>(u.z, inv), q4d_pair<KIND>(u.w, inv), 0x0040);
+    return __byte_perm(lo, hi, 0x5410);
+}
+
+/* The word by the exact division, for a group with a subnormal scale. */
+template <int KIND> __device__ __forceinline__ uint32_t q4d_word_exact(uint4 u, uint32_t mag, int skind)
+{
+    float amax = __uint_as_float(KIND == 2 ? mag << 16 : kern_bits_f16_to_f32((uint16_t)mag));
+    float s = kern_int4_scale_value(kern_int4_scale_bits(amax, skind), skind);
+    uint32_t h[4] = {u.x, u.y, u.z, u.w}, word = 0;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        word |= kern_int4_encode(q4d_lo<KIND>(h[e]), s) << (8 * e);
+        word |= kern_int4_encode(q4d_hi<KIND>(h[e]), s) << (8 * e + 4);
+    }
+    return word;
+}
+
+/* Magnitude bits of 8 16-bit elements, max per half. */
+__device__ __forceinline__ uint32_t q4d_mag(uint4 u)
+{
+    const uint32_t m = 0x7fff7fffu;
+    return __vmaxu2(__vmaxu2(u.x & m, u.y & m), __vmaxu2(u.z & m, u.w & m));
+}
+
+__device__ __forceinline__ void q4d_put16(char *a, uint32_t bits)
+{
+    *(uint16_t *)a = (uint16_t)bits;
+}
+
+__device__ __forceinline__ void q4d_put32(char *a, uint32_t word)
+{
+    *(uint32_t *)a = word;
+}
+
+/* cnt tiles of piece P from (row tile rt, group g) on. */
+template <int L, int KIND>
+__device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t rt, int32_t cnt,
+                                          uint32_t *sh, unsigned int *status)
+{
+    constexpr int RPL = 32 / L, R = Q4D_LOADS * RPL;
+    const int lane = threadIdx.x & 31, c = lane / L, wl = lane & (L - 1);
+    const uint32_t inf16 = KIND == 2 ? 0x7f80u : 0x7c00u;
+    const uint32_t snorm = P.skind == 2 ? 0x7f80u : 0x7c00u;
+    /* per lane, per piece: 32-bit offsets within a tile (the host checked
+     * they fit) */
+    const uint32_t xoff = (uint32_t)(c * P.xs0 + wl * 16), xstep = (uint32_t)(RPL * P.xs0);
+    uint32_t qoff, qstep;
+    if (P.colmajor) { /* lane stores row lane % R of word index k*32/R + lane/R */
+        qoff = (uint32_t)(((lane / R) * P.qs + lane % R) * 4);
+        qstep = (uint32_t)((32 / R) * P.qs * 4);
+    } else {          /* lane stores row r*RPL + c, word wl */
+        qoff = (uint32_t)((c * P.qs + wl) * 4);
+        qstep = (uint32_t)(RPL * P.qs * 4);
+    }
+    /* lane j computes row j's scale: it is in lanes (j % RPL)*L.., load j / RPL */
+    const int jsrc = (lane % RPL) * L, jr = lane / RPL;
+    for (; cnt > 0; cnt--) {
+        const int32_t i0 = rt * R;
+        const char *xt = P.x + (int64_t)i0 * P.xs0 + (int64_t)g * (16 * L);
+        uint4 u[Q4D_LOADS];
+#pragma unroll
+        for (int r = 0; r < Q4D_LOADS; r++)
+            u[r] = i0 + r * RPL + c < P.n ? __ldcs((const uint4 *)(xt + xoff + r * xstep))
+                                          : make_uint4(0, 0, 0, 0);
+        uint32_t m0 = q4d_mag(u[0]), m1 = q4d_mag(u[1]), m2 = q4d_mag(u[2]), m3 = q4d_mag(u[3]);
+        /* rows of loads 0 and 1 in one register, 2 and 3 in another */
+        uint32_t a01 = __vmaxu2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
+        uint32_t a23 = __vmaxu2(__byte_perm(m2, m3, 0x5410), __byte_perm(m2, m3, 0x7632));
+#pragma unroll
+        for (int o = L / 2; o > 0; o >>= 1) {
+            a01 = __vmaxu2(a01, __shfl_xor_sync(0xffffffffu, a01, o));
+            a23 = __vmaxu2(a23, __shfl_xor_sync(0xffffffffu, a23, o));
+        }
+        /* lane j < R: row j's scale, stored, and 1/scale (0: not fast) */
+        uint32_t v01 = __shfl_sync(0xffffffffu, a01, jsrc);
+        uint32_t v23 = __shfl_sync(0xffffffffu, a23, jsrc);
+        uint32_t pick = jr < 2 ? v01 : v23, mag = jr & 1 ? pick >> 16 : pick & 0xffffu;
+        bool jlive = lane < R && i0 + lane < P.n;
+        uint32_t sb = KERN_INT4_SCALE_OVERFLOW;
+        if (jlive && mag < inf16)
+            sb = kern_int4_scale_bits(__uint_as_float(KIND == 2 ? mag << 16
+                                                      : kern_bits_f16_to_f32((uint16_t)mag)),
+                                      P.skind);
+        bool put = jlive && sb != KERN_INT4_SCALE_OVERFLOW;
+        float inv = 0.0f;
+        if (put) {
+            q4d_put16(P.s + (uint32_t)((i0 + lane) * P.ss0 + g * P.ss1) * 2u, sb);
+            if (sb & snorm)
+                inv = __frcp_rn(kern_int4_scale_value(sb, P.skind));
+        } else if (jlive) {
+            atomicMin(status, (unsigned int)P.idx);
+        }
+        const uint32_t ok = __ballot_sync(0xffffffffu, put); /* bit j: row j written */
+        uint32_t word[Q4D_LOADS];
+#pragma unroll
+        for (int r = 0; r < Q4D_LOADS; r++) {
+            float iv = __uint_as_float(__shfl_sync(0xffffffffu, __float_as_uint(inv), r * RPL + c));
+            word[r] = q4d_word<KIND>(u[r], iv);
+            if (iv == 0.0f && ((ok >> (r * RPL + c)) & 1u)) /* a subnormal scale */
+                word[r] = q4d_word_exact<KIND>(u[r], ((r < 2 ? a01 : a23) >> (16 * (r & 1))) & 0xffffu,
+                                               P.skind);
+        }
+        if (P.colmajor) {
+            char *qt = P.q + ((int64_t)g * L * P.qs + i0) * 4;
+#pragma unroll
+            for (int r = 0; r < Q4D_LOADS; r++)
+                sh[wl * (R + 1) + r * RPL + c] = word[r];
+            __syncwarp();
+            if ((ok >> (lane % R)) & 1u) {
+#pragma unroll
+                for (int k = 0; k < Q4D_LOADS; k++)
+                    q4d_put32(qt + qoff + k * qstep, sh[(k * (32 / R) + lane / R) * (R + 1) + lane % R]);
+            }
+            __syncwarp(); /* the tile read before the next one is written */
+        } else {
+            char *qt = P.q + ((int64_t)i0 * P.qs + (int64_t)g * L) * 4;
+#pragma unroll
+            for (int r = 0; r < Q4D_LOADS; r++)
+                if ((ok >> (r * RPL + c)) & 1u)
+                    q4d_put32(qt + qoff + r * qstep, word[r]);
+        }
+        if (++rt == P.nrt) {
+            rt = 0;
+            g++;
+        }
+    }
+}
+
+/* The piece tile t belongs to (the last whose first tile <= t). */
+template <class BATCH> __device__ __forceinline__ int q4d_find(const BATCH &B, int64_t t)
+{
+    int lo = 0, hi = B.np - 1;
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (B.p[mid].first <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+template <int LS> /* L | Q4_SHORT for the short parameter block */
+__global__ void __launch_bounds__(Q4_THREADS, Q4D_BLOCKS_PER_SM)
+k_q4_dense(const __grid_constant__ Q4D_PARAMS(LS) B, unsigned int *status)
+{
+    constexpr int L = LS & (Q4_SHORT - 1);
+    constexpr int R = Q4D_LOADS * 32 / L;
+    __shared__ uint32_t stage[Q4_THREADS / 32][L * (R + 1)];
+    uint32_t *sh = stage[threadIdx.x >> 5];
+    int64_t warp = ((int64_t)blockIdx.x * Q4_THREADS + threadIdx.x) >> 5;
+    int64_t t = warp * B.per_warp, t_end = t + B.per_warp < B.end ? t + B.per_warp : B.end;
+    while (t < t_end) { /* warp-uniform: one piece a round */
+        const int pi = q4d_find(B, t);
+        const q4d_piece &p = B.p[pi];
+        q4d_regs P;
+        P.x = p.x;
+        P.q = p.q;
+        P.s = p.s;
+        P.xs0 = (int32_t)p.xs0;
+        P.qs = (int32_t)p.qs;
+        P.ss0 = (int32_t)p.ss0;
+        P.ss1 = (int32_t)p.ss1;
+        P.n = p.n;
+        P.nrt = p.nrt;
+        P.idx = p.idx;
+        P.skind = p.skind;
+        P.colmajor = p.colmajor;
+        int64_t p_end = pi + 1 < B.np ? B.p[pi + 1].first : B.end;
+        int32_t local = (int32_t)(t - p.first);
+        int32_t g = local / P.nrt, rt = local - g * P.nrt;
+        int32_t cnt = (int32_t)((t_end < p_end ? t_end : p_end) - t);
+        t += cnt;
+        if (p.kind == 2)
+            q4d_tiles<L, 2>(P, g, rt, cnt, sh, status);
+        else
+            q4d_tiles<L, 1>(P, g, rt, cnt, sh, status);
+    }
+}
+
 /* ---- host side ---- */
 
 static int q4_fail(cudaError_t e, const char *what)
@@ -462,6 +756,98 @@ static void q4_launch_one(const q4_batch *b, int lanes, unsigned int *status, cu
     }
 }
 
+/* Lanes a group takes in k_q4_dense (4..32), or 0: no dense path. */
+static int q4d_lanes(int64_t group)
+{
+    int l = q4_lanes(group);
+    return l >= 4 ? l : 0;
+}
+
+/* Piece pc as the dense kernel takes it, or 0 when it must take the
+ * general path: F16/BF16 weights and scales, contiguous 16-byte aligned
+ * rows, K a whole number of groups, words along N or along K, every
+ * in-tile offset within 32 bits. */
+static int q4d_piece_of(q4d_piece *d, const q4_piece *pc, int64_t group, int64_t first)
+{
+    int lanes = q4d_lanes(group);
+    if (!lanes || pc->kind == 0 || pc->skind == 0 || pc->n <= 0 || pc->k < group ||
+        pc->k % group || !pc->vx || pc->xs1 != 1 || pc->n > 0x7fffffff)
+        return 0;
+    int64_t rows = 128 / lanes, lim = 0x7fffffff;
+    int64_t qs;
+    int colmajor;
+    if (pc->qs1 == 1) {
+        qs = pc->n > 1 ? pc->qs0 : 0;
+        colmajor = 0;
+    } else if (pc->qs0 == 1 || pc->n == 1) {
+        qs = pc->qs1;
+        colmajor = 1;
+    } else {
+        return 0;
+    }
+    if (pc->xs0 < 0 || qs < 0 || pc->ss0 < 0 || pc->ss1 < 0 ||
+        pc->xs0 > (lim - 16 * lanes) / (2 * rows) ||
+        qs > (lim - 4 * (rows + lanes)) / (4 * (rows + lanes)))
+        return 0;
+    int64_t nrt = (pc->n + rows - 1) / rows;
+    /* the scales' offsets in 32 bits too (rows past n rounded up) */
+    if (nrt * pc->groups > lim || pc->ss0 > lim / 4 / (nrt * rows) ||
+        pc->ss1 > lim / 4 / pc->groups ||
+        nrt * rows * pc->ss0 + pc->groups * pc->ss1 > lim / 2)
+        return 0;
+    memset(d, 0, sizeof *d);
+    d->x = pc->x;
+    d->q = pc->q;
+    d->s = pc->s;
+    d->first = first;
+    d->xs0 = pc->xs0 * 2;
+    d->qs = qs;
+    d->ss0 = pc->ss0;
+    d->ss1 = pc->ss1;
+    d->n = (int32_t)pc->n;
+    d->groups = (int32_t)pc->groups;
+    d->nrt = (int32_t)nrt;
+    d->idx = pc->idx;
+    d->kind = pc->kind;
+    d->skind = pc->skind;
+    d->colmajor = (uint8_t)colmajor;
+    return 1;
+}
+
+template <int S, class BATCH>
+static void q4d_launch_as(const BATCH &b, int lanes, unsigned grid, unsigned int *status,
+                          cudaStream_t st)
+{
+    switch (lanes) {
+    case 4: k_q4_dense<4 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    case 8: k_q4_dense<8 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    case 16: k_q4_dense<16 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    default: k_q4_dense<32 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+    }
+}
+
+/* One dense launch: a persistent grid (Q4D_BLOCKS_PER_SM blocks an SM, or
+ * fewer for a small launch), each warp a contiguous run of tiles. */
+static void q4d_launch_one(q4d_batch *b, int lanes, int sms, unsigned int *status,
+                           cudaStream_t st)
+{
+    int64_t warps_per_block = Q4_THREADS / 32;
+    int64_t blocks = (b->end + warps_per_block - 1) / warps_per_block;
+    int64_t cap = (int64_t)sms * Q4D_BLOCKS_PER_SM;
+    if (blocks > cap)
+        blocks = cap;
+    int64_t warps = blocks * warps_per_block;
+    b->per_warp = (b->end + warps - 1) / warps;
+    if (b->np <= Q4_SMALL) {
+        q4d_batch_small sb;
+        memset(&sb, 0, sizeof sb);
+        memcpy(&sb, b, offsetof(q4d_batch, p) + sizeof b->p[0] * (size_t)b->np);
+        q4d_launch_as<Q4_SHORT>(sb, lanes, (unsigned)blocks, status, st);
+    } else {
+        q4d_launch_as<0>(*b, lanes, (unsigned)blocks, status, st);
+    }
+}
+
 /* Per device, made by its first call and kept: the status word
  * (kernels/status_word.cuh) and the launch parameters (31 KB, off the
  * stack). Calls are serialized by q4_mu (the backend calls under its own
@@ -469,6 +855,8 @@ static void q4_launch_one(const q4_batch *b, int lanes, unsigned int *status, cu
 struct q4_cache {
     kc_status word;
     q4_batch *batch;
+    q4d_batch *dense;            /* the dense launches' parameters */
+    int sms;                     /* multiprocessors: the dense grid */
 };
 static q4_cache q4_dev[Q4_DEVICES];
 static pthread_mutex_t q4_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -484,6 +872,14 @@ static int q4_cache_get(q4_cache **out, cudaStream_t st)
     q4_cache *c = &q4_dev[dev];
     if (!c->batch && !(c->batch = (q4_batch *)malloc(sizeof *c->batch)))
         return q4_fail(cudaErrorMemoryAllocation, "host memory for a launch");
+    if (!c->dense && !(c->dense = (q4d_batch *)malloc(sizeof *c->dense)))
+        return q4_fail(cudaErrorMemoryAllocation, "host memory for a launch");
+    if (!c->sms) {
+        int v = 0;
+        if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
+            return q4_fail(e, "the multiprocessor count");
+        c->sms = v > 0 ? v : 1;
+    }
     const char *what = NULL;
     if ((e = kc_status_ready(&c->word, st, &what)) != cudaSuccess)
         return q4_fail(e, what);
@@ -491,31 +887,45 @@ static int q4_cache_get(q4_cache **out, cudaStream_t st)
     return REFIT_OK;
 }
 
-/* Pieces Q4_BATCH a launch. */
+/* The pieces the dense kernel takes (q4d_piece_of), Q4_BATCH a launch,
+ * then the rest through the general kernels, Q4_BATCH a launch. A refusal
+ * lowers the one status word from either. */
 static int q4_launch(const q4_cache *c, const q4_piece *pcs, uint32_t n, int64_t group,
                      cudaStream_t st)
 {
     q4_batch *b = c->batch;
+    q4d_batch *db = c->dense;
     unsigned int *status = c->word.dev;
-    int lanes = q4_lanes(group), rc = REFIT_OK;
-    for (uint32_t at = 0; at < n && !rc; at += Q4_BATCH) {
-        uint32_t np = n - at < Q4_BATCH ? n - at : Q4_BATCH;
-        int64_t end = 0;
-        memset(b, 0, offsetof(q4_batch, p));
-        b->np = (int32_t)np;
-        b->g_len = group > 0 ? group : 0;
-        for (uint32_t j = 0; j < np; j++) {
-            b->p[j] = pcs[at + j];
-            b->p[j].first = end;
-            end += lanes ? b->p[j].n * b->p[j].groups : b->p[j].n;
+    int lanes = q4_lanes(group), dlanes = q4d_lanes(group), rc = REFIT_OK;
+    cudaError_t e;
+    memset(db, 0, offsetof(q4d_batch, p));
+    memset(b, 0, offsetof(q4_batch, p));
+    b->g_len = group > 0 ? group : 0;
+    for (uint32_t i = 0; i <= n && !rc; i++) {
+        if (i < n && q4d_piece_of(&db->p[db->np], &pcs[i], group, db->end)) {
+            q4d_piece *d = &db->p[db->np++];
+            db->end += (int64_t)d->nrt * d->groups;
+        } else if (i < n) {
+            b->p[b->np] = pcs[i];
+            b->p[b->np].first = b->end;
+            b->end += lanes ? pcs[i].n * pcs[i].groups : pcs[i].n;
+            b->np++;
         }
-        b->end = end;
-        if (end == 0)
-            continue;
-        q4_launch_one(b, lanes, status, st);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess)
-            rc = q4_fail(e, "launching the quantization kernel");
+        if (db->np == Q4_BATCH || (i == n && db->np)) {
+            if (db->end)
+                q4d_launch_one(db, dlanes, c->sms, status, st);
+            if ((e = cudaGetLastError()) != cudaSuccess)
+                rc = q4_fail(e, "launching the dense quantization kernel");
+            memset(db, 0, offsetof(q4d_batch, p));
+        }
+        if (!rc && (b->np == Q4_BATCH || (i == n && b->np))) {
+            if (b->end)
+                q4_launch_one(b, lanes, status, st);
+            if ((e = cudaGetLastError()) != cudaSuccess)
+                rc = q4_fail(e, "launching the quantization kernel");
+            memset(b, 0, offsetof(q4_batch, p));
+            b->g_len = group > 0 ? group : 0;
+        }
     }
     return rc;
 }

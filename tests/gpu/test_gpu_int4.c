@@ -259,6 +259,239 @@ static void test_kernel_edges(void **state)
             }
 }
 
+/* ---- the dense fast path (k_q4_dense) beside the general kernels ----
+ * Pieces of one call, some taking the dense path (F16/BF16 weights and
+ * scales, aligned contiguous rows, K whole groups of 32..256) and some
+ * not, each compared with the reference. A tile of the dense path is
+ * R = 1024 / group rows of one group. */
+
+/* x layouts beside gpu_twin's 0..3: rows padded by 8 elements (still
+ * 16-byte aligned: dense). */
+#define XL_PAD8 4
+
+typedef struct dspec {
+    refit_dtype dt, sdt;
+    int64_t n, k;
+    int xl;                      /* layout() kinds, or XL_PAD8 */
+    int u8;                      /* words as u8 (pitched rows), else GPTQ (transposed) */
+    int srow;                    /* scales row-major (padded), else transposed */
+    enum pat p;
+} dspec;
+
+typedef struct dpiece {
+    twin tx, tq, ts;
+    refit_view gx, gq, gs, hx, hq, hs;
+} dpiece;
+
+static void dpiece_make(dpiece *d, const dspec *s, int64_t group)
+{
+    int64_t words = (s->k + 7) / 8, groups = (s->k + group - 1) / group;
+    lay lx = s->xl == XL_PAD8 ? (lay){s->k + 8, 1, 0, s->n * (s->k + 8) + 1}
+                              : layout(s->xl, s->n, s->k);
+    lay lq = s->u8 ? (lay){words + 3, 1, 0, s->n * (words + 3) + 1} : layout(2, s->n, words);
+    lay ls = layout(s->srow ? 1 : 2, s->n, groups);
+    d->tx = twin_new((size_t)lx.elems * (s->dt.bits / 8));
+    d->tq = twin_new((size_t)lq.elems * 4);
+    d->ts = twin_new((size_t)ls.elems * (s->sdt.bits / 8));
+    d->gx = v2(d->tx.d, s->dt, s->n, s->k, lx.s0, lx.s1, lx.first);
+    d->gq = v2(d->tq.d, I32, s->n, words, lq.s0, lq.s1, lq.first);
+    d->gs = v2(d->ts.d, s->sdt, s->n, groups, ls.s0, ls.s1, ls.first);
+    d->hx = on_host(d->gx, &d->tx);
+    d->hq = on_host(d->gq, &d->tq);
+    d->hs = on_host(d->gs, &d->ts);
+    fill(&d->hx, s->p, s->sdt);
+    twin_push(&d->tx);
+}
+
+static void dpiece_free(dpiece *d)
+{
+    twin_free(&d->tx);
+    twin_free(&d->tq);
+    twin_free(&d->ts);
+}
+
+/* One call of np pieces; every piece's words and scales (whole
+ * allocations) equal the reference's. */
+static void dense_call(const dspec *specs, int np, int64_t group, const char *what)
+{
+    dpiece *d = calloc((size_t)np, sizeof *d);
+    refit_view *gq = calloc((size_t)np * 3, sizeof *gq), *gs = gq + np, *gx = gs + np;
+    assert_non_null(d);
+    assert_non_null(gq);
+    for (int i = 0; i < np; i++) {
+        dpiece_make(&d[i], &specs[i], group);
+        gq[i] = d[i].gq;
+        gs[i] = d[i].gs;
+        gx[i] = d[i].gx;
+        assert_int_equal(kern_quant_int4(&d[i].hq, &d[i].hs, &d[i].hx, group), REFIT_OK);
+    }
+    int32_t bad;
+    int rc = kern_quant_int4_cuda((uint32_t)np, gq, gs, gx, group, &bad, NULL);
+    if (rc)
+        fail_msg("%s, group %lld: %d (%s), piece %d", what, (long long)group, rc,
+                 kern_cuda_last_error(), bad);
+    for (int i = 0; i < np; i++) {
+        char label[200];
+        snprintf(label, sizeof label, "%s, group %lld, piece %d of %d (%s x, %s scales, "
+                 "[%lld, %lld], x layout %d, %s words, values %d)", what, (long long)group, i,
+                 np, dt_name(specs[i].dt), dt_name(specs[i].sdt), (long long)specs[i].n,
+                 (long long)specs[i].k, specs[i].xl, specs[i].u8 ? "u8" : "gptq", (int)specs[i].p);
+        twin_check_part(&d[i].tq, label, "words");
+        twin_check_part(&d[i].ts, label, "scales");
+        twin_check_part(&d[i].tx, label, "weight (untouched)");
+        dpiece_free(&d[i]);
+    }
+    free(d);
+    free(gq);
+}
+
+#ifdef REFIT_GPU_EMU
+static const int64_t dense_groups[] = {32, 64, 128, 256};
+enum { DENSE_RANDOM = 10 };
+#else
+static const int64_t dense_groups[] = {32, 64, 128, 256};
+enum { DENSE_RANDOM = 60 };
+#endif
+
+/* Dense pieces next to strided, misaligned, ragged and F32 ones; a piece
+ * of exactly one group, one row short of a tile, a tile and a row;
+ * padded aligned rows; zero, subnormal (subnormal scales: the exact
+ * division), tie and near-tie values; then many dense pieces of random
+ * shapes, dtypes and layouts in one call (a warp's run of tiles crosses
+ * pieces). */
+static void test_kernel_dense(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    for (size_t gi = 0; gi < sizeof dense_groups / sizeof dense_groups[0]; gi++) {
+        int64_t g = dense_groups[gi], R = 1024 / g;
+        dspec mixed[] = {
+            {BF16, BF16, 2 * R + 3, 2 * g, 0, 0, 0, PAT_MIXED},      /* dense, tail tile */
+            {BF16, BF16, 5, g, 2, 0, 0, PAT_MIXED},                  /* strided: general */
+            {F16, F16, R, 3 * g, 0, 1, 1, PAT_MIXED},                /* dense u8 */
+            {F16, BF16, 3, g + 8, 3, 0, 1, PAT_MIXED},               /* misaligned, ragged */
+            {BF16, F16, 1, g, 0, 0, 0, PAT_MIXED},                   /* exactly one group */
+            {F16, BF16, R - 1, g, 0, 1, 0, PAT_MIXED},               /* a tile short a row */
+            {BF16, BF16, R + 1, 2 * g, XL_PAD8, 0, 1, PAT_SUBNORMAL}, /* subnormal scales */
+            {F32, BF16, 4, g, 0, 0, 0, PAT_MIXED},                   /* f32: general */
+            {BF16, F16, R, g, 0, 1, 0, PAT_TIES},
+            {F16, BF16, R, 2 * g, 0, 0, 1, PAT_NEARTIE},
+            {BF16, BF16, R, g, 1, 0, 0, PAT_MIXED},                  /* rows padded by 3 */
+            {F16, F16, 2, g, 0, 0, 0, PAT_ZERO},
+            {F16, F16, R + 2, g, XL_PAD8, 1, 0, PAT_SUBNORMAL},
+            {BF16, F32, R, g, 0, 0, 0, PAT_MIXED},                   /* f32 scales: general */
+        };
+        dense_call(mixed, (int)(sizeof mixed / sizeof mixed[0]), g, "dense beside general");
+        dspec many[DENSE_RANDOM];
+        for (int i = 0; i < DENSE_RANDOM; i++) {
+            many[i] = (dspec){(twin_rnd() & 1) ? BF16 : F16, (twin_rnd() & 1) ? BF16 : F16,
+                              1 + (int64_t)(twin_rnd() % (uint64_t)(3 * R)),
+                              g * (1 + (int64_t)(twin_rnd() % 3)),
+                              (twin_rnd() & 1) ? 0 : XL_PAD8, (int)(twin_rnd() & 1),
+                              (int)(twin_rnd() & 1), PAT_MIXED};
+        }
+        dense_call(many, DENSE_RANDOM, g, "many dense pieces");
+    }
+}
+
+/* Refusals in dense pieces: the lowest refused piece named, dense or not;
+ * a refused (row, group) of a dense piece leaves its scale and words as
+ * they were and every other one is the reference's (as the general
+ * kernel does). Pieces: 0 general (F32) clean, 1 dense clean, 2 dense with
+ * a NaN, 3 dense with an infinity, 4 general with a NaN, 5 dense whose F16
+ * scale overflows. */
+static void test_kernel_dense_refusal(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    for (int gi = 0; gi < 2; gi++) {
+        int64_t g = gi ? 32 : 128, R = 1024 / g;
+        dspec sp[6] = {
+            {F32, BF16, 3, 2 * g, 0, 0, 0, PAT_RANDOM},
+            {BF16, BF16, R + 1, 2 * g, 0, 0, 0, PAT_RANDOM},
+            {BF16, BF16, 2 * R, 2 * g, 0, 0, 1, PAT_RANDOM},
+            {F16, BF16, R + 3, 3 * g, 0, 1, 0, PAT_RANDOM},
+            {F32, F32, 2, g, 0, 0, 0, PAT_RANDOM},
+            {BF16, F16, R, g, 0, 1, 1, PAT_RANDOM},
+        };
+        /* the refused (row, column) of pieces 2, 3, 5 */
+        const int64_t at[6][2] = {{0, 0}, {0, 0}, {R + 1, g + 3}, {R + 2, 2 * g + 9}, {1, 5},
+                                  {R - 1, 0}};
+        const float bad_value[6] = {0, 0, __builtin_nanf(""), -__builtin_inff(),
+                                    __builtin_nanf(""), 1.0e6f};
+        dpiece d[6];
+        refit_view gq[6], gs[6], gx[6];
+        for (int i = 0; i < 6; i++) {
+            dpiece_make(&d[i], &sp[i], g);
+            gq[i] = d[i].gq;
+            gs[i] = d[i].gs;
+            gx[i] = d[i].gx;
+        }
+        for (int i = 2; i < 6; i++) {
+            put(&d[i].hx, at[i][0], at[i][1], bad_value[i]);
+            twin_push(&d[i].tx);
+        }
+        int32_t bad = -7;
+        int rc = kern_quant_int4_cuda(6, gq, gs, gx, g, &bad, NULL);
+        if (rc != REFIT_ECORRUPT || bad != 2)
+            fail_msg("group %lld: refusals in pieces 2..5: %d, piece %d", (long long)g, rc, bad);
+        /* the expected bytes: the reference with the refused value made
+         * finite, then the refused group's scale and words as they were */
+        for (int i = 1; i < 6; i++) {
+            if (i == 4)
+                continue;
+            size_t qb = d[i].tq.bytes, sb = d[i].ts.bytes;
+            char *jq = malloc(qb), *js = malloc(sb);
+            assert_non_null(jq);
+            assert_non_null(js);
+            memcpy(jq, d[i].tq.h, qb);
+            memcpy(js, d[i].ts.h, sb);
+            if (i > 1)
+                put(&d[i].hx, at[i][0], at[i][1], 0.5f);
+            assert_int_equal(kern_quant_int4(&d[i].hq, &d[i].hs, &d[i].hx, g), REFIT_OK);
+            if (i > 1) {
+                int64_t row = at[i][0], grp = at[i][1] / g;
+                size_t se = d[i].gs.dtype.bits / 8;
+                size_t so = (size_t)((char *)d[i].hs.data - d[i].ts.h) +
+                            (size_t)(row * d[i].gs.strides[0] + grp * d[i].gs.strides[1]) * se;
+                memcpy(d[i].ts.h + so, js + so, se);
+                for (int64_t w = grp * g / 8; w < (grp + 1) * g / 8; w++) {
+                    size_t qo = (size_t)((char *)d[i].hq.data - d[i].tq.h) +
+                                (size_t)(row * d[i].gq.strides[0] + w * d[i].gq.strides[1]) * 4;
+                    memcpy(d[i].tq.h + qo, jq + qo, 4);
+                }
+            }
+            char label[96];
+            snprintf(label, sizeof label, "group %lld, piece %d after the refused call",
+                     (long long)g, i);
+            twin_check_part(&d[i].tq, label, "words");
+            twin_check_part(&d[i].ts, label, "scales");
+            free(jq);
+            free(js);
+        }
+        /* a refusal in general piece 0 as well: it is the lowest */
+        put(&d[0].hx, 2, 1, __builtin_inff());
+        twin_push(&d[0].tx);
+        rc = kern_quant_int4_cuda(6, gq, gs, gx, g, &bad, NULL);
+        if (rc != REFIT_ECORRUPT || bad != 0)
+            fail_msg("group %lld: refusals in pieces 0, 2..5: %d, piece %d", (long long)g, rc,
+                     bad);
+        /* only the dense overflow left */
+        put(&d[0].hx, 2, 1, 1.0f);
+        twin_push(&d[0].tx);
+        for (int i = 2; i < 5; i++) {
+            put(&d[i].hx, at[i][0], at[i][1], 0.25f);
+            twin_push(&d[i].tx);
+        }
+        rc = kern_quant_int4_cuda(6, gq, gs, gx, g, &bad, NULL);
+        if (rc != REFIT_ECORRUPT || bad != 5)
+            fail_msg("group %lld: an F16 scale overflow in piece 5 alone: %d, piece %d",
+                     (long long)g, rc, bad);
+        for (int i = 0; i < 6; i++)
+            dpiece_free(&d[i]);
+    }
+}
+
 /* The status word is kept per device between calls: after a refusal of
  * piece 0, a refusal of piece 1 alone names piece 1 (the 0 left over
  * would win the minimum), and a clean call succeeds with every byte of
@@ -626,13 +859,15 @@ int main(void)
     }
     /* one group (one TAP plan): the kernel cases where the kernel runs, the
      * model cases where the library is linked */
-    struct CMUnitTest tests[7];
+    struct CMUnitTest tests[9];
     size_t n = 0;
     if (!on_host_only) {
         tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_sweep);
         tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_edges);
         tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_pieces);
         tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_status_after_refusal);
+        tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_dense);
+        tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_dense_refusal);
     }
 #ifndef REFIT_GPU_EMU
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_matches_host);

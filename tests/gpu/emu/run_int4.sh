@@ -33,6 +33,12 @@ if [ "$left" != 0 ] || [ "$raw" != 0 ]; then
   echo "run_int4.sh: $left kernel launches, $raw accesses not rewritten" >&2
   exit 1
 fi
+# the general kernels (k_q4_groups, k_q4_rows: 7 cases) and the dense one
+# (k_q4_dense: 4), each with the long and the short parameter block
+if [ "$launches" != 11 ]; then
+  echo "run_int4.sh: $launches launch sites rewritten, expected 11" >&2
+  exit 1
+fi
 echo "emulating $launches launch sites"
 cat > "$W/stubs_int4.cc" <<'STUBS'
 // What the emulated test links in place of the CUDA backend: one device.
@@ -43,13 +49,53 @@ extern "C" void kern_cuda_set_error(const char *m) { snprintf(err, sizeof err, "
 extern "C" int backend_cuda_device_count(void) { return 1; }
 extern "C" const char *backend_cuda_unavailable(void) { return ""; }
 STUBS
-# __fmul_rn, where emu.h lacks it: the IEEE multiply it is
-extra=
-if ! grep -q '__fmul_rn' "$E/emu.h"; then
-  echo 'inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }' \
-    > "$W/emu_int4_extra.h"
-  extra="-include $W/emu_int4_extra.h"
-fi
+# What the kernels use and emu.h may lack (each defined here only where
+# emu.h has no definition of its own): __fmul_rn and __fadd_rn, the IEEE
+# operations they are; __byte_perm; the indexed shuffle, the ballot and
+# __syncwarp as warp barriers (so a lane reads the shared tile only after
+# every lane of its warp wrote it, as on the GPU after __syncwarp)
+X="$W/emu_int4_extra.h"
+printf '#pragma once\n#include "emu.h"\n' > "$X"
+has() { grep -qE "^inline [a-z0-9_ ]+ $1\(" "$E/emu.h"; }
+has __fmul_rn || echo 'inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }' >> "$X"
+has __fadd_rn || echo 'inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }' >> "$X"
+has __byte_perm || cat >> "$X" <<'PERM'
+inline uint32_t __byte_perm(uint32_t x, uint32_t y, uint32_t s)
+{
+    uint64_t v = (uint64_t)y << 32 | x;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++)
+        r |= (uint32_t)(v >> (8 * ((s >> (4 * i)) & 7)) & 0xffu) << (8 * i);
+    return r;
+}
+PERM
+has __shfl_sync || cat >> "$X" <<'SHFL'
+inline uint32_t __shfl_sync(unsigned mask, uint32_t v, int src)
+{
+    (void)mask;
+    unsigned t = emu().cur->tid;
+    emu().xbuf[t] = v;
+    emu_wait(EMU_WARP_BAR);
+    uint32_t r = emu().xbuf[(t & ~31u) | ((unsigned)src & 31u)];
+    emu_wait(EMU_WARP_BAR);
+    return r;
+}
+SHFL
+has __ballot_sync || cat >> "$X" <<'BALLOT'
+inline unsigned __ballot_sync(unsigned mask, int pred)
+{
+    (void)mask;
+    unsigned t = emu().cur->tid, r = 0;
+    emu().xbuf[t] = pred != 0;
+    emu_wait(EMU_WARP_BAR);
+    for (unsigned l = 0; l < 32; l++)
+        r |= emu().xbuf[(t & ~31u) | l] << l;
+    emu_wait(EMU_WARP_BAR);
+    return r;
+}
+BALLOT
+has __syncwarp || echo 'inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)mask; emu_wait(EMU_WARP_BAR); }' >> "$X"
+extra="-include $X"
 g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" $extra \
   -c "$W/quant_int4_emu.cc" -o "$W/quant_int4_emu.o"
 g++ -std=c++17 -O1 -g -Wall -c "$W/stubs_int4.cc" -o "$W/stubs_int4.o"
