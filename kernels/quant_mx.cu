@@ -358,6 +358,143 @@ k_mx(const __grid_constant__ mx_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
     }
 }
 
+/* ---- the dense path ----
+ *
+ * For a BF16 piece whose blocks lie in "lines" of contiguous memory: rows
+ * contiguous (or whole matrices, or a whole stack, where rows follow one
+ * another), 16-byte aligned x, 8-byte (MXFP8) or 4-byte (MXFP4) aligned
+ * q, k a multiple of 32. A warp takes a "unit", up to MXD_SEGS
+ * consecutive 512-byte segments of a line (8 blocks each): lane l loads
+ * the 16 bytes at 16 l of every segment, all before any is used (64 bytes
+ * a lane in flight), so lane l holds elements 8(l & 3) .. +7 of block
+ * l / 4 of each segment. The unit's line and place are found once (one
+ * multiply-shift division, uint32); the rest is constant offsets. The
+ * amax is taken on the raw magnitude bits, two elements at a time, and
+ * the NaN/infinity test is one compare of the block's amax; BF16 -> f32 is
+ * a shift or a mask. A line's last unit may be short: its blocks past the
+ * line's end are dead (no load, no store). Refusal is the general path's:
+ * a non-finite block is left unwritten and its matrix's call index
+ * atomicMin'd into the status word. */
+
+#define MXD_SEGS 4                /* segments a warp has in flight */
+#define MXD_UNIT (MXD_SEGS * 8)   /* blocks of a unit */
+
+struct mxd_piece {
+    const char *x;
+    unsigned char *q, *s;
+    int64_t xp, qp, sp;           /* line pitch in bytes: x, q, scales */
+    int64_t first;                /* its first unit in the launch */
+    uint32_t len;                 /* blocks of a line */
+    uint32_t upl;                 /* units of a line */
+    uint32_t units;               /* units of the piece (host side) */
+    uint32_t bpm;                 /* blocks of a matrix (the status names the matrix) */
+    int32_t ss1;                  /* scale step in bytes */
+    int32_t idx;                  /* call index of its first matrix */
+    mx_div div_upl;
+};
+
+template <int CAP> struct mxd_batch_of {
+    int32_t np;
+    int64_t end;                  /* units of the launch */
+    mxd_piece p[CAP];
+};
+typedef mxd_batch_of<MX_BATCH> mxd_batch;
+typedef mxd_batch_of<MX_SMALL> mxd_batch_small;
+static_assert(sizeof(mxd_batch) <= 32764, "mxd_batch must fit the kernel parameters");
+
+/* The block's BF16 amax magnitude bits, in its 4 lanes. */
+__device__ __forceinline__ uint32_t mxd_amax(uint4 w)
+{
+    uint32_t m = __vmaxu2(__vmaxu2(w.x & 0x7fff7fffu, w.y & 0x7fff7fffu),
+                          __vmaxu2(w.z & 0x7fff7fffu, w.w & 0x7fff7fffu));
+    m = max(m & 0xffffu, m >> 16);
+    m = max(m, (uint32_t)__shfl_xor_sync(0xffffffffu, m, 1));
+    return max(m, (uint32_t)__shfl_xor_sync(0xffffffffu, m, 2));
+}
+
+/* The codes of a word's two BF16 elements times inv (the low element's
+ * code in the low byte (MXFP8) or nibble (MXFP4)). */
+template <int FP4, int HW>
+__device__ __forceinline__ uint32_t mxd_code2(uint32_t w, float inv)
+{
+    float lo = __fmul_rn(__uint_as_float(w << 16), inv);
+    float hi = __fmul_rn(__uint_as_float(w & 0xffff0000u), inv);
+    if (!FP4 && HW)
+        return mx_cvt2(lo, hi);
+    uint32_t bl = __float_as_uint(lo), bh = __float_as_uint(hi);
+    uint32_t ml = bl & 0x7fffffffu, mh = bh & 0x7fffffffu;
+    if (FP4)
+        return (mx_e2m1_code(ml, __uint_as_float(ml)) | (bl >> 28 & 8u)) |
+               (mx_e2m1_code(mh, __uint_as_float(mh)) | (bh >> 28 & 8u)) << 4;
+    return (mx_e4m3_code(ml, __uint_as_float(ml)) | (bl >> 24 & 0x80u)) |
+           (mx_e4m3_code(mh, __uint_as_float(mh)) | (bh >> 24 & 0x80u)) << 8;
+}
+
+template <class BATCH>
+__device__ __forceinline__ int mxd_find(const BATCH &B, int i, int64_t u)
+{
+    while (i + 1 < B.np && u >= B.p[i + 1].first)
+        i++;
+    return i;
+}
+
+/* Grid-stride over units, one a warp at once. MODE: bit 0 MXFP4, bit 1
+ * the short parameter block, bit 2 E4M3 by the conversion instruction. */
+template <int MODE>
+__global__ void __launch_bounds__(MX_THREADS, MX_CTAS_PER_SM)
+k_mxd(const __grid_constant__ mxd_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
+      unsigned int *status)
+{
+    constexpr int FP4 = MODE & 1, HW = (MODE >> 2) & 1;
+    constexpr int QB = FP4 ? 16 : 32; /* q bytes of a block */
+    unsigned lane = threadIdx.x & 31u, g = lane >> 2, sub = lane & 3u;
+    int64_t nw = (int64_t)gridDim.x * MX_WARPS;
+    int i = 0;
+    for (int64_t u = (int64_t)blockIdx.x * MX_WARPS + threadIdx.x / 32; u < B.end; u += nw) {
+        i = mxd_find(B, i, u);
+        const mxd_piece &p = B.p[i];
+        uint32_t pu = (uint32_t)(u - p.first), len = p.len;
+        uint32_t line = mx_divide(p.div_upl, pu);
+        uint32_t b0 = (pu - line * p.upl) * MXD_UNIT;
+        uint32_t left = len - b0; /* blocks of the line from the unit's first */
+        const char *xl = p.x + line * p.xp + (int64_t)b0 * 64 + lane * 16;
+        uint4 w[MXD_SEGS];
+#pragma unroll
+        for (int j = 0; j < MXD_SEGS; j++)
+            w[j] = 8u * j + g < left ? __ldcs((const uint4 *)(xl + 512 * j))
+                                     : make_uint4(0, 0, 0, 0);
+        unsigned char *ql = p.q + line * p.qp + (int64_t)b0 * QB + lane * (QB / 4);
+        unsigned char *sl = p.s + line * p.sp + (int64_t)(b0 + g) * p.ss1;
+        int32_t ss1 = p.ss1;
+#pragma unroll
+        for (int j = 0; j < MXD_SEGS; j++) {
+            uint32_t m = mxd_amax(w[j]);
+            if (8u * j + g >= left)
+                continue;
+            if (m >= 0x7f80u) { /* NaN or infinity: the block stays unwritten */
+                if (sub == 0)
+                    atomicMin(status, (unsigned int)(p.idx + (int32_t)((line * len + b0 + 8u * j + g) /
+                                                                       p.bpm)));
+                continue;
+            }
+            uint32_t s = mx_scale(m << 16, FP4 ? 2 : 8);
+            float inv = __uint_as_float(s < 254u ? (254u - s) << 23 : 0x00400000u);
+            uint32_t c0 = mxd_code2<FP4, HW>(w[j].x, inv), c1 = mxd_code2<FP4, HW>(w[j].y, inv);
+            uint32_t c2 = mxd_code2<FP4, HW>(w[j].z, inv), c3 = mxd_code2<FP4, HW>(w[j].w, inv);
+            if (FP4) {
+                *(uint32_t *)(ql + 8 * QB * j) = c0 | c1 << 8 | c2 << 16 | c3 << 24;
+            } else {
+                uint2 o;
+                o.x = c0 | c1 << 16;
+                o.y = c2 | c3 << 16;
+                *(uint2 *)(ql + 8 * QB * j) = o;
+            }
+            if (sub == 0)
+                sl[8 * j * ss1] = (unsigned char)s;
+        }
+    }
+}
+
 /* ---- host side ---- */
 
 static int mx_fail(cudaError_t e, const char *what)
@@ -503,6 +640,7 @@ static void mx_launch_one(const mx_batch *b, int fp4, unsigned grid, unsigned in
 struct mx_cache {
     kc_status word;
     mx_batch *batch;
+    mxd_batch *dense;
     int sms;
 };
 static mx_cache mx_dev[MX_DEVICES];
@@ -524,6 +662,8 @@ static int mx_cache_get(mx_cache **out, cudaStream_t st)
         c->sms = v > 0 ? v : 1;
     }
     if (!c->batch && !(c->batch = (mx_batch *)malloc(sizeof *c->batch)))
+        return mx_fail(cudaErrorMemoryAllocation, "host memory for a launch");
+    if (!c->dense && !(c->dense = (mxd_batch *)malloc(sizeof *c->dense)))
         return mx_fail(cudaErrorMemoryAllocation, "host memory for a launch");
     const char *what = NULL;
     if ((e = kc_status_ready(&c->word, st, &what)) != cudaSuccess)
@@ -560,6 +700,105 @@ static int mx_launch(const mx_cache *c, const mx_piece *pcs, uint32_t m, int fp4
         e = cudaGetLastError();
         if (e != cudaSuccess)
             rc = mx_fail(e, "launching the kernel");
+    }
+    return rc;
+}
+
+/* The dense form of merged piece pc, if it has one (the conditions are
+ * the dense path's, above k_mxd): lines are its rows, or its matrices
+ * where rows follow one another, or the whole stack where matrices do. */
+static bool mxd_make(mxd_piece *d, const mx_piece *pc, int fp4)
+{
+    int64_t k = pc->k, n = pc->n, nb = pc->nb, qk = fp4 ? k / 2 : k;
+    int64_t qa = fp4 ? 4 : 8, mats = (int64_t)pc->blocks / (n * nb);
+    if (pc->kind != 2 || k % 32 || pc->xs1 != 1 || (!fp4 && pc->qs1 != 1))
+        return false;
+    bool flat = n == 1 || (pc->xs0 == k && pc->qs0 == qk && pc->ss0 == nb * pc->ss1);
+    int64_t len, lines, xp, qp, sp;
+    if (flat && (mats == 1 || (pc->xsm == n * k && pc->qsm == n * qk &&
+                               pc->ssm == n * nb * pc->ss1))) {
+        len = pc->blocks; /* one line */
+        lines = 1;
+        xp = qp = sp = 0;
+    } else if (flat) {
+        len = n * nb;
+        lines = mats;
+        xp = pc->xsm;
+        qp = pc->qsm;
+        sp = pc->ssm;
+    } else if (mats == 1 || (pc->xsm == n * pc->xs0 && pc->qsm == n * pc->qs0 &&
+                             pc->ssm == n * pc->ss0)) {
+        len = nb;
+        lines = mats * n;
+        xp = pc->xs0;
+        qp = pc->qs0;
+        sp = pc->ss0;
+    } else {
+        return false;
+    }
+    if ((uintptr_t)pc->x % 16 || (uintptr_t)pc->q % qa || (xp * 2) % 16 || qp % qa ||
+        pc->ss1 < INT32_MIN || pc->ss1 > INT32_MAX)
+        return false;
+    memset(d, 0, sizeof *d);
+    d->x = pc->x;
+    d->q = pc->q;
+    d->s = pc->s;
+    d->xp = xp * 2;
+    d->qp = qp;
+    d->sp = sp;
+    d->len = (uint32_t)len;
+    d->upl = (uint32_t)((len + MXD_UNIT - 1) / MXD_UNIT);
+    d->bpm = (uint32_t)(n * nb);
+    d->ss1 = (int32_t)pc->ss1;
+    d->idx = pc->idx;
+    d->units = (uint32_t)lines * d->upl;
+    d->div_upl = mx_div_make(d->upl);
+    return true;
+}
+
+template <int MODE>
+static void mxd_launch_one(const mxd_batch *b, unsigned grid, unsigned int *status,
+                           cudaStream_t st)
+{
+    constexpr int MODE_SMALL = MODE | 2;
+    if (b->np <= MX_SMALL) {
+        mxd_batch_small sb;
+        memset(&sb, 0, sizeof sb);
+        memcpy(&sb, b, offsetof(mxd_batch, p) + sizeof b->p[0] * (size_t)b->np);
+        k_mxd<MODE_SMALL><<<grid, MX_THREADS, 0, st>>>(sb, status);
+    } else {
+        k_mxd<MODE><<<grid, MX_THREADS, 0, st>>>(*b, status);
+    }
+}
+
+/* Launch dense pieces ds[0..m), MX_BATCH a launch. */
+static int mxd_launch(const mx_cache *c, const mxd_piece *ds, uint32_t m, int fp4, int hw,
+                      cudaStream_t st)
+{
+    mxd_batch *b = c->dense;
+    int rc = REFIT_OK;
+    for (uint32_t at = 0; at < m && !rc; at += MX_BATCH) {
+        uint32_t np = m - at < MX_BATCH ? m - at : MX_BATCH;
+        int64_t end = 0;
+        b->np = (int32_t)np;
+        for (uint32_t j = 0; j < np; j++) {
+            b->p[j] = ds[at + j];
+            b->p[j].first = end;
+            end += b->p[j].units;
+        }
+        b->end = end;
+        int64_t want = (end + MX_WARPS - 1) / MX_WARPS;
+        int64_t most = (int64_t)(c->sms > 0 ? c->sms : 1) * MX_CTAS_PER_SM;
+        unsigned grid = (unsigned)(want < most ? want : most);
+        if (fp4)
+            mxd_launch_one<1>(b, grid, c->word.dev, st);
+        else if (hw)
+            mxd_launch_one<4>(b, grid, c->word.dev, st);
+        else
+            mxd_launch_one<0>(b, grid, c->word.dev, st);
+        cudaError_t e = cudaGetLastError();
+        if (e != cudaSuccess)
+            rc = mx_fail(e, "launching the dense kernel");
     }
     return rc;
 }
@@ -618,19 +857,31 @@ extern "C" int kern_quant_mx_cuda(uint32_t n, const refit_view *q, const refit_v
         return REFIT_OK;
     int fp4 = elem_bits == 4;
     mx_piece *pcs = (mx_piece *)malloc(sizeof *pcs * n);
-    if (!pcs)
+    mxd_piece *ds = (mxd_piece *)malloc(sizeof *ds * n);
+    if (!pcs || !ds) {
+        free(pcs);
+        free(ds);
         return mx_fail(cudaErrorMemoryAllocation, "host memory");
-    uint32_t m = 0;
+    }
+    uint32_t m = 0, md = 0, mg = 0;
     int rc = mx_pieces(n, q, scales, x, fp4, pcs, &m, bad);
+    /* dense pieces to ds, the rest stay in pcs, in order */
+    for (uint32_t j = 0; !rc && j < m; j++)
+        if (!mxd_make(&ds[md], &pcs[j], fp4))
+            pcs[mg++] = pcs[j];
+        else
+            md++;
     unsigned int status = MX_NONE;
     if (!rc && m) {
         mx_cache *c = NULL;
         pthread_mutex_lock(&mx_mu);
         rc = mx_cache_get(&c, st);
-        if (!rc) {
-            rc = mx_launch(c, pcs, m, fp4, !fp4 && hw, st);
+        if (!rc && md)
+            rc = mxd_launch(c, ds, md, fp4, !fp4 && hw, st);
+        if (!rc && mg)
+            rc = mx_launch(c, pcs, mg, fp4, !fp4 && hw, st);
+        if (c)
             rc = mx_finish_call(c, &status, rc, st);
-        }
         pthread_mutex_unlock(&mx_mu);
     }
     if (!rc && status != MX_NONE) {
@@ -638,5 +889,6 @@ extern "C" int kern_quant_mx_cuda(uint32_t n, const refit_view *q, const refit_v
         rc = mx_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", status);
     }
     free(pcs);
+    free(ds);
     return rc;
 }

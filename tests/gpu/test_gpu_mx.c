@@ -526,6 +526,233 @@ static void test_status_after_refusal(void **state)
         }
 }
 
+/* ---- the dense path (BF16, rows contiguous and aligned, k a multiple of
+ * 32) beside the general one in one call ---- */
+
+/* A piece of a mixed call: x [n, k] BF16; layouts of x, q and scales:
+ * 0 row-major, 1 rows padded to a 16-byte multiple (dense: lines are
+ * rows), 2 transposed (q of MXFP4: padded by 3), 3 one element past an
+ * aligned start, 4 rows padded by 3 elements. */
+typedef struct pspec {
+    int64_t n, k;
+    int xl, ql, sl;
+} pspec;
+
+static lay dense_lay(int kind, int64_t n, int64_t k)
+{
+    lay l = {k, 1, 0, n * k};
+    if (kind == 1 || kind == 4) {
+        l.s0 = k + (kind == 1 ? 8 : 3);
+        l.elems = n * l.s0;
+    } else if (kind == 2) {
+        l.s0 = 1;
+        l.s1 = n;
+    } else if (kind == 3) {
+        l.first = 1;
+    }
+    l.elems += l.first;
+    return l;
+}
+
+/* Pieces ps[0..n) in one allocation each for x, q and scales, every
+ * piece starting 64-byte aligned (plus its layout's offset). */
+static void multi_specs(multi *m, int bits, const pspec *ps, uint32_t n, enum pat p)
+{
+    memset(m, 0, sizeof *m);
+    m->n = n;
+    size_t xo[MAXP], qo[MAXP], so[MAXP], xe = 0, qe = 0, se = 0;
+    lay lx[MAXP], lq[MAXP], ls[MAXP];
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t k = ps[i].k, qk = bits == 4 ? (k + 1) / 2 : k;
+        lx[i] = dense_lay(ps[i].xl, ps[i].n, k);
+        lq[i] = dense_lay(bits == 4 && ps[i].ql == 2 ? 4 : ps[i].ql, ps[i].n, qk);
+        ls[i] = dense_lay(ps[i].sl, ps[i].n, kern_mx_blocks(k));
+        xo[i] = xe;
+        qo[i] = qe;
+        so[i] = se;
+        xe += ((size_t)lx[i].elems + 31) / 32 * 32;
+        qe += ((size_t)lq[i].elems + 63) / 64 * 64;
+        se += ((size_t)ls[i].elems + 63) / 64 * 64;
+    }
+    m->tx = twin_new(xe * 2 + 64);
+    m->tq = twin_new(qe + 64);
+    m->ts = twin_new(se + 64);
+    for (uint32_t i = 0; i < n; i++) {
+        int64_t k = ps[i].k, qk = bits == 4 ? (k + 1) / 2 : k;
+        m->gx[i] = v2(m->tx.d, BF16, ps[i].n, k, lx[i].s0, lx[i].s1, (int64_t)xo[i] + lx[i].first);
+        m->gq[i] = v2(m->tq.d, bits == 8 ? E4M3 : U8, ps[i].n, qk, lq[i].s0, lq[i].s1,
+                      (int64_t)qo[i] + lq[i].first);
+        m->gs[i] = v2(m->ts.d, U8, ps[i].n, kern_mx_blocks(k), ls[i].s0, ls[i].s1,
+                      (int64_t)so[i] + ls[i].first);
+        m->hx[i] = on_host(m->gx[i], &m->tx);
+        m->hq[i] = on_host(m->gq[i], &m->tq);
+        m->hs[i] = on_host(m->gs[i], &m->ts);
+        fill(&m->hx[i], p);
+    }
+    twin_push(&m->tx);
+}
+
+static void mixed(int bits, const pspec *ps, uint32_t n, const char *what)
+{
+    for (int p = 0; p < 2; p++) {
+        multi m;
+        multi_specs(&m, bits, ps, n, p ? PAT_RANDOM : PAT_MIXED);
+        multi_run(&m, bits, what, NULL);
+        multi_free(&m);
+    }
+}
+
+/* Dense pieces beside strided, ragged and misaligned ones; dense pieces
+ * whose lines end inside a unit (one block, one short of a segment or of
+ * a unit, padded rows); stacks of dense pieces (one line; a line a
+ * matrix); many dense pieces (two launches). */
+static void test_dense_mix(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    static const pspec beside[] = {
+        {64, 256, 0, 0, 0}, {40, 256, 2, 0, 0}, {33, 128, 0, 2, 0}, {17, 96, 1, 1, 1},
+        {5, 100, 0, 0, 0},  {8, 64, 0, 0, 0},   {8, 64, 3, 0, 0},   {8, 64, 0, 3, 0},
+        {8, 64, 4, 0, 0},   {3, 160, 0, 0, 2},  {9, 64, 0, 4, 0},   {2, 2048, 0, 0, 0},
+    };
+    static const pspec tails[] = {
+        {1, 32, 0, 0, 0},        {1, 31 * 32, 0, 0, 0}, {1, 7 * 32, 0, 0, 0},
+        {1, 33 * 32, 0, 0, 0},   {3, 31 * 32, 1, 1, 1}, {5, 96, 0, 0, 0},
+        {4, 9 * 32, 1, 0, 0},    {2, 32, 1, 1, 0},      {1, 64 * 32 + 32, 0, 0, 0},
+    };
+    /* [0..3] one stack, one line; [4..6] a stack with a line a matrix
+     * (rows padded); [7..9] rows padded: a line a row */
+    static const pspec stacks[] = {
+        {6, 64, 0, 0, 0},  {6, 64, 0, 0, 0},  {6, 64, 0, 0, 0},  {6, 64, 0, 0, 0},
+        {5, 96, 0, 0, 0},  {5, 96, 0, 0, 0},  {5, 96, 0, 0, 0},  {7, 32, 1, 1, 1},
+        {7, 32, 1, 1, 1},  {7, 32, 1, 1, 1},
+    };
+    pspec many[MAXP];
+    for (int i = 0; i < MAXP; i++)
+        many[i] = (pspec){1 + (i * 37) % 23, 32 * (1 + i % 5), i % 7 == 3 ? 1 : 0, 0, 0};
+    for (int bits = 8; bits >= 4; bits -= 4) {
+        mixed(bits, beside, sizeof beside / sizeof beside[0], "dense beside general pieces");
+        mixed(bits, tails, sizeof tails / sizeof tails[0], "dense lines ending inside a unit");
+        mixed(bits, stacks, sizeof stacks / sizeof stacks[0], "dense stacks");
+        mixed(bits, many, MAXP, "200 dense pieces");
+    }
+}
+
+/* Device bytes of 1-byte view hv (host side of twin t) equal the host's:
+ * back is the device copy of the whole twin. */
+static void view_equal(const refit_view *hv, const twin *t, const unsigned char *back,
+                       const char *what)
+{
+    for (int64_t i = 0; i < hv->shape[0]; i++)
+        for (int64_t j = 0; j < hv->shape[1]; j++) {
+            size_t at = (size_t)((const char *)hv->data - t->h) +
+                        (size_t)(i * hv->strides[0] + j * hv->strides[1]);
+            if (back[at] != (unsigned char)t->h[at])
+                fail_msg("%s: [%lld, %lld] device %02x, host %02x", what, (long long)i,
+                         (long long)j, back[at], (unsigned char)t->h[at]);
+        }
+}
+
+static unsigned char *device_copy(const twin *t)
+{
+    unsigned char *b = malloc(t->bytes);
+    assert_non_null(b);
+    CU(cudaMemcpy(b, t->d, t->bytes, cudaMemcpyDeviceToHost));
+    return b;
+}
+
+/* NaN and infinity in dense pieces beside general ones: the lowest piece
+ * (the expert of a dense stack) named; the non-finite block left
+ * unwritten (scale and elements keep their junk) while the rest of its
+ * piece and the clean pieces are written as the reference writes them. */
+static void test_dense_nonfinite(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    /* 0..3: a dense stack (one line); 4: general (transposed x); 5: dense,
+     * rows padded; 6: general (k = 100); 7: dense, 33 blocks a row */
+    static const pspec ps[8] = {
+        {16, 256, 0, 0, 0}, {16, 256, 0, 0, 0}, {16, 256, 0, 0, 0}, {16, 256, 0, 0, 0},
+        {20, 64, 2, 0, 0},  {9, 96, 1, 1, 1},   {6, 100, 0, 0, 0},  {3, 33 * 32, 0, 0, 0},
+    };
+    /* bad pieces (row, column) per case; want: the piece named */
+    static const struct {
+        int piece[2];
+        int64_t row[2], col[2];
+        int want;
+    } cases[] = {
+        {{2, -1}, {13, 0}, {200, 0}, 2},  /* inside the stack: its expert */
+        {{7, 4}, {2, 5}, {33 * 32 - 1, 3}, 4}, /* a general piece below a dense one */
+        {{6, 5}, {5, 8}, {99, 95}, 5},    /* a dense piece below a general one */
+        {{7, -1}, {0, 0}, {32 * 31 + 5, 0}, 7}, /* the last block of a unit */
+        {{0, 3}, {0, 15}, {0, 255}, 0},   /* the first and last element of a line */
+    };
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+            for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
+                multi m;
+                multi_specs(&m, bits, ps, 8, PAT_RANDOM);
+                for (int b = 0; b < 2; b++)
+                    if (cases[c].piece[b] >= 0)
+                        view_put(&m.hx[cases[c].piece[b]], cases[c].row[b], cases[c].col[b],
+                                 b ? -__builtin_inff() : __builtin_nanf(""), 0, 0);
+                twin_push(&m.tx);
+                int32_t bad = 99;
+                int rc = kern_quant_mx_cuda(8, m.gq, m.gs, m.gx, bits, hw, &bad, NULL);
+                if (rc != REFIT_ECORRUPT || bad != cases[c].want)
+                    fail_msg("mxfp%d case %zu: status %d, piece %d, want %d (%s)", bits, c, rc,
+                             bad, cases[c].want, kern_cuda_last_error());
+                unsigned char *bq = device_copy(&m.tq), *bs = device_copy(&m.ts);
+                for (uint32_t i = 0; i < 8; i++) {
+                    int hit = -1;
+                    for (int b = 0; b < 2; b++)
+                        if (cases[c].piece[b] == (int)i)
+                            hit = b;
+                    char what[120];
+                    snprintf(what, sizeof what, "mxfp%d case %zu piece %u", bits, c, i);
+                    if (hit < 0) { /* clean: the reference's bytes */
+                        int32_t bh;
+                        assert_int_equal(reference(bits, 1, &m.hq[i], &m.hs[i], &m.hx[i], &bh),
+                                         REFIT_OK);
+                        view_equal(&m.hq[i], &m.tq, bq, what);
+                        view_equal(&m.hs[i], &m.ts, bs, what);
+                        continue;
+                    }
+                    /* the bad block keeps its junk (host bytes untouched so far) */
+                    int64_t r = cases[c].row[hit], blk = cases[c].col[hit] / 32;
+                    refit_view sv = m.hs[i], qv = m.hq[i];
+                    sv.data = (char *)sv.data + r * sv.strides[0] + blk * sv.strides[1];
+                    sv.shape[0] = sv.shape[1] = 1;
+                    int64_t q0 = blk * (bits == 8 ? 32 : 16);
+                    int64_t qn = qv.shape[1] - q0 < (bits == 8 ? 32 : 16) ? qv.shape[1] - q0
+                                                                         : (bits == 8 ? 32 : 16);
+                    qv.data = (char *)qv.data + r * qv.strides[0] + q0 * qv.strides[1];
+                    qv.shape[0] = 1;
+                    qv.shape[1] = qn;
+                    snprintf(what, sizeof what, "mxfp%d case %zu piece %u: the bad block", bits,
+                             c, i);
+                    view_equal(&sv, &m.ts, bs, what);
+                    view_equal(&qv, &m.tq, bq, what);
+                    /* a clean row of the same piece: written */
+                    int64_t cr = r == 0 ? m.hx[i].shape[0] - 1 : 0;
+                    refit_view rx = m.hx[i], rq = m.hq[i], rs = m.hs[i];
+                    rx.data = (char *)rx.data + cr * rx.strides[0] * 2;
+                    rq.data = (char *)rq.data + cr * rq.strides[0];
+                    rs.data = (char *)rs.data + cr * rs.strides[0];
+                    rx.shape[0] = rq.shape[0] = rs.shape[0] = 1;
+                    int32_t bh;
+                    assert_int_equal(reference(bits, 1, &rq, &rs, &rx, &bh), REFIT_OK);
+                    snprintf(what, sizeof what, "mxfp%d case %zu piece %u: a clean row", bits,
+                             c, i);
+                    view_equal(&rq, &m.tq, bq, what);
+                    view_equal(&rs, &m.ts, bs, what);
+                }
+                free(bq);
+                free(bs);
+                multi_free(&m);
+            }
+}
+
 /* ---- the encoders on every input they can meet ---- */
 
 /* With one element of each 32-block at 2^emax (X = 1, s = 127) and the
@@ -773,6 +1000,8 @@ int main(void)
         cmocka_unit_test(test_user_stream),
         cmocka_unit_test(test_nonfinite),
         cmocka_unit_test(test_status_after_refusal),
+        cmocka_unit_test(test_dense_mix),
+        cmocka_unit_test(test_dense_nonfinite),
         cmocka_unit_test(test_encoders),
 #ifndef REFIT_GPU_MX_EMU
         cmocka_unit_test_setup_teardown(test_model_matches_host, pair_setup, pair_teardown),
