@@ -364,6 +364,120 @@ static void test_many_pieces(void **state)
     free(t);
 }
 
+/* The dense path (contiguous F16/BF16 pieces, k a multiple of 16: the
+ * kernel's warp units of 64 blocks) beside the general one in one call:
+ * next to a transposed piece, a padded-row one, a misaligned one and a
+ * ragged one (k 40); dense pieces of exactly one block, of one block
+ * short of a unit (63), of a unit and one (65), of two units and one, of
+ * one column of blocks (k 16: the row division by 1) and of column pads
+ * (k 48: 3 blocks a row, padded to 4), rows not a multiple of 128. */
+static void test_dense_beside_general(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    static const struct {
+        int64_t n, k;
+        int xl, ql; /* layouts; 0 0 is dense */
+    } sh[] = {
+        {1, 16, 0, 0},   {40, 48, 2, 0}, {63, 16, 0, 0},  {7, 13, 0, 0}, {1, 1040, 0, 0},
+        {33, 80, 1, 0},  {3, 688, 0, 0}, {5, 64, 3, 0},   {130, 48, 0, 0}, {9, 40, 0, 0},
+        {129, 256, 0, 0}, {4, 32, 0, 2}, {65, 16, 0, 0},  {6, 32, 0, 3},
+    };
+    enum { N = sizeof sh / sizeof sh[0] };
+    refit_dtype dts[2] = {BF16, F16};
+    for (int d = 0; d < 2; d++) {
+        tpiece t[N];
+        for (int i = 0; i < N; i++)
+            piece_online(&t[i], dts[d], sh[i].n, sh[i].k, sh[i].xl, sh[i].ql,
+                         i % 2 ? PAT_RANDOM : PAT_MIXED);
+        char what[64];
+        snprintf(what, sizeof what, "dense beside general, %s", dt_label(dts[d]));
+        run_check(N, t, what, NULL);
+        for (int i = 0; i < N; i++)
+            piece_free(&t[i]);
+    }
+}
+
+/* Many dense pieces in one call (more than a launch's batch, over many
+ * of the emulated kernel's small L2 sets), of both 16-bit dtypes and
+ * every pattern, with checkpoint pieces among them. */
+static void test_dense_many(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    enum { N = 31 };
+    tpiece *t = calloc(N, sizeof *t);
+    assert_non_null(t);
+    enum pat pats[5] = {PAT_MIXED, PAT_ZERO, PAT_SUBNORMAL, PAT_BIG, PAT_RANDOM};
+    for (int i = 0; i < N; i++) {
+        if (i % 10 == 9)
+            piece_ckpt(&t[i], REFIT_NVFP4_CT, 20 + i, 3, 0, 1, 1);
+        else
+            piece_online(&t[i], i % 2 ? F16 : BF16, 1 + (i * 29) % 140, 16 * (1 + (i * 7) % 23),
+                         0, 0, pats[i % 5]);
+    }
+    run_check(N, t, "31 dense pieces", NULL);
+    for (int i = 0; i < N; i++)
+        piece_free(&t[i]);
+    free(t);
+}
+
+/* A NaN or an infinity in dense pieces (the dense amax pass): the lowest
+ * piece holding one is named, whether the other holder is dense or not,
+ * and the pieces are left unwritten as the general path leaves them. */
+static void test_dense_nonfinite(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    refit_dtype dts[2] = {BF16, F16};
+    for (int d = 0; d < 2; d++)
+        for (int which = 0; which < 4; which++) {
+            tpiece t[5];
+            piece_online(&t[0], dts[d], 64, 48, 0, 0, PAT_RANDOM);   /* dense */
+            piece_online(&t[1], dts[d], 70, 40, 0, 0, PAT_RANDOM);   /* general (k 40) */
+            piece_online(&t[2], dts[d], 130, 1040, 0, 0, PAT_RANDOM); /* dense, 3 units a row */
+            piece_online(&t[3], dts[d], 1, 16, 0, 0, PAT_RANDOM);    /* dense, one block */
+            piece_online(&t[4], dts[d], 50, 64, 0, 0, PAT_RANDOM);   /* dense */
+            /* which 0: a NaN in the last block of piece 2 (the unit's
+             * tail) and an infinity in piece 4: piece 2 is named; 1: the
+             * NaN in piece 3's only block, and piece 1 (general) holds an
+             * infinity: piece 1; 2: only piece 4, its first element; 3:
+             * a NaN in piece 2 at element 7987, in its amax pass's
+             * eighth load of a warp (16-byte load 998 = 3 * 256 + 7 * 32
+             * + 6), an infinity in piece 4 */
+            if (which == 3) {
+                view_put(&t[2].h.src, 7, 707, __builtin_nanf(""), 0x7fc1, 1);
+                view_put(&t[4].h.src, 49, 63, __builtin_inff(), 0, 0);
+            } else if (which == 0) {
+                view_put(&t[2].h.src, 129, 1039, __builtin_nanf(""), 0x7fc1, 1);
+                view_put(&t[4].h.src, 20, 7, __builtin_inff(), 0, 0);
+            } else if (which == 1) {
+                view_put(&t[3].h.src, 0, 9, __builtin_nanf(""), 0x7fc1, 1);
+                view_put(&t[1].h.src, 69, 39, -__builtin_inff(), 0, 0);
+            } else {
+                view_put(&t[4].h.src, 0, 0, -__builtin_inff(), 0, 0);
+            }
+            for (int i = 0; i < 5; i++)
+                twin_push(&t[i].tx);
+            refit_nvfp4_piece g[5] = {t[0].g, t[1].g, t[2].g, t[3].g, t[4].g};
+            int32_t bad = 99;
+            int want = which == 0 || which == 3 ? 2 : which == 1 ? 1 : 4;
+            int rc = kern_quant_nvfp4_cuda(5, g, &bad, NULL);
+            if (rc != REFIT_ECORRUPT || bad != want)
+                fail_msg("%s, case %d: status %d, piece %d, want %d (%s)", dt_label(dts[d]),
+                         which, rc, bad, want, kern_cuda_last_error());
+            /* refused pieces are not written (their packed bytes and
+             * scales stay the junk they were) */
+            int other = which == 1 ? 3 : 4;
+            twin_check(&t[want].tq, "the refused piece's packed bytes");
+            twin_check(&t[want].ts, "the refused piece's scales");
+            twin_check(&t[other].tq, "the other refused piece's packed bytes");
+            twin_check(&t[other].ts, "the other refused piece's scales");
+            for (int i = 0; i < 5; i++)
+                piece_free(&t[i]);
+        }
+}
+
 /* Sets: online pieces of more than the kernel's L2 set (24 MB) in one
  * call. Too slow for the emulator. */
 #ifndef REFIT_GPU_EMU
@@ -598,7 +712,8 @@ int main(void)
         cmocka_unit_test(test_online_sweep),   cmocka_unit_test(test_edges),
         cmocka_unit_test(test_global_scale_clamped), cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_many_pieces),    cmocka_unit_test(test_nonfinite),
-        cmocka_unit_test(test_scratch_reuse),
+        cmocka_unit_test(test_scratch_reuse),  cmocka_unit_test(test_dense_beside_general),
+        cmocka_unit_test(test_dense_many),     cmocka_unit_test(test_dense_nonfinite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 #else
@@ -614,7 +729,8 @@ int main(void)
         cmocka_unit_test(test_global_scale_clamped), cmocka_unit_test(test_checkpoint),
         cmocka_unit_test(test_many_pieces),    cmocka_unit_test(test_sets),
         cmocka_unit_test(test_nonfinite),      cmocka_unit_test(test_scratch_reuse),
-        MODEL_TESTS,
+        cmocka_unit_test(test_dense_beside_general), cmocka_unit_test(test_dense_many),
+        cmocka_unit_test(test_dense_nonfinite), MODEL_TESTS,
     };
     if (on_host_only)
         return cmocka_run_group_tests(model_only, NULL, NULL);

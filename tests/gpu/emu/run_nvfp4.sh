@@ -106,7 +106,7 @@ cat > "$W/nv_e2m1.cc" <<'EOF'
 extern "C" uint8_t kern_f32_to_e2m1(float f);
 int main()
 {
-    unsigned long long bad = 0, n = 0;
+    unsigned long long bad = 0, n = 0, bad_mag = 0;
     for (uint32_t s = 0; s < 2; s++)
         for (uint32_t a = 0; a <= 0x7f800000u; a++) {
             float f = __uint_as_float(a | s << 31);
@@ -115,12 +115,98 @@ int main()
             if (got != want && !bad++)
                 printf("  first difference: E2M1 of %08x: %02x, reference %02x\n", a | s << 31,
                        got, want);
+            if (s == 0 && qn_e2m1_mag(f) != want && !bad_mag++)
+                printf("  first difference: qn_e2m1_mag of %08x: %02x, reference %02x\n", a,
+                       qn_e2m1_mag(f), want);
         }
     printf("qn_e2m1 on every non-NaN f32: %llu of %llu differ from kern_f32_to_e2m1\n", bad, n);
-    return bad != 0;
+    printf("qn_e2m1_mag on every non-negative non-NaN f32: %llu differ\n", bad_mag);
+    return bad != 0 || bad_mag != 0;
 }
 EOF
 g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W" \
   -include "$W/nv_shim.h" -DQN_SET_BYTES=20000 "$W/nv_e2m1.cc" "$W/nv_stubs.o" \
   "$B/librefit_kernels.a" -o "$W/nv-e2m1"
 "$W/nv-e2m1"
+# The dense path's arithmetic, natively, through the kernel's own code:
+# qn_div6 against the division on every F16 and BF16 magnitude; the E2M1
+# codes of qn_quot against those of the full division on every F16 and
+# BF16 magnitude, for random divisors over qn_quot's range [2^-100,
+# 2^100) and divisors that put quotients within a few ulps of each E2M1
+# midpoint; qn_swz against kern_swizzle_offset (row division included).
+cat > "$W/nv_dense.cc" <<'EOF'
+#include "quant_nvfp4_emu.cc"
+extern "C" uint8_t kern_f32_to_e2m1(float f);
+extern "C" int64_t kern_swizzle_offset(int64_t r, int64_t c, int64_t cols_p);
+static uint64_t rs = 0x2545f4914f6cdd1dull;
+static uint32_t rnd()
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (uint32_t)(rs >> 16);
+}
+static uint32_t f32_of(int kind, uint32_t h)
+{
+    return kind == 2 ? qn_f32_of<2>(h) : qn_f32_of<1>(h);
+}
+static unsigned long long quot_bad, quot_n;
+static void quot_check(float d)
+{
+    uint32_t db = __float_as_uint(d);
+    if (db < QN_SAFE_LO || db >= QN_SAFE_HI)
+        return;
+    float y = __frcp_rn(d);
+    for (int kind = 1; kind <= 2; kind++)
+        for (uint32_t h = 0; h <= (kind == 2 ? 0x7f7fu : 0x7bffu); h++) {
+            float a = __uint_as_float(f32_of(kind, h));
+            uint32_t want = kern_f32_to_e2m1(__fdiv_rn(a, d)), got = qn_e2m1_mag(qn_quot(a, d, y));
+            quot_n++;
+            if (got != want && !quot_bad++)
+                printf("  first difference: %08x / %08x: code %u, reference %u\n",
+                       __float_as_uint(a), db, got, want);
+        }
+}
+int main()
+{
+    unsigned long long div6_bad = 0, swz_bad = 0;
+    for (int kind = 1; kind <= 2; kind++)
+        for (uint32_t h = 0; h <= (kind == 2 ? 0x7f7fu : 0x7bffu); h++) {
+            float b = __uint_as_float(f32_of(kind, h));
+            if (__float_as_uint(qn_div6(b)) != __float_as_uint(__fdiv_rn(b, 6.0f)) && !div6_bad++)
+                printf("  first difference: qn_div6 of %08x\n", __float_as_uint(b));
+        }
+    printf("qn_div6 on every F16 and BF16 magnitude: %llu differ from the division\n", div6_bad);
+    for (int i = 0; i < 2000; i++) /* random divisors over the range */
+        quot_check(__uint_as_float(((13u + rnd() % 200u) << 23) | (rnd() & 0x7fffffu)));
+    static const float mid[7] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
+    for (int i = 0; i < 700; i++) { /* a / d within 3 ulps of a midpoint */
+        uint32_t h = 0x3c00u + rnd() % 0x3000u; /* BF16 near 2^-7 .. 2^89 */
+        float d = __fdiv_rn(__uint_as_float(h << 16), mid[i % 7]);
+        for (int k = -3; k <= 3; k++)
+            quot_check(__uint_as_float(__float_as_uint(d) + (uint32_t)k));
+    }
+    printf("qn_quot's E2M1 codes: %llu of %llu differ from those of the division\n", quot_bad,
+           quot_n);
+    for (int i = 0; i < 200000; i++) {
+        uint32_t cb = i < 100000 ? 1u + rnd() % 3000u : 1u + rnd() % (1u << 22);
+        uint32_t g = i % 4 == 0 ? (1u << 30) - 1u - rnd() % 1000u : rnd() % (1u << 30);
+        uint32_t l = 0;
+        while (((uint64_t)1 << l) < cb)
+            l++;
+        uint32_t mul = cb > 1 ? (uint32_t)((((uint64_t)1 << (31 + l)) + cb - 1) / cb) : 0;
+        uint32_t cp = (cb + 3) / 4 * 4, r = g / cb;
+        if ((uint64_t)(r / 128 + 1) * 128 * cp >= (1ull << 31))
+            continue; /* not dense: the swizzled array reaches 2^31 bytes */
+        uint32_t got = qn_swz(g, cb, mul, cb > 1 ? l - 1 : 0, cp / 4);
+        if (got != (uint64_t)kern_swizzle_offset(r, g % cb, cp) && !swz_bad++)
+            printf("  first difference: qn_swz of block %u, cb %u\n", g, cb);
+    }
+    printf("qn_swz on 200000 blocks and row lengths: %llu differ\n", swz_bad);
+    return div6_bad || quot_bad || swz_bad;
+}
+EOF
+g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W" \
+  -include "$W/nv_shim.h" -DQN_SET_BYTES=20000 "$W/nv_dense.cc" "$W/nv_stubs.o" \
+  "$B/librefit_kernels.a" -lm -o "$W/nv-dense"
+"$W/nv-dense"
