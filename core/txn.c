@@ -359,7 +359,9 @@ typedef struct delivery {
     void *stream;
 } delivery;
 
-static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit_view *v)
+/* described: src says what will arrive, its data is not read (a claim). */
+static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit_view *v,
+                    bool described)
 {
     const backend *be = t->m->runtime[r->target].be;
     if (!src)
@@ -387,7 +389,7 @@ static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit
         stride *= src->shape[i] > 0 ? src->shape[i] : 1;
         numel *= src->shape[i];
     }
-    if (!src->data && numel > 0)
+    if (!src->data && numel > 0 && !described)
         return txn_error(t, REFIT_EINVAL, "load %s: source data is NULL", r->name);
     return REFIT_OK;
 }
@@ -640,8 +642,63 @@ static int tie_resolve(refit_txn *t, uint32_t ri, delivery *d, bool *skip)
     return REFIT_OK;
 }
 
+static bool view_contiguous(const refit_view *v)
+{
+    int64_t want = 1;
+    for (int i = v->ndim - 1; i >= 0; i--) {
+        if (v->shape[i] != 1 && v->strides[i] != want)
+            return false;
+        want *= v->shape[i];
+    }
+    return true;
+}
+
+/* Whether delivery d may be written by the caller straight into its
+ * runtime tensor: a plain byte copy (DIRECT or VIEW route, no cast) of
+ * every delivered row onto contiguous bytes of a tensor on dev, with
+ * nothing else reading them before the update ends (no post-load, not
+ * tied). *dst: where. */
+static bool claim_fits(const refit_txn *t, const delivery *d, refit_device dev, void **dst)
+{
+    const route *r = d->r;
+    const refit_model *m = t->m;
+    const signature *sig = &m->runtime[r->target].sig;
+    if ((r->kind != REFIT_ROUTE_DIRECT && r->kind != REFIT_ROUTE_VIEW) ||
+        (r->flags & (ROUTE_CAST | ROUTE_ALIAS | ROUTE_TIED)) ||
+        (m->modules[r->module].fm.flags & REFIT_MODULE_POST_LOAD) ||
+        sig->device.device_type != dev.device_type || sig->device.device_id != dev.device_id ||
+        !kern_dtype_eq(r->dst.dtype, d->src.dtype))
+        return false;
+    refit_view v = r->dst;
+    if (r->split_dim >= 0) {
+        if (d->a != d->off || d->b != d->off + d->len || d->len == 0)
+            return false; /* some delivered rows are another rank's */
+        narrow(&v, r->split_dim, d->a - r->lo, d->b - d->a);
+    }
+    if (kern_view_numel(&v) != kern_view_numel(&d->src) || !view_contiguous(&v) ||
+        !view_contiguous(&d->src))
+        return false;
+    *dst = v.data;
+    return true;
+}
+
+/* The bytes of an accepted claim arrive from the caller: the undo save and
+ * the bookkeeping write_rows would do, without the copy. */
+static int claim_rows(refit_txn *t, const delivery *d)
+{
+    const route *r = d->r;
+    int rc = save_runtime(t, r->target, d->stream);
+    if (rc)
+        return rc;
+    t->s->mod_wrote[r->module] = 1;
+    t->wrote = true;
+    return txn_use_stream(t, t->m->runtime[r->target].be, d->stream);
+}
+
+/* direct: a claim (txn_claim_direct): *direct gets where the caller writes
+ * the bytes, or NULL (nothing done: deliver them with a load). */
 static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_tensor *src,
-                       bool whole, void *stream)
+                       bool whole, void *stream, void **direct)
 {
     if (!t)
         return REFIT_EINVAL;
@@ -666,7 +723,7 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
     d.off = off;
     d.stream = stream;
     bool skip = false;
-    int rc = src_view(t, d.r, src, &d.src);
+    int rc = src_view(t, d.r, src, &d.src, direct != NULL);
     bool tied = (d.r->flags & (ROUTE_ALIAS | ROUTE_TIED)) != 0;
     if (!rc && tied)
         rc = tie_resolve(t, ri, &d, &skip);
@@ -674,6 +731,9 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
         rc = check_shape(t, &d, whole);
     if (!rc && !skip)
         rc = check_fresh(t, &d, whole);
+    void *claimed = NULL;
+    if (!rc && direct && (skip || !claim_fits(t, &d, src->device, &claimed)))
+        return REFIT_OK; /* not for a claim (*direct NULL): nothing done, load it */
     void *staging = NULL;
     module *mod = &m->modules[d.r->module];
     if (!rc && !skip && d.r->kind == REFIT_ROUTE_STAGED)
@@ -693,9 +753,11 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
         txn_set_state(t, TXN_LOADING);
     if (skip)
         return REFIT_OK;
-    rc = write_rows(t, &d, staging);
+    rc = direct ? claim_rows(t, &d) : write_rows(t, &d, staging);
     if (rc)
         return txn_fail(t, rc);
+    if (direct)
+        *direct = claimed;
     int64_t rows = d.b > d.a ? d.b - d.a : 0;
     if (!whole) {
         part *p = malloc(sizeof *p);
@@ -722,13 +784,22 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
 
 int refit_load(refit_txn *t, const char *ckpt_name, const refit_tensor *src, void *stream)
 {
-    return txn_deliver(t, ckpt_name, 0, src, true, stream);
+    return txn_deliver(t, ckpt_name, 0, src, true, stream, NULL);
 }
 
 int refit_load_part(refit_txn *t, const char *ckpt_name, int64_t offset, const refit_tensor *src,
                     void *stream)
 {
-    return txn_deliver(t, ckpt_name, offset, src, false, stream);
+    return txn_deliver(t, ckpt_name, offset, src, false, stream, NULL);
+}
+
+int txn_claim_direct(refit_txn *t, const char *name, bool part, int64_t row0,
+                     const refit_tensor *src, void *stream, void **dst)
+{
+    if (!dst || !src)
+        return REFIT_EINVAL;
+    *dst = NULL;
+    return txn_deliver(t, name, part ? row0 : 0, src, !part, stream, dst);
 }
 
 /* ---- finalize and abort ---- */

@@ -109,7 +109,8 @@ void bkt_announce_encode(uint8_t out[BKT_ANNOUNCE_BYTES], const bkt_announce *a)
     wr64(out + 40, a->total_payload);
     wr64(out + 48, a->n_entries);
     wr64(out + 56, a->index_bytes);
-    /* 64..119 reserved (zero) */
+    wr64(out + 64, a->trailer_bytes);
+    /* 72..119 reserved (zero) */
     wr64(out + 120, bkt_checksum(out, 120));
 }
 
@@ -125,9 +126,14 @@ static bool all_zero(const uint8_t *p, size_t n)
 static bool announce_sizes_ok(const bkt_announce *a)
 {
     if (a->n_buckets == 0)
-        return !a->first_total && !a->first_header && !a->max_total && !a->index_bytes;
+        return !a->first_total && !a->first_header && !a->max_total && !a->index_bytes &&
+               !a->trailer_bytes;
+    /* a DIRECT bucket is its payload alone (at least a byte); the header
+     * says which kind each is and checks its size exactly */
     return a->first_header >= BKT_FIXED_HEADER + 8 && a->first_header <= BKT_MAX_HEADER &&
-           a->first_total >= BKT_ALIGN && a->first_total <= a->max_total &&
+           a->first_total >= 1 && a->first_total <= a->max_total &&
+           a->trailer_bytes % BKT_TRAILER_REC == 0 &&
+           a->trailer_bytes / BKT_TRAILER_REC <= a->n_buckets &&
            a->index_bytes >= a->first_header && a->index_bytes <= BKT_MAX_INDEX &&
            a->index_bytes / a->n_buckets >= BKT_FIXED_HEADER + 8;
 }
@@ -147,8 +153,8 @@ int bkt_announce_decode(bkt_announce *a, const uint8_t in[BKT_ANNOUNCE_BYTES],
                         .first_header = rd32(in + 12), .nonce = rd64(in + 16),
                         .first_total = rd64(in + 24), .max_total = rd64(in + 32),
                         .total_payload = rd64(in + 40), .n_entries = rd64(in + 48),
-                        .index_bytes = rd64(in + 56)};
-    if (a->flags != 0 || !all_zero(in + 64, 56))
+                        .index_bytes = rd64(in + 56), .trailer_bytes = rd64(in + 64)};
+    if ((a->flags & ~BKT_A_PAYLOAD_SUM) || !all_zero(in + 72, 48))
         return bad(err, errlen, C, "announce: unknown flags 0x%x or reserved bytes set",
                    a->flags);
     if (a->n_buckets > BKT_MAX_BUCKETS)
@@ -160,9 +166,10 @@ int bkt_announce_decode(bkt_announce *a, const uint8_t in[BKT_ANNOUNCE_BYTES],
                    (unsigned long long)max_accept);
     if (!announce_sizes_ok(a))
         return bad(err, errlen, C, "announce: inconsistent sizes (buckets %u, first %llu bytes "
-                   "with a %u-byte header, largest %llu, index %llu)", a->n_buckets,
+                   "with a %u-byte header, largest %llu, index %llu, trailer %llu)", a->n_buckets,
                    (unsigned long long)a->first_total, a->first_header,
-                   (unsigned long long)a->max_total, (unsigned long long)a->index_bytes);
+                   (unsigned long long)a->max_total, (unsigned long long)a->index_bytes,
+                   (unsigned long long)a->trailer_bytes);
     return REFIT_OK;
 }
 
@@ -277,7 +284,7 @@ static int plan_open_bucket(bkt_plan *p, uint32_t fixed_header)
         p->buckets = nb;
         p->cap_buckets = cap;
     }
-    p->buckets[p->n_buckets++] = (bkt_span){p->n_pieces, 0, fixed_header, 0};
+    p->buckets[p->n_buckets++] = (bkt_span){p->n_pieces, 0, fixed_header, 0, false};
     return REFIT_OK;
 }
 
@@ -321,6 +328,7 @@ typedef struct planner {
     bkt_plan *p;
     uint64_t bucket_bytes, left, cap;
     uint32_t fixed;
+    uint32_t first_packed;      /* the ramp counts packed buckets from here */
 } planner;
 
 /* Close the current bucket (if it holds anything), open the next. */
@@ -328,7 +336,8 @@ static int pl_next(planner *pl)
 {
     int rc = plan_open_bucket(pl->p, pl->fixed);
     if (!rc)
-        pl->cap = bkt_plan_cap(pl->bucket_bytes, pl->p->n_buckets - 1, pl->left);
+        pl->cap = bkt_plan_cap(pl->bucket_bytes, pl->p->n_buckets - 1 - pl->first_packed,
+                               pl->left);
     return rc;
 }
 
@@ -381,6 +390,42 @@ static int plan_tensor(planner *pl, uint32_t i, const bkt_tensor *t, uint64_t by
     }
 }
 
+/* Tensor i in DIRECT buckets of its own: whole when it fits a bucket,
+ * else row ranges of dim 0 of at most bucket_bytes. */
+static int plan_direct(planner *pl, uint32_t i, const bkt_tensor *t, uint64_t bytes,
+                       uint64_t row_bytes, uint32_t eh, char *err, size_t errlen)
+{
+    bkt_plan *p = pl->p;
+    int64_t dim0 = t->ndim ? t->shape[0] : 1, rows = dim0;
+    if (bytes > pl->bucket_bytes) {
+        if (row_bytes == 0 || row_bytes > pl->bucket_bytes)
+            return bad(err, errlen, REFIT_EINVAL, "%s: larger than a bucket (%llu bytes) and "
+                       "cannot be split: one row of dim 0 is %llu bytes%s", t->name,
+                       (unsigned long long)pl->bucket_bytes, (unsigned long long)row_bytes,
+                       row_bytes ? "" : " or not a whole number of bytes");
+        rows = (int64_t)(pl->bucket_bytes / row_bytes);
+    }
+    /* bytes >= direct_min >= 1: every extent is positive */
+    for (int64_t row = 0; row < dim0;) {
+        int64_t n = rows < dim0 - row ? rows : dim0 - row;
+        bool part = n != dim0;
+        bkt_piece pc = part ? (bkt_piece){i, true, row, n, 0, (uint64_t)n * row_bytes}
+                            : (bkt_piece){i, false, 0, 0, 0, bytes};
+        int rc = plan_open_bucket(p, pl->fixed);
+        if (!rc)
+            rc = plan_add_piece(p, pc);
+        if (rc)
+            return rc;
+        p->buckets[p->n_buckets - 1].header_bytes += eh;
+        p->buckets[p->n_buckets - 1].direct = true;
+        p->n_direct++;
+        if (!part)
+            return REFIT_OK;
+        row += n;
+    }
+    return REFIT_OK;
+}
+
 static void plan_totals(bkt_plan *p)
 {
     p->max_total = p->total_payload = 0;
@@ -391,26 +436,53 @@ static void plan_totals(bkt_plan *p)
     }
 }
 
+static bool goes_direct(const bkt_tensor *t, uint64_t bytes, uint64_t direct_min)
+{
+    return t->direct && direct_min && bytes >= direct_min;
+}
+
 int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
                    size_t label_len, char *err, size_t errlen)
+{
+    return bkt_plan_build_direct(p, t, n, bucket_bytes, 0, label_len, err, errlen);
+}
+
+int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
+                          uint64_t direct_min, size_t label_len, char *err, size_t errlen)
 {
     memset(p, 0, sizeof *p);
     if (bucket_bytes == 0 || bucket_bytes > ((uint64_t)1 << 48) || label_len > BKT_MAX_LABEL)
         return bad(err, errlen, REFIT_EINVAL, "bucket size %llu or label length %zu out of "
                    "range", (unsigned long long)bucket_bytes, label_len);
-    planner pl = {p, bucket_bytes, 0, 0, BKT_FIXED_HEADER + (uint32_t)label_len + 8};
+    planner pl = {p, bucket_bytes, 0, 0, BKT_FIXED_HEADER + (uint32_t)label_len + 8, 0};
     int rc = REFIT_OK;
+    uint32_t packed = 0;
     for (uint32_t i = 0; i < n && !rc; i++) {
         uint64_t bytes = 0, row_bytes = 0;
         rc = tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen);
+        if (!rc && goes_direct(&t[i], bytes, direct_min))
+            continue;
+        packed++;
         pl.left = !rc && bytes < UINT64_MAX - pl.left ? pl.left + bytes : UINT64_MAX;
     }
+    /* DIRECT buckets first: nothing packs or scatters them, so they need
+     * no ramp, and the packed buckets' last scatter stays small */
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        uint64_t bytes = 0, row_bytes = 0;
+        tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen);
+        if (goes_direct(&t[i], bytes, direct_min))
+            rc = plan_direct(&pl, i, &t[i], bytes, row_bytes, (uint32_t)entry_size(&t[i]), err,
+                             errlen);
+    }
+    pl.first_packed = p->n_buckets;
     /* no tensors: one bucket of no entries still carries the label */
-    if (!rc)
+    if (!rc && (packed || !p->n_buckets))
         rc = pl_next(&pl);
     for (uint32_t i = 0; i < n && !rc; i++) {
         uint64_t bytes = 0, row_bytes = 0;
         tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen);
+        if (goes_direct(&t[i], bytes, direct_min))
+            continue;
         rc = plan_tensor(&pl, i, &t[i], bytes, row_bytes, (uint32_t)entry_size(&t[i]), err,
                          errlen);
         if (rc == REFIT_ENOMEM)
@@ -465,12 +537,13 @@ void bkt_header_encode(uint8_t *buf, const bkt_plan *p, uint32_t b, const bkt_te
     memset(buf, 0, BKT_FIXED_HEADER);
     wr32(buf, BKT_MAGIC_BUCKET);
     wr16(buf + 4, BKT_VERSION);
+    wr16(buf + 6, s->direct ? BKT_H_DIRECT : 0);
     wr32(buf + 8, b);
     wr32(buf + 12, p->n_buckets);
     wr32(buf + 16, s->n);
     wr32(buf + 20, s->header_bytes);
     wr64(buf + 24, nonce);
-    wr64(buf + 32, BKT_ALIGN); /* the stamp's room */
+    wr64(buf + 32, s->direct ? 0 : BKT_ALIGN); /* the stamp's room, none when DIRECT */
     wr64(buf + 40, s->payload_bytes);
     wr64(buf + 48, last ? 0 : bkt_total(p, b + 1));
     wr32(buf + 56, last ? 0 : p->buckets[b + 1].header_bytes);
@@ -492,7 +565,7 @@ static int decode_next(bkt_header *h, const bkt_expect *ex, char *err, size_t er
     bool last = h->index + 1 == h->n_buckets;
     if (last ? (h->next_total || h->next_header)
              : (h->next_header < BKT_FIXED_HEADER + 8 || h->next_header > BKT_MAX_HEADER ||
-                h->next_total < BKT_ALIGN || h->next_total > ex->max_total))
+                h->next_total < 1 || h->next_total > ex->max_total))
         return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: next bucket's size (%llu bytes, "
                    "%u-byte header) inconsistent with %u buckets of at most %llu bytes",
                    h->index, (unsigned long long)h->next_total, h->next_header,
@@ -519,7 +592,7 @@ static int decode_fixed(bkt_header *h, const uint8_t *buf, const bkt_expect *ex,
     h->payload_bytes = rd64(buf + 40);
     h->next_total = rd64(buf + 48);
     h->next_header = rd32(buf + 56);
-    if (h->flags || rd64(buf + 64))
+    if ((h->flags & ~BKT_H_DIRECT) || rd64(buf + 64))
         return bad(err, errlen, C, "bucket %u: unknown flags 0x%x or reserved bytes set",
                    ex->index, h->flags);
     if (h->index != ex->index || h->n_buckets != ex->n_buckets || h->nonce != ex->nonce)
@@ -527,7 +600,12 @@ static int decode_fixed(bkt_header *h, const uint8_t *buf, const bkt_expect *ex,
                    "of %u (update %016llx) was expected", h->index, h->n_buckets,
                    (unsigned long long)h->nonce, ex->index, ex->n_buckets,
                    (unsigned long long)ex->nonce);
-    if (h->header_bytes != hb || h->payload_offset != BKT_ALIGN ||
+    bool direct = h->flags & BKT_H_DIRECT;
+    if (direct && (h->payload_bytes == 0 || h->n_entries != 1))
+        return bad(err, errlen, C, "bucket %u: DIRECT with %u entries and %llu payload bytes "
+                   "(one entry of at least a byte)", h->index, h->n_entries,
+                   (unsigned long long)h->payload_bytes);
+    if (h->header_bytes != hb || h->payload_offset != (direct ? 0 : BKT_ALIGN) ||
         ex->total < h->payload_offset || h->payload_bytes != ex->total - h->payload_offset)
         return bad(err, errlen, C, "bucket %u: sizes (header %u, payload %llu at %llu) do "
                    "not add up to the %llu bytes received", h->index, h->header_bytes,
@@ -665,6 +743,13 @@ int bkt_header_decode(bkt_header *h, const uint8_t *buf, const bkt_expect *ex, c
     if (!rc && cur != end)
         rc = bad(err, errlen, REFIT_ECORRUPT, "bucket %u: %zu stray bytes after the entries",
                  h->index, (size_t)(end - cur));
+    /* a DIRECT bucket's one entry is its whole broadcast */
+    if (!rc && (h->flags & BKT_H_DIRECT) &&
+        (h->entries[0].offset != 0 || h->entries[0].bytes != h->payload_bytes))
+        rc = bad(err, errlen, REFIT_ECORRUPT, "bucket %u: a DIRECT bucket whose entry (%llu "
+                 "bytes at %llu) is not its %llu-byte payload", h->index,
+                 (unsigned long long)h->entries[0].bytes, (unsigned long long)h->entries[0].offset,
+                 (unsigned long long)h->payload_bytes);
     return rc;
 }
 

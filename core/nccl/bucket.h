@@ -2,16 +2,23 @@
  * The bucket wire format of the NCCL transport (docs/nccl.md). Everything a
  * receiver needs travels in the broadcasts themselves: no other channel.
  *
- * One update on the wire (wire version 3; version 2 carried the payload
- * checksum inside the stamp, version 1 each header inside its bucket):
+ * One update on the wire (wire version 4; version 3 had no direct buckets
+ * and no trailer, version 2 carried the payload checksum inside the stamp,
+ * version 1 each header inside its bucket):
  *
  *   announce  128 bytes, fixed: bucket count, nonce, the index's size, the
- *             sizes of bucket 0 and of the largest bucket
+ *             sizes of bucket 0 and of the largest bucket, the trailer's
+ *             size, whether payloads are summed
  *   index     every bucket's header, back to back (one broadcast): each
- *             names the next one's size, so the whole update is known
- *             before its first payload byte moves
+ *             names the next one's size and says whether it is DIRECT, so
+ *             the whole update is known before its first payload byte moves
  *   bucket 0  [stamp | zero pad to 256 | payload]      one broadcast
- *   bucket 1  ...                                       one broadcast
+ *   bucket 1  [payload]  (DIRECT: one tensor or part,   one broadcast
+ *             sent from the tensor itself and received,
+ *             where the route allows, into the runtime tensor)
+ *   ...
+ *   trailer   [stamp of every DIRECT bucket | their payload checksum words]
+ *             one broadcast, only when some bucket is DIRECT
  *
  * Knowing every size up front, every rank posts broadcast n+1 (and more)
  * right behind broadcast n: no host round trip between buckets. The stamp
@@ -49,7 +56,7 @@
 #define BKT_MAGIC_ANNOUNCE 0x4e415452u /* "RTAN" */
 #define BKT_MAGIC_BUCKET 0x4b425452u   /* "RTBK" */
 #define BKT_MAGIC_STAMP 0x53425452u    /* "RTBS" */
-#define BKT_VERSION 3
+#define BKT_VERSION 4
 #define BKT_ANNOUNCE_BYTES 128
 #define BKT_STAMP_BYTES 64
 #define BKT_ALIGN 256                  /* payload and every piece start here */
@@ -72,10 +79,21 @@
  * 2 to BKT_MAX_SLOTS, so small buckets keep NCCL fed too. */
 #define BKT_SLOT_BUDGET ((uint64_t)512 << 20)
 #define BKT_MAX_SLOTS 8
+/* Per DIRECT bucket in the trailer: its stamp, and its checksum word (the
+ * words come after every stamp, so the stamps go in one copy and the
+ * words are written by the device). */
+#define BKT_TRAILER_REC (BKT_STAMP_BYTES + 8)
+/* Default of refit_send_opts.direct_min_bytes. */
+#define BKT_DIRECT_MIN_DEFAULT ((uint64_t)16 << 20)
 
 /* Stamp flags. */
 #define BKT_F_PAYLOAD_SUM 0x1u /* the word at BKT_SUM_AT is the payload's checksum */
 #define BKT_F_CANCEL 0x2u      /* the sender failed: payload not packed, status says why */
+/* Announce flags. */
+#define BKT_A_PAYLOAD_SUM 0x1u /* the sender sums every payload (receivers sum DIRECT ones) */
+/* Header flags. */
+#define BKT_H_DIRECT 0x1u      /* payload only (at offset 0), one entry; its stamp and
+                                * checksum word are in the trailer */
 
 /* ---- announce ---- */
 
@@ -89,6 +107,7 @@ typedef struct bkt_announce {
     uint64_t max_total;         /* the largest bucket's broadcast */
     uint64_t total_payload;
     uint64_t n_entries;         /* pieces over all buckets */
+    uint64_t trailer_bytes;     /* BKT_TRAILER_REC per DIRECT bucket, 0: no trailer */
 } bkt_announce;
 
 void bkt_announce_encode(uint8_t out[BKT_ANNOUNCE_BYTES], const bkt_announce *a);
@@ -105,6 +124,8 @@ typedef struct bkt_tensor {
     refit_dtype dtype;
     int32_t ndim;
     const int64_t *shape;
+    bool direct;                /* its bytes can be broadcast as they are (contiguous,
+                                 * in the transport's memory) */
 } bkt_tensor;
 
 /* A piece: rows [row_offset, row_offset + rows) of dim 0 of a tensor, or
@@ -120,6 +141,7 @@ typedef struct bkt_span {
     uint32_t first, n;          /* pieces */
     uint32_t header_bytes;
     uint64_t payload_bytes;
+    bool direct;                /* one piece, broadcast from its tensor (BKT_H_DIRECT) */
 } bkt_span;
 
 typedef struct bkt_plan {
@@ -128,15 +150,24 @@ typedef struct bkt_plan {
     bkt_span *buckets;
     uint32_t n_buckets, cap_buckets;
     uint64_t max_total, total_payload;
+    uint32_t n_direct;          /* DIRECT buckets (they come first) */
 } bkt_plan;
 
 /* Cut tensors into buckets of at most bucket_bytes of payload (less at
  * both ends: the ramp, bkt_plan_cap): a tensor that fits its bucket goes
  * whole (a new bucket when the current one is too full), a larger one is
  * split into row ranges of dim 0. The same tensors and bucket size give
- * the same plan. REFIT_EINVAL / REFIT_EUNSUPPORTED / REFIT_ENOMEM with err. */
+ * the same plan. REFIT_EINVAL / REFIT_EUNSUPPORTED / REFIT_ENOMEM with err.
+ * No DIRECT buckets (bkt_plan_build_direct with direct_min 0). */
 int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
                    size_t label_len, char *err, size_t errlen);
+/* As bkt_plan_build, and a tensor marked direct of at least direct_min
+ * bytes (0: none) goes in DIRECT buckets of its own, whole when it fits
+ * bucket_bytes, else as dim-0 row ranges of at most bucket_bytes: they
+ * come first (no ramp: nothing is packed or scattered), in the order
+ * given, then the packed buckets as bkt_plan_build plans the rest. */
+int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
+                          uint64_t direct_min, size_t label_len, char *err, size_t errlen);
 void bkt_plan_free(bkt_plan *p);
 /* The payload cap of bucket b when left bytes remain to plan. */
 uint64_t bkt_plan_cap(uint64_t bucket_bytes, uint32_t b, uint64_t left);
@@ -149,10 +180,19 @@ static inline uint64_t bkt_align(uint64_t n)
 {
     return (n + BKT_ALIGN - 1) & ~(uint64_t)(BKT_ALIGN - 1);
 }
-/* Bytes of bucket b's broadcast: the stamp's 256 bytes + payload. */
+/* Bytes of bucket b's broadcast: the stamp's 256 bytes + payload; a
+ * DIRECT bucket's payload alone. */
 static inline uint64_t bkt_total(const bkt_plan *p, uint32_t b)
 {
-    return BKT_ALIGN + p->buckets[b].payload_bytes;
+    return (p->buckets[b].direct ? 0 : BKT_ALIGN) + p->buckets[b].payload_bytes;
+}
+/* Bytes of the trailer of n DIRECT buckets; where the j-th one's stamp and
+ * checksum word are in it. */
+static inline uint64_t bkt_trailer_bytes(uint32_t n) { return (uint64_t)n * BKT_TRAILER_REC; }
+static inline uint64_t bkt_trailer_stamp(uint32_t j) { return (uint64_t)j * BKT_STAMP_BYTES; }
+static inline uint64_t bkt_trailer_sum(uint32_t n, uint32_t j)
+{
+    return (uint64_t)n * BKT_STAMP_BYTES + (uint64_t)j * 8;
 }
 
 /* Write bucket b's header into buf (at least header_bytes). */
@@ -196,7 +236,7 @@ typedef struct bkt_expect {
 } bkt_expect;
 
 typedef struct bkt_header {
-    uint16_t flags;             /* none defined in version 2: must be 0 */
+    uint16_t flags;             /* BKT_H_DIRECT or 0 */
     uint32_t index, n_buckets, n_entries, header_bytes, next_header;
     uint64_t nonce, payload_offset, payload_bytes, next_total;
     char label[BKT_MAX_LABEL + 1];

@@ -27,6 +27,17 @@
  * fails the update naming the bucket; what was scattered rolls back with
  * the vote's abort, as for any local failure.
  *
+ * DIRECT buckets (one tensor or dim-0 part, payload only) are claimed when
+ * posted: where txn_claim_direct accepts the route (a plain copy onto
+ * contiguous bytes of a runtime tensor on the transport's device), the
+ * broadcast goes straight into the runtime tensor, behind the engine
+ * stream's queued work (the undo save among it) on the device; anywhere
+ * else into a slot and scattered as a packed bucket's. Their stamps and
+ * the sender's checksum words come in the trailer, after the last bucket;
+ * their own sums (summed over the runtime bytes once the broadcast is in)
+ * are compared with the others'. Only a transport whose abort stops every
+ * queued broadcast may write runtime tensors (x->writes_outside).
+ *
  * A local failure (a refused load, a bad stamp or payload checksum, begin
  * refused, the sender's CANCEL) switches to draining: the rest of the
  * update is still received (the others are broadcasting it) but not
@@ -50,6 +61,9 @@
 typedef struct rcv_ref {
     uint64_t at, total;
     uint32_t header_bytes;
+    bool direct;                /* BKT_H_DIRECT: payload only, stamp in the trailer */
+    uint32_t rec;               /* DIRECT: its place in the trailer */
+    void *dst;                  /* DIRECT: claimed, received into this runtime memory */
     bool summed;                /* its fingerprint was queued into sums[k] */
     uint64_t want;              /* the sender's checksum */
 } rcv_ref;
@@ -80,7 +94,11 @@ struct refit_receiver {
     uint8_t *sums_host;         /* their copy, read once after the last bucket */
     rcv_ref *refs;
     uint32_t refs_cap;
+    void *trailer;              /* transport memory: the DIRECT buckets' stamps and sums */
+    uint8_t *trailer_host;
+    uint64_t trailer_cap;
     bkt_header h;
+    bkt_header hc;              /* a DIRECT bucket's header, decoded to claim it */
     struct {                    /* a tensor split along a dim other than its route's */
         char *name;
         void *buf;
@@ -92,6 +110,7 @@ struct refit_receiver {
     } as;
     void *free_later[RCV_FREE_LATER]; /* read by queued copies: freed after a sync */
     int n_free_later;
+    uint64_t direct_bytes;      /* of the last update: received into runtime tensors */
 };
 
 int refit_receiver_create(refit_receiver **out, refit_model *m, refit_transport *x,
@@ -173,8 +192,13 @@ void refit_receiver_destroy(refit_receiver *r)
         x->ops->mem_free(x, r->sums);
     if (r->sums_host)
         x->ops->host_free(x, r->sums_host);
+    if (r->trailer)
+        x->ops->mem_free(x, r->trailer);
+    if (r->trailer_host)
+        x->ops->host_free(x, r->trailer_host);
     free(r->refs);
     bkt_header_free(&r->h);
+    bkt_header_free(&r->hc);
     free(r);
 }
 
@@ -186,6 +210,8 @@ typedef struct rcv_run {
     refit_txn **began;
     bkt_announce an;
     uint64_t ticket[BKT_MAX_SLOTS];
+    uint64_t trailer_ticket;
+    uint32_t n_direct;
     int local;                  /* first local failure: drain from there */
     bool cancelled;             /* the sender cancelled */
     char why[REFIT_ERRMSG_SIZE];
@@ -273,6 +299,19 @@ static int rcv_index_memory(refit_receiver *r, const bkt_announce *an)
                               "and checksums", an->n_buckets);
         r->stamps_cap = an->n_buckets;
     }
+    if (r->trailer_cap < an->trailer_bytes) {
+        if (r->trailer)
+            x->ops->mem_free(x, r->trailer);
+        if (r->trailer_host)
+            x->ops->host_free(x, r->trailer_host);
+        r->trailer = r->trailer_host = NULL;
+        r->trailer_cap = 0;
+        if (x->ops->mem_alloc(x, &r->trailer, an->trailer_bytes) ||
+            x->ops->host_alloc(x, (void **)&r->trailer_host, an->trailer_bytes))
+            return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for a trailer of %llu "
+                              "bytes", (unsigned long long)an->trailer_bytes);
+        r->trailer_cap = an->trailer_bytes;
+    }
     return REFIT_OK;
 }
 
@@ -310,7 +349,10 @@ static int rcv_index(refit_receiver *r, rcv_run *run)
         else if (strcmp(run->label, r->h.label))
             return xport_fail(r->x, REFIT_ECORRUPT, "index: bucket %u is labelled '%s', "
                               "bucket 0 '%s'", k, r->h.label, run->label);
-        r->refs[k] = (rcv_ref){.at = at, .total = total, .header_bytes = hb};
+        bool direct = r->h.flags & BKT_H_DIRECT;
+        r->refs[k] = (rcv_ref){.at = at, .total = total, .header_bytes = hb, .direct = direct,
+                               .rec = run->n_direct};
+        run->n_direct += direct;
         at += hb;
         hb = r->h.next_header;
         total = r->h.next_total;
@@ -318,6 +360,10 @@ static int rcv_index(refit_receiver *r, rcv_run *run)
     if (at != an->index_bytes)
         return xport_fail(r->x, REFIT_ECORRUPT, "index: %llu stray bytes after the last header",
                           (unsigned long long)(an->index_bytes - at));
+    if (bkt_trailer_bytes(run->n_direct) != an->trailer_bytes)
+        return xport_fail(r->x, REFIT_ECORRUPT, "index: %u DIRECT buckets, but the announce's "
+                          "trailer is %llu bytes", run->n_direct,
+                          (unsigned long long)an->trailer_bytes);
     return REFIT_OK;
 }
 
@@ -344,19 +390,79 @@ static int rcv_announce(refit_receiver *r, rcv_run *run)
     return rc ? rc : rcv_slots(r, run->an.max_total);
 }
 
+static int rcv_split_dim(const refit_model *m, const char *name);
+static void rcv_begin(refit_receiver *r, rcv_run *run);
+
+/* DIRECT bucket k, before its broadcast is posted: where its bytes may go
+ * straight (txn_claim_direct), else *dst NULL (a slot). A claim refused
+ * is a local failure, as the load would have been. */
+static void rcv_claim(refit_receiver *r, rcv_run *run, uint32_t k, void **dst)
+{
+    const rcv_ref *ref = &r->refs[k];
+    *dst = NULL;
+    if (!run->txn || run->local || !r->x->writes_outside)
+        return;
+    bkt_expect ex = {k, run->an.n_buckets, run->an.nonce, ref->header_bytes, ref->total,
+                     run->an.max_total};
+    char err[512];
+    if (bkt_header_decode(&r->hc, r->idx_host + ref->at, &ex, err, sizeof err)) {
+        rcv_local(r, run, ctx_error(r->ctx, REFIT_ECORRUPT, "update '%s': %s", run->label, err));
+        return;
+    }
+    const bkt_entry *e = &r->hc.entries[0];
+    /* filtered out, or parts of a tensor split along another dim (assembled) */
+    if ((r->filter && !r->filter(r->filter_user, e->name)) ||
+        (e->part && rcv_split_dim(r->m, e->name) != 0))
+        return;
+    int64_t shape[REFIT_MAX_DIMS];
+    memcpy(shape, e->shape, sizeof shape);
+    if (e->part)
+        shape[0] = e->rows;
+    refit_tensor t = {.device = r->x->device, .ndim = e->ndim, .dtype = e->dtype,
+                      .shape = shape};
+    rcv_local(r, run, txn_claim_direct(run->txn, e->name, e->part, e->row_offset, &t, r->stream,
+                                       dst));
+    if (*dst)
+        r->direct_bytes += e->bytes;
+}
+
 /* Post bucket k: the broadcast into its slot, then its stamp and checksum
- * word to the host. */
+ * word to the host; a DIRECT one into the runtime tensor it claimed (after
+ * the engine stream's queued work: its reads of the old bytes, the undo
+ * save) or a slot. Behind the last bucket, the trailer. */
 static int rcv_post(refit_receiver *r, rcv_run *run, uint32_t k)
 {
     refit_transport *x = r->x;
+    rcv_ref *ref = &r->refs[k];
     uint32_t i = k % r->n_slots;
-    int rc = x->ops->bcast(x, r->slot[i], r->refs[k].total, r->root, xport_now() + r->timeout);
-    if (!rc)
-        rc = x->ops->to_host(x, r->stamps + (size_t)k * BKT_STAMP_COPY, r->slot[i],
-                             BKT_STAMP_COPY);
+    double deadline = xport_now() + r->timeout;
+    int rc = REFIT_OK;
+    if (ref->direct) {
+        rcv_claim(r, run, k, &ref->dst);
+        /* the undo save must be on the device before the broadcast */
+        if (ref->dst && (rc = r->be->flush(r->stream))) {
+            rcv_local(r, run, ctx_error(r->ctx, rc, "bucket %u: the engine stream's queued "
+                                        "copies failed: %s", k, refit_strerror(rc)));
+            ref->dst = NULL;
+        }
+        rc = ref->dst ? x->ops->wait_stream(x, r->stream) : REFIT_OK;
+        if (!rc)
+            rc = x->ops->bcast(x, ref->dst ? ref->dst : r->slot[i], ref->total, r->root,
+                               deadline);
+    } else {
+        rc = x->ops->bcast(x, r->slot[i], ref->total, r->root, deadline);
+        if (!rc)
+            rc = x->ops->to_host(x, r->stamps + (size_t)k * BKT_STAMP_COPY, r->slot[i],
+                                 BKT_STAMP_COPY);
+    }
     if (!rc)
         rc = x->ops->mark(x, &run->ticket[i]);
-    return rc;
+    if (rc || k + 1 < run->an.n_buckets || !run->n_direct)
+        return rc;
+    rc = x->ops->bcast(x, r->trailer, run->an.trailer_bytes, r->root, deadline);
+    if (!rc)
+        rc = x->ops->to_host(x, r->trailer_host, r->trailer, run->an.trailer_bytes);
+    return rc ? rc : x->ops->mark(x, &run->trailer_ticket);
 }
 
 /* ---- scatter ---- */
@@ -444,10 +550,18 @@ static int rcv_entry(refit_receiver *r, refit_txn *txn, const bkt_entry *e, uint
     return rcv_assemble(r, txn, e, t.data);
 }
 
-static int rcv_scatter(refit_receiver *r, rcv_run *run, uint8_t *slot)
+/* One entry delivered: counted, and reported. */
+static void rcv_count(rcv_run *run, const bkt_entry *e)
+{
+    run->tensors++;
+    run->bytes += e->bytes;
+    if (run->progress)
+        run->progress(run->user, run->bytes, run->tensors, e->name);
+}
+
+static int rcv_scatter(refit_receiver *r, rcv_run *run, uint8_t *payload)
 {
     const bkt_header *h = &r->h;
-    uint8_t *payload = slot + BKT_ALIGN;
     for (uint32_t k = 0; k < h->n_entries; k++) {
         const bkt_entry *e = &h->entries[k];
         if (r->filter && !r->filter(r->filter_user, e->name))
@@ -455,10 +569,7 @@ static int rcv_scatter(refit_receiver *r, rcv_run *run, uint8_t *slot)
         int rc = rcv_entry(r, run->txn, e, payload);
         if (rc)
             return rc;
-        run->tensors++;
-        run->bytes += e->bytes;
-        if (run->progress)
-            run->progress(run->user, run->bytes, run->tensors, e->name);
+        rcv_count(run, e);
     }
     return r->be->flush(r->stream);
 }
@@ -468,11 +579,13 @@ static int rcv_scatter(refit_receiver *r, rcv_run *run, uint8_t *slot)
  * the transport's stream instead, idle once the last broadcast is in, so
  * it runs beside the last scatter and the comparison's copy follows it in
  * stream order. The sender's is kept for the comparison. */
-static int rcv_checksum(refit_receiver *r, const rcv_run *run, uint32_t k, uint8_t *slot)
+static int rcv_checksum(refit_receiver *r, const rcv_run *run, uint32_t k, uint8_t *payload)
 {
     rcv_ref *ref = &r->refs[k];
-    refit_view v = rcv_bytes_view(slot + BKT_ALIGN, r->h.payload_bytes, r->x->device);
-    ref->want = bkt_le64(r->stamps + (size_t)k * BKT_STAMP_COPY + BKT_SUM_AT);
+    refit_view v = rcv_bytes_view(payload, r->h.payload_bytes, r->x->device);
+    /* a DIRECT bucket's comes with the trailer */
+    if (!ref->direct)
+        ref->want = bkt_le64(r->stamps + (size_t)k * BKT_STAMP_COPY + BKT_SUM_AT);
     void *stream = k + 1 == run->an.n_buckets ? r->x->stream : r->stream;
     int rc = r->x->ops->fingerprint_to(r->x, (uint8_t *)r->sums + (size_t)k * 8, &v, stream);
     if (rc)
@@ -548,6 +661,71 @@ static void rcv_cancelled(refit_receiver *r, rcv_run *run, const bkt_stamp *st)
                                 run->an.n_buckets, refit_status_name(st->status)));
 }
 
+/* DIRECT bucket k arrived (its stamp comes with the trailer): summed where
+ * it landed when the sender sums payloads; claimed, it is loaded already,
+ * else scattered from its slot as a packed bucket. */
+static void rcv_use_direct(refit_receiver *r, rcv_run *run, uint32_t k, uint8_t *slot)
+{
+    const rcv_ref *ref = &r->refs[k];
+    if (run->local)
+        return;
+    bkt_expect ex = {k, run->an.n_buckets, run->an.nonce, ref->header_bytes, ref->total,
+                     run->an.max_total};
+    char err[512];
+    if (bkt_header_decode(&r->h, r->idx_host + ref->at, &ex, err, sizeof err)) {
+        rcv_local(r, run, ctx_error(r->ctx, REFIT_ECORRUPT, "update '%s': %s", run->label, err));
+        return;
+    }
+    uint8_t *payload = ref->dst ? ref->dst : slot;
+    if (run->an.flags & BKT_A_PAYLOAD_SUM)
+        rcv_local(r, run, rcv_checksum(r, run, k, payload));
+    if (run->local)
+        return;
+    if (ref->dst)
+        rcv_count(run, &r->h.entries[0]);
+    else
+        rcv_local(r, run, rcv_scatter(r, run, payload));
+}
+
+/* The trailer (posted behind the last bucket): every DIRECT bucket's stamp
+ * and the sender's checksum word. A bad stamp or a CANCEL is local, as in
+ * a packed bucket. Returns transport failures. */
+static int rcv_trailer(refit_receiver *r, rcv_run *run)
+{
+    if (!run->n_direct)
+        return REFIT_OK;
+    int rc = r->x->ops->wait(r->x, run->trailer_ticket, xport_now() + r->timeout);
+    if (rc)
+        return rc;
+    uint32_t n = run->an.n_buckets;
+    char err[512];
+    for (uint32_t k = 0; k < n; k++) {
+        rcv_ref *ref = &r->refs[k];
+        if (!ref->direct)
+            continue;
+        bkt_stamp st;
+        if (bkt_stamp_decode(&st, r->trailer_host + bkt_trailer_stamp(ref->rec), k,
+                             run->an.nonce, ref->total, err, sizeof err)) {
+            rcv_local(r, run, ctx_error(r->ctx, REFIT_ECORRUPT, "update '%s': the trailer: %s",
+                                        run->label, err));
+            ref->summed = false;
+            continue;
+        }
+        if (st.flags & BKT_F_CANCEL) {
+            if (!run->cancelled)
+                rcv_cancelled(r, run, &st);
+            ref->summed = false;
+            continue;
+        }
+        if (!(st.flags & BKT_F_PAYLOAD_SUM) != !(run->an.flags & BKT_A_PAYLOAD_SUM))
+            rcv_local(r, run, ctx_error(r->ctx, REFIT_ECORRUPT, "update '%s': bucket %u's stamp "
+                                        "and the announce disagree on the payload checksum",
+                                        run->label, k));
+        ref->want = bkt_le64(r->trailer_host + bkt_trailer_sum(run->n_direct, ref->rec));
+    }
+    return REFIT_OK;
+}
+
 /* Bucket k arrived: its stamp, then (unless draining) its checksum and
  * scatter. A bad stamp is local: the sizes come from the index, so the
  * rest can still be drained and the failure voted. */
@@ -556,6 +734,10 @@ static void rcv_use(refit_receiver *r, rcv_run *run, uint32_t k, uint8_t *slot)
     const rcv_ref *ref = &r->refs[k];
     bkt_stamp st;
     char err[512];
+    if (ref->direct) {
+        rcv_use_direct(r, run, k, slot);
+        return;
+    }
     if (bkt_stamp_decode(&st, r->stamps + (size_t)k * BKT_STAMP_COPY, k, run->an.nonce,
                          ref->total - BKT_ALIGN, err, sizeof err)) {
         rcv_local(r, run, ctx_error(r->ctx, REFIT_ECORRUPT, "update '%s': %s; nothing of it "
@@ -577,9 +759,9 @@ static void rcv_use(refit_receiver *r, rcv_run *run, uint32_t k, uint8_t *slot)
         return;
     }
     if (st.flags & BKT_F_PAYLOAD_SUM)
-        rcv_local(r, run, rcv_checksum(r, run, k, slot));
+        rcv_local(r, run, rcv_checksum(r, run, k, slot + BKT_ALIGN));
     if (!run->local)
-        rcv_local(r, run, rcv_scatter(r, run, slot));
+        rcv_local(r, run, rcv_scatter(r, run, slot + BKT_ALIGN));
 }
 
 /* Wait for bucket k, use it, and post bucket k + S into its slot behind
@@ -602,10 +784,14 @@ static int rcv_bucket(refit_receiver *r, rcv_run *run, uint32_t k)
 
 static int rcv_update(refit_receiver *r, rcv_run *run)
 {
+    r->direct_bytes = 0;
     int rc = xport_check(r->x);
     if (!rc)
         rc = rcv_announce(r, run);
     uint32_t n = run->an.n_buckets;
+    /* DIRECT buckets are claimed as they are posted: the txn must be open */
+    if (!rc && run->n_direct)
+        rcv_begin(r, run);
     for (uint32_t k = 0; !rc && k < n && k < r->n_slots; k++)
         rc = rcv_post(r, run, k);
     /* after the first posts: begin's journal write overlaps their transfer */
@@ -613,6 +799,8 @@ static int rcv_update(refit_receiver *r, rcv_run *run)
         rcv_begin(r, run);
     for (uint32_t k = 0; !rc && k < n; k++)
         rc = rcv_bucket(r, run, k);
+    if (!rc)
+        rc = rcv_trailer(r, run);
     int src = rcv_sync(r);
     if (!rc && src)
         rcv_local(r, run, ctx_error(r->ctx, src, "copies of the last bucket failed: %s",
@@ -642,6 +830,11 @@ static int rcv_fatal(refit_receiver *r, const rcv_run *run, int64_t journal_id, 
     return ctx_error(r->ctx, st, "receive: update '%s': %s (%u of %u buckets had "
                      "arrived); the %s transport is aborted", run->label[0] ? run->label : "?",
                      msg, run->buckets, run->an.n_buckets, x->ops->name);
+}
+
+uint64_t receiver_direct_bytes(const refit_receiver *r)
+{
+    return r ? r->direct_bytes : 0;
 }
 
 int refit_receive(refit_receiver *r, refit_txn *txn, refit_progress_fn progress, void *user)

@@ -2,6 +2,11 @@
  * The trainer side: plan every bucket of the update first, broadcast the
  * announce and the index (every header), then per bucket pack (backend
  * copies into a slot's payload, checksum), stamp it and broadcast it.
+ * DIRECT buckets (a tensor of at least direct_min bytes, contiguous on the
+ * transport's device) come first and are broadcast from the tensor itself:
+ * no slot, no pack; their stamps and checksums (summed on the packing
+ * stream into the trailer's memory) go in the trailer, one broadcast after
+ * the last bucket.
  * Slots (bkt_slots: 2 to 8) rotate: bucket b is packed into the slot of
  * bucket b - slots once that broadcast completed, while the broadcasts
  * queued after it keep NCCL busy. The broadcast waits for the packing
@@ -54,6 +59,11 @@ struct refit_sender {
     void *idx;
     uint8_t *idx_host;
     uint64_t idx_cap;
+    uint64_t direct_min;        /* 0: no DIRECT buckets */
+    void *trailer;              /* transport memory: DIRECT stamps, then their sums */
+    uint8_t *trailer_host;      /* the stamps, copied in at the end */
+    uint32_t trailer_cap;       /* in DIRECT buckets */
+    uint64_t direct_bytes;      /* of the last send: broadcast from the tensors */
     uint64_t last;              /* ticket of the last broadcast */
     bool busy;                  /* work queued since the last drain */
     uint64_t sends;
@@ -68,7 +78,9 @@ int refit_sender_create(refit_sender **out, refit_transport *x, const refit_send
     refit_ctx *ctx = x->ctx;
     ctx_clear_error(ctx);
     o = o ? o : &def;
-    if (o->version != REFIT_SEND_OPTS_VERSION || o->root < 0 || o->root >= x->nranks ||
+    /* version 1 callers (their struct ends before direct_min_bytes) get the default */
+    if ((o->version != 1 && o->version != REFIT_SEND_OPTS_VERSION) || o->root < 0 ||
+        o->root >= x->nranks ||
         o->root != x->rank || o->timeout_s < 0)
         return ctx_error(ctx, REFIT_EINVAL, "sender: bad options (version %u, root %d: this "
                          "rank is %d of %d)", o->version, o->root, x->rank, x->nranks);
@@ -88,6 +100,7 @@ int refit_sender_create(refit_sender **out, refit_transport *x, const refit_send
     s->sum = o->checksum_payload != 0;
     s->timeout = o->timeout_s > 0 ? o->timeout_s : x->timeout_s;
     s->stream = o->stream;
+    s->direct_min = o->version >= 2 ? o->direct_min_bytes : BKT_DIRECT_MIN_DEFAULT;
     *out = s;
     return REFIT_OK;
 }
@@ -114,9 +127,14 @@ static void sender_free_index(refit_sender *s)
         s->x->ops->host_free(s->x, s->idx_host);
     if (s->stamps)
         s->x->ops->host_free(s->x, s->stamps);
-    s->idx = s->idx_host = s->stamps = NULL;
+    if (s->trailer)
+        s->x->ops->mem_free(s->x, s->trailer);
+    if (s->trailer_host)
+        s->x->ops->host_free(s->x, s->trailer_host);
+    s->idx = s->idx_host = s->stamps = s->trailer = s->trailer_host = NULL;
     s->idx_cap = 0;
     s->stamps_cap = 0;
+    s->trailer_cap = 0;
 }
 
 void refit_sender_clear(refit_sender *s)
@@ -292,24 +310,33 @@ static int sender_memory(refit_sender *s, const bkt_plan *p, uint64_t index_byte
     if (!s->ann && (x->ops->mem_alloc(x, &s->ann, BKT_ANNOUNCE_BYTES) ||
                     x->ops->host_alloc(x, (void **)&s->ann_host, BKT_ANNOUNCE_BYTES)))
         return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no transport memory for the announce");
-    uint32_t want = bkt_slots(p->max_total);
-    if (s->slot_bytes < p->max_total || s->n_slots != want) {
+    /* slots hold packed buckets only: DIRECT ones go from their tensors */
+    uint64_t packed_max = BKT_ALIGN;
+    for (uint32_t b = 0; b < p->n_buckets; b++)
+        if (!p->buckets[b].direct && bkt_total(p, b) > packed_max)
+            packed_max = bkt_total(p, b);
+    uint32_t want = bkt_slots(packed_max);
+    if (s->slot_bytes < packed_max || s->n_slots != want) {
         sender_free_slots(s);
         for (uint32_t i = 0; i < want; i++)
-            if (x->ops->mem_alloc(x, &s->slot[i], p->max_total)) {
+            if (x->ops->mem_alloc(x, &s->slot[i], packed_max)) {
                 sender_free_slots(s);
                 return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no transport memory for %u "
-                                 "buckets of %llu bytes", want,
-                                 (unsigned long long)p->max_total);
+                                 "buckets of %llu bytes", want, (unsigned long long)packed_max);
             }
-        s->slot_bytes = p->max_total;
+        s->slot_bytes = packed_max;
         s->n_slots = want;
     }
-    if (s->idx_cap < index_bytes || s->stamps_cap < p->n_buckets) {
+    if (s->idx_cap < index_bytes || s->stamps_cap < p->n_buckets ||
+        s->trailer_cap < p->n_direct) {
         sender_free_index(s);
         if (x->ops->mem_alloc(x, &s->idx, index_bytes) ||
             x->ops->host_alloc(x, (void **)&s->idx_host, index_bytes) ||
-            x->ops->host_alloc(x, (void **)&s->stamps, (size_t)p->n_buckets * BKT_STAMP_BYTES)) {
+            x->ops->host_alloc(x, (void **)&s->stamps, (size_t)p->n_buckets * BKT_STAMP_BYTES) ||
+            (p->n_direct &&
+             (x->ops->mem_alloc(x, &s->trailer, bkt_trailer_bytes(p->n_direct)) ||
+              x->ops->host_alloc(x, (void **)&s->trailer_host,
+                                 bkt_trailer_bytes(p->n_direct))))) {
             sender_free_index(s);
             return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no memory for the index of %u "
                              "buckets (%llu bytes)", p->n_buckets,
@@ -317,8 +344,19 @@ static int sender_memory(refit_sender *s, const bkt_plan *p, uint64_t index_byte
         }
         s->idx_cap = index_bytes;
         s->stamps_cap = p->n_buckets;
+        s->trailer_cap = p->n_direct;
     }
     return REFIT_OK;
+}
+
+/* A tensor NCCL can broadcast as it is: contiguous, in the transport's
+ * memory (on the communicator's device). */
+static bool direct_source(const refit_sender *s, const refit_tensor *t)
+{
+    refit_view v;
+    return s->direct_min && !xport_view(t, &v) && xport_view_contiguous(&v) &&
+           v.device.device_type == s->x->device.device_type &&
+           v.device.device_id == s->x->device.device_id;
 }
 
 static int sender_plan(refit_sender *s, bkt_plan *p)
@@ -329,9 +367,10 @@ static int sender_plan(refit_sender *s, bkt_plan *p)
     s->bt = bt;
     for (uint32_t i = 0; i < s->n; i++)
         bt[i] = (bkt_tensor){s->ts[i].name, s->ts[i].t->dtype, s->ts[i].t->ndim,
-                             s->ts[i].t->shape};
+                             s->ts[i].t->shape, direct_source(s, s->ts[i].t)};
     char err[512];
-    int rc = bkt_plan_build(p, bt, s->n, s->bucket_bytes, strlen(s->label), err, sizeof err);
+    int rc = bkt_plan_build_direct(p, bt, s->n, s->bucket_bytes, s->direct_min,
+                                   strlen(s->label), err, sizeof err);
     return rc ? ctx_error(s->ctx, rc, "sender: %s", err) : REFIT_OK;
 }
 
@@ -353,7 +392,8 @@ static int send_announce(refit_sender *s, const bkt_plan *p, uint64_t nonce)
     uint64_t ib = p->n_buckets ? bkt_index_bytes(p) : 0;
     bkt_announce an = {.n_buckets = p->n_buckets, .nonce = nonce, .index_bytes = ib,
                        .max_total = p->max_total, .total_payload = p->total_payload,
-                       .n_entries = p->n_pieces};
+                       .n_entries = p->n_pieces, .trailer_bytes = bkt_trailer_bytes(p->n_direct),
+                       .flags = s->sum ? BKT_A_PAYLOAD_SUM : 0};
     if (p->n_buckets) {
         an.first_header = p->buckets[0].header_bytes;
         an.first_total = bkt_total(p, 0);
@@ -379,13 +419,75 @@ static int send_announce(refit_sender *s, const bkt_plan *p, uint64_t nonce)
     return rc;
 }
 
-/* One bucket. *local: the first local failure (this bucket and the rest
- * then go out stamped CANCEL). Returns a transport failure only. */
-static int send_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint64_t nonce,
-                       int *local)
+/* The stamp of a bucket the sender gave up on: the cause rides along, so
+ * every rank votes it, not a generic transport error. */
+static void stamp_cancel(uint8_t *stamp, bkt_stamp *st, int local)
+{
+    st->flags = BKT_F_CANCEL;
+    st->status = local < 0 && local >= -2047 ? local : REFIT_EINTERNAL;
+    bkt_stamp_encode(stamp, st);
+}
+
+/* DIRECT bucket b (the j-th): broadcast from its tensor. Its stamp goes in
+ * the trailer's host copy, its checksum (on the packing stream, beside the
+ * broadcasts) into the trailer's memory; the broadcast waits on the device
+ * for the packing stream, so for whatever wrote the tensor there. Sent
+ * even after a local failure (stamped CANCEL): the receivers posted it. */
+static int send_direct(refit_sender *s, const bkt_plan *p, uint32_t b, uint32_t j,
+                       uint64_t nonce, int *local)
 {
     refit_transport *x = s->x;
-    uint32_t i = b % s->n_slots;
+    const bkt_piece *pc = &p->pieces[p->buckets[b].first];
+    refit_view src, dst;
+    if (piece_views(&s->ts[pc->tensor], pc, NULL, x->device, &src, &dst))
+        return xport_fail(x, REFIT_EINTERNAL, "sender: bucket %u: its tensor has no bytes", b);
+    bkt_stamp st = {.index = b, .nonce = nonce, .payload_bytes = pc->bytes,
+                    .flags = s->sum ? BKT_F_PAYLOAD_SUM : 0};
+    uint8_t *stamp = s->trailer_host + bkt_trailer_stamp(j);
+    bkt_stamp_encode(stamp, &st);
+    if (!*local && s->sum) {
+        void *word = (uint8_t *)s->trailer + bkt_trailer_sum(p->n_direct, j);
+        int rc = x->ops->fingerprint_to(x, word, &src, s->stream);
+        if (rc)
+            *local = ctx_error(s->ctx, rc, "sender: bucket %u (%s): %s", b,
+                               s->ts[pc->tensor].name, x->err);
+    }
+    if (*local)
+        stamp_cancel(stamp, &st, *local);
+    int rc = x->ops->wait_stream(x, s->stream);
+    if (!rc)
+        rc = x->ops->bcast(x, src.data, pc->bytes, s->root, xport_now() + s->timeout);
+    if (!rc)
+        s->direct_bytes += pc->bytes;
+    return rc ? rc : x->ops->mark(x, &s->last);
+}
+
+/* The trailer: every DIRECT bucket's stamp (one copy from host memory, on
+ * the transport's stream) and checksum word (written by the packing
+ * stream, which the broadcast waits for). */
+static int send_trailer(refit_sender *s, const bkt_plan *p)
+{
+    refit_transport *x = s->x;
+    if (!p->n_direct)
+        return REFIT_OK;
+    int rc = x->ops->wait_stream(x, s->stream);
+    if (!rc)
+        rc = x->ops->from_host(x, s->trailer, s->trailer_host,
+                               (size_t)p->n_direct * BKT_STAMP_BYTES);
+    if (!rc)
+        rc = x->ops->bcast(x, s->trailer, bkt_trailer_bytes(p->n_direct), s->root,
+                           xport_now() + s->timeout);
+    return rc ? rc : x->ops->mark(x, &s->last);
+}
+
+/* One packed bucket, the packed-th. *local: the first local failure (this
+ * bucket and the rest then go out stamped CANCEL). Returns a transport
+ * failure only. */
+static int send_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint32_t packed,
+                       uint64_t nonce, int *local)
+{
+    refit_transport *x = s->x;
+    uint32_t i = packed % s->n_slots;
     if (s->inflight[i]) {
         int rc = x->ops->wait(x, s->ticket[i], xport_now() + s->timeout);
         if (rc)
@@ -401,12 +503,9 @@ static int send_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint64_t 
     /* the broadcast after the packing stream's copies, stamp and sum */
     int rc = x->ops->wait_stream(x, s->stream);
     if (!rc && *local) {
-        /* the cause rides along, so every rank votes it, not a generic
-         * transport error; written on the NCCL stream, behind whatever
-         * the failed pack had queued */
-        st.flags = BKT_F_CANCEL;
-        st.status = *local < 0 && *local >= -2047 ? *local : REFIT_EINTERNAL;
-        bkt_stamp_encode(stamp, &st);
+        /* written on the NCCL stream, behind whatever the failed pack had
+         * queued */
+        stamp_cancel(stamp, &st, *local);
         rc = x->ops->from_host(x, s->slot[i], stamp, BKT_STAMP_BYTES);
     }
     if (!rc)
@@ -435,14 +534,19 @@ static int sender_drain(refit_sender *s)
 static int sender_wire(refit_sender *s, bkt_plan *p, int *local)
 {
     uint64_t nonce = sender_nonce(s);
+    s->direct_bytes = 0;
     *local = sender_plan(s, p);
     if (!*local && (*local = sender_memory(s, p, bkt_index_bytes(p))))
         bkt_plan_free(p);
     /* nothing planned: an empty announce, so the workers go straight to
      * the vote (which this rank's failure decides) instead of a deadline */
     int rc = send_announce(s, p, nonce);
+    uint32_t direct = 0, packed = 0;
     for (uint32_t b = 0; !rc && b < p->n_buckets; b++)
-        rc = send_bucket(s, p, b, nonce, local);
+        rc = p->buckets[b].direct ? send_direct(s, p, b, direct++, nonce, local)
+                                  : send_bucket(s, p, b, packed++, nonce, local);
+    if (!rc)
+        rc = send_trailer(s, p);
     int drc = sender_drain(s);
     return rc ? rc : drc;
 }
@@ -459,6 +563,11 @@ static void sender_report(refit_sender *s, int rc, const refit_group_result *res
     else if (res->decision)
         ctx_error(s->ctx, res->decision, "sender: update '%s' aborted: rank %d voted %s",
                   s->label, res->failed_rank, refit_status_name(res->decision));
+}
+
+uint64_t sender_direct_bytes(const refit_sender *s)
+{
+    return s ? s->direct_bytes : 0;
 }
 
 int refit_sender_send(refit_sender *s, refit_group_result *out)

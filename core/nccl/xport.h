@@ -75,6 +75,10 @@ struct refit_transport {
                                  * CUDA host memory for NCCL: device-readable) */
     void *stream;               /* where the transport's work is ordered (NCCL), or NULL */
     double timeout_s;           /* default deadline of each wait */
+    bool writes_outside;        /* a broadcast may target memory that is not the
+                                 * transport's (a runtime tensor): an abort is
+                                 * sure to stop it (NCCL: a communicator it may
+                                 * abort; the loopback completes at the call) */
     bool aborted;
     char why[512];              /* why it was aborted */
     char err[512];              /* the last failing operation's message */
@@ -104,6 +108,16 @@ void xport_loopback_kill_after(refit_loopback *g, int rank, uint64_t after_bytes
  * the order rank sends them as root) is XORed with mask on the way: a
  * corrupt header, stamp or payload on the wire. */
 void xport_loopback_corrupt(refit_loopback *g, int rank, uint64_t seq, uint64_t at, uint8_t mask);
+
+/* Test hook of the loopback: rank's nth fingerprint_to from now on (1:
+ * the next) fails with REFIT_EIO: a device checksum that could not run. */
+void xport_loopback_fail_fingerprint(refit_loopback *g, int rank, uint64_t nth);
+
+/* Payload bytes of the last update that went as DIRECT buckets: sent from
+ * the tensors themselves (sender), received straight into runtime tensors
+ * (receiver). For tests and the bench. */
+uint64_t sender_direct_bytes(const refit_sender *s);
+uint64_t receiver_direct_bytes(const refit_receiver *r);
 
 /* Take one vote over x: *res gets the decision. REFIT_OK when the vote
  * was taken (whatever it decided); REFIT_EIO when it could not be (x is

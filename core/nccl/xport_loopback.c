@@ -12,6 +12,7 @@
 
 #include "core/internal.h"
 #include "core/nccl/xport.h"
+#include "kernels/copy.h"
 #include "kernels/fingerprint.h"
 
 #define LB_DEPTH 4              /* messages a root may run ahead of its slowest receiver */
@@ -39,6 +40,10 @@ struct refit_loopback {
         uint8_t mask;
     } corrupt;
     bool *dead;
+    struct {                    /* a fingerprint that fails (xport_loopback_fail_fingerprint) */
+        int rank;
+        uint64_t left;
+    } fail_fp;
     uint64_t ar_gen;
     int ar_count;
     int32_t ar_acc, ar_result;
@@ -81,6 +86,7 @@ int refit_loopback_create(refit_loopback **out, int nranks)
     for (int i = 0; i < nranks; i++)
         g->kill_after[i] = UINT64_MAX;
     g->corrupt.rank = -1;
+    g->fail_fp.rank = -1;
     *out = g;
     return REFIT_OK;
 }
@@ -116,6 +122,14 @@ void xport_loopback_corrupt(refit_loopback *g, int rank, uint64_t seq, uint64_t 
     g->corrupt.seq = seq;
     g->corrupt.at = at;
     g->corrupt.mask = mask;
+    pthread_mutex_unlock(&g->mu);
+}
+
+void xport_loopback_fail_fingerprint(refit_loopback *g, int rank, uint64_t nth)
+{
+    pthread_mutex_lock(&g->mu);
+    g->fail_fp.rank = rank;
+    g->fail_fp.left = nth;
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -288,8 +302,14 @@ static int lb_from_host(refit_transport *x, void *dst, const void *host, size_t 
 /* The packing copies ran at their call (host backend): sum them now. */
 static int lb_fingerprint_to(refit_transport *x, void *dst, const refit_view *v, void *stream)
 {
-    (void)x;
     (void)stream;
+    lb_end *e = x->impl;
+    pthread_mutex_lock(&e->g->mu);
+    bool fail = e->g->fail_fp.rank == x->rank && e->g->fail_fp.left && !--e->g->fail_fp.left;
+    pthread_mutex_unlock(&e->g->mu);
+    if (fail)
+        return xport_fail(x, REFIT_EIO, "fingerprint of %lld elements failed (simulated)",
+                          (long long)kern_view_numel(v));
     uint64_t h = kern_fingerprint_view(v);
     uint8_t *p = dst;
     for (int i = 0; i < 8; i++)
@@ -377,7 +397,8 @@ int refit_transport_loopback(refit_transport **out, refit_ctx *ctx, refit_loopba
     *x = (refit_transport){.ops = &lb_ops, .ctx = ctx, .rank = rank, .nranks = g->nranks,
                            .device = {REFIT_DEVICE_CPU, 0},
                            .host_device = {REFIT_DEVICE_CPU, 0},
-                           .timeout_s = timeout_s > 0 ? timeout_s : 300, .impl = e};
+                           .timeout_s = timeout_s > 0 ? timeout_s : 300,
+                           .writes_outside = true, .impl = e};
     *out = x;
     return REFIT_OK;
 }

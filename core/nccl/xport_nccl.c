@@ -536,6 +536,10 @@ int refit_transport_nccl(refit_transport **out, refit_ctx *ctx, const refit_nccl
                          o->nranks, o->device, why);
     }
     x->stream = n->stream;
+    /* a deadline must be able to stop a broadcast before it may write a
+     * runtime tensor: with a borrowed communicator it cannot abort, the
+     * receiver keeps to its own slots */
+    x->writes_outside = n->own_comm || n->abort_borrowed;
     *out = x;
     return REFIT_OK;
 }

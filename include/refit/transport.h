@@ -1,9 +1,11 @@
 /*
  * refit transports: weights from a trainer to the workers of an engine over
- * NCCL, in buckets, with a cross-rank commit (docs/nccl.md; wire version 3:
+ * NCCL, in buckets, with a cross-rank commit (docs/nccl.md; wire version 4:
  * an announce and an index of every bucket come first, so every rank queues
- * the next broadcasts behind the current one; payload checksums are summed
- * on the device on both sides and compared once, before the vote).
+ * the next broadcasts behind the current one; large contiguous tensors go
+ * unpacked, from the trainer's tensor into the runtime tensor where the
+ * route allows; payload checksums are summed on the device on both sides
+ * and compared once, before the vote).
  *
  *   trainer (root)                              every worker rank
  *   ─────────────                               ─────────────────
@@ -137,9 +139,10 @@ typedef struct refit_group_result {
 
 /* ---- sender (trainer side) ---------------------------------------------- */
 
-#define REFIT_SEND_OPTS_VERSION 1
+#define REFIT_SEND_OPTS_VERSION 2
 typedef struct refit_send_opts {
-    uint32_t version;          /* REFIT_SEND_OPTS_VERSION */
+    uint32_t version;          /* REFIT_SEND_OPTS_VERSION (1: without
+                                  direct_min_bytes, which is then the default) */
     const char *version_label; /* in every bucket header; NULL: "unnamed" */
     uint64_t bucket_bytes;     /* payload per bucket at most; 0: 1 GiB. The
                                   first and last buckets are smaller (ramp).
@@ -155,8 +158,16 @@ typedef struct refit_send_opts {
     double timeout_s;          /* each wait; 0: the transport's */
     void *stream;              /* stream for the packing copies (device
                                   tensors), NULL: the default stream */
+    uint64_t direct_min_bytes; /* a tensor of at least this many bytes whose
+                                  bytes are contiguous in the transport's
+                                  memory (on the communicator's device) is
+                                  broadcast from itself, unpacked, in
+                                  buckets of its own (receivers take them
+                                  straight into the runtime tensor where
+                                  its route allows); 0: never. Default
+                                  (REFIT_SEND_OPTS_INIT) 16 MiB */
 } refit_send_opts;
-#define REFIT_SEND_OPTS_INIT {REFIT_SEND_OPTS_VERSION, NULL, 0, 0, 1, 0, NULL}
+#define REFIT_SEND_OPTS_INIT {REFIT_SEND_OPTS_VERSION, NULL, 0, 0, 1, 0, NULL, (uint64_t)16 << 20}
 
 typedef struct refit_sender refit_sender;
 

@@ -160,6 +160,8 @@ static void *sender_main(void *arg)
     o.bucket_bytes = j->bucket_bytes;
     o.checksum_payload = j->checksum;
     o.timeout_s = j->timeout;
+    if (j->direct_min)
+        o.direct_min_bytes = j->direct_min < 0 ? 0 : (uint64_t)j->direct_min;
     refit_sender *s = NULL;
     double t0 = now_s();
     j->rc = refit_sender_create(&s, j->x, &o);
@@ -183,6 +185,7 @@ static void *sender_main(void *arg)
         j->rc = refit_sender_send(s, &j->res);
     j->seconds = now_s() - t0;
     snprintf(j->msg, sizeof j->msg, "%s", refit_errmsg(j->x->ctx));
+    j->direct_bytes = sender_direct_bytes(s);
     refit_sender_destroy(s);
     return NULL;
 }
@@ -228,6 +231,7 @@ static void *receiver_main(void *arg)
         j->rc = refit_receive_update(r, &u, &j->res);
     j->seconds = now_s() - t0;
     snprintf(j->msg, sizeof j->msg, "%s", refit_errmsg(j->w->ctx));
+    j->direct_bytes = receiver_direct_bytes(r);
     refit_receiver_destroy(r);
     return NULL;
 }
@@ -252,6 +256,8 @@ void nt_run(nt_job *jobs, int n, uint64_t kill_after)
     }
     if (kill_after != UINT64_MAX)
         xport_loopback_kill_after(g, 0, kill_after);
+    if (jobs[0].fail_fingerprint)
+        xport_loopback_fail_fingerprint(g, 0, jobs[0].fail_fingerprint);
     if (jobs[0].corrupt_mask)
         xport_loopback_corrupt(g, 0, jobs[0].corrupt_seq, jobs[0].corrupt_at,
                                jobs[0].corrupt_mask);

@@ -79,11 +79,15 @@ typedef struct nt_job {
     uint8_t corrupt_mask;       /* number corrupt_seq is XORed with this (0: none) */
     const char *again_label;    /* sender: then relabel the same sender and send
                                    again; receivers: receive a second update */
+    int64_t direct_min;         /* sender: direct_min_bytes; 0 the default, < 0 none */
+    uint64_t fail_fingerprint;  /* sender: its nth device checksum fails (0: none) */
     /* out */
     int rc;
     refit_group_result res;
     char msg[1100];
     double seconds;
+    uint64_t direct_bytes;      /* of its last update: sent from the tensors (sender),
+                                   received straight into runtime tensors (receivers) */
 } nt_job;
 
 /* Run rank 0 as sender (jobs[0]) and ranks 1..n-1 as receivers, over a

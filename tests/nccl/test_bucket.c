@@ -1,4 +1,4 @@
-/* The bucket wire format (version 2): plans cover every tensor exactly once
+/* The bucket wire format (version 4): plans cover every tensor exactly once
  * for any bucket size (ramped at both ends), headers, stamps and the
  * announce round-trip, and the decoders refuse every malformed field (all
  * of it is untrusted input) without reading past their buffers. */
@@ -21,15 +21,15 @@ static const int64_t SH_A[] = {10, 8}, SH_EMPTY[] = {0, 16}, SH_FP4[] = {6, 3},
 #define F16 ((refit_dtype){REFIT_DTYPE_FLOAT, 16, 1})
 
 static const bkt_tensor TS[] = {
-    {"model.a.weight", REFIT_F32, 2, SH_A},
-    {"model.scale", REFIT_F32, 0, NULL},
-    {"model.empty", REFIT_BF16, 2, SH_EMPTY},
-    {"model.fp4.odd", E2M1, 2, SH_FP4},
-    {"model.fp4.even", E2M1, 2, SH_FP4E},
-    {"model.big.weight", F16, 2, SH_BIG},
-    {"model.wide.weight", REFIT_F32, 2, SH_WIDE},
-    {"x", REFIT_U8, 1, SH_X},
-    {"model.cube", REFIT_I32, 3, SH_3D},
+    {"model.a.weight", REFIT_F32, 2, SH_A, false},
+    {"model.scale", REFIT_F32, 0, NULL, false},
+    {"model.empty", REFIT_BF16, 2, SH_EMPTY, false},
+    {"model.fp4.odd", E2M1, 2, SH_FP4, false},
+    {"model.fp4.even", E2M1, 2, SH_FP4E, false},
+    {"model.big.weight", F16, 2, SH_BIG, false},
+    {"model.wide.weight", REFIT_F32, 2, SH_WIDE, false},
+    {"x", REFIT_U8, 1, SH_X, false},
+    {"model.cube", REFIT_I32, 3, SH_3D, false},
 };
 #define NTS ((uint32_t)(sizeof TS / sizeof *TS))
 
@@ -142,15 +142,15 @@ static void test_plan_refusals(void **state)
     plan_fails(&TS[6], 3999, REFIT_EINVAL, "one row of dim 0 is 4000 bytes");
     plan_fails(&TS[3], 8, REFIT_EINVAL, "not a whole number of bytes");
     const int64_t neg[] = {-1, 4}, huge[] = {INT64_MAX / 2, 4};
-    bkt_tensor t = {"n", REFIT_F32, 2, neg};
+    bkt_tensor t = {"n", REFIT_F32, 2, neg, false};
     plan_fails(&t, 1 << 20, REFIT_EINVAL, "overflows");
     t.shape = huge;
     plan_fails(&t, 1 << 20, REFIT_EINVAL, "overflows");
-    t = (bkt_tensor){"", REFIT_F32, 0, NULL};
+    t = (bkt_tensor){"", REFIT_F32, 0, NULL, false};
     plan_fails(&t, 1 << 20, REFIT_EINVAL, "empty");
-    t = (bkt_tensor){"d", REFIT_F32, 9, SH_A};
+    t = (bkt_tensor){"d", REFIT_F32, 9, SH_A, false};
     plan_fails(&t, 1 << 20, REFIT_EINVAL, "dims");
-    t = (bkt_tensor){"l", {2, 32, 2}, 0, NULL};
+    t = (bkt_tensor){"l", {2, 32, 2}, 0, NULL, false};
     plan_fails(&t, 1 << 20, REFIT_EUNSUPPORTED, "cannot be sent");
     bkt_plan p;
     char err[64];
@@ -191,7 +191,8 @@ static void test_decoder_refuses_each_bad_field(void **state)
     const bad_case cases[] = {
         {"magic", 0, 0, 4, 0x11111111, "bad magic"},
         {"flags", 6, 0, 2, 0x80, "unknown flags"},
-        {"flags v1 sum", 6, 0, 2, 0x1, "unknown flags"},
+        {"flags unknown low", 6, 0, 2, 0x2, "unknown flags"},
+        {"flags DIRECT on a packed bucket", 6, 0, 2, BKT_H_DIRECT, "DIRECT with 9 entries"},
         {"reserved sum", 64, 0, 8, 77, "reserved bytes"},
         {"index", 8, 0, 4, 3, "arrived where"},
         {"nonce", 24, 0, 8, 99, "arrived where"},
@@ -316,7 +317,7 @@ static void test_announce(void **state)
         uint32_t first_header;
     } bad_sizes[] = {
         {9000, 700, 200},              /* first above the largest */
-        {100, 700, 200},               /* first smaller than its stamp's room */
+        {0, 700, 200},                 /* an empty first broadcast */
         {4096, 100, 200},              /* index smaller than its first header */
         {4096, 3 * 40, 40},            /* headers smaller than the fixed part */
         {4096, BKT_MAX_INDEX + 1, 200},
@@ -339,11 +340,35 @@ static void test_announce(void **state)
         buf[120 + i] = (uint8_t)(sum >> (8 * i));
     assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
     assert_non_null(strstr(err, "reserved"));
-    /* versions 1 and 2 (the payload checksum inside the stamp) are
-     * refused by name */
-    for (uint8_t v = 1; v <= 2; v++) {
+    /* the trailer: whole records, at most one per bucket, none without
+     * buckets; payload sums announced; any other flag refused */
+    const uint64_t bad_trailers[] = {BKT_TRAILER_REC - 1, BKT_TRAILER_REC + 8,
+                                     4 * BKT_TRAILER_REC};
+    for (size_t i = 0; i < sizeof bad_trailers / sizeof *bad_trailers; i++) {
+        bkt_announce c = a;
+        c.trailer_bytes = bad_trailers[i];
+        bkt_announce_encode(buf, &c);
+        if (bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err) != REFIT_ECORRUPT)
+            fail_msg("trailer of %llu bytes accepted", (unsigned long long)bad_trailers[i]);
+        assert_non_null(strstr(err, "trailer"));
+    }
+    bkt_announce t = a;
+    t.trailer_bytes = 3 * BKT_TRAILER_REC;
+    t.flags = BKT_A_PAYLOAD_SUM;
+    t.first_total = 1; /* a DIRECT bucket of one byte */
+    bkt_announce_encode(buf, &t);
+    assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), 0);
+    assert_true(b.trailer_bytes == 3 * BKT_TRAILER_REC && b.flags == BKT_A_PAYLOAD_SUM &&
+                b.first_total == 1);
+    t.flags = 0x2;
+    bkt_announce_encode(buf, &t);
+    assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "unknown flags"));
+    /* versions 1 to 3 (3: no DIRECT buckets, no trailer) are refused by
+     * name */
+    for (uint8_t v = 1; v <= 3; v++) {
         char want[64];
-        snprintf(want, sizeof want, "wire version %u, this refit reads 3", v);
+        snprintf(want, sizeof want, "wire version %u, this refit reads 4", v);
         bkt_announce_encode(buf, &a);
         buf[4] = v;
         assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err),
@@ -354,6 +379,10 @@ static void test_announce(void **state)
     bkt_announce_encode(buf, &a);
     assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), 0);
     a.index_bytes = 5; /* no buckets, yet an index */
+    bkt_announce_encode(buf, &a);
+    assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    a.index_bytes = 0; /* no buckets, yet a trailer */
+    a.trailer_bytes = BKT_TRAILER_REC;
     bkt_announce_encode(buf, &a);
     assert_int_equal(bkt_announce_decode(&b, buf, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
     memset(buf, 0, sizeof buf);
@@ -437,9 +466,9 @@ static void test_plan_ramps_at_both_ends(void **state)
     static const int64_t sh_emb[] = {32000, 4096}, sh_qkv[] = {12288, 4096},
                          sh_norm[] = {4096}, sh_down[] = {4096, 14336};
     const bkt_tensor ts[] = {
-        {"embed", REFIT_BF16, 2, sh_emb}, {"qkv", REFIT_BF16, 2, sh_qkv},
-        {"norm", REFIT_BF16, 1, sh_norm}, {"down", REFIT_BF16, 2, sh_down},
-        {"head", REFIT_BF16, 2, sh_emb},
+        {"embed", REFIT_BF16, 2, sh_emb, false}, {"qkv", REFIT_BF16, 2, sh_qkv, false},
+        {"norm", REFIT_BF16, 1, sh_norm, false}, {"down", REFIT_BF16, 2, sh_down, false},
+        {"head", REFIT_BF16, 2, sh_emb, false},
     };
     bkt_plan p;
     char err[256];
@@ -494,7 +523,7 @@ static void test_plan_random_property(void **state)
             for (int d = 0; d < 3; d++)
                 shapes[i][d] = d == 0 ? (int64_t)(rng(&seed) % 20000) : 1 + (int64_t)(rng(&seed) % 400);
             snprintf(names[i], sizeof names[i], "t%u.w", i);
-            ts[i] = (bkt_tensor){names[i], rng(&seed) % 2 ? REFIT_BF16 : REFIT_F32, nd, shapes[i]};
+            ts[i] = (bkt_tensor){names[i], rng(&seed) % 2 ? REFIT_BF16 : REFIT_F32, nd, shapes[i], false};
         }
         uint64_t bucket = (uint64_t)1024 << (rng(&seed) % 22);
         bucket += rng(&seed) % 2 ? 0 : rng(&seed) % bucket;
@@ -558,6 +587,178 @@ static void test_plan_random_property(void **state)
     }
 }
 
+/* ---- DIRECT buckets ---- */
+
+/* TS with every tensor marked direct. */
+static void direct_ts(bkt_tensor *out)
+{
+    for (uint32_t i = 0; i < NTS; i++) {
+        out[i] = TS[i];
+        out[i].direct = true;
+    }
+}
+
+/* DIRECT tensors of at least direct_min bytes come first, one piece per
+ * bucket (parts of at most the bucket size), payload only; the rest is
+ * packed as without them; every row comes exactly once. */
+static void test_plan_direct(void **state)
+{
+    (void)state;
+    bkt_tensor ts[NTS];
+    direct_ts(ts);
+    ts[0].direct = false; /* model.a.weight: 320 bytes, not contiguous on the device */
+    char err[256];
+    static const uint64_t caps[] = {4000, 4096, 5000, 1 << 20};
+    for (size_t c = 0; c < sizeof caps / sizeof *caps; c++) {
+        bkt_plan p;
+        assert_int_equal(bkt_plan_build_direct(&p, ts, NTS, caps[c], 100, strlen(LABEL), err,
+                                               sizeof err), 0);
+        int64_t next_row[NTS];
+        memset(next_row, 0, sizeof next_row);
+        uint32_t direct = 0;
+        bool packed_seen = false;
+        for (uint32_t b = 0; b < p.n_buckets; b++) {
+            const bkt_span *sp = &p.buckets[b];
+            if (sp->direct) {
+                assert_false(packed_seen); /* DIRECT ones first */
+                direct++;
+                assert_int_equal(sp->n, 1);
+                assert_true(bkt_total(&p, b) == sp->payload_bytes);
+                assert_true(sp->payload_bytes <= caps[c]);
+            } else {
+                packed_seen = true;
+                assert_true(bkt_total(&p, b) == BKT_ALIGN + sp->payload_bytes);
+            }
+            for (uint32_t k = 0; k < sp->n; k++) {
+                const bkt_piece *pc = &p.pieces[sp->first + k];
+                uint64_t bytes = bytes_of(&ts[pc->tensor]);
+                assert_int_equal(sp->direct, ts[pc->tensor].direct && bytes >= 100);
+                assert_int_equal(pc->part ? pc->row_offset : 0, next_row[pc->tensor]);
+                next_row[pc->tensor] += pc->part ? pc->rows
+                                                 : (ts[pc->tensor].ndim ? ts[pc->tensor].shape[0] : 1);
+            }
+        }
+        for (uint32_t t = 0; t < NTS; t++)
+            assert_int_equal(next_row[t], TS[t].ndim ? TS[t].shape[0] : 1);
+        assert_int_equal(p.n_direct, direct);
+        assert_true(direct >= 3);
+        bkt_plan_free(&p);
+    }
+    /* direct_min 0: exactly the plan without DIRECT buckets */
+    bkt_plan a, b;
+    assert_int_equal(bkt_plan_build_direct(&a, ts, NTS, 4096, 0, 3, err, sizeof err), 0);
+    assert_int_equal(bkt_plan_build(&b, TS, NTS, 4096, 3, err, sizeof err), 0);
+    assert_int_equal(a.n_buckets, b.n_buckets);
+    assert_int_equal(a.n_direct, 0);
+    for (uint32_t k = 0; k < a.n_buckets; k++)
+        assert_true(a.buckets[k].payload_bytes == b.buckets[k].payload_bytes &&
+                    a.buckets[k].n == b.buckets[k].n && !a.buckets[k].direct);
+    bkt_plan_free(&a);
+    bkt_plan_free(&b);
+    /* every tensor DIRECT: no empty packed bucket after them */
+    assert_int_equal(bkt_plan_build_direct(&a, ts + 5, 2, 1 << 20, 1, 3, err, sizeof err), 0);
+    assert_int_equal(a.n_buckets, 2);
+    assert_int_equal(a.n_direct, 2);
+    bkt_plan_free(&a);
+    /* a DIRECT tensor whose row exceeds the bucket is refused as a packed one is */
+    assert_int_equal(bkt_plan_build_direct(&a, ts + 6, 1, 3999, 1, 3, err, sizeof err),
+                     REFIT_EINVAL);
+    assert_non_null(strstr(err, "one row of dim 0 is 4000 bytes"));
+}
+
+/* A DIRECT bucket's header: flag, no stamp room, one entry covering the
+ * payload; each field broken (checksum resealed) is refused by name, and
+ * random mutations either are refused or stay inside the payload. */
+static void test_direct_header_fields(void **state)
+{
+    (void)state;
+    bkt_tensor ts[NTS];
+    direct_ts(ts);
+    bkt_plan p;
+    char err[256];
+    assert_int_equal(bkt_plan_build_direct(&p, ts, NTS, 1 << 20, 100, strlen(LABEL), err,
+                                           sizeof err), 0);
+    uint32_t b = 0;
+    while (b < p.n_buckets && !p.buckets[b].direct)
+        b++;
+    assert_true(b + 1 < p.n_buckets);
+    bkt_header h = {0};
+    uint8_t *buf = calloc(1, p.buckets[b].header_bytes);
+    assert_non_null(buf);
+    bkt_header_encode(buf, &p, b, ts, LABEL, 0x1234);
+    bkt_expect ex = {b, p.n_buckets, 0x1234, p.buckets[b].header_bytes, bkt_total(&p, b),
+                     p.max_total};
+    assert_int_equal(bkt_header_decode(&h, buf, &ex, err, sizeof err), 0);
+    assert_int_equal(h.flags, BKT_H_DIRECT);
+    assert_true(h.payload_offset == 0 && h.payload_bytes == ex.total && h.n_entries == 1);
+    assert_true(h.entries[0].offset == 0 && h.entries[0].bytes == h.payload_bytes);
+    assert_true(h.next_total == bkt_total(&p, b + 1));
+    size_t e0 = BKT_FIXED_HEADER + strlen(LABEL);
+    const struct {
+        const char *what;
+        size_t at;
+        int entry, width;
+        uint64_t value, total_delta;
+        const char *msg;
+    } cases[] = {
+        {"flag cleared", 6, 0, 2, 0, 0, "do not add up"},
+        {"flag and an unknown one", 6, 0, 2, BKT_H_DIRECT | 0x4, 0, "unknown flags"},
+        {"stamp room", 32, 0, 8, BKT_ALIGN, 0, "do not add up"},
+        {"two entries", 16, 0, 4, 2, 0, "DIRECT with 2 entries"},
+        {"no entry", 16, 0, 4, 0, 0, "DIRECT with 0 entries"},
+        {"payload longer than the entry", 40, 0, 8, 0, BKT_ALIGN, "is not its"},
+        {"entry placed after the start", 24, 1, 8, BKT_ALIGN, 0, "placement"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        bkt_header_encode(buf, &p, b, ts, LABEL, 0x1234);
+        bkt_expect e = ex;
+        e.total += cases[i].total_delta;
+        uint64_t v = cases[i].total_delta ? h.payload_bytes + cases[i].total_delta
+                                          : cases[i].value;
+        put(buf + (cases[i].entry ? e0 : 0) + cases[i].at, cases[i].width, v);
+        reseal(buf, ex.header_bytes);
+        bkt_header tmp = {0};
+        int rc = bkt_header_decode(&tmp, buf, &e, err, sizeof err);
+        bkt_header_free(&tmp);
+        if (rc != REFIT_ECORRUPT || !strstr(err, cases[i].msg))
+            fail_msg("%s: rc %d, \"%s\" (wanted \"%s\")", cases[i].what, rc, err,
+                     cases[i].msg);
+    }
+    uint64_t s = 7;
+    int accepted = 0;
+    for (int it = 0; it < 20000; it++) {
+        bkt_header_encode(buf, &p, b, ts, LABEL, 0x1234);
+        int n = 1 + (int)(rng(&s) % 4);
+        for (int k = 0; k < n; k++)
+            buf[rng(&s) % (ex.header_bytes - 8)] = (uint8_t)rng(&s);
+        reseal(buf, ex.header_bytes);
+        int rc = bkt_header_decode(&h, buf, &ex, err, sizeof err);
+        assert_true(rc == REFIT_OK || rc == REFIT_ECORRUPT);
+        if (rc)
+            continue;
+        accepted++;
+        if (h.flags & BKT_H_DIRECT)
+            assert_true(h.n_entries == 1 && h.entries[0].offset == 0 &&
+                        h.entries[0].bytes == h.payload_bytes && h.payload_bytes == ex.total);
+    }
+    assert_true(accepted < 20000);
+    free(buf);
+    bkt_header_free(&h);
+    bkt_plan_free(&p);
+}
+
+static void test_trailer_layout(void **state)
+{
+    (void)state;
+    /* the stamps back to back, then the words: one copy writes the stamps,
+     * the device the 8-byte aligned words */
+    assert_int_equal(bkt_trailer_bytes(3), 3 * 72);
+    assert_int_equal(bkt_trailer_stamp(2), 128);
+    assert_int_equal(bkt_trailer_sum(3, 0), 192);
+    assert_int_equal(bkt_trailer_sum(3, 2), 208);
+    assert_int_equal(bkt_trailer_sum(3, 2) % 8, 0);
+}
+
 static void test_sizes(void **state)
 {
     (void)state;
@@ -583,6 +784,9 @@ int main(void)
         cmocka_unit_test(test_stamp),
         cmocka_unit_test(test_plan_ramps_at_both_ends),
         cmocka_unit_test(test_plan_random_property),
+        cmocka_unit_test(test_plan_direct),
+        cmocka_unit_test(test_direct_header_fields),
+        cmocka_unit_test(test_trailer_layout),
         cmocka_unit_test(test_sizes),
     };
     return cmocka_run_group_tests_name("nccl-bucket", tests, NULL, NULL);

@@ -223,7 +223,7 @@ static uint64_t wire_bytes_to(fx *f, int v, uint64_t bucket, uint32_t from_end)
     bkt_tensor t[NT_N];
     for (int i = 0; i < NT_N; i++)
         t[i] = (bkt_tensor){NT_SPECS[i].ckpt, NT_SPECS[i].dt, NT_SPECS[i].ndim,
-                            f->c[v].shape[i]};
+                            f->c[v].shape[i], false};
     bkt_plan p;
     char err[256];
     assert_int_equal(bkt_plan_build(&p, t, NT_N, bucket, 2, err, sizeof err), 0);
@@ -404,7 +404,7 @@ static uint64_t header_at(fx *f, int v, uint64_t bucket, uint32_t k)
     bkt_tensor t[NT_N];
     for (int i = 0; i < NT_N; i++)
         t[i] = (bkt_tensor){NT_SPECS[i].ckpt, NT_SPECS[i].dt, NT_SPECS[i].ndim,
-                            f->c[v].shape[i]};
+                            f->c[v].shape[i], false};
     bkt_plan p;
     char err[256];
     assert_int_equal(bkt_plan_build(&p, t, NT_N, bucket, 2, err, sizeof err), 0);
