@@ -363,18 +363,21 @@ k_mx(const __grid_constant__ mx_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
  * For a BF16 piece whose blocks lie in "lines" of contiguous memory: rows
  * contiguous (or whole matrices, or a whole stack, where rows follow one
  * another), 16-byte aligned x, 8-byte (MXFP8) or 4-byte (MXFP4) aligned
- * q, k a multiple of 32. A warp takes a "unit", up to MXD_SEGS
- * consecutive 512-byte segments of a line (8 blocks each): lane l loads
- * the 16 bytes at 16 l of every segment, all before any is used (64 bytes
- * a lane in flight), so lane l holds elements 8(l & 3) .. +7 of block
- * l / 4 of each segment. The unit's line and place are found once (one
- * multiply-shift division, uint32); the rest is constant offsets. The
- * amax is taken on the raw magnitude bits, two elements at a time, and
- * the NaN/infinity test is one compare of the block's amax; BF16 -> f32 is
- * a shift or a mask. A line's last unit may be short: its blocks past the
- * line's end are dead (no load, no store). Refusal is the general path's:
- * a non-finite block is left unwritten and its matrix's call index
- * atomicMin'd into the status word. */
+ * q, contiguous scales, k a multiple of 32. A warp takes "units", up to
+ * MXD_SEGS consecutive 512-byte segments of a line (8 blocks each): lane
+ * l loads the 16 bytes at 16 l of every segment, all before any is used
+ * (64 bytes a lane in flight), so lane l holds elements 8(l & 3) .. +7
+ * of block l / 4 of each segment. Each warp takes a contiguous run of a
+ * launch's units (`chunk` of them): its place is found (the piece, one
+ * multiply-shift division for the line) where the run starts and where it
+ * crosses into another line or piece; from one unit to the next its
+ * pointers step by constants. The amax is taken on the raw magnitude
+ * bits, two elements at a time, the NaN/infinity test is one compare of
+ * the block's amax, the scale comes from its exponent bits, and BF16 ->
+ * f32 is a shift or a mask. A line's last unit may be short: its blocks
+ * past the line's end are dead (no load, no store). Refusal is the
+ * general path's: a non-finite block is left unwritten and its matrix's
+ * call index atomicMin'd into the status word. */
 
 #define MXD_SEGS 4                /* segments a warp has in flight */
 #define MXD_UNIT (MXD_SEGS * 8)   /* blocks of a unit */
@@ -386,9 +389,8 @@ struct mxd_piece {
     int64_t first;                /* its first unit in the launch */
     uint32_t len;                 /* blocks of a line */
     uint32_t upl;                 /* units of a line */
-    uint32_t units;               /* units of the piece (host side) */
     uint32_t bpm;                 /* blocks of a matrix (the status names the matrix) */
-    int32_t ss1;                  /* scale step in bytes */
+    uint32_t units;               /* units of the piece (host side) */
     int32_t idx;                  /* call index of its first matrix */
     mx_div div_upl;
 };
@@ -396,6 +398,7 @@ struct mxd_piece {
 template <int CAP> struct mxd_batch_of {
     int32_t np;
     int64_t end;                  /* units of the launch */
+    int64_t chunk;                /* units of a warp */
     mxd_piece p[CAP];
 };
 typedef mxd_batch_of<MX_BATCH> mxd_batch;
@@ -430,6 +433,37 @@ __device__ __forceinline__ uint32_t mxd_code2(uint32_t w, float inv)
            (mx_e4m3_code(mh, __uint_as_float(mh)) | (bh >> 24 & 0x80u)) << 8;
 }
 
+/* MXFP4 by table. Where a block's scale s is 3 or more (amax >= 2^-122),
+ * x * 2^(127-s) needs no multiply: its BF16 bits are x's magnitude bits
+ * plus (127 - s) << 7 wherever the product is 0.25 or more (x normal, the
+ * product normal; a subnormal x then gives less than 0.25, as the product
+ * is), and every E2M1 code of a product below 8 is a function of those
+ * bits from 0.25 (0x3e80) on: MXD_LUT entries, made by the encoder above
+ * (mx_e2m1_code), and one more, 0, for anything below 0.25 (its index
+ * wraps past the table's end and is clamped there). */
+#define MXD_LUT 640
+
+/* The codes of a word's two BF16 magnitudes, d = ((127 - s) << 7) - 0x3e80:
+ * the low element's in the low nibble; sign bits clear. */
+__device__ __forceinline__ uint32_t mxd_e2m1_2(const unsigned char *lut, uint32_t w, int32_t d)
+{
+    uint32_t m = w & 0x7fff7fffu;
+    uint32_t lo = min((uint32_t)((int32_t)(m & 0xffffu) + d), (uint32_t)MXD_LUT);
+    uint32_t hi = min((uint32_t)((int32_t)(m >> 16) + d), (uint32_t)MXD_LUT);
+    return lut[lo] | (uint32_t)lut[hi] << 4;
+}
+
+/* The sign bits of a lane's 8 BF16 elements where its MXFP4 bytes want
+ * them (bit 3 of element e's nibble): element 2b+1's sign is the top bit
+ * of byte 3 of word b, element 2b's of byte 1; gather those bytes into
+ * byte b. */
+__device__ __forceinline__ uint32_t mxd_e2m1_signs(uint4 w)
+{
+    uint32_t p = __byte_perm(w.x, w.y, 0x7531), q = __byte_perm(w.z, w.w, 0x7531);
+    uint32_t odd = __byte_perm(p, q, 0x7531), even = __byte_perm(p, q, 0x6420);
+    return (odd & 0x80808080u) | (even & 0x80808080u) >> 4;
+}
+
 template <class BATCH>
 __device__ __forceinline__ int mxd_find(const BATCH &B, int i, int64_t u)
 {
@@ -438,47 +472,93 @@ __device__ __forceinline__ int mxd_find(const BATCH &B, int i, int64_t u)
     return i;
 }
 
-/* Grid-stride over units, one a warp at once. MODE: bit 0 MXFP4, bit 1
- * the short parameter block, bit 2 E4M3 by the conversion instruction. */
+/* Where unit u of piece p is: its line and first block. */
+__device__ __forceinline__ void mxd_place(const mxd_piece &p, int64_t u, uint32_t *line,
+                                          uint32_t *b0)
+{
+    uint32_t pu = (uint32_t)(u - p.first);
+    *line = mx_divide(p.div_upl, pu);
+    *b0 = (pu - *line * p.upl) * MXD_UNIT;
+}
+
+/* MODE: bit 0 MXFP4, bit 1 the short parameter block, bit 2 E4M3 by the
+ * conversion instruction. */
 template <int MODE>
 __global__ void __launch_bounds__(MX_THREADS, MX_CTAS_PER_SM)
 k_mxd(const __grid_constant__ mxd_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
       unsigned int *status)
 {
     constexpr int FP4 = MODE & 1, HW = (MODE >> 2) & 1;
-    constexpr int QB = FP4 ? 16 : 32; /* q bytes of a block */
+    constexpr int QB = FP4 ? 16 : 32;  /* q bytes of a block */
+    constexpr int EMAX = FP4 ? 2 : 8;  /* the element format's largest exponent */
     unsigned lane = threadIdx.x & 31u, g = lane >> 2, sub = lane & 3u;
-    int64_t nw = (int64_t)gridDim.x * MX_WARPS;
+    __shared__ unsigned char lut[MXD_LUT + 1];
+    if (FP4) {
+        for (unsigned t = threadIdx.x; t <= MXD_LUT; t += MX_THREADS) {
+            uint32_t a = (0x3e80u + t) << 16;
+            lut[t] = t < MXD_LUT ? (unsigned char)mx_e2m1_code(a, __uint_as_float(a)) : 0;
+        }
+        __syncthreads();
+    }
+    int64_t u = ((int64_t)blockIdx.x * MX_WARPS + threadIdx.x / 32) * B.chunk;
+    int64_t uend = u + B.chunk < B.end ? u + B.chunk : B.end, stop = u;
     int i = 0;
-    for (int64_t u = (int64_t)blockIdx.x * MX_WARPS + threadIdx.x / 32; u < B.end; u += nw) {
-        i = mxd_find(B, i, u);
-        const mxd_piece &p = B.p[i];
-        uint32_t pu = (uint32_t)(u - p.first), len = p.len;
-        uint32_t line = mx_divide(p.div_upl, pu);
-        uint32_t b0 = (pu - line * p.upl) * MXD_UNIT;
-        uint32_t left = len - b0; /* blocks of the line from the unit's first */
-        const char *xl = p.x + line * p.xp + (int64_t)b0 * 64 + lane * 16;
+    const char *xl = NULL;
+    unsigned char *ql = NULL, *sl = NULL;
+    uint32_t left = 0; /* blocks of the line from the unit's first */
+    for (; u < uend; u++) {
+        if (u == stop) { /* a new line or piece: find its place */
+            i = mxd_find(B, i, u);
+            const mxd_piece &p = B.p[i];
+            uint32_t line, b0;
+            mxd_place(p, u, &line, &b0);
+            stop = u + (p.upl - b0 / MXD_UNIT);
+            left = p.len - b0;
+            xl = p.x + line * p.xp + (int64_t)b0 * 64 + lane * 16;
+            ql = p.q + line * p.qp + (int64_t)b0 * QB + lane * (QB / 4);
+            sl = p.s + line * p.sp + b0 + g;
+        }
         uint4 w[MXD_SEGS];
+        if (left >= MXD_UNIT) {
 #pragma unroll
-        for (int j = 0; j < MXD_SEGS; j++)
-            w[j] = 8u * j + g < left ? __ldcs((const uint4 *)(xl + 512 * j))
-                                     : make_uint4(0, 0, 0, 0);
-        unsigned char *ql = p.q + line * p.qp + (int64_t)b0 * QB + lane * (QB / 4);
-        unsigned char *sl = p.s + line * p.sp + (int64_t)(b0 + g) * p.ss1;
-        int32_t ss1 = p.ss1;
+            for (int j = 0; j < MXD_SEGS; j++)
+                w[j] = __ldcs((const uint4 *)(xl + 512 * j));
+        } else {
+#pragma unroll
+            for (int j = 0; j < MXD_SEGS; j++)
+                w[j] = 8u * j + g < left ? __ldcs((const uint4 *)(xl + 512 * j))
+                                         : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
         for (int j = 0; j < MXD_SEGS; j++) {
             uint32_t m = mxd_amax(w[j]);
             if (8u * j + g >= left)
                 continue;
             if (m >= 0x7f80u) { /* NaN or infinity: the block stays unwritten */
-                if (sub == 0)
-                    atomicMin(status, (unsigned int)(p.idx + (int32_t)((line * len + b0 + 8u * j + g) /
-                                                                       p.bpm)));
+                if (sub == 0) {
+                    const mxd_piece &p = B.p[i];
+                    uint32_t line, b0;
+                    mxd_place(p, u, &line, &b0);
+                    uint32_t blk = line * p.len + b0 + 8u * j + g;
+                    atomicMin(status, (unsigned int)(p.idx + (int32_t)(blk / p.bpm)));
+                }
                 continue;
             }
-            uint32_t s = mx_scale(m << 16, FP4 ? 2 : 8);
-            float inv = __uint_as_float(s < 254u ? (254u - s) << 23 : 0x00400000u);
+            /* kern_mx_scale_e8m0 on a finite BF16 amax: its exponent less
+             * emax, 0 at least (a zero or subnormal amax: 0) */
+            int32_t s = (int32_t)(m >> 7) - EMAX;
+            s = s > 0 ? s : 0;
+            if (FP4 && s >= 3) {
+                int32_t d = (127 - s) * 128 - 0x3e80;
+                uint32_t c0 = mxd_e2m1_2(lut, w[j].x, d), c1 = mxd_e2m1_2(lut, w[j].y, d);
+                uint32_t c2 = mxd_e2m1_2(lut, w[j].z, d), c3 = mxd_e2m1_2(lut, w[j].w, d);
+                *(uint32_t *)(ql + 8 * QB * j) =
+                    (c0 | c1 << 8 | c2 << 16 | c3 << 24) | mxd_e2m1_signs(w[j]);
+                if (sub == 0)
+                    sl[8 * j] = (unsigned char)s;
+                continue;
+            }
+            float inv = __uint_as_float((uint32_t)(254 - s) << 23); /* 2^(127 - s) */
             uint32_t c0 = mxd_code2<FP4, HW>(w[j].x, inv), c1 = mxd_code2<FP4, HW>(w[j].y, inv);
             uint32_t c2 = mxd_code2<FP4, HW>(w[j].z, inv), c3 = mxd_code2<FP4, HW>(w[j].w, inv);
             if (FP4) {
@@ -490,8 +570,12 @@ k_mxd(const __grid_constant__ mxd_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
                 *(uint2 *)(ql + 8 * QB * j) = o;
             }
             if (sub == 0)
-                sl[8 * j * ss1] = (unsigned char)s;
+                sl[8 * j] = (unsigned char)s;
         }
+        xl += MXD_UNIT * 64;
+        ql += MXD_UNIT * QB;
+        sl += MXD_UNIT;
+        left -= MXD_UNIT;
     }
 }
 
@@ -711,12 +795,13 @@ static bool mxd_make(mxd_piece *d, const mx_piece *pc, int fp4)
 {
     int64_t k = pc->k, n = pc->n, nb = pc->nb, qk = fp4 ? k / 2 : k;
     int64_t qa = fp4 ? 4 : 8, mats = (int64_t)pc->blocks / (n * nb);
-    if (pc->kind != 2 || k % 32 || pc->xs1 != 1 || (!fp4 && pc->qs1 != 1))
+    if (pc->kind != 2 || k % 32 || pc->xs1 != 1 || (!fp4 && pc->qs1 != 1) ||
+        (nb > 1 && pc->ss1 != 1))
         return false;
-    bool flat = n == 1 || (pc->xs0 == k && pc->qs0 == qk && pc->ss0 == nb * pc->ss1);
+    bool flat = n == 1 || (pc->xs0 == k && pc->qs0 == qk && pc->ss0 == nb);
     int64_t len, lines, xp, qp, sp;
     if (flat && (mats == 1 || (pc->xsm == n * k && pc->qsm == n * qk &&
-                               pc->ssm == n * nb * pc->ss1))) {
+                               pc->ssm == n * nb))) {
         len = pc->blocks; /* one line */
         lines = 1;
         xp = qp = sp = 0;
@@ -736,8 +821,7 @@ static bool mxd_make(mxd_piece *d, const mx_piece *pc, int fp4)
     } else {
         return false;
     }
-    if ((uintptr_t)pc->x % 16 || (uintptr_t)pc->q % qa || (xp * 2) % 16 || qp % qa ||
-        pc->ss1 < INT32_MIN || pc->ss1 > INT32_MAX)
+    if ((uintptr_t)pc->x % 16 || (uintptr_t)pc->q % qa || (xp * 2) % 16 || qp % qa)
         return false;
     memset(d, 0, sizeof *d);
     d->x = pc->x;
@@ -749,7 +833,6 @@ static bool mxd_make(mxd_piece *d, const mx_piece *pc, int fp4)
     d->len = (uint32_t)len;
     d->upl = (uint32_t)((len + MXD_UNIT - 1) / MXD_UNIT);
     d->bpm = (uint32_t)(n * nb);
-    d->ss1 = (int32_t)pc->ss1;
     d->idx = pc->idx;
     d->units = (uint32_t)lines * d->upl;
     d->div_upl = mx_div_make(d->upl);
@@ -790,6 +873,7 @@ static int mxd_launch(const mx_cache *c, const mxd_piece *ds, uint32_t m, int fp
         int64_t want = (end + MX_WARPS - 1) / MX_WARPS;
         int64_t most = (int64_t)(c->sms > 0 ? c->sms : 1) * MX_CTAS_PER_SM;
         unsigned grid = (unsigned)(want < most ? want : most);
+        b->chunk = (end + (int64_t)grid * MX_WARPS - 1) / ((int64_t)grid * MX_WARPS);
         if (fp4)
             mxd_launch_one<1>(b, grid, c->word.dev, st);
         else if (hw)

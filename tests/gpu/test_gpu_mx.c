@@ -753,6 +753,52 @@ static void test_dense_nonfinite(void **state)
             }
 }
 
+/* Every BF16 value through the dense path: blocks of one anchor (the
+ * block's amax, exponent field E, mantissa all ones) and 31 values of
+ * magnitude up to it, both signs, for amax exponents around the clamps,
+ * around MXFP4's table threshold (scale 3: E = 5) and MXFP8's (E = 8 + 3),
+ * and across the range; whole allocations against the reference. */
+static void test_dense_every_bf16(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    static const int es[] = {0, 1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 60, 127, 200, 253, 254};
+    for (int bits = 8; bits >= 4; bits -= 4)
+        for (size_t e = 0; e < sizeof es / sizeof es[0]; e++) {
+            uint32_t amax = (uint32_t)es[e] << 7 | 0x7fu, count = 2 * (amax + 1);
+            int64_t rows = (count + 30) / 31, qk = bits == 8 ? 32 : 16;
+            twin tx = twin_new((size_t)rows * 64), tq = twin_new((size_t)(rows * qk));
+            twin ts = twin_new((size_t)rows);
+            refit_view gx = v2(tx.d, BF16, rows, 32, 32, 1, 0);
+            refit_view gq = v2(tq.d, bits == 8 ? E4M3 : U8, rows, qk, qk, 1, 0);
+            refit_view gs = v2(ts.d, U8, rows, 1, 1, 1, 0);
+            refit_view hx = on_host(gx, &tx), hq = on_host(gq, &tq), hs = on_host(gs, &ts);
+            for (int64_t r = 0; r < rows; r++) {
+                view_put(&hx, r, 0, 0.0f, (uint16_t)amax, 1);
+                for (int j = 1; j < 32; j++) {
+                    uint32_t t = (uint32_t)(r * 31 + j - 1) % count;
+                    view_put(&hx, r, j, 0.0f, (uint16_t)((t >> 1) | (t & 1) << 15), 1);
+                }
+            }
+            twin_push(&tx);
+            int32_t bad;
+            assert_int_equal(reference(bits, 1, &hq, &hs, &hx, &bad), REFIT_OK);
+            for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
+                char what[80];
+                snprintf(what, sizeof what, "mxfp%d every bf16 up to amax exponent %d%s", bits,
+                         es[e], hw ? " (instruction)" : "");
+                int rc = kern_quant_mx_cuda(1, &gq, &gs, &gx, bits, hw, &bad, NULL);
+                if (rc != REFIT_OK)
+                    fail_msg("%s: %d (%s)", what, rc, kern_cuda_last_error());
+                twin_check(&tq, what);
+                twin_check(&ts, what);
+            }
+            twin_free(&tx);
+            twin_free(&tq);
+            twin_free(&ts);
+        }
+}
+
 /* ---- the encoders on every input they can meet ---- */
 
 /* With one element of each 32-block at 2^emax (X = 1, s = 127) and the
@@ -1002,6 +1048,7 @@ int main(void)
         cmocka_unit_test(test_status_after_refusal),
         cmocka_unit_test(test_dense_mix),
         cmocka_unit_test(test_dense_nonfinite),
+        cmocka_unit_test(test_dense_every_bf16),
         cmocka_unit_test(test_encoders),
 #ifndef REFIT_GPU_MX_EMU
         cmocka_unit_test_setup_teardown(test_model_matches_host, pair_setup, pair_teardown),

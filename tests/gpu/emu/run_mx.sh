@@ -59,6 +59,8 @@ echo "emulating $launches launch sites, $aligned checked accesses"
     echo 'inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }'
   have '__umulhi(' ||
     echo 'inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }'
+  have '__byte_perm(' ||
+    echo 'inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) { unsigned long long v = (unsigned long long)y << 32 | x; unsigned r = 0; for (int n = 0; n < 4; n++) r |= (unsigned)(v >> (8 * ((s >> (4 * n)) & 7)) & 0xff) << (8 * n); return r; }'
   have '__clz(' ||
     echo 'inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }'
 } > "$W/mx_extra.h"
