@@ -345,13 +345,16 @@ static void dense_call(const dspec *specs, int np, int64_t group, const char *wh
     free(gq);
 }
 
+/* DENSE_LONG pieces of up to DENSE_TALL * 4 tiles of rows: more tiles
+ * than the device has warps, so a warp's run of tiles steps through rows
+ * and groups and crosses pieces (the emulated device has 2 SMs: 64 warps
+ * of the dense kernel; an H200 4224) */
 #ifdef REFIT_GPU_EMU
-static const int64_t dense_groups[] = {32, 64, 128, 256};
-enum { DENSE_RANDOM = 10 };
+enum { DENSE_RANDOM = 10, DENSE_LONG = 24, DENSE_TALL = 1 };
 #else
-static const int64_t dense_groups[] = {32, 64, 128, 256};
-enum { DENSE_RANDOM = 60 };
+enum { DENSE_RANDOM = 60, DENSE_LONG = 24, DENSE_TALL = 64 };
 #endif
+static const int64_t dense_groups[] = {32, 64, 128, 256};
 
 /* Dense pieces next to strided, misaligned, ragged and F32 ones; a piece
  * of exactly one group, one row short of a tile, a tile and a row;
@@ -391,6 +394,16 @@ static void test_kernel_dense(void **state)
                               (int)(twin_rnd() & 1), PAT_MIXED};
         }
         dense_call(many, DENSE_RANDOM, g, "many dense pieces");
+        dspec longs[DENSE_LONG];
+        for (int i = 0; i < DENSE_LONG; i++) {
+            int64_t tiles = 1 + (int64_t)(twin_rnd() % 4);
+            longs[i] = (dspec){(twin_rnd() & 1) ? BF16 : F16, (twin_rnd() & 1) ? BF16 : F16,
+                               tiles * DENSE_TALL * R - (int64_t)(twin_rnd() % (uint64_t)R),
+                               g * (1 + (int64_t)(twin_rnd() % 4)),
+                               (twin_rnd() & 1) ? 0 : XL_PAD8, i % 2, (int)(twin_rnd() & 1),
+                               PAT_MIXED};
+        }
+        dense_call(longs, DENSE_LONG, g, "long runs of tiles");
     }
 }
 
