@@ -440,17 +440,18 @@ __device__ __forceinline__ uint32_t mxd_code2(uint32_t w, float inv)
  * is), and every E2M1 code of a product below 8 is a function of those
  * bits from 0.25 (0x3e80) on: MXD_LUT entries, made by the encoder above
  * (mx_e2m1_code), and one more, 0, for anything below 0.25 (its index
- * wraps past the table's end and is clamped there). */
+ * wraps past the table's end and is clamped there). The table is kept
+ * twice, the second copy shifted to the high nibble. */
 #define MXD_LUT 640
+#define MXD_HI (MXD_LUT + 1)      /* the high-nibble copy */
 
-/* The codes of a word's two BF16 magnitudes, d = ((127 - s) << 7) - 0x3e80:
- * the low element's in the low nibble; sign bits clear. */
+/* The byte of a word's two BF16 magnitudes, d = ((127 - s) << 7) - 0x3e80:
+ * the low element's code in the low nibble; sign bits clear. */
 __device__ __forceinline__ uint32_t mxd_e2m1_2(const unsigned char *lut, uint32_t w, int32_t d)
 {
-    uint32_t m = w & 0x7fff7fffu;
-    uint32_t lo = min((uint32_t)((int32_t)(m & 0xffffu) + d), (uint32_t)MXD_LUT);
-    uint32_t hi = min((uint32_t)((int32_t)(m >> 16) + d), (uint32_t)MXD_LUT);
-    return lut[lo] | (uint32_t)lut[hi] << 4;
+    uint32_t lo = min((uint32_t)((int32_t)(w & 0x7fffu) + d), (uint32_t)MXD_LUT);
+    uint32_t hi = min((uint32_t)((int32_t)((w >> 16) & 0x7fffu) + d), (uint32_t)MXD_LUT);
+    return lut[lo] | lut[MXD_HI + hi];
 }
 
 /* The sign bits of a lane's 8 BF16 elements where its MXFP4 bytes want
@@ -481,6 +482,67 @@ __device__ __forceinline__ void mxd_place(const mxd_piece &p, int64_t u, uint32_
     *b0 = (pu - *line * p.upl) * MXD_UNIT;
 }
 
+/* The call index of the matrix holding block 8 j + g of unit u of piece i:
+ * what a non-finite block reports. */
+template <class BATCH>
+__device__ __noinline__ void mxd_refuse(const BATCH &B, int i, int64_t u, uint32_t blk,
+                                        unsigned int *status)
+{
+    const mxd_piece &p = B.p[i];
+    uint32_t line, b0;
+    mxd_place(p, u, &line, &b0);
+    atomicMin(status, (unsigned int)(p.idx + (int32_t)((line * p.len + b0 + blk) / p.bpm)));
+}
+
+/* Scales and elements of one unit from its loaded words w; FULL: every
+ * block of the unit is in the line (no test a block). */
+template <int FP4, int HW, bool FULL, class BATCH>
+__device__ __forceinline__ void mxd_unit(const BATCH &B, int i, int64_t u, const uint4 *w,
+                                         uint32_t left, unsigned char *ql, unsigned char *sl,
+                                         const unsigned char *lut, unsigned int *status)
+{
+    constexpr int QB = FP4 ? 16 : 32; /* q bytes of a block */
+    constexpr int EMAX = FP4 ? 2 : 8; /* the element format's largest exponent */
+    unsigned lane = threadIdx.x & 31u, g = lane >> 2, sub = lane & 3u;
+#pragma unroll
+    for (int j = 0; j < MXD_SEGS; j++) {
+        uint32_t m = mxd_amax(w[j]);
+        if (!FULL && 8u * j + g >= left)
+            continue;
+        if (m >= 0x7f80u) { /* NaN or infinity: the block stays unwritten */
+            if (sub == 0)
+                mxd_refuse(B, i, u, 8u * j + g, status);
+            continue;
+        }
+        /* kern_mx_scale_e8m0 on a finite BF16 amax: its exponent less
+         * emax, 0 at least (a zero or subnormal amax: 0) */
+        int32_t s = (int32_t)(m >> 7) - EMAX;
+        s = s > 0 ? s : 0;
+        if (sub == 0)
+            sl[8 * j] = (unsigned char)s;
+        if (FP4 && s >= 3) {
+            int32_t d = (127 - s) * 128 - 0x3e80;
+            uint32_t c0 = mxd_e2m1_2(lut, w[j].x, d), c1 = mxd_e2m1_2(lut, w[j].y, d);
+            uint32_t c2 = mxd_e2m1_2(lut, w[j].z, d), c3 = mxd_e2m1_2(lut, w[j].w, d);
+            uint32_t c = __byte_perm(__byte_perm(c0, c1, 0x0040), __byte_perm(c2, c3, 0x0040),
+                                     0x5410);
+            *(uint32_t *)(ql + 8 * QB * j) = c | mxd_e2m1_signs(w[j]);
+            continue;
+        }
+        float inv = __uint_as_float((uint32_t)(254 - s) << 23); /* 2^(127 - s) */
+        uint32_t c0 = mxd_code2<FP4, HW>(w[j].x, inv), c1 = mxd_code2<FP4, HW>(w[j].y, inv);
+        uint32_t c2 = mxd_code2<FP4, HW>(w[j].z, inv), c3 = mxd_code2<FP4, HW>(w[j].w, inv);
+        if (FP4) {
+            *(uint32_t *)(ql + 8 * QB * j) = c0 | c1 << 8 | c2 << 16 | c3 << 24;
+        } else {
+            uint2 o;
+            o.x = c0 | c1 << 16;
+            o.y = c2 | c3 << 16;
+            *(uint2 *)(ql + 8 * QB * j) = o;
+        }
+    }
+}
+
 /* MODE: bit 0 MXFP4, bit 1 the short parameter block, bit 2 E4M3 by the
  * conversion instruction. */
 template <int MODE>
@@ -489,14 +551,15 @@ k_mxd(const __grid_constant__ mxd_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
       unsigned int *status)
 {
     constexpr int FP4 = MODE & 1, HW = (MODE >> 2) & 1;
-    constexpr int QB = FP4 ? 16 : 32;  /* q bytes of a block */
-    constexpr int EMAX = FP4 ? 2 : 8;  /* the element format's largest exponent */
-    unsigned lane = threadIdx.x & 31u, g = lane >> 2, sub = lane & 3u;
-    __shared__ unsigned char lut[MXD_LUT + 1];
+    constexpr int QB = FP4 ? 16 : 32; /* q bytes of a block */
+    unsigned lane = threadIdx.x & 31u, g = lane >> 2;
+    __shared__ unsigned char lut[2 * MXD_HI];
     if (FP4) {
         for (unsigned t = threadIdx.x; t <= MXD_LUT; t += MX_THREADS) {
             uint32_t a = (0x3e80u + t) << 16;
-            lut[t] = t < MXD_LUT ? (unsigned char)mx_e2m1_code(a, __uint_as_float(a)) : 0;
+            uint32_t c = t < MXD_LUT ? mx_e2m1_code(a, __uint_as_float(a)) : 0;
+            lut[t] = (unsigned char)c;
+            lut[MXD_HI + t] = (unsigned char)(c << 4);
         }
         __syncthreads();
     }
@@ -523,54 +586,13 @@ k_mxd(const __grid_constant__ mxd_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
 #pragma unroll
             for (int j = 0; j < MXD_SEGS; j++)
                 w[j] = __ldcs((const uint4 *)(xl + 512 * j));
+            mxd_unit<FP4, HW, true>(B, i, u, w, left, ql, sl, lut, status);
         } else {
 #pragma unroll
             for (int j = 0; j < MXD_SEGS; j++)
                 w[j] = 8u * j + g < left ? __ldcs((const uint4 *)(xl + 512 * j))
                                          : make_uint4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int j = 0; j < MXD_SEGS; j++) {
-            uint32_t m = mxd_amax(w[j]);
-            if (8u * j + g >= left)
-                continue;
-            if (m >= 0x7f80u) { /* NaN or infinity: the block stays unwritten */
-                if (sub == 0) {
-                    const mxd_piece &p = B.p[i];
-                    uint32_t line, b0;
-                    mxd_place(p, u, &line, &b0);
-                    uint32_t blk = line * p.len + b0 + 8u * j + g;
-                    atomicMin(status, (unsigned int)(p.idx + (int32_t)(blk / p.bpm)));
-                }
-                continue;
-            }
-            /* kern_mx_scale_e8m0 on a finite BF16 amax: its exponent less
-             * emax, 0 at least (a zero or subnormal amax: 0) */
-            int32_t s = (int32_t)(m >> 7) - EMAX;
-            s = s > 0 ? s : 0;
-            if (FP4 && s >= 3) {
-                int32_t d = (127 - s) * 128 - 0x3e80;
-                uint32_t c0 = mxd_e2m1_2(lut, w[j].x, d), c1 = mxd_e2m1_2(lut, w[j].y, d);
-                uint32_t c2 = mxd_e2m1_2(lut, w[j].z, d), c3 = mxd_e2m1_2(lut, w[j].w, d);
-                *(uint32_t *)(ql + 8 * QB * j) =
-                    (c0 | c1 << 8 | c2 << 16 | c3 << 24) | mxd_e2m1_signs(w[j]);
-                if (sub == 0)
-                    sl[8 * j] = (unsigned char)s;
-                continue;
-            }
-            float inv = __uint_as_float((uint32_t)(254 - s) << 23); /* 2^(127 - s) */
-            uint32_t c0 = mxd_code2<FP4, HW>(w[j].x, inv), c1 = mxd_code2<FP4, HW>(w[j].y, inv);
-            uint32_t c2 = mxd_code2<FP4, HW>(w[j].z, inv), c3 = mxd_code2<FP4, HW>(w[j].w, inv);
-            if (FP4) {
-                *(uint32_t *)(ql + 8 * QB * j) = c0 | c1 << 8 | c2 << 16 | c3 << 24;
-            } else {
-                uint2 o;
-                o.x = c0 | c1 << 16;
-                o.y = c2 | c3 << 16;
-                *(uint2 *)(ql + 8 * QB * j) = o;
-            }
-            if (sub == 0)
-                sl[8 * j] = (unsigned char)s;
+            mxd_unit<FP4, HW, false>(B, i, u, w, left, ql, sl, lut, status);
         }
         xl += MXD_UNIT * 64;
         ql += MXD_UNIT * QB;
