@@ -430,9 +430,11 @@ static void stamp_cancel(uint8_t *stamp, bkt_stamp *st, int local)
 
 /* DIRECT bucket b (the j-th): broadcast from its tensor. Its stamp goes in
  * the trailer's host copy, its checksum (on the packing stream, beside the
- * broadcasts) into the trailer's memory; the broadcast waits on the device
- * for the packing stream, so for whatever wrote the tensor there. Sent
- * even after a local failure (stamped CANCEL): the receivers posted it. */
+ * broadcasts) into the trailer's memory. The first of a run of DIRECT
+ * buckets waits on the device for the packing stream (whatever wrote the
+ * tensors there before the send); the checksums queued after that wait
+ * hold back only the trailer, not the broadcasts. Sent even after a local
+ * failure (stamped CANCEL): the receivers posted it. */
 static int send_direct(refit_sender *s, const bkt_plan *p, uint32_t b, uint32_t j,
                        uint64_t nonce, int *local)
 {
@@ -445,18 +447,18 @@ static int send_direct(refit_sender *s, const bkt_plan *p, uint32_t b, uint32_t 
                     .flags = s->sum ? BKT_F_PAYLOAD_SUM : 0};
     uint8_t *stamp = s->trailer_host + bkt_trailer_stamp(j);
     bkt_stamp_encode(stamp, &st);
+    int rc = b == 0 || !p->buckets[b - 1].direct ? x->ops->wait_stream(x, s->stream) : REFIT_OK;
+    if (rc)
+        return rc;
     if (!*local && s->sum) {
         void *word = (uint8_t *)s->trailer + bkt_trailer_sum(p->n_direct, j);
-        int rc = x->ops->fingerprint_to(x, word, &src, s->stream);
-        if (rc)
+        if ((rc = x->ops->fingerprint_to(x, word, &src, s->stream)))
             *local = ctx_error(s->ctx, rc, "sender: bucket %u (%s): %s", b,
                                s->ts[pc->tensor].name, x->err);
     }
     if (*local)
         stamp_cancel(stamp, &st, *local);
-    int rc = x->ops->wait_stream(x, s->stream);
-    if (!rc)
-        rc = x->ops->bcast(x, src.data, pc->bytes, s->root, xport_now() + s->timeout);
+    rc = x->ops->bcast(x, src.data, pc->bytes, s->root, xport_now() + s->timeout);
     if (!rc)
         s->direct_bytes += pc->bytes;
     return rc ? rc : x->ops->mark(x, &s->last);
