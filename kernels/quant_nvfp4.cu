@@ -382,10 +382,28 @@ __device__ __forceinline__ float qn_div6(float b)
     return __fmaf_rn(__fmaf_rn(-q0, 6.0f, b), y6, q0);
 }
 
+/* qn_e4m3_sat of a non-negative, non-NaN f32 by one f32 addition (the
+ * trick of qn_e2m1): adding M = 2^(E - 107), E the binade's exponent
+ * (121, E4M3's least normal one, for the subnormals), rounds to E4M3's
+ * spacing there, to nearest even, into the sum's low bits; the code is
+ * those bits plus 8 per binade above 121. Magnitudes from 512 (infinity
+ * too) are clamped to 512, which saturates as they do. About 8
+ * instructions instead of qn_e4m3_sat's two shifted roundings (about 40);
+ * run_nvfp4.sh checks it against kern_f32_to_e4m3_sat on every
+ * non-negative non-NaN f32. */
+__device__ __forceinline__ uint32_t qn_e4m3_add(uint32_t a)
+{
+    a = min(a, 0x44000000u);
+    uint32_t e = a >> 23, E = e > 121u ? e : 121u, m = (E + 20u) << 23;
+    uint32_t code = __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(m))) - m +
+                    8u * (E - 121u);
+    return min(code, 0x7eu);
+}
+
 /* A block's E4M3 scale code from its magnitude max (F32 bits). */
 __device__ __forceinline__ uint32_t qn_scale_code(uint32_t bmax, float gs)
 {
-    uint32_t code = qn_e4m3_sat(__float_as_uint(__fmul_rn(gs, qn_div6(__uint_as_float(bmax)))));
+    uint32_t code = qn_e4m3_add(__float_as_uint(__fmul_rn(gs, qn_div6(__uint_as_float(bmax)))));
     return code ? code : 0x20u; /* KERN_NVFP4_ZERO_SCALE */
 }
 

@@ -104,9 +104,10 @@ g++ -o "$W/test-gpu-nvfp4-emu" "$W/test_gpu_nvfp4.o" "$W/gpu_twin.o" "$W/quant_n
 cat > "$W/nv_e2m1.cc" <<'EOF'
 #include "quant_nvfp4_emu.cc"
 extern "C" uint8_t kern_f32_to_e2m1(float f);
+extern "C" uint8_t kern_f32_to_e4m3_sat(float f);
 int main()
 {
-    unsigned long long bad = 0, n = 0, bad_mag = 0;
+    unsigned long long bad = 0, n = 0, bad_mag = 0, bad_e4m3 = 0;
     for (uint32_t s = 0; s < 2; s++)
         for (uint32_t a = 0; a <= 0x7f800000u; a++) {
             float f = __uint_as_float(a | s << 31);
@@ -118,10 +119,15 @@ int main()
             if (s == 0 && qn_e2m1_mag(f) != want && !bad_mag++)
                 printf("  first difference: qn_e2m1_mag of %08x: %02x, reference %02x\n", a,
                        qn_e2m1_mag(f), want);
+            if (s == 0 && qn_e4m3_add(a) != kern_f32_to_e4m3_sat(f) && !bad_e4m3++)
+                printf("  first difference: qn_e4m3_add of %08x: %02x, reference %02x\n", a,
+                       qn_e4m3_add(a), kern_f32_to_e4m3_sat(f));
         }
     printf("qn_e2m1 on every non-NaN f32: %llu of %llu differ from kern_f32_to_e2m1\n", bad, n);
     printf("qn_e2m1_mag on every non-negative non-NaN f32: %llu differ\n", bad_mag);
-    return bad != 0 || bad_mag != 0;
+    printf("qn_e4m3_add on every non-negative non-NaN f32: %llu differ from "
+           "kern_f32_to_e4m3_sat\n", bad_e4m3);
+    return bad != 0 || bad_mag != 0 || bad_e4m3 != 0;
 }
 EOF
 g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W" \
