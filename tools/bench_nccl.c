@@ -13,6 +13,7 @@
 
 #include <refit/transport.h>
 
+#include "core/nccl/bucket.h"
 #include "core/nccl/nccl_shim.h"
 #include "core/nccl/xport.h"
 #include "journal/journal.h"
@@ -32,6 +33,7 @@ typedef struct bn_opts {
     double timeout;
     const char *journal;
     const char *preload;        /* a libnccl.so.2 to load first, as an engine would */
+    int64_t direct_min;         /* refit_send_opts.direct_min_bytes; < 0: the default */
 } bn_opts;
 
 typedef struct bn_tensor {
@@ -279,7 +281,7 @@ typedef struct bn_rank {
     int committed;              /* worker: the content its last commit holds */
     refit_sender *snd;          /* trainer: kept across updates of one configuration */
     uint64_t snd_bucket;
-    int snd_sum;
+    int snd_sum, snd_direct;
     char where[600];            /* which NCCL was found (refit_nccl_probe) */
 } bn_rank;
 
@@ -302,8 +304,10 @@ static int content_of(int update)
 
 static void *killer(void *arg);
 
-static int trainer_send(bn_rank *k, uint64_t bucket, int checksum, refit_group_result *res,
-                        double kill_after)
+/* direct 0: no DIRECT buckets (direct_min_bytes 0: every byte packed, as
+ * wire version 3 sent them); 1: the default. */
+static int trainer_send(bn_rank *k, uint64_t bucket, int checksum, int direct,
+                        refit_group_result *res, double kill_after)
 {
     int c = content_of(k->updates);
     char label[32];
@@ -312,7 +316,8 @@ static int trainer_send(bn_rank *k, uint64_t bucket, int checksum, refit_group_r
     bn_describe(&k->L, k->g.arena[c - 1], 0);
     /* a trainer keeps its sender across steps (slots and buffers reused):
      * a new one only when the configuration changes */
-    if (k->snd && (k->snd_bucket != bucket || k->snd_sum != checksum)) {
+    if (k->snd &&
+        (k->snd_bucket != bucket || k->snd_sum != checksum || k->snd_direct != direct)) {
         refit_sender_destroy(k->snd);
         k->snd = NULL;
     }
@@ -323,11 +328,16 @@ static int trainer_send(bn_rank *k, uint64_t bucket, int checksum, refit_group_r
         so.bucket_bytes = bucket;
         so.checksum_payload = checksum;
         so.timeout_s = k->o->timeout;
+        if (k->o->direct_min >= 0)
+            so.direct_min_bytes = (uint64_t)k->o->direct_min;
+        if (!direct)
+            so.direct_min_bytes = 0;
         rc = refit_sender_create(&k->snd, k->x, &so);
         for (int i = 0; i < k->L.n && !rc; i++)
             rc = refit_sender_add(k->snd, k->L.t[i].name, &k->L.t[i].t);
         k->snd_bucket = bucket;
         k->snd_sum = checksum;
+        k->snd_direct = direct;
     } else {
         rc = refit_sender_set_label(k->snd, label);
     }
@@ -360,24 +370,26 @@ static int trainer_run(bn_rank *k)
     int rc = bn_raw(k->x, &k->L, k->g.arena[0], o, &k->raw_whole, &k->raw_tensor);
     for (int b = 0; b < o->n_buckets && !rc; b++)
         for (int r = 0; r < o->repeat && !rc; r++)
-            rc = trainer_send(k, o->buckets[b] * MIB, 1, &res, 0);
+            rc = trainer_send(k, o->buckets[b] * MIB, 1, 1, &res, 0);
     uint64_t last = o->buckets[o->n_buckets - 1] * MIB;
     for (int r = 0; r < o->repeat && !rc; r++)
-        rc = trainer_send(k, last, 0, &res, 0); /* checksum off */
+        rc = trainer_send(k, last, 0, 1, &res, 0); /* checksum off */
+    for (int r = 0; r < o->repeat && !rc; r++)
+        rc = trainer_send(k, last, 1, 0, &res, 0); /* no DIRECT bucket */
     if (!rc)
-        rc = trainer_send(k, last, 1, &res, 0); /* the worker keeps an undo log */
+        rc = trainer_send(k, last, 1, 1, &res, 0); /* the worker keeps an undo log */
     if (rc || !o->failures) {
         refit_sender_destroy(k->snd);
         return rc;
     }
-    if (trainer_send(k, last, 1, &res, 0) != REFIT_EMOVED) { /* the worker fails its checks */
+    if (trainer_send(k, last, 1, 1, &res, 0) != REFIT_EMOVED) { /* the worker fails its checks */
         fprintf(stderr, "trainer: the vote did not abort: %s\n", refit_errmsg(k->ctx));
         return 1;
     }
     /* buckets small enough that the update has several, killed once a
      * fraction of a raw broadcast's time has passed: mid-update */
     uint64_t kb = k->L.total / 8 < 16 * MIB ? k->L.total / 8 : 16 * MIB;
-    trainer_send(k, kb ? kb : 1, 1, &res,
+    trainer_send(k, kb ? kb : 1, 1, 1, &res,
                  k->raw_whole * 0.4 > 0.0005 ? k->raw_whole * 0.4 : 0.0005);
     sleep(60); /* not reached: killed mid-update */
     return 1;
@@ -455,9 +467,10 @@ static int worker_update(bn_rank *k, refit_receiver *r, int rollback, double *se
 /* The default bucket size (refit_send_opts.bucket_bytes 0), in MiB. */
 #define BN_DEFAULT_MIB 1024
 
-/* default_ratio[0]: checksum on, [1]: off, at the default bucket. */
-static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum, int rollback,
-                       int repeat, double *best_ratio, double default_ratio[2])
+/* default_ratio[0]: checksum on, [1]: off, [2]: checksum on without
+ * DIRECT buckets (the trainer's direct), at the default bucket. */
+static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum, int direct,
+                       int rollback, int repeat, double *best_ratio, double default_ratio[3])
 {
     double best = 1e30;
     bool exact = true, e;
@@ -475,18 +488,22 @@ static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum
         best = s < best ? s : best;
     }
     double ratio = k->raw_whole / best;
-    if (checksum && !rollback && ratio > *best_ratio)
+    if (checksum && direct && !rollback && ratio > *best_ratio)
         *best_ratio = ratio;
     if (!rollback && mib == BN_DEFAULT_MIB)
-        default_ratio[checksum ? 0 : 1] = ratio;
+        default_ratio[!direct ? 2 : checksum ? 0 : 1] = ratio;
     /* us_per_bucket: the whole reload over its buckets, what per-bucket
      * host work costs where buckets are small */
-    js(k, "%s{\"bucket_mib\": %llu, \"checksum\": %d, \"rollback\": %d, \"seconds\": %.6f, "
-       "\"gbps\": %.2f, \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f, "
-       "\"buckets\": %u, \"us_per_bucket\": %.1f, \"bit_exact\": %s}",
+    /* direct_bytes: of the last reload, received straight into the runtime
+     * tensors (DIRECT buckets whose route took them in place) */
+    js(k, "%s{\"bucket_mib\": %llu, \"checksum\": %d, \"direct\": %d, \"rollback\": %d, "
+       "\"seconds\": %.6f, \"gbps\": %.2f, \"ratio_to_broadcast\": %.3f, "
+       "\"ratio_to_per_tensor_broadcast\": %.3f, \"buckets\": %u, \"us_per_bucket\": %.1f, "
+       "\"direct_bytes\": %llu, \"bit_exact\": %s}",
        k->jlen && k->json[k->jlen - 1] == '[' ? "" : ", ", (unsigned long long)mib, checksum,
-       rollback, best, (double)k->L.total / best / 1e9, ratio, k->raw_tensor / best, res.buckets,
-       res.buckets ? best / res.buckets * 1e6 : 0.0, exact ? "true" : "false");
+       direct, rollback, best, (double)k->L.total / best / 1e9, ratio, k->raw_tensor / best,
+       res.buckets, res.buckets ? best / res.buckets * 1e6 : 0.0,
+       (unsigned long long)receiver_direct_bytes(r), exact ? "true" : "false");
     return exact ? REFIT_OK : REFIT_EMISMATCH;
 }
 
@@ -600,18 +617,22 @@ static int worker_run(bn_rank *k)
     js(k, ", \"raw_broadcast_s\": %.6f, \"raw_broadcast_gbps\": %.2f, "
        "\"per_tensor_broadcast_s\": %.6f, \"refit\": [", k->raw_whole,
        (double)k->L.total / k->raw_whole / 1e9, k->raw_tensor);
-    double best = 0, dflt[2] = {0, 0};
+    double best = 0, dflt[3] = {0, 0, 0};
     for (int b = 0; b < o->n_buckets && !rc; b++)
-        rc = worker_case(k, r, o->buckets[b], 1, 0, o->repeat, &best, dflt);
+        rc = worker_case(k, r, o->buckets[b], 1, 1, 0, o->repeat, &best, dflt);
     uint64_t last = o->buckets[o->n_buckets - 1];
     if (!rc)
-        rc = worker_case(k, r, last, 0, 0, o->repeat, &best, dflt);
+        rc = worker_case(k, r, last, 0, 1, 0, o->repeat, &best, dflt);
     if (!rc)
-        rc = worker_case(k, r, last, 1, 1, 1, &best, dflt);
+        rc = worker_case(k, r, last, 1, 0, 0, o->repeat, &best, dflt);
+    if (!rc)
+        rc = worker_case(k, r, last, 1, 1, 1, 1, &best, dflt);
     js(k, "], \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f, "
        "\"default_bucket_mib\": %d, \"ratio_at_default_bucket\": %.3f, "
-       "\"ratio_at_default_bucket_checksum_off\": %.3f, \"wire_version\": 3",
-       best, best * k->raw_tensor / k->raw_whole, BN_DEFAULT_MIB, dflt[0], dflt[1]);
+       "\"ratio_at_default_bucket_checksum_off\": %.3f, "
+       "\"ratio_at_default_bucket_direct_off\": %.3f, \"wire_version\": %d",
+       best, best * k->raw_tensor / k->raw_whole, BN_DEFAULT_MIB, dflt[0], dflt[1], dflt[2],
+       BKT_VERSION);
     if (!rc && o->failures)
         rc = worker_failed_check(k, r);
     refit_receiver_destroy(r);
@@ -720,7 +741,7 @@ static int parse(bn_opts *o, int argc, char **argv)
 {
     *o = (bn_opts){.layers = 4, .repeat = 3, .failures = 1, .hidden = 4096, .inter = 14336,
                    .vocab = 32000, .buckets = {1, 64, 256, 1024}, .n_buckets = 4,
-                   .timeout = 30};
+                   .timeout = 30, .direct_min = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--json"))
@@ -748,6 +769,8 @@ static int parse(bn_opts *o, int argc, char **argv)
             o->journal = v;
         else if (!strcmp(a, "--preload"))
             o->preload = v;
+        else if (!strcmp(a, "--direct-min"))
+            o->direct_min = atoll(v);
         else if (!strcmp(a, "--buckets") ? parse_buckets(o, v) : 1)
             return -1;
     }
@@ -762,7 +785,8 @@ int bench_nccl_main(int argc, char **argv)
     if (parse(&o, argc, argv)) {
         fprintf(stderr, "usage: refit-bench nccl [--layers N] [--hidden H] [--inter I] "
                         "[--vocab V] [--buckets MIB,...] [--repeat R] [--timeout S] "
-                        "[--journal PATH] [--preload LIBNCCL] [--no-failures] [--json]\n");
+                        "[--journal PATH] [--preload LIBNCCL] [--direct-min BYTES] "
+                        "[--no-failures] [--json]\n");
         return 2;
     }
     fflush(stdout);

@@ -110,20 +110,22 @@ def load(name):
         return {"error": "%s: %s" % (name, e)}
 r, t = load("nccl-refit.json"), load("nccl-torch.json")
 r["torch"] = t
-best = [c["seconds"] for c in r.get("refit", []) if c["checksum"] and not c["rollback"]]
+best = [c["seconds"] for c in r.get("refit", [])
+        if c["checksum"] and c.get("direct", 1) and not c["rollback"]]
 if best and "torch_per_tensor_broadcast_s" in t:
     r["ratio_to_torch_broadcast_loop"] = t["torch_per_tensor_broadcast_s"] / min(best)
 json.dump(r, open(os.path.join(o, "nccl-bench.json"), "w"), indent=1)
-lines = ["bench: ratio_to_broadcast %s (best, checksum on), at the default bucket %s "
-         "(checksum off %s), to the torch loop %s" % (
-             r.get("ratio_to_broadcast"), r.get("ratio_at_default_bucket"),
-             r.get("ratio_at_default_bucket_checksum_off"), r.get("ratio_to_torch_broadcast_loop"))]
+lines = ["bench (wire version %s): ratio_to_broadcast %s (best, checksum on), at the default "
+         "bucket %s (checksum off %s, no DIRECT buckets %s), to the torch loop %s" % (
+             r.get("wire_version"), r.get("ratio_to_broadcast"), r.get("ratio_at_default_bucket"),
+             r.get("ratio_at_default_bucket_checksum_off"),
+             r.get("ratio_at_default_bucket_direct_off"), r.get("ratio_to_torch_broadcast_loop"))]
 for c in r.get("refit", []):
-    lines.append("  bucket %5s MiB checksum %d rollback %d: %.4f s, ratio %.3f, %d buckets "
-                 "(%s us each), bit_exact %s" % (c["bucket_mib"], c["checksum"], c["rollback"],
-                                                c["seconds"], c["ratio_to_broadcast"],
-                                                c["buckets"], c.get("us_per_bucket"),
-                                                c["bit_exact"]))
+    lines.append("  bucket %5s MiB checksum %d direct %s rollback %d: %.4f s, ratio %.3f, %d "
+                 "buckets (%s us each), %s bytes in place, bit_exact %s" % (
+                     c["bucket_mib"], c["checksum"], c.get("direct"), c["rollback"],
+                     c["seconds"], c["ratio_to_broadcast"], c["buckets"],
+                     c.get("us_per_bucket"), c.get("direct_bytes"), c["bit_exact"]))
 for k in ("failed_check", "killed_trainer", "error", "skipped"):
     if k in r:
         lines.append("  %s: %s" % (k, json.dumps(r[k])[:300]))

@@ -29,7 +29,7 @@ static json_t *run_bench(char *why, size_t n)
     /* REFIT_BENCH: a flat folder of binaries (tests/nccl/run_gpu.sh) */
     snprintf(path, sizeof path, "%s/tools/refit-bench", root ? root : ".");
     snprintf(cmd, sizeof cmd, "%s nccl --layers 2 --hidden 512 --inter 1024 --vocab 1000 "
-             "--buckets 1,3,64 --repeat 1 --timeout 20 --journal %s/j.db",
+             "--buckets 1,3,64 --repeat 1 --timeout 20 --direct-min 65536 --journal %s/j.db",
              bench && *bench ? bench : path, dir);
     FILE *p = popen(cmd, "r");
     if (!p) {
@@ -66,14 +66,26 @@ static void test_reloads_bit_exact(void **state)
     size_t i;
     json_t *c;
     assert_true(json_array_size(json_object_get(result, "refit")) >= 3);
-    /* wire version 3: payload checksums summed on the device on both
+    /* wire version 4: payload checksums summed on the device on both
      * sides (a wrong word there refuses the update, so these reloads
-     * check the kernels end to end) */
-    assert_int_equal(json_integer_value(json_object_get(result, "wire_version")), 3);
+     * check the kernels end to end); the 512 KiB weights (--direct-min
+     * 64 KiB) go as DIRECT buckets received in place, the 1 KiB norms
+     * packed; the direct-off row received nothing in place */
+    assert_int_equal(json_integer_value(json_object_get(result, "wire_version")), 4);
+    int direct_rows = 0, packed_rows = 0;
     json_array_foreach(json_object_get(result, "refit"), i, c) {
         assert_true(json_is_true(json_object_get(c, "bit_exact")));
         assert_true(json_real_value(json_object_get(c, "us_per_bucket")) > 0);
+        json_int_t in_place = json_integer_value(json_object_get(c, "direct_bytes"));
+        if (json_integer_value(json_object_get(c, "direct"))) {
+            assert_true(in_place > 0);
+            direct_rows++;
+        } else {
+            assert_true(in_place == 0);
+            packed_rows++;
+        }
     }
+    assert_true(direct_rows >= 3 && packed_rows == 1);
 }
 
 static void test_failed_check_aborts_both_ranks(void **state)
