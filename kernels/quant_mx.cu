@@ -379,8 +379,10 @@ k_mx(const __grid_constant__ mx_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
  * general path's: a non-finite block is left unwritten and its matrix's
  * call index atomicMin'd into the status word. */
 
-#define MXD_SEGS 4                /* segments a warp has in flight */
-#define MXD_UNIT (MXD_SEGS * 8)   /* blocks of a unit */
+/* Segments a warp has in flight: 8 (128 bytes a lane) where registers
+ * allow (MXFP8 by the conversion instruction: 48 of them with 4), else 4;
+ * a unit is 8 blocks a segment. */
+#define MXD_SEGS(MODE) (((MODE) & 4) ? 8 : 4)
 
 struct mxd_piece {
     const char *x;
@@ -474,29 +476,43 @@ __device__ __forceinline__ int mxd_find(const BATCH &B, int i, int64_t u)
 }
 
 /* Where unit u of piece p is: its line and first block. */
+template <int SEGS>
 __device__ __forceinline__ void mxd_place(const mxd_piece &p, int64_t u, uint32_t *line,
                                           uint32_t *b0)
 {
     uint32_t pu = (uint32_t)(u - p.first);
     *line = mx_divide(p.div_upl, pu);
-    *b0 = (pu - *line * p.upl) * MXD_UNIT;
+    *b0 = (pu - *line * p.upl) * (SEGS * 8);
+}
+
+/* Ask L2 for the n bytes at p (16-byte aligned, n a multiple of 16) with
+ * one instruction and no register waiting: the next unit's loads then
+ * meet L2, and a warp has twice its registers' worth of x in flight. */
+__device__ __forceinline__ void mxd_prefetch(const char *p, unsigned n)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(n) : "memory");
+#else
+    (void)p; /* the emulator: nothing to warm */
+    (void)n;
+#endif
 }
 
 /* The call index of the matrix holding block 8 j + g of unit u of piece i:
  * what a non-finite block reports. */
-template <class BATCH>
+template <int SEGS, class BATCH>
 __device__ __noinline__ void mxd_refuse(const BATCH &B, int i, int64_t u, uint32_t blk,
                                         unsigned int *status)
 {
     const mxd_piece &p = B.p[i];
     uint32_t line, b0;
-    mxd_place(p, u, &line, &b0);
+    mxd_place<SEGS>(p, u, &line, &b0);
     atomicMin(status, (unsigned int)(p.idx + (int32_t)((line * p.len + b0 + blk) / p.bpm)));
 }
 
 /* Scales and elements of one unit from its loaded words w; FULL: every
  * block of the unit is in the line (no test a block). */
-template <int FP4, int HW, bool FULL, class BATCH>
+template <int FP4, int HW, int SEGS, bool FULL, class BATCH>
 __device__ __forceinline__ void mxd_unit(const BATCH &B, int i, int64_t u, const uint4 *w,
                                          uint32_t left, unsigned char *ql, unsigned char *sl,
                                          const unsigned char *lut, unsigned int *status)
@@ -505,13 +521,13 @@ __device__ __forceinline__ void mxd_unit(const BATCH &B, int i, int64_t u, const
     constexpr int EMAX = FP4 ? 2 : 8; /* the element format's largest exponent */
     unsigned lane = threadIdx.x & 31u, g = lane >> 2, sub = lane & 3u;
 #pragma unroll
-    for (int j = 0; j < MXD_SEGS; j++) {
+    for (int j = 0; j < SEGS; j++) {
         uint32_t m = mxd_amax(w[j]);
         if (!FULL && 8u * j + g >= left)
             continue;
         if (m >= 0x7f80u) { /* NaN or infinity: the block stays unwritten */
             if (sub == 0)
-                mxd_refuse(B, i, u, 8u * j + g, status);
+                mxd_refuse<SEGS>(B, i, u, 8u * j + g, status);
             continue;
         }
         /* kern_mx_scale_e8m0 on a finite BF16 amax: its exponent less
@@ -552,6 +568,7 @@ k_mxd(const __grid_constant__ mxd_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
 {
     constexpr int FP4 = MODE & 1, HW = (MODE >> 2) & 1;
     constexpr int QB = FP4 ? 16 : 32; /* q bytes of a block */
+    constexpr int SEGS = MXD_SEGS(MODE), UNIT = SEGS * 8;
     unsigned lane = threadIdx.x & 31u, g = lane >> 2;
     __shared__ unsigned char lut[2 * MXD_HI];
     if (FP4) {
@@ -574,30 +591,33 @@ k_mxd(const __grid_constant__ mxd_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
             i = mxd_find(B, i, u);
             const mxd_piece &p = B.p[i];
             uint32_t line, b0;
-            mxd_place(p, u, &line, &b0);
-            stop = u + (p.upl - b0 / MXD_UNIT);
+            mxd_place<SEGS>(p, u, &line, &b0);
+            stop = u + (p.upl - b0 / UNIT);
             left = p.len - b0;
             xl = p.x + line * p.xp + (int64_t)b0 * 64 + lane * 16;
             ql = p.q + line * p.qp + (int64_t)b0 * QB + lane * (QB / 4);
             sl = p.s + line * p.sp + b0 + g;
         }
-        uint4 w[MXD_SEGS];
-        if (left >= MXD_UNIT) {
+        uint4 w[SEGS];
+        if (left >= UNIT) {
+            /* the next unit, if this warp takes it and it is whole */
+            if (lane == 0 && u + 1 < stop && u + 1 < uend && left >= 2 * UNIT)
+                mxd_prefetch(xl + UNIT * 64, UNIT * 64);
 #pragma unroll
-            for (int j = 0; j < MXD_SEGS; j++)
+            for (int j = 0; j < SEGS; j++)
                 w[j] = __ldcs((const uint4 *)(xl + 512 * j));
-            mxd_unit<FP4, HW, true>(B, i, u, w, left, ql, sl, lut, status);
+            mxd_unit<FP4, HW, SEGS, true>(B, i, u, w, left, ql, sl, lut, status);
         } else {
 #pragma unroll
-            for (int j = 0; j < MXD_SEGS; j++)
+            for (int j = 0; j < SEGS; j++)
                 w[j] = 8u * j + g < left ? __ldcs((const uint4 *)(xl + 512 * j))
                                          : make_uint4(0, 0, 0, 0);
-            mxd_unit<FP4, HW, false>(B, i, u, w, left, ql, sl, lut, status);
+            mxd_unit<FP4, HW, SEGS, false>(B, i, u, w, left, ql, sl, lut, status);
         }
-        xl += MXD_UNIT * 64;
-        ql += MXD_UNIT * QB;
-        sl += MXD_UNIT;
-        left -= MXD_UNIT;
+        xl += UNIT * 64;
+        ql += UNIT * QB;
+        sl += UNIT;
+        left -= UNIT;
     }
 }
 
@@ -813,8 +833,9 @@ static int mx_launch(const mx_cache *c, const mx_piece *pcs, uint32_t m, int fp4
 /* The dense form of merged piece pc, if it has one (the conditions are
  * the dense path's, above k_mxd): lines are its rows, or its matrices
  * where rows follow one another, or the whole stack where matrices do. */
-static bool mxd_make(mxd_piece *d, const mx_piece *pc, int fp4)
+static bool mxd_make(mxd_piece *d, const mx_piece *pc, int fp4, int hw)
 {
+    int64_t unit = 8 * MXD_SEGS(fp4 ? 1 : hw ? 4 : 0); /* blocks */
     int64_t k = pc->k, n = pc->n, nb = pc->nb, qk = fp4 ? k / 2 : k;
     int64_t qa = fp4 ? 4 : 8, mats = (int64_t)pc->blocks / (n * nb);
     if (pc->kind != 2 || k % 32 || pc->xs1 != 1 || (!fp4 && pc->qs1 != 1) ||
@@ -853,7 +874,7 @@ static bool mxd_make(mxd_piece *d, const mx_piece *pc, int fp4)
     d->qp = qp;
     d->sp = sp;
     d->len = (uint32_t)len;
-    d->upl = (uint32_t)((len + MXD_UNIT - 1) / MXD_UNIT);
+    d->upl = (uint32_t)((len + unit - 1) / unit);
     d->bpm = (uint32_t)(n * nb);
     d->idx = pc->idx;
     d->units = (uint32_t)lines * d->upl;
@@ -973,7 +994,7 @@ extern "C" int kern_quant_mx_cuda(uint32_t n, const refit_view *q, const refit_v
     int rc = mx_pieces(n, q, scales, x, fp4, pcs, &m, bad);
     /* dense pieces to ds, the rest stay in pcs, in order */
     for (uint32_t j = 0; !rc && j < m; j++)
-        if (!mxd_make(&ds[md], &pcs[j], fp4))
+        if (!mxd_make(&ds[md], &pcs[j], fp4, !fp4 && hw))
             pcs[mg++] = pcs[j];
         else
             md++;

@@ -604,7 +604,7 @@ static void mixed(int bits, const pspec *ps, uint32_t n, const char *what)
 
 /* Dense pieces beside strided, ragged and misaligned ones; dense pieces
  * whose lines end inside a unit (one block, one short of a segment or of
- * a unit, padded rows); stacks of dense pieces (one line; a line a
+ * a unit of 32 or 64 blocks, padded rows); stacks of dense pieces (one line; a line a
  * matrix); many dense pieces (two launches). */
 static void test_dense_mix(void **state)
 {
@@ -619,6 +619,7 @@ static void test_dense_mix(void **state)
         {1, 32, 0, 0, 0},        {1, 31 * 32, 0, 0, 0}, {1, 7 * 32, 0, 0, 0},
         {1, 33 * 32, 0, 0, 0},   {3, 31 * 32, 1, 1, 1}, {5, 96, 0, 0, 0},
         {4, 9 * 32, 1, 0, 0},    {2, 32, 1, 1, 0},      {1, 64 * 32 + 32, 0, 0, 0},
+        {1, 63 * 32, 0, 0, 0},   {2, 63 * 32, 1, 1, 0}, {3, 100 * 32, 0, 0, 0},
     };
     /* [0..3] one stack, one line; [4..6] a stack with a line a matrix
      * (rows padded); [7..9] rows padded: a line a row */
