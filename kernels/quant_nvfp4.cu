@@ -320,14 +320,23 @@ template <int KIND> __device__ __forceinline__ uint32_t qn_f32_of(uint32_t h)
     return KIND == 2 ? h << 16 : kern_bits_f16_to_f32((uint16_t)h);
 }
 
-/* The low and high 16-bit values of a magnitude word, as F32. */
+/* An F16 magnitude (bits 13..27 of f, the rest 0) as F32: those bits
+ * read as an F32 are the value times 2^-112 (subnormals too), and the
+ * product by 2^112 is exact. Finite values only (the encode pass runs
+ * on pieces whose amax was finite). */
+__device__ __forceinline__ float qn_f16_finite(uint32_t f)
+{
+    return __fmul_rn(__uint_as_float(f), 0x1p112f);
+}
+
+/* The low and high 16-bit values of a magnitude word, as F32 (finite). */
 template <int KIND> __device__ __forceinline__ float qn_lo(uint32_t m)
 {
-    return __uint_as_float(KIND == 2 ? m << 16 : kern_bits_f16_to_f32((uint16_t)m));
+    return KIND == 2 ? __uint_as_float(m << 16) : qn_f16_finite((m << 13) & 0x0fffe000u);
 }
 template <int KIND> __device__ __forceinline__ float qn_hi(uint32_t m)
 {
-    return __uint_as_float(KIND == 2 ? m & 0xffff0000u : kern_bits_f16_to_f32((uint16_t)(m >> 16)));
+    return KIND == 2 ? __uint_as_float(m & 0xffff0000u) : qn_f16_finite((m >> 3) & 0x0fffe000u);
 }
 
 /* The max of the 8 magnitudes of a 16-byte load, in both halves of a
@@ -534,8 +543,8 @@ __device__ __forceinline__ void qn_encode_dense(const qn_piece &p, float gs, uin
         lo = __vmaxu2(lo, __shfl_xor_sync(0xffffffffu, lo, 1));
         hi = __vmaxu2(hi, __shfl_xor_sync(0xffffffffu, hi, 1));
         const uint32_t mine = odd ? hi : lo;
-        const uint32_t ca = qn_scale_code(qn_f32_of<KIND>(mine & 0xffffu), gs);
-        const uint32_t cb2 = qn_scale_code(qn_f32_of<KIND>(mine >> 16), gs);
+        const uint32_t ca = qn_scale_code(__float_as_uint(qn_lo<KIND>(mine)), gs);
+        const uint32_t cb2 = qn_scale_code(__float_as_uint(qn_hi<KIND>(mine)), gs);
         const uint32_t own = ca | cb2 << 8, other = __shfl_xor_sync(0xffffffffu, own, 1);
         const uint32_t codes = odd ? other | own << 16 : own | other << 16; /* segment j: byte j */
         const uint32_t ga = g0 + 32u * odd;
