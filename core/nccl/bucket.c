@@ -441,6 +441,53 @@ static bool goes_direct(const bkt_tensor *t, uint64_t bytes, uint64_t direct_min
     return t->direct && direct_min && bytes >= direct_min;
 }
 
+typedef struct sized {
+    uint64_t bytes;
+    uint32_t i;
+} sized;
+
+/* Largest first, then in the order given: deterministic. */
+static int larger_first(const void *a, const void *b)
+{
+    const sized *x = a, *y = b;
+    if (x->bytes != y->bytes)
+        return x->bytes > y->bytes ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* The DIRECT tensors, largest first: the receivers sum each DIRECT bucket
+ * where it landed once its broadcast is in, and only the last one's sum
+ * has no broadcast after it to hide behind, so the last is the smallest. */
+static int plan_directs(planner *pl, const bkt_tensor *t, uint32_t n, uint64_t direct_min,
+                        char *err, size_t errlen)
+{
+    sized *order = malloc((n ? n : 1) * sizeof *order);
+    if (!order)
+        return bad(err, errlen, REFIT_ENOMEM, "planning buckets: out of memory");
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t bytes = 0, row_bytes = 0;
+        tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen);
+        if (goes_direct(&t[i], bytes, direct_min))
+            order[m++] = (sized){bytes, i};
+    }
+    qsort(order, m, sizeof *order, larger_first);
+    int rc = REFIT_OK;
+    for (uint32_t k = 0; k < m && !rc; k++) {
+        const bkt_tensor *ti = &t[order[k].i];
+        uint64_t bytes = 0, row_bytes = 0;
+        tensor_sizes(ti, &bytes, &row_bytes, err, errlen);
+        rc = plan_direct(pl, order[k].i, ti, bytes, row_bytes, (uint32_t)entry_size(ti), err,
+                         errlen);
+        if (rc == REFIT_ENOMEM)
+            bad(err, errlen, rc, "planning buckets: out of memory");
+        else if (rc == REFIT_EINVAL && pl->p->n_buckets == BKT_MAX_BUCKETS)
+            bad(err, errlen, rc, "%s: more than %u buckets", ti->name, BKT_MAX_BUCKETS);
+    }
+    free(order);
+    return rc;
+}
+
 int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
                    size_t label_len, char *err, size_t errlen)
 {
@@ -467,13 +514,8 @@ int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t
     }
     /* DIRECT buckets first: nothing packs or scatters them, so they need
      * no ramp, and the packed buckets' last scatter stays small */
-    for (uint32_t i = 0; i < n && !rc; i++) {
-        uint64_t bytes = 0, row_bytes = 0;
-        tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen);
-        if (goes_direct(&t[i], bytes, direct_min))
-            rc = plan_direct(&pl, i, &t[i], bytes, row_bytes, (uint32_t)entry_size(&t[i]), err,
-                             errlen);
-    }
+    if (!rc && direct_min)
+        rc = plan_directs(&pl, t, n, direct_min, err, errlen);
     pl.first_packed = p->n_buckets;
     /* no tensors: one bucket of no entries still carries the label */
     if (!rc && (packed || !p->n_buckets))

@@ -615,12 +615,18 @@ static void test_plan_direct(void **state)
                                                sizeof err), 0);
         int64_t next_row[NTS];
         memset(next_row, 0, sizeof next_row);
-        uint32_t direct = 0;
+        uint32_t direct = 0, prev = UINT32_MAX;
         bool packed_seen = false;
         for (uint32_t b = 0; b < p.n_buckets; b++) {
             const bkt_span *sp = &p.buckets[b];
             if (sp->direct) {
                 assert_false(packed_seen); /* DIRECT ones first */
+                /* largest tensor first: the last DIRECT sum, which nothing
+                 * hides, is the smallest */
+                uint32_t ti = p.pieces[sp->first].tensor;
+                if (prev != UINT32_MAX && prev != ti)
+                    assert_true(bytes_of(&ts[prev]) >= bytes_of(&ts[ti]));
+                prev = ti;
                 direct++;
                 assert_int_equal(sp->n, 1);
                 assert_true(bkt_total(&p, b) == sp->payload_bytes);
