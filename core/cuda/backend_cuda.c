@@ -88,6 +88,7 @@ typedef struct cuda_cfg {
     int batch_grid;             /* REFIT_CUDA_BATCH_GRID: blocks of a batch launch, 0 = a row each */
     int table_upload;           /* REFIT_CUDA_TABLE_UPLOAD: copy tables to the device first */
     size_t flush_bytes;         /* REFIT_CUDA_FLUSH_MB: launch once this much is queued */
+    uint64_t flush_growth;      /* REFIT_CUDA_FLUSH_GROWTH: and growth x what went before */
     int nt_stores;              /* REFIT_CUDA_NT_STORES: stream into pinned chunks */
     int defer;                  /* REFIT_CUDA_DEFER: read held sources after copy() returns */
     size_t defer_slice;         /* REFIT_CUDA_DEFER_SLICE_KB: a worker's unit of work */
@@ -125,6 +126,7 @@ static void cfg_load(cuda_cfg *c)
     c->batch_grid = (int)env_size("REFIT_CUDA_BATCH_GRID", 0, 1, 0, 1 << 20);
     c->table_upload = (int)env_size("REFIT_CUDA_TABLE_UPLOAD", 0, 1, 0, 1);
     c->flush_bytes = env_size("REFIT_CUDA_FLUSH_MB", 64 * MIB, MIB, MIB, SIZE_MAX / 2);
+    c->flush_growth = env_size("REFIT_CUDA_FLUSH_GROWTH", 1, 1, 1, 16);
     c->nt_stores = (int)env_size("REFIT_CUDA_NT_STORES", 0, 1, 0, 1);
     c->defer = (int)env_size("REFIT_CUDA_DEFER", 1, 1, 0, 1);
     c->defer_slice = env_size("REFIT_CUDA_DEFER_SLICE_KB", 2 * MIB, KIB, 64 * KIB, 64 * MIB);
@@ -708,10 +710,11 @@ static int queue_rows(cq *q, bool save, uint64_t dst, uint64_t src, uint64_t byt
         uint64_t len = bytes - off < G.cfg.row_max ? bytes - off : G.cfg.row_max;
         t->rows[(save ? 0 : cap) + (*n)++] = (kern_batch_row){src + off, dst + off, len};
         if (!save && (t->copy_bytes += len) >= G.cfg.flush_bytes &&
-            t->copy_bytes >= q->launched) {
+            t->copy_bytes >= q->launched * G.cfg.flush_growth) {
             /* the device starts on the first flush_bytes while the host goes
-             * on routing; each launch after that is as large as all before
-             * it, so launches stay few and each fills the device */
+             * on routing; each launch after that is flush_growth times as
+             * large as all before it, so launches stay few (each one's tail
+             * leaves SMs idle) and each fills the device */
             int rc = queue_flush(q);
             if (rc)
                 return rc;
