@@ -147,6 +147,7 @@ struct qf_piece {
     uint8_t vx, vq;             /* rows of x (q) are 16 (8) byte aligned and contiguous */
     uint8_t leader;             /* per-tensor: writes the group's scale */
     uint8_t onekind;            /* per-tensor: every piece of its group has its dtype */
+    uint8_t dense;              /* takes the dense fast path (qf_dense_ok) */
 };
 
 /* Per-tensor group words: the amax bits, the amax chunks done, and how
@@ -290,19 +291,31 @@ __device__ __forceinline__ float qf_recip(float s, int kind, bool ok)
 
 /* x / s as __fdiv_rn gives it, for what the encoder sees: with r =
  * qf_recip(s) != 0, the product x * r corrected by one FMA of the exact
- * residual (Markstein); the residual 0 keeps the product, so -0 stays -0.
+ * residual (Markstein), written so that -0 stays -0 with no test.
  * For every F16/BF16 x with |x| <= amax and s = amax / 448 the E4M3 bytes
  * equal those of the full division (tests/gpu/emu/fastdiv.cc checks all
  * 2^31 pairs of each dtype on the CPU, through this code); the quotients
  * themselves differ only where x and s are so small that the residual
  * underflows, and then by less than 2^-12, which E4M3 rounds to 0. */
+__device__ __forceinline__ float qf_div_recip(float x, float s, float r)
+{
+    /* the residual negated, e = q0 s - x, and q0 - e r: the same bits as
+     * "x - q0 s, and q0 where that is 0, else q0 + e r" (negation and
+     * round-to-nearest commute), without the test: an exact 0 residual
+     * rounds to +0 here, so -e is -0 and q0 + -0 is q0 even where q0 is -0
+     * (x = -0), which the unnegated form lost. 3 instructions. */
+    float q0 = __fmul_rn(x, r);
+    float e = __fmaf_rn(q0, s, -x);
+    return __fmaf_rn(-e, r, q0);
+}
+
+/* qf_div_recip where r != 0 (the dense path calls that directly, its
+ * test of r hoisted out of the group loop), the full division where not. */
 __device__ __forceinline__ float qf_div(float x, float s, float r)
 {
     if (r == 0.0f)
         return __fdiv_rn(x, s);
-    float q0 = __fmul_rn(x, r);
-    float e = __fmaf_rn(-q0, s, x);
-    return e == 0.0f ? q0 : __fmaf_rn(e, r, q0);
+    return qf_div_recip(x, s, r);
 }
 
 /* A raw group encoded with scale s (r: qf_recip of it): byte u is element
@@ -409,6 +422,172 @@ __device__ __forceinline__ float qf_scale(uint32_t amax_bits)
     return s > 0.0f ? s : 1.0f;
 }
 
+/* ---- the dense fast path: helpers ----
+ *
+ * A piece is dense (qf_dense_ok, on the host) when it is F16 or BF16, its
+ * rows of x are contiguous with base and pitch 16-byte aligned, its rows of
+ * q contiguous with base and pitch 8-byte aligned, and its rows hold whole
+ * groups (block-128: whole 128-column tiles). Its kernels do the least work
+ * an element: no per-group bounds or stride arithmetic (a 64-bit base once
+ * a row, tile or chunk, 32-bit offsets from it), every lane's loads issued
+ * before any is used, the amax on packed magnitude pairs, NaN/Inf found on
+ * the unit's amax alone, bf16 -> f32 by a shift or a mask, and the division
+ * by qf_div_recip with its test of the reciprocal hoisted out of the
+ * loop. */
+
+#define QF_DENSE_CH 8                  /* 16-byte loads a lane keeps in flight */
+
+/* The running max of the 16-bit magnitudes of a raw group, as a pair
+ * (the low and high halves kept apart until qf_pair_top). */
+__device__ __forceinline__ uint32_t qf_pair_max(uint32_t acc, uint4 w)
+{
+    const uint32_t m = 0x7fff7fffu;
+    return __vmaxu2(acc, __vmaxu2(__vmaxu2(w.x & m, w.y & m), __vmaxu2(w.z & m, w.w & m)));
+}
+
+__device__ __forceinline__ uint32_t qf_pair_top(uint32_t acc)
+{
+    return max(acc & 0xffffu, acc >> 16);
+}
+
+/* The smallest 16-bit magnitude that is not finite: infinity's (F16 or
+ * BF16); a unit whose amax reaches it is refused. */
+__device__ __forceinline__ uint32_t qf_inf16(int kind)
+{
+    return kind == 2 ? 0x7f80u : 0x7c00u;
+}
+
+/* Element hi (0 or 1) of a raw 16-bit pair as an f32, exactly: BF16 is the
+ * high half of an f32; F16's magnitude bits moved to an f32's place are
+ * the value times 2^-112 (subnormals too), scaled back by a power of two. */
+template <int KIND>
+__device__ __forceinline__ float qf_wide(uint32_t w, int hi)
+{
+    if (KIND == 2)
+        return __uint_as_float(hi ? w & 0xffff0000u : w << 16);
+    uint32_t h = hi ? w >> 16 : w & 0xffffu;
+    return __fmul_rn(__uint_as_float((h & 0x8000u) << 16 | (h & 0x7fffu) << 13), 0x1p112f);
+}
+
+/* Two elements of a pair, divided and converted: lo in the low byte. */
+template <int KIND>
+__device__ __forceinline__ uint32_t qf_enc_pair(uint32_t w, float s, float r)
+{
+    return qf_cvt2(qf_div_recip(qf_wide<KIND>(w, 0), s, r),
+                   qf_div_recip(qf_wide<KIND>(w, 1), s, r));
+}
+
+/* A raw 16-bit group encoded by the conversion instruction (r != 0):
+ * the bytes of qf_encode(w, KIND, s, r, 1). */
+template <int KIND>
+__device__ __forceinline__ uint2 qf_enc8(uint4 w, float s, float r)
+{
+    uint2 o;
+    o.x = qf_enc_pair<KIND>(w.x, s, r) | qf_enc_pair<KIND>(w.y, s, r) << 16;
+    o.y = qf_enc_pair<KIND>(w.z, s, r) | qf_enc_pair<KIND>(w.w, s, r) << 16;
+    return o;
+}
+
+/* Slots 0 .. nv - 1 of a dense unit the general way (slot i: group g + i
+ * dg of row r + i drow, read again from x), for the units whose scale is
+ * too small for the reciprocal (qf_recip 0). Out of line, so that the
+ * dense kernels keep no registers for it. */
+__device__ __noinline__ void qf_slots_slow(const qf_piece &p, int64_t r, int64_t g, int drow,
+                                           int dg, int nv, float s, int hw)
+{
+    for (int i = 0; i < nv && i < QF_DENSE_CH; i++) {
+        int64_t ri = r + (int64_t)i * drow, gi = g + (int64_t)i * dg;
+        qf_store(p, ri, gi, qf_encode(qf_load(p, ri, gi), p.kind, s, 0.0f, hw));
+    }
+}
+
+/* The CH groups of a dense unit encoded with scale s (r = qf_recip(s)
+ * != 0), each valid one (ok(i)) handed to put(i, bytes): slots past a
+ * unit's end cost a branch, not an encode. Dense pieces are taken only
+ * with the conversion instruction (qf_dense_ok), so this is the one
+ * encoder of the fast path; r is tested once a unit by the caller. */
+template <int CH, class Ok, class Put>
+__device__ __forceinline__ void qf_enc_dense(const uint4 (&raw)[CH], int kind, float s, float r,
+                                             Ok ok, Put put)
+{
+    if (kind == 2) {
+#pragma unroll
+        for (int i = 0; i < CH; i++)
+            if (ok(i))
+                put(i, qf_enc8<2>(raw[i], s, r));
+    } else {
+#pragma unroll
+        for (int i = 0; i < CH; i++)
+            if (ok(i))
+                put(i, qf_enc8<1>(raw[i], s, r));
+    }
+}
+
+/* CH groups at a, a + step, ...: all of them where the unit is whole for
+ * this lane (full: no predicates, no zeroing), else the valid ones (ok(i))
+ * and zeros. Every load is issued before any is used. LAST: read with
+ * evict-first (x read once, or for the last time). */
+template <int CH, bool LAST, class Ok>
+__device__ __forceinline__ void qf_load_dense(uint4 (&raw)[CH], const char *a, int64_t step,
+                                              bool full, Ok ok)
+{
+    if (full) {
+#pragma unroll
+        for (int i = 0; i < CH; i++)
+            raw[i] = LAST ? qf_ld16_last(a + i * step) : qf_ld16(a + i * step);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < CH; i++)
+        raw[i] = !ok(i) ? make_uint4(0, 0, 0, 0)
+                 : LAST ? qf_ld16_last(a + i * step)
+                        : qf_ld16(a + i * step);
+}
+
+/* A dense piece's fields in registers, read once a piece (the table is
+ * read again only when a unit falls past end); 32-bit where qf_dense_ok
+ * found them to fit, so that the cursor costs few registers. */
+struct qf_dense_at {
+    const char *x;
+    unsigned char *q;
+    float *s;
+    int64_t first, end;         /* its units */
+    uint32_t xp, qp;            /* bytes from a row of x (q) to the next */
+    uint32_t ss0, ss1, n, gpr;
+    int idx, kind;
+};
+
+/* Make d the piece of unit t (pi: the last one, the search's start). */
+__device__ __forceinline__ void qf_dense_seek(qf_dense_at &d, const qf_piece *P, int np,
+                                              int64_t t, int &pi)
+{
+    pi = qf_find(P, np, t, pi);
+    const qf_piece &p = P[pi];
+    d.x = p.x;
+    d.q = p.q;
+    d.s = p.s;
+    d.first = p.first;
+    d.end = pi + 1 < np ? P[pi + 1].first : INT64_MAX;
+    d.xp = (uint32_t)(p.xs0 * 2);
+    d.qp = (uint32_t)p.qs0;
+    d.ss0 = (uint32_t)p.ss0;
+    d.ss1 = (uint32_t)p.ss1;
+    d.n = (uint32_t)p.n;
+    d.gpr = (uint32_t)p.gpr;
+    d.idx = p.idx;
+    d.kind = p.kind;
+}
+
+/* Units [t0, t1) cut into gridDim.x runs, one a block: [*a, *b). A run
+ * of consecutive units stays in one piece but at its edges, so that the
+ * table is searched a few times a block, not once a unit. */
+__device__ __forceinline__ void qf_block_run(int64_t t0, int64_t t1, int64_t *a, int64_t *b)
+{
+    int64_t per = (t1 - t0 + gridDim.x - 1) / gridDim.x;
+    *a = t0 + per * blockIdx.x;
+    *b = *a + per < t1 ? *a + per : t1;
+}
+
 /* ---- per-channel: a warp per row ---- */
 
 /* Rows t0 .. t1 - 1 of the call (P: the pieces holding them). CH: groups
@@ -467,10 +646,11 @@ k_rows(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1, unsigned 
  * the launch's largest tile (8: 16-bit pieces only, 16 with an F32 one). */
 template <int CH>
 __global__ void __launch_bounds__(QF_THREADS)
-k_tiles(const qf_piece *__restrict__ P, int np, int64_t tiles, unsigned int *status, int hw)
+k_tiles(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1, unsigned int *status,
+        int hw)
 {
     int pi = 0;
-    for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
+    for (int64_t t = t0 + blockIdx.x; t < t1; t += gridDim.x) {
         pi = qf_find(P, np, t, pi);
         const qf_piece &p = P[pi];
         int64_t tile = t - p.first, bk = (p.k + 127) >> 7;
@@ -510,6 +690,138 @@ k_tiles(const qf_piece *__restrict__ P, int np, int64_t tiles, unsigned int *sta
     }
 }
 
+/* ---- the dense fast path: block-128 and per-channel ---- */
+
+/* Block-128, dense pieces: a 256-thread block per 128x128 tile, warp w on
+ * its rows 16w .. 16w + 15: lane l holds group l % 16 of rows 16w + l / 16
+ * + 2i (slots i < 8), so a warp's load i reads two whole 256-byte rows. The
+ * tile's max through shared memory; the block walks a run of consecutive
+ * tiles (qf_block_run), its piece's fields in registers, the next tile's
+ * row and column stepped, not divided. 64 registers at most: 4 blocks (4
+ * tiles, 128 KB of loads) in flight an SM. */
+__global__ void __launch_bounds__(QF_THREADS, 4)
+k_tiles_dense(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1,
+              unsigned int *status, int hw)
+{
+    int64_t ta, tb;
+    qf_block_run(t0, t1, &ta, &tb);
+    const int lane = threadIdx.x & 31;
+    const uint32_t row = (threadIdx.x >> 5) * 16 + (lane >> 4); /* slot 0's row in the tile */
+    qf_dense_at d = {};
+    d.end = ta; /* seek at the first tile */
+    int pi = 0;
+    uint32_t si = 0, sj = 0, bk = 1; /* the tile's row and column of tiles */
+    for (int64_t t = ta; t < tb; t++) {
+        if (t >= d.end) {
+            qf_dense_seek(d, P, np, t, pi);
+            bk = d.gpr >> 4;
+            si = (uint32_t)(t - d.first) / bk;
+            sj = (uint32_t)(t - d.first) - si * bk;
+        } else if (++sj == bk) {
+            sj = 0;
+            si++;
+        }
+        const uint32_t r0 = si * 128 + row;            /* slot 0's row in the piece */
+        const int h = (int)(d.n - si * 128) - (int)row; /* slot i is a row while 2i < h */
+        auto ok = [&](int i) { return 2 * i < h; };
+        const char *xb = d.x + (uint64_t)r0 * d.xp + sj * 256 + (lane & 15) * 16;
+        uint4 raw[QF_DENSE_CH];
+        qf_load_dense<QF_DENSE_CH, true>(raw, xb, 2 * (int64_t)d.xp, h >= 2 * QF_DENSE_CH, ok);
+        uint32_t m = 0;
+#pragma unroll
+        for (int i = 0; i < QF_DENSE_CH; i++)
+            m = qf_pair_max(m, raw[i]);
+        m = qf_block_max(qf_pair_top(m));
+        if (m >= qf_inf16(d.kind)) {
+            if (threadIdx.x == 0)
+                atomicMin(status, (unsigned int)d.idx);
+            continue;
+        }
+        float s = qf_scale(qf_mag_f32(m, d.kind)), rc = qf_recip(s, d.kind, true);
+        if (threadIdx.x == 0)
+            d.s[(uint64_t)si * d.ss0 + (uint64_t)sj * d.ss1] = s;
+        if (rc == 0.0f) {
+            qf_slots_slow(P[pi], r0, (int64_t)sj * 16 + (lane & 15), 2, 0, (h + 1) / 2, s, hw);
+            continue;
+        }
+        unsigned char *qb = d.q + (uint64_t)r0 * d.qp + sj * 128 + (lane & 15) * 8;
+        const int64_t qstep = 2 * (int64_t)d.qp;
+        qf_enc_dense<QF_DENSE_CH>(raw, d.kind, s, rc, ok,
+                                  [&](int i, uint2 v) { qf_st8(qb + i * qstep, v); });
+    }
+}
+
+/* Per-channel, dense pieces: a team of T threads a row, each lane with
+ * CH groups of it (group tl + T i), all loaded before any is used; a
+ * launch class CLS is a (T, CH) whose T CH groups hold its rows (qf_class:
+ * 2048 BF16 elements a row are 8 groups a lane of a warp, 5632 are 6 of
+ * 128 threads). 256 / T rows a block at a time, the block walking a run
+ * of row batches. T > 32: the team's warps meet in shared memory (every
+ * thread of the block reaches both barriers, live row or not). */
+#define QF_TEAM_T(c) ((c) == 0 ? 32 : (c) == 1 ? 64 : (c) < 4 ? 128 : 256)
+#define QF_TEAM_CH(c) ((c) == 2 ? 6 : 8)
+template <int CLS>
+__global__ void __launch_bounds__(QF_THREADS, 4)
+k_rows_dense(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1,
+             unsigned int *status, int hw)
+{
+    constexpr int T = QF_TEAM_T(CLS), CH = QF_TEAM_CH(CLS);
+    constexpr int R = QF_THREADS / T; /* rows a batch */
+    __shared__ uint32_t part[QF_WARPS];
+    int64_t ba, bb;
+    qf_block_run(0, (t1 - t0 + R - 1) / R, &ba, &bb);
+    const int team = threadIdx.x / T, tl = threadIdx.x % T;
+    qf_dense_at d = {};
+    d.first = INT64_MAX; /* seek at the first live row */
+    int pi = 0;
+    for (int64_t b = ba; b < bb; b++) {
+        const int64_t t = t0 + b * R + team;
+        const bool live = t < t1;
+        if (live && (t >= d.end || t < d.first))
+            qf_dense_seek(d, P, np, t, pi);
+        const uint32_t r = (uint32_t)(t - d.first);
+        /* groups of the row from this lane's first on (none: a dead row) */
+        const int left = live ? (int)d.gpr - tl : 0;
+        auto ok = [&](int i) { return T * i < left; };
+        uint4 raw[CH];
+        qf_load_dense<CH, true>(raw, d.x + (uint64_t)r * d.xp + tl * 16, T * 16,
+                                left > T * (CH - 1), ok);
+        uint32_t m = 0;
+#pragma unroll
+        for (int i = 0; i < CH; i++)
+            m = qf_pair_max(m, raw[i]);
+        m = qf_warp_max(qf_pair_top(m));
+        if (T > 32) {
+            if ((threadIdx.x & 31) == 0)
+                part[threadIdx.x / 32] = m;
+            __syncthreads();
+#pragma unroll
+            for (int k = 0; k < T / 32; k++)
+                m = max(m, part[team * (T / 32) + k]);
+            __syncthreads();
+        }
+        if (!live)
+            continue;
+        /* the index and the scale's place: read by one lane where used
+         * (not kept in registers, which the widest teams lack) */
+        if (m >= qf_inf16(d.kind)) {
+            if (tl == 0)
+                atomicMin(status, (unsigned int)P[pi].idx);
+            continue;
+        }
+        float s = qf_scale(qf_mag_f32(m, d.kind)), rc = qf_recip(s, d.kind, true);
+        if (tl == 0)
+            P[pi].s[r * P[pi].ss0] = s;
+        if (rc == 0.0f) {
+            qf_slots_slow(P[pi], r, tl, 0, T, (left + T - 1) / T, s, hw);
+            continue;
+        }
+        unsigned char *qb = d.q + (uint64_t)r * d.qp + tl * 8;
+        qf_enc_dense<CH>(raw, d.kind, s, rc, ok,
+                         [&](int i, uint2 v) { qf_st8(qb + T * 8 * i, v); });
+    }
+}
+
 /* ---- per-tensor: one persistent launch, amax then encode ---- */
 
 /* Row and group of group gi of a piece (a flattened piece is one row). */
@@ -526,8 +838,8 @@ __device__ __forceinline__ void qf_rowgrp(const qf_piece &p, int64_t gi, int64_t
 
 /* Chunk c of piece p into raw (QF_SLOTS groups a thread; last: the
  * encode pass). */
-__device__ __forceinline__ void qf_chunk_load(const qf_piece &p, int64_t c, uint4 raw[QF_SLOTS],
-                                              bool last)
+__device__ __forceinline__ void qf_chunk_load(const qf_piece &p, int64_t c,
+                                              uint4 (&raw)[QF_SLOTS], bool last)
 {
     int64_t total = p.n * p.gpr;
 #pragma unroll
@@ -541,11 +853,46 @@ __device__ __forceinline__ void qf_chunk_load(const qf_piece &p, int64_t c, uint
     }
 }
 
+/* A general chunk's amax (F32 magnitude bits) in this thread, and its
+ * encode: out of line, so that a per-tensor launch with dense pieces
+ * keeps no registers for the general path around its dense loops. */
+__device__ __noinline__ uint32_t qf_chunk_amax(const qf_piece &p, int64_t pc)
+{
+    uint4 raw[QF_SLOTS];
+    qf_chunk_load(p, pc, raw, false);
+    uint32_t m = 0;
+#pragma unroll
+    for (int i = 0; i < QF_SLOTS; i++)
+        m = max(m, qf_gmax(raw[i], p.kind));
+    return qf_mag_f32(m, p.kind);
+}
+
+__device__ __noinline__ void qf_chunk_encode(const qf_piece &p, int64_t pc, float s, float rc,
+                                             int hw)
+{
+    uint4 raw[QF_SLOTS];
+    qf_chunk_load(p, pc, raw, true);
+    int64_t total = p.n * p.gpr;
+#pragma unroll
+    for (int i = 0; i < QF_SLOTS; i++) {
+        int64_t gi = pc * QF_CHUNK + threadIdx.x + QF_THREADS * i, rr, gg;
+        if (gi < total) {
+            qf_rowgrp(p, gi, &rr, &gg);
+            qf_store(p, rr, gg, qf_encode(raw[i], p.kind, s, rc, hw));
+        }
+    }
+}
+
 /* Tickets t = 0, 1, ... in rounds of 2 * round: a round's first half is
  * amax chunks r * round .., its second half the encode chunks of round
  * r - lag (empty slots past either end). A block takes a ticket, and the
- * next one while it works on it. */
-__global__ void __launch_bounds__(QF_THREADS)
+ * next one while it works on it. ALL_DENSE: every piece of the launch is
+ * dense, the general path not compiled in (80 registers, 3 blocks an SM;
+ * at 64 it spills 24 bytes, at 80 two words kept across the out-of-line
+ * calls, read back once a ticket); else each chunk takes its piece's path
+ * (106 registers, 2 blocks, no spill). */
+template <int ALL_DENSE>
+__global__ void __launch_bounds__(QF_THREADS, ALL_DENSE ? 3 : 2)
 k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int64_t chunks,
          int64_t round, int64_t lag, int hw)
 {
@@ -577,16 +924,28 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int
             pa = pi;
         const qf_piece &p = P[pi];
         qf_group *g = &G[p.group];
-        int64_t pc = c - p.first;
-        int kind = p.kind;
+        const int64_t pc = c - p.first;
+        const int kind = p.kind;
+        const bool dense = ALL_DENSE || p.dense;
+        /* a dense chunk: this thread's groups pc * QF_CHUNK + tid + 256 i,
+         * while i < left / 256, at xb + 4096 i (qb + 2048 i in q) */
+        const int64_t left = p.gpr - pc * QF_CHUNK - threadIdx.x;
+        auto ok = [&](int i) { return QF_THREADS * i < left; };
+        const bool full = left > QF_THREADS * (QF_SLOTS - 1);
+        const char *xb = p.x + (pc * QF_CHUNK + threadIdx.x) * 16;
         uint4 raw[QF_SLOTS];
         if (!enc) {
-            qf_chunk_load(p, pc, raw, false);
             uint32_t m = 0;
+            if (dense) {
+                qf_load_dense<QF_SLOTS, false>(raw, xb, QF_THREADS * 16, full, ok);
 #pragma unroll
-            for (int i = 0; i < QF_SLOTS; i++)
-                m = max(m, qf_gmax(raw[i], kind));
-            m = qf_block_max(qf_mag_f32(m, kind));
+                for (int i = 0; i < QF_SLOTS; i++)
+                    m = qf_pair_max(m, raw[i]);
+                m = qf_mag_f32(qf_pair_top(m), kind);
+            } else {
+                m = qf_chunk_amax(p, pc);
+            }
+            m = qf_block_max(m);
             if (threadIdx.x == 0) {
                 if (m > QF_FINITE_MAX)
                     atomicMin(&head->status, (unsigned int)p.idx);
@@ -610,16 +969,14 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int
         float s = qf_scale(a), rc = qf_recip(s, kind, p.onekind);
         if (p.leader && pc == 0 && threadIdx.x == 0)
             *p.s = s;
-        qf_chunk_load(p, pc, raw, true);
-        int64_t total = p.n * p.gpr;
-#pragma unroll
-        for (int i = 0; i < QF_SLOTS; i++) {
-            int64_t gi = pc * QF_CHUNK + threadIdx.x + QF_THREADS * i, rr, gg;
-            if (gi < total) {
-                qf_rowgrp(p, gi, &rr, &gg);
-                qf_store(p, rr, gg, qf_encode(raw[i], kind, s, rc, hw));
-            }
+        if (!dense || rc == 0.0f) {
+            qf_chunk_encode(p, pc, s, rc, hw);
+            continue;
         }
+        qf_load_dense<QF_SLOTS, true>(raw, xb, QF_THREADS * 16, full, ok);
+        unsigned char *qb = p.q + (pc * QF_CHUNK + threadIdx.x) * 8;
+        qf_enc_dense<QF_SLOTS>(raw, kind, s, rc, ok,
+                               [&](int i, uint2 v) { qf_st8(qb + QF_THREADS * 8 * i, v); });
     }
 }
 
@@ -693,11 +1050,32 @@ static bool qf_contiguous(const refit_view *v)
            (v->shape[1] <= 1 || v->strides[1] == 1);
 }
 
+/* Whether piece p takes the dense fast path of its scheme (the helpers'
+ * comment says what that path assumes): a 16-bit weight, rows of x and q
+ * aligned and contiguous, whole groups; block-128: whole 128-column tiles
+ * too; per-channel: rows of at most 8 groups a thread of the largest team
+ * (2048 groups, 16384 elements); per-tensor: a flattened (contiguous)
+ * piece. */
+static bool qf_dense_ok(const qf_piece *p, int scheme, int hw)
+{
+    const int64_t lim = (int64_t)1 << 31; /* its cursor's 32-bit fields */
+    if (!hw || p->kind == 0 || !p->vx || !p->vq || p->k % 8 != 0)
+        return false;
+    if (p->n >= lim || p->gpr >= lim || p->xs0 < 0 || p->xs0 * 2 >= lim || p->qs0 < 0 ||
+        p->qs0 >= lim || p->ss0 < 0 || p->ss0 >= lim || p->ss1 < 0 || p->ss1 >= lim)
+        return false;
+    if (scheme == 2)
+        return p->k % 128 == 0;
+    if (scheme == 1)
+        return p->gpr <= (int64_t)QF_THREADS * QF_DENSE_CH;
+    return p->n <= 1;
+}
+
 /* Piece i as the kernels read it; a contiguous per-tensor piece is walked
  * as one row. The views were checked as kern_quant_fp8 checks them; the
  * dtype and ranks are checked again here. */
 static int qf_piece_init(qf_piece *pc, const refit_view *q, const refit_view *s,
-                         const refit_view *x, uint32_t i, int scheme)
+                         const refit_view *x, uint32_t i, int scheme, int hw)
 {
     int kind = qf_kind(x->dtype);
     if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 || qf_kind(s->dtype) != 0)
@@ -731,6 +1109,7 @@ static int qf_piece_init(qf_piece *pc, const refit_view *q, const refit_view *s,
     bool one_row = pc->n <= 1;
     pc->vx = ((uintptr_t)pc->x % 16 == 0) && pc->xs1 == 1 && (one_row || (pc->xs0 * es) % 16 == 0);
     pc->vq = ((uintptr_t)pc->q % 8 == 0) && pc->qs1 == 1 && (one_row || pc->qs0 % 8 == 0);
+    pc->dense = qf_dense_ok(pc, scheme, hw);
     return REFIT_OK;
 }
 
@@ -862,8 +1241,72 @@ static void qf_rows_launch(const qf_cache *c, const qf_piece *P, const qf_piece 
         k_rows<QF_ROW_CH_MAX><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
 }
 
-/* The launch(es) of a call over the table at c->dev: one, or two for
- * per-channel calls with short and long rows. */
+/* The launch of a block-128 or per-channel piece: block-128 0 dense, 1
+ * general; per-channel 0 .. 4 dense (k_rows_dense<class>, a team of
+ * QF_TEAM_T threads a row, QF_TEAM_CH groups a lane: rows of up to T CH
+ * groups), 5 general rows of up to QF_SHORT_ROW
+ * groups, 6 longer ones. Pieces go in class order, a launch a class. */
+#define QF_CLASSES 7
+static int qf_class(const qf_piece *p, int scheme)
+{
+    if (scheme == 2)
+        return p->dense ? 0 : 1;
+    if (p->dense) {
+        int c = 0;
+        while ((int64_t)QF_TEAM_T(c) * QF_TEAM_CH(c) < p->gpr)
+            c++;
+        return c;
+    }
+    return p->gpr <= QF_SHORT_ROW ? 5 : 6;
+}
+
+/* Blocks for a dense launch of `units` (tiles or row batches): every
+ * block resident at once (4 an SM at 64 registers), each a run of units. */
+static unsigned qf_dense_grid(const qf_cache *c, int64_t units)
+{
+    int64_t most = (int64_t)c->sms * 4;
+    return (unsigned)(units < most ? units : most);
+}
+
+/* The launch of class cls over pieces P[0 .. np) (pcs: their host copy),
+ * units t0 .. t1 - 1. */
+static void qf_class_launch(const qf_cache *c, const qf_piece *P, const qf_piece *pcs, int np,
+                            int scheme, int cls, int64_t t0, int64_t t1, unsigned int *status,
+                            int hw, cudaStream_t st)
+{
+    if (scheme == 2 && cls == 0) {
+        unsigned grid = qf_dense_grid(c, t1 - t0);
+        k_tiles_dense<<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+    } else if (scheme == 2) {
+        bool f32 = false;
+        for (int i = 0; i < np; i++)
+            f32 = f32 || pcs[i].kind == 0;
+        int64_t most = (int64_t)c->sms * 16;
+        unsigned grid = (unsigned)(t1 - t0 < most ? t1 - t0 : most);
+        if (f32)
+            k_tiles<16><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+        else
+            k_tiles<QF_SLOTS><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+    } else if (cls < 5) {
+        int rows = QF_THREADS / QF_TEAM_T(cls); /* a block's rows at a time */
+        unsigned grid = qf_dense_grid(c, (t1 - t0 + rows - 1) / rows);
+        if (cls == 0)
+            k_rows_dense<0><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+        else if (cls == 1)
+            k_rows_dense<1><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+        else if (cls == 2)
+            k_rows_dense<2><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+        else if (cls == 3)
+            k_rows_dense<3><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+        else
+            k_rows_dense<4><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
+    } else {
+        qf_rows_launch(c, P, pcs, 0, (uint32_t)np, t1, status, hw, st);
+    }
+}
+
+/* The launches of a call over the table at c->dev: one (per-tensor), or
+ * one for each launch class present (block-128, per-channel). */
 static void qf_launch(const qf_cache *c, const qf_piece *pcs, uint32_t n, int scheme,
                       int64_t units, int64_t round, int64_t lag, int hw, cudaStream_t st)
 {
@@ -875,33 +1318,26 @@ static void qf_launch(const qf_cache *c, const qf_piece *pcs, uint32_t n, int sc
         qf_group *G = (qf_group *)(c->dev + qf_align(sizeof(qf_head)) +
                                    qf_align(sizeof(qf_piece) * n));
         int64_t tickets = ((units + round - 1) / round + lag) * 2 * round;
-        int64_t most = (int64_t)c->sms * 8;
-        unsigned grid = (unsigned)(tickets < most ? tickets : most);
-        k_tensor<<<grid, QF_THREADS, 0, st>>>(P, np, G, head, units, round, lag, hw);
-        return;
-    }
-    int64_t most = (int64_t)c->sms * 16;
-    if (scheme == 2) {
-        bool f32 = false;
+        bool all = true;
         for (uint32_t i = 0; i < n; i++)
-            f32 = f32 || pcs[i].kind == 0;
-        unsigned grid = (unsigned)(units < most ? units : most);
-        if (f32)
-            k_tiles<16><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+            all = all && pcs[i].dense;
+        int64_t most = (int64_t)c->sms * (all ? 3 : 2); /* all resident */
+        unsigned grid = (unsigned)(tickets < most ? tickets : most);
+        if (all)
+            k_tensor<1><<<grid, QF_THREADS, 0, st>>>(P, np, G, head, units, round, lag, hw);
         else
-            k_tiles<QF_SLOTS><<<grid, QF_THREADS, 0, st>>>(P, np, units, status, hw);
+            k_tensor<0><<<grid, QF_THREADS, 0, st>>>(P, np, G, head, units, round, lag, hw);
         return;
     }
-    /* short rows first (qf_plan put them there), then long ones: a launch
-     * each, so that short rows do not run at the long rows' register
-     * depth (fewer warps an SM, less in flight) */
-    uint32_t ns = 0;
-    while (ns < n && pcs[ns].gpr <= QF_SHORT_ROW)
-        ns++;
-    if (ns > 0)
-        qf_rows_launch(c, P, pcs, 0, ns, ns < n ? pcs[ns].first : units, status, hw, st);
-    if (ns < n)
-        qf_rows_launch(c, P, pcs, ns, n, units, status, hw, st);
+    /* a launch for each run of one class (qf_plan put them in class order) */
+    for (uint32_t a = 0, b; a < n; a = b) {
+        int cls = qf_class(&pcs[a], scheme);
+        for (b = a + 1; b < n && qf_class(&pcs[b], scheme) == cls;)
+            b++;
+        int64_t t0 = pcs[a].first, t1 = b < n ? pcs[b].first : units;
+        if (t1 > t0)
+            qf_class_launch(c, P + a, pcs + a, (int)(b - a), scheme, cls, t0, t1, status, hw, st);
+    }
 }
 
 /* Pieces in launch order, each with its first unit; per-tensor: ordered by
@@ -913,11 +1349,11 @@ static int64_t qf_plan(qf_piece *pcs, const qf_piece *in, uint32_t n, int scheme
                        int64_t round, int64_t *lag)
 {
     int64_t units = 0;
-    if (scheme != 0) { /* per-channel: short rows first, each class in call order */
+    if (scheme != 0) { /* by launch class, each class in call order */
         uint32_t at = 0;
-        for (int pass = 0; pass < (scheme == 1 ? 2 : 1); pass++)
+        for (int cls = 0; cls < QF_CLASSES; cls++)
             for (uint32_t i = 0; i < n; i++) {
-                if (scheme == 1 && (in[i].gpr > QF_SHORT_ROW) != (pass == 1))
+                if (qf_class(&in[i], scheme) != cls)
                     continue;
                 pcs[at] = in[i];
                 pcs[at].first = units;
@@ -986,7 +1422,7 @@ extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_
     uint32_t *ord = grp ? grp + n : NULL;
     int rc = in && grp ? REFIT_OK : qf_fail(cudaErrorMemoryAllocation, "host memory");
     for (uint32_t i = 0; i < n && !rc; i++)
-        if ((rc = qf_piece_init(&in[i], &q[i], &scale[i], &x[i], i, scheme)))
+        if ((rc = qf_piece_init(&in[i], &q[i], &scale[i], &x[i], i, scheme, hw)))
             *bad = (int32_t)i;
     if (!rc && scheme == 0)
         ngroups = qf_groups(scale, n, grp);

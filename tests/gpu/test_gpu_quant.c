@@ -607,6 +607,307 @@ static void test_nonfinite(void **state)
             }
 }
 
+/* ---- the dense fast path beside the general one ---- */
+
+/* A piece of a mixed call: dtype, shape, the layouts of x, q and the
+ * scales (gpu_twin's 0-3, or LAY_PAD: rows padded but still aligned, a
+ * dense layout whose pitch is not the row), per-tensor slot. */
+#define LAY_PAD 4
+#define MIX_MAX 120
+
+typedef struct mpiece {
+    refit_dtype dt;
+    int64_t n, k;
+    int xl, ql, sl;
+    uint32_t slot;
+} mpiece;
+
+typedef struct mix {
+    uint32_t n;
+    int scheme;
+    mpiece pc[MIX_MAX];
+    twin tx[MIX_MAX], tq[MIX_MAX], ts;
+    char *jq[MIX_MAX], *js; /* the junk each q twin and the scales started with */
+    refit_view gq[MIX_MAX], gs[MIX_MAX], gx[MIX_MAX], hq[MIX_MAX], hs[MIX_MAX], hx[MIX_MAX];
+} mix;
+
+/* LAY_PAD: 24 elements of padding a row keep a 16-bit row's pitch a
+ * multiple of 16 bytes and a q row's of 8. */
+static lay mix_layout(int kind, int64_t n, int64_t k)
+{
+    if (kind != LAY_PAD)
+        return layout(kind, n, k);
+    lay l = {k + 24, 1, 0, n * (k + 24) + 1};
+    return l;
+}
+
+/* Each piece in its own twins (x, q), the scales in one (per-tensor:
+ * element slot; else each piece's grid in its own region). */
+static void mix_new(mix *m, int scheme, const mpiece *pc, uint32_t n, enum pat p)
+{
+    assert_true(n <= MIX_MAX);
+    memset(m, 0, sizeof *m);
+    m->n = n;
+    m->scheme = scheme;
+    int64_t se = 0, ss[2];
+    for (uint32_t i = 0; i < n; i++) {
+        m->pc[i] = pc[i];
+        kern_fp8_scale_shape((kern_fp8_scheme)scheme, pc[i].n, pc[i].k, ss);
+        int64_t need = scheme == KERN_FP8_PER_TENSOR ? (int64_t)pc[i].slot + 1
+                                                     : se + mix_layout(pc[i].sl, ss[0], ss[1]).elems;
+        se = scheme == KERN_FP8_PER_TENSOR ? (need > se ? need : se) : need;
+    }
+    m->ts = twin_new((size_t)se * 4);
+    int64_t so = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const mpiece *q = &pc[i];
+        size_t es = (size_t)q->dt.bits / 8;
+        lay lx = mix_layout(q->xl, q->n, q->k), lq = mix_layout(q->ql, q->n, q->k);
+        kern_fp8_scale_shape((kern_fp8_scheme)scheme, q->n, q->k, ss);
+        lay ls = mix_layout(q->sl, ss[0], ss[1]);
+        m->tx[i] = twin_new((size_t)lx.elems * es);
+        m->tq[i] = twin_new((size_t)lq.elems);
+        m->gx[i] = v2(m->tx[i].d, q->dt, q->n, q->k, lx.s0, lx.s1, lx.first);
+        m->gq[i] = v2(m->tq[i].d, E4M3, q->n, q->k, lq.s0, lq.s1, lq.first);
+        if (scheme == KERN_FP8_PER_TENSOR) {
+            m->gs[i] = v2(m->ts.d, F32, 1, 1, 1, 1, (int64_t)q->slot);
+        } else {
+            m->gs[i] = v2(m->ts.d, F32, ss[0], ss[1], ls.s0, ls.s1, so + ls.first);
+            so += ls.elems;
+        }
+        m->hx[i] = on_host(m->gx[i], &m->tx[i]);
+        m->hq[i] = on_host(m->gq[i], &m->tq[i]);
+        m->hs[i] = on_host(m->gs[i], &m->ts);
+        fill(&m->hx[i], p);
+        twin_push(&m->tx[i]);
+        m->jq[i] = malloc(m->tq[i].bytes);
+        assert_non_null(m->jq[i]);
+        memcpy(m->jq[i], m->tq[i].h, m->tq[i].bytes);
+    }
+    m->js = malloc(m->ts.bytes);
+    assert_non_null(m->js);
+    memcpy(m->js, m->ts.h, m->ts.bytes);
+}
+
+static void mix_free(mix *m)
+{
+    for (uint32_t i = 0; i < m->n; i++) {
+        twin_free(&m->tx[i]);
+        twin_free(&m->tq[i]);
+        free(m->jq[i]);
+    }
+    twin_free(&m->ts);
+    free(m->js);
+}
+
+/* The device call against the host bytes (the reference's, or what a
+ * refusal must leave): every q twin, the scales, x untouched. */
+static void mix_check(mix *m, int hw, int want_rc, int32_t want_bad, const char *what)
+{
+    for (uint32_t i = 0; i < m->n; i++)
+        CU(cudaMemcpy(m->tq[i].d, m->jq[i], m->tq[i].bytes, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(m->ts.d, m->js, m->ts.bytes, cudaMemcpyHostToDevice));
+    int32_t bad = 99;
+    int rd = kern_quant_fp8_cuda(m->n, m->gq, m->gs, m->gx, m->scheme, hw, &bad, NULL);
+    char w[200];
+    snprintf(w, sizeof w, "%s, %s, %s", scheme_name[m->scheme], what,
+             hw ? "conversion instruction" : "integer encoder");
+    if (rd != want_rc || (want_rc != REFIT_OK && bad != want_bad))
+        fail_msg("%s: device %d piece %d (%s), want %d piece %d", w, rd, bad,
+                 kern_cuda_last_error(), want_rc, want_bad);
+    for (uint32_t i = 0; i < m->n; i++) {
+        twin_check(&m->tq[i], w);
+        twin_check(&m->tx[i], w);
+    }
+    twin_check(&m->ts, w);
+}
+
+/* The reference on every piece, then the device with each encoder. */
+static void mix_run(mix *m, const char *what)
+{
+    int32_t bad;
+    int rh = reference(m->n, m->hq, m->hs, m->hx, m->scheme, &bad);
+    if (rh != REFIT_OK)
+        fail_msg("%s: the reference refused piece %d", what, bad);
+    for (int hw = 0; hw < encoders; hw++)
+        mix_check(m, hw, REFIT_OK, -1, what);
+}
+
+static mpiece mp(refit_dtype dt, int64_t n, int64_t k, int xl, int ql, int sl, uint32_t slot)
+{
+    mpiece p = {dt, n, k, xl, ql, sl, slot};
+    return p;
+}
+
+/* Dense pieces beside general ones in one call, per scheme: a dense piece
+ * next to a transposed one, a padded-but-aligned dense piece (its last
+ * tile one row high) next to a misaligned one, a piece of exactly one
+ * group (block-128: one 1x128 tile), pieces one group short of a whole
+ * unit (a tile one row short, a row one group short of what a team holds
+ * at each team size, and one group past it; a per-tensor chunk one group
+ * short),
+ * F16 beside BF16, an F32 piece of dense shape (general), and per-tensor
+ * groups that mix dense and general pieces. */
+static void test_dense_mixed(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    for (int d = 0; d < 2; d++) {
+        refit_dtype dt = d ? F16 : BF16, other = d ? BF16 : F16;
+        mpiece t[] = {
+            /* block-128 */
+            mp(dt, 130, 256, 0, 0, 0, 0), mp(dt, 40, 136, 2, 2, 1, 0),
+            mp(dt, 257, 384, LAY_PAD, LAY_PAD, 1, 0), mp(dt, 64, 128, 3, 3, 0, 0),
+            mp(dt, 1, 128, 0, 0, 0, 0), mp(dt, 127, 128, 0, 0, 0, 0),
+            mp(other, 129, 640, 0, LAY_PAD, 0, 0), mp(F32, 128, 128, 0, 0, 0, 0),
+            mp(dt, 5, 128, 0, 1, 0, 0),
+        };
+        mix m;
+        mix_new(&m, KERN_FP8_BLOCK128, t, sizeof t / sizeof t[0], PAT_MIXED);
+        mix_run(&m, d ? "f16 dense and general tiles" : "bf16 dense and general tiles");
+        mix_free(&m);
+        mpiece r[] = {
+            /* per-channel: team sizes 32 (rows <= 2048 elements), 64, 128, 256 */
+            mp(dt, 9, 256, 0, 0, 0, 0), mp(dt, 7, 136, 2, 0, 1, 0),
+            mp(dt, 33, 2048, LAY_PAD, LAY_PAD, 1, 0), mp(dt, 6, 2048, 3, 0, 0, 0),
+            mp(dt, 1, 8, 0, 0, 0, 0), mp(dt, 3, 2040, 0, 0, 0, 0),
+            mp(other, 3, 4088, 0, 0, 0, 0), mp(dt, 4, 5632, 0, LAY_PAD, 0, 0),
+            mp(dt, 2, 8184, LAY_PAD, 0, 0, 0), mp(other, 2, 16376, 0, 0, 1, 0),
+            mp(dt, 2, 16384, 0, 0, 0, 0), mp(dt, 2, 16392, 0, 0, 0, 0),
+            mp(F32, 3, 256, 0, 0, 0, 0), mp(dt, 5, 64, 0, 1, 0, 0),
+            /* one group past a team's capacity: the next team size */
+            mp(dt, 2, 2056, 0, 0, 0, 0), mp(dt, 3, 6152, 0, 0, 0, 0),
+        };
+        mix_new(&m, KERN_FP8_PER_CHANNEL, r, sizeof r / sizeof r[0], PAT_MIXED);
+        mix_run(&m, d ? "f16 dense and general rows" : "bf16 dense and general rows");
+        mix_free(&m);
+        mpiece p[] = {
+            /* per-tensor: slots 0 and 2 mix dense and general pieces */
+            mp(dt, 130, 256, 0, 0, 0, 0), mp(dt, 40, 136, 2, 2, 0, 0),
+            mp(dt, 1, 8, 0, 0, 0, 1), mp(dt, 1, 16376, 0, 0, 0, 2),
+            mp(dt, 2047, 8, 0, 0, 0, 3), mp(dt, 64, 128, 3, 3, 0, 2),
+            mp(dt, 33, 2048, LAY_PAD, LAY_PAD, 0, 4), mp(dt, 3, 5632, 0, 0, 0, 2),
+            mp(other, 5, 4096, 0, 0, 0, 5), mp(dt, 2, 16392, 0, 0, 0, 6),
+        };
+        mix_new(&m, KERN_FP8_PER_TENSOR, p, sizeof p / sizeof p[0], PAT_MIXED);
+        mix_run(&m, d ? "f16 dense and general pieces" : "bf16 dense and general pieces");
+        mix_free(&m);
+    }
+}
+
+/* Many dense pieces in one call (their units in runs that cross piece
+ * edges inside a block), with a general one among them; per-tensor
+ * groups interleaved; and whole calls of random values. */
+static void test_dense_many(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    static mpiece pcs[MIX_MAX];
+    for (int sch = 0; sch < 3; sch++) {
+        uint32_t n = 100;
+        for (uint32_t i = 0; i < n; i++) {
+            int64_t rows = 1 + (i * 37) % 41, k = sch == KERN_FP8_BLOCK128 ? 128 * (1 + i % 3)
+                                                                           : 8 * (1 + (i * 13) % 70);
+            /* per-tensor groups (slots) of one dtype, so that they divide
+             * by the reciprocal (a group mixing dtypes takes __fdiv_rn) */
+            pcs[i] = mp((i % 9) % 5 == 2 ? F16 : BF16, rows, k, i == 50 ? 3 : 0, 0, 0, i % 9);
+        }
+        mix m;
+        mix_new(&m, sch, pcs, n, PAT_RANDOM);
+        mix_run(&m, "100 dense pieces, one general");
+        mix_free(&m);
+    }
+}
+
+/* Zero at x[i][j] of a host view (the reference's value where the
+ * device sees a NaN or an infinity). */
+static void put_zero(const refit_view *x, int64_t i, int64_t j)
+{
+    view_put(x, i, j, 0.0f, 0, 0);
+}
+
+/* The unit holding (i, j) of piece p as the junk it started with: q's
+ * bytes and the scale, after a refusal (per-tensor: the whole group). */
+static void mix_unwritten(mix *m, uint32_t p, int64_t i, int64_t j)
+{
+    const refit_view *q = &m->hq[p], *s = &m->hs[p];
+    int64_t r0 = 0, r1 = q->shape[0], c0 = 0, c1 = q->shape[1], si = 0, sj = 0;
+    if (m->scheme == KERN_FP8_PER_CHANNEL) {
+        r0 = i;
+        r1 = i + 1;
+        si = i;
+    } else if (m->scheme == KERN_FP8_BLOCK128) {
+        r0 = i / 128 * 128;
+        r1 = r0 + 128 < r1 ? r0 + 128 : r1;
+        c0 = j / 128 * 128;
+        c1 = c0 + 128 < c1 ? c0 + 128 : c1;
+        si = i / 128;
+        sj = j / 128;
+    }
+    size_t at = (size_t)((char *)s->data - m->ts.h) +
+                (size_t)(si * s->strides[0] + sj * s->strides[1]) * 4;
+    memcpy(m->ts.h + at, m->js + at, 4);
+    for (int64_t a = r0; a < r1; a++)
+        for (int64_t b = c0; b < c1; b++) {
+            size_t o = (size_t)((char *)q->data - m->tq[p].h) +
+                       (size_t)(a * q->strides[0] + b * q->strides[1]);
+            m->tq[p].h[o] = m->jq[p][o];
+        }
+}
+
+/* NaN and infinity in dense and general pieces of one call: the lowest
+ * piece named, the refused unit (row, tile; per-tensor: its group's
+ * pieces and scale) left as it was, every other unit written. */
+static void test_dense_nonfinite(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    for (int sch = 0; sch < 3; sch++)
+        for (int which = 0; which < 3; which++) {
+            int64_t k = 256;
+            /* 0 general, 1 dense, 2 general, 3 dense, 4 dense; per-tensor:
+             * 1 and 2 one group, 3 and 4 another */
+            mpiece t[5] = {
+                mp(BF16, 40, k, 2, 0, 0, 0), mp(BF16, 200, k, 0, 0, 0, 1),
+                mp(F16, 130, k, 3, 0, 0, 1), mp(F16, 131, k, 0, LAY_PAD, 0, 2),
+                mp(BF16, 129, k, LAY_PAD, 0, 1, 2),
+            };
+            /* which 0: Inf in dense 1, NaN in general 2: piece 1. which 1:
+             * NaN in general 2, Inf in dense 3: piece 2. which 2: NaN in
+             * dense 4 only: piece 4. */
+            static const int64_t at[3][2][3] = {
+                {{1, 150, 200}, {2, 129, 3}},
+                {{2, 5, 255}, {3, 130, 0}},
+                {{4, 128, 130}, {-1, 0, 0}},
+            };
+            mix m;
+            mix_new(&m, sch, t, 5, PAT_MIXED);
+            for (int e = 0; e < 2; e++)
+                if (at[which][e][0] >= 0)
+                    put_zero(&m.hx[at[which][e][0]], at[which][e][1], at[which][e][2]);
+            int32_t bad;
+            assert_int_equal(reference(5, m.hq, m.hs, m.hx, sch, &bad), REFIT_OK);
+            for (int e = 0; e < 2; e++) {
+                int64_t p = at[which][e][0];
+                if (p < 0)
+                    continue;
+                view_put(&m.hx[p], at[which][e][1], at[which][e][2],
+                         e ? __builtin_nanf("") : -__builtin_inff(), 0, 0);
+                twin_push(&m.tx[p]);
+                if (sch != KERN_FP8_PER_TENSOR) {
+                    mix_unwritten(&m, (uint32_t)p, at[which][e][1], at[which][e][2]);
+                    continue;
+                }
+                for (uint32_t g = 0; g < 5; g++)
+                    if (t[g].slot == t[p].slot)
+                        mix_unwritten(&m, g, 0, 0);
+            }
+            for (int hw = 0; hw < encoders; hw++)
+                mix_check(&m, hw, REFIT_ECORRUPT, (int32_t)at[which][0][0], "NaN or Inf");
+            mix_free(&m);
+        }
+}
+
 int main(void)
 {
     twin_seed(0x51ed2701); /* this program's inputs, as before the shared stream */
@@ -618,9 +919,15 @@ int main(void)
         return 0;
     }
     encoders = 1;
-    /* e.g. REFIT_TEST_FILTER='test_table*' (the emulator is slow) */
-    if (getenv("REFIT_TEST_FILTER"))
+    /* e.g. REFIT_TEST_FILTER='test_table*' (the emulator is slow); the
+     * conversion check runs first whatever the filter, so that the cases
+     * chosen run with both encoders (the dense path needs the instruction) */
+    if (getenv("REFIT_TEST_FILTER")) {
+        const struct CMUnitTest first[] = {cmocka_unit_test(test_conversion_check)};
+        if (cmocka_run_group_tests(first, NULL, NULL))
+            return 1;
         cmocka_set_test_filter(getenv("REFIT_TEST_FILTER"));
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conversion_check),
         cmocka_unit_test(test_per_tensor),
@@ -634,6 +941,9 @@ int main(void)
         cmocka_unit_test(test_table_and_rounds),
         cmocka_unit_test(test_user_stream),
         cmocka_unit_test(test_nonfinite),
+        cmocka_unit_test(test_dense_mixed),
+        cmocka_unit_test(test_dense_many),
+        cmocka_unit_test(test_dense_nonfinite),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -23,6 +23,13 @@ sed -E -e 's/(k_[a-z0-9_]+(<[A-Z0-9_]+>)?)<<<([^,]+), QF_THREADS, 0, st>>>\((.*)
 launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_fp8_emu.cc")
 left=$(grep -c '<<<' "$W/quant_fp8_emu.cc" || true)
 raw=$(grep -Ec '\*\((const )?(uint4|uint2|uint32_t|uint16_t|float4|float) \*\)' "$W/quant_fp8_emu.cc" || true)
+# every launch site of the source: the general kernels (k_rows at 6 depths,
+# k_tiles at 2, k_tensor (mixed or all dense), k_cvt_check) and the dense ones (k_tiles_dense,
+# k_rows_dense in 5 team shapes)
+if [ "$launches" != 17 ]; then
+  echo "run.sh: $launches launch sites rewritten, 17 expected" >&2
+  exit 1
+fi
 if [ "$left" != 0 ] || [ "$raw" != 0 ]; then
   echo "run.sh: $raw vector or scalar accesses not rewritten" >&2
   echo "run.sh: $left kernel launches not rewritten" >&2
