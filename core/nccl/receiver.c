@@ -5,7 +5,9 @@
  *
  * The announce and the index (every header) come first, so every bucket's
  * size is known before any payload moves. Then, with S slots (bkt_slots:
- * 2 to 8; host view, the GPU runs what is posted):
+ * 2 to 8; host view, the GPU runs what is posted; shown for packed buckets,
+ * each holding a slot until used: DIRECT ones received in place hold none,
+ * so up to RCV_DEPTH broadcasts are posted ahead, rcv_pump):
  *
  *   post 0..S-1                       broadcast k into slot k % S, its stamp
  *                                     to the host, a ticket
@@ -55,6 +57,12 @@
 
 #define RCV_MAX_ACCEPT ((uint64_t)4 << 30)
 #define RCV_FREE_LATER 8
+/* Broadcasts a receiver keeps posted ahead: packed buckets (and DIRECT ones
+ * that cannot land in place) each hold one of the S slots until used;
+ * DIRECT ones received in place hold none, so with large DIRECT buckets
+ * (S = 2) NCCL still has up to this many queued. */
+#define RCV_DEPTH BKT_MAX_SLOTS
+#define RCV_NO_SLOT UINT32_MAX
 
 /* Where bucket k's header sits in the index, and its broadcast's size;
  * with a payload checksum, the sender's (compared after the last bucket). */
@@ -63,7 +71,9 @@ typedef struct rcv_ref {
     uint32_t header_bytes;
     bool direct;                /* BKT_H_DIRECT: payload only, stamp in the trailer */
     uint32_t rec;               /* DIRECT: its place in the trailer */
+    bool tried;                 /* DIRECT: claimed, or found not to fit, when first posted */
     void *dst;                  /* DIRECT: claimed, received into this runtime memory */
+    uint32_t slot;              /* the slot it was received into, or RCV_NO_SLOT */
     bool summed;                /* its fingerprint was queued into sums[k] */
     uint64_t want;              /* the sender's checksum */
 } rcv_ref;
@@ -209,7 +219,10 @@ typedef struct rcv_run {
     const refit_update_opts *begin; /* begin at bucket 0 with these, or NULL */
     refit_txn **began;
     bkt_announce an;
-    uint64_t ticket[BKT_MAX_SLOTS];
+    uint64_t ticket[RCV_DEPTH]; /* bucket k's broadcast: ticket[k % RCV_DEPTH] */
+    uint32_t next;              /* the next bucket to post */
+    uint32_t slot_user[BKT_MAX_SLOTS]; /* the bucket a slot was posted for, until used */
+    uint32_t slot_turn;         /* where the search for a free slot starts */
     uint64_t trailer_ticket;
     uint32_t n_direct;
     int local;                  /* first local failure: drain from there */
@@ -351,7 +364,7 @@ static int rcv_index(refit_receiver *r, rcv_run *run)
                               "bucket 0 '%s'", k, r->h.label, run->label);
         bool direct = r->h.flags & BKT_H_DIRECT;
         r->refs[k] = (rcv_ref){.at = at, .total = total, .header_bytes = hb, .direct = direct,
-                               .rec = run->n_direct};
+                               .rec = run->n_direct, .slot = RCV_NO_SLOT};
         run->n_direct += direct;
         at += hb;
         hb = r->h.next_header;
@@ -426,37 +439,59 @@ static void rcv_claim(refit_receiver *r, rcv_run *run, uint32_t k, void **dst)
         r->direct_bytes += e->bytes;
 }
 
+/* A DIRECT bucket, when first posted: claimed (in place) or not. */
+static void rcv_try_claim(refit_receiver *r, rcv_run *run, uint32_t k)
+{
+    rcv_ref *ref = &r->refs[k];
+    ref->tried = true;
+    rcv_claim(r, run, k, &ref->dst);
+    /* the undo save must be on the device before the broadcast */
+    int rc = ref->dst ? r->be->flush(r->stream) : REFIT_OK;
+    if (rc) {
+        rcv_local(r, run, ctx_error(r->ctx, rc, "bucket %u: the engine stream's queued copies "
+                                    "failed: %s", k, refit_strerror(rc)));
+        ref->dst = NULL;
+    }
+}
+
+/* A free slot for bucket k (round robin), or RCV_NO_SLOT while every slot
+ * holds a bucket not used yet. */
+static uint32_t rcv_take_slot(refit_receiver *r, rcv_run *run, uint32_t k)
+{
+    for (uint32_t j = 0; j < r->n_slots; j++) {
+        uint32_t i = (run->slot_turn + j) % r->n_slots;
+        if (run->slot_user[i] == RCV_NO_SLOT) {
+            run->slot_user[i] = k;
+            run->slot_turn = i + 1;
+            return i;
+        }
+    }
+    return RCV_NO_SLOT;
+}
+
 /* Post bucket k: the broadcast into its slot, then its stamp and checksum
  * word to the host; a DIRECT one into the runtime tensor it claimed (after
  * the engine stream's queued work: its reads of the old bytes, the undo
- * save) or a slot. Behind the last bucket, the trailer. */
+ * save) or its slot. Behind the last bucket, the trailer. */
 static int rcv_post(refit_receiver *r, rcv_run *run, uint32_t k)
 {
     refit_transport *x = r->x;
     rcv_ref *ref = &r->refs[k];
-    uint32_t i = k % r->n_slots;
+    void *slot = ref->slot == RCV_NO_SLOT ? NULL : r->slot[ref->slot];
     double deadline = xport_now() + r->timeout;
     int rc = REFIT_OK;
     if (ref->direct) {
-        rcv_claim(r, run, k, &ref->dst);
-        /* the undo save must be on the device before the broadcast */
-        if (ref->dst && (rc = r->be->flush(r->stream))) {
-            rcv_local(r, run, ctx_error(r->ctx, rc, "bucket %u: the engine stream's queued "
-                                        "copies failed: %s", k, refit_strerror(rc)));
-            ref->dst = NULL;
-        }
         rc = ref->dst ? x->ops->wait_stream(x, r->stream) : REFIT_OK;
         if (!rc)
-            rc = x->ops->bcast(x, ref->dst ? ref->dst : r->slot[i], ref->total, r->root,
-                               deadline);
+            rc = x->ops->bcast(x, ref->dst ? ref->dst : slot, ref->total, r->root, deadline);
     } else {
-        rc = x->ops->bcast(x, r->slot[i], ref->total, r->root, deadline);
+        rc = x->ops->bcast(x, slot, ref->total, r->root, deadline);
         if (!rc)
-            rc = x->ops->to_host(x, r->stamps + (size_t)k * BKT_STAMP_COPY, r->slot[i],
+            rc = x->ops->to_host(x, r->stamps + (size_t)k * BKT_STAMP_COPY, slot,
                                  BKT_STAMP_COPY);
     }
     if (!rc)
-        rc = x->ops->mark(x, &run->ticket[i]);
+        rc = x->ops->mark(x, &run->ticket[k % RCV_DEPTH]);
     if (rc || k + 1 < run->an.n_buckets || !run->n_direct)
         return rc;
     rc = x->ops->bcast(x, r->trailer, run->an.trailer_bytes, r->root, deadline);
@@ -764,22 +799,49 @@ static void rcv_use(refit_receiver *r, rcv_run *run, uint32_t k, uint8_t *slot)
         rcv_local(r, run, rcv_scatter(r, run, slot + BKT_ALIGN));
 }
 
-/* Wait for bucket k, use it, and post bucket k + S into its slot behind
+/* Post every bucket that can go now, in order: at most RCV_DEPTH beyond
+ * the first not used yet (used: buckets before it), each DIRECT one
+ * claimed first, and one that needs a slot only when a slot is free (a
+ * slot is posted again behind the scatter that read it: the caller made
+ * the NCCL stream wait for the engine stream). Some bucket is always in
+ * flight or postable: every slot is free once the buckets before the next
+ * one are used. */
+static int rcv_pump(refit_receiver *r, rcv_run *run, uint32_t used)
+{
+    int rc = REFIT_OK;
+    while (!rc && run->next < run->an.n_buckets && run->next < used + RCV_DEPTH) {
+        uint32_t k = run->next;
+        rcv_ref *ref = &r->refs[k];
+        if (ref->direct && !ref->tried)
+            rcv_try_claim(r, run, k);
+        if (!ref->dst && (ref->slot = rcv_take_slot(r, run, k)) == RCV_NO_SLOT)
+            break;
+        rc = rcv_post(r, run, k);
+        run->next++;
+    }
+    return rc;
+}
+
+/* Wait for bucket k, use it, free its slot, and post what can go behind
  * the scatter that read it. Returns transport failures; local ones are
  * kept in run. */
 static int rcv_bucket(refit_receiver *r, rcv_run *run, uint32_t k)
 {
     refit_transport *x = r->x;
-    uint32_t i = k % r->n_slots;
-    int rc = x->ops->wait(x, run->ticket[i], xport_now() + r->timeout);
+    rcv_ref *ref = &r->refs[k];
+    if (k >= run->next) /* rcv_pump always leaves the next bucket posted */
+        return xport_fail(x, REFIT_EINTERNAL, "receiver: bucket %u was never posted", k);
+    int rc = x->ops->wait(x, run->ticket[k % RCV_DEPTH], xport_now() + r->timeout);
     if (rc)
         return rc;
     run->buckets++;
-    rcv_use(r, run, k, r->slot[i]);
-    if (k + r->n_slots >= run->an.n_buckets)
+    rcv_use(r, run, k, ref->slot == RCV_NO_SLOT ? NULL : r->slot[ref->slot]);
+    if (ref->slot != RCV_NO_SLOT)
+        run->slot_user[ref->slot] = RCV_NO_SLOT;
+    if (run->next >= run->an.n_buckets)
         return REFIT_OK;
     rc = x->ops->wait_stream(x, r->stream);
-    return rc ? rc : rcv_post(r, run, k + r->n_slots);
+    return rc ? rc : rcv_pump(r, run, k + 1);
 }
 
 static int rcv_update(refit_receiver *r, rcv_run *run)
@@ -792,8 +854,10 @@ static int rcv_update(refit_receiver *r, rcv_run *run)
     /* DIRECT buckets are claimed as they are posted: the txn must be open */
     if (!rc && run->n_direct)
         rcv_begin(r, run);
-    for (uint32_t k = 0; !rc && k < n && k < r->n_slots; k++)
-        rc = rcv_post(r, run, k);
+    for (uint32_t i = 0; i < BKT_MAX_SLOTS; i++)
+        run->slot_user[i] = RCV_NO_SLOT;
+    if (!rc)
+        rc = rcv_pump(r, run, 0);
     /* after the first posts: begin's journal write overlaps their transfer */
     if (!rc)
         rcv_begin(r, run);
