@@ -379,8 +379,9 @@ k_q4_rows(const __grid_constant__ Q4_PARAMS(S) B, unsigned int *status)
  * rint(x / s) + 1.5 * 2^23 + 8 (ties to even: the offset is even), whose
  * low 4 bits, after clamping at 1.5 * 2^23 + 15, are the code. No lower
  * clamp: a scale normal in its dtype is within 2^-8 of amax / 7.5, so
- * |x / s| <= 7.53. A group whose scale is subnormal (or that fails) gets
- * 1/scale 0 and takes the exact division (kern_int4_encode) instead. */
+ * |x / s| <= 7.53. A group whose scale is subnormal in its dtype takes
+ * the same steps on x and s times 2^64, clamped at both ends (q4d_code's
+ * WIDE). No division anywhere: nothing the tile loop calls. */
 #define Q4D_LOADS 4              /* 16-byte loads a lane per tile */
 #define Q4D_BLOCKS_PER_SM 4      /* resident blocks an SM at <= 64 registers */
 
@@ -446,39 +447,35 @@ template <int KIND> __device__ __forceinline__ float q4d_hi(uint32_t w)
 #endif
 }
 
-/* The code of x (low nibble; bits 4..7 zero) under 1/scale inv (above). */
-__device__ __forceinline__ uint32_t q4d_code(float x, float inv)
+/* The code of x (low nibble; bits 4..7 zero) under 1/scale inv (above).
+ * WIDE, for a scale subnormal in its dtype: x and the scale both times
+ * 2^64 (exact: the scale is then normal, its reciprocal finite; x / s is
+ * the same, and the same 16-bit significands keep the bound above), inv
+ * = RN(1/(s 2^64)), and a lower clamp too: a subnormal scale may be far
+ * below amax / 7.5, so |x / s| may pass 8 (not 16: the scale is at
+ * least 2/3 of amax / 7.5, or 0 made epsilon). */
+template <bool WIDE> __device__ __forceinline__ uint32_t q4d_code(float x, float inv)
 {
-    float u = __fmaf_rn(x, inv, 768.0f);
-    return __float_as_uint(fminf(__fadd_rn(u, 12582152.0f), 12582927.0f));
+    if (!WIDE) {
+        float u = __fmaf_rn(x, inv, 768.0f);
+        return __float_as_uint(fminf(__fadd_rn(u, 12582152.0f), 12582927.0f));
+    }
+    float u = __fmaf_rn(__fmul_rn(x, 0x1p64f), inv, 768.0f);
+    return __float_as_uint(fminf(fmaxf(__fadd_rn(u, 12582152.0f), 12582912.0f), 12582927.0f));
 }
 
 /* Two codes as a byte (element 2h low); the garbage above bit 7 is left. */
-template <int KIND> __device__ __forceinline__ uint32_t q4d_pair(uint32_t w, float inv)
+template <int KIND, bool WIDE> __device__ __forceinline__ uint32_t q4d_pair(uint32_t w, float inv)
 {
-    return q4d_code(q4d_hi<KIND>(w), inv) * 16u + q4d_code(q4d_lo<KIND>(w), inv);
+    return q4d_code<WIDE>(q4d_hi<KIND>(w), inv) * 16u + q4d_code<WIDE>(q4d_lo<KIND>(w), inv);
 }
 
 /* The word of 8 elements. */
-template <int KIND> __device__ __forceinline__ uint32_t q4d_word(uint4 u, float inv)
+template <int KIND, bool WIDE> __device__ __forceinline__ uint32_t q4d_word(uint4 u, float inv)
 {
-    uint32_t lo = __byte_perm(q4d_pair<KIND>(u.x, inv), q4d_pair<KIND>(u.y, inv), 0x0040);
-    uint32_t hi = __byte_perm(q4d_pair<KIND>(u.z, inv), q4d_pair<KIND>(u.w, inv), 0x0040);
+    uint32_t lo = __byte_perm(q4d_pair<KIND, WIDE>(u.x, inv), q4d_pair<KIND, WIDE>(u.y, inv), 0x0040);
+    uint32_t hi = __byte_perm(q4d_pair<KIND, WIDE>(u.z, inv), q4d_pair<KIND, WIDE>(u.w, inv), 0x0040);
     return __byte_perm(lo, hi, 0x5410);
-}
-
-/* The word by the exact division, for a group with a subnormal scale. */
-template <int KIND> __device__ __forceinline__ uint32_t q4d_word_exact(uint4 u, uint32_t mag, int skind)
-{
-    float amax = __uint_as_float(KIND == 2 ? mag << 16 : kern_bits_f16_to_f32((uint16_t)mag));
-    float s = kern_int4_scale_value(kern_int4_scale_bits(amax, skind), skind);
-    uint32_t h[4] = {u.x, u.y, u.z, u.w}, word = 0;
-#pragma unroll
-    for (int e = 0; e < 4; e++) {
-        word |= kern_int4_encode(q4d_lo<KIND>(h[e]), s) << (8 * e);
-        word |= kern_int4_encode(q4d_hi<KIND>(h[e]), s) << (8 * e + 4);
-    }
-    return word;
 }
 
 /* Magnitude bits of 8 16-bit elements, max per half. */
@@ -507,27 +504,36 @@ __device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t 
     const int lane = threadIdx.x & 31, c = lane / L, wl = lane & (L - 1);
     const uint32_t inf16 = KIND == 2 ? 0x7f80u : 0x7c00u;
     const uint32_t snorm = P.skind == 2 ? 0x7f80u : 0x7c00u;
-    /* per lane, per piece: 32-bit offsets within a tile (the host checked
-     * they fit) */
+    /* Per lane, per piece: its byte offsets within a tile (32 bits: the
+     * host checked they fit) and the steps between its loads and stores;
+     * per tile the three pointers step by a row tile, and are set again
+     * from the group where a group's row tiles end. */
     const uint32_t xoff = (uint32_t)(c * P.xs0 + wl * 16), xstep = (uint32_t)(RPL * P.xs0);
-    uint32_t qoff, qstep;
+    uint32_t qoff, qstep, qrow, qgrp;
     if (P.colmajor) { /* lane stores row lane % R of word index k*32/R + lane/R */
         qoff = (uint32_t)(((lane / R) * P.qs + lane % R) * 4);
         qstep = (uint32_t)((32 / R) * P.qs * 4);
+        qrow = R * 4;
+        qgrp = (uint32_t)(L * P.qs * 4);
     } else {          /* lane stores row r*RPL + c, word wl */
         qoff = (uint32_t)((c * P.qs + wl) * 4);
         qstep = (uint32_t)(RPL * P.qs * 4);
+        qrow = (uint32_t)(R * P.qs * 4);
+        qgrp = L * 4;
     }
+    int32_t i0 = rt * R;
+    const char *xp = P.x + ((int64_t)i0 * P.xs0 + (int64_t)g * (16 * L) + xoff);
+    uint32_t qo = (uint32_t)rt * qrow + (uint32_t)g * qgrp + qoff;   /* q and s: 32-bit */
+    uint32_t so = 2u * ((uint32_t)(i0 + lane) * P.ss0 + (uint32_t)g * P.ss1); /* offsets */
     /* lane j computes row j's scale: it is in lanes (j % RPL)*L.., load j / RPL */
     const int jsrc = (lane % RPL) * L, jr = lane / RPL;
     for (; cnt > 0; cnt--) {
-        const int32_t i0 = rt * R;
-        const char *xt = P.x + (int64_t)i0 * P.xs0 + (int64_t)g * (16 * L);
+        const int32_t left = P.n - i0; /* rows of the tile in the piece, if < R */
         uint4 u[Q4D_LOADS];
 #pragma unroll
         for (int r = 0; r < Q4D_LOADS; r++)
-            u[r] = i0 + r * RPL + c < P.n ? __ldcs((const uint4 *)(xt + xoff + r * xstep))
-                                          : make_uint4(0, 0, 0, 0);
+            u[r] = r * RPL + c < left ? __ldcs((const uint4 *)(xp + r * xstep))
+                                      : make_uint4(0, 0, 0, 0);
         uint32_t m0 = q4d_mag(u[0]), m1 = q4d_mag(u[1]), m2 = q4d_mag(u[2]), m3 = q4d_mag(u[3]);
         /* rows of loads 0 and 1 in one register, 2 and 3 in another */
         uint32_t a01 = __vmaxu2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
@@ -541,7 +547,7 @@ __device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t 
         uint32_t v01 = __shfl_sync(0xffffffffu, a01, jsrc);
         uint32_t v23 = __shfl_sync(0xffffffffu, a23, jsrc);
         uint32_t pick = jr < 2 ? v01 : v23, mag = jr & 1 ? pick >> 16 : pick & 0xffffu;
-        bool jlive = lane < R && i0 + lane < P.n;
+        bool jlive = lane < R && lane < left;
         uint32_t sb = KERN_INT4_SCALE_OVERFLOW;
         if (jlive && mag < inf16)
             sb = kern_int4_scale_bits(__uint_as_float(KIND == 2 ? mag << 16
@@ -549,10 +555,10 @@ __device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t 
                                       P.skind);
         bool put = jlive && sb != KERN_INT4_SCALE_OVERFLOW;
         float inv = 0.0f;
-        if (put) {
-            q4d_put16(P.s + (uint32_t)((i0 + lane) * P.ss0 + g * P.ss1) * 2u, sb);
-            if (sb & snorm)
-                inv = __frcp_rn(kern_int4_scale_value(sb, P.skind));
+        if (put) { /* inv < 0: a subnormal scale, the WIDE encoding with -inv */
+            q4d_put16(P.s + so, sb);
+            float sv = kern_int4_scale_value(sb, P.skind);
+            inv = sb & snorm ? __frcp_rn(sv) : -__frcp_rn(__fmul_rn(sv, 0x1p64f));
         } else if (jlive) {
             atomicMin(status, (unsigned int)P.idx);
         }
@@ -561,13 +567,9 @@ __device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t 
 #pragma unroll
         for (int r = 0; r < Q4D_LOADS; r++) {
             float iv = __uint_as_float(__shfl_sync(0xffffffffu, __float_as_uint(inv), r * RPL + c));
-            word[r] = q4d_word<KIND>(u[r], iv);
-            if (iv == 0.0f && ((ok >> (r * RPL + c)) & 1u)) /* a subnormal scale */
-                word[r] = q4d_word_exact<KIND>(u[r], ((r < 2 ? a01 : a23) >> (16 * (r & 1))) & 0xffffu,
-                                               P.skind);
+            word[r] = iv >= 0.0f ? q4d_word<KIND, false>(u[r], iv) : q4d_word<KIND, true>(u[r], -iv);
         }
         if (P.colmajor) {
-            char *qt = P.q + ((int64_t)g * L * P.qs + i0) * 4;
 #pragma unroll
             for (int r = 0; r < Q4D_LOADS; r++)
                 sh[wl * (R + 1) + r * RPL + c] = word[r];
@@ -575,19 +577,27 @@ __device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t 
             if ((ok >> (lane % R)) & 1u) {
 #pragma unroll
                 for (int k = 0; k < Q4D_LOADS; k++)
-                    q4d_put32(qt + qoff + k * qstep, sh[(k * (32 / R) + lane / R) * (R + 1) + lane % R]);
+                    q4d_put32(P.q + (qo + k * qstep), sh[(k * (32 / R) + lane / R) * (R + 1) + lane % R]);
             }
             __syncwarp(); /* the tile read before the next one is written */
         } else {
-            char *qt = P.q + ((int64_t)i0 * P.qs + (int64_t)g * L) * 4;
 #pragma unroll
             for (int r = 0; r < Q4D_LOADS; r++)
                 if ((ok >> (r * RPL + c)) & 1u)
-                    q4d_put32(qt + qoff + r * qstep, word[r]);
+                    q4d_put32(P.q + (qo + r * qstep), word[r]);
         }
-        if (++rt == P.nrt) {
+        if (++rt == P.nrt) { /* the next group's first row tile */
             rt = 0;
+            i0 = 0;
             g++;
+            xp = P.x + ((int64_t)g * (16 * L) + xoff);
+            qo = (uint32_t)g * qgrp + qoff;
+            so = 2u * ((uint32_t)lane * P.ss0 + (uint32_t)g * P.ss1);
+        } else {
+            i0 += R;
+            xp += (int64_t)R * P.xs0;
+            qo += qrow;
+            so += 2u * R * P.ss0;
         }
     }
 }

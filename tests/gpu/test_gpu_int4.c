@@ -84,7 +84,7 @@ static void put_float(char *p, refit_dtype dt, float f)
 
 /* ---- kernel against reference ---- */
 
-enum pat { PAT_MIXED, PAT_RANDOM, PAT_ZERO, PAT_SUBNORMAL, PAT_TIES, PAT_NEARTIE };
+enum pat { PAT_MIXED, PAT_RANDOM, PAT_ZERO, PAT_SUBNORMAL, PAT_TIES, PAT_NEARTIE, PAT_FARSUB };
 
 static void put(const refit_view *x, int64_t i, int64_t j, float f)
 {
@@ -153,6 +153,16 @@ static void fill(const refit_view *x, enum pat p, refit_dtype sdt)
             case PAT_NEARTIE:
                 f = near_tie(j, sdt);
                 break;
+            case PAT_FARSUB: {
+                /* -10, 10 and 7 times the least subnormal of the scale
+                 * dtype (where x's dtype holds it): amax / 7.5 rounds down
+                 * to that subnormal, so x / scale reaches -10 and 10 (the
+                 * codes clamp at both ends) */
+                int tiny = sdt.code == REFIT_DTYPE_BFLOAT && x->dtype.code == REFIT_DTYPE_BFLOAT;
+                float q = ldexpf(1.0f, tiny ? -133 : -24);
+                f = (float)(j % 3 == 0 ? -10 : j % 3 == 1 ? 10 : 7) * q;
+                break;
+            }
             default: {
                 int e = (int)(twin_rnd() % 30) - 20;
                 f = twin_uniform() * (float)(e < 0 ? 1.0 / (double)(1ull << -e) : (double)(1ull << e));
@@ -383,6 +393,9 @@ static void test_kernel_dense(void **state)
             {F16, F16, 2, g, 0, 0, 0, PAT_ZERO},
             {F16, F16, R + 2, g, XL_PAD8, 1, 0, PAT_SUBNORMAL},
             {BF16, F32, R, g, 0, 0, 0, PAT_MIXED},                   /* f32 scales: general */
+            {BF16, BF16, R, g, 0, 0, 0, PAT_FARSUB},                 /* |x / scale| up to 10 */
+            {BF16, F16, R, 2 * g, 0, 1, 1, PAT_FARSUB},
+            {F16, F16, R + 1, g, 0, 0, 1, PAT_FARSUB},
         };
         dense_call(mixed, (int)(sizeof mixed / sizeof mixed[0]), g, "dense beside general");
         dspec many[DENSE_RANDOM];
