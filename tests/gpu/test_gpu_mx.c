@@ -622,11 +622,14 @@ static void test_dense_mix(void **state)
         {1, 63 * 32, 0, 0, 0},   {2, 63 * 32, 1, 1, 0}, {3, 100 * 32, 0, 0, 0},
     };
     /* [0..3] one stack, one line; [4..6] a stack with a line a matrix
-     * (rows padded); [7..9] rows padded: a line a row */
+     * (each matrix's q and scales padded to 64 bytes); [7..9] rows padded:
+     * a stack with a line a row; [10..12] rows padded unevenly: no stack,
+     * a line a row each */
     static const pspec stacks[] = {
         {6, 64, 0, 0, 0},  {6, 64, 0, 0, 0},  {6, 64, 0, 0, 0},  {6, 64, 0, 0, 0},
-        {5, 96, 0, 0, 0},  {5, 96, 0, 0, 0},  {5, 96, 0, 0, 0},  {7, 32, 1, 1, 1},
-        {7, 32, 1, 1, 1},  {7, 32, 1, 1, 1},
+        {5, 96, 0, 0, 0},  {5, 96, 0, 0, 0},  {5, 96, 0, 0, 0},  {64, 32, 1, 1, 0},
+        {64, 32, 1, 1, 0}, {64, 32, 1, 1, 0}, {7, 32, 1, 1, 1},  {7, 32, 1, 1, 1},
+        {7, 32, 1, 1, 1},
     };
     pspec many[MAXP];
     for (int i = 0; i < MAXP; i++)
@@ -671,10 +674,14 @@ static void test_dense_nonfinite(void **state)
     (void)state;
     SKIP_WITHOUT_DEVICE();
     /* 0..3: a dense stack (one line); 4: general (transposed x); 5: dense,
-     * rows padded; 6: general (k = 100); 7: dense, 33 blocks a row */
-    static const pspec ps[8] = {
+     * rows padded; 6: general (k = 100); 7: dense, 33 blocks a row; 8..10:
+     * a dense stack, a line a matrix; 11..13: a dense stack, a line a row */
+    enum { NP = 14 };
+    static const pspec ps[NP] = {
         {16, 256, 0, 0, 0}, {16, 256, 0, 0, 0}, {16, 256, 0, 0, 0}, {16, 256, 0, 0, 0},
         {20, 64, 2, 0, 0},  {9, 96, 1, 1, 1},   {6, 100, 0, 0, 0},  {3, 33 * 32, 0, 0, 0},
+        {5, 96, 0, 0, 0},   {5, 96, 0, 0, 0},   {5, 96, 0, 0, 0},   {64, 32, 1, 1, 0},
+        {64, 32, 1, 1, 0},  {64, 32, 1, 1, 0},
     };
     /* bad pieces (row, column) per case; want: the piece named */
     static const struct {
@@ -687,24 +694,26 @@ static void test_dense_nonfinite(void **state)
         {{6, 5}, {5, 8}, {99, 95}, 5},    /* a dense piece below a general one */
         {{7, -1}, {0, 0}, {32 * 31 + 5, 0}, 7}, /* the last block of a unit */
         {{0, 3}, {0, 15}, {0, 255}, 0},   /* the first and last element of a line */
+        {{10, -1}, {4, 0}, {95, 0}, 10},  /* the last matrix of a line-a-matrix stack */
+        {{13, 12}, {63, 5}, {31, 7}, 12}, /* line-a-row stack: its matrix, not its line */
     };
     for (int bits = 8; bits >= 4; bits -= 4)
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
             for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
                 multi m;
-                multi_specs(&m, bits, ps, 8, PAT_RANDOM);
+                multi_specs(&m, bits, ps, NP, PAT_RANDOM);
                 for (int b = 0; b < 2; b++)
                     if (cases[c].piece[b] >= 0)
                         view_put(&m.hx[cases[c].piece[b]], cases[c].row[b], cases[c].col[b],
                                  b ? -__builtin_inff() : __builtin_nanf(""), 0, 0);
                 twin_push(&m.tx);
                 int32_t bad = 99;
-                int rc = kern_quant_mx_cuda(8, m.gq, m.gs, m.gx, bits, hw, &bad, NULL);
+                int rc = kern_quant_mx_cuda(NP, m.gq, m.gs, m.gx, bits, hw, &bad, NULL);
                 if (rc != REFIT_ECORRUPT || bad != cases[c].want)
                     fail_msg("mxfp%d case %zu: status %d, piece %d, want %d (%s)", bits, c, rc,
                              bad, cases[c].want, kern_cuda_last_error());
                 unsigned char *bq = device_copy(&m.tq), *bs = device_copy(&m.ts);
-                for (uint32_t i = 0; i < 8; i++) {
+                for (uint32_t i = 0; i < NP; i++) {
                     int hit = -1;
                     for (int b = 0; b < 2; b++)
                         if (cases[c].piece[b] == (int)i)
