@@ -404,7 +404,6 @@ static int rcv_announce(refit_receiver *r, rcv_run *run)
 }
 
 static int rcv_split_dim(const refit_model *m, const char *name);
-static void rcv_begin(refit_receiver *r, rcv_run *run);
 
 /* DIRECT bucket k, before its broadcast is posted: where its bytes may go
  * straight (txn_claim_direct), else *dst NULL (a slot). A claim refused
