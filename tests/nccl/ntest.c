@@ -253,6 +253,8 @@ void nt_run(nt_job *jobs, int n, uint64_t kill_after)
         refit_ctx *ctx = i == 0 ? sctx : jobs[i].w->ctx;
         double to = jobs[i].timeout > 0 ? jobs[i].timeout : 5;
         jobs[i].rc = refit_transport_loopback(&jobs[i].x, ctx, g, i, to);
+        if (!jobs[i].rc && jobs[i].stuck_abort)
+            jobs[i].x->writes_outside = false;
     }
     if (kill_after != UINT64_MAX)
         xport_loopback_kill_after(g, 0, kill_after);

@@ -81,6 +81,9 @@ typedef struct nt_job {
                                    again; receivers: receive a second update */
     int64_t direct_min;         /* sender: direct_min_bytes; 0 the default, < 0 none */
     uint64_t fail_fingerprint;  /* sender: its nth device checksum fails (0: none) */
+    int stuck_abort;            /* receiver: its transport says an abort might not stop
+                                   a broadcast (a borrowed NCCL communicator without
+                                   abort_borrowed): nothing may be received in place */
     /* out */
     int rc;
     refit_group_result res;

@@ -262,6 +262,23 @@ static void test_sharded_routes_fall_back(void **state)
     update_to(f, 1, 128, DMIN, 3, 0, j);
 }
 
+/* A transport whose abort might leave a broadcast running (NCCL: a
+ * borrowed communicator without abort_borrowed) never receives into
+ * runtime tensors: a stuck broadcast could land after a rollback. Every
+ * DIRECT bucket then goes through a slot; the bytes are the same. */
+static void test_transport_that_cannot_abort_keeps_to_slots(void **state)
+{
+    fx *f = *state;
+    nt_job j[NR];
+    jobs_for(f, j, 2, 1000, DMIN, 5);
+    j[1].stuck_abort = 1;
+    nt_run(j, NR, UINT64_MAX);
+    assert_all_ok(j);
+    assert_at(f, 2);
+    assert_true(j[1].direct_bytes == 0);
+    assert_true(j[2].direct_bytes == direct_payload(f, DMIN));
+}
+
 /* ---- failures after bytes landed directly ---- */
 
 static void corrupt_direct(fx *f, int rollback, uint64_t seq, uint64_t at, const char *want)
@@ -469,6 +486,7 @@ int main(void)
         T1(test_shuffled_orders_and_checksum_off),
         T1(test_sender_reused),
         T1(test_direct_off_sends_the_packed_plan),
+        T1(test_transport_that_cannot_abort_keeps_to_slots),
         T2(test_sharded_routes_fall_back),
         T1(test_corrupt_direct_payload_rolls_back),
         T1(test_corrupt_direct_payload_poisons_without_rollback),
