@@ -126,7 +126,7 @@ static void cfg_load(cuda_cfg *c)
     c->batch_grid = (int)env_size("REFIT_CUDA_BATCH_GRID", 0, 1, 0, 1 << 20);
     c->table_upload = (int)env_size("REFIT_CUDA_TABLE_UPLOAD", 0, 1, 0, 1);
     c->flush_bytes = env_size("REFIT_CUDA_FLUSH_MB", 64 * MIB, MIB, MIB, SIZE_MAX / 2);
-    c->flush_growth = env_size("REFIT_CUDA_FLUSH_GROWTH", 1, 1, 1, 16);
+    c->flush_growth = env_size("REFIT_CUDA_FLUSH_GROWTH", 2, 1, 1, 16);
     c->nt_stores = (int)env_size("REFIT_CUDA_NT_STORES", 0, 1, 0, 1);
     c->defer = (int)env_size("REFIT_CUDA_DEFER", 1, 1, 0, 1);
     c->defer_slice = env_size("REFIT_CUDA_DEFER_SLICE_KB", 2 * MIB, KIB, 64 * KIB, 64 * MIB);
