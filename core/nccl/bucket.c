@@ -455,9 +455,12 @@ static int larger_first(const void *a, const void *b)
     return x->i < y->i ? -1 : x->i > y->i;
 }
 
-/* The DIRECT tensors, largest first: the receivers sum each DIRECT bucket
- * where it landed once its broadcast is in, and only the last one's sum
- * has no broadcast after it to hide behind, so the last is the smallest. */
+/* The DIRECT tensors: the smallest first, then the rest largest first.
+ * The receivers sum each DIRECT bucket where it landed once its broadcast
+ * is in, and only the last one's sum has no broadcast after it to hide
+ * behind, so the last is small; a receiver that begins its transaction
+ * only once the index is in (refit_receive_update) takes bucket 0 into a
+ * slot while it begins, and scatters it, so the first is the smallest. */
 static int plan_directs(planner *pl, const bkt_tensor *t, uint32_t n, uint64_t direct_min,
                         char *err, size_t errlen)
 {
@@ -472,6 +475,11 @@ static int plan_directs(planner *pl, const bkt_tensor *t, uint32_t n, uint64_t d
             order[m++] = (sized){bytes, i};
     }
     qsort(order, m, sizeof *order, larger_first);
+    if (m > 1) {
+        sized smallest = order[m - 1];
+        memmove(order + 1, order, (m - 1) * sizeof *order);
+        order[0] = smallest;
+    }
     int rc = REFIT_OK;
     for (uint32_t k = 0; k < m && !rc; k++) {
         const bkt_tensor *ti = &t[order[k].i];

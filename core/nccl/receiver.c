@@ -798,17 +798,17 @@ static void rcv_use(refit_receiver *r, rcv_run *run, uint32_t k, uint8_t *slot)
         rcv_local(r, run, rcv_scatter(r, run, slot + BKT_ALIGN));
 }
 
-/* Post every bucket that can go now, in order: at most RCV_DEPTH beyond
- * the first not used yet (used: buckets before it), each DIRECT one
- * claimed first, and one that needs a slot only when a slot is free (a
- * slot is posted again behind the scatter that read it: the caller made
- * the NCCL stream wait for the engine stream). Some bucket is always in
- * flight or postable: every slot is free once the buckets before the next
- * one are used. */
-static int rcv_pump(refit_receiver *r, rcv_run *run, uint32_t used)
+/* Post every bucket before until that can go now, in order (callers keep
+ * until at most RCV_DEPTH beyond the first bucket not used yet), each
+ * DIRECT one claimed first, and one that needs a slot only when a slot is
+ * free (a slot is posted again behind the scatter that read it: the caller
+ * made the NCCL stream wait for the engine stream). Some bucket is always
+ * in flight or postable: every slot is free once the buckets before the
+ * next one are used. */
+static int rcv_pump(refit_receiver *r, rcv_run *run, uint32_t until)
 {
     int rc = REFIT_OK;
-    while (!rc && run->next < run->an.n_buckets && run->next < used + RCV_DEPTH) {
+    while (!rc && run->next < run->an.n_buckets && run->next < until) {
         uint32_t k = run->next;
         rcv_ref *ref = &r->refs[k];
         if (ref->direct && !ref->tried)
@@ -840,7 +840,7 @@ static int rcv_bucket(refit_receiver *r, rcv_run *run, uint32_t k)
     if (run->next >= run->an.n_buckets)
         return REFIT_OK;
     rc = x->ops->wait_stream(x, r->stream);
-    return rc ? rc : rcv_pump(r, run, k + 1);
+    return rc ? rc : rcv_pump(r, run, k + 1 + RCV_DEPTH);
 }
 
 static int rcv_update(refit_receiver *r, rcv_run *run)
@@ -850,13 +850,18 @@ static int rcv_update(refit_receiver *r, rcv_run *run)
     if (!rc)
         rc = rcv_announce(r, run);
     uint32_t n = run->an.n_buckets;
-    /* DIRECT buckets are claimed as they are posted: the txn must be open */
-    if (!rc && run->n_direct)
-        rcv_begin(r, run);
     for (uint32_t i = 0; i < BKT_MAX_SLOTS; i++)
         run->slot_user[i] = RCV_NO_SLOT;
+    /* DIRECT buckets are claimed as they are posted, which needs the txn:
+     * when it is still to begin, bucket 0 (the smallest DIRECT one) is
+     * posted first, with no txn to claim it (a slot), so begin's journal
+     * write overlaps its transfer */
+    if (!rc && run->n_direct && run->begin) {
+        rc = rcv_pump(r, run, 1);
+        rcv_begin(r, run);
+    }
     if (!rc)
-        rc = rcv_pump(r, run, 0);
+        rc = rcv_pump(r, run, RCV_DEPTH);
     /* after the first posts: begin's journal write overlaps their transfer */
     if (!rc)
         rcv_begin(r, run);
