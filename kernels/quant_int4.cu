@@ -448,33 +448,39 @@ template <int KIND> __device__ __forceinline__ float q4d_hi(uint32_t w)
 }
 
 /* The code of x (low nibble; bits 4..7 zero) under 1/scale inv (above).
- * WIDE, for a scale subnormal in its dtype: x and the scale both times
- * 2^64 (exact: the scale is then normal, its reciprocal finite; x / s is
- * the same, and the same 16-bit significands keep the bound above), inv
- * = RN(1/(s 2^64)), and a lower clamp too: a subnormal scale may be far
- * below amax / 7.5, so |x / s| may pass 8 (not 16: the scale is at
- * least 2/3 of amax / 7.5, or 0 made epsilon). */
-template <bool WIDE> __device__ __forceinline__ uint32_t q4d_code(float x, float inv)
+ * WIDE, for a tile with a scale subnormal in its dtype: for that group x
+ * and the scale both times f = 2^64 (exact: the scale is then normal, its
+ * reciprocal finite; x / s is the same, and the same 16-bit significands
+ * keep the bound above), inv = RN(1/(s 2^64)), and a lower clamp too: a
+ * subnormal scale may be far below amax / 7.5, so |x / s| may pass 8 (not
+ * 16: the scale is at least 2/3 of amax / 7.5, or 0 made epsilon); the
+ * tile's other groups take f = 1 (the same steps, the clamp idle). */
+template <bool WIDE> __device__ __forceinline__ uint32_t q4d_code(float x, float inv, float f)
 {
     if (!WIDE) {
         float u = __fmaf_rn(x, inv, 768.0f);
         return __float_as_uint(fminf(__fadd_rn(u, 12582152.0f), 12582927.0f));
     }
-    float u = __fmaf_rn(__fmul_rn(x, 0x1p64f), inv, 768.0f);
+    float u = __fmaf_rn(__fmul_rn(x, f), inv, 768.0f);
     return __float_as_uint(fminf(fmaxf(__fadd_rn(u, 12582152.0f), 12582912.0f), 12582927.0f));
 }
 
 /* Two codes as a byte (element 2h low); the garbage above bit 7 is left. */
-template <int KIND, bool WIDE> __device__ __forceinline__ uint32_t q4d_pair(uint32_t w, float inv)
+template <int KIND, bool WIDE>
+__device__ __forceinline__ uint32_t q4d_pair(uint32_t w, float inv, float f)
 {
-    return q4d_code<WIDE>(q4d_hi<KIND>(w), inv) * 16u + q4d_code<WIDE>(q4d_lo<KIND>(w), inv);
+    return q4d_code<WIDE>(q4d_hi<KIND>(w), inv, f) * 16u + q4d_code<WIDE>(q4d_lo<KIND>(w), inv, f);
 }
 
 /* The word of 8 elements. */
-template <int KIND, bool WIDE> __device__ __forceinline__ uint32_t q4d_word(uint4 u, float inv)
+/* The word of 8 elements (f: WIDE's factor, 2^64 or 1). */
+template <int KIND, bool WIDE>
+__device__ __forceinline__ uint32_t q4d_word(uint4 u, float inv, float f = 1.0f)
 {
-    uint32_t lo = __byte_perm(q4d_pair<KIND, WIDE>(u.x, inv), q4d_pair<KIND, WIDE>(u.y, inv), 0x0040);
-    uint32_t hi = __byte_perm(q4d_pair<KIND, WIDE>(u.z, inv), q4d_pair<KIND, WIDE>(u.w, inv), 0x0040);
+    uint32_t lo = __byte_perm(q4d_pair<KIND, WIDE>(u.x, inv, f), q4d_pair<KIND, WIDE>(u.y, inv, f),
+                              0x0040);
+    uint32_t hi = __byte_perm(q4d_pair<KIND, WIDE>(u.z, inv, f), q4d_pair<KIND, WIDE>(u.w, inv, f),
+                              0x0040);
     return __byte_perm(lo, hi, 0x5410);
 }
 
@@ -530,10 +536,16 @@ __device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t 
     for (; cnt > 0; cnt--) {
         const int32_t left = P.n - i0; /* rows of the tile in the piece, if < R */
         uint4 u[Q4D_LOADS];
+        if (left >= R) { /* warp-uniform: a whole tile, no predicates */
 #pragma unroll
-        for (int r = 0; r < Q4D_LOADS; r++)
-            u[r] = r * RPL + c < left ? __ldcs((const uint4 *)(xp + r * xstep))
-                                      : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < Q4D_LOADS; r++)
+                u[r] = __ldcs((const uint4 *)(xp + r * xstep));
+        } else {
+#pragma unroll
+            for (int r = 0; r < Q4D_LOADS; r++)
+                u[r] = r * RPL + c < left ? __ldcs((const uint4 *)(xp + r * xstep))
+                                          : make_uint4(0, 0, 0, 0);
+        }
         uint32_t m0 = q4d_mag(u[0]), m1 = q4d_mag(u[1]), m2 = q4d_mag(u[2]), m3 = q4d_mag(u[3]);
         /* rows of loads 0 and 1 in one register, 2 and 3 in another */
         uint32_t a01 = __vmaxu2(__byte_perm(m0, m1, 0x5410), __byte_perm(m0, m1, 0x7632));
@@ -564,10 +576,17 @@ __device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t 
         }
         const uint32_t ok = __ballot_sync(0xffffffffu, put); /* bit j: row j written */
         uint32_t word[Q4D_LOADS];
+        if (!__ballot_sync(0xffffffffu, inv < 0.0f)) { /* warp-uniform: no subnormal scale */
 #pragma unroll
-        for (int r = 0; r < Q4D_LOADS; r++) {
-            float iv = __uint_as_float(__shfl_sync(0xffffffffu, __float_as_uint(inv), r * RPL + c));
-            word[r] = iv >= 0.0f ? q4d_word<KIND, false>(u[r], iv) : q4d_word<KIND, true>(u[r], -iv);
+            for (int r = 0; r < Q4D_LOADS; r++)
+                word[r] = q4d_word<KIND, false>(
+                    u[r], __uint_as_float(__shfl_sync(0xffffffffu, __float_as_uint(inv), r * RPL + c)));
+        } else {
+#pragma unroll
+            for (int r = 0; r < Q4D_LOADS; r++) {
+                float iv = __uint_as_float(__shfl_sync(0xffffffffu, __float_as_uint(inv), r * RPL + c));
+                word[r] = q4d_word<KIND, true>(u[r], fabsf(iv), iv < 0.0f ? 0x1p64f : 1.0f);
+            }
         }
         if (P.colmajor) {
 #pragma unroll
@@ -800,10 +819,12 @@ static int q4d_piece_of(q4d_piece *d, const q4_piece *pc, int64_t group, int64_t
         qs > (lim - 4 * (rows + lanes)) / (4 * (rows + lanes)))
         return 0;
     int64_t nrt = (pc->n + rows - 1) / rows;
-    /* the scales' offsets in 32 bits too (rows past n rounded up) */
-    if (nrt * pc->groups > lim || pc->ss0 > lim / 4 / (nrt * rows) ||
-        pc->ss1 > lim / 4 / pc->groups ||
-        nrt * rows * pc->ss0 + pc->groups * pc->ss1 > lim / 2)
+    /* the words' and scales' offsets in a piece in 32 bits too (rows
+     * rounded up to whole tiles) */
+    int64_t rows_up = nrt * rows;
+    if (nrt * pc->groups > lim || qs > lim / 4 / (rows_up + pc->words) ||
+        (rows_up + pc->words) * (qs + 1) > lim / 4 || pc->ss0 > lim / 4 / rows_up ||
+        pc->ss1 > lim / 4 / pc->groups || rows_up * pc->ss0 + pc->groups * pc->ss1 > lim / 2)
         return 0;
     memset(d, 0, sizeof *d);
     d->x = pc->x;
