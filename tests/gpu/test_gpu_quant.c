@@ -611,7 +611,8 @@ static void test_nonfinite(void **state)
 
 /* A piece of a mixed call: dtype, shape, the layouts of x, q and the
  * scales (gpu_twin's 0-3, or LAY_PAD: rows padded but still aligned, a
- * dense layout whose pitch is not the row), per-tensor slot. */
+ * dense layout whose pitch is not the row; scales transposed (2) put the
+ * scale grid's column stride to use), per-tensor slot. */
 #define LAY_PAD 4
 #define MIX_MAX 120
 
@@ -756,7 +757,7 @@ static void test_dense_mixed(void **state)
         refit_dtype dt = d ? F16 : BF16, other = d ? BF16 : F16;
         mpiece t[] = {
             /* block-128 */
-            mp(dt, 130, 256, 0, 0, 0, 0), mp(dt, 40, 136, 2, 2, 1, 0),
+            mp(dt, 130, 256, 0, 0, 2, 0), mp(dt, 40, 136, 2, 2, 1, 0),
             mp(dt, 257, 384, LAY_PAD, LAY_PAD, 1, 0), mp(dt, 64, 128, 3, 3, 0, 0),
             mp(dt, 1, 128, 0, 0, 0, 0), mp(dt, 127, 128, 0, 0, 0, 0),
             mp(other, 129, 640, 0, LAY_PAD, 0, 0), mp(F32, 128, 128, 0, 0, 0, 0),
@@ -768,7 +769,7 @@ static void test_dense_mixed(void **state)
         mix_free(&m);
         mpiece r[] = {
             /* per-channel: team sizes 32 (rows <= 2048 elements), 64, 128, 256 */
-            mp(dt, 9, 256, 0, 0, 0, 0), mp(dt, 7, 136, 2, 0, 1, 0),
+            mp(dt, 9, 256, 0, 0, 2, 0), mp(dt, 7, 136, 2, 0, 1, 0),
             mp(dt, 33, 2048, LAY_PAD, LAY_PAD, 1, 0), mp(dt, 6, 2048, 3, 0, 0, 0),
             mp(dt, 1, 8, 0, 0, 0, 0), mp(dt, 3, 2040, 0, 0, 0, 0),
             mp(other, 3, 4088, 0, 0, 0, 0), mp(dt, 4, 5632, 0, LAY_PAD, 0, 0),
@@ -803,20 +804,22 @@ static void test_dense_many(void **state)
     (void)state;
     SKIP_WITHOUT_DEVICE();
     static mpiece pcs[MIX_MAX];
-    for (int sch = 0; sch < 3; sch++) {
-        uint32_t n = 100;
-        for (uint32_t i = 0; i < n; i++) {
-            int64_t rows = 1 + (i * 37) % 41, k = sch == KERN_FP8_BLOCK128 ? 128 * (1 + i % 3)
-                                                                           : 8 * (1 + (i * 13) % 70);
-            /* per-tensor groups (slots) of one dtype, so that they divide
-             * by the reciprocal (a group mixing dtypes takes __fdiv_rn) */
-            pcs[i] = mp((i % 9) % 5 == 2 ? F16 : BF16, rows, k, i == 50 ? 3 : 0, 0, 0, i % 9);
+    for (int sch = 0; sch < 3; sch++)
+        for (int all = 0; all < 2; all++) { /* all dense: per-tensor's k_tensor<1> */
+            uint32_t n = 100;
+            for (uint32_t i = 0; i < n; i++) {
+                int64_t rows = 1 + (i * 37) % 41;
+                int64_t k = sch == KERN_FP8_BLOCK128 ? 128 * (1 + i % 3) : 8 * (1 + (i * 13) % 70);
+                /* per-tensor groups (slots) of one dtype, so that they divide
+                 * by the reciprocal (a group mixing dtypes takes __fdiv_rn) */
+                pcs[i] = mp((i % 9) % 5 == 2 ? F16 : BF16, rows, k, i == 50 && !all ? 3 : 0, 0,
+                            0, i % 9);
+            }
+            mix m;
+            mix_new(&m, sch, pcs, n, PAT_RANDOM);
+            mix_run(&m, all ? "100 dense pieces" : "100 dense pieces, one general");
+            mix_free(&m);
         }
-        mix m;
-        mix_new(&m, sch, pcs, n, PAT_RANDOM);
-        mix_run(&m, "100 dense pieces, one general");
-        mix_free(&m);
-    }
 }
 
 /* Zero at x[i][j] of a host view (the reference's value where the
