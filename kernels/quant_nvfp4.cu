@@ -150,19 +150,32 @@ struct qn_piece {
     uint32_t dmul, dshift;      /* dense: division by cb (qn_row) */
 };
 
+/* A launch's entries: encode (and checkpoint) entries [0, ne), then
+ * amax entries [ne, np); a piece's `first` counts within its stream. */
 struct qn_batch {
-    int32_t np;
+    int32_t np, ne;
     int64_t end;                /* blocks of the launch */
+    int64_t na;                 /* of them, amax blocks */
     qn_piece p[QN_BATCH];
 };
 static_assert(sizeof(qn_batch) <= 4000, "qn_batch must fit the kernel parameters");
 
-/* The piece that block b belongs to (the last whose first block <= b). */
-__device__ __forceinline__ int qn_find(const qn_batch &B, int64_t b)
+/* Block b's entry, its rank among the entry's blocks (*rel) and their
+ * count (*nb). The amax blocks are spread evenly among the encode ones
+ * (block b is an amax block where floor(b na / end) steps), not after
+ * them: the encode pass (instruction-bound, reading from L2) and the
+ * amax pass (reading HBM) then share every SM through the launch instead
+ * of running one after the other. */
+__device__ __forceinline__ int qn_find(const qn_batch &B, int64_t b, int64_t *rel, int64_t *nb)
 {
-    int i = 0;
-    while (i + 1 < B.np && b >= B.p[i + 1].first)
+    int64_t before = b * B.na / B.end;
+    bool amax = (b + 1) * B.na / B.end > before;
+    int64_t rank = amax ? before : b - before;
+    int i = amax ? B.ne : 0, end = amax ? B.np : B.ne;
+    while (i + 1 < end && rank >= B.p[i + 1].first)
         i++;
+    *nb = (i + 1 < end ? B.p[i + 1].first : amax ? B.na : B.end - B.na) - B.p[i].first;
+    *rel = rank - B.p[i].first;
     return i;
 }
 
@@ -649,10 +662,8 @@ __device__ __forceinline__ void qn_encode(const qn_piece &p, int64_t rel, int64_
 __global__ void __launch_bounds__(QN_THREADS)
 k_nv_pass(const __grid_constant__ qn_batch B, unsigned int *status)
 {
-    int i = qn_find(B, blockIdx.x);
-    const qn_piece &p = B.p[i];
-    int64_t nb = (i + 1 < B.np ? B.p[i + 1].first : B.end) - p.first;
-    int64_t rel = (int64_t)blockIdx.x - p.first;
+    int64_t rel, nb;
+    const qn_piece &p = B.p[qn_find(B, blockIdx.x, &rel, &nb)];
     if (p.pass == 0) {
         if (p.nblk && p.kind == 2)
             qn_amax_dense<2>(p, (uint32_t)rel, (uint32_t)nb, status);
@@ -812,23 +823,28 @@ struct qn_entry {
     uint8_t pass;               /* 0 amax, 1 encode */
 };
 
-/* Launch k_nv_pass over entries e[0..m), QN_BATCH a launch, the
- * parameters built in b. */
+/* Launch k_nv_pass over entries e[0..m) (encode entries, then amax ones:
+ * qn_pipeline's order), QN_BATCH a launch, the parameters built in b. */
 static int qn_launch(qn_batch *b, const qn_piece *pcs, const qn_entry *e, uint32_t m,
                      unsigned int *status, cudaStream_t st)
 {
     int rc = REFIT_OK;
     for (uint32_t at = 0; at < m && !rc; at += QN_BATCH) {
         uint32_t np = m - at < QN_BATCH ? m - at : QN_BATCH;
-        int64_t end = 0;
+        int64_t ends[2] = {0, 0}; /* blocks of the amax, encode streams */
         b->np = (int32_t)np;
+        b->ne = 0;
         for (uint32_t j = 0; j < np; j++) {
+            uint8_t pass = e[at + j].pass;
             b->p[j] = pcs[e[at + j].piece];
-            b->p[j].pass = e[at + j].pass;
-            b->p[j].first = end;
-            end += qn_blocks(&b->p[j]);
+            b->p[j].pass = pass;
+            b->p[j].first = ends[pass];
+            ends[pass] += qn_blocks(&b->p[j]);
+            b->ne += pass;
         }
-        b->end = end;
+        b->end = ends[0] + ends[1];
+        b->na = ends[0];
+        int64_t end = b->end;
         k_nv_pass<<<(unsigned)end, QN_THREADS, 0, st>>>(*b, status);
         cudaError_t ce = cudaGetLastError();
         if (ce != cudaSuccess)
