@@ -23,18 +23,25 @@
  * set j, so a set is read from memory once by its amax pass and again from
  * L2 one launch later; the encode pass reads with evict-first hints
  * (__ldcs: a last use) and streams its stores (__stcs), so the set behind
- * it stays in L2. Checkpoint pieces ride in the first launch. n online
- * pieces in s sets take s + 1 launches (more when a launch holds more than
- * QN_BATCH entries).
+ * it stays in L2. Within a launch the amax blocks are spread evenly among
+ * the encode blocks (qn_find), so both passes share every SM. Checkpoint
+ * pieces ride in the first launch. n online pieces in s sets take s + 1
+ * launches (more when a launch holds more than QN_BATCH entries).
  *
- * Element access: one block of 16 a thread; 16-byte loads (two for 16-bit
- * inputs, four for F32) and one 8-byte store where the rows are contiguous
- * and aligned and the block is whole, element by element otherwise (any
- * strides, ragged K). Registers: the 16 values and a few indexes.
+ * Element access, general path: one block of 16 a thread; 16-byte loads
+ * (two for 16-bit inputs, four for F32) and one 8-byte store where the
+ * rows are contiguous and aligned and the block is whole, element by
+ * element otherwise (any strides, ragged K). Dense pieces (contiguous
+ * F16/BF16, k a multiple of 16: every bench weight) take the dense path
+ * instead (its section says how): warp units of 64 blocks, coalesced
+ * 16-byte loads, 4 (encode) or 8 (amax) in flight a lane, no per-element
+ * index math, NaN/infinity found on a CTA's max alone, the quotients by a
+ * reciprocal and one FMA correction.
  *
  * nvcc's defaults keep this exact: -prec-div=true, -ftz=false (no
- * --use_fast_math); the divisions and the one product use __fdiv_rn and
- * __fmul_rn, so nothing is contracted into an FMA. A NaN or infinity makes
+ * --use_fast_math); divisions, products, FMAs and the encoders' additions
+ * are explicit (__fdiv_rn, __fmul_rn, __fmaf_rn, __fadd_rn), so nothing is
+ * contracted or reassociated. A NaN or infinity makes
  * its block atomicMax the piece's index, inverted (~idx: the lowest piece
  * wins; 0, one memset with the amaxes, means none), into the status word; the call
  * copies that word back and waits for the stream once, at the end. */
@@ -147,7 +154,7 @@ struct qn_piece {
     uint8_t kind;               /* online x: 0 f32, 1 f16, 2 bf16 */
     uint8_t vx, vq;             /* rows of x (q) are 16 (8) byte aligned and contiguous */
     uint32_t nblk;              /* dense pieces (below): blocks of 16; 0: the general path */
-    uint32_t dmul, dshift;      /* dense: division by cb (qn_row) */
+    uint32_t dmul, dshift;      /* dense: division by cb (qn_swz) */
 };
 
 /* A launch's entries: encode (and checkpoint) entries [0, ne), then
