@@ -531,6 +531,9 @@ __device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t 
     const char *xp = P.x + ((int64_t)i0 * P.xs0 + (int64_t)g * (16 * L) + xoff);
     uint32_t qo = (uint32_t)rt * qrow + (uint32_t)g * qgrp + qoff;   /* q and s: 32-bit */
     uint32_t so = 2u * ((uint32_t)(i0 + lane) * P.ss0 + (uint32_t)g * P.ss1); /* offsets */
+    /* the shared tile (GPTQ): word index w, row i at [w * (R + 1) + i] */
+    uint32_t *const shw = sh + wl * (R + 1) + c;                          /* row r*RPL + c */
+    const uint32_t *const shr = sh + (lane / R) * (R + 1) + lane % R;     /* for the stores */
     /* lane j computes row j's scale: it is in lanes (j % RPL)*L.., load j / RPL */
     const int jsrc = (lane % RPL) * L, jr = lane / RPL;
     for (; cnt > 0; cnt--) {
@@ -591,12 +594,12 @@ __device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t 
         if (P.colmajor) {
 #pragma unroll
             for (int r = 0; r < Q4D_LOADS; r++)
-                sh[wl * (R + 1) + r * RPL + c] = word[r];
+                shw[r * RPL] = word[r];
             __syncwarp();
             if ((ok >> (lane % R)) & 1u) {
 #pragma unroll
                 for (int k = 0; k < Q4D_LOADS; k++)
-                    q4d_put32(P.q + (qo + k * qstep), sh[(k * (32 / R) + lane / R) * (R + 1) + lane % R]);
+                    q4d_put32(P.q + (qo + k * qstep), shr[k * (32 / R) * (R + 1)]);
             }
             __syncwarp(); /* the tile read before the next one is written */
         } else {
