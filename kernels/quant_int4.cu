@@ -4,7 +4,8 @@
  * the device (nvcc's defaults keep it exact: -prec-div=true, -ftz=false,
  * no --use_fast_math; rintf is the round-to-nearest-even instruction).
  *
- * A call quantizes n pieces in one launch (kern_quant_int4_cuda in
+ * A call quantizes n pieces in one launch, or two where some pieces take
+ * the dense path and some do not (kern_quant_int4_cuda in
  * core/cuda/kern_cuda.h; more launches only past Q4_BATCH pieces). The
  * pieces travel in the kernel's parameters (a __grid_constant__ struct of
  * up to 31 KB, which sm_90 takes), so nothing is copied to the device but
@@ -23,6 +24,13 @@
  *                   thread 0 stores the scale, then (after a barrier) the
  *                   threads write the row's words, reading the stored
  *                   scales back (a word may span two groups).
+ *   k_q4_dense<L>   the dense fast path, taken per piece where it applies
+ *                   (F16/BF16 weights and scales, aligned contiguous rows,
+ *                   K whole groups of 32..256 columns, words along N or
+ *                   along K): tiles of 1024/group rows x one group, four
+ *                   16-byte loads a lane, no division (its section below).
+ *                   A call launches it for its dense pieces and the
+ *                   kernels above for the rest; one status word for all.
  *
  * Unit order: where a piece's words run along N (the GPTQ layout's
  * transposed view, q strides [1, N]), units walk rows fastest, so that
