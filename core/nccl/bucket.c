@@ -455,33 +455,46 @@ static int larger_first(const void *a, const void *b)
     return x->i < y->i ? -1 : x->i > y->i;
 }
 
-/* The DIRECT tensors: the smallest first, then the rest largest first.
- * The receivers sum each DIRECT bucket where it landed once its broadcast
- * is in, and only the last one's sum has no broadcast after it to hide
- * behind, so the last is small; a receiver that begins its transaction
- * only once the index is in (refit_receive_update) takes bucket 0 into a
- * slot while it begins, and scatters it, so the first is the smallest. */
-static int plan_directs(planner *pl, const bkt_tensor *t, uint32_t n, uint64_t direct_min,
-                        char *err, size_t errlen)
+/* The DIRECT tensors in the order their buckets go: the smallest first,
+ * then the rest largest first (ties in the order given). A receiver that
+ * begins its transaction only once the index is in (refit_receive_update)
+ * takes bucket 0 into a slot while it begins and scatters it, so the
+ * first is the smallest; the receivers sum each DIRECT bucket where it
+ * landed once its broadcast is in, and only the last one's sum has no
+ * broadcast after it to hide behind, so the last is small. *order is
+ * malloc'd (NULL when there are none). */
+static int direct_order(const bkt_tensor *t, uint32_t n, uint64_t direct_min, sized **order,
+                        uint32_t *m, char *err, size_t errlen)
 {
-    sized *order = malloc((n ? n : 1) * sizeof *order);
-    if (!order)
+    *order = NULL;
+    *m = 0;
+    if (!direct_min)
+        return REFIT_OK;
+    sized *o = malloc((n ? n : 1) * sizeof *o);
+    if (!o)
         return bad(err, errlen, REFIT_ENOMEM, "planning buckets: out of memory");
-    uint32_t m = 0;
     for (uint32_t i = 0; i < n; i++) {
         uint64_t bytes = 0, row_bytes = 0;
         tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen);
         if (goes_direct(&t[i], bytes, direct_min))
-            order[m++] = (sized){bytes, i};
+            o[(*m)++] = (sized){bytes, i};
     }
-    qsort(order, m, sizeof *order, larger_first);
-    if (m > 1) {
-        sized smallest = order[m - 1];
-        memmove(order + 1, order, (m - 1) * sizeof *order);
-        order[0] = smallest;
+    qsort(o, *m, sizeof *o, larger_first);
+    if (*m > 1) {
+        sized smallest = o[*m - 1];
+        memmove(o + 1, o, (*m - 1) * sizeof *o);
+        o[0] = smallest;
     }
+    *order = o;
+    return REFIT_OK;
+}
+
+/* DIRECT buckets of the tensors order[from, to). */
+static int plan_directs(planner *pl, const bkt_tensor *t, const sized *order, uint32_t from,
+                        uint32_t to, char *err, size_t errlen)
+{
     int rc = REFIT_OK;
-    for (uint32_t k = 0; k < m && !rc; k++) {
+    for (uint32_t k = from; k < to && !rc; k++) {
         const bkt_tensor *ti = &t[order[k].i];
         uint64_t bytes = 0, row_bytes = 0;
         tensor_sizes(ti, &bytes, &row_bytes, err, errlen);
@@ -492,7 +505,6 @@ static int plan_directs(planner *pl, const bkt_tensor *t, uint32_t n, uint64_t d
         else if (rc == REFIT_EINVAL && pl->p->n_buckets == BKT_MAX_BUCKETS)
             bad(err, errlen, rc, "%s: more than %u buckets", ti->name, BKT_MAX_BUCKETS);
     }
-    free(order);
     return rc;
 }
 
@@ -520,10 +532,16 @@ int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t
         packed++;
         pl.left = !rc && bytes < UINT64_MAX - pl.left ? pl.left + bytes : UINT64_MAX;
     }
-    /* DIRECT buckets first: nothing packs or scatters them, so they need
-     * no ramp, and the packed buckets' last scatter stays small */
-    if (!rc && direct_min)
-        rc = plan_directs(&pl, t, n, direct_min, err, errlen);
+    /* The first DIRECT tensor's buckets, then the packed ones, then the
+     * other DIRECT ones: packing and scattering overlap DIRECT broadcasts
+     * at both ends (nothing packs or scatters those, so they need no ramp)
+     * and the update ends on a DIRECT bucket, with no scatter after it. */
+    sized *order = NULL;
+    uint32_t m = 0;
+    if (!rc)
+        rc = direct_order(t, n, direct_min, &order, &m, err, errlen);
+    if (!rc)
+        rc = plan_directs(&pl, t, order, 0, m ? 1 : 0, err, errlen);
     pl.first_packed = p->n_buckets;
     /* no tensors: one bucket of no entries still carries the label */
     if (!rc && (packed || !p->n_buckets))
@@ -540,6 +558,9 @@ int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t
         else if (rc == REFIT_EINVAL && p->n_buckets == BKT_MAX_BUCKETS)
             bad(err, errlen, rc, "%s: more than %u buckets", t[i].name, BKT_MAX_BUCKETS);
     }
+    if (!rc)
+        rc = plan_directs(&pl, t, order, m ? 1 : 0, m, err, errlen);
+    free(order);
     if (rc) {
         bkt_plan_free(p);
         return rc;

@@ -163,10 +163,11 @@ int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket
                    size_t label_len, char *err, size_t errlen);
 /* As bkt_plan_build, and a tensor marked direct of at least direct_min
  * bytes (0: none) goes in DIRECT buckets of its own, whole when it fits
- * bucket_bytes, else as dim-0 row ranges of at most bucket_bytes: they
- * come first (no ramp: nothing is packed or scattered), the smallest
- * tensor first and then the rest largest first (ties in the order given),
- * then the packed buckets as bkt_plan_build plans the rest. */
+ * bucket_bytes, else as dim-0 row ranges of at most bucket_bytes: the
+ * smallest such tensor's buckets first, then the packed buckets as
+ * bkt_plan_build plans the rest, then the other DIRECT tensors', largest
+ * first (ties in the order given). DIRECT buckets need no ramp: nothing
+ * packs or scatters them. */
 int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
                           uint64_t direct_min, size_t label_len, char *err, size_t errlen);
 void bkt_plan_free(bkt_plan *p);

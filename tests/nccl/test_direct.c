@@ -157,6 +157,20 @@ static uint64_t in_place_after_begin(fx *f, uint64_t bucket, int64_t direct_min)
     return n;
 }
 
+/* The bucket index of the j-th DIRECT bucket. */
+static uint32_t direct_bucket(fx *f, uint64_t bucket, int64_t direct_min, uint32_t j)
+{
+    bkt_plan p;
+    plan_of(f, bucket, direct_min, &p);
+    uint32_t b = 0;
+    for (uint32_t seen = 0; b < p.n_buckets; b++)
+        if (p.buckets[b].direct && seen++ == j)
+            break;
+    assert_true(b < p.n_buckets);
+    bkt_plan_free(&p);
+    return b;
+}
+
 /* The sender's broadcasts in order: 0 the announce, 1 the index, 2 + b
  * bucket b, then the trailer. */
 #define SEQ_BUCKET(b) (2 + (uint64_t)(b))
@@ -330,7 +344,10 @@ static void corrupt_direct(fx *f, int rollback, uint64_t seq, uint64_t at, const
 static void test_corrupt_direct_payload_rolls_back(void **state)
 {
     fx *f = *state;
-    corrupt_direct(f, 1, SEQ_BUCKET(1), 5, "bucket 1 of update 'v2': payload checksum");
+    uint32_t b = direct_bucket(f, 1000, DMIN, 2);
+    char want[96];
+    snprintf(want, sizeof want, "bucket %u of update 'v2': payload checksum", b);
+    corrupt_direct(f, 1, SEQ_BUCKET(b), 5, want);
 }
 
 static void test_corrupt_direct_payload_poisons_without_rollback(void **state)
@@ -346,10 +363,13 @@ static void test_corrupt_trailer_rolls_back(void **state)
     bkt_plan p;
     plan_of(f, 1000, DMIN, &p);
     uint64_t seq = SEQ_BUCKET(p.n_buckets);
-    corrupt_direct(f, 1, seq, bkt_trailer_sum(p.n_direct, 2) + 3,
-                   "bucket 2 of update 'v2': payload checksum");
-    corrupt_direct(f, 1, seq, bkt_trailer_stamp(1) + 20,
-                   "the trailer: bucket 1: stamp checksum mismatch");
+    char want[96];
+    snprintf(want, sizeof want, "bucket %u of update 'v2': payload checksum",
+             direct_bucket(f, 1000, DMIN, 2));
+    corrupt_direct(f, 1, seq, bkt_trailer_sum(p.n_direct, 2) + 3, want);
+    snprintf(want, sizeof want, "the trailer: bucket %u: stamp checksum mismatch",
+             direct_bucket(f, 1000, DMIN, 1));
+    corrupt_direct(f, 1, seq, bkt_trailer_stamp(1) + 20, want);
     bkt_plan_free(&p);
 }
 
