@@ -330,6 +330,9 @@ __device__ __forceinline__ void qn_amax(const qn_piece &p, int64_t rel, int64_t 
  * dense; everything else keeps the general path above. */
 #define QN_UNIT_BLOCKS 64          /* blocks of a warp unit */
 #define QN_UNITS_PER_WARP 2        /* units a warp encodes (CTAs sized by it) */
+#ifndef QN_SMALL_CTAS /* run_nvfp4.sh makes it small, so both sizings run */
+#define QN_SMALL_CTAS 264          /* fewer CTAs than this: one unit a warp (2 an SM on an H200) */
+#endif
 #define QN_MAG2 0x7fff7fffu        /* magnitude bits of two 16-bit values */
 #define QN_SAFE_LO 0x0d800000u     /* 2^-100 .. 2^100: where qn_quot's reciprocal form holds */
 #define QN_SAFE_HI 0x71800000u
@@ -814,9 +817,11 @@ static int qn_piece_init(qn_piece *pc, const refit_nvfp4_piece *v, uint32_t i)
  * one (which writes alpha of an empty piece). */
 static int64_t qn_blocks(const qn_piece *p)
 {
-    if (p->nblk) { /* dense: QN_UNITS_PER_WARP units a warp */
-        int64_t per = (int64_t)QN_UNIT_BLOCKS * QN_UNITS_PER_WARP * (QN_THREADS / 32);
-        int64_t b = (p->nblk + per - 1) / per;
+    if (p->nblk) { /* dense: QN_UNITS_PER_WARP units a warp, one for a small piece */
+        int64_t units = (p->nblk + QN_UNIT_BLOCKS - 1) / QN_UNIT_BLOCKS, warps = QN_THREADS / 32;
+        int64_t b = (units + warps * QN_UNITS_PER_WARP - 1) / (warps * QN_UNITS_PER_WARP);
+        if (b < QN_SMALL_CTAS) /* a small piece (a call per weight): more SMs busy */
+            b = (units + warps - 1) / warps;
         return b > QN_BLOCKS_MAX ? QN_BLOCKS_MAX : b;
     }
     int64_t per = (int64_t)QN_THREADS * QN_ITEMS_PER_THREAD;

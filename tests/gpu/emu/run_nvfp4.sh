@@ -8,7 +8,8 @@
 # references); WORK_DIR (default BUILD_DIR/emu-nvfp4) receives the objects.
 # Needs g++, gcc and cmocka. Takes a few minutes: every thread is a fiber.
 # The kernel's L2 set is made 20 KB here, so that calls of several pieces
-# run its pipeline over many sets.
+# run its pipeline over many sets, and a dense piece is small below 2 CTAs
+# (not 264), so both of its CTA sizings run.
 set -eu
 B=$(cd "$1" && pwd)
 W=${2:-$B/emu-nvfp4}
@@ -88,7 +89,8 @@ extern "C" int backend_cuda_device_count(void) { return 1; }
 extern "C" const char *backend_cuda_unavailable(void) { return ""; }
 EOF
 g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" \
-  -include "$W/nv_shim.h" -DQN_SET_BYTES=20000 -c "$W/quant_nvfp4_emu.cc" -o "$W/quant_nvfp4_emu.o"
+  -include "$W/nv_shim.h" -DQN_SET_BYTES=20000 -DQN_SMALL_CTAS=2 -c "$W/quant_nvfp4_emu.cc" \
+  -o "$W/quant_nvfp4_emu.o"
 g++ -std=c++17 -O1 -g -Wall -c "$W/nv_stubs.cc" -o "$W/nv_stubs.o"
 gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_EMU -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
   -c "$R/tests/gpu/test_gpu_nvfp4.c" -o "$W/test_gpu_nvfp4.o"
