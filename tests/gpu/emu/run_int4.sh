@@ -4,7 +4,7 @@
 # REFIT_GPU_EMU: fewer, smaller shapes, no model cases) on the CPU, through
 # the emulator in this folder (emu.h says what it checks and what it
 # cannot):
-#   sh tests/gpu/emu/run_int4.sh BUILD_DIR [WORK_DIR]
+#   [EMU_ASAN=1] sh tests/gpu/emu/run_int4.sh BUILD_DIR [WORK_DIR]
 # BUILD_DIR: any meson build of refit (for librefit_kernels.a, the CPU
 # reference); WORK_DIR (default BUILD_DIR/emu-int4) receives the objects.
 # Needs g++, gcc and cmocka.
@@ -96,14 +96,23 @@ inline unsigned __ballot_sync(unsigned mask, int pred)
 BALLOT
 has __syncwarp || echo 'inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)mask; emu_wait(EMU_WARP_BAR); }' >> "$X"
 extra="-include $X"
-g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" $extra \
+# EMU_ASAN=1: everything built with AddressSanitizer, so that a kernel's
+# read or write past its allocation (the test's allocations are exact,
+# plus one element) stops the run (the fibers draw a harmless warning)
+san=
+if [ "${EMU_ASAN:-0}" != 0 ]; then
+  san="-fsanitize=address -fno-omit-frame-pointer"
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_stack_use_after_return=0:detect_leaks=0}
+  export ASAN_OPTIONS
+fi
+g++ -std=c++17 -O1 -g $san -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" $extra \
   -c "$W/quant_int4_emu.cc" -o "$W/quant_int4_emu.o"
-g++ -std=c++17 -O1 -g -Wall -c "$W/stubs_int4.cc" -o "$W/stubs_int4.o"
-gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_EMU -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
+g++ -std=c++17 -O1 -g $san -Wall -c "$W/stubs_int4.cc" -o "$W/stubs_int4.o"
+gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_EMU -O1 -g $san -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
   -c "$R/tests/gpu/test_gpu_int4.c" -o "$W/test_gpu_int4.o"
 # the kernel tests' shared helpers (gpu_twin.c), over the emulator's runtime
-gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
+gcc -std=c11 -D_GNU_SOURCE -O1 -g $san -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
   -c "$R/tests/gpu/gpu_twin.c" -o "$W/gpu_twin.o"
-g++ -o "$W/test-gpu-int4-emu" "$W/test_gpu_int4.o" "$W/gpu_twin.o" "$W/quant_int4_emu.o" "$W/stubs_int4.o" \
-  "$B/librefit_kernels.a" -lcmocka -lm
+g++ $san -o "$W/test-gpu-int4-emu" "$W/test_gpu_int4.o" "$W/gpu_twin.o" "$W/quant_int4_emu.o" \
+  "$W/stubs_int4.o" "$B/librefit_kernels.a" -lcmocka -lm
 "$W/test-gpu-int4-emu"
