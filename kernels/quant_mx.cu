@@ -35,7 +35,9 @@
  * merge into one piece with a matrix stride. A block holding a NaN or
  * infinity is left unwritten (scale and elements) and its piece's call
  * index atomicMin'd into a status word, which the call copies back,
- * waiting for the stream once, at the end. */
+ * waiting for the stream once, at the end. That is the general path
+ * (k_mx); BF16 pieces whose rows are contiguous, aligned and a multiple of
+ * 32 long take the dense path (k_mxd, below), in the same call. */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <pthread.h>
