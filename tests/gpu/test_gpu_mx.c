@@ -16,7 +16,12 @@
  * reference on a junk-filled host allocation and the kernel on a device
  * copy of the same junk, then compares whole allocations, so bytes outside
  * the views are checked too. MXFP8 runs with the integer encoder and, where
- * the backend's check passed, with the conversion instruction.
+ * the backend's check passed, with the conversion instruction. The dense
+ * path (BF16, contiguous aligned rows, k a multiple of 32) beside the
+ * general one in one call: strided, ragged and misaligned neighbours, lines
+ * ending inside a unit, stacks (one line, a line a matrix, a line a row),
+ * 200 dense pieces, NaN/infinity naming the lowest piece with the bad block
+ * left unwritten, and every BF16 value at 17 amax exponents.
  *
  * Public API (not in the emulator build, REFIT_GPU_MX_EMU): online mxfp8
  * and mxfp4 modules through the plugins and the host's quant_mx service,
