@@ -51,6 +51,14 @@
  *                an earlier ticket, taken by a running block: no deadlock
  *                whatever the number of resident blocks.
  *
+ * Beside each, a dense fast path (k_tiles_dense, k_rows_dense<class>,
+ * k_tensor<1>; the dense path's helpers say what it assumes and does)
+ * for the pieces qf_dense_ok finds dense: F16/BF16 rows contiguous and
+ * aligned, whole groups, the conversion instruction as the encoder. It
+ * does the least work an element (no per-group index arithmetic, bounds
+ * or piece lookups, NaN/Inf on the amax alone, the encoder inlined); the
+ * other pieces take the general kernels above in their own launch.
+ *
  * The pieces travel in a table uploaded once per call (one cudaMemcpyAsync
  * from a pinned buffer) with the status word and the per-tensor groups'
  * words beside it: no memset, no stream-ordered allocation; the pinned and
@@ -140,6 +148,8 @@ struct qf_piece {
     int64_t xs0, xs1, qs0, qs1, ss0, ss1; /* strides, in elements */
     int64_t first;              /* its first row, tile or chunk in the call */
     int64_t gpr;                /* groups a row: ceil(k / elements a group) */
+    int64_t gfirst, gend;       /* per-tensor: its group's chunks */
+    int32_t gpiece;             /* per-tensor: its group's first piece */
     uint32_t group;             /* per-tensor: its group */
     int32_t idx;                /* its index in the call */
     uint8_t kind;               /* x: 0 f32, 1 f16, 2 bf16 */
@@ -894,7 +904,7 @@ __device__ __noinline__ void qf_chunk_encode(const qf_piece &p, int64_t pc, floa
 template <int ALL_DENSE>
 __global__ void __launch_bounds__(QF_THREADS, ALL_DENSE ? 3 : 2)
 k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int64_t chunks,
-         int64_t round, int64_t lag, int hw)
+         int64_t round, int64_t lag, int rev, int hw)
 {
     __shared__ unsigned long long next;
     __shared__ uint32_t amax;
@@ -922,6 +932,16 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int
             pe = pi;
         else
             pa = pi;
+        if (enc && rev) {
+            /* the encode pass walks each group backwards: the chunks the
+             * amax pass read last are re-read first, while L2 still holds
+             * them, and the group's misses fall on its first chunks only
+             * (read forwards, a group larger than what L2 keeps misses on
+             * every chunk). The same tickets encode the same group, so
+             * what each waits on is unchanged. */
+            c = P[pi].gfirst + P[pi].gend - 1 - c;
+            pi = qf_find(P, np, c, P[pi].gpiece);
+        }
         const qf_piece &p = P[pi];
         qf_group *g = &G[p.group];
         const int64_t pc = c - p.first;
@@ -1051,9 +1071,12 @@ static bool qf_contiguous(const refit_view *v)
 }
 
 /* Whether piece p takes the dense fast path of its scheme (the helpers'
- * comment says what that path assumes): a 16-bit weight, rows of x and q
- * aligned and contiguous, whole groups; block-128: whole 128-column tiles
- * too; per-channel: rows of at most 8 groups a thread of the largest team
+ * comment says what that path assumes): the conversion instruction as the
+ * encoder (hw: the integer encoder keeps the general path, so the dense
+ * kernels inline one encoder only), a 16-bit weight, rows of x and q
+ * aligned and contiguous, whole groups, pitches and scale strides that
+ * fit the cursor's 32 bits; block-128: whole 128-column tiles too;
+ * per-channel: rows of at most 8 groups a thread of the largest team
  * (2048 groups, 16384 elements); per-tensor: a flattened (contiguous)
  * piece. */
 static bool qf_dense_ok(const qf_piece *p, int scheme, int hw)
@@ -1308,7 +1331,8 @@ static void qf_class_launch(const qf_cache *c, const qf_piece *P, const qf_piece
 /* The launches of a call over the table at c->dev: one (per-tensor), or
  * one for each launch class present (block-128, per-channel). */
 static void qf_launch(const qf_cache *c, const qf_piece *pcs, uint32_t n, int scheme,
-                      int64_t units, int64_t round, int64_t lag, int hw, cudaStream_t st)
+                      int64_t units, int64_t round, int64_t lag, int rev, int hw,
+                      cudaStream_t st)
 {
     const qf_piece *P = (const qf_piece *)(c->dev + qf_align(sizeof(qf_head)));
     qf_head *head = (qf_head *)c->dev;
@@ -1324,9 +1348,9 @@ static void qf_launch(const qf_cache *c, const qf_piece *pcs, uint32_t n, int sc
         int64_t most = (int64_t)c->sms * (all ? 3 : 2); /* all resident */
         unsigned grid = (unsigned)(tickets < most ? tickets : most);
         if (all)
-            k_tensor<1><<<grid, QF_THREADS, 0, st>>>(P, np, G, head, units, round, lag, hw);
+            k_tensor<1><<<grid, QF_THREADS, 0, st>>>(P, np, G, head, units, round, lag, rev, hw);
         else
-            k_tensor<0><<<grid, QF_THREADS, 0, st>>>(P, np, G, head, units, round, lag, hw);
+            k_tensor<0><<<grid, QF_THREADS, 0, st>>>(P, np, G, head, units, round, lag, rev, hw);
         return;
     }
     /* a launch for each run of one class (qf_plan put them in class order) */
@@ -1389,8 +1413,12 @@ static int64_t qf_plan(qf_piece *pcs, const qf_piece *in, uint32_t n, int scheme
             bool one = true;
             for (uint32_t j = lead_at; j <= at; j++)
                 one = one && pcs[j].kind == pcs[lead_at].kind;
-            for (uint32_t j = lead_at; j <= at; j++)
+            for (uint32_t j = lead_at; j <= at; j++) {
                 pcs[j].onekind = one;
+                pcs[j].gfirst = gf;
+                pcs[j].gend = units;
+                pcs[j].gpiece = (int32_t)lead_at;
+            }
             G[g].amax = 0;
             G[g].done = 0;
             G[g].need = (unsigned int)(units - gf);
@@ -1441,6 +1469,8 @@ extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_
         memset(h, 0, sizeof *h);
         h->status = QF_NONE;
         int64_t round = qf_env("REFIT_CUDA_FP8_ROUND", QF_ROUND);
+        const char *rv = getenv("REFIT_CUDA_FP8_REVERSE");
+        int rev = !(rv && rv[0] == '0');
         int64_t lag = qf_env("REFIT_CUDA_FP8_LAG", QF_LAG);
         int64_t units = qf_plan((qf_piece *)(c->host + off_p), in, n, scheme, grp, ngroups,
                                 ord, (qf_group *)(c->host + off_g), round, &lag);
@@ -1455,7 +1485,7 @@ extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_
         if (!rc && units > 0) {
             if (qf_timing)
                 cudaEventRecord(c->ev[0], st);
-            qf_launch(c, (const qf_piece *)(c->host + off_p), n, scheme, units, round, lag,
+            qf_launch(c, (const qf_piece *)(c->host + off_p), n, scheme, units, round, lag, rev,
                       hw != 0, st);
             if ((e = cudaGetLastError()) != cudaSuccess)
                 rc = qf_fail(e, "launching the quantization kernel");

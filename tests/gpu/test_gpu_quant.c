@@ -564,6 +564,16 @@ static void test_table_and_rounds(void **state)
         unsetenv("REFIT_CUDA_FP8_ROUND");
         unsetenv("REFIT_CUDA_FP8_LAG");
     }
+    /* the encode pass walks each group backwards by default; forwards
+     * (REFIT_CUDA_FP8_REVERSE=0) gives the same bytes */
+    setenv("REFIT_CUDA_FP8_REVERSE", "0", 1);
+    setenv("REFIT_CUDA_FP8_ROUND", "3", 1);
+    multi m;
+    multi_new(&m, 0, BF16, 300, rows, 40, slot);
+    multi_run(&m, 0, "300 pieces, groups encoded forwards", NULL);
+    multi_free(&m);
+    unsetenv("REFIT_CUDA_FP8_ROUND");
+    unsetenv("REFIT_CUDA_FP8_REVERSE");
 }
 
 /* The caller's stream: a non-blocking one. */
@@ -747,8 +757,9 @@ static mpiece mp(refit_dtype dt, int64_t n, int64_t k, int xl, int ql, int sl, u
  * unit (a tile one row short, a row one group short of what a team holds
  * at each team size, and one group past it; a per-tensor chunk one group
  * short),
- * F16 beside BF16, an F32 piece of dense shape (general), and per-tensor
- * groups that mix dense and general pieces. */
+ * F16 beside BF16, an F32 piece of dense shape (general), per-tensor
+ * groups that mix dense and general pieces, and units whose scale is too
+ * small for the reciprocal. */
 static void test_dense_mixed(void **state)
 {
     (void)state;
@@ -792,6 +803,20 @@ static void test_dense_mixed(void **state)
         };
         mix_new(&m, KERN_FP8_PER_TENSOR, p, sizeof p / sizeof p[0], PAT_MIXED);
         mix_run(&m, d ? "f16 dense and general pieces" : "bf16 dense and general pieces");
+        mix_free(&m);
+    }
+    /* BF16 subnormals only: scales below 2^-100, so dense units re-read
+     * their groups the general way (qf_slots_slow), here with tiles of an
+     * odd height (131 rows: the last tile 3) and rows one group short */
+    mpiece tiny[] = {
+        mp(BF16, 131, 256, 0, 0, 0, 0), mp(BF16, 3, 2040, 0, 0, 0, 1),
+        mp(BF16, 2, 5632, 0, 0, 0, 2), mp(BF16, 1, 16376, 0, 0, 0, 3),
+    };
+    for (int sch = 0; sch < 3; sch++) {
+        mix m;
+        mix_new(&m, sch, sch == KERN_FP8_BLOCK128 ? tiny : tiny + 1,
+                sch == KERN_FP8_BLOCK128 ? 1 : 3, PAT_SUBNORMAL);
+        mix_run(&m, "bf16 subnormals: scales below 2^-100");
         mix_free(&m);
     }
 }
