@@ -1470,7 +1470,7 @@ extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_
         h->status = QF_NONE;
         int64_t round = qf_env("REFIT_CUDA_FP8_ROUND", QF_ROUND);
         const char *rv = getenv("REFIT_CUDA_FP8_REVERSE");
-        int rev = !(rv && rv[0] == '0');
+        int rev = rv && rv[0] == '1'; /* forwards measured better (docs/cuda.md) */
         int64_t lag = qf_env("REFIT_CUDA_FP8_LAG", QF_LAG);
         int64_t units = qf_plan((qf_piece *)(c->host + off_p), in, n, scheme, grp, ngroups,
                                 ord, (qf_group *)(c->host + off_g), round, &lag);

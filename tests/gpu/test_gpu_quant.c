@@ -564,13 +564,13 @@ static void test_table_and_rounds(void **state)
         unsetenv("REFIT_CUDA_FP8_ROUND");
         unsetenv("REFIT_CUDA_FP8_LAG");
     }
-    /* the encode pass walks each group backwards by default; forwards
-     * (REFIT_CUDA_FP8_REVERSE=0) gives the same bytes */
-    setenv("REFIT_CUDA_FP8_REVERSE", "0", 1);
+    /* the encode pass walks each group forwards by default; backwards
+     * (REFIT_CUDA_FP8_REVERSE=1) gives the same bytes */
+    setenv("REFIT_CUDA_FP8_REVERSE", "1", 1);
     setenv("REFIT_CUDA_FP8_ROUND", "3", 1);
     multi m;
     multi_new(&m, 0, BF16, 300, rows, 40, slot);
-    multi_run(&m, 0, "300 pieces, groups encoded forwards", NULL);
+    multi_run(&m, 0, "300 pieces, groups encoded backwards", NULL);
     multi_free(&m);
     unsetenv("REFIT_CUDA_FP8_ROUND");
     unsetenv("REFIT_CUDA_FP8_REVERSE");
