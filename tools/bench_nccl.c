@@ -302,10 +302,15 @@ static int content_of(int update)
     return 1 + update % 2;
 }
 
+/* DIRECT buckets' size when --direct-min does not say (the rows that
+ * compare them with the default, which sends none). */
+#define BN_DIRECT_MIN ((uint64_t)16 << 20)
+
 static void *killer(void *arg);
 
-/* direct 0: no DIRECT buckets (direct_min_bytes 0: every byte packed, as
- * wire version 3 sent them); 1: the default. */
+/* direct 0: no DIRECT buckets (direct_min_bytes 0, the default: every byte
+ * packed); 1: DIRECT buckets for tensors of --direct-min bytes (16 MiB when
+ * not given). */
 static int trainer_send(bn_rank *k, uint64_t bucket, int checksum, int direct,
                         refit_group_result *res, double kill_after)
 {
@@ -328,10 +333,9 @@ static int trainer_send(bn_rank *k, uint64_t bucket, int checksum, int direct,
         so.bucket_bytes = bucket;
         so.checksum_payload = checksum;
         so.timeout_s = k->o->timeout;
-        if (k->o->direct_min >= 0)
-            so.direct_min_bytes = (uint64_t)k->o->direct_min;
-        if (!direct)
-            so.direct_min_bytes = 0;
+        so.direct_min_bytes = !direct ? 0
+                            : k->o->direct_min > 0 ? (uint64_t)k->o->direct_min
+                                                   : BN_DIRECT_MIN;
         rc = refit_sender_create(&k->snd, k->x, &so);
         for (int i = 0; i < k->L.n && !rc; i++)
             rc = refit_sender_add(k->snd, k->L.t[i].name, &k->L.t[i].t);
@@ -467,10 +471,11 @@ static int worker_update(bn_rank *k, refit_receiver *r, int rollback, double *se
 /* The default bucket size (refit_send_opts.bucket_bytes 0), in MiB. */
 #define BN_DEFAULT_MIB 1024
 
-/* default_ratio[0]: checksum on, [1]: off, [2]: checksum on without
- * DIRECT buckets (the trainer's direct), at the default bucket. */
+/* The rows at the default bucket: default_ratio[0]: checksum on, [1]: off,
+ * [2]: checksum on with the other DIRECT setting than the main rows'. */
 static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum, int direct,
-                       int rollback, int repeat, double *best_ratio, double default_ratio[3])
+                       int rollback, int repeat, double *best_ratio, double default_ratio[3],
+                       int main_direct)
 {
     double best = 1e30;
     bool exact = true, e;
@@ -488,10 +493,10 @@ static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum
         best = s < best ? s : best;
     }
     double ratio = k->raw_whole / best;
-    if (checksum && direct && !rollback && ratio > *best_ratio)
+    if (checksum && direct == main_direct && !rollback && ratio > *best_ratio)
         *best_ratio = ratio;
     if (!rollback && mib == BN_DEFAULT_MIB)
-        default_ratio[!direct ? 2 : checksum ? 0 : 1] = ratio;
+        default_ratio[direct != main_direct ? 2 : checksum ? 0 : 1] = ratio;
     /* us_per_bucket: the whole reload over its buckets, what per-bucket
      * host work costs where buckets are small */
     /* direct_bytes: of the last reload, received straight into the runtime
@@ -617,22 +622,26 @@ static int worker_run(bn_rank *k)
     js(k, ", \"raw_broadcast_s\": %.6f, \"raw_broadcast_gbps\": %.2f, "
        "\"per_tensor_broadcast_s\": %.6f, \"refit\": [", k->raw_whole,
        (double)k->L.total / k->raw_whole / 1e9, k->raw_tensor);
+    /* the main rows send as the library's default does (no DIRECT
+     * buckets), or with DIRECT buckets when --direct-min asks for them;
+     * one row at the default bucket tries the other setting */
+    int md = o->direct_min > 0;
     double best = 0, dflt[3] = {0, 0, 0};
     for (int b = 0; b < o->n_buckets && !rc; b++)
-        rc = worker_case(k, r, o->buckets[b], 1, 1, 0, o->repeat, &best, dflt);
+        rc = worker_case(k, r, o->buckets[b], 1, md, 0, o->repeat, &best, dflt, md);
     uint64_t last = o->buckets[o->n_buckets - 1];
     if (!rc)
-        rc = worker_case(k, r, last, 0, 1, 0, o->repeat, &best, dflt);
+        rc = worker_case(k, r, last, 0, md, 0, o->repeat, &best, dflt, md);
     if (!rc)
-        rc = worker_case(k, r, last, 1, 0, 0, o->repeat, &best, dflt);
+        rc = worker_case(k, r, last, 1, !md, 0, o->repeat, &best, dflt, md);
     if (!rc)
-        rc = worker_case(k, r, last, 1, 1, 1, 1, &best, dflt);
+        rc = worker_case(k, r, last, 1, md, 1, 1, &best, dflt, md);
     js(k, "], \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f, "
        "\"default_bucket_mib\": %d, \"ratio_at_default_bucket\": %.3f, "
        "\"ratio_at_default_bucket_checksum_off\": %.3f, "
-       "\"ratio_at_default_bucket_direct_off\": %.3f, \"wire_version\": %d",
-       best, best * k->raw_tensor / k->raw_whole, BN_DEFAULT_MIB, dflt[0], dflt[1], dflt[2],
-       BKT_VERSION);
+       "\"ratio_at_default_bucket_direct_%s\": %.3f, \"wire_version\": %d",
+       best, best * k->raw_tensor / k->raw_whole, BN_DEFAULT_MIB, dflt[0], dflt[1],
+       md ? "off" : "on", dflt[2], BKT_VERSION);
     if (!rc && o->failures)
         rc = worker_failed_check(k, r);
     refit_receiver_destroy(r);

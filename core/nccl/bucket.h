@@ -83,8 +83,9 @@
  * words come after every stamp, so the stamps go in one copy and the
  * words are written by the device). */
 #define BKT_TRAILER_REC (BKT_STAMP_BYTES + 8)
-/* Default of refit_send_opts.direct_min_bytes. */
-#define BKT_DIRECT_MIN_DEFAULT ((uint64_t)16 << 20)
+/* Default of refit_send_opts.direct_min_bytes: none (docs/nccl.md,
+ * "DIRECT buckets off by default": slower than packed buckets on 2 x H200). */
+#define BKT_DIRECT_MIN_DEFAULT ((uint64_t)0)
 
 /* Stamp flags. */
 #define BKT_F_PAYLOAD_SUM 0x1u /* the word at BKT_SUM_AT is the payload's checksum */

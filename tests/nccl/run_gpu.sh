@@ -110,16 +110,19 @@ def load(name):
         return {"error": "%s: %s" % (name, e)}
 r, t = load("nccl-refit.json"), load("nccl-torch.json")
 r["torch"] = t
-best = [c["seconds"] for c in r.get("refit", [])
-        if c["checksum"] and c.get("direct", 1) and not c["rollback"]]
+main = [c for c in r.get("refit", []) if not c["rollback"]][:1]
+best = [c["seconds"] for c in r.get("refit", []) if c["checksum"] and not c["rollback"]
+        and c.get("direct") == (main[0].get("direct") if main else None)]
 if best and "torch_per_tensor_broadcast_s" in t:
     r["ratio_to_torch_broadcast_loop"] = t["torch_per_tensor_broadcast_s"] / min(best)
 json.dump(r, open(os.path.join(o, "nccl-bench.json"), "w"), indent=1)
 lines = ["bench (wire version %s): ratio_to_broadcast %s (best, checksum on), at the default "
-         "bucket %s (checksum off %s, no DIRECT buckets %s), to the torch loop %s" % (
+         "bucket %s (checksum off %s, DIRECT buckets %s: %s), to the torch loop %s" % (
              r.get("wire_version"), r.get("ratio_to_broadcast"), r.get("ratio_at_default_bucket"),
              r.get("ratio_at_default_bucket_checksum_off"),
-             r.get("ratio_at_default_bucket_direct_off"), r.get("ratio_to_torch_broadcast_loop"))]
+             "on" if "ratio_at_default_bucket_direct_on" in r else "off",
+             r.get("ratio_at_default_bucket_direct_on", r.get("ratio_at_default_bucket_direct_off")),
+             r.get("ratio_to_torch_broadcast_loop"))]
 for c in r.get("refit", []):
     lines.append("  bucket %5s MiB checksum %d direct %s rollback %d: %.4f s, ratio %.3f, %d "
                  "buckets (%s us each), %s bytes in place, bit_exact %s" % (

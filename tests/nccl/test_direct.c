@@ -264,7 +264,7 @@ static void test_direct_off_sends_the_packed_plan(void **state)
         assert_true(j[r].direct_bytes == 0);
     assert_int_equal(j[1].res.buckets, p.n_buckets);
     bkt_plan_free(&p);
-    /* and the default (16 MiB) sends these small tensors packed too */
+    /* and the default (no DIRECT buckets) sends them packed too */
     update_to(f, 1, 1000, 0, 0, 1, j);
     assert_true(j[1].direct_bytes == 0 && j[0].direct_bytes == 0);
 }
