@@ -372,28 +372,29 @@ static int trainer_run(bn_rank *k)
     const bn_opts *o = k->o;
     refit_group_result res;
     int rc = bn_raw(k->x, &k->L, k->g.arena[0], o, &k->raw_whole, &k->raw_tensor);
+    int md = o->direct_min > 0; /* the main rows' DIRECT setting, as worker_run's */
     for (int b = 0; b < o->n_buckets && !rc; b++)
         for (int r = 0; r < o->repeat && !rc; r++)
-            rc = trainer_send(k, o->buckets[b] * MIB, 1, 1, &res, 0);
+            rc = trainer_send(k, o->buckets[b] * MIB, 1, md, &res, 0);
     uint64_t last = o->buckets[o->n_buckets - 1] * MIB;
     for (int r = 0; r < o->repeat && !rc; r++)
-        rc = trainer_send(k, last, 0, 1, &res, 0); /* checksum off */
+        rc = trainer_send(k, last, 0, md, &res, 0); /* checksum off */
     for (int r = 0; r < o->repeat && !rc; r++)
-        rc = trainer_send(k, last, 1, 0, &res, 0); /* no DIRECT bucket */
+        rc = trainer_send(k, last, 1, !md, &res, 0); /* the other DIRECT setting */
     if (!rc)
-        rc = trainer_send(k, last, 1, 1, &res, 0); /* the worker keeps an undo log */
+        rc = trainer_send(k, last, 1, md, &res, 0); /* the worker keeps an undo log */
     if (rc || !o->failures) {
         refit_sender_destroy(k->snd);
         return rc;
     }
-    if (trainer_send(k, last, 1, 1, &res, 0) != REFIT_EMOVED) { /* the worker fails its checks */
+    if (trainer_send(k, last, 1, md, &res, 0) != REFIT_EMOVED) { /* the worker fails its checks */
         fprintf(stderr, "trainer: the vote did not abort: %s\n", refit_errmsg(k->ctx));
         return 1;
     }
     /* buckets small enough that the update has several, killed once a
      * fraction of a raw broadcast's time has passed: mid-update */
     uint64_t kb = k->L.total / 8 < 16 * MIB ? k->L.total / 8 : 16 * MIB;
-    trainer_send(k, kb ? kb : 1, 1, 1, &res,
+    trainer_send(k, kb ? kb : 1, 1, md, &res,
                  k->raw_whole * 0.4 > 0.0005 ? k->raw_whole * 0.4 : 0.0005);
     sleep(60); /* not reached: killed mid-update */
     return 1;
