@@ -10,6 +10,8 @@
 
 #include <refit/format.h>
 
+#include "kernels/launch_errors.cuh"
+
 #define FP_GOLDEN 0x9e3779b97f4a7c15ull
 #define FP_THREADS 256
 
@@ -17,11 +19,7 @@ extern "C" void kern_cuda_set_error(const char *msg);
 
 static int fp_fail(cudaError_t e, const char *what)
 {
-    char m[256];
-    snprintf(m, sizeof m, "kern_fingerprint_view_cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-             cudaGetErrorName(e));
-    kern_cuda_set_error(m);
-    return e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL;
+    return kc_cuda_fail("kern_fingerprint_view_cuda", e, what);
 }
 
 __host__ __device__ __forceinline__ uint64_t fp_mix(uint64_t z)

@@ -77,6 +77,7 @@
 #include <refit/format.h>
 
 #include "kernels/cast_bits.h"
+#include "kernels/launch_errors.cuh"
 
 extern "C" void kern_cuda_set_error(const char *msg);
 
@@ -1035,32 +1036,17 @@ k_cvt_check(unsigned long long *count, unsigned int *first)
 
 static int qf_fail(cudaError_t e, const char *what)
 {
-    char m[256];
-    snprintf(m, sizeof m, "kern_quant_fp8_cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-             cudaGetErrorName(e));
-    kern_cuda_set_error(m);
-    return e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL;
+    return kc_cuda_fail("kern_quant_fp8_cuda", e, what);
 }
 
 static int qf_refuse(int rc, const char *what, uint32_t i)
 {
-    char m[256];
-    snprintf(m, sizeof m, "kern_quant_fp8_cuda: piece %u: %s", i, what);
-    kern_cuda_set_error(m);
-    return rc;
+    return kc_refuse("kern_quant_fp8_cuda", rc, what, i);
 }
 
 static int qf_kind(refit_dtype d)
 {
-    if (d.lanes != 1)
-        return -1;
-    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 32)
-        return 0;
-    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 16)
-        return 1;
-    if (d.code == REFIT_DTYPE_BFLOAT && d.bits == 16)
-        return 2;
-    return -1;
+    return kc_float_kind(d);
 }
 
 /* 1 when a 2-D view's elements are one row-major run. */

@@ -53,6 +53,7 @@
 
 #include "kernels/status_word.cuh"
 #include "kernels/quant_int4.h"
+#include "kernels/launch_errors.cuh"
 
 extern "C" void kern_cuda_set_error(const char *msg);
 
@@ -688,28 +689,17 @@ k_q4_dense(const __grid_constant__ Q4D_PARAMS(LS) B, unsigned int *status)
 
 static int q4_fail(cudaError_t e, const char *what)
 {
-    char m[256];
-    snprintf(m, sizeof m, "kern_quant_int4_cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-             cudaGetErrorName(e));
-    kern_cuda_set_error(m);
-    return e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL;
+    return kc_cuda_fail("kern_quant_int4_cuda", e, what);
 }
 
 static int q4_refuse(int rc, const char *what, uint32_t i)
 {
-    char m[256];
-    snprintf(m, sizeof m, "kern_quant_int4_cuda: piece %u: %s", i, what);
-    kern_cuda_set_error(m);
-    return rc;
+    return kc_refuse("kern_quant_int4_cuda", rc, what, i);
 }
 
 static int q4_kind(refit_dtype d)
 {
-    if (d.lanes != 1)
-        return -1;
-    if (d.code == REFIT_DTYPE_FLOAT && (d.bits == 32 || d.bits == 16))
-        return d.bits == 32 ? 0 : 1;
-    return d.code == REFIT_DTYPE_BFLOAT && d.bits == 16 ? 2 : -1;
+    return kc_float_kind(d);
 }
 
 static int64_t q4_cdiv(int64_t a, int64_t b)

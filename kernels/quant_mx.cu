@@ -51,6 +51,7 @@
 
 #include "kernels/status_word.cuh"
 #include "kernels/cast_bits.h"
+#include "kernels/launch_errors.cuh"
 
 extern "C" void kern_cuda_set_error(const char *msg);
 
@@ -627,32 +628,17 @@ k_mxd(const __grid_constant__ mxd_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
 
 static int mx_fail(cudaError_t e, const char *what)
 {
-    char m[256];
-    snprintf(m, sizeof m, "kern_quant_mx_cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-             cudaGetErrorName(e));
-    kern_cuda_set_error(m);
-    return e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL;
+    return kc_cuda_fail("kern_quant_mx_cuda", e, what);
 }
 
 static int mx_refuse(int rc, const char *what, uint32_t i)
 {
-    char m[256];
-    snprintf(m, sizeof m, "kern_quant_mx_cuda: piece %u: %s", i, what);
-    kern_cuda_set_error(m);
-    return rc;
+    return kc_refuse("kern_quant_mx_cuda", rc, what, i);
 }
 
 static int mx_kind(refit_dtype d)
 {
-    if (d.lanes != 1)
-        return -1;
-    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 32)
-        return 0;
-    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 16)
-        return 1;
-    if (d.code == REFIT_DTYPE_BFLOAT && d.bits == 16)
-        return 2;
-    return -1;
+    return kc_float_kind(d);
 }
 
 static mx_div mx_div_make(uint32_t d)

@@ -55,6 +55,7 @@
 #include <refit/format.h>
 
 #include "kernels/cast_bits.h"
+#include "kernels/launch_errors.cuh"
 
 extern "C" void kern_cuda_set_error(const char *msg);
 
@@ -698,32 +699,17 @@ extern "C" void kern_quant_nvfp4_set_bytes(int64_t bytes)
 
 static int qn_fail(cudaError_t e, const char *what)
 {
-    char m[256];
-    snprintf(m, sizeof m, "kern_quant_nvfp4_cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-             cudaGetErrorName(e));
-    kern_cuda_set_error(m);
-    return e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL;
+    return kc_cuda_fail("kern_quant_nvfp4_cuda", e, what);
 }
 
 static int qn_refuse(int rc, const char *what, uint32_t i)
 {
-    char m[256];
-    snprintf(m, sizeof m, "kern_quant_nvfp4_cuda: piece %u: %s", i, what);
-    kern_cuda_set_error(m);
-    return rc;
+    return kc_refuse("kern_quant_nvfp4_cuda", rc, what, i);
 }
 
 static int qn_kind(refit_dtype d)
 {
-    if (d.lanes != 1)
-        return -1;
-    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 32)
-        return 0;
-    if (d.code == REFIT_DTYPE_FLOAT && d.bits == 16)
-        return 1;
-    if (d.code == REFIT_DTYPE_BFLOAT && d.bits == 16)
-        return 2;
-    return -1;
+    return kc_float_kind(d);
 }
 
 static bool qn_byte(const refit_view *v)
