@@ -152,6 +152,17 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* A sender with options o and the job's tensors, added in order. */
+static int sender_make(nt_job *j, const refit_send_opts *o, const int *order, refit_sender **s)
+{
+    int rc = refit_sender_create(s, j->x, o);
+    if (!rc && j->extra)
+        rc = refit_sender_add(*s, j->extra_name, j->extra);
+    for (int i = 0; i < NT_N && !rc && !j->no_tensors; i++)
+        rc = refit_sender_add(*s, NT_SPECS[order[i]].ckpt, &j->c->t[order[i]]);
+    return rc;
+}
+
 static void *sender_main(void *arg)
 {
     nt_job *j = arg;
@@ -164,7 +175,6 @@ static void *sender_main(void *arg)
         o.direct_min_bytes = j->direct_min < 0 ? 0 : (uint64_t)j->direct_min;
     refit_sender *s = NULL;
     double t0 = now_s();
-    j->rc = refit_sender_create(&s, j->x, &o);
     int order[NT_N];
     for (int i = 0; i < NT_N; i++)
         order[i] = i;
@@ -175,14 +185,19 @@ static void *sender_main(void *arg)
         order[i] = order[k];
         order[k] = tmp;
     }
-    if (!j->rc && j->extra)
-        j->rc = refit_sender_add(s, j->extra_name, j->extra);
-    for (int i = 0; i < NT_N && !j->rc && !j->no_tensors; i++)
-        j->rc = refit_sender_add(s, NT_SPECS[order[i]].ckpt, &j->c->t[order[i]]);
+    j->rc = sender_make(j, &o, order, &s);
     if (!j->rc)
         j->rc = refit_sender_send(s, &j->res);
-    if (!j->rc && j->again_label && !(j->rc = refit_sender_set_label(s, j->again_label)))
+    if (!j->rc && j->again_label && j->again_bucket_bytes) {
+        refit_sender_destroy(s);
+        s = NULL;
+        o.version_label = j->again_label;
+        o.bucket_bytes = j->again_bucket_bytes;
+        if (!(j->rc = sender_make(j, &o, order, &s)))
+            j->rc = refit_sender_send(s, &j->res);
+    } else if (!j->rc && j->again_label && !(j->rc = refit_sender_set_label(s, j->again_label))) {
         j->rc = refit_sender_send(s, &j->res);
+    }
     j->seconds = now_s() - t0;
     snprintf(j->msg, sizeof j->msg, "%s", refit_errmsg(j->x->ctx));
     j->direct_bytes = sender_direct_bytes(s);

@@ -79,6 +79,8 @@ typedef struct nt_job {
     uint8_t corrupt_mask;       /* number corrupt_seq is XORed with this (0: none) */
     const char *again_label;    /* sender: then relabel the same sender and send
                                    again; receivers: receive a second update */
+    uint64_t again_bucket_bytes; /* sender, with again_label: the second update
+                                   from a new sender with this bucket size */
     int64_t direct_min;         /* sender: direct_min_bytes; 0 the default, < 0 none */
     uint64_t fail_fingerprint;  /* sender: its nth device checksum fails (0: none) */
     int stuck_abort;            /* receiver: its transport says an abort might not stop

@@ -134,6 +134,28 @@ static void test_order_and_checksum_off(void **state)
     }
 }
 
+/* One receiver kept across updates whose second has many more buckets than
+ * the first (a new sender with small buckets): its index, stamp and
+ * checksum memory grows, and the bytes are a cold start's. */
+static void test_receiver_grows_for_a_larger_index(void **state)
+{
+    fx *f = *state;
+    update_to(f, 2, 0);
+    nt_job j[NR];
+    jobs_for(f, j, 1, 0, 5); /* version 1 in one bucket, then again in many */
+    j[0].again_label = "v1-small";
+    j[0].again_bucket_bytes = 128; /* every tensor split: dozens of buckets */
+    for (int r = 1; r < NR; r++)
+        j[r].again_label = "v1-small";
+    nt_run(j, NR, UINT64_MAX);
+    assert_all_ok(j);
+    for (int r = 0; r < TP; r++) {
+        assert_true(j[1 + r].res.buckets > 20); /* the second update's */
+        assert_string_equal(refit_worker_version(f->w[r].ctx), "v1-small");
+    }
+    assert_at(f, 1);
+}
+
 /* One sender kept across steps: relabelled, sent again (slots reused);
  * the receivers' second update carries the new label, the same bytes. */
 static void test_sender_reused_across_updates(void **state)
@@ -581,6 +603,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_order_and_checksum_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_result_counts, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sender_reused_across_updates, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_receiver_grows_for_a_larger_index, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_sender_killed_mid_bucket_rolls_back, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sender_killed_mid_bucket_poisons_without_rollback,
