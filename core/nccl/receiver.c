@@ -275,23 +275,33 @@ static int rcv_slots(refit_receiver *r, uint64_t max_total)
     return REFIT_OK;
 }
 
+/* Transport memory and its host mirror, grown (never shrunk) to hold n
+ * bytes; on failure both are gone and *cap is 0. */
+static int rcv_grow_mirrored(refit_transport *x, void **dev, uint8_t **host, uint64_t *cap,
+                             uint64_t n)
+{
+    if (*cap >= n)
+        return REFIT_OK;
+    if (*dev)
+        x->ops->mem_free(x, *dev);
+    if (*host)
+        x->ops->host_free(x, *host);
+    *dev = NULL;
+    *host = NULL;
+    *cap = 0;
+    if (x->ops->mem_alloc(x, dev, n) || x->ops->host_alloc(x, (void **)host, n))
+        return REFIT_ENOMEM;
+    *cap = n;
+    return REFIT_OK;
+}
+
 /* Room for the index, the stamps and the bucket table of an announce. */
 static int rcv_index_memory(refit_receiver *r, const bkt_announce *an)
 {
     refit_transport *x = r->x;
-    if (r->idx_cap < an->index_bytes) {
-        if (r->idx)
-            x->ops->mem_free(x, r->idx);
-        if (r->idx_host)
-            x->ops->host_free(x, r->idx_host);
-        r->idx = r->idx_host = NULL;
-        r->idx_cap = 0;
-        if (x->ops->mem_alloc(x, &r->idx, an->index_bytes) ||
-            x->ops->host_alloc(x, (void **)&r->idx_host, an->index_bytes))
-            return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for an index of %llu bytes",
-                              (unsigned long long)an->index_bytes);
-        r->idx_cap = an->index_bytes;
-    }
+    if (rcv_grow_mirrored(x, &r->idx, &r->idx_host, &r->idx_cap, an->index_bytes))
+        return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for an index of %llu bytes",
+                          (unsigned long long)an->index_bytes);
     if (r->stamps_cap < an->n_buckets) {
         if (r->stamps)
             x->ops->host_free(x, r->stamps);
@@ -312,19 +322,9 @@ static int rcv_index_memory(refit_receiver *r, const bkt_announce *an)
                               "and checksums", an->n_buckets);
         r->stamps_cap = an->n_buckets;
     }
-    if (r->trailer_cap < an->trailer_bytes) {
-        if (r->trailer)
-            x->ops->mem_free(x, r->trailer);
-        if (r->trailer_host)
-            x->ops->host_free(x, r->trailer_host);
-        r->trailer = r->trailer_host = NULL;
-        r->trailer_cap = 0;
-        if (x->ops->mem_alloc(x, &r->trailer, an->trailer_bytes) ||
-            x->ops->host_alloc(x, (void **)&r->trailer_host, an->trailer_bytes))
-            return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for a trailer of %llu "
-                              "bytes", (unsigned long long)an->trailer_bytes);
-        r->trailer_cap = an->trailer_bytes;
-    }
+    if (rcv_grow_mirrored(x, &r->trailer, &r->trailer_host, &r->trailer_cap, an->trailer_bytes))
+        return xport_fail(x, REFIT_ENOMEM, "receiver: no memory for a trailer of %llu bytes",
+                          (unsigned long long)an->trailer_bytes);
     return REFIT_OK;
 }
 
