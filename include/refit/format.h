@@ -285,6 +285,18 @@ typedef struct refit_host_v1 {
     ((size_t)(s)->struct_size >= offsetof(type, member) + sizeof(((type *)0)->member))
 #define REFIT_HOST_HAS(h, member) REFIT_STRUCT_HAS(h, refit_host_v1, member)
 
+/* 1 when a backend of the host serves dev (host->device_info says so): a
+ * plugin asks before it hands views on dev to a host service. Inline, so
+ * plugins still link nothing of the core. */
+static inline int refit_host_serves(const refit_host_v1 *h, refit_device dev)
+{
+    if (!REFIT_HOST_HAS(h, device_info) || !h->device_info)
+        return 0;
+    refit_device_info di = {0};
+    di.struct_size = sizeof di;
+    return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
+}
+
 typedef struct refit_format_v1 {
     uint32_t abi_version;    /* REFIT_FORMAT_ABI_VERSION */
     uint32_t struct_size;    /* sizeof(refit_format_v1) */

@@ -220,13 +220,7 @@ static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, fp8_stat
  * the CUDA backend and kernels/quant_fp8.cu come together). */
 static int device_kernel(const refit_host_v1 *h, refit_device dev)
 {
-    if (!REFIT_HOST_HAS(h, quant_fp8) || !h->quant_fp8 || !REFIT_HOST_HAS(h, device_info) ||
-        !h->device_info)
-        return 0;
-    refit_device_info di;
-    memset(&di, 0, sizeof di);
-    di.struct_size = sizeof di;
-    return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
+    return REFIT_HOST_HAS(h, quant_fp8) && h->quant_fp8 && refit_host_serves(h, dev);
 }
 
 /* The runtime weight and scale an online module writes. */

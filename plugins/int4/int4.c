@@ -385,12 +385,7 @@ static int on_host(const refit_view *v)
 /* 1 when a backend of the host serves dev. */
 static int served(const refit_host_v1 *h, refit_device dev)
 {
-    if (!REFIT_HOST_HAS(h, device_info) || !h->device_info)
-        return 0;
-    refit_device_info di;
-    memset(&di, 0, sizeof di);
-    di.struct_size = sizeof di;
-    return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
+    return refit_host_serves(h, dev);
 }
 
 /* Post-load on a runtime outside host memory needs the host's services:

@@ -292,12 +292,7 @@ static int has_service(const refit_host_v1 *h)
  * (the CUDA backend and kernels/quant_mx.cu come together). */
 static int device_kernel(const refit_host_v1 *h, refit_device dev)
 {
-    if (!has_service(h) || !REFIT_HOST_HAS(h, device_info) || !h->device_info)
-        return 0;
-    refit_device_info di;
-    memset(&di, 0, sizeof di);
-    di.struct_size = sizeof di;
-    return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
+    return has_service(h) && refit_host_serves(h, dev);
 }
 
 /* Where online quantization writes: host memory, or one device the host

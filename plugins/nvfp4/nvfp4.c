@@ -326,13 +326,7 @@ static int contiguous(const refit_view *v)
  * come together). */
 static int device_service(const refit_host_v1 *h, refit_device dev)
 {
-    if (!REFIT_HOST_HAS(h, quant_nvfp4) || !h->quant_nvfp4 || !REFIT_HOST_HAS(h, device_info) ||
-        !h->device_info)
-        return 0;
-    refit_device_info di;
-    memset(&di, 0, sizeof di);
-    di.struct_size = sizeof di;
-    return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
+    return REFIT_HOST_HAS(h, quant_nvfp4) && h->quant_nvfp4 && refit_host_serves(h, dev);
 }
 
 /* Host memory, or every runtime tensor on one device the service serves. */
