@@ -6,6 +6,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <cmocka.h>
+
 #include "ntest.h"
 #include "core/nccl/xport.h"
 
@@ -312,4 +317,14 @@ void nt_rmdir(const char *dir)
     if (d)
         closedir(d);
     rmdir(dir);
+}
+
+void nt_assert_all_ok(const nt_job *jobs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (jobs[i].rc)
+            fail_msg("rank %d: %s: %s", i, refit_status_name(jobs[i].rc), jobs[i].msg);
+        assert_int_equal(jobs[i].res.decision, REFIT_OK);
+        assert_int_equal(jobs[i].res.vote_taken, 1);
+    }
 }

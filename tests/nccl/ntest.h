@@ -100,6 +100,9 @@ typedef struct nt_job {
  * (UINT64_MAX: never). Transports are made on each job's context (a
  * sender context is opened and closed here). */
 void nt_run(nt_job *jobs, int n, uint64_t kill_after);
+/* CMocka assertions: every one of the n jobs succeeded and the group voted
+ * to commit (a failure names the rank, its status and message). */
+void nt_assert_all_ok(const nt_job *jobs, int n);
 
 /* A directory under the build root for journals; freed by nt_rmdir. */
 void nt_tmpdir(char *out, size_t n);

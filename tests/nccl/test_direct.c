@@ -89,16 +89,6 @@ static void jobs_for(fx *f, nt_job *j, int v, uint64_t bucket, int64_t direct_mi
         j[1 + r] = (nt_job){.w = &f->w[r], .rollback = 1, .timeout = timeout};
 }
 
-static void assert_all_ok(nt_job *j)
-{
-    for (int i = 0; i < NR; i++) {
-        if (j[i].rc)
-            fail_msg("rank %d: %s: %s", i, refit_status_name(j[i].rc), j[i].msg);
-        assert_int_equal(j[i].res.decision, REFIT_OK);
-        assert_int_equal(j[i].res.vote_taken, 1);
-    }
-}
-
 static void assert_at(fx *f, int v)
 {
     for (int r = 0; r < NW; r++) {
@@ -184,7 +174,7 @@ static void update_to(fx *f, int v, uint64_t bucket, int64_t direct_min, uint64_
     j[0].order_seed = seed;
     j[0].checksum = checksum;
     nt_run(j, NR, UINT64_MAX);
-    assert_all_ok(j);
+    nt_assert_all_ok(j, NR);
     assert_at(f, v);
     for (int r = 0; r < NW; r++)
         assert_string_equal(refit_worker_version(f->w[r].ctx), v == 1 ? "v1" : "v2");
@@ -244,7 +234,7 @@ static void test_sender_reused(void **state)
     for (int r = 1; r < NR; r++)
         j[r].again_label = "v2b";
     nt_run(j, NR, UINT64_MAX);
-    assert_all_ok(j);
+    nt_assert_all_ok(j, NR);
     assert_at(f, 2);
     for (int r = 0; r < NW; r++)
         assert_string_equal(refit_worker_version(f->w[r].ctx), "v2b");
@@ -301,7 +291,7 @@ static void test_transport_that_cannot_abort_keeps_to_slots(void **state)
     jobs_for(f, j, 2, 1000, DMIN, 5);
     j[1].stuck_abort = 1;
     nt_run(j, NR, UINT64_MAX);
-    assert_all_ok(j);
+    nt_assert_all_ok(j, NR);
     assert_at(f, 2);
     assert_true(j[1].direct_bytes == 0);
     assert_true(j[2].direct_bytes == in_place_after_begin(f, 1000, DMIN));
@@ -384,7 +374,7 @@ static void test_corrupt_direct_payload_unchecked_goes_through(void **state)
     j[0].corrupt_at = 5;
     j[0].corrupt_mask = 0x10;
     nt_run(j, NR, UINT64_MAX);
-    assert_all_ok(j);
+    nt_assert_all_ok(j, NR);
     for (int r = 0; r < NW; r++)
         assert_true(nt_fp(&f->w[r]) != f->cold[2][r]);
 }

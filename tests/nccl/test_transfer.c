@@ -69,22 +69,12 @@ static void jobs_for(fx *f, nt_job *j, int v, uint64_t bucket, double timeout)
         j[1 + r] = (nt_job){.w = &f->w[r], .rollback = 1, .timeout = timeout};
 }
 
-static void assert_all_ok(nt_job *j)
-{
-    for (int i = 0; i < NR; i++) {
-        if (j[i].rc)
-            fail_msg("rank %d: %s: %s", i, refit_status_name(j[i].rc), j[i].msg);
-        assert_int_equal(j[i].res.decision, REFIT_OK);
-        assert_int_equal(j[i].res.vote_taken, 1);
-    }
-}
-
 static void update_to(fx *f, int v, uint64_t bucket)
 {
     nt_job j[NR];
     jobs_for(f, j, v, bucket, 5);
     nt_run(j, NR, UINT64_MAX);
-    assert_all_ok(j);
+    nt_assert_all_ok(j, NR);
     for (int r = 0; r < TP; r++) {
         assert_true(nt_fp(&f->w[r]) == f->cold[v][r]);
         assert_string_equal(refit_worker_version(f->w[r].ctx), v == 1 ? "v1" : "v2");
@@ -129,7 +119,7 @@ static void test_order_and_checksum_off(void **state)
         j[0].order_seed = seed;
         j[0].checksum = (int)(seed & 1);
         nt_run(j, NR, UINT64_MAX);
-        assert_all_ok(j);
+        nt_assert_all_ok(j, NR);
         assert_at(f, (int)(1 + seed % 2));
     }
 }
@@ -148,7 +138,7 @@ static void test_receiver_grows_for_a_larger_index(void **state)
     for (int r = 1; r < NR; r++)
         j[r].again_label = "v1-small";
     nt_run(j, NR, UINT64_MAX);
-    assert_all_ok(j);
+    nt_assert_all_ok(j, NR);
     for (int r = 0; r < TP; r++) {
         assert_true(j[1 + r].res.buckets > 20); /* the second update's */
         assert_string_equal(refit_worker_version(f->w[r].ctx), "v1-small");
@@ -166,7 +156,7 @@ static void test_sender_reused_across_updates(void **state)
     for (int i = 0; i < NR; i++)
         j[i].again_label = "v1-again";
     nt_run(j, NR, UINT64_MAX);
-    assert_all_ok(j);
+    nt_assert_all_ok(j, NR);
     for (int r = 0; r < TP; r++) {
         assert_string_equal(refit_worker_version(f->w[r].ctx), "v1-again");
         assert_string_equal(j[1 + r].res.version_label, "v1-again");
@@ -180,7 +170,7 @@ static void test_result_counts(void **state)
     nt_job j[NR];
     jobs_for(f, j, 1, 1000, 5);
     nt_run(j, NR, UINT64_MAX);
-    assert_all_ok(j);
+    nt_assert_all_ok(j, NR);
     assert_true(j[0].res.buckets > 1);
     assert_int_equal(j[1].res.buckets, j[0].res.buckets);
     assert_true(j[1].res.bytes == j[0].res.bytes);
@@ -511,7 +501,7 @@ static void test_corrupt_payload_caught_by_checksum(void **state)
             assert_contains(j[1].msg, "bucket 1 of update 'v2': payload checksum");
             assert_at(f, 1);
         } else {
-            assert_all_ok(j);
+            nt_assert_all_ok(j, NR);
             int differs = 0;
             for (int r = 0; r < TP; r++)
                 differs += nt_fp(&f->w[r]) != f->cold[2][r];
@@ -532,7 +522,7 @@ static void test_corrupt_middle_bucket_rolls_back(void **state)
     nt_job j[NR];
     jobs_for(f, j, 1, 1000, 30);
     nt_run(j, NR, UINT64_MAX);
-    assert_all_ok(j);
+    nt_assert_all_ok(j, NR);
     uint32_t n = j[1].res.buckets, mid = n / 2;
     uint64_t tensors[TP];
     for (int r = 0; r < TP; r++)
@@ -587,7 +577,7 @@ static void test_empty_update(void **state)
     jobs_for(f, j, 2, 1000, 5);
     j[0].no_tensors = 1;
     nt_run(j, NR, UINT64_MAX);
-    assert_all_ok(j);
+    nt_assert_all_ok(j, NR);
     assert_int_equal(j[1].res.buckets, 1); /* no entries: it carries the label */
     assert_int_equal(j[1].res.tensors, 0);
     for (int r = 0; r < TP; r++) {
