@@ -78,7 +78,6 @@
 
 #include "kernels/cast_bits.h"
 #include "kernels/launch_errors.cuh"
-#include "kernels/onchip.cuh"
 
 extern "C" void kern_cuda_set_error(const char *msg);
 
@@ -1002,308 +1001,6 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int
     }
 }
 
-/* ---- per-tensor on chip: one pass over HBM ----
- *
- * k_tensor reads a weight twice (its amax, then its encode), and L2 keeps
- * too little of a 23 MB weight for the second read to hit (docs/cuda.md).
- * k_tensor_onchip reads it once: every block is resident (a cooperative
- * launch, one block an SM), each holds its share of the weight in shared
- * memory until the weight's amax is known, then encodes from there.
- *
- * A group here is one dense piece (one contiguous F16/BF16 run with its
- * own scale), cut into items of OC_ITEM bytes; item i goes to block
- * (i + rot) % gridDim.x, rot rotating from group to group so that the
- * blocks holding one item more change. A block's items, group after group,
- * stream through a ring of `slots` item buffers (<= OC_SLOTS): thread 0
- * issues a bulk copy into a slot once the item that held it was encoded,
- * each slot's mbarrier says when it landed. For each group it has items
- * of, a block: takes their max (the magnitude bits), publishes it
- * (atomicMax into the group's amax, then counts itself done), issues
- * copies of later items into the free slots, waits until every block with
- * items of the group is done, and encodes its items from shared memory,
- * freeing slots every OC_RELEASE items so that the next group's copies
- * overlap this group's stores. A group fits when its items a block fit
- * the ring (the host sends larger ones to k_tensor). No deadlock: blocks
- * take groups in one order and publish a group before waiting on it, so
- * the lowest group anyone waits on is published or about to be by every
- * block with items of it, all resident. The item holding element 0
- * writes the scale; a group with NaN or infinity writes nothing but its
- * piece's index into the status word. */
-
-#ifndef OC_THREADS
-#define OC_THREADS 512
-#endif
-#define OC_WARPS (OC_THREADS / 32)
-#define OC_ITEM 16384                  /* bytes of x an item */
-#define OC_PER (OC_ITEM / 16 / OC_THREADS) /* 16-byte groups a thread of a whole item */
-#define OC_SLOTS 13                    /* item buffers a block: 208 KB */
-#define OC_RELEASE 2                   /* items encoded between slot releases */
-#define OC_SMEM_BYTES (OC_SLOTS * OC_ITEM + OC_SLOTS * 8 + (OC_WARPS + 2) * 4 + 16)
-
-/* An on-chip group's words: amax bits, blocks done, blocks to wait for
- * (those with items: min(items, grid)), the rotation of its items. */
-struct qf_ocg {
-    unsigned int amax, done, need, rot;
-};
-
-__device__ __forceinline__ int64_t oc_items(const qf_piece &p)
-{
-    return (p.gpr * 16 + OC_ITEM - 1) / OC_ITEM;
-}
-
-/* This block's first item of a group of `items` rotated by rot, and how
- * many it has (every gridDim.x-th from the first). */
-__device__ __forceinline__ int64_t oc_first(int64_t items, unsigned rot, int64_t *mine)
-{
-    const int64_t nb = gridDim.x;
-    int64_t f = ((int64_t)blockIdx.x + nb - (int64_t)(rot % gridDim.x)) % nb;
-    *mine = f < items ? (items - f + nb - 1) / nb : 0;
-    return f;
-}
-
-/* The first group from g on that this block has items of (ng: none). */
-__device__ __forceinline__ int oc_next(const qf_piece *P, const qf_ocg *G, int g, int ng,
-                                       int64_t *first, int64_t *mine)
-{
-    for (; g < ng; g++) {
-        *first = oc_first(oc_items(P[g]), G[g].rot, mine);
-        if (*mine > 0)
-            break;
-    }
-    return g;
-}
-
-/* The max of m over the block in every thread (red: OC_WARPS words of
- * shared memory; the block may call again at once). */
-__device__ __forceinline__ uint32_t oc_block_max(uint32_t m, uint32_t *red)
-{
-    m = qf_warp_max(m);
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x / 32] = m;
-    __syncthreads();
-    m = red[0];
-    for (int k = 1; k < OC_WARPS; k++)
-        m = max(m, red[k]);
-    __syncthreads();
-    return m;
-}
-
-/* The bytes of item `it` of a group of `bytes`, as 16-byte groups. */
-__device__ __forceinline__ int oc_n16(int64_t bytes, int64_t it)
-{
-    int64_t left = bytes - it * OC_ITEM;
-    return (int)((left < OC_ITEM ? left : OC_ITEM) / 16);
-}
-
-/* The running max of an item's magnitudes (qf_pair_max) held at d. */
-__device__ __forceinline__ uint32_t oc_amax_item(const uint4 *d, int n16, uint32_t acc)
-{
-    if (n16 == OC_ITEM / 16) {
-        uint4 v[OC_PER];
-#pragma unroll
-        for (int u = 0; u < OC_PER; u++)
-            v[u] = d[threadIdx.x + u * OC_THREADS];
-#pragma unroll
-        for (int u = 0; u < OC_PER; u++)
-            acc = qf_pair_max(acc, v[u]);
-        return acc;
-    }
-    for (int k = threadIdx.x; k < n16; k += OC_THREADS)
-        acc = qf_pair_max(acc, d[k]);
-    return acc;
-}
-
-/* Encode n16 raw groups of an item held at d into q (8 bytes each). */
-template <int KIND>
-__device__ __forceinline__ void oc_encode_item(const uint4 *d, int n16, unsigned char *q, float s,
-                                               float r)
-{
-    if (n16 == OC_ITEM / 16) {
-        uint4 v[OC_PER];
-#pragma unroll
-        for (int u = 0; u < OC_PER; u++)
-            v[u] = d[threadIdx.x + u * OC_THREADS];
-#pragma unroll
-        for (int u = 0; u < OC_PER; u++)
-            qf_st8(q + (int64_t)(threadIdx.x + u * OC_THREADS) * 8, qf_enc8<KIND>(v[u], s, r));
-        return;
-    }
-    for (int k = threadIdx.x; k < n16; k += OC_THREADS)
-        qf_st8(q + (int64_t)k * 8, qf_enc8<KIND>(d[k], s, r));
-}
-
-/* The same for a scale too small for the reciprocal (qf_recip 0): the
- * full division, out of line. */
-__device__ __noinline__ void oc_encode_item_slow(const uint4 *d, int n16, unsigned char *q,
-                                                 int kind, float s)
-{
-    for (int k = threadIdx.x; k < n16; k += OC_THREADS)
-        qf_st8(q + (int64_t)k * 8, qf_encode(d[k], kind, s, 0.0f, 1));
-}
-
-/* The ring's producer, run by thread 0 alone: its cursor (the group and
- * item it issues next, its items of that group and how many are issued)
- * and counts of items issued and freed. */
-struct oc_cursor {
-    int g;
-    int64_t i, mine, done_in_g;
-};
-
-struct oc_producer {
-    oc_cursor c, pf;            /* the next item to copy, to prefetch into L2 */
-    uint32_t issued, freed, prefetched;
-};
-
-/* Move cursor c to the item it names next (1), or past the last group (0). */
-__device__ __forceinline__ bool oc_cursor_ready(oc_cursor &c, const qf_piece *P, const qf_ocg *G,
-                                                int ng)
-{
-    while (c.g < ng && c.done_in_g >= c.mine) {
-        c.g = oc_next(P, G, c.g + 1, ng, &c.i, &c.mine);
-        c.done_in_g = 0;
-    }
-    return c.g < ng;
-}
-
-__device__ __forceinline__ void oc_produce(oc_producer &pr, const qf_piece *P, const qf_ocg *G,
-                                           int ng, int slots, unsigned char *ring, uint64_t *bar,
-                                           int ahead)
-{
-    while (pr.issued < pr.freed + (uint32_t)slots && oc_cursor_ready(pr.c, P, G, ng)) {
-        const qf_piece &p = P[pr.c.g];
-        int64_t off = pr.c.i * OC_ITEM, bytes = p.gpr * 16 - off;
-        uint32_t s = pr.issued % (uint32_t)slots;
-        oc_fence_reuse();
-        oc_bulk_load(ring + (size_t)s * OC_ITEM, p.x + off,
-                     (uint32_t)(bytes < OC_ITEM ? bytes : OC_ITEM), &bar[s]);
-        pr.issued++;
-        pr.c.done_in_g++;
-        pr.c.i += gridDim.x;
-    }
-    /* the items after those, up to `ahead` more, into L2: their HBM reads
-     * overlap this group's encode instead of following it */
-    if (pr.prefetched < pr.issued) {
-        pr.pf = pr.c;
-        pr.prefetched = pr.issued;
-    }
-    while (pr.prefetched < pr.issued + (uint32_t)ahead && oc_cursor_ready(pr.pf, P, G, ng)) {
-        const qf_piece &p = P[pr.pf.g];
-        int64_t off = pr.pf.i * OC_ITEM, bytes = p.gpr * 16 - off;
-        oc_prefetch_l2(p.x + off, (uint32_t)(bytes < OC_ITEM ? bytes : OC_ITEM));
-        pr.prefetched++;
-        pr.pf.done_in_g++;
-        pr.pf.i += gridDim.x;
-    }
-}
-
-/* Whether every item of group g is issued (thread 0). */
-__device__ __forceinline__ bool oc_issued_all(const oc_producer &pr, int g)
-{
-    return pr.c.g > g || (pr.c.g == g && pr.c.done_in_g >= pr.c.mine);
-}
-
-__global__ void __launch_bounds__(OC_THREADS, 1)
-k_tensor_onchip(const qf_piece *__restrict__ P, qf_ocg *G, int ng, unsigned int *status,
-                int slots, int release, int ahead)
-{
-    unsigned char *ring = OC_SMEM();
-    uint64_t *bar = (uint64_t *)(ring + (size_t)OC_SLOTS * OC_ITEM);
-    uint32_t *red = (uint32_t *)(bar + OC_SLOTS); /* OC_WARPS words, then 2 to broadcast */
-    oc_producer pr = {{-1, 0, 0, 0}, {-1, 0, 0, 0}, 0, 0, 0};
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < slots; s++)
-            oc_mbar_init(&bar[s]);
-        oc_fence_init();
-        oc_produce(pr, P, G, ng, slots, ring, bar, ahead);
-    }
-    __syncthreads();
-    const int64_t nb = gridDim.x;
-    /* gp: the next group to publish (its first item is number sp of this
-     * block's); ge: the next to encode (se). A group later than ge is
-     * published early only when all its items are already issued, so
-     * the barriers of small groups overlap. */
-    int64_t fp, mp, fe, me;
-    int gp = oc_next(P, G, 0, ng, &fp, &mp), ge = gp;
-    fe = fp;
-    me = mp;
-    uint32_t sp = 0, se = 0;
-    while (ge < ng) {
-        while (gp < ng) {
-            if (gp > ge) {
-                if (threadIdx.x == 0)
-                    red[OC_WARPS + 1] = oc_issued_all(pr, gp);
-                __syncthreads();
-                bool ready = red[OC_WARPS + 1] != 0;
-                __syncthreads();
-                if (!ready)
-                    break;
-            }
-            const qf_piece &p = P[gp];
-            const int64_t bytes = p.gpr * 16;
-            uint32_t acc = 0;
-            for (int64_t t = 0; t < mp; t++) {
-                uint32_t k = sp + (uint32_t)t, s = k % (uint32_t)slots;
-                oc_mbar_wait(&bar[s], (k / (uint32_t)slots) & 1u);
-                acc = oc_amax_item((const uint4 *)(ring + (size_t)s * OC_ITEM),
-                                   oc_n16(bytes, fp + t * nb), acc);
-            }
-            uint32_t m = oc_block_max(qf_mag_f32(qf_pair_top(acc), p.kind), red);
-            if (threadIdx.x == 0) {
-                if (m > QF_FINITE_MAX)
-                    atomicMin(status, (unsigned int)p.idx);
-                atomicMax(&G[gp].amax, m);
-                __threadfence(); /* the amax before the count that publishes it */
-                atomicAdd(&G[gp].done, 1u);
-            }
-            sp += (uint32_t)mp;
-            gp = oc_next(P, G, gp + 1, ng, &fp, &mp);
-        }
-        const qf_piece &p = P[ge];
-        if (threadIdx.x == 0) {
-            oc_produce(pr, P, G, ng, slots, ring, bar, ahead); /* while the others finish */
-            while (*(volatile unsigned int *)&G[ge].done < G[ge].need)
-                __nanosleep(64);
-            __threadfence();
-            red[OC_WARPS] = *(volatile unsigned int *)&G[ge].amax;
-        }
-        __syncthreads();
-        const uint32_t a = red[OC_WARPS];
-        if (a <= QF_FINITE_MAX) {
-            const int64_t bytes = p.gpr * 16;
-            const float sc = qf_scale(a), r = qf_recip(sc, p.kind, true);
-            if (fe == 0 && threadIdx.x == 0)
-                *p.s = sc;
-            for (int64_t t = 0; t < me; t++) {
-                uint32_t k = se + (uint32_t)t, s = k % (uint32_t)slots;
-                int64_t it = fe + t * nb;
-                int n16 = oc_n16(bytes, it);
-                const uint4 *d = (const uint4 *)(ring + (size_t)s * OC_ITEM);
-                unsigned char *q = p.q + it * (OC_ITEM / 2);
-                if (r == 0.0f)
-                    oc_encode_item_slow(d, n16, q, p.kind, sc);
-                else if (p.kind == 2)
-                    oc_encode_item<2>(d, n16, q, sc, r);
-                else
-                    oc_encode_item<1>(d, n16, q, sc, r);
-                if ((t + 1) % release == 0 && t + 1 < me) {
-                    __syncthreads(); /* every thread is done with these slots */
-                    if (threadIdx.x == 0) {
-                        pr.freed = se + (uint32_t)t + 1;
-                        oc_produce(pr, P, G, ng, slots, ring, bar, ahead);
-                    }
-                }
-            }
-        }
-        se += (uint32_t)me;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            pr.freed = se;
-            oc_produce(pr, P, G, ng, slots, ring, bar, ahead);
-        }
-        ge = oc_next(P, G, ge + 1, ng, &fe, &me);
-    }
-}
-
 /* ---- the hardware conversion against the encoder ---- */
 
 /* Every finite f32 x (and -x beside it, so that the byte order is checked
@@ -1467,7 +1164,6 @@ struct qf_cache {
     char *host, *dev;
     size_t cap;
     int sms;
-    int oc_grid; /* blocks of an on-chip launch: 0 not asked yet, -1 none */
     cudaEvent_t ev[2];
     bool have_ev;
 };
@@ -1490,17 +1186,6 @@ static int qf_cache_get(qf_cache **out, size_t bytes)
         if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
             return qf_fail(e, "the multiprocessor count");
         c->sms = v > 0 ? v : 1;
-        int coop = 0, per = 0;
-        e = cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev);
-        if (e == cudaSuccess && coop)
-            e = cudaFuncSetAttribute(k_tensor_onchip, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     OC_SMEM_BYTES);
-        if (e == cudaSuccess && coop)
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_tensor_onchip, OC_THREADS,
-                                                              OC_SMEM_BYTES);
-        if (e != cudaSuccess)
-            (void)cudaGetLastError(); /* no on-chip launch here; not an error of the call */
-        c->oc_grid = e == cudaSuccess && coop && per > 0 ? per * c->sms : -1;
     }
     if (c->cap < bytes) {
         size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
@@ -1629,11 +1314,10 @@ static void qf_class_launch(const qf_cache *c, const qf_piece *P, const qf_piece
     }
 }
 
-/* The launches of a call over the table at c->dev (pieces after the head,
- * per-tensor groups at off_g): one (per-tensor), or one for each launch
- * class present (block-128, per-channel). */
+/* The launches of a call over the table at c->dev: one (per-tensor), or
+ * one for each launch class present (block-128, per-channel). */
 static void qf_launch(const qf_cache *c, const qf_piece *pcs, uint32_t n, int scheme,
-                      int64_t units, int64_t round, int64_t lag, int rev, int hw, size_t off_g,
+                      int64_t units, int64_t round, int64_t lag, int rev, int hw,
                       cudaStream_t st)
 {
     const qf_piece *P = (const qf_piece *)(c->dev + qf_align(sizeof(qf_head)));
@@ -1641,7 +1325,8 @@ static void qf_launch(const qf_cache *c, const qf_piece *pcs, uint32_t n, int sc
     unsigned int *status = &head->status;
     int np = (int)n;
     if (scheme == 0) {
-        qf_group *G = (qf_group *)(c->dev + off_g);
+        qf_group *G = (qf_group *)(c->dev + qf_align(sizeof(qf_head)) +
+                                   qf_align(sizeof(qf_piece) * n));
         int64_t tickets = ((units + round - 1) / round + lag) * 2 * round;
         bool all = true;
         for (uint32_t i = 0; i < n; i++)
@@ -1732,66 +1417,6 @@ static int64_t qf_plan(qf_piece *pcs, const qf_piece *in, uint32_t n, int scheme
     return units;
 }
 
-/* Per-tensor: which pieces go on chip (k_tensor_onchip) and which to
- * k_tensor. On chip: a dense, non-empty piece alone in its group whose
- * items a block fit `slots` buffers of a `grid`-block launch. The others
- * keep their groups, renumbered from 0 in *grp_r (the rest's pieces in
- * rest[0 .. return)); the on-chip ones go to op[0 .. *nop) in call order
- * with their groups' words in og. */
-static uint32_t qf_partition(const qf_piece *in, uint32_t n, const uint32_t *grp,
-                             uint32_t ngroups, int64_t grid, int64_t slots, qf_piece *rest,
-                             uint32_t *grp_r, uint32_t *ngroups_r, qf_piece *op, qf_ocg *og,
-                             uint32_t *nop, uint32_t *work)
-{
-    uint32_t *cnt = work, *renum = work + ngroups, nr = 0, no = 0, ngr = 0;
-    int64_t rot = 0;
-    memset(cnt, 0, sizeof *cnt * ngroups);
-    for (uint32_t g = 0; g < ngroups; g++)
-        renum[g] = UINT32_MAX;
-    for (uint32_t i = 0; i < n; i++)
-        cnt[grp[i]]++;
-    for (uint32_t i = 0; i < n; i++) {
-        int64_t items = (in[i].gpr * 16 + OC_ITEM - 1) / OC_ITEM;
-        if (grid > 0 && in[i].dense && in[i].gpr > 0 && cnt[grp[i]] == 1 &&
-            (items + grid - 1) / grid <= slots) {
-            op[no] = in[i];
-            og[no].amax = og[no].done = 0;
-            og[no].need = (unsigned int)(items < grid ? items : grid);
-            og[no].rot = (unsigned int)rot;
-            rot = (rot + items) % grid;
-            no++;
-            continue;
-        }
-        if (renum[grp[i]] == UINT32_MAX)
-            renum[grp[i]] = ngr++;
-        rest[nr] = in[i];
-        grp_r[nr++] = renum[grp[i]];
-    }
-    *ngroups_r = ngr;
-    *nop = no;
-    return nr;
-}
-
-/* The cooperative launch of k_tensor_onchip over np pieces. */
-static cudaError_t qf_onchip_launch(const qf_cache *c, const qf_piece *P, qf_ocg *G, int np,
-                                    unsigned int *status, int slots, int release, int ahead,
-                                    cudaStream_t st)
-{
-    cudaLaunchConfig_t cfg;
-    cudaLaunchAttribute at[1];
-    memset(&cfg, 0, sizeof cfg);
-    memset(at, 0, sizeof at);
-    at[0].id = cudaLaunchAttributeCooperative;
-    at[0].val.cooperative = 1;
-    cfg.gridDim = dim3((unsigned)c->oc_grid, 1, 1);
-    cfg.blockDim = dim3(OC_THREADS, 1, 1);
-    cfg.dynamicSmemBytes = OC_SMEM_BYTES;
-    cfg.stream = st;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, k_tensor_onchip, P, G, np, status, slots, release, ahead);
-}
-
 /* Quantize pieces (the contract is kern_cuda.h's). */
 extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_view *scale,
                                    const refit_view *x, int scheme, int hw, int32_t *bad,
@@ -1805,26 +1430,18 @@ extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_
     }
     if (n == 0)
         return REFIT_OK;
-    /* in: the pieces; rest: those for the launches of qf_plan (per-tensor:
-     * those not on chip, else all) */
-    qf_piece *in = (qf_piece *)malloc(sizeof *in * 2 * n), *rest = in ? in + n : NULL;
-    /* grp: piece -> group; grp_r: the rest's; ord: the rest by group, then
-     * the sort's counts; work: qf_partition's */
-    uint32_t *grp = (uint32_t *)malloc(sizeof *grp * (6 * (size_t)n + 2)), ngroups = 0;
-    uint32_t *grp_r = grp ? grp + n : NULL, *ord = grp ? grp + 2 * n : NULL;
-    uint32_t *work = grp ? grp + 4 * n + 1 : NULL;
+    qf_piece *in = (qf_piece *)malloc(sizeof *in * n);
+    /* grp: piece -> group; ord: pieces by group, then the sort's counts */
+    uint32_t *grp = (uint32_t *)malloc(sizeof *grp * (3 * (size_t)n + 1)), ngroups = 0;
+    uint32_t *ord = grp ? grp + n : NULL;
     int rc = in && grp ? REFIT_OK : qf_fail(cudaErrorMemoryAllocation, "host memory");
     for (uint32_t i = 0; i < n && !rc; i++)
         if ((rc = qf_piece_init(&in[i], &q[i], &scale[i], &x[i], i, scheme, hw)))
             *bad = (int32_t)i;
     if (!rc && scheme == 0)
         ngroups = qf_groups(scale, n, grp);
-    /* the table: head, the rest's pieces and groups, the on-chip pieces
-     * and groups (sized for n of each) */
     size_t off_p = qf_align(sizeof(qf_head)), off_g = off_p + qf_align(sizeof(qf_piece) * n);
-    size_t off_op = off_g + qf_align(sizeof(qf_group) * n);
-    size_t off_og = off_op + qf_align(sizeof(qf_piece) * n);
-    size_t bytes = off_og + sizeof(qf_ocg) * n;
+    size_t bytes = off_g + sizeof(qf_group) * ngroups;
     qf_cache *c = NULL;
     unsigned int status = QF_NONE;
     bool locked = false;
@@ -1833,9 +1450,7 @@ extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_
         locked = true;
         rc = qf_cache_get(&c, bytes);
     }
-    const char *ov = getenv("REFIT_CUDA_FP8_ONCHIP");
-    bool onchip = scheme == 0 && hw && !(ov && ov[0] == '0');
-    for (int attempt = 0; !rc && attempt < 2; attempt++) {
+    if (!rc) {
         qf_head *h = (qf_head *)c->host;
         memset(h, 0, sizeof *h);
         h->status = QF_NONE;
@@ -1843,22 +1458,8 @@ extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_
         const char *rv = getenv("REFIT_CUDA_FP8_REVERSE");
         int rev = rv && rv[0] == '1'; /* forwards measured better (docs/cuda.md) */
         int64_t lag = qf_env("REFIT_CUDA_FP8_LAG", QF_LAG);
-        int64_t slots = qf_env("REFIT_CUDA_FP8_ONCHIP_SLOTS", OC_SLOTS);
-        slots = slots < OC_SLOTS ? slots : OC_SLOTS;
-        uint32_t nr = n, ngr = ngroups, nop = 0;
-        const qf_piece *plan_in = in;
-        const uint32_t *plan_grp = grp;
-        if (scheme == 0) {
-            nr = qf_partition(in, n, grp, ngroups, onchip ? c->oc_grid : 0, slots, rest, grp_r,
-                              &ngr, (qf_piece *)(c->host + off_op),
-                              (qf_ocg *)(c->host + off_og), &nop, work);
-            plan_in = rest;
-            plan_grp = grp_r;
-        }
-        int64_t units = nr ? qf_plan((qf_piece *)(c->host + off_p), plan_in, nr, scheme,
-                                     plan_grp, ngr, ord, (qf_group *)(c->host + off_g), round,
-                                     &lag)
-                           : 0;
+        int64_t units = qf_plan((qf_piece *)(c->host + off_p), in, n, scheme, grp, ngroups,
+                                ord, (qf_group *)(c->host + off_g), round, &lag);
         if (units > ((int64_t)1 << 40)) {
             kern_cuda_set_error("kern_quant_fp8_cuda: more than 2^40 units of work in a call");
             rc = REFIT_EUNSUPPORTED;
@@ -1867,32 +1468,16 @@ extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_
                            : cudaMemcpyAsync(c->dev, c->host, bytes, cudaMemcpyHostToDevice, st);
         if (e != cudaSuccess)
             rc = qf_fail(e, "the piece table");
-        if (!rc && qf_timing)
-            cudaEventRecord(c->ev[0], st);
-        if (!rc && nop > 0 &&
-            (e = qf_onchip_launch(c, (const qf_piece *)(c->dev + off_op),
-                                  (qf_ocg *)(c->dev + off_og), (int)nop,
-                                  &((qf_head *)c->dev)->status, (int)slots,
-                                  (int)qf_env("REFIT_CUDA_FP8_ONCHIP_RELEASE", OC_RELEASE),
-                                  (int)qf_env("REFIT_CUDA_FP8_ONCHIP_AHEAD", 1) - 1,
-                                  st)) != cudaSuccess) {
-            /* not resident at once here (another process's share of the
-             * device, say): from now on k_tensor alone, once the stream
-             * has read the table this attempt wrote */
-            (void)cudaGetLastError();
-            c->oc_grid = -1;
-            if ((e = cudaStreamSynchronize(st)) != cudaSuccess)
-                rc = qf_fail(e, "the device work");
-            continue;
-        }
         if (!rc && units > 0) {
-            qf_launch(c, (const qf_piece *)(c->host + off_p), nr, scheme, units, round, lag, rev,
-                      hw != 0, off_g, st);
+            if (qf_timing)
+                cudaEventRecord(c->ev[0], st);
+            qf_launch(c, (const qf_piece *)(c->host + off_p), n, scheme, units, round, lag, rev,
+                      hw != 0, st);
             if ((e = cudaGetLastError()) != cudaSuccess)
                 rc = qf_fail(e, "launching the quantization kernel");
+            if (qf_timing)
+                cudaEventRecord(c->ev[1], st);
         }
-        if (!rc && qf_timing)
-            cudaEventRecord(c->ev[1], st);
         e = rc ? cudaSuccess
                : cudaMemcpyAsync(&h->status, c->dev, sizeof h->status, cudaMemcpyDeviceToHost, st);
         /* wait even after a failure: the next call rewrites the pinned table */
@@ -1904,12 +1489,10 @@ extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_
         if (!rc) {
             status = h->status;
             float ms = -1.0f;
-            if (qf_timing && (units > 0 || nop > 0) &&
-                cudaEventElapsedTime(&ms, c->ev[0], c->ev[1]) != cudaSuccess)
+            if (qf_timing && units > 0 && cudaEventElapsedTime(&ms, c->ev[0], c->ev[1]) != cudaSuccess)
                 ms = -1.0f;
             qf_last_ms = ms;
         }
-        break;
     }
     if (locked)
         pthread_mutex_unlock(&qf_mu);
