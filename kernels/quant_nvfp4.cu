@@ -20,10 +20,11 @@
  * pass its entry names. Online pieces go in sets of about QN_SET_BYTES of
  * input, software-pipelined: launch j runs the encode pass of set j - 1
  * (whose amax launch j - 1 completed, stream order) and the amax pass of
- * set j, so a set is read from memory once by its amax pass and again from
- * L2 one launch later; the encode pass reads with evict-first hints
- * (__ldcs: a last use) and streams its stores (__stcs), so the set behind
- * it stays in L2. Within a launch the amax blocks are spread evenly among
+ * set j. Sets were sized for the encode pass to find its set in L2 one
+ * launch later (evict-first reads, __ldcs, and streamed stores, __stcs,
+ * keep the set behind it there), but on the H200 it mostly does not (L2
+ * hit 22%) and fewer, larger launches pay more: 96 MB sets beat 24 MB
+ * ones by a quarter (docs/cuda.md, "Set size"). Within a launch the amax blocks are spread evenly among
  * the encode blocks (qn_find), so both passes share every SM. Checkpoint
  * pieces ride in the first launch. n online pieces in s sets take s + 1
  * launches (more when a launch holds more than QN_BATCH entries).
@@ -64,7 +65,7 @@ extern "C" void kern_cuda_set_error(const char *msg);
 #define QN_BLOCKS_MAX 8192             /* blocks per piece and launch */
 #define QN_ITEMS_PER_THREAD 2          /* items (blocks of 16) a thread, before striding */
 #ifndef QN_SET_BYTES /* tests/gpu/emu/run_nvfp4.sh makes it small: many sets */
-#define QN_SET_BYTES ((int64_t)24 << 20)
+#define QN_SET_BYTES ((int64_t)96 << 20) /* measured best (docs/cuda.md, "Set size") */
 #endif
 #define QN_FINITE_MAX 0x7f7fffffu      /* magnitude bits of FLT_MAX */
 #define QN_NONE 0u                     /* status word: no piece failed (else ~idx) */

@@ -333,8 +333,8 @@ int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_
         json_object_set_new(o, "meets_target", json_boolean(mb / t_all / copy_Bps >= 0.70));
         json_object_set_new(o, "layer0_equals_cpu_reference", json_true());
         json_t *sw = json_object();
-        static const int set_mb[4] = {8, 16, 32, 48};
-        for (int i = 0; i < 4 && !rc; i++) {
+        static const int set_mb[6] = {24, 48, 64, 96, 128, 256};
+        for (int i = 0; i < 6 && !rc; i++) {
             double t = 0;
             char key[16];
             kern_quant_nvfp4_set_bytes((int64_t)set_mb[i] << 20);
