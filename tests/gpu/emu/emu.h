@@ -27,16 +27,6 @@
  * __shared__ variable is one `static` for the whole program, so the
  * blocks that run at once here would share it (in the ordinary mode one
  * copy is right: the blocks run in turn).
- * Fibers switch only at barriers, spin waits and bulk-copy waits, so a
- * write is seen by every block at once: a missing __threadfence or a
- * publication in the wrong order shows only where a switch falls between
- * (a __nanosleep does). A shim exchanging values in a warp indexes xbuf
- * by emu_xi(), the fiber's slot (the thread index only in an ordinary
- * launch). Each fiber has a 256 KB stack, mapped on first use and kept
- * (a 2 x 512-thread cooperative launch maps 256 MB, touches a few MB).
- * EMU_SMS (environment) sets the multiprocessors (cuda_runtime.h; 2), so
- * the grids sized by them; EMU_STATS names a file that gets, at exit, the
- * launches, cooperative ones, bulk copies and yielded waits.
  *
  * Hopper's bulk copies into shared memory (what the wrappers of
  * kernels/onchip.cuh call under REFIT_EMU: the on-chip per-tensor kernel of
