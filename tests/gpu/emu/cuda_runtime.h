@@ -61,24 +61,13 @@ inline cudaError_t cudaGetDevice(int *d)
     return cudaSuccess;
 }
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrCooperativeLaunch = 95 };
+#define EMU_SMS 2
 /* a small device: persistent grids of a few blocks, and the emulated
- * grid-stride loops go round several times; cooperative launches work.
- * 2 multiprocessors, or EMU_SMS (1 to 64) from the environment, read
- * once: grids of more blocks for the kernels that size theirs by it. */
-inline int emu_sms()
-{
-    static int n = 0;
-    if (!n) {
-        const char *e = getenv("EMU_SMS");
-        int v = e ? atoi(e) : 2;
-        n = v >= 1 && v <= 64 ? v : 2;
-    }
-    return n;
-}
+ * grid-stride loops go round several times; cooperative launches work */
 inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int dev)
 {
     (void)dev;
-    *v = a == cudaDevAttrMultiProcessorCount ? emu_sms() : a == cudaDevAttrCooperativeLaunch ? 1 : 0;
+    *v = a == cudaDevAttrMultiProcessorCount ? EMU_SMS : a == cudaDevAttrCooperativeLaunch ? 1 : 0;
     return cudaSuccess;
 }
 /* events: no timing here (elapsed 0) */
@@ -190,7 +179,7 @@ inline cudaError_t emu_launch_refused(const cudaLaunchConfig_t *c, const void *f
     int per = 0;
     if (coop && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, fn, (int)c->blockDim.x,
                                                                c->dynamicSmemBytes) ||
-                 c->gridDim.x > (unsigned)(per * emu_sms())))
+                 c->gridDim.x > (unsigned)(per * EMU_SMS)))
         return cudaErrorCooperativeLaunchTooLarge; /* not all resident at once */
     return cudaSuccess;
 }

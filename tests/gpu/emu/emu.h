@@ -28,9 +28,7 @@
  * blocks that run at once here would share it (in the ordinary mode one
  * copy is right: the blocks run in turn).
  *
- * Hopper's bulk copies into shared memory (what the wrappers of
- * kernels/onchip.cuh call under REFIT_EMU: the on-chip per-tensor kernel of
- * commit 65a8480, since reverted; test_emu_coop.cc calls them directly):
+ * Hopper's bulk copies into shared memory (kernels/onchip.cuh, REFIT_EMU):
  * emu_dyn_smem is the block's dynamic shared memory (filled with 0xff, a
  * NaN in every float format, at launch, so that reads of bytes never
  * written show); emu_bulk_load copies at once and completes its barrier's
@@ -46,7 +44,7 @@
  * it would then wait for the next phase of the same parity. */
 #pragma once
 #ifndef REFIT_EMU
-#define REFIT_EMU 1 /* for kernel sources: the emulator's bulk copies, not PTX */
+#define REFIT_EMU 1 /* kernels/onchip.cuh: the emulator's bulk copies */
 #endif
 #include <math.h>
 #include <stdint.h>
@@ -267,7 +265,7 @@ template <class T> inline void __stcs(T *p, T v)
 }
 
 
-/* ---- dynamic shared memory and bulk copies ---- */
+/* ---- dynamic shared memory and bulk copies (kernels/onchip.cuh) ---- */
 
 /* The running fiber's block's dynamic shared memory. */
 inline unsigned char *emu_smem_of_block()
