@@ -115,8 +115,6 @@ struct emu_state {
     uint32_t *xbuf; /* shuffle exchange, by fiber (emu_xi) */
     unsigned char *smem; /* dynamic shared memory, smem_stride bytes a block */
     size_t smem_bytes, smem_stride, smem_cap;
-    /* what ran, for EMU_STATS (emu_stats) */
-    unsigned long long launches, coop_launches, coop_fibers, bulk_copies, spins;
 };
 
 inline emu_state &emu()
@@ -222,7 +220,6 @@ inline void __nanosleep(unsigned ns)
 {
     (void)ns;
     if (emu().coop) {
-        emu().spins++;
         emu_wait(EMU_SPIN);
         return;
     }
@@ -336,7 +333,6 @@ inline void emu_bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *
                       "for (its bytes overwritten unread; on a GPU a wait on it would wait "
                       "for the next phase of its parity)", bar);
     memcpy(dst, src, bytes);
-    E.bulk_copies++;
     *bar = (v & ~EMU_MBAR_PHASES) | ((done + 1) & EMU_MBAR_PHASES);
 }
 
@@ -350,7 +346,6 @@ inline void emu_mbar_wait(uint64_t *bar, uint32_t parity)
         }
         /* not issued yet: let the block's other threads run (the scheduler
          * aborts once none of them can issue it) */
-        emu().spins++;
         emu().cur->wbar = bar;
         emu().cur->wparity = parity & 1;
         emu_wait(EMU_MBAR);
@@ -476,25 +471,15 @@ inline void emu_deadlock(unsigned nb, unsigned rounds)
                 E.block, c.n[EMU_DONE], c.n[EMU_BLOCK_BAR]);
         abort();
     }
-    fprintf(stderr, "EMU: cooperative launch deadlocked (%u scheduler rounds in a row with "
-            "nothing but spin waits)\n", rounds);
-    static const char *const name[EMU_MBAR + 1] = {
-        "running", "at __syncthreads", "at a warp exchange", "exited", "spinning",
-        "waiting on a bulk copy"};
+    fprintf(stderr, "EMU: cooperative launch deadlocked (%u rounds with only spin waits)\n",
+            rounds);
     for (unsigned bl = 0; bl < nb; bl++) {
         emu_census c = emu_count(bl);
-        fprintf(stderr, "EMU:   block %u:", E.block + bl);
-        const char *sep = " ";
-        for (int st = 0; st <= EMU_MBAR; st++)
-            if (c.n[st]) {
-                fprintf(stderr, "%s%u %s", sep, c.n[st], name[st]);
-                sep = ", ";
-            }
-        if (c.spin)
-            fprintf(stderr, " (thread %u spins)", c.spin->tid);
-        if (c.mbar)
-            fprintf(stderr, " (thread %u waits on a copy)", c.mbar->tid);
-        fprintf(stderr, "\n");
+        fprintf(stderr, "EMU:   block %u: %u spinning (thread %d first), %u at __syncthreads, "
+                "%u at a warp exchange, %u waiting on a bulk copy (thread %d first), %u exited\n",
+                E.block + bl, c.n[EMU_SPIN], c.spin ? (int)c.spin->tid : -1,
+                c.n[EMU_BLOCK_BAR], c.n[EMU_WARP_BAR], c.n[EMU_MBAR],
+                c.mbar ? (int)c.mbar->tid : -1, c.n[EMU_DONE]);
     }
     abort();
 }
@@ -540,12 +525,11 @@ inline void emu_run(unsigned first, unsigned nb)
             idle = 0;
             continue;
         }
-        /* every block's at once, so that blocks interleave; in a block, as
-         * in the ordinary mode, its __syncthreads only once no warp of it
-         * can go on */
         bool released = false;
         for (unsigned bl = 0; bl < nb; bl++)
-            released |= emu_release_warps(bl) || emu_release_block(bl);
+            released |= emu_release_warps(bl);
+        for (unsigned bl = 0; bl < nb && !released; bl++)
+            released |= emu_release_block(bl);
         if (released) {
             idle = 0;
             continue;
@@ -567,22 +551,6 @@ inline void emu_run(unsigned first, unsigned nb)
             emu_deadlock(nb, idle);
 }
 
-/* At exit, where EMU_STATS names a file: what the launches did, so that a
- * script can check that a path it means to test ran (run.sh: the
- * cooperative launches). */
-inline void emu_stats()
-{
-    const char *path = getenv("EMU_STATS");
-    FILE *o = path && *path ? fopen(path, "w") : NULL;
-    if (!o)
-        return;
-    emu_state &E = emu();
-    fprintf(o, "launches %llu\ncooperative %llu\ncooperative_fibers_max %llu\nbulk_copies %llu\n"
-            "waits_yielded %llu\n", E.launches, E.coop_launches, E.coop_fibers, E.bulk_copies,
-            E.spins);
-    fclose(o);
-}
-
 /* grid blocks of `threads`, each with smem bytes of dynamic shared memory;
  * cooperative: all blocks at once. */
 inline void emu_launch_ex(unsigned grid, unsigned threads, size_t smem, bool coop,
@@ -593,15 +561,8 @@ inline void emu_launch_ex(unsigned grid, unsigned threads, size_t smem, bool coo
         fprintf(stderr, "EMU: %u threads a block\n", threads);
         abort();
     }
-    static const bool stats_at_exit = atexit(emu_stats) == 0;
-    (void)stats_at_exit;
     const unsigned nb = coop ? grid : 1;
     const size_t fibers = (size_t)nb * threads;
-    E.launches++;
-    if (coop) {
-        E.coop_launches++;
-        E.coop_fibers = fibers > E.coop_fibers ? fibers : E.coop_fibers;
-    }
     if (E.f.size() < fibers)
         E.f.resize(fibers, emu_fiber{});
     if (E.xv.size() < fibers)
