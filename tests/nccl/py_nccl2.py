@@ -188,8 +188,13 @@ def served_model(ctx, cfg, dev):
 # every reload changes bytes; the same seed 1 goes over three bucket sizes
 A_STEPS = [("w1-1m", 1, MIB, "ok"), ("w0-a", 0, 64 * MIB, "ok"),
            ("w1-64m", 1, 64 * MIB, "ok"), ("w0-b", 0, 0, "ok"),
+           ("w1-direct", 1, 64 * MIB, "ok"), ("w0-direct", 0, 1 << 30, "ok"),
            ("w1-1g", 1, 1 << 30, "ok"), ("cancel", 2, MIB, "cancel"),
            ("refuse", 2, MIB, "refuse")]
+# the "-direct" steps send tensors of 256 KiB and more from themselves
+# (Sender(direct_min_bytes=...)), in buckets of their own: the embedding,
+# the head and the MLP weights of config()'s model; q/k/v/o stay packed
+DIRECT_MIN = 256 << 10
 
 
 def a_trainer(rep, ids_q, out_dir):
@@ -198,9 +203,12 @@ def a_trainer(rep, ids_q, out_dir):
     from refit.torch_util import describe
     cfg = config()
     ctx, x = open_rank(0, ids_q, "trainer", "")
+    buckets = {}
     for label, seed, bucket, what in A_STEPS:
         sd = weights(cfg, seed, "cuda:0")
-        s = T.Sender(x, label=label, bucket_bytes=bucket, timeout=WAIT)
+        direct = label.endswith("-direct")
+        s = T.Sender(x, label=label, bucket_bytes=bucket, timeout=WAIT,
+                     direct_min_bytes=DIRECT_MIN if direct else 0)
         try:
             for k, v in sd.items():
                 s.add(k, v)
@@ -217,6 +225,11 @@ def a_trainer(rep, ids_q, out_dir):
                 res = s.send()
                 rep.check("A trainer: %s committed on every rank" % label,
                           res["decision"] == 0, res)
+                buckets[label] = res["buckets"]
+                if label == "w1-direct":  # the big tensors took buckets of their own
+                    rep.check("A trainer: w1-direct sent more buckets than w1-64m",
+                              res["buckets"] > buckets.get("w1-64m", res["buckets"]),
+                              (res["buckets"], buckets.get("w1-64m")))
             else:
                 want = "REFIT_EUNSUPPORTED" if what == "cancel" else "REFIT_EUNEXPECTED"
                 got, msg = expect_error(s.send, label)

@@ -6,12 +6,14 @@ import subprocess
 import sys
 
 sys.path.insert(0, sys.argv[2])
+import importlib  # noqa: E402
 from refit import _ffi  # noqa: E402  (needs no torch, no library load)
 
 c = json.loads(subprocess.check_output([sys.argv[1]]))
 print(f"1..{len(c)}")
 for i, (name, want) in enumerate(sorted(c.items()), 1):
-    cls = getattr(_ffi, name)
+    mod, _, short = name.rpartition(".")  # "transport.SendOpts": refit/transport.py
+    cls = getattr(importlib.import_module("refit." + mod) if mod else _ffi, short)
     bad = []
     if want["size"] != __import__("ctypes").sizeof(cls):
         bad.append(f"size {__import__('ctypes').sizeof(cls)} != {want['size']}")

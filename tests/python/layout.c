@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include <refit/refit.h>
+#include <refit/transport.h>
 
 #define M(T, f) printf("%s\"%s\": %zu", first ? "" : ", ", #f, offsetof(T, f)), first = 0
 #define S(T, name, ...)                                                       \
@@ -42,6 +43,28 @@ int main(void)
       M(refit_txn_stats, modules_complete));
     S(refit_source_tensor, "SourceTensor", M(refit_source_tensor, name);
       M(refit_source_tensor, shape); M(refit_source_tensor, bytes); M(refit_source_tensor, file));
+    /* transport.h's, mirrored in refit/transport.py ("transport." names) */
+    S(refit_nccl_id, "transport.NcclId", M(refit_nccl_id, bytes));
+    S(refit_nccl_opts, "transport.NcclOpts", M(refit_nccl_opts, version);
+      M(refit_nccl_opts, comm); M(refit_nccl_opts, id); M(refit_nccl_opts, nranks);
+      M(refit_nccl_opts, rank); M(refit_nccl_opts, device); M(refit_nccl_opts, stream);
+      M(refit_nccl_opts, timeout_s); M(refit_nccl_opts, abort_borrowed));
+    S(refit_send_opts, "transport.SendOpts", M(refit_send_opts, version);
+      M(refit_send_opts, version_label); M(refit_send_opts, bucket_bytes);
+      M(refit_send_opts, root); M(refit_send_opts, checksum_payload);
+      M(refit_send_opts, timeout_s); M(refit_send_opts, stream);
+      M(refit_send_opts, direct_min_bytes));
+    S(refit_recv_opts, "transport.RecvOpts", M(refit_recv_opts, version);
+      M(refit_recv_opts, root); M(refit_recv_opts, timeout_s);
+      M(refit_recv_opts, start_timeout_s); M(refit_recv_opts, stream);
+      M(refit_recv_opts, max_bucket_bytes); M(refit_recv_opts, filter);
+      M(refit_recv_opts, filter_user));
+    S(refit_group_result, "transport.GroupResult", M(refit_group_result, decision);
+      M(refit_group_result, local_status); M(refit_group_result, failed_rank);
+      M(refit_group_result, vote_taken); M(refit_group_result, worker_status);
+      M(refit_group_result, buckets); M(refit_group_result, tensors);
+      M(refit_group_result, bytes); M(refit_group_result, seconds);
+      M(refit_group_result, version_label));
     printf("}\n");
     return 0;
 }

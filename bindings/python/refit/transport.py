@@ -44,9 +44,10 @@ class NcclOpts(ctypes.Structure):
 
 
 class SendOpts(ctypes.Structure):
+    """refit_send_opts, version 2 (direct_min_bytes included)."""
     _fields_ = [("version", ctypes.c_uint32), ("version_label", ctypes.c_char_p),
                 ("bucket_bytes", ctypes.c_uint64), ("root", _I), ("checksum_payload", _I),
-                ("timeout_s", _D), ("stream", _P)]
+                ("timeout_s", _D), ("stream", _P), ("direct_min_bytes", ctypes.c_uint64)]
 
 
 class RecvOpts(ctypes.Structure):
@@ -168,12 +169,19 @@ def _result(ctx, rc, res, call):
 
 
 class Sender:
-    """The trainer side: add tensors once, send() each update."""
+    """The trainer side: add tensors once, send() each update.
+
+    direct_min_bytes: tensors at least this large (and contiguous on the
+    communicator's device) are broadcast from themselves, unpacked; 0 (the
+    default): every byte is packed (docs/nccl.md says when each pays)."""
 
     def __init__(self, transport, label=None, bucket_bytes=0, root=0, checksum=True,
-                 timeout=0.0, stream=None):
+                 timeout=0.0, stream=None, direct_min_bytes=0):
+        if direct_min_bytes < 0:
+            raise ValueError(f"direct_min_bytes must be >= 0, not {direct_min_bytes}")
         self.x, self._keep, self._label = transport, [], _b(label)
-        o = SendOpts(1, self._label, bucket_bytes, root, int(checksum), timeout, stream)
+        o = SendOpts(2, self._label, bucket_bytes, root, int(checksum), timeout, stream,
+                     direct_min_bytes)
         h = _P()
         _check(transport.ctx.handle, _lib().refit_sender_create(ctypes.byref(h),
                transport.handle, ctypes.byref(o)), "refit_sender_create")
