@@ -161,3 +161,112 @@ void q_assert_rt(tw *w, const char *mod, const char *name, const void *want, siz
     snprintf(what, sizeof what, "runtime %s/%s", mod, name);
     q_assert_bytes(want, t->buf, bytes, what);
 }
+
+void q_assert_seal_refused(tw *w, const char *mod, const st_set *s, const q_ent *e, int n,
+                           const char *what, const char *msg)
+{
+    int rc = q_expect(w, mod, s, e, n, NULL);
+    if (!rc)
+        rc = refit_model_seal(w->m);
+    if (rc == REFIT_OK)
+        fail_msg("%s: seal accepted it", what);
+    if (!strstr(refit_errmsg(w->ctx), msg) || !strstr(refit_errmsg(w->ctx), mod))
+        fail_msg("%s: message \"%s\" lacks \"%s\" or the module", what, refit_errmsg(w->ctx),
+                 msg);
+}
+
+void q_assert_nonfinite_refused(tw *w, const char *mod, const char *name,
+                                const refit_tensor *bad)
+{
+    q_kept k = q_keep(w);
+    refit_txn *t = tw_begin(w, "v2", 1);
+    int rc = refit_load(t, name, bad, NULL);
+    if (rc == REFIT_OK)
+        rc = refit_finalize(t);
+    assert_int_equal(rc, REFIT_ECORRUPT);
+    tw_assert_msg(w, mod, name, "NaN or infinity");
+    if (refit_worker_health(w->ctx) == REFIT_HEALTH_UPDATING)
+        refit_abort(t);
+    q_assert_kept(w, &k);
+}
+
+/* ---- steps every format suite repeats ---- */
+
+void q_world(tw *w, const refit_format_v1 *plugin)
+{
+    assert_int_equal(tw_open(w, NULL), REFIT_OK);
+    if (plugin)
+        assert_int_equal(refit_format_register(w->ctx, plugin), REFIT_OK);
+}
+
+int q_expect_seal(tw *w, const char *mod, const st_set *s, const q_ent *e, int n,
+                  const q_tp *tp)
+{
+    int rc = q_expect(w, mod, s, e, n, tp);
+    return rc ? rc : refit_model_seal(w->m);
+}
+
+static void module_update(const q_module *m, tw *w, const st_set *s, const char *label)
+{
+    if (m->update)
+        m->update(w, s, label);
+    else
+        q_update(w, s, m->e, m->n, label);
+}
+
+void q_assert_reload_equals_cold(const q_module *m, const st_set *a, const st_set *b,
+                                 uint64_t fp[2])
+{
+    tw cold, hot;
+    q_world(&cold, m->plugin);
+    q_world(&hot, m->plugin);
+    assert_int_equal(m->build(&cold, b, m), REFIT_OK);
+    assert_int_equal(m->build(&hot, a, m), REFIT_OK);
+    module_update(m, &cold, b, "B");
+    module_update(m, &hot, a, "A");
+    uint64_t after_a = tw_fp(&hot);
+    module_update(m, &hot, b, "B");
+    assert_int_equal(tw_fp(&hot), tw_fp(&cold));
+    if (fp) {
+        fp[0] = after_a;
+        fp[1] = tw_fp(&hot);
+    }
+    q_kept k = q_keep(&hot);
+    module_update(m, &hot, b, "B again");
+    q_assert_kept(&hot, &k);
+    tw_close(&cold);
+    tw_close(&hot);
+}
+
+void q_assert_file_equals_linked(tw *file, tw *linked, const q_module *m, const st_set *s,
+                                 const char *what)
+{
+    q_world(file, NULL);
+    q_world(linked, m->plugin);
+    if (m->build(file, s, m))
+        fail_msg("%s through the plugin file: %s", what, refit_errmsg(file->ctx));
+    assert_int_equal(m->build(linked, s, m), REFIT_OK);
+    module_update(m, file, s, "v1");
+    module_update(m, linked, s, "v1");
+    assert_int_equal(tw_fp(file), tw_fp(linked));
+}
+
+q_kept q_keep(tw *w)
+{
+    q_kept k;
+    k.bytes = tw_snapshot(w, &k.n);
+    k.health = refit_worker_health(w->ctx);
+    return k;
+}
+
+void q_assert_kept(tw *w, q_kept *k)
+{
+    size_t n;
+    void *now = tw_snapshot(w, &n);
+    assert_int_equal(refit_worker_health(w->ctx), k->health);
+    assert_int_equal(n, k->n);
+    assert_memory_equal(k->bytes, now, n);
+    free(now);
+    free(k->bytes);
+    k->bytes = NULL;
+}

@@ -66,4 +66,73 @@ void q_update(tw *w, const st_set *s, const q_ent *e, int n, const char *label);
 /* The first bytes of runtime mod/name equal want. */
 void q_assert_rt(tw *w, const char *mod, const char *name, const void *want, size_t bytes);
 
+/* Expecting e and sealing must be refused, with a message naming mod and
+ * holding msg; what names the case in the failure. */
+void q_assert_seal_refused(tw *w, const char *mod, const st_set *s, const q_ent *e, int n,
+                           const char *what, const char *msg);
+/* bad, delivered as mod's online weight name in a new transaction, must
+ * fail with REFIT_ECORRUPT naming both and "NaN or infinity", at that load
+ * or at finalize (post-load runs when the module completes); the aborted
+ * update leaves bytes and health as they were. */
+void q_assert_nonfinite_refused(tw *w, const char *mod, const char *name,
+                                const refit_tensor *bad);
+
+/* ---- steps every format suite repeats ----
+ * Used by tests/quant and tests/formats4 alike: formats4/meson.build
+ * compiles this file too. Nothing here names a plugin symbol, so the
+ * convert suites and the kernel suite, which link no plugin, link it as
+ * before. */
+
+/* Open a world. plugin: register that linked-in format; NULL: register
+ * nothing, so the loader finds the built plugin file (refit-fmt-NAME.so
+ * on the build's plugin path) and checks its declaration at seal. */
+void q_world(tw *w, const refit_format_v1 *plugin);
+
+/* Seal after expecting every entry; the first failing status. */
+int q_expect_seal(tw *w, const char *mod, const st_set *s, const q_ent *e, int n,
+                  const q_tp *tp);
+
+/* One module of a suite, as the whole-world steps below build it. */
+typedef struct q_module q_module;
+struct q_module {
+    const refit_format_v1 *plugin; /* linked-in format of the suite */
+    /* Add the module to a fresh world, expect s's tensors for it and
+     * seal; returns the first failing status. */
+    int (*build)(tw *w, const st_set *s, const q_module *m);
+    /* Deliver s in one transaction, asserting success and READY.
+     * NULL: q_update over e[0, n). */
+    void (*update)(tw *w, const st_set *s, const char *label);
+    q_ent *e;                      /* a tests/quant module's entries: */
+    int n;                         /* build may fill them, update loads them */
+    const void *arg;               /* the suite's description for build */
+};
+
+/* Reload equals a cold start: a cold world takes B; a hot one takes A,
+ * then B, and must end with the cold one's fingerprint; B once more on
+ * the hot one must leave every byte (post-load reads staged checkpoint
+ * bytes only, never what it wrote). fp (NULL: not wanted) gets the hot
+ * fingerprints after A and after B, for suites that also check that the
+ * two versions differ. */
+void q_assert_reload_equals_cold(const q_module *m, const st_set *a, const st_set *b,
+                                 uint64_t fp[2]);
+
+/* The built plugin file and its declaration make the plans the linked-in
+ * plugin makes: m built in file (format from the loader; a refused seal
+ * fails with "<what> through the plugin file: <message>") and in linked
+ * (m->plugin registered), s loaded into both, equal fingerprints. Both
+ * worlds are left open for further checks; the caller closes them. */
+void q_assert_file_equals_linked(tw *file, tw *linked, const q_module *m, const st_set *s,
+                                 const char *what);
+
+/* What a refused update must leave as it was: every runtime byte and
+ * the worker's health. */
+typedef struct q_kept {
+    void *bytes;
+    size_t n;
+    refit_health health;
+} q_kept;
+q_kept q_keep(tw *w);
+/* Assert w's bytes and health equal k's; frees k. */
+void q_assert_kept(tw *w, q_kept *k);
+
 #endif

@@ -18,12 +18,7 @@ extern const refit_format_v1 refit_format_plugin_v1;
 
 static const char *const schemes[3] = {"per_tensor", "per_channel", "block128"};
 
-static void world(tw *w, int reg)
-{
-    assert_int_equal(tw_open(w, NULL), REFIT_OK);
-    if (reg)
-        assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v1), REFIT_OK);
-}
+#define PLUGIN (&refit_format_plugin_v1)
 
 static const void *ref_data(const st_set *s, const char *fmt, const char *scheme)
 {
@@ -56,8 +51,20 @@ static int build_serialized(tw *w, const st_set *s, int sch, int64_t n, int64_t 
     else
         tw_runtime(w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(ss[0], ss[1]));
     tw_runtime(w, MOD, "input_scale", REFIT_F32, 1, TT_SHAPE(1));
-    int rc = q_expect(w, MOD, s, e, 3, tp);
-    return rc ? rc : refit_model_seal(w->m);
+    return q_expect_seal(w, MOD, s, e, 3, tp);
+}
+
+/* build_serialized as a q_module's build, for the whole-world steps. */
+typedef struct serialized_args {
+    int sch;
+    int64_t n, k;
+    const char *params;
+} serialized_args;
+
+static int build_serialized_module(tw *w, const st_set *s, const q_module *m)
+{
+    const serialized_args *a = m->arg;
+    return build_serialized(w, s, a->sch, a->n, a->k, a->params, m->e, NULL, 0, 0);
 }
 
 static void serialized_schemes(void **state)
@@ -67,7 +74,7 @@ static void serialized_schemes(void **state)
     for (int sch = 0; sch < 3; sch++) {
         tw w;
         q_ent e[3];
-        world(&w, 1);
+        q_world(&w, PLUGIN);
         const char *p = sch == 2 ? "in_features: 330\nout_features: 300" : NULL;
         assert_int_equal(build_serialized(&w, s, sch, 300, 330, p, e, NULL, 0, 0), REFIT_OK);
         refit_model_stats st;
@@ -94,14 +101,14 @@ static void serialized_ragged_needs_extent(void **state)
     st_set *s = q_ref("quant_ref.py", "--n 300 --k 256 --seed 4");
     tw w;
     q_ent e[3];
-    world(&w, 1);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_serialized(&w, s, 2, 300, 256, NULL, e, NULL, 0, 0), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "W.weight_scale_inv", "not a whole number of 128-blocks",
                   "out_features");
     tw_close(&w);
     st_close(s);
     s = q_ref("quant_ref.py", "--n 256 --k 256 --seed 4");
-    world(&w, 1);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_serialized(&w, s, 2, 256, 256, "scheme: per_channel", e, NULL, 0, 0),
                      REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "param scheme is per_channel", "block128");
@@ -117,29 +124,12 @@ static void serialized_reload_equals_cold(void **state)
     st_set *a = q_ref("quant_ref.py", "--n 256 --k 200 --seed 1");
     st_set *b = q_ref("quant_ref.py", "--n 256 --k 200 --seed 2");
     for (int sch = 0; sch < 3; sch++) {
-        tw hot, cold;
         q_ent e[3];
-        const char *p = sch == 2 ? "in_features: 200" : NULL;
-        world(&hot, 1);
-        world(&cold, 1);
-        assert_int_equal(build_serialized(&hot, a, sch, 256, 200, p, e, NULL, 0, 0), REFIT_OK);
-        assert_int_equal(build_serialized(&cold, b, sch, 256, 200, p, e, NULL, 0, 0), REFIT_OK);
-        q_update(&hot, a, e, 3, "a");
-        uint64_t fa = tw_fp(&hot);
-        q_update(&hot, b, e, 3, "b");
-        q_update(&cold, b, e, 3, "b");
-        assert_true(tw_fp(&hot) == tw_fp(&cold));
-        assert_true(fa != tw_fp(&cold));
-        size_t n1, n2;
-        void *s1 = tw_snapshot(&hot, &n1);
-        q_update(&hot, b, e, 3, "b-again");
-        void *s2 = tw_snapshot(&hot, &n2);
-        assert_int_equal(n1, n2);
-        assert_memory_equal(s1, s2, n1);
-        free(s1);
-        free(s2);
-        tw_close(&hot);
-        tw_close(&cold);
+        serialized_args sa = {sch, 256, 200, sch == 2 ? "in_features: 200" : NULL};
+        q_module m = {PLUGIN, build_serialized_module, NULL, e, 3, &sa};
+        uint64_t fp[2];
+        q_assert_reload_equals_cold(&m, a, b, fp);
+        assert_true(fp[0] != fp[1]);
     }
     st_close(a);
     st_close(b);
@@ -162,7 +152,7 @@ static void serialized_tp_shards(void **state)
             tw w;
             q_ent e[3];
             q_tp tp = {2, rank};
-            world(&w, 1);
+            q_world(&w, PLUGIN);
             assert_int_equal(build_serialized(&w, s, sch, 512, 512, NULL, e, &tp, 256, 0),
                              REFIT_OK);
             q_update(&w, s, e, 3, "v1");
@@ -177,7 +167,7 @@ static void serialized_tp_shards(void **state)
         tw w;
         q_ent e[3];
         q_tp tp = {2, rank};
-        world(&w, 1);
+        q_world(&w, PLUGIN);
         tw_module(&w, MOD, "fp8", "in_features: 512\nout_features: 512");
         tt_tensor *wt = tw_runtime(&w, MOD, "weight", Q_E4M3, 2, TT_SHAPE(512, 256));
         tt_tensor *st = tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(4, 2));
@@ -208,7 +198,7 @@ static void serialized_tp_cut_refused(void **state)
         tw w;
         q_ent e[3];
         q_tp tp = {2, rank};
-        world(&w, 1);
+        q_world(&w, PLUGIN);
         assert_int_equal(build_serialized(&w, s, 2, 384, 128, "out_features: 384", e, &tp, 192,
                                           0),
                          REFIT_EMISMATCH);
@@ -237,7 +227,7 @@ static void serialized_fused_per_tensor(void **state)
         snprintf(sn[i], sizeof sn[i], "%s_proj.weight_scale", names[i]);
     }
     tw w;
-    world(&w, 1);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "fp8", "scheme: per_tensor");
     tt_tensor *wt = tw_runtime(&w, MOD, "weight", Q_E4M3, 2, TT_SHAPE(320, 64));
     tt_tensor *st = tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 1, TT_SHAPE(3));
@@ -283,7 +273,7 @@ static void serialized_bf16_scale(void **state)
     }
     q_ent we = {"W.weight", "t.fp8.per_channel.q", "weight", 1, 0, -1, 0, 0, 0, -1};
     tw w;
-    world(&w, 1);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "fp8", "scheme: per_channel");
     tw_runtime(&w, MOD, "weight", Q_E4M3, 2, TT_SHAPE(64, 96));
     tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(64, 1));
@@ -332,6 +322,30 @@ static const char *scheme_param(int sch)
     return p[sch];
 }
 
+/* A sealed online module of scheme sch (runtime as online_runtime makes
+ * it) expecting entries e[0, n) of s. */
+static void seal_online(tw *w, int sch, int64_t experts, int64_t rn, int64_t k, int64_t slots,
+                        const st_set *s, const q_ent *e, int n, const q_tp *tp)
+{
+    tw_module(w, MOD, "fp8", scheme_param(sch));
+    online_runtime(w, sch, experts, rn, k, slots);
+    assert_int_equal(q_expect(w, MOD, s, e, n, tp), REFIT_OK);
+    tw_seal(w);
+}
+
+/* seal_online of a single [n, k] weight as a q_module's build. */
+typedef struct online_args {
+    int sch;
+    int64_t n, k;
+} online_args;
+
+static int build_online_module(tw *w, const st_set *s, const q_module *m)
+{
+    const online_args *a = m->arg;
+    seal_online(w, a->sch, 1, a->n, a->k, 1, s, m->e, m->n, NULL);
+    return REFIT_OK;
+}
+
 /* One BF16 weight [n, k] quantized at post-load, every scheme. */
 static void online_schemes(void **state)
 {
@@ -340,11 +354,8 @@ static void online_schemes(void **state)
     q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
     for (int sch = 0; sch < 3; sch++) {
         tw w;
-        world(&w, 1);
-        tw_module(&w, MOD, "fp8", scheme_param(sch));
-        online_runtime(&w, sch, 1, 300, 330, 1);
-        assert_int_equal(q_expect(&w, MOD, s, &e, 1, NULL), REFIT_OK);
-        tw_seal(&w);
+        q_world(&w, PLUGIN);
+        seal_online(&w, sch, 1, 300, 330, 1, s, &e, 1, NULL);
         refit_model_stats st;
         assert_int_equal(refit_model_stats_get(w.m, &st), REFIT_OK);
         assert_int_equal(st.routes_staged, 1);
@@ -368,32 +379,11 @@ static void online_reload_equals_cold(void **state)
     st_set *b = q_ref("quant_ref.py", "--n 200 --k 260 --seed 14");
     q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
     for (int sch = 0; sch < 3; sch++) {
-        tw hot, cold;
-        world(&hot, 1);
-        world(&cold, 1);
-        tw *ws[2] = {&hot, &cold};
-        for (int i = 0; i < 2; i++) {
-            tw_module(ws[i], MOD, "fp8", scheme_param(sch));
-            online_runtime(ws[i], sch, 1, 200, 260, 1);
-            assert_int_equal(q_expect(ws[i], MOD, a, &e, 1, NULL), REFIT_OK);
-            tw_seal(ws[i]);
-        }
-        q_update(&hot, a, &e, 1, "a");
-        uint64_t fa = tw_fp(&hot);
-        q_update(&hot, b, &e, 1, "b");
-        q_update(&cold, b, &e, 1, "b");
-        assert_true(tw_fp(&hot) == tw_fp(&cold));
-        assert_true(fa != tw_fp(&hot));
-        size_t n1, n2;
-        void *s1 = tw_snapshot(&hot, &n1);
-        q_update(&hot, b, &e, 1, "b-again");
-        void *s2 = tw_snapshot(&hot, &n2);
-        assert_int_equal(n1, n2);
-        assert_memory_equal(s1, s2, n1);
-        free(s1);
-        free(s2);
-        tw_close(&hot);
-        tw_close(&cold);
+        online_args oa = {sch, 200, 260};
+        q_module m = {PLUGIN, build_online_module, NULL, &e, 1, &oa};
+        uint64_t fp[2];
+        q_assert_reload_equals_cold(&m, a, b, fp);
+        assert_true(fp[0] != fp[1]);
     }
     st_close(a);
     st_close(b);
@@ -427,11 +417,8 @@ static void online_fused(void **state)
     for (int v = 0; v < 4; v++) { /* per-tensor x3, per-tensor x1, per-channel, block */
         int sch = v < 2 ? 0 : v - 1;
         tw w;
-        world(&w, 1);
-        tw_module(&w, MOD, "fp8", scheme_param(sch));
-        online_runtime(&w, sch, 1, 320, 200, v == 0 ? 3 : 1);
-        assert_int_equal(q_expect(&w, MOD, s, e, 3, NULL), REFIT_OK);
-        tw_seal(&w);
+        q_world(&w, PLUGIN);
+        seal_online(&w, sch, 1, 320, 200, v == 0 ? 3 : 1, s, e, 3, NULL);
         q_update(&w, s, e, 3, "v1");
         if (v == 0) {
             uint8_t *q = malloc(128 * 200);
@@ -474,11 +461,8 @@ static void online_tp(void **state)
             kern_fp8_scale_shape((kern_fp8_scheme)sch, hi - lo, 140, ss);
             tw w;
             q_tp tp = {2, rank};
-            world(&w, 1);
-            tw_module(&w, MOD, "fp8", scheme_param(sch));
-            online_runtime(&w, sch, 1, hi - lo, 140, 1);
-            assert_int_equal(q_expect(&w, MOD, s, &e, 1, &tp), REFIT_OK);
-            tw_seal(&w);
+            q_world(&w, PLUGIN);
+            seal_online(&w, sch, 1, hi - lo, 140, 1, s, &e, 1, &tp);
             q_update(&w, s, &e, 1, "v1");
             kernel_quant(s, lo, hi - lo, sch, q, sc);
             q_assert_rt(&w, MOD, "weight", q, (size_t)((hi - lo) * 140));
@@ -502,11 +486,8 @@ static void online_experts(void **state)
     assert_non_null(q);
     for (int sch = 0; sch < 3; sch++) {
         tw w;
-        world(&w, 1);
-        tw_module(&w, MOD, "fp8", scheme_param(sch));
-        online_runtime(&w, sch, 2, 128, 96, 2);
-        assert_int_equal(q_expect(&w, MOD, s, e, 2, NULL), REFIT_OK);
-        tw_seal(&w);
+        q_world(&w, PLUGIN);
+        seal_online(&w, sch, 2, 128, 96, 2, s, e, 2, NULL);
         q_update(&w, s, e, 2, "v1");
         int64_t ss[2];
         kern_fp8_scale_shape((kern_fp8_scheme)sch, 128, 96, ss);
@@ -531,33 +512,15 @@ static void online_nan_refused(void **state)
     st_set *s = q_ref("quant_ref.py", "--n 8 --k 16 --seed 18");
     q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
     tw w;
-    world(&w, 1);
-    tw_module(&w, MOD, "fp8", "scheme: per_channel");
-    online_runtime(&w, 1, 1, 8, 16, 1);
-    assert_int_equal(q_expect(&w, MOD, s, &e, 1, NULL), REFIT_OK);
-    tw_seal(&w);
+    q_world(&w, PLUGIN);
+    seal_online(&w, 1, 1, 8, 16, 1, s, &e, 1, NULL);
     q_update(&w, s, &e, 1, "v1");
-    size_t n1, n2;
-    void *before = tw_snapshot(&w, &n1);
     uint16_t bad[8 * 16];
     memcpy(bad, q_get(s, "t.x")->data, sizeof bad);
     bad[37] = kern_f32_to_bf16(NAN);
     refit_tensor d = q_desc(q_get(s, "t.x"));
     d.data = bad;
-    refit_txn *t = tw_begin(&w, "v2", 1);
-    /* post-load runs when the module completes: at this load, or at finalize */
-    int rc = refit_load(t, "W.weight", &d, NULL);
-    if (rc == REFIT_OK)
-        rc = refit_finalize(t);
-    assert_int_equal(rc, REFIT_ECORRUPT);
-    tw_assert_msg(&w, MOD, "W.weight", "NaN or infinity");
-    if (refit_worker_health(w.ctx) == REFIT_HEALTH_UPDATING)
-        refit_abort(t);
-    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_READY);
-    void *after = tw_snapshot(&w, &n2);
-    assert_memory_equal(before, after, n1);
-    free(before);
-    free(after);
+    q_assert_nonfinite_refused(&w, MOD, "W.weight", &d);
     tw_close(&w);
     st_close(s);
 }
@@ -603,18 +566,11 @@ static void seal_refusals(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const bad_case *c = &cases[i];
         tw w;
-        world(&w, 1);
+        q_world(&w, PLUGIN);
         tw_module(&w, MOD, "fp8", c->params);
         tw_runtime(&w, MOD, "weight", c->rt == 1 ? REFIT_BF16 : Q_E4M3, 2, TT_SHAPE(16, 32));
         tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 1, TT_SHAPE(c->rt == 2 ? 5 : 1));
-        int rc = q_expect(&w, MOD, s, c->e, c->n, NULL);
-        if (!rc)
-            rc = refit_model_seal(w.m);
-        if (rc == REFIT_OK)
-            fail_msg("%s: seal accepted it", c->what);
-        if (!strstr(refit_errmsg(w.ctx), c->msg) || !strstr(refit_errmsg(w.ctx), MOD))
-            fail_msg("%s: message \"%s\" lacks \"%s\" or the module", c->what,
-                     refit_errmsg(w.ctx), c->msg);
+        q_assert_seal_refused(&w, MOD, s, c->e, c->n, c->what, c->msg);
         tw_close(&w);
     }
     st_close(s);
@@ -630,13 +586,10 @@ static void plugin_declaration_agrees(void **state)
     for (int online = 0; online < 2; online++) {
         tw w;
         q_ent e[3];
-        world(&w, 0);
+        q_world(&w, NULL);
         if (online) {
             e[0] = (q_ent){"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
-            tw_module(&w, MOD, "fp8", "scheme: block128");
-            online_runtime(&w, 2, 1, 256, 128, 1);
-            assert_int_equal(q_expect(&w, MOD, s, e, 1, NULL), REFIT_OK);
-            tw_seal(&w);
+            seal_online(&w, 2, 1, 256, 128, 1, s, e, 1, NULL);
         } else {
             assert_int_equal(build_serialized(&w, s, 2, 256, 128, NULL, e, NULL, 0, 0),
                              REFIT_OK);

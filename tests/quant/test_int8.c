@@ -13,12 +13,7 @@ extern const refit_format_v1 refit_format_plugin_v1;
 
 #define MOD "layers.0.self_attn.qkv"
 
-static void world(tw *w, int reg)
-{
-    assert_int_equal(tw_open(w, NULL), REFIT_OK);
-    if (reg)
-        assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v1), REFIT_OK);
-}
+#define PLUGIN (&refit_format_plugin_v1)
 
 /* W.weight, W.weight_scale (per-channel [n, 1] or per-tensor [1]) and
  * W.input_scale; runtime [rn, rk] (0: the checkpoint's). Seal status. */
@@ -38,8 +33,15 @@ static int build(tw *w, const st_set *s, int pc, int64_t n, int64_t k, const cha
     else
         tw_runtime(w, MOD, "weight_scale", REFIT_F32, 1, TT_SHAPE(1));
     tw_runtime(w, MOD, "input_scale", REFIT_F32, 1, TT_SHAPE(1));
-    int rc = q_expect(w, MOD, s, e, 3, tp);
-    return rc ? rc : refit_model_seal(w->m);
+    return q_expect_seal(w, MOD, s, e, 3, tp);
+}
+
+/* An unsharded per-channel module of [n, k], as a q_module's build (its
+ * arg is the q_ent[3] that build fills). */
+static int build_per_channel(tw *w, const st_set *s, const q_module *m)
+{
+    const int64_t *nk = m->arg;
+    return build(w, s, 1, nk[0], nk[1], NULL, m->e, NULL, -1, -1, 0, 0);
 }
 
 static void loads_both_schemes(void **state)
@@ -49,7 +51,7 @@ static void loads_both_schemes(void **state)
     for (int pc = 0; pc < 2; pc++) {
         tw w;
         q_ent e[3];
-        world(&w, 1);
+        q_world(&w, PLUGIN);
         assert_int_equal(build(&w, s, pc, 300, 330, pc ? "scheme: per_channel" : NULL, e, NULL,
                                -1, -1, 0, 0),
                          REFIT_OK);
@@ -70,27 +72,12 @@ static void reload_equals_cold(void **state)
     (void)state;
     st_set *a = q_ref("quant_ref.py", "--n 40 --k 72 --seed 52");
     st_set *b = q_ref("quant_ref.py", "--n 40 --k 72 --seed 53");
-    tw hot, cold;
     q_ent e[3];
-    world(&hot, 1);
-    world(&cold, 1);
-    assert_int_equal(build(&hot, a, 1, 40, 72, NULL, e, NULL, -1, -1, 0, 0), REFIT_OK);
-    assert_int_equal(build(&cold, b, 1, 40, 72, NULL, e, NULL, -1, -1, 0, 0), REFIT_OK);
-    q_update(&hot, a, e, 3, "a");
-    uint64_t fa = tw_fp(&hot);
-    q_update(&hot, b, e, 3, "b");
-    q_update(&cold, b, e, 3, "b");
-    assert_true(tw_fp(&hot) == tw_fp(&cold));
-    assert_true(fa != tw_fp(&hot));
-    size_t n1, n2;
-    void *s1 = tw_snapshot(&hot, &n1);
-    q_update(&hot, b, e, 3, "b-again");
-    void *s2 = tw_snapshot(&hot, &n2);
-    assert_memory_equal(s1, s2, n1);
-    free(s1);
-    free(s2);
-    tw_close(&hot);
-    tw_close(&cold);
+    static const int64_t nk[2] = {40, 72};
+    q_module m = {PLUGIN, build_per_channel, NULL, e, 3, nk};
+    uint64_t fp[2];
+    q_assert_reload_equals_cold(&m, a, b, fp);
+    assert_true(fp[0] != fp[1]);
     st_close(a);
     st_close(b);
 }
@@ -109,13 +96,13 @@ static void tp_shards(void **state)
         tw w;
         q_ent e[3];
         q_tp tp = {2, rank};
-        world(&w, 1);
+        q_world(&w, PLUGIN);
         assert_int_equal(build(&w, s, 1, 31, 64, NULL, e, &tp, 0, 0, hi - lo, 0), REFIT_OK);
         q_update(&w, s, e, 3, "v1");
         q_assert_rt(&w, MOD, "weight", q + lo * 64, (size_t)((hi - lo) * 64));
         q_assert_rt(&w, MOD, "weight_scale", sc + lo, sizeof(float) * (size_t)(hi - lo));
         tw_close(&w);
-        world(&w, 1);
+        q_world(&w, PLUGIN);
         assert_int_equal(build(&w, s, 1, 31, 64, NULL, e, &tp, 1, -1, 0, 32), REFIT_OK);
         q_update(&w, s, e, 3, "v1");
         const int8_t *got = tw_rt(&w, MOD, "weight")->buf;
@@ -138,7 +125,7 @@ static void fused_per_channel(void **state)
         {"k_proj.weight", "t.int8.per_channel.q", "weight", 0, 0, -1, 16, 8, 16, -1},
         {"k_proj.weight_scale", "t.int8.per_channel.s", "weight_scale", 0, 0, -1, 16, 8, 16, -1}};
     tw w;
-    world(&w, 1);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "int8", NULL);
     tw_runtime(&w, MOD, "weight", REFIT_I8, 2, TT_SHAPE(24, 32));
     tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(24, 1));
@@ -180,18 +167,11 @@ static void seal_refusals(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         tw w;
-        world(&w, 1);
+        q_world(&w, PLUGIN);
         tw_module(&w, MOD, "int8", cases[i].params);
         tw_runtime(&w, MOD, "weight", REFIT_I8, 2, TT_SHAPE(8, 16));
         tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(8, 1));
-        int rc = q_expect(&w, MOD, s, cases[i].e, cases[i].n, NULL);
-        if (!rc)
-            rc = refit_model_seal(w.m);
-        if (rc == REFIT_OK)
-            fail_msg("%s: seal accepted it", cases[i].what);
-        if (!strstr(refit_errmsg(w.ctx), cases[i].msg) || !strstr(refit_errmsg(w.ctx), MOD))
-            fail_msg("%s: message \"%s\" lacks \"%s\" or the module", cases[i].what,
-                     refit_errmsg(w.ctx), cases[i].msg);
+        q_assert_seal_refused(&w, MOD, s, cases[i].e, cases[i].n, cases[i].what, cases[i].msg);
         tw_close(&w);
     }
     st_close(s);
@@ -204,7 +184,7 @@ static void plugin_declaration_agrees(void **state)
     st_set *s = q_ref("quant_ref.py", "--n 16 --k 16 --seed 57");
     tw w;
     q_ent e[3];
-    world(&w, 0);
+    q_world(&w, NULL);
     assert_int_equal(build(&w, s, 1, 16, 16, NULL, e, NULL, -1, -1, 0, 0), REFIT_OK);
     q_update(&w, s, e, 3, "v1");
     q_assert_rt(&w, MOD, "weight", q_get(s, "t.int8.per_channel.q")->data, 16 * 16);

@@ -15,12 +15,7 @@ extern const refit_format_v1 refit_format_plugin_v1;
 
 #define MOD "layers.0.mlp.down_proj"
 
-static void world(tw *w, int reg)
-{
-    assert_int_equal(tw_open(w, NULL), REFIT_OK);
-    if (reg)
-        assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v1), REFIT_OK);
-}
+#define PLUGIN (&refit_format_plugin_v1)
 
 /* Serialized: W.weight (E4M3) and W.weight_scale_inv (E8M0 or u8). The
  * runtime is [rn, rk] (0: the checkpoint's). Returns the seal status. */
@@ -37,8 +32,15 @@ static int build_serialized(tw *w, const st_set *s, int64_t n, int64_t k, int e8
     tw_runtime(w, MOD, "weight", Q_E4M3, 2, TT_SHAPE(rn, rk));
     tw_runtime(w, MOD, "weight_scale", e8m0 ? Q_E8M0 : REFIT_U8, 2,
                TT_SHAPE(rn, kern_mx_blocks(rk)));
-    int rc = q_expect(w, MOD, s, e, 2, tp);
-    return rc ? rc : refit_model_seal(w->m);
+    return q_expect_seal(w, MOD, s, e, 2, tp);
+}
+
+/* An unsharded serialized [n, k] module with E8M0 scales, as a q_module's
+ * build (its arg: {n, k}). */
+static int build_serialized_module(tw *w, const st_set *s, const q_module *m)
+{
+    const int64_t *nk = m->arg;
+    return build_serialized(w, s, nk[0], nk[1], 1, NULL, m->e, NULL, -1, 0, 0);
 }
 
 static void serialized_loads(void **state)
@@ -48,7 +50,7 @@ static void serialized_loads(void **state)
     for (int e8m0 = 0; e8m0 < 2; e8m0++) {
         tw w;
         q_ent e[2];
-        world(&w, 1);
+        q_world(&w, PLUGIN);
         assert_int_equal(build_serialized(&w, s, 100, 200, e8m0, "in_features: 200", e, NULL,
                                           -1, 0, 0),
                          REFIT_OK);
@@ -70,7 +72,7 @@ static void serialized_ragged_needs_extent(void **state)
     st_set *s = q_ref("quant_ref.py", "--n 8 --k 200 --seed 32");
     tw w;
     q_ent e[2];
-    world(&w, 1);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_serialized(&w, s, 8, 200, 0, NULL, e, NULL, -1, 0, 0),
                      REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "W.weight_scale_inv", "in_features");
@@ -83,27 +85,12 @@ static void serialized_reload_equals_cold(void **state)
     (void)state;
     st_set *a = q_ref("quant_ref.py", "--n 64 --k 256 --seed 33");
     st_set *b = q_ref("quant_ref.py", "--n 64 --k 256 --seed 34");
-    tw hot, cold;
     q_ent e[2];
-    world(&hot, 1);
-    world(&cold, 1);
-    assert_int_equal(build_serialized(&hot, a, 64, 256, 1, NULL, e, NULL, -1, 0, 0), REFIT_OK);
-    assert_int_equal(build_serialized(&cold, b, 64, 256, 1, NULL, e, NULL, -1, 0, 0), REFIT_OK);
-    q_update(&hot, a, e, 2, "a");
-    uint64_t fa = tw_fp(&hot);
-    q_update(&hot, b, e, 2, "b");
-    q_update(&cold, b, e, 2, "b");
-    assert_true(tw_fp(&hot) == tw_fp(&cold));
-    assert_true(fa != tw_fp(&hot));
-    size_t n1, n2;
-    void *s1 = tw_snapshot(&hot, &n1);
-    q_update(&hot, b, e, 2, "b-again");
-    void *s2 = tw_snapshot(&hot, &n2);
-    assert_memory_equal(s1, s2, n1);
-    free(s1);
-    free(s2);
-    tw_close(&hot);
-    tw_close(&cold);
+    static const int64_t nk[2] = {64, 256};
+    q_module m = {PLUGIN, build_serialized_module, NULL, e, 2, nk};
+    uint64_t fp[2];
+    q_assert_reload_equals_cold(&m, a, b, fp);
+    assert_true(fp[0] != fp[1]);
     st_close(a);
     st_close(b);
 }
@@ -120,7 +107,7 @@ static void serialized_tp(void **state)
             tw w;
             q_ent e[2];
             q_tp tp = {2, rank};
-            world(&w, 1);
+            q_world(&w, PLUGIN);
             assert_int_equal(build_serialized(&w, s, 30, 512, 0, NULL, e, &tp, dim,
                                               dim ? 0 : 15, dim ? 256 : 0),
                              REFIT_OK);
@@ -142,7 +129,7 @@ static void serialized_tp(void **state)
         tw w;
         q_ent e[2];
         q_tp tp = {2, rank};
-        world(&w, 1);
+        q_world(&w, PLUGIN);
         assert_int_equal(build_serialized(&w, s, 4, 96, 0, "in_features: 96", e, &tp, 1, 0, 48),
                          REFIT_EMISMATCH);
         tw_assert_msg(&w, MOD, "a shard boundary cuts a 32-block");
@@ -159,6 +146,24 @@ static void online_runtime(tw *w, int64_t n, int64_t k)
     tw_runtime(w, MOD, "weight_scale", Q_E8M0, 2, TT_SHAPE(n, kern_mx_blocks(k)));
 }
 
+/* A sealed online [n, k] module expecting entries e[0, count) of s. */
+static void seal_online(tw *w, const char *params, int64_t n, int64_t k, const st_set *s,
+                        const q_ent *e, int count, const q_tp *tp)
+{
+    tw_module(w, MOD, "mxfp8", params);
+    online_runtime(w, n, k);
+    assert_int_equal(q_expect(w, MOD, s, e, count, tp), REFIT_OK);
+    tw_seal(w);
+}
+
+/* seal_online as a q_module's build (its arg: {n, k}). */
+static int build_online_module(tw *w, const st_set *s, const q_module *m)
+{
+    const int64_t *nk = m->arg;
+    seal_online(w, NULL, nk[0], nk[1], s, m->e, m->n, NULL);
+    return REFIT_OK;
+}
+
 /* BF16, F16 and F32 weights with ragged K, zero blocks and subnormals. */
 static void online_matches_numpy(void **state)
 {
@@ -172,11 +177,8 @@ static void online_matches_numpy(void **state)
         int64_t n = x->shape[0], k = x->shape[1];
         q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
         tw w;
-        world(&w, 1);
-        tw_module(&w, MOD, "mxfp8", "online: true");
-        online_runtime(&w, n, k);
-        assert_int_equal(q_expect(&w, MOD, s, &e, 1, NULL), REFIT_OK);
-        tw_seal(&w);
+        q_world(&w, PLUGIN);
+        seal_online(&w, "online: true", n, k, s, &e, 1, NULL);
         q_update(&w, s, &e, 1, "v1");
         q_assert_rt(&w, MOD, "weight", q_get(s, "t.mxfp8.q")->data, (size_t)(n * k));
         q_assert_rt(&w, MOD, "weight_scale", q_get(s, "t.mxfp8.s")->data,
@@ -195,11 +197,8 @@ static void online_fused_and_tp(void **state)
     q_ent e[2] = {{"gate_proj.weight", "t.x", "weight", 0, 0, -1, 0, 40, 0, -1},
                   {"up_proj.weight", "t.x", "weight", 0, 0, -1, 40, 24, 40, -1}};
     tw w;
-    world(&w, 1);
-    tw_module(&w, MOD, "mxfp8", NULL);
-    online_runtime(&w, 64, 96);
-    assert_int_equal(q_expect(&w, MOD, s, e, 2, NULL), REFIT_OK);
-    tw_seal(&w);
+    q_world(&w, PLUGIN);
+    seal_online(&w, NULL, 64, 96, s, e, 2, NULL);
     q_update(&w, s, e, 2, "v1");
     q_assert_rt(&w, MOD, "weight", q, 64 * 96);
     q_assert_rt(&w, MOD, "weight_scale", sc, 64 * 3);
@@ -207,11 +206,8 @@ static void online_fused_and_tp(void **state)
     for (int rank = 0; rank < 2; rank++) {
         q_ent t = {"W.weight", "t.x", "weight", 0, 0, 0, 0, 0, 0, -1};
         q_tp tp = {2, rank};
-        world(&w, 1);
-        tw_module(&w, MOD, "mxfp8", NULL);
-        online_runtime(&w, 32, 96);
-        assert_int_equal(q_expect(&w, MOD, s, &t, 1, &tp), REFIT_OK);
-        tw_seal(&w);
+        q_world(&w, PLUGIN);
+        seal_online(&w, NULL, 32, 96, s, &t, 1, &tp);
         q_update(&w, s, &t, 1, "v1");
         q_assert_rt(&w, MOD, "weight", q + rank * 32 * 96, 32 * 96);
         q_assert_rt(&w, MOD, "weight_scale", sc + rank * 32 * 3, 32 * 3);
@@ -226,31 +222,11 @@ static void online_reload_equals_cold(void **state)
     st_set *a = q_ref("quant_ref.py", "--n 48 --k 100 --seed 41 --specials");
     st_set *b = q_ref("quant_ref.py", "--n 48 --k 100 --seed 42");
     q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
-    tw hot, cold;
-    world(&hot, 1);
-    world(&cold, 1);
-    tw *ws[2] = {&hot, &cold};
-    for (int i = 0; i < 2; i++) {
-        tw_module(ws[i], MOD, "mxfp8", NULL);
-        online_runtime(ws[i], 48, 100);
-        assert_int_equal(q_expect(ws[i], MOD, a, &e, 1, NULL), REFIT_OK);
-        tw_seal(ws[i]);
-    }
-    q_update(&hot, a, &e, 1, "a");
-    uint64_t fa = tw_fp(&hot);
-    q_update(&hot, b, &e, 1, "b");
-    q_update(&cold, b, &e, 1, "b");
-    assert_true(tw_fp(&hot) == tw_fp(&cold));
-    assert_true(fa != tw_fp(&hot));
-    size_t n1, n2;
-    void *s1 = tw_snapshot(&hot, &n1);
-    q_update(&hot, b, &e, 1, "b-again");
-    void *s2 = tw_snapshot(&hot, &n2);
-    assert_memory_equal(s1, s2, n1);
-    free(s1);
-    free(s2);
-    tw_close(&hot);
-    tw_close(&cold);
+    static const int64_t nk[2] = {48, 100};
+    q_module m = {PLUGIN, build_online_module, NULL, &e, 1, nk};
+    uint64_t fp[2];
+    q_assert_reload_equals_cold(&m, a, b, fp);
+    assert_true(fp[0] != fp[1]);
     st_close(a);
     st_close(b);
 }
@@ -262,32 +238,15 @@ static void online_inf_refused(void **state)
     st_set *s = q_ref("quant_ref.py", "--n 4 --k 64 --seed 43");
     q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
     tw w;
-    world(&w, 1);
-    tw_module(&w, MOD, "mxfp8", NULL);
-    online_runtime(&w, 4, 64);
-    assert_int_equal(q_expect(&w, MOD, s, &e, 1, NULL), REFIT_OK);
-    tw_seal(&w);
+    q_world(&w, PLUGIN);
+    seal_online(&w, NULL, 4, 64, s, &e, 1, NULL);
     q_update(&w, s, &e, 1, "v1");
-    size_t n1, n2;
-    void *before = tw_snapshot(&w, &n1);
     uint16_t bad[4 * 64];
     memcpy(bad, q_get(s, "t.x")->data, sizeof bad);
     bad[200] = 0xff80; /* bf16 -inf */
     refit_tensor d = q_desc(q_get(s, "t.x"));
     d.data = bad;
-    refit_txn *t = tw_begin(&w, "v2", 1);
-    int rc = refit_load(t, "W.weight", &d, NULL);
-    if (rc == REFIT_OK)
-        rc = refit_finalize(t);
-    assert_int_equal(rc, REFIT_ECORRUPT);
-    tw_assert_msg(&w, MOD, "W.weight", "NaN or infinity");
-    if (refit_worker_health(w.ctx) == REFIT_HEALTH_UPDATING)
-        refit_abort(t);
-    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_READY);
-    void *after = tw_snapshot(&w, &n2);
-    assert_memory_equal(before, after, n1);
-    free(before);
-    free(after);
+    q_assert_nonfinite_refused(&w, MOD, "W.weight", &d);
     tw_close(&w);
     st_close(s);
 }
@@ -301,7 +260,7 @@ static void seal_refusals(void **state)
     /* online with a checkpoint scale */
     q_ent e[2] = {{"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1},
                   {"W.weight_scale_inv", "t.mxfp8.s", "weight_scale", 0, 0, -1, 0, 0, 0, -1}};
-    world(&w, 1);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "mxfp8", NULL);
     online_runtime(&w, 8, 64);
     assert_int_equal(q_expect(&w, MOD, s, e, 2, NULL), REFIT_OK);
@@ -310,7 +269,7 @@ static void seal_refusals(void **state)
     tw_close(&w);
     /* a serialized weight without its scale */
     q_ent lone = {"W.weight", "t.mxfp8.q", "weight", 1, 0, -1, 0, 0, 0, -1};
-    world(&w, 1);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "mxfp8", NULL);
     online_runtime(&w, 8, 64);
     assert_int_equal(q_expect(&w, MOD, s, &lone, 1, NULL), REFIT_OK);
@@ -318,7 +277,7 @@ static void seal_refusals(void **state)
     tw_assert_msg(&w, MOD, "W.weight_scale_inv");
     tw_close(&w);
     /* an online runtime scale of the wrong size */
-    world(&w, 1);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "mxfp8", NULL);
     tw_runtime(&w, MOD, "weight", Q_E4M3, 2, TT_SHAPE(8, 64));
     tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(8, 3));
@@ -337,13 +296,10 @@ static void plugin_declaration_agrees(void **state)
     for (int online = 0; online < 2; online++) {
         tw w;
         q_ent e[2];
-        world(&w, 0);
+        q_world(&w, NULL);
         if (online) {
             e[0] = (q_ent){"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
-            tw_module(&w, MOD, "mxfp8", NULL);
-            online_runtime(&w, 16, 64);
-            assert_int_equal(q_expect(&w, MOD, s, e, 1, NULL), REFIT_OK);
-            tw_seal(&w);
+            seal_online(&w, NULL, 16, 64, s, e, 1, NULL);
         } else {
             assert_int_equal(build_serialized(&w, s, 16, 64, 1, NULL, e, NULL, -1, 0, 0),
                              REFIT_OK);
