@@ -34,23 +34,6 @@ refit_tensor f4_desc(const st_tensor *t)
     return d;
 }
 
-refit_view f4_view(const st_tensor *t)
-{
-    refit_view v;
-    memset(&v, 0, sizeof v);
-    v.data = (void *)t->data;
-    v.device.device_type = REFIT_DEVICE_CPU;
-    v.dtype = f4_dtype(t);
-    v.ndim = t->ndim;
-    int64_t s = 1;
-    for (int i = t->ndim - 1; i >= 0; i--) {
-        v.shape[i] = t->shape[i];
-        v.strides[i] = s;
-        s *= t->shape[i];
-    }
-    return v;
-}
-
 static int is_ckpt(const char *name)
 {
     return strncmp(name, "expect.", 7) != 0;
@@ -70,6 +53,12 @@ int f4_expect_all(tw *w, const char *module, const st_set *s, f4_spec_fn fn, voi
             return rc;
     }
     return REFIT_OK;
+}
+
+int f4_expect_seal(tw *w, const char *module, const st_set *s, f4_spec_fn fn, void *user)
+{
+    int rc = f4_expect_all(w, module, s, fn, user);
+    return rc ? rc : refit_model_seal(w->m);
 }
 
 void f4_load_all(tw *w, refit_txn *t, const st_set *s)
@@ -111,11 +100,4 @@ void f4_assert_block_eq(const float *want, int64_t cols, int64_t lo, int64_t hi,
                 fail_msg("element (%lld, %lld): want %.9g, got %.9g", (long long)i,
                          (long long)j, a, b);
         }
-}
-
-void f4_shard(int64_t n, int tp, int rank, int64_t *lo, int64_t *hi)
-{
-    int64_t base = n / tp, extra = n % tp;
-    *lo = rank * base + (rank < extra ? rank : extra);
-    *hi = *lo + base + (rank < extra ? 1 : 0);
 }

@@ -20,14 +20,14 @@ const st_tensor *f4_get(const st_set *s, const char *name);
 refit_tensor f4_desc(const st_tensor *t);
 /* Its refit dtype. */
 refit_dtype f4_dtype(const st_tensor *t);
-/* A view of a set's tensor. */
-refit_view f4_view(const st_tensor *t);
 
 /* Expect every checkpoint tensor of the set (names not starting with
  * "expect.") in module; fn (may be NULL) adjusts each spec, e.g. to shard
  * it or name its target. Returns the first failing status. */
 typedef void (*f4_spec_fn)(const char *name, refit_ckpt_spec *spec, void *user);
 int f4_expect_all(tw *w, const char *module, const st_set *s, f4_spec_fn fn, void *user);
+/* f4_expect_all, then seal; the first failing status. */
+int f4_expect_seal(tw *w, const char *module, const st_set *s, f4_spec_fn fn, void *user);
 /* Deliver every checkpoint tensor of the set (refit_load); asserts OK. */
 void f4_load_all(tw *w, refit_txn *t, const st_set *s);
 /* begin, f4_load_all, finalize; asserts READY. */
@@ -39,7 +39,5 @@ const char *f4_suffix(const char *name);
  * matrix equal got (a [hi-lo, c1-c0] row-major matrix), bit for bit. */
 void f4_assert_block_eq(const float *want, int64_t cols, int64_t lo, int64_t hi, int64_t c0,
                         int64_t c1, const float *got);
-/* Shard rows [lo, hi) of n over tp ranks, as the core splits. */
-void f4_shard(int64_t n, int tp, int rank, int64_t *lo, int64_t *hi);
 
 #endif

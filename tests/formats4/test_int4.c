@@ -9,6 +9,7 @@
 
 #include "kernels/quant_int4.h"
 #include "tests/formats4/f4util.h"
+#include "tests/quant/qutil.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -34,11 +35,7 @@ static void spec_fn(const char *name, refit_ckpt_spec *s, void *user)
     }
 }
 
-static void setup_world(tw *w)
-{
-    assert_int_equal(tw_open(w, NULL), REFIT_OK);
-    assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v1), REFIT_OK);
-}
+#define PLUGIN (&refit_format_plugin_v1)
 
 /* A gptq-layout module for an [n, k] weight of this rank. */
 static int build_gptq(tw *w, const st_set *s, int64_t n, int64_t k, int64_t g, int asym,
@@ -50,8 +47,20 @@ static int build_gptq(tw *w, const st_set *s, int64_t n, int64_t k, int64_t g, i
     tw_runtime(w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(groups, n));
     if (asym)
         tw_runtime(w, MOD, "weight_zero_point", REFIT_I32, 2, TT_SHAPE(groups, (n + 7) / 8));
-    int rc = f4_expect_all(w, MOD, s, spec_fn, c);
-    return rc ? rc : refit_model_seal(w->m);
+    return f4_expect_seal(w, MOD, s, spec_fn, c);
+}
+
+/* An unsharded build_gptq as a q_module's build. */
+typedef struct gptq_args {
+    int64_t n, k, g;
+    int asym;
+    const char *params;
+} gptq_args;
+
+static int build_gptq_module(tw *w, const st_set *s, const q_module *m)
+{
+    const gptq_args *a = m->arg;
+    return build_gptq(w, s, a->n, a->k, a->g, a->asym, a->params, NULL);
 }
 
 /* Dequantize this rank's runtime through the checkpoint-layout views. */
@@ -91,7 +100,7 @@ static void gptq_sym_dequant(void **state)
     (void)state;
     st_set *s = f4_ref("int4", "--n 24 --k 96 --group 32 --seed 3");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_gptq(&w, s, 24, 96, 32, 0, "group_size: 32", NULL), REFIT_OK);
     refit_model_stats st;
     assert_int_equal(refit_model_stats_get(w.m, &st), REFIT_OK);
@@ -114,7 +123,7 @@ static void gptq_asym_channel(void **state)
     (void)state;
     st_set *s = f4_ref("int4", "--n 16 --k 64 --group -1 --asym --scale-dtype f32");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_gptq(&w, s, 16, 64, 64, 1, "group_size: -1", NULL), REFIT_OK);
     f4_update(&w, s, "v1");
     check_dequant(&w, s, 16, 64, 64, 1, 0, 0, 64);
@@ -128,7 +137,7 @@ static void u8_asym_ragged(void **state)
     (void)state;
     st_set *s = f4_ref("int4", "--n 20 --k 100 --group 32 --asym --seed 5");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "int4", "group_size: 32\nlayout: u8\nin_features: 100\nout_features: 20");
     tt_tensor *wt = tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(20, 64));
     tt_tensor *sc = tw_runtime(&w, MOD, "weight_scale", REFIT_BF16, 2, TT_SHAPE(20, 4));
@@ -164,7 +173,7 @@ static void u8_ragged_needs_in_features(void **state)
     (void)state;
     st_set *s = f4_ref("int4", "--n 8 --k 100 --group 32");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "int4", "group_size: 32\nlayout: u8");
     tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 52));
     tw_runtime(&w, MOD, "weight_scale", REFIT_BF16, 2, TT_SHAPE(8, 4));
@@ -181,27 +190,11 @@ static void reload_equals_cold(void **state)
     (void)state;
     st_set *a = f4_ref("int4", "--n 16 --k 128 --group 64 --asym --seed 7");
     st_set *b = f4_ref("int4", "--n 16 --k 128 --group 64 --asym --seed 8");
-    tw cold, hot;
-    setup_world(&cold);
-    setup_world(&hot);
-    assert_int_equal(build_gptq(&cold, b, 16, 128, 64, 1, "group_size: 64", NULL), REFIT_OK);
-    assert_int_equal(build_gptq(&hot, a, 16, 128, 64, 1, "group_size: 64", NULL), REFIT_OK);
-    f4_update(&cold, b, "B");
-    f4_update(&hot, a, "A");
-    uint64_t fa = tw_fp(&hot);
-    f4_update(&hot, b, "B");
-    assert_int_equal(tw_fp(&hot), tw_fp(&cold));
-    assert_true(fa != tw_fp(&cold));
-    size_t n1, n2;
-    void *s1 = tw_snapshot(&hot, &n1);
-    f4_update(&hot, b, "B again");
-    void *s2 = tw_snapshot(&hot, &n2);
-    assert_int_equal(n1, n2);
-    assert_memory_equal(s1, s2, n1);
-    free(s1);
-    free(s2);
-    tw_close(&cold);
-    tw_close(&hot);
+    gptq_args ga = {16, 128, 64, 1, "group_size: 64"};
+    q_module m = {PLUGIN, build_gptq_module, f4_update, NULL, 0, &ga};
+    uint64_t fp[2];
+    q_assert_reload_equals_cold(&m, a, b, fp);
+    assert_true(fp[0] != fp[1]);
     st_close(a);
     st_close(b);
 }
@@ -217,12 +210,12 @@ static void tp_shards(void **state)
             layout_cfg c = {2, rank, k_shard};
             int64_t lo, hi, n = 48, k = 256;
             tw w;
-            setup_world(&w);
+            q_world(&w, PLUGIN);
             if (k_shard) {
-                f4_shard(32, 2, rank, &lo, &hi);
+                q_shard(32, 2, rank, &lo, &hi);
                 k = (hi - lo) * 8;
             } else {
-                f4_shard(48, 2, rank, &lo, &hi);
+                q_shard(48, 2, rank, &lo, &hi);
                 n = hi - lo;
             }
             assert_int_equal(build_gptq(&w, s, n, k, 32, 1, "group_size: 32", &c), REFIT_OK);
@@ -242,13 +235,13 @@ static void tp_cut_refused(void **state)
     st_set *s = f4_ref("int4", "--n 16 --k 192 --group 64");
     layout_cfg c = {2, 0, 1};
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_gptq(&w, s, 16, 96, 64, 0, "group_size: 64\nin_features: 192", &c),
                      REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "cuts a group");
     tw_close(&w);
     /* without in_features the slice could also be a whole ragged K */
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_gptq(&w, s, 16, 96, 64, 0, "group_size: 64", &c), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "declare param in_features");
     tw_close(&w);
@@ -256,7 +249,7 @@ static void tp_cut_refused(void **state)
 
     s = f4_ref("int4", "--n 20 --k 64 --group 32 --asym");
     layout_cfg cn = {2, 0, 0};
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_gptq(&w, s, 10, 64, 32, 1, "group_size: 32\nout_features: 20", &cn),
                      REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "zero-point words", "cuts a group");
@@ -267,7 +260,7 @@ static void tp_cut_refused(void **state)
 static void expect_refusal(const st_set *s, const char *params, int64_t rows, const char *msg)
 {
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     int rc = build_gptq(&w, s, rows, 64, 32, 0, params, NULL);
     assert_true(rc != REFIT_OK);
     tw_assert_msg(&w, MOD, msg);
@@ -284,7 +277,7 @@ static void plan_refusals(void **state)
     expect_refusal(s, "group_size: 32", 15, "runtime weight must be I32 [8, 16]");
     expect_refusal(s, "group_size: 16", 16, "cuts a group");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "int4", "group_size: 32");
     tw_runtime(&w, MOD, "weight", REFIT_I32, 2, TT_SHAPE(8, 16));
     tw_runtime(&w, MOD, "weight_scale", REFIT_F32, 2, TT_SHAPE(2, 16));
@@ -305,11 +298,10 @@ static void shape_checked_at_finalize(void **state)
     (void)state;
     st_set *s = f4_ref("int4", "--n 24 --k 96 --group 32");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_gptq(&w, s, 24, 96, 32, 0, "group_size: 32", NULL), REFIT_OK);
     f4_update(&w, s, "v1");
-    size_t n1, n2;
-    void *before = tw_snapshot(&w, &n1);
+    q_kept kept = q_keep(&w);
     refit_txn *t = tw_begin(&w, "bad", 1);
     int64_t bad[2] = {24, 50}, dims[1] = {2};
     refit_tensor shape = {bad, {REFIT_DEVICE_CPU, 0}, 1, {REFIT_DTYPE_INT, 64, 1}, dims, NULL, 0};
@@ -329,11 +321,7 @@ static void shape_checked_at_finalize(void **state)
     }
     assert_true(failed);
     assert_int_equal(refit_finalize(t), REFIT_ECORRUPT);
-    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_READY);
-    void *after = tw_snapshot(&w, &n2);
-    assert_memory_equal(before, after, n1);
-    free(before);
-    free(after);
+    q_assert_kept(&w, &kept);
     tw_close(&w);
     st_close(s);
 }
@@ -345,16 +333,10 @@ static void via_plugin_file(void **state)
 {
     (void)state;
     st_set *s = f4_ref("int4", "--n 16 --k 64 --group 32 --asym --seed 12");
+    gptq_args ga = {16, 64, 32, 1, "group_size: 32"};
+    q_module m = {PLUGIN, build_gptq_module, f4_update, NULL, 0, &ga};
     tw file, linked;
-    assert_int_equal(tw_open(&file, NULL), REFIT_OK);
-    setup_world(&linked);
-    int rc = build_gptq(&file, s, 16, 64, 32, 1, "group_size: 32", NULL);
-    if (rc)
-        fail_msg("seal through the plugin file: %s", refit_errmsg(file.ctx));
-    assert_int_equal(build_gptq(&linked, s, 16, 64, 32, 1, "group_size: 32", NULL), REFIT_OK);
-    f4_update(&file, s, "v1");
-    f4_update(&linked, s, "v1");
-    assert_int_equal(tw_fp(&file), tw_fp(&linked));
+    q_assert_file_equals_linked(&file, &linked, &m, &m, s, "seal");
     tw_close(&file);
     tw_close(&linked);
     st_close(s);
@@ -376,8 +358,22 @@ static int build_online(tw *w, const st_set *s, int64_t n, int64_t k, int64_t g,
         tw_runtime(w, MOD, "weight", REFIT_I32, 2, TT_SHAPE(words, n));
         tw_runtime(w, MOD, "weight_scale", sdt, 2, TT_SHAPE(groups, n));
     }
-    int rc = f4_expect_all(w, MOD, s, spec_fn, c);
-    return rc ? rc : refit_model_seal(w->m);
+    return f4_expect_seal(w, MOD, s, spec_fn, c);
+}
+
+/* An unsharded build_online as a q_module's build. */
+typedef struct online_args {
+    int64_t n, k, g;
+    int u8;
+    int64_t pitch;
+    refit_dtype sdt;
+    const char *params;
+} online_args;
+
+static int build_online_module(tw *w, const st_set *s, const q_module *m)
+{
+    const online_args *a = m->arg;
+    return build_online(w, s, a->n, a->k, a->g, a->u8, a->pitch, a->sdt, a->params, NULL);
 }
 
 /* The runtime words and scales of this rank equal numpy's, columns
@@ -424,7 +420,7 @@ static void online_gptq_ragged(void **state)
     st_set *s = f4_ref("int4-online", "--n 24 --k 100 --group 32 --dtype bf16 --scale-dtype bf16 "
                                       "--seed 21");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online(&w, s, 24, 100, 32, 0, 0, REFIT_BF16,
                                   "group_size: 32\nonline: true", NULL), REFIT_OK);
     refit_model_stats st;
@@ -457,7 +453,7 @@ static void online_u8_per_channel(void **state)
     st_set *s = f4_ref("int4-online", "--n 20 --k 77 --group -1 --dtype f32 --scale-dtype f16 "
                                       "--seed 22");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online(&w, s, 20, 77, -1, 1, 48, REFIT_F16,
                                   "group_size: -1\nlayout: u8", NULL), REFIT_OK);
     memset(tw_rt(&w, MOD, "weight")->buf, 0xab, 20 * 48);
@@ -474,21 +470,16 @@ static void online_f16_group64(void **state)
     st_set *s = f4_ref("int4-online", "--n 9 --k 136 --group 64 --dtype f16 --scale-dtype f32 "
                                       "--seed 23");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online(&w, s, 9, 136, 64, 0, 0, REFIT_F32, "group_size: 64", NULL),
                      REFIT_OK);
     f4_update(&w, s, "v1");
     check_online(&w, s, 9, 17, 3, 0, 0, 0, 0);
     /* the same weights again leave the same bytes (post-load reads staged
      * bytes only) */
-    size_t n1, n2;
-    void *a = tw_snapshot(&w, &n1);
+    q_kept kept = q_keep(&w);
     f4_update(&w, s, "v1 again");
-    void *b = tw_snapshot(&w, &n2);
-    assert_int_equal(n1, n2);
-    assert_memory_equal(a, b, n1);
-    free(a);
-    free(b);
+    q_assert_kept(&w, &kept);
     tw_close(&w);
     st_close(s);
 }
@@ -502,7 +493,7 @@ static void online_tp_k_shards(void **state)
     for (int rank = 0; rank < 2; rank++) {
         layout_cfg c = {2, rank, 1};
         tw w;
-        setup_world(&w);
+        q_world(&w, PLUGIN);
         assert_int_equal(build_online(&w, s, 16, 128, 32, 0, 0, REFIT_BF16, "group_size: 32", &c),
                          REFIT_OK);
         f4_update(&w, s, "v1");
@@ -511,12 +502,12 @@ static void online_tp_k_shards(void **state)
     }
     layout_cfg c = {2, 1, 1};
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online(&w, s, 16, 128, 96, 0, 0, REFIT_BF16, "group_size: 96", &c),
                      REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "W.weight", "cuts a group");
     tw_close(&w);
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online(&w, s, 16, 128, -1, 0, 0, REFIT_BF16, "group_size: -1", &c),
                      REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "one scale per row needs the whole row");
@@ -531,12 +522,11 @@ static void online_nan_rolls_back(void **state)
     (void)state;
     st_set *s = f4_ref("int4-online", "--n 8 --k 64 --group 32 --dtype f32 --seed 25");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online(&w, s, 8, 64, 32, 0, 0, REFIT_F32, "group_size: 32", NULL),
                      REFIT_OK);
     f4_update(&w, s, "v1");
-    size_t n1, n2;
-    void *before = tw_snapshot(&w, &n1);
+    q_kept kept = q_keep(&w);
     const st_tensor *x = f4_get(s, "W.weight");
     float *bad = malloc(8 * 64 * sizeof(float));
     assert_non_null(bad);
@@ -548,12 +538,8 @@ static void online_nan_rolls_back(void **state)
     assert_int_equal(refit_load(t, "W.weight", &d, NULL), REFIT_ECORRUPT);
     tw_assert_msg(&w, MOD, "W.weight", "NaN");
     assert_int_equal(refit_finalize(t), REFIT_ECORRUPT);
-    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_READY);
-    void *after = tw_snapshot(&w, &n2);
-    assert_memory_equal(before, after, n1);
+    q_assert_kept(&w, &kept);
     free(bad);
-    free(before);
-    free(after);
     tw_close(&w);
     st_close(s);
 }
@@ -563,12 +549,12 @@ static void online_refusals(void **state)
     (void)state;
     st_set *s = f4_ref("int4-online", "--n 16 --k 64 --group 32 --seed 26");
     tw w;
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online(&w, s, 16, 64, 32, 0, 0, REFIT_BF16,
                                   "group_size: 32\nonline: false", NULL), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "param online is false");
     tw_close(&w);
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "int4", "group_size: 32");
     tw_runtime(&w, MOD, "weight", REFIT_I32, 2, TT_SHAPE(8, 16));
     tw_runtime(&w, MOD, "weight_scale", REFIT_BF16, 2, TT_SHAPE(2, 16));
@@ -577,7 +563,7 @@ static void online_refusals(void **state)
     assert_int_equal(refit_model_seal(w.m), REFIT_EFORMAT);
     tw_assert_msg(&w, MOD, "symmetric");
     tw_close(&w);
-    setup_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online(&w, s, 16, 64, 16, 0, 0, REFIT_BF16, "group_size: 32", NULL),
                      REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "runtime weight_scale must be F32/F16/BF16 [2, 16]");
@@ -592,19 +578,11 @@ static void online_via_plugin_file(void **state)
 {
     (void)state;
     st_set *s = f4_ref("int4-online", "--n 16 --k 72 --group 16 --seed 27");
+    online_args oa = {16, 72, 16, 1, 40, REFIT_BF16, "group_size: 16\nlayout: u8\nonline: true"};
+    q_module m = {PLUGIN, build_online_module, f4_update, NULL, 0, &oa};
     tw file, linked;
-    assert_int_equal(tw_open(&file, NULL), REFIT_OK);
-    setup_world(&linked);
-    int rc = build_online(&file, s, 16, 72, 16, 1, 40, REFIT_BF16,
-                          "group_size: 16\nlayout: u8\nonline: true", NULL);
-    if (rc)
-        fail_msg("seal through the plugin file: %s", refit_errmsg(file.ctx));
-    assert_int_equal(build_online(&linked, s, 16, 72, 16, 1, 40, REFIT_BF16,
-                                  "group_size: 16\nlayout: u8\nonline: true", NULL), REFIT_OK);
-    f4_update(&file, s, "v1");
-    f4_update(&linked, s, "v1");
+    q_assert_file_equals_linked(&file, &linked, &m, &m, s, "seal");
     check_online(&file, s, 16, 9, 5, 1, 40, 0, 0);
-    assert_int_equal(tw_fp(&file), tw_fp(&linked));
     tw_close(&file);
     tw_close(&linked);
     st_close(s);

@@ -9,6 +9,7 @@
 #include "kernels/quant_int4.h"
 #include "kernels/quant_nvfp4.h"
 #include "tests/formats4/f4util.h"
+#include "tests/quant/qutil.h"
 
 static void fp4_every_byte(void **state)
 {
@@ -49,7 +50,7 @@ static void swizzle_case(int64_t rows, int64_t blocks)
     assert_non_null(got);
     assert_non_null(back);
     memset(got, 0xa5, (size_t)(rp * cp));
-    refit_view src = f4_view(sc);
+    refit_view src = q_view(sc);
     kern_swizzle(got, &src);
     assert_memory_equal(got, want->data, want->nbytes);
     refit_view dst = src;

@@ -9,6 +9,7 @@
 
 #include "kernels/quant_nvfp4.h"
 #include "tests/formats4/f4util.h"
+#include "tests/quant/qutil.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -30,11 +31,7 @@ static void spec_fn(const char *name, refit_ckpt_spec *s, void *user)
     }
 }
 
-static void open_world(tw *w)
-{
-    assert_int_equal(tw_open(w, NULL), REFIT_OK);
-    assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v1), REFIT_OK);
-}
+#define PLUGIN (&refit_format_plugin_v1)
 
 /* Runtime weight [(E,) n, ceil(k/2)] and weight_scale [(E,) n, ceil(k/32)]. */
 static int build(tw *w, const st_set *s, int64_t e, int64_t n, int64_t k, refit_dtype sdt,
@@ -48,8 +45,19 @@ static int build(tw *w, const st_set *s, int64_t e, int64_t n, int64_t k, refit_
         tw_runtime(w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(n, (k + 1) / 2));
         tw_runtime(w, MOD, "weight_scale", sdt, 2, TT_SHAPE(n, (k + 31) / 32));
     }
-    int rc = s ? f4_expect_all(w, MOD, s, spec_fn, c) : REFIT_OK;
-    return rc || !s ? rc : refit_model_seal(w->m);
+    return s ? f4_expect_seal(w, MOD, s, spec_fn, c) : REFIT_OK;
+}
+
+/* An unsharded build as a q_module's build. */
+typedef struct module_args {
+    int64_t e, n, k;
+    refit_dtype sdt;
+} module_args;
+
+static int build_module(tw *w, const st_set *s, const q_module *m)
+{
+    const module_args *a = m->arg;
+    return build(w, s, a->e, a->n, a->k, a->sdt, NULL, NULL);
 }
 
 /* Expert ex of the runtime, dequantized, against numpy's block. */
@@ -80,7 +88,7 @@ static void serialized_2d(void **state)
     (void)state;
     st_set *s = f4_ref("mxfp4", "--n 16 --k 64 --seed 2");
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build(&w, s, 0, 16, 64, REFIT_U8, NULL, NULL), REFIT_OK);
     f4_update(&w, s, "v1");
     check_expert(&w, f4_get(s, "expect.dequant")->data, 0, 0, 16, 64, 0, 0, 16, 64);
@@ -95,7 +103,7 @@ static void gptoss_stacked_blocks(void **state)
     (void)state;
     st_set *s = f4_ref("mxfp4", "--n 16 --k 64 --experts 3 --blocks --seed 3");
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     refit_dtype e8m0 = {REFIT_DTYPE_FLOAT8_E8M0FNU, 8, 1};
     assert_int_equal(build(&w, s, 3, 16, 64, e8m0, NULL, NULL), REFIT_OK);
     refit_model_stats st;
@@ -114,7 +122,7 @@ static void per_expert_tensors(void **state)
     (void)state;
     st_set *s[3];
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     build(&w, NULL, 3, 8, 64, REFIT_U8, NULL, NULL);
     char name[64];
     for (int e = 0; e < 3; e++) {
@@ -155,7 +163,7 @@ static void online_case(const char *args, int64_t e, int64_t n, int64_t k)
 {
     st_set *s = f4_ref("mxfp4-online", args);
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build(&w, s, e, n, k, REFIT_U8, NULL, NULL), REFIT_OK);
     f4_update(&w, s, "v1");
     const st_tensor *q = f4_get(s, "expect.packed"), *sc = f4_get(s, "expect.scale");
@@ -184,25 +192,9 @@ static void reload_equals_cold(void **state)
     (void)state;
     st_set *a = f4_ref("mxfp4-online", "--n 8 --k 96 --seed 6");
     st_set *b = f4_ref("mxfp4-online", "--n 8 --k 96 --seed 7");
-    tw cold, hot;
-    open_world(&cold);
-    open_world(&hot);
-    assert_int_equal(build(&cold, b, 0, 8, 96, REFIT_U8, NULL, NULL), REFIT_OK);
-    assert_int_equal(build(&hot, a, 0, 8, 96, REFIT_U8, NULL, NULL), REFIT_OK);
-    f4_update(&cold, b, "B");
-    f4_update(&hot, a, "A");
-    f4_update(&hot, b, "B");
-    assert_int_equal(tw_fp(&hot), tw_fp(&cold));
-    size_t n1, n2;
-    void *s1 = tw_snapshot(&hot, &n1);
-    f4_update(&hot, b, "B again");
-    void *s2 = tw_snapshot(&hot, &n2);
-    assert_int_equal(n1, n2);
-    assert_memory_equal(s1, s2, n1);
-    free(s1);
-    free(s2);
-    tw_close(&cold);
-    tw_close(&hot);
+    module_args ma = {0, 8, 96, REFIT_U8};
+    q_module m = {PLUGIN, build_module, f4_update, NULL, 0, &ma};
+    q_assert_reload_equals_cold(&m, a, b, NULL);
     st_close(a);
     st_close(b);
 }
@@ -218,10 +210,10 @@ static void tp_shards(void **state)
         for (int rank = 0; rank < 2; rank++) {
             cfg c = {2, rank, k_shard ? 2 : 1};
             int64_t lo, hi;
-            f4_shard(k_shard ? 4 : 16, 2, rank, &lo, &hi);
+            q_shard(k_shard ? 4 : 16, 2, rank, &lo, &hi);
             int64_t n = k_shard ? 16 : hi - lo, k = k_shard ? (hi - lo) * 32 : 128;
             tw w;
-            open_world(&w);
+            q_world(&w, PLUGIN);
             assert_int_equal(build(&w, s, 2, n, k, REFIT_U8, NULL, &c), REFIT_OK);
             f4_update(&w, s, "v1");
             for (int e = 0; e < 2; e++)
@@ -238,11 +230,11 @@ static void tp_cut_refused(void **state)
     st_set *s = f4_ref("mxfp4", "--n 8 --k 96");
     cfg c = {2, 0, 1};
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build(&w, s, 0, 8, 48, REFIT_U8, "in_features: 96", &c), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "24 bytes of K against 2 blocks", "cuts a block");
     tw_close(&w);
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build(&w, s, 0, 8, 48, REFIT_U8, NULL, &c), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "declare param in_features");
     tw_close(&w);
@@ -256,11 +248,10 @@ static void online_nan_refused(void **state)
     (void)state;
     st_set *s = f4_ref("mxfp4-online", "--n 4 --k 64 --dtype f32 --seed 9");
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build(&w, s, 0, 4, 64, REFIT_U8, NULL, NULL), REFIT_OK);
     f4_update(&w, s, "v1");
-    size_t n1, n2;
-    void *before = tw_snapshot(&w, &n1);
+    q_kept kept = q_keep(&w);
     tt_tensor *bad = tw_tmp(&w, REFIT_F32, 2, TT_SHAPE(4, 64));
     memcpy(bad->buf, f4_get(s, "W.weight")->data, 4 * 64 * sizeof(float));
     ((float *)bad->buf)[70] = NAN;
@@ -268,10 +259,7 @@ static void online_nan_refused(void **state)
     assert_int_equal(refit_load(t, "W.weight", &bad->t, NULL), REFIT_ECORRUPT);
     tw_assert_msg(&w, MOD, "MXFP4 cannot hold it");
     assert_int_equal(refit_abort(t), REFIT_OK);
-    void *after = tw_snapshot(&w, &n2);
-    assert_memory_equal(before, after, n1);
-    free(before);
-    free(after);
+    q_assert_kept(&w, &kept);
     tw_close(&w);
     st_close(s);
 }
@@ -283,15 +271,10 @@ static void via_plugin_case(const char *cmd, const char *args, int64_t e, int64_
                             refit_dtype sdt)
 {
     st_set *s = f4_ref(cmd, args);
+    module_args ma = {e, n, k, sdt};
+    q_module m = {PLUGIN, build_module, f4_update, NULL, 0, &ma};
     tw file, linked;
-    assert_int_equal(tw_open(&file, NULL), REFIT_OK);
-    open_world(&linked);
-    if (build(&file, s, e, n, k, sdt, NULL, NULL))
-        fail_msg("seal through the plugin file: %s", refit_errmsg(file.ctx));
-    assert_int_equal(build(&linked, s, e, n, k, sdt, NULL, NULL), REFIT_OK);
-    f4_update(&file, s, "v1");
-    f4_update(&linked, s, "v1");
-    assert_int_equal(tw_fp(&file), tw_fp(&linked));
+    q_assert_file_equals_linked(&file, &linked, &m, &m, s, "seal");
     tw_close(&file);
     tw_close(&linked);
     st_close(s);

@@ -14,6 +14,7 @@
 #include "kernels/quant_fp8.h"
 #include "kernels/quant_nvfp4.h"
 #include "tests/formats4/f4util.h"
+#include "tests/quant/qutil.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -38,11 +39,7 @@ static void spec_fn(const char *name, refit_ckpt_spec *s, void *user)
     }
 }
 
-static void open_world(tw *w)
-{
-    assert_int_equal(tw_open(w, NULL), REFIT_OK);
-    assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v1), REFIT_OK);
-}
+#define PLUGIN (&refit_format_plugin_v1)
 
 /* Runtime tensors for this rank's [n, k] slice; then expect and seal. */
 static int build(tw *w, const st_set *s, int64_t n, int64_t k, int inv, const char *params,
@@ -56,8 +53,22 @@ static int build(tw *w, const st_set *s, int64_t n, int64_t k, int inv, const ch
     tw_runtime(w, MOD, "alpha", REFIT_F32, 1, TT_SHAPE(1));
     if (inv)
         tw_runtime(w, MOD, "input_scale_inv", REFIT_F32, 1, TT_SHAPE(1));
-    int rc = f4_expect_all(w, MOD, s, spec_fn, c);
-    return rc ? rc : refit_model_seal(w->m);
+    return f4_expect_seal(w, MOD, s, spec_fn, c);
+}
+
+/* The runtime's [n, k] weight with its scales unswizzled into a row-major
+ * [n, ceil(k / 16)] E4M3 block grid (freed with the world), as the
+ * reference dequantization reads them; mul and div 1. */
+static kern_fp4_src runtime_src(tw *w, int64_t n, int64_t k)
+{
+    int64_t blocks = (k + 15) / 16;
+    tt_tensor *sc = tw_tmp(w, REFIT_U8, 2, TT_SHAPE(n, blocks));
+    kern_unswizzle(&(refit_view){.data = sc->buf, .dtype = REFIT_U8, .ndim = 2,
+                                 .shape = {n, blocks}, .strides = {blocks, 1}},
+                   tw_rt(w, MOD, "weight_scale")->buf);
+    return (kern_fp4_src){.packed = tt_view(tw_rt(w, MOD, "weight")), .scale = tt_view(sc),
+                          .n = n, .k = k, .block = 16, .scale_kind = KERN_FP4_SCALE_E4M3,
+                          .mul = 1.0f, .div = 1.0f};
 }
 
 /* Dequantize the runtime (unswizzling its scales) and compare with rows
@@ -65,14 +76,7 @@ static int build(tw *w, const st_set *s, int64_t n, int64_t k, int inv, const ch
 static void check_dequant(tw *w, const st_set *s, int64_t n, int64_t k, int64_t r0,
                           int64_t c0, int64_t full_k)
 {
-    int64_t blocks = (k + 15) / 16;
-    tt_tensor *sc = tw_tmp(w, REFIT_U8, 2, TT_SHAPE(n, blocks));
-    kern_unswizzle(&(refit_view){.data = sc->buf, .dtype = REFIT_U8, .ndim = 2,
-                                 .shape = {n, blocks}, .strides = {blocks, 1}},
-                   tw_rt(w, MOD, "weight_scale")->buf);
-    kern_fp4_src src = {.packed = tt_view(tw_rt(w, MOD, "weight")), .scale = tt_view(sc),
-                        .n = n, .k = k, .block = 16, .scale_kind = KERN_FP4_SCALE_E4M3,
-                        .mul = 1.0f, .div = 1.0f};
+    kern_fp4_src src = runtime_src(w, n, k);
     const st_tensor *g2 = st_find(s, "W.weight_scale_2");
     if (g2)
         memcpy(&src.mul, g2->data, 4);
@@ -94,7 +98,7 @@ static void convention(const char *args, int inv)
 {
     st_set *s = f4_ref("nvfp4", args);
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build(&w, s, 130, 48, inv, NULL, NULL), REFIT_OK);
     f4_update(&w, s, "v1");
     const st_tensor *ck = st_find(s, "W.weight") ? f4_get(s, "W.weight")
@@ -136,6 +140,26 @@ static void compressed_tensors_weight_only(void **state)
     convention("--n 130 --k 48 --convention ct --no-input --seed 5", 0);
 }
 
+/* build (a checkpoint module, inv: with input_scale_inv) or
+ * build_online_inv of an unsharded [n, k] as a q_module's build. */
+typedef struct module_args {
+    int online;
+    int64_t n, k;
+    int inv;
+    const char *params;
+} module_args;
+
+static int build_online_inv(tw *w, const st_set *s, int64_t n, int64_t k, const char *params,
+                            int inv);
+
+static int build_module(tw *w, const st_set *s, const q_module *m)
+{
+    const module_args *a = m->arg;
+    if (a->online)
+        return build_online_inv(w, s, a->n, a->k, a->params, a->inv);
+    return build(w, s, a->n, a->k, a->inv, a->params, NULL);
+}
+
 /* B over A equals a cold start on B; B twice leaves the same bytes (alpha
  * is rebuilt from the checkpoint, never multiplied into itself). */
 static void reload_equals_cold(void **state)
@@ -143,25 +167,9 @@ static void reload_equals_cold(void **state)
     (void)state;
     st_set *a = f4_ref("nvfp4", "--n 40 --k 64 --convention modelopt --seed 6");
     st_set *b = f4_ref("nvfp4", "--n 40 --k 64 --convention modelopt --seed 7");
-    tw cold, hot;
-    open_world(&cold);
-    open_world(&hot);
-    assert_int_equal(build(&cold, b, 40, 64, 1, NULL, NULL), REFIT_OK);
-    assert_int_equal(build(&hot, a, 40, 64, 1, NULL, NULL), REFIT_OK);
-    f4_update(&cold, b, "B");
-    f4_update(&hot, a, "A");
-    f4_update(&hot, b, "B");
-    assert_int_equal(tw_fp(&hot), tw_fp(&cold));
-    size_t n1, n2;
-    void *s1 = tw_snapshot(&hot, &n1);
-    f4_update(&hot, b, "B again");
-    void *s2 = tw_snapshot(&hot, &n2);
-    assert_int_equal(n1, n2);
-    assert_memory_equal(s1, s2, n1);
-    free(s1);
-    free(s2);
-    tw_close(&cold);
-    tw_close(&hot);
+    module_args ma = {0, 40, 64, 1, NULL};
+    q_module m = {PLUGIN, build_module, f4_update, NULL, 0, &ma};
+    q_assert_reload_equals_cold(&m, a, b, NULL);
     st_close(a);
     st_close(b);
 }
@@ -174,10 +182,10 @@ static void tp_shards(void **state)
         for (int rank = 0; rank < 2; rank++) {
             cfg c = {2, rank, k_shard, NULL};
             int64_t lo, hi;
-            f4_shard(k_shard ? 64 : 256, 2, rank, &lo, &hi);
+            q_shard(k_shard ? 64 : 256, 2, rank, &lo, &hi);
             int64_t n = k_shard ? 256 : hi - lo, k = k_shard ? (hi - lo) * 2 : 128;
             tw w;
-            open_world(&w);
+            q_world(&w, PLUGIN);
             assert_int_equal(build(&w, s, n, k, 1, NULL, &c), REFIT_OK);
             f4_update(&w, s, "v1");
             check_dequant(&w, s, n, k, k_shard ? 0 : lo, k_shard ? lo * 2 : 0, 128);
@@ -193,11 +201,11 @@ static void ragged_k(void **state)
     (void)state;
     st_set *s = f4_ref("nvfp4", "--n 8 --k 40 --convention modelopt --seed 9");
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build(&w, s, 8, 40, 1, NULL, NULL), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "declare param in_features");
     tw_close(&w);
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build(&w, s, 8, 40, 1, "in_features: 40", NULL), REFIT_OK);
     f4_update(&w, s, "v1");
     check_dequant(&w, s, 8, 40, 0, 0, 40);
@@ -211,7 +219,7 @@ static void tp_cut_refused(void **state)
     st_set *s = f4_ref("nvfp4", "--n 8 --k 96 --convention modelopt");
     cfg c = {4, 0, 1, NULL};
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build(&w, s, 8, 24, 1, "in_features: 96", &c), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "12 bytes of K against 2 blocks", "cuts a block");
     tw_close(&w);
@@ -223,7 +231,7 @@ static void plan_refusals(void **state)
     (void)state;
     st_set *s = f4_ref("nvfp4", "--n 8 --k 32 --convention ct");
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "nvfp4", NULL);
     tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 16));
     tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(8, 2));
@@ -233,7 +241,7 @@ static void plan_refusals(void **state)
     tw_assert_msg(&w, MOD, "swizzled", "[128, 4]");
     tw_close(&w);
 
-    open_world(&w);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "nvfp4", NULL);
     tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 16));
     tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(128, 4));
@@ -243,7 +251,7 @@ static void plan_refusals(void **state)
     tw_assert_msg(&w, MOD, "runtime tensor named alpha");
     tw_close(&w);
 
-    open_world(&w);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "nvfp4", NULL);
     tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 16));
     tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(128, 4));
@@ -273,8 +281,7 @@ static int build_online_inv(tw *w, const st_set *s, int64_t n, int64_t k, const 
     tw_runtime(w, MOD, "alpha", REFIT_F32, 1, TT_SHAPE(1));
     if (inv)
         tw_runtime(w, MOD, "input_scale_inv", REFIT_F32, 1, TT_SHAPE(1));
-    int rc = f4_expect_all(w, MOD, s, spec_fn, NULL);
-    return rc ? rc : refit_model_seal(w->m);
+    return f4_expect_seal(w, MOD, s, spec_fn, NULL);
 }
 
 static int build_online(tw *w, const st_set *s, int64_t n, int64_t k, const char *params)
@@ -290,24 +297,19 @@ static int build_online(tw *w, const st_set *s, int64_t n, int64_t k, const char
 static void check_online_dequant(tw *w, const st_set *s, int64_t n, int64_t k)
 {
     int64_t blocks = (k + 15) / 16;
-    tt_tensor *sc = tw_tmp(w, REFIT_U8, 2, TT_SHAPE(n, blocks));
-    kern_unswizzle(&(refit_view){.data = sc->buf, .dtype = REFIT_U8, .ndim = 2,
-                                 .shape = {n, blocks}, .strides = {blocks, 1}},
-                   tw_rt(w, MOD, "weight_scale")->buf);
-    assert_memory_equal(sc->buf, f4_get(s, "expect.scale")->data, (size_t)(n * blocks));
-    kern_fp4_src src = {.packed = tt_view(tw_rt(w, MOD, "weight")), .scale = tt_view(sc),
-                        .n = n, .k = k, .block = 16, .scale_kind = KERN_FP4_SCALE_E4M3,
-                        .mul = 1.0f, .div = 1.0f};
+    kern_fp4_src src = runtime_src(w, n, k);
+    const uint8_t *codes = src.scale.data;
+    assert_memory_equal(codes, f4_get(s, "expect.scale")->data, (size_t)(n * blocks));
     memcpy(&src.mul, tw_rt(w, MOD, "alpha")->buf, 4);
     float *got = malloc(sizeof(float) * (size_t)(n * k + 1));
     assert_non_null(got);
     assert_int_equal(kern_fp4_dequant(&src, got), REFIT_OK);
     const float *div = f4_get(s, "expect.div")->data;
-    refit_view xv = f4_view(f4_get(s, "W.weight"));
+    refit_view xv = q_view(f4_get(s, "W.weight"));
     int64_t checked = 0;
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < k; j++) {
-            uint8_t code = ((uint8_t *)sc->buf)[i * blocks + j / 16];
+            uint8_t code = codes[i * blocks + j / 16];
             float d = div[i * blocks + j / 16];
             float e = fabsf(got[i * k + j] - kern_view_f32(&xv, i, j));
             if (code < 8)
@@ -325,7 +327,7 @@ static void online_case(const char *args, int64_t n, int64_t k, const char *para
 {
     st_set *s = f4_ref("nvfp4-online", args);
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     if (build_online(&w, s, n, k, params))
         fail_msg("seal: %s", refit_errmsg(w.ctx));
     f4_update(&w, s, "v1");
@@ -363,25 +365,9 @@ static void online_reload_equals_cold(void **state)
     (void)state;
     st_set *a = f4_ref("nvfp4-online", "--n 40 --k 72 --seed 25");
     st_set *b = f4_ref("nvfp4-online", "--n 40 --k 72 --seed 26");
-    tw cold, hot;
-    open_world(&cold);
-    open_world(&hot);
-    assert_int_equal(build_online(&cold, b, 40, 72, NULL), REFIT_OK);
-    assert_int_equal(build_online(&hot, a, 40, 72, NULL), REFIT_OK);
-    f4_update(&cold, b, "B");
-    f4_update(&hot, a, "A");
-    f4_update(&hot, b, "B");
-    assert_int_equal(tw_fp(&hot), tw_fp(&cold));
-    size_t n1, n2;
-    void *s1 = tw_snapshot(&hot, &n1);
-    f4_update(&hot, b, "B again");
-    void *s2 = tw_snapshot(&hot, &n2);
-    assert_int_equal(n1, n2);
-    assert_memory_equal(s1, s2, n1);
-    free(s1);
-    free(s2);
-    tw_close(&cold);
-    tw_close(&hot);
+    module_args ma = {1, 40, 72, 0, NULL};
+    q_module m = {PLUGIN, build_module, f4_update, NULL, 0, &ma};
+    q_assert_reload_equals_cold(&m, a, b, NULL);
     st_close(a);
     st_close(b);
 }
@@ -394,11 +380,10 @@ static void online_nonfinite_refused(void **state)
     st_set *s = f4_ref("nvfp4-online", "--n 4 --k 64 --dtype f32 --seed 27");
     for (int inf = 0; inf < 2; inf++) {
         tw w;
-        open_world(&w);
+        q_world(&w, PLUGIN);
         assert_int_equal(build_online(&w, s, 4, 64, NULL), REFIT_OK);
         f4_update(&w, s, "v1");
-        size_t n1, n2;
-        void *before = tw_snapshot(&w, &n1);
+        q_kept kept = q_keep(&w);
         tt_tensor *bad = tw_tmp(&w, REFIT_F32, 2, TT_SHAPE(4, 64));
         memcpy(bad->buf, f4_get(s, "W.weight")->data, 4 * 64 * sizeof(float));
         ((float *)bad->buf)[70] = inf ? -INFINITY : NAN;
@@ -406,12 +391,7 @@ static void online_nonfinite_refused(void **state)
         assert_int_equal(refit_load(t, "W.weight", &bad->t, NULL), REFIT_ECORRUPT);
         tw_assert_msg(&w, MOD, "W.weight", "NaN or infinity");
         assert_int_equal(refit_abort(t), REFIT_OK);
-        assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_READY);
-        void *after = tw_snapshot(&w, &n2);
-        assert_int_equal(n1, n2);
-        assert_memory_equal(before, after, n1);
-        free(before);
-        free(after);
+        q_assert_kept(&w, &kept);
         tw_close(&w);
     }
     st_close(s);
@@ -422,24 +402,24 @@ static void online_refusals(void **state)
     (void)state;
     st_set *s = f4_ref("nvfp4-online", "--n 8 --k 32 --dtype f32 --seed 28");
     tw w;
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online(&w, s, 8, 32, "online: false"), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "param online is false", "f32");
     tw_close(&w);
 
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online(&w, s, 8, 32, "online: maybe"), REFIT_EINVAL);
     tw_assert_msg(&w, MOD, "must be true or false");
     tw_close(&w);
 
     /* an input_scale_inv has no source */
-    open_world(&w);
+    q_world(&w, PLUGIN);
     assert_int_equal(build_online_inv(&w, s, 8, 32, NULL, 1), REFIT_EFORMAT);
     tw_assert_msg(&w, MOD, "input_scale_inv has no source");
     tw_close(&w);
 
     /* scales from the checkpoint next to a float weight */
-    open_world(&w);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "nvfp4", NULL);
     tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 16));
     tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(128, 4));
@@ -453,7 +433,7 @@ static void online_refusals(void **state)
     tw_close(&w);
 
     /* a runtime weight of the wrong width */
-    open_world(&w);
+    q_world(&w, PLUGIN);
     tw_module(&w, MOD, "nvfp4", NULL);
     tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 32));
     tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(128, 4));
@@ -471,28 +451,20 @@ static void via_plugin_file(void **state)
 {
     (void)state;
     st_set *s = f4_ref("nvfp4", "--n 40 --k 64 --convention ct --seed 12");
+    module_args ma = {0, 40, 64, 1, NULL};
+    q_module m = {PLUGIN, build_module, f4_update, NULL, 0, &ma};
     tw file, linked;
-    assert_int_equal(tw_open(&file, NULL), REFIT_OK);
-    open_world(&linked);
-    if (build(&file, s, 40, 64, 1, NULL, NULL))
-        fail_msg("seal through the plugin file: %s", refit_errmsg(file.ctx));
-    assert_int_equal(build(&linked, s, 40, 64, 1, NULL, NULL), REFIT_OK);
-    f4_update(&file, s, "v1");
-    f4_update(&linked, s, "v1");
-    assert_int_equal(tw_fp(&file), tw_fp(&linked));
+    q_assert_file_equals_linked(&file, &linked, &m, &m, s, "seal");
     tw_close(&file);
     tw_close(&linked);
     st_close(s);
     /* online through the file: its declaration takes f32/f16/bf16 weights */
     s = f4_ref("nvfp4-online", "--n 40 --k 48 --dtype bf16 --seed 29");
-    assert_int_equal(tw_open(&file, NULL), REFIT_OK);
-    open_world(&linked);
-    if (build_online(&file, s, 40, 48, "online: true"))
-        fail_msg("online seal through the plugin file: %s", refit_errmsg(file.ctx));
-    assert_int_equal(build_online(&linked, s, 40, 48, NULL), REFIT_OK);
-    f4_update(&file, s, "v1");
-    f4_update(&linked, s, "v1");
-    assert_int_equal(tw_fp(&file), tw_fp(&linked));
+    /* the file's module says online, the linked one finds it out */
+    module_args said = {1, 40, 48, 0, "online: true"}, found = {1, 40, 48, 0, NULL};
+    q_module file_m = {PLUGIN, build_module, f4_update, NULL, 0, &said};
+    q_module linked_m = {PLUGIN, build_module, f4_update, NULL, 0, &found};
+    q_assert_file_equals_linked(&file, &linked, &file_m, &linked_m, s, "online seal");
     tw_close(&file);
     tw_close(&linked);
     st_close(s);

@@ -238,16 +238,16 @@ void q_assert_reload_equals_cold(const q_module *m, const st_set *a, const st_se
     tw_close(&hot);
 }
 
-void q_assert_file_equals_linked(tw *file, tw *linked, const q_module *m, const st_set *s,
-                                 const char *what)
+void q_assert_file_equals_linked(tw *file, tw *linked, const q_module *file_m,
+                                 const q_module *linked_m, const st_set *s, const char *what)
 {
     q_world(file, NULL);
-    q_world(linked, m->plugin);
-    if (m->build(file, s, m))
+    q_world(linked, linked_m->plugin);
+    if (file_m->build(file, s, file_m))
         fail_msg("%s through the plugin file: %s", what, refit_errmsg(file->ctx));
-    assert_int_equal(m->build(linked, s, m), REFIT_OK);
-    module_update(m, file, s, "v1");
-    module_update(m, linked, s, "v1");
+    assert_int_equal(linked_m->build(linked, s, linked_m), REFIT_OK);
+    module_update(file_m, file, s, "v1");
+    module_update(linked_m, linked, s, "v1");
     assert_int_equal(tw_fp(file), tw_fp(linked));
 }
 

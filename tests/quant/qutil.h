@@ -117,12 +117,13 @@ void q_assert_reload_equals_cold(const q_module *m, const st_set *a, const st_se
                                  uint64_t fp[2]);
 
 /* The built plugin file and its declaration make the plans the linked-in
- * plugin makes: m built in file (format from the loader; a refused seal
- * fails with "<what> through the plugin file: <message>") and in linked
- * (m->plugin registered), s loaded into both, equal fingerprints. Both
- * worlds are left open for further checks; the caller closes them. */
-void q_assert_file_equals_linked(tw *file, tw *linked, const q_module *m, const st_set *s,
-                                 const char *what);
+ * plugin makes: file_m built in file (format from the loader; a refused
+ * seal fails with "<what> through the plugin file: <message>"), linked_m
+ * (usually file_m again) in linked (its plugin registered), s loaded into
+ * both, equal fingerprints. Both worlds are left open for further checks;
+ * the caller closes them. */
+void q_assert_file_equals_linked(tw *file, tw *linked, const q_module *file_m,
+                                 const q_module *linked_m, const st_set *s, const char *what);
 
 /* What a refused update must leave as it was: every runtime byte and
  * the worker's health. */
