@@ -1,6 +1,7 @@
-/* Helpers shared by the 4-bit format tests: reference data from ref4.py
- * (numpy/ml_dtypes, through the venv), read back with the project's
- * safetensors reader, and delivered to a test world (tests/core/testutil.h). */
+/* Helpers shared by the 4-bit format tests and the convert suite:
+ * reference data from ref4.py (numpy/ml_dtypes, through the venv), read
+ * back with the project's safetensors reader, and compared. Delivering a
+ * set to a test world is f4set.h's job. */
 #ifndef REFIT_TESTS_FORMATS4_F4UTIL_H
 #define REFIT_TESTS_FORMATS4_F4UTIL_H
 
@@ -16,22 +17,6 @@
 st_set *f4_ref(const char *cmd, const char *args);
 /* A tensor of the set; fails the test when absent. */
 const st_tensor *f4_get(const st_set *s, const char *name);
-/* A borrowed descriptor of a set's tensor (valid while the set is open). */
-refit_tensor f4_desc(const st_tensor *t);
-/* Its refit dtype. */
-refit_dtype f4_dtype(const st_tensor *t);
-
-/* Expect every checkpoint tensor of the set (names not starting with
- * "expect.") in module; fn (may be NULL) adjusts each spec, e.g. to shard
- * it or name its target. Returns the first failing status. */
-typedef void (*f4_spec_fn)(const char *name, refit_ckpt_spec *spec, void *user);
-int f4_expect_all(tw *w, const char *module, const st_set *s, f4_spec_fn fn, void *user);
-/* f4_expect_all, then seal; the first failing status. */
-int f4_expect_seal(tw *w, const char *module, const st_set *s, f4_spec_fn fn, void *user);
-/* Deliver every checkpoint tensor of the set (refit_load); asserts OK. */
-void f4_load_all(tw *w, refit_txn *t, const st_set *s);
-/* begin, f4_load_all, finalize; asserts READY. */
-void f4_update(tw *w, const st_set *s, const char *label);
 
 /* Suffix after the last '.'. */
 const char *f4_suffix(const char *name);

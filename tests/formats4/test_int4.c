@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernels/quant_int4.h"
+#include "tests/formats4/f4set.h"
 #include "tests/formats4/f4util.h"
 #include "tests/quant/qutil.h"
 
@@ -310,7 +311,7 @@ static void shape_checked_at_finalize(void **state)
         const st_tensor *x = st_tensor_at(s, i);
         if (!strncmp(x->name, "expect.", 7))
             continue;
-        refit_tensor d = f4_desc(x);
+        refit_tensor d = q_desc(x);
         int shp = !strcmp(f4_suffix(x->name), "weight_shape");
         int rc = refit_load(t, x->name, shp ? &shape : &d, NULL);
         if (rc) { /* the post-load of the completed module checks it */
@@ -532,7 +533,7 @@ static void online_nan_rolls_back(void **state)
     assert_non_null(bad);
     memcpy(bad, x->data, 8 * 64 * sizeof(float));
     bad[5 * 64 + 40] = NAN;
-    refit_tensor d = f4_desc(x);
+    refit_tensor d = q_desc(x);
     d.data = bad;
     refit_txn *t = tw_begin(&w, "bad", 1);
     assert_int_equal(refit_load(t, "W.weight", &d, NULL), REFIT_ECORRUPT);

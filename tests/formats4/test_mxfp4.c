@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kernels/quant_nvfp4.h"
+#include "tests/formats4/f4set.h"
 #include "tests/formats4/f4util.h"
 #include "tests/quant/qutil.h"
 
@@ -132,7 +133,7 @@ static void per_expert_tensors(void **state)
         const char *parts[2] = {"W.weight_packed", "W.weight_scale"};
         for (int p = 0; p < 2; p++) {
             const st_tensor *t = f4_get(s[e], parts[p]);
-            refit_ckpt_spec sp = tt_spec(f4_dtype(t), t->ndim, t->shape);
+            refit_ckpt_spec sp = tt_spec(st_dtype_to_refit(t->dtype), t->ndim, t->shape);
             sp.expert = e;
             sp.target = p ? "weight_scale" : "weight";
             snprintf(name, sizeof name, "experts.%d.%s", e, p ? "weight_scale" : "weight_packed");
@@ -143,7 +144,7 @@ static void per_expert_tensors(void **state)
     refit_txn *t = tw_begin(&w, "v1", 1);
     for (int e = 0; e < 3; e++)
         for (int p = 0; p < 2; p++) {
-            refit_tensor d = f4_desc(f4_get(s[e], p ? "W.weight_scale" : "W.weight_packed"));
+            refit_tensor d = q_desc(f4_get(s[e], p ? "W.weight_scale" : "W.weight_packed"));
             snprintf(name, sizeof name, "experts.%d.%s", e, p ? "weight_scale" : "weight_packed");
             assert_int_equal(refit_load(t, name, &d, NULL), REFIT_OK);
         }

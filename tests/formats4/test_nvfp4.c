@@ -13,6 +13,7 @@
 
 #include "kernels/quant_fp8.h"
 #include "kernels/quant_nvfp4.h"
+#include "tests/formats4/f4set.h"
 #include "tests/formats4/f4util.h"
 #include "tests/quant/qutil.h"
 
@@ -226,37 +227,38 @@ static void tp_cut_refused(void **state)
     st_close(s);
 }
 
+/* A fresh world with an 8-row module whose runtime the refusal cases set
+ * by hand: weight U8 [8, wcols], weight_scale U8 [srows, scols], alpha
+ * unless no_alpha; every checkpoint tensor of s expected (c: spec_fn's). */
+static void refusal_module(tw *w, const st_set *s, int64_t wcols, int64_t srows, int64_t scols,
+                           int no_alpha, cfg *c)
+{
+    q_world(w, PLUGIN);
+    tw_module(w, MOD, "nvfp4", NULL);
+    tw_runtime(w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, wcols));
+    tw_runtime(w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(srows, scols));
+    if (!no_alpha)
+        tw_runtime(w, MOD, "alpha", REFIT_F32, 1, TT_SHAPE(1));
+    assert_int_equal(f4_expect_all(w, MOD, s, spec_fn, c), REFIT_OK);
+}
+
 static void plan_refusals(void **state)
 {
     (void)state;
     st_set *s = f4_ref("nvfp4", "--n 8 --k 32 --convention ct");
     tw w;
-    q_world(&w, PLUGIN);
-    tw_module(&w, MOD, "nvfp4", NULL);
-    tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 16));
-    tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(8, 2));
-    tw_runtime(&w, MOD, "alpha", REFIT_F32, 1, TT_SHAPE(1));
-    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, NULL), REFIT_OK);
+    refusal_module(&w, s, 16, 8, 2, 0, NULL);
     assert_int_equal(refit_model_seal(w.m), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "swizzled", "[128, 4]");
     tw_close(&w);
 
-    q_world(&w, PLUGIN);
-    tw_module(&w, MOD, "nvfp4", NULL);
-    tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 16));
-    tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(128, 4));
     cfg no_alpha = {1, 0, 0, "weight_scale"};
-    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, &no_alpha), REFIT_OK);
+    refusal_module(&w, s, 16, 128, 4, 1, &no_alpha);
     assert_int_equal(refit_model_seal(w.m), REFIT_EFORMAT);
     tw_assert_msg(&w, MOD, "runtime tensor named alpha");
     tw_close(&w);
 
-    q_world(&w, PLUGIN);
-    tw_module(&w, MOD, "nvfp4", NULL);
-    tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 16));
-    tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(128, 4));
-    tw_runtime(&w, MOD, "alpha", REFIT_F32, 1, TT_SHAPE(1));
-    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, NULL), REFIT_OK);
+    refusal_module(&w, s, 16, 128, 4, 0, NULL);
     refit_ckpt_spec sp = tt_spec(REFIT_F32, 0, NULL);
     sp.target = "alpha";
     assert_int_equal(tw_expect(&w, MOD, "W.weight_scale_2", &sp), REFIT_OK);
@@ -419,12 +421,7 @@ static void online_refusals(void **state)
     tw_close(&w);
 
     /* scales from the checkpoint next to a float weight */
-    q_world(&w, PLUGIN);
-    tw_module(&w, MOD, "nvfp4", NULL);
-    tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 16));
-    tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(128, 4));
-    tw_runtime(&w, MOD, "alpha", REFIT_F32, 1, TT_SHAPE(1));
-    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, NULL), REFIT_OK);
+    refusal_module(&w, s, 16, 128, 4, 0, NULL);
     refit_ckpt_spec sp = tt_spec(REFIT_F32, 1, TT_SHAPE(1));
     sp.target = "alpha";
     assert_int_equal(tw_expect(&w, MOD, "W.weight_global_scale", &sp), REFIT_OK);
@@ -433,12 +430,7 @@ static void online_refusals(void **state)
     tw_close(&w);
 
     /* a runtime weight of the wrong width */
-    q_world(&w, PLUGIN);
-    tw_module(&w, MOD, "nvfp4", NULL);
-    tw_runtime(&w, MOD, "weight", REFIT_U8, 2, TT_SHAPE(8, 32));
-    tw_runtime(&w, MOD, "weight_scale", REFIT_U8, 2, TT_SHAPE(128, 4));
-    tw_runtime(&w, MOD, "alpha", REFIT_F32, 1, TT_SHAPE(1));
-    assert_int_equal(f4_expect_all(&w, MOD, s, spec_fn, NULL), REFIT_OK);
+    refusal_module(&w, s, 32, 128, 4, 0, NULL);
     assert_int_equal(refit_model_seal(w.m), REFIT_EMISMATCH);
     tw_assert_msg(&w, MOD, "runtime weight must be U8 [8, 16]");
     tw_close(&w);

@@ -252,6 +252,20 @@ static void online_inf_refused(void **state)
 }
 
 /* Refusals at seal, each naming the module. */
+/* An [8, 64] module expecting e[0, n) of s is refused at seal (EFORMAT)
+ * with a message naming the module and holding msg. */
+static void assert_refused_8x64(const st_set *s, const q_ent *e, int n, const char *msg)
+{
+    tw w;
+    q_world(&w, PLUGIN);
+    tw_module(&w, MOD, "mxfp8", NULL);
+    online_runtime(&w, 8, 64);
+    assert_int_equal(q_expect(&w, MOD, s, e, n, NULL), REFIT_OK);
+    assert_int_equal(refit_model_seal(w.m), REFIT_EFORMAT);
+    tw_assert_msg(&w, MOD, msg);
+    tw_close(&w);
+}
+
 static void seal_refusals(void **state)
 {
     (void)state;
@@ -260,22 +274,10 @@ static void seal_refusals(void **state)
     /* online with a checkpoint scale */
     q_ent e[2] = {{"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1},
                   {"W.weight_scale_inv", "t.mxfp8.s", "weight_scale", 0, 0, -1, 0, 0, 0, -1}};
-    q_world(&w, PLUGIN);
-    tw_module(&w, MOD, "mxfp8", NULL);
-    online_runtime(&w, 8, 64);
-    assert_int_equal(q_expect(&w, MOD, s, e, 2, NULL), REFIT_OK);
-    assert_int_equal(refit_model_seal(w.m), REFIT_EFORMAT);
-    tw_assert_msg(&w, MOD, "computes its scales");
-    tw_close(&w);
+    assert_refused_8x64(s, e, 2, "computes its scales");
     /* a serialized weight without its scale */
     q_ent lone = {"W.weight", "t.mxfp8.q", "weight", 1, 0, -1, 0, 0, 0, -1};
-    q_world(&w, PLUGIN);
-    tw_module(&w, MOD, "mxfp8", NULL);
-    online_runtime(&w, 8, 64);
-    assert_int_equal(q_expect(&w, MOD, s, &lone, 1, NULL), REFIT_OK);
-    assert_int_equal(refit_model_seal(w.m), REFIT_EFORMAT);
-    tw_assert_msg(&w, MOD, "W.weight_scale_inv");
-    tw_close(&w);
+    assert_refused_8x64(s, &lone, 1, "W.weight_scale_inv");
     /* an online runtime scale of the wrong size */
     q_world(&w, PLUGIN);
     tw_module(&w, MOD, "mxfp8", NULL);
