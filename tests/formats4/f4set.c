@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "tests/formats4/f4set.h"
-#include "tests/quant/qutil.h"
+#include "tests/formats4/f4util.h"
 
 static int is_ckpt(const char *name)
 {
@@ -52,4 +52,12 @@ void f4_update(tw *w, const st_set *s, const char *label)
     if (rc)
         fail_msg("finalize %s: %s: %s", label, refit_status_name(rc), refit_errmsg(w->ctx));
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+}
+
+q_module f4_module(const refit_format_v1 *plugin,
+                   int (*build)(tw *w, const st_set *s, const q_module *m), const void *arg,
+                   const char *cmd)
+{
+    return (q_module){.plugin = plugin, .build = build, .update = f4_update, .arg = arg,
+                      .ref = f4_ref, .ref_cmd = cmd};
 }

@@ -8,6 +8,7 @@
 
 #include "core/safetensors.h"
 #include "tests/core/testutil.h"
+#include "tests/quant/qutil.h"
 
 /* Expect every checkpoint tensor of the set in module; fn (may be NULL)
  * adjusts each spec, e.g. to shard it or name its target. Returns the
@@ -20,5 +21,12 @@ int f4_expect_seal(tw *w, const char *module, const st_set *s, f4_spec_fn fn, vo
 void f4_load_all(tw *w, refit_txn *t, const st_set *s);
 /* begin, f4_load_all, finalize; asserts READY. */
 void f4_update(tw *w, const st_set *s, const char *label);
+
+/* A module of a formats4 suite for qutil's whole-world steps: delivered
+ * by f4_update, versions made by `ref4.py cmd` (NULL where the caller
+ * makes the set itself, as for q_assert_file_equals_linked). */
+q_module f4_module(const refit_format_v1 *plugin,
+                   int (*build)(tw *w, const st_set *s, const q_module *m), const void *arg,
+                   const char *cmd);
 
 #endif

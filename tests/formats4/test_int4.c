@@ -189,15 +189,12 @@ static void u8_ragged_needs_in_features(void **state)
 static void reload_equals_cold(void **state)
 {
     (void)state;
-    st_set *a = f4_ref("int4", "--n 16 --k 128 --group 64 --asym --seed 7");
-    st_set *b = f4_ref("int4", "--n 16 --k 128 --group 64 --asym --seed 8");
     gptq_args ga = {16, 128, 64, 1, "group_size: 64"};
-    q_module m = {PLUGIN, build_gptq_module, f4_update, NULL, 0, &ga};
+    q_module m = f4_module(PLUGIN, build_gptq_module, &ga, "int4");
     uint64_t fp[2];
-    q_assert_reload_equals_cold(&m, a, b, fp);
+    q_assert_reload_equals_cold(&m, "--n 16 --k 128 --group 64 --asym --seed 7",
+                                "--n 16 --k 128 --group 64 --asym --seed 8", fp);
     assert_true(fp[0] != fp[1]);
-    st_close(a);
-    st_close(b);
 }
 
 /* Column-parallel (N) and row-parallel (K) shards, each rank checked
@@ -335,7 +332,7 @@ static void via_plugin_file(void **state)
     (void)state;
     st_set *s = f4_ref("int4", "--n 16 --k 64 --group 32 --asym --seed 12");
     gptq_args ga = {16, 64, 32, 1, "group_size: 32"};
-    q_module m = {PLUGIN, build_gptq_module, f4_update, NULL, 0, &ga};
+    q_module m = f4_module(PLUGIN, build_gptq_module, &ga, NULL);
     tw file, linked;
     q_assert_file_equals_linked(&file, &linked, &m, &m, s, "seal");
     tw_close(&file);
@@ -580,7 +577,7 @@ static void online_via_plugin_file(void **state)
     (void)state;
     st_set *s = f4_ref("int4-online", "--n 16 --k 72 --group 16 --seed 27");
     online_args oa = {16, 72, 16, 1, 40, REFIT_BF16, "group_size: 16\nlayout: u8\nonline: true"};
-    q_module m = {PLUGIN, build_online_module, f4_update, NULL, 0, &oa};
+    q_module m = f4_module(PLUGIN, build_online_module, &oa, NULL);
     tw file, linked;
     q_assert_file_equals_linked(&file, &linked, &m, &m, s, "seal");
     check_online(&file, s, 16, 9, 5, 1, 40, 0, 0);

@@ -191,13 +191,9 @@ static void online_f32_stacked(void **state)
 static void reload_equals_cold(void **state)
 {
     (void)state;
-    st_set *a = f4_ref("mxfp4-online", "--n 8 --k 96 --seed 6");
-    st_set *b = f4_ref("mxfp4-online", "--n 8 --k 96 --seed 7");
     module_args ma = {0, 8, 96, REFIT_U8};
-    q_module m = {PLUGIN, build_module, f4_update, NULL, 0, &ma};
-    q_assert_reload_equals_cold(&m, a, b, NULL);
-    st_close(a);
-    st_close(b);
+    q_module m = f4_module(PLUGIN, build_module, &ma, "mxfp4-online");
+    q_assert_reload_equals_cold(&m, "--n 8 --k 96 --seed 6", "--n 8 --k 96 --seed 7", NULL);
 }
 
 /* Stacked gpt-oss blocks sharded along N (dim 1) and along K (the blocks
@@ -273,7 +269,7 @@ static void via_plugin_case(const char *cmd, const char *args, int64_t e, int64_
 {
     st_set *s = f4_ref(cmd, args);
     module_args ma = {e, n, k, sdt};
-    q_module m = {PLUGIN, build_module, f4_update, NULL, 0, &ma};
+    q_module m = f4_module(PLUGIN, build_module, &ma, NULL);
     tw file, linked;
     q_assert_file_equals_linked(&file, &linked, &m, &m, s, "seal");
     tw_close(&file);

@@ -166,13 +166,10 @@ static int build_module(tw *w, const st_set *s, const q_module *m)
 static void reload_equals_cold(void **state)
 {
     (void)state;
-    st_set *a = f4_ref("nvfp4", "--n 40 --k 64 --convention modelopt --seed 6");
-    st_set *b = f4_ref("nvfp4", "--n 40 --k 64 --convention modelopt --seed 7");
     module_args ma = {0, 40, 64, 1, NULL};
-    q_module m = {PLUGIN, build_module, f4_update, NULL, 0, &ma};
-    q_assert_reload_equals_cold(&m, a, b, NULL);
-    st_close(a);
-    st_close(b);
+    q_module m = f4_module(PLUGIN, build_module, &ma, "nvfp4");
+    q_assert_reload_equals_cold(&m, "--n 40 --k 64 --convention modelopt --seed 6",
+                                "--n 40 --k 64 --convention modelopt --seed 7", NULL);
 }
 
 static void tp_shards(void **state)
@@ -365,13 +362,9 @@ static void online_f32_tiles(void **state)
 static void online_reload_equals_cold(void **state)
 {
     (void)state;
-    st_set *a = f4_ref("nvfp4-online", "--n 40 --k 72 --seed 25");
-    st_set *b = f4_ref("nvfp4-online", "--n 40 --k 72 --seed 26");
     module_args ma = {1, 40, 72, 0, NULL};
-    q_module m = {PLUGIN, build_module, f4_update, NULL, 0, &ma};
-    q_assert_reload_equals_cold(&m, a, b, NULL);
-    st_close(a);
-    st_close(b);
+    q_module m = f4_module(PLUGIN, build_module, &ma, "nvfp4-online");
+    q_assert_reload_equals_cold(&m, "--n 40 --k 72 --seed 25", "--n 40 --k 72 --seed 26", NULL);
 }
 
 /* A NaN or an infinity: the load that completes the module fails naming
@@ -444,7 +437,7 @@ static void via_plugin_file(void **state)
     (void)state;
     st_set *s = f4_ref("nvfp4", "--n 40 --k 64 --convention ct --seed 12");
     module_args ma = {0, 40, 64, 1, NULL};
-    q_module m = {PLUGIN, build_module, f4_update, NULL, 0, &ma};
+    q_module m = f4_module(PLUGIN, build_module, &ma, NULL);
     tw file, linked;
     q_assert_file_equals_linked(&file, &linked, &m, &m, s, "seal");
     tw_close(&file);
@@ -454,8 +447,8 @@ static void via_plugin_file(void **state)
     s = f4_ref("nvfp4-online", "--n 40 --k 48 --dtype bf16 --seed 29");
     /* the file's module says online, the linked one finds it out */
     module_args said = {1, 40, 48, 0, "online: true"}, found = {1, 40, 48, 0, NULL};
-    q_module file_m = {PLUGIN, build_module, f4_update, NULL, 0, &said};
-    q_module linked_m = {PLUGIN, build_module, f4_update, NULL, 0, &found};
+    q_module file_m = f4_module(PLUGIN, build_module, &said, NULL);
+    q_module linked_m = f4_module(PLUGIN, build_module, &found, NULL);
     q_assert_file_equals_linked(&file, &linked, &file_m, &linked_m, s, "online seal");
     tw_close(&file);
     tw_close(&linked);

@@ -214,9 +214,18 @@ static void module_update(const q_module *m, tw *w, const st_set *s, const char 
         q_update(w, s, m->e, m->n, label);
 }
 
-void q_assert_reload_equals_cold(const q_module *m, const st_set *a, const st_set *b,
+q_module q_entries_module(const refit_format_v1 *plugin,
+                          int (*build)(tw *w, const st_set *s, const q_module *m), q_ent *e,
+                          int n, const void *arg)
+{
+    return (q_module){.plugin = plugin, .build = build, .e = e, .n = n, .arg = arg,
+                      .ref = q_ref, .ref_cmd = "quant_ref.py"};
+}
+
+void q_assert_reload_equals_cold(const q_module *m, const char *args_a, const char *args_b,
                                  uint64_t fp[2])
 {
+    st_set *a = m->ref(m->ref_cmd, args_a), *b = m->ref(m->ref_cmd, args_b);
     tw cold, hot;
     q_world(&cold, m->plugin);
     q_world(&hot, m->plugin);
@@ -236,6 +245,8 @@ void q_assert_reload_equals_cold(const q_module *m, const st_set *a, const st_se
     q_assert_kept(&hot, &k);
     tw_close(&cold);
     tw_close(&hot);
+    st_close(a);
+    st_close(b);
 }
 
 void q_assert_file_equals_linked(tw *file, tw *linked, const q_module *file_m,

@@ -105,15 +105,25 @@ struct q_module {
     q_ent *e;                      /* a tests/quant module's entries: */
     int n;                         /* build may fill them, update loads them */
     const void *arg;               /* the suite's description for build */
+    /* Makes a version of the checkpoint: ref(ref_cmd, args), i.e. q_ref
+     * with a script of tests/quant or f4_ref with a ref4.py command. */
+    st_set *(*ref)(const char *cmd, const char *args);
+    const char *ref_cmd;
 };
 
-/* Reload equals a cold start: a cold world takes B; a hot one takes A,
- * then B, and must end with the cold one's fingerprint; B once more on
- * the hot one must leave every byte (post-load reads staged checkpoint
- * bytes only, never what it wrote). fp (NULL: not wanted) gets the hot
- * fingerprints after A and after B, for suites that also check that the
- * two versions differ. */
-void q_assert_reload_equals_cold(const q_module *m, const st_set *a, const st_set *b,
+/* A module of a tests/quant suite: entries e[0, n) delivered by q_update,
+ * versions made by quant_ref.py. */
+q_module q_entries_module(const refit_format_v1 *plugin,
+                          int (*build)(tw *w, const st_set *s, const q_module *m), q_ent *e,
+                          int n, const void *arg);
+
+/* Reload equals a cold start, with versions A and B made by m->ref from
+ * args_a and args_b: a cold world takes B; a hot one takes A, then B, and
+ * must end with the cold one's fingerprint; B once more on the hot one
+ * must leave every byte (post-load reads staged checkpoint bytes only,
+ * never what it wrote). fp (NULL: not wanted) gets the hot fingerprints
+ * after A and after B, for suites that also check the versions differ. */
+void q_assert_reload_equals_cold(const q_module *m, const char *args_a, const char *args_b,
                                  uint64_t fp[2]);
 
 /* The built plugin file and its declaration make the plans the linked-in

@@ -121,18 +121,14 @@ static void serialized_ragged_needs_extent(void **state)
 static void serialized_reload_equals_cold(void **state)
 {
     (void)state;
-    st_set *a = q_ref("quant_ref.py", "--n 256 --k 200 --seed 1");
-    st_set *b = q_ref("quant_ref.py", "--n 256 --k 200 --seed 2");
     for (int sch = 0; sch < 3; sch++) {
         q_ent e[3];
         serialized_args sa = {sch, 256, 200, sch == 2 ? "in_features: 200" : NULL};
-        q_module m = {PLUGIN, build_serialized_module, NULL, e, 3, &sa};
+        q_module m = q_entries_module(PLUGIN, build_serialized_module, e, 3, &sa);
         uint64_t fp[2];
-        q_assert_reload_equals_cold(&m, a, b, fp);
+        q_assert_reload_equals_cold(&m, "--n 256 --k 200 --seed 1", "--n 256 --k 200 --seed 2", fp);
         assert_true(fp[0] != fp[1]);
     }
-    st_close(a);
-    st_close(b);
 }
 
 /* Column-parallel shards: weight rows and their per-channel / block scale
@@ -375,18 +371,15 @@ static void online_schemes(void **state)
 static void online_reload_equals_cold(void **state)
 {
     (void)state;
-    st_set *a = q_ref("quant_ref.py", "--n 200 --k 260 --seed 13 --specials");
-    st_set *b = q_ref("quant_ref.py", "--n 200 --k 260 --seed 14");
     q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
     for (int sch = 0; sch < 3; sch++) {
         online_args oa = {sch, 200, 260};
-        q_module m = {PLUGIN, build_online_module, NULL, &e, 1, &oa};
+        q_module m = q_entries_module(PLUGIN, build_online_module, &e, 1, &oa);
         uint64_t fp[2];
-        q_assert_reload_equals_cold(&m, a, b, fp);
+        q_assert_reload_equals_cold(&m, "--n 200 --k 260 --seed 13 --specials",
+                                    "--n 200 --k 260 --seed 14", fp);
         assert_true(fp[0] != fp[1]);
     }
-    st_close(a);
-    st_close(b);
 }
 
 /* Quantize rows [r0, r0 + n) of the set's x with the kernel (itself

@@ -70,16 +70,12 @@ static void loads_both_schemes(void **state)
 static void reload_equals_cold(void **state)
 {
     (void)state;
-    st_set *a = q_ref("quant_ref.py", "--n 40 --k 72 --seed 52");
-    st_set *b = q_ref("quant_ref.py", "--n 40 --k 72 --seed 53");
     q_ent e[3];
     static const int64_t nk[2] = {40, 72};
-    q_module m = {PLUGIN, build_per_channel, NULL, e, 3, nk};
+    q_module m = q_entries_module(PLUGIN, build_per_channel, e, 3, nk);
     uint64_t fp[2];
-    q_assert_reload_equals_cold(&m, a, b, fp);
+    q_assert_reload_equals_cold(&m, "--n 40 --k 72 --seed 52", "--n 40 --k 72 --seed 53", fp);
     assert_true(fp[0] != fp[1]);
-    st_close(a);
-    st_close(b);
 }
 
 /* Column-parallel: weight rows and their scale rows shard together (an

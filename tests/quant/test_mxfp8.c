@@ -83,16 +83,12 @@ static void serialized_ragged_needs_extent(void **state)
 static void serialized_reload_equals_cold(void **state)
 {
     (void)state;
-    st_set *a = q_ref("quant_ref.py", "--n 64 --k 256 --seed 33");
-    st_set *b = q_ref("quant_ref.py", "--n 64 --k 256 --seed 34");
     q_ent e[2];
     static const int64_t nk[2] = {64, 256};
-    q_module m = {PLUGIN, build_serialized_module, NULL, e, 2, nk};
+    q_module m = q_entries_module(PLUGIN, build_serialized_module, e, 2, nk);
     uint64_t fp[2];
-    q_assert_reload_equals_cold(&m, a, b, fp);
+    q_assert_reload_equals_cold(&m, "--n 64 --k 256 --seed 33", "--n 64 --k 256 --seed 34", fp);
     assert_true(fp[0] != fp[1]);
-    st_close(a);
-    st_close(b);
 }
 
 /* N shards carry their scale rows; K shards their scale columns, at
@@ -219,16 +215,13 @@ static void online_fused_and_tp(void **state)
 static void online_reload_equals_cold(void **state)
 {
     (void)state;
-    st_set *a = q_ref("quant_ref.py", "--n 48 --k 100 --seed 41 --specials");
-    st_set *b = q_ref("quant_ref.py", "--n 48 --k 100 --seed 42");
     q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
     static const int64_t nk[2] = {48, 100};
-    q_module m = {PLUGIN, build_online_module, NULL, &e, 1, nk};
+    q_module m = q_entries_module(PLUGIN, build_online_module, &e, 1, nk);
     uint64_t fp[2];
-    q_assert_reload_equals_cold(&m, a, b, fp);
+    q_assert_reload_equals_cold(&m, "--n 48 --k 100 --seed 41 --specials",
+                                "--n 48 --k 100 --seed 42", fp);
     assert_true(fp[0] != fp[1]);
-    st_close(a);
-    st_close(b);
 }
 
 /* An infinity fails the update by name; the worker keeps its bytes. */
