@@ -135,8 +135,8 @@ void q_assert_reload_equals_cold(const q_module *m, const char *args_a, const ch
 void q_assert_file_equals_linked(tw *file, tw *linked, const q_module *file_m,
                                  const q_module *linked_m, const st_set *s, const char *what);
 
-/* What a refused update must leave as it was: every runtime byte and
- * the worker's health. */
+/* What an update must leave as it was (a refused one, or one delivering
+ * the weights already there): every runtime byte and the worker's health. */
 typedef struct q_kept {
     void *bytes;
     size_t n;
