@@ -9,14 +9,16 @@
 #include "journal/journal_int.h"
 
 /* Pass each line of text as a problem: integrity_check packs several
- * lines into one row, behind a "*** in database main ***" header. */
+ * lines into one row, behind a "*** in database main ***" header. A line
+ * longer than 511 bytes is reported cut there. */
 static void report(const char *text, journal_problem_fn fn, void *user,
                    size_t *n)
 {
     char line[512];
     for (const char *p = text; *p;) {
-        size_t len = strcspn(p, "\n");
-        snprintf(line, sizeof line, "%.*s", (int)len, p);
+        size_t len = strcspn(p, "\n"), keep = len < sizeof line ? len : sizeof line - 1;
+        memcpy(line, p, keep);
+        line[keep] = '\0';
         if (len && strncmp(line, "*** ", 4) != 0) {
             fn(user, line);
             (*n)++;
