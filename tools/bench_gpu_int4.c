@@ -22,8 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 #include <jansson.h>
@@ -41,7 +39,6 @@ int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_b
 
 #define I4B_GROUP 128
 #define I4B_LAYER0 7 /* q, k, v, o, gate, up, down */
-#define I4B_RUNS 64
 
 typedef struct i4_arena {
     int nw;
@@ -51,25 +48,6 @@ typedef struct i4_arena {
     size_t *qoff, *soff, bytes, min_bytes;
     uint32_t at, count;         /* the pieces of the next call */
 } i4_arena;
-
-static double i4b_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static int i4b_cmp(const void *a, const void *b)
-{
-    double u = *(const double *)a, v = *(const double *)b;
-    return u < v ? -1 : u > v;
-}
-
-static double i4b_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, i4b_cmp);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static int64_t i4b_words(const refit_view *x)
 {
@@ -128,29 +106,8 @@ static int i4b_launch(void *arg, void *stream)
 /* Median seconds of one call for every weight (all), or one per weight. */
 static int i4b_time(i4_arena *a, int all, int repeat, double *out)
 {
-    double v[I4B_RUNS];
-    if (repeat > I4B_RUNS)
-        repeat = I4B_RUNS;
-    for (int r = -1; r < repeat; r++) {
-        if (cudaDeviceSynchronize() != cudaSuccess)
-            return 1;
-        double t0 = i4b_now();
-        int rc = 0;
-        for (int w = 0; w < a->nw && !rc; w += all ? a->nw : 1) {
-            a->at = (uint32_t)w;
-            a->count = all ? (uint32_t)a->nw : 1;
-            rc = backend_cuda_run(0, NULL, i4b_launch, a);
-        }
-        if (rc) {
-            fprintf(stderr, "refit-bench gpu: quant int4: %s: %s\n", refit_status_name(rc),
-                    backend_cuda_last_error());
-            return 1;
-        }
-        if (r >= 0)
-            v[r] = i4b_now() - t0;
-    }
-    *out = i4b_median(v, repeat);
-    return 0;
+    bpeer_calls c = {i4b_launch, a, &a->at, &a->count};
+    return bpeer_time(&c, a->nw, all, repeat, "quant int4", out);
 }
 
 /* Our bytes of weight w (words, then scales, as laid out) into buf. */
@@ -195,19 +152,14 @@ static int i4b_check(const i4_arena *a, const char *dev_base, const char *host_b
 static int i4b_dump(const i4_arena *a, const char *dir, const char *host_base,
                     const char *dev_base)
 {
-    char path[4200];
     for (int w = 0; w < a->nw && w < I4B_LAYER0; w++) {
         int64_t n = a->x[w].shape[0];
         size_t len = (size_t)(n * i4b_words(&a->x[w])) * 4 + (size_t)(n * i4b_groups(&a->x[w])) * 2;
         uint8_t *buf = malloc(len);
-        int rc = !buf || i4b_fetch(a, w, buf) != len;
-        snprintf(path, sizeof path, "%s/int4-layer0-q.bin", dir);
-        rc = rc || bpeer_write(path, buf, len, w ? "ab" : "wb");
+        int rc = !buf || i4b_fetch(a, w, buf) != len ||
+                 bpeer_dump(dir, w, "int4-layer0-q.bin", buf, len, "int4-layer0-x.bin", &a->x[w],
+                            host_base, dev_base);
         free(buf);
-        size_t xb = (size_t)(n * a->x[w].shape[1]) * 2;
-        snprintf(path, sizeof path, "%s/int4-layer0-x.bin", dir);
-        rc = rc || bpeer_write(path, host_base + ((const char *)a->x[w].data - dev_base), xb,
-                             w ? "ab" : "wb");
         if (rc)
             return 1;
     }
@@ -218,15 +170,8 @@ static int i4b_dump(const i4_arena *a, const char *dir, const char *host_base,
 static void i4b_torch(json_t *o, const refit_view *x, int nw, int repeat, const char *python,
                       const char *dir)
 {
-    json_t *s = json_object(), *ts = json_array();
-    for (int w = 0; w < nw; w++)
-        json_array_append_new(ts, json_pack("[I,I]", (json_int_t)x[w].shape[0],
-                                            (json_int_t)x[w].shape[1]));
-    json_object_set_new(s, "int4_shapes", ts);
+    json_t *s = bpeer_spec("int4", nw, x, I4B_LAYER0, repeat, dir);
     json_object_set_new(s, "int4_group", json_integer(I4B_GROUP));
-    json_object_set_new(s, "repeat", json_integer(repeat));
-    json_object_set_new(s, "int4_layer0", json_integer(nw < I4B_LAYER0 ? nw : I4B_LAYER0));
-    json_object_set_new(s, "dir", json_string(dir));
     json_t *py = bpeer_torch(s, python, dir, "int4");
     bpeer_merge(o, py, "int4");
     json_decref(py);
@@ -252,37 +197,21 @@ int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_b
                           i4b_dump(&a, dir, host_base, dev_base)))
         python = NULL;
     if (!rc) {
-        size_t elems = 0;
-        for (int w = 0; w < nw; w++)
-            elems += (size_t)(x[w].shape[0] * x[w].shape[1]);
         double mb = (double)a.min_bytes;
-        json_t *o = json_object();
-        json_object_set_new(o, "weights", json_integer(nw));
-        json_object_set_new(o, "elements", json_integer((json_int_t)elems));
+        json_t *o = bpeer_object(nw, x);
         json_object_set_new(o, "group", json_integer(I4B_GROUP));
         json_object_set_new(o, "layout", json_string("gptq"));
-        bpeer_put(o, "min_bytes", mb);
-        bpeer_put(o, "refit_ms", t_all * 1e3);
-        bpeer_put(o, "refit_GBps", mb / t_all / 1e9);
-        bpeer_put(o, "copy_GBps", copy_Bps / 1e9);
-        bpeer_put(o, "ratio_to_d2d", mb / t_all / copy_Bps);
-        bpeer_put(o, "per_weight_calls_ms", t_each * 1e3);
-        bpeer_put(o, "per_weight_ratio_to_d2d", mb / t_each / copy_Bps);
+        bpeer_figures(o, mb, t_all, t_each, copy_Bps);
         bpeer_put(o, "u8_refit_ms", t_u8 * 1e3);
         bpeer_put(o, "u8_ratio_to_d2d", mb / t_u8 / copy_Bps);
-        bpeer_put(o, "target", 0.70);
-        json_object_set_new(o, "meets_target", json_boolean(mb / t_all / copy_Bps >= 0.70));
-        json_object_set_new(o, "layer0_equals_cpu_reference", json_true());
+        bpeer_verdict(o);
         if (python)
             i4b_torch(o, x, nw, repeat, python, dir);
         json_object_set_new(quant, "int4", o);
     }
     if (python) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/int4-layer0-x.bin", dir);
-        unlink(path);
-        snprintf(path, sizeof path, "%s/int4-layer0-q.bin", dir);
-        unlink(path);
+        bpeer_remove(dir, "int4-layer0-x.bin");
+        bpeer_remove(dir, "int4-layer0-q.bin");
     }
     cudaFree(a.d);
     free(a.q);

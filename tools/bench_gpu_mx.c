@@ -17,8 +17,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
-#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 #include <jansson.h>
@@ -45,25 +43,6 @@ typedef struct mx_arena {
     size_t qbytes, sbytes;
     uint32_t at, count;         /* the pieces of the next call */
 } mx_arena;
-
-static double mxb_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static int mxb_cmp(const void *a, const void *b)
-{
-    double u = *(const double *)a, v = *(const double *)b;
-    return u < v ? -1 : u > v;
-}
-
-static double mxb_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, mxb_cmp);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 /* Output and scale views of every weight, in two device allocations. */
 static int mxb_views(mx_arena *a)
@@ -110,27 +89,10 @@ static int mxb_launch(void *arg, void *stream)
 /* Median seconds of one call for every weight (all), or one per weight. */
 static int mxb_time(mx_arena *a, int all, int repeat, double *out)
 {
-    double v[64];
-    for (int r = -1; r < repeat; r++) {
-        if (cudaDeviceSynchronize() != cudaSuccess)
-            return 1;
-        double t0 = mxb_now();
-        int rc = 0;
-        for (int w = 0; w < a->nw && !rc; w += all ? a->nw : 1) {
-            a->at = (uint32_t)w;
-            a->count = all ? (uint32_t)a->nw : 1;
-            rc = backend_cuda_run(0, NULL, mxb_launch, a);
-        }
-        if (rc) {
-            fprintf(stderr, "refit-bench gpu: quant mxfp%d: %s: %s\n", a->bits,
-                    refit_status_name(rc), backend_cuda_last_error());
-            return 1;
-        }
-        if (r >= 0)
-            v[r] = mxb_now() - t0;
-    }
-    *out = mxb_median(v, repeat);
-    return 0;
+    bpeer_calls c = {mxb_launch, a, &a->at, &a->count};
+    char what[32];
+    snprintf(what, sizeof what, "quant mxfp%d", a->bits);
+    return bpeer_time(&c, a->nw, all, repeat, what, out);
 }
 
 /* Our bytes of weight w (outputs then scales) into buf; returns the count. */
@@ -175,21 +137,16 @@ static int mxb_check(const mx_arena *a, const char *dev_base, const char *host_b
 static int mxb_dump(const mx_arena *a, const char *dir, const char *host_base,
                     const char *dev_base, int first)
 {
-    char path[4200];
+    char qfile[32];
+    snprintf(qfile, sizeof qfile, "mx-layer0-mxfp%d.bin", a->bits);
     for (int w = 0; w < a->nw && w < MXB_LAYER0; w++) {
         size_t n = (size_t)(a->q[w].shape[0] * a->q[w].shape[1] + a->s[w].shape[0] *
                             a->s[w].shape[1]);
         uint8_t *buf = malloc(n);
-        int rc = !buf || mxb_fetch(a, w, buf) != n;
-        snprintf(path, sizeof path, "%s/mx-layer0-mxfp%d.bin", dir, a->bits);
-        rc = rc || bpeer_write(path, buf, n, w ? "ab" : "wb");
+        int rc = !buf || mxb_fetch(a, w, buf) != n ||
+                 bpeer_dump(dir, w, qfile, buf, n, first ? "mx-layer0-x.bin" : NULL, &a->x[w],
+                            host_base, dev_base);
         free(buf);
-        if (!rc && first) {
-            size_t xb = (size_t)(a->x[w].shape[0] * a->x[w].shape[1]) * 2;
-            snprintf(path, sizeof path, "%s/mx-layer0-x.bin", dir);
-            rc = bpeer_write(path, host_base + ((const char *)a->x[w].data - dev_base), xb,
-                           w ? "ab" : "wb");
-        }
         if (rc)
             return 1;
     }
@@ -200,14 +157,7 @@ static int mxb_dump(const mx_arena *a, const char *dir, const char *host_base,
 static void mxb_torch(json_t *q8, json_t *q4, const mx_arena *a, int repeat,
                       const char *python, const char *dir)
 {
-    json_t *o = json_object(), *ts = json_array();
-    for (int w = 0; w < a->nw; w++)
-        json_array_append_new(ts, json_pack("[I,I]", (json_int_t)a->x[w].shape[0],
-                                            (json_int_t)a->x[w].shape[1]));
-    json_object_set_new(o, "mx_shapes", ts);
-    json_object_set_new(o, "repeat", json_integer(repeat));
-    json_object_set_new(o, "mx_layer0", json_integer(a->nw < MXB_LAYER0 ? a->nw : MXB_LAYER0));
-    json_object_set_new(o, "dir", json_string(dir));
+    json_t *o = bpeer_spec("mx", a->nw, a->x, MXB_LAYER0, repeat, dir);
     json_t *py = bpeer_torch(o, python, dir, "mx");
     bpeer_merge(q8, py, "mxfp8");
     bpeer_merge(q4, py, "mxfp4");
@@ -242,29 +192,16 @@ int bench_gpu_mx(json_t *quant, int nw, const refit_view *x, const char *dev_bas
         }
         if (python && mxb_dump(&a, dir, host_base, dev_base, f == 0))
             python = NULL;
-        size_t elems = 0, scales = 0;
-        for (int w = 0; w < nw; w++) {
-            elems += (size_t)(x[w].shape[0] * x[w].shape[1]);
+        json_t *o = bpeer_object(nw, x);
+        size_t elems = (size_t)json_integer_value(json_object_get(o, "elements")), scales = 0;
+        for (int w = 0; w < nw; w++)
             scales += (size_t)(a.s[w].shape[0] * a.s[w].shape[1]);
-        }
         double min_bytes = (2.0 + a.bits / 8.0) * (double)elems + (double)scales;
-        json_t *o = json_object();
-        json_object_set_new(o, "weights", json_integer(nw));
-        json_object_set_new(o, "elements", json_integer((json_int_t)elems));
         json_object_set_new(o, "encoder", json_string(a.bits == 4 ? "f32-add rounding"
                                                       : a.hw ? "cvt.rn.satfinite.e4m3x2.f32"
                                                              : "f32-add rounding"));
-        bpeer_put(o, "min_bytes", min_bytes);
-        bpeer_put(o, "refit_ms", t_all * 1e3);
-        bpeer_put(o, "refit_GBps", min_bytes / t_all / 1e9);
-        bpeer_put(o, "copy_GBps", copy_Bps / 1e9);
-        bpeer_put(o, "ratio_to_d2d", min_bytes / t_all / copy_Bps);
-        bpeer_put(o, "per_weight_calls_ms", t_each * 1e3);
-        bpeer_put(o, "per_weight_ratio_to_d2d", min_bytes / t_each / copy_Bps);
-        bpeer_put(o, "target", 0.70);
-        json_object_set_new(o, "meets_target",
-                            json_boolean(min_bytes / t_all / copy_Bps >= 0.70));
-        json_object_set_new(o, "layer0_equals_cpu_reference", json_true());
+        bpeer_figures(o, min_bytes, t_all, t_each, copy_Bps);
+        bpeer_verdict(o);
         res[f] = o;
         mxb_free(&a);
     }
@@ -273,13 +210,9 @@ int bench_gpu_mx(json_t *quant, int nw, const refit_view *x, const char *dev_bas
         mxb_torch(res[0], res[1], &a, repeat, python, dir);
     }
     if (python) {
-        char path[4200];
-        static const char *const files[3] = {"mx-layer0-x.bin", "mx-layer0-mxfp8.bin",
-                                             "mx-layer0-mxfp4.bin"};
-        for (int i = 0; i < 3; i++) {
-            snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-            unlink(path);
-        }
+        bpeer_remove(dir, "mx-layer0-x.bin");
+        bpeer_remove(dir, "mx-layer0-mxfp8.bin");
+        bpeer_remove(dir, "mx-layer0-mxfp4.bin");
     }
     for (int f = 0; f < 2; f++)
         if (res[f])

@@ -23,7 +23,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 #include <cuda_runtime_api.h>
 #include <jansson.h>
@@ -54,18 +53,6 @@ static double nvb_now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static int nvb_cmp(const void *a, const void *b)
-{
-    double u = *(const double *)a, v = *(const double *)b;
-    return u < v ? -1 : u > v;
-}
-
-static double nvb_median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, nvb_cmp);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static size_t nvb_round(size_t v)
@@ -129,27 +116,8 @@ static int nvb_launch(void *arg, void *stream)
 /* Median seconds of one call for every weight (all), or one per weight. */
 static int nvb_time(nv_arena *a, int all, int repeat, double *out)
 {
-    double v[64];
-    for (int r = -1; r < repeat; r++) {
-        if (cudaDeviceSynchronize() != cudaSuccess)
-            return 1;
-        double t0 = nvb_now();
-        int rc = 0;
-        for (int w = 0; w < a->nw && !rc; w += all ? a->nw : 1) {
-            a->at = (uint32_t)w;
-            a->count = all ? (uint32_t)a->nw : 1;
-            rc = backend_cuda_run(0, NULL, nvb_launch, a);
-        }
-        if (rc) {
-            fprintf(stderr, "refit-bench gpu: quant nvfp4: %s: %s\n", refit_status_name(rc),
-                    backend_cuda_last_error());
-            return 1;
-        }
-        if (r >= 0)
-            v[r] = nvb_now() - t0;
-    }
-    *out = nvb_median(v, repeat);
-    return 0;
+    bpeer_calls c = {nvb_launch, a, &a->at, &a->count};
+    return bpeer_time(&c, a->nw, all, repeat, "quant nvfp4", out);
 }
 
 /* Our bytes of weight w (packed, swizzled scales, alpha) into buf. */
@@ -196,19 +164,14 @@ static int nvb_check(const nv_arena *a, const char *dev_base, const char *host_b
 static int nvb_dump(const nv_arena *a, const char *dir, const char *host_base,
                     const char *dev_base)
 {
-    char path[4200];
     for (int w = 0; w < a->nw && w < NVB_LAYER0; w++) {
         const refit_nvfp4_piece *p = &a->p[w];
         size_t n = nvb_packed(&p->src) + nvb_scales(&p->src) + 4;
         uint8_t *buf = malloc(n);
-        int rc = !buf || nvb_fetch(a, w, buf) != n;
-        snprintf(path, sizeof path, "%s/nvfp4-layer0-q.bin", dir);
-        rc = rc || bpeer_write(path, buf, n, w ? "ab" : "wb");
+        int rc = !buf || nvb_fetch(a, w, buf) != n ||
+                 bpeer_dump(dir, w, "nvfp4-layer0-q.bin", buf, n, "nvfp4-layer0-x.bin", &p->src,
+                            host_base, dev_base);
         free(buf);
-        size_t xb = (size_t)(p->src.shape[0] * p->src.shape[1]) * 2;
-        snprintf(path, sizeof path, "%s/nvfp4-layer0-x.bin", dir);
-        rc = rc || bpeer_write(path, host_base + ((const char *)p->src.data - dev_base), xb,
-                             w ? "ab" : "wb");
         if (rc)
             return 1;
     }
@@ -219,14 +182,7 @@ static int nvb_dump(const nv_arena *a, const char *dir, const char *host_base,
 static void nvb_torch(json_t *o, const refit_view *x, int nw, int repeat, const char *python,
                       const char *dir)
 {
-    json_t *s = json_object(), *ts = json_array();
-    for (int w = 0; w < nw; w++)
-        json_array_append_new(ts, json_pack("[I,I]", (json_int_t)x[w].shape[0],
-                                            (json_int_t)x[w].shape[1]));
-    json_object_set_new(s, "nvfp4_shapes", ts);
-    json_object_set_new(s, "repeat", json_integer(repeat));
-    json_object_set_new(s, "nvfp4_layer0", json_integer(nw < NVB_LAYER0 ? nw : NVB_LAYER0));
-    json_object_set_new(s, "dir", json_string(dir));
+    json_t *s = bpeer_spec("nvfp4", nw, x, NVB_LAYER0, repeat, dir);
     json_t *py = bpeer_torch(s, python, dir, "nvfp4");
     bpeer_merge(o, py, "nvfp4");
     json_decref(py);
@@ -296,7 +252,7 @@ static int nvb_reload(nv_arena *a, int repeat, double *out)
         fprintf(stderr, "refit-bench gpu: quant nvfp4 reload: %s: %s [%s]\n",
                 refit_status_name(rc), ctx ? refit_errmsg(ctx) : "", backend_cuda_last_error());
     else
-        *out = nvb_median(v, repeat);
+        *out = bpeer_median(v, repeat);
     refit_close(ctx);
     free(rt);
     return rc != 0;
@@ -315,23 +271,10 @@ int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_
                           nvb_dump(&a, dir, host_base, dev_base)))
         python = NULL;
     if (!rc) {
-        size_t elems = 0;
-        for (int w = 0; w < nw; w++)
-            elems += (size_t)(x[w].shape[0] * x[w].shape[1]);
         double mb = (double)a.min_bytes;
-        json_t *o = json_object();
-        json_object_set_new(o, "weights", json_integer(nw));
-        json_object_set_new(o, "elements", json_integer((json_int_t)elems));
-        bpeer_put(o, "min_bytes", mb);
-        bpeer_put(o, "refit_ms", t_all * 1e3);
-        bpeer_put(o, "refit_GBps", mb / t_all / 1e9);
-        bpeer_put(o, "copy_GBps", copy_Bps / 1e9);
-        bpeer_put(o, "ratio_to_d2d", mb / t_all / copy_Bps);
-        bpeer_put(o, "per_weight_calls_ms", t_each * 1e3);
-        bpeer_put(o, "per_weight_ratio_to_d2d", mb / t_each / copy_Bps);
-        bpeer_put(o, "target", 0.70);
-        json_object_set_new(o, "meets_target", json_boolean(mb / t_all / copy_Bps >= 0.70));
-        json_object_set_new(o, "layer0_equals_cpu_reference", json_true());
+        json_t *o = bpeer_object(nw, x);
+        bpeer_figures(o, mb, t_all, t_each, copy_Bps);
+        bpeer_verdict(o);
         json_t *sw = json_object();
         static const int set_mb[6] = {24, 48, 64, 96, 128, 256};
         for (int i = 0; i < 6 && !rc; i++) {
@@ -355,11 +298,8 @@ int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_
         json_object_set_new(quant, "nvfp4", o);
     }
     if (python) {
-        char path[4200];
-        snprintf(path, sizeof path, "%s/nvfp4-layer0-x.bin", dir);
-        unlink(path);
-        snprintf(path, sizeof path, "%s/nvfp4-layer0-q.bin", dir);
-        unlink(path);
+        bpeer_remove(dir, "nvfp4-layer0-x.bin");
+        bpeer_remove(dir, "nvfp4-layer0-q.bin");
     }
     cudaFree(a.d);
     free(a.p);
