@@ -17,14 +17,7 @@
 #include <refit/refit.h>
 
 #include "core/cuda/backend_cuda.h"
-
-#define OK(w, call)                                                           \
-    do {                                                                      \
-        int rc_ = (call);                                                     \
-        if (rc_ != REFIT_OK)                                                  \
-            fail_msg("%s: %s: %s [%s]", #call, refit_status_name(rc_),        \
-                     refit_errmsg((w)->ctx), backend_cuda_last_error());      \
-    } while (0)
+#include "gpu_twin.h" /* OK, CU, the dtypes */
 
 enum { PAIR_MAX_RT = 24, PAIR_MAX_CK = 40 };
 

@@ -1,9 +1,10 @@
-/* The kernel tests' shared helpers (gpu_twin.h), moved from the four tests
- * as they were. */
+/* The GPU tests' shared helpers (gpu_twin.h), moved from the tests as they
+ * were. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -127,4 +128,12 @@ void view_put(const refit_view *x, int64_t i, int64_t j, float f, uint16_t raw16
     uint16_t h = use_raw ? raw16
                  : x->dtype.code == REFIT_DTYPE_BFLOAT ? kern_f32_to_bf16(f) : kern_f32_to_f16(f);
     memcpy(p, &h, 2);
+}
+
+int twin_skip_suite_without_device(void)
+{
+    if (backend_cuda_device_count() != 0)
+        return 0;
+    printf("1..0 # SKIP no CUDA device: %s\n", backend_cuda_unavailable());
+    return 1;
 }

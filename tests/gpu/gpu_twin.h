@@ -1,5 +1,6 @@
-/* The kernel tests' shared helpers (test_gpu_quant.c, _mx, _nvfp4, _int4):
- * a seeded random stream, a host buffer with its device twin, views into
+/* The GPU tests' shared helpers (the kernel tests test_gpu_quant.c, _mx,
+ * _nvfp4, _int4, _kernels; the checks and the skip of every GPU test): a
+ * seeded random stream, a host buffer with its device twin, views into
  * them and the layouts the tests sweep. Also built into the emulator runs
  * (tests/gpu/emu/run*.sh), where cudaMalloc and friends are the
  * emulator's. Include after <cmocka.h>. */
@@ -12,6 +13,13 @@
 #include <cuda_runtime_api.h>
 
 #include <refit/format.h>
+#include <refit/refit.h>
+
+#include "core/cuda/backend_cuda.h"
+
+#define F32 ((refit_dtype){REFIT_DTYPE_FLOAT, 32, 1})
+#define F16 ((refit_dtype){REFIT_DTYPE_FLOAT, 16, 1})
+#define BF16 ((refit_dtype){REFIT_DTYPE_BFLOAT, 16, 1})
 
 /* A CUDA runtime call that must succeed (a test failure naming it). */
 #define CU(call)                                                              \
@@ -20,6 +28,31 @@
         if (e_ != cudaSuccess)                                                \
             fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
     } while (0)
+
+/* A refit call on world w (anything with a ctx) that must succeed: a test
+ * failure naming it, its status, the context's message and the backend's. */
+#define OK(w, call)                                                           \
+    do {                                                                      \
+        int rc_ = (call);                                                     \
+        if (rc_ != REFIT_OK)                                                  \
+            fail_msg("%s: %s: %s [%s]", #call, refit_status_name(rc_),        \
+                     refit_errmsg((w)->ctx), backend_cuda_last_error());      \
+    } while (0)
+
+/* A case that needs the device skips without one, saying why. */
+#define SKIP_WITHOUT_DEVICE()                                                 \
+    do {                                                                      \
+        if (backend_cuda_device_count() == 0) {                               \
+            print_message("# no CUDA device: %s\n", backend_cuda_unavailable()); \
+            skip();                                                           \
+        }                                                                     \
+    } while (0)
+
+/* For main, before its cases: without a CUDA device, prints the whole
+ * suite as one skipped TAP plan ("1..0 # SKIP" and why) and returns 1.
+ * cmocka's TAP output writes a skipped case as "not ok ... # SKIP", which
+ * TAP consumers count as a failure. */
+int twin_skip_suite_without_device(void);
 
 /* splitmix64: twin_mix is its finalizer, twin_rnd the stream. Each test
  * program seeds it once with its own seed so its cases keep their inputs. */

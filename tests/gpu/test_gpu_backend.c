@@ -25,26 +25,9 @@
 #include <refit/refit.h>
 
 #include "core/cuda/backend_cuda.h"
+#include "gpu_twin.h"
 #include "core/safetensors_write.h"
 
-#define F32 ((refit_dtype){REFIT_DTYPE_FLOAT, 32, 1})
-#define F16 ((refit_dtype){REFIT_DTYPE_FLOAT, 16, 1})
-#define BF16 ((refit_dtype){REFIT_DTYPE_BFLOAT, 16, 1})
-
-#define CU(call)                                                              \
-    do {                                                                      \
-        cudaError_t e_ = (call);                                              \
-        if (e_ != cudaSuccess)                                                \
-            fail_msg("%s: %s", #call, cudaGetErrorString(e_));                \
-    } while (0)
-
-#define OK(w, call)                                                           \
-    do {                                                                      \
-        int rc_ = (call);                                                     \
-        if (rc_ != REFIT_OK)                                                  \
-            fail_msg("%s: %s: %s [%s]", #call, refit_status_name(rc_),        \
-                     refit_errmsg((w)->ctx), backend_cuda_last_error());      \
-    } while (0)
 
 enum { N_EXPERTS = 300, MAX_RT = 8, MAX_CK = N_EXPERTS + 16 };
 
@@ -627,13 +610,8 @@ static void test_abort(void **state)
 
 int main(void)
 {
-    /* cmocka's TAP output writes a skipped case as "not ok ... # SKIP",
-     * which TAP consumers count as a failure: without a device, the whole
-     * suite is one skipped plan instead. */
-    if (backend_cuda_device_count() == 0) {
-        printf("1..0 # SKIP no CUDA device: %s\n", backend_cuda_unavailable());
+    if (twin_skip_suite_without_device())
         return 0;
-    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_from_pageable),
         cmocka_unit_test(test_from_pageable_strided),
