@@ -78,6 +78,16 @@ uint64_t pair_seed(const pair_ck *c, int v)
     return seed;
 }
 
+void pair_store_float(void *b, size_t i, refit_dtype dt, float f)
+{
+    if (dt.bits == 32) {
+        memcpy((char *)b + i * 4, &f, 4);
+        return;
+    }
+    uint16_t h = dt.code == REFIT_DTYPE_FLOAT ? kern_f32_to_f16(f) : kern_f32_to_bf16(f);
+    memcpy((char *)b + i * 2, &h, 2);
+}
+
 void *pair_float_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
 {
     size_t e = c->dtype.bits / 8, n = 1;
@@ -110,12 +120,7 @@ void *pair_float_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
             f = -f;
         if ((int64_t)i == nan_at)
             f = __builtin_nanf("");
-        if (e == 4) {
-            memcpy(b + i * 4, &f, 4);
-        } else {
-            uint16_t h = f16 ? kern_f32_to_f16(f) : kern_f32_to_bf16(f);
-            memcpy(b + i * 2, &h, 2);
-        }
+        pair_store_float(b, i, c->dtype, f);
     }
     *bytes = n * e;
     return b;
@@ -374,23 +379,30 @@ void pair_check_matches_host(void **state)
     }
 }
 
+char *pair_reload_same(pair_world *d, int v, size_t *n)
+{
+    size_t n2;
+    pair_update(d, v, SRC_DEVICE, NULL);
+    char *a = pair_snapshot(d, n);
+    pair_update(d, v, SRC_DEVICE, NULL);
+    char *b = pair_snapshot(d, &n2);
+    assert_int_equal(*n, n2);
+    pair_assert_snap(d, a, b, *n, "the same weights reloaded");
+    free(b);
+    return a;
+}
+
 void pair_check_reload_equals_cold(void **state, int fingerprints)
 {
     WORLDS(state, d, h);
     (void)h;
     size_t n1, n2, n3;
-    pair_update(d, 11, SRC_DEVICE, NULL);
-    char *a = pair_snapshot(d, &n1);
-    pair_update(d, 11, SRC_DEVICE, NULL);
-    char *b = pair_snapshot(d, &n2);
-    assert_int_equal(n1, n2);
-    pair_assert_snap(d, a, b, n1, "the same weights reloaded");
+    char *a = pair_reload_same(d, 11, &n1);
     pair_update(d, 12, SRC_DEVICE, NULL);
     char *c = pair_snapshot(d, &n3);
     assert_true(memcmp(a, c, n1) != 0);
     pair_update(d, 11, SRC_PAGEABLE, NULL);
-    free(b);
-    b = pair_snapshot(d, &n2);
+    char *b = pair_snapshot(d, &n2);
     pair_assert_snap(d, a, b, n1, "A, B, then A again");
     pair_world cold;
     pair_open(&cold, 1);

@@ -64,6 +64,9 @@ typedef struct pair_format {
 /* The random seed of checkpoint tensor c at version v (its name and v
  * hashed): element i's random word is twin_mix(seed + i). */
 uint64_t pair_seed(const pair_ck *c, int v);
+/* Element i of contiguous F32, F16 or BF16 bytes at b set to f (rounded
+ * to nearest even). */
+void pair_store_float(void *b, size_t i, refit_dtype dt, float f);
 /* A float checkpoint weight (F32, F16 or BF16, any ndim, rows along the
  * last dim) of version v, contiguous host bytes (malloc'd): finite values
  * over a wide range of magnitudes, with zero rows, rows of subnormals and
@@ -130,6 +133,10 @@ int pair_teardown(void **state);
         skip();                                                               \
     }                                                                         \
     pair_world *d = &((pair_world *)*(state))[0], *h = &((pair_world *)*(state))[1]
+
+/* Version v loaded twice (from device sources) leaves the same bytes;
+ * returns them (malloc'd, n bytes). */
+char *pair_reload_same(pair_world *d, int v, size_t *n);
 
 /* The shared cases. */
 /* Versions 1..3 from device, pinned and pageable sources equal the host's. */

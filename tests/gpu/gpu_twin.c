@@ -77,8 +77,21 @@ void twin_check(const twin *t, const char *what)
     free(back);
 }
 
-refit_view vw(char *base, refit_dtype dt, int nd, int64_t n, int64_t k, int64_t s0, int64_t s1,
-              int64_t first)
+char *twin_save(const twin *t)
+{
+    char *saved = malloc(t->bytes ? t->bytes : 1);
+    assert_non_null(saved);
+    memcpy(saved, t->h, t->bytes);
+    return saved;
+}
+
+void twin_restore(const twin *t, const char *saved)
+{
+    CU(cudaMemcpy(t->d, saved, t->bytes, cudaMemcpyHostToDevice));
+}
+
+refit_view vw_nd(char *base, refit_dtype dt, int nd, const int64_t *shape,
+                 const int64_t *strides, int64_t first)
 {
     refit_view v;
     memset(&v, 0, sizeof v);
@@ -86,10 +99,20 @@ refit_view vw(char *base, refit_dtype dt, int nd, int64_t n, int64_t k, int64_t 
     v.device = (refit_device){REFIT_DEVICE_CUDA, 0};
     v.dtype = dt;
     v.ndim = nd;
-    v.shape[0] = n;
-    v.shape[1] = k;
-    v.strides[0] = s0;
-    v.strides[1] = s1;
+    for (int i = 0; i < nd; i++) {
+        v.shape[i] = shape[i];
+        v.strides[i] = strides[i];
+    }
+    return v;
+}
+
+refit_view vw(char *base, refit_dtype dt, int nd, int64_t n, int64_t k, int64_t s0, int64_t s1,
+              int64_t first)
+{
+    /* a 1-D view keeps shape[1] and strides[1] as given, as it always did */
+    int64_t shape[2] = {n, k}, strides[2] = {s0, s1};
+    refit_view v = vw_nd(base, dt, 2, shape, strides, first);
+    v.ndim = nd;
     return v;
 }
 

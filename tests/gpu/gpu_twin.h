@@ -74,8 +74,16 @@ void twin_push(const twin *t);
 void twin_free(twin *t);
 /* The device bytes equal the host's, or a failure naming what and where. */
 void twin_check(const twin *t, const char *what);
+/* A copy of the twin's host bytes (malloc'd): the junk, kept so that each
+ * of several device runs starts over the same junk (twin_restore). */
+char *twin_save(const twin *t);
+/* Saved bytes back on the device. */
+void twin_restore(const twin *t, const char *saved);
 
-/* A device view at element offset first of base (ndim 1 or 2). */
+/* A device view at element offset first of base, of nd dims. */
+refit_view vw_nd(char *base, refit_dtype dt, int nd, const int64_t *shape,
+                 const int64_t *strides, int64_t first);
+/* The same of ndim 1 or 2. */
 refit_view vw(char *base, refit_dtype dt, int nd, int64_t n, int64_t k, int64_t s0, int64_t s1,
               int64_t first);
 

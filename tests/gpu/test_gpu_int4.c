@@ -466,12 +466,7 @@ static void test_kernel_dense_refusal(void **state)
         for (int i = 1; i < 6; i++) {
             if (i == 4)
                 continue;
-            size_t qb = d[i].tq.bytes, sb = d[i].ts.bytes;
-            char *jq = malloc(qb), *js = malloc(sb);
-            assert_non_null(jq);
-            assert_non_null(js);
-            memcpy(jq, d[i].tq.h, qb);
-            memcpy(js, d[i].ts.h, sb);
+            char *jq = twin_save(&d[i].tq), *js = twin_save(&d[i].ts);
             if (i > 1)
                 put(&d[i].hx, at[i][0], at[i][1], 0.5f);
             assert_int_equal(kern_quant_int4(&d[i].hq, &d[i].hs, &d[i].hx, g), REFIT_OK);
@@ -814,19 +809,13 @@ static void test_model_reload_equals_cold(void **state)
     WORLDS(state, d, h);
     (void)h;
     size_t n1, n2, n3;
-    pair_update(d, 11, SRC_DEVICE, NULL);
-    char *a = pair_snapshot(d, &n1);
-    pair_update(d, 11, SRC_DEVICE, NULL);
-    char *b = pair_snapshot(d, &n2);
-    assert_int_equal(n1, n2);
-    pair_assert_snap(d, a, b, n1, "the same weights reloaded");
+    char *a = pair_reload_same(d, 11, &n1);
     pair_update(d, 12, SRC_DEVICE, NULL);
     pair_world cold;
     pair_open(&cold, 1);
     pair_update(&cold, 12, SRC_DEVICE, NULL);
     char *c = pair_snapshot(&cold, &n3);
-    free(b);
-    b = pair_snapshot(d, &n2);
+    char *b = pair_snapshot(d, &n2);
     assert_int_equal(n2, n3);
     pair_assert_snap(d, c, b, n2, "reload against a cold start");
     assert_true(memcmp(a, b, n1) != 0);

@@ -28,22 +28,6 @@
 #define I64 ((refit_dtype){REFIT_DTYPE_INT, 64, 1})
 #define U4 ((refit_dtype){REFIT_DTYPE_UINT, 4, 1})
 
-static refit_view mkview(char *base, refit_dtype dt, int nd, const int64_t *shape,
-                         const int64_t *strides, int64_t first)
-{
-    refit_view v;
-    memset(&v, 0, sizeof v);
-    v.data = base + first * (int64_t)(dt.bits / 8);
-    v.device = (refit_device){REFIT_DEVICE_CUDA, 0};
-    v.dtype = dt;
-    v.ndim = nd;
-    for (int i = 0; i < nd; i++) {
-        v.shape[i] = shape[i];
-        v.strides[i] = strides[i];
-    }
-    return v;
-}
-
 /* Elements an allocation needs for a view with these strides (>= 0). */
 static size_t span_elems(int nd, const int64_t *shape, const int64_t *strides, int64_t first)
 {
@@ -94,10 +78,10 @@ static void one_copy(refit_dtype ddt, refit_dtype sdt, int nd, const int64_t *sh
     size_t de = ddt.bits / 8, se = sdt.bits / 8;
     twin d = twin_new(span_elems(nd, shape, ds, dfirst) * de);
     twin s = twin_new(span_elems(nd, shape, ss, sfirst) * se);
-    refit_view hd = mkview(d.h, ddt, nd, shape, ds, dfirst);
-    refit_view hs = mkview(s.h, sdt, nd, shape, ss, sfirst);
-    refit_view gd = mkview(d.d, ddt, nd, shape, ds, dfirst);
-    refit_view gs = mkview(s.d, sdt, nd, shape, ss, sfirst);
+    refit_view hd = vw_nd(d.h, ddt, nd, shape, ds, dfirst);
+    refit_view hs = vw_nd(s.h, sdt, nd, shape, ss, sfirst);
+    refit_view gd = vw_nd(d.d, ddt, nd, shape, ds, dfirst);
+    refit_view gs = vw_nd(s.d, sdt, nd, shape, ss, sfirst);
     assert_int_equal(kern_copy(&hd, &hs), REFIT_OK);
     int rc = kern_copy_cuda(&gd, &gs, NULL);
     if (rc)
@@ -149,9 +133,9 @@ static void test_copy_refusals(void **state)
     int64_t a[2] = {2, 3}, b[2] = {3, 2}, st[2] = {3, 1}, st2[2] = {2, 1};
     char *p;
     CU(cudaMalloc((void **)&p, 64));
-    refit_view d = mkview(p, F32, 2, a, st, 0), s = mkview(p + 32, F32, 2, b, st2, 0);
+    refit_view d = vw_nd(p, F32, 2, a, st, 0), s = vw_nd(p + 32, F32, 2, b, st2, 0);
     assert_int_equal(kern_copy_cuda(&d, &s, NULL), REFIT_EMISMATCH);
-    s = mkview(p + 32, I8, 2, a, st, 0);
+    s = vw_nd(p + 32, I8, 2, a, st, 0);
     assert_int_equal(kern_copy_cuda(&d, &s, NULL), REFIT_EUNSUPPORTED);
     cudaFree(p);
 }
@@ -169,8 +153,8 @@ static void test_zero(void **state)
                 int64_t st[REFIT_MAX_DIMS], first;
                 nd_layout(lay, nd, shape, st, &first);
                 twin d = twin_new(span_elems(nd, shape, st, first) * (dts[k].bits / 8));
-                refit_view hv = mkview(d.h, dts[k], nd, shape, st, first);
-                refit_view gv = mkview(d.d, dts[k], nd, shape, st, first);
+                refit_view hv = vw_nd(d.h, dts[k], nd, shape, st, first);
+                refit_view gv = vw_nd(d.d, dts[k], nd, shape, st, first);
                 assert_int_equal(kern_zero(&hv), REFIT_OK);
                 assert_int_equal(kern_zero_cuda(&gv, NULL), REFIT_OK);
                 CU(cudaStreamSynchronize(NULL));
@@ -185,8 +169,8 @@ static void one_fp(refit_dtype dt, int nd, const int64_t *shape, int lay)
     nd_layout(lay, nd, shape, st, &first);
     size_t e = dt.bits / 8;
     twin t = twin_new(span_elems(nd, shape, st, first) * e);
-    refit_view hv = mkview(t.h, dt, nd, shape, st, first);
-    refit_view gv = mkview(t.d, dt, nd, shape, st, first);
+    refit_view hv = vw_nd(t.h, dt, nd, shape, st, first);
+    refit_view gv = vw_nd(t.d, dt, nd, shape, st, first);
     uint64_t want = kern_fingerprint_view(&hv), got = 0;
     int rc = kern_fingerprint_view_cuda(&gv, &got, NULL);
     if (rc)
@@ -212,8 +196,8 @@ static void test_fingerprint(void **state)
         for (int64_t off = 0; off < 3; off++) {
             int64_t shape[1] = {n}, st[1] = {1};
             twin t = twin_new((size_t)(n + off + 1));
-            refit_view hv = mkview(t.h, I8, 1, shape, st, off);
-            refit_view gv = mkview(t.d, I8, 1, shape, st, off);
+            refit_view hv = vw_nd(t.h, I8, 1, shape, st, off);
+            refit_view gv = vw_nd(t.d, I8, 1, shape, st, off);
             uint64_t got = 0;
             assert_int_equal(kern_fingerprint_view_cuda(&gv, &got, NULL), REFIT_OK);
             assert_true(got == kern_fingerprint_view(&hv));
@@ -283,8 +267,8 @@ static void test_fingerprint_to(void **state)
         t[i] = twin_new((size_t)sizes[i] + 3);
         for (int64_t off = 0; off < 3; off++) {
             int64_t shape[1] = {sizes[i]}, str[1] = {1};
-            refit_view hv = mkview(t[i].h, I8, 1, shape, str, off);
-            refit_view gv = mkview(t[i].d, I8, 1, shape, str, off);
+            refit_view hv = vw_nd(t[i].h, I8, 1, shape, str, off);
+            refit_view gv = vw_nd(t[i].d, I8, 1, shape, str, off);
             /* every third word left alone: a write of more than 8 bytes shows */
             int w = 1 + 3 * i + (int)off;
             want[w] = kern_fingerprint_view(&hv);
@@ -298,8 +282,8 @@ static void test_fingerprint_to(void **state)
     int64_t shape2[2] = {129, 1031}, st2[2], first2;
     nd_layout(2, 2, shape2, st2, &first2);
     twin tb = twin_new(span_elems(2, shape2, st2, first2) * 2);
-    refit_view hb = mkview(tb.h, BF16, 2, shape2, st2, first2);
-    refit_view gb = mkview(tb.d, BF16, 2, shape2, st2, first2);
+    refit_view hb = vw_nd(tb.h, BF16, 2, shape2, st2, first2);
+    refit_view gb = vw_nd(tb.d, BF16, 2, shape2, st2, first2);
     want[0] = kern_fingerprint_view(&hb);
     assert_int_equal(backend_cuda_fingerprint_to(dout, &gb, st), REFIT_OK);
     CU(cudaStreamSynchronize(st));
@@ -309,15 +293,15 @@ static void test_fingerprint_to(void **state)
             fail_msg("word %d: device %016llx, host %016llx", w, (unsigned long long)out[w],
                      (unsigned long long)want[w]);
     /* a destination that is not 8-byte aligned */
-    refit_view g0 = mkview(t[3].d, I8, 1, &sizes[3], (const int64_t[]){1}, 0);
+    refit_view g0 = vw_nd(t[3].d, I8, 1, &sizes[3], (const int64_t[]){1}, 0);
     assert_int_equal(kern_fingerprint_to_cuda(&g0, (uint64_t *)((char *)dout + 4), st),
                      REFIT_EINVAL);
     /* through the backend, after a small copy it batches on st: the
      * fingerprint reads the copied bytes (1001 of them) */
     int64_t n = 1001, one[1] = {1};
-    refit_view src = mkview(t[6].d, I8, 1, &n, one, 0), dst = mkview(t[7].d, I8, 1, &n, one, 1);
+    refit_view src = vw_nd(t[6].d, I8, 1, &n, one, 0), dst = vw_nd(t[7].d, I8, 1, &n, one, 1);
     assert_int_equal(backend_cuda.copy(&dst, &src, st), REFIT_OK);
-    refit_view hsrc = mkview(t[6].h, I8, 1, &n, one, 0);
+    refit_view hsrc = vw_nd(t[6].h, I8, 1, &n, one, 0);
     assert_int_equal(backend_cuda_fingerprint_to(dout + 1, &dst, st), REFIT_OK);
     assert_int_equal(backend_cuda.sync(st), REFIT_OK);
     CU(cudaMemcpy(out, dout, 16, cudaMemcpyDeviceToHost));

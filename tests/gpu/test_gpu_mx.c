@@ -183,17 +183,13 @@ static void one(int bits, refit_dtype dt, int64_t n, int64_t k, int xl, int ql, 
     refit_view hx = on_host(gx, &tx), hq = on_host(gq, &tq), hs = on_host(gs, &ts);
     fill(&hx, p);
     twin_push(&tx);
-    char *jq = malloc(tq.bytes), *js = malloc(ts.bytes);
-    assert_non_null(jq);
-    assert_non_null(js);
-    memcpy(jq, tq.h, tq.bytes);
-    memcpy(js, ts.h, ts.bytes);
+    char *jq = twin_save(&tq), *js = twin_save(&ts);
     int32_t bad_h, bad_d;
     int rh = reference(bits, 1, &hq, &hs, &hx, &bad_h);
     for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
         if (hw) {
-            CU(cudaMemcpy(tq.d, jq, tq.bytes, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(ts.d, js, ts.bytes, cudaMemcpyHostToDevice));
+            twin_restore(&tq, jq);
+            twin_restore(&ts, js);
         }
         int rd = kern_quant_mx_cuda(1, &gq, &gs, &gx, bits, hw, &bad_d, stream);
         char what[200];
@@ -381,15 +377,11 @@ static void multi_free(multi *m)
 static void multi_run(multi *m, int bits, const char *what, void *stream)
 {
     int32_t bad_h, bad_d;
-    char *jq = malloc(m->tq.bytes), *js = malloc(m->ts.bytes);
-    assert_non_null(jq);
-    assert_non_null(js);
-    memcpy(jq, m->tq.h, m->tq.bytes);
-    memcpy(js, m->ts.h, m->ts.bytes);
+    char *jq = twin_save(&m->tq), *js = twin_save(&m->ts);
     int rh = reference(bits, m->n, m->hq, m->hs, m->hx, &bad_h);
     for (int hw = 0; hw < (bits == 8 ? encoders : 1); hw++) {
-        CU(cudaMemcpy(m->tq.d, jq, m->tq.bytes, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(m->ts.d, js, m->ts.bytes, cudaMemcpyHostToDevice));
+        twin_restore(&m->tq, jq);
+        twin_restore(&m->ts, js);
         int rd = kern_quant_mx_cuda(m->n, m->gq, m->gs, m->gx, bits, hw, &bad_d, stream);
         if (rh != REFIT_OK || rd != REFIT_OK)
             fail_msg("%s, mxfp%d: device %d (%s), reference %d", what, bits, rd,

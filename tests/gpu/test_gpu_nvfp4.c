@@ -630,7 +630,6 @@ static void *ckpt_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
     uint64_t seed = pair_seed(c, v);
     char *b = malloc(n * e + 1);
     assert_non_null(b);
-    int f16 = c->dtype.code == REFIT_DTYPE_FLOAT && c->dtype.bits == 16;
     for (size_t i = 0; i < n; i++) {
         uint64_t r = twin_mix(seed + i);
         if (c->kind == CK_PACKED) {
@@ -642,12 +641,7 @@ static void *ckpt_bytes(const pair_ck *c, int v, int64_t nan_at, size_t *bytes)
             continue;
         }
         float f = 0.001f + (float)(r % 100000) / 7919.0f; /* CK_FACTOR */
-        if (e == 4) {
-            memcpy(b + i * 4, &f, 4);
-        } else {
-            uint16_t h = f16 ? kern_f32_to_f16(f) : kern_f32_to_bf16(f);
-            memcpy(b + i * 2, &h, 2);
-        }
+        pair_store_float(b, i, c->dtype, f);
     }
     *bytes = n * e;
     return b;

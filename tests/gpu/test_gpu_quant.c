@@ -170,17 +170,13 @@ static void one(int scheme, refit_dtype dt, int64_t n, int64_t k, int xl, int ql
     refit_view hx = on_host(gx, &tx), hq = on_host(gq, &tq), hs = on_host(gs, &ts);
     fill(&hx, p);
     twin_push(&tx);
-    char *jq = malloc(tq.bytes), *js = malloc(ts.bytes); /* the junk, for a second run */
-    assert_non_null(jq);
-    assert_non_null(js);
-    memcpy(jq, tq.h, tq.bytes);
-    memcpy(js, ts.h, ts.bytes);
+    char *jq = twin_save(&tq), *js = twin_save(&ts); /* the junk, for a second run */
     int32_t bad_h, bad_d;
     int rh = reference(1, &hq, &hs, &hx, scheme, &bad_h);
     for (int hw = 0; hw < encoders; hw++) {
         if (hw) { /* the device writes over the same junk again */
-            CU(cudaMemcpy(tq.d, jq, tq.bytes, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(ts.d, js, ts.bytes, cudaMemcpyHostToDevice));
+            twin_restore(&tq, jq);
+            twin_restore(&ts, js);
         }
         int rd = kern_quant_fp8_cuda(1, &gq, &gs, &gx, scheme, hw, &bad_d, stream);
         char what[220];
@@ -401,15 +397,11 @@ static void multi_free(multi *m)
 static void multi_run(multi *m, int scheme, const char *what, void *stream)
 {
     int32_t bad_h, bad_d;
-    char *jq = malloc(m->tq.bytes), *js = malloc(m->ts.bytes);
-    assert_non_null(jq);
-    assert_non_null(js);
-    memcpy(jq, m->tq.h, m->tq.bytes);
-    memcpy(js, m->ts.h, m->ts.bytes);
+    char *jq = twin_save(&m->tq), *js = twin_save(&m->ts);
     int rh = reference(m->n, m->hq, m->hs, m->hx, scheme, &bad_h);
     for (int hw = 0; hw < encoders; hw++) {
-        CU(cudaMemcpy(m->tq.d, jq, m->tq.bytes, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(m->ts.d, js, m->ts.bytes, cudaMemcpyHostToDevice));
+        twin_restore(&m->tq, jq);
+        twin_restore(&m->ts, js);
         int rd = kern_quant_fp8_cuda(m->n, m->gq, m->gs, m->gx, scheme, hw, &bad_d, stream);
         if (rh != REFIT_OK || rd != REFIT_OK)
             fail_msg("%s (%s): device %d (%s), reference %d", what,
