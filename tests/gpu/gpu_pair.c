@@ -423,6 +423,16 @@ void pair_check_reload_equals_cold(void **state, int fingerprints)
     free(c);
 }
 
+void pair_case_reload_equals_cold(void **state)
+{
+    pair_check_reload_equals_cold(state, 1);
+}
+
+void pair_case_reload_bytes_equal_cold(void **state)
+{
+    pair_check_reload_equals_cold(state, 0);
+}
+
 void pair_check_user_stream(void **state)
 {
     WORLDS(state, d, h);

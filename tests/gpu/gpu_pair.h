@@ -146,6 +146,17 @@ void pair_check_matches_host(void **state);
 void pair_check_reload_equals_cold(void **state, int fingerprints);
 /* Updates on a caller's non-blocking stream, from device and pageable. */
 void pair_check_user_stream(void **state);
+/* pair_check_reload_equals_cold as cases: fingerprints compared, or not. */
+void pair_case_reload_equals_cold(void **state);
+void pair_case_reload_bytes_equal_cold(void **state);
+/* The three shared model cases as a suite lists them (cmocka cases named
+ * test_model_matches_host, test_model_reload_equals_cold with reload, one
+ * of the two above, and test_model_user_stream), each with setup and
+ * teardown (pair_setup, pair_teardown: fresh worlds; NULL: the group's). */
+#define PAIR_MODEL_CASES(reload, setup, teardown)                             \
+    {"test_model_matches_host", pair_check_matches_host, setup, teardown, NULL}, \
+    {"test_model_reload_equals_cold", reload, setup, teardown, NULL},         \
+    {"test_model_user_stream", pair_check_user_stream, setup, teardown, NULL}
 /* An update of version 32 with `defect` in tensor `at` is refused
  * (REFIT_ECORRUPT, the message naming module, tensor and `reason`), health
  * is READY and every byte equals `before`. */

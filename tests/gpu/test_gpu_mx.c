@@ -983,22 +983,10 @@ static void build(pair_world *w)
 /* Every checkpoint tensor is a float weight; defect 1: a NaN at element 37. */
 static const pair_format mx_model = {"REFIT_GPU_MX_ON_HOST", "mx", build, pair_float_ckpt};
 
-static void test_model_matches_host(void **state)
-{
-    pair_check_matches_host(state);
-}
-
-/* Reloads and a cold start agree byte for byte (fingerprints not compared
- * here, as before the harness). */
-static void test_model_reload_equals_cold(void **state)
-{
-    pair_check_reload_equals_cold(state, 0);
-}
-
-static void test_model_user_stream(void **state)
-{
-    pair_check_user_stream(state);
-}
+/* The shared model cases; reloads and a cold start agree byte for byte
+ * (fingerprints not compared here, as before the harness). */
+#define MX_MODEL_CASES(setup, teardown)                                       \
+    PAIR_MODEL_CASES(pair_case_reload_bytes_equal_cold, setup, teardown)
 
 /* A NaN refused with module and tensor named and every byte kept; an abort
  * after every post-load ran restores every byte. */
@@ -1017,9 +1005,7 @@ int main(void)
 #ifndef REFIT_GPU_MX_EMU
     if (pair_use(&mx_model)) {
         const struct CMUnitTest model[] = {
-            cmocka_unit_test(test_model_matches_host),
-            cmocka_unit_test(test_model_reload_equals_cold),
-            cmocka_unit_test(test_model_user_stream),
+            MX_MODEL_CASES(NULL, NULL),
             cmocka_unit_test(test_model_nan_and_abort),
         };
         return cmocka_run_group_tests(model, pair_setup, pair_teardown);
@@ -1042,9 +1028,7 @@ int main(void)
         cmocka_unit_test(test_dense_every_bf16),
         cmocka_unit_test(test_encoders),
 #ifndef REFIT_GPU_MX_EMU
-        cmocka_unit_test_setup_teardown(test_model_matches_host, pair_setup, pair_teardown),
-        cmocka_unit_test_setup_teardown(test_model_reload_equals_cold, pair_setup, pair_teardown),
-        cmocka_unit_test_setup_teardown(test_model_user_stream, pair_setup, pair_teardown),
+        MX_MODEL_CASES(pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_model_nan_and_abort, pair_setup, pair_teardown),
 #endif
     };

@@ -655,24 +655,6 @@ static void *nvfp4_bytes(const pair_ck *c, int v, int defect, size_t *bytes)
 
 static const pair_format nvfp4_model = {"REFIT_GPU_NVFP4_ON_HOST", "nvfp4", build, nvfp4_bytes};
 
-/* Device post-load equals the CPU reference, from every source kind. */
-static void test_model_matches_host(void **state)
-{
-    pair_check_matches_host(state);
-}
-
-/* The same weights twice give the same bytes (alpha rebuilt, never fused
- * twice); B over A equals a cold start on B, fingerprints too. */
-static void test_model_reload_equals_cold(void **state)
-{
-    pair_check_reload_equals_cold(state, 1);
-}
-
-static void test_model_user_stream(void **state)
-{
-    pair_check_user_stream(state);
-}
-
 /* A NaN in an online weight (each in turn): refused naming module and
  * tensor; with rollback every byte stays; an abort after every post-load
  * restores. */
@@ -701,10 +683,12 @@ int main(void)
     return cmocka_run_group_tests(tests, NULL, NULL);
 #else
     int on_host_only = pair_use(&nvfp4_model);
+    /* the shared model cases: device post-load equals the CPU reference,
+     * from every source kind; the same weights twice give the same bytes
+     * (alpha rebuilt, never fused twice) and B over A equals a cold start
+     * on B, fingerprints too; updates on a caller's stream */
 #define MODEL_TESTS                                                                      \
-    cmocka_unit_test_setup_teardown(test_model_matches_host, pair_setup, pair_teardown),       \
-    cmocka_unit_test_setup_teardown(test_model_reload_equals_cold, pair_setup, pair_teardown), \
-    cmocka_unit_test_setup_teardown(test_model_user_stream, pair_setup, pair_teardown),        \
+    PAIR_MODEL_CASES(pair_case_reload_equals_cold, pair_setup, pair_teardown),                 \
     cmocka_unit_test_setup_teardown(test_model_nan_and_abort, pair_setup, pair_teardown)
     const struct CMUnitTest model_only[] = {MODEL_TESTS};
     const struct CMUnitTest tests[] = {
