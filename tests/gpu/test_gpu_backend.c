@@ -28,7 +28,6 @@
 #include "gpu_twin.h"
 #include "core/safetensors_write.h"
 
-
 enum { N_EXPERTS = 300, MAX_RT = 8, MAX_CK = N_EXPERTS + 16 };
 
 /* ---- the test format: STAGED, post-load copies (and casts) into place ---- */

@@ -54,7 +54,6 @@
 
 static int on_host_only; /* REFIT_GPU_INT4_ON_HOST */
 
-
 static const char *dt_name(refit_dtype d)
 {
     return d.bits == 32 ? "f32" : d.code == REFIT_DTYPE_BFLOAT ? "bf16" : "f16";

@@ -55,7 +55,6 @@
 #define U8 ((refit_dtype){REFIT_DTYPE_UINT, 8, 1})
 #define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})
 
-
 /* ---- kernel against reference ---- */
 
 enum pat { PAT_MIXED, PAT_ZERO, PAT_SUBNORMAL, PAT_BIG, PAT_RANDOM };
