@@ -24,8 +24,9 @@
  * launch later (evict-first reads, __ldcs, and streamed stores, __stcs,
  * keep the set behind it there), but on the H200 it mostly does not (L2
  * hit 22%) and fewer, larger launches pay more: 96 MB sets beat 24 MB
- * ones by a quarter (docs/cuda.md, "Set size"). Within a launch the amax blocks are spread evenly among
- * the encode blocks (qn_find), so both passes share every SM. Checkpoint
+ * ones by a quarter (docs/cuda.md, "Set size"). Within a launch the amax
+ * blocks are spread evenly among the encode blocks (qn_find), so both
+ * passes share every SM. Checkpoint
  * pieces ride in the first launch. n online pieces in s sets take s + 1
  * launches (more when a launch holds more than QN_BATCH entries).
  *
