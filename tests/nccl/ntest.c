@@ -328,3 +328,12 @@ void nt_assert_all_ok(const nt_job *jobs, int n)
         assert_int_equal(jobs[i].res.vote_taken, 1);
     }
 }
+
+void nt_fixture_end(nt_worker *w, int n, nt_ckpt c[3], const char *dir)
+{
+    for (int r = 0; r < n; r++)
+        nt_worker_close(&w[r]);
+    for (int v = 1; v <= 2; v++)
+        nt_ckpt_free(&c[v]);
+    nt_rmdir(dir);
+}

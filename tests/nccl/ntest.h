@@ -107,5 +107,8 @@ void nt_assert_all_ok(const nt_job *jobs, int n);
 /* A directory under the build root for journals; freed by nt_rmdir. */
 void nt_tmpdir(char *out, size_t n);
 void nt_rmdir(const char *dir);
+/* A fixture's end: close workers w[0, n), free checkpoint versions 1 and 2
+ * of c (c[0] unused), remove dir. */
+void nt_fixture_end(nt_worker *w, int n, nt_ckpt c[3], const char *dir);
 
 #endif

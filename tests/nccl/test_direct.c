@@ -69,11 +69,7 @@ static int setup2(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    for (int r = 0; r < NW; r++)
-        nt_worker_close(&f->w[r]);
-    for (int v = 1; v <= 2; v++)
-        nt_ckpt_free(&f->c[v]);
-    nt_rmdir(f->dir);
+    nt_fixture_end(f->w, NW, f->c, f->dir);
     free(f);
     return 0;
 }

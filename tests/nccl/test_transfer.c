@@ -49,11 +49,7 @@ static int setup(void **state)
 static int teardown(void **state)
 {
     fx *f = *state;
-    for (int r = 0; r < TP; r++)
-        nt_worker_close(&f->w[r]);
-    for (int v = 1; v <= 2; v++)
-        nt_ckpt_free(&f->c[v]);
-    nt_rmdir(f->dir);
+    nt_fixture_end(f->w, TP, f->c, f->dir);
     free(f);
     return 0;
 }
