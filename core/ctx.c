@@ -1,5 +1,6 @@
 /* The context: one per engine worker. Holds the error message, the format
  * registry and the model. */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -267,8 +268,17 @@ int refit_open(refit_ctx **out, const refit_options *opt)
     *out = NULL;
     if (!opt)
         opt = &defaults;
-    if (opt->version != REFIT_OPTIONS_VERSION)
+    if (opt->version < 1 || opt->version > REFIT_OPTIONS_VERSION)
         return REFIT_EINVAL;
+    /* A version 1 caller's struct ends at journal_best_effort: read no
+     * further, the rest keeps its defaults. */
+    refit_options o = defaults;
+    if (opt->version == 1)
+        memcpy(&o, opt, offsetof(refit_options, undo_device_budget));
+    else
+        o = *opt;
+    o.version = REFIT_OPTIONS_VERSION;
+    opt = &o;
     refit_ctx *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return REFIT_ENOMEM;
@@ -281,6 +291,9 @@ int refit_open(refit_ctx **out, const refit_options *opt)
     ctx->plugin_dirs = xstrdup(opt->plugin_dirs);
     ctx->staging_budget = opt->staging_budget ? opt->staging_budget : (1ull << 30);
     ctx->journal_best_effort = opt->journal_best_effort != 0;
+    ctx->undo_device_budget = opt->undo_device_budget;
+    ctx->log_fn = opt->log_fn;
+    ctx->log_user = opt->log_user;
     ctx_init_host(ctx);
     int rc = REFIT_ENOMEM;
     if (!ctx->worker_id || (jp && !ctx->journal_path) ||

@@ -32,6 +32,9 @@ struct refit_ctx {
     char *plugin_dirs;
     struct plugin_set *plugins;         /* format plugins found at open (formats_builtin.c) */
     uint64_t staging_budget;
+    uint64_t undo_device_budget;        /* refit_options v2; 0: host only */
+    refit_log_fn log_fn;                /* NULL: stderr */
+    void *log_user;
     refit_model *model;                 /* at most one */
     const refit_format_v1 *formats[REFIT_MAX_FORMATS];
     uint32_t n_formats;

@@ -20,9 +20,9 @@
  *
  * E8M0 has no sign and no zero: negative numbers, zeros, Inf and NaN all
  * encode to 0xff (NaN). It rounds to the nearer power of two with ties
- * away from zero (x >= 1.5 * 2^e goes up), and inputs that are f32
- * subnormals map to 2^-127 when <= 2^-127 and to 2^-126 above, again as
- * ml_dtypes does. Decoded NaNs are the canonical quiet NaN with the sign
+ * away from zero (x >= 1.5 * 2^e goes up), f32 subnormals included: below
+ * 1.5 * 2^-127 they map to 2^-127 (0x00), from it up to 2^-126 (0x01), as
+ * ml_dtypes 0.7 does (0.5 and 0.6 sent everything above 2^-127 up). Decoded NaNs are the canonical quiet NaN with the sign
  * of the input pattern. */
 #include <string.h>
 
@@ -181,8 +181,12 @@ uint8_t kern_f32_to_e8m0(float f)
 
     if ((x & F32_SIGN) || x == 0 || x >= F32_INF)
         return 0xffu;
-    if (x < 0x00800000u) /* f32 subnormal */
-        return x <= 0x00400000u ? 0x00u : 0x01u;
+    /* An f32 subnormal lies below 2^-126 (code 0x01); the smallest code,
+     * 0x00, is 2^-127 = 0x00400000. Nearest in value, ties up, as for the
+     * normals: the midpoint 1.5 * 2^-127 = 0x00600000 goes to 0x01, and
+     * everything below 2^-127 (no code is smaller) to 0x00. */
+    if (x < 0x00800000u)
+        return x < 0x00600000u ? 0x00u : 0x01u;
     /* half a unit added to the exponent field: ties go up */
     uint32_t code = (x + 0x00400000u) >> 23;
     return code >= 0xffu ? 0xffu : (uint8_t)code;

@@ -37,13 +37,19 @@ if [ -n "$missing" ]; then
   $sudo apt-get install -y -qq $missing >/dev/null
 fi
 
-# Python packages used only by tests and tools, in a venv under the build.
+# Python packages used only by tests and tools, in a venv under the build,
+# at the exact versions of scripts/requirements.txt. The stamp names the
+# file's digest, so a changed file (a version taken on purpose) rebuilds the
+# venv of an existing build folder.
 venv="$build/venv"
-stamp="$venv/.refit-deps-1"
+req="$(dirname "$0")/requirements.txt"
+digest=$(sha256sum "$req" | cut -c1-16)
+stamp="$venv/.refit-deps-$digest"
 if [ ! -f "$stamp" ]; then
-  echo "refit: creating $venv (numpy, ml_dtypes, safetensors)"
+  echo "refit: creating $venv from $req"
+  rm -rf "$venv"
   mkdir -p "$build"
   python3 -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check numpy ml_dtypes safetensors
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-input -r "$req"
   touch "$stamp"
 fi

@@ -145,7 +145,11 @@ typedef struct refit_ctx refit_ctx;
 typedef struct refit_model refit_model;
 typedef struct refit_txn refit_txn;
 
-#define REFIT_OPTIONS_VERSION 1
+/* Where the library's messages go: level 0 error, 1 warning, 2 debug (debug
+ * lines are produced only when REFIT_DEBUG is set or a log_fn is given). */
+typedef void (*refit_log_fn)(void *user, int level, const char *msg);
+
+#define REFIT_OPTIONS_VERSION 2
 typedef struct refit_options {
     uint32_t version;          /* REFIT_OPTIONS_VERSION */
     const char *worker_id;     /* label in messages and the journal; NULL: "worker" */
@@ -158,8 +162,15 @@ typedef struct refit_options {
      * the gap is recorded as soon as the journal works again. A journal
      * failure never fails a finalize or an abort. */
     int journal_best_effort;
+    /* ---- version 2 ---- */
+    /* Bytes of device memory the undo log of an update with rollback may
+     * take (spare memory the engine grants); what does not fit goes to
+     * pinned host memory. 0: host memory only. */
+    uint64_t undo_device_budget;
+    refit_log_fn log_fn;       /* NULL: lines on stderr, "refit: " first */
+    void *log_user;            /* passed to log_fn */
 } refit_options;
-#define REFIT_OPTIONS_INIT {REFIT_OPTIONS_VERSION, NULL, 0, NULL, NULL, 0, 0}
+#define REFIT_OPTIONS_INIT {REFIT_OPTIONS_VERSION, NULL, 0, NULL, NULL, 0, 0, 0, NULL, NULL}
 
 /* Create a context. opt may be NULL for defaults. On failure *out is NULL
  * and the status says why (there is no context to hold a message). */

@@ -15,6 +15,11 @@
 
 /* The venv's python ($REFIT_VENV, else $REFIT_BUILD_ROOT/venv). */
 const char *pyref_python(void);
+/* For a suite's main, before any test: without a usable venv, print a
+ * skipped TAP plan ("1..0 # SKIP" and what to run) and exit 0, which meson
+ * counts as a skipped suite. (Under meson's TAP protocol an exit status of
+ * 77 counts as an error; the skipped plan is TAP's way of saying the same.) */
+void pyref_skip_without_venv(void);
 /* Runs `python <root>/<script> <before> <out> <after>`; returns the set it
  * wrote to <out> (the file is already unlinked). */
 st_set *pyref_run(const char *script, const char *before, const char *after);

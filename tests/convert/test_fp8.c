@@ -10,6 +10,7 @@
 
 #include "tests/convert/cvutil.h"
 #include "tests/quant/qutil.h"
+#include "tests/common/pyref.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -224,6 +225,7 @@ static void fused_qkv_from_fixture(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(fp8_all_schemes, cv_setup, cv_teardown),
         cmocka_unit_test_setup_teardown(fp8_default_scheme, cv_setup, cv_teardown),

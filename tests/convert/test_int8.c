@@ -10,6 +10,7 @@
 
 #include "tests/convert/cvutil.h"
 #include "tests/quant/qutil.h"
+#include "tests/common/pyref.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -87,6 +88,7 @@ static void int8_default(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(int8_per_tensor, cv_setup, cv_teardown),
         cmocka_unit_test_setup_teardown(int8_per_channel, cv_setup, cv_teardown),

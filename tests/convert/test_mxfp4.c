@@ -10,6 +10,7 @@
 
 #include "tests/convert/cvutil.h"
 #include "tests/formats4/f4util.h"
+#include "tests/common/pyref.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -51,6 +52,7 @@ static void mxfp4_same_kernels(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(mxfp4_same_kernels, cv_setup, cv_teardown),
     };

@@ -9,6 +9,7 @@
 
 #include "tests/convert/cvutil.h"
 #include "tests/quant/qutil.h"
+#include "tests/common/pyref.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -60,6 +61,7 @@ static void mxfp8_same_kernels(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(mxfp8_same_kernels, cv_setup, cv_teardown),
     };

@@ -11,6 +11,7 @@
 #include "tests/formats4/f4set.h"
 #include "tests/formats4/f4util.h"
 #include "tests/quant/qutil.h"
+#include "tests/common/pyref.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -588,6 +589,7 @@ static void online_via_plugin_file(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(gptq_sym_dequant),
         cmocka_unit_test(gptq_asym_channel),

@@ -10,6 +10,7 @@
 #include "kernels/quant_nvfp4.h"
 #include "tests/formats4/f4util.h"
 #include "tests/quant/qutil.h"
+#include "tests/common/pyref.h"
 
 static void fp4_every_byte(void **state)
 {
@@ -92,6 +93,7 @@ static void int4_words(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(fp4_every_byte),
         cmocka_unit_test(swizzle_shapes),

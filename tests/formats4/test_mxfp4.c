@@ -11,6 +11,7 @@
 #include "tests/formats4/f4set.h"
 #include "tests/formats4/f4util.h"
 #include "tests/quant/qutil.h"
+#include "tests/common/pyref.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -287,6 +288,7 @@ static void via_plugin_file(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(serialized_2d),
         cmocka_unit_test(gptoss_stacked_blocks),

@@ -16,6 +16,7 @@
 #include <refit/refit.h>
 
 #include "core/safetensors.h"
+#include "tests/common/pyref.h"
 
 #define TP 2
 
@@ -208,6 +209,7 @@ static void test_manifest_refuses_uneven(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_llama_fixture_tp2, setup, teardown),
         cmocka_unit_test_setup_teardown(test_manifest_refuses_uneven, setup, teardown),

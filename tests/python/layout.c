@@ -25,7 +25,8 @@ int main(void)
       M(refit_tensor, strides); M(refit_tensor, byte_offset));
     S(refit_options, "Options", M(refit_options, version); M(refit_options, worker_id);
       M(refit_options, rank); M(refit_options, journal_path); M(refit_options, plugin_dirs);
-      M(refit_options, staging_budget); M(refit_options, journal_best_effort));
+      M(refit_options, staging_budget); M(refit_options, journal_best_effort);
+      M(refit_options, undo_device_budget); M(refit_options, log_fn); M(refit_options, log_user));
     S(refit_ckpt_spec, "CkptSpec", M(refit_ckpt_spec, version); M(refit_ckpt_spec, dtype);
       M(refit_ckpt_spec, ndim); M(refit_ckpt_spec, shape); M(refit_ckpt_spec, target);
       M(refit_ckpt_spec, shard_dim); M(refit_ckpt_spec, shard_rank);

@@ -3,6 +3,11 @@
 ml_dtypes' astype: test_minifloat reads them and compares bit for bit.
 
 Usage: gen_minifloat_ref.py OUT.safetensors [--random N] [--seed S]
+       gen_minifloat_ref.py OUT.safetensors --subnormals
+
+--subnormals writes only enc.x and enc.<t>: every f32 subnormal of either
+sign, both zeros, and the 64 smallest normals of either sign, so the codecs
+are checked exhaustively where their rounding is subtlest.
 
 Tensors written:
   dec.<t>          f32 bits (u32) of decoding every bit pattern of type t
@@ -87,6 +92,11 @@ def random_values(n, seed):
     return np.concatenate(parts)
 
 
+def subnormal_values():
+    mag = np.arange(0, 0x00800000 + 64, dtype=np.uint32)
+    return np.concatenate([mag, mag | np.uint32(0x80000000)]).view(np.float32)
+
+
 def encode_tables(x):
     out = {"enc.x": x.view(np.uint32).copy()}
     with np.errstate(all="ignore"):
@@ -108,10 +118,14 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--random", type=int, default=1 << 18)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--subnormals", action="store_true")
     a = ap.parse_args()
-    x = np.concatenate([edge_values(), random_values(a.random, a.seed)])
-    tables = decode_tables()
-    tables.update(encode_tables(x))
+    if a.subnormals:
+        tables = encode_tables(subnormal_values())
+    else:
+        x = np.concatenate([edge_values(), random_values(a.random, a.seed)])
+        tables = decode_tables()
+        tables.update(encode_tables(x))
     save_file(tables, a.out)
 
 

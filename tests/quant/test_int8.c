@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "tests/quant/qutil.h"
+#include "tests/common/pyref.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -190,6 +191,7 @@ static void plugin_declaration_agrees(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(loads_both_schemes),
         cmocka_unit_test(reload_equals_cold),

@@ -14,6 +14,7 @@
 #include "kernels/quant_int8.h"
 #include "kernels/quant_mx.h"
 #include "tests/quant/qutil.h"
+#include "tests/common/pyref.h"
 
 static uint32_t bits(float f)
 {
@@ -56,29 +57,54 @@ static void decode_all(void **state)
     st_close(s);
 }
 
+static const struct { const char *name; enc_fn f; } encoders[] = {
+    {"enc.e4m3", kern_f32_to_e4m3}, {"enc.e4m3_sat", kern_f32_to_e4m3_sat},
+    {"enc.e5m2", kern_f32_to_e5m2}, {"enc.e5m2_sat", kern_f32_to_e5m2_sat},
+    {"enc.e8m0", kern_f32_to_e8m0}, {"enc.e2m1", kern_f32_to_e2m1}};
+
+/* Every encoder against the reference on every input of s's enc.x (only
+ * the tables s has: --subnormals writes no _sat tables). */
+static void encode_against(st_set *s, int64_t min_inputs)
+{
+    const st_tensor *x = q_get(s, "enc.x");
+    const uint32_t *xb = x->data;
+    int64_t n = x->shape[0];
+    assert_true(n >= min_inputs);
+    for (size_t i = 0; i < sizeof encoders / sizeof encoders[0]; i++) {
+        const st_tensor *want = st_find(s, encoders[i].name);
+        if (!want)
+            continue;
+        assert_int_equal(want->shape[0], n);
+        const uint8_t *w = want->data;
+        for (int64_t j = 0; j < n; j++) {
+            uint8_t got = encoders[i].f(from_bits(xb[j]));
+            if (got != w[j])
+                fail_msg("%s: f32 0x%08x (%.9g): want 0x%02x, got 0x%02x", encoders[i].name,
+                         xb[j], from_bits(xb[j]), w[j], got);
+        }
+    }
+}
+
 static void encode_all(void **state)
 {
     (void)state;
     st_set *s = q_ref("gen_minifloat_ref.py", "--random 262144 --seed 7");
-    static const struct { const char *name; enc_fn f; } t[] = {
-        {"enc.e4m3", kern_f32_to_e4m3}, {"enc.e4m3_sat", kern_f32_to_e4m3_sat},
-        {"enc.e5m2", kern_f32_to_e5m2}, {"enc.e5m2_sat", kern_f32_to_e5m2_sat},
-        {"enc.e8m0", kern_f32_to_e8m0}, {"enc.e2m1", kern_f32_to_e2m1}};
-    const st_tensor *x = q_get(s, "enc.x");
-    const uint32_t *xb = x->data;
-    int64_t n = x->shape[0];
-    assert_true(n > 1000000);
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
-        const st_tensor *want = q_get(s, t[i].name);
-        assert_int_equal(want->shape[0], n);
-        const uint8_t *w = want->data;
-        for (int64_t j = 0; j < n; j++) {
-            uint8_t got = t[i].f(from_bits(xb[j]));
-            if (got != w[j])
-                fail_msg("%s: f32 0x%08x (%.9g): want 0x%02x, got 0x%02x", t[i].name, xb[j],
-                         from_bits(xb[j]), w[j], got);
-        }
-    }
+    encode_against(s, 1000000);
+    st_close(s);
+}
+
+/* Every f32 subnormal of either sign and the smallest normals: where E8M0's
+ * nearest power (2^-127 or 2^-126) and the minifloats' subnormal units are
+ * decided. */
+static void encode_subnormals(void **state)
+{
+    (void)state;
+    st_set *s = q_ref("gen_minifloat_ref.py", "--subnormals");
+    encode_against(s, 2 * (0x00800000 + 64));
+    assert_int_equal(kern_f32_to_e8m0(from_bits(0x00400001u)), 0x00); /* 2^-127 + 2^-149 */
+    assert_int_equal(kern_f32_to_e8m0(from_bits(0x005fffffu)), 0x00);
+    assert_int_equal(kern_f32_to_e8m0(from_bits(0x00600000u)), 0x01); /* the tie goes up */
+    assert_int_equal(kern_f32_to_e8m0(from_bits(0x00000001u)), 0x00); /* no smaller code */
     st_close(s);
 }
 
@@ -310,9 +336,11 @@ static void quant_refusals_and_dequant(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(decode_all),
         cmocka_unit_test(encode_all),
+        cmocka_unit_test(encode_subnormals),
         cmocka_unit_test(codec_edges),
         cmocka_unit_test(mx_scale_rule),
         cmocka_unit_test(fp8_scale_rule),

@@ -10,6 +10,7 @@
 #include "kernels/cast.h"
 #include "kernels/quant_mx.h"
 #include "tests/quant/qutil.h"
+#include "tests/common/pyref.h"
 
 extern const refit_format_v1 refit_format_plugin_v1;
 
@@ -309,6 +310,7 @@ static void plugin_declaration_agrees(void **state)
 
 int main(void)
 {
+    pyref_skip_without_venv();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(serialized_loads),
         cmocka_unit_test(serialized_ragged_needs_extent),

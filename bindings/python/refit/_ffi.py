@@ -36,7 +36,7 @@ class Tensor(ctypes.Structure):
     ]
 
 
-OPTIONS_VERSION = 1
+OPTIONS_VERSION = 2
 
 
 class Options(ctypes.Structure):
@@ -48,6 +48,9 @@ class Options(ctypes.Structure):
         ("plugin_dirs", ctypes.c_char_p),
         ("staging_budget", ctypes.c_uint64),
         ("journal_best_effort", ctypes.c_int),
+        ("undo_device_budget", ctypes.c_uint64),
+        ("log_fn", ctypes.c_void_p),
+        ("log_user", ctypes.c_void_p),
     ]
 
 
