@@ -1027,6 +1027,11 @@ static int txn_prepare(refit_txn *t)
         if (!rc && (rc = txn_sync_streams(t)))
             txn_error(t, rc, "finalize: queued copies failed: %s%s%s", refit_strerror(rc),
                       be->last_error()[0] ? ": " : "", be->last_error());
+        if (!rc && (rc = host_services_check_status(m->ctx))) { /* post-load status words, once */
+            char why[REFIT_ERRMSG_SIZE];
+            memcpy(why, m->ctx->errmsg, sizeof why);
+            txn_error(t, rc, "finalize: post-load failed on the device: %s", why);
+        }
     }
     if (rc) {
         char why[REFIT_ERRMSG_SIZE];
