@@ -302,8 +302,10 @@ static int check_symbol(plugin_entry *e, char *why, size_t n)
 {
     dlerror();
     const refit_format_v2 *f = dlsym(e->dl, REFIT_FORMAT_PLUGIN_SYMBOL);
-    const char *err = dlerror();
-    if (!f) {
+    const char *dl_err = dlerror();
+    char err_buf[256];
+    const char *err = dl_err ? (snprintf(err_buf, sizeof err_buf, "%s", dl_err), err_buf) : NULL;
+    if (!f) { /* (the copy: the next dlsym frees dlerror's string) */
         if (dlsym(e->dl, REFIT_FORMAT_PLUGIN_SYMBOL_V1)) {
             snprintf(why, n, "built against format ABI 1 (it exports %s): rebuild it against "
                      "refit's <refit/format.h>, format ABI %d (refit_format_v2, exported as "
