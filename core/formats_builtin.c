@@ -1,7 +1,7 @@
 /* The formats of a context: none is compiled in any more; every format is a
  * plugin found on the search path (core/plugin_loader.c) and registered
  * here at refit_open, or a format the embedder registers in-process with
- * refit_format_register. Also the host services appended to ABI 1, the
+ * refit_format_register. Also the
  * seal-time cross-check of plans against declarations, and dlclose at
  * refit_close. */
 #include <stdio.h>
@@ -9,48 +9,6 @@
 
 #include "core/internal.h"
 #include "core/plugin_loader.h"
-
-/* ---- host services appended to ABI 1 ---- */
-
-static int host_zero(void *host, const refit_view *dst, void *stream)
-{
-    const backend *be = dst ? backend_for_device(dst->device) : NULL;
-    if (!be)
-        return ctx_error(host, REFIT_EUNSUPPORTED, "zero: no backend for device type %d",
-                         dst ? dst->device.device_type : -1);
-    int rc = be->zero(dst, stream);
-    return rc ? ctx_error(host, rc, "zero failed: %s", refit_strerror(rc)) : REFIT_OK;
-}
-
-static int host_device_info(void *host, refit_device dev, refit_device_info *out)
-{
-    (void)host;
-    if (!out || out->struct_size < offsetof(refit_device_info, backend) + sizeof out->backend)
-        return REFIT_EINVAL;
-    const backend *be = backend_for_device(dev);
-    out->device = dev;
-    out->served = be != NULL;
-    out->host_access = dev.device_type == REFIT_DEVICE_CPU ||
-                       dev.device_type == REFIT_DEVICE_CUDA_HOST;
-    out->cc_major = 0; /* the CUDA backend fills these in when it lands */
-    out->cc_minor = 0;
-    out->backend = be ? be->name : NULL;
-    return REFIT_OK;
-}
-
-static const char *host_dtype_name(void *host, refit_dtype dt)
-{
-    (void)host;
-    return refit_dtype_name(dt);
-}
-
-void plugins_host_services(refit_host_v1 *h)
-{
-    h->zero = host_zero;
-    h->device_info = host_device_info;
-    h->dtype_name = host_dtype_name;
-    h->struct_size = sizeof *h;
-}
 
 /* ---- the context's formats ---- */
 
@@ -67,7 +25,6 @@ static void ctx_log(void *user, int level, const char *fmt, ...)
 
 int formats_register_builtin(refit_ctx *ctx)
 {
-    plugins_host_services(&ctx->host);
     int rc = plugins_open(&ctx->plugins, ctx->plugin_dirs, 0, ctx_log, ctx);
     if (rc)
         return rc;
@@ -113,9 +70,9 @@ int formats_check_plan(refit_model *m)
 
 /* The embedder named fmt explicitly; a plugin of the same name was only
  * found on a path, so it steps aside while no module uses it yet. */
-int formats_yield_plugin(refit_ctx *ctx, const refit_format_v1 *fmt)
+int formats_yield_plugin(refit_ctx *ctx, const refit_format_v2 *fmt)
 {
-    const refit_format_v1 *old = ctx_find_format(ctx, fmt->name);
+    const refit_format_v2 *old = ctx_find_format(ctx, fmt->name);
     plugin_entry *pe = (plugin_entry *)plugins_entry_of(ctx->plugins, old);
     if (!pe || old == fmt)
         return REFIT_OK; /* not a plugin's: the usual EEXIST check answers */

@@ -36,9 +36,10 @@ struct refit_ctx {
     refit_log_fn log_fn;                /* NULL: stderr */
     void *log_user;
     refit_model *model;                 /* at most one */
-    const refit_format_v1 *formats[REFIT_MAX_FORMATS];
+    const refit_format_v2 *formats[REFIT_MAX_FORMATS];
     uint32_t n_formats;
-    refit_host_v1 host;                 /* services handed to formats */
+    refit_host_v2 host;                 /* services handed to formats */
+    struct host_svc *svc;               /* their state (core/host_services.c) */
     char errmsg[REFIT_ERRMSG_SIZE];
 };
 
@@ -47,7 +48,7 @@ int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 int ctx_verror(refit_ctx *ctx, int status, const char *fmt, va_list ap);
 static inline void ctx_clear_error(refit_ctx *ctx) { ctx->errmsg[0] = '\0'; }
-const refit_format_v1 *ctx_find_format(const refit_ctx *ctx, const char *name);
+const refit_format_v2 *ctx_find_format(const refit_ctx *ctx, const char *name);
 /* Find the format plugins on the search path and register them; only
  * REFIT_ENOMEM fails (refusals are logged and kept for messages). */
 int formats_register_builtin(refit_ctx *ctx);
@@ -59,7 +60,7 @@ void formats_describe_path(const refit_ctx *ctx, char *buf, size_t n);
 int formats_check_plan(refit_model *m);
 /* Before refit_format_register takes fmt: a plugin format of the same
  * name, unused so far, steps aside (REFIT_OK); an error when it is used. */
-int formats_yield_plugin(refit_ctx *ctx, const refit_format_v1 *fmt);
+int formats_yield_plugin(refit_ctx *ctx, const refit_format_v2 *fmt);
 
 /* ---- model ---- */
 
@@ -124,7 +125,7 @@ typedef enum module_state {
 
 typedef struct module {
     char *name;
-    const refit_format_v1 *fmt;
+    const refit_format_v2 *fmt;
     params params;
     uint32_t *runtime;          /* model-wide runtime indexes */
     uint32_t n_runtime, cap_runtime;

@@ -87,7 +87,7 @@ static int pre_params(refit_ctx *ctx, const mdoc *doc, const mdoc_mod *mod,
 static int pre_module(refit_model *m, const mdoc *doc, const mdoc_mod *mod)
 {
     refit_ctx *ctx = m->ctx;
-    const refit_format_v1 *fmt = ctx_find_format(ctx, mod->format);
+    const refit_format_v2 *fmt = ctx_find_format(ctx, mod->format);
     if (!fmt) {
         char path[768];
         formats_describe_path(ctx, path, sizeof path);

@@ -98,7 +98,7 @@ int refit_model_add_module(refit_model *m, const char *name, const char *format,
         return model_refuse_sealed(m, "refit_model_add_module");
     if (!name || !*name || !format)
         return ctx_error(ctx, REFIT_EINVAL, "refit_model_add_module: name and format are required");
-    const refit_format_v1 *fmt = ctx_find_format(ctx, format);
+    const refit_format_v2 *fmt = ctx_find_format(ctx, format);
     if (!fmt) {
         char path[768];
         formats_describe_path(ctx, path, sizeof path);

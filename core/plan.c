@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/host_services.h"
+#include "core/plugin_loader.h"
 #include "kernels/copy.h"
 
 /* ---- signatures ---- */
@@ -360,6 +362,8 @@ static int module_build_fm(refit_model *m, module *mod)
     memset(fm, 0, sizeof *fm);
     fm->name = mod->name;
     fm->params = &mod->params;
+    fm->ckpt_stride = sizeof *fm->ckpt;
+    fm->runtime_stride = sizeof *fm->runtime;
     fm->ckpt = calloc(mod->n_primary ? mod->n_primary : 1, sizeof *fm->ckpt);
     fm->runtime = calloc(mod->n_runtime ? mod->n_runtime : 1, sizeof *fm->runtime);
     mod->primary = calloc(mod->n_primary ? mod->n_primary : 1, sizeof *mod->primary);
@@ -523,12 +527,26 @@ static int route_view(refit_model *m, route *r, refit_fmt_ckpt *c)
     return REFIT_OK;
 }
 
+/* A plan that failed without a message still says who refused what. */
+static int plan_refused(refit_model *m, const module *mod, int rc)
+{
+    if (m->ctx->errmsg[0])
+        return rc;
+    const plugin_entry *pe = plugins_entry_of(m->ctx->plugins, mod->fmt);
+    return ctx_error(m->ctx, rc, "module %s: plan() of format %s%s%s refused it (%s) without "
+                     "a message", mod->name, mod->fmt->name, pe ? ", plugin " : "",
+                     pe ? pe->real : "", refit_status_name(rc));
+}
+
 static int module_plan(refit_model *m, module *mod, box *boxes, uint32_t *n_boxes)
 {
     refit_fmt_module *fm = &mod->fm;
+    ctx_clear_error(m->ctx);
+    host_services_enter(m->ctx, fm);
     int rc = mod->fmt->plan(&m->ctx->host, fm);
+    host_services_leave(m->ctx);
     if (rc)
-        return rc;
+        return plan_refused(m, mod, rc);
     for (uint32_t i = 0; i < fm->n_ckpt; i++) {
         route *r = &m->routes[mod->primary[i]];
         refit_fmt_ckpt *c = &fm->ckpt[i];

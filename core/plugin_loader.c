@@ -294,26 +294,37 @@ static int load_module(plugin_entry *e, const struct stat *st, char *why, size_t
     return REFIT_OK;
 }
 
-/* The one symbol, and the ABI checks that must pass before any member
- * beyond abi_version/struct_size is read. */
+/* The newest symbol this loader knows, and the ABI checks that must pass
+ * before any member beyond abi_version/struct_size is read. A plugin that
+ * exports only an older ABI's symbol was built against an older header:
+ * say what to rebuild it against. */
 static int check_symbol(plugin_entry *e, char *why, size_t n)
 {
     dlerror();
-    const refit_format_v1 *f = dlsym(e->dl, REFIT_FORMAT_PLUGIN_SYMBOL);
-    const char *err = dlerror();
-    if (!f) {
+    const refit_format_v2 *f = dlsym(e->dl, REFIT_FORMAT_PLUGIN_SYMBOL);
+    const char *dl_err = dlerror();
+    char err_buf[256];
+    const char *err = dl_err ? (snprintf(err_buf, sizeof err_buf, "%s", dl_err), err_buf) : NULL;
+    if (!f) { /* (the copy: the next dlsym frees dlerror's string) */
+        if (dlsym(e->dl, REFIT_FORMAT_PLUGIN_SYMBOL_V1)) {
+            snprintf(why, n, "built against format ABI 1 (it exports %s): rebuild it against "
+                     "refit's <refit/format.h>, format ABI %d (refit_format_v2, exported as "
+                     "%s; pkg-config refit-format)", REFIT_FORMAT_PLUGIN_SYMBOL_V1,
+                     REFIT_FORMAT_ABI_VERSION, REFIT_FORMAT_PLUGIN_SYMBOL);
+            return REFIT_EFORMAT;
+        }
         snprintf(why, n, "does not export %s%s%s", REFIT_FORMAT_PLUGIN_SYMBOL, err ? ": " : "",
                  err ? err : "");
         return REFIT_EFORMAT;
     }
-    if (f->abi_version == 0 || f->abi_version > REFIT_FORMAT_ABI_VERSION) {
-        snprintf(why, n, "invalid version %u (this refit knows format ABI 1..%d)",
-                 f->abi_version, REFIT_FORMAT_ABI_VERSION);
+    if (f->abi_version != REFIT_FORMAT_ABI_VERSION) {
+        snprintf(why, n, "invalid version %u in %s (this refit knows format ABI %d)",
+                 f->abi_version, REFIT_FORMAT_PLUGIN_SYMBOL, REFIT_FORMAT_ABI_VERSION);
         return REFIT_EFORMAT;
     }
-    if (f->struct_size < REFIT_FORMAT_V1_MIN_SIZE) {
+    if (f->struct_size < REFIT_FORMAT_V2_MIN_SIZE) {
         snprintf(why, n, "struct_size %u is smaller than ABI %u's %zu bytes", f->struct_size,
-                 f->abi_version, (size_t)REFIT_FORMAT_V1_MIN_SIZE);
+                 f->abi_version, (size_t)REFIT_FORMAT_V2_MIN_SIZE);
         return REFIT_EFORMAT;
     }
     Dl_info info;
@@ -331,7 +342,7 @@ static int check_symbol(plugin_entry *e, char *why, size_t n)
 /* The struct against its file name and its declaration. */
 static int check_struct(plugin_entry *e, char *why, size_t n)
 {
-    const refit_format_v1 *f = e->fmt;
+    const refit_format_v2 *f = e->fmt;
     const fdecl *d = e->decl;
     if (!f->name || !f->plan)
         snprintf(why, n, "the format has no %s", f->name ? "plan function" : "name");
@@ -536,7 +547,7 @@ void plugins_close_set(plugin_set *ps)
     free(ps);
 }
 
-const plugin_entry *plugins_entry_of(const plugin_set *ps, const refit_format_v1 *fmt)
+const plugin_entry *plugins_entry_of(const plugin_set *ps, const refit_format_v2 *fmt)
 {
     for (size_t i = 0; ps && fmt && i < ps->n; i++)
         if (ps->e[i].state == PLUGIN_LOADED && ps->e[i].fmt == fmt)

@@ -25,7 +25,7 @@ typedef struct plugin_entry {
     plugin_state state;
     char *reason;               /* REFUSED: why; SHADOWED: by which file */
     void *dl;                   /* LOADED: the dlopen handle */
-    const refit_format_v1 *fmt; /* LOADED: the exported struct */
+    const refit_format_v2 *fmt; /* LOADED: the exported struct */
     fdecl *decl;                /* LOADED: its declaration */
     char *decl_path;
 } plugin_entry;
@@ -62,7 +62,7 @@ int plugins_open(plugin_set **out, const char *named_dirs, unsigned flags, plugi
 void plugins_close_set(plugin_set *ps);
 
 /* The entry whose format struct is fmt, or NULL (not from a plugin). */
-const plugin_entry *plugins_entry_of(const plugin_set *ps, const refit_format_v1 *fmt);
+const plugin_entry *plugins_entry_of(const plugin_set *ps, const refit_format_v2 *fmt);
 /* "dir1 (plugin_dirs), dir2 (install, missing), ..." for messages. */
 void plugins_describe_path(const plugin_set *ps, char *buf, size_t n);
 /* Count of entries in a state. */
@@ -78,9 +78,5 @@ void plugins_set_aside(plugin_set *ps, plugin_entry *e, const char *why);
  * and returns REFIT_EFORMAT on disagreement. */
 int plugins_check_module(const plugin_entry *pe, const refit_fmt_module *fm, char *why,
                          size_t n);
-
-/* Host services appended to ABI 1 (zero, device_info, dtype_name),
- * installed into h (formats_builtin.c). */
-void plugins_host_services(refit_host_v1 *h);
 
 #endif

@@ -9,7 +9,7 @@
  *               checkpoint's weight_shape, which post-load checks), through
  *               the backend's undo save and a wait for the stream.
  *
- * Wired into refit_host_v1 by ctx_init_host (core/ctx.c). */
+ * Wired into refit_host_v2 by ctx_init_host (core/ctx.c). */
 #include <stdio.h>
 #include <string.h>
 
@@ -22,7 +22,7 @@
 #include "core/cuda/kern_cuda.h"
 #endif
 
-void svc_quant_int4_install(refit_host_v1 *h);
+void svc_quant_int4_install(refit_host_v2 *h);
 
 static const char *piece_name(const char *const *names, uint32_t i, char *buf, size_t n)
 {
@@ -138,47 +138,7 @@ static int svc_quant_int4(void *host, uint32_t n, const refit_view *q, const ref
                      piece_name(names, 0, buf, sizeof buf), x[0].device.device_id);
 }
 
-static int svc_fetch(void *host, void *dst, size_t bytes, const refit_view *src, void *stream)
-{
-    if (!dst || !src || !src->data)
-        return ctx_error(host, REFIT_EINVAL, "fetch: no destination or source");
-    int64_t numel = kern_view_numel(src), want = 1;
-    for (int i = src->ndim - 1; i >= 0; i--) {
-        if (src->shape[i] != 1 && src->strides[i] != want)
-            return ctx_error(host, REFIT_EINVAL, "fetch: the source view is not contiguous");
-        want *= src->shape[i];
-    }
-    if (numel < 0 || bytes > (size_t)numel * kern_dtype_size(src->dtype))
-        return ctx_error(host, REFIT_EINVAL, "fetch: %zu bytes past a view of %lld elements",
-                         bytes, (long long)numel);
-    const backend *be = backend_for_device(src->device);
-    if (!be)
-        return ctx_error(host, REFIT_EUNSUPPORTED, "fetch: no backend for device type %d",
-                         src->device.device_type);
-    if (place_of(src->device) == 1) { /* host memory: queued copies first */
-        int rc = be->sync(stream);
-        if (rc)
-            return ctx_error(host, rc, "fetch: %s", be->last_error());
-        memcpy(dst, src->data, bytes);
-        return REFIT_OK;
-    }
-    void *buf = be->undo_alloc(bytes ? bytes : 1);
-    if (!buf)
-        return ctx_error(host, REFIT_ENOMEM, "fetch: no host memory for %zu bytes", bytes);
-    int rc = be->save(buf, src->data, bytes, stream);
-    if (!rc)
-        rc = be->sync(stream);
-    if (!rc)
-        memcpy(dst, buf, bytes);
-    else
-        ctx_error(host, rc, "fetch: reading %zu bytes back failed: %s", bytes,
-                  be->last_error());
-    be->undo_free(buf);
-    return rc;
-}
-
-void svc_quant_int4_install(refit_host_v1 *h)
+void svc_quant_int4_install(refit_host_v2 *h)
 {
     h->quant_int4 = svc_quant_int4;
-    h->fetch = svc_fetch;
 }

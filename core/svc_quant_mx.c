@@ -2,7 +2,7 @@
  * checked as the CPU references check them, then run where the views
  * live: host memory (CPU, pinned) by kern_quant_mxfp8 / kern_quant_mxfp4,
  * a CUDA device by kern_quant_mx_cuda (kernels/quant_mx.cu) through
- * backend_cuda_run, bit for bit the same bytes. Wired into refit_host_v1
+ * backend_cuda_run, bit for bit the same bytes. Wired into refit_host_v2
  * by ctx_init_host (core/ctx.c). */
 #include <stdio.h>
 #include <string.h>

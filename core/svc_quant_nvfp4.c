@@ -3,7 +3,7 @@
  * views live: host memory (CPU, pinned) by kern_quant_nvfp4 / kern_swizzle
  * / kern_nvfp4_fuse, a CUDA device by kern_quant_nvfp4_cuda
  * (kernels/quant_nvfp4.cu) through backend_cuda_run, bit for bit the same
- * bytes. Wired into refit_host_v1 by ctx_init_host (core/ctx.c). */
+ * bytes. Wired into refit_host_v2 by ctx_init_host (core/ctx.c). */
 #include <stdio.h>
 #include <string.h>
 

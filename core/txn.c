@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/host_services.h"
 #include "core/internal.h"
 #include "core/txn_journal.h"
 #include "core/undo.h"
@@ -560,7 +561,9 @@ static int module_post_load(refit_txn *t, module *mod, uint32_t mi, void *stream
     if (rc)
         return txn_error(t, rc, "module %s: staged copies failed: %s", mod->name,
                          refit_strerror(rc));
+    host_services_enter(t->m->ctx, fm);
     rc = mod->fmt->post_load(&t->m->ctx->host, fm, stream);
+    host_services_leave(t->m->ctx);
     for (uint32_t i = 0; i < fm->n_ckpt; i++)
         fm->ckpt[i].staged.data = NULL;
     if (rc) {
@@ -806,6 +809,7 @@ int txn_claim_direct(refit_txn *t, const char *name, bool part, int64_t row0,
 
 static void txn_destroy(refit_txn *t)
 {
+    host_services_update_end(t->m->ctx); /* the scratch and status words it was lent */
     txj_batch_free(&t->jb);
     free(t->version_label);
     free(t->source_uri);
@@ -1023,6 +1027,11 @@ static int txn_prepare(refit_txn *t)
         if (!rc && (rc = txn_sync_streams(t)))
             txn_error(t, rc, "finalize: queued copies failed: %s%s%s", refit_strerror(rc),
                       be->last_error()[0] ? ": " : "", be->last_error());
+        if (!rc && (rc = host_services_check_status(m->ctx))) { /* post-load status words, once */
+            char why[REFIT_ERRMSG_SIZE];
+            memcpy(why, m->ctx->errmsg, sizeof why);
+            txn_error(t, rc, "finalize: post-load failed on the device: %s", why);
+        }
     }
     if (rc) {
         char why[REFIT_ERRMSG_SIZE];

@@ -1,20 +1,27 @@
 /*
- * refit format ABI, version 1: how a format turns a module's checkpoint
- * tensors into its runtime tensors.
+ * refit format ABI, version 2: how a format turns a module's checkpoint
+ * tensors into its runtime tensors, and the services the host gives it.
  *
  * A format never links a core symbol: everything it needs from the host
- * comes through the refit_host_v1 table it is handed. Structs here are
- * versioned: abi_version/struct_size first, members only appended, each
- * group under a "valid from ABI N" comment.
+ * comes through the refit_host_v2 table it is handed. The host names no
+ * format: it copies, zeroes, fetches, describes devices, lends device
+ * scratch memory, logs, and runs a plugin's own GPU code (its embedded
+ * device code through gpu_load/gpu_kernel/gpu_launch, or a plugin's own
+ * CUDA runtime through gpu_run). One struct per ABI version: a later ABI
+ * adds refit_host_v3/refit_format_v3 and a symbol refit_format_plugin_v3;
+ * within a version members are only appended (REFIT_STRUCT_HAS).
  *
  * Packaging: one shared module per format, refit-fmt-<name>.so, exporting
- * exactly one symbol, REFIT_FORMAT_PLUGIN_SYMBOL, a const refit_format_v1:
+ * exactly one symbol, REFIT_FORMAT_PLUGIN_SYMBOL, a const refit_format_v2:
  *
- *   REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+ *   REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
  *       .abi_version = REFIT_FORMAT_ABI_VERSION,
- *       .struct_size = sizeof(refit_format_v1),
+ *       .struct_size = sizeof(refit_format_v2),
  *       .name = "fp8", .plan = fp8_plan, .post_load = fp8_post_load,
  *   };
+ *
+ * A plugin built against ABI 1 (it exports refit_format_plugin_v1) is
+ * refused with a message saying to rebuild it against this header.
  *
  * Beside it lies <name>.yaml, its declaration (schemas/format.schema.yaml):
  * the loader refuses a plugin whose declaration is missing, invalid, or
@@ -26,8 +33,13 @@
  *   post_load(m)   when every checkpoint tensor of a STAGED module has
  *                  arrived in an update: build the runtime tensors from the
  *                  staged checkpoint bytes, writing in place. Must read only
- *                  m->ckpt[i].staged, never runtime bytes (rule 4).
+ *                  the staged views, never runtime bytes (rule 4).
  *   release(m)     at model destroy, if plan stored anything in m->state.
+ *
+ * Arrays the host builds (m->ckpt, m->runtime) carry their element size
+ * (ckpt_stride, runtime_stride): index them with refit_ckpt(m, i) and
+ * refit_runtime(m, i), never m->ckpt[i], so a plugin built against an
+ * older header of this ABI reads each element at its right offset.
  */
 #ifndef REFIT_FORMAT_H
 #define REFIT_FORMAT_H
@@ -40,7 +52,7 @@
 extern "C" {
 #endif
 
-#define REFIT_FORMAT_ABI_VERSION 1
+#define REFIT_FORMAT_ABI_VERSION 2
 
 /* Routes of a checkpoint tensor. */
 typedef enum refit_route {
@@ -63,11 +75,11 @@ typedef struct refit_view {
 /* Checkpoint-tensor flags set by plan. */
 #define REFIT_CKPT_CAST 0x1u /* DIRECT: dtype differs from the target's; cast */
 
-/* One checkpoint tensor of a module. */
+/* One checkpoint tensor of a module (elements m->ckpt_stride bytes apart). */
 typedef struct refit_fmt_ckpt {
     const char *name;        /* checkpoint name */
     const char *target;      /* runtime tensor name it maps to */
-    int32_t target_index;    /* index into the module's runtime[] */
+    int32_t target_index;    /* index into the module's runtime tensors */
     refit_dtype dtype;       /* checkpoint dtype */
     int32_t ndim;
     int64_t shape[REFIT_MAX_DIMS]; /* this rank's slice */
@@ -75,11 +87,9 @@ typedef struct refit_fmt_ckpt {
     uint32_t flags;          /* OUT (plan): REFIT_CKPT_* */
     refit_view staged;       /* post_load: the staged bytes (STAGED only) */
     refit_view place;        /* where a DIRECT copy would land in the target */
-    /* appended to ABI 1: where this rank's slice sits in the whole tensor,
-     * and the placement the model declared, for formats that check block
-     * alignment or lay a VIEW at an offset themselves. (Arrays of this
-     * struct are built by the host for the plugin it loads: both sides
-     * use one header, so the element size agrees.) */
+    /* where this rank's slice sits in the whole tensor, and the placement
+     * the model declared, for formats that check block alignment or lay a
+     * VIEW at an offset themselves */
     int32_t split_dim;       /* dim the slice is cut along; -1: a scalar */
     int64_t slice_lo;        /* this rank's rows [slice_lo, slice_hi) of */
     int64_t slice_hi;        /*   split_dim, in the whole tensor */
@@ -88,6 +98,7 @@ typedef struct refit_fmt_ckpt {
     int64_t dst_offset[REFIT_MAX_DIMS]; /* offset in the target, per dim */
 } refit_fmt_ckpt;
 
+/* One runtime tensor (elements m->runtime_stride bytes apart). */
 typedef struct refit_fmt_runtime {
     const char *name;
     refit_view view;         /* the whole runtime tensor */
@@ -100,13 +111,31 @@ typedef struct refit_fmt_runtime {
 typedef struct refit_fmt_module {
     const char *name;
     uint32_t n_ckpt;
-    refit_fmt_ckpt *ckpt;
+    uint32_t ckpt_stride;    /* bytes from one checkpoint element to the next */
+    refit_fmt_ckpt *ckpt;    /* read through refit_ckpt(m, i) */
     uint32_t n_runtime;
-    refit_fmt_runtime *runtime;
+    uint32_t runtime_stride; /* bytes from one runtime element to the next */
+    refit_fmt_runtime *runtime; /* read through refit_runtime(m, i) */
     uint32_t flags;          /* OUT (plan): REFIT_MODULE_* */
     void *state;             /* the format's, from plan to release */
     const void *params;      /* opaque; read through host->param */
 } refit_fmt_module;
+
+/* Element i of m's checkpoint tensors / runtime tensors, at the stride the
+ * host built them with (members past the plugin's header are not seen;
+ * members past the host's are not there: check the stride covers a member
+ * with REFIT_ELEM_HAS before reading one appended later). */
+static inline refit_fmt_ckpt *refit_ckpt(const refit_fmt_module *m, uint32_t i)
+{
+    return (refit_fmt_ckpt *)(void *)((char *)m->ckpt + (size_t)i * m->ckpt_stride);
+}
+static inline refit_fmt_runtime *refit_runtime(const refit_fmt_module *m, uint32_t i)
+{
+    return (refit_fmt_runtime *)(void *)((char *)m->runtime + (size_t)i * m->runtime_stride);
+}
+/* 1 when elements stride bytes long hold member of type. */
+#define REFIT_ELEM_HAS(stride, type, member)                                  \
+    ((size_t)(stride) >= offsetof(type, member) + sizeof(((type *)0)->member))
 
 /* What the host knows of a device (host->device_info). */
 typedef struct refit_device_info {
@@ -116,10 +145,24 @@ typedef struct refit_device_info {
     int32_t host_access;     /* 1 when the CPU may read and write its bytes
                                 directly (CPU, pinned): reference kernels
                                 may then run on views of it */
-    int32_t cc_major, cc_minor; /* compute capability; 0.0 when none/unknown */
+    int32_t cc_major, cc_minor; /* compute capability of a CUDA device the
+                                backend serves; 0.0 for host memory */
     const char *backend;     /* "host", "cuda" ...; NULL when not served.
                                 Static storage. */
 } refit_device_info;
+
+/* A launch of a plugin's own kernel (host->gpu_launch). */
+typedef struct refit_gpu_launch {
+    uint32_t struct_size;    /* sizeof(refit_gpu_launch) of the caller */
+    uint32_t grid[3];        /* blocks; 0 is read as 1 */
+    uint32_t block[3];       /* threads per block; 0 is read as 1 */
+    uint32_t shared_bytes;   /* dynamic shared memory */
+    void **args;             /* one pointer per kernel parameter, as
+                                cudaLaunchKernel takes them */
+} refit_gpu_launch;
+
+/* The device status word of a module's post-load (host->status_word). */
+#define REFIT_STATUS_NONE 0xffffffffu
 
 /* One NVFP4 post-load job (host->quant_nvfp4; kernels/quant_nvfp4.h has
  * the arithmetic). N, K: the weight's rows and columns; C = ceil(K/16). */
@@ -142,18 +185,21 @@ typedef struct refit_nvfp4_piece {
 } refit_nvfp4_piece;
 
 /* Services the host hands to a format. Every service may be called from
- * plan, post_load and release, on the thread that called into refit. */
-typedef struct refit_host_v1 {
-    uint32_t abi_version;
-    uint32_t struct_size;
+ * plan, post_load and release, on the thread that called into refit. A
+ * view handed to copy, zero or fetch during post_load must lie inside the
+ * module's own runtime tensors or staged bytes (or the scratch memory it
+ * was lent): anything else is refused with REFIT_EINVAL, naming the view. */
+typedef struct refit_host_v2 {
+    uint32_t abi_version;    /* REFIT_FORMAT_ABI_VERSION */
+    uint32_t struct_size;    /* sizeof(refit_host_v2) of the host */
     void *host;              /* opaque, passed back to every service */
-    /* valid from ABI 1 */
+    /* valid from ABI 2 */
     /* Record the message of the current call's failure (printf format) and
      * return status unchanged, so `return host->error(...)` reads well.
      * Never blocks; the message is copied. */
     int (*error)(void *host, int status, const char *fmt, ...);
-    /* Log a line (level 0 error, 1 warning, 2 info, 3 debug). Never blocks
-     * long; the text is copied. */
+    /* Log a line (level 0 error, 1 warning, 2 info, 3 debug) through the
+     * embedder's log_fn (or stderr). Never blocks long; the text is copied. */
     void (*log)(void *host, int level, const char *fmt, ...);
     /* Value of a module parameter, or NULL when absent. Never blocks. The
      * string is owned by the host, valid while the model lives. */
@@ -162,27 +208,71 @@ typedef struct refit_host_v1 {
      * is left. Free with mem_free (NULL is ok). Never blocks long. */
     void *(*mem_alloc)(void *host, size_t size);
     void (*mem_free)(void *host, void *p);
-    /* Copy src into dst (same shape), casting between float dtypes with
-     * round-to-nearest-even, on the module's device, ordered on stream: it
-     * may return before the copy is done (the host syncs the stream after
-     * post_load). Returns REFIT_OK, REFIT_EMISMATCH (shapes),
-     * REFIT_EUNSUPPORTED (dtypes, device); the message is set. */
-    int (*copy)(void *host, const refit_view *dst, const refit_view *src,
-                void *stream);
-    /* valid from ABI 1, appended: present when struct_size covers them
-     * (REFIT_HOST_HAS(host, member)); a plugin checks before calling. */
-    /* Zero every element of dst, on its device, ordered on stream like
-     * copy. Returns REFIT_OK or REFIT_EUNSUPPORTED (no backend). */
-    int (*zero)(void *host, const refit_view *dst, void *stream);
-    /* Describe dev into *out (out->struct_size set by the caller; members
-     * beyond it are left alone). Never blocks. Returns REFIT_OK (also for
-     * a device no backend serves: out->served says so) or REFIT_EINVAL. */
-    int (*device_info)(void *host, refit_device dev, refit_device_info *out);
     /* Short name of a dtype ("bf16", "f8_e4m3"; "?" when unknown), for
-     * messages: refit_dtype_name is a core symbol a plugin cannot link.
-     * Static storage; never blocks. */
+     * messages. Static storage; never blocks. */
     const char *(*dtype_name)(void *host, refit_dtype dt);
-    /* valid from ABI 1, appended (REFIT_HOST_HAS(host, quant_fp8)): the
+    /* Copy src into dst (same shape), casting between float dtypes with
+     * round-to-nearest-even, on dst's device, ordered on stream: it may
+     * return before the copy is done. Returns REFIT_OK, REFIT_EMISMATCH
+     * (shapes), REFIT_EUNSUPPORTED (dtypes, device), REFIT_EINVAL (a view
+     * outside the module's memory); the message is set. */
+    int (*copy)(void *host, const refit_view *dst, const refit_view *src, void *stream);
+    /* Zero every element of dst, on its device, ordered on stream like
+     * copy. Returns REFIT_OK, REFIT_EINVAL or REFIT_EUNSUPPORTED. */
+    int (*zero)(void *host, const refit_view *dst, void *stream);
+    /* Copy `bytes` bytes of src (a contiguous view in host memory or on a
+     * device a backend serves) into host memory at dst, after everything
+     * queued on stream, and wait for it: for the few values a post-load
+     * must check on the host. Returns REFIT_OK, REFIT_EINVAL (bytes past
+     * the view, not contiguous, outside the module), REFIT_EUNSUPPORTED (no
+     * backend), or the device's failure; the message is set. */
+    int (*fetch)(void *host, void *dst, size_t bytes, const refit_view *src, void *stream);
+    /* Describe dev into *out (out->struct_size set by the caller; members
+     * beyond it are left alone): served, host access, backend, and for a
+     * CUDA device its compute capability. Never blocks. Returns REFIT_OK
+     * (also for a device no backend serves: out->served says so) or
+     * REFIT_EINVAL. */
+    int (*device_info)(void *host, refit_device dev, refit_device_info *out);
+    /* `bytes` of scratch memory on dev (host memory for CPU and pinned
+     * devices), 256-byte aligned, lent for the current update: the host
+     * frees it when the update ends, after its last wait, so work a
+     * post-load enqueues on it needs no wait of its own. NULL when none is
+     * left or dev is not served (the message is set). */
+    void *(*scratch)(void *host, refit_device dev, size_t bytes);
+    /* The GPU service: a plugin's own device code. gpu_load takes an image
+     * the plugin embeds (a fatbin, cubin or PTX, e.g. from nvcc --fatbin)
+     * and loads it once per context (the same image pointer again returns
+     * the same module; unloaded at refit_close). gpu_kernel finds an
+     * extern "C" __global__ function of it by name. gpu_launch makes dev
+     * current and launches the kernel on stream after every copy the host
+     * queued there, without waiting. Each returns REFIT_OK,
+     * REFIT_EUNSUPPORTED (a build or machine without CUDA; an image with no
+     * code for this device: the message names its compute capability),
+     * REFIT_ENOTFOUND (gpu_kernel: no such kernel), REFIT_EINVAL or
+     * REFIT_EINTERNAL; the message is set. */
+    int (*gpu_load)(void *host, const void *image, size_t size, void **module);
+    int (*gpu_kernel)(void *host, void *module, const char *name, void **kernel);
+    int (*gpu_launch)(void *host, refit_device dev, void *kernel, const refit_gpu_launch *l,
+                      void *stream);
+    /* For a plugin that links its own CUDA runtime: run fn(arg, stream)
+     * with dev current, ordered after every copy the host queued on
+     * stream, under the host's device lock. fn returns a refit status. */
+    int (*gpu_run)(void *host, refit_device dev, void *stream,
+                   int (*fn)(void *arg, void *stream), void *arg);
+    /* A device status word for module m's post-load on dev, set to
+     * REFIT_STATUS_NONE on stream before anything the post-load enqueues
+     * after this call; its kernels lower it (atomicMin) to the index of
+     * the first bad piece. The post-load then need not wait: the host
+     * reads every module's word once, at finalize, and fails the update
+     * (rolled back) naming the module and names[word] with `what` ("NaN or
+     * infinity in the weight"). names (n strings) and what are copied. One
+     * word per module and update; a second call returns the same word.
+     * Returns REFIT_OK, REFIT_EUNSUPPORTED (dev is not a CUDA device the
+     * host serves), REFIT_ENOMEM; the message is set. */
+    int (*status_word)(void *host, const refit_fmt_module *m, refit_device dev, uint32_t n,
+                       const char *const *names, const char *what, void *stream,
+                       uint32_t **word);
+    /* TRANSITIONAL (leave core as each format takes its kernels): the
      * post-load kernels, one service per kernel, each with the arithmetic of
      * its CPU reference (kernels/quant_*.h) and run where the views live:
      * host memory (CPU, pinned) by the reference itself, device memory by
@@ -206,7 +296,7 @@ typedef struct refit_host_v1 {
     int (*quant_fp8)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
                      const refit_view *x, const char *const *names, int scheme,
                      void *stream);
-    /* valid from ABI 1, appended (REFIT_HOST_HAS(host, quant_nvfp4)): the
+    /* transitional: the
      * NVFP4 post-load of n pieces (refit_nvfp4_piece): an online piece
      * quantizes src as kern_quant_nvfp4 does (global scale from the piece's
      * amax, E4M3 block-16 scales, E2M1 values, alpha = 1 / global scale);
@@ -222,7 +312,7 @@ typedef struct refit_host_v1 {
      * REFIT_EINVAL, REFIT_ENOMEM or REFIT_EINTERNAL (the device failed);
      * the message is set and names the piece. */
     int (*quant_nvfp4)(void *host, uint32_t n, const refit_nvfp4_piece *pieces, void *stream);
-    /* valid from ABI 1, appended (REFIT_HOST_HAS(host, quant_int4)): INT4
+    /* transitional: INT4
      * quantization of n pieces, round-to-nearest, symmetric, per group of
      * `group` columns (0: one scale per row), in the compressed-tensors
      * convention (kernels/quant_int4.h: scale = amax / 7.5 rounded to the
@@ -244,15 +334,7 @@ typedef struct refit_host_v1 {
     int (*quant_int4)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
                       const refit_view *x, const char *const *names, int64_t group,
                       void *stream);
-    /* Copy `bytes` bytes of src (a contiguous view in host memory or on a
-     * device a backend serves: a staged shape, a count) into host memory
-     * at dst, after everything queued on stream, and wait for it: for the
-     * few values a post-load must check on the host. Returns REFIT_OK,
-     * REFIT_EINVAL (bytes past the view, not contiguous),
-     * REFIT_EUNSUPPORTED (no backend), or the device's failure; the message
-     * is set. */
-    int (*fetch)(void *host, void *dst, size_t bytes, const refit_view *src, void *stream);
-    /* valid from ABI 1, appended (REFIT_HOST_HAS(host, quant_mx)): OCP MX
+    /* transitional: OCP MX
      * quantization of n pieces (kernels/quant_mx.h: one E8M0 scale per 32
      * elements of a row, the MX spec's floor rule; elements x / 2^(s-127)
      * encoded saturating, round to nearest even). elem_bits 8: MXFP8, q[i]
@@ -273,65 +355,67 @@ typedef struct refit_host_v1 {
     int (*quant_mx)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
                     const refit_view *x, const char *const *names, int elem_bits,
                     void *stream);
-} refit_host_v1;
+} refit_host_v2;
 
-/* Size of each struct as ABI 1 was first released: a struct_size below it
- * is refused. Members appended later are read only when struct_size covers
- * them, so a plugin built against an older header keeps working. */
-#define REFIT_HOST_V1_MIN_SIZE (offsetof(refit_host_v1, copy) + sizeof(void (*)(void)))
-#define REFIT_FORMAT_V1_MIN_SIZE (offsetof(refit_format_v1, release) + sizeof(void (*)(void)))
 /* 1 when struct *s (abi_version/struct_size first) holds member. */
 #define REFIT_STRUCT_HAS(s, type, member)                                     \
     ((size_t)(s)->struct_size >= offsetof(type, member) + sizeof(((type *)0)->member))
-#define REFIT_HOST_HAS(h, member) REFIT_STRUCT_HAS(h, refit_host_v1, member)
+#define REFIT_HOST_HAS(h, member) REFIT_STRUCT_HAS(h, refit_host_v2, member)
+/* The smallest host table and format struct of ABI 2: a struct_size below
+ * it is refused. */
+#define REFIT_HOST_V2_MIN_SIZE (offsetof(refit_host_v2, status_word) + sizeof(void (*)(void)))
+#define REFIT_FORMAT_V2_MIN_SIZE (offsetof(refit_format_v2, release) + sizeof(void (*)(void)))
 
 /* 1 when a backend of the host serves dev (host->device_info says so): a
  * plugin asks before it hands views on dev to a host service. Inline, so
  * plugins still link nothing of the core. */
-static inline int refit_host_serves(const refit_host_v1 *h, refit_device dev)
+static inline int refit_host_serves(const refit_host_v2 *h, refit_device dev)
 {
-    if (!REFIT_HOST_HAS(h, device_info) || !h->device_info)
-        return 0;
     refit_device_info di = {0};
     di.struct_size = sizeof di;
     return h->device_info(h->host, dev, &di) == REFIT_OK && di.served;
 }
 
-typedef struct refit_format_v1 {
+typedef struct refit_format_v2 {
     uint32_t abi_version;    /* REFIT_FORMAT_ABI_VERSION */
-    uint32_t struct_size;    /* sizeof(refit_format_v1) */
-    /* valid from ABI 1 */
+    uint32_t struct_size;    /* sizeof(refit_format_v2) */
+    /* valid from ABI 2 */
     const char *name;        /* "unquantized", "fp8" ...; static storage; a
                                 plugin's name is its file's <name> */
     /* Plan one module at seal. Must not block (no device work, no I/O).
-     * Reads m (ckpt[] names, dtypes, shapes; runtime[] views; params
-     * through host->param); writes only ckpt[i].route, ckpt[i].flags,
-     * ckpt[i].place (VIEW), m->flags and m->state (memory from
-     * host->mem_alloc, freed in release). Must set a route for every
-     * checkpoint tensor. Returns REFIT_OK, or REFIT_EFORMAT/EMISMATCH/
-     * EUNSUPPORTED/ENOMEM with a message from host->error naming module
-     * and tensor; on failure release is still called when m->state is set.
-     * The routes are checked against the plugin's declaration afterwards. */
-    int (*plan)(const refit_host_v1 *host, refit_fmt_module *m);
+     * Reads m (checkpoint names, dtypes, shapes; runtime views; params
+     * through host->param; devices through host->device_info); writes only
+     * each checkpoint element's route, flags and place (VIEW), m->flags
+     * and m->state (memory from host->mem_alloc, freed in release). Must
+     * set a route for every checkpoint tensor. A format whose kernels need
+     * a newer compute capability than a module's device has refuses here
+     * (REFIT_EUNSUPPORTED), naming both. Returns REFIT_OK, or
+     * REFIT_EFORMAT/EMISMATCH/EUNSUPPORTED/ENOMEM with a message from
+     * host->error naming module and tensor (without one, the host names
+     * the plugin and module); on failure release is still called when
+     * m->state is set. The routes are checked against the plugin's
+     * declaration afterwards. */
+    int (*plan)(const refit_host_v2 *host, refit_fmt_module *m);
     /* Build the runtime tensors of a complete STAGED module from its staged
-     * checkpoint bytes (m->ckpt[i].staged), writing in place into
-     * m->runtime[] views. Reads no runtime byte (rule 4), so running it
-     * twice on the same checkpoint gives the same bytes. May enqueue work
-     * on stream and return before it is done; the host syncs the stream
-     * and owns every buffer it points at. Returns REFIT_OK or an error set
-     * through host->error; the update then fails. NULL when the format
-     * declares no post-load step. */
-    int (*post_load)(const refit_host_v1 *host, const refit_fmt_module *m,
-                     void *stream);
+     * checkpoint bytes, writing in place into its runtime views. Reads no
+     * runtime byte (rule 4), so running it twice on the same checkpoint
+     * gives the same bytes. May enqueue work on stream and return before
+     * it is done: the host keeps the staged bytes and scratch until the
+     * update's last wait, and reads the module's status word (if it took
+     * one) at finalize. Returns REFIT_OK or an error set through
+     * host->error; the update then fails. NULL when the format declares no
+     * post-load step. */
+    int (*post_load)(const refit_host_v2 *host, const refit_fmt_module *m, void *stream);
     /* Free m->state (at model destroy, or when seal fails). Never fails,
      * never blocks on a device. NULL when plan keeps no state. */
-    void (*release)(const refit_host_v1 *host, refit_fmt_module *m);
-} refit_format_v1;
+    void (*release)(const refit_host_v2 *host, refit_fmt_module *m);
+} refit_format_v2;
 
-/* The one symbol a plugin exports: a const refit_format_v1. A later ABI
- * adds "refit_format_plugin_v2" beside it; the loader looks up the newest
- * it knows first. */
-#define REFIT_FORMAT_PLUGIN_SYMBOL "refit_format_plugin_v1"
+/* The one symbol a plugin exports: a const refit_format_v2. The loader
+ * looks up the newest ABI it knows first; an older symbol it finds alone
+ * (REFIT_FORMAT_PLUGIN_SYMBOL_V1) is refused with a rebuild message. */
+#define REFIT_FORMAT_PLUGIN_SYMBOL "refit_format_plugin_v2"
+#define REFIT_FORMAT_PLUGIN_SYMBOL_V1 "refit_format_plugin_v1"
 
 /* Put on the exported struct: plugins build with hidden visibility, so
  * this is the only symbol they export. */
@@ -347,9 +431,9 @@ typedef struct refit_format_v1 {
  * replaces a plugin of the same name that no module uses yet (the plugin
  * is then reported shadowed). Refuses a bad version or size, or a name
  * already taken (REFIT_EFORMAT, REFIT_EEXIST). */
-REFIT_API int refit_format_register(refit_ctx *ctx, const refit_format_v1 *fmt);
+REFIT_API int refit_format_register(refit_ctx *ctx, const refit_format_v2 *fmt);
 
-#define REFIT_FORMAT_V1_INIT {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v1), \
+#define REFIT_FORMAT_V2_INIT {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2), \
                               NULL, NULL, NULL, NULL}
 
 #ifdef __cplusplus

@@ -64,7 +64,7 @@ static int role_of(const char *name)
 }
 
 /* -1 when the param is absent. */
-static int scheme_param(const refit_host_v1 *h, const refit_fmt_module *m, int *out)
+static int scheme_param(const refit_host_v2 *h, const refit_fmt_module *m, int *out)
 {
     const char *v = h->param(h->host, m, "scheme");
     *out = -1;
@@ -81,7 +81,7 @@ static int scheme_param(const refit_host_v1 *h, const refit_fmt_module *m, int *
 
 /* ---- serialized: DIRECT routes, shapes checked ---- */
 
-static int split_error(const refit_host_v1 *h, const refit_fmt_module *m,
+static int split_error(const refit_host_v2 *h, const refit_fmt_module *m,
                        const refit_fmt_ckpt *sc, kern_split sp, const char *dim,
                        int64_t n, int64_t blocks, const char *param)
 {
@@ -101,7 +101,7 @@ static int split_error(const refit_host_v1 *h, const refit_fmt_module *m,
 }
 
 /* The block-128 scale sc of weight w, with the wholeness of each dim. */
-static int check_block(const refit_host_v1 *h, const refit_fmt_module *m,
+static int check_block(const refit_host_v2 *h, const refit_fmt_module *m,
                        const refit_fmt_ckpt *w, const refit_fmt_ckpt *sc, int rows_whole,
                        int cols_whole)
 {
@@ -118,7 +118,7 @@ static int check_block(const refit_host_v1 *h, const refit_fmt_module *m,
 }
 
 /* Scheme a scale tensor implies, and its shape against weight w. */
-static int check_scale(const refit_host_v1 *h, const refit_fmt_module *m,
+static int check_scale(const refit_host_v2 *h, const refit_fmt_module *m,
                        const refit_fmt_ckpt *w, const refit_fmt_ckpt *sc, int role,
                        kern_fp8_scheme *out)
 {
@@ -145,34 +145,34 @@ static int check_scale(const refit_host_v1 *h, const refit_fmt_module *m,
 }
 
 /* The scale of weight ckpt[wi]: the one W.weight_scale(_inv) of its prefix. */
-static int find_scale(const refit_host_v1 *h, const refit_fmt_module *m, uint32_t wi,
+static int find_scale(const refit_host_v2 *h, const refit_fmt_module *m, uint32_t wi,
                       int *out)
 {
     *out = -1;
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        int r = role_of(m->ckpt[i].name);
-        if ((r != R_SCALE && r != R_SCALE_INV) || !same_prefix(m->ckpt[i].name, m->ckpt[wi].name))
+        int r = role_of(refit_ckpt(m, i)->name);
+        if ((r != R_SCALE && r != R_SCALE_INV) || !same_prefix(refit_ckpt(m, i)->name, refit_ckpt(m, wi)->name))
             continue;
         if (*out >= 0)
             return ERR(h, REFIT_EFORMAT, "module %s: weight %s has two scales, %s and %s",
-                       m->name, m->ckpt[wi].name, m->ckpt[*out].name, m->ckpt[i].name);
+                       m->name, refit_ckpt(m, wi)->name, refit_ckpt(m, *out)->name, refit_ckpt(m, i)->name);
         *out = (int)i;
     }
     if (*out < 0)
         return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: a serialized FP8 weight needs its "
-                   "%.*s.weight_scale or %.*s.weight_scale_inv", m->name, m->ckpt[wi].name,
-                   (int)prefix_len(m->ckpt[wi].name), m->ckpt[wi].name,
-                   (int)prefix_len(m->ckpt[wi].name), m->ckpt[wi].name);
+                   "%.*s.weight_scale or %.*s.weight_scale_inv", m->name, refit_ckpt(m, wi)->name,
+                   (int)prefix_len(refit_ckpt(m, wi)->name), refit_ckpt(m, wi)->name,
+                   (int)prefix_len(refit_ckpt(m, wi)->name), refit_ckpt(m, wi)->name);
     return REFIT_OK;
 }
 
 /* Sum of this rank's weight rows, against out_features. */
-static int rows_wholeness(const refit_host_v1 *h, const refit_fmt_module *m,
+static int rows_wholeness(const refit_host_v2 *h, const refit_fmt_module *m,
                           const fp8_state *s, int64_t full, int *out)
 {
     int64_t tot = 0;
     for (uint32_t i = 0; i < s->n_weights; i++)
-        tot += m->ckpt[s->weights[i]].shape[0];
+        tot += refit_ckpt(m, s->weights[i])->shape[0];
     if (full && tot > full)
         return ERR(h, REFIT_EMISMATCH, "module %s: the weights have %lld rows, more than "
                    "param out_features %lld", m->name, (long long)tot, (long long)full);
@@ -180,18 +180,18 @@ static int rows_wholeness(const refit_host_v1 *h, const refit_fmt_module *m,
     return REFIT_OK;
 }
 
-static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, fp8_state *s,
+static int plan_serialized(const refit_host_v2 *h, refit_fmt_module *m, fp8_state *s,
                            int want_scheme, int64_t in_f, int64_t out_f)
 {
     int rows_whole = 0;
     int rc = rows_wholeness(h, m, s, out_f, &rows_whole);
     for (uint32_t i = 0; i < s->n_weights && !rc; i++) {
-        const refit_fmt_ckpt *w = &m->ckpt[s->weights[i]];
+        const refit_fmt_ckpt *w = refit_ckpt(m, s->weights[i]);
         int si = -1;
         kern_fp8_scheme sch = KERN_FP8_PER_TENSOR;
         rc = find_scale(h, m, s->weights[i], &si);
         if (!rc)
-            rc = check_scale(h, m, w, &m->ckpt[si], role_of(m->ckpt[si].name), &sch);
+            rc = check_scale(h, m, w, refit_ckpt(m, si), role_of(refit_ckpt(m, si)->name), &sch);
         if (rc)
             return rc;
         if (w->ndim == 2 && w->shape[1] > in_f && in_f)
@@ -199,11 +199,11 @@ static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, fp8_stat
                        "param in_features %lld", m->name, w->name, (long long)w->shape[1],
                        (long long)in_f);
         if (sch == KERN_FP8_BLOCK128)
-            rc = check_block(h, m, w, &m->ckpt[si], rows_whole, wholeness(w->shape[1], in_f));
+            rc = check_block(h, m, w, refit_ckpt(m, si), rows_whole, wholeness(w->shape[1], in_f));
         if (i > 0 && sch != s->scheme)
             return ERR(h, REFIT_EMISMATCH, "module %s: weight %s is %s but %s is %s; one "
                        "scheme per module", m->name, w->name, scheme_name[sch],
-                       m->ckpt[s->weights[0]].name, scheme_name[s->scheme]);
+                       refit_ckpt(m, s->weights[0])->name, scheme_name[s->scheme]);
         s->scheme = sch;
         s->pair[si] = (int)s->weights[i];
     }
@@ -218,20 +218,20 @@ static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, fp8_stat
 /* 1 when the host quantizes on dev: it has the quant_fp8 service (ABI 1,
  * appended) and a backend serving dev (then its device kernel is built:
  * the CUDA backend and kernels/quant_fp8.cu come together). */
-static int device_kernel(const refit_host_v1 *h, refit_device dev)
+static int device_kernel(const refit_host_v2 *h, refit_device dev)
 {
     return REFIT_HOST_HAS(h, quant_fp8) && h->quant_fp8 && refit_host_serves(h, dev);
 }
 
 /* The runtime weight and scale an online module writes. */
-static int check_online_runtime(const refit_host_v1 *h, const refit_fmt_module *m,
+static int check_online_runtime(const refit_host_v2 *h, const refit_fmt_module *m,
                                 fp8_state *s)
 {
     s->rt_scale = find_runtime(m, "weight_scale");
     if (s->rt_weight < 0 || s->rt_scale < 0)
         return ERR(h, REFIT_EFORMAT, "module %s: online fp8 writes runtime tensors named "
                    "weight and weight_scale; bind both", m->name);
-    const refit_view *w = &m->runtime[s->rt_weight].view, *sc = &m->runtime[s->rt_scale].view;
+    const refit_view *w = &refit_runtime(m, s->rt_weight)->view, *sc = &refit_runtime(m, s->rt_scale)->view;
     if (!is_e4m3(w->dtype) || (w->ndim != 2 && w->ndim != 3) || !row_major(w))
         return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight must be a contiguous "
                    "f8_e4m3 [N, K] or [E, N, K] tensor (it is %s, %d-D)", m->name,
@@ -255,10 +255,10 @@ static int check_online_runtime(const refit_host_v1 *h, const refit_fmt_module *
 }
 
 /* Scale slots the runtime weight_scale must hold for the scheme. */
-static int check_online_slots(const refit_host_v1 *h, const refit_fmt_module *m,
+static int check_online_slots(const refit_host_v2 *h, const refit_fmt_module *m,
                               const fp8_state *s)
 {
-    const refit_view *w = &m->runtime[s->rt_weight].view, *sc = &m->runtime[s->rt_scale].view;
+    const refit_view *w = &refit_runtime(m, s->rt_weight)->view, *sc = &refit_runtime(m, s->rt_scale)->view;
     int64_t e = w->ndim == 3 ? w->shape[0] : 1, n = w->shape[w->ndim - 2];
     int64_t k = w->shape[w->ndim - 1], have = numel(sc->ndim, sc->shape), want;
     if (s->scheme == KERN_FP8_PER_TENSOR) {
@@ -279,7 +279,7 @@ static int check_online_slots(const refit_host_v1 *h, const refit_fmt_module *m,
     return REFIT_OK;
 }
 
-static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, fp8_state *s,
+static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, fp8_state *s,
                        int want_scheme)
 {
     s->scheme = want_scheme >= 0 ? (kern_fp8_scheme)want_scheme : KERN_FP8_PER_TENSOR;
@@ -288,12 +288,12 @@ static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, fp8_state *s
         return rc;
     uint32_t ragged = 0;
     for (uint32_t i = 0; i < s->n_weights; i++) {
-        refit_fmt_ckpt *w = &m->ckpt[s->weights[i]];
+        refit_fmt_ckpt *w = refit_ckpt(m, s->weights[i]);
         if (w->target_index != s->rt_weight)
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: an online weight goes to runtime "
                        "weight, not %s", m->name, w->name, w->target);
-        if (w->ndim != 2 || w->shape[1] != m->runtime[s->rt_weight].view.shape[
-                                               m->runtime[s->rt_weight].view.ndim - 1])
+        if (w->ndim != 2 || w->shape[1] != refit_runtime(m, s->rt_weight)->view.shape[
+                                               refit_runtime(m, s->rt_weight)->view.ndim - 1])
             return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an online weight is [N, K] "
                        "with the runtime weight's K (fused shards stack along N)", m->name,
                        w->name);
@@ -309,10 +309,10 @@ static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, fp8_state *s
 
 /* ---- plan ---- */
 
-static int check_direct_target(const refit_host_v1 *h, const refit_fmt_module *m,
+static int check_direct_target(const refit_host_v2 *h, const refit_fmt_module *m,
                                refit_fmt_ckpt *c, int e4m3)
 {
-    refit_dtype rt = m->runtime[c->target_index].view.dtype;
+    refit_dtype rt = refit_runtime(m, c->target_index)->view.dtype;
     if (e4m3 ? !is_e4m3(rt) : !kern_is_float_dtype(rt))
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: runtime %s is %s; format fp8 "
                    "puts it in a %s tensor", m->name, c->name, c->target, dt_name(rt),
@@ -326,11 +326,11 @@ static int check_direct_target(const refit_host_v1 *h, const refit_fmt_module *m
 }
 
 /* Roles and dtypes of the checkpoint tensors; weights listed in s. */
-static int classify(const refit_host_v1 *h, refit_fmt_module *m, fp8_state *s)
+static int classify(const refit_host_v2 *h, refit_fmt_module *m, fp8_state *s)
 {
     int n_e4m3 = 0, n_float = 0;
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        refit_fmt_ckpt *c = &m->ckpt[i];
+        refit_fmt_ckpt *c = refit_ckpt(m, i);
         int r = role_of(c->name);
         s->pair[i] = -1;
         if (r < 0)
@@ -355,10 +355,10 @@ static int classify(const refit_host_v1 *h, refit_fmt_module *m, fp8_state *s)
 }
 
 /* Routes of the tensors that are not online weights, and orphan scales. */
-static int route_rest(const refit_host_v1 *h, refit_fmt_module *m, const fp8_state *s)
+static int route_rest(const refit_host_v2 *h, refit_fmt_module *m, const fp8_state *s)
 {
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        refit_fmt_ckpt *c = &m->ckpt[i];
+        refit_fmt_ckpt *c = refit_ckpt(m, i);
         int r = role_of(c->name), rc = REFIT_OK;
         if (r == R_WEIGHT && !s->online)
             rc = check_direct_target(h, m, c, 1);
@@ -381,7 +381,7 @@ static int route_rest(const refit_host_v1 *h, refit_fmt_module *m, const fp8_sta
     return REFIT_OK;
 }
 
-static int fp8_plan(const refit_host_v1 *h, refit_fmt_module *m)
+static int fp8_plan(const refit_host_v2 *h, refit_fmt_module *m)
 {
     size_t bytes;
     if (__builtin_mul_overflow((size_t)m->n_ckpt, sizeof(uint32_t) + sizeof(int), &bytes) ||
@@ -419,7 +419,7 @@ static int fp8_plan(const refit_host_v1 *h, refit_fmt_module *m)
     return rc;
 }
 
-static void fp8_release(const refit_host_v1 *h, refit_fmt_module *m)
+static void fp8_release(const refit_host_v2 *h, refit_fmt_module *m)
 {
     h->mem_free(h->host, m->state);
     m->state = NULL;
@@ -429,10 +429,10 @@ static void fp8_release(const refit_host_v1 *h, refit_fmt_module *m)
 
 /* Per-tensor: one scale per slot (per weight, per expert, or one), the
  * amax taken over every weight of the slot. sh is sorted. */
-static int quant_per_tensor(const refit_host_v1 *h, const refit_fmt_module *m,
+static int quant_per_tensor(const refit_host_v2 *h, const refit_fmt_module *m,
                             const fp8_state *s, const shard *sh)
 {
-    const refit_view *sv = &m->runtime[s->rt_scale].view;
+    const refit_view *sv = &refit_runtime(m, s->rt_scale)->view;
     int64_t slots = numel(sv->ndim, sv->shape);
     float *scale = sv->data;
     for (uint32_t g0 = 0, g1; g0 < s->n_weights; g0 = g1) {
@@ -442,7 +442,7 @@ static int quant_per_tensor(const refit_host_v1 *h, const refit_fmt_module *m,
                 break;
         float amax = 0.0f;
         for (uint32_t i = g0; i < g1; i++) {
-            const refit_view *x = &m->ckpt[sh[i].ck].staged;
+            const refit_view *x = &refit_ckpt(m, sh[i].ck)->staged;
             float a = kern_amax_f32(x, 0, x->shape[0], 0, x->shape[1]);
             if (a < 0.0f)
                 return corrupt(h, m, sh[i].ck);
@@ -450,7 +450,7 @@ static int quant_per_tensor(const refit_host_v1 *h, const refit_fmt_module *m,
         }
         scale[slot] = kern_fp8_scale(amax);
         for (uint32_t i = g0; i < g1; i++) {
-            const refit_fmt_ckpt *c = &m->ckpt[sh[i].ck];
+            const refit_fmt_ckpt *c = refit_ckpt(m, sh[i].ck);
             kern_fp8_encode_tile(&c->place, &c->staged, scale[slot], 0, c->staged.shape[0], 0,
                                  c->staged.shape[1]);
         }
@@ -460,16 +460,16 @@ static int quant_per_tensor(const refit_host_v1 *h, const refit_fmt_module *m,
 
 /* Per-channel and block-128: each weight's scales are rows of the runtime
  * scale grid at its own row offset. */
-static int quant_rows(const refit_host_v1 *h, const refit_fmt_module *m, const fp8_state *s,
+static int quant_rows(const refit_host_v2 *h, const refit_fmt_module *m, const fp8_state *s,
                       const shard *sh)
 {
-    const refit_view *rt = &m->runtime[s->rt_weight].view;
+    const refit_view *rt = &refit_runtime(m, s->rt_weight)->view;
     int64_t n = rt->shape[rt->ndim - 2], k = rt->shape[rt->ndim - 1];
     int64_t bn = (n + KERN_FP8_BLOCK - 1) / KERN_FP8_BLOCK, bk = (k + KERN_FP8_BLOCK - 1) /
                                                                   KERN_FP8_BLOCK;
     int block = s->scheme == KERN_FP8_BLOCK128;
     for (uint32_t i = 0; i < s->n_weights; i++) {
-        const refit_fmt_ckpt *c = &m->ckpt[sh[i].ck];
+        const refit_fmt_ckpt *c = refit_ckpt(m, sh[i].ck);
         if (block && sh[i].row % KERN_FP8_BLOCK)
             return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: lands at row %lld of runtime "
                        "weight, inside a 128-row block; fused block-128 weights start on block "
@@ -477,7 +477,7 @@ static int quant_rows(const refit_host_v1 *h, const refit_fmt_module *m, const f
         refit_view sv = {.device = rt->device, .dtype = REFIT_F32, .ndim = 2};
         int64_t first = block ? (sh[i].e * bn + sh[i].row / KERN_FP8_BLOCK) * bk
                               : sh[i].e * n + sh[i].row;
-        sv.data = (float *)m->runtime[s->rt_scale].view.data + first;
+        sv.data = (float *)refit_runtime(m, s->rt_scale)->view.data + first;
         kern_fp8_scale_shape(s->scheme, c->staged.shape[0], k, sv.shape);
         sv.strides[0] = block ? bk : 1;
         sv.strides[1] = 1;
@@ -495,10 +495,10 @@ static int quant_rows(const refit_host_v1 *h, const refit_fmt_module *m, const f
  * reference on host memory and its CUDA twin on device memory. Per-tensor
  * weights of one slot get the same one-element scale view: the service
  * takes their amax together. */
-static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m, const fp8_state *s,
+static int quant_service(const refit_host_v2 *h, const refit_fmt_module *m, const fp8_state *s,
                          const shard *sh, void *stream)
 {
-    const refit_view *rt = &m->runtime[s->rt_weight].view, *sv = &m->runtime[s->rt_scale].view;
+    const refit_view *rt = &refit_runtime(m, s->rt_weight)->view, *sv = &refit_runtime(m, s->rt_scale)->view;
     uint32_t nw = s->n_weights;
     int64_t n = rt->shape[rt->ndim - 2], k = rt->shape[rt->ndim - 1];
     int64_t bn = (n + KERN_FP8_BLOCK - 1) / KERN_FP8_BLOCK, bk = (k + KERN_FP8_BLOCK - 1) /
@@ -512,7 +512,7 @@ static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m, cons
     const char **names = (const char **)(v + 3 * nw);
     int rc = REFIT_OK;
     for (uint32_t i = 0; i < nw && !rc; i++) {
-        const refit_fmt_ckpt *c = &m->ckpt[sh[i].ck];
+        const refit_fmt_ckpt *c = refit_ckpt(m, sh[i].ck);
         q[i] = c->place;
         x[i] = c->staged;
         names[i] = c->name;
@@ -545,7 +545,7 @@ static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m, cons
     return rc;
 }
 
-static int fp8_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+static int fp8_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
     const fp8_state *s = m->state;
     if (!s || !s->online)
@@ -571,9 +571,9 @@ static int fp8_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void
     return rc;
 }
 
-REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "fp8",
     .plan = fp8_plan,
     .post_load = fp8_post_load,

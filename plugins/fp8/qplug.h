@@ -80,13 +80,13 @@ static inline int64_t numel(int ndim, const int64_t *shape)
 static inline int find_runtime(const refit_fmt_module *m, const char *name)
 {
     for (uint32_t i = 0; i < m->n_runtime; i++)
-        if (!strcmp(m->runtime[i].name, name))
+        if (!strcmp(refit_runtime(m, i)->name, name))
             return (int)i;
     return -1;
 }
 
 /* A non-negative integer param, 0 when absent. */
-static inline int int_param(const refit_host_v1 *h, const refit_fmt_module *m, const char *key,
+static inline int int_param(const refit_host_v2 *h, const refit_fmt_module *m, const char *key,
                             int64_t *out)
 {
     const char *v = h->param(h->host, m, key);
@@ -103,7 +103,7 @@ static inline int int_param(const refit_host_v1 *h, const refit_fmt_module *m, c
 }
 
 /* -1 absent, 0 false, 1 true (true/yes/on/1, false/no/off/0, any case). */
-static inline int bool_param(const refit_host_v1 *h, const refit_fmt_module *m, const char *key,
+static inline int bool_param(const refit_host_v2 *h, const refit_fmt_module *m, const char *key,
                              int *out)
 {
     static const char *const yes[] = {"true", "yes", "on", "1"}, *const no[] = {"false", "no",
@@ -165,11 +165,11 @@ static inline int shard_cmp(const void *a, const void *b)
 
 /* Decompose the offset of ckpt ck's place in the (row-major) runtime
  * weight into (expert, row); it must cover whole rows. */
-static inline int locate(const refit_host_v1 *h, const refit_fmt_module *m, int rt_weight,
+static inline int locate(const refit_host_v2 *h, const refit_fmt_module *m, int rt_weight,
                          uint32_t ck, shard *out)
 {
-    const refit_view *rt = &m->runtime[rt_weight].view;
-    const refit_fmt_ckpt *c = &m->ckpt[ck];
+    const refit_view *rt = &refit_runtime(m, rt_weight)->view;
+    const refit_fmt_ckpt *c = refit_ckpt(m, ck);
     int64_t n = rt->shape[rt->ndim - 2], k = rt->shape[rt->ndim - 1];
     int64_t off = c->place.data ? (int64_t)((const char *)c->place.data - (const char *)rt->data)
                                 : -1;
@@ -185,15 +185,15 @@ static inline int locate(const refit_host_v1 *h, const refit_fmt_module *m, int 
     return REFIT_OK;
 }
 
-static inline int corrupt(const refit_host_v1 *h, const refit_fmt_module *m, uint32_t ck)
+static inline int corrupt(const refit_host_v2 *h, const refit_fmt_module *m, uint32_t ck)
 {
     return ERR(h, REFIT_ECORRUPT, "module %s, tensor %s: NaN or infinity in the weight; "
-               "refusing to quantize it", m->name, m->ckpt[ck].name);
+               "refusing to quantize it", m->name, refit_ckpt(m, ck)->name);
 }
 
 /* A weight of an E4M3 format (fp8, mxfp8): 2-D, serialized f8_e4m3 or
  * online bf16/f16/f32; counts which. Errors name module, tensor, format. */
-static inline int e4m3_weight(const refit_host_v1 *h, const refit_fmt_module *m,
+static inline int e4m3_weight(const refit_host_v2 *h, const refit_fmt_module *m,
                               const refit_fmt_ckpt *c, const char *fmt, int *n_e4m3,
                               int *n_float)
 {
@@ -212,7 +212,7 @@ static inline int e4m3_weight(const refit_host_v1 *h, const refit_fmt_module *m,
 }
 
 /* After every weight was seen: at least one, and not both kinds. */
-static inline int e4m3_weights_done(const refit_host_v1 *h, const refit_fmt_module *m,
+static inline int e4m3_weights_done(const refit_host_v2 *h, const refit_fmt_module *m,
                                     const char *fmt, int n_weights, int n_e4m3, int n_float)
 {
     if (n_weights == 0)

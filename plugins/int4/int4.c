@@ -114,7 +114,7 @@ static const char *suffix(const char *name)
 }
 
 /* An integer param; def when absent. -1 on a malformed value. */
-static int param_int(const refit_host_v1 *h, const refit_fmt_module *m, const char *key,
+static int param_int(const refit_host_v2 *h, const refit_fmt_module *m, const char *key,
                      int64_t def, int64_t *out)
 {
     const char *s = h->param(h->host, m, key);
@@ -131,7 +131,7 @@ static int param_int(const refit_host_v1 *h, const refit_fmt_module *m, const ch
     return 0;
 }
 
-static int read_params(const refit_host_v1 *h, const refit_fmt_module *m, int4_state *s)
+static int read_params(const refit_host_v2 *h, const refit_fmt_module *m, int4_state *s)
 {
     const char *layout = h->param(h->host, m, "layout");
     if (!layout || !strcmp(layout, "gptq"))
@@ -171,14 +171,14 @@ static int read_params(const refit_host_v1 *h, const refit_fmt_module *m, int4_s
 }
 
 /* Sort checkpoint tensors into roles and runtime tensors by name. */
-static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, int4_state *s)
+static int find_roles(const refit_host_v2 *h, const refit_fmt_module *m, int4_state *s)
 {
     for (int r = 0; r < R_COUNT; r++)
         s->ck[r] = -1;
     for (int r = 0; r < RT_COUNT; r++)
         s->rt[r] = -1;
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        const char *suf = suffix(m->ckpt[i].name);
+        const char *suf = suffix(refit_ckpt(m, i)->name);
         int r = 0;
         while (r < R_COUNT && strcmp(suf, role_name[r]))
             r++;
@@ -186,17 +186,17 @@ static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, int4_st
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: format int4 takes W.weight_packed, "
                        "W.weight_scale, W.weight_zero_point and W.weight_shape, or one float "
                        "W.weight to quantize online (act-order g_idx is not supported)",
-                       m->name, m->ckpt[i].name);
+                       m->name, refit_ckpt(m, i)->name);
         if (s->ck[r] >= 0)
             return ERR(h, REFIT_EFORMAT, "module %s: tensors %s and %s are both %s; one int4 "
                        "weight per module (fused targets need the core to pass the offset "
-                       "of a VIEW route)", m->name, m->ckpt[s->ck[r]].name, m->ckpt[i].name,
+                       "of a VIEW route)", m->name, refit_ckpt(m, s->ck[r])->name, refit_ckpt(m, i)->name,
                        role_name[r]);
         s->ck[r] = (int)i;
     }
     for (uint32_t i = 0; i < m->n_runtime; i++)
         for (int r = 0; r < RT_COUNT; r++)
-            if (!strcmp(m->runtime[i].name, rt_name[r]))
+            if (!strcmp(refit_runtime(m, i)->name, rt_name[r]))
                 s->rt[r] = (int)i;
     int online = s->ck[R_WEIGHT] >= 0;
     if (s->online >= 0 && s->online != online)
@@ -221,7 +221,7 @@ static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, int4_st
     return REFIT_OK;
 }
 
-static int split_error(const refit_host_v1 *h, const refit_fmt_module *m, kern_q4_split sp,
+static int split_error(const refit_host_v2 *h, const refit_fmt_module *m, kern_q4_split sp,
                        const char *what, const char *full_param)
 {
     if (sp == KERN_Q4_SPLIT_RAGGED)
@@ -236,9 +236,9 @@ static int split_error(const refit_host_v1 *h, const refit_fmt_module *m, kern_q
 }
 
 /* Dtypes and shapes of the checkpoint slices; the groups they imply. */
-static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, int4_state *s)
+static int check_ckpt(const refit_host_v2 *h, const refit_fmt_module *m, int4_state *s)
 {
-    const refit_fmt_ckpt *p = &m->ckpt[s->ck[R_PACKED]], *sc = &m->ckpt[s->ck[R_SCALE]];
+    const refit_fmt_ckpt *p = refit_ckpt(m, s->ck[R_PACKED]), *sc = refit_ckpt(m, s->ck[R_SCALE]);
     if (!is_dtype(p->dtype, REFIT_DTYPE_INT, 32) || p->ndim != 2)
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected I32 [N, K/8], got %s "
                    "with %d dims (stacked experts are not supported)", m->name, p->name,
@@ -261,7 +261,7 @@ static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, int4_st
     if (sp)
         return split_error(h, m, sp, what, "in_features");
     if (s->ck[R_ZP] >= 0) {
-        const refit_fmt_ckpt *z = &m->ckpt[s->ck[R_ZP]];
+        const refit_fmt_ckpt *z = refit_ckpt(m, s->ck[R_ZP]);
         if (!is_dtype(z->dtype, REFIT_DTYPE_INT, 32) || z->ndim != 2 ||
             z->shape[1] != s->groups)
             return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected I32 [N/8, %lld]",
@@ -273,7 +273,7 @@ static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, int4_st
             return split_error(h, m, sp, what, "out_features");
     }
     if (s->ck[R_SHAPE] >= 0) {
-        const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_SHAPE]];
+        const refit_fmt_ckpt *w = refit_ckpt(m, s->ck[R_SHAPE]);
         if ((!is_dtype(w->dtype, REFIT_DTYPE_INT, 32) && !is_dtype(w->dtype, REFIT_DTYPE_INT, 64)) ||
             w->ndim != 1 || w->shape[0] != 2)
             return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected I32/I64 [2]",
@@ -301,11 +301,11 @@ static refit_view swapped(const refit_view *rt, refit_dtype dt)
 
 /* Route one checkpoint tensor to its runtime tensor: through a transposed
  * view (gptq) or DIRECT (u8 scales and zero points). */
-static int route_tensor(const refit_host_v1 *h, refit_fmt_module *m, const int4_state *s,
+static int route_tensor(const refit_host_v2 *h, refit_fmt_module *m, const int4_state *s,
                         int role, int rt_role, int64_t rows, int64_t cols, int want_float)
 {
-    refit_fmt_ckpt *c = &m->ckpt[s->ck[role]];
-    const refit_fmt_runtime *rt = &m->runtime[s->rt[rt_role]];
+    refit_fmt_ckpt *c = refit_ckpt(m, s->ck[role]);
+    const refit_fmt_runtime *rt = refit_runtime(m, s->rt[rt_role]);
     const refit_view *v = &rt->view;
     int gptq = s->layout == LAYOUT_GPTQ;
     if (c->target_index != s->rt[rt_role])
@@ -329,10 +329,10 @@ static int route_tensor(const refit_host_v1 *h, refit_fmt_module *m, const int4_
     return REFIT_OK;
 }
 
-static int check_u8_weight(const refit_host_v1 *h, const refit_fmt_module *m,
+static int check_u8_weight(const refit_host_v2 *h, const refit_fmt_module *m,
                            const int4_state *s)
 {
-    const refit_view *v = &m->runtime[s->rt[RT_WEIGHT]].view;
+    const refit_view *v = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
     if (!is_dtype(v->dtype, REFIT_DTYPE_UINT, 8) || v->ndim != 2 || v->shape[0] != s->n ||
         v->shape[1] < 4 * s->words || v->shape[1] % 4 || v->strides[1] != 1 ||
         v->strides[0] % 4 || (uintptr_t)v->data % 4)
@@ -354,10 +354,10 @@ static refit_view u8_words(const refit_view *v, const int4_state *s)
 }
 
 /* u8 layout: an I32 view of the byte rows, so the words land unchanged. */
-static int route_u8_weight(const refit_host_v1 *h, refit_fmt_module *m, int4_state *s)
+static int route_u8_weight(const refit_host_v2 *h, refit_fmt_module *m, int4_state *s)
 {
-    refit_fmt_ckpt *c = &m->ckpt[s->ck[R_PACKED]];
-    const refit_fmt_runtime *rt = &m->runtime[s->rt[RT_WEIGHT]];
+    refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_PACKED]);
+    const refit_fmt_runtime *rt = refit_runtime(m, s->rt[RT_WEIGHT]);
     const refit_view *v = &rt->view;
     if (c->target_index != s->rt[RT_WEIGHT])
         return ERR(h, REFIT_EINVAL, "module %s, tensor %s: its target must be runtime weight",
@@ -371,7 +371,7 @@ static int route_u8_weight(const refit_host_v1 *h, refit_fmt_module *m, int4_sta
     return REFIT_OK;
 }
 
-static int route_gptq_weight(const refit_host_v1 *h, refit_fmt_module *m, int4_state *s)
+static int route_gptq_weight(const refit_host_v2 *h, refit_fmt_module *m, int4_state *s)
 {
     return route_tensor(h, m, s, R_PACKED, RT_WEIGHT, s->n, s->words, 0);
 }
@@ -383,18 +383,18 @@ static int on_host(const refit_view *v)
 }
 
 /* 1 when a backend of the host serves dev. */
-static int served(const refit_host_v1 *h, refit_device dev)
+static int served(const refit_host_v2 *h, refit_device dev)
 {
     return refit_host_serves(h, dev);
 }
 
 /* Post-load on a runtime outside host memory needs the host's services:
  * fetch (the weight_shape check), zero (the u8 pad), quant_int4 (online). */
-static int check_device(const refit_host_v1 *h, const refit_fmt_module *m, const int4_state *s,
+static int check_device(const refit_host_v2 *h, const refit_fmt_module *m, const int4_state *s,
                         int shape, int pad, int online)
 {
-    const refit_view *w = &m->runtime[s->rt[RT_WEIGHT]].view;
-    const refit_view *sc = &m->runtime[s->rt[RT_SCALE]].view;
+    const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
+    const refit_view *sc = &refit_runtime(m, s->rt[RT_SCALE])->view;
     if (on_host(w) && (!online || on_host(sc)))
         return REFIT_OK;
     if (online && (w->device.device_type != sc->device.device_type ||
@@ -412,13 +412,13 @@ static int check_device(const refit_host_v1 *h, const refit_fmt_module *m, const
     return REFIT_OK;
 }
 
-static int int4_plan_routes(const refit_host_v1 *h, refit_fmt_module *m, int4_state *s)
+static int int4_plan_routes(const refit_host_v2 *h, refit_fmt_module *m, int4_state *s)
 {
     int rc = s->layout == LAYOUT_GPTQ ? route_gptq_weight(h, m, s) : route_u8_weight(h, m, s);
     if (!rc)
         rc = route_tensor(h, m, s, R_SCALE, RT_SCALE, s->n, s->groups, 1);
     if (!rc && s->ck[R_ZP] >= 0)
-        rc = route_tensor(h, m, s, R_ZP, RT_ZP, m->ckpt[s->ck[R_ZP]].shape[0], s->groups, 0);
+        rc = route_tensor(h, m, s, R_ZP, RT_ZP, refit_ckpt(m, s->ck[R_ZP])->shape[0], s->groups, 0);
     if (rc)
         return rc;
     m->flags = REFIT_MODULE_WHOLE;
@@ -430,15 +430,15 @@ static int int4_plan_routes(const refit_host_v1 *h, refit_fmt_module *m, int4_st
             return rc2;
     }
     if (s->ck[R_SHAPE] >= 0)
-        m->ckpt[s->ck[R_SHAPE]].route = REFIT_ROUTE_STAGED;
+        refit_ckpt(m, s->ck[R_SHAPE])->route = REFIT_ROUTE_STAGED;
     return REFIT_OK;
 }
 
 /* Online: the float weight's slice, the runtime tensors it is quantized
  * into, and a K shard that starts and ends on whole groups and words. */
-static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, int4_state *s)
+static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, int4_state *s)
 {
-    refit_fmt_ckpt *c = &m->ckpt[s->ck[R_WEIGHT]];
+    refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_WEIGHT]);
     if (!is_float(c->dtype) || c->ndim != 2)
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an online int4 weight is "
                    "F32/F16/BF16 [N, K], not %s with %d dims", m->name, c->name,
@@ -469,7 +469,7 @@ static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, int4_state *
                        (long long)full_k, (long long)(s->group ? step : full_k),
                        s->group ? "" : "; one scale per row needs the whole row");
     }
-    const refit_fmt_runtime *rw = &m->runtime[s->rt[RT_WEIGHT]], *rs = &m->runtime[s->rt[RT_SCALE]];
+    const refit_fmt_runtime *rw = refit_runtime(m, s->rt[RT_WEIGHT]), *rs = refit_runtime(m, s->rt[RT_SCALE]);
     int gptq = s->layout == LAYOUT_GPTQ;
     if (gptq && (!is_dtype(rw->view.dtype, REFIT_DTYPE_INT, 32) ||
                  !runtime_is(&rw->view, s->words, s->n)))
@@ -493,7 +493,7 @@ static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, int4_state *
     return check_device(h, m, s, 0, !gptq && s->pitch > 4 * s->words, 1);
 }
 
-static int int4_plan(const refit_host_v1 *h, refit_fmt_module *m)
+static int int4_plan(const refit_host_v2 *h, refit_fmt_module *m)
 {
     int4_state s;
     memset(&s, 0, sizeof s);
@@ -516,7 +516,7 @@ static int int4_plan(const refit_host_v1 *h, refit_fmt_module *m)
     return REFIT_OK;
 }
 
-static void int4_release(const refit_host_v1 *h, refit_fmt_module *m)
+static void int4_release(const refit_host_v2 *h, refit_fmt_module *m)
 {
     h->mem_free(h->host, m->state);
     m->state = NULL;
@@ -537,10 +537,10 @@ static int64_t load_int(const refit_view *v, int64_t i)
 
 /* The checkpoint's (N, K) must describe the slices the plan was built for:
  * a whole extent may end in a ragged group, a shard must not cut one. */
-static int check_shape(const refit_host_v1 *h, const refit_fmt_module *m, const int4_state *s,
+static int check_shape(const refit_host_v2 *h, const refit_fmt_module *m, const int4_state *s,
                        void *stream)
 {
-    const refit_fmt_ckpt *c = &m->ckpt[s->ck[R_SHAPE]];
+    const refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_SHAPE]);
     int64_t nk[2];
     if (on_host(&c->staged)) {
         for (int i = 0; i < 2; i++)
@@ -568,7 +568,7 @@ static int check_shape(const refit_host_v1 *h, const refit_fmt_module *m, const 
     if (!sp && s->n > nk[0])
         sp = KERN_Q4_SPLIT_MISMATCH;
     if (!sp && s->ck[R_ZP] >= 0)
-        sp = kern_q4_split_check(m->ckpt[s->ck[R_ZP]].shape[0], 8, s->n, 1, nk[0]);
+        sp = kern_q4_split_check(refit_ckpt(m, s->ck[R_ZP])->shape[0], 8, s->n, 1, nk[0]);
     if (sp)
         return ERR(h, REFIT_ECORRUPT, "module %s, tensor %s: shape (%lld, %lld) does not fit "
                    "this rank's %lld rows, %lld words and %lld groups of %lld%s", m->name,
@@ -581,10 +581,10 @@ static int check_shape(const refit_host_v1 *h, const refit_fmt_module *m, const 
 /* u8 layout: bytes past the words of each row are padding, zero at every
  * load (a write only; nothing of the runtime is read): the host's zero
  * service on the pad columns, a strided view, wherever they live. */
-static int zero_pad(const refit_host_v1 *h, const refit_fmt_module *m, const int4_state *s,
+static int zero_pad(const refit_host_v2 *h, const refit_fmt_module *m, const int4_state *s,
                     void *stream)
 {
-    const refit_view *v = &m->runtime[s->rt[RT_WEIGHT]].view;
+    const refit_view *v = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
     if (REFIT_HOST_HAS(h, zero) && h->zero) {
         refit_view pad = *v;
         pad.data = (char *)v->data + 4 * s->words;
@@ -601,12 +601,12 @@ static int zero_pad(const refit_host_v1 *h, const refit_fmt_module *m, const int
  * checkpoint layout, by the host's quant_int4 (the reference on host
  * memory, the CUDA kernel on a device) or, on an older host, the
  * reference linked here (host memory only, checked at seal). */
-static int quantize(const refit_host_v1 *h, const refit_fmt_module *m, const int4_state *s,
+static int quantize(const refit_host_v2 *h, const refit_fmt_module *m, const int4_state *s,
                     void *stream)
 {
-    const refit_fmt_ckpt *c = &m->ckpt[s->ck[R_WEIGHT]];
-    const refit_view *w = &m->runtime[s->rt[RT_WEIGHT]].view;
-    const refit_view *sv = &m->runtime[s->rt[RT_SCALE]].view;
+    const refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_WEIGHT]);
+    const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
+    const refit_view *sv = &refit_runtime(m, s->rt[RT_SCALE])->view;
     refit_view q, sc;
     if (s->layout == LAYOUT_GPTQ) {
         q = swapped(w, w->dtype);
@@ -629,7 +629,7 @@ static int quantize(const refit_host_v1 *h, const refit_fmt_module *m, const int
     return REFIT_OK;
 }
 
-static int int4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+static int int4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
     const int4_state *s = m->state;
     int rc = REFIT_OK;
@@ -642,9 +642,9 @@ static int int4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, voi
     return rc;
 }
 
-REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "int4",
     .plan = int4_plan,
     .post_load = int4_post_load,

@@ -46,7 +46,7 @@ static int is_int(refit_dtype d)
 }
 
 /* -1 when the param is absent; 0 per-tensor, 1 per-channel. */
-static int scheme_param(const refit_host_v1 *h, const refit_fmt_module *m, int *out)
+static int scheme_param(const refit_host_v2 *h, const refit_fmt_module *m, int *out)
 {
     const char *v = h->param(h->host, m, "scheme");
     *out = !v ? -1 : !strcmp(v, "per_tensor") ? 0 : !strcmp(v, "per_channel") ? 1 : -2;
@@ -57,7 +57,7 @@ static int scheme_param(const refit_host_v1 *h, const refit_fmt_module *m, int *
 }
 
 /* Weight w's scale: per-tensor (0) or per-channel (1), or an error. */
-static int scale_kind(const refit_host_v1 *h, const refit_fmt_module *m,
+static int scale_kind(const refit_host_v2 *h, const refit_fmt_module *m,
                       const refit_fmt_ckpt *w, const refit_fmt_ckpt *sc, int *kind)
 {
     int64_t n = w->shape[0];
@@ -77,11 +77,11 @@ static int scale_kind(const refit_host_v1 *h, const refit_fmt_module *m,
 }
 
 /* Every weight has exactly one scale of one scheme; returns it in *kind. */
-static int check_weights(const refit_host_v1 *h, const refit_fmt_module *m, int *kind)
+static int check_weights(const refit_host_v2 *h, const refit_fmt_module *m, int *kind)
 {
     int n_w = 0;
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        const refit_fmt_ckpt *w = &m->ckpt[i];
+        const refit_fmt_ckpt *w = refit_ckpt(m, i);
         if (role_of(w->name) != R_WEIGHT)
             continue;
         if (!(w->dtype.code == REFIT_DTYPE_INT && w->dtype.bits == 8) || w->ndim != 2)
@@ -89,12 +89,12 @@ static int check_weights(const refit_host_v1 *h, const refit_fmt_module *m, int 
                        "(it is %s, %d-D)", m->name, w->name, dt_name(w->dtype), w->ndim);
         int si = -1, k = -1;
         for (uint32_t j = 0; j < m->n_ckpt; j++)
-            if (role_of(m->ckpt[j].name) == R_SCALE && same_prefix(m->ckpt[j].name, w->name))
+            if (role_of(refit_ckpt(m, j)->name) == R_SCALE && same_prefix(refit_ckpt(m, j)->name, w->name))
                 si = (int)j;
         if (si < 0)
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: an int8 weight needs its "
                        "%.*s.weight_scale", m->name, w->name, (int)prefix_len(w->name), w->name);
-        int rc = scale_kind(h, m, w, &m->ckpt[si], &k);
+        int rc = scale_kind(h, m, w, refit_ckpt(m, si), &k);
         if (rc)
             return rc;
         if (n_w++ && k != *kind)
@@ -109,9 +109,9 @@ static int check_weights(const refit_host_v1 *h, const refit_fmt_module *m, int 
 }
 
 /* A DIRECT route for c, its runtime target's dtype checked. */
-static int route(const refit_host_v1 *h, const refit_fmt_module *m, refit_fmt_ckpt *c, int r)
+static int route(const refit_host_v2 *h, const refit_fmt_module *m, refit_fmt_ckpt *c, int r)
 {
-    refit_dtype rt = m->runtime[c->target_index].view.dtype;
+    refit_dtype rt = refit_runtime(m, c->target_index)->view.dtype;
     int same = rt.code == c->dtype.code && rt.bits == c->dtype.bits;
     int ok = r == R_WEIGHT || r == R_INPUT_ZP ? same
                                               : kern_is_float_dtype(rt) &&
@@ -129,18 +129,18 @@ static int route(const refit_host_v1 *h, const refit_fmt_module *m, refit_fmt_ck
 }
 
 /* Every tensor has a known role and belongs to a weight of the module. */
-static int check_roles(const refit_host_v1 *h, const refit_fmt_module *m)
+static int check_roles(const refit_host_v2 *h, const refit_fmt_module *m)
 {
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        const refit_fmt_ckpt *c = &m->ckpt[i];
+        const refit_fmt_ckpt *c = refit_ckpt(m, i);
         int r = role_of(c->name), has_weight = 0;
         if (r < 0)
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: format int8 takes W.weight, "
                        "W.weight_scale, W.input_scale and W.input_zero_point", m->name,
                        c->name);
         for (uint32_t j = 0; j < m->n_ckpt && r != R_WEIGHT; j++)
-            has_weight |= role_of(m->ckpt[j].name) == R_WEIGHT &&
-                          same_prefix(m->ckpt[j].name, c->name);
+            has_weight |= role_of(refit_ckpt(m, j)->name) == R_WEIGHT &&
+                          same_prefix(refit_ckpt(m, j)->name, c->name);
         if (r != R_WEIGHT && !has_weight)
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: no %.*s.weight in the module",
                        m->name, c->name, (int)prefix_len(c->name), c->name);
@@ -148,7 +148,7 @@ static int check_roles(const refit_host_v1 *h, const refit_fmt_module *m)
     return REFIT_OK;
 }
 
-static int int8_plan(const refit_host_v1 *h, refit_fmt_module *m)
+static int int8_plan(const refit_host_v2 *h, refit_fmt_module *m)
 {
     int want, kind = 1;
     int rc = scheme_param(h, m, &want);
@@ -157,7 +157,7 @@ static int int8_plan(const refit_host_v1 *h, refit_fmt_module *m)
     if (!rc)
         rc = check_weights(h, m, &kind);
     for (uint32_t i = 0; i < m->n_ckpt && !rc; i++)
-        rc = route(h, m, &m->ckpt[i], role_of(m->ckpt[i].name));
+        rc = route(h, m, refit_ckpt(m, i), role_of(refit_ckpt(m, i)->name));
     if (!rc && want >= 0 && want != kind)
         rc = ERR(h, REFIT_EMISMATCH, "module %s: param scheme is %s but the checkpoint's scales "
                  "are %s", m->name, want ? "per_channel" : "per_tensor",
@@ -166,9 +166,9 @@ static int int8_plan(const refit_host_v1 *h, refit_fmt_module *m)
     return rc;
 }
 
-REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "int8",
     .plan = int8_plan,
     .post_load = NULL,

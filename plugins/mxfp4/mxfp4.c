@@ -87,25 +87,25 @@ static int role_of(const refit_fmt_ckpt *c)
     return -1;
 }
 
-static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, mxfp4_state *s)
+static int find_roles(const refit_host_v2 *h, const refit_fmt_module *m, mxfp4_state *s)
 {
     for (int r = 0; r < R_COUNT; r++)
         s->ck[r] = -1;
     for (int r = 0; r < RT_COUNT; r++)
         s->rt[r] = -1;
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        int r = role_of(&m->ckpt[i]);
+        int r = role_of(refit_ckpt(m, i));
         if (r < 0)
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: format mxfp4 takes W.weight_packed "
                        "or *_blocks with W.weight_scale or *_scales, or a float W.weight to "
-                       "quantize", m->name, m->ckpt[i].name);
+                       "quantize", m->name, refit_ckpt(m, i)->name);
         if (s->ck[r] < 0)
             s->ck[r] = (int)i;
         s->count[r]++;
     }
     for (uint32_t i = 0; i < m->n_runtime; i++)
         for (int r = 0; r < RT_COUNT; r++)
-            if (!strcmp(m->runtime[i].name, rt_name[r]))
+            if (!strcmp(refit_runtime(m, i)->name, rt_name[r]))
                 s->rt[r] = (int)i;
     /* several value/scale pairs: per-expert tensors into stacked runtimes */
     int serialized = s->count[R_VALUES] > 0 && s->count[R_VALUES] == s->count[R_SCALES] &&
@@ -136,7 +136,7 @@ static int direct_fits(const refit_fmt_ckpt *c, const refit_view *v)
     return v->ndim == c->ndim + 1 && same_dims(v->shape + 1, c->shape, c->ndim);
 }
 
-static int param_k(const refit_host_v1 *h, const refit_fmt_module *m, int64_t *k)
+static int param_k(const refit_host_v2 *h, const refit_fmt_module *m, int64_t *k)
 {
     const char *v = h->param(h->host, m, "in_features");
     char *end = NULL;
@@ -148,7 +148,7 @@ static int param_k(const refit_host_v1 *h, const refit_fmt_module *m, int64_t *k
 }
 
 /* Values and scales must cover the same rows and the same K range. */
-static int check_pair(const refit_host_v1 *h, const refit_fmt_module *m,
+static int check_pair(const refit_host_v2 *h, const refit_fmt_module *m,
                       const refit_fmt_ckpt *v, const refit_fmt_ckpt *sc)
 {
     int bl = ends_with(v->name, "blocks");
@@ -197,12 +197,12 @@ static int view_blocks(refit_fmt_ckpt *c, const refit_view *w)
     return 1;
 }
 
-static int route_pair(const refit_host_v1 *h, refit_fmt_module *m, const mxfp4_state *s,
+static int route_pair(const refit_host_v2 *h, refit_fmt_module *m, const mxfp4_state *s,
                       refit_fmt_ckpt *v, refit_fmt_ckpt *sc)
 {
     int blocks = ends_with(v->name, "blocks");
-    const refit_view *w = &m->runtime[s->rt[RT_WEIGHT]].view;
-    const refit_view *ws = &m->runtime[s->rt[RT_SCALE]].view;
+    const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
+    const refit_view *ws = &refit_runtime(m, s->rt[RT_SCALE])->view;
     if (v->target_index != s->rt[RT_WEIGHT] || sc->target_index != s->rt[RT_SCALE])
         return ERR(h, REFIT_EINVAL, "module %s: %s must target runtime weight and %s runtime "
                    "weight_scale", m->name, v->name, sc->name);
@@ -247,7 +247,7 @@ static int find_scales(const refit_fmt_module *m, const refit_fmt_ckpt *v)
 {
     size_t n = stem(v->name, R_VALUES);
     for (uint32_t j = 0; j < m->n_ckpt; j++) {
-        const refit_fmt_ckpt *c = &m->ckpt[j];
+        const refit_fmt_ckpt *c = refit_ckpt(m, j);
         if (role_of(c) == R_SCALES && stem(c->name, R_SCALES) == n &&
             !strncmp(c->name, v->name, n))
             return (int)j;
@@ -256,19 +256,19 @@ static int find_scales(const refit_fmt_module *m, const refit_fmt_ckpt *v)
 }
 
 /* Every values tensor with the scales of the same stem. */
-static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, const mxfp4_state *s)
+static int plan_serialized(const refit_host_v2 *h, refit_fmt_module *m, const mxfp4_state *s)
 {
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        refit_fmt_ckpt *v = &m->ckpt[i];
+        refit_fmt_ckpt *v = refit_ckpt(m, i);
         if (role_of(v) != R_VALUES)
             continue;
         int j = find_scales(m, v);
         if (j < 0)
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: no scales tensor of the same "
                        "name stem", m->name, v->name);
-        int rc = check_pair(h, m, v, &m->ckpt[j]);
+        int rc = check_pair(h, m, v, refit_ckpt(m, j));
         if (!rc)
-            rc = route_pair(h, m, s, v, &m->ckpt[j]);
+            rc = route_pair(h, m, s, v, refit_ckpt(m, j));
         if (rc)
             return rc;
     }
@@ -283,21 +283,21 @@ static int on_host(const refit_view *v)
 }
 
 /* The host's quant_mx service (ABI 1, appended). */
-static int has_service(const refit_host_v1 *h)
+static int has_service(const refit_host_v2 *h)
 {
     return REFIT_HOST_HAS(h, quant_mx) && h->quant_mx;
 }
 
 /* 1 when the host quantizes on dev: the service and a backend serving dev
  * (the CUDA backend and kernels/quant_mx.cu come together). */
-static int device_kernel(const refit_host_v1 *h, refit_device dev)
+static int device_kernel(const refit_host_v2 *h, refit_device dev)
 {
     return has_service(h) && refit_host_serves(h, dev);
 }
 
 /* Where online quantization writes: host memory, or one device the host
  * quantizes on. */
-static int check_place(const refit_host_v1 *h, const refit_fmt_module *m, const refit_view *w,
+static int check_place(const refit_host_v2 *h, const refit_fmt_module *m, const refit_view *w,
                        const refit_view *ws)
 {
     if (on_host(w) && on_host(ws))
@@ -315,11 +315,11 @@ static int check_place(const refit_host_v1 *h, const refit_fmt_module *m, const 
 }
 
 /* Online: runtime shapes follow the staged slice [(E,) N, K]. */
-static int route_online(const refit_host_v1 *h, refit_fmt_module *m, const mxfp4_state *s)
+static int route_online(const refit_host_v2 *h, refit_fmt_module *m, const mxfp4_state *s)
 {
-    refit_fmt_ckpt *c = &m->ckpt[s->ck[R_SOURCE]];
-    const refit_view *w = &m->runtime[s->rt[RT_WEIGHT]].view;
-    const refit_view *ws = &m->runtime[s->rt[RT_SCALE]].view;
+    refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_SOURCE]);
+    const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
+    const refit_view *ws = &refit_runtime(m, s->rt[RT_SCALE])->view;
     int d = c->ndim;
     int64_t k = d >= 2 ? c->shape[d - 1] : 0;
     if (k > INT64_MAX - 32)
@@ -342,7 +342,7 @@ static int route_online(const refit_host_v1 *h, refit_fmt_module *m, const mxfp4
     return REFIT_OK;
 }
 
-static int mxfp4_plan(const refit_host_v1 *h, refit_fmt_module *m)
+static int mxfp4_plan(const refit_host_v2 *h, refit_fmt_module *m)
 {
     mxfp4_state s;
     memset(&s, 0, sizeof s);
@@ -359,7 +359,7 @@ static int mxfp4_plan(const refit_host_v1 *h, refit_fmt_module *m)
     return REFIT_OK;
 }
 
-static void mxfp4_release(const refit_host_v1 *h, refit_fmt_module *m)
+static void mxfp4_release(const refit_host_v2 *h, refit_fmt_module *m)
 {
     h->mem_free(h->host, m->state);
     m->state = NULL;
@@ -382,7 +382,7 @@ static refit_view matrix(const refit_view *v, int64_t e)
 
 /* Every expert in one call of the host's quant_mx; an expert's name in
  * messages is "W (expert e)". */
-static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m,
+static int quant_service(const refit_host_v2 *h, const refit_fmt_module *m,
                          const refit_fmt_ckpt *c, const refit_view *w, const refit_view *ws,
                          void *stream)
 {
@@ -413,12 +413,12 @@ static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m,
     return rc;
 }
 
-static int mxfp4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+static int mxfp4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
     const mxfp4_state *s = m->state;
-    const refit_fmt_ckpt *c = &m->ckpt[s->ck[R_SOURCE]];
-    const refit_view *w = &m->runtime[s->rt[RT_WEIGHT]].view;
-    const refit_view *ws = &m->runtime[s->rt[RT_SCALE]].view;
+    const refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_SOURCE]);
+    const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
+    const refit_view *ws = &refit_runtime(m, s->rt[RT_SCALE])->view;
     /* the host's service where it has one (host or device memory); the
      * reference linked here otherwise (host memory only, checked at seal;
      * done on return) */
@@ -438,9 +438,9 @@ static int mxfp4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, vo
     return REFIT_OK;
 }
 
-REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "mxfp4",
     .plan = mxfp4_plan,
     .post_load = mxfp4_post_load,

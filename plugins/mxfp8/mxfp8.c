@@ -65,25 +65,25 @@ static int is_scale_dtype(refit_dtype d)
 /* ---- serialized ---- */
 
 /* The scale of weight ckpt[wi], checked against it. */
-static int check_pair(const refit_host_v1 *h, refit_fmt_module *m, uint32_t wi, int64_t in_f,
+static int check_pair(const refit_host_v2 *h, refit_fmt_module *m, uint32_t wi, int64_t in_f,
                       int *paired)
 {
-    const refit_fmt_ckpt *w = &m->ckpt[wi];
+    const refit_fmt_ckpt *w = refit_ckpt(m, wi);
     int si = -1;
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        int r = role_of(m->ckpt[i].name);
-        if ((r != R_SCALE && r != R_SCALE_INV) || !same_prefix(m->ckpt[i].name, w->name))
+        int r = role_of(refit_ckpt(m, i)->name);
+        if ((r != R_SCALE && r != R_SCALE_INV) || !same_prefix(refit_ckpt(m, i)->name, w->name))
             continue;
         if (si >= 0)
             return ERR(h, REFIT_EFORMAT, "module %s: weight %s has two scales, %s and %s",
-                       m->name, w->name, m->ckpt[si].name, m->ckpt[i].name);
+                       m->name, w->name, refit_ckpt(m, si)->name, refit_ckpt(m, i)->name);
         si = (int)i;
     }
     if (si < 0)
         return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: a serialized MXFP8 weight needs its "
                    "%.*s.weight_scale_inv (or .weight_scale)", m->name, w->name,
                    (int)prefix_len(w->name), w->name);
-    const refit_fmt_ckpt *sc = &m->ckpt[si];
+    const refit_fmt_ckpt *sc = refit_ckpt(m, si);
     paired[si] = 1;
     if (!is_scale_dtype(sc->dtype) || sc->ndim != 2 || sc->shape[0] != w->shape[0])
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an MX scale is u8/f8_e8m0 "
@@ -112,7 +112,7 @@ static int check_pair(const refit_host_v1 *h, refit_fmt_module *m, uint32_t wi, 
 }
 
 /* Each weight with its scale; every scale belongs to a weight; routes. */
-static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, const mx_state *s,
+static int plan_serialized(const refit_host_v2 *h, refit_fmt_module *m, const mx_state *s,
                            int64_t in_f)
 {
     int *paired = h->mem_alloc(h->host, sizeof(int) * (m->n_ckpt ? m->n_ckpt : 1));
@@ -123,8 +123,8 @@ static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, const mx
     for (uint32_t i = 0; i < s->n_weights && !rc; i++)
         rc = check_pair(h, m, s->weights[i], in_f, paired);
     for (uint32_t i = 0; i < m->n_ckpt && !rc; i++) {
-        refit_fmt_ckpt *c = &m->ckpt[i];
-        refit_dtype rt = m->runtime[c->target_index].view.dtype;
+        refit_fmt_ckpt *c = refit_ckpt(m, i);
+        refit_dtype rt = refit_runtime(m, c->target_index)->view.dtype;
         if (role_of(c->name) != R_WEIGHT && !paired[i])
             rc = ERR(h, REFIT_EFORMAT, "module %s, tensor %s: no %.*s.weight in the module for "
                      "this scale", m->name, c->name, (int)prefix_len(c->name), c->name);
@@ -141,25 +141,25 @@ static int plan_serialized(const refit_host_v1 *h, refit_fmt_module *m, const mx
 /* ---- online ---- */
 
 /* The host's quant_mx service (ABI 1, appended). */
-static int has_service(const refit_host_v1 *h)
+static int has_service(const refit_host_v2 *h)
 {
     return REFIT_HOST_HAS(h, quant_mx) && h->quant_mx;
 }
 
 /* 1 when the host quantizes on dev: the service and a backend serving dev
  * (the CUDA backend and kernels/quant_mx.cu come together). */
-static int device_kernel(const refit_host_v1 *h, refit_device dev)
+static int device_kernel(const refit_host_v2 *h, refit_device dev)
 {
     return has_service(h) && refit_host_serves(h, dev);
 }
 
-static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, mx_state *s)
+static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, mx_state *s)
 {
     s->rt_scale = find_runtime(m, "weight_scale");
     if (s->rt_weight < 0 || s->rt_scale < 0)
         return ERR(h, REFIT_EFORMAT, "module %s: online mxfp8 writes runtime tensors named "
                    "weight and weight_scale; bind both", m->name);
-    const refit_view *w = &m->runtime[s->rt_weight].view, *sc = &m->runtime[s->rt_scale].view;
+    const refit_view *w = &refit_runtime(m, s->rt_weight)->view, *sc = &refit_runtime(m, s->rt_scale)->view;
     if (!is_e4m3(w->dtype) || (w->ndim != 2 && w->ndim != 3) || !row_major(w))
         return ERR(h, REFIT_EMISMATCH, "module %s: runtime weight must be a contiguous f8_e4m3 "
                    "[N, K] or [E, N, K] tensor (it is %s, %d-D)", m->name, dt_name(w->dtype),
@@ -182,7 +182,7 @@ static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, mx_state *s)
                        has_service(h) ? "no such backend" : "no quant_mx service");
     }
     for (uint32_t i = 0; i < s->n_weights; i++) {
-        refit_fmt_ckpt *c = &m->ckpt[s->weights[i]];
+        refit_fmt_ckpt *c = refit_ckpt(m, s->weights[i]);
         if (c->target_index != s->rt_weight || c->shape[1] != k)
             return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an online weight goes to "
                        "runtime weight with its K (%lld); fused weights stack along N",
@@ -194,11 +194,11 @@ static int plan_online(const refit_host_v1 *h, refit_fmt_module *m, mx_state *s)
 
 /* ---- plan ---- */
 
-static int classify(const refit_host_v1 *h, refit_fmt_module *m, mx_state *s)
+static int classify(const refit_host_v2 *h, refit_fmt_module *m, mx_state *s)
 {
     int n_e4m3 = 0, n_float = 0;
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        const refit_fmt_ckpt *c = &m->ckpt[i];
+        const refit_fmt_ckpt *c = refit_ckpt(m, i);
         int r = role_of(c->name);
         if (r < 0)
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: format mxfp8 takes W.weight and "
@@ -220,7 +220,7 @@ static int classify(const refit_host_v1 *h, refit_fmt_module *m, mx_state *s)
     return REFIT_OK;
 }
 
-static int mx_plan(const refit_host_v1 *h, refit_fmt_module *m)
+static int mx_plan(const refit_host_v2 *h, refit_fmt_module *m)
 {
     size_t bytes;
     if (__builtin_mul_overflow((size_t)m->n_ckpt, sizeof(uint32_t), &bytes) ||
@@ -250,7 +250,7 @@ static int mx_plan(const refit_host_v1 *h, refit_fmt_module *m)
     return rc;
 }
 
-static void mx_release(const refit_host_v1 *h, refit_fmt_module *m)
+static void mx_release(const refit_host_v2 *h, refit_fmt_module *m)
 {
     h->mem_free(h->host, m->state);
     m->state = NULL;
@@ -260,10 +260,10 @@ static void mx_release(const refit_host_v1 *h, refit_fmt_module *m)
 
 /* The scale rows of weight ckpt ck: rows of the runtime scale at its row
  * offset. */
-static int scale_view(const refit_host_v1 *h, const refit_fmt_module *m, const mx_state *s,
+static int scale_view(const refit_host_v2 *h, const refit_fmt_module *m, const mx_state *s,
                       uint32_t ck, refit_view *sv)
 {
-    const refit_view *rt = &m->runtime[s->rt_weight].view, *rs = &m->runtime[s->rt_scale].view;
+    const refit_view *rt = &refit_runtime(m, s->rt_weight)->view, *rs = &refit_runtime(m, s->rt_scale)->view;
     int64_t n = rt->shape[rt->ndim - 2], kb = kern_mx_blocks(rt->shape[rt->ndim - 1]);
     shard sh = {0, 0, 0};
     int rc = locate(h, m, s->rt_weight, ck, &sh);
@@ -274,7 +274,7 @@ static int scale_view(const refit_host_v1 *h, const refit_fmt_module *m, const m
     sv->dtype = rs->dtype;
     sv->ndim = 2;
     sv->data = (uint8_t *)rs->data + (sh.e * n + sh.row) * kb;
-    sv->shape[0] = m->ckpt[ck].staged.shape[0];
+    sv->shape[0] = refit_ckpt(m, ck)->staged.shape[0];
     sv->shape[1] = kb;
     sv->strides[0] = kb;
     sv->strides[1] = 1;
@@ -282,7 +282,7 @@ static int scale_view(const refit_host_v1 *h, const refit_fmt_module *m, const m
 }
 
 /* Every weight in one call of the host's quant_mx. */
-static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m, const mx_state *s,
+static int quant_service(const refit_host_v2 *h, const refit_fmt_module *m, const mx_state *s,
                          void *stream)
 {
     uint32_t nw = s->n_weights;
@@ -293,7 +293,7 @@ static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m, cons
     const char **names = (const char **)(v + 3 * nw);
     int rc = REFIT_OK;
     for (uint32_t i = 0; i < nw && !rc; i++) {
-        const refit_fmt_ckpt *c = &m->ckpt[s->weights[i]];
+        const refit_fmt_ckpt *c = refit_ckpt(m, s->weights[i]);
         q[i] = c->place;
         x[i] = c->staged;
         names[i] = c->name;
@@ -306,10 +306,10 @@ static int quant_service(const refit_host_v1 *h, const refit_fmt_module *m, cons
 }
 
 /* The reference linked here, weight by weight (host memory only). */
-static int quant_linked(const refit_host_v1 *h, const refit_fmt_module *m, const mx_state *s)
+static int quant_linked(const refit_host_v2 *h, const refit_fmt_module *m, const mx_state *s)
 {
     for (uint32_t i = 0; i < s->n_weights; i++) {
-        const refit_fmt_ckpt *c = &m->ckpt[s->weights[i]];
+        const refit_fmt_ckpt *c = refit_ckpt(m, s->weights[i]);
         refit_view sv;
         int rc = scale_view(h, m, s, s->weights[i], &sv);
         if (rc)
@@ -327,7 +327,7 @@ static int quant_linked(const refit_host_v1 *h, const refit_fmt_module *m, const
 /* The host's service where it has one (host or device memory, one call
  * for the module); the reference linked here otherwise (host memory only,
  * checked at seal; done on return). */
-static int mx_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+static int mx_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
     const mx_state *s = m->state;
     if (!s || !s->online)
@@ -337,9 +337,9 @@ static int mx_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void 
     return quant_linked(h, m, s);
 }
 
-REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "mxfp8",
     .plan = mx_plan,
     .post_load = mx_post_load,

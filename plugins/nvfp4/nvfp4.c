@@ -134,10 +134,10 @@ static int64_t numel(int ndim, const int64_t *shape)
     return n;
 }
 
-static int classify(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_state *s,
+static int classify(const refit_host_v2 *h, const refit_fmt_module *m, nvfp4_state *s,
                     uint32_t i)
 {
-    const char *suf = suffix(m->ckpt[i].name);
+    const char *suf = suffix(refit_ckpt(m, i)->name);
     size_t r = 0;
     while (r < sizeof roles / sizeof roles[0] && strcmp(suf, roles[r].suffix))
         r++;
@@ -145,24 +145,24 @@ static int classify(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_sta
         return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: format nvfp4 does not know this "
                    "tensor (ModelOpt: weight, weight_scale, weight_scale_2, input_scale; "
                    "compressed-tensors: weight_packed, weight_scale, weight_global_scale, "
-                   "input_global_scale)", m->name, m->ckpt[i].name);
+                   "input_global_scale)", m->name, refit_ckpt(m, i)->name);
     if (roles[r].conv != CONV_NONE) {
         if (s->conv != CONV_NONE && s->conv != roles[r].conv)
             return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: mixes ModelOpt and "
-                       "compressed-tensors scale names", m->name, m->ckpt[i].name);
+                       "compressed-tensors scale names", m->name, refit_ckpt(m, i)->name);
         s->conv = roles[r].conv;
     }
     int role = roles[r].role;
     if (s->ck[role] >= 0)
         return ERR(h, REFIT_EFORMAT, "module %s: tensors %s and %s play the same part; one "
                    "nvfp4 weight per module (fused targets need the core to pass the offset "
-                   "of each part to formats)", m->name, m->ckpt[s->ck[role]].name,
-                   m->ckpt[i].name);
+                   "of each part to formats)", m->name, refit_ckpt(m, s->ck[role])->name,
+                   refit_ckpt(m, i)->name);
     s->ck[role] = (int)i;
     return REFIT_OK;
 }
 
-static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_state *s)
+static int find_roles(const refit_host_v2 *h, const refit_fmt_module *m, nvfp4_state *s)
 {
     for (int r = 0; r < R_COUNT; r++)
         s->ck[r] = -1;
@@ -175,15 +175,15 @@ static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_s
     }
     for (uint32_t i = 0; i < m->n_runtime; i++)
         for (int r = 0; r < RT_COUNT; r++)
-            if (!strcmp(m->runtime[i].name, rt_name[r]))
+            if (!strcmp(refit_runtime(m, i)->name, rt_name[r]))
                 s->rt[r] = (int)i;
-    s->online = s->ck[R_WEIGHT] >= 0 && kern_is_float_dtype(m->ckpt[s->ck[R_WEIGHT]].dtype);
+    s->online = s->ck[R_WEIGHT] >= 0 && kern_is_float_dtype(refit_ckpt(m, s->ck[R_WEIGHT])->dtype);
     if (s->online) {
         for (int r = R_SCALE; r < R_COUNT; r++)
             if (s->ck[r] >= 0)
                 return ERR(h, REFIT_EFORMAT, "module %s, tensor %s: an online module (f32/f16/"
                            "bf16 weight) computes its scales; it takes none from the checkpoint",
-                           m->name, m->ckpt[s->ck[r]].name);
+                           m->name, refit_ckpt(m, s->ck[r])->name);
         if (s->rt[RT_INV] >= 0)
             return ERR(h, REFIT_EFORMAT, "module %s: runtime input_scale_inv has no source in "
                        "an online module (no input scale); unbind it", m->name);
@@ -201,7 +201,7 @@ static int find_roles(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_s
     return REFIT_OK;
 }
 
-static int param_int(const refit_host_v1 *h, const refit_fmt_module *m, const char *key,
+static int param_int(const refit_host_v2 *h, const refit_fmt_module *m, const char *key,
                      int64_t *out)
 {
     const char *v = h->param(h->host, m, key);
@@ -213,7 +213,7 @@ static int param_int(const refit_host_v1 *h, const refit_fmt_module *m, const ch
 }
 
 /* -1 absent, 0 false, 1 true. */
-static int param_bool(const refit_host_v1 *h, const refit_fmt_module *m, const char *key,
+static int param_bool(const refit_host_v2 *h, const refit_fmt_module *m, const char *key,
                       int *out)
 {
     static const char *const yes[] = {"true", "yes", "on", "1"};
@@ -232,9 +232,9 @@ static int param_bool(const refit_host_v1 *h, const refit_fmt_module *m, const c
     return REFIT_OK;
 }
 
-static int check_scalar(const refit_host_v1 *h, const refit_fmt_module *m, int idx)
+static int check_scalar(const refit_host_v2 *h, const refit_fmt_module *m, int idx)
 {
-    const refit_fmt_ckpt *c = &m->ckpt[idx];
+    const refit_fmt_ckpt *c = refit_ckpt(m, idx);
     if (!is_dtype(c->dtype, REFIT_DTYPE_FLOAT, 32) || numel(c->ndim, c->shape) != 1)
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected one F32 value, got %s "
                    "with %lld elements", m->name, c->name, dt_name(c->dtype),
@@ -246,9 +246,9 @@ static int check_scalar(const refit_host_v1 *h, const refit_fmt_module *m, int i
  * same K range: 2 elements a byte, 16 a block. */
 /* An online weight: 2-D float [N, K]; its blocks start at its first column
  * (a K shard therefore keeps its own blocks; see the header). */
-static int check_online(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_state *s)
+static int check_online(const refit_host_v2 *h, const refit_fmt_module *m, nvfp4_state *s)
 {
-    const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_WEIGHT]];
+    const refit_fmt_ckpt *w = refit_ckpt(m, s->ck[R_WEIGHT]);
     if (w->ndim != 2)
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an online weight is 2-D [N, K], "
                    "not %d-D (stacked experts are not supported)", m->name, w->name, w->ndim);
@@ -258,7 +258,7 @@ static int check_online(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4
     return REFIT_OK;
 }
 
-static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_state *s)
+static int check_ckpt(const refit_host_v2 *h, const refit_fmt_module *m, nvfp4_state *s)
 {
     int online;
     int rc = param_bool(h, m, "online", &online);
@@ -266,11 +266,11 @@ static int check_ckpt(const refit_host_v1 *h, const refit_fmt_module *m, nvfp4_s
         return rc;
     if (online >= 0 && online != s->online)
         return ERR(h, REFIT_EMISMATCH, "module %s: param online is %s but the weight %s is %s",
-                   m->name, online ? "true" : "false", m->ckpt[s->ck[R_WEIGHT]].name,
-                   dt_name(m->ckpt[s->ck[R_WEIGHT]].dtype));
+                   m->name, online ? "true" : "false", refit_ckpt(m, s->ck[R_WEIGHT])->name,
+                   dt_name(refit_ckpt(m, s->ck[R_WEIGHT])->dtype));
     if (s->online)
         return check_online(h, m, s);
-    const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_WEIGHT]], *sc = &m->ckpt[s->ck[R_SCALE]];
+    const refit_fmt_ckpt *w = refit_ckpt(m, s->ck[R_WEIGHT]), *sc = refit_ckpt(m, s->ck[R_SCALE]);
     if (!is_dtype(w->dtype, REFIT_DTYPE_UINT, 8) || w->ndim != 2)
         return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: expected U8 [N, K/2], got %s with "
                    "%d dims (stacked experts are not supported)", m->name, w->name,
@@ -324,26 +324,26 @@ static int contiguous(const refit_view *v)
 /* 1 when the host runs post-load on dev: it has the quant_nvfp4 service
  * and a backend serving dev (the CUDA backend and kernels/quant_nvfp4.cu
  * come together). */
-static int device_service(const refit_host_v1 *h, refit_device dev)
+static int device_service(const refit_host_v2 *h, refit_device dev)
 {
     return REFIT_HOST_HAS(h, quant_nvfp4) && h->quant_nvfp4 && refit_host_serves(h, dev);
 }
 
 /* Host memory, or every runtime tensor on one device the service serves. */
-static int check_placement(const refit_host_v1 *h, const refit_fmt_module *m)
+static int check_placement(const refit_host_v2 *h, const refit_fmt_module *m)
 {
     int all_host = 1;
     for (uint32_t i = 0; i < m->n_runtime; i++)
-        all_host &= on_host(&m->runtime[i].view);
+        all_host &= on_host(&refit_runtime(m, i)->view);
     if (all_host)
         return REFIT_OK;
-    refit_device d = m->runtime[0].view.device;
+    refit_device d = refit_runtime(m, 0)->view.device;
     for (uint32_t i = 1; i < m->n_runtime; i++) {
-        refit_device e = m->runtime[i].view.device;
+        refit_device e = refit_runtime(m, i)->view.device;
         if (e.device_type != d.device_type || e.device_id != d.device_id)
             return ERR(h, REFIT_EUNSUPPORTED, "module %s: runtime %s and %s are on different "
                        "devices; nvfp4's post-load writes them in one place", m->name,
-                       m->runtime[0].name, m->runtime[i].name);
+                       refit_runtime(m, 0)->name, refit_runtime(m, i)->name);
     }
     if (!device_service(h, d))
         return ERR(h, REFIT_EUNSUPPORTED, "module %s: nvfp4's post-load on device type %d needs "
@@ -354,11 +354,11 @@ static int check_placement(const refit_host_v1 *h, const refit_fmt_module *m)
     return REFIT_OK;
 }
 
-static int check_runtime(const refit_host_v1 *h, const refit_fmt_module *m,
+static int check_runtime(const refit_host_v2 *h, const refit_fmt_module *m,
                          const nvfp4_state *s)
 {
-    const refit_view *w = &m->runtime[s->rt[RT_WEIGHT]].view;
-    const refit_view *sc = &m->runtime[s->rt[RT_SCALE]].view;
+    const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
+    const refit_view *sc = &refit_runtime(m, s->rt[RT_SCALE])->view;
     int64_t rp = kern_swizzle_rows(s->n), cp = kern_swizzle_cols(s->blocks);
     if (!is_dtype(w->dtype, REFIT_DTYPE_UINT, 8) || w->ndim != 2 || w->shape[0] != s->n ||
         w->shape[1] != s->bytes)
@@ -373,7 +373,7 @@ static int check_runtime(const refit_host_v1 *h, const refit_fmt_module *m,
     for (int r = RT_ALPHA; r <= RT_INV; r++) {
         if (s->rt[r] < 0)
             continue;
-        const refit_view *v = &m->runtime[s->rt[r]].view;
+        const refit_view *v = &refit_runtime(m, s->rt[r])->view;
         if (!is_dtype(v->dtype, REFIT_DTYPE_FLOAT, 32) || numel(v->ndim, v->shape) != 1)
             return ERR(h, REFIT_EMISMATCH, "module %s: runtime %s must be one F32 value",
                        m->name, rt_name[r]);
@@ -381,7 +381,7 @@ static int check_runtime(const refit_host_v1 *h, const refit_fmt_module *m,
     return check_placement(h, m);
 }
 
-static int nvfp4_plan(const refit_host_v1 *h, refit_fmt_module *m)
+static int nvfp4_plan(const refit_host_v2 *h, refit_fmt_module *m)
 {
     nvfp4_state s;
     memset(&s, 0, sizeof s);
@@ -392,12 +392,12 @@ static int nvfp4_plan(const refit_host_v1 *h, refit_fmt_module *m)
         rc = check_runtime(h, m, &s);
     if (rc)
         return rc;
-    refit_fmt_ckpt *w = &m->ckpt[s.ck[R_WEIGHT]];
+    refit_fmt_ckpt *w = refit_ckpt(m, s.ck[R_WEIGHT]);
     if (w->target_index != s.rt[RT_WEIGHT])
         return ERR(h, REFIT_EINVAL, "module %s, tensor %s: its target must be runtime weight",
                    m->name, w->name);
     for (uint32_t i = 0; i < m->n_ckpt; i++)
-        m->ckpt[i].route = REFIT_ROUTE_STAGED;
+        refit_ckpt(m, i)->route = REFIT_ROUTE_STAGED;
     if (!s.online)
         w->route = REFIT_ROUTE_DIRECT;
     m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD;
@@ -409,7 +409,7 @@ static int nvfp4_plan(const refit_host_v1 *h, refit_fmt_module *m)
     return REFIT_OK;
 }
 
-static void nvfp4_release(const refit_host_v1 *h, refit_fmt_module *m)
+static void nvfp4_release(const refit_host_v2 *h, refit_fmt_module *m)
 {
     h->mem_free(h->host, m->state);
     m->state = NULL;
@@ -418,7 +418,7 @@ static void nvfp4_release(const refit_host_v1 *h, refit_fmt_module *m)
 static float staged_f32(const refit_fmt_module *m, int idx)
 {
     float f;
-    memcpy(&f, m->ckpt[idx].staged.data, sizeof f);
+    memcpy(&f, refit_ckpt(m, idx)->staged.data, sizeof f);
     return f;
 }
 
@@ -436,48 +436,48 @@ static void fuse_factors(const refit_fmt_module *m, const nvfp4_state *s)
     kern_nvfp4_fuse(s->conv == CONV_CT ? KERN_NVFP4_CT : KERN_NVFP4_MODELOPT,
                     staged_f32(m, s->ck[R_WGLOBAL]), s->ck[R_INPUT] >= 0 ? &in : NULL, &alpha,
                     &inv);
-    store_f32(&m->runtime[s->rt[RT_ALPHA]].view, alpha);
+    store_f32(&refit_runtime(m, s->rt[RT_ALPHA])->view, alpha);
     if (s->rt[RT_INV] >= 0)
-        store_f32(&m->runtime[s->rt[RT_INV]].view, inv);
+        store_f32(&refit_runtime(m, s->rt[RT_INV])->view, inv);
 }
 
 /* The module as one piece of the host's quant_nvfp4 service. */
 static void make_piece(const refit_fmt_module *m, const nvfp4_state *s, refit_nvfp4_piece *p)
 {
     memset(p, 0, sizeof *p);
-    const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_WEIGHT]];
+    const refit_fmt_ckpt *w = refit_ckpt(m, s->ck[R_WEIGHT]);
     p->name = w->name;
-    p->scale = m->runtime[s->rt[RT_SCALE]].view;
-    p->alpha = m->runtime[s->rt[RT_ALPHA]].view;
+    p->scale = refit_runtime(m, s->rt[RT_SCALE])->view;
+    p->alpha = refit_runtime(m, s->rt[RT_ALPHA])->view;
     if (s->online) {
         p->mode = REFIT_NVFP4_ONLINE;
         p->src = w->staged;
-        p->packed = m->runtime[s->rt[RT_WEIGHT]].view;
+        p->packed = refit_runtime(m, s->rt[RT_WEIGHT])->view;
         return;
     }
     p->mode = s->conv == CONV_CT ? REFIT_NVFP4_CT : REFIT_NVFP4_MODELOPT;
-    p->name = m->ckpt[s->ck[R_SCALE]].name;
-    p->src = m->ckpt[s->ck[R_SCALE]].staged;
-    p->weight_factor = m->ckpt[s->ck[R_WGLOBAL]].staged;
+    p->name = refit_ckpt(m, s->ck[R_SCALE])->name;
+    p->src = refit_ckpt(m, s->ck[R_SCALE])->staged;
+    p->weight_factor = refit_ckpt(m, s->ck[R_WGLOBAL])->staged;
     if (s->ck[R_INPUT] >= 0)
-        p->input_factor = m->ckpt[s->ck[R_INPUT]].staged;
+        p->input_factor = refit_ckpt(m, s->ck[R_INPUT])->staged;
     if (s->rt[RT_INV] >= 0)
-        p->input_scale_inv = m->runtime[s->rt[RT_INV]].view;
+        p->input_scale_inv = refit_runtime(m, s->rt[RT_INV])->view;
 }
 
 /* The references linked here, on host memory (seal made sure). */
-static int post_load_here(const refit_host_v1 *h, const refit_fmt_module *m,
+static int post_load_here(const refit_host_v2 *h, const refit_fmt_module *m,
                           const nvfp4_state *s)
 {
     if (!s->online) {
-        kern_swizzle(m->runtime[s->rt[RT_SCALE]].view.data, &m->ckpt[s->ck[R_SCALE]].staged);
+        kern_swizzle(refit_runtime(m, s->rt[RT_SCALE])->view.data, &refit_ckpt(m, s->ck[R_SCALE])->staged);
         fuse_factors(m, s);
         return REFIT_OK;
     }
-    const refit_fmt_ckpt *w = &m->ckpt[s->ck[R_WEIGHT]];
-    int rc = kern_quant_nvfp4(&m->runtime[s->rt[RT_WEIGHT]].view,
-                              m->runtime[s->rt[RT_SCALE]].view.data,
-                              m->runtime[s->rt[RT_ALPHA]].view.data, &w->staged);
+    const refit_fmt_ckpt *w = refit_ckpt(m, s->ck[R_WEIGHT]);
+    int rc = kern_quant_nvfp4(&refit_runtime(m, s->rt[RT_WEIGHT])->view,
+                              refit_runtime(m, s->rt[RT_SCALE])->view.data,
+                              refit_runtime(m, s->rt[RT_ALPHA])->view.data, &w->staged);
     if (rc == REFIT_ECORRUPT)
         return ERR(h, rc, "module %s, tensor %s: NaN or infinity in the weight; refusing to "
                    "quantize it", m->name, w->name);
@@ -487,7 +487,7 @@ static int post_load_here(const refit_host_v1 *h, const refit_fmt_module *m,
     return REFIT_OK;
 }
 
-static int nvfp4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+static int nvfp4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
     const nvfp4_state *s = m->state;
     if (!REFIT_HOST_HAS(h, quant_nvfp4) || !h->quant_nvfp4)
@@ -497,9 +497,9 @@ static int nvfp4_post_load(const refit_host_v1 *h, const refit_fmt_module *m, vo
     return h->quant_nvfp4(h->host, 1, &p, stream);
 }
 
-REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "nvfp4",
     .plan = nvfp4_plan,
     .post_load = nvfp4_post_load,

@@ -33,7 +33,7 @@ static const char *dtype_name(refit_dtype d)
     return "a non-float dtype";
 }
 
-static int unq_plan(const refit_host_v1 *host, refit_fmt_module *m)
+static int unq_plan(const refit_host_v2 *host, refit_fmt_module *m)
 {
     const char *cast = host->param(host->host, m, "cast");
     /* the values params take as true: true/yes/on/1, any case */
@@ -42,8 +42,8 @@ static int unq_plan(const refit_host_v1 *host, refit_fmt_module *m)
                               ((cast[0] == 'o' || cast[0] == 'O') &&
                                (cast[1] == 'n' || cast[1] == 'N')));
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        refit_fmt_ckpt *c = &m->ckpt[i];
-        refit_dtype rt = m->runtime[c->target_index].view.dtype;
+        refit_fmt_ckpt *c = refit_ckpt(m, i);
+        refit_dtype rt = refit_runtime(m, c->target_index)->view.dtype;
         if (!is_float(c->dtype))
             return host->error(host->host, REFIT_EFORMAT,
                                "module %s, tensor %s: format unquantized takes f32/f16/bf16, "
@@ -63,9 +63,9 @@ static int unq_plan(const refit_host_v1 *host, refit_fmt_module *m)
     return REFIT_OK;
 }
 
-REFIT_PLUGIN_EXPORT const refit_format_v1 refit_format_plugin_v1 = {
+REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "unquantized",
     .plan = unq_plan,
     .post_load = NULL,

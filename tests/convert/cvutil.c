@@ -248,7 +248,7 @@ static void assert_rt(tw *w, const char *mod, const char *name, const void *want
             fail_msg("%s/%s: byte %zu is 0x%02x, %s has 0x%02x", mod, name, i, b[i], what, a[i]);
 }
 
-void cv_same_kernels(const refit_format_v1 *plugin, const st_set *conv, const st_set *orig,
+void cv_same_kernels(const refit_format_v2 *plugin, const st_set *conv, const st_set *orig,
                      const cv_pair *p, int n)
 {
     const char *fmt = plugin->name;

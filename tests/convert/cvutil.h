@@ -70,7 +70,7 @@ typedef struct cv_pair {
  * quantized at post-load. Asserts both updates succeed, that the
  * serialized runtime holds exactly the converted bytes, and that both
  * worlds hold the same bytes. */
-void cv_same_kernels(const refit_format_v1 *plugin, const st_set *conv, const st_set *orig,
+void cv_same_kernels(const refit_format_v2 *plugin, const st_set *conv, const st_set *orig,
                      const cv_pair *p, int n);
 
 #endif

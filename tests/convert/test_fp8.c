@@ -12,7 +12,7 @@
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 
-extern const refit_format_v1 refit_format_plugin_v1;
+extern const refit_format_v2 refit_format_plugin_v2;
 
 static const char *const schemes[3] = {"per_tensor", "per_channel", "block128"};
 
@@ -110,7 +110,7 @@ static void fp8_scheme(const char *dir, const refs *r, int sch)
         snprintf(s[i], sizeof s[i], "%s.%s", pfx[i], sfx);
         p[i] = (cv_pair){w[i], w[i], s[i], sch == 2 ? blk[i] : NULL, onl};
     }
-    cv_same_kernels(&refit_format_plugin_v1, conv, orig, p, 3);
+    cv_same_kernels(&refit_format_plugin_v2, conv, orig, p, 3);
     st_close(conv);
     st_close(orig);
 }
@@ -169,7 +169,7 @@ static void qkv_world(tw *w, const st_set *s, int sch, int serialized)
     static const int64_t row[3] = {0, 64, 96};
     char name[96];
     assert_int_equal(tw_open(w, NULL), REFIT_OK);
-    assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v1), REFIT_OK);
+    assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v2), REFIT_OK);
     tw_module(w, "qkv", "fp8", sch ? "scheme: per_channel" : "scheme: per_tensor");
     tw_runtime(w, "qkv", "weight", Q_E4M3, 2, TT_SHAPE(128, 64));
     if (sch)

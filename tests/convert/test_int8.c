@@ -12,7 +12,7 @@
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 
-extern const refit_format_v1 refit_format_plugin_v1;
+extern const refit_format_v2 refit_format_plugin_v2;
 
 static const char *const schemes[2] = {"per_tensor", "per_channel"};
 
@@ -53,7 +53,7 @@ static void int8_scheme(const char *dir, int sch)
         p[i] = (cv_pair){w[i], w[i], s[i], sch ? "scheme: per_channel" : "scheme: per_tensor",
                          NULL};
     }
-    cv_same_kernels(&refit_format_plugin_v1, conv, NULL, p, 3);
+    cv_same_kernels(&refit_format_plugin_v2, conv, NULL, p, 3);
     st_close(conv);
     for (int i = 0; i < 3; i++)
         st_close(ref[i]);

@@ -12,7 +12,7 @@
 #include "tests/formats4/f4util.h"
 #include "tests/common/pyref.h"
 
-extern const refit_format_v1 refit_format_plugin_v1;
+extern const refit_format_v2 refit_format_plugin_v2;
 
 static void mxfp4_same_kernels(void **state)
 {
@@ -43,7 +43,7 @@ static void mxfp4_same_kernels(void **state)
         cv_assert_same(f4_get(ref[i], "expect.scale"), cv_get(conv, s[i]));
         p[i] = (cv_pair){w[i], v[i], s[i], ser[i], NULL};
     }
-    cv_same_kernels(&refit_format_plugin_v1, conv, orig, p, 3);
+    cv_same_kernels(&refit_format_plugin_v2, conv, orig, p, 3);
     st_close(conv);
     st_close(orig);
     for (int i = 0; i < 3; i++)

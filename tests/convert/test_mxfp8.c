@@ -11,7 +11,7 @@
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 
-extern const refit_format_v1 refit_format_plugin_v1;
+extern const refit_format_v2 refit_format_plugin_v2;
 
 static void mxfp8_same_kernels(void **state)
 {
@@ -52,7 +52,7 @@ static void mxfp8_same_kernels(void **state)
         cv_assert_same(q_get(ref[i], name), cs);
         p[i] = (cv_pair){w[i], w[i], s[i], ser[i], NULL};
     }
-    cv_same_kernels(&refit_format_plugin_v1, conv, orig, p, 3);
+    cv_same_kernels(&refit_format_plugin_v2, conv, orig, p, 3);
     st_close(conv);
     st_close(orig);
     for (int i = 0; i < 3; i++)

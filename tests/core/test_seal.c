@@ -493,7 +493,7 @@ static void test_device_without_backend(void **state)
 static void test_format_register_refusals(void **state)
 {
     tw *w = *state;
-    refit_format_v1 f = tt_format_scale;
+    refit_format_v2 f = tt_format_scale;
     f.abi_version = 0;
     assert_int_equal(refit_format_register(w->ctx, &f), REFIT_EFORMAT);
     tw_assert_msg(w, "invalid version 0", "test-scale");
@@ -516,7 +516,7 @@ static void test_in_process_format_and_plugin_names(void **state)
 {
     tw *w = *state;
     /* a plugin's format already used by a module cannot be replaced */
-    static refit_format_v1 f;
+    static refit_format_v2 f;
     f = tt_format_scale;
     f.name = "unquantized";
     tw_module(w, "m", "unquantized", NULL);

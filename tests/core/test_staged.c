@@ -234,7 +234,7 @@ static void test_format_plan_refusal_reaches_the_caller(void **state)
 }
 
 /* Formats that lie about themselves are refused at seal. */
-static int plan_post_without_fn(const refit_host_v1 *h, refit_fmt_module *m)
+static int plan_post_without_fn(const refit_host_v2 *h, refit_fmt_module *m)
 {
     (void)h;
     for (uint32_t i = 0; i < m->n_ckpt; i++)
@@ -243,7 +243,7 @@ static int plan_post_without_fn(const refit_host_v1 *h, refit_fmt_module *m)
     return REFIT_OK;
 }
 
-static int plan_bad_route(const refit_host_v1 *h, refit_fmt_module *m)
+static int plan_bad_route(const refit_host_v2 *h, refit_fmt_module *m)
 {
     (void)h;
     for (uint32_t i = 0; i < m->n_ckpt; i++)
@@ -253,12 +253,12 @@ static int plan_bad_route(const refit_host_v1 *h, refit_fmt_module *m)
 
 static void test_inconsistent_formats_refused_at_seal(void **state)
 {
-    static const refit_format_v1 no_fn = {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v1),
+    static const refit_format_v2 no_fn = {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2),
                                           "test-nofn", plan_post_without_fn, NULL, NULL};
-    static const refit_format_v1 bad_route = {REFIT_FORMAT_ABI_VERSION,
-                                              sizeof(refit_format_v1), "test-route",
+    static const refit_format_v2 bad_route = {REFIT_FORMAT_ABI_VERSION,
+                                              sizeof(refit_format_v2), "test-route",
                                               plan_bad_route, NULL, NULL};
-    const refit_format_v1 *fmts[2] = {&no_fn, &bad_route};
+    const refit_format_v2 *fmts[2] = {&no_fn, &bad_route};
     const char *want[2] = {"no post_load function", "route 42"};
     (void)state;
     for (int k = 0; k < 2; k++) {

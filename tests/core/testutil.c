@@ -665,7 +665,7 @@ void tw_assert_msg_(tw *w, const char *file, int line, ...)
 
 /* ---- the STAGED test formats ---- */
 
-static int staged_plan(const refit_host_v1 *h, refit_fmt_module *m)
+static int staged_plan(const refit_host_v2 *h, refit_fmt_module *m)
 {
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
         refit_fmt_ckpt *c = &m->ckpt[i];
@@ -681,7 +681,7 @@ static int staged_plan(const refit_host_v1 *h, refit_fmt_module *m)
 }
 
 /* place (runtime, F32) = 2 * staged (+ place when accumulate). */
-static int apply(const refit_host_v1 *h, const refit_fmt_module *m, int accumulate)
+static int apply(const refit_host_v2 *h, const refit_fmt_module *m, int accumulate)
 {
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
         const refit_fmt_ckpt *c = &m->ckpt[i];
@@ -712,19 +712,19 @@ static int apply(const refit_host_v1 *h, const refit_fmt_module *m, int accumula
     return REFIT_OK;
 }
 
-static int scale_post(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+static int scale_post(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
     (void)stream;
     return apply(h, m, 0);
 }
 
-static int accum_post(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+static int accum_post(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
     (void)stream;
     return apply(h, m, 1);
 }
 
-static int fail_post(const refit_host_v1 *h, const refit_fmt_module *m, void *stream)
+static int fail_post(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
     (void)stream;
     int rc = apply(h, m, 0);
@@ -738,25 +738,25 @@ static int fail_post(const refit_host_v1 *h, const refit_fmt_module *m, void *st
                     "module %s", m->name);
 }
 
-const refit_format_v1 tt_format_scale = {
+const refit_format_v2 tt_format_scale = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "test-scale",
     .plan = staged_plan,
     .post_load = scale_post,
 };
 
-const refit_format_v1 tt_format_accum = {
+const refit_format_v2 tt_format_accum = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "test-accum",
     .plan = staged_plan,
     .post_load = accum_post,
 };
 
-const refit_format_v1 tt_format_fail = {
+const refit_format_v2 tt_format_fail = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "test-fail",
     .plan = staged_plan,
     .post_load = fail_post,
@@ -764,7 +764,7 @@ const refit_format_v1 tt_format_fail = {
 
 void tw_register_test_formats(tw *w)
 {
-    const refit_format_v1 *f[] = {&tt_format_scale, &tt_format_accum, &tt_format_fail};
+    const refit_format_v2 *f[] = {&tt_format_scale, &tt_format_accum, &tt_format_fail};
     for (int i = 0; i < 3; i++) {
         int rc = refit_format_register(w->ctx, f[i]);
         if (rc)

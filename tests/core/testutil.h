@@ -212,9 +212,9 @@ void tt_build_llm(tw *w, const tt_llm_cfg *cfg);
  *   test-fail    same as test-scale, then writes junk over the first
  *                target and fails with REFIT_EFORMAT
  */
-extern const refit_format_v1 tt_format_scale;
-extern const refit_format_v1 tt_format_accum;
-extern const refit_format_v1 tt_format_fail;
+extern const refit_format_v2 tt_format_scale;
+extern const refit_format_v2 tt_format_accum;
+extern const refit_format_v2 tt_format_fail;
 /* Register all three on w's context; asserts success. */
 void tw_register_test_formats(tw *w);
 

@@ -54,7 +54,7 @@ void f4_update(tw *w, const st_set *s, const char *label)
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
 }
 
-q_module f4_module(const refit_format_v1 *plugin,
+q_module f4_module(const refit_format_v2 *plugin,
                    int (*build)(tw *w, const st_set *s, const q_module *m), const void *arg,
                    const char *cmd)
 {

@@ -25,7 +25,7 @@ void f4_update(tw *w, const st_set *s, const char *label);
 /* A module of a formats4 suite for qutil's whole-world steps: delivered
  * by f4_update, versions made by `ref4.py cmd` (NULL where the caller
  * makes the set itself, as for q_assert_file_equals_linked). */
-q_module f4_module(const refit_format_v1 *plugin,
+q_module f4_module(const refit_format_v2 *plugin,
                    int (*build)(tw *w, const st_set *s, const q_module *m), const void *arg,
                    const char *cmd);
 

@@ -13,7 +13,7 @@
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 
-extern const refit_format_v1 refit_format_plugin_v1;
+extern const refit_format_v2 refit_format_plugin_v2;
 
 #define MOD "layers.0.q"
 
@@ -37,7 +37,7 @@ static void spec_fn(const char *name, refit_ckpt_spec *s, void *user)
     }
 }
 
-#define PLUGIN (&refit_format_plugin_v1)
+#define PLUGIN (&refit_format_plugin_v2)
 
 /* A gptq-layout module for an [n, k] weight of this rank. */
 static int build_gptq(tw *w, const st_set *s, int64_t n, int64_t k, int64_t g, int asym,

@@ -13,7 +13,7 @@
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 
-extern const refit_format_v1 refit_format_plugin_v1;
+extern const refit_format_v2 refit_format_plugin_v2;
 
 #define MOD "layers.0.mlp.experts"
 
@@ -33,7 +33,7 @@ static void spec_fn(const char *name, refit_ckpt_spec *s, void *user)
     }
 }
 
-#define PLUGIN (&refit_format_plugin_v1)
+#define PLUGIN (&refit_format_plugin_v2)
 
 /* Runtime weight [(E,) n, ceil(k/2)] and weight_scale [(E,) n, ceil(k/32)]. */
 static int build(tw *w, const st_set *s, int64_t e, int64_t n, int64_t k, refit_dtype sdt,

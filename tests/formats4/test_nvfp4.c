@@ -18,7 +18,7 @@
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 
-extern const refit_format_v1 refit_format_plugin_v1;
+extern const refit_format_v2 refit_format_plugin_v2;
 
 #define MOD "layers.0.mlp.down_proj"
 
@@ -41,7 +41,7 @@ static void spec_fn(const char *name, refit_ckpt_spec *s, void *user)
     }
 }
 
-#define PLUGIN (&refit_format_plugin_v1)
+#define PLUGIN (&refit_format_plugin_v2)
 
 /* Runtime tensors for this rank's [n, k] slice; then expect and seal. */
 static int build(tw *w, const st_set *s, int64_t n, int64_t k, int inv, const char *params,

@@ -32,7 +32,7 @@ enum { N_EXPERTS = 300, MAX_RT = 8, MAX_CK = N_EXPERTS + 16 };
 
 /* ---- the test format: STAGED, post-load copies (and casts) into place ---- */
 
-static int gs_plan(const refit_host_v1 *host, refit_fmt_module *m)
+static int gs_plan(const refit_host_v2 *host, refit_fmt_module *m)
 {
     (void)host;
     for (uint32_t i = 0; i < m->n_ckpt; i++)
@@ -41,7 +41,7 @@ static int gs_plan(const refit_host_v1 *host, refit_fmt_module *m)
     return REFIT_OK;
 }
 
-static int gs_post(const refit_host_v1 *host, const refit_fmt_module *m, void *stream)
+static int gs_post(const refit_host_v2 *host, const refit_fmt_module *m, void *stream)
 {
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
         int rc = host->copy(host->host, &m->ckpt[i].place, &m->ckpt[i].staged, stream);
@@ -51,9 +51,9 @@ static int gs_post(const refit_host_v1 *host, const refit_fmt_module *m, void *s
     return REFIT_OK;
 }
 
-static const refit_format_v1 gpu_stage_format = {
+static const refit_format_v2 gpu_stage_format = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
-    .struct_size = sizeof(refit_format_v1),
+    .struct_size = sizeof(refit_format_v2),
     .name = "test-gpu-stage",
     .plan = gs_plan,
     .post_load = gs_post,

@@ -2,7 +2,7 @@
 # Usage: check_symbols.sh LIBREFIT_INTERNAL.a PLUGIN.so...
 # A plugin links no core symbol and exports exactly one: for each plugin,
 # no undefined symbol may be one the core library defines, and the only
-# defined dynamic symbol must be refit_format_plugin_v1 (sanitizer builds
+# defined dynamic symbol must be refit_format_plugin_v2 (sanitizer builds
 # add their own __asan/__odr_asan/__ubsan bookkeeping, which is allowed).
 set -eu
 archive=$1
@@ -24,11 +24,11 @@ for so in "$@"; do
   exported=$(nm -D --defined-only --format=posix "$so" | awk '{ print $1 }' |
     grep -v -e '^__asan' -e '^__odr_asan' -e '^__ubsan' -e '^__sanitizer' \
             -e '^_init$' -e '^_fini$' -e '^_edata$' -e '^_end$' -e '^__bss_start$' || true)
-  if [ "$exported" != "refit_format_plugin_v1" ]; then
-    echo "FAIL $so exports:" $exported "(want refit_format_plugin_v1 alone)"
+  if [ "$exported" != "refit_format_plugin_v2" ]; then
+    echo "FAIL $so exports:" $exported "(want refit_format_plugin_v2 alone)"
     status=1
   else
-    echo "ok $so: exports refit_format_plugin_v1 alone, links no core symbol"
+    echo "ok $so: exports refit_format_plugin_v2 alone, links no core symbol"
   fi
 done
 exit $status

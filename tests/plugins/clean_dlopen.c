@@ -18,11 +18,11 @@ int main(int argc, char **argv)
             bad = 1;
             continue;
         }
-        const refit_format_v1 *f = dlsym(h, REFIT_FORMAT_PLUGIN_SYMBOL);
+        const refit_format_v2 *f = dlsym(h, REFIT_FORMAT_PLUGIN_SYMBOL);
         const char *base = strrchr(argv[i], '/');
         base = base ? base + 1 : argv[i];
         if (!f || f->abi_version != REFIT_FORMAT_ABI_VERSION ||
-            f->struct_size < REFIT_FORMAT_V1_MIN_SIZE || !f->name || !f->plan ||
+            f->struct_size < REFIT_FORMAT_V2_MIN_SIZE || !f->name || !f->plan ||
             strncmp(base, "refit-fmt-", 10) || strncmp(base + 10, f->name, strlen(f->name)) ||
             strcmp(base + 10 + strlen(f->name), ".so")) {
             printf("FAIL %s: no valid %s named after the file\n", argv[i],

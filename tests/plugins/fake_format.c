@@ -4,7 +4,7 @@
  *   FAKE_NAME         format name (the file is refit-fmt-FAKE_NAME.so)
  *   FAKE_STRUCT_NAME  name in the struct, when it should differ from the file
  *   FAKE_VERSION      abi_version (default REFIT_FORMAT_ABI_VERSION)
- *   FAKE_SIZE         struct_size (default sizeof(refit_format_v1))
+ *   FAKE_SIZE         struct_size (default sizeof(refit_format_v2))
  *   FAKE_SYMBOL       name of the exported symbol (default the right one)
  *   FAKE_PLAN         FAKE_DIRECT, FAKE_STAGED (identity through staging,
  *                     WHOLE + POST_LOAD), FAKE_STAGED_NOFLAG (staged, no
@@ -36,26 +36,26 @@
 #define FAKE_VERSION REFIT_FORMAT_ABI_VERSION
 #endif
 #ifndef FAKE_SIZE
-#define FAKE_SIZE sizeof(refit_format_v1)
+#define FAKE_SIZE sizeof(refit_format_v2)
 #endif
 #ifndef FAKE_SYMBOL
-#define FAKE_SYMBOL refit_format_plugin_v1
+#define FAKE_SYMBOL refit_format_plugin_v2
 #endif
 #ifndef FAKE_PLAN
 #define FAKE_PLAN FAKE_DIRECT
 #endif
 
 /* unused in the FAKE_SHORT build, which exports no struct */
-__attribute__((unused)) static int fake_plan(const refit_host_v1 *host, refit_fmt_module *m)
+__attribute__((unused)) static int fake_plan(const refit_host_v2 *host, refit_fmt_module *m)
 {
 #ifdef FAKE_CORE_SYMBOL
-    host->log(host->host, 3, "%s", refit_dtype_name(m->ckpt[0].dtype));
+    host->log(host->host, 3, "%s", refit_dtype_name(refit_ckpt(m, 0)->dtype));
 #endif
     if (!REFIT_HOST_HAS(host, dtype_name))
         return host->error(host->host, REFIT_EUNSUPPORTED, "host services too old");
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        refit_fmt_ckpt *c = &m->ckpt[i];
-        refit_dtype rt = m->runtime[c->target_index].view.dtype;
+        refit_fmt_ckpt *c = refit_ckpt(m, i);
+        refit_dtype rt = refit_runtime(m, c->target_index)->view.dtype;
         if (c->dtype.code != rt.code || c->dtype.bits != rt.bits)
             return host->error(host->host, REFIT_EMISMATCH, "module %s, tensor %s: %s into %s",
                                m->name, c->name, host->dtype_name(host->host, c->dtype),
@@ -72,21 +72,21 @@ __attribute__((unused)) static int fake_plan(const refit_host_v1 *host, refit_fm
 }
 
 #if FAKE_PLAN != FAKE_DIRECT && !defined(FAKE_NO_POST_LOAD)
-__attribute__((unused)) static int fake_post_load(const refit_host_v1 *host,
+__attribute__((unused)) static int fake_post_load(const refit_host_v2 *host,
                                                  const refit_fmt_module *m, void *stream)
 {
     for (uint32_t i = 0; i < m->n_runtime; i++) {
         refit_device_info info = {.struct_size = sizeof info};
-        int rc = host->device_info(host->host, m->runtime[i].view.device, &info);
+        int rc = host->device_info(host->host, refit_runtime(m, i)->view.device, &info);
         if (rc || !info.served)
             return host->error(host->host, REFIT_EUNSUPPORTED, "module %s: device not served",
                                m->name);
-        rc = host->zero(host->host, &m->runtime[i].view, stream);
+        rc = host->zero(host->host, &refit_runtime(m, i)->view, stream);
         if (rc)
             return rc;
     }
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
-        int rc = host->copy(host->host, &m->ckpt[i].place, &m->ckpt[i].staged, stream);
+        int rc = host->copy(host->host, &refit_ckpt(m, i)->place, &refit_ckpt(m, i)->staged, stream);
         if (rc)
             return rc;
     }
@@ -100,9 +100,9 @@ __attribute__((unused)) static int fake_post_load(const refit_host_v1 *host,
 #ifdef FAKE_SHORT
 REFIT_PLUGIN_EXPORT const struct {
     uint32_t abi_version, struct_size;
-} refit_format_plugin_v1 = {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v1)};
+} refit_format_plugin_v2 = {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2)};
 #else
-REFIT_PLUGIN_EXPORT const refit_format_v1 FAKE_SYMBOL = {
+REFIT_PLUGIN_EXPORT const refit_format_v2 FAKE_SYMBOL = {
     .abi_version = FAKE_VERSION,
     .struct_size = FAKE_SIZE,
     .name = FAKE_STRUCT_NAME,

@@ -11,7 +11,7 @@
 
 const char *const PT_DECL_DIRECT =
     "name: @NAME@\n"
-    "abi: 1\n"
+    "abi: 2\n"
     "checkpoint:\n"
     "  - {role: weight, match: \"*.weight\", dtypes: [f32, f16, bf16], route: DIRECT}\n"
     "runtime:\n"
@@ -19,7 +19,7 @@ const char *const PT_DECL_DIRECT =
 
 const char *const PT_DECL_STAGED =
     "name: @NAME@\n"
-    "abi: 1\n"
+    "abi: 2\n"
     "checkpoint:\n"
     "  - {role: weight, dtypes: [f32, f16, bf16], route: [DIRECT, STAGED]}\n"
     "runtime:\n"

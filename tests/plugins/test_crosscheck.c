@@ -74,7 +74,7 @@ static void seal_refused(world *w, const char *name, const char *what, const cha
 }
 
 static const char *const DECL_DIRECT_WITH_KERNEL =
-    "name: @NAME@\nabi: 1\n"
+    "name: @NAME@\nabi: 2\n"
     "checkpoint:\n  - {role: weight, dtypes: [f32], route: DIRECT}\n"
     "runtime:\n  - {role: out, dtypes: [f32]}\n"
     "post_load:\n  - {kernel: identity, idempotent: true}\n";
@@ -124,7 +124,7 @@ static void test_staged_without_post_load_step(void **state)
 }
 
 static const char *const DECL_NOT_IDEMPOTENT =
-    "name: @NAME@\nabi: 1\n"
+    "name: @NAME@\nabi: 2\n"
     "checkpoint:\n  - {role: weight, dtypes: [f32], route: STAGED}\n"
     "runtime:\n  - {role: out, dtypes: [f32]}\n"
     "post_load:\n  - {kernel: fuse_scale, idempotent: false}\n";
@@ -163,7 +163,7 @@ static void test_post_load_step_must_be_declared(void **state)
     (void)state;
     char *dir = pt_tmpdir();
     const char *path = pt_path(dir, "x.yaml");
-    pt_write(path, "name: x\nabi: 1\ncheckpoint:\n  - {role: w, dtypes: [f32], route: DIRECT}\n"
+    pt_write(path, "name: x\nabi: 2\ncheckpoint:\n  - {role: w, dtypes: [f32], route: DIRECT}\n"
                    "runtime:\n  - {role: o, dtypes: [f32]}\n", 0644);
     sdiags d = {0};
     plugin_entry pe = {.name = "x", .real = "/p/refit-fmt-x.so"};
@@ -171,7 +171,8 @@ static void test_post_load_step_must_be_declared(void **state)
     pe.decl_path = (char *)path;
     refit_fmt_ckpt c = {.name = "a", .dtype = REFIT_F32, .route = REFIT_ROUTE_DIRECT};
     refit_fmt_runtime r = {.name = "o", .view = {.dtype = REFIT_F32}};
-    refit_fmt_module fm = {.name = "m", .n_ckpt = 1, .ckpt = &c, .n_runtime = 1, .runtime = &r,
+    refit_fmt_module fm = {.name = "m", .n_ckpt = 1, .ckpt_stride = sizeof c, .ckpt = &c, .n_runtime = 1,
+                          .runtime_stride = sizeof r, .runtime = &r,
                            .flags = REFIT_MODULE_POST_LOAD | REFIT_MODULE_WHOLE};
     char why[1024];
     assert_int_equal(plugins_check_module(&pe, &fm, why, sizeof why), REFIT_EFORMAT);

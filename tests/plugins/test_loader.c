@@ -74,21 +74,21 @@ static void refused_fake(const char *name, const char *yaml, const char *why)
 static void test_refuses_version_0(void **state)
 {
     (void)state;
-    refused_fake("badv0", PT_DECL_DIRECT, "invalid version 0 (this refit knows format ABI 1..1)");
+    refused_fake("badv0", PT_DECL_DIRECT, "invalid version 0 in refit_format_plugin_v2 (this refit knows format ABI 2)");
 }
 
 static void test_refuses_newer_version(void **state)
 {
     (void)state;
-    refused_fake("badv99", PT_DECL_DIRECT, "invalid version 99 (this refit knows format ABI 1..1)");
+    refused_fake("badv99", PT_DECL_DIRECT, "invalid version 99 in refit_format_plugin_v2 (this refit knows format ABI 2)");
 }
 
 static void test_refuses_tiny_struct_size(void **state)
 {
     (void)state;
     refused_fake("tiny", PT_DECL_DIRECT,
-                 pt_fmt("struct_size 8 is smaller than ABI 1's %zu bytes",
-                        (size_t)REFIT_FORMAT_V1_MIN_SIZE));
+                 pt_fmt("struct_size 8 is smaller than ABI 2's %zu bytes",
+                        (size_t)REFIT_FORMAT_V2_MIN_SIZE));
 }
 
 static void test_refuses_struct_shorter_than_it_claims(void **state)
@@ -97,14 +97,25 @@ static void test_refuses_struct_shorter_than_it_claims(void **state)
     /* the symbol is 8 bytes (more under ASan, which pads globals with a
      * redzone, but still fewer than it claims) */
     refused_fake("short", PT_DECL_DIRECT,
-                 pt_fmt("struct_size says %zu bytes but refit_format_plugin_v1 is ",
-                        sizeof(refit_format_v1)));
+                 pt_fmt("struct_size says %zu bytes but refit_format_plugin_v2 is ",
+                        sizeof(refit_format_v2)));
+}
+
+/* A plugin built against ABI 1 exports only refit_format_plugin_v1: it is
+ * refused, and the message says what to rebuild it against. */
+static void test_refuses_abi1_plugin(void **state)
+{
+    (void)state;
+    refused_fake("abi1", PT_DECL_DIRECT,
+                 "built against format ABI 1 (it exports refit_format_plugin_v1): rebuild it "
+                 "against refit's <refit/format.h>, format ABI 2 (refit_format_v2, exported as "
+                 "refit_format_plugin_v2; pkg-config refit-format)");
 }
 
 static void test_refuses_missing_symbol(void **state)
 {
     (void)state;
-    refused_fake("nosym", PT_DECL_DIRECT, "does not export refit_format_plugin_v1");
+    refused_fake("nosym", PT_DECL_DIRECT, "does not export refit_format_plugin_v2");
 }
 
 static void test_refuses_name_other_than_file(void **state)
@@ -189,7 +200,7 @@ static void test_missing_file_reported_apart(void **state)
     /* and a file that is there but no shared object: dlerror's own text */
     unlink(pt_path(dir, "refit-fmt-ghost.so"));
     pt_write(pt_path(dir, "refit-fmt-junk.so"), "not an ELF file\n", 0755);
-    pt_write(pt_path(dir, "junk.yaml"), "name: junk\nabi: 1\ncheckpoint:\n"
+    pt_write(pt_path(dir, "junk.yaml"), "name: junk\nabi: 2\ncheckpoint:\n"
              "  - {role: w, dtypes: [f32], route: DIRECT}\nruntime:\n  - {role: o, dtypes: [f32]}\n",
              0644);
     plugin_set *ps = open_only(dir);
@@ -226,9 +237,9 @@ static void test_refuses_invalid_declaration(void **state)
 {
     (void)state;
     char *dir = pt_tmpdir();
-    pt_stage_fake(dir, "fakedirect", "name: @NAME@\nabi: 2\ncheckpoint: []\nruntime: []\n");
+    pt_stage_fake(dir, "fakedirect", "name: @NAME@\nabi: 3\ncheckpoint: []\nruntime: []\n");
     expect_refused(dir, "refit-fmt-fakedirect.so",
-                   pt_fmt("invalid declaration: %s/fakedirect.yaml:2:6: 2 is above the maximum 1",
+                   pt_fmt("invalid declaration: %s/fakedirect.yaml:2:6: 3 is above the maximum 2",
                           dir));
     pt_rmtree(dir);
 }
@@ -237,7 +248,7 @@ static void test_refuses_declaration_of_another_format(void **state)
 {
     (void)state;
     char *dir = pt_tmpdir();
-    pt_stage_fake(dir, "fakedirect", "name: other\nabi: 1\ncheckpoint:\n"
+    pt_stage_fake(dir, "fakedirect", "name: other\nabi: 2\ncheckpoint:\n"
                                      "  - {role: w, dtypes: [f32], route: DIRECT}\n"
                                      "runtime:\n  - {role: o, dtypes: [f32]}\n");
     expect_refused(dir, "refit-fmt-fakedirect.so",
@@ -457,7 +468,7 @@ static void test_open_survives_refusals(void **state)
     pt_rmtree(dir);
 }
 
-static int inproc_plan(const refit_host_v1 *host, refit_fmt_module *m)
+static int inproc_plan(const refit_host_v2 *host, refit_fmt_module *m)
 {
     (void)host;
     for (uint32_t i = 0; i < m->n_ckpt; i++)
@@ -465,7 +476,7 @@ static int inproc_plan(const refit_host_v1 *host, refit_fmt_module *m)
     return REFIT_OK;
 }
 
-static const refit_format_v1 inproc = {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v1),
+static const refit_format_v2 inproc = {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2),
                                        "fakedirect", inproc_plan, NULL, NULL};
 
 /* The embedder's explicit registration beats a plugin found on a path,
@@ -480,7 +491,7 @@ static void test_in_process_format_replaces_plugin(void **state)
     refit_ctx *ctx;
     refit_model *m;
     PT_RC(NULL, refit_open(&ctx, &o), REFIT_OK);
-    const refit_format_v1 *plug = ctx_find_format(ctx, "fakedirect");
+    const refit_format_v2 *plug = ctx_find_format(ctx, "fakedirect");
     assert_non_null(plug);
     assert_ptr_not_equal(plug, &inproc);
     PT_RC(ctx, refit_model_create(&m, ctx), REFIT_OK);
@@ -505,11 +516,11 @@ static void test_host_services_appended(void **state)
     (void)state;
     refit_ctx *ctx;
     PT_RC(NULL, refit_open(&ctx, NULL), REFIT_OK);
-    const refit_host_v1 *h = &ctx->host;
-    assert_int_equal(h->struct_size, sizeof(refit_host_v1));
+    const refit_host_v2 *h = &ctx->host;
+    assert_int_equal(h->struct_size, sizeof(refit_host_v2));
     assert_true(REFIT_HOST_HAS(h, zero) && REFIT_HOST_HAS(h, device_info) &&
                 REFIT_HOST_HAS(h, dtype_name));
-    assert_true(REFIT_HOST_V1_MIN_SIZE < sizeof(refit_host_v1));
+    assert_true(REFIT_HOST_V2_MIN_SIZE < sizeof(refit_host_v2));
     refit_device_info info = {.struct_size = sizeof info};
     assert_int_equal(h->device_info(h->host, (refit_device){REFIT_DEVICE_CPU, 0}, &info), 0);
     assert_int_equal(info.served, 1);
@@ -536,6 +547,7 @@ int main(void)
         cmocka_unit_test(test_refuses_tiny_struct_size),
         cmocka_unit_test(test_refuses_struct_shorter_than_it_claims),
         cmocka_unit_test(test_refuses_missing_symbol),
+        cmocka_unit_test(test_refuses_abi1_plugin),
         cmocka_unit_test(test_refuses_name_other_than_file),
         cmocka_unit_test(test_refuses_plugin_linking_core_symbol),
         cmocka_unit_test(test_refuses_world_writable_file),

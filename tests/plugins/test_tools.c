@@ -48,7 +48,7 @@ static void test_formats_json_lists_found_and_refused(void **state)
     assert_int_equal(json_array_size(fmts), 1);
     json_t *f = json_array_get(fmts, 0);
     assert_string_equal(json_string_value(json_object_get(f, "name")), "fakestaged");
-    assert_int_equal(json_integer_value(json_object_get(f, "abi")), 1);
+    assert_int_equal(json_integer_value(json_object_get(f, "abi")), 2);
     json_t *routes = json_object_get(f, "routes");
     assert_int_equal(json_array_size(routes), 2);
     assert_string_equal(json_string_value(json_array_get(routes, 1)), "STAGED");
@@ -72,7 +72,7 @@ static void test_formats_text_and_exit_zero(void **state)
     pt_stage_fake(dir, "fakedirect", PT_DECL_DIRECT);
     assert_int_equal(refitctl(pt_fmt("formats --only --plugin-dir %s", dir), &out), 0);
     PT_HAS(out, pt_fmt("  %s (plugin_dirs)", dir));
-    PT_HAS(out, "fakedirect   ABI 1  ");
+    PT_HAS(out, "fakedirect   ABI 2  ");
     PT_HAS(out, "routes DIRECT; post-load kernels: none");
     free(out);
     /* the default path, from the build tree, finds the build's unquantized */
@@ -91,7 +91,7 @@ static void test_validate_prints_positions(void **state)
     (void)state;
     char *dir = pt_tmpdir(), *out;
     const char *bad = pt_path(dir, "bad.yaml");
-    pt_write(bad, "kind: format\nname: x\nabi: 1\ncheckpoint:\n"
+    pt_write(bad, "kind: format\nname: x\nabi: 2\ncheckpoint:\n"
                   "  - {role: w, dtypes: [f32], route: STAGED}\n"
                   "runtime:\n  - {role: o, dtypes: [f32], colour: red}\n", 0644);
     char badp[4096];

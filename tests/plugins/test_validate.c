@@ -18,7 +18,7 @@ typedef struct vcase {
     const char *want;           /* "L:C: message", after "file:" */
 } vcase;
 
-#define FMT_HEAD "name: f\nabi: 1\n"
+#define FMT_HEAD "name: f\nabi: 2\n"
 #define RT_OK "runtime:\n  - {role: o, dtypes: [f32]}\n"
 #define MOD_HEAD "kind: model\nmodules:\n  - name: m\n    format: unquantized\n"
 
@@ -37,12 +37,12 @@ static const vcase cases[] = {
      "5:13: expected a list, got a scalar"},
     {"abi out of range", SCHEMA_KIND_FORMAT,
      "name: f\nabi: 7\ncheckpoint:\n  - {role: w, dtypes: [f32], route: DIRECT}\n" RT_OK,
-     "2:6: 7 is above the maximum 1"},
+     "2:6: 7 is above the maximum 2"},
     {"name not an identifier", SCHEMA_KIND_FORMAT,
-     "name: FP8\nabi: 1\ncheckpoint:\n  - {role: w, dtypes: [f32], route: DIRECT}\n" RT_OK,
+     "name: FP8\nabi: 2\ncheckpoint:\n  - {role: w, dtypes: [f32], route: DIRECT}\n" RT_OK,
      "1:7: 'FP8' is not a lowercase identifier ([a-z][a-z0-9_]*)"},
     {"duplicate key", SCHEMA_KIND_FORMAT,
-     FMT_HEAD "abi: 1\ncheckpoint:\n  - {role: w, dtypes: [f32], route: DIRECT}\n" RT_OK,
+     FMT_HEAD "abi: 2\ncheckpoint:\n  - {role: w, dtypes: [f32], route: DIRECT}\n" RT_OK,
      "3:1: duplicate key 'abi' (first at line 2, column 1)"},
     {"not a boolean", SCHEMA_KIND_FORMAT,
      FMT_HEAD "checkpoint:\n  - {role: w, dtypes: [f32], route: STAGED}\n" RT_OK

@@ -192,7 +192,7 @@ void q_assert_nonfinite_refused(tw *w, const char *mod, const char *name,
 
 /* ---- steps every format suite repeats ---- */
 
-void q_world(tw *w, const refit_format_v1 *plugin)
+void q_world(tw *w, const refit_format_v2 *plugin)
 {
     assert_int_equal(tw_open(w, NULL), REFIT_OK);
     if (plugin)
@@ -214,7 +214,7 @@ static void module_update(const q_module *m, tw *w, const st_set *s, const char 
         q_update(w, s, m->e, m->n, label);
 }
 
-q_module q_entries_module(const refit_format_v1 *plugin,
+q_module q_entries_module(const refit_format_v2 *plugin,
                           int (*build)(tw *w, const st_set *s, const q_module *m), q_ent *e,
                           int n, const void *arg)
 {

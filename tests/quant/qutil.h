@@ -86,7 +86,7 @@ void q_assert_nonfinite_refused(tw *w, const char *mod, const char *name,
 /* Open a world. plugin: register that linked-in format; NULL: register
  * nothing, so the loader finds the built plugin file (refit-fmt-NAME.so
  * on the build's plugin path) and checks its declaration at seal. */
-void q_world(tw *w, const refit_format_v1 *plugin);
+void q_world(tw *w, const refit_format_v2 *plugin);
 
 /* Seal after expecting every entry; the first failing status. */
 int q_expect_seal(tw *w, const char *mod, const st_set *s, const q_ent *e, int n,
@@ -95,7 +95,7 @@ int q_expect_seal(tw *w, const char *mod, const st_set *s, const q_ent *e, int n
 /* One module of a suite, as the whole-world steps below build it. */
 typedef struct q_module q_module;
 struct q_module {
-    const refit_format_v1 *plugin; /* linked-in format of the suite */
+    const refit_format_v2 *plugin; /* linked-in format of the suite */
     /* Add the module to a fresh world, expect s's tensors for it and
      * seal; returns the first failing status. */
     int (*build)(tw *w, const st_set *s, const q_module *m);
@@ -113,7 +113,7 @@ struct q_module {
 
 /* A module of a tests/quant suite: entries e[0, n) delivered by q_update,
  * versions made by quant_ref.py. */
-q_module q_entries_module(const refit_format_v1 *plugin,
+q_module q_entries_module(const refit_format_v2 *plugin,
                           int (*build)(tw *w, const st_set *s, const q_module *m), q_ent *e,
                           int n, const void *arg);
 

@@ -13,13 +13,13 @@
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 
-extern const refit_format_v1 refit_format_plugin_v1;
+extern const refit_format_v2 refit_format_plugin_v2;
 
 #define MOD "layers.0.qkv"
 
 static const char *const schemes[3] = {"per_tensor", "per_channel", "block128"};
 
-#define PLUGIN (&refit_format_plugin_v1)
+#define PLUGIN (&refit_format_plugin_v2)
 
 static const void *ref_data(const st_set *s, const char *fmt, const char *scheme)
 {

@@ -10,11 +10,11 @@
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 
-extern const refit_format_v1 refit_format_plugin_v1;
+extern const refit_format_v2 refit_format_plugin_v2;
 
 #define MOD "layers.0.self_attn.qkv"
 
-#define PLUGIN (&refit_format_plugin_v1)
+#define PLUGIN (&refit_format_plugin_v2)
 
 /* W.weight, W.weight_scale (per-channel [n, 1] or per-tensor [1]) and
  * W.input_scale; runtime [rn, rk] (0: the checkpoint's). Seal status. */

@@ -12,11 +12,11 @@
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 
-extern const refit_format_v1 refit_format_plugin_v1;
+extern const refit_format_v2 refit_format_plugin_v2;
 
 #define MOD "layers.0.mlp.down_proj"
 
-#define PLUGIN (&refit_format_plugin_v1)
+#define PLUGIN (&refit_format_plugin_v2)
 
 /* Serialized: W.weight (E4M3) and W.weight_scale_inv (E8M0 or u8). The
  * runtime is [rn, rk] (0: the checkpoint's). Returns the seal status. */

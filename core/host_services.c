@@ -1,0 +1,662 @@
+/* The host services of format ABI 2 (core/host_services.h): nothing here
+ * names a format. Views a format hands over while it works on a module are
+ * checked against that module's own memory before any byte moves. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/host_services.h"
+#include "core/internal.h"
+#include "kernels/copy.h"
+
+#define SCRATCH_ALIGN 256
+
+typedef struct scratch_block {
+    refit_device device;
+    void *base;            /* what was allocated */
+    char *data;            /* aligned start lent out */
+    size_t bytes;
+} scratch_block;
+
+typedef struct gpu_image {
+    const void *image;     /* the plugin's pointer: one load per image */
+    void *lib;
+} gpu_image;
+
+typedef struct status_slot {
+    const refit_fmt_module *m;
+    refit_device device;
+    uint32_t index;        /* word index in its device's array */
+    uint32_t n_names;
+    char **names;
+    char *what;
+} status_slot;
+
+typedef struct status_array {
+    int device;            /* CUDA device id */
+    uint32_t *words;       /* device memory, cap words */
+    uint32_t cap, used;
+} status_array;
+
+struct host_svc {
+    const refit_fmt_module *cur;  /* the module in a format's hands */
+    scratch_block *scratch;
+    uint32_t n_scratch, cap_scratch;
+    gpu_image *images;
+    uint32_t n_images, cap_images;
+    status_slot *slots;
+    uint32_t n_slots, cap_slots;
+    status_array *arrays;
+    uint32_t n_arrays, cap_arrays;
+};
+
+/* ---- views and the module's memory ---- */
+
+static int is_host_memory(refit_device d)
+{
+    return d.device_type == REFIT_DEVICE_CPU || d.device_type == REFIT_DEVICE_CUDA_HOST;
+}
+
+static int same_device(refit_device a, refit_device b)
+{
+    if (is_host_memory(a) && is_host_memory(b))
+        return 1; /* one address space */
+    return a.device_type == b.device_type && a.device_id == b.device_id;
+}
+
+/* The bytes [*lo, *hi) view v reaches; 0 when it reaches none (an empty
+ * view), -1 when the extent overflows or the view is malformed. */
+static int view_extent(const refit_view *v, uintptr_t *lo, uintptr_t *hi)
+{
+    if (v->ndim < 0 || v->ndim > REFIT_MAX_DIMS)
+        return -1;
+    __int128 min = 0, max = 0;
+    for (int i = 0; i < v->ndim; i++) {
+        if (v->shape[i] < 0)
+            return -1;
+        if (v->shape[i] == 0)
+            return 0;
+        __int128 reach = (__int128)(v->shape[i] - 1) * v->strides[i];
+        if (reach < 0)
+            min += reach;
+        else
+            max += reach;
+    }
+    __int128 bits = (__int128)v->dtype.bits * (v->dtype.lanes ? v->dtype.lanes : 1);
+    __int128 blo = min * bits / 8 - (min * bits % 8 != 0);
+    __int128 bhi = ((max + 1) * bits + 7) / 8;
+    __int128 base = (__int128)(uintptr_t)v->data;
+    if (base + blo < 0 || base + bhi > (__int128)UINTPTR_MAX)
+        return -1;
+    *lo = (uintptr_t)(base + blo);
+    *hi = (uintptr_t)(base + bhi);
+    return 1;
+}
+
+static int within(const refit_view *v, uintptr_t lo, uintptr_t hi, const refit_view *area)
+{
+    uintptr_t alo, ahi;
+    if (!area->data || !same_device(v->device, area->device) || view_extent(area, &alo, &ahi) != 1)
+        return 0;
+    return lo >= alo && hi <= ahi;
+}
+
+/* REFIT_OK when v lies inside the current module's runtime tensors, its
+ * staged bytes (post_load) or the update's scratch; no module current:
+ * nothing to check against. */
+static int check_view(refit_ctx *ctx, const char *svc, const char *role, const refit_view *v)
+{
+    struct host_svc *s = ctx->svc;
+    if (!v)
+        return ctx_error(ctx, REFIT_EINVAL, "%s: the %s view is NULL", svc, role);
+    const refit_fmt_module *m = s ? s->cur : NULL;
+    if (!m)
+        return REFIT_OK;
+    uintptr_t lo, hi;
+    int e = view_extent(v, &lo, &hi);
+    if (e < 0)
+        return ctx_error(ctx, REFIT_EINVAL, "%s: module %s: the %s view is malformed or its "
+                         "extent overflows", svc, m->name, role);
+    if (e == 0)
+        return REFIT_OK;
+    for (uint32_t i = 0; i < m->n_runtime; i++)
+        if (within(v, lo, hi, &refit_runtime(m, i)->view))
+            return REFIT_OK;
+    for (uint32_t i = 0; i < m->n_ckpt; i++)
+        if (within(v, lo, hi, &refit_ckpt(m, i)->staged))
+            return REFIT_OK;
+    for (uint32_t i = 0; i < s->n_scratch; i++) {
+        const scratch_block *b = &s->scratch[i];
+        if (same_device(v->device, b->device) && lo >= (uintptr_t)b->data &&
+            hi <= (uintptr_t)b->data + b->bytes)
+            return REFIT_OK;
+    }
+    return ctx_error(ctx, REFIT_EINVAL, "%s: module %s: the %s view (bytes %#llx..%#llx on "
+                     "device type %d) lies outside the module's runtime tensors, staged bytes "
+                     "and scratch; refused", svc, m->name, role, (unsigned long long)lo,
+                     (unsigned long long)hi, v->device.device_type);
+}
+
+/* ---- plain services ---- */
+
+static int host_error(void *host, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    ctx_verror(host, status, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+static void host_log(void *host, int level, const char *fmt, ...)
+{
+    refit_ctx *ctx = host;
+    char line[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (ctx->log_fn) {
+        ctx->log_fn(ctx->log_user, level, line);
+        return;
+    }
+    if (level > 1 && !getenv("REFIT_DEBUG"))
+        return;
+    fprintf(stderr, "refit: %s\n", line);
+}
+
+static const char *host_param(void *host, const refit_fmt_module *m, const char *key)
+{
+    (void)host;
+    return params_get(m->params, key);
+}
+
+static void *host_alloc(void *host, size_t n)
+{
+    (void)host;
+    return malloc(n ? n : 1);
+}
+
+static void host_free(void *host, void *p)
+{
+    (void)host;
+    free(p);
+}
+
+static const char *host_dtype_name(void *host, refit_dtype dt)
+{
+    (void)host;
+    return refit_dtype_name(dt);
+}
+
+static int host_copy(void *host, const refit_view *dst, const refit_view *src, void *stream)
+{
+    int rc = check_view(host, "copy", "destination", dst);
+    if (!rc)
+        rc = check_view(host, "copy", "source", src);
+    if (rc)
+        return rc;
+    const backend *be = backend_for_device(dst->device);
+    if (!be)
+        return ctx_error(host, REFIT_EUNSUPPORTED, "copy: no backend for device type %d",
+                         dst->device.device_type);
+    rc = be->copy(dst, src, stream);
+    return rc ? ctx_error(host, rc, "copy failed: %s", refit_strerror(rc)) : REFIT_OK;
+}
+
+static int host_zero(void *host, const refit_view *dst, void *stream)
+{
+    int rc = check_view(host, "zero", "destination", dst);
+    if (rc)
+        return rc;
+    const backend *be = backend_for_device(dst->device);
+    if (!be)
+        return ctx_error(host, REFIT_EUNSUPPORTED, "zero: no backend for device type %d",
+                         dst->device.device_type);
+    rc = be->zero(dst, stream);
+    return rc ? ctx_error(host, rc, "zero failed: %s", refit_strerror(rc)) : REFIT_OK;
+}
+
+static int host_fetch(void *host, void *dst, size_t bytes, const refit_view *src, void *stream)
+{
+    if (!dst || !src || !src->data)
+        return ctx_error(host, REFIT_EINVAL, "fetch: no destination or source");
+    int64_t numel = kern_view_numel(src), want = 1;
+    for (int i = src->ndim - 1; i >= 0; i--) {
+        if (src->shape[i] != 1 && src->strides[i] != want)
+            return ctx_error(host, REFIT_EINVAL, "fetch: the source view is not contiguous");
+        want *= src->shape[i];
+    }
+    if (numel < 0 || bytes > (size_t)numel * kern_dtype_size(src->dtype))
+        return ctx_error(host, REFIT_EINVAL, "fetch: %zu bytes past a view of %lld elements",
+                         bytes, (long long)numel);
+    int rc = check_view(host, "fetch", "source", src);
+    if (rc)
+        return rc;
+    const backend *be = backend_for_device(src->device);
+    if (!be)
+        return ctx_error(host, REFIT_EUNSUPPORTED, "fetch: no backend for device type %d",
+                         src->device.device_type);
+    if (is_host_memory(src->device)) { /* host memory: queued copies first */
+        rc = be->sync(stream);
+        if (rc)
+            return ctx_error(host, rc, "fetch: %s", be->last_error());
+        memcpy(dst, src->data, bytes);
+        return REFIT_OK;
+    }
+    void *buf = be->undo_alloc(bytes ? bytes : 1);
+    if (!buf)
+        return ctx_error(host, REFIT_ENOMEM, "fetch: no host memory for %zu bytes", bytes);
+    rc = be->save(buf, src->data, bytes, stream);
+    if (!rc)
+        rc = be->sync(stream);
+    if (!rc)
+        memcpy(dst, buf, bytes);
+    else
+        ctx_error(host, rc, "fetch: reading %zu bytes back failed: %s", bytes,
+                  be->last_error());
+    be->undo_free(buf);
+    return rc;
+}
+
+static int host_device_info(void *host, refit_device dev, refit_device_info *out)
+{
+    (void)host;
+    if (!out || out->struct_size < offsetof(refit_device_info, backend) + sizeof out->backend)
+        return REFIT_EINVAL;
+    const backend *be = backend_for_device(dev);
+    out->device = dev;
+    out->served = be != NULL;
+    out->host_access = is_host_memory(dev);
+    out->cc_major = 0;
+    out->cc_minor = 0;
+    if (be && dev.device_type == REFIT_DEVICE_CUDA &&
+        gpusvc_device_cc(dev.device_id, &out->cc_major, &out->cc_minor) != REFIT_OK)
+        out->cc_major = out->cc_minor = 0;
+    out->backend = be ? be->name : NULL;
+    return REFIT_OK;
+}
+
+/* ---- scratch ---- */
+
+static void *host_scratch(void *host, refit_device dev, size_t bytes)
+{
+    refit_ctx *ctx = host;
+    struct host_svc *s = ctx->svc;
+    if (!s)
+        return ctx_error(ctx, REFIT_ENOMEM, "scratch: no service state"), NULL;
+    if (!backend_for_device(dev))
+        return ctx_error(ctx, REFIT_EUNSUPPORTED, "scratch: no backend for device type %d",
+                         dev.device_type), NULL;
+    if (bytes > SIZE_MAX - SCRATCH_ALIGN)
+        return ctx_error(ctx, REFIT_ENOMEM, "scratch: %zu bytes", bytes), NULL;
+    if (grow_array((void **)&s->scratch, &s->cap_scratch, s->n_scratch, sizeof *s->scratch))
+        return ctx_error(ctx, REFIT_ENOMEM, "scratch: out of memory"), NULL;
+    char msg[256] = "";
+    void *base;
+    size_t want = (bytes ? bytes : 1) + SCRATCH_ALIGN;
+    if (is_host_memory(dev))
+        base = malloc(want);
+    else
+        base = gpusvc_alloc(dev.device_id, want, msg, sizeof msg);
+    if (!base)
+        return ctx_error(ctx, REFIT_ENOMEM, "scratch: %zu bytes on device type %d id %d: %s",
+                         bytes, dev.device_type, dev.device_id,
+                         msg[0] ? msg : "out of memory"), NULL;
+    uintptr_t a = ((uintptr_t)base + SCRATCH_ALIGN - 1) & ~(uintptr_t)(SCRATCH_ALIGN - 1);
+    s->scratch[s->n_scratch++] = (scratch_block){dev, base, (char *)a, bytes};
+    return (void *)a;
+}
+
+static void scratch_free_all(struct host_svc *s)
+{
+    for (uint32_t i = 0; i < s->n_scratch; i++) {
+        if (is_host_memory(s->scratch[i].device))
+            free(s->scratch[i].base);
+        else
+            gpusvc_free(s->scratch[i].device.device_id, s->scratch[i].base);
+    }
+    s->n_scratch = 0;
+}
+
+/* ---- the GPU service ---- */
+
+static int gpu_fail(refit_ctx *ctx, int rc, const char *svc, const char *msg)
+{
+    return ctx_error(ctx, rc, "%s: %s", svc, msg[0] ? msg : refit_strerror(rc));
+}
+
+static int host_gpu_load(void *host, const void *image, size_t size, void **module)
+{
+    refit_ctx *ctx = host;
+    struct host_svc *s = ctx->svc;
+    if (!image || !size || !module)
+        return ctx_error(ctx, REFIT_EINVAL, "gpu_load: no image or no place for the module");
+    if (!s)
+        return ctx_error(ctx, REFIT_ENOMEM, "gpu_load: no service state");
+    for (uint32_t i = 0; i < s->n_images; i++)
+        if (s->images[i].image == image) {
+            *module = s->images[i].lib;
+            return REFIT_OK;
+        }
+    if (grow_array((void **)&s->images, &s->cap_images, s->n_images, sizeof *s->images))
+        return ctx_error(ctx, REFIT_ENOMEM, "gpu_load: out of memory");
+    char msg[512] = "";
+    void *lib = NULL;
+    int rc = gpusvc_load(image, size, &lib, msg, sizeof msg);
+    if (rc)
+        return gpu_fail(ctx, rc, "gpu_load", msg);
+    s->images[s->n_images++] = (gpu_image){image, lib};
+    *module = lib;
+    return REFIT_OK;
+}
+
+static int host_gpu_kernel(void *host, void *module, const char *name, void **kernel)
+{
+    if (!module || !name || !kernel)
+        return ctx_error(host, REFIT_EINVAL, "gpu_kernel: no module, name or output");
+    char msg[512] = "";
+    int rc = gpusvc_kernel(module, name, kernel, msg, sizeof msg);
+    return rc ? gpu_fail(host, rc, "gpu_kernel", msg) : REFIT_OK;
+}
+
+static int host_gpu_launch(void *host, refit_device dev, void *kernel, const refit_gpu_launch *l,
+                           void *stream)
+{
+    if (!kernel || !l || l->struct_size < sizeof *l)
+        return ctx_error(host, REFIT_EINVAL, "gpu_launch: no kernel, or a launch struct of "
+                         "%u bytes (ABI 2's is %zu)", l ? l->struct_size : 0, sizeof *l);
+    if (dev.device_type != REFIT_DEVICE_CUDA || !backend_for_device(dev))
+        return ctx_error(host, REFIT_EUNSUPPORTED, "gpu_launch: device type %d id %d is no CUDA "
+                         "device this host serves", dev.device_type, dev.device_id);
+    char msg[512] = "";
+    int rc = gpusvc_launch(dev.device_id, kernel, l, stream, msg, sizeof msg);
+    return rc ? gpu_fail(host, rc, "gpu_launch", msg) : REFIT_OK;
+}
+
+static int host_gpu_run(void *host, refit_device dev, void *stream,
+                        int (*fn)(void *arg, void *stream), void *arg)
+{
+    if (!fn)
+        return ctx_error(host, REFIT_EINVAL, "gpu_run: no function");
+    if (dev.device_type != REFIT_DEVICE_CUDA || !backend_for_device(dev))
+        return ctx_error(host, REFIT_EUNSUPPORTED, "gpu_run: device type %d id %d is no CUDA "
+                         "device this host serves", dev.device_type, dev.device_id);
+    char msg[512] = "";
+    int rc = gpusvc_run(dev.device_id, stream, fn, arg, msg, sizeof msg);
+    return rc ? gpu_fail(host, rc, "gpu_run", msg) : REFIT_OK;
+}
+
+/* ---- status words ---- */
+
+static status_array *status_array_for(struct host_svc *s, int dev, uint32_t want, char *msg,
+                                      size_t n)
+{
+    for (uint32_t i = 0; i < s->n_arrays; i++)
+        if (s->arrays[i].device == dev && s->arrays[i].cap >= want)
+            return &s->arrays[i];
+        else if (s->arrays[i].device == dev)
+            return NULL; /* sized for the model at its first use: cannot grow mid-update */
+    if (grow_array((void **)&s->arrays, &s->cap_arrays, s->n_arrays, sizeof *s->arrays))
+        return NULL;
+    uint32_t *w = gpusvc_alloc(dev, (size_t)want * sizeof *w, msg, n);
+    if (!w)
+        return NULL;
+    s->arrays[s->n_arrays] = (status_array){dev, w, want, 0};
+    return &s->arrays[s->n_arrays++];
+}
+
+static void slot_free(status_slot *sl)
+{
+    for (uint32_t i = 0; i < sl->n_names; i++)
+        free(sl->names[i]);
+    free(sl->names);
+    free(sl->what);
+}
+
+static int host_status_word(void *host, const refit_fmt_module *m, refit_device dev, uint32_t n,
+                            const char *const *names, const char *what, void *stream,
+                            uint32_t **word)
+{
+    refit_ctx *ctx = host;
+    struct host_svc *s = ctx->svc;
+    if (!m || !word || (n && !names))
+        return ctx_error(ctx, REFIT_EINVAL, "status_word: no module, names or output");
+    if (!s)
+        return ctx_error(ctx, REFIT_ENOMEM, "status_word: no service state");
+    if (dev.device_type != REFIT_DEVICE_CUDA || !backend_for_device(dev))
+        return ctx_error(ctx, REFIT_EUNSUPPORTED, "status_word: module %s: device type %d id %d "
+                         "is no CUDA device this host serves", m->name, dev.device_type,
+                         dev.device_id);
+    for (uint32_t i = 0; i < s->n_slots; i++)
+        if (s->slots[i].m == m) {
+            const status_slot *sl = &s->slots[i];
+            for (uint32_t a = 0; a < s->n_arrays; a++)
+                if (s->arrays[a].device == sl->device.device_id)
+                    *word = s->arrays[a].words + sl->index;
+            return REFIT_OK;
+        }
+    char msg[256] = "";
+    uint32_t modules = ctx->model ? ctx->model->n_modules : 1;
+    status_array *arr = status_array_for(s, dev.device_id, modules ? modules : 1, msg,
+                                         sizeof msg);
+    if (!arr || arr->used == arr->cap)
+        return ctx_error(ctx, REFIT_ENOMEM, "status_word: module %s: no word left on CUDA "
+                         "device %d%s%s", m->name, dev.device_id, msg[0] ? ": " : "", msg);
+    if (grow_array((void **)&s->slots, &s->cap_slots, s->n_slots, sizeof *s->slots))
+        return ctx_error(ctx, REFIT_ENOMEM, "status_word: out of memory");
+    status_slot sl = {m, dev, arr->used, 0, calloc(n ? n : 1, sizeof(char *)),
+                      xstrdup(what ? what : "refused by its post-load kernel")};
+    int oom = !sl.names || !sl.what;
+    for (uint32_t i = 0; i < n && !oom; i++, sl.n_names++)
+        oom = !(sl.names[i] = xstrdup(names[i] ? names[i] : "?"));
+    if (oom) {
+        slot_free(&sl);
+        return ctx_error(ctx, REFIT_ENOMEM, "status_word: out of memory");
+    }
+    uint32_t *w = arr->words + arr->used;
+    int rc = gpusvc_memset_word(dev.device_id, w, 1, stream, msg, sizeof msg);
+    if (rc) {
+        slot_free(&sl);
+        return ctx_error(ctx, rc, "status_word: module %s: %s", m->name, msg);
+    }
+    arr->used++;
+    s->slots[s->n_slots++] = sl;
+    *word = w;
+    return REFIT_OK;
+}
+
+int host_services_check_status(refit_ctx *ctx)
+{
+    struct host_svc *s = ctx->svc;
+    if (!s || !s->n_slots)
+        return REFIT_OK;
+    int rc = REFIT_OK;
+    for (uint32_t a = 0; a < s->n_arrays && !rc; a++) {
+        status_array *arr = &s->arrays[a];
+        if (!arr->used)
+            continue;
+        uint32_t *got = malloc((size_t)arr->used * sizeof *got);
+        char msg[256] = "";
+        if (!got)
+            return ctx_error(ctx, REFIT_ENOMEM, "post-load status: out of memory");
+        rc = gpusvc_read(arr->device, got, arr->words, (size_t)arr->used * sizeof *got, msg,
+                         sizeof msg);
+        if (rc)
+            ctx_error(ctx, rc, "post-load status on CUDA device %d: %s", arr->device, msg);
+        /* the first module (in the order post-loads ran) whose word was lowered */
+        for (uint32_t i = 0; i < s->n_slots && !rc; i++) {
+            const status_slot *sl = &s->slots[i];
+            if (sl->device.device_id != arr->device || got[sl->index] == REFIT_STATUS_NONE)
+                continue;
+            uint32_t bad = got[sl->index];
+            rc = ctx_error(ctx, REFIT_ECORRUPT, "module %s, tensor %s: %s", sl->m->name,
+                           bad < sl->n_names ? sl->names[bad] : "?", sl->what);
+        }
+        free(got);
+    }
+    return rc;
+}
+
+/* ---- life ---- */
+
+void host_services_enter(refit_ctx *ctx, const refit_fmt_module *m)
+{
+    if (ctx->svc)
+        ctx->svc->cur = m;
+}
+
+void host_services_leave(refit_ctx *ctx)
+{
+    if (ctx->svc)
+        ctx->svc->cur = NULL;
+}
+
+void host_services_update_end(refit_ctx *ctx)
+{
+    struct host_svc *s = ctx->svc;
+    if (!s)
+        return;
+    scratch_free_all(s);
+    for (uint32_t i = 0; i < s->n_slots; i++)
+        slot_free(&s->slots[i]);
+    s->n_slots = 0;
+    for (uint32_t a = 0; a < s->n_arrays; a++)
+        s->arrays[a].used = 0;
+}
+
+void host_services_free(refit_ctx *ctx)
+{
+    struct host_svc *s = ctx->svc;
+    if (!s)
+        return;
+    host_services_update_end(ctx);
+    for (uint32_t a = 0; a < s->n_arrays; a++)
+        gpusvc_free(s->arrays[a].device, s->arrays[a].words);
+    for (uint32_t i = 0; i < s->n_images; i++)
+        gpusvc_unload(s->images[i].lib);
+    free(s->scratch);
+    free(s->images);
+    free(s->slots);
+    free(s->arrays);
+    free(s);
+    ctx->svc = NULL;
+}
+
+void host_services_init(refit_ctx *ctx)
+{
+    refit_host_v2 *h = &ctx->host;
+    memset(h, 0, sizeof *h);
+    h->abi_version = REFIT_FORMAT_ABI_VERSION;
+    h->struct_size = sizeof *h;
+    h->host = ctx;
+    h->error = host_error;
+    h->log = host_log;
+    h->param = host_param;
+    h->mem_alloc = host_alloc;
+    h->mem_free = host_free;
+    h->dtype_name = host_dtype_name;
+    h->copy = host_copy;
+    h->zero = host_zero;
+    h->fetch = host_fetch;
+    h->device_info = host_device_info;
+    h->scratch = host_scratch;
+    h->gpu_load = host_gpu_load;
+    h->gpu_kernel = host_gpu_kernel;
+    h->gpu_launch = host_gpu_launch;
+    h->gpu_run = host_gpu_run;
+    h->status_word = host_status_word;
+    ctx->svc = calloc(1, sizeof *ctx->svc);
+}
+
+/* ---- a build without CUDA ---- */
+
+#ifndef REFIT_HAVE_CUDA
+static int no_cuda(char *msg, size_t n)
+{
+    snprintf(msg, n, "this refit was built without CUDA");
+    return REFIT_EUNSUPPORTED;
+}
+
+int gpusvc_device_cc(int dev, int *major, int *minor)
+{
+    (void)dev;
+    *major = *minor = 0;
+    return REFIT_EUNSUPPORTED;
+}
+
+void *gpusvc_alloc(int dev, size_t bytes, char *msg, size_t n)
+{
+    (void)dev;
+    (void)bytes;
+    no_cuda(msg, n);
+    return NULL;
+}
+
+void gpusvc_free(int dev, void *p)
+{
+    (void)dev;
+    (void)p;
+}
+
+int gpusvc_memset_word(int dev, uint32_t *word, uint32_t count, void *stream, char *msg,
+                       size_t n)
+{
+    (void)dev;
+    (void)word;
+    (void)count;
+    (void)stream;
+    return no_cuda(msg, n);
+}
+
+int gpusvc_read(int dev, void *host_dst, const void *src, size_t bytes, char *msg, size_t n)
+{
+    (void)dev;
+    (void)host_dst;
+    (void)src;
+    (void)bytes;
+    return no_cuda(msg, n);
+}
+
+int gpusvc_load(const void *image, size_t size, void **lib, char *msg, size_t n)
+{
+    (void)image;
+    (void)size;
+    *lib = NULL;
+    return no_cuda(msg, n);
+}
+
+void gpusvc_unload(void *lib)
+{
+    (void)lib;
+}
+
+int gpusvc_kernel(void *lib, const char *name, void **kernel, char *msg, size_t n)
+{
+    (void)lib;
+    (void)name;
+    *kernel = NULL;
+    return no_cuda(msg, n);
+}
+
+int gpusvc_launch(int dev, void *kernel, const refit_gpu_launch *l, void *stream, char *msg,
+                  size_t n)
+{
+    (void)dev;
+    (void)kernel;
+    (void)l;
+    (void)stream;
+    return no_cuda(msg, n);
+}
+
+int gpusvc_run(int dev, void *stream, int (*fn)(void *arg, void *stream), void *arg, char *msg,
+               size_t n)
+{
+    (void)dev;
+    (void)stream;
+    (void)fn;
+    (void)arg;
+    return no_cuda(msg, n);
+}
+#endif

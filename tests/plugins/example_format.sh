@@ -1,0 +1,26 @@
+#!/bin/sh
+# The format SDK end to end: install this build into a temporary prefix,
+# build examples/example_format from that prefix alone (pkg-config
+# refit-format, through a pkg-config that moves the prefix), then run the
+# CPU-reference suite (test-example-format) on the plugin it made.
+#   example_format.sh BUILD_DIR SOURCE_DIR TEST_BINARY [meson setup args...]
+set -eu
+build=$1 src=$2 testbin=$3
+shift 3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+DESTDIR=$tmp/root meson install -C "$build" --quiet --no-rebuild >/dev/null
+prefix=$tmp/root$(sed -n 's/^prefix=//p' "$(find "$tmp/root" -name refit-format.pc)")
+pcdir=$(dirname "$(find "$tmp/root" -name refit-format.pc)")
+cat > "$tmp/pkg-config" <<W
+#!/bin/sh
+exec pkg-config --define-variable=prefix="$prefix" "\$@"
+W
+chmod 755 "$tmp/pkg-config"
+export PKG_CONFIG="$tmp/pkg-config" PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_LIBDIR="$pcdir"
+echo "# prefix $prefix: $(PKG_CONFIG_PATH=$pcdir "$tmp/pkg-config" --cflags refit-format)"
+cp -r "$src/examples/example_format" "$tmp/src"
+meson setup "$tmp/ex" "$tmp/src" "$@" >"$tmp/setup.log" 2>&1 || { cat "$tmp/setup.log"; exit 1; }
+ninja -C "$tmp/ex" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
+chmod 755 "$tmp/ex"
+REFIT_TEST_EXAMPLE_DIR=$tmp/ex "$testbin"
