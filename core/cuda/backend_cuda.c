@@ -19,9 +19,9 @@
  * Each stream has two pinned tables used in turn, so a flush never rewrites
  * a table whose upload may still be in flight.
  *
- * Undo saves into device memory (any size), and those into pinned memory
- * smaller than save_min, are rows of a separate save table that is launched
- * before the copy rows of the same flush; larger pinned saves are one
+ * Undo saves (into device memory within the context's budget, else pinned
+ * memory) smaller than save_min are rows of a separate save table that is
+ * launched before the copy rows of the same flush; larger ones are one
  * cudaMemcpyAsync each, issued at once. Any copy the backend issues at once
  * (memcpy, kernel, memset) first flushes pending saves, so a save always
  * reads the bytes before the txn's first write to them.
@@ -1622,11 +1622,14 @@ static void cuda_undo_dev_free(int device, void *p)
     unlock();
 }
 
-/* A device save is rows of the save table whatever its size: one batch
- * launch per flush saves every tensor queued since the last, ahead of the
- * copy rows that overwrite them (and any copy issued at once flushes
- * pending saves first), so the saves of tensor k+1 never wait behind the
- * copy of tensor k, and nothing waits per tensor. */
+/* A device save under save_min is rows of the save table: one batch launch
+ * per flush saves every small tensor queued since the last, ahead of the
+ * copy rows that overwrite them. A larger one is a device-to-device
+ * cudaMemcpyAsync issued at once (save_now): it goes ahead of the copy rows
+ * still pending, and pending save rows need no flush for it (the pageable
+ * path's slices would otherwise flush, and wait for the other table, at
+ * every tensor). So the saves of tensor k+1 never wait behind the copy of
+ * tensor k, and nothing waits per tensor. */
 static int cuda_save_dev(void *dev_dst, const void *src, size_t n, int device, void *stream)
 {
     if (n == 0)
@@ -1637,8 +1640,10 @@ static int cuda_save_dev(void *dev_dst, const void *src, size_t n, int device, v
     int rc = dev_enter(&g, device);
     if (!rc) {
         rc = queue_get(&q, stream, device);
-        if (!rc)
+        if (!rc && n < G.cfg.save_min)
             rc = queue_rows(q, true, (uint64_t)(uintptr_t)dev_dst, (uint64_t)(uintptr_t)src, n);
+        else if (!rc)
+            rc = save_now(q, dev_dst, src, n);
         dev_leave(&g);
     }
     unlock();
