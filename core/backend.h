@@ -49,6 +49,17 @@ typedef struct backend {
      * reports a failure of the deferred work. NULL: copy() always reads
      * pageable sources before it returns. */
     int (*hold_host_sources)(void *stream, int on);
+    /* ---- device undo log (core/undo.c); NULL: the log is host only ---- */
+    /* Memory of this backend's own kind on device, for undo saves within
+     * the context's undo_device_budget (the log counts and pools it: this
+     * may be slow, like cudaMalloc). NULL when none can be had. */
+    void *(*undo_dev_alloc)(int device, size_t bytes);
+    void (*undo_dev_free)(int device, void *p);
+    /* n bytes at src into dev_dst (from undo_dev_alloc) on the device,
+     * queued on stream ahead of any later write queued there; no wait. */
+    int (*save_dev)(void *dev_dst, const void *src, size_t n, int device, void *stream);
+    /* Put them back; blocking (every stream was waited for first). */
+    int (*restore_dev)(void *dst, const void *dev_src, size_t n, int device);
 } backend;
 
 extern const backend backend_host;

@@ -48,6 +48,32 @@ static void *host_undo_alloc(size_t bytes)
     return malloc(bytes ? bytes : 1);
 }
 
+/* The host backend's "device" undo memory is its own memory too, so the
+ * device placement of the undo log runs (and is tested) without a GPU. */
+static void *host_undo_dev_alloc(int device, size_t bytes)
+{
+    (void)device;
+    return malloc(bytes ? bytes : 1);
+}
+
+static void host_undo_dev_free(int device, void *p)
+{
+    (void)device;
+    free(p);
+}
+
+static int host_save_dev(void *dst, const void *src, size_t n, int device, void *stream)
+{
+    (void)device;
+    return host_move(dst, src, n, stream);
+}
+
+static int host_restore_dev(void *dst, const void *src, size_t n, int device)
+{
+    (void)device;
+    return host_move(dst, src, n, NULL);
+}
+
 static int host_sync(void *stream)
 {
     (void)stream;
@@ -75,6 +101,10 @@ const backend backend_host = {
     .restore = host_move,
     .sync = host_sync,
     .last_error = host_last_error,
+    .undo_dev_alloc = host_undo_dev_alloc,
+    .undo_dev_free = host_undo_dev_free,
+    .save_dev = host_save_dev,
+    .restore_dev = host_restore_dev,
 };
 
 const backend *backend_for_device(refit_device dev)

@@ -319,7 +319,7 @@ int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, in
         return rc;
     }
     t->fingerprint = opts->fingerprint != 0;
-    t->undo.pool = &m->undo_pool;
+    undo_init(&t->undo, &m->undo_pool, m->ctx->undo_device_budget);
     t->m = m;
     t->s = m->scratch;
     t->rollback = opts->rollback != 0;
@@ -464,7 +464,8 @@ static int save_runtime(refit_txn *t, uint32_t ti, void *stream)
     if (!t->rollback || s->rt_saved[ti])
         return REFIT_OK;
     tensor_reg *reg = &t->m->runtime[ti];
-    int rc = undo_save(&t->undo, reg->be, reg->span, reg->span_bytes, stream);
+    int rc = undo_save(&t->undo, reg->be, reg->sig.device.device_id, reg->span, reg->span_bytes,
+                       stream);
     if (rc)
         return txn_error(t, rc, "undo log: cannot save runtime %s (module %s, %zu bytes): %s",
                          reg->name, t->m->modules[reg->module].name, reg->span_bytes,
@@ -864,6 +865,7 @@ static void txn_journal_end(refit_txn *t, journal_update_state st, const char *e
         if (grow_array((void **)&t->jb.p, &t->jb.cap, t->jb.n, sizeof *t->jb.p) == REFIT_OK)
             t->jb.p[t->jb.n++] = p;
     }
+    txj_undo(m, t->journal_id, t->undo.placed[UNDO_DEVICE], t->undo.placed[UNDO_HOST]);
     txj_end(m, t->journal_id, &t->jb, st, t->stats.bytes_loaded, t->stats.tensors_loaded, error,
             health_after(m), reason);
 }
@@ -1085,5 +1087,7 @@ int refit_txn_stats_get(const refit_txn *t, refit_txn_stats *out)
     if (!t || !out)
         return REFIT_EINVAL;
     *out = t->stats;
+    out->undo_device_bytes = t->undo.placed[UNDO_DEVICE];
+    out->undo_host_bytes = t->undo.placed[UNDO_HOST];
     return REFIT_OK;
 }

@@ -216,6 +216,12 @@ void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st, 
     ctx->journal_seconds += mono_now() - t0;
 }
 
+void txj_undo(refit_model *m, int64_t id, uint64_t device_bytes, uint64_t host_bytes)
+{
+    if (id && m->ctx->journal)
+        journal_update_undo(m->ctx->journal, id, device_bytes, host_bytes);
+}
+
 void txj_batch_free(txj_batch *b)
 {
     free(b->p);

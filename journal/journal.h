@@ -37,7 +37,7 @@
 /* PRAGMA application_id of a refit journal ("RFTJ"). */
 #define JOURNAL_APPLICATION_ID 0x5246544a
 /* PRAGMA user_version this code writes; older files are migrated forward. */
-#define JOURNAL_SCHEMA_VERSION 2
+#define JOURNAL_SCHEMA_VERSION 3
 /* Busy timeout when the options say 0. */
 #define JOURNAL_BUSY_TIMEOUT_MS 2000
 
@@ -191,6 +191,12 @@ int journal_update_end(journal *j, int64_t update_id,
                        journal_update_state state, uint64_t bytes,
                        uint64_t tensors, const char *error, size_t n,
                        const journal_module_progress *p);
+/* Where the undo log of the update open on this handle kept its bytes:
+ * kept in memory and written by its journal_update_end (no transaction of
+ * its own); an end without it records NULL (unknown). REFIT_ESTATE when
+ * update_id is not the update open here. */
+int journal_update_undo(journal *j, int64_t update_id, uint64_t device_bytes,
+                        uint64_t host_bytes);
 /* The same, and the worker's health transition h (not NULL) in the same
  * transaction: one write ends an update and says what the worker is now. */
 int journal_update_end_health(journal *j, int64_t update_id,
@@ -233,6 +239,8 @@ typedef struct journal_update_row {
     const char *started_at, *ended_at, *error, *host;
     uint64_t bytes, tensors;
     int64_t pid, n_modules;
+    int undo_recorded;          /* 0: placement unknown (older or unended) */
+    uint64_t undo_device_bytes, undo_host_bytes;
 } journal_update_row;
 
 typedef struct journal_module_row {

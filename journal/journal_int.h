@@ -54,7 +54,8 @@
       "UPDATE updates SET state = ?2 WHERE id = ?1")                           \
     X(UPDATE_END,                                                              \
       "UPDATE updates SET state = ?2, bytes = ?3, tensors = ?4, error = ?5,"   \
-      " ended_at = ?6 WHERE id = ?1")                                          \
+      " ended_at = ?6, undo_device_bytes = ?7, undo_host_bytes = ?8"           \
+      " WHERE id = ?1")                                                        \
     X(EVENT_INSERT,                                                            \
       "INSERT INTO events(at, update_id, worker, kind, message)"               \
       " VALUES (?1, ?2, ?3, ?4, ?5)")
@@ -94,6 +95,8 @@ typedef struct jr_update {
     uint8_t *mod_flags;    /* n: JR_MOD_* */
     uint8_t *chunk_flags;  /* n_chunks: JR_CHUNK_* */
     int resync;
+    int has_undo;          /* journal_update_undo was called */
+    uint64_t undo[2];      /* device, host bytes */
 } jr_update;
 
 #define JOURNAL_HOST_MAX 256

@@ -168,6 +168,7 @@ int journal_modules_progress(journal *j, int64_t update_id, size_t n,
 static int end_row(journal *j, int64_t update_id, const char *state,
                    uint64_t bytes, uint64_t tensors, const char *error)
 {
+    const jr_update *u = &j->cur;
     char now[32];
     sqlite3_stmt *s = jr_stmt(j, JS_UPDATE_END);
     if (!s)
@@ -182,10 +183,31 @@ static int end_row(journal *j, int64_t update_id, const char *state,
     else
         sqlite3_bind_null(s, 5);
     sqlite3_bind_text(s, 6, now, -1, SQLITE_STATIC);
+    for (int i = 0; i < 2; i++) {
+        if (u->id == update_id && u->has_undo)
+            sqlite3_bind_int64(s, 7 + i, (sqlite3_int64)u->undo[i]);
+        else
+            sqlite3_bind_null(s, 7 + i);
+    }
     int rc = jr_step_done(j, s);
     /* The row is ours (the writer is alive): 0 rows means it is gone. */
     return rc == SQLITE_DONE && sqlite3_changes(j->db) != 1 ? SQLITE_NOTFOUND
                                                             : rc;
+}
+
+int journal_update_undo(journal *j, int64_t update_id, uint64_t device_bytes,
+                        uint64_t host_bytes)
+{
+    if (!j)
+        return REFIT_EINVAL;
+    if (!update_id || j->cur.id != update_id)
+        return jr_fail(j, REFIT_ESTATE, "journal %s: recording the undo "
+                       "placement: update %lld is not open on this handle",
+                       j->path, (long long)update_id);
+    j->cur.has_undo = 1;
+    j->cur.undo[0] = device_bytes;
+    j->cur.undo[1] = host_bytes;
+    return REFIT_OK;
 }
 
 int journal_update_end(journal *j, int64_t update_id,

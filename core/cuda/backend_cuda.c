@@ -19,10 +19,12 @@
  * Each stream has two pinned tables used in turn, so a flush never rewrites
  * a table whose upload may still be in flight.
  *
- * Undo saves smaller than save_min are rows of a separate save table that
- * is launched before the copy rows of the same flush; any copy the backend
- * issues at once (memcpy, kernel, memset) first flushes pending saves, so a
- * save always reads the bytes before the txn's first write to them.
+ * Undo saves (into device memory within the context's budget, else pinned
+ * memory) smaller than save_min are rows of a separate save table that is
+ * launched before the copy rows of the same flush; larger ones are one
+ * cudaMemcpyAsync each, issued at once. Any copy the backend issues at once
+ * (memcpy, kernel, memset) first flushes pending saves, so a save always
+ * reads the bytes before the txn's first write to them.
  *
  * Contract (backend.h): a pageable src is consumed before copy() returns; a
  * device or pinned src must stay valid until the stream's flush + sync
@@ -1539,6 +1541,20 @@ static void cuda_undo_free(void *p)
 
 /* ---- undo: save (async, on stream), restore (blocking) ---- */
 
+/* A save reads only its own region and writes only its fresh undo memory,
+ * so it may go before save rows still pending (memcpy_now would flush
+ * them and wait for the other table: a host wait per tensor when small
+ * and large saves alternate). It still follows every write issued
+ * earlier on the stream. */
+static int save_now(cq *q, void *dst, const void *src, size_t n)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, (cudaStream_t)q->stream);
+    if (e != cudaSuccess)
+        return cu_fail(e, "cudaMemcpyAsync (undo save)");
+    G.stats.memcpy_calls++;
+    return REFIT_OK;
+}
+
 static int cuda_save(void *host_dst, const void *src, size_t n, void *stream)
 {
     if (n == 0)
@@ -1553,7 +1569,7 @@ static int cuda_save(void *host_dst, const void *src, size_t n, void *stream)
         if (!rc && n < G.cfg.save_min && G.host_ptr_is_dev)
             rc = queue_rows(q, true, (uint64_t)(uintptr_t)host_dst, (uint64_t)(uintptr_t)src, n);
         else if (!rc)
-            rc = memcpy_now(q, host_dst, src, n);
+            rc = save_now(q, host_dst, src, n);
         dev_leave(&g);
     }
     unlock();
@@ -1568,6 +1584,90 @@ static int cuda_restore(void *dst, const void *host_src, size_t n, void *stream)
     lock();
     cudaError_t e = cudaMemcpy(dst, host_src, n, cudaMemcpyDefault);
     int rc = e == cudaSuccess ? REFIT_OK : cu_fail(e, "cudaMemcpy (undo restore)");
+    unlock();
+    return rc;
+}
+
+/* ---- undo in device memory (the context's undo_device_budget) ---- */
+
+static void *cuda_undo_dev_alloc(int device, size_t bytes)
+{
+    void *p = NULL;
+    lock_raw(); /* an allocation orders nothing: deferred slices stay queued */
+    devg g;
+    if (!dev_enter(&g, device)) {
+        cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+        if (e != cudaSuccess) {
+            cu_fail(e, "cudaMalloc (undo log in device memory)");
+            (void)cudaGetLastError();
+            p = NULL;
+        }
+        dev_leave(&g);
+    }
+    unlock();
+    return p;
+}
+
+static void cuda_undo_dev_free(int device, void *p)
+{
+    if (!p)
+        return;
+    lock();
+    devg g;
+    if (!dev_enter(&g, device)) {
+        if (cudaFree(p) != cudaSuccess)
+            (void)cudaGetLastError();
+        dev_leave(&g);
+    }
+    unlock();
+}
+
+/* A device save under save_min is rows of the save table: one batch launch
+ * per flush saves every small tensor queued since the last, ahead of the
+ * copy rows that overwrite them. A larger one is a device-to-device
+ * cudaMemcpyAsync issued at once (save_now): it goes ahead of the copy rows
+ * still pending, and pending save rows need no flush for it (the pageable
+ * path's slices would otherwise flush, and wait for the other table, at
+ * every tensor). So the saves of tensor k+1 never wait behind the copy of
+ * tensor k, and nothing waits per tensor. */
+static int cuda_save_dev(void *dev_dst, const void *src, size_t n, int device, void *stream)
+{
+    if (n == 0)
+        return REFIT_OK;
+    lock_raw(); /* a save precedes its own region's write; slices of other regions stay queued */
+    devg g;
+    cq *q;
+    int rc = dev_enter(&g, device);
+    if (!rc) {
+        rc = queue_get(&q, stream, device);
+        if (!rc && n < G.cfg.save_min)
+            rc = queue_rows(q, true, (uint64_t)(uintptr_t)dev_dst, (uint64_t)(uintptr_t)src, n);
+        else if (!rc)
+            rc = save_now(q, dev_dst, src, n);
+        dev_leave(&g);
+    }
+    unlock();
+    return rc;
+}
+
+/* Abort has waited for every stream; each restore waits for itself so the
+ * next (older) entry lands after it, and abort returns with the bytes in
+ * place for any stream of the engine. */
+static int cuda_restore_dev(void *dst, const void *dev_src, size_t n, int device)
+{
+    if (n == 0)
+        return REFIT_OK;
+    lock();
+    devg g;
+    int rc = dev_enter(&g, device);
+    if (!rc) {
+        cudaError_t e = cudaMemcpyAsync(dst, dev_src, n, cudaMemcpyDeviceToDevice, 0);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(0);
+        if (e != cudaSuccess)
+            rc = cu_fail(e, "cudaMemcpyAsync (undo restore from device memory)");
+        dev_leave(&g);
+    }
     unlock();
     return rc;
 }
@@ -1588,6 +1688,10 @@ const backend backend_cuda = {
     .sync = cuda_sync,
     .last_error = backend_cuda_last_error,
     .hold_host_sources = cuda_hold_host_sources,
+    .undo_dev_alloc = cuda_undo_dev_alloc,
+    .undo_dev_free = cuda_undo_dev_free,
+    .save_dev = cuda_save_dev,
+    .restore_dev = cuda_restore_dev,
 };
 
 /* ---- fingerprint into device memory (the NCCL transport's checksums) ---- */

@@ -431,6 +431,9 @@ REFIT_API int refit_replay(refit_model *model, int64_t update_id, const refit_re
 typedef struct refit_txn_stats {
     uint64_t tensors_loaded, bytes_loaded;
     uint32_t modules_touched, modules_complete;
+    /* Bytes the undo log saved so far: in device memory (within
+     * refit_options.undo_device_budget) and in host memory. */
+    uint64_t undo_device_bytes, undo_host_bytes;
 } refit_txn_stats;
 REFIT_API int refit_txn_stats_get(const refit_txn *txn, refit_txn_stats *out);
 

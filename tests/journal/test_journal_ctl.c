@@ -421,6 +421,51 @@ static void test_interrupted_seen(void **state)
     jt_modules_free(&m);
 }
 
+/* Where the undo log kept its bytes: recorded with the end, NULL when the
+ * writer never said (older refit, or journal_update_undo not called). */
+static void test_undo_placement(void **state)
+{
+    jt_fixture *f = *state;
+    jt_modules m;
+    jt_modules_make(&m, 1);
+    journal *j = jt_open(f->path);
+    journal_module_progress p = {0, JOURNAL_MODULE_ROLLED_BACK, 2, 8192, 0, 0};
+    int64_t a = jt_begin(j, &m, "v1");
+    assert_int_equal(journal_update_undo(j, a + 1, 1, 1), REFIT_ESTATE); /* not open */
+    assert_int_equal(journal_update_undo(j, a, 3u << 20, 1024), 0);
+    assert_int_equal(journal_update_end(j, a, JOURNAL_UPDATE_ROLLED_BACK, 8192, 2, "aborted",
+                                        1, &p), 0);
+    int64_t b = jt_begin(j, &m, "v2");
+    assert_int_equal(journal_update_end(j, b, JOURNAL_UPDATE_ABORTED, 0, 0, NULL, 0, NULL), 0);
+    journal_close(j);
+    jt_modules_free(&m);
+
+    ctl_run r = run_ctl("updates", "--db", f->path, "--json", NULL);
+    assert_int_equal(r.status, 0);
+    json_t *root = parse(&r), *u = json_object_get(root, "updates");
+    json_t *ua = json_array_get(u, 0), *ub = json_array_get(u, 1);
+    assert_int_equal(json_integer_value(json_object_get(ua, "undo_device_bytes")), 3 << 20);
+    assert_int_equal(json_integer_value(json_object_get(ua, "undo_host_bytes")), 1024);
+    assert_true(json_is_null(json_object_get(ub, "undo_device_bytes")));
+    assert_true(json_is_null(json_object_get(ub, "undo_host_bytes")));
+    json_decref(root);
+    run_free(&r);
+
+    r = run_ctl("updates", "--db", f->path, NULL);
+    assert_int_equal(r.status, 0);
+    assert_true(jt_has(r.out, "UNDO"));
+    assert_true(jt_has(r.out, "dev 3.0M host 1.0K"));
+    run_free(&r);
+    r = run_ctl("show", "1", "--db", f->path, NULL);
+    assert_int_equal(r.status, 0);
+    assert_true(jt_has(r.out, "undo log       device 3145728 bytes, host 1024 bytes"));
+    run_free(&r);
+    r = run_ctl("show", "2", "--db", f->path, NULL);
+    assert_int_equal(r.status, 0);
+    assert_true(jt_has(r.out, "undo log       not recorded"));
+    run_free(&r);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, jt_setup, jt_teardown)
@@ -428,6 +473,7 @@ int main(void)
         T(test_updates_json), T(test_other_commands), T(test_tables),
         T(test_exit_codes), T(test_read_while_writer_holds),
         T(test_concurrent_reader), T(test_interrupted_seen),
+        T(test_undo_placement),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -41,7 +41,8 @@ int main(void)
     S(refit_model_stats, "ModelStats", M(refit_model_stats, modules);
       M(refit_model_stats, routes_view); M(refit_model_stats, runtime_bytes));
     S(refit_txn_stats, "TxnStats", M(refit_txn_stats, tensors_loaded);
-      M(refit_txn_stats, modules_complete));
+      M(refit_txn_stats, modules_complete); M(refit_txn_stats, undo_device_bytes);
+      M(refit_txn_stats, undo_host_bytes));
     S(refit_source_tensor, "SourceTensor", M(refit_source_tensor, name);
       M(refit_source_tensor, shape); M(refit_source_tensor, bytes); M(refit_source_tensor, file));
     /* transport.h's, mirrored in refit/transport.py ("transport." names) */

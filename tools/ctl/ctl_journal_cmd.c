@@ -86,6 +86,10 @@ json_t *ctl_update_json(const journal_update_row *r)
     json_object_set_new(o, "tensors", json_integer((json_int_t)r->tensors));
     json_object_set_new(o, "bytes", json_integer((json_int_t)r->bytes));
     json_object_set_new(o, "modules", json_integer(r->n_modules));
+    json_object_set_new(o, "undo_device_bytes", r->undo_recorded
+                        ? json_integer((json_int_t)r->undo_device_bytes) : json_null());
+    json_object_set_new(o, "undo_host_bytes", r->undo_recorded
+                        ? json_integer((json_int_t)r->undo_host_bytes) : json_null());
     json_object_set_new(o, "error", ctl_jstr(r->error));
     json_object_set_new(o, "pid", json_integer(r->pid));
     json_object_set_new(o, "host", ctl_jstr(r->host));
@@ -97,15 +101,28 @@ static int update_add(void *user, const journal_update_row *r)
     return json_array_append_new(user, ctl_update_json(r)) ? 1 : 0;
 }
 
+/* The undo log's placement: "dev 1.2G host 300M", "-" when unknown or
+ * nothing was saved. */
+static const char *ctl_undo_text(const journal_update_row *r, char *buf, size_t len)
+{
+    char d[16], h[16];
+    if (!r->undo_recorded || (!r->undo_device_bytes && !r->undo_host_bytes))
+        return "-";
+    snprintf(buf, len, "dev %s host %s", ctl_bytes(r->undo_device_bytes, d, sizeof d),
+             ctl_bytes(r->undo_host_bytes, h, sizeof h));
+    return buf;
+}
+
 static int update_print(void *user, const journal_update_row *r)
 {
-    char b1[24], b2[24], t[24], by[16];
+    char b1[24], b2[24], t[24], by[16], un[48];
     (void)user;
-    printf("%6lld %-14s %-11s %-14s %-6s %-19s %9llu %7s\n",
+    printf("%6lld %-14s %-11s %-14s %-6s %-19s %9llu %7s %s\n",
            (long long)r->id, ctl_fit(r->worker, 14, 0, b1), r->state,
            ctl_fit(r->version, 14, 0, b2), r->mode,
            ctl_time(r->started_at, t, sizeof t),
-           (unsigned long long)r->tensors, ctl_bytes(r->bytes, by, sizeof by));
+           (unsigned long long)r->tensors, ctl_bytes(r->bytes, by, sizeof by),
+           ctl_undo_text(r, un, sizeof un));
     return 0;
 }
 
@@ -120,8 +137,8 @@ int ctl_journal_updates(journal *j, const ctl_opts *o)
         }
         return ctl_json_print(root);
     }
-    printf("%6s %-14s %-11s %-14s %-6s %-19s %9s %7s\n", "ID", "WORKER",
-           "STATE", "VERSION", "MODE", "STARTED", "TENSORS", "BYTES");
+    printf("%6s %-14s %-11s %-14s %-6s %-19s %9s %7s %s\n", "ID", "WORKER",
+           "STATE", "VERSION", "MODE", "STARTED", "TENSORS", "BYTES", "UNDO");
     return journal_updates_list(j, update_print, NULL) ? ctl_journal_fail(j)
                                                        : 0;
 }

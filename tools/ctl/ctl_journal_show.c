@@ -81,6 +81,13 @@ static void show_fields(json_t *u)
                (long long)json_integer_value(r));
     printf("  %-14s %s\n", "rollback",
            json_is_true(json_object_get(u, "rollback")) ? "on" : "off");
+    json_t *ud = json_object_get(u, "undo_device_bytes");
+    json_t *uh = json_object_get(u, "undo_host_bytes");
+    if (json_is_integer(ud) && json_is_integer(uh))
+        printf("  %-14s device %lld bytes, host %lld bytes\n", "undo log",
+               (long long)json_integer_value(ud), (long long)json_integer_value(uh));
+    else
+        printf("  %-14s not recorded\n", "undo log");
     printf("  %-14s %lld\n  %-14s %lld\n  %-14s %lld\n", "tensors",
            (long long)json_integer_value(json_object_get(u, "tensors")),
            "bytes", (long long)json_integer_value(json_object_get(u, "bytes")),

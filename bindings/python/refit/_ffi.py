@@ -118,6 +118,8 @@ class TxnStats(ctypes.Structure):
         ("bytes_loaded", ctypes.c_uint64),
         ("modules_touched", ctypes.c_uint32),
         ("modules_complete", ctypes.c_uint32),
+        ("undo_device_bytes", ctypes.c_uint64),
+        ("undo_host_bytes", ctypes.c_uint64),
     ]
 
 

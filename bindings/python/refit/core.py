@@ -69,11 +69,12 @@ class Context:
     """One per engine worker (rank): refit_open."""
 
     def __init__(self, worker_id=None, rank=0, journal_path=None, plugin_dirs=None,
-                 staging_budget=0):
+                 staging_budget=0, undo_device_budget=0):
         L = _ffi.lib()
         self._keep = [_b(worker_id), _b(journal_path), _b(plugin_dirs)]
         opt = _ffi.Options(_ffi.OPTIONS_VERSION, self._keep[0], rank, self._keep[1],
                            self._keep[2], staging_budget)
+        opt.undo_device_budget = undo_device_budget  # device bytes the undo log may hold
         h = ctypes.c_void_p()
         rc = L.refit_open(ctypes.byref(h), ctypes.byref(opt))
         if rc:
