@@ -33,7 +33,10 @@ void cli_usage(const cli *c, FILE *f)
     const char *p = c->synopsis;
     for (int i = 0; *p; i++) {
         size_t n = strcspn(p, "\n");
-        fprintf(f, "%s%s %.*s\n", i ? "       " : "usage: ", c->prog, (int)n, p);
+        if (*p == ' ') /* a continuation of the line before */
+            fprintf(f, "       %*s%.*s\n", (int)strlen(c->prog), "", (int)n, p);
+        else
+            fprintf(f, "%s%s %.*s\n", i ? "       " : "usage: ", c->prog, (int)n, p);
         p += n + (p[n] == '\n');
     }
     if (c->about) {

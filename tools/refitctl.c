@@ -32,6 +32,7 @@ static int usage(FILE *f)
                "       refitctl AREA --help\n\nareas:\n");
     for (const struct ctl_area *a = areas; a->name; a++)
         fprintf(f, "  %-12s %s\n", a->name, a->help);
+    fprintf(f, "\noptions:\n  -h, --help  print this help and exit\n");
     fprintf(f, "\nEvery area takes --help; those that read take --json (errors too).\n"
                "Exit status: 0 ok, 1 error or problems found, 2 usage.\n");
     return f == stderr ? 2 : 0;
