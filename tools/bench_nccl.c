@@ -761,7 +761,7 @@ static const cli_opt bn_cli_opts[] = {
     {"direct-min", 'D', "BYTES", "smallest tensor sent directly into its destination"},
     {"no-failures", 'F', NULL, "skip the two failure scenarios"},
     {"json", 'j', NULL, "accepted for symmetry: the output is always JSON"},
-    {NULL},
+    {NULL, 0, NULL, NULL},
 };
 
 static const cli bn_cli = {

@@ -54,7 +54,7 @@ static const cli_opt bst_opts[] = {
     {"repeat", 'r', "R", "runs of each measurement; the best counts (default 10)"},
     {"dir", 'd', "DIR", "where the temporary files go (default $TMPDIR, /tmp)"},
     {"json", 'j', NULL, "accepted for symmetry: the output is always JSON"},
-    {NULL},
+    {NULL, 0, NULL, NULL},
 };
 
 static const cli bst_cli = {

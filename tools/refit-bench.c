@@ -209,7 +209,7 @@ static const cli_opt host_opts[] = {
     {"journal", 'J', "PATH", "also journal a copy of the model at PATH and report the\n"
                              "journal's cost against the host reload"},
     {"json", 'j', NULL, "one JSON object on stdout; errors too"},
-    {NULL},
+    {NULL, 0, NULL, NULL},
 };
 
 static const cli host_cli = {
@@ -379,7 +379,7 @@ static int usage(FILE *f)
 #ifndef REFIT_HAVE_CUDA
 static int bench_gpu_missing(int argc, char **argv)
 {
-    static const cli_opt opts[] = {{"json", 'j', NULL, "errors as JSON"}, {NULL}};
+    static const cli_opt opts[] = {{"json", 'j', NULL, "errors as JSON"}, {NULL, 0, NULL, NULL}};
     static const cli c = {"refit-bench gpu", "[options]",
                           "The CUDA figures; this build has no CUDA backend "
                           "(-Dcuda=enabled).", opts};

@@ -496,7 +496,7 @@ static const cli_opt demo_opts[] = {
     {"json", 'j', NULL, "one JSON object of the phases on stdout; errors too"},
     {"crash-during-update", 'c', NULL, "die in the middle of an update (the journal then\n"
                                        "shows it interrupted)"},
-    {NULL},
+    {NULL, 0, NULL, NULL},
 };
 
 static const cli demo_cli = {

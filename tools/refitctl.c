@@ -47,7 +47,7 @@ static int version_opt(void *user, int key, const char *value)
 
 int ctl_version(int argc, char **argv)
 {
-    static const cli_opt opts[] = {{"json", 'j', NULL, "print {\"version\": \"X.Y.Z\"}"}, {NULL}};
+    static const cli_opt opts[] = {{"json", 'j', NULL, "print {\"version\": \"X.Y.Z\"}"}, {NULL, 0, NULL, NULL}};
     static const cli c = {"refitctl version", "[--json]", "Prints the library version.", opts};
     int json = 0, first;
     int rc = cli_parse(&c, argc, argv, version_opt, &json, &first);

@@ -90,7 +90,7 @@ static const cli_opt cv_opts[] = {
                                 "int8: scheme=per_channel|per_tensor (default per_channel)\n"
                                 "all:  skip=SUBSTR[,SUBSTR]... names kept unquantized\n"
                                 "      (default " CV_DEFAULT_SKIP ")"},
-    {NULL},
+    {NULL, 0, NULL, NULL},
 };
 
 static const cli cv_cli = {

@@ -23,7 +23,7 @@ static const cli_opt ctl_formats_opts[] = {
     {"plugin-dir", 'd', "DIR", "search DIR first (repeatable; as refit_options.plugin_dirs)"},
     {"only", 'o', NULL, "search the --plugin-dir directories alone"},
     {"json", 'j', NULL, "one JSON object: searched, formats, refused, shadowed"},
-    {NULL},
+    {NULL, 0, NULL, NULL},
 };
 
 static const cli ctl_formats_cli = {

@@ -28,7 +28,7 @@ static const cli_opt journal_cli_opts[] = {
     {"incomplete", 'i', NULL, "modules: only those not complete or committed"},
     {"update", 'u', "ID", "events: only those of update ID"},
     {"limit", 'l', "N", "events: the first N"},
-    {NULL},
+    {NULL, 0, NULL, NULL},
 };
 
 static const cli journal_cli = {

@@ -146,7 +146,7 @@ static void emit_layers(const llama *m)
 static const cli_opt manifest_opts[] = {
     {"tp", 't', "N", "the tensor-parallel group's size (default 1): shapes are one rank's"},
     {"pad-unit", 'p', "U", "pad the vocabulary to a multiple of U x N rows (default 64)"},
-    {NULL},
+    {NULL, 0, NULL, NULL},
 };
 
 static const cli manifest_cli = {

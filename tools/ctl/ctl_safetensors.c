@@ -21,7 +21,7 @@
 static const cli_opt ctl_st_opts[] = {
     {"json", 'j', NULL, "one JSON object on stdout: ls the files and tensors, verify the\n"
                         "digests; errors as {\"error\": ...}"},
-    {NULL},
+    {NULL, 0, NULL, NULL},
 };
 
 static const cli ctl_st_cli = {

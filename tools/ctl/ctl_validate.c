@@ -24,7 +24,7 @@ static const cli_opt ctl_validate_opts[] = {
     {"format", 'f', NULL, "every FILE is a format declaration"},
     {"model", 'm', NULL, "every FILE is a model manifest"},
     {"json", 'j', NULL, "one JSON object: each file, valid or not, its kind and mistakes"},
-    {NULL},
+    {NULL, 0, NULL, NULL},
 };
 
 static const cli ctl_validate_cli = {
