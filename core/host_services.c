@@ -149,21 +149,27 @@ static int host_error(void *host, int status, const char *fmt, ...)
     return status;
 }
 
+/* The one way out for the library's messages (formats, the plugin loader,
+ * core): the context's log_fn when it has one, else stderr with "refit: "
+ * first. Debug lines (level 2) go to a log_fn always, to stderr only with
+ * REFIT_DEBUG; finer ones (3: a default plugin directory missing) only
+ * with REFIT_DEBUG, as level 2. */
 static void host_log(void *host, int level, const char *fmt, ...)
 {
-    refit_ctx *ctx = host;
+    const refit_ctx *ctx = host;
+    int debug = getenv("REFIT_DEBUG") != NULL;
+    refit_log_fn fn = ctx ? ctx->log_fn : NULL;
+    if (level > 2 ? !debug : level == 2 && !fn && !debug)
+        return;
     char line[1200];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    if (ctx->log_fn) {
-        ctx->log_fn(ctx->log_user, level, line);
-        return;
-    }
-    if (level > 1 && !getenv("REFIT_DEBUG"))
-        return;
-    fprintf(stderr, "refit: %s\n", line);
+    if (fn)
+        fn(ctx->log_user, level > 2 ? 2 : level, line);
+    else
+        fprintf(stderr, "refit: %s\n", line);
 }
 
 static const char *host_param(void *host, const refit_fmt_module *m, const char *key)

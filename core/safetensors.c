@@ -1116,29 +1116,34 @@ int st_set_recheck(const st_set *s, st_error *err)
     return REFIT_OK;
 }
 
-/* Hashes through pread: a file truncated meanwhile is an error, never a
- * fault, and the digest covers exactly the size seen at open. */
+/* Hashes through pread (a file truncated meanwhile is an error, never a
+ * fault), in 4 MiB reads straight into the hash: the digest covers exactly
+ * the size seen at open. */
 static int st_hash_fd(const struct st_file *f, uint8_t digest[ST_SHA256_DIGEST],
                       st_error *err)
 {
-    enum { CHUNK = 1 << 20 };
+    enum { CHUNK = 4 << 20 };
     uint8_t *buf = malloc(CHUNK);
-    if (!buf)
-        return ST_NOMEM(err, f->path);
     st_sha256_ctx c;
-    st_sha256_init(&c);
+    if (!buf || st_sha256_init(&c)) {
+        free(buf);
+        return ST_NOMEM(err, f->path);
+    }
     int rc = REFIT_OK;
     for (uint64_t off = 0; !rc && off < f->size; off += CHUNK) {
         size_t n = f->size - off < CHUNK ? (size_t)(f->size - off) : CHUNK;
         rc = st_pread_all(f, buf, n, off, err);
-        if (!rc)
-            st_sha256_update(&c, buf, n);
+        if (!rc && st_sha256_update(&c, buf, n))
+            rc = ST_NOMEM(err, f->path);
     }
     free(buf);
     if (!rc)
         rc = st_recheck_file(f, err);
-    st_sha256_final(&c, digest);
-    return rc;
+    if (rc) {
+        st_sha256_free(&c);
+        return rc;
+    }
+    return st_sha256_final(&c, digest) ? ST_NOMEM(err, f->path) : REFIT_OK;
 }
 
 int st_file_sha256(st_set *s, size_t i, char hex[ST_SHA256_HEX], st_error *err)
@@ -1151,7 +1156,8 @@ int st_file_sha256(st_set *s, size_t i, char hex[ST_SHA256_HEX], st_error *err)
     if (!f->sha_done) {
         uint8_t d[ST_SHA256_DIGEST];
         if (f->fd < 0) {
-            st_sha256_buf(f->base, (size_t)f->size, d);
+            if (st_sha256_buf(f->base, (size_t)f->size, d))
+                return ST_NOMEM(err, f->path);
         } else {
             int rc = st_hash_fd(f, d, err);
             if (rc)

@@ -136,26 +136,31 @@ int refit_source_digest(refit_source *src, char hex[65])
     ctx_clear_error(src->ctx);
     if (!src->has_digest) {
         size_t nf = st_file_count(src->set);
-        st_sha256_ctx all;
-        st_sha256_init(&all);
+        st_sha256_ctx all = {NULL};
+        if (nf != 1 && st_sha256_init(&all))
+            return ctx_error(src->ctx, REFIT_ENOMEM, "checkpoint digest: out of memory");
         for (size_t i = 0; i < nf; i++) {
             st_error err;
             char fh[ST_SHA256_HEX];
-            if (st_file_sha256(src->set, i, fh, &err))
+            if (st_file_sha256(src->set, i, fh, &err)) {
+                st_sha256_free(&all);
                 return source_error(src->ctx, &err);
+            }
             if (nf == 1) {
                 memcpy(src->digest, fh, sizeof fh);
                 break;
             }
             const char *name = base_name(st_file_path(src->set, i));
-            st_sha256_update(&all, name, strlen(name));
-            st_sha256_update(&all, " ", 1);
-            st_sha256_update(&all, fh, ST_SHA256_HEX - 1);
-            st_sha256_update(&all, "\n", 1);
+            if (st_sha256_update(&all, name, strlen(name)) || st_sha256_update(&all, " ", 1) ||
+                st_sha256_update(&all, fh, ST_SHA256_HEX - 1) || st_sha256_update(&all, "\n", 1)) {
+                st_sha256_free(&all);
+                return ctx_error(src->ctx, REFIT_ENOMEM, "checkpoint digest: out of memory");
+            }
         }
         if (nf != 1) {
             uint8_t d[ST_SHA256_DIGEST];
-            st_sha256_final(&all, d);
+            if (st_sha256_final(&all, d))
+                return ctx_error(src->ctx, REFIT_ENOMEM, "checkpoint digest: out of memory");
             st_sha256_hex(d, src->digest);
         }
         src->has_digest = 1;

@@ -20,8 +20,9 @@ if command -v pkg-config >/dev/null 2>&1; then
   need_pc yaml-0.1 libyaml-dev
   need_pc sqlite3 libsqlite3-dev
   need_pc jansson libjansson-dev
+  need_pc libcrypto libssl-dev
 else
-  missing="$missing libcmocka-dev libyaml-dev libsqlite3-dev libjansson-dev"
+  missing="$missing libcmocka-dev libyaml-dev libsqlite3-dev libjansson-dev libssl-dev"
 fi
 python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$missing python3-venv"
 # clang's sanitizer and fuzzer runtimes

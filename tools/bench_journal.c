@@ -8,6 +8,7 @@
 
 #include "journal/journal.h"
 #include "bench_journal.h"
+#include "tools/cli.h"
 
 /* Modules completed between two progress batches: the core flushes
  * progress per source bucket; 1024 modules is a generous bucket. */
@@ -107,7 +108,7 @@ int bench_journal_write(const char *path, size_t n_modules, size_t n_tensors,
     char err[512];
     int rc = journal_open(&j, path, NULL, err, sizeof err);
     if (rc) {
-        fprintf(stderr, "bench_journal: %s\n", err);
+        cli_error(1, "journal writes: %s", err);
         return rc;
     }
     rc = bench_make(&b, n_modules, n_tensors);
@@ -127,7 +128,7 @@ int bench_journal_write(const char *path, size_t n_modules, size_t n_tensors,
         rc = bench_run(j, &b);
     double t1 = now_s();
     if (rc)
-        fprintf(stderr, "bench_journal: %s\n", journal_errmsg(j));
+        cli_error(1, "journal writes: %s", journal_errmsg(j));
     else if (seconds_out)
         *seconds_out = t1 - t0;
     bench_free(&b);

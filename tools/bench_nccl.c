@@ -19,6 +19,7 @@
 #include "journal/journal.h"
 #include "kernels/fingerprint.h"
 #include "tools/bench_nccl.h"
+#include "tools/cli.h"
 
 #define MIB ((uint64_t)1 << 20)
 #define BN_PATTERN (16 * MIB)
@@ -747,58 +748,75 @@ static int parse_buckets(bn_opts *o, const char *s)
     return o->n_buckets ? 0 : -1;
 }
 
+static const cli_opt bn_cli_opts[] = {
+    {"layers", 'L', "N", "decoder layers of the Llama-shaped model, 1..80 (default 4)"},
+    {"hidden", 'h' + 256, "H", "hidden size (default 4096)"},
+    {"inter", 'i', "I", "MLP intermediate size (default 14336)"},
+    {"vocab", 'v', "V", "vocabulary rows (default 32000)"},
+    {"buckets", 'b', "MIB,...", "bucket sizes to measure (default 1,64,256,1024)"},
+    {"repeat", 'r', "R", "reloads per bucket; the best counts (default 3)"},
+    {"timeout", 't', "S", "the worker's deadline in seconds (default 30)"},
+    {"journal", 'J', "PATH", "journal the worker's updates at PATH"},
+    {"preload", 'p', "LIBNCCL", "dlopen this libnccl.so.2 privately first, as PyTorch does"},
+    {"direct-min", 'D', "BYTES", "smallest tensor sent directly into its destination"},
+    {"no-failures", 'F', NULL, "skip the two failure scenarios"},
+    {"json", 'j', NULL, "accepted for symmetry: the output is always JSON"},
+    {NULL, 0, NULL, NULL},
+};
+
+static const cli bn_cli = {
+    "refit-bench nccl", "[--layers N] [--hidden H] [--inter I] [--vocab V] [--buckets MIB,...]\n"
+                        " [--repeat R] [--timeout S] [--journal PATH] [--preload LIBNCCL]\n"
+                        " [--direct-min BYTES] [--no-failures] [--json]",
+    "A trainer on GPU 0 broadcasting a Llama-shaped model to a worker on GPU 1 over\n"
+    "NCCL, against a raw ncclBroadcast of the same bytes, every reload checked\n"
+    "bit-exact; then the two failure scenarios. One JSON object (docs/nccl.md).\n"
+    "Exit status: 0 ok (or skipped without two GPUs), 1 a failure, 2 usage.",
+    bn_cli_opts,
+};
+
+static int bn_opt(void *user, int key, const char *v)
+{
+    bn_opts *o = user;
+    char *end = NULL;
+    switch (key) {
+    case 'j': return 0;
+    case 'F': o->failures = 0; return 0;
+    case 'J': o->journal = v; return 0;
+    case 'p': o->preload = v; return 0;
+    case 'b': return parse_buckets(o, v) ? cli_usage_error(&bn_cli, "bad --buckets '%s'", v) : 0;
+    case 't': o->timeout = strtod(v, &end); break;
+    case 'L': o->layers = (int)strtol(v, &end, 10); break;
+    case 'r': o->repeat = (int)strtol(v, &end, 10); break;
+    case 'i': o->inter = strtoll(v, &end, 10); break;
+    case 'v': o->vocab = strtoll(v, &end, 10); break;
+    case 'D': o->direct_min = strtoll(v, &end, 10); break;
+    default: o->hidden = strtoll(v, &end, 10); break;
+    }
+    return !*v || *end ? cli_usage_error(&bn_cli, "bad number '%s'", v) : 0;
+}
+
 static int parse(bn_opts *o, int argc, char **argv)
 {
     *o = (bn_opts){.layers = 4, .repeat = 3, .failures = 1, .hidden = 4096, .inter = 14336,
                    .vocab = 32000, .buckets = {1, 64, 256, 1024}, .n_buckets = 4,
                    .timeout = 30, .direct_min = -1};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json"))
-            continue;
-        if (!strcmp(a, "--no-failures")) {
-            o->failures = 0;
-            continue;
-        }
-        if (!v)
-            return -1;
-        i++;
-        if (!strcmp(a, "--layers"))
-            o->layers = atoi(v);
-        else if (!strcmp(a, "--hidden"))
-            o->hidden = atoll(v);
-        else if (!strcmp(a, "--inter"))
-            o->inter = atoll(v);
-        else if (!strcmp(a, "--vocab"))
-            o->vocab = atoll(v);
-        else if (!strcmp(a, "--repeat"))
-            o->repeat = atoi(v);
-        else if (!strcmp(a, "--timeout"))
-            o->timeout = atof(v);
-        else if (!strcmp(a, "--journal"))
-            o->journal = v;
-        else if (!strcmp(a, "--preload"))
-            o->preload = v;
-        else if (!strcmp(a, "--direct-min"))
-            o->direct_min = atoll(v);
-        else if (!strcmp(a, "--buckets") ? parse_buckets(o, v) : 1)
-            return -1;
-    }
+    int first, rc = cli_parse(&bn_cli, argc, argv, bn_opt, o, &first);
+    if (rc)
+        return rc;
+    if (first < argc)
+        return cli_usage_error(&bn_cli, "unexpected '%s'", argv[first]);
     bool ok = o->layers >= 1 && o->layers <= 80 && o->hidden >= 8 && o->inter >= 8 &&
               o->vocab >= 8 && o->repeat >= 1 && o->timeout > 0;
-    return ok ? 0 : -1;
+    return ok ? 0 : cli_usage_error(&bn_cli, "a value is out of range");
 }
 
 int bench_nccl_main(int argc, char **argv)
 {
     bn_opts o;
-    if (parse(&o, argc, argv)) {
-        fprintf(stderr, "usage: refit-bench nccl [--layers N] [--hidden H] [--inter I] "
-                        "[--vocab V] [--buckets MIB,...] [--repeat R] [--timeout S] "
-                        "[--journal PATH] [--preload LIBNCCL] [--direct-min BYTES] "
-                        "[--no-failures] [--json]\n");
-        return 2;
-    }
+    int prc = parse(&o, argc, argv);
+    if (prc)
+        return prc == CLI_HELP ? 0 : prc;
     fflush(stdout);
     int p[2];
     if (pipe(p))

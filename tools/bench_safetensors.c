@@ -28,7 +28,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "core/safetensors.h"
+#include "tools/cli.h"
 
 struct bst_opts {
     uint64_t data_bytes;
@@ -44,39 +47,62 @@ static double bst_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int bst_usage(void)
+static const cli_opt bst_opts[] = {
+    {"size", 's', "MIB", "data bytes of the streamed file (default 256)"},
+    {"tensors", 't', "N", "tensors in the streamed file (default 1024)"},
+    {"header-tensors", 'H', "N", "tensors in the header-cost file (default 100000)"},
+    {"repeat", 'r', "R", "runs of each measurement; the best counts (default 10)"},
+    {"dir", 'd', "DIR", "where the temporary files go (default $TMPDIR, /tmp)"},
+    {"json", 'j', NULL, "accepted for symmetry: the output is always JSON"},
+    {NULL, 0, NULL, NULL},
+};
+
+static const cli bst_cli = {
+    "refit-bench safetensors", "[--size MIB] [--tensors N] [--header-tensors N] [--repeat R]\n"
+                               " [--dir DIR] [--json]",
+    "Streaming from a page-cached safetensors file into host memory against plain\n"
+    "memcpy of the same bytes in the same run, and the per-file cost of open +\n"
+    "header parse + validation. One JSON object (docs/safetensors.md has the keys).",
+    bst_opts,
+};
+
+static int bst_opt(void *user, int key, const char *v)
 {
-    fprintf(stderr, "usage: refit-bench safetensors [--size MIB] [--tensors N] "
-                    "[--header-tensors N] [--repeat R] [--dir DIR] [--json]\n");
-    return 2;
+    struct bst_opts *o = user;
+    char *end = NULL;
+    if (key == 'j')
+        return 0;
+    if (key == 'd') {
+        o->dir = v;
+        return 0;
+    }
+    unsigned long long n = strtoull(v, &end, 10);
+    if (!*v || *end || *v == '-' || n > (1ull << 30))
+        return cli_usage_error(&bst_cli, "bad number '%s'", v);
+    if (key == 's')
+        o->data_bytes = n << 20;
+    else if (key == 't')
+        o->tensors = (size_t)n;
+    else if (key == 'H')
+        o->header_tensors = (size_t)n;
+    else
+        o->repeat = (int)(n > 1000 ? 1000 : n);
+    return 0;
 }
 
 static int bst_parse(int argc, char **argv, struct bst_opts *o)
 {
     const char *tmp = getenv("TMPDIR");
+    int first;
     *o = (struct bst_opts){256ull << 20, 1024, 100000, 10, tmp && *tmp ? tmp : "/tmp"};
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--json"))
-            continue;
-        if (!v)
-            return -1;
-        i++;
-        if (!strcmp(a, "--size"))
-            o->data_bytes = strtoull(v, NULL, 10) << 20;
-        else if (!strcmp(a, "--tensors"))
-            o->tensors = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--header-tensors"))
-            o->header_tensors = strtoull(v, NULL, 10);
-        else if (!strcmp(a, "--repeat"))
-            o->repeat = atoi(v);
-        else if (!strcmp(a, "--dir"))
-            o->dir = v;
-        else
-            return -1;
-    }
+    int rc = cli_parse(&bst_cli, argc, argv, bst_opt, o, &first);
+    if (rc)
+        return rc;
+    if (first < argc)
+        return cli_usage_error(&bst_cli, "unexpected '%s'", argv[first]);
     if (!o->data_bytes || !o->tensors || o->repeat < 1 || o->data_bytes > (64ull << 30))
-        return -1;
+        return cli_usage_error(&bst_cli, "need 1 MiB <= size <= 64 GiB, tensors >= 1, "
+                                         "repeat >= 1");
     return 0;
 }
 
@@ -162,8 +188,7 @@ static double bst_memcpy_whole(uint8_t *dst, const uint8_t *src, size_t n)
 static int bst_fail(const char *what, const st_error *e)
 {
     char line[2048];
-    fprintf(stderr, "refit-bench safetensors: %s: %s\n", what,
-            e ? st_error_line(e, line, sizeof line) : strerror(errno));
+    cli_error(1, "%s: %s", what, e ? st_error_line(e, line, sizeof line) : strerror(errno));
     return -1;
 }
 
@@ -292,29 +317,33 @@ static int bst_header_cost(const struct bst_opts *o, const char *path, struct bs
  * non-temporal stores, which per-tensor copies of a few MiB never reach).
  * stream: recheck + copies out of a fresh mapping (page faults included);
  * with_open: the whole run, st_open and st_close included. */
-static void bst_report(FILE *out, const struct bst_opts *o, const struct bst_result *r)
+static int bst_report(FILE *out, const struct bst_opts *o, const struct bst_result *r)
 {
     double gb = (double)o->data_bytes / 1e9;
-    fprintf(out,
-            "{\"bench\": \"safetensors\", \"repeat\": %d,\n"
-            " \"stream\": {\"bytes\": %" PRIu64 ", \"tensors\": %zu, \"memcpy_gbps\": %.2f, "
-            "\"stream_gbps\": %.2f, \"stream_vs_memcpy\": %.3f, \"with_open_gbps\": %.2f, "
-            "\"with_open_vs_memcpy\": %.3f, \"memcpy_whole_gbps\": %.2f, "
-            "\"stream_vs_memcpy_whole\": %.3f, \"open_parse_ms\": %.3f},\n"
-            " \"header\": {\"tensors\": %zu, \"header_bytes\": %zu, \"header_open_ms\": %.2f, "
-            "\"header_us_per_tensor\": %.3f}}\n",
-            o->repeat, o->data_bytes, o->tensors, gb / r->memcpy_s, gb / r->copy_s,
-            r->memcpy_s / r->copy_s, gb / r->stream_s, r->memcpy_s / r->stream_s,
-            gb / r->whole_s, r->whole_s / r->copy_s, r->open_s * 1e3, o->header_tensors,
-            r->header_bytes, r->header_s * 1e3,
-            o->header_tensors ? r->header_s * 1e6 / (double)o->header_tensors : 0);
+    json_t *root = json_pack(
+        "{s:s, s:i, s:{s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}, s:{s:I, s:I, s:f, s:f}}",
+        "bench", "safetensors", "repeat", o->repeat, "stream", "bytes",
+        (json_int_t)o->data_bytes, "tensors", (json_int_t)o->tensors, "memcpy_gbps",
+        gb / r->memcpy_s, "stream_gbps", gb / r->copy_s, "stream_vs_memcpy",
+        r->memcpy_s / r->copy_s, "with_open_gbps", gb / r->stream_s, "with_open_vs_memcpy",
+        r->memcpy_s / r->stream_s, "memcpy_whole_gbps", gb / r->whole_s,
+        "stream_vs_memcpy_whole", r->whole_s / r->copy_s, "open_parse_ms", r->open_s * 1e3,
+        "header", "tensors", (json_int_t)o->header_tensors, "header_bytes",
+        (json_int_t)r->header_bytes, "header_open_ms", r->header_s * 1e3,
+        "header_us_per_tensor",
+        o->header_tensors ? r->header_s * 1e6 / (double)o->header_tensors : 0.0);
+    int bad = !root || json_dumpf(root, out, JSON_INDENT(1) | JSON_PRESERVE_ORDER) ||
+              fputc('\n', out) == EOF;
+    json_decref(root);
+    return bad ? cli_error(1, "cannot write JSON (out of memory?)") : 0;
 }
 
 int bench_safetensors(int argc, char **argv, FILE *json_out)
 {
     struct bst_opts o;
-    if (bst_parse(argc, argv, &o))
-        return bst_usage();
+    int prc = bst_parse(argc, argv, &o);
+    if (prc)
+        return prc == CLI_HELP ? 0 : prc;
     char stream_path[4096], header_path[4096];
     snprintf(stream_path, sizeof stream_path, "%s/refit-bench-stream-%ld.safetensors", o.dir,
              (long)getpid());
@@ -328,8 +357,7 @@ int bench_safetensors(int argc, char **argv, FILE *json_out)
     unlink(header_path);
     if (rc)
         return 1;
-    bst_report(json_out, &o, &r);
-    return 0;
+    return bst_report(json_out, &o, &r);
 }
 
 int bench_safetensors_main(int argc, char **argv)

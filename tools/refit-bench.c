@@ -20,6 +20,7 @@
 
 #include "core/txn_journal.h" /* txj_seconds: the journal's share of a reload */
 #include "tools/bench.h"
+#include "tools/cli.h"
 #include "tools/bench_nccl.h"
 #ifdef REFIT_HAVE_CUDA
 #include "tools/bench_gpu.h"
@@ -62,8 +63,7 @@ static void host_free(host_model *h)
 
 static int host_fail(host_model *h, const char *what, int rc)
 {
-    fprintf(stderr, "refit-bench host: %s: %s: %s\n", what, refit_status_name(rc),
-            h->ctx ? refit_errmsg(h->ctx) : "");
+    cli_error(1, "%s: %s: %s", what, refit_status_name(rc), h->ctx ? refit_errmsg(h->ctx) : "");
     return rc;
 }
 
@@ -183,43 +183,108 @@ static double median_of(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static void machine_json(FILE *f)
+/* "machine" and "date": the keys every bench object starts with. */
+static json_t *machine_json(const char *bench)
 {
     struct utsname u;
     uname(&u);
     time_t now = time(NULL);
-    char date[32];
+    char date[32], machine[2 * sizeof u.nodename + 2];
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    fprintf(f, "\"machine\": \"%s %s\", \"date\": \"%s\"", u.nodename, u.machine, date);
+    snprintf(machine, sizeof machine, "%s %s", u.nodename, u.machine);
+    return json_pack("{s:s, s:s, s:s}", "bench", bench, "machine", machine, "date", date);
+}
+
+typedef struct host_args {
+    size_t n_tensors, n_modules;
+    int repeat;
+    const char *journal;
+    bool json;
+} host_args;
+
+static const cli_opt host_opts[] = {
+    {"tensors", 't', "N", "checkpoint tensors of the model (default 100000)"},
+    {"modules", 'm', "M", "modules they are grouped in (default 10000)"},
+    {"repeat", 'r', "R", "reloads measured, 1..100; the best counts (default 7)"},
+    {"journal", 'J', "PATH", "also journal a copy of the model at PATH and report the\n"
+                             "journal's cost against the host reload"},
+    {"json", 'j', NULL, "one JSON object on stdout; errors too"},
+    {NULL, 0, NULL, NULL},
+};
+
+static const cli host_cli = {
+    "refit-bench host", "[--tensors N] [--modules M] [--repeat R] [--journal PATH] [--json]",
+    "Host cost per tensor of begin/load/finalize on tiny MoE-shaped tensors (plan\n"
+    "lookup, routing, completeness), with the byte copy itself (the same memcpy's,\n"
+    "timed alone in the same run) taken out; also plan building at seal.\n"
+    "Exit status: 0 ok, 1 a failure, 2 usage.",
+    host_opts,
+};
+
+static int host_opt(void *user, int key, const char *v)
+{
+    host_args *a = user;
+    char *end = NULL;
+    if (key == 'j') {
+        a->json = true;
+        return 0;
+    }
+    if (key == 'J') {
+        a->journal = v;
+        return 0;
+    }
+    unsigned long long n = strtoull(v, &end, 10);
+    if (!*v || *end || *v == '-' || n > (key == 'r' ? 100u : 100000000u) || n == 0)
+        return cli_usage_error(&host_cli, "bad value '%s' for --%s", v,
+                               key == 't' ? "tensors" : key == 'm' ? "modules" : "repeat");
+    if (key == 't')
+        a->n_tensors = (size_t)n;
+    else if (key == 'm')
+        a->n_modules = (size_t)n;
+    else
+        a->repeat = (int)n;
+    return 0;
+}
+
+static int host_json(const host_args *a, const host_model *h, const double t[], const double *jr)
+{
+    /* t: register, seal, plain, rollback, copy, us, us_rb, journal, jwrites, plain_med */
+    json_t *o = machine_json("host");
+    double n = (double)h->n_tensors;
+    if (o && json_object_update_new(o, json_pack(
+            "{s:I, s:I, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:b}",
+            "tensors", (json_int_t)h->n_tensors, "modules", (json_int_t)h->n_modules,
+            "bytes_per_tensor", EXPERT_ROWS * EXPERT_COLS * 2, "repeat", a->repeat,
+            "register_ms", t[0] * 1e3, "seal_ms", t[1] * 1e3, "seal_us_per_tensor",
+            t[1] / n * 1e6, "reload_ms", t[2] * 1e3, "reload_rollback_ms", t[3] * 1e3,
+            "copy_only_ms", t[4] * 1e3, "us_per_tensor", t[5], "us_per_tensor_rollback", t[6],
+            "target_us_per_tensor", 1.0, "meets_target", t[5] <= 1.0)))
+        o = (json_decref(o), NULL);
+    if (o && a->journal &&
+        json_object_update_new(o, json_pack(
+            "{s:s, s:f, s:f, s:f, s:f, s:f, s:f, s:b}", "journal_path", a->journal,
+            "reload_journaled_ms", min_of(jr, a->repeat) * 1e3, "journal_ms", t[7] * 1e3,
+            "journal_writes_only_ms", t[8] * 1e3, "reload_median_ms", t[9] * 1e3,
+            "journal_ratio_to_reload", t[7] / t[9], "journal_target_ratio", 0.02,
+            "journal_meets_target", t[7] / t[9] <= 0.02)))
+        o = (json_decref(o), NULL);
+    return cli_json_print(o);
 }
 
 static int bench_host(int argc, char **argv)
 {
-    size_t n_tensors = 100000, n_modules = 10000;
-    int repeat = 7;
-    const char *journal = NULL;
-    bool json = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--tensors") && i + 1 < argc)
-            n_tensors = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--modules") && i + 1 < argc)
-            n_modules = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
-            repeat = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--journal") && i + 1 < argc)
-            journal = argv[++i];
-        else if (!strcmp(argv[i], "--json"))
-            json = true;
-        else {
-            fprintf(stderr, "usage: refit-bench host [--tensors N] [--modules M] [--repeat R] "
-                            "[--journal PATH] [--json]\n");
-            return 2;
-        }
-    }
-    if (n_modules == 0 || n_tensors < n_modules || repeat < 1 || repeat > 100) {
-        fprintf(stderr, "refit-bench host: need 1 <= modules <= tensors, 1 <= repeat <= 100\n");
-        return 2;
-    }
+    host_args a = {100000, 10000, 7, NULL, false};
+    int first, rc0 = cli_parse(&host_cli, argc, argv, host_opt, &a, &first);
+    if (rc0)
+        return rc0 == CLI_HELP ? 0 : rc0;
+    if (first < argc)
+        return cli_usage_error(&host_cli, "unexpected '%s'", argv[first]);
+    if (a.n_tensors < a.n_modules)
+        return cli_usage_error(&host_cli, "need modules <= tensors");
+    size_t n_tensors = a.n_tensors, n_modules = a.n_modules;
+    int repeat = a.repeat;
+    const char *journal = a.journal;
+    bool json = a.json;
     host_model h, hj;
     memset(&hj, 0, sizeof hj);
     double t0 = now_s();
@@ -237,7 +302,8 @@ static int bench_host(int argc, char **argv)
                     (rc = refit_model_seal(hj.model))))
         return host_fail(&hj, "building the journaled model", rc), host_free(&h), host_free(&hj), 1;
 
-    double plain[100], rb[100], copy[100], jr[100], jw[100];
+    int reported = 0;
+    double plain[100] = {0}, rb[100] = {0}, copy[100] = {0}, jr[100] = {0}, jw[100] = {0};
     for (int r = 0; r < repeat && !rc; r++) {
         rc = host_reload(&h, 0, &plain[r]);
         if (!rc)
@@ -245,13 +311,15 @@ static int bench_host(int argc, char **argv)
         if (!rc && journal) {
             double before = txj_seconds(hj.ctx);
             if ((rc = host_reload(&hj, 0, &jr[r])))
-                host_fail(&hj, "journaled reload", rc);
+                reported = host_fail(&hj, "journaled reload", rc);
             jw[r] = txj_seconds(hj.ctx) - before; /* the journal's part of it */
         }
         copy[r] = host_copy_only(&h);
     }
+    if (rc && !reported)
+        host_fail(&h, "reload", rc);
     if (rc)
-        return host_fail(&h, "reload", rc), host_free(&h), host_free(&hj), 1;
+        return host_free(&h), host_free(&hj), 1;
     double t_plain = min_of(plain, repeat), t_rb = min_of(rb, repeat);
     double t_copy = min_of(copy, repeat);
     double n = (double)h.n_tensors;
@@ -270,29 +338,10 @@ static int bench_host(int argc, char **argv)
             return host_free(&h), host_free(&hj), 1;
     }
 
-    FILE *f = stdout;
     if (json) {
-        fprintf(f, "{\"bench\": \"host\", ");
-        machine_json(f);
-        fprintf(f, ", \"tensors\": %zu, \"modules\": %zu, \"bytes_per_tensor\": %d, "
-                   "\"repeat\": %d, \"register_ms\": %.3f, \"seal_ms\": %.3f, "
-                   "\"seal_us_per_tensor\": %.4f, \"reload_ms\": %.3f, "
-                   "\"reload_rollback_ms\": %.3f, \"copy_only_ms\": %.3f, "
-                   "\"us_per_tensor\": %.4f, \"us_per_tensor_rollback\": %.4f, "
-                   "\"target_us_per_tensor\": 1.0, \"meets_target\": %s",
-                h.n_tensors, h.n_modules, EXPERT_ROWS * EXPERT_COLS * 2, repeat,
-                t_register * 1e3, t_seal * 1e3, t_seal / n * 1e6, t_plain * 1e3, t_rb * 1e3,
-                t_copy * 1e3, us, us_rb, us <= 1.0 ? "true" : "false");
-        if (journal)
-            fprintf(f, ", \"journal_path\": \"%s\", \"reload_journaled_ms\": %.3f, "
-                       "\"journal_ms\": %.3f, \"journal_writes_only_ms\": %.3f, "
-                       "\"reload_median_ms\": %.3f, "
-                       "\"journal_ratio_to_reload\": %.5f, \"journal_target_ratio\": 0.02, "
-                       "\"journal_meets_target\": %s",
-                    journal, min_of(jr, repeat) * 1e3, t_journal * 1e3, t_jwrites * 1e3,
-                    t_plain_med * 1e3, t_journal / t_plain_med,
-                    t_journal / t_plain_med <= 0.02 ? "true" : "false");
-        fprintf(f, "}\n");
+        const double t[] = {t_register, t_seal, t_plain, t_rb, t_copy, us, us_rb,
+                            t_journal, t_jwrites, t_plain_med};
+        rc = host_json(&a, &h, t, jr);
     } else {
         printf("host bench: %zu tensors in %zu modules (%d bytes each), best of %d\n",
                h.n_tensors, h.n_modules, EXPERT_ROWS * EXPERT_COLS * 2, repeat);
@@ -310,34 +359,68 @@ static int bench_host(int argc, char **argv)
     }
     host_free(&h);
     host_free(&hj);
-    return 0;
+    return rc ? 1 : 0;
 }
 
-static int usage(void)
+static int usage(FILE *f)
 {
-    fprintf(stderr, "usage: refit-bench host [options]\n"
-                    "       refit-bench safetensors [options]\n"
-                    "       refit-bench gpu [options]\n");
-    return 2;
+    fprintf(f, "usage: refit-bench AREA [OPTIONS]\n"
+               "       refit-bench AREA --help\n\n"
+               "areas (each writes one JSON object of figures, docs/ lists the keys):\n"
+               "  host         host cost per tensor of a reload, and the journal's\n"
+               "  safetensors  streaming from a page-cached file against memcpy\n"
+               "  nccl         a trainer broadcasting to a worker over NCCL (2 GPUs)\n"
+               "  gpu          the CUDA figures (a CUDA build and a GPU)\n"
+               "Exit status: 0 ok, 1 a failure, 2 usage.\n\n"
+               "options:\n  -h, --help  print this help and exit\n");
+    return f == stderr ? 2 : 0;
 }
+
+#ifndef REFIT_HAVE_CUDA
+static int bench_gpu_missing(int argc, char **argv)
+{
+    static const cli_opt opts[] = {{"json", 'j', NULL, "errors as JSON"}, {NULL, 0, NULL, NULL}};
+    static const cli c = {"refit-bench gpu", "[options]",
+                          "The CUDA figures; this build has no CUDA backend "
+                          "(-Dcuda=enabled).", opts};
+    int first, rc = cli_parse(&c, argc, argv, NULL, NULL, &first);
+    if (rc == CLI_HELP)
+        return 0;
+    return cli_error(2, "this build has no CUDA backend (-Dcuda=enabled)");
+}
+#endif
 
 int main(int argc, char **argv)
 {
-    if (argc < 2)
-        return usage();
-    if (!strcmp(argv[1], "host"))
-        return bench_host(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "nccl"))
-        return bench_nccl_main(argc - 1, argv + 1);
-    if (!strcmp(argv[1], "safetensors"))
-        return bench_safetensors(argc - 1, argv + 1, stdout);
-    if (!strcmp(argv[1], "gpu")) {
+    static const struct {
+        const char *name;
+        int (*fn)(int, char **);
+    } areas[] = {
+        {"host", bench_host},
+        {"nccl", bench_nccl_main},
+        {"safetensors", bench_safetensors_main},
 #ifdef REFIT_HAVE_CUDA
-        return bench_gpu_main(argc - 1, argv + 1);
+        {"gpu", bench_gpu_main},
 #else
-        fprintf(stderr, "refit-bench gpu: this build has no CUDA backend (-Dcuda=enabled)\n");
-        return 2;
+        {"gpu", bench_gpu_missing},
 #endif
+    };
+    int at = 1;
+    while (at < argc && argv[at][0] == '-' && strcmp(argv[at], "--")) {
+        if (!strcmp(argv[at], "-h") || !strcmp(argv[at], "--help"))
+            return usage(stdout);
+        at++;
     }
-    return usage();
+    if (at >= argc)
+        return usage(stderr);
+    for (size_t i = 0; i < sizeof areas / sizeof *areas; i++) {
+        if (strcmp(argv[at], areas[i].name))
+            continue;
+        char *name = argv[at]; /* the area's argv: its name, then the rest in order */
+        memmove(argv + 2, argv + 1, (size_t)(at - 1) * sizeof *argv);
+        argv[1] = name;
+        return areas[i].fn(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "refit-bench: unknown area '%s'\n", argv[at]);
+    return usage(stderr);
 }

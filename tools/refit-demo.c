@@ -36,6 +36,7 @@
 #include <refit/refit.h>
 
 #include "core/safetensors_write.h" /* to write the demo's checkpoint file */
+#include "tools/cli.h"
 
 #define VOCAB 1000
 #define VOCAB_PAD 1024
@@ -364,7 +365,7 @@ static int write_checkpoint(worker *w, const char *path)
     st_error err;
     if (st_write_file(path, t, (size_t)w->n_ck, meta, 2, &err)) {
         char line[2048];
-        fprintf(stderr, "refit-demo: %s\n", st_error_line(&err, line, sizeof line));
+        cli_error(1, "%s", st_error_line(&err, line, sizeof line));
         return REFIT_EIO;
     }
     return REFIT_OK;
@@ -460,27 +461,29 @@ static void phase_state(worker *w, phase *p)
 
 static int fail(worker *w, const char *what, int rc)
 {
-    fprintf(stderr, "refit-demo: %s: %s (%s): %s\n", what, refit_status_name(rc),
-            refit_strerror(rc), refit_errmsg(w->ctx));
-    return 1;
+    return cli_error(1, "%s: %s (%s): %s", what, refit_status_name(rc), refit_strerror(rc),
+                     refit_errmsg(w->ctx));
 }
 
 static void json_phases(const phase *ph, int n, bool ok, uint64_t fp)
 {
-    printf("{\"demo\": \"refit\", \"ok\": %s, \"fingerprint\": \"%016llx\", \"phases\": [",
-           ok ? "true" : "false", (unsigned long long)fp);
-    for (int i = 0; i < n; i++) {
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fp);
+    json_t *phases = json_array();
+    json_t *root = json_pack("{s:s, s:b, s:s, s:o}", "demo", "refit", "ok", ok, "fingerprint",
+                             hex, "phases", phases);
+    for (int i = 0; root && i < n; i++) {
         const phase *p = &ph[i];
-        printf("%s{\"phase\": %d, \"title\": \"%s\", \"version\": \"%s\", \"status\": \"%s\", "
-               "\"health\": \"%s\", \"holds\": %s%s%s, \"tensors\": %llu, \"bytes\": %llu, "
-               "\"ms\": %.3f, \"bit_exact\": %s}",
-               i ? ", " : "", p->n, p->title, p->version, refit_status_name(p->status),
-               p->health, p->holds[0] ? "\"" : "", p->holds[0] ? p->holds : "null",
-               p->holds[0] ? "\"" : "", (unsigned long long)p->tensors,
-               (unsigned long long)p->bytes, p->ms,
-               p->bit_exact < 0 ? "null" : p->bit_exact ? "true" : "false");
+        json_t *o = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s?, s:I, s:I, s:f, s:o}", "phase",
+                              p->n, "title", p->title, "version", p->version, "status",
+                              refit_status_name(p->status), "health", p->health, "holds",
+                              p->holds[0] ? p->holds : NULL, "tensors", (json_int_t)p->tensors,
+                              "bytes", (json_int_t)p->bytes, "ms", p->ms, "bit_exact",
+                              p->bit_exact < 0 ? json_null() : json_boolean(p->bit_exact));
+        if (!o || json_array_append_new(phases, o))
+            root = (json_decref(root), NULL);
     }
-    printf("]}\n");
+    cli_json_print(root);
 }
 
 static void header(const phase *p)
@@ -489,19 +492,40 @@ static void header(const phase *p)
         printf("Phase %d: %s\n", p->n, p->title);
 }
 
+static const cli_opt demo_opts[] = {
+    {"json", 'j', NULL, "one JSON object of the phases on stdout; errors too"},
+    {"crash-during-update", 'c', NULL, "die in the middle of an update (the journal then\n"
+                                       "shows it interrupted)"},
+    {NULL, 0, NULL, NULL},
+};
+
+static const cli demo_cli = {
+    "refit-demo", "[--json] [--crash-during-update]",
+    "A real reload on an embedded default worker (no GPU needed): cold start, an\n"
+    "update, a failed update rolled back and one not, then a replay; every phase\n"
+    "checked bit-exact. REFIT_JOURNAL=PATH journals it.\n"
+    "Exit status: 0 every phase as expected, 1 otherwise, 2 usage.",
+    demo_opts,
+};
+
+static int demo_opt(void *user, int key, const char *v)
+{
+    (void)v;
+    if (key == 'j')
+        json_out = true;
+    else
+        *(bool *)user = true;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     bool crash = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
-            json_out = true;
-        else if (!strcmp(argv[i], "--crash-during-update"))
-            crash = true;
-        else {
-            fprintf(stderr, "usage: refit-demo [--json] [--crash-during-update]\n");
-            return 2;
-        }
-    }
+    int first, prc = cli_parse(&demo_cli, argc, argv, demo_opt, &crash, &first);
+    if (prc)
+        return prc == CLI_HELP ? 0 : prc;
+    if (first < argc)
+        return cli_usage_error(&demo_cli, "unexpected '%s'", argv[first]);
     worker w;
     int rc = worker_build(&w, "demo-worker-0", true);
     if (rc)

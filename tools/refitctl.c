@@ -1,11 +1,13 @@
 /* refitctl: inspect and operate refit journals, checkpoints, formats and
- * manifests. */
+ * manifests. The area is the first argument that is not an option; each
+ * area parses the rest (tools/cli.h: options anywhere, --help, --json). */
 #include <stdio.h>
 #include <string.h>
 
 #include <refit/refit.h>
 
-#include "refitctl.h"
+#include "tools/cli.h"
+#include "tools/refitctl.h"
 
 struct ctl_area {
     const char *name;
@@ -15,37 +17,74 @@ struct ctl_area {
 
 static const struct ctl_area areas[] = {
     {"journal", ctl_journal, "status|updates|show ID|modules ID|events|verify"},
-    {"safetensors", ctl_safetensors, "ls PATH [--json] | verify PATH"},
-    {"formats", ctl_formats, "[--plugin-dir DIR]... [--only] [--json]"},
-    {"validate", ctl_validate, "[--format|--model] FILE..."},
-    {"manifest", ctl_manifest, "llama CONFIG.json [--tp N] [--pad-unit U]"},
-    {"convert", ctl_convert, "--format NAME [--param KEY=VALUE]... IN OUT"},
+    {"safetensors", ctl_safetensors, "ls|verify PATH"},
+    {"formats", ctl_formats, "the format plugins found, loaded and refused"},
+    {"validate", ctl_validate, "FILE...: format declarations and model manifests"},
+    {"manifest", ctl_manifest, "llama CONFIG.json: a model manifest from a config"},
+    {"convert", ctl_convert, "IN OUT: quantize a checkpoint offline"},
+    {"version", ctl_version, "the library version"},
     {NULL, NULL, NULL},
 };
 
 static int usage(FILE *f)
 {
-    fprintf(f, "usage: refitctl AREA COMMAND [ARGS]\n\nareas:\n");
+    fprintf(f, "usage: refitctl AREA [COMMAND] [OPTIONS] [ARGS]\n"
+               "       refitctl AREA --help\n\nareas:\n");
     for (const struct ctl_area *a = areas; a->name; a++)
         fprintf(f, "  %-12s %s\n", a->name, a->help);
-    fprintf(f, "  %-12s %s\n", "version", "print the library version");
+    fprintf(f, "\noptions:\n  -h, --help  print this help and exit\n");
+    fprintf(f, "\nEvery area takes --help; those that read take --json (errors too).\n"
+               "Exit status: 0 ok, 1 error or problems found, 2 usage.\n");
     return f == stderr ? 2 : 0;
+}
+
+static int version_opt(void *user, int key, const char *value)
+{
+    (void)key, (void)value;
+    *(int *)user = 1; /* --json, the one option */
+    return 0;
+}
+
+int ctl_version(int argc, char **argv)
+{
+    static const cli_opt opts[] = {{"json", 'j', NULL, "print {\"version\": \"X.Y.Z\"}"}, {NULL, 0, NULL, NULL}};
+    static const cli c = {"refitctl version", "[--json]", "Prints the library version.", opts};
+    int json = 0, first;
+    int rc = cli_parse(&c, argc, argv, version_opt, &json, &first);
+    if (rc)
+        return rc == CLI_HELP ? 0 : rc;
+    if (first < argc)
+        return cli_usage_error(&c, "unexpected '%s'", argv[first]);
+    char v[32];
+    snprintf(v, sizeof v, "%d.%d.%d", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR,
+             REFIT_VERSION_PATCH);
+    if (json)
+        return cli_json_print(json_pack("{s:s}", "version", v));
+    printf("refit %s\n", v);
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
-    if (argc < 2)
-        return usage(stderr);
-    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help"))
-        return usage(stdout);
-    if (!strcmp(argv[1], "version")) {
-        printf("refit %d.%d.%d\n", REFIT_VERSION_MAJOR, REFIT_VERSION_MINOR,
-               REFIT_VERSION_PATCH);
-        return 0;
+    int at = 1;
+    while (at < argc && argv[at][0] == '-' && strcmp(argv[at], "--")) {
+        if (!strcmp(argv[at], "-h") || !strcmp(argv[at], "--help"))
+            return usage(stdout);
+        at++;
     }
-    for (const struct ctl_area *a = areas; a->name; a++)
-        if (!strcmp(argv[1], a->name))
-            return a->fn(argc - 1, argv + 1);
-    fprintf(stderr, "refitctl: unknown area '%s'\n", argv[1]);
+    if (at >= argc)
+        return usage(stderr);
+    if (!strcmp(argv[at], "help"))
+        return usage(stdout);
+    for (const struct ctl_area *a = areas; a->name; a++) {
+        if (strcmp(argv[at], a->name))
+            continue;
+        /* the area's argv: its name first, then every other argument in order */
+        char *name = argv[at];
+        memmove(argv + 2, argv + 1, (size_t)(at - 1) * sizeof *argv);
+        argv[1] = name;
+        return a->fn(argc - 1, argv + 1);
+    }
+    fprintf(stderr, "refitctl: unknown area '%s'\n", argv[at]);
     return usage(stderr);
 }

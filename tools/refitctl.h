@@ -12,5 +12,6 @@ int ctl_formats(int argc, char **argv);
 int ctl_validate(int argc, char **argv);
 int ctl_manifest(int argc, char **argv);
 int ctl_convert(int argc, char **argv);
+int ctl_version(int argc, char **argv);
 
 #endif

@@ -31,6 +31,7 @@
 #include "kernels/quant_int8.h"
 #include "kernels/quant_mx.h"
 #include "kernels/quant_mxfp4.h"
+#include "tools/cli.h"
 #include "tools/refitctl.h"
 
 /* Substrings of names kept unquantized unless --param skip= says
@@ -82,40 +83,45 @@ struct cv_job {
 
 /* ---- messages ---- */
 
-static int cv_usage(FILE *f)
-{
-    fprintf(f, "usage: refitctl convert --format fp8|int8|mxfp8|mxfp4 "
-               "[--param KEY=VALUE]... IN OUT\n"
-               "  fp8:  scheme=per_tensor|per_channel|block128 (default per_tensor)\n"
-               "  int8: scheme=per_channel|per_tensor (default per_channel)\n"
-               "  all:  skip=SUBSTR[,SUBSTR]... names kept unquantized (default "
-               CV_DEFAULT_SKIP ")\n");
-    return f == stderr ? 2 : 0;
-}
+static const cli_opt cv_opts[] = {
+    {"format", 'f', "NAME", "fp8, int8, mxfp8 or mxfp4 (required)"},
+    {"param", 'p', "KEY=VALUE", "repeatable:\n"
+                                "fp8:  scheme=per_tensor|per_channel|block128 (default per_tensor)\n"
+                                "int8: scheme=per_channel|per_tensor (default per_channel)\n"
+                                "all:  skip=SUBSTR[,SUBSTR]... names kept unquantized\n"
+                                "      (default " CV_DEFAULT_SKIP ")"},
+    {NULL, 0, NULL, NULL},
+};
+
+static const cli cv_cli = {
+    "refitctl convert", "--format NAME [--param KEY=VALUE]... IN OUT",
+    "Quantizes each 2-D floating linear-layer weight of the BF16/F16/F32\n"
+    "checkpoint IN (a file or a checkpoint directory) with the kernel the format's\n"
+    "plugin runs, copies every other tensor byte for byte, and writes the one\n"
+    "safetensors file OUT (beside itself, then renamed: a refusal writes nothing).\n"
+    "Progress on stderr when it is a terminal. docs/convert.md has the rules.\n"
+    "Exit status: 0 written, 1 refused (file, tensor, reason), 2 usage.",
+    cv_opts,
+};
 
 /* One line naming the file and tensor (either may be NULL); returns 1. */
 static int cv_refuse(const char *file, const char *tensor, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static int cv_refuse(const char *file, const char *tensor, const char *fmt, ...)
 {
+    char why[1024];
     va_list ap;
-    fprintf(stderr, "refitctl convert: ");
-    if (file)
-        fprintf(stderr, "%s: ", file);
-    if (tensor)
-        fprintf(stderr, "tensor '%s': ", tensor);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
-    return 1;
+    return cli_error(1, "%s%s%s%s%s%s", file ? file : "", file ? ": " : "",
+                     tensor ? "tensor '" : "", tensor ? tensor : "", tensor ? "': " : "", why);
 }
 
 static int cv_refuse_st(const st_error *e)
 {
     char line[2048];
-    fprintf(stderr, "refitctl convert: %s\n", st_error_line(e, line, sizeof line));
-    return 1;
+    return cli_error(1, "%s", st_error_line(e, line, sizeof line));
 }
 
 static int cv_refuse_at(const cv_job *j, const st_tensor *t, const char *why)
@@ -274,49 +280,59 @@ static int cv_set_param(cv_job *j, const char *kv)
 }
 
 /* Options and the two paths; 2 on a usage error, else 0. */
-static int cv_parse(int argc, char **argv, cv_job *j, const char **format)
+/* The options as given; params are applied once the format is known. */
+typedef struct cv_args {
+    const char *format;
+    const char *params[64];
+    int n_params;
+} cv_args;
+
+static int cv_opt(void *user, int key, const char *v)
 {
-    int pos = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        int is_format = !strcmp(a, "--format"), is_param = !strcmp(a, "--param");
-        if (is_format || is_param) {
-            if (i + 1 >= argc)
-                return cv_usage(stderr);
-            const char *v = argv[++i];
-            if ((is_format && *format) || (is_param && (!strchr(v, '=') || v[0] == '=')))
-                return cv_usage(stderr);
-            if (is_format)
-                *format = v;
-        } else if ((a[0] == '-' && a[1]) || pos == 2) {
-            return cv_usage(stderr);
-        } else if (pos++ == 0) {
-            j->in = a;
-        } else {
-            j->out = a;
-        }
+    cv_args *a = user;
+    if (key == 'f') {
+        if (a->format)
+            return cli_usage_error(&cv_cli, "one --format only");
+        a->format = v;
+        return 0;
     }
-    return *format && pos == 2 ? 0 : cv_usage(stderr);
+    if (!strchr(v, '=') || v[0] == '=')
+        return cli_usage_error(&cv_cli, "--param takes KEY=VALUE, not '%s'", v);
+    if (a->n_params == (int)(sizeof a->params / sizeof *a->params))
+        return cli_usage_error(&cv_cli, "too many --param");
+    a->params[a->n_params++] = v;
+    return 0;
+}
+
+static int cv_parse(int argc, char **argv, cv_job *j, cv_args *a)
+{
+    int first, rc = cli_parse(&cv_cli, argc, argv, cv_opt, a, &first);
+    if (rc)
+        return rc;
+    if (!a->format)
+        return cli_usage_error(&cv_cli, "no --format");
+    if (argc - first != 2)
+        return cli_usage_error(&cv_cli, "needs IN and OUT");
+    j->in = argv[first];
+    j->out = argv[first + 1];
+    return 0;
 }
 
 /* The format and its params, checked before any file is opened. */
-static int cv_configure(int argc, char **argv, cv_job *j, const char *format)
+static int cv_configure(cv_job *j, const cv_args *a)
 {
-    j->fmt = cv_find_format(format);
+    j->fmt = cv_find_format(a->format);
     if (!j->fmt)
         return cv_refuse(NULL, NULL, "unknown format '%s' (it converts to fp8, int8, mxfp8 "
-                         "and mxfp4)", format);
+                         "and mxfp4)", a->format);
     if (j->fmt->missing)
         return cv_refuse(NULL, NULL, "format %s: cannot convert: %s", j->fmt->name,
                          j->fmt->missing);
     j->scheme = j->fmt->default_scheme;
     j->skip = CV_DEFAULT_SKIP;
-    for (int i = 1; i + 1 < argc; i++) { /* cv_parse checked the shape */
-        if (!strcmp(argv[i], "--format"))
-            i++;
-        else if (!strcmp(argv[i], "--param") && cv_set_param(j, argv[++i]))
+    for (int i = 0; i < a->n_params; i++)
+        if (cv_set_param(j, a->params[i]))
             return 1;
-    }
     return 0;
 }
 
@@ -423,6 +439,7 @@ static int cv_plan(cv_job *j)
 static int cv_quantize(cv_job *j)
 {
     st_error err;
+    size_t done = 0;
     if (st_set_recheck(j->set, &err)) /* the mapping is read next */
         return cv_refuse_st(&err);
     for (size_t i = 0; i < j->n_e; i++) {
@@ -430,6 +447,7 @@ static int cv_quantize(cv_job *j)
         if (!q->quant)
             continue;
         const st_tensor *t = q->src;
+        cli_progress("quantizing %zu of %zu: %s", ++done, j->n_quant, t->name);
         refit_view x = cv_view(t->data, t->dtype, t->shape[0], t->shape[1]);
         int rc = j->fmt->quant(j, &x, q, q + 1);
         if (rc == REFIT_ECORRUPT)
@@ -584,6 +602,7 @@ static int cv_run(cv_job *j)
         rc = cv_meta_pairs(j, params, &meta, &n_meta);
     if (!rc)
         rc = cv_write(j, meta, n_meta);
+    cli_progress_end();
     if (!rc)
         printf("refitctl convert: wrote %s: %zu weight%s quantized to %s (%s), %zu tensors "
                "copied\n", j->out, j->n_quant, j->n_quant == 1 ? "" : "s", j->fmt->name, params,
@@ -607,13 +626,12 @@ static void cv_free(cv_job *j)
 int ctl_convert(int argc, char **argv)
 {
     cv_job j;
-    const char *format = NULL;
+    cv_args a = {0};
     memset(&j, 0, sizeof j);
-    if (argc == 2 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")))
-        return cv_usage(stdout);
-    int rc = cv_parse(argc, argv, &j, &format);
-    if (!rc)
-        rc = cv_configure(argc, argv, &j, format);
+    int rc = cv_parse(argc, argv, &j, &a);
+    if (rc)
+        return rc == CLI_HELP ? 0 : rc;
+    rc = cv_configure(&j, &a);
     if (!rc)
         rc = cv_run(&j);
     cv_free(&j);

@@ -16,13 +16,24 @@
 #include <string.h>
 
 #include "core/plugin_loader.h"
+#include "tools/cli.h"
 #include "tools/refitctl.h"
 
-static int ctl_formats_usage(void)
-{
-    fprintf(stderr, "usage: refitctl formats [--plugin-dir DIR]... [--only] [--json]\n");
-    return 2;
-}
+static const cli_opt ctl_formats_opts[] = {
+    {"plugin-dir", 'd', "DIR", "search DIR first (repeatable; as refit_options.plugin_dirs)"},
+    {"only", 'o', NULL, "search the --plugin-dir directories alone"},
+    {"json", 'j', NULL, "one JSON object: searched, formats, refused, shadowed"},
+    {NULL, 0, NULL, NULL},
+};
+
+static const cli ctl_formats_cli = {
+    "refitctl formats", "[--plugin-dir DIR]... [--only] [--json]",
+    "What the plugin loader finds, as refit_open would: the directories searched,\n"
+    "the formats loaded (name, path, ABI, routes, post-load kernels) and every\n"
+    "file refused or shadowed, with the reason.\n"
+    "Exit status: 0, 1 when any plugin was refused, 2 usage.",
+    ctl_formats_opts,
+};
 
 static const char *routes_of(const fdecl *d, char *buf, size_t n)
 {
@@ -111,37 +122,41 @@ static int add_dir(char **dirs, const char *d)
     return 0;
 }
 
+typedef struct formats_args {
+    char *dirs;
+    int json;
+    unsigned flags;
+} formats_args;
+
+static int formats_opt(void *user, int key, const char *value)
+{
+    formats_args *a = user;
+    if (key == 'j')
+        a->json = 1;
+    else if (key == 'o')
+        a->flags |= PLUGINS_ONLY_NAMED;
+    else if (add_dir(&a->dirs, value))
+        return cli_error(1, "out of memory");
+    return 0;
+}
+
 int ctl_formats(int argc, char **argv)
 {
-    char *dirs = NULL;
-    int json = 0, rc = 2;
-    unsigned flags = 0;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
-            json = 1;
-        else if (!strcmp(argv[i], "--only"))
-            flags |= PLUGINS_ONLY_NAMED;
-        else if (!strcmp(argv[i], "--plugin-dir") && i + 1 < argc && add_dir(&dirs, argv[++i]) == 0)
-            continue;
-        else {
-            free(dirs);
-            return ctl_formats_usage();
-        }
+    formats_args a = {NULL, 0, 0};
+    int first, rc = cli_parse(&ctl_formats_cli, argc, argv, formats_opt, &a, &first);
+    if (!rc && first < argc)
+        rc = cli_usage_error(&ctl_formats_cli, "unexpected '%s'", argv[first]);
+    if (rc) {
+        free(a.dirs);
+        return rc == CLI_HELP ? 0 : rc;
     }
     plugin_set *ps = NULL;
-    if (plugins_open(&ps, dirs, flags, NULL, NULL)) {
-        fprintf(stderr, "refitctl formats: out of memory\n");
-        free(dirs);
-        return 1;
+    if (plugins_open(&ps, a.dirs, a.flags, NULL, NULL)) {
+        free(a.dirs);
+        return cli_error(1, "out of memory");
     }
-    if (json) {
-        json_t *root = set_json(ps);
-        char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
-        if (text)
-            printf("%s\n", text);
-        free(text);
-        json_decref(root);
-        rc = text ? 0 : 1;
+    if (a.json) {
+        rc = cli_json_print(set_json(ps));
     } else {
         print_text(ps);
         rc = 0;
@@ -149,6 +164,6 @@ int ctl_formats(int argc, char **argv)
     if (plugins_count(ps, PLUGIN_REFUSED))
         rc = 1;
     plugins_close_set(ps);
-    free(dirs);
+    free(a.dirs);
     return rc;
 }

@@ -22,27 +22,28 @@
 #include "refitctl.h"
 #include "ctl_journal_int.h"
 
-static int usage(FILE *f)
-{
-    fprintf(f,
-        "usage: refitctl journal COMMAND [--db PATH] [--json]\n"
-        "\n"
-        "commands:\n"
-        "  status                 each worker: health, version, heartbeat,\n"
-        "                         latest update\n"
-        "  updates                every update, oldest first\n"
-        "  show ID                one update, its module counts and events\n"
-        "  modules ID             the modules of an update\n"
-        "      [--incomplete]     only those not complete or committed\n"
-        "  events                 events, oldest first\n"
-        "      [--update ID] [--limit N]\n"
-        "  verify                 integrity, foreign key, schema and\n"
-        "                         consistency checks; exit 1 on problems\n"
-        "\n"
-        "--db PATH defaults to $REFIT_JOURNAL. --json prints one JSON\n"
-        "object. Exit status: 0 ok, 1 error or problems found, 2 usage.\n");
-    return f == stderr ? 2 : 0;
-}
+static const cli_opt journal_cli_opts[] = {
+    {"db", 'd', "PATH", "the journal (default $REFIT_JOURNAL)"},
+    {"json", 'j', NULL, "one JSON object on stdout; errors too"},
+    {"incomplete", 'i', NULL, "modules: only those not complete or committed"},
+    {"update", 'u', "ID", "events: only those of update ID"},
+    {"limit", 'l', "N", "events: the first N"},
+    {NULL, 0, NULL, NULL},
+};
+
+static const cli journal_cli = {
+    "refitctl journal", "COMMAND [ID] [--db PATH] [--json] [options]",
+    "commands:\n"
+    "  status      each worker: health, version, heartbeat, latest update\n"
+    "  updates     every update, oldest first\n"
+    "  show ID     one update, its module counts and events\n"
+    "  modules ID  the modules of an update [--incomplete]\n"
+    "  events      events, oldest first [--update ID] [--limit N]\n"
+    "  verify      integrity, foreign key, schema and consistency checks\n"
+    "The journal is opened read-only: reading never blocks a worker that writes.\n"
+    "Exit status: 0 ok, 1 error or problems found, 2 usage.",
+    journal_cli_opts,
+};
 
 static int parse_id(const char *s, int64_t *out)
 {
@@ -55,59 +56,18 @@ static int parse_id(const char *s, int64_t *out)
     return 0;
 }
 
-/* Option values: "--db PATH" and "--db=PATH". */
-static const char *opt_value(int argc, char **argv, int *i, const char *name)
+static int journal_opt(void *user, int key, const char *v)
 {
-    size_t n = strlen(name);
-    if (!strncmp(argv[*i], name, n) && argv[*i][n] == '=')
-        return argv[*i] + n + 1;
-    if (!strcmp(argv[*i], name) && *i + 1 < argc)
-        return argv[++*i];
-    return NULL;
-}
-
-static int parse_opt(int argc, char **argv, int *i, ctl_opts *o)
-{
-    const char *v;
-    const char *a = argv[*i];
-    if (!strcmp(a, "--json"))
+    ctl_opts *o = user;
+    if (key == 'j')
         o->json = 1;
-    else if (!strcmp(a, "--incomplete"))
+    else if (key == 'i')
         o->incomplete = 1;
-    else if ((v = opt_value(argc, argv, i, "--db")))
+    else if (key == 'd')
         o->db = v;
-    else if ((v = opt_value(argc, argv, i, "--update")))
-        return parse_id(v, &o->update);
-    else if ((v = opt_value(argc, argv, i, "--limit")))
-        return parse_id(v, &o->limit);
-    else
-        return -1;
-    return 0;
-}
-
-/* 0 ok, 2 usage error (message printed), 1 help printed. */
-static int parse_args(int argc, char **argv, ctl_opts *o)
-{
-    int positional = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
-            return 1;
-        if (a[0] == '-' && a[1]) {
-            if (parse_opt(argc, argv, &i, o) != 0) {
-                fprintf(stderr, "refitctl journal: bad option '%s'\n", a);
-                return 2;
-            }
-        } else if (positional == 0) {
-            o->cmd = a;
-            positional++;
-        } else if (positional == 1 && !parse_id(a, &o->id)) {
-            positional++;
-        } else {
-            fprintf(stderr, "refitctl journal: unexpected '%s'\n", a);
-            return 2;
-        }
-    }
+    else if (parse_id(v, key == 'u' ? &o->update : &o->limit))
+        return cli_usage_error(&journal_cli, "--%s needs a positive integer, not '%s'",
+                               key == 'u' ? "update" : "limit", v);
     return 0;
 }
 
@@ -130,10 +90,8 @@ static int run(const ctl_opts *o, int (*fn)(journal *, const ctl_opts *))
     journal_opts jo = JOURNAL_OPTS_INIT;
     char err[1024];
     jo.readonly = 1;
-    if (journal_open(&j, o->db, &jo, err, sizeof err) != REFIT_OK) {
-        fprintf(stderr, "refitctl journal: %s\n", err);
-        return 1;
-    }
+    if (journal_open(&j, o->db, &jo, err, sizeof err) != REFIT_OK)
+        return cli_error(1, "%s", err);
     int rc = fn(j, o);
     journal_close(j);
     return rc;
@@ -142,29 +100,28 @@ static int run(const ctl_opts *o, int (*fn)(journal *, const ctl_opts *))
 int ctl_journal(int argc, char **argv)
 {
     ctl_opts o = {0};
-    int rc = parse_args(argc, argv, &o);
+    int first, rc = cli_parse(&journal_cli, argc, argv, journal_opt, &o, &first);
     if (rc)
-        return rc == 1 ? usage(stdout) : usage(stderr);
-    if (!o.cmd)
-        return usage(stderr);
+        return rc == CLI_HELP ? 0 : rc;
+    if (first >= argc)
+        return cli_usage_error(&journal_cli, "which command?");
+    o.cmd = argv[first];
+    if (argc - first > 2)
+        return cli_usage_error(&journal_cli, "unexpected '%s'", argv[first + 2]);
+    if (argc - first == 2 && parse_id(argv[first + 1], &o.id))
+        return cli_usage_error(&journal_cli, "'%s' is not an update ID", argv[first + 1]);
     if (!o.db)
         o.db = getenv("REFIT_JOURNAL");
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
         if (strcmp(o.cmd, commands[i].name))
             continue;
-        if (commands[i].needs_id != (o.id != 0)) {
-            fprintf(stderr, "refitctl journal %s: %s\n", o.cmd,
-                    commands[i].needs_id ? "needs an update ID"
-                                         : "takes no ID");
-            return usage(stderr);
-        }
-        if (!o.db || !*o.db) {
-            fprintf(stderr, "refitctl journal: no journal: give --db PATH "
-                    "or set REFIT_JOURNAL\n");
-            return 2;
-        }
+        if (commands[i].needs_id != (o.id != 0))
+            return cli_usage_error(&journal_cli, "%s %s", o.cmd,
+                                   commands[i].needs_id ? "needs an update ID" : "takes no ID");
+        if (!o.db || !*o.db)
+            return cli_usage_error(&journal_cli, "no journal: give --db PATH or set "
+                                                 "REFIT_JOURNAL");
         return run(&o, commands[i].fn);
     }
-    fprintf(stderr, "refitctl journal: unknown command '%s'\n", o.cmd);
-    return usage(stderr);
+    return cli_usage_error(&journal_cli, "unknown command '%s'", o.cmd);
 }

@@ -9,6 +9,7 @@
 #include <jansson.h>
 
 #include "journal/journal.h"
+#include "tools/cli.h"
 
 typedef struct ctl_opts {
     const char *cmd;

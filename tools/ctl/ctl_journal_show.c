@@ -120,7 +120,7 @@ int ctl_journal_show(journal *j, const ctl_opts *o)
         return ctl_journal_fail(j);
     }
     if (!u) {
-        fprintf(stderr, "refitctl journal: out of memory\n");
+        cli_error(1, "out of memory");
         return 1;
     }
     return o->json ? show_json(j, o, u, &c) : show_text(j, o, u, &c);

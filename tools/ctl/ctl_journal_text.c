@@ -77,18 +77,10 @@ json_t *ctl_jstr(const char *s)
 
 int ctl_json_print(json_t *root)
 {
-    if (!root) {
-        fprintf(stderr, "refitctl journal: out of memory\n");
-        return 1;
-    }
-    int rc = json_dumpf(root, stdout, JSON_INDENT(2));
-    json_decref(root);
-    fputc('\n', stdout);
-    return rc == 0 ? 0 : 1;
+    return cli_json_print(root);
 }
 
 int ctl_journal_fail(journal *j)
 {
-    fprintf(stderr, "refitctl journal: %s\n", journal_errmsg(j));
-    return 1;
+    return cli_error(1, "%s", journal_errmsg(j));
 }

@@ -2,11 +2,12 @@
  * refitctl safetensors: list and verify checkpoints with the same reader
  * that loads them, so what an operator sees is what refit would load.
  *
- *   refitctl safetensors ls PATH [--json]
- *   refitctl safetensors verify PATH
+ *   refitctl safetensors ls [--json] PATH
+ *   refitctl safetensors verify [--json] PATH
  *
  * PATH is a .safetensors file or a checkpoint directory. Exit status: 0 ok,
- * 1 invalid checkpoint (one line on stderr: file, tensor, rule), 2 usage.
+ * 1 invalid checkpoint (one line on stderr: file, tensor, rule; a JSON
+ * object on stdout under --json), 2 usage.
  */
 #include <inttypes.h>
 #include <jansson.h>
@@ -14,20 +15,30 @@
 #include <string.h>
 
 #include "core/safetensors.h"
+#include "tools/cli.h"
 #include "tools/refitctl.h"
 
-static int ctl_st_usage(void)
-{
-    fprintf(stderr, "usage: refitctl safetensors ls PATH [--json]\n"
-                    "       refitctl safetensors verify PATH\n");
-    return 2;
-}
+static const cli_opt ctl_st_opts[] = {
+    {"json", 'j', NULL, "one JSON object on stdout: ls the files and tensors, verify the\n"
+                        "digests; errors as {\"error\": ...}"},
+    {NULL, 0, NULL, NULL},
+};
+
+static const cli ctl_st_cli = {
+    "refitctl safetensors", "ls [--json] PATH\nverify [--json] PATH",
+    "PATH is a .safetensors file or a checkpoint directory (sharded or one file),\n"
+    "read by the reader that loads it.\n"
+    "  ls      every tensor: name, dtype, shape, bytes, file\n"
+    "  verify  full validation, then the SHA-256 of every file as sha256sum\n"
+    "          prints it (progress on stderr when it is a terminal)\n"
+    "Exit status: 0 ok, 1 invalid checkpoint, 2 usage.",
+    ctl_st_opts,
+};
 
 static int ctl_st_report(const st_error *e)
 {
     char line[2048];
-    fprintf(stderr, "refitctl safetensors: %s\n", st_error_line(e, line, sizeof line));
-    return 1;
+    return cli_error(1, "%s", st_error_line(e, line, sizeof line));
 }
 
 static void ctl_st_shape(const st_tensor *t, char *buf, size_t n)
@@ -82,17 +93,16 @@ static int ctl_st_ls_json(const st_set *s)
         json_t *t = ctl_st_tensor_json(s, st_tensor_at(s, i));
         bad = !t || json_array_append_new(tensors, t);
     }
-    if (!bad)
-        bad = json_dumpf(root, stdout, JSON_COMPACT) || fputc('\n', stdout) == EOF;
-    json_decref(root);
-    if (bad)
-        fprintf(stderr, "refitctl safetensors: cannot write JSON (out of memory?)\n");
-    return bad ? 1 : 0;
+    if (bad) {
+        json_decref(root);
+        root = NULL;
+    }
+    return cli_json_print(root);
 }
 
 /* Full validation, a re-check that nothing changed, then the SHA-256 of
  * every file in the form sha256sum prints (and the hub publishes). */
-static int ctl_st_verify(st_set *s)
+static int ctl_st_verify(st_set *s, int json)
 {
     st_error e;
     if (st_set_recheck(s, &e))
@@ -100,33 +110,57 @@ static int ctl_st_verify(st_set *s)
     uint64_t total = 0;
     for (size_t i = 0; i < st_count(s); i++)
         total += st_tensor_at(s, i)->nbytes;
+    json_t *files = json ? json_array() : NULL;
     for (size_t i = 0; i < st_file_count(s); i++) {
         char hex[65];
-        if (st_file_sha256(s, i, hex, &e))
+        cli_progress("hashing file %zu of %zu: %s", i + 1, st_file_count(s),
+                     ctl_st_base(st_file_path(s, i)));
+        if (st_file_sha256(s, i, hex, &e)) {
+            json_decref(files);
             return ctl_st_report(&e);
-        printf("%s  %s\n", hex, st_file_path(s, i));
+        }
+        if (json)
+            json_array_append_new(files, json_pack("{s:s, s:s}", "path", st_file_path(s, i),
+                                                   "sha256", hex));
+        else
+            printf("%s  %s\n", hex, st_file_path(s, i));
     }
+    cli_progress_end();
+    if (json)
+        return cli_json_print(json_pack("{s:b, s:o, s:I, s:I}", "ok", 1, "files", files,
+                                        "tensors", (json_int_t)st_count(s), "tensor_bytes",
+                                        (json_int_t)total));
     printf("ok: %zu files, %zu tensors, %" PRIu64 " bytes of tensor data\n", st_file_count(s),
            st_count(s), total);
     return 0;
 }
 
+static int ctl_st_opt(void *user, int key, const char *value)
+{
+    (void)key, (void)value;
+    *(int *)user = 1; /* --json */
+    return 0;
+}
+
 int ctl_safetensors(int argc, char **argv)
 {
-    if (argc < 3)
-        return ctl_st_usage();
-    const char *cmd = argv[1], *path = argv[2];
-    int json = 0;
-    if (!strcmp(cmd, "ls") && argc == 4 && !strcmp(argv[3], "--json"))
-        json = 1;
-    else if (argc != 3 || (strcmp(cmd, "ls") && strcmp(cmd, "verify")))
-        return ctl_st_usage();
+    int json = 0, first;
+    int rc = cli_parse(&ctl_st_cli, argc, argv, ctl_st_opt, &json, &first);
+    if (rc)
+        return rc == CLI_HELP ? 0 : rc;
+    if (argc - first != 2)
+        return cli_usage_error(&ctl_st_cli, argc == first ? "which command: ls or verify?"
+                                            : argc - first == 1 ? "no PATH"
+                                                                : "one PATH only");
+    const char *cmd = argv[first], *path = argv[first + 1];
+    if (strcmp(cmd, "ls") && strcmp(cmd, "verify"))
+        return cli_usage_error(&ctl_st_cli, "unknown command '%s'", cmd);
     st_set *s;
     st_error e;
     if (st_open(&s, path, &e))
         return ctl_st_report(&e);
-    int rc = !strcmp(cmd, "verify") ? ctl_st_verify(s) : json ? ctl_st_ls_json(s)
-                                                               : ctl_st_ls_text(s);
+    rc = !strcmp(cmd, "verify") ? ctl_st_verify(s, json) : json ? ctl_st_ls_json(s)
+                                                                 : ctl_st_ls_text(s);
     st_close(s);
     return rc;
 }
