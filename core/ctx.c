@@ -56,17 +56,22 @@ static int host_error(void *host, int status, const char *fmt, ...)
     return status;
 }
 
+/* A line to the embedder's log_fn when it gave one (every level), else to
+ * stderr (debug lines only with REFIT_DEBUG). host is the context. */
 static void host_log(void *host, int level, const char *fmt, ...)
 {
-    (void)host;
-    if (level > 1 && !getenv("REFIT_DEBUG"))
+    const refit_ctx *ctx = host;
+    if (level > 1 && !getenv("REFIT_DEBUG") && !(ctx && ctx->log_fn))
         return;
+    char line[1200];
     va_list ap;
     va_start(ap, fmt);
-    fputs("refit: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
+    if (ctx && ctx->log_fn)
+        ctx->log_fn(ctx->log_user, level, line);
+    else
+        fprintf(stderr, "refit: %s\n", line);
 }
 
 static const char *host_param(void *host, const refit_fmt_module *m, const char *key)
