@@ -299,10 +299,10 @@ def test_failed_safetensors_update_replays():
     try:
         with e.model.update(version="v2") as txn:
             txn.load_safetensors(f)
-            uid = txn.journal_id
             raise RuntimeError("rank 1 lost its trainer")
     except RuntimeError:
         pass
+    uid = txn.journal_id  # known after the update ended
     assert e.same(snap) and e.ctx.version == "v1"
     src = e.ctx.open_source(f)
     digest, uri = src.digest(), src.uri

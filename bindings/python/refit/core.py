@@ -353,6 +353,7 @@ class Txn:
         self.rollback = rollback
         self.fingerprint = fingerprint
         self._h: Optional[ctypes.c_void_p] = None
+        self._journal_id = 0
         self._keep: List[Any] = []
         self.result: Optional[str] = None
         self.prepared = False
@@ -368,6 +369,7 @@ class Txn:
         self.model._check(_ffi.lib().refit_begin(ctypes.byref(h), self.model.handle,
                                                  ctypes.byref(opts)), "begin")
         self._h = h
+        self._journal_id = int(_ffi.lib().refit_txn_journal_id(h))
 
     @property
     def begun(self) -> bool:
@@ -396,8 +398,11 @@ class Txn:
     @property
     def journal_id(self) -> int:
         """The journal row of this update (0 without a journal): what
-        Model.replay takes."""
-        return int(_ffi.lib().refit_txn_journal_id(self.handle))
+        Model.replay takes. Still known after the update ended; asking a
+        lazy update that has not begun begins it."""
+        if self._h is None and self.result is None:
+            self._begin()
+        return self._journal_id
 
     def load(self, name: str, tensor: Any, stream: Stream = None) -> None:
         """One whole checkpoint tensor; every check before any byte is written."""
