@@ -1,7 +1,8 @@
 """refit: reload model weights into a live inference worker as a transaction.
 
-ctypes over librefit.so (found through $REFIT_LIB, beside this package, or
-the system's library path); the standard library only, PyTorch optional.
+ctypes over librefit.so: the copy inside this package (`pip install .`),
+else $REFIT_LIB or a checkout's build folder. The standard library only;
+torch and numpy are optional and never imported by refit itself.
 
     import refit
     ctx = refit.Context(worker_id="rank0")
@@ -12,11 +13,14 @@ the system's library path); the standard library only, PyTorch optional.
         txn.load_safetensors("/ckpt/step-1200")  # or txn.load_dict(state_dict)
     ctx.health()                                 # Health.READY
 
-Errors raise refit.RefitError carrying refit's status and message.
-"""
-from .core import Context, Health, Model, RefitError, Source, Txn, describe, status_name
-from .torch_util import refit_dtype, register_module
+Errors raise refit.RefitError carrying refit's status and message. The
+guide for engines: docs/embedding.md."""
+from ._version import __version__
+from .core import (Context, Health, Model, RefitError, Source, Txn, describe, dtype_name,
+                   status_name, strerror)
+from .tensors import Desc, refit_dtype
+from .torch_util import register_module
 
-__all__ = ["Context", "Health", "Model", "RefitError", "Source", "Txn", "describe",
-           "status_name", "refit_dtype", "register_module"]
-__version__ = "0.1.0"
+__all__ = ["Context", "Desc", "Health", "Model", "RefitError", "Source", "Txn", "__version__",
+           "describe", "dtype_name", "refit_dtype", "register_module", "status_name",
+           "strerror"]

@@ -1,7 +1,13 @@
 """ctypes declarations of include/refit/refit.h (the public API only).
 
 The structs mirror the C layouts field for field; keep them in step with
-refit.h (members are only ever appended there, under a version check)."""
+refit.h (members are only ever appended there, under a version check).
+
+The library is looked for, first found wins: $REFIT_LIB; librefit.so inside
+this package (where `pip install` puts it, with the format plugins in
+plugins/ beside it); the source tree's build folders (a checkout); the
+system's library path."""
+from __future__ import annotations
 
 import ctypes
 import ctypes.util
@@ -37,6 +43,7 @@ class Tensor(ctypes.Structure):
 
 
 OPTIONS_VERSION = 2
+LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 
 
 class Options(ctypes.Structure):
@@ -49,7 +56,7 @@ class Options(ctypes.Structure):
         ("staging_budget", ctypes.c_uint64),
         ("journal_best_effort", ctypes.c_int),
         ("undo_device_budget", ctypes.c_uint64),
-        ("log_fn", ctypes.c_void_p),
+        ("log_fn", LOG_FN),
         ("log_user", ctypes.c_void_p),
     ]
 
@@ -177,6 +184,9 @@ _PROTOS = {
     "refit_replay": (_I, [_P, ctypes.c_int64, ctypes.POINTER(ReplayOpts)]),
     "refit_txn_stats_get": (_I, [_P, ctypes.POINTER(TxnStats)]),
     "refit_source_open": (_I, [ctypes.POINTER(_P), _P, _S]),
+    "refit_source_open_memory": (_I, [ctypes.POINTER(_P), _P, _P, ctypes.c_size_t, _S]),
+    "refit_source_is_durable": (_I, [_P]),
+    "refit_source_digest": (_I, [_P, ctypes.POINTER(ctypes.c_char)]),
     "refit_source_close": (None, [_P]),
     "refit_source_count": (ctypes.c_size_t, [_P]),
     "refit_source_tensor_at": (_I, [_P, ctypes.c_size_t, ctypes.POINTER(SourceTensor)]),
@@ -186,15 +196,22 @@ _PROTOS = {
 }
 
 _lib = None
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def bundled_plugin_dir() -> str | None:
+    """The plugins folder installed inside this package, or None (a
+    checkout, where the build's own plugins are found by the library)."""
+    d = os.path.join(HERE, "plugins")
+    return d if os.path.isdir(d) else None
 
 
 def _candidates():
     env = os.environ.get("REFIT_LIB")
     if env:
         yield env
-    here = os.path.dirname(os.path.abspath(__file__))
-    yield os.path.join(here, "librefit.so")
-    root = os.path.abspath(os.path.join(here, "..", "..", ".."))
+    yield os.path.join(HERE, "librefit.so")
+    root = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
     for build in ("build", "build-gpu"):
         yield os.path.join(root, build, "librefit.so")
     found = ctypes.util.find_library("refit")
@@ -202,8 +219,8 @@ def _candidates():
         yield found
 
 
-def lib():
-    """The loaded librefit (REFIT_LIB, then beside the package, then the
+def lib() -> ctypes.CDLL:
+    """The loaded librefit (REFIT_LIB, then inside the package, then the
     source tree's build folders, then the system's library path)."""
     global _lib
     if _lib is not None:

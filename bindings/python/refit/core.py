@@ -1,21 +1,36 @@
 """The refit API over ctypes: contexts, models, transactions, sources.
 
 Ownership follows refit.h: a Context owns its Model; a Txn ends with
-finalize() or abort(); descriptors of registered tensors stay alive (held
-here) until the model is destroyed. Tensors are anything with a
-`_refit_desc()` method or a torch.Tensor (see refit.torch_util.describe)."""
+finalize(), commit() after prepare(), or abort(); descriptors of registered
+tensors stay alive (held here) until the model is destroyed. Tensors are
+torch tensors, numpy arrays, objects with __dlpack__, or anything with a
+`_refit_desc()` method (see refit.tensors)."""
+from __future__ import annotations
 
 import ctypes
 import enum
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _ffi
+from .tensors import Desc, DTypeLike, refit_dtype
+from .tensors import describe as _describe
+
+Stream = Union[None, int, ctypes.c_void_p, Any]
+"""A CUDA stream: None (the model's device's current torch stream, else the
+legacy default stream), a cudaStream_t as an int or c_void_p, or an object
+with .cuda_stream (torch.cuda.Stream)."""
+Progress = Callable[[int, int, Optional[str]], None]
+"""progress(bytes, tensors, current name): running totals after each tensor."""
+LogFn = Callable[[int, str], None]
+"""log(level, message): 0 error, 1 warning, 2 debug."""
 
 
 class RefitError(Exception):
     """A refit call failed. status: the negative code; name: its symbol
-    ("REFIT_EDUPLICATE"); message: refit_errmsg at the time of the failure."""
+    ("REFIT_EDUPLICATE"); message: refit_errmsg at the time of the failure;
+    call: what the binding was doing ("load q_proj.weight")."""
 
-    def __init__(self, status, name, message, call=""):
+    def __init__(self, status: int, name: str, message: str, call: str = "") -> None:
         self.status = status
         self.name = name
         self.message = message
@@ -30,140 +45,202 @@ class Health(enum.IntEnum):
     POISONED = 3
 
 
-def _b(s):
+_ESTATE, _EINVAL, _EPOISONED = -3, -1, -12
+
+
+def _b(s: Union[None, str, bytes]) -> Optional[bytes]:
     return None if s is None else (s.encode() if isinstance(s, str) else s)
 
 
-def _s(b):
+def _s(b: Optional[bytes]) -> Optional[str]:
     return None if b is None else b.decode(errors="replace")
 
 
-def status_name(status):
+def status_name(status: int) -> str:
+    """The symbol of a status ("REFIT_EDUPLICATE")."""
     return _s(_ffi.lib().refit_status_name(status))
 
 
-def _check(ctx_handle, rc, call):
+def strerror(status: int) -> str:
+    """The description of a status ("tensor delivered twice")."""
+    return _s(_ffi.lib().refit_strerror(status))
+
+
+def dtype_name(dtype: DTypeLike) -> str:
+    """refit's short name of a dtype ("bf16"); "?" when refit has none."""
+    code, bits = refit_dtype(dtype)
+    return _s(_ffi.lib().refit_dtype_name(_ffi.DType(code, bits, 1)))
+
+
+def _check(ctx_handle: Any, rc: int, call: str) -> None:
     if rc != 0:
         L = _ffi.lib()
         msg = _s(L.refit_errmsg(ctx_handle)) if ctx_handle else ""
         raise RefitError(rc, _s(L.refit_status_name(rc)), msg or _s(L.refit_strerror(rc)), call)
 
 
-def _params(params):
+def _params(params: Union[None, str, Mapping[str, Any]]) -> Optional[str]:
     if params is None or isinstance(params, str):
         return params
     return "\n".join("%s: %s" % (k, str(v).lower() if isinstance(v, bool) else v)
                      for k, v in params.items())
 
 
-def describe(tensor):
-    """A descriptor for a tensor: torch tensors through refit.torch_util,
-    anything else must provide _refit_desc()."""
-    if hasattr(tensor, "_refit_desc"):
-        return tensor._refit_desc()
-    from . import torch_util
-    return torch_util.describe(tensor)
+def _stream_arg(stream: Stream) -> Optional[ctypes.c_void_p]:
+    if stream is None or isinstance(stream, ctypes.c_void_p):
+        return stream
+    if hasattr(stream, "cuda_stream"):
+        stream = stream.cuda_stream
+    return ctypes.c_void_p(int(stream)) if int(stream) else None
+
+
+def describe(tensor: Any, stream: Optional[int] = None) -> Desc:
+    """A descriptor for a tensor (refit.tensors.describe)."""
+    return _describe(tensor, stream)
 
 
 class Context:
-    """One per engine worker (rank): refit_open."""
+    """One per engine worker (rank): refit_open.
 
-    def __init__(self, worker_id=None, rank=0, journal_path=None, plugin_dirs=None,
-                 staging_budget=0, undo_device_budget=0):
+    journal_path: None reads $REFIT_JOURNAL; "" keeps no journal.
+    plugin_dirs: extra format-plugin folders (a list or a ':'-joined
+    string), searched before the plugins installed inside this package.
+    journal_best_effort: an update goes on when the journal cannot record
+    it (the gap is recorded later) instead of being refused at begin.
+    log: log(level, message) receives the library's lines instead of stderr.
+    undo_device_budget: bytes of device memory an update's undo log may take
+    (0: pinned host memory only)."""
+
+    def __init__(self, worker_id: Optional[str] = None, rank: int = 0,
+                 journal_path: Optional[str] = None,
+                 plugin_dirs: Union[None, str, Sequence[str]] = None,
+                 staging_budget: int = 0, *, journal_best_effort: bool = False,
+                 log: Optional[LogFn] = None, undo_device_budget: int = 0) -> None:
         L = _ffi.lib()
-        self._keep = [_b(worker_id), _b(journal_path), _b(plugin_dirs)]
-        opt = _ffi.Options(_ffi.OPTIONS_VERSION, self._keep[0], rank, self._keep[1],
-                           self._keep[2], staging_budget)
+        self._h: Optional[ctypes.c_void_p] = None
+        self._model: Optional[Model] = None
+        dirs = [plugin_dirs] if isinstance(plugin_dirs, str) else list(plugin_dirs or [])
+        bundled = _ffi.bundled_plugin_dir()
+        if bundled:
+            dirs.append(bundled)
+        self._keep: List[Any] = [_b(worker_id), _b(journal_path), _b(":".join(dirs) or None)]
+        opt = _ffi.Options()
+        opt.version = _ffi.OPTIONS_VERSION
+        opt.worker_id = self._keep[0]
+        opt.rank = rank
+        opt.journal_path = self._keep[1]
+        opt.plugin_dirs = self._keep[2]
+        opt.staging_budget = staging_budget
+        opt.journal_best_effort = 1 if journal_best_effort else 0
         opt.undo_device_budget = undo_device_budget  # device bytes the undo log may hold
+        if log is not None:
+            self._log = _ffi.LOG_FN(lambda user, level, msg: log(level, _s(msg)))
+            opt.log_fn = self._log
         h = ctypes.c_void_p()
         rc = L.refit_open(ctypes.byref(h), ctypes.byref(opt))
         if rc:
-            raise RefitError(rc, status_name(rc), _s(L.refit_strerror(rc)), "refit_open")
+            raise RefitError(rc, status_name(rc), strerror(rc), "refit_open")
         self._h = h
-        self._model = None
 
     @property
-    def handle(self):
+    def handle(self) -> ctypes.c_void_p:
         if self._h is None:
-            raise RefitError(-3, "REFIT_ESTATE", "context is closed")
+            raise RefitError(_ESTATE, "REFIT_ESTATE", "context is closed")
         return self._h
 
-    def close(self):
+    def close(self) -> None:
         if self._h is not None:
             _ffi.lib().refit_close(self._h)
             self._h = None
             if self._model is not None:
                 self._model._h = None
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
 
-    def __enter__(self):
+    def __enter__(self) -> "Context":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def errmsg(self):
+    def errmsg(self) -> str:
         return _s(_ffi.lib().refit_errmsg(self.handle))
 
-    def health(self):
+    def health(self) -> Health:
         return Health(_ffi.lib().refit_worker_health(self.handle))
 
-    def check_serving(self):
+    def check_serving(self) -> None:
+        """Raises RefitError (REFIT_EPOISONED, REFIT_ESTATE) unless READY."""
         _check(self.handle, _ffi.lib().refit_check_serving(self.handle), "refit_check_serving")
 
     @property
-    def version(self):
+    def version(self) -> Optional[str]:
+        """The version label the worker holds (READY), else None."""
         return _s(_ffi.lib().refit_worker_version(self.handle))
 
-    def create_model(self):
+    def create_model(self) -> "Model":
         h = ctypes.c_void_p()
         _check(self.handle, _ffi.lib().refit_model_create(ctypes.byref(h), self.handle),
                "refit_model_create")
         self._model = Model(self, h)
         return self._model
 
-    def open_source(self, path):
+    def open_source(self, path: str) -> "Source":
+        """A safetensors file or checkpoint directory (durable: replayable)."""
         return Source(self, path)
+
+    def open_source_memory(self, buf: Any, label: str = "memory") -> "Source":
+        """One safetensors file held in memory (bytes, bytearray, memoryview,
+        mmap, a uint8 numpy array): borrowed, kept alive by the Source. Not
+        durable: an update from it cannot be replayed."""
+        return Source.from_memory(self, buf, label)
 
 
 class Model:
-    """refit_model: registration, seal, updates."""
+    """refit_model: registration, seal, updates, replay."""
 
-    def __init__(self, ctx, handle):
+    def __init__(self, ctx: Context, handle: ctypes.c_void_p) -> None:
         self.ctx = ctx
-        self._h = handle
-        self._keep = []          # descriptors and tensors refit borrows
-        self.aliases = {}        # tied checkpoint name -> its primary name
-        self.expected = set()    # every checkpoint name a module expects
-        self.device = None       # (type, id) of the first device runtime tensor
+        self._h: Optional[ctypes.c_void_p] = handle
+        self._keep: List[Any] = []           # descriptors and tensors refit borrows
+        self.aliases: Dict[str, str] = {}    # tied checkpoint name -> its primary name
+        self.expected: set = set()           # every checkpoint name a module expects
+        self.device: Optional[Tuple[int, int]] = None  # the first device runtime tensor
 
     @property
-    def handle(self):
+    def handle(self) -> ctypes.c_void_p:
         if self._h is None:
-            raise RefitError(-3, "REFIT_ESTATE", "model is destroyed")
+            raise RefitError(_ESTATE, "REFIT_ESTATE", "model is destroyed")
         return self._h
 
-    def _check(self, rc, call):
+    def _check(self, rc: int, call: str) -> None:
         _check(self.ctx.handle, rc, call)
 
-    def destroy(self):
+    def destroy(self) -> None:
         if self._h is not None:
             _ffi.lib().refit_model_destroy(self._h)
             self._h = None
             self._keep.clear()
 
-    def add_module(self, name, format="unquantized", params=None):
+    def add_module(self, name: str, format: str = "unquantized",
+                   params: Union[None, str, Mapping[str, Any]] = None) -> None:
+        """A module of a registered format; params: its flat YAML mapping
+        ("cast: true") or a dict."""
         self._check(_ffi.lib().refit_model_add_module(self.handle, _b(name), _b(format),
                                                       _b(_params(params))),
                     "add_module %s" % name)
 
-    def bind_runtime(self, module, name, tensor):
+    def bind_runtime(self, module: str, name: str, tensor: Any) -> None:
+        """Bind an engine-owned tensor (borrowed until destroy()) to module."""
         d = describe(tensor)
+        if d.readonly:
+            raise RefitError(_EINVAL, "REFIT_EINVAL", "runtime tensor %s/%s is read-only; refit "
+                             "writes runtime tensors in place" % (module, name),
+                             "bind_runtime %s/%s" % (module, name))
         self._keep.append(d)
         if d.device_type == _ffi.DEVICE_CUDA and self.device is None:
             self.device = (d.device_type, d.device_id)
@@ -171,17 +248,19 @@ class Model:
                                                          ctypes.byref(d.t)),
                     "bind_runtime %s/%s" % (module, name))
 
-    def add_side(self, name, tensor):
+    def add_side(self, name: str, tensor: Any) -> None:
+        """Graph-visible memory that is not a weight: its address is verified."""
         d = describe(tensor)
         self._keep.append(d)
         self._check(_ffi.lib().refit_model_add_side(self.handle, _b(name), ctypes.byref(d.t)),
                     "add_side %s" % name)
 
-    def expect(self, module, ckpt_name, dtype, shape, target=None, shard=None, pad_to=0,
-               expert=-1, dst_offset=None, tie_of=None):
-        """dtype: a refit dtype (code, bits) pair or a torch dtype; shape: the full
+    def expect(self, module: str, ckpt_name: str, dtype: DTypeLike, shape: Sequence[int],
+               target: Optional[str] = None, shard: Optional[Tuple[int, int, int]] = None,
+               pad_to: int = 0, expert: int = -1, dst_offset: Optional[Sequence[int]] = None,
+               tie_of: Optional[str] = None) -> None:
+        """dtype: the checkpoint's (refit.tensors.refit_dtype); shape: the full
         checkpoint shape; shard: (dim, rank, count); dst_offset: per dim."""
-        from .torch_util import refit_dtype
         code, bits = refit_dtype(dtype)
         spec = _ffi.CkptSpec()
         spec.version = _ffi.CKPT_SPEC_VERSION
@@ -205,19 +284,21 @@ class Model:
         if tie_of:
             self.aliases[ckpt_name] = tie_of
 
-    def load_manifest(self, path):
+    def load_manifest(self, path: str) -> None:
         self._check(_ffi.lib().refit_model_load_manifest(self.handle, _b(path)),
                     "load_manifest %s" % path)
 
-    def seal(self):
+    def seal(self) -> None:
         self._check(_ffi.lib().refit_model_seal(self.handle), "seal")
 
-    def stats(self):
+    def stats(self) -> Dict[str, int]:
         st = _ffi.ModelStats()
         self._check(_ffi.lib().refit_model_stats_get(self.handle, ctypes.byref(st)), "stats")
         return {k: getattr(st, k) for k, _ in _ffi.ModelStats._fields_}
 
-    def fingerprint(self, module=None, name=None):
+    def fingerprint(self, module: Optional[str] = None, name: Optional[str] = None) -> int:
+        """64-bit content fingerprint of one runtime tensor (module, name:
+        "w" by default), or of every runtime tensor when module is None."""
         out = ctypes.c_uint64()
         L = _ffi.lib()
         if module is None:
@@ -228,56 +309,119 @@ class Model:
         self._check(rc, "fingerprint")
         return out.value
 
-    def begin(self, version=None, source_uri=None, rollback=True):
-        return Txn(self, version, source_uri, rollback)
+    def begin(self, version: Optional[str] = None, source_uri: Optional[str] = None,
+              rollback: bool = True, *, source_digest: Optional[str] = None,
+              fingerprint: bool = False) -> "Txn":
+        """refit_begin now: the worker is UPDATING when this returns.
+        source_uri/source_digest: what the journal records as the source
+        ("file:///..." is what replay can reopen). fingerprint: journal each
+        committed module's content fingerprint."""
+        return Txn(self, version, source_uri, rollback, source_digest=source_digest,
+                   fingerprint=fingerprint)
 
-    def update(self, version=None, source_uri=None, rollback=True):
-        """with model.update(...) as txn: ... finalizes on exit, aborts on error."""
-        return self.begin(version, source_uri, rollback)
+    def update(self, version: Optional[str] = None, source_uri: Optional[str] = None,
+               rollback: bool = True, *, source_digest: Optional[str] = None,
+               fingerprint: bool = False) -> "Txn":
+        """with model.update(...) as txn: ... finalizes on exit, aborts on an
+        exception. The update begins at its first call, so a first
+        txn.load_safetensors(path) records that file as its source (URI and
+        digest) and a failed update can be replayed."""
+        return Txn(self, version, source_uri, rollback, source_digest=source_digest,
+                   fingerprint=fingerprint, lazy=True)
+
+    def replay(self, update_id: int, full: bool = False, rollback: bool = True) -> None:
+        """Re-run a failed, aborted, rolled-back or interrupted update from
+        its journal record and durable source (refit_replay): the modules
+        the journal does not show complete, or every module with full."""
+        opts = _ffi.ReplayOpts(_ffi.REPLAY_OPTS_VERSION, 1 if full else 0, 1 if rollback else 0)
+        self._check(_ffi.lib().refit_replay(self.handle, int(update_id), ctypes.byref(opts)),
+                    "replay %d" % update_id)
 
 
 class Txn:
-    """One update: load*, then finalize() or abort(). Device and pinned
-    sources are kept alive here until the txn ends (refit reads them until
-    its stream is synchronized at finalize/abort)."""
+    """One update: load*, then finalize(), or prepare() then commit(), or
+    abort(). Sources are kept alive here until the txn ends (refit reads
+    device and pinned ones until its stream is synchronized at the end).
 
-    def __init__(self, model, version, source_uri, rollback):
+    result: None while open, then "committed", "aborted" or "failed"."""
+
+    def __init__(self, model: Model, version: Optional[str] = None,
+                 source_uri: Optional[str] = None, rollback: bool = True, *,
+                 source_digest: Optional[str] = None, fingerprint: bool = False,
+                 lazy: bool = False) -> None:
         self.model = model
-        self._strings = [_b(version), _b(source_uri)]
-        opts = _ffi.UpdateOpts(_ffi.UPDATE_OPTS_VERSION, self._strings[0], self._strings[1],
-                               1 if rollback else 0)
+        self.version = version
+        self.source_uri = source_uri
+        self.source_digest = source_digest
+        self.rollback = rollback
+        self.fingerprint = fingerprint
+        self._h: Optional[ctypes.c_void_p] = None
+        self._journal_id = 0
+        self._keep: List[Any] = []
+        self.result: Optional[str] = None
+        self.prepared = False
+        if not lazy:
+            self._begin()
+
+    def _begin(self) -> None:
+        strings = [_b(self.version), _b(self.source_uri), _b(self.source_digest)]
+        opts = _ffi.UpdateOpts(_ffi.UPDATE_OPTS_VERSION, strings[0], strings[1],
+                               1 if self.rollback else 0, strings[2],
+                               1 if self.fingerprint else 0)
         h = ctypes.c_void_p()
-        model._check(_ffi.lib().refit_begin(ctypes.byref(h), model.handle, ctypes.byref(opts)),
-                     "begin")
+        self.model._check(_ffi.lib().refit_begin(ctypes.byref(h), self.model.handle,
+                                                 ctypes.byref(opts)), "begin")
         self._h = h
-        self._keep = []
-        self.result = None
+        self._journal_id = int(_ffi.lib().refit_txn_journal_id(h))
 
     @property
-    def handle(self):
+    def begun(self) -> bool:
+        return self._h is not None or self.result is not None
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
         if self._h is None:
-            raise RefitError(-3, "REFIT_ESTATE", "transaction already ended")
+            if self.result is not None:
+                raise RefitError(_ESTATE, "REFIT_ESTATE", "transaction already ended")
+            self._begin()
         return self._h
 
-    def _stream(self, desc, stream):
+    def _end(self, result: str) -> ctypes.c_void_p:
+        h = self.handle
+        self._h = None
+        self.result = result
+        return h
+
+    def _stream(self, desc: Any, stream: Stream) -> Optional[ctypes.c_void_p]:
         if stream is not None:
-            return stream
+            return _stream_arg(stream)
         from .torch_util import default_stream
         return default_stream(self.model.device, desc)
 
-    def load(self, name, tensor, stream=None):
-        d = describe(tensor)
+    @property
+    def journal_id(self) -> int:
+        """The journal row of this update (0 without a journal): what
+        Model.replay takes. Still known after the update ended; asking a
+        lazy update that has not begun begins it."""
+        if self._h is None and self.result is None:
+            self._begin()
+        return self._journal_id
+
+    def load(self, name: str, tensor: Any, stream: Stream = None) -> None:
+        """One whole checkpoint tensor; every check before any byte is written."""
+        st = self._stream(None, stream)
+        d = describe(tensor, st.value if st else None)
         self._keep.append(d)
-        self.model._check(_ffi.lib().refit_load(self.handle, _b(name), ctypes.byref(d.t),
-                                                self._stream(d, stream)),
+        self.model._check(_ffi.lib().refit_load(self.handle, _b(name), ctypes.byref(d.t), st),
                           "load %s" % name)
 
-    def load_part(self, name, offset, tensor, stream=None):
-        d = describe(tensor)
+    def load_part(self, name: str, offset: int, tensor: Any, stream: Stream = None) -> None:
+        """Rows [offset, offset + rows) of the split dim of a checkpoint tensor."""
+        st = self._stream(None, stream)
+        d = describe(tensor, st.value if st else None)
         self._keep.append(d)
         self.model._check(_ffi.lib().refit_load_part(self.handle, _b(name), int(offset),
-                                                     ctypes.byref(d.t),
-                                                     self._stream(d, stream)),
+                                                     ctypes.byref(d.t), st),
                           "load_part %s" % name)
 
     def load_dict(self, tensors, stream=None, strict=True):
@@ -292,106 +436,219 @@ class Txn:
                 continue
             self.load(name, t, stream)
 
-    def load_safetensors(self, path, strict=True, progress=None, stream=None):
+    def load_safetensors(self, path: str, strict: bool = True,
+                         progress: Optional[Progress] = None, stream: Stream = None,
+                         digest: bool = True) -> None:
         """A .safetensors file or a checkpoint directory, streamed from its
         mapping (refit_source_open + refit_load_source) on stream (default:
         the current torch stream of the model's device). With strict=False,
-        tensors no module expects are skipped."""
+        tensors no module expects are skipped.
+
+        As the first call of an update from Model.update() with no
+        source_uri, it records the file as the update's source: its URI,
+        and with digest its SHA-256 (which reads every byte once more
+        before the load; replay then refuses a file that changed since).
+        That makes a failed update replayable (Model.replay(journal_id))."""
         src = Source(self.model.ctx, path)
         try:
+            if self._h is None and self.result is None and self.source_uri is None:
+                self.source_uri = src.uri
+                if digest:
+                    self.source_digest = src.digest()
             src.load_into(self, strict=strict, progress=progress, stream=stream)
         finally:
             src.close()
 
-    def stats(self):
+    def load_source(self, src: "Source", strict: bool = True,
+                    progress: Optional[Progress] = None, stream: Stream = None) -> None:
+        """Every tensor of an open Source (file or memory)."""
+        src.load_into(self, strict=strict, progress=progress, stream=stream)
+
+    def stats(self) -> Dict[str, int]:
         st = _ffi.TxnStats()
         self.model._check(_ffi.lib().refit_txn_stats_get(self.handle, ctypes.byref(st)),
                           "txn stats")
         return {k: getattr(st, k) for k, _ in _ffi.TxnStats._fields_}
 
-    def finalize(self):
-        h, self._h = self.handle, None
+    def finalize(self) -> None:
+        """Check completeness, run the checks, commit (READY at this
+        version). On failure the update is aborted as abort() would and
+        RefitError raised; the txn is over either way."""
+        h = self._end("failed")
         try:
             self.model._check(_ffi.lib().refit_finalize(h), "finalize")
         finally:
             self._keep.clear()
         self.result = "committed"
 
-    def abort(self):
-        """Returns True when the worker is back to its previous state, False
-        when it is POISONED (rollback was off and bytes were written)."""
-        h, self._h = self.handle, None
-        rc = _ffi.lib().refit_abort(h)
+    def prepare(self) -> None:
+        """First phase of a group commit (refit_finalize_prepare): every
+        check of finalize. On success the txn stays open (UPDATING) and
+        only commit() or abort() is left; on failure it is aborted, freed,
+        and RefitError raised."""
+        h = self.handle
+        rc = _ffi.lib().refit_finalize_prepare(h)
+        if rc:
+            self._h = None
+            self.result = "failed"
+            self._keep.clear()
+            self.model._check(rc, "prepare")
+        self.prepared = True
+
+    def commit(self) -> None:
+        """Second phase: commit a prepared txn (cannot fail once prepared)."""
+        if not self.prepared:
+            raise RefitError(_ESTATE, "REFIT_ESTATE", "commit of an update that was not "
+                             "prepared; call prepare() first, or finalize()", "commit")
+        h = self._end("failed")
+        try:
+            self.model._check(_ffi.lib().refit_commit(h), "commit")
+        finally:
+            self._keep.clear()
+        self.result = "committed"
+
+    def abort(self, reason: Optional[str] = None) -> bool:
+        """Abandon the update, recording reason in the journal (default:
+        "aborted by the caller"). True when the worker is back to its
+        previous state, False when it is POISONED (rollback was off and
+        bytes were written)."""
+        if self._h is None and self.result is None:  # a lazy update never begun
+            self.result = "aborted"
+            return True
+        h = self._end("aborted")
+        L = _ffi.lib()
+        rc = L.refit_abort_reason(h, _b(reason)) if reason is not None else L.refit_abort(h)
         self._keep.clear()
-        self.result = "aborted"
-        if rc not in (0, -12):
+        if rc not in (0, _EPOISONED):
             self.model._check(rc, "abort")
         return rc == 0
 
-    def __enter__(self):
+    def __enter__(self) -> "Txn":
         return self
 
-    def __exit__(self, exc_type, exc, tb):
-        if self._h is None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if self.result is not None:
             return False
         if exc_type is None:
-            self.finalize()
+            if self.prepared:
+                self.commit()
+            else:
+                self.finalize()
         else:
-            self.abort()
+            self.abort("%s: %s" % (exc_type.__name__, exc) if exc_type else None)
         return False
 
 
 class Source:
-    """A safetensors file or directory (refit_source_open)."""
+    """A safetensors checkpoint: a file or directory (refit_source_open), or
+    one file held in memory (Source.from_memory)."""
 
-    def __init__(self, ctx, path):
+    def __init__(self, ctx: Context, path: Optional[str], *, _handle: Any = None,
+                 _buf: Any = None) -> None:
         self.ctx = ctx
+        self._buf = _buf
+        if _handle is not None:
+            self._h: Optional[ctypes.c_void_p] = _handle
+            return
         h = ctypes.c_void_p()
         _check(ctx.handle, _ffi.lib().refit_source_open(ctypes.byref(h), ctx.handle, _b(path)),
                "source_open %s" % path)
         self._h = h
 
-    def close(self):
+    @classmethod
+    def from_memory(cls, ctx: Context, buf: Any, label: str = "memory") -> "Source":
+        """One safetensors file in memory. buf: bytes (read in place), a
+        writable buffer (bytearray, mmap, numpy array: read in place), or any
+        other buffer (copied once). It is kept alive by the Source."""
+        if isinstance(buf, bytes):
+            keep, ptr, n = buf, ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p), len(buf)
+        else:
+            mv = memoryview(buf).cast("B")
+            if mv.readonly:
+                keep = bytes(mv)
+                ptr, n = ctypes.cast(ctypes.c_char_p(keep), ctypes.c_void_p), len(keep)
+            else:
+                keep = (ctypes.c_char * mv.nbytes).from_buffer(mv)
+                ptr, n = ctypes.cast(keep, ctypes.c_void_p), mv.nbytes
+        h = ctypes.c_void_p()
+        _check(ctx.handle, _ffi.lib().refit_source_open_memory(ctypes.byref(h), ctx.handle, ptr,
+                                                                n, _b(label)),
+               "source_open_memory %s" % label)
+        return cls(ctx, None, _handle=h, _buf=keep)
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        if self._h is None:
+            raise RefitError(_ESTATE, "REFIT_ESTATE", "source is closed")
+        return self._h
+
+    def close(self) -> None:
         if self._h is not None:
             _ffi.lib().refit_source_close(self._h)
             self._h = None
+            self._buf = None
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
             pass
 
-    @property
-    def uri(self):
-        return _s(_ffi.lib().refit_source_uri(self._h))
+    def __enter__(self) -> "Source":
+        return self
 
-    def tensors(self):
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def uri(self) -> str:
+        """"file:///abs/path" of a file or directory; the label's URI in memory."""
+        return _s(_ffi.lib().refit_source_uri(self.handle))
+
+    @property
+    def durable(self) -> bool:
+        """True when an update from this source can be replayed (files)."""
+        return bool(_ffi.lib().refit_source_is_durable(self.handle))
+
+    def digest(self) -> str:
+        """SHA-256 hex of the source (of the file; of its files' digests for a
+        directory). Reads every byte on the first call, then cached."""
+        out = ctypes.create_string_buffer(65)
+        _check(self.ctx.handle, _ffi.lib().refit_source_digest(self.handle, out), "source_digest")
+        return out.value.decode()
+
+    def __len__(self) -> int:
+        return int(_ffi.lib().refit_source_count(self.handle))
+
+    def tensors(self) -> List[Tuple[str, Tuple[int, ...], int]]:
+        """(name, shape, bytes) of every tensor, in file and offset order."""
         L = _ffi.lib()
         out = []
-        for i in range(L.refit_source_count(self._h)):
+        for i in range(L.refit_source_count(self.handle)):
             st = _ffi.SourceTensor()
-            _check(self.ctx.handle, L.refit_source_tensor_at(self._h, i, ctypes.byref(st)),
+            _check(self.ctx.handle, L.refit_source_tensor_at(self.handle, i, ctypes.byref(st)),
                    "source_tensor_at")
             out.append((_s(st.name), tuple(st.shape[k] for k in range(st.ndim)), st.bytes))
         return out
 
-    def load_into(self, txn, strict=True, progress=None, stream=None):
+    def load_into(self, txn: Txn, strict: bool = True, progress: Optional[Progress] = None,
+                  stream: Stream = None) -> None:
         L = _ffi.lib()
+        th = txn.handle
         st = txn._stream(None, stream)
         prog = _ffi.PROGRESS_FN(lambda u, b, n, cur: progress(b, n, _s(cur))) if progress \
             else _ffi.PROGRESS_FN()
         if strict and not txn.model.aliases:
-            rc = L.refit_load_source(txn.handle, self._h, prog, None, st)
+            rc = L.refit_load_source(th, self.handle, prog, None, st)
         else:
             expected, aliases = txn.model.expected, txn.model.aliases
             present = {n for n, _, _ in self.tensors()}
 
-            def keep(user, name):
+            def keep(user: Any, name: bytes) -> int:
                 n = _s(name)
                 if n in aliases and aliases[n] in present:
                     return 0  # its primary is in the source: written once
                 return 1 if (strict or n in expected) else 0
             filt = _ffi.FILTER_FN(keep)
-            rc = L.refit_load_source_filtered(txn.handle, self._h, filt, None, prog, None, st)
+            rc = L.refit_load_source_filtered(th, self.handle, filt, None, prog, None, st)
         txn.model._check(rc, "load_source %s" % self.uri)

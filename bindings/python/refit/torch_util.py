@@ -1,69 +1,18 @@
-"""PyTorch glue: tensor descriptors, streams, and registering a
-torch.nn.Module's parameters and buffers by name with a structural mapping
-(unquantized, fused targets, TP shards, tied names, padded rows). Imports
-torch only when a torch object is handed in."""
+"""PyTorch glue: the caller's stream, and registering a torch.nn.Module's
+parameters and buffers by name with a structural mapping (unquantized,
+fused targets, TP shards, tied names, padded rows). Imports torch only when
+a torch object is handed in. Descriptors live in refit.tensors."""
+
+from __future__ import annotations
 
 import ctypes
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
-from . import _ffi
-
-# refit dtype (code, bits) by torch dtype name
-_TORCH_DTYPES = {
-    "float32": (2, 32), "float16": (2, 16), "bfloat16": (4, 16), "float64": (2, 64),
-    "int8": (0, 8), "uint8": (1, 8), "int16": (0, 16), "int32": (0, 32), "int64": (0, 64),
-    "bool": (6, 8), "float8_e4m3fn": (10, 8), "float8_e5m2": (12, 8),
-    "float8_e8m0fnu": (14, 8),
-}
-_NAMES = {"f32": (2, 32), "f16": (2, 16), "bf16": (4, 16), "f64": (2, 64), "i8": (0, 8),
-          "u8": (1, 8), "i16": (0, 16), "i32": (0, 32), "i64": (0, 64)}
+from .tensors import Desc, DTypeLike, describe, refit_dtype  # noqa: F401  (their old home)
 
 
-def refit_dtype(dtype):
-    """(code, bits) of a torch dtype, a refit name ("bf16") or a pair."""
-    if isinstance(dtype, tuple):
-        return dtype
-    if isinstance(dtype, str):
-        return _NAMES[dtype]
-    name = str(dtype).replace("torch.", "")
-    if name not in _TORCH_DTYPES:
-        raise TypeError("refit: no refit dtype for %s" % name)
-    return _TORCH_DTYPES[name]
-
-
-class Desc:
-    """A refit_tensor over a tensor's memory, holding the tensor alive."""
-
-    __slots__ = ("t", "shape", "strides", "tensor", "device_type", "device_id")
-
-    def __init__(self, data, device_type, device_id, dtype, shape, strides, owner):
-        n = len(shape)
-        self.shape = (ctypes.c_int64 * max(n, 1))(*shape)
-        self.strides = (ctypes.c_int64 * max(n, 1))(*strides)
-        self.tensor = owner
-        self.device_type = device_type
-        self.device_id = device_id
-        code, bits = dtype
-        self.t = _ffi.Tensor(data, _ffi.Device(device_type, device_id), n,
-                             _ffi.DType(code, bits, 1),
-                             ctypes.cast(self.shape, _ffi.c_int64_p),
-                             ctypes.cast(self.strides, _ffi.c_int64_p), 0)
-
-
-def describe(t):
-    """Descriptor of a torch.Tensor: data_ptr, shape, stride (elements),
-    dtype, device (CUDA, pinned host, or pageable host)."""
-    dev = t.device
-    if dev.type == "cuda":
-        dt, did = _ffi.DEVICE_CUDA, dev.index if dev.index is not None else 0
-    elif dev.type == "cpu":
-        dt, did = (_ffi.DEVICE_CUDA_HOST if t.is_pinned() else _ffi.DEVICE_CPU), 0
-    else:
-        raise TypeError("refit: tensors on %s are not supported" % dev.type)
-    return Desc(t.data_ptr() or None, dt, did, refit_dtype(t.dtype), tuple(t.shape),
-                tuple(t.stride()), t)
-
-
-def default_stream(model_device, desc):
+def default_stream(model_device: Optional[Tuple[int, int]], desc: Any = None
+                   ) -> Optional[ctypes.c_void_p]:
     """The caller's current torch stream on the model's device (NULL when
     the model has no device tensor or torch is not loaded)."""
     if model_device is None:
@@ -76,15 +25,24 @@ def default_stream(model_device, desc):
     return ctypes.c_void_p(s) if s else None
 
 
-def _local_rows(n, rank, size):
+def _local_rows(n: int, rank: int, size: int) -> int:
     """This rank's rows of n split over size ranks (lower ranks first), as
     refit splits them."""
     return n // size + (1 if rank < n % size else 0)
 
 
-def register_module(model, module, *, prefix="", rename=None, fused=None, shard_dims=None,
-                    tp_rank=0, tp_size=1, padded=None, ckpt_dtype=None, format="unquantized",
-                    side_buffers=True, skip=None):
+FusedSpec = Union[List[Tuple[str, int]], Dict[str, Any]]
+
+
+def register_module(model: Any, module: Any, *, prefix: str = "",
+                    rename: Union[None, Mapping[str, str], Callable[[str], str]] = None,
+                    fused: Optional[Mapping[str, FusedSpec]] = None,
+                    shard_dims: Optional[Mapping[str, int]] = None,
+                    tp_rank: int = 0, tp_size: int = 1,
+                    padded: Optional[Mapping[str, int]] = None,
+                    ckpt_dtype: Union[None, DTypeLike, Mapping[str, DTypeLike]] = None,
+                    format: str = "unquantized", side_buffers: bool = True,
+                    skip: Optional[Callable[[str], bool]] = None) -> Dict[str, str]:
     """Register every parameter and persistent buffer of a torch.nn.Module.
 
     Each runtime tensor becomes a module named by its qualified name, with
@@ -169,12 +127,12 @@ def register_module(model, module, *, prefix="", rename=None, fused=None, shard_
     return out
 
 
-def _param_type():
+def _param_type() -> type:
     import torch
     return torch.nn.Parameter
 
 
-def _ck_dtype(ckpt_dtype, name, t):
+def _ck_dtype(ckpt_dtype: Any, name: str, t: Any) -> Any:
     if ckpt_dtype is None:
         return t.dtype
     if isinstance(ckpt_dtype, dict):
@@ -182,5 +140,5 @@ def _ck_dtype(ckpt_dtype, name, t):
     return ckpt_dtype
 
 
-def _ck_shape(t):
+def _ck_shape(t: Any) -> List[int]:
     return list(t.shape)
