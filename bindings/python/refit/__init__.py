@@ -14,9 +14,9 @@ the system's library path); the standard library only, PyTorch optional.
 
 Errors raise refit.RefitError carrying refit's status and message.
 """
-from .core import Context, Health, Model, RefitError, Source, Txn, describe, status_name
+from .core import Context, Health, Model, RefitError, Source, SourceSet, Txn, describe, status_name
 from .torch_util import refit_dtype, register_module
 
-__all__ = ["Context", "Health", "Model", "RefitError", "Source", "Txn", "describe",
+__all__ = ["Context", "Health", "Model", "RefitError", "Source", "SourceSet", "Txn", "describe",
            "status_name", "refit_dtype", "register_module"]
 __version__ = "0.1.0"
