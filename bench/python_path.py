@@ -240,7 +240,8 @@ def write_safetensors(path, d):
         f.write(len(h).to_bytes(8, "little"))
         f.write(h)
         for t in d.src:
-            f.write(t.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+            host = t.contiguous().view(torch.uint8).cpu()
+            f.write(ctypes.string_at(host.data_ptr(), host.numel()))
 
 
 def bench_safetensors(res, d, repeat, journal):
