@@ -59,6 +59,8 @@ size_t txn_staging_in_use(const refit_txn *t);
 bool txn_module_has_staging(const refit_txn *t, uint32_t mi);
 uint32_t txn_module_complete(const refit_txn *t, uint32_t mi);
 bool txn_wrote(const refit_txn *t);
+/* Nothing delivered yet (OPEN). */
+bool txn_untouched(const refit_txn *t);
 refit_model *txn_model(const refit_txn *t);
 /* Fail t (sticky) with status; returns it. */
 int txn_load_fail(refit_txn *t, int status);
@@ -71,6 +73,9 @@ typedef struct load_table {
     const char *const *names;   /* fresh */
     const refit_tensor *srcs;   /* fresh */
     const delivery *prepared;   /* a set: every row load_check'ed */
+    bool plain;                 /* prepared, names unique, no STAGED route: into
+                                   a txn with nothing delivered, no row can be
+                                   refused (no forecast needed) */
 } load_table;
 int load_table_run(refit_txn *t, const load_table *tab, void *stream, const char *call);
 

@@ -20,6 +20,7 @@ struct refit_source_set {
     refit_tensor *srcs;         /* copies; shape and strides in dims */
     int64_t *dims;
     delivery *rows;             /* load_check'ed against the model */
+    bool staged;                /* some row goes to a STAGED route */
 };
 
 size_t refit_source_set_count(const refit_source_set *set)
@@ -180,8 +181,10 @@ int refit_source_set_create(refit_source_set **out, refit_model *m, size_t n,
         rc = ctx_error(m->ctx, REFIT_ENOMEM, "source set: out of memory");
     if (!rc) { /* the names the rows carry: the set's own copies */
         const char *name = set->names;
-        for (size_t i = 0; i < n; i++, name += strlen(name) + 1)
+        for (size_t i = 0; i < n; i++, name += strlen(name) + 1) {
             set->rows[i].name = name;
+            set->staged |= set->rows[i].r->kind == REFIT_ROUTE_STAGED;
+        }
     }
     if (rc) {
         refit_source_set_destroy(set);
@@ -244,6 +247,6 @@ int refit_load_set(refit_txn *t, refit_source_set *set, void *stream)
         return ctx_error(m->ctx, REFIT_ESTATE, "refit_load_set: the source set is stale: %s; "
                          "build it again on this model (nothing written)",
                          set->m ? "it was built for another model" : "its model was destroyed");
-    load_table tab = {set->n, NULL, NULL, set->rows};
+    load_table tab = {set->n, NULL, NULL, set->rows, !set->staged};
     return load_table_run(t, &tab, stream, "refit_load_set");
 }

@@ -748,6 +748,11 @@ bool txn_wrote(const refit_txn *t)
     return t->wrote;
 }
 
+bool txn_untouched(const refit_txn *t)
+{
+    return t->state == TXN_OPEN;
+}
+
 refit_model *txn_model(const refit_txn *t)
 {
     return t->m;

@@ -459,6 +459,49 @@ static void test_set_reused_across_updates(void **state)
     free(b);
 }
 
+/* No STAGED module: the set is loaded without the forecast pass into a
+ * txn that holds nothing; with it once the txn holds something. Tied
+ * names both in the set: written once either way. */
+static void test_plain_set_with_tied_names(void **state)
+{
+    pair *p = *state;
+    tt_llm_cfg cfg = {.rank = 0, .tp = 2, .layers = 2, .staged = 0};
+    tt_build_llm(&p->a, &cfg);
+    tt_build_llm(&p->b, &cfg);
+    table *tb = table_of(&p->b, 0, 1, 5);
+    refit_source_set *set = NULL;
+    assert_int_equal(refit_source_set_create(&set, p->b.m, (size_t)tb->n, tb->names, tb->srcs),
+                     REFIT_OK);
+    for (uint64_t v = 1; v <= 2; v++) {
+        for (int i = 0; i < tb->n; i++) { /* a tied name: its primary's content */
+            const tw_ckpt *c = tw_find_ckpt(&p->b, tb->names[i]);
+            tt_fill(tb->tensors[i], tt_ckpt_seed(c->spec.tie_of ? c->spec.tie_of : c->name, v));
+        }
+        tw_update(&p->a, v, "v");
+        refit_txn *t = tw_begin(&p->b, "v", 1);
+        assert_int_equal(refit_load_set(t, set, NULL), REFIT_OK);
+        refit_txn_stats st;
+        assert_int_equal(refit_txn_stats_get(t, &st), REFIT_OK);
+        assert_int_equal(st.tensors_loaded, (uint64_t)tb->n);
+        assert_int_equal(refit_finalize(t), REFIT_OK);
+        assert_true(snap_equal(&p->a, &p->b));
+    }
+    /* one name delivered first: the set's pass finds it a duplicate */
+    size_t n;
+    void *snap = tw_snapshot(&p->b, &n);
+    refit_txn *t = tw_begin(&p->b, "v3", 0);
+    assert_int_equal(refit_load(t, tb->names[tb->n - 1], &tb->srcs[tb->n - 1], NULL), REFIT_OK);
+    void *snap1 = tw_snapshot(&p->b, &n);
+    assert_int_not_equal(refit_load_set(t, set, NULL), REFIT_OK);
+    tw_assert_msg(&p->b, "refit_load_set", "nothing written");
+    assert_true(snap_same(&p->b, snap1, n));
+    assert_int_equal(refit_abort(t), REFIT_EPOISONED); /* the one load, rollback off */
+    free(snap);
+    free(snap1);
+    refit_source_set_destroy(set);
+    free(tb);
+}
+
 static void test_set_repoint(void **state)
 {
     pair *p = *state;
@@ -590,6 +633,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_staging_budget_forecast, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_many_refused_when_prepared, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_set_reused_across_updates, pair_setup,
+                                        pair_teardown),
+        cmocka_unit_test_setup_teardown(test_plain_set_with_tied_names, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_set_repoint, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_set_build_refused, tw_setup, tw_teardown),
