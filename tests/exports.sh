@@ -16,7 +16,9 @@ other=$(grep -v '^refit_' "$tmp/syms" | head -5 | tr '\n' ' ')
 [ "$n" -ge 40 ] && echo "ok 2 - $n refit_ symbols exported" || echo "not ok 2 - only $n refit_ symbols"
 miss=""
 for s in refit_open refit_begin refit_load refit_finalize refit_abort refit_replay \
-         refit_model_load_manifest refit_nccl_probe; do
+         refit_model_load_manifest refit_nccl_probe \
+         refit_load_many refit_source_set_create refit_source_set_repoint refit_load_set \
+         refit_source_set_count refit_source_set_destroy; do
   grep -qx "$s" "$tmp/syms" || miss="$miss $s"
 done
 [ -z "$miss" ] && echo "ok 3 - the public entry points are there" || echo "not ok 3 - missing:$miss"

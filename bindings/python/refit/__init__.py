@@ -16,11 +16,11 @@ torch and numpy are optional and never imported by refit itself.
 Errors raise refit.RefitError carrying refit's status and message. The
 guide for engines: docs/embedding.md."""
 from ._version import __version__
-from .core import (Context, Health, Model, RefitError, Source, Txn, describe, dtype_name,
-                   status_name, strerror)
+from .core import (Context, Health, Model, RefitError, Source, SourceSet, Txn, describe,
+                   dtype_name, status_name, strerror)
 from .tensors import Desc, refit_dtype
 from .torch_util import register_module
 
-__all__ = ["Context", "Desc", "Health", "Model", "RefitError", "Source", "Txn", "__version__",
+__all__ = ["Context", "Desc", "Health", "Model", "RefitError", "Source", "SourceSet", "Txn", "__version__",
            "describe", "dtype_name", "refit_dtype", "register_module", "status_name",
            "strerror"]

@@ -309,6 +309,10 @@ class Model:
         self._check(rc, "fingerprint")
         return out.value
 
+    def source_set(self, tensors: Any, strict: bool = True) -> "SourceSet":
+        """A SourceSet over a name -> tensor mapping, for txn.load_set."""
+        return SourceSet(self, tensors, strict)
+
     def begin(self, version: Optional[str] = None, source_uri: Optional[str] = None,
               rollback: bool = True, *, source_digest: Optional[str] = None,
               fingerprint: bool = False) -> "Txn":
@@ -425,16 +429,26 @@ class Txn:
                           "load_part %s" % name)
 
     def load_dict(self, tensors, stream=None, strict=True):
-        """Every tensor of a name -> tensor mapping. A tied name whose primary
-        is also in the mapping is skipped (one storage, one write). With
-        strict=False, names no module expects are skipped."""
-        aliases = self.model.aliases
-        for name, t in tensors.items():
-            if name in aliases and aliases[name] in tensors:
-                continue
-            if not strict and name not in self.model.expected:
-                continue
-            self.load(name, t, stream)
+        """Every tensor of a name -> tensor mapping, in one refit_load_many
+        call: every row checked before any byte is written (a bad one
+        refuses them all). A tied name whose other name is also in the
+        mapping is accepted and written once. With strict=False, names no
+        module expects are skipped."""
+        from . import _batch
+        names, values = _batch.split(tensors, None if strict else self.model.expected)
+        table = _batch.Table(names, values)
+        self._keep.append(table)
+        rc = _batch.lib().refit_load_many(self.handle, table.n, table.names_ptr,
+                                          table.srcs_ptr, self._stream(None, stream))
+        self.model._check(rc, "load_dict")
+
+    def load_set(self, source_set, stream=None):
+        """Every tensor of a prepared SourceSet, in one call."""
+        from . import _batch
+        self._keep.append(source_set)
+        rc = _batch.lib().refit_load_set(self.handle, source_set.handle,
+                                         self._stream(None, stream))
+        self.model._check(rc, "load_set")
 
     def load_safetensors(self, path: str, strict: bool = True,
                          progress: Optional[Progress] = None, stream: Stream = None,
@@ -652,3 +666,61 @@ class Source:
             filt = _ffi.FILTER_FN(keep)
             rc = L.refit_load_source_filtered(th, self.handle, filt, None, prog, None, st)
         txn.model._check(rc, "load_source %s" % self.uri)
+
+
+class SourceSet:
+    """A prepared source set (refit_source_set): the same tensors loaded at
+    every update (a trainer's parameters, a transport's receive buffers),
+    names resolved and descriptors checked once; txn.load_set(set) is then
+    one call. The tensors are held here; write each update's values into
+    them, or repoint() after the memory moved."""
+
+    def __init__(self, model, tensors, strict=True):
+        from . import _batch
+        self.model = model
+        names, values = _batch.split(tensors, None if strict else model.expected)
+        self._table = _batch.Table(names, values)
+        h = ctypes.c_void_p()
+        model._check(_batch.lib().refit_source_set_create(
+            ctypes.byref(h), model.handle, self._table.n, self._table.names_ptr,
+            self._table.srcs_ptr), "source_set")
+        self._h = h
+
+    @property
+    def handle(self):
+        if self._h is None:
+            raise RefitError(-3, "REFIT_ESTATE", "source set is closed")
+        return self._h
+
+    def __len__(self):
+        return self._table.n
+
+    @property
+    def names(self):
+        return list(self._table.names)
+
+    def repoint(self, tensors=None):
+        """Re-read the data pointers: of tensors (a sequence in the set's
+        order, or a mapping with the set's names), or of the held tensors.
+        Every row is checked again; a refusal changes nothing."""
+        from . import _batch
+        if isinstance(tensors, dict):
+            tensors = [tensors[k] for k in self._table.names]
+        ptrs = self._table.data_pointers(tensors)
+        rc = _batch.lib().refit_source_set_repoint(self.handle, len(ptrs),
+                                                   ptrs.buffer_info()[0] if len(ptrs) else None)
+        self.model._check(rc, "source_set repoint")
+        if tensors is not None:
+            self._table.tensors = list(tensors)
+
+    def close(self):
+        if self._h is not None:
+            from . import _batch
+            _batch.lib().refit_source_set_destroy(self._h)
+            self._h = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
