@@ -236,7 +236,7 @@ int ipc_update_decode(ipc_update *u, const ipc_frame *f, uint64_t max_bucket, ch
                    (unsigned long long)u->seq, u->n_buckets, f->len);
     if (!(u->refs = malloc((size_t)u->n_buckets * sizeof *u->refs)))
         return REFIT_ENOMEM;
-    bool sums = true;
+    uint32_t flagged = 0;
     for (uint32_t b = 0; b < u->n_buckets; b++) {
         ipc_ref *x = &u->refs[b];
         x->mem = ipc_r32(&r);
@@ -248,7 +248,7 @@ int ipc_update_decode(ipc_update *u, const ipc_frame *f, uint64_t max_bucket, ch
             return bad(err, errlen, "UPDATE %llu: bucket %u: unknown flags 0x%x",
                        (unsigned long long)u->seq, b, x->flags);
         }
-        sums = sums && (x->flags & IPC_B_SUM);
+        flagged += (x->flags & IPC_B_SUM) != 0;
         if (!(x->flags & IPC_B_SUM) && x->sum) {
             ipc_update_free(u);
             return bad(err, errlen, "UPDATE %llu: bucket %u: a checksum without its flag",
@@ -257,14 +257,14 @@ int ipc_update_decode(ipc_update *u, const ipc_frame *f, uint64_t max_bucket, ch
     }
     rc = bkt_announce_decode(&u->an, ipc_r_bytes(&r, BKT_ANNOUNCE_BYTES), max_bucket, err,
                              errlen);
+    bool sums = u->an.flags & BKT_A_PAYLOAD_SUM;
     if (!rc && (u->an.n_buckets != u->n_buckets || u->an.trailer_bytes ||
-                !!(u->an.flags & BKT_A_PAYLOAD_SUM) != sums))
+                flagged != (sums ? u->n_buckets : 0)))
         rc = bad(err, errlen, "UPDATE %llu: the announce (%u buckets, trailer %llu bytes, "
-                 "sums %s) disagrees with the bucket map (%u buckets, sums %s)",
+                 "sums %s) disagrees with the bucket map (%u buckets, %u with a sum)",
                  (unsigned long long)u->seq, u->an.n_buckets,
-                 (unsigned long long)u->an.trailer_bytes,
-                 u->an.flags & BKT_A_PAYLOAD_SUM ? "on" : "off", u->n_buckets,
-                 sums ? "on" : "off");
+                 (unsigned long long)u->an.trailer_bytes, sums ? "on" : "off", u->n_buckets,
+                 flagged);
     if (!rc && u->an.index_bytes != r.len - r.at)
         rc = bad(err, errlen, "UPDATE %llu: the announce's index is %llu bytes, the frame "
                  "holds %zu", (unsigned long long)u->seq,

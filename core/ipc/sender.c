@@ -449,35 +449,40 @@ static int lay_out(refit_ipc_sender *s)
     p->n_direct = n_share;
     for (uint32_t b = 0; !rc && b < n_packed; b++)
         p->buckets[b] = (bkt_span){.first = UINT32_MAX};
+    /* the packed tensors' pieces first, in order (each bucket's pieces are
+     * consecutive), then one DIRECT bucket per SHARE tensor */
     uint32_t sb = n_packed;
-    for (uint32_t i = 0; !rc && i < s->n; i++) {
-        snd_tensor *st = &s->ts[i];
-        const refit_tensor *t = st->t;
-        s->bt[i] = (bkt_tensor){.name = st->name, .dtype = t->dtype, .ndim = t->ndim,
-                                .shape = t->shape};
-        bool share = st->how == REFIT_IPC_SHARE && st->bytes;
-        uint32_t b = share ? sb++ : st->bucket;
-        bkt_span *sp = &p->buckets[b];
-        if (share) {
-            snd_mem *m;
-            if ((rc = share_mem(s, st, &m)))
-                break;
-            m->used = true;
-            *sp = (bkt_span){.first = p->n_pieces, .n = 1, .payload_bytes = st->bytes,
-                             .direct = true};
-            s->refs[b] = (ipc_ref){.mem = m->d.id,
-                                   .offset = (uint64_t)((char *)st->data - (char *)m->base)};
-            st->offset = 0;
-        } else {
-            if (sp->first == UINT32_MAX)
-                sp->first = p->n_pieces;
-            sp->n++;
-            sp->payload_bytes = st->offset + st->bytes;
+    for (int pass = 0; !rc && pass < 2; pass++)
+        for (uint32_t i = 0; !rc && i < s->n; i++) {
+            snd_tensor *st = &s->ts[i];
+            const refit_tensor *t = st->t;
+            bool share = st->how == REFIT_IPC_SHARE && st->bytes;
+            if (share != (pass == 1))
+                continue;
+            s->bt[i] = (bkt_tensor){.name = st->name, .dtype = t->dtype, .ndim = t->ndim,
+                                    .shape = t->shape};
+            uint32_t b = share ? sb++ : st->bucket;
+            bkt_span *sp = &p->buckets[b];
+            if (share) {
+                snd_mem *m;
+                if ((rc = share_mem(s, st, &m)))
+                    break;
+                m->used = true;
+                *sp = (bkt_span){.first = p->n_pieces, .n = 1, .payload_bytes = st->bytes,
+                                 .direct = true};
+                s->refs[b] = (ipc_ref){.mem = m->d.id,
+                                       .offset = (uint64_t)((char *)st->data - (char *)m->base)};
+                st->offset = 0;
+            } else {
+                if (sp->first == UINT32_MAX)
+                    sp->first = p->n_pieces;
+                sp->n++;
+                sp->payload_bytes = st->offset + st->bytes;
+            }
+            int64_t rows = t->ndim ? t->shape[0] : 1;
+            p->pieces[p->n_pieces++] = (bkt_piece){.tensor = i, .rows = rows,
+                                                   .offset = st->offset, .bytes = st->bytes};
         }
-        int64_t rows = t->ndim ? t->shape[0] : 1;
-        p->pieces[p->n_pieces++] = (bkt_piece){.tensor = i, .rows = rows, .offset = st->offset,
-                                               .bytes = st->bytes};
-    }
     /* packed tensors were added in order, so each bucket's pieces are
      * consecutive; their memory */
     for (uint32_t b = 0; !rc && b < n_packed; b++) {
