@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/load.h"
 #include "core/manifest.h"
 #include "core/txn_journal.h"
 #include "core/undo.h"
@@ -45,6 +46,7 @@ void refit_model_destroy(refit_model *m)
         return;
     if (m->txn)
         refit_abort(m->txn);
+    load_model_release(m);
     model_free_plan(m);
     undo_pool_free(&m->undo_pool);
     for (uint32_t i = 0; i < m->n_modules; i++) {

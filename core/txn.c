@@ -54,6 +54,7 @@
 #include <string.h>
 
 #include "core/internal.h"
+#include "core/load.h"
 #include "core/txn_journal.h"
 #include "core/undo.h"
 #include "kernels/copy.h"
@@ -348,87 +349,6 @@ int64_t refit_txn_journal_id(const refit_txn *t)
 
 /* ---- deliveries ---- */
 
-/* Where a delivery lands: src rows [a, b) of split dim d. */
-typedef struct delivery {
-    const char *name;           /* as delivered (a tied name, maybe) */
-    route *r;                   /* the route written (primary of an alias) */
-    uint32_t ri;
-    refit_view src;             /* the whole delivered piece */
-    int64_t off, len;           /* its rows of the split dim */
-    int64_t a, b;               /* rows of this rank's [lo, hi) it covers */
-    void *stream;
-} delivery;
-
-/* described: src says what will arrive, its data is not read (a claim). */
-static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit_view *v,
-                    bool described)
-{
-    const backend *be = t->m->runtime[r->target].be;
-    if (!src)
-        return txn_error(t, REFIT_EINVAL, "load %s: source tensor is NULL", r->name);
-    if (src->ndim != r->spec.ndim)
-        return txn_error(t, REFIT_EMISMATCH, "load %s (module %s): %d dims delivered, %d expected",
-                         r->name, t->m->modules[r->module].name, src->ndim, r->spec.ndim);
-    if (!kern_dtype_eq(src->dtype, r->spec.dtype))
-        return txn_error(t, REFIT_EMISMATCH, "load %s (module %s): dtype %s delivered, %s expected",
-                         r->name, t->m->modules[r->module].name, refit_dtype_name(src->dtype),
-                         refit_dtype_name(r->spec.dtype));
-    if (!be->can_read(src->device))
-        return txn_error(t, REFIT_EUNSUPPORTED, "load %s: the %s backend of its target cannot "
-                         "read a source on device type %d", r->name, be->name,
-                         src->device.device_type);
-    /* only the first ndim entries of the view are read: fill just those */
-    v->data = src->data ? (char *)src->data + src->byte_offset : NULL;
-    v->device = src->device;
-    v->dtype = src->dtype;
-    v->ndim = src->ndim;
-    int64_t numel = 1, stride = 1;
-    for (int i = src->ndim - 1; i >= 0; i--) {
-        v->shape[i] = src->shape[i];
-        v->strides[i] = src->strides ? src->strides[i] : stride;
-        stride *= src->shape[i] > 0 ? src->shape[i] : 1;
-        numel *= src->shape[i];
-    }
-    if (!src->data && numel > 0 && !described)
-        return txn_error(t, REFIT_EINVAL, "load %s: source data is NULL", r->name);
-    return REFIT_OK;
-}
-
-static int check_shape(refit_txn *t, delivery *d, bool whole)
-{
-    const route *r = d->r;
-    int sd = r->split_dim;
-    for (int i = 0; i < r->spec.ndim; i++) {
-        if (i == sd && !whole)
-            continue;
-        if (d->src.shape[i] != r->spec.shape[i])
-            return txn_error(t, REFIT_EMISMATCH,
-                             "load %s (module %s): extent %lld on dim %d, expected %lld",
-                             r->name, t->m->modules[r->module].name, (long long)d->src.shape[i],
-                             i, (long long)r->spec.shape[i]);
-    }
-    d->off = whole ? 0 : d->off;
-    d->len = sd >= 0 ? d->src.shape[sd] : 1;
-    if (!whole) {
-        if (sd < 0)
-            return txn_error(t, REFIT_EINVAL, "load %s: a scalar cannot be delivered in parts",
-                             r->name);
-        int64_t S = r->spec.shape[sd];
-        if (d->off < 0 || d->len > S || d->off > S - d->len)
-            return txn_error(t, REFIT_EMISMATCH,
-                             "load %s (module %s): part rows [%lld, %lld) outside [0, %lld) of dim %d",
-                             r->name, t->m->modules[r->module].name, (long long)d->off,
-                             (long long)(d->off + d->len), (long long)S, sd);
-    }
-    d->a = d->off > r->lo ? d->off : r->lo;
-    d->b = d->off + d->len < r->hi ? d->off + d->len : r->hi;
-    if (sd < 0) {
-        d->a = 0;
-        d->b = 1;
-    }
-    return REFIT_OK;
-}
-
 /* Duplicates and overlaps, checked before anything is written. */
 static int check_fresh(refit_txn *t, const delivery *d, bool whole)
 {
@@ -621,14 +541,12 @@ static void touch_module(refit_txn *t, uint32_t mi)
  * delivery (its parts, duplicates and overlaps); each other name is then
  * accepted once, after the tensor is complete, and skipped: one storage,
  * one write. */
-static int tie_resolve(refit_txn *t, uint32_t ri, delivery *d, bool *skip)
+static int tie_resolve(refit_txn *t, const delivery *d, bool *skip)
 {
     const struct txn_scratch *s = t->s;
+    uint32_t ri = d->name_ri, gi = d->ri;
     const route *r = &t->m->routes[ri];
-    uint32_t gi = (r->flags & ROUTE_ALIAS) ? r->tie : ri;
     uint32_t owner = s->tie_owner[gi];
-    d->ri = gi;
-    d->r = &t->m->routes[gi];
     *skip = false;
     if (owner == 0 || owner == ri + 1)
         return REFIT_OK;
@@ -695,6 +613,95 @@ static int claim_rows(refit_txn *t, const delivery *d)
     return txn_use_stream(t, t->m->runtime[r->target].be, d->stream);
 }
 
+int txn_load_open(refit_txn *t, const char *name)
+{
+    if (t->state == TXN_FAILED)
+        return txn_error(t, REFIT_ESTATE, "load %s: the update failed earlier (%s); abort it",
+                         name ? name : "?", refit_status_name(t->fail_status));
+    if (t->state != TXN_OPEN && t->state != TXN_LOADING)
+        return txn_error(t, REFIT_ESTATE, "load %s: the update is prepared; nothing more can "
+                         "be loaded (commit or abort it)", name ? name : "?");
+    return REFIT_OK;
+}
+
+int txn_load_admit(refit_txn *t, const delivery *d, bool whole, bool *skip)
+{
+    *skip = false;
+    int rc = (d->r->flags & (ROUTE_ALIAS | ROUTE_TIED)) ? tie_resolve(t, d, skip) : REFIT_OK;
+    if (!rc && !*skip)
+        rc = check_fresh(t, d, whole);
+    return rc;
+}
+
+int txn_load_check(refit_txn *t, const char *name, int64_t off, const refit_tensor *src,
+                   bool whole, bool described, delivery *d, bool *skip)
+{
+    int rc = txn_load_open(t, name);
+    if (rc)
+        return rc;
+    if (!name)
+        return txn_error(t, REFIT_EINVAL, "load: checkpoint name is NULL");
+    if ((rc = load_resolve(t->m, name, d)))
+        return rc;
+    d->off = off;
+    d->stream = NULL;
+    if ((rc = load_check(t->m, d, src, whole, described)))
+        return rc;
+    return txn_load_admit(t, d, whole, skip);
+}
+
+int txn_load_staging(refit_txn *t, const delivery *d, void **staging)
+{
+    *staging = NULL;
+    if (d->r->kind != REFIT_ROUTE_STAGED)
+        return REFIT_OK;
+    return staging_get(t, &t->m->modules[d->r->module], d->r->module, staging);
+}
+
+int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *staging, bool claim)
+{
+    refit_model *m = t->m;
+    module *mod = &m->modules[d->r->module];
+    bool tied = (d->r->flags & (ROUTE_ALIAS | ROUTE_TIED)) != 0;
+    /* accepted: from here a failure is sticky */
+    touch_module(t, d->r->module);
+    if (tied && skip)
+        t->s->name_used[d->name_ri] = 1;
+    else if (tied && !t->s->tie_owner[d->ri])
+        t->s->tie_owner[d->ri] = d->name_ri + 1;
+    t->stats.tensors_loaded++;
+    t->stats.bytes_loaded += tensor_dtype_bytes(d->src.dtype, kern_view_numel(&d->src));
+    if (t->state == TXN_OPEN)
+        txn_set_state(t, TXN_LOADING);
+    if (skip)
+        return REFIT_OK;
+    int rc = claim ? claim_rows(t, d) : write_rows(t, d, staging);
+    if (rc)
+        return txn_fail(t, rc);
+    int64_t rows = d->b > d->a ? d->b - d->a : 0;
+    if (!whole) {
+        part *p = malloc(sizeof *p);
+        if (!p)
+            return txn_fail(t, txn_error(t, REFIT_ENOMEM, "load %s: out of memory", d->name));
+        *p = (part){d->off, d->off + d->len, t->s->parts[d->ri]};
+        t->s->parts[d->ri] = p;
+        if (t->s->route_state[d->ri] == ROUTE_COMPLETE)
+            return REFIT_OK; /* other ranks' rows, after ours were all here */
+        t->s->route_rows[d->ri] += rows;
+        t->s->route_state[d->ri] = ROUTE_PARTIAL;
+        if (t->s->route_rows[d->ri] < d->r->hi - d->r->lo)
+            return REFIT_OK;
+    }
+    rc = route_complete(t, d);
+    if (rc)
+        return txn_fail(t, rc);
+    if (t->s->mod_complete[d->r->module] == mod->n_primary) {
+        t->stats.modules_complete++;
+        txj_module_done(m, t->journal_id, &t->jb, d->r->module);
+    }
+    return REFIT_OK;
+}
+
 /* direct: a claim (txn_claim_direct): *direct gets where the caller writes
  * the bytes, or NULL (nothing done: deliver them with a load). */
 static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_tensor *src,
@@ -702,84 +709,53 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
 {
     if (!t)
         return REFIT_EINVAL;
-    refit_model *m = t->m;
-    ctx_clear_error(m->ctx);
-    if (t->state == TXN_FAILED)
-        return txn_error(t, REFIT_ESTATE, "load %s: the update failed earlier (%s); abort it",
-                         name ? name : "?", refit_status_name(t->fail_status));
-    if (t->state != TXN_OPEN && t->state != TXN_LOADING)
-        return txn_error(t, REFIT_ESTATE, "load %s: the update is prepared; nothing more can "
-                         "be loaded (commit or abort it)", name ? name : "?");
-    if (!name)
-        return txn_error(t, REFIT_EINVAL, "load: checkpoint name is NULL");
-    uint32_t ri = names_find(&m->route_names, name);
-    if (ri == NAMES_NONE)
-        return txn_error(t, REFIT_EUNEXPECTED, "load %s: no module of worker %s expects this "
-                         "tensor; nothing written", name, m->ctx->worker_id);
-    delivery d; /* d.src is filled by src_view, dims [0, ndim) only */
-    d.name = name;
-    d.r = &m->routes[ri];
-    d.ri = ri;
-    d.off = off;
-    d.stream = stream;
-    bool skip = false;
-    int rc = src_view(t, d.r, src, &d.src, direct != NULL);
-    bool tied = (d.r->flags & (ROUTE_ALIAS | ROUTE_TIED)) != 0;
-    if (!rc && tied)
-        rc = tie_resolve(t, ri, &d, &skip);
-    if (!rc)
-        rc = check_shape(t, &d, whole);
-    if (!rc && !skip)
-        rc = check_fresh(t, &d, whole);
-    void *claimed = NULL;
-    if (!rc && direct && (skip || !claim_fits(t, &d, src->device, &claimed)))
-        return REFIT_OK; /* not for a claim (*direct NULL): nothing done, load it */
-    void *staging = NULL;
-    module *mod = &m->modules[d.r->module];
-    if (!rc && !skip && d.r->kind == REFIT_ROUTE_STAGED)
-        rc = staging_get(t, mod, d.r->module, &staging);
+    ctx_clear_error(t->m->ctx);
+    delivery d; /* d.src is filled by load_check, dims [0, ndim) only */
+    bool skip;
+    int rc = txn_load_check(t, name, off, src, whole, direct != NULL, &d, &skip);
     if (rc)
         return rc; /* refused: nothing written, the txn goes on */
-
-    /* accepted: from here a failure is sticky */
-    touch_module(t, d.r->module);
-    if (tied && skip)
-        t->s->name_used[ri] = 1;
-    else if (tied && !t->s->tie_owner[d.ri])
-        t->s->tie_owner[d.ri] = ri + 1;
-    t->stats.tensors_loaded++;
-    t->stats.bytes_loaded += tensor_dtype_bytes(d.src.dtype, kern_view_numel(&d.src));
-    if (t->state == TXN_OPEN)
-        txn_set_state(t, TXN_LOADING);
-    if (skip)
-        return REFIT_OK;
-    rc = direct ? claim_rows(t, &d) : write_rows(t, &d, staging);
-    if (rc)
-        return txn_fail(t, rc);
-    if (direct)
+    d.stream = stream;
+    void *claimed = NULL;
+    if (direct && (skip || !claim_fits(t, &d, src->device, &claimed)))
+        return REFIT_OK; /* not for a claim (*direct NULL): nothing done, load it */
+    void *staging = NULL;
+    if (!skip && (rc = txn_load_staging(t, &d, &staging)))
+        return rc;
+    rc = txn_load_apply(t, &d, whole, skip, staging, direct != NULL);
+    if (!rc && direct)
         *direct = claimed;
-    int64_t rows = d.b > d.a ? d.b - d.a : 0;
-    if (!whole) {
-        part *p = malloc(sizeof *p);
-        if (!p)
-            return txn_fail(t, txn_error(t, REFIT_ENOMEM, "load %s: out of memory", name));
-        *p = (part){d.off, d.off + d.len, t->s->parts[d.ri]};
-        t->s->parts[d.ri] = p;
-        if (t->s->route_state[d.ri] == ROUTE_COMPLETE)
-            return REFIT_OK; /* other ranks' rows, after ours were all here */
-        t->s->route_rows[d.ri] += rows;
-        t->s->route_state[d.ri] = ROUTE_PARTIAL;
-        if (t->s->route_rows[d.ri] < d.r->hi - d.r->lo)
-            return REFIT_OK;
-    }
-    rc = route_complete(t, &d);
-    if (rc)
-        return txn_fail(t, rc);
-    if (t->s->mod_complete[d.r->module] == mod->n_primary) {
-        t->stats.modules_complete++;
-        txj_module_done(m, t->journal_id, &t->jb, d.r->module);
-    }
-    return REFIT_OK;
+    return rc;
+}
+
+size_t txn_staging_in_use(const refit_txn *t)
+{
+    return t->staging_in_use;
+}
+
+bool txn_module_has_staging(const refit_txn *t, uint32_t mi)
+{
+    return t->s->staging[mi] != NULL;
+}
+
+uint32_t txn_module_complete(const refit_txn *t, uint32_t mi)
+{
+    return t->s->mod_complete[mi];
+}
+
+bool txn_wrote(const refit_txn *t)
+{
+    return t->wrote;
+}
+
+refit_model *txn_model(const refit_txn *t)
+{
+    return t->m;
+}
+
+int txn_load_fail(refit_txn *t, int status)
+{
+    return txn_fail(t, status);
 }
 
 int refit_load(refit_txn *t, const char *ckpt_name, const refit_tensor *src, void *stream)

@@ -10,6 +10,7 @@
  *       refit_model_seal                  plan, validate, record signatures
  *       refit_begin(&txn, model, opts)    one update at a time
  *         refit_load / refit_load_part    any order, any batching
+ *         refit_load_many / refit_load_set  many tensors per call
  *       refit_finalize(txn) | refit_abort(txn)   frees the txn either way
  *     refit_model_destroy(model)
  *   refit_close(ctx)
@@ -433,6 +434,46 @@ typedef struct refit_txn_stats {
     uint32_t modules_touched, modules_complete;
 } refit_txn_stats;
 REFIT_API int refit_txn_stats_get(const refit_txn *txn, refit_txn_stats *out);
+
+/* ---- many tensors per call --------------------------------------------- */
+
+/* Deliver n whole checkpoint tensors in one call, names[i] from srcs[i],
+ * each as refit_load would (the same checks, the same bytes), on one
+ * stream. Every row is checked before any byte is written: name known, not
+ * delivered earlier nor twice in this call (a name tied to another row's
+ * is accepted and written once), dtype, shape, device, staging budget. A
+ * refused row refuses the whole call, nothing written, the txn usable; the
+ * message starts "row <i> (<name>): ". A failure once bytes move fails the
+ * txn as refit_load's would. srcs are read as refit_load reads its src. */
+REFIT_API int refit_load_many(refit_txn *txn, size_t n, const char *const *names,
+                              const refit_tensor *srcs, void *stream);
+
+/* A prepared source set: the same named buffers delivered at every update
+ * (a trainer's parameters, a transport's receive buffers, a staging
+ * arena), resolved and checked once, then loaded with one call. */
+typedef struct refit_source_set refit_source_set;
+
+/* Build a set of n rows, names[i] from srcs[i], for a sealed model: each
+ * row checked as refit_load checks it, a name given twice refused ("row
+ * <i> (<name>): "). Names and descriptors (shape, strides) are copied; the
+ * memory they point at stays the caller's and must hold the update's bytes
+ * when refit_load_set runs (device and pinned memory until the txn ends).
+ * The set may outlive its model (then every load refuses it). */
+REFIT_API int refit_source_set_create(refit_source_set **out, refit_model *model, size_t n,
+                                      const char *const *names, const refit_tensor *srcs);
+/* Point every row at new memory: data[i] replaces row i's data pointer
+ * (its byte_offset kept). n is the set's row count. Each row is checked
+ * again, all before any change: a refusal leaves the set as it was.
+ * REFIT_ESTATE (no message: no context) when the model was destroyed. */
+REFIT_API int refit_source_set_repoint(refit_source_set *set, size_t n, void *const *data);
+/* Deliver every row of set into txn as refit_load_many would, without
+ * resolving names or re-checking descriptors. Refuses with REFIT_ESTATE,
+ * nothing written, a stale set: its model destroyed, or another model's. */
+REFIT_API int refit_load_set(refit_txn *txn, refit_source_set *set, void *stream);
+/* Rows of the set. */
+REFIT_API size_t refit_source_set_count(const refit_source_set *set);
+/* Free the set (before or after its model). NULL is ok. */
+REFIT_API void refit_source_set_destroy(refit_source_set *set);
 
 #ifdef __cplusplus
 }

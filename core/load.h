@@ -1,0 +1,82 @@
+/* Loading checkpoint tensors into an open transaction: the pieces every
+ * path shares (refit_load, refit_load_part, refit_load_many, source sets,
+ * the NCCL receiver's claims). One check of a descriptor against its route
+ * (load_check.c), one check against what the transaction already holds and
+ * one execution (txn.c); the paths only sequence them. */
+#ifndef REFIT_CORE_LOAD_H
+#define REFIT_CORE_LOAD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/internal.h"
+
+/* Where a delivery lands: src rows [a, b) of split dim d. */
+typedef struct delivery {
+    const char *name;           /* as delivered (a tied name, maybe) */
+    uint32_t name_ri;           /* the route of that name */
+    route *r;                   /* the route written (primary of an alias) */
+    uint32_t ri;
+    refit_view src;             /* the whole delivered piece */
+    int64_t off, len;           /* its rows of the split dim */
+    int64_t a, b;               /* rows of this rank's [lo, hi) it covers */
+    void *stream;
+} delivery;
+
+/* Start a delivery of name: d->name, d->name_ri, and d->r/d->ri (the
+ * primary of a tied name). REFIT_EUNEXPECTED (message set) when no module
+ * expects the name. */
+int load_resolve(refit_model *m, const char *name, delivery *d);
+
+/* The descriptor checks, the same for every path: src (whole, or the part
+ * at d->off) against the route of d (dims, dtype, device, extents, data).
+ * described: src->data is not read (a claim). Fills d->src, d->off,
+ * d->len, d->a, d->b; on a refusal the message of m's context says why and
+ * nothing changed. Needs no transaction: a source set runs it at build. */
+int load_check(refit_model *m, delivery *d, const refit_tensor *src, bool whole,
+               bool described);
+
+/* txn.c. May t take a delivery now? name: for the message. */
+int txn_load_open(refit_txn *t, const char *name);
+/* The checks against what t already holds (duplicate, overlap, a tied
+ * name's other name): *skip when d is a tied name to accept and skip (one
+ * storage, one write). Changes nothing. */
+int txn_load_admit(refit_txn *t, const delivery *d, bool whole, bool *skip);
+/* Every check of one delivery: open, resolve, load_check, admit. */
+int txn_load_check(refit_txn *t, const char *name, int64_t off, const refit_tensor *src,
+                   bool whole, bool described, delivery *d, bool *skip);
+/* Staging of d's module (a STAGED route), within the budget. */
+int txn_load_staging(refit_txn *t, const delivery *d, void **staging);
+/* Execute an admitted delivery: bookkeeping, the copy (or, claim, only
+ * the undo save: the caller writes the bytes), completion, post-load.
+ * A failure here is sticky (the txn FAILED). */
+int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *staging,
+                   bool claim);
+
+/* What the batch's staging forecast reads (txn.c). */
+size_t txn_staging_in_use(const refit_txn *t);
+bool txn_module_has_staging(const refit_txn *t, uint32_t mi);
+uint32_t txn_module_complete(const refit_txn *t, uint32_t mi);
+bool txn_wrote(const refit_txn *t);
+refit_model *txn_model(const refit_txn *t);
+/* Fail t (sticky) with status; returns it. */
+int txn_load_fail(refit_txn *t, int status);
+
+/* load_many.c: deliver rows [0, n) of a table, whole, all checked first.
+ * The row source is either a descriptor table (fresh: checked here) or a
+ * prepared set (checked when built: admitted only). */
+typedef struct load_table {
+    size_t n;
+    const char *const *names;   /* fresh */
+    const refit_tensor *srcs;   /* fresh */
+    const delivery *prepared;   /* a set: every row load_check'ed */
+} load_table;
+int load_table_run(refit_txn *t, const load_table *tab, void *stream, const char *call);
+
+/* refit_model_destroy (model.c): free the marks of load_many.c, and
+ * detach the model's source sets (load_set.c), which then refuse loads. */
+void load_model_release(refit_model *m);
+void load_marks_free(refit_model *m);
+
+#endif

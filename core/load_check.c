@@ -1,0 +1,104 @@
+/* The descriptor checks of a delivery: the one place that decides whether
+ * a source tensor fits its route (dims, dtype, device, extents, data).
+ * Every loading path runs them (refit_load, refit_load_part,
+ * refit_load_many, a source set when built or re-pointed, the NCCL
+ * receiver's claims), so a rule added here holds for all of them. Nothing
+ * here reads or changes a transaction. */
+#include "core/load.h"
+
+#include "kernels/copy.h"
+
+int load_resolve(refit_model *m, const char *name, delivery *d)
+{
+    uint32_t ri = names_find(&m->route_names, name);
+    if (ri == NAMES_NONE)
+        return ctx_error(m->ctx, REFIT_EUNEXPECTED, "load %s: no module of worker %s expects "
+                         "this tensor; nothing written", name, m->ctx->worker_id);
+    const route *r = &m->routes[ri];
+    uint32_t gi = (r->flags & ROUTE_ALIAS) ? r->tie : ri;
+    d->name = name;
+    d->name_ri = ri;
+    d->ri = gi;
+    d->r = &m->routes[gi];
+    return REFIT_OK;
+}
+
+/* src as a view; dims and dtype against the route r of the name delivered
+ * (a tied name declares those of its primary). */
+static int src_view(refit_model *m, const route *r, const refit_tensor *src, refit_view *v,
+                    bool described)
+{
+    const backend *be = m->runtime[r->target].be;
+    if (!src)
+        return ctx_error(m->ctx, REFIT_EINVAL, "load %s: source tensor is NULL", r->name);
+    if (src->ndim != r->spec.ndim)
+        return ctx_error(m->ctx, REFIT_EMISMATCH, "load %s (module %s): %d dims delivered, "
+                         "%d expected", r->name, m->modules[r->module].name, src->ndim,
+                         r->spec.ndim);
+    if (!kern_dtype_eq(src->dtype, r->spec.dtype))
+        return ctx_error(m->ctx, REFIT_EMISMATCH, "load %s (module %s): dtype %s delivered, "
+                         "%s expected", r->name, m->modules[r->module].name,
+                         refit_dtype_name(src->dtype), refit_dtype_name(r->spec.dtype));
+    if (!be->can_read(src->device))
+        return ctx_error(m->ctx, REFIT_EUNSUPPORTED, "load %s: the %s backend of its target "
+                         "cannot read a source on device type %d", r->name, be->name,
+                         src->device.device_type);
+    /* only the first ndim entries of the view are read: fill just those */
+    v->data = src->data ? (char *)src->data + src->byte_offset : NULL;
+    v->device = src->device;
+    v->dtype = src->dtype;
+    v->ndim = src->ndim;
+    int64_t numel = 1, stride = 1;
+    for (int i = src->ndim - 1; i >= 0; i--) {
+        v->shape[i] = src->shape[i];
+        v->strides[i] = src->strides ? src->strides[i] : stride;
+        stride *= src->shape[i] > 0 ? src->shape[i] : 1;
+        numel *= src->shape[i];
+    }
+    if (!src->data && numel > 0 && !described)
+        return ctx_error(m->ctx, REFIT_EINVAL, "load %s: source data is NULL", r->name);
+    return REFIT_OK;
+}
+
+/* Extents against the (primary) route, and the rows of this rank covered. */
+static int check_shape(refit_model *m, delivery *d, bool whole)
+{
+    const route *r = d->r;
+    int sd = r->split_dim;
+    for (int i = 0; i < r->spec.ndim; i++) {
+        if (i == sd && !whole)
+            continue;
+        if (d->src.shape[i] != r->spec.shape[i])
+            return ctx_error(m->ctx, REFIT_EMISMATCH,
+                             "load %s (module %s): extent %lld on dim %d, expected %lld",
+                             r->name, m->modules[r->module].name, (long long)d->src.shape[i],
+                             i, (long long)r->spec.shape[i]);
+    }
+    d->off = whole ? 0 : d->off;
+    d->len = sd >= 0 ? d->src.shape[sd] : 1;
+    if (!whole) {
+        if (sd < 0)
+            return ctx_error(m->ctx, REFIT_EINVAL, "load %s: a scalar cannot be delivered in "
+                             "parts", r->name);
+        int64_t S = r->spec.shape[sd];
+        if (d->off < 0 || d->len > S || d->off > S - d->len)
+            return ctx_error(m->ctx, REFIT_EMISMATCH, "load %s (module %s): part rows [%lld, "
+                             "%lld) outside [0, %lld) of dim %d", r->name,
+                             m->modules[r->module].name, (long long)d->off,
+                             (long long)(d->off + d->len), (long long)S, sd);
+    }
+    d->a = d->off > r->lo ? d->off : r->lo;
+    d->b = d->off + d->len < r->hi ? d->off + d->len : r->hi;
+    if (sd < 0) {
+        d->a = 0;
+        d->b = 1;
+    }
+    return REFIT_OK;
+}
+
+int load_check(refit_model *m, delivery *d, const refit_tensor *src, bool whole,
+               bool described)
+{
+    int rc = src_view(m, &m->routes[d->name_ri], src, &d->src, described);
+    return rc ? rc : check_shape(m, d, whole);
+}
