@@ -67,6 +67,13 @@ struct refit_ipc_receiver {
     char *arena;
     size_t arena_len, arena_cap;
     uint8_t *seen;              /* per route: delivered whole by this index */
+    /* the whole pieces as a prepared source set, kept while the index
+     * lays them out the same (names, dtypes, shapes, where they lie) */
+    refit_source_set *set;
+    rcv_piece *set_pc;
+    uint32_t set_n;
+    char *set_arena;
+    size_t set_arena_len;
     char label[BKT_MAX_LABEL + 1];
     refit_ipc_stats st;
     char err[1024];
@@ -144,6 +151,9 @@ void refit_ipc_receiver_destroy(refit_ipc_receiver *r)
     free(r->pc);
     free(r->arena);
     free(r->seen);
+    refit_source_set_destroy(r->set);
+    free(r->set_pc);
+    free(r->set_arena);
     bkt_header_free(&r->h);
     if (r->cu.open)
         ipc_cuda_close(&r->cu);
@@ -276,6 +286,7 @@ static int add_piece(refit_ipc_receiver *r, const bkt_entry *e, uint8_t *payload
         return rc;
     memcpy(r->arena + r->arena_len, e->name, nl);
     rcv_piece *p = &r->pc[r->n_pc++];
+    memset(p, 0, sizeof *p); /* padding too: layouts are compared bytewise */
     *p = (rcv_piece){.name = r->arena_len, .dtype = e->dtype, .ndim = e->ndim, .part = e->part,
                      .row_offset = e->row_offset, .data = payload + e->offset, .dev = dev};
     memcpy(p->shape, e->shape, sizeof p->shape);
@@ -442,23 +453,74 @@ static int verify_sums(refit_ipc_receiver *r, const ipc_update *u)
     return REFIT_OK;
 }
 
-/* Every piece into the transaction, from where it lies. */
+/* The source set of this index's whole pieces: the last one when the
+ * index lays them out exactly as before, else built anew. */
+static int whole_set(refit_ipc_receiver *r, refit_source_set **out)
+{
+    size_t pc_bytes = (size_t)r->n_pc * sizeof *r->pc;
+    if (r->set && r->set_n == r->n_pc && r->set_arena_len == r->arena_len &&
+        !memcmp(r->set_pc, r->pc, pc_bytes) && !memcmp(r->set_arena, r->arena, r->arena_len)) {
+        *out = r->set;
+        return REFIT_OK;
+    }
+    refit_source_set_destroy(r->set);
+    r->set = NULL;
+    r->set_n = 0;
+    const char **names = malloc(((size_t)r->n_pc + 1) * sizeof *names);
+    refit_tensor *ts = malloc(((size_t)r->n_pc + 1) * sizeof *ts);
+    rcv_piece *cp = malloc(pc_bytes + 1);
+    char *ca = malloc(r->arena_len + 1);
+    int rc = names && ts && cp && ca ? REFIT_OK : REFIT_ENOMEM;
+    size_t n = 0;
+    for (uint32_t i = 0; !rc && i < r->n_pc; i++) {
+        rcv_piece *p = &r->pc[i];
+        if (p->ndim < 0 || p->part)
+            continue;
+        names[n] = pc_name(r, p);
+        ts[n++] = (refit_tensor){.data = p->data, .device = p->dev, .ndim = p->ndim,
+                                 .dtype = p->dtype, .shape = p->shape};
+    }
+    if (!rc && n && (rc = refit_source_set_create(&r->set, r->m, n, names, ts)))
+        ipc_copy_str(r->err, sizeof r->err, refit_errmsg(r->ctx));
+    if (!rc) {
+        memcpy(cp, r->pc, pc_bytes);
+        memcpy(ca, r->arena, r->arena_len);
+        free(r->set_pc);
+        free(r->set_arena);
+        r->set_pc = cp;
+        r->set_arena = ca;
+        r->set_n = r->n_pc;
+        r->set_arena_len = r->arena_len;
+        r->st.source_sets_built++;
+        cp = NULL;
+        ca = NULL;
+    }
+    free(names);
+    free(ts);
+    free(cp);
+    free(ca);
+    *out = r->set;
+    return rc;
+}
+
+/* Every piece into the transaction, from where it lies: the whole ones in
+ * one call (the prepared set), parts one by one. */
 static int load_pieces(refit_ipc_receiver *r, refit_txn *txn)
 {
-    for (uint32_t i = 0; i < r->n_pc; i++) {
+    refit_source_set *set = NULL;
+    int rc = whole_set(r, &set);
+    if (!rc && set && (rc = refit_load_set(txn, set, r->o.stream)))
+        ipc_copy_str(r->err, sizeof r->err, refit_errmsg(r->ctx));
+    for (uint32_t i = 0; !rc && i < r->n_pc; i++) {
         rcv_piece *p = &r->pc[i];
-        if (p->ndim < 0)
+        if (p->ndim < 0 || !p->part)
             continue;
         refit_tensor t = {.data = p->data, .device = p->dev, .ndim = p->ndim,
                           .dtype = p->dtype, .shape = p->shape};
-        int rc = p->part ? refit_load_part(txn, pc_name(r, p), p->row_offset, &t, r->o.stream)
-                         : refit_load(txn, pc_name(r, p), &t, r->o.stream);
-        if (rc) {
+        if ((rc = refit_load_part(txn, pc_name(r, p), p->row_offset, &t, r->o.stream)))
             ipc_copy_str(r->err, sizeof r->err, refit_errmsg(r->ctx));
-            return rc;
-        }
     }
-    return REFIT_OK;
+    return rc;
 }
 
 /* ---- one update ---- */

@@ -133,6 +133,8 @@ typedef struct refit_ipc_stats {
     uint64_t handles_cached;   /* memories reused from an earlier update */
     uint64_t events_opened;
     uint64_t refused;          /* frames or updates refused */
+    uint64_t source_sets_built;/* prepared sets of the index's whole tensors
+                                  (rebuilt only when the layout changed) */
 } refit_ipc_stats;
 REFIT_API int refit_ipc_receiver_stats(const refit_ipc_receiver *r, refit_ipc_stats *out);
 

@@ -401,6 +401,7 @@ static void updates_commit(int share, int checksum)
     assert_int_equal(st.handles_opened, st0.handles_opened); /* opened once */
     assert_int_equal(st.handles_closed, 0);
     assert_int_equal(st.refused, 0);
+    assert_int_equal(st.source_sets_built, 1); /* one prepared set for 10 updates */
     worker_close(&f);
 }
 
