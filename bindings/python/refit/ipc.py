@@ -167,10 +167,14 @@ class Receiver:
     into a transaction and commits or aborts as the trainer decides."""
 
     def __init__(self, model, path, timeout=0.0, start_timeout=0.0, stream=None,
-                 max_bucket_bytes=0):
+                 max_bucket_bytes=0, filter=None):
+        """filter: name -> bool, called for every tensor of an update's
+        index before anything begins (False: not loaded)."""
         self.model = model
+        self._filter = (_ffi.FILTER_FN(lambda user, name: int(bool(filter(name.decode()))))
+                        if filter else _ffi.FILTER_FN(0))
         o = RecvOpts(1, timeout, start_timeout, _stream(stream), max_bucket_bytes,
-                     _ffi.FILTER_FN(0), None)
+                     self._filter, None)
         h = _P()
         _check(model.ctx.handle, _lib().refit_ipc_receiver_create(ctypes.byref(h), model.handle,
                _b(path), ctypes.byref(o)), "refit_ipc_receiver_create")
