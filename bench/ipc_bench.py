@@ -89,6 +89,7 @@ def alloc(shapes, device="cuda", fill=None):
 
 def trainer_main(conn, shapes_name, path, iters):
     import torch
+    import torch.multiprocessing  # noqa: F401  (CUDA tensors pickle as IPC handles)
     import refit
     import refit.ipc
     torch.cuda.set_device(0)
