@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include <refit/refit.h>
+#include <refit/ipc.h>
 #include <refit/transport.h>
 
 #define M(T, f) printf("%s\"%s\": %zu", first ? "" : ", ", #f, offsetof(T, f)), first = 0
@@ -67,6 +68,11 @@ int main(void)
       M(refit_group_result, buckets); M(refit_group_result, tensors);
       M(refit_group_result, bytes); M(refit_group_result, seconds);
       M(refit_group_result, version_label));
+    S(refit_ipc_send_opts, "ipc.SendOpts", M(refit_ipc_send_opts, version);
+      M(refit_ipc_send_opts, device); M(refit_ipc_send_opts, stream));
+    S(refit_ipc_recv_opts, "ipc.RecvOpts", M(refit_ipc_recv_opts, version);
+      M(refit_ipc_recv_opts, stream); M(refit_ipc_recv_opts, filter_user));
+    S(refit_ipc_stats, "ipc.Stats", M(refit_ipc_stats, source_sets_built));
     printf("}\n");
     return 0;
 }

@@ -1,0 +1,205 @@
+"""ctypes binding of include/refit/ipc.h: a colocated trainer hands weights
+to the engine workers on the same machine over CUDA IPC (docs/ipc.md).
+
+Worker (listens; one per engine rank)::
+
+    r = refit.ipc.Receiver(model, "/run/refit/rank0.sock", stream=torch.cuda.current_stream())
+    while serving:
+        res = r.receive_update(rollback=True)    # RefitError unless the group committed
+
+Trainer::
+
+    s = refit.ipc.Sender(ctx, ["/run/refit/rank0.sock"], device=0)
+    for name, p in model.named_parameters():
+        s.add(name, p)                           # its own storage, shared once (share=True)
+    for step in ...:
+        optimizer.step()
+        s.send(label=f"step-{step}")             # every worker committed, or RefitError
+
+Handles are made at the first send and reused; a parameter whose storage
+moved is exported again. share=False packs the tensor into refit's flat
+buckets instead (strided tensors, or memory cudaIpcGetMemHandle cannot
+share, such as PyTorch's expandable segments).
+"""
+
+import ctypes
+
+from . import _ffi
+from .core import _b, _check, describe
+from .transport import GroupResult, UpdateOpts
+
+_P, _I, _D, _U64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_uint64
+
+SHARE, PACK = 0, 1
+
+
+class SendOpts(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("version_label", ctypes.c_char_p),
+                ("device", ctypes.c_int32), ("bucket_bytes", _U64), ("checksum", _I),
+                ("timeout_s", _D), ("stream", _P)]
+
+
+class RecvOpts(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("timeout_s", _D), ("start_timeout_s", _D),
+                ("stream", _P), ("max_bucket_bytes", _U64), ("filter", _ffi.FILTER_FN),
+                ("filter_user", _P)]
+
+
+class Stats(ctypes.Structure):
+    _fields_ = [(k, _U64) for k in ("connections", "updates", "handles_opened",
+                                    "handles_closed", "handles_cached", "events_opened",
+                                    "refused", "source_sets_built")]
+
+
+_PP = ctypes.POINTER(_P)
+_PROTOS = {
+    "refit_ipc_sender_create": (_I, [_PP, _P, ctypes.POINTER(ctypes.c_char_p), _I,
+                                     ctypes.POINTER(SendOpts)]),
+    "refit_ipc_sender_destroy": (None, [_P]),
+    "refit_ipc_sender_add": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(_ffi.Tensor), _I]),
+    "refit_ipc_sender_set_label": (_I, [_P, ctypes.c_char_p]),
+    "refit_ipc_sender_send": (_I, [_P, ctypes.POINTER(GroupResult)]),
+    "refit_ipc_host_alloc": (_I, [_P, ctypes.c_size_t, _PP]),
+    "refit_ipc_receiver_create": (_I, [_PP, _P, ctypes.c_char_p, ctypes.POINTER(RecvOpts)]),
+    "refit_ipc_receiver_destroy": (None, [_P]),
+    "refit_ipc_receive_update": (_I, [_P, ctypes.POINTER(UpdateOpts),
+                                      ctypes.POINTER(GroupResult)]),
+    "refit_ipc_receiver_stats": (_I, [_P, ctypes.POINTER(Stats)]),
+}
+_ready = False
+
+
+def _lib():
+    global _ready
+    L = _ffi.lib()
+    if not _ready:
+        for name, (res, args) in _PROTOS.items():
+            fn = getattr(L, name)
+            fn.restype, fn.argtypes = res, args
+        _ready = True
+    return L
+
+
+def _stream(stream):
+    """A cudaStream_t from a torch.cuda.Stream, an int, or None."""
+    if stream is None:
+        return None
+    return getattr(stream, "cuda_stream", stream)
+
+
+def _device(device):
+    """-1 (host memory), an int, or a torch.device / "cuda:N"."""
+    if device is None:
+        return -1
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if index is None and isinstance(device, str):
+        index = int(device.split(":")[1]) if ":" in device else 0
+    return 0 if index is None else index
+
+
+class Sender:
+    """The trainer side: add tensors once, send() each update."""
+
+    def __init__(self, ctx, paths, device=None, label=None, bucket_bytes=0, checksum=False,
+                 timeout=0.0, stream=None):
+        if isinstance(paths, str):
+            paths = [paths]
+        self.ctx, self._keep, self._label = ctx, [], _b(label)
+        self._paths = (ctypes.c_char_p * len(paths))(*[_b(p) for p in paths])
+        o = SendOpts(1, self._label, _device(device), bucket_bytes, int(checksum), timeout,
+                     _stream(stream))
+        h = _P()
+        _check(ctx.handle, _lib().refit_ipc_sender_create(ctypes.byref(h), ctx.handle,
+               self._paths, len(paths), ctypes.byref(o)), "refit_ipc_sender_create")
+        self._h = h
+
+    def add(self, name, tensor, share=True):
+        """Export tensor under name: its own storage (share=True), or packed
+        into refit's buckets at each send (share=False). Kept alive here."""
+        d = describe(tensor)
+        _check(self.ctx.handle, _lib().refit_ipc_sender_add(self._h, _b(name),
+               ctypes.byref(d.t), SHARE if share else PACK), "refit_ipc_sender_add")
+        self._keep.append((d, tensor))
+
+    def add_dict(self, tensors, share=True):
+        for name, t in tensors.items():
+            self.add(name, t, share)
+
+    def set_label(self, label):
+        self._label = _b(label)
+        _check(self.ctx.handle, _lib().refit_ipc_sender_set_label(self._h, self._label),
+               "refit_ipc_sender_set_label")
+
+    def send(self, label=None):
+        """One update to every worker and the decision: the group result (a
+        dict); RefitError when the group did not commit."""
+        if label is not None:
+            self.set_label(label)
+        res = GroupResult()
+        rc = _lib().refit_ipc_sender_send(self._h, ctypes.byref(res))
+        _check(self.ctx.handle, rc, "refit_ipc_sender_send")
+        return res.as_dict()
+
+    def host_alloc(self, nbytes):
+        """Host memory (a host sender, device=None) a tensor may live in to
+        be shared unpacked: its address, valid until close()."""
+        p = _P()
+        _check(self.ctx.handle, _lib().refit_ipc_host_alloc(self._h, nbytes, ctypes.byref(p)),
+               "refit_ipc_host_alloc")
+        return p.value
+
+    def close(self):
+        if self._h:
+            _lib().refit_ipc_sender_destroy(self._h)
+            self._h, self._keep = None, []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Receiver:
+    """A worker: receive_update() waits for a trainer's update, takes it
+    into a transaction and commits or aborts as the trainer decides."""
+
+    def __init__(self, model, path, timeout=0.0, start_timeout=0.0, stream=None,
+                 max_bucket_bytes=0, filter=None):
+        """filter: name -> bool, called for every tensor of an update's
+        index before anything begins (False: not loaded)."""
+        self.model = model
+        self._filter = (_ffi.FILTER_FN(lambda user, name: int(bool(filter(name.decode()))))
+                        if filter else _ffi.FILTER_FN(0))
+        o = RecvOpts(1, timeout, start_timeout, _stream(stream), max_bucket_bytes,
+                     self._filter, None)
+        h = _P()
+        _check(model.ctx.handle, _lib().refit_ipc_receiver_create(ctypes.byref(h), model.handle,
+               _b(path), ctypes.byref(o)), "refit_ipc_receiver_create")
+        self._h = h
+
+    def receive_update(self, rollback=True, label=None, source_uri=None):
+        self._strings = (_b(label), _b(source_uri))
+        opts = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
+        res = GroupResult()
+        rc = _lib().refit_ipc_receive_update(self._h, ctypes.byref(opts), ctypes.byref(res))
+        _check(self.model.ctx.handle, rc, "refit_ipc_receive_update")
+        return res.as_dict()
+
+    def stats(self):
+        st = Stats()
+        _lib().refit_ipc_receiver_stats(self._h, ctypes.byref(st))
+        return {k: getattr(st, k) for k, _ in Stats._fields_}
+
+    def close(self):
+        if self._h:
+            _lib().refit_ipc_receiver_destroy(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,412 @@
+/* The control channel: frames over a Unix stream socket with deadlines
+ * (chan.h has the layout). Every byte read is untrusted. */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <refit/refit.h>
+
+#include "core/ipc/chan.h"
+#include "core/nccl/bucket.h"
+
+static int fail(char *err, size_t errlen, int status, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int status, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    if (errlen)
+        vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return status;
+}
+
+void ipc_copy_str(char *dst, size_t n, const char *src)
+{
+    if (!n)
+        return;
+    size_t l = src ? strlen(src) : 0;
+    if (l >= n)
+        l = n - 1;
+    if (l)
+        memcpy(dst, src, l);
+    dst[l] = '\0';
+}
+
+double ipc_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int wait_ms(double deadline)
+{
+    double left = deadline - ipc_now();
+    if (left <= 0)
+        return 0;
+    return left > 3600.0 ? 3600000 : (int)(left * 1000.0) + 1;
+}
+
+/* poll for ev by deadline: 1 ready, 0 deadline passed, -1 error. */
+static int wait_fd(int fd, short ev, double deadline)
+{
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = ev};
+        int n = poll(&p, 1, wait_ms(deadline));
+        if (n > 0)
+            return 1;
+        if (n == 0 && ipc_now() >= deadline)
+            return 0;
+        if (n < 0 && errno != EINTR)
+            return -1;
+    }
+}
+
+static const char *TYPE_NAMES[] = {"?", "HELLO", "MEMS", "UPDATE", "VOTE", "DECISION", "RESULT"};
+
+const char *ipc_type_name(uint16_t type)
+{
+    return type <= IPC_TYPE_MAX ? TYPE_NAMES[type] : "?";
+}
+
+/* ---- header ---- */
+
+static void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static uint32_t get32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32; }
+
+void ipc_header_encode(uint8_t out[IPC_FRAME_HEADER], uint16_t type, uint32_t len,
+                       uint16_t n_fds, uint64_t payload_sum)
+{
+    memset(out, 0, IPC_FRAME_HEADER);
+    put32(out, IPC_MAGIC);
+    put16(out + 4, IPC_PROTO_VERSION);
+    put16(out + 6, type);
+    put32(out + 8, len);
+    put16(out + 12, n_fds);
+    put64(out + 16, payload_sum);
+    put64(out + 24, bkt_checksum(out, 24));
+}
+
+int ipc_header_decode(const uint8_t in[IPC_FRAME_HEADER], uint16_t *type, uint32_t *len,
+                      uint16_t *n_fds, uint64_t *payload_sum, uint32_t max_len, char *err,
+                      size_t errlen)
+{
+    const int C = REFIT_ECORRUPT;
+    if (get32(in) != IPC_MAGIC)
+        return fail(err, errlen, C, "control frame: bad magic 0x%08x (not a refit IPC peer?)",
+                    get32(in));
+    uint16_t v = get16(in + 4);
+    if (v != IPC_PROTO_VERSION)
+        return fail(err, errlen, C, "control frame: protocol version %u; this refit speaks %u",
+                    v, IPC_PROTO_VERSION);
+    if (get64(in + 24) != bkt_checksum(in, 24))
+        return fail(err, errlen, C, "control frame: header checksum mismatch");
+    *type = get16(in + 6);
+    *len = get32(in + 8);
+    *n_fds = get16(in + 12);
+    *payload_sum = get64(in + 16);
+    if (*type == 0 || *type > IPC_TYPE_MAX)
+        return fail(err, errlen, C, "control frame: unknown type %u", *type);
+    if (get16(in + 14))
+        return fail(err, errlen, C, "control frame %s: unknown flags 0x%x", ipc_type_name(*type),
+                    get16(in + 14));
+    if (*len > max_len)
+        return fail(err, errlen, C, "control frame %s: %u payload bytes, at most %u accepted",
+                    ipc_type_name(*type), *len, max_len);
+    if (*n_fds > IPC_MAX_FDS || (*n_fds && *type != IPC_MEMS))
+        return fail(err, errlen, C, "control frame %s: announces %u descriptors (only MEMS "
+                    "passes any, at most %d)", ipc_type_name(*type), *n_fds, IPC_MAX_FDS);
+    return REFIT_OK;
+}
+
+/* ---- send ---- */
+
+static int send_all(int fd, const uint8_t *p, size_t n, const int *fds, uint16_t n_fds,
+                    double deadline, char *err, size_t errlen)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * IPC_MAX_FDS)];
+        struct cmsghdr align;
+    } cm;
+    size_t done = 0;
+    while (done < n) {
+        int w = wait_fd(fd, POLLOUT, deadline);
+        if (w == 0)
+            return fail(err, errlen, REFIT_ETIMEDOUT, "control channel: deadline passed "
+                        "sending (%zu of %zu bytes)", done, n);
+        if (w < 0)
+            return fail(err, errlen, REFIT_EIO, "control channel: poll: %s", strerror(errno));
+        struct iovec iov = {.iov_base = (void *)(p + done), .iov_len = n - done};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        if (done == 0 && n_fds) {
+            memset(&cm, 0, sizeof cm);
+            msg.msg_control = cm.buf;
+            msg.msg_controllen = CMSG_SPACE(sizeof(int) * n_fds);
+            struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+            c->cmsg_level = SOL_SOCKET;
+            c->cmsg_type = SCM_RIGHTS;
+            c->cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
+            memcpy(CMSG_DATA(c), fds, sizeof(int) * n_fds);
+        }
+        ssize_t k = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (k < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (k <= 0)
+            return fail(err, errlen, REFIT_EIO, "control channel: the peer is gone (%s, "
+                        "after %zu of %zu bytes)", k < 0 ? strerror(errno) : "closed", done, n);
+        done += (size_t)k;
+    }
+    return REFIT_OK;
+}
+
+int ipc_send(int fd, uint16_t type, const void *payload, uint32_t len, const int *fds,
+             uint16_t n_fds, double deadline, char *err, size_t errlen)
+{
+    if (n_fds > IPC_MAX_FDS || len > IPC_MAX_PAYLOAD)
+        return fail(err, errlen, REFIT_EINVAL, "control frame %s: %u bytes, %u descriptors: "
+                    "too large", ipc_type_name(type), len, n_fds);
+    uint8_t h[IPC_FRAME_HEADER];
+    ipc_header_encode(h, type, len, n_fds, bkt_checksum(payload, len));
+    int rc = send_all(fd, h, sizeof h, fds, n_fds, deadline, err, errlen);
+    return rc || !len ? rc : send_all(fd, payload, len, NULL, 0, deadline, err, errlen);
+}
+
+/* ---- receive ---- */
+
+static void take_fds(ipc_frame *f, struct msghdr *msg, int *extra)
+{
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR(msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        const unsigned char *d = CMSG_DATA(c);
+        for (size_t i = 0; i < n; i++) {
+            int v;
+            memcpy(&v, d + i * sizeof v, sizeof v);
+            if (f->n_fds < IPC_MAX_FDS)
+                f->fds[f->n_fds++] = v;
+            else {
+                close(v);
+                (*extra)++;
+            }
+        }
+    }
+}
+
+static int recv_all(int fd, ipc_frame *f, uint8_t *p, size_t n, double deadline,
+                    const char *what, int *truncated_ctl, char *err, size_t errlen)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * IPC_MAX_FDS)];
+        struct cmsghdr align;
+    } cm;
+    size_t done = 0;
+    while (done < n) {
+        int w = wait_fd(fd, POLLIN, deadline);
+        if (w == 0)
+            return fail(err, errlen, REFIT_ETIMEDOUT, "control channel: deadline passed "
+                        "waiting for the %s (%zu of %zu bytes came)", what, done, n);
+        if (w < 0)
+            return fail(err, errlen, REFIT_EIO, "control channel: poll: %s", strerror(errno));
+        struct iovec iov = {.iov_base = p + done, .iov_len = n - done};
+        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+                             .msg_controllen = sizeof cm.buf};
+        ssize_t k = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        if (k < 0 && (errno == EINTR || errno == EAGAIN))
+            continue;
+        if (k < 0)
+            return fail(err, errlen, REFIT_EIO, "control channel: %s", strerror(errno));
+        if (k == 0)
+            return fail(err, errlen, REFIT_EIO, done || strcmp(what, "frame header")
+                        ? "control channel: truncated frame: the peer closed after %zu of "
+                          "%zu bytes of the %s"
+                        : "control channel: the peer closed the connection (%zu of %zu "
+                          "bytes of the %s)", done, n, what);
+        if (msg.msg_flags & MSG_CTRUNC)
+            (*truncated_ctl)++;
+        take_fds(f, &msg, truncated_ctl);
+        done += (size_t)k;
+    }
+    return REFIT_OK;
+}
+
+int ipc_recv(int fd, ipc_frame *f, uint32_t max_len, double deadline, char *err, size_t errlen)
+{
+    memset(f, 0, sizeof *f);
+    for (int i = 0; i < IPC_MAX_FDS; i++)
+        f->fds[i] = -1;
+    uint8_t h[IPC_FRAME_HEADER];
+    int extra = 0;
+    uint16_t n_fds = 0;
+    uint64_t sum = 0;
+    if (max_len > IPC_MAX_PAYLOAD)
+        max_len = IPC_MAX_PAYLOAD;
+    int rc = recv_all(fd, f, h, sizeof h, deadline, "frame header", &extra, err, errlen);
+    if (!rc)
+        rc = ipc_header_decode(h, &f->type, &f->len, &n_fds, &sum, max_len, err, errlen);
+    if (!rc && f->len && !(f->payload = malloc(f->len)))
+        rc = fail(err, errlen, REFIT_ENOMEM, "control frame %s: no memory for %u bytes",
+                  ipc_type_name(f->type), f->len);
+    if (!rc && f->len)
+        rc = recv_all(fd, f, f->payload, f->len, deadline, "frame payload", &extra, err, errlen);
+    if (!rc && (extra || f->n_fds != n_fds))
+        rc = fail(err, errlen, REFIT_ECORRUPT, "control frame %s: %u descriptors announced, "
+                  "%u received", ipc_type_name(f->type), n_fds, f->n_fds + extra);
+    if (!rc && bkt_checksum(f->payload, f->len) != sum)
+        rc = fail(err, errlen, REFIT_ECORRUPT, "control frame %s: payload checksum mismatch "
+                  "(%u bytes)", ipc_type_name(f->type), f->len);
+    if (rc)
+        ipc_frame_free(f);
+    return rc;
+}
+
+void ipc_frame_free(ipc_frame *f)
+{
+    free(f->payload);
+    f->payload = NULL;
+    for (int i = 0; i < f->n_fds; i++)
+        if (f->fds[i] >= 0)
+            close(f->fds[i]);
+    f->n_fds = 0;
+}
+
+/* ---- sockets ---- */
+
+static int sock_addr(const char *path, struct sockaddr_un *a, char *err, size_t errlen)
+{
+    memset(a, 0, sizeof *a);
+    a->sun_family = AF_UNIX;
+    if (!path || !*path || strlen(path) >= sizeof a->sun_path)
+        return fail(err, errlen, REFIT_EINVAL, "socket path '%s': empty or longer than %zu "
+                    "bytes", path ? path : "(null)", sizeof a->sun_path - 1);
+    memcpy(a->sun_path, path, strlen(path));
+    return REFIT_OK;
+}
+
+int ipc_listen(const char *path, int *out, char *err, size_t errlen)
+{
+    struct sockaddr_un a;
+    int rc = sock_addr(path, &a, err, errlen);
+    if (rc)
+        return rc;
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            return fail(err, errlen, REFIT_EINVAL, "socket path %s exists and is not a "
+                        "socket; not replaced", path);
+        unlink(path);
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 4)) {
+        rc = fail(err, errlen, REFIT_EIO, "listen on %s: %s", path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
+    *out = fd;
+    return REFIT_OK;
+}
+
+int ipc_accept(int lfd, double deadline, int *out, char *err, size_t errlen)
+{
+    int w = wait_fd(lfd, POLLIN, deadline);
+    if (w == 0)
+        return fail(err, errlen, REFIT_ETIMEDOUT, "deadline passed waiting for a trainer "
+                    "to connect");
+    int fd = w < 0 ? -1 : accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0)
+        return fail(err, errlen, REFIT_EIO, "accept: %s", strerror(errno));
+    *out = fd;
+    return REFIT_OK;
+}
+
+int ipc_connect(const char *path, double deadline, int *out, char *err, size_t errlen)
+{
+    struct sockaddr_un a;
+    int rc = sock_addr(path, &a, err, errlen);
+    if (rc)
+        return rc;
+    for (;;) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return fail(err, errlen, REFIT_EIO, "socket: %s", strerror(errno));
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
+            *out = fd;
+            return REFIT_OK;
+        }
+        int e = errno;
+        close(fd);
+        if ((e != ENOENT && e != ECONNREFUSED && e != EAGAIN) || ipc_now() >= deadline)
+            return fail(err, errlen, e == ENOENT || e == ECONNREFUSED ? REFIT_ETIMEDOUT
+                        : REFIT_EIO, "connect to %s: %s", path, strerror(e));
+        struct timespec ts = {0, 5 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* ---- payload writer / reader ---- */
+
+void ipc_w_bytes(ipc_wbuf *w, const void *p, size_t n)
+{
+    if (w->failed)
+        return;
+    if (w->len + n > w->cap) {
+        size_t cap = w->cap ? w->cap : 256;
+        while (cap < w->len + n)
+            cap *= 2;
+        uint8_t *np = realloc(w->p, cap);
+        if (!np) {
+            w->failed = 1;
+            return;
+        }
+        w->p = np;
+        w->cap = cap;
+    }
+    if (n)
+        memcpy(w->p + w->len, p, n);
+    w->len += n;
+}
+
+void ipc_w16(ipc_wbuf *w, uint16_t v) { uint8_t b[2]; put16(b, v); ipc_w_bytes(w, b, 2); }
+void ipc_w32(ipc_wbuf *w, uint32_t v) { uint8_t b[4]; put32(b, v); ipc_w_bytes(w, b, 4); }
+void ipc_w64(ipc_wbuf *w, uint64_t v) { uint8_t b[8]; put64(b, v); ipc_w_bytes(w, b, 8); }
+
+void ipc_wbuf_free(ipc_wbuf *w)
+{
+    free(w->p);
+    memset(w, 0, sizeof *w);
+}
+
+const uint8_t *ipc_r_bytes(ipc_rbuf *r, size_t n)
+{
+    static const uint8_t none[1];
+    if (r->short_read || n > r->len - r->at) {
+        r->short_read = 1;
+        return NULL;
+    }
+    if (!r->p)
+        return none; /* an empty payload: nothing to point into */
+    const uint8_t *p = r->p + r->at;
+    r->at += n;
+    return p;
+}
+
+uint16_t ipc_r16(ipc_rbuf *r) { const uint8_t *p = ipc_r_bytes(r, 2); return p ? get16(p) : 0; }
+uint32_t ipc_r32(ipc_rbuf *r) { const uint8_t *p = ipc_r_bytes(r, 4); return p ? get32(p) : 0; }
+uint64_t ipc_r64(ipc_rbuf *r) { const uint8_t *p = ipc_r_bytes(r, 8); return p ? get64(p) : 0; }

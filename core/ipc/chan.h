@@ -1,0 +1,105 @@
+/*
+ * The control channel of the CUDA IPC transport (docs/ipc.md): frames on a
+ * Unix domain stream socket, every read and write under a deadline.
+ *
+ * A frame is a 32-byte header and a payload:
+ *
+ *   0  u32 magic "RTIC"        16  u64 payload checksum
+ *   4  u16 protocol version    24  u64 header checksum (of bytes 0..23)
+ *   6  u16 type
+ *   8  u32 payload bytes
+ *  12  u16 descriptors passed with the frame (SCM_RIGHTS), u16 flags (0)
+ *
+ * Integers are little-endian; checksums are bkt_checksum (core/nccl's).
+ * The header is checked (magic, version, its checksum, type, size against
+ * the limit, flags, descriptors) before the payload is read or any memory
+ * is taken for it; the payload's checksum before it is handed on. Anything
+ * off is REFIT_ECORRUPT with a message; the peer's close is REFIT_EIO, a
+ * passed deadline REFIT_ETIMEDOUT. After any of them the channel cannot be
+ * trusted to be at a frame boundary: close it.
+ */
+#ifndef REFIT_CORE_IPC_CHAN_H
+#define REFIT_CORE_IPC_CHAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define IPC_MAGIC 0x43495452u          /* "RTIC" */
+#define IPC_PROTO_VERSION 1
+#define IPC_FRAME_HEADER 32
+#define IPC_MAX_PAYLOAD ((uint32_t)512 << 20)
+#define IPC_MAX_FDS 64                 /* descriptors one frame may pass */
+
+typedef enum ipc_type {
+    IPC_HELLO = 1,      /* both ways, once per connection */
+    IPC_MEMS = 2,       /* trainer: the table of shared memories (+ fds) */
+    IPC_UPDATE = 3,     /* trainer: one update: bucket map, announce, index */
+    IPC_VOTE = 4,       /* worker: prepared (0) or why not */
+    IPC_DECISION = 5,   /* trainer: commit (0) or abort, for every worker */
+    IPC_RESULT = 6,     /* worker: what the decision came to */
+    IPC_TYPE_MAX = 6,
+} ipc_type;
+
+typedef struct ipc_frame {
+    uint16_t type;
+    uint32_t len;
+    uint8_t *payload;           /* malloc'd, len bytes (NULL when 0) */
+    int fds[IPC_MAX_FDS];
+    uint16_t n_fds;
+} ipc_frame;
+
+/* src into dst (n bytes), cut where it does not fit; always terminated. */
+void ipc_copy_str(char *dst, size_t n, const char *src);
+
+/* Seconds on CLOCK_MONOTONIC. */
+double ipc_now(void);
+
+/* Send one frame (fds passed with it, n_fds <= IPC_MAX_FDS) by deadline
+ * (an ipc_now() value). REFIT_EIO / REFIT_ETIMEDOUT with err. */
+int ipc_send(int fd, uint16_t type, const void *payload, uint32_t len, const int *fds,
+             uint16_t n_fds, double deadline, char *err, size_t errlen);
+/* Receive one frame by deadline into f (free with ipc_frame_free): whole,
+ * checked, or an error (fds received with a refused frame are closed).
+ * max_len: the largest payload accepted (<= IPC_MAX_PAYLOAD). */
+int ipc_recv(int fd, ipc_frame *f, uint32_t max_len, double deadline, char *err, size_t errlen);
+/* Frees the payload and closes descriptors not taken (set to -1). */
+void ipc_frame_free(ipc_frame *f);
+
+/* The 32-byte header of a frame, and its check (for ipc_recv and tests). */
+void ipc_header_encode(uint8_t out[IPC_FRAME_HEADER], uint16_t type, uint32_t len,
+                       uint16_t n_fds, uint64_t payload_sum);
+int ipc_header_decode(const uint8_t in[IPC_FRAME_HEADER], uint16_t *type, uint32_t *len,
+                      uint16_t *n_fds, uint64_t *payload_sum, uint32_t max_len, char *err,
+                      size_t errlen);
+const char *ipc_type_name(uint16_t type);
+
+/* Sockets: listen on path (an existing socket file there is replaced),
+ * accept one connection by deadline, connect to path retrying until
+ * deadline (the peer may not listen yet). */
+int ipc_listen(const char *path, int *out, char *err, size_t errlen);
+int ipc_accept(int lfd, double deadline, int *out, char *err, size_t errlen);
+int ipc_connect(const char *path, double deadline, int *out, char *err, size_t errlen);
+
+/* Bounded little-endian writer and reader for payloads. */
+typedef struct ipc_wbuf {
+    uint8_t *p;
+    size_t len, cap;
+    int failed;                 /* out of memory: the frame is not sent */
+} ipc_wbuf;
+void ipc_w_bytes(ipc_wbuf *w, const void *p, size_t n);
+void ipc_w16(ipc_wbuf *w, uint16_t v);
+void ipc_w32(ipc_wbuf *w, uint32_t v);
+void ipc_w64(ipc_wbuf *w, uint64_t v);
+void ipc_wbuf_free(ipc_wbuf *w);
+
+typedef struct ipc_rbuf {
+    const uint8_t *p;
+    size_t len, at;
+    int short_read;             /* a read past the end happened: refuse */
+} ipc_rbuf;
+const uint8_t *ipc_r_bytes(ipc_rbuf *r, size_t n);
+uint16_t ipc_r16(ipc_rbuf *r);
+uint32_t ipc_r32(ipc_rbuf *r);
+uint64_t ipc_r64(ipc_rbuf *r);
+
+#endif

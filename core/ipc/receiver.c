@@ -1,0 +1,764 @@
+/*
+ * The worker side of the IPC transport (include/refit/ipc.h). One update:
+ *
+ *   accept      a trainer, when none is connected (HELLO both ways)
+ *   MEMS        the memory table: each memory opened once and kept while
+ *               the trainer sends it unchanged (same id, generation, handle)
+ *   UPDATE      decoded and checked whole before anything begins: the
+ *               bucket map against the table (memory known, bucket inside
+ *               it), the announce and every header (core/nccl/bucket.c's
+ *               decoders), then every piece against the model (name
+ *               expected, dtype, shape, no duplicate): a refusal votes the
+ *               error, writes nothing, begins nothing
+ *   begin, then the worker's stream waits on the trainer's event (device:
+ *               cuStreamWaitEvent, no host round trip), checksums if sent
+ *               (before any write), every piece loaded from where it lies
+ *               in the trainer's memory (the core's DIRECT, VIEW or STAGED
+ *               route), refit_finalize_prepare
+ *   VOTE, then DECISION by the deadline: commit, or abort (rollback, or
+ *               POISONED without it); the trainer gone or silent past the
+ *               deadline aborts, journals why and drops the connection;
+ *               RESULT
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <refit/ipc.h>
+
+#include "core/internal.h"
+#include "core/ipc/mem.h"
+#include "core/names.h"
+#include "core/nccl/xport.h"
+#include "kernels/copy.h"
+
+typedef struct rcv_mem {
+    ipc_mem_desc d;             /* d.fd: not kept (-1) */
+    void *base;
+} rcv_mem;
+
+typedef struct rcv_piece {
+    size_t name;                /* offset in the arena */
+    refit_dtype dtype;
+    int32_t ndim;
+    int64_t shape[REFIT_MAX_DIMS];
+    bool part;
+    int64_t row_offset;
+    void *data;
+    refit_device dev;
+} rcv_piece;
+
+struct refit_ipc_receiver {
+    refit_model *m;
+    refit_ctx *ctx;
+    refit_ipc_recv_opts o;
+    char *path;
+    int lfd, fd;
+    rcv_mem *mems;
+    uint32_t n_mems, cap_mems, epoch;
+    bool has_event;
+    CUevent ev;
+    uint8_t ev_handle[IPC_HANDLE_BYTES];
+    ipc_cuda cu;
+    bkt_header h;
+    rcv_piece *pc;
+    uint32_t n_pc, cap_pc;
+    char *arena;
+    size_t arena_len, arena_cap;
+    uint8_t *seen;              /* per route: delivered whole by this index */
+    /* the whole pieces as a prepared source set, kept while the index
+     * lays them out the same (names, dtypes, shapes, where they lie) */
+    refit_source_set *set;
+    rcv_piece *set_pc;
+    uint32_t set_n;
+    char *set_arena;
+    size_t set_arena_len;
+    char label[BKT_MAX_LABEL + 1];
+    refit_ipc_stats st;
+    char err[1024];
+};
+
+static double timeout_of(const refit_ipc_receiver *r)
+{
+    return r->o.timeout_s > 0 ? r->o.timeout_s : 300.0;
+}
+
+int refit_ipc_receiver_create(refit_ipc_receiver **out, refit_model *model, const char *path,
+                              const refit_ipc_recv_opts *opt)
+{
+    if (!out || !model)
+        return REFIT_EINVAL;
+    *out = NULL;
+    refit_ctx *ctx = model->ctx;
+    ctx_clear_error(ctx);
+    if (opt && (opt->version < 1 || opt->version > REFIT_IPC_RECV_OPTS_VERSION))
+        return ctx_error(ctx, REFIT_EINVAL, "invalid version %u on refit_ipc_recv_opts",
+                         opt->version);
+    if (!model->sealed)
+        return ctx_error(ctx, REFIT_ESTATE, "ipc receiver: seal the model first");
+    refit_ipc_receiver *r = calloc(1, sizeof *r);
+    if (!r)
+        return ctx_error(ctx, REFIT_ENOMEM, "ipc receiver: out of memory");
+    r->m = model;
+    r->ctx = ctx;
+    r->o = opt ? *opt : (refit_ipc_recv_opts)REFIT_IPC_RECV_OPTS_INIT;
+    r->fd = -1;
+    r->path = xstrdup(path ? path : "");
+    int rc = r->path ? ipc_listen(path, &r->lfd, r->err, sizeof r->err) : REFIT_ENOMEM;
+    if (rc) {
+        rc = ctx_error(ctx, rc, "ipc receiver: %s", r->path ? r->err : "out of memory");
+        free(r->path);
+        free(r);
+        return rc;
+    }
+    *out = r;
+    return REFIT_OK;
+}
+
+static void close_mem(refit_ipc_receiver *r, rcv_mem *m)
+{
+    ipc_mem_close(&r->cu, &m->d, m->base);
+    r->st.handles_closed++;
+}
+
+/* The trainer is gone: what it shared goes with it. */
+static void drop_peer(refit_ipc_receiver *r)
+{
+    if (r->fd >= 0)
+        close(r->fd);
+    r->fd = -1;
+    for (uint32_t i = 0; i < r->n_mems; i++)
+        close_mem(r, &r->mems[i]);
+    r->n_mems = 0;
+    r->epoch = 0;
+    if (r->has_event)
+        r->cu.cu.EventDestroy(r->ev);
+    r->has_event = false;
+}
+
+void refit_ipc_receiver_destroy(refit_ipc_receiver *r)
+{
+    if (!r)
+        return;
+    drop_peer(r);
+    if (r->lfd >= 0)
+        close(r->lfd);
+    if (r->path && *r->path)
+        unlink(r->path);
+    free(r->path);
+    free(r->mems);
+    free(r->pc);
+    free(r->arena);
+    free(r->seen);
+    refit_source_set_destroy(r->set);
+    free(r->set_pc);
+    free(r->set_arena);
+    bkt_header_free(&r->h);
+    if (r->cu.open)
+        ipc_cuda_close(&r->cu);
+    free(r);
+}
+
+int refit_ipc_receiver_stats(const refit_ipc_receiver *r, refit_ipc_stats *out)
+{
+    if (!r || !out)
+        return REFIT_EINVAL;
+    *out = r->st;
+    return REFIT_OK;
+}
+
+/* ---- the memory table ---- */
+
+static rcv_mem *mem_find(refit_ipc_receiver *r, uint32_t id)
+{
+    for (uint32_t i = 0; i < r->n_mems; i++)
+        if (r->mems[i].d.id == id)
+            return &r->mems[i];
+    return NULL;
+}
+
+static bool same_mem(const ipc_mem_desc *a, const ipc_mem_desc *b)
+{
+    return a->gen == b->gen && a->kind == b->kind && a->device == b->device &&
+           a->bytes == b->bytes && !memcmp(a->handle, b->handle, IPC_HANDLE_BYTES);
+}
+
+/* Take a new table: memories kept where unchanged, the others opened; all
+ * or nothing (on failure the old table stands). */
+static int apply_mems(refit_ipc_receiver *r, ipc_frame *f)
+{
+    ipc_mems t;
+    int rc = ipc_mems_decode(&t, f, r->err, sizeof r->err);
+    if (rc)
+        return rc;
+    rcv_mem *nm = calloc((size_t)t.n + 1, sizeof *nm);
+    bool *kept = calloc((size_t)r->n_mems + 1, sizeof *kept);
+    uint32_t opened = 0;
+    if (!nm || !kept)
+        rc = REFIT_ENOMEM;
+    for (uint32_t i = 0; !rc && i < t.n; i++) {
+        nm[i].d = t.m[i];
+        nm[i].d.fd = -1;
+        rcv_mem *old = mem_find(r, t.m[i].id);
+        if (old && same_mem(&old->d, &t.m[i])) {
+            nm[i].base = old->base;
+            kept[old - r->mems] = true;
+            continue;
+        }
+        if ((rc = ipc_mem_open(&r->cu, &t.m[i], &nm[i].base, r->err, sizeof r->err)))
+            break;
+        opened = i + 1;
+        nm[i].d.fd = -2; /* opened by this table */
+    }
+    CUevent ev = NULL;
+    bool new_event = !rc && t.has_event &&
+                     (!r->has_event || memcmp(t.event, r->ev_handle, IPC_HANDLE_BYTES));
+    if (new_event) {
+        int dev = -1;
+        for (uint32_t i = 0; i < t.n && dev < 0; i++)
+            if (t.m[i].kind == IPC_MEM_CUDA)
+                dev = t.m[i].device;
+        if (dev < 0) {
+            snprintf(r->err, sizeof r->err, "MEMS: an event handle, and no CUDA memory");
+            rc = REFIT_ECORRUPT;
+        } else if (!(rc = ipc_cuda_open(&r->cu, dev, r->err, sizeof r->err))) {
+            rc = ipc_event_open(&r->cu, t.event, &ev, r->err, sizeof r->err);
+        }
+    }
+    if (rc) {
+        for (uint32_t i = 0; i < opened; i++)
+            if (nm[i].d.fd == -2)
+                ipc_mem_close(&r->cu, &nm[i].d, nm[i].base);
+        free(nm);
+        free(kept);
+        ipc_mems_free(&t);
+        return rc;
+    }
+    for (uint32_t i = 0; i < r->n_mems; i++)
+        if (!kept[i])
+            close_mem(r, &r->mems[i]);
+    for (uint32_t i = 0; i < t.n; i++) {
+        if (nm[i].d.fd == -2)
+            r->st.handles_opened++;
+        else
+            r->st.handles_cached++;
+        nm[i].d.fd = -1;
+    }
+    if (new_event) {
+        if (r->has_event)
+            r->cu.cu.EventDestroy(r->ev);
+        r->ev = ev;
+        r->has_event = true;
+        memcpy(r->ev_handle, t.event, IPC_HANDLE_BYTES);
+        r->st.events_opened++;
+    } else if (!t.has_event && r->has_event) {
+        r->cu.cu.EventDestroy(r->ev);
+        r->has_event = false;
+    }
+    free(r->mems);
+    r->mems = nm;
+    r->n_mems = r->cap_mems = t.n;
+    r->epoch = t.epoch;
+    free(kept);
+    ipc_mems_free(&t);
+    return REFIT_OK;
+}
+
+/* ---- the update's index ---- */
+
+static int add_piece(refit_ipc_receiver *r, const bkt_entry *e, uint8_t *payload,
+                     refit_device dev)
+{
+    int rc = grow_array((void **)&r->pc, &r->cap_pc, r->n_pc, sizeof *r->pc);
+    size_t nl = strlen(e->name) + 1;
+    if (!rc && r->arena_len + nl > r->arena_cap) {
+        size_t cap = r->arena_cap ? r->arena_cap : 4096;
+        while (cap < r->arena_len + nl)
+            cap *= 2;
+        char *na = realloc(r->arena, cap);
+        if (!na)
+            return REFIT_ENOMEM;
+        r->arena = na;
+        r->arena_cap = cap;
+    }
+    if (rc)
+        return rc;
+    memcpy(r->arena + r->arena_len, e->name, nl);
+    rcv_piece *p = &r->pc[r->n_pc++];
+    memset(p, 0, sizeof *p); /* padding too: layouts are compared bytewise */
+    *p = (rcv_piece){.name = r->arena_len, .dtype = e->dtype, .ndim = e->ndim, .part = e->part,
+                     .row_offset = e->row_offset, .data = payload + e->offset, .dev = dev};
+    memcpy(p->shape, e->shape, sizeof p->shape);
+    if (e->part)
+        p->shape[0] = e->rows;
+    r->arena_len += nl;
+    return REFIT_OK;
+}
+
+/* Walk the index (the NCCL wire's chain of headers), each bucket against
+ * the memory it names; collect the pieces. */
+static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
+{
+    r->n_pc = 0;
+    r->arena_len = 0;
+    const uint8_t *q = u->index, *end = u->index + u->index_bytes;
+    bkt_expect ex = {.index = 0, .n_buckets = u->n_buckets, .nonce = u->an.nonce,
+                     .header_bytes = u->an.first_header, .total = u->an.first_total,
+                     .max_total = u->an.max_total};
+    uint64_t payload = 0, entries = 0;
+    for (uint32_t b = 0; b < u->n_buckets; b++) {
+        if (ex.header_bytes > (size_t)(end - q)) {
+            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u's header (%u bytes) runs past "
+                     "the index", b, ex.header_bytes);
+            return REFIT_ECORRUPT;
+        }
+        int rc = bkt_header_decode(&r->h, q, &ex, r->err, sizeof r->err);
+        if (rc)
+            return rc;
+        if (!b)
+            ipc_copy_str(r->label, sizeof r->label, r->h.label);
+        else if (strcmp(r->label, r->h.label)) {
+            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u is labelled '%.200s', "
+                     "bucket 0 '%.200s'", b, r->h.label, r->label);
+            return REFIT_ECORRUPT;
+        }
+        const ipc_ref *ref = &u->refs[b];
+        rcv_mem *m = mem_find(r, ref->mem);
+        if (!m) {
+            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u names memory %u, which the "
+                     "trainer never shared (table epoch %u)", b, ref->mem, r->epoch);
+            return REFIT_ECORRUPT;
+        }
+        if (ref->offset > m->d.bytes || ex.total > m->d.bytes - ref->offset) {
+            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u (%llu bytes at offset %llu) "
+                     "runs past memory %u (%llu bytes)", b, (unsigned long long)ex.total,
+                     (unsigned long long)ref->offset, ref->mem,
+                     (unsigned long long)m->d.bytes);
+            return REFIT_ECORRUPT;
+        }
+        refit_device dev = m->d.kind == IPC_MEM_CUDA
+                               ? (refit_device){REFIT_DEVICE_CUDA, m->d.device}
+                               : (refit_device){REFIT_DEVICE_CPU, 0};
+        uint8_t *pl = (uint8_t *)m->base + ref->offset + r->h.payload_offset;
+        for (uint32_t k = 0; k < r->h.n_entries; k++)
+            if ((rc = add_piece(r, &r->h.entries[k], pl, dev)))
+                return rc;
+        payload += r->h.payload_bytes;
+        entries += r->h.n_entries;
+        q += ex.header_bytes;
+        ex = (bkt_expect){.index = b + 1, .n_buckets = u->n_buckets, .nonce = u->an.nonce,
+                          .header_bytes = r->h.next_header, .total = r->h.next_total,
+                          .max_total = u->an.max_total};
+    }
+    if (q != end || payload != u->an.total_payload || entries != u->an.n_entries) {
+        snprintf(r->err, sizeof r->err, "UPDATE: the index (%llu payload bytes, %llu "
+                 "entries, %zu stray bytes) disagrees with its announce (%llu, %llu)",
+                 (unsigned long long)payload, (unsigned long long)entries, (size_t)(end - q),
+                 (unsigned long long)u->an.total_payload, (unsigned long long)u->an.n_entries);
+        return REFIT_ECORRUPT;
+    }
+    return REFIT_OK;
+}
+
+static const char *pc_name(const refit_ipc_receiver *r, const rcv_piece *p)
+{
+    return r->arena + p->name;
+}
+
+/* Every piece against the model, before anything begins. */
+static int check_pieces(refit_ipc_receiver *r)
+{
+    refit_model *m = r->m;
+    uint8_t *seen = realloc(r->seen, (size_t)m->n_routes + 1);
+    if (!seen)
+        return REFIT_ENOMEM;
+    r->seen = seen;
+    memset(seen, 0, (size_t)m->n_routes + 1);
+    for (uint32_t i = 0; i < r->n_pc; i++) {
+        rcv_piece *p = &r->pc[i];
+        const char *name = pc_name(r, p);
+        if (r->o.filter && !r->o.filter(r->o.filter_user, name)) {
+            p->ndim = -1; /* skipped */
+            continue;
+        }
+        uint32_t ri = names_find(&m->route_names, name);
+        if (ri == NAMES_NONE) {
+            snprintf(r->err, sizeof r->err, "the index names %s, which no module of worker %s "
+                     "expects; nothing written", name, r->ctx->worker_id);
+            return REFIT_EUNEXPECTED;
+        }
+        const route *ro = &m->routes[ri];
+        const refit_ckpt_spec *sp = ro->flags & ROUTE_ALIAS ? &m->routes[ro->tie].spec
+                                                            : &ro->spec;
+        bool shape_ok = p->ndim == sp->ndim && kern_dtype_eq(p->dtype, sp->dtype);
+        for (int d = 0; shape_ok && d < p->ndim; d++)
+            shape_ok = p->part && d == 0 ? p->row_offset + p->shape[0] <= sp->shape[0]
+                                         : p->shape[d] == sp->shape[d];
+        if (!shape_ok) {
+            snprintf(r->err, sizeof r->err, "the index gives %s as %s with %d dims; module %s "
+                     "expects %s with %d dims of other extents; nothing written", name,
+                     refit_dtype_name(p->dtype), p->ndim, m->modules[ro->module].name,
+                     refit_dtype_name(sp->dtype), sp->ndim);
+            return REFIT_EMISMATCH;
+        }
+        if (seen[ri] == 2 || (seen[ri] && !p->part)) {
+            snprintf(r->err, sizeof r->err, "the index delivers %s twice; nothing written",
+                     name);
+            return REFIT_EDUPLICATE;
+        }
+        seen[ri] = p->part ? 1 : 2;
+    }
+    return REFIT_OK;
+}
+
+/* Checksums, where the trainer sent them: before any write. */
+static int verify_sums(refit_ipc_receiver *r, const ipc_update *u)
+{
+    if (!(u->an.flags & BKT_A_PAYLOAD_SUM))
+        return REFIT_OK;
+    const uint8_t *q = u->index;
+    bkt_expect ex = {.n_buckets = u->n_buckets, .nonce = u->an.nonce,
+                     .header_bytes = u->an.first_header, .total = u->an.first_total,
+                     .max_total = u->an.max_total};
+    for (uint32_t b = 0; b < u->n_buckets; b++) {
+        int rc = bkt_header_decode(&r->h, q, &ex, r->err, sizeof r->err);
+        if (rc)
+            return rc;
+        rcv_mem *m = mem_find(r, u->refs[b].mem);
+        refit_device dev = m->d.kind == IPC_MEM_CUDA
+                               ? (refit_device){REFIT_DEVICE_CUDA, m->d.device}
+                               : (refit_device){REFIT_DEVICE_CPU, 0};
+        const backend *be = backend_for_device(dev);
+        refit_view v = {.data = (uint8_t *)m->base + u->refs[b].offset + r->h.payload_offset,
+                        .device = dev, .dtype = REFIT_U8, .ndim = 1,
+                        .shape = {(int64_t)r->h.payload_bytes}, .strides = {1}};
+        uint64_t sum = 0;
+        if (!be || (rc = be->fingerprint(&v, &sum, r->o.stream))) {
+            snprintf(r->err, sizeof r->err, "bucket %u: checksum: %s", b,
+                     be ? be->last_error() : "no backend for its memory");
+            return be ? rc : REFIT_EUNSUPPORTED;
+        }
+        if (sum != u->refs[b].sum) {
+            snprintf(r->err, sizeof r->err, "bucket %u: payload checksum %016llx, the index "
+                     "says %016llx; nothing written", b, (unsigned long long)sum,
+                     (unsigned long long)u->refs[b].sum);
+            return REFIT_ECORRUPT;
+        }
+        q += ex.header_bytes;
+        ex = (bkt_expect){.index = b + 1, .n_buckets = u->n_buckets, .nonce = u->an.nonce,
+                          .header_bytes = r->h.next_header, .total = r->h.next_total,
+                          .max_total = u->an.max_total};
+    }
+    return REFIT_OK;
+}
+
+/* The source set of this index's whole pieces: the last one when the
+ * index lays them out exactly as before, else built anew. */
+static int whole_set(refit_ipc_receiver *r, refit_source_set **out)
+{
+    size_t pc_bytes = (size_t)r->n_pc * sizeof *r->pc;
+    if (r->set && r->set_n == r->n_pc && r->set_arena_len == r->arena_len &&
+        !memcmp(r->set_pc, r->pc, pc_bytes) && !memcmp(r->set_arena, r->arena, r->arena_len)) {
+        *out = r->set;
+        return REFIT_OK;
+    }
+    refit_source_set_destroy(r->set);
+    r->set = NULL;
+    r->set_n = 0;
+    const char **names = malloc(((size_t)r->n_pc + 1) * sizeof *names);
+    refit_tensor *ts = malloc(((size_t)r->n_pc + 1) * sizeof *ts);
+    rcv_piece *cp = malloc(pc_bytes + 1);
+    char *ca = malloc(r->arena_len + 1);
+    int rc = names && ts && cp && ca ? REFIT_OK : REFIT_ENOMEM;
+    size_t n = 0;
+    for (uint32_t i = 0; !rc && i < r->n_pc; i++) {
+        rcv_piece *p = &r->pc[i];
+        if (p->ndim < 0 || p->part)
+            continue;
+        names[n] = pc_name(r, p);
+        ts[n++] = (refit_tensor){.data = p->data, .device = p->dev, .ndim = p->ndim,
+                                 .dtype = p->dtype, .shape = p->shape};
+    }
+    if (!rc && n && (rc = refit_source_set_create(&r->set, r->m, n, names, ts)))
+        ipc_copy_str(r->err, sizeof r->err, refit_errmsg(r->ctx));
+    if (!rc) {
+        memcpy(cp, r->pc, pc_bytes);
+        memcpy(ca, r->arena, r->arena_len);
+        free(r->set_pc);
+        free(r->set_arena);
+        r->set_pc = cp;
+        r->set_arena = ca;
+        r->set_n = r->n_pc;
+        r->set_arena_len = r->arena_len;
+        r->st.source_sets_built++;
+        cp = NULL;
+        ca = NULL;
+    }
+    free(names);
+    free(ts);
+    free(cp);
+    free(ca);
+    *out = r->set;
+    return rc;
+}
+
+/* Every piece into the transaction, from where it lies: the whole ones in
+ * one call (the prepared set), parts one by one. */
+static int load_pieces(refit_ipc_receiver *r, refit_txn *txn)
+{
+    refit_source_set *set = NULL;
+    int rc = whole_set(r, &set);
+    if (!rc && set && (rc = refit_load_set(txn, set, r->o.stream)))
+        ipc_copy_str(r->err, sizeof r->err, refit_errmsg(r->ctx));
+    for (uint32_t i = 0; !rc && i < r->n_pc; i++) {
+        rcv_piece *p = &r->pc[i];
+        if (p->ndim < 0 || !p->part)
+            continue;
+        refit_tensor t = {.data = p->data, .device = p->dev, .ndim = p->ndim,
+                          .dtype = p->dtype, .shape = p->shape};
+        if ((rc = refit_load_part(txn, pc_name(r, p), p->row_offset, &t, r->o.stream)))
+            ipc_copy_str(r->err, sizeof r->err, refit_errmsg(r->ctx));
+    }
+    return rc;
+}
+
+/* ---- one update ---- */
+
+static int send_status(refit_ipc_receiver *r, uint16_t type, uint64_t seq, int status,
+                       const char *msg, double dl)
+{
+    ipc_wbuf b = {0};
+    ipc_status_encode(&b, seq, status, msg);
+    int rc = b.failed ? REFIT_ENOMEM
+                      : ipc_send(r->fd, type, b.p, (uint32_t)b.len, NULL, 0, dl, r->err,
+                                 sizeof r->err);
+    ipc_wbuf_free(&b);
+    return rc;
+}
+
+static int greet(refit_ipc_receiver *r, double dl)
+{
+    ipc_frame f;
+    int rc = ipc_recv(r->fd, &f, 64, dl, r->err, sizeof r->err);
+    if (rc)
+        return rc;
+    ipc_hello peer;
+    rc = ipc_hello_decode(&peer, &f, IPC_ROLE_TRAINER, r->err, sizeof r->err);
+    ipc_frame_free(&f);
+    if (rc)
+        return rc;
+    ipc_wbuf b = {0};
+    ipc_hello me = {IPC_ROLE_WORKER, (uint32_t)getpid(), r->ctx->rank, peer.workers};
+    ipc_hello_encode(&b, &me);
+    rc = b.failed ? REFIT_ENOMEM
+                  : ipc_send(r->fd, IPC_HELLO, b.p, (uint32_t)b.len, NULL, 0, dl, r->err,
+                             sizeof r->err);
+    ipc_wbuf_free(&b);
+    return rc;
+}
+
+/* Wait (by dl) for the next UPDATE frame, taking a trainer's connection
+ * and memory tables on the way. A trainer that leaves before its update
+ * is not an error: the next one is awaited. */
+static int next_update(refit_ipc_receiver *r, ipc_frame *f, double dl)
+{
+    for (;;) {
+        int rc = REFIT_OK;
+        if (r->fd < 0) {
+            if ((rc = ipc_accept(r->lfd, dl, &r->fd, r->err, sizeof r->err)))
+                return rc;
+            r->st.connections++;
+            if ((rc = greet(r, dl))) {
+                drop_peer(r);
+                if (rc == REFIT_EIO)
+                    continue;
+                r->st.refused += rc == REFIT_ECORRUPT;
+                return rc;
+            }
+        }
+        if ((rc = ipc_recv(r->fd, f, IPC_MAX_PAYLOAD, dl, r->err, sizeof r->err))) {
+            int clean = rc == REFIT_EIO && strstr(r->err, "closed the connection");
+            drop_peer(r);
+            if (clean)
+                continue; /* it left between updates */
+            r->st.refused += rc == REFIT_ECORRUPT;
+            return rc;
+        }
+        if (f->type == IPC_UPDATE)
+            return REFIT_OK;
+        if (f->type == IPC_MEMS) {
+            rc = apply_mems(r, f);
+        } else {
+            snprintf(r->err, sizeof r->err, "a %s frame while waiting for an update",
+                     ipc_type_name(f->type));
+            rc = REFIT_ECORRUPT;
+        }
+        ipc_frame_free(f);
+        if (rc) {
+            r->st.refused++;
+            drop_peer(r); /* the trainer's view and ours differ: start over */
+            return rc;
+        }
+    }
+}
+
+/* The update as far as the vote: *txn prepared (or NULL: refused before
+ * begin, or aborted). Returns this worker's vote. */
+static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_update_opts *opts,
+                       refit_txn **txn, refit_group_result *res)
+{
+    int rc = walk_index(r, u);
+    if (!rc && u->epoch != r->epoch) {
+        snprintf(r->err, sizeof r->err, "UPDATE of memory table %u; this worker holds %u",
+                 u->epoch, r->epoch);
+        rc = REFIT_ECORRUPT;
+    }
+    if (!rc)
+        rc = check_pieces(r);
+    if (rc) {
+        r->st.refused++;
+        return ctx_error(r->ctx, rc, "ipc receiver: update %llu refused: %s",
+                         (unsigned long long)u->seq, r->err);
+    }
+    ipc_copy_str(res->version_label, sizeof res->version_label, r->label);
+    refit_update_opts o = opts ? *opts : (refit_update_opts)REFIT_UPDATE_OPTS_INIT;
+    char uri[600];
+    snprintf(uri, sizeof uri, "ipc://%s", r->path);
+    if (!o.version_label)
+        o.version_label = r->label;
+    if (!o.source_uri)
+        o.source_uri = uri;
+    if ((rc = refit_begin(txn, r->m, &o)))
+        return rc;
+    if ((u->flags & IPC_U_EVENT) && !r->has_event) {
+        snprintf(r->err, sizeof r->err, "the update asks to wait on an event never shared");
+        rc = REFIT_ECORRUPT;
+    } else if (u->flags & IPC_U_EVENT) {
+        CUresult cr = r->cu.cu.StreamWaitEvent((CUstream)r->o.stream, r->ev, 0);
+        if (cr != CU_SUCCESS) {
+            snprintf(r->err, sizeof r->err, "cuStreamWaitEvent on the trainer's event: %s",
+                     cu_errstr(&r->cu.cu, cr));
+            rc = REFIT_EIO;
+        }
+    }
+    if (!rc)
+        rc = verify_sums(r, u);
+    if (!rc)
+        rc = load_pieces(r, *txn);
+    if (rc) {
+        char why[1200];
+        snprintf(why, sizeof why, "ipc: %s", r->err);
+        res->worker_status = refit_abort_reason(*txn, why);
+        *txn = NULL;
+        return ctx_error(r->ctx, rc, "ipc receiver: update %llu: %s", (unsigned long long)u->seq,
+                         r->err);
+    }
+    res->buckets = u->n_buckets;
+    res->tensors = r->n_pc;
+    res->bytes = u->an.total_payload;
+    rc = refit_finalize_prepare(*txn);
+    if (rc) {
+        *txn = NULL; /* aborted and freed by prepare */
+        res->worker_status = refit_worker_health(r->ctx) == REFIT_HEALTH_POISONED
+                                 ? REFIT_EPOISONED : REFIT_OK;
+    }
+    return rc;
+}
+
+int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opts,
+                             refit_group_result *out)
+{
+    if (!r)
+        return REFIT_EINVAL;
+    ctx_clear_error(r->ctx);
+    refit_group_result res = {.failed_rank = -1, .vote_taken = 1};
+    double t = timeout_of(r), t_start = r->o.start_timeout_s > 0 ? r->o.start_timeout_s : t;
+    ipc_frame f;
+    int rc = next_update(r, &f, ipc_now() + t_start);
+    if (rc) {
+        res.decision = res.local_status = rc;
+        res.vote_taken = 0;
+        if (out)
+            *out = res;
+        return ctx_error(r->ctx, rc, "ipc receiver: %s", r->err);
+    }
+    double t0 = ipc_now();
+    r->st.updates++;
+    ipc_update u;
+    uint64_t max = r->o.max_bucket_bytes ? r->o.max_bucket_bytes : (uint64_t)64 << 30;
+    refit_txn *txn = NULL;
+    int local = ipc_update_decode(&u, &f, max, r->err, sizeof r->err);
+    if (local) {
+        /* the frame was sound, its content not: refuse, keep the channel */
+        r->st.refused++;
+        ctx_error(r->ctx, local, "ipc receiver: update refused: %s", r->err);
+        u.seq = f.len >= 8 ? bkt_le64(f.payload) : 0;
+    } else {
+        local = take_update(r, &u, opts, &txn, &res);
+    }
+    ipc_frame_free(&f);
+    char msg[IPC_MAX_MSG];
+    ipc_copy_str(msg, sizeof msg, local ? refit_errmsg(r->ctx) : "");
+    res.local_status = local;
+    double dl = ipc_now() + t;
+    ipc_frame d;
+    char dmsg[IPC_MAX_MSG + 1] = "";
+    int trc = send_status(r, IPC_VOTE, u.seq, local, msg, dl);
+    if (!trc && !(trc = ipc_recv(r->fd, &d, IPC_MAX_MSG + 64, dl, r->err, sizeof r->err))) {
+        ipc_status_msg dm;
+        trc = d.type == IPC_DECISION ? ipc_status_decode(&dm, &d, u.seq, r->err, sizeof r->err)
+                                     : REFIT_ECORRUPT;
+        if (d.type != IPC_DECISION)
+            snprintf(r->err, sizeof r->err, "a %s frame where DECISION was expected",
+                     ipc_type_name(d.type));
+        ipc_frame_free(&d);
+        if (!trc) {
+            res.decision = dm.status;
+            ipc_copy_str(dmsg, sizeof dmsg, dm.msg);
+        }
+        if (!trc && dm.status && txn) {
+            char why[1300];
+            snprintf(why, sizeof why, "ipc: the group aborted: %s", dm.msg);
+            res.worker_status = refit_abort_reason(txn, why);
+            txn = NULL;
+        } else if (!trc && txn) {
+            res.worker_status = refit_commit(txn);
+            txn = NULL;
+        }
+    }
+    if (trc) {
+        /* no decision: never commit without it */
+        char why[1200];
+        snprintf(why, sizeof why, "ipc: no decision from the trainer by the deadline: %s",
+                 r->err);
+        int64_t jid = txn ? refit_txn_journal_id(txn) : 0;
+        xport_journal(r->ctx, jid, "transport", "update %llu: %s", (unsigned long long)u.seq,
+                      why);
+        if (txn)
+            res.worker_status = refit_abort_reason(txn, why);
+        txn = NULL;
+        res.decision = trc;
+        res.vote_taken = 0;
+        drop_peer(r);
+        ipc_update_free(&u);
+        res.seconds = ipc_now() - t0;
+        if (out)
+            *out = res;
+        return ctx_error(r->ctx, trc, "ipc receiver: update %llu aborted: %s%s%s",
+                         (unsigned long long)u.seq, why + 5,
+                         local ? "; before that: " : "", local ? msg : "");
+    }
+    (void)send_status(r, IPC_RESULT, u.seq, res.worker_status,
+                      res.worker_status ? refit_errmsg(r->ctx) : "", dl);
+    ipc_update_free(&u);
+    res.seconds = ipc_now() - t0;
+    if (out)
+        *out = res;
+    if (res.decision && !local)
+        return ctx_error(r->ctx, res.decision, "ipc receiver: update %llu aborted by the "
+                         "group: %s", (unsigned long long)u.seq, dmsg[0] ? dmsg : "another worker failed");
+    if (local)
+        return ctx_error(r->ctx, local, "%s", msg);
+    return res.decision;
+}

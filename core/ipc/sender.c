@@ -1,0 +1,866 @@
+/*
+ * The trainer side of the IPC transport (include/refit/ipc.h). A send:
+ *
+ *   layout   once, and again only when a tensor's storage or shape changed:
+ *            PACK tensors into flat buckets (refit's memory, [256 | payload],
+ *            whole tensors at 256-aligned offsets), every SHARE tensor one
+ *            DIRECT bucket at its offset in its own allocation; the memory
+ *            table (ids, handles) built, its epoch bumped
+ *   pack     backend copies of the PACK tensors on the trainer's stream,
+ *            then the interprocess event recorded on it (device)
+ *   index    announce + one bucket header per bucket (core/nccl/bucket.h)
+ *   per worker: MEMS when its table is older than the epoch, UPDATE
+ *   votes    every worker's, then one DECISION to all, then their RESULTs
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <refit/ipc.h>
+
+#include "core/internal.h"
+#include "core/ipc/mem.h"
+#include "core/nccl/xport.h"
+#include "kernels/copy.h"
+
+typedef struct snd_tensor {
+    char *name;
+    const refit_tensor *t;      /* borrowed */
+    int how;
+    /* as laid out: */
+    void *data;
+    uint64_t bytes;
+    uint32_t bucket;
+    uint64_t offset;            /* in the bucket's payload */
+} snd_tensor;
+
+typedef struct snd_mem {
+    ipc_mem_desc d;             /* d.fd owned here (host kinds) */
+    void *base;                 /* host address, or the device pointer */
+    bool owned;                 /* refit allocated it (a bucket or a host_alloc) */
+    bool bucket;                /* a packed bucket of the current layout */
+    bool used;
+} snd_mem;
+
+typedef struct snd_worker {
+    char *path;
+    int fd;                     /* -1: not connected */
+    uint32_t epoch;             /* the memory table it holds; 0: none */
+    int32_t rank;
+} snd_worker;
+
+struct refit_ipc_sender {
+    refit_ctx *ctx;
+    refit_ipc_send_opts o;
+    refit_device dev;
+    char label[BKT_MAX_LABEL + 1];
+    snd_tensor *ts;
+    uint32_t n, cap;
+    names by_name;
+    snd_mem *mems;
+    uint32_t n_mems, cap_mems, next_id, epoch;
+    bool laid_out, laid_out_once;
+    uint32_t n_packed;          /* packed buckets of the layout (they come first) */
+    bkt_plan plan;
+    bkt_tensor *bt;
+    ipc_ref *refs;              /* per bucket */
+    ipc_wbuf frame;
+    uint8_t *index;
+    size_t index_cap;
+    ipc_cuda cu;
+    CUevent ev;
+    bool has_event;
+    uint8_t ev_handle[IPC_HANDLE_BYTES];
+    snd_worker *w;
+    int n_w;
+    uint64_t seq;
+    char err[1024];
+};
+
+static int s_err(refit_ipc_sender *s, int rc)
+{
+    return ctx_error(s->ctx, rc, "ipc sender: %s", s->err);
+}
+
+static double deadline_of(const refit_ipc_sender *s)
+{
+    return ipc_now() + (s->o.timeout_s > 0 ? s->o.timeout_s : 300.0);
+}
+
+/* ---- connections ---- */
+
+static int connect_worker(refit_ipc_sender *s, snd_worker *w)
+{
+    double dl = deadline_of(s);
+    int rc = ipc_connect(w->path, dl, &w->fd, s->err, sizeof s->err);
+    if (rc)
+        return rc;
+    ipc_wbuf b = {0};
+    ipc_hello me = {IPC_ROLE_TRAINER, (uint32_t)getpid(), (int32_t)(w - s->w), (uint32_t)s->n_w};
+    ipc_hello_encode(&b, &me);
+    rc = b.failed ? REFIT_ENOMEM
+                  : ipc_send(w->fd, IPC_HELLO, b.p, (uint32_t)b.len, NULL, 0, dl, s->err,
+                             sizeof s->err);
+    ipc_wbuf_free(&b);
+    ipc_frame f;
+    if (!rc && !(rc = ipc_recv(w->fd, &f, 64, dl, s->err, sizeof s->err))) {
+        ipc_hello peer;
+        rc = ipc_hello_decode(&peer, &f, IPC_ROLE_WORKER, s->err, sizeof s->err);
+        w->rank = peer.rank;
+        ipc_frame_free(&f);
+    }
+    if (rc) {
+        close(w->fd);
+        w->fd = -1;
+    }
+    w->epoch = 0;
+    return rc;
+}
+
+static void drop_worker(snd_worker *w)
+{
+    if (w->fd >= 0)
+        close(w->fd);
+    w->fd = -1;
+    w->epoch = 0;
+}
+
+int refit_ipc_sender_create(refit_ipc_sender **out, refit_ctx *ctx, const char *const *paths,
+                            int n_workers, const refit_ipc_send_opts *opt)
+{
+    if (!out || !ctx)
+        return REFIT_EINVAL;
+    *out = NULL;
+    ctx_clear_error(ctx);
+    if (!paths || n_workers < 1 || n_workers > 4096)
+        return ctx_error(ctx, REFIT_EINVAL, "ipc sender: %d workers (1 to 4096, with a path "
+                         "each)", n_workers);
+    if (opt && (opt->version < 1 || opt->version > REFIT_IPC_SEND_OPTS_VERSION))
+        return ctx_error(ctx, REFIT_EINVAL, "invalid version %u on refit_ipc_send_opts",
+                         opt->version);
+    refit_ipc_sender *s = calloc(1, sizeof *s);
+    if (!s || !(s->w = calloc((size_t)n_workers, sizeof *s->w))) {
+        free(s);
+        return ctx_error(ctx, REFIT_ENOMEM, "ipc sender: out of memory");
+    }
+    s->ctx = ctx;
+    s->o = opt ? *opt : (refit_ipc_send_opts)REFIT_IPC_SEND_OPTS_INIT;
+    s->dev = s->o.device >= 0 ? (refit_device){REFIT_DEVICE_CUDA, s->o.device}
+                              : (refit_device){REFIT_DEVICE_CPU, 0};
+    ipc_copy_str(s->label, sizeof s->label, s->o.version_label ? s->o.version_label : "unnamed");
+    s->n_w = n_workers;
+    s->next_id = 1;
+    int rc = REFIT_OK;
+    for (int i = 0; i < n_workers; i++)
+        s->w[i].fd = -1;
+    if (s->o.device >= 0 && (rc = ipc_cuda_open(&s->cu, s->o.device, s->err, sizeof s->err)))
+        rc = s_err(s, rc);
+    for (int i = 0; !rc && i < n_workers; i++) {
+        if (!paths[i] || !(s->w[i].path = xstrdup(paths[i])))
+            rc = ctx_error(ctx, REFIT_EINVAL, "ipc sender: worker %d has no socket path", i);
+        else if ((rc = connect_worker(s, &s->w[i])))
+            rc = ctx_error(ctx, rc, "ipc sender: worker %d (%s): %s", i, paths[i], s->err);
+    }
+    if (rc) {
+        refit_ipc_sender_destroy(s);
+        return rc;
+    }
+    *out = s;
+    return REFIT_OK;
+}
+
+static void mem_release(refit_ipc_sender *s, snd_mem *m)
+{
+    if (!m->owned)
+        ; /* the trainer's own storage */
+    else if (m->d.kind == IPC_MEM_HOST_FD)
+        munmap(m->base, m->d.bytes);
+    else if (s->cu.open)
+        s->cu.cu.MemFree((CUdeviceptr)(uintptr_t)m->base);
+    if (m->d.fd >= 0)
+        close(m->d.fd);
+}
+
+void refit_ipc_sender_destroy(refit_ipc_sender *s)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < s->n_w; i++) {
+        drop_worker(&s->w[i]);
+        free(s->w[i].path);
+    }
+    free(s->w);
+    for (uint32_t i = 0; i < s->n_mems; i++)
+        mem_release(s, &s->mems[i]);
+    free(s->mems);
+    for (uint32_t i = 0; i < s->n; i++)
+        free(s->ts[i].name);
+    free(s->ts);
+    names_free(&s->by_name);
+    bkt_plan_free(&s->plan);
+    free(s->bt);
+    free(s->refs);
+    free(s->index);
+    ipc_wbuf_free(&s->frame);
+    if (s->has_event)
+        s->cu.cu.EventDestroy(s->ev);
+    if (s->cu.open)
+        ipc_cuda_close(&s->cu);
+    free(s);
+}
+
+int refit_ipc_sender_set_label(refit_ipc_sender *s, const char *label)
+{
+    if (!s || !label)
+        return REFIT_EINVAL;
+    if (strlen(label) > BKT_MAX_LABEL)
+        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: a version label of %zu bytes "
+                         "(at most %d)", strlen(label), BKT_MAX_LABEL);
+    ipc_copy_str(s->label, sizeof s->label, label);
+    return REFIT_OK;
+}
+
+int refit_ipc_sender_add(refit_ipc_sender *s, const char *name, const refit_tensor *t, int how)
+{
+    if (!s)
+        return REFIT_EINVAL;
+    ctx_clear_error(s->ctx);
+    if (!name || !*name || strlen(name) > BKT_MAX_NAME || !t)
+        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add: a name of 1 to %d bytes and "
+                         "a tensor are needed", BKT_MAX_NAME);
+    if (how != REFIT_IPC_SHARE && how != REFIT_IPC_PACK)
+        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add %s: how %d is neither "
+                         "REFIT_IPC_SHARE nor REFIT_IPC_PACK", name, how);
+    if (t->device.device_type != s->dev.device_type && how == REFIT_IPC_SHARE)
+        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add %s: a SHARE tensor must be in "
+                         "the sender's memory (device type %d, the sender's %d)", name,
+                         t->device.device_type, s->dev.device_type);
+    int rc = grow_array((void **)&s->ts, &s->cap, s->n, sizeof *s->ts);
+    if (rc)
+        return ctx_error(s->ctx, rc, "ipc sender: out of memory");
+    char *nm = xstrdup(name);
+    if (!nm)
+        return ctx_error(s->ctx, REFIT_ENOMEM, "ipc sender: out of memory");
+    if ((rc = names_insert(&s->by_name, nm, s->n))) {
+        free(nm);
+        return ctx_error(s->ctx, rc, "ipc sender: add %s: %s", name,
+                         rc == REFIT_EEXIST ? "added twice" : "out of memory");
+    }
+    s->ts[s->n++] = (snd_tensor){.name = nm, .t = t, .how = how};
+    s->laid_out = false;
+    return REFIT_OK;
+}
+
+int refit_ipc_host_alloc(refit_ipc_sender *s, size_t bytes, void **out)
+{
+    if (!s || !out || !bytes)
+        return REFIT_EINVAL;
+    if (s->o.device >= 0)
+        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: host_alloc serves a host sender "
+                         "(device -1); this one is on CUDA device %d", s->o.device);
+    int rc = grow_array((void **)&s->mems, &s->cap_mems, s->n_mems, sizeof *s->mems);
+    snd_mem m = {.d = {.id = s->next_id, .gen = 1, .kind = IPC_MEM_HOST_FD, .bytes = bytes,
+                       .fd = -1}, .owned = true};
+    if (!rc)
+        rc = ipc_host_export(bytes, &m.d.fd, &m.base, s->err, sizeof s->err);
+    if (rc)
+        return s_err(s, rc);
+    s->next_id++;
+    s->mems[s->n_mems++] = m;
+    *out = m.base;
+    return REFIT_OK;
+}
+
+/* ---- layout: buckets and the memory table ---- */
+
+static snd_mem *mem_holding(refit_ipc_sender *s, const void *p, uint64_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    for (uint32_t i = 0; i < s->n_mems; i++) {
+        snd_mem *m = &s->mems[i];
+        uintptr_t b = (uintptr_t)m->base;
+        if (!m->bucket && a >= b && a - b <= m->d.bytes && n <= m->d.bytes - (a - b))
+            return m;
+    }
+    return NULL;
+}
+
+static int add_mem(refit_ipc_sender *s, snd_mem m, snd_mem **out)
+{
+    int rc = grow_array((void **)&s->mems, &s->cap_mems, s->n_mems, sizeof *s->mems);
+    if (rc) {
+        mem_release(s, &m);
+        return rc;
+    }
+    m.d.id = s->next_id++;
+    m.d.gen = 1;
+    s->mems[s->n_mems] = m;
+    *out = &s->mems[s->n_mems++];
+    return REFIT_OK;
+}
+
+/* The memory a SHARE tensor lives in: a host_alloc region, or its device
+ * allocation (exported once, kept while a tensor lives in it). */
+static int share_mem(refit_ipc_sender *s, snd_tensor *st, snd_mem **out)
+{
+    if ((*out = mem_holding(s, st->data, st->bytes)))
+        return REFIT_OK;
+    if (s->o.device < 0) {
+        snprintf(s->err, sizeof s->err, "%s: a SHARE tensor of a host sender must live in "
+                 "memory from refit_ipc_host_alloc (or add it with REFIT_IPC_PACK)", st->name);
+        return REFIT_EINVAL;
+    }
+    snd_mem m = {.d = {.kind = IPC_MEM_CUDA, .device = s->o.device, .fd = -1}};
+    CUdeviceptr base;
+    size_t size;
+    int rc = ipc_cuda_share(&s->cu, (CUdeviceptr)(uintptr_t)st->data, &base, &size, m.d.handle,
+                            s->err, sizeof s->err);
+    if (rc)
+        return rc;
+    m.base = (void *)(uintptr_t)base;
+    m.d.bytes = size;
+    return add_mem(s, m, out);
+}
+
+/* A packed bucket of total bytes: the one this slot had when the size is
+ * the same (kept: its handle stays valid in the workers), else a new one. */
+static int bucket_mem(refit_ipc_sender *s, uint32_t b, uint64_t total, uint32_t *old,
+                      uint32_t n_old, snd_mem **out)
+{
+    if (b < n_old && old[b] != UINT32_MAX && s->mems[old[b]].d.bytes == total) {
+        *out = &s->mems[old[b]];
+        old[b] = UINT32_MAX;
+        return REFIT_OK;
+    }
+    snd_mem m = {.d = {.kind = s->o.device >= 0 ? IPC_MEM_CUDA : IPC_MEM_HOST_FD,
+                       .device = s->o.device, .bytes = total, .fd = -1},
+                 .owned = true, .bucket = true};
+    int rc;
+    if (s->o.device >= 0) {
+        CUdeviceptr p;
+        rc = ipc_cuda_alloc_export(&s->cu, total, &p, m.d.handle, s->err, sizeof s->err);
+        m.base = (void *)(uintptr_t)p;
+    } else {
+        rc = ipc_host_export(total, &m.d.fd, &m.base, s->err, sizeof s->err);
+    }
+    return rc ? rc : add_mem(s, m, out);
+}
+
+static int plan_room(bkt_plan *p, uint32_t pieces, uint32_t buckets)
+{
+    bkt_piece *np = realloc(p->pieces, ((size_t)pieces + 1) * sizeof *np);
+    if (np)
+        p->pieces = np;
+    bkt_span *nb = realloc(p->buckets, ((size_t)buckets + 1) * sizeof *nb);
+    if (nb)
+        p->buckets = nb;
+    if (!np || !nb)
+        return REFIT_ENOMEM;
+    p->cap_pieces = pieces;
+    p->cap_buckets = buckets;
+    return REFIT_OK;
+}
+
+/* Each tensor's bytes and where its data is now; sets *moved when the
+ * layout no longer fits them. */
+static int take_views(refit_ipc_sender *s, bool *moved)
+{
+    for (uint32_t i = 0; i < s->n; i++) {
+        snd_tensor *st = &s->ts[i];
+        refit_view v;
+        if (xport_view(st->t, &v)) {
+            snprintf(s->err, sizeof s->err, "%s: bad tensor (dims, shape or dtype)", st->name);
+            return REFIT_EINVAL;
+        }
+        int64_t numel = kern_view_numel(&v);
+        uint64_t bytes = bkt_bytes(v.dtype, numel);
+        if (bytes == UINT64_MAX) {
+            snprintf(s->err, sizeof s->err, "%s: shape overflows", st->name);
+            return REFIT_EINVAL;
+        }
+        if (st->how == REFIT_IPC_SHARE && bytes && !xport_view_contiguous(&v)) {
+            snprintf(s->err, sizeof s->err, "%s: a SHARE tensor must be contiguous (add it "
+                     "with REFIT_IPC_PACK)", st->name);
+            return REFIT_EINVAL;
+        }
+        bool share = st->how == REFIT_IPC_SHARE && bytes;
+        *moved |= st->bytes != bytes || (share && st->data != v.data);
+        st->data = v.data;
+        st->bytes = bytes;
+    }
+    return REFIT_OK;
+}
+
+static int lay_out(refit_ipc_sender *s)
+{
+    uint64_t cap = s->o.bucket_bytes ? s->o.bucket_bytes : BKT_DEFAULT_BYTES;
+    uint32_t n_old = 0;
+    uint32_t *old = malloc((s->n_packed + 1u) * sizeof *old);
+    if (!old)
+        return REFIT_ENOMEM;
+    for (uint32_t b = 0; s->laid_out_once && b < s->n_packed; b++, n_old++) {
+        old[n_old] = UINT32_MAX; /* the memory bucket b of the last layout had */
+        for (uint32_t i = 0; i < s->n_mems; i++)
+            if (s->mems[i].bucket && s->mems[i].d.id == s->refs[b].mem)
+                old[n_old] = i;
+    }
+    /* packed buckets: whole tensors, 256-aligned, a new bucket when full */
+    uint32_t nb = 0, n_pack = 0;
+    uint64_t at = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        snd_tensor *st = &s->ts[i];
+        if (st->how == REFIT_IPC_SHARE && st->bytes)
+            continue;
+        uint64_t off = bkt_align(at);
+        if (n_pack && off + st->bytes > cap) {
+            nb++;
+            off = 0;
+        }
+        st->bucket = nb;
+        st->offset = off;
+        at = off + st->bytes;
+        n_pack++;
+    }
+    uint32_t n_packed = n_pack ? nb + 1 : 0, n_share = s->n - n_pack;
+    uint32_t n_buckets = n_packed + n_share;
+    int rc = REFIT_OK;
+    if (n_buckets == 0) {
+        snprintf(s->err, sizeof s->err, "nothing to send: add tensors first");
+        rc = REFIT_EINVAL;
+    }
+    if (!rc && (rc = plan_room(&s->plan, s->n, n_buckets)) == REFIT_OK) {
+        ipc_ref *nr = realloc(s->refs, (size_t)n_buckets * sizeof *nr);
+        bkt_tensor *nt = realloc(s->bt, ((size_t)s->n + 1) * sizeof *nt);
+        if (nr)
+            s->refs = nr;
+        if (nt)
+            s->bt = nt;
+        rc = nr && nt ? REFIT_OK : REFIT_ENOMEM;
+    }
+    for (uint32_t i = 0; i < s->n_mems; i++)
+        s->mems[i].used = false;
+    bkt_plan *p = &s->plan;
+    p->n_pieces = 0;
+    p->n_buckets = n_buckets;
+    p->n_direct = n_share;
+    for (uint32_t b = 0; !rc && b < n_packed; b++)
+        p->buckets[b] = (bkt_span){.first = UINT32_MAX};
+    /* the packed tensors' pieces first, in order (each bucket's pieces are
+     * consecutive), then one DIRECT bucket per SHARE tensor */
+    uint32_t sb = n_packed;
+    for (int pass = 0; !rc && pass < 2; pass++)
+        for (uint32_t i = 0; !rc && i < s->n; i++) {
+            snd_tensor *st = &s->ts[i];
+            const refit_tensor *t = st->t;
+            bool share = st->how == REFIT_IPC_SHARE && st->bytes;
+            if (share != (pass == 1))
+                continue;
+            s->bt[i] = (bkt_tensor){.name = st->name, .dtype = t->dtype, .ndim = t->ndim,
+                                    .shape = t->shape};
+            uint32_t b = share ? sb++ : st->bucket;
+            bkt_span *sp = &p->buckets[b];
+            if (share) {
+                snd_mem *m;
+                if ((rc = share_mem(s, st, &m)))
+                    break;
+                m->used = true;
+                *sp = (bkt_span){.first = p->n_pieces, .n = 1, .payload_bytes = st->bytes,
+                                 .direct = true};
+                s->refs[b] = (ipc_ref){.mem = m->d.id,
+                                       .offset = (uint64_t)((char *)st->data - (char *)m->base)};
+                st->offset = 0;
+            } else {
+                if (sp->first == UINT32_MAX)
+                    sp->first = p->n_pieces;
+                sp->n++;
+                sp->payload_bytes = st->offset + st->bytes;
+            }
+            int64_t rows = t->ndim ? t->shape[0] : 1;
+            p->pieces[p->n_pieces++] = (bkt_piece){.tensor = i, .rows = rows,
+                                                   .offset = st->offset, .bytes = st->bytes};
+        }
+    /* packed tensors were added in order, so each bucket's pieces are
+     * consecutive; their memory */
+    for (uint32_t b = 0; !rc && b < n_packed; b++) {
+        snd_mem *m;
+        rc = bucket_mem(s, b, BKT_ALIGN + p->buckets[b].payload_bytes, old, n_old, &m);
+        if (!rc) {
+            m->used = true;
+            m->bucket = true;
+            s->refs[b] = (ipc_ref){.mem = m->d.id};
+        }
+    }
+    /* buckets of an older layout no longer used are freed; compact */
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < s->n_mems; i++) {
+        snd_mem *m = &s->mems[i];
+        if (!m->used && (m->bucket || !m->owned)) {
+            mem_release(s, m);
+            continue;
+        }
+        s->mems[k++] = *m;
+    }
+    s->n_mems = k;
+    free(old);
+    if (rc) {
+        s->n_packed = 0;
+        s->laid_out = false;
+        s->epoch++; /* the workers' tables are stale either way */
+        return rc;
+    }
+    p->max_total = p->total_payload = 0;
+    for (uint32_t b = 0; b < n_buckets; b++) {
+        uint64_t t = bkt_total(p, b);
+        p->max_total = t > p->max_total ? t : p->max_total;
+        p->total_payload += p->buckets[b].payload_bytes;
+    }
+    s->n_packed = n_packed;
+    s->epoch++;
+    s->laid_out = s->laid_out_once = true;
+    return REFIT_OK;
+}
+
+/* ---- one send ---- */
+
+static snd_mem *mem_by_id(refit_ipc_sender *s, uint32_t id)
+{
+    for (uint32_t i = 0; i < s->n_mems; i++)
+        if (s->mems[i].d.id == id)
+            return &s->mems[i];
+    return NULL;
+}
+
+static uint8_t *payload_of(refit_ipc_sender *s, uint32_t b)
+{
+    snd_mem *m = mem_by_id(s, s->refs[b].mem);
+    return (uint8_t *)m->base + s->refs[b].offset + (s->plan.buckets[b].direct ? 0 : BKT_ALIGN);
+}
+
+/* PACK tensors into their buckets on the trainer's stream, then the event
+ * after them (and after whatever the trainer queued there before: its
+ * optimizer's writes to SHARE tensors). */
+static int pack(refit_ipc_sender *s)
+{
+    const backend *be = backend_for_device(s->dev);
+    if (!be) {
+        snprintf(s->err, sizeof s->err, "no backend serves device type %d here (built "
+                 "without CUDA?)", s->dev.device_type);
+        return REFIT_EUNSUPPORTED;
+    }
+    for (uint32_t i = 0; i < s->n; i++) {
+        snd_tensor *st = &s->ts[i];
+        if ((st->how == REFIT_IPC_SHARE && st->bytes) || !st->bytes)
+            continue;
+        refit_view src, dst;
+        (void)xport_view(st->t, &src);
+        if (xport_view_contiguous(&src)) {
+            src.dtype = REFIT_U8;
+            src.ndim = 1;
+            src.shape[0] = (int64_t)st->bytes;
+            src.strides[0] = 1;
+        } else if (!kern_dtype_size(src.dtype)) {
+            snprintf(s->err, sizeof s->err, "%s: a strided tensor of sub-byte elements cannot "
+                     "be packed", st->name);
+            return REFIT_EUNSUPPORTED;
+        }
+        dst = src;
+        dst.data = payload_of(s, st->bucket) + st->offset;
+        dst.device = s->dev;
+        int64_t stride = 1;
+        for (int d = dst.ndim - 1; d >= 0; d--) {
+            dst.strides[d] = stride;
+            stride *= dst.shape[d] > 0 ? dst.shape[d] : 1;
+        }
+        int rc = be->can_read(src.device) ? be->copy(&dst, &src, s->o.stream)
+                                          : REFIT_EUNSUPPORTED;
+        if (rc) {
+            (void)be->sync(s->o.stream);
+            snprintf(s->err, sizeof s->err, "packing %s: %s (%s)", st->name, refit_strerror(rc),
+                     be->last_error());
+            return rc;
+        }
+    }
+    int rc = be->flush(s->o.stream);
+    if (!rc && s->o.device < 0)
+        rc = be->sync(s->o.stream);
+    if (rc) {
+        snprintf(s->err, sizeof s->err, "packing copies: %s (%s)", refit_strerror(rc),
+                 be->last_error());
+        return rc;
+    }
+    if (s->o.device < 0)
+        return REFIT_OK;
+    if (!s->has_event) {
+        if ((rc = ipc_cuda_event_export(&s->cu, &s->ev, s->ev_handle, s->err, sizeof s->err)))
+            return rc;
+        s->has_event = true;
+        s->epoch++; /* the table carries the event handle */
+    }
+    CUresult r = s->cu.cu.EventRecord(s->ev, (CUstream)s->o.stream);
+    if (r != CU_SUCCESS) {
+        snprintf(s->err, sizeof s->err, "cuEventRecord: %s", cu_errstr(&s->cu.cu, r));
+        return REFIT_EIO;
+    }
+    return REFIT_OK;
+}
+
+static int checksums(refit_ipc_sender *s)
+{
+    const backend *be = backend_for_device(s->dev);
+    for (uint32_t b = 0; b < s->plan.n_buckets; b++) {
+        s->refs[b].flags = s->o.checksum ? IPC_B_SUM : 0;
+        s->refs[b].sum = 0;
+        if (!s->o.checksum)
+            continue;
+        refit_view v = {.data = payload_of(s, b), .device = s->dev, .dtype = REFIT_U8,
+                        .ndim = 1, .shape = {(int64_t)s->plan.buckets[b].payload_bytes},
+                        .strides = {1}};
+        int rc = be->fingerprint(&v, &s->refs[b].sum, s->o.stream);
+        if (rc) {
+            snprintf(s->err, sizeof s->err, "bucket %u: checksum: %s", b, be->last_error());
+            return rc;
+        }
+    }
+    return REFIT_OK;
+}
+
+static uint64_t fresh_nonce(uint64_t seq)
+{
+    uint64_t n = 0;
+    if (getrandom(&n, sizeof n, GRND_NONBLOCK) != (ssize_t)sizeof n) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        n = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 30) ^ ((uint64_t)getpid() << 48);
+    }
+    return n ^ seq;
+}
+
+/* The UPDATE frame of this send into s->frame. */
+static int encode_update(refit_ipc_sender *s)
+{
+    bkt_plan *p = &s->plan;
+    size_t ll = strlen(s->label);
+    uint64_t total = 0;
+    for (uint32_t b = 0; b < p->n_buckets; b++) {
+        bkt_span *sp = &p->buckets[b];
+        uint64_t hb = BKT_FIXED_HEADER + ll + 8;
+        for (uint32_t k = 0; k < sp->n; k++) {
+            const bkt_tensor *t = &s->bt[p->pieces[sp->first + k].tensor];
+            hb += BKT_FIXED_ENTRY + 8u * (uint64_t)t->ndim + strlen(t->name);
+        }
+        if (hb > BKT_MAX_HEADER) {
+            snprintf(s->err, sizeof s->err, "bucket %u: a header of %llu bytes (at most %u): "
+                     "use smaller buckets", b, (unsigned long long)hb, BKT_MAX_HEADER);
+            return REFIT_EINVAL;
+        }
+        sp->header_bytes = (uint32_t)hb;
+        total += hb;
+    }
+    if (total > BKT_MAX_INDEX || total + (uint64_t)p->n_buckets * IPC_REF_REC + 1024 >
+                                     IPC_MAX_PAYLOAD) {
+        snprintf(s->err, sizeof s->err, "an index of %llu bytes for %u buckets is too large",
+                 (unsigned long long)total, p->n_buckets);
+        return REFIT_EINVAL;
+    }
+    if (total > s->index_cap) {
+        uint8_t *ni = realloc(s->index, total);
+        if (!ni)
+            return REFIT_ENOMEM;
+        s->index = ni;
+        s->index_cap = total;
+    }
+    uint64_t nonce = fresh_nonce(s->seq);
+    uint8_t *q = s->index;
+    for (uint32_t b = 0; b < p->n_buckets; b++) {
+        bkt_header_encode(q, p, b, s->bt, s->label, nonce);
+        q += p->buckets[b].header_bytes;
+    }
+    bkt_announce an = {.flags = s->o.checksum ? BKT_A_PAYLOAD_SUM : 0,
+                       .n_buckets = p->n_buckets, .first_header = p->buckets[0].header_bytes,
+                       .nonce = nonce, .index_bytes = total, .first_total = bkt_total(p, 0),
+                       .max_total = p->max_total, .total_payload = p->total_payload,
+                       .n_entries = p->n_pieces};
+    uint8_t ab[BKT_ANNOUNCE_BYTES];
+    bkt_announce_encode(ab, &an);
+    ipc_update u = {.seq = s->seq, .epoch = s->epoch,
+                    .flags = s->o.device >= 0 ? IPC_U_EVENT : 0, .n_buckets = p->n_buckets,
+                    .refs = s->refs, .index = s->index, .index_bytes = total};
+    s->frame.len = 0;
+    ipc_update_encode(&s->frame, &u, ab);
+    return s->frame.failed ? REFIT_ENOMEM : REFIT_OK;
+}
+
+static int send_mems(refit_ipc_sender *s, snd_worker *w, double dl)
+{
+    ipc_mems t = {.epoch = s->epoch, .n = 0, .has_event = s->has_event};
+    memcpy(t.event, s->ev_handle, IPC_HANDLE_BYTES);
+    t.m = malloc(((size_t)s->n_mems + 1) * sizeof *t.m);
+    if (!t.m)
+        return REFIT_ENOMEM;
+    for (uint32_t i = 0; i < s->n_mems; i++)
+        if (s->mems[i].used)
+            t.m[t.n++] = s->mems[i].d;
+    int fds[IPC_MAX_FDS];
+    uint16_t nf = 0;
+    for (uint32_t i = 0; i < t.n; i++)
+        nf += t.m[i].kind == IPC_MEM_HOST_FD;
+    int rc = REFIT_OK;
+    if (nf > IPC_MAX_FDS) {
+        snprintf(s->err, sizeof s->err, "%u host memories: at most %d (use larger buckets)",
+                 nf, IPC_MAX_FDS);
+        rc = REFIT_EUNSUPPORTED;
+    }
+    ipc_wbuf b = {0};
+    if (!rc) {
+        nf = ipc_mems_fds(&t, fds, IPC_MAX_FDS);
+        ipc_mems_encode(&b, &t);
+        rc = b.failed ? REFIT_ENOMEM
+                      : ipc_send(w->fd, IPC_MEMS, b.p, (uint32_t)b.len, fds, nf, dl, s->err,
+                                 sizeof s->err);
+    }
+    ipc_wbuf_free(&b);
+    free(t.m);
+    if (!rc)
+        w->epoch = s->epoch;
+    return rc;
+}
+
+static int send_status(refit_ipc_sender *s, snd_worker *w, uint16_t type, int status,
+                       const char *msg, double dl)
+{
+    ipc_wbuf b = {0};
+    ipc_status_encode(&b, s->seq, status, msg);
+    int rc = b.failed ? REFIT_ENOMEM
+                      : ipc_send(w->fd, type, b.p, (uint32_t)b.len, NULL, 0, dl, s->err,
+                                 sizeof s->err);
+    ipc_wbuf_free(&b);
+    return rc;
+}
+
+static int recv_status(refit_ipc_sender *s, snd_worker *w, uint16_t type, ipc_status_msg *m,
+                       double dl)
+{
+    ipc_frame f;
+    int rc = ipc_recv(w->fd, &f, IPC_MAX_MSG + 64, dl, s->err, sizeof s->err);
+    if (rc)
+        return rc;
+    if (f.type != type) {
+        snprintf(s->err, sizeof s->err, "a %s frame where %s was expected",
+                 ipc_type_name(f.type), ipc_type_name(type));
+        rc = REFIT_ECORRUPT;
+    } else {
+        rc = ipc_status_decode(m, &f, s->seq, s->err, sizeof s->err);
+    }
+    ipc_frame_free(&f);
+    return rc;
+}
+
+/* Phase one to every worker: (re)connect, MEMS when stale, UPDATE. A
+ * worker that cannot be reached votes the failure. */
+static void post_update(refit_ipc_sender *s, int *vote, char (*why)[256], double dl)
+{
+    for (int i = 0; i < s->n_w; i++) {
+        snd_worker *w = &s->w[i];
+        int rc = w->fd < 0 ? connect_worker(s, w) : REFIT_OK;
+        if (!rc && w->epoch != s->epoch)
+            rc = send_mems(s, w, dl);
+        if (!rc)
+            rc = ipc_send(w->fd, IPC_UPDATE, s->frame.p, (uint32_t)s->frame.len, NULL, 0, dl,
+                          s->err, sizeof s->err);
+        if (rc) {
+            vote[i] = rc;
+            ipc_copy_str(why[i], sizeof why[i], s->err);
+            drop_worker(w);
+        }
+    }
+}
+
+int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
+{
+    if (!s)
+        return REFIT_EINVAL;
+    ctx_clear_error(s->ctx);
+    double t0 = ipc_now();
+    refit_group_result res = {.decision = REFIT_OK, .failed_rank = -1, .vote_taken = 1};
+    ipc_copy_str(res.version_label, sizeof res.version_label, s->label);
+    s->seq++;
+    bool moved = !s->laid_out;
+    int rc = s->cu.open ? ipc_cuda_enter(&s->cu, s->err, sizeof s->err) : REFIT_OK;
+    if (!rc)
+        rc = take_views(s, &moved);
+    if (!rc && moved)
+        rc = lay_out(s);
+    if (!rc)
+        rc = pack(s);
+    if (!rc)
+        rc = checksums(s);
+    if (!rc)
+        rc = encode_update(s);
+    if (rc) {
+        res.decision = res.local_status = rc;
+        if (out)
+            *out = res;
+        return s_err(s, rc);
+    }
+    int *vote = calloc((size_t)s->n_w, sizeof *vote);
+    char (*why)[256] = calloc((size_t)s->n_w, sizeof *why);
+    if (!vote || !why) {
+        free(vote);
+        free(why);
+        return ctx_error(s->ctx, REFIT_ENOMEM, "ipc sender: out of memory");
+    }
+    double dl = deadline_of(s);
+    post_update(s, vote, why, dl);
+    for (int i = 0; i < s->n_w; i++) {
+        ipc_status_msg m;
+        if (s->w[i].fd < 0)
+            continue;
+        if ((rc = recv_status(s, &s->w[i], IPC_VOTE, &m, dl))) {
+            vote[i] = rc;
+            ipc_copy_str(why[i], sizeof why[i], s->err);
+            drop_worker(&s->w[i]);
+            res.vote_taken = 0;
+        } else {
+            vote[i] = m.status;
+            ipc_copy_str(why[i], sizeof why[i], m.msg);
+        }
+    }
+    for (int i = 0; i < s->n_w; i++)
+        if (vote[i] && res.decision == REFIT_OK) {
+            res.decision = vote[i];
+            res.failed_rank = i;
+        }
+    for (int i = 0; i < s->n_w; i++)
+        if (s->w[i].fd >= 0 &&
+            send_status(s, &s->w[i], IPC_DECISION, res.decision,
+                        res.decision ? why[res.failed_rank] : "", dl))
+            drop_worker(&s->w[i]);
+    res.worker_status = REFIT_OK;
+    for (int i = 0; i < s->n_w; i++) {
+        ipc_status_msg m;
+        if (s->w[i].fd < 0)
+            continue;
+        if (recv_status(s, &s->w[i], IPC_RESULT, &m, dl))
+            drop_worker(&s->w[i]);
+        else if (m.status && !res.worker_status)
+            res.worker_status = m.status; /* a worker POISONED by the abort */
+    }
+    res.buckets = s->plan.n_buckets;
+    res.tensors = s->plan.n_pieces;
+    res.bytes = s->plan.total_payload;
+    res.seconds = ipc_now() - t0;
+    rc = res.decision;
+    if (rc)
+        ctx_error(s->ctx, rc, "ipc sender: update %llu aborted: worker %d voted %s: %s",
+                  (unsigned long long)s->seq, res.failed_rank, refit_status_name(rc),
+                  why[res.failed_rank]);
+    free(vote);
+    free(why);
+    if (out)
+        *out = res;
+    return rc;
+}
