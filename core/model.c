@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/desc_check.h"
 #include "core/internal.h"
 #include "core/manifest.h"
 #include "core/txn_journal.h"
@@ -127,24 +128,13 @@ int refit_model_add_module(refit_model *m, const char *name, const char *format,
     return REFIT_OK;
 }
 
-/* Shape/dtype/device sanity of an engine descriptor. */
+/* Shape/dtype/extent sanity of an engine descriptor (desc_check). */
 static int check_descriptor(refit_model *m, const char *what, const char *name,
                             const refit_tensor *t)
 {
-    refit_ctx *ctx = m->ctx;
-    if (!t)
-        return ctx_error(ctx, REFIT_EINVAL, "%s %s: descriptor is NULL", what, name);
-    if (t->ndim < 0 || t->ndim > REFIT_MAX_DIMS || (t->ndim > 0 && !t->shape))
-        return ctx_error(ctx, REFIT_EINVAL, "%s %s: ndim %d (0..%d, with a shape)", what, name,
-                         t->ndim, REFIT_MAX_DIMS);
-    for (int i = 0; i < t->ndim; i++)
-        if (t->shape[i] < 0)
-            return ctx_error(ctx, REFIT_EINVAL, "%s %s: negative extent %lld on dim %d", what,
-                             name, (long long)t->shape[i], i);
-    if (t->dtype.bits == 0 || t->dtype.lanes != 1)
-        return ctx_error(ctx, REFIT_EINVAL, "%s %s: dtype with %u bits x %u lanes", what, name,
-                         t->dtype.bits, t->dtype.lanes);
-    return REFIT_OK;
+    char why[256];
+    int rc = desc_check(t, NULL, NULL, why, sizeof why);
+    return rc ? ctx_error(m->ctx, rc, "%s %s: %s", what, name, why) : REFIT_OK;
 }
 
 int refit_module_bind_runtime(refit_model *m, const char *module_name, const char *name,
@@ -213,29 +203,9 @@ int refit_model_add_side(refit_model *m, const char *name, const refit_tensor *t
 static int check_spec(refit_model *m, const char *mod, const char *name,
                       const refit_ckpt_spec *s)
 {
-    refit_ctx *ctx = m->ctx;
-    if (!s || s->version != REFIT_CKPT_SPEC_VERSION)
-        return ctx_error(ctx, REFIT_EINVAL, "module %s, tensor %s: spec %s", mod, name,
-                         s ? "has an unknown version" : "is NULL");
-    if (s->tie_of)
-        return REFIT_OK; /* everything else comes from the tied tensor */
-    if (s->ndim < 0 || s->ndim > REFIT_MAX_DIMS)
-        return ctx_error(ctx, REFIT_EINVAL, "module %s, tensor %s: ndim %d (0..%d)", mod, name,
-                         s->ndim, REFIT_MAX_DIMS);
-    for (int i = 0; i < s->ndim; i++)
-        if (s->shape[i] < 0)
-            return ctx_error(ctx, REFIT_EINVAL, "module %s, tensor %s: negative extent on dim %d",
-                             mod, name, i);
-    if (s->dtype.bits == 0 || s->dtype.lanes != 1)
-        return ctx_error(ctx, REFIT_EINVAL, "module %s, tensor %s: invalid dtype", mod, name);
-    if (s->shard_count > 1 && (s->shard_dim < 0 || s->shard_dim >= s->ndim ||
-                               s->shard_rank < 0 || s->shard_rank >= s->shard_count))
-        return ctx_error(ctx, REFIT_EINVAL,
-                         "module %s, tensor %s: shard dim %d rank %d of %d is out of range",
-                         mod, name, s->shard_dim, s->shard_rank, s->shard_count);
-    if (s->shard_count < 0)
-        return ctx_error(ctx, REFIT_EINVAL, "module %s, tensor %s: negative shard count", mod, name);
-    return REFIT_OK;
+    char why[256];
+    int rc = desc_check_spec(s, why, sizeof why);
+    return rc ? ctx_error(m->ctx, rc, "module %s, tensor %s: %s", mod, name, why) : REFIT_OK;
 }
 
 int refit_model_expect(refit_model *m, const char *module_name, const char *ckpt_name,

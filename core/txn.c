@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/desc_check.h"
 #include "core/internal.h"
 #include "core/txn_journal.h"
 #include "core/undo.h"
@@ -364,15 +365,12 @@ static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit
                     bool described)
 {
     const backend *be = t->m->runtime[r->target].be;
-    if (!src)
-        return txn_error(t, REFIT_EINVAL, "load %s: source tensor is NULL", r->name);
-    if (src->ndim != r->spec.ndim)
-        return txn_error(t, REFIT_EMISMATCH, "load %s (module %s): %d dims delivered, %d expected",
-                         r->name, t->m->modules[r->module].name, src->ndim, r->spec.ndim);
-    if (!kern_dtype_eq(src->dtype, r->spec.dtype))
-        return txn_error(t, REFIT_EMISMATCH, "load %s (module %s): dtype %s delivered, %s expected",
-                         r->name, t->m->modules[r->module].name, refit_dtype_name(src->dtype),
-                         refit_dtype_name(r->spec.dtype));
+    char why[256];
+    desc_expect want = {r->spec.ndim, r->spec.dtype, described, 0};
+    int rc = desc_check(src, &want, NULL, why, sizeof why);
+    if (rc)
+        return txn_error(t, rc, "load %s (module %s): %s", r->name,
+                         t->m->modules[r->module].name, why);
     if (!be->can_read(src->device))
         return txn_error(t, REFIT_EUNSUPPORTED, "load %s: the %s backend of its target cannot "
                          "read a source on device type %d", r->name, be->name,
@@ -382,15 +380,12 @@ static int src_view(refit_txn *t, const route *r, const refit_tensor *src, refit
     v->device = src->device;
     v->dtype = src->dtype;
     v->ndim = src->ndim;
-    int64_t numel = 1, stride = 1;
+    int64_t stride = 1; /* desc_check: neither overflows */
     for (int i = src->ndim - 1; i >= 0; i--) {
         v->shape[i] = src->shape[i];
         v->strides[i] = src->strides ? src->strides[i] : stride;
         stride *= src->shape[i] > 0 ? src->shape[i] : 1;
-        numel *= src->shape[i];
     }
-    if (!src->data && numel > 0 && !described)
-        return txn_error(t, REFIT_EINVAL, "load %s: source data is NULL", r->name);
     return REFIT_OK;
 }
 
@@ -413,12 +408,18 @@ static int check_shape(refit_txn *t, delivery *d, bool whole)
         if (sd < 0)
             return txn_error(t, REFIT_EINVAL, "load %s: a scalar cannot be delivered in parts",
                              r->name);
-        int64_t S = r->spec.shape[sd];
-        if (d->off < 0 || d->len > S || d->off > S - d->len)
+        int64_t S = r->spec.shape[sd], end;
+        if (d->off < 0 || d->len > S || d->off > S - d->len) {
+            char rows[48]; /* the offset is the caller's: its end may overflow */
+            if (__builtin_add_overflow(d->off, d->len, &end))
+                snprintf(rows, sizeof rows, "%lld + %lld", (long long)d->off, (long long)d->len);
+            else
+                snprintf(rows, sizeof rows, "%lld", (long long)end);
             return txn_error(t, REFIT_EMISMATCH,
-                             "load %s (module %s): part rows [%lld, %lld) outside [0, %lld) of dim %d",
-                             r->name, t->m->modules[r->module].name, (long long)d->off,
-                             (long long)(d->off + d->len), (long long)S, sd);
+                             "load %s (module %s): part rows [%lld, %s) outside [0, %lld) of dim %d",
+                             r->name, t->m->modules[r->module].name, (long long)d->off, rows,
+                             (long long)S, sd);
+        }
     }
     d->a = d->off > r->lo ? d->off : r->lo;
     d->b = d->off + d->len < r->hi ? d->off + d->len : r->hi;
