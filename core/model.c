@@ -5,6 +5,7 @@
 #include "core/desc_check.h"
 #include "core/internal.h"
 #include "core/manifest.h"
+#include "core/mod_version.h"
 #include "core/txn_journal.h"
 #include "core/undo.h"
 #include "kernels/fingerprint.h"
@@ -54,6 +55,7 @@ void refit_model_destroy(refit_model *m)
         params_free(&mod->params);
         free(mod->runtime);
         free(mod->routes);
+        mod_version_drop(mod->version);
     }
     for (uint32_t i = 0; i < m->n_runtime; i++)
         free(m->runtime[i].name);
@@ -72,7 +74,8 @@ void refit_model_destroy(refit_model *m)
     names_free(&m->side_names);
     names_free(&m->route_names);
     manifest_decls_free(m);
-    free(m->version);
+    mod_version_drop(m->version);
+    free(m->version_text);
     m->ctx->model = NULL;
     free(m);
 }
@@ -358,4 +361,21 @@ int refit_model_fingerprint(refit_model *m, uint64_t *out)
     }
     *out = h;
     return REFIT_OK;
+}
+
+const char *model_version_text(const refit_model *m)
+{
+    if (!m->version)
+        return NULL;
+    return m->n_behind && m->version_text ? m->version_text : m->version->label;
+}
+
+const char *refit_module_version(const refit_model *m, const char *name)
+{
+    if (!m || !name)
+        return NULL;
+    uint32_t mi = model_find_module(m, name);
+    if (mi == NAMES_NONE || m->modules[mi].state != MODULE_CLEAN || !m->modules[mi].version)
+        return NULL;
+    return m->modules[mi].version->label;
 }

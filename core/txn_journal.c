@@ -99,7 +99,7 @@ void txj_health(refit_model *m, refit_health from, refit_health to, const char *
     refit_ctx *ctx = m->ctx;
     if (!ctx->journal)
         return;
-    const char *version = to == REFIT_HEALTH_READY ? m->version : NULL;
+    const char *version = to == REFIT_HEALTH_READY ? model_version_text(m) : NULL;
     double t0 = mono_now();
     if (journal_health(ctx->journal, ctx->worker_id, health_word(from), health_word(to), reason,
                        version))
@@ -124,6 +124,7 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
             .source_digest = o->source_digest,
             .replay_of = replay_of,
             .rollback = o->rollback != 0,
+            .partial = o->partial != 0,
             .plan_id = m->journal_plan, /* recorded at seal: no re-hashing */
             .health_from = health_word(before),
             .health_reason = "update began",
@@ -209,7 +210,7 @@ void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st, 
         return;
     double t0 = mono_now();
     journal_health_change h = {ctx->worker_id, "updating", health_word(after), reason,
-                               after == REFIT_HEALTH_READY ? m->version : NULL};
+                               after == REFIT_HEALTH_READY ? model_version_text(m) : NULL};
     if (journal_update_end_health(ctx->journal, id, st, bytes, tensors, error, b->n, b->p, &h))
         txj_gap(ctx, "update end");
     b->n = 0;

@@ -156,8 +156,14 @@ static const char schema_v2[] =
     " LEFT JOIN module_chunks c ON c.update_id = u.id AND c.chunk = m.idx / 256"
     " LEFT JOIN module_received r ON r.update_id = u.id AND r.idx = m.idx;";
 
+/* Version 3: an update's scope. 1: a partial update (a delta): the
+ * modules it did not deliver kept their bytes and version. */
+static const char schema_v3[] =
+    "ALTER TABLE updates ADD COLUMN partial INTEGER NOT NULL DEFAULT 0"
+    " CHECK (partial IN (0, 1));";
+
 /* The steps; steps[i] takes the file to version i + 1. */
-static const char *const steps[] = {schema_v1, schema_v2};
+static const char *const steps[] = {schema_v1, schema_v2, schema_v3};
 _Static_assert(sizeof steps / sizeof steps[0] == JOURNAL_SCHEMA_VERSION,
                "one migration step per schema version");
 
@@ -171,7 +177,7 @@ static const struct {
     {"plan_modules", "plan_id idx name expected_tensors expected_bytes"},
     {"updates", "id worker version source_uri source_digest mode replay_of "
                 "rollback_on state started_at ended_at bytes tensors error "
-                "plan_id n_modules pid pid_start host"},
+                "plan_id n_modules pid pid_start host partial"},
     {"module_chunks", "update_id chunk states fingerprints"},
     {"module_received", "update_id idx received_tensors received_bytes"},
     {"modules", "update_id idx name state expected_tensors received_tensors "

@@ -227,12 +227,16 @@ class Model:
         self._check(rc, "fingerprint")
         return out.value
 
-    def begin(self, version=None, source_uri=None, rollback=True):
-        return Txn(self, version, source_uri, rollback)
+    def begin(self, version=None, source_uri=None, rollback=True, partial=False,
+              keep_going=False):
+        """partial: a delta (modules not loaded keep their version);
+        keep_going: a refused load leaves the update open."""
+        return Txn(self, version, source_uri, rollback, partial, keep_going)
 
-    def update(self, version=None, source_uri=None, rollback=True):
+    def update(self, version=None, source_uri=None, rollback=True, partial=False,
+               keep_going=False):
         """with model.update(...) as txn: ... finalizes on exit, aborts on error."""
-        return self.begin(version, source_uri, rollback)
+        return self.begin(version, source_uri, rollback, partial, keep_going)
 
 
 class Txn:
@@ -240,11 +244,12 @@ class Txn:
     sources are kept alive here until the txn ends (refit reads them until
     its stream is synchronized at finalize/abort)."""
 
-    def __init__(self, model, version, source_uri, rollback):
+    def __init__(self, model, version, source_uri, rollback, partial=False, keep_going=False):
         self.model = model
         self._strings = [_b(version), _b(source_uri)]
         opts = _ffi.UpdateOpts(_ffi.UPDATE_OPTS_VERSION, self._strings[0], self._strings[1],
-                               1 if rollback else 0)
+                               1 if rollback else 0, None, 0, 1 if partial else 0,
+                               1 if keep_going else 0)
         h = ctypes.c_void_p()
         model._check(_ffi.lib().refit_begin(ctypes.byref(h), model.handle, ctypes.byref(opts)),
                      "begin")
