@@ -120,6 +120,10 @@ int refit_model_add_module(refit_model *m, const char *name, const char *format,
     if (rc)
         return ctx_error(ctx, rc, "module %s: format parameters: %s", name,
                          rc == REFIT_ENOMEM ? "out of memory" : perr);
+    if ((rc = manifest_check_params(ctx, name, fmt, &mod->params))) {
+        params_free(&mod->params);
+        return rc;
+    }
     mod->name = xstrdup(name);
     mod->fmt = fmt;
     if (!mod->name || names_insert(&m->module_names, mod->name, m->n_modules)) {
