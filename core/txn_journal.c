@@ -114,6 +114,18 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
     *id = 0;
     if (!ctx->journal_path)
         return REFIT_OK;
+    if (ctx->journal && !journal_same_file(ctx->journal)) {
+        /* deleted or replaced under us: what we write would be lost. required:
+         * refuse every begin until the context is reopened (an operator's
+         * move, noticed); best-effort: start a journal at the path again */
+        if (!ctx->journal_best_effort)
+            return ctx_error(ctx, REFIT_EJOURNAL, "begin: journal %s was deleted or replaced "
+                             "since it was opened; refusing, nothing written (journal=required; "
+                             "reopen the context to start a new journal)", ctx->journal_path);
+        txj_close(ctx);
+        m->journal_plan = 0; /* that plan row was in the old file */
+        ctx->journal_gaps++; /* noted in the new file, once open */
+    }
     txj_open(ctx); /* again: a journal fixed since is picked up */
     const char *why = ctx->journal_err;
     if (ctx->journal) {

@@ -38,6 +38,11 @@
 #define JOURNAL_APPLICATION_ID 0x5246544a
 /* PRAGMA user_version this code writes; older files are migrated forward. */
 #define JOURNAL_SCHEMA_VERSION 3
+
+/* 1 when the handle's path still names the file it opened; 0 when the
+ * file was deleted or replaced (writes would go to an unlinked file). */
+struct journal;
+int journal_same_file(const struct journal *j);
 /* Busy timeout when the options say 0. */
 #define JOURNAL_BUSY_TIMEOUT_MS 2000
 

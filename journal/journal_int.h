@@ -115,6 +115,7 @@ struct journal {
     size_t gaps;                   /* best-effort writes not recorded */
     char gap_text[JOURNAL_GAP_TEXT_MAX];
     char err[JOURNAL_ERR_MAX];
+    uint64_t dev, ino;             /* the file opened (journal_same_file) */
 };
 
 /* Record "journal PATH: what: sqlite text (code, os error)" and return

@@ -235,6 +235,18 @@ int journal_open(journal **out, const char *path, const journal_opts *opts,
         journal_close(j);
         return rc;
     }
+    struct stat st;
+    if (stat(j->path, &st) == 0) {
+        j->dev = (uint64_t)st.st_dev;
+        j->ino = (uint64_t)st.st_ino;
+    }
     *out = j;
     return REFIT_OK;
+}
+
+int journal_same_file(const journal *j)
+{
+    struct stat st;
+    return stat(j->path, &st) == 0 && (uint64_t)st.st_dev == j->dev &&
+           (uint64_t)st.st_ino == j->ino;
 }
