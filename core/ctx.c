@@ -179,7 +179,7 @@ const char *refit_worker_version(const refit_ctx *ctx)
 {
     if (refit_worker_health(ctx) != REFIT_HEALTH_READY)
         return NULL;
-    return ctx->model->version;
+    return model_version_text(ctx->model);
 }
 
 int refit_check_serving(refit_ctx *ctx)

@@ -137,6 +137,7 @@ typedef struct module {
     size_t staged_bytes;        /* staging this module needs */
     uint64_t expected_bytes;    /* checkpoint bytes of its primary tensors */
     module_state state;
+    struct mod_version *version; /* of the commit that last delivered it, or NULL */
 } module;
 
 struct refit_txn;
@@ -156,7 +157,9 @@ struct refit_model {
     names side_names;
     names route_names;
     uint32_t n_empty, n_dirty;  /* modules in those states */
-    char *version;              /* label of the last commit */
+    struct mod_version *version;/* label of the last commit that delivered a module */
+    uint32_t n_behind;          /* modules not at that label (partial updates) */
+    char *version_text;         /* "label (partial: K of N modules)" when n_behind */
     struct refit_txn *txn;      /* open transaction, or NULL */
     struct txn_scratch *scratch;/* per-route/module arrays reused by every txn */
     void *journal_modules;      /* journal_module_info[n_modules], built at seal */
@@ -168,6 +171,9 @@ struct refit_model {
     refit_model_stats stats;
 };
 
+/* The worker's version for messages and the journal (refit_worker_version
+ * without the health check), or NULL when nothing was committed. */
+const char *model_version_text(const refit_model *m);
 /* Health derived from the model's state. */
 refit_health model_health(const refit_model *m);
 /* Compare every signature with the live descriptors; message names the

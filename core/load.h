@@ -37,7 +37,11 @@ int load_resolve(refit_model *m, const char *name, delivery *d);
 int load_check(refit_model *m, delivery *d, const refit_tensor *src, bool whole,
                bool described);
 
-/* txn.c. May t take a delivery now? name: for the message. */
+/* txn.c. A delivery (or a batch) was refused, nothing written: unless the
+ * caller opted to go on (refit_update_opts.keep_going) the update fails
+ * closed (FAILED) and the message says so. Returns status. */
+int txn_load_refused(refit_txn *t, int status);
+/* May t take a delivery now? name: for the message. */
 int txn_load_open(refit_txn *t, const char *name);
 /* The checks against what t already holds (duplicate, overlap, a tied
  * name's other name): *skip when d is a tied name to accept and skip (one

@@ -4,6 +4,9 @@
  * refit_load_many, a source set when built or re-pointed, the NCCL
  * receiver's claims), so a rule added here holds for all of them. Nothing
  * here reads or changes a transaction. */
+#include <stdio.h>
+
+#include "core/desc_check.h"
 #include "core/load.h"
 
 #include "kernels/copy.h"
@@ -29,16 +32,12 @@ static int src_view(refit_model *m, const route *r, const refit_tensor *src, ref
                     bool described)
 {
     const backend *be = m->runtime[r->target].be;
-    if (!src)
-        return ctx_error(m->ctx, REFIT_EINVAL, "load %s: source tensor is NULL", r->name);
-    if (src->ndim != r->spec.ndim)
-        return ctx_error(m->ctx, REFIT_EMISMATCH, "load %s (module %s): %d dims delivered, "
-                         "%d expected", r->name, m->modules[r->module].name, src->ndim,
-                         r->spec.ndim);
-    if (!kern_dtype_eq(src->dtype, r->spec.dtype))
-        return ctx_error(m->ctx, REFIT_EMISMATCH, "load %s (module %s): dtype %s delivered, "
-                         "%s expected", r->name, m->modules[r->module].name,
-                         refit_dtype_name(src->dtype), refit_dtype_name(r->spec.dtype));
+    char why[256];
+    desc_expect want = {r->spec.ndim, r->spec.dtype, described, 0};
+    int rc = desc_check(src, &want, NULL, why, sizeof why);
+    if (rc)
+        return ctx_error(m->ctx, rc, "load %s (module %s): %s", r->name,
+                         m->modules[r->module].name, why);
     if (!be->can_read(src->device))
         return ctx_error(m->ctx, REFIT_EUNSUPPORTED, "load %s: the %s backend of its target "
                          "cannot read a source on device type %d", r->name, be->name,
@@ -48,15 +47,12 @@ static int src_view(refit_model *m, const route *r, const refit_tensor *src, ref
     v->device = src->device;
     v->dtype = src->dtype;
     v->ndim = src->ndim;
-    int64_t numel = 1, stride = 1;
+    int64_t stride = 1; /* desc_check: neither overflows */
     for (int i = src->ndim - 1; i >= 0; i--) {
         v->shape[i] = src->shape[i];
         v->strides[i] = src->strides ? src->strides[i] : stride;
         stride *= src->shape[i] > 0 ? src->shape[i] : 1;
-        numel *= src->shape[i];
     }
-    if (!src->data && numel > 0 && !described)
-        return ctx_error(m->ctx, REFIT_EINVAL, "load %s: source data is NULL", r->name);
     return REFIT_OK;
 }
 
@@ -80,12 +76,18 @@ static int check_shape(refit_model *m, delivery *d, bool whole)
         if (sd < 0)
             return ctx_error(m->ctx, REFIT_EINVAL, "load %s: a scalar cannot be delivered in "
                              "parts", r->name);
-        int64_t S = r->spec.shape[sd];
-        if (d->off < 0 || d->len > S || d->off > S - d->len)
+        int64_t S = r->spec.shape[sd], end;
+        if (d->off < 0 || d->len > S || d->off > S - d->len) {
+            char rows[48]; /* the offset is the caller's: its end may overflow */
+            if (__builtin_add_overflow(d->off, d->len, &end))
+                snprintf(rows, sizeof rows, "%lld + %lld", (long long)d->off, (long long)d->len);
+            else
+                snprintf(rows, sizeof rows, "%lld", (long long)end);
             return ctx_error(m->ctx, REFIT_EMISMATCH, "load %s (module %s): part rows [%lld, "
-                             "%lld) outside [0, %lld) of dim %d", r->name,
-                             m->modules[r->module].name, (long long)d->off,
-                             (long long)(d->off + d->len), (long long)S, sd);
+                             "%s) outside [0, %lld) of dim %d", r->name,
+                             m->modules[r->module].name, (long long)d->off, rows,
+                             (long long)S, sd);
+        }
     }
     d->a = d->off > r->lo ? d->off : r->lo;
     d->b = d->off + d->len < r->hi ? d->off + d->len : r->hi;

@@ -172,14 +172,16 @@ int load_table_run(refit_txn *t, const load_table *tab, void *stream, const char
     int rc = txn_load_open(t, call);
     if (rc)
         return rc;
+    /* a refusal writes nothing; the update goes on only when the caller
+     * opted to (refit_update_opts.keep_going), as for refit_load */
     if (tab->n && !tab->prepared && (!tab->names || !tab->srcs))
-        return ctx_error(m->ctx, REFIT_EINVAL, "%s: %zu rows but no %s", call, tab->n,
-                         tab->names ? "sources" : "names");
+        return txn_load_refused(t, ctx_error(m->ctx, REFIT_EINVAL, "%s: %zu rows but no %s",
+                                             call, tab->n, tab->names ? "sources" : "names"));
     if (tab->n > UINT32_MAX)
-        return ctx_error(m->ctx, REFIT_EINVAL, "%s: %zu rows; at most %u per call", call,
-                         tab->n, UINT32_MAX);
+        return txn_load_refused(t, ctx_error(m->ctx, REFIT_EINVAL, "%s: %zu rows; at most %u "
+                                             "per call", call, tab->n, UINT32_MAX));
     if (!(tab->plain && txn_untouched(t)) && (rc = check_all(t, tab, call)))
-        return rc;
+        return txn_load_refused(t, rc);
     /* every row admissible: deliver them in order, as refit_load would */
     for (size_t i = 0; i < tab->n; i++) {
         delivery d;
@@ -196,7 +198,8 @@ int load_table_run(refit_txn *t, const load_table *tab, void *stream, const char
             /* out of staging memory, or a forecast that missed: the rows
              * before were written; fail as a failed write would */
             if (i == 0)
-                return row_error(m, rc, call, i, name, "nothing written by this call");
+                return txn_load_refused(t, row_error(m, rc, call, i, name,
+                                                     "nothing written by this call"));
             row_error(m, rc, call, i, name, "the rows before it were delivered: update failed");
             return txn_load_fail(t, rc);
         }

@@ -57,31 +57,75 @@ static int at_prefix(refit_ctx *ctx, int rc, const char *file, ypos at)
 
 /* ---- checks before anything is added ---- */
 
+/* Parameters (keys[i], values[i]) against the format's declaration, the
+ * same for a manifest and for refit_model_add_module: REFIT_OK, or
+ * REFIT_EINVAL with why and *bad the index at fault (n: a required one is
+ * missing). */
+static int decl_check_params(const fdecl *d, const char *module, const char *const *keys,
+                             const char *const *values, size_t n, size_t *bad, char *why,
+                             size_t wn)
+{
+    for (size_t i = 0; i < n; i++) {
+        const fdecl_param *fp = fdecl_param_find(d, keys[i]);
+        const char *err = fp ? fdecl_param_check(fp, values[i]) : NULL;
+        *bad = i;
+        if (!fp) {
+            snprintf(why, wn, "module %s: format %s has no parameter '%s' (its declaration: "
+                     "%s)", module, d->name, keys[i], d->file);
+            return REFIT_EINVAL;
+        }
+        if (err) {
+            snprintf(why, wn, "module %s: parameter %s of format %s: '%s': %s", module, keys[i],
+                     d->name, values[i], err);
+            return REFIT_EINVAL;
+        }
+    }
+    *bad = n;
+    for (size_t i = 0; i < d->n_params; i++) {
+        int have = 0;
+        for (size_t j = 0; j < n && !have; j++)
+            have = !strcmp(keys[j], d->params[i].name);
+        if (d->params[i].required && !have) {
+            snprintf(why, wn, "module %s: format %s requires parameter '%s'", module, d->name,
+                     d->params[i].name);
+            return REFIT_EINVAL;
+        }
+    }
+    return REFIT_OK;
+}
+
 static int pre_params(refit_ctx *ctx, const mdoc *doc, const mdoc_mod *mod,
                       const plugin_entry *pe)
 {
-    const fdecl *d = pe->decl;
+    const char **kv = malloc((2 * mod->n_params + 1) * sizeof *kv);
+    if (!kv)
+        return ctx_error(ctx, REFIT_ENOMEM, "module %s: out of memory", mod->name);
     for (size_t i = 0; i < mod->n_params; i++) {
-        const mdoc_param *p = &mod->params[i];
-        const fdecl_param *fp = fdecl_param_find(d, p->key);
-        const char *why = fp ? fdecl_param_check(fp, p->value) : NULL;
-        if (!fp)
-            return at_error(ctx, REFIT_EINVAL, doc->file, p->at, "module %s: format %s has no "
-                            "parameter '%s' (its declaration: %s)", mod->name, d->name, p->key,
-                            d->file);
-        if (why)
-            return at_error(ctx, REFIT_EINVAL, doc->file, p->at, "module %s: parameter %s of "
-                            "format %s: '%s': %s", mod->name, p->key, d->name, p->value, why);
+        kv[i] = mod->params[i].key;
+        kv[mod->n_params + i] = mod->params[i].value;
     }
-    for (size_t i = 0; i < d->n_params; i++) {
-        int have = 0;
-        for (size_t j = 0; j < mod->n_params && !have; j++)
-            have = !strcmp(mod->params[j].key, d->params[i].name);
-        if (d->params[i].required && !have)
-            return at_error(ctx, REFIT_EINVAL, doc->file, mod->at, "module %s: format %s "
-                            "requires parameter '%s'", mod->name, d->name, d->params[i].name);
-    }
+    char why[REFIT_ERRMSG_SIZE - 64];
+    size_t bad;
+    int rc = decl_check_params(pe->decl, mod->name, kv, kv + mod->n_params, mod->n_params, &bad,
+                               why, sizeof why);
+    free(kv);
+    if (rc)
+        return at_error(ctx, rc, doc->file, bad < mod->n_params ? mod->params[bad].at : mod->at,
+                        "%s", why);
     return REFIT_OK;
+}
+
+int manifest_check_params(refit_ctx *ctx, const char *module, const refit_format_v1 *fmt,
+                          const params *p)
+{
+    const plugin_entry *pe = plugins_entry_of(ctx->plugins, fmt);
+    if (!pe || !pe->decl)
+        return REFIT_OK; /* a format registered in code declares nothing */
+    char why[REFIT_ERRMSG_SIZE];
+    size_t bad;
+    int rc = decl_check_params(pe->decl, module, (const char *const *)p->keys,
+                               (const char *const *)p->values, p->n, &bad, why, sizeof why);
+    return rc ? ctx_error(ctx, rc, "%s", why) : REFIT_OK;
 }
 
 static int pre_module(refit_model *m, const mdoc *doc, const mdoc_mod *mod)

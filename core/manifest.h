@@ -6,7 +6,10 @@
 
 #include <stdint.h>
 
+#include <refit/format.h>
 #include <refit/refit.h>
+
+#include "core/params.h"
 
 /* REFIT_OK when module mi has no declarations (not from a manifest) or
  * name is declared with t's dtype and shape; else the error, message set. */
@@ -15,5 +18,9 @@ int manifest_check_bind(refit_model *m, uint32_t mi, const char *name, const ref
  * missing one is named. */
 int manifest_check_bound(refit_model *m);
 void manifest_decls_free(refit_model *m);
+/* Parameters given through refit_model_add_module against the format's
+ * declaration (when its plugin has one), with a manifest's messages. */
+int manifest_check_params(refit_ctx *ctx, const char *module, const refit_format_v1 *fmt,
+                          const params *p);
 
 #endif

@@ -2,9 +2,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/desc_check.h"
 #include "core/internal.h"
 #include "core/load.h"
 #include "core/manifest.h"
+#include "core/mod_version.h"
 #include "core/txn_journal.h"
 #include "core/undo.h"
 #include "kernels/fingerprint.h"
@@ -55,6 +57,7 @@ void refit_model_destroy(refit_model *m)
         params_free(&mod->params);
         free(mod->runtime);
         free(mod->routes);
+        mod_version_drop(mod->version);
     }
     for (uint32_t i = 0; i < m->n_runtime; i++)
         free(m->runtime[i].name);
@@ -73,7 +76,8 @@ void refit_model_destroy(refit_model *m)
     names_free(&m->side_names);
     names_free(&m->route_names);
     manifest_decls_free(m);
-    free(m->version);
+    mod_version_drop(m->version);
+    free(m->version_text);
     m->ctx->model = NULL;
     free(m);
 }
@@ -118,6 +122,10 @@ int refit_model_add_module(refit_model *m, const char *name, const char *format,
     if (rc)
         return ctx_error(ctx, rc, "module %s: format parameters: %s", name,
                          rc == REFIT_ENOMEM ? "out of memory" : perr);
+    if ((rc = manifest_check_params(ctx, name, fmt, &mod->params))) {
+        params_free(&mod->params);
+        return rc;
+    }
     mod->name = xstrdup(name);
     mod->fmt = fmt;
     if (!mod->name || names_insert(&m->module_names, mod->name, m->n_modules)) {
@@ -129,24 +137,13 @@ int refit_model_add_module(refit_model *m, const char *name, const char *format,
     return REFIT_OK;
 }
 
-/* Shape/dtype/device sanity of an engine descriptor. */
+/* Shape/dtype/extent sanity of an engine descriptor (desc_check). */
 static int check_descriptor(refit_model *m, const char *what, const char *name,
                             const refit_tensor *t)
 {
-    refit_ctx *ctx = m->ctx;
-    if (!t)
-        return ctx_error(ctx, REFIT_EINVAL, "%s %s: descriptor is NULL", what, name);
-    if (t->ndim < 0 || t->ndim > REFIT_MAX_DIMS || (t->ndim > 0 && !t->shape))
-        return ctx_error(ctx, REFIT_EINVAL, "%s %s: ndim %d (0..%d, with a shape)", what, name,
-                         t->ndim, REFIT_MAX_DIMS);
-    for (int i = 0; i < t->ndim; i++)
-        if (t->shape[i] < 0)
-            return ctx_error(ctx, REFIT_EINVAL, "%s %s: negative extent %lld on dim %d", what,
-                             name, (long long)t->shape[i], i);
-    if (t->dtype.bits == 0 || t->dtype.lanes != 1)
-        return ctx_error(ctx, REFIT_EINVAL, "%s %s: dtype with %u bits x %u lanes", what, name,
-                         t->dtype.bits, t->dtype.lanes);
-    return REFIT_OK;
+    char why[256];
+    int rc = desc_check(t, NULL, NULL, why, sizeof why);
+    return rc ? ctx_error(m->ctx, rc, "%s %s: %s", what, name, why) : REFIT_OK;
 }
 
 int refit_module_bind_runtime(refit_model *m, const char *module_name, const char *name,
@@ -215,29 +212,9 @@ int refit_model_add_side(refit_model *m, const char *name, const refit_tensor *t
 static int check_spec(refit_model *m, const char *mod, const char *name,
                       const refit_ckpt_spec *s)
 {
-    refit_ctx *ctx = m->ctx;
-    if (!s || s->version != REFIT_CKPT_SPEC_VERSION)
-        return ctx_error(ctx, REFIT_EINVAL, "module %s, tensor %s: spec %s", mod, name,
-                         s ? "has an unknown version" : "is NULL");
-    if (s->tie_of)
-        return REFIT_OK; /* everything else comes from the tied tensor */
-    if (s->ndim < 0 || s->ndim > REFIT_MAX_DIMS)
-        return ctx_error(ctx, REFIT_EINVAL, "module %s, tensor %s: ndim %d (0..%d)", mod, name,
-                         s->ndim, REFIT_MAX_DIMS);
-    for (int i = 0; i < s->ndim; i++)
-        if (s->shape[i] < 0)
-            return ctx_error(ctx, REFIT_EINVAL, "module %s, tensor %s: negative extent on dim %d",
-                             mod, name, i);
-    if (s->dtype.bits == 0 || s->dtype.lanes != 1)
-        return ctx_error(ctx, REFIT_EINVAL, "module %s, tensor %s: invalid dtype", mod, name);
-    if (s->shard_count > 1 && (s->shard_dim < 0 || s->shard_dim >= s->ndim ||
-                               s->shard_rank < 0 || s->shard_rank >= s->shard_count))
-        return ctx_error(ctx, REFIT_EINVAL,
-                         "module %s, tensor %s: shard dim %d rank %d of %d is out of range",
-                         mod, name, s->shard_dim, s->shard_rank, s->shard_count);
-    if (s->shard_count < 0)
-        return ctx_error(ctx, REFIT_EINVAL, "module %s, tensor %s: negative shard count", mod, name);
-    return REFIT_OK;
+    char why[256];
+    int rc = desc_check_spec(s, why, sizeof why);
+    return rc ? ctx_error(m->ctx, rc, "module %s, tensor %s: %s", mod, name, why) : REFIT_OK;
 }
 
 int refit_model_expect(refit_model *m, const char *module_name, const char *ckpt_name,
@@ -390,4 +367,21 @@ int refit_model_fingerprint(refit_model *m, uint64_t *out)
     }
     *out = h;
     return REFIT_OK;
+}
+
+const char *model_version_text(const refit_model *m)
+{
+    if (!m->version)
+        return NULL;
+    return m->n_behind && m->version_text ? m->version_text : m->version->label;
+}
+
+const char *refit_module_version(const refit_model *m, const char *name)
+{
+    if (!m || !name)
+        return NULL;
+    uint32_t mi = model_find_module(m, name);
+    if (mi == NAMES_NONE || m->modules[mi].state != MODULE_CLEAN || !m->modules[mi].version)
+        return NULL;
+    return m->modules[mi].version->label;
 }

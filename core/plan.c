@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/desc_check.h"
 #include "core/internal.h"
 #include "core/host_services.h"
 #include "core/plugin_loader.h"
@@ -30,7 +31,8 @@ int signature_take(signature *sig, const refit_tensor *t)
     sig->dtype = t->dtype;
     sig->ndim = t->ndim;
     sig->byte_offset = t->byte_offset;
-    if (t->ndim < 0 || t->ndim > REFIT_MAX_DIMS)
+    /* read again at every begin: the engine may have changed it since */
+    if (desc_check(t, NULL, NULL, NULL, 0))
         return REFIT_EINVAL;
     for (int i = 0; i < t->ndim; i++)
         sig->shape[i] = t->shape[i];
@@ -93,9 +95,10 @@ static int reg_span(refit_model *m, tensor_reg *r, const char *what)
 
 static int take_reg(refit_model *m, tensor_reg *r, const char *what)
 {
-    int rc = signature_take(&r->sig, r->desc);
-    if (rc)
-        return ctx_error(m->ctx, rc, "%s %s: invalid descriptor", what, r->name);
+    char why[256];
+    int rc = desc_check(r->desc, NULL, NULL, why, sizeof why);
+    if (rc || (rc = signature_take(&r->sig, r->desc)))
+        return ctx_error(m->ctx, rc, "%s %s: invalid descriptor: %s", what, r->name, why);
     view_from_signature(&r->view, &r->sig);
     r->be = backend_for_device(r->sig.device);
     if (!r->be)

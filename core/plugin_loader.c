@@ -218,7 +218,8 @@ static int vet_module(plugin_entry *e, int *fd, struct stat *st, char *why, size
             snprintf(why, n, "cannot resolve the path: %s", strerror(errno));
         return REFIT_EFORMAT;
     }
-    *fd = open(e->real, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO in the module's place is refused (vet_stat), not waited on */
+    *fd = open(e->real, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (*fd < 0) {
         snprintf(why, n, errno == ENOENT ? "missing file" : "cannot open: %s", strerror(errno));
         return REFIT_EFORMAT;

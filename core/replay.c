@@ -108,6 +108,9 @@ static int replay_run(refit_model *m, int64_t id, const refit_replay_opts *o, re
         uo.source_uri = row->uri;
         uo.source_digest = digest;
         uo.rollback = o->rollback;
+        /* what the journal shows complete is not sent again: a delta */
+        for (uint32_t i = 0; i < m->n_modules; i++)
+            uo.partial |= !rs.send[i];
         rc = txn_begin(&t, m, &uo, id);
     }
     if (!rc && (rc = refit_load_source_filtered(t, src, filter_module, &rs, NULL, NULL, NULL))) {

@@ -680,7 +680,8 @@ static int st_pread_all(const struct st_file *f, void *buf, size_t len, uint64_t
 static int st_load_file(st_set *s, uint32_t fi, st_rule enoent_rule, st_error *err)
 {
     struct st_file *f = &s->files[fi];
-    if ((f->fd = open(f->path, O_RDONLY | O_CLOEXEC)) < 0)
+    /* O_NONBLOCK: a FIFO in a shard's place is refused below, not waited on */
+    if ((f->fd = open(f->path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)) < 0)
         return errno == ENOENT && enoent_rule != ST_R_IO
                    ? ST_CORRUPT(err, SHARD_MISSING, f->path, NULL,
                                 "the index names this shard but it does not exist")
@@ -862,12 +863,15 @@ static char *st_join(const char *dir, const char *name)
 /* Reads a whole small file (the index) into a fresh buffer. */
 static int st_slurp(const char *path, char **buf, size_t *len, st_error *err)
 {
-    struct st_file f = {.path = (char *)path, .fd = open(path, O_RDONLY | O_CLOEXEC)};
+    struct st_file f = {.path = (char *)path,
+                        .fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)};
     if (f.fd < 0)
         return st_io(err, path, "cannot open");
     int rc = REFIT_OK;
     if (fstat(f.fd, &f.st))
         rc = st_io(err, path, "cannot stat");
+    else if (!S_ISREG(f.st.st_mode))
+        rc = st_fail(err, REFIT_EIO, ST_R_NOT_REGULAR, path, NULL, "not a regular file");
     else if (f.st.st_size > (off_t)ST_MAX_HEADER)
         rc = ST_CORRUPT(err, INDEX_TOO_LARGE, path, NULL,
                         "index has %lld bytes, more than the limit of %llu",

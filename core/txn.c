@@ -56,6 +56,7 @@
 #include "core/host_services.h"
 #include "core/internal.h"
 #include "core/load.h"
+#include "core/mod_version.h"
 #include "core/txn_journal.h"
 #include "core/undo.h"
 #include "kernels/copy.h"
@@ -120,6 +121,10 @@ struct refit_txn {
     int64_t journal_id;         /* 0: not journaled */
     txj_batch jb;                /* module progress not yet written */
     bool fingerprint;           /* journal module fingerprints at commit */
+    bool partial;               /* a delta: untouched modules keep their version */
+    bool keep_going;            /* a refused load leaves the txn open */
+    mod_version *label;         /* version_label, for the modules it commits */
+    char *version_text;         /* room for "label (partial: K of N modules)" */
 };
 
 /* ---- invariants ---- */
@@ -289,17 +294,22 @@ static int txn_use_stream(refit_txn *t, const backend *be, void *stream)
 
 int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, int64_t replay_of)
 {
-    refit_update_opts defaults = REFIT_UPDATE_OPTS_INIT;
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
     if (!out || !m)
         return REFIT_EINVAL;
     *out = NULL;
     refit_ctx *ctx = m->ctx;
     ctx_clear_error(ctx);
-    if (!opts)
-        opts = &defaults;
-    if (opts->version != REFIT_UPDATE_OPTS_VERSION)
+    if (opts && (opts->version < 1 || opts->version > REFIT_UPDATE_OPTS_VERSION))
         return ctx_error(ctx, REFIT_EINVAL, "begin: update options of unknown version %u",
                          opts->version);
+    /* a version 1 caller's struct ends at fingerprint: read no further */
+    if (opts && opts->version == 1)
+        memcpy(&o, opts, offsetof(refit_update_opts, partial));
+    else if (opts)
+        o = *opts;
+    o.version = REFIT_UPDATE_OPTS_VERSION;
+    opts = &o;
     if (!m->sealed)
         return ctx_error(ctx, REFIT_ESTATE, "begin: the model is not sealed");
     if (m->txn)
@@ -324,11 +334,20 @@ int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, in
     t->m = m;
     t->s = m->scratch;
     t->rollback = opts->rollback != 0;
+    t->partial = opts->partial != 0;
+    t->keep_going = opts->keep_going != 0;
     t->version_label = xstrdup(opts->version_label ? opts->version_label : "unnamed");
     t->source_uri = xstrdup(opts->source_uri);
-    if (!t->version_label || (opts->source_uri && !t->source_uri)) {
+    /* what a commit needs is taken now: a prepared txn's commit cannot fail */
+    t->label = t->version_label ? mod_version_new(t->version_label) : NULL;
+    t->version_text = t->partial && t->version_label
+                          ? malloc(strlen(t->version_label) + 64) : NULL;
+    if (!t->version_label || (opts->source_uri && !t->source_uri) || !t->label ||
+        (t->partial && !t->version_text)) {
         free(t->version_label);
         free(t->source_uri);
+        mod_version_drop(t->label);
+        free(t->version_text);
         free(t);
         return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
     }
@@ -375,6 +394,20 @@ static int txn_fail(refit_txn *t, int status)
     t->fail_status = status;
     txn_set_state(t, TXN_FAILED);
     return status;
+}
+
+/* A load was refused (nothing written): unless the caller opted to go on
+ * (keep_going), the update fails closed, so a finalize cannot commit an
+ * update that lost a tensor. The message says so. */
+static int txn_refused(refit_txn *t, int status)
+{
+    if (t->keep_going)
+        return status;
+    size_t n = strlen(t->m->ctx->errmsg);
+    snprintf(t->m->ctx->errmsg + n, sizeof t->m->ctx->errmsg - n, "; update '%s' failed "
+             "(refit_update_opts.keep_going to go on after a refusal): abort it",
+             t->version_label);
+    return txn_fail(t, status);
 }
 
 /* Save a runtime tensor's bytes before its first write in this txn. */
@@ -617,6 +650,11 @@ static int claim_rows(refit_txn *t, const delivery *d)
     return txn_use_stream(t, t->m->runtime[r->target].be, d->stream);
 }
 
+int txn_load_refused(refit_txn *t, int status)
+{
+    return txn_refused(t, status);
+}
+
 int txn_load_open(refit_txn *t, const char *name)
 {
     if (t->state == TXN_FAILED)
@@ -714,18 +752,21 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
     if (!t)
         return REFIT_EINVAL;
     ctx_clear_error(t->m->ctx);
+    int rc = txn_load_open(t, name); /* FAILED or prepared: not a refusal */
+    if (rc)
+        return rc;
     delivery d; /* d.src is filled by load_check, dims [0, ndim) only */
     bool skip;
-    int rc = txn_load_check(t, name, off, src, whole, direct != NULL, &d, &skip);
-    if (rc)
-        return rc; /* refused: nothing written, the txn goes on */
+    rc = txn_load_check(t, name, off, src, whole, direct != NULL, &d, &skip);
+    if (rc) /* refused: nothing written; the txn goes on only when asked to */
+        return txn_refused(t, rc);
     d.stream = stream;
     void *claimed = NULL;
     if (direct && (skip || !claim_fits(t, &d, src->device, &claimed)))
         return REFIT_OK; /* not for a claim (*direct NULL): nothing done, load it */
     void *staging = NULL;
     if (!skip && (rc = txn_load_staging(t, &d, &staging)))
-        return rc;
+        return txn_refused(t, rc);
     rc = txn_load_apply(t, &d, whole, skip, staging, direct != NULL);
     if (!rc && direct)
         *direct = claimed;
@@ -793,6 +834,8 @@ static void txn_destroy(refit_txn *t)
 {
     host_services_update_end(t->m->ctx); /* the scratch and status words it was lent */
     txj_batch_free(&t->jb);
+    mod_version_drop(t->label);
+    free(t->version_text);
     free(t->version_label);
     free(t->source_uri);
     free(t);
@@ -929,6 +972,24 @@ static int report_incomplete(refit_txn *t, const module *mod)
     return txn_error(t, REFIT_EINTERNAL, "finalize: module %s incomplete", mod->name);
 }
 
+/* The default scope: every module delivered. Names the first missing. */
+static int check_full_scope(refit_txn *t)
+{
+    refit_model *m = t->m;
+    const struct txn_scratch *s = t->s;
+    if (s->n_touched == m->n_modules)
+        return REFIT_OK;
+    uint32_t first = 0;
+    while (first < m->n_modules && s->mod_touched[first])
+        first++;
+    return txn_error(t, REFIT_EINCOMPLETE, "finalize: update '%s' delivered %u of %u modules; "
+                     "module %s%s is missing (none of its %u tensors arrived); an update "
+                     "delivers every module unless refit_update_opts.partial is set",
+                     t->version_label, s->n_touched, m->n_modules, m->modules[first].name,
+                     m->n_modules - s->n_touched > 1 ? " (and others)" : "",
+                     m->modules[first].n_primary);
+}
+
 static int check_complete(refit_txn *t)
 {
     refit_model *m = t->m;
@@ -941,6 +1002,8 @@ static int check_complete(refit_txn *t)
         if (mod->state != MODULE_CLEAN)
             needed_done++;
     }
+    if (!t->partial)
+        return check_full_scope(t);
     if (needed_done == m->n_empty + m->n_dirty)
         return REFIT_OK;
     for (uint32_t i = 0; i < m->n_modules; i++) {
@@ -956,6 +1019,29 @@ static int check_complete(refit_txn *t)
     return txn_error(t, REFIT_EINTERNAL, "finalize: module accounting is off");
 }
 
+/* The worker's version after a commit: the update's label when it
+ * delivered something; with how many modules hold it when not all do. */
+static void txn_commit_version(refit_txn *t)
+{
+    refit_model *m = t->m;
+    if (t->s->n_touched == 0)
+        return; /* a partial update that delivered nothing: no new label */
+    mod_version_hold(t->label);
+    mod_version_drop(m->version);
+    m->version = t->label;
+    m->n_behind = 0;
+    if (t->s->n_touched < m->n_modules)
+        for (uint32_t i = 0; i < m->n_modules; i++)
+            m->n_behind += m->modules[i].version != t->label;
+    if (m->n_behind) {
+        snprintf(t->version_text, strlen(t->version_label) + 64, "%s (partial: %u of %u modules)",
+                 t->version_label, m->n_modules - m->n_behind, m->n_modules);
+        free(m->version_text);
+        m->version_text = t->version_text;
+        t->version_text = NULL;
+    }
+}
+
 static void txn_commit(refit_txn *t)
 {
     refit_model *m = t->m;
@@ -967,10 +1053,11 @@ static void txn_commit(refit_txn *t)
         else if (mod->state == MODULE_DIRTY)
             m->n_dirty--;
         mod->state = MODULE_CLEAN;
+        mod_version_hold(t->label);
+        mod_version_drop(mod->version);
+        mod->version = t->label;
     }
-    free(m->version);
-    m->version = t->version_label;
-    t->version_label = NULL;
+    txn_commit_version(t);
     txn_journal_end(t, JOURNAL_UPDATE_COMMITTED, NULL, "update committed");
     undo_free(&t->undo);
     scratch_reset(t);
@@ -1055,7 +1142,8 @@ int refit_finalize(refit_txn *t)
     if (!t)
         return REFIT_EINVAL;
     ctx_clear_error(t->m->ctx);
-    int rc = txn_prepare(t);
+    /* prepared: every check passed, only the commit is left (refit.h) */
+    int rc = t->state == TXN_FINALIZING ? REFIT_OK : txn_prepare(t);
     if (rc)
         return rc;
     txn_commit(t);

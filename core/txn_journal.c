@@ -99,7 +99,7 @@ void txj_health(refit_model *m, refit_health from, refit_health to, const char *
     refit_ctx *ctx = m->ctx;
     if (!ctx->journal)
         return;
-    const char *version = to == REFIT_HEALTH_READY ? m->version : NULL;
+    const char *version = to == REFIT_HEALTH_READY ? model_version_text(m) : NULL;
     double t0 = mono_now();
     if (journal_health(ctx->journal, ctx->worker_id, health_word(from), health_word(to), reason,
                        version))
@@ -114,6 +114,18 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
     *id = 0;
     if (!ctx->journal_path)
         return REFIT_OK;
+    if (ctx->journal && !journal_same_file(ctx->journal)) {
+        /* deleted or replaced under us: what we write would be lost. required:
+         * refuse every begin until the context is reopened (an operator's
+         * move, noticed); best-effort: start a journal at the path again */
+        if (!ctx->journal_best_effort)
+            return ctx_error(ctx, REFIT_EJOURNAL, "begin: journal %s was deleted or replaced "
+                             "since it was opened; refusing, nothing written (journal=required; "
+                             "reopen the context to start a new journal)", ctx->journal_path);
+        txj_close(ctx);
+        m->journal_plan = 0; /* that plan row was in the old file */
+        ctx->journal_gaps++; /* noted in the new file, once open */
+    }
     txj_open(ctx); /* again: a journal fixed since is picked up */
     const char *why = ctx->journal_err;
     if (ctx->journal) {
@@ -124,6 +136,7 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
             .source_digest = o->source_digest,
             .replay_of = replay_of,
             .rollback = o->rollback != 0,
+            .partial = o->partial != 0,
             .plan_id = m->journal_plan, /* recorded at seal: no re-hashing */
             .health_from = health_word(before),
             .health_reason = "update began",
@@ -209,7 +222,7 @@ void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st, 
         return;
     double t0 = mono_now();
     journal_health_change h = {ctx->worker_id, "updating", health_word(after), reason,
-                               after == REFIT_HEALTH_READY ? m->version : NULL};
+                               after == REFIT_HEALTH_READY ? model_version_text(m) : NULL};
     if (journal_update_end_health(ctx->journal, id, st, bytes, tensors, error, b->n, b->p, &h))
         txj_gap(ctx, "update end");
     b->n = 0;

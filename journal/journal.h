@@ -37,7 +37,12 @@
 /* PRAGMA application_id of a refit journal ("RFTJ"). */
 #define JOURNAL_APPLICATION_ID 0x5246544a
 /* PRAGMA user_version this code writes; older files are migrated forward. */
-#define JOURNAL_SCHEMA_VERSION 3
+#define JOURNAL_SCHEMA_VERSION 4
+
+/* 1 when the handle's path still names the file it opened; 0 when the
+ * file was deleted or replaced (writes would go to an unlinked file). */
+struct journal;
+int journal_same_file(const struct journal *j);
 /* Busy timeout when the options say 0. */
 #define JOURNAL_BUSY_TIMEOUT_MS 2000
 
@@ -123,6 +128,7 @@ typedef struct journal_update_info {
     const char *source_digest; /* may be NULL */
     int64_t replay_of;         /* 0: mode "normal"; > 0: mode "replay" of it */
     int rollback;              /* 1: undo log kept */
+    int partial;               /* 1: a delta (refit_update_opts.partial) */
     int64_t plan_id;           /* 0: find the plan of the modules given (a
                                   hash over every name); > 0: the id
                                   journal_plan_prepare returned on this
@@ -234,6 +240,7 @@ typedef struct journal_update_row {
     const char *worker, *version, *source_uri, *source_digest, *mode;
     int64_t replay_of;          /* 0: none */
     int rollback;
+    int partial;                /* 1: a delta: modules not delivered kept theirs */
     const char *state;          /* effective: "interrupted" for a dead writer */
     const char *state_recorded; /* as stored */
     const char *started_at, *ended_at, *error, *host;

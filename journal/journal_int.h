@@ -33,8 +33,8 @@
     X(UPDATE_INSERT,                                                           \
       "INSERT INTO updates(worker, version, source_uri, source_digest, mode,"  \
       " replay_of, rollback_on, state, started_at, plan_id, n_modules, pid,"   \
-      " pid_start, host) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'loading', ?8,"   \
-      " ?9, ?10, ?11, ?12, ?13)")                                              \
+      " pid_start, host, partial) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,"         \
+      " 'loading', ?8, ?9, ?10, ?11, ?12, ?13, ?14)")                          \
     X(CHUNK_WRITE,                                                             \
       "INSERT INTO module_chunks(update_id, chunk, states, fingerprints)"      \
       " VALUES (?1, ?2, ?3, ?4) ON CONFLICT(update_id, chunk)"                 \
@@ -118,6 +118,7 @@ struct journal {
     size_t gaps;                   /* best-effort writes not recorded */
     char gap_text[JOURNAL_GAP_TEXT_MAX];
     char err[JOURNAL_ERR_MAX];
+    uint64_t dev, ino;             /* the file opened (journal_same_file) */
 };
 
 /* Record "journal PATH: what: sqlite text (code, os error)" and return

@@ -70,6 +70,30 @@ static char *immutable_uri(const char *path)
     return u;
 }
 
+/* SQLite takes a zero-byte file for an empty database and would make a
+ * journal of whatever file the path names (a typo, a log truncated by
+ * accident). refit creates a journal itself, where no file is: an existing
+ * empty file is refused, unless its write-ahead log holds the first
+ * transaction of a journal being created. */
+static int refuse_empty_file(journal *j)
+{
+    struct stat st, wal;
+    if (stat(j->path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > 0)
+        return REFIT_OK;
+    size_t n = strlen(j->path) + 5;
+    char *w = malloc(n);
+    if (!w)
+        return jr_fail(j, REFIT_ENOMEM, "journal %s: out of memory", j->path);
+    snprintf(w, n, "%s-wal", j->path);
+    int has_wal = stat(w, &wal) == 0 && wal.st_size > 0;
+    free(w);
+    if (has_wal)
+        return REFIT_OK;
+    return jr_fail(j, REFIT_EJOURNAL, "journal %s: an empty file that is not a refit journal; "
+                   "refusing to make it one (remove it, and refit creates the journal)",
+                   j->path);
+}
+
 static int open_db(journal *j, int busy_ms, int immutable)
 {
     int flags = j->readonly ? SQLITE_OPEN_READONLY
@@ -78,7 +102,8 @@ static int open_db(journal *j, int busy_ms, int immutable)
     if (immutable && !uri)
         return jr_fail(j, REFIT_ENOMEM, "journal %s: out of memory",
                        j->path);
-    if (j->readonly && check_exists(j) != REFIT_OK) {
+    if ((j->readonly && check_exists(j) != REFIT_OK) ||
+        (!j->readonly && refuse_empty_file(j) != REFIT_OK)) {
         free(uri);
         return REFIT_EJOURNAL;
     }
@@ -210,6 +235,18 @@ int journal_open(journal **out, const char *path, const journal_opts *opts,
         journal_close(j);
         return rc;
     }
+    struct stat st;
+    if (stat(j->path, &st) == 0) {
+        j->dev = (uint64_t)st.st_dev;
+        j->ino = (uint64_t)st.st_ino;
+    }
     *out = j;
     return REFIT_OK;
+}
+
+int journal_same_file(const journal *j)
+{
+    struct stat st;
+    return stat(j->path, &st) == 0 && (uint64_t)st.st_dev == j->dev &&
+           (uint64_t)st.st_ino == j->ino;
 }

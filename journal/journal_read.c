@@ -103,7 +103,7 @@ int journal_workers_list(journal *j, journal_worker_fn fn, void *user)
 #define UPDATE_COLUMNS                                                         \
     "SELECT id, worker, version, source_uri, source_digest, mode,"            \
     " replay_of, rollback_on, state, started_at, ended_at, bytes, tensors,"   \
-    " error, n_modules, pid, pid_start, host, undo_device_bytes,"            \
+    " error, n_modules, pid, pid_start, host, partial, undo_device_bytes,"            \
     " undo_host_bytes FROM updates"
 
 static int update_row(journal *j, sqlite3_stmt *s, void *ctx)
@@ -121,9 +121,10 @@ static int update_row(journal *j, sqlite3_stmt *s, void *ctx)
         .tensors = (uint64_t)sqlite3_column_int64(s, 12),
         .error = col_text(s, 13), .n_modules = sqlite3_column_int64(s, 14),
         .pid = sqlite3_column_int64(s, 15), .host = col_text(s, 17),
-        .undo_recorded = sqlite3_column_type(s, 18) != SQLITE_NULL,
-        .undo_device_bytes = (uint64_t)sqlite3_column_int64(s, 18),
-        .undo_host_bytes = (uint64_t)sqlite3_column_int64(s, 19)};
+        .partial = sqlite3_column_int(s, 18),
+        .undo_recorded = sqlite3_column_type(s, 19) != SQLITE_NULL,
+        .undo_device_bytes = (uint64_t)sqlite3_column_int64(s, 19),
+        .undo_host_bytes = (uint64_t)sqlite3_column_int64(s, 20)};
     if (is_open_state(r.state) &&
         !jr_writer_alive(j, r.host, r.pid, sqlite3_column_int64(s, 16)))
         r.state = "interrupted";

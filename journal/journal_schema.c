@@ -156,15 +156,21 @@ static const char schema_v2[] =
     " LEFT JOIN module_chunks c ON c.update_id = u.id AND c.chunk = m.idx / 256"
     " LEFT JOIN module_received r ON r.update_id = u.id AND r.idx = m.idx;";
 
-/* Version 3: where the undo log of an update kept its bytes (device memory
+/* Version 3: an update's scope. 1: a partial update (a delta): the
+ * modules it did not deliver kept their bytes and version. */
+static const char schema_v3[] =
+    "ALTER TABLE updates ADD COLUMN partial INTEGER NOT NULL DEFAULT 0"
+    " CHECK (partial IN (0, 1));";
+
+/* Version 4: where the undo log of an update kept its bytes (device memory
  * within the context's undo_device_budget, host memory for the rest),
  * written with the update's end; NULL for updates recorded before. */
-static const char schema_v3[] =
+static const char schema_v4[] =
     "ALTER TABLE updates ADD COLUMN undo_device_bytes INTEGER;"
     "ALTER TABLE updates ADD COLUMN undo_host_bytes INTEGER;";
 
 /* The steps; steps[i] takes the file to version i + 1. */
-static const char *const steps[] = {schema_v1, schema_v2, schema_v3};
+static const char *const steps[] = {schema_v1, schema_v2, schema_v3, schema_v4};
 _Static_assert(sizeof steps / sizeof steps[0] == JOURNAL_SCHEMA_VERSION,
                "one migration step per schema version");
 
@@ -178,7 +184,7 @@ static const struct {
     {"plan_modules", "plan_id idx name expected_tensors expected_bytes"},
     {"updates", "id worker version source_uri source_digest mode replay_of "
                 "rollback_on state started_at ended_at bytes tensors error "
-                "plan_id n_modules pid pid_start host undo_device_bytes "
+                "plan_id n_modules pid pid_start host partial undo_device_bytes "
                 "undo_host_bytes"},
     {"module_chunks", "update_id chunk states fingerprints"},
     {"module_received", "update_id idx received_tensors received_bytes"},

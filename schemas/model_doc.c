@@ -27,6 +27,7 @@ typedef struct mbuild {
     mb_var env[MB_MAX_VARS];
     int n_env;
     size_t items;               /* modules + checkpoint entries so far */
+    uint64_t steps;             /* repeat iterations so far, empty ones too */
     ypos last_at;               /* of the last expansion error: one per node */
 } mbuild;
 
@@ -163,7 +164,7 @@ static int mb_count(mbuild *b, ypos at)
     if (++b->items > MDOC_MAX_ITEMS) {
         if (b->items == MDOC_MAX_ITEMS + 1)
             mb_error(b, at, "the manifest expands to more than %u modules and checkpoint "
-                            "entries", MDOC_MAX_ITEMS);
+                            "entries (the limit on manifest size)", MDOC_MAX_ITEMS);
         return 0;
     }
     return 1;
@@ -193,6 +194,11 @@ static void mb_repeat(mbuild *b, const yaml_node_t *group, const char *key, mb_l
     b->env[b->n_env].name = var;
     b->n_env++;
     for (int64_t v = start; v < start + count; v++) {
+        if (++b->steps > MDOC_MAX_STEPS) {
+            mb_error(b, ydoc_pos(rep), "repeat groups expand to more than %u iterations (the "
+                                       "limit on repeat expansion)", MDOC_MAX_STEPS);
+            break;
+        }
         b->env[b->n_env - 1].value = v;
         fn(b, ctx, ydoc_get(b->doc, group, key));
         if (b->status == REFIT_ENOMEM || b->items > MDOC_MAX_ITEMS)
@@ -548,6 +554,71 @@ static void mc_modules(mbuild *b)
     names_free(&ck_names);
 }
 
+/* ---- the size of the expansion, before anything is built ---- */
+
+/* What a list expands to: entries built (modules, runtime tensors,
+ * checkpoint entries) and repeat iterations walked, saturating at
+ * UINT64_MAX. The first repeat that takes either beyond its limit is
+ * reported where it is, so a small file cannot cost memory or time
+ * out of proportion to what it says. */
+typedef struct mb_size {
+    uint64_t items, steps;
+} mb_size;
+
+static uint64_t sat_add(uint64_t a, uint64_t b)
+{
+    return a > UINT64_MAX - b ? UINT64_MAX : a + b;
+}
+
+static uint64_t sat_mul(uint64_t a, uint64_t b)
+{
+    return b && a > UINT64_MAX / b ? UINT64_MAX : a * b;
+}
+
+static mb_size mb_measure(mbuild *b, const yaml_node_t *list, const char *key, int depth);
+
+static mb_size mb_measure_entry(mbuild *b, const yaml_node_t *n, const char *key, int depth)
+{
+    if (!ydoc_key(b->doc, n, "repeat")) {
+        mb_size one = {1, 0};
+        if (!strcmp(key, "modules")) {
+            one.items = sat_add(one.items, mb_len(ydoc_get(b->doc, n, "runtime")));
+            mb_size ck = mb_measure(b, ydoc_get(b->doc, n, "checkpoint"), "checkpoint",
+                                    depth + 1);
+            one.items = sat_add(one.items, ck.items);
+            one.steps = ck.steps;
+        }
+        return one;
+    }
+    const yaml_node_t *rep = ydoc_get(b->doc, n, "repeat");
+    int64_t count = 0;
+    ydoc_int(ydoc_get(b->doc, rep, "count"), &count);
+    mb_size body = mb_measure(b, ydoc_get(b->doc, n, key), key, depth + 1);
+    uint64_t c = count > 0 ? (uint64_t)count : 0;
+    mb_size all = {sat_mul(c, body.items), sat_mul(c, sat_add(body.steps, 1))};
+    if (b->status == REFIT_OK && all.items > MDOC_MAX_ITEMS)
+        mb_error(b, ydoc_pos(rep), "repeat (count %lld) expands to more than %u modules, "
+                 "runtime tensors and checkpoint entries (the limit on manifest expansion)",
+                 (long long)count, MDOC_MAX_ITEMS);
+    else if (b->status == REFIT_OK && all.steps > MDOC_MAX_STEPS)
+        mb_error(b, ydoc_pos(rep), "repeat (count %lld) expands to more than %u iterations "
+                 "(the limit on repeat expansion)", (long long)count, MDOC_MAX_STEPS);
+    return all;
+}
+
+static mb_size mb_measure(mbuild *b, const yaml_node_t *list, const char *key, int depth)
+{
+    mb_size all = {0, 0};
+    if (depth > YDOC_MAX_DEPTH) /* the prescan keeps this from happening */
+        return (mb_size){UINT64_MAX, UINT64_MAX};
+    for (size_t i = 0; i < mb_len(list) && b->status == REFIT_OK; i++) {
+        mb_size one = mb_measure_entry(b, mb_at(b, list, i), key, depth);
+        all.items = sat_add(all.items, one.items);
+        all.steps = sat_add(all.steps, one.steps);
+    }
+    return all;
+}
+
 int mdoc_from_doc(mdoc **out, ydoc *doc, sdiags *d)
 {
     *out = NULL;
@@ -560,7 +631,17 @@ int mdoc_from_doc(mdoc **out, ydoc *doc, sdiags *d)
     m->name = yarena_strdup(&m->arena, ydoc_str(ydoc_get(doc, root, "name")));
     if (!m->file)
         mb_nomem(&b);
-    mb_module_list(&b, NULL, ydoc_get(doc, root, "modules"));
+    const yaml_node_t *mods = ydoc_get(doc, root, "modules");
+    mb_size size = mb_measure(&b, mods, "modules", 0);
+    if (b.status == REFIT_OK && size.items > MDOC_MAX_ITEMS)
+        mb_error(&b, ydoc_pos(mods), "the manifest expands to more than %u modules, runtime "
+                 "tensors and checkpoint entries (the limit on manifest expansion)",
+                 MDOC_MAX_ITEMS);
+    if (b.status) {
+        mdoc_free(m);
+        return b.status;
+    }
+    mb_module_list(&b, NULL, mods);
     if (b.status != REFIT_ENOMEM) /* what expanded is checked even after a mistake */
         mc_modules(&b);
     if (b.status) {

@@ -9,8 +9,11 @@
 
 #include "schemas/ydoc.h"
 
-/* Most modules plus checkpoint entries one manifest may expand to. */
-#define MDOC_MAX_ITEMS (1u << 22)
+/* Most modules plus checkpoint entries one manifest may expand to (a
+ * 100k-tensor model needs about 200k), and most repeat iterations, empty
+ * ones included (two nested repeats multiply). */
+#define MDOC_MAX_ITEMS (1u << 20)
+#define MDOC_MAX_STEPS (1u << 22)
 
 typedef struct mdoc_rt {
     const char *name;

@@ -1,10 +1,12 @@
 /* YAML documents with positions, diagnostics and an arena (see ydoc.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "schemas/ydoc.h"
 
@@ -100,17 +102,59 @@ static int ydoc_only_one(ydoc *y, yaml_parser_t *p, sdiags *d)
     return REFIT_OK;
 }
 
+/* Before the document is built, one pass over its events: refuse nesting
+ * deeper than YDOC_MAX_DEPTH as soon as it is reached (libyaml's scanner
+ * spends time proportional to the depth on every token, so a deep file
+ * costs the square of its size if it is read whole), and scalars holding a
+ * NUL ("m\0x" would read as "m" everywhere a C string is taken). REFIT_OK
+ * also when the YAML is invalid: yaml_parser_load then says where. */
+static int ydoc_prescan(const char *file, const char *text, size_t len, sdiags *d)
+{
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p))
+        return REFIT_ENOMEM;
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
+    int rc = REFIT_OK, depth = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&p, &ev))
+            break;
+        yaml_event_type_t type = ev.type;
+        if (type == YAML_SEQUENCE_START_EVENT || type == YAML_MAPPING_START_EVENT) {
+            if (++depth > YDOC_MAX_DEPTH) {
+                sdiags_add(d, file, mark_pos(ev.start_mark), "nested more than %d levels "
+                           "deep (the limit on YAML nesting)", YDOC_MAX_DEPTH);
+                rc = REFIT_ECORRUPT;
+            }
+        } else if (type == YAML_SEQUENCE_END_EVENT || type == YAML_MAPPING_END_EVENT) {
+            depth--;
+        } else if (type == YAML_SCALAR_EVENT &&
+                   strlen((const char *)ev.data.scalar.value) != ev.data.scalar.length) {
+            sdiags_add(d, file, mark_pos(ev.start_mark), "a NUL character inside a scalar; "
+                       "names and values are text without NUL");
+            rc = REFIT_ECORRUPT;
+        }
+        yaml_event_delete(&ev);
+        if (rc || type == YAML_STREAM_END_EVENT)
+            break;
+    }
+    yaml_parser_delete(&p);
+    return rc;
+}
+
 int ydoc_load_mem(ydoc *y, const char *name, const char *text, size_t len, sdiags *d)
 {
     memset(y, 0, sizeof *y);
     y->file = strdup(name ? name : "<memory>");
     if (!y->file)
         return REFIT_ENOMEM;
+    int rc = ydoc_prescan(y->file, text, len, d);
+    if (rc)
+        return rc;
     yaml_parser_t p;
     if (!yaml_parser_initialize(&p))
         return REFIT_ENOMEM;
     yaml_parser_set_input_string(&p, (const unsigned char *)text, len);
-    int rc = REFIT_OK;
     if (!yaml_parser_load(&p, &y->doc)) {
         ypos at = mark_pos(p.problem_mark);
         if (p.context && p.problem_mark.line == 0 && p.problem_mark.column == 0)
@@ -133,15 +177,23 @@ int ydoc_load_mem(ydoc *y, const char *name, const char *text, size_t len, sdiag
 
 static int read_all(const char *path, char **out, size_t *len, sdiags *d)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+    /* O_NONBLOCK: a FIFO in the file's place must not block the open; what
+     * is not a regular file is refused before a byte is read */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         sdiags_add(d, path, (ypos){0, 0}, "cannot read: %s", strerror(errno));
         return REFIT_EIO;
     }
     struct stat st;
-    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         sdiags_add(d, path, (ypos){0, 0}, "cannot read: not a regular file");
-        fclose(f);
+        close(fd);
+        return REFIT_EIO;
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        sdiags_add(d, path, (ypos){0, 0}, "cannot read: %s", strerror(errno));
+        close(fd);
         return REFIT_EIO;
     }
     if ((uint64_t)st.st_size > YDOC_MAX_BYTES) {
@@ -402,7 +454,7 @@ int yarena_grow(yarena *a, void **arr, size_t *cap, size_t n, size_t es)
 {
     if (n < *cap)
         return REFIT_OK;
-    size_t nc = *cap ? *cap * 2 : 8;
+    size_t nc = *cap ? *cap * 2 : 1; /* a module with one entry holds one */
     if (nc > SIZE_MAX / es)
         return REFIT_ENOMEM;
     void *p = yarena_alloc(a, nc * es);

@@ -196,8 +196,14 @@ REFIT_API const char *refit_health_name(refit_health h);
 /* REFIT_OK when the worker may serve (READY), else REFIT_EPOISONED or
  * REFIT_ESTATE with a message saying why. */
 REFIT_API int refit_check_serving(refit_ctx *ctx);
-/* Version label the worker holds (READY), or NULL. Owned by the library. */
+/* Version label the worker holds (READY), or NULL. Owned by the library.
+ * When some module holds an older version (a partial update), the label
+ * of the last commit followed by " (partial: K of N modules)". */
 REFIT_API const char *refit_worker_version(const refit_ctx *ctx);
+/* Version label of the commit that last delivered module (owned by the
+ * library, valid until the next commit), or NULL: no such module, never
+ * committed, or holding bytes of an aborted update. */
+REFIT_API const char *refit_module_version(const refit_model *model, const char *module);
 
 /* ---- model registration ------------------------------------------------- */
 
@@ -291,17 +297,29 @@ REFIT_API int refit_model_fingerprint(refit_model *model, uint64_t *out);
 
 /* ---- transactions ------------------------------------------------------- */
 
-#define REFIT_UPDATE_OPTS_VERSION 1
+#define REFIT_UPDATE_OPTS_VERSION 2
 typedef struct refit_update_opts {
-    uint32_t version;          /* REFIT_UPDATE_OPTS_VERSION */
+    uint32_t version;          /* REFIT_UPDATE_OPTS_VERSION (1 is accepted:
+                                  the version 2 members then read as 0) */
     const char *version_label; /* the weights' version, e.g. "step-1200" */
     const char *source_uri;    /* where the bytes come from, for the journal */
     int rollback;              /* 1: keep an undo log; abort restores bytes */
     const char *source_digest; /* SHA-256 hex of the source, for the journal */
     int fingerprint;           /* 1: journal each committed module's content
                                   fingerprint (reads every byte it wrote) */
+    /* ---- version 2 ---- */
+    /* The update's scope. 0: it delivers every module; finalize refuses,
+     * naming what is missing, otherwise. 1: a delta (only what changed):
+     * the modules delivered commit at version_label, the others keep
+     * their bytes and version (refit_module_version), the journal records
+     * the update as partial and refit_worker_version says so. */
+    int partial;
+    /* 0: a refused load (nothing written) fails the update: nothing more
+     * is accepted and finalize aborts it. 1: the update stays open after a
+     * refusal, for the caller to go on. */
+    int keep_going;
 } refit_update_opts;
-#define REFIT_UPDATE_OPTS_INIT {REFIT_UPDATE_OPTS_VERSION, NULL, NULL, 1, NULL, 0}
+#define REFIT_UPDATE_OPTS_INIT {REFIT_UPDATE_OPTS_VERSION, NULL, NULL, 1, NULL, 0, 0, 0}
 
 /* Open an update. Verifies every signature first; refuses (changing
  * nothing) when the plan is stale or a tensor moved. Worker -> UPDATING. */
@@ -323,10 +341,11 @@ REFIT_API int refit_load(refit_txn *txn, const char *ckpt_name, const refit_tens
 REFIT_API int refit_load_part(refit_txn *txn, const char *ckpt_name, int64_t offset,
                     const refit_tensor *src, void *stream);
 
-/* Check completeness of every touched module, run the checks, commit.
- * Worker -> READY at the update's version. On failure the update is
- * aborted as refit_abort would (rollback or POISONED) and the error
- * returned. The txn is freed either way. */
+/* Check completeness (every module, or every touched one of a partial
+ * update), run the checks, commit. Worker -> READY at the update's
+ * version. On failure the update is aborted as refit_abort would
+ * (rollback or POISONED) and the error returned. The txn is freed either
+ * way; on a prepared txn, refit_finalize commits it as refit_commit does. */
 REFIT_API int refit_finalize(refit_txn *txn);
 
 /* Two-phase finalize, for a group of ranks that must commit together:

@@ -451,6 +451,8 @@ refit_txn *tw_begin(tw *w, const char *label, int rollback)
     refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
     o.version_label = label;
     o.rollback = rollback;
+    o.partial = w->partial;
+    o.keep_going = w->keep_going;
     refit_txn *t = NULL;
     int rc = refit_begin(&t, w->m, &o);
     if (rc)

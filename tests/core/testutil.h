@@ -125,6 +125,8 @@ typedef struct tw {
     tw_ckpt ck[TW_MAX];
     int n_ck;
     char err[1400];          /* what tw_try_load_all refused */
+    int partial;             /* tw_begin's refit_update_opts.partial (a delta) */
+    int keep_going;          /* tw_begin's refit_update_opts.keep_going */
 } tw;
 
 /* cmocka setup/teardown: *state becomes a tw with an open ctx and model. */
@@ -153,7 +155,8 @@ tt_tensor *tw_rt(tw *w, const char *module, const char *name);
 
 /* Seal and assert it worked (with the message on failure). */
 void tw_seal(tw *w);
-/* Begin with a version label and rollback flag; asserts success. */
+/* Begin with a version label and rollback flag (and w->partial,
+ * w->keep_going); asserts success. */
 refit_txn *tw_begin(tw *w, const char *label, int rollback);
 
 /* The full-shape checkpoint tensor (dtype/shape of the recorded spec, or

@@ -587,6 +587,7 @@ static void test_prepare_commit_abort(void **state)
     }
     /* a prepare that fails aborts and frees, as finalize does */
     refit_txn *t;
+    uo.partial = 1; /* m0 only */
     assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
     refit_tensor src = {.data = w->ck[0], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
                         .dtype = REFIT_F32, .shape = w->shape};

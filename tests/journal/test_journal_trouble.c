@@ -323,11 +323,19 @@ static void test_missing_and_empty(void **state)
     assert_true(jt_has(err, "No such file"));
     open_err(f->dir, &ro, REFIT_EJOURNAL, err, sizeof err);
     assert_true(jt_has(err, "is a directory"));
-    /* A zero-byte file is an empty database: it becomes a journal. */
+    /* A zero-byte file is not made into a journal: it is someone's file. */
     int fd = open(f->path, O_WRONLY | O_CREAT, 0644);
     assert_true(fd >= 0);
     close(fd);
+    open_err(f->path, NULL, REFIT_EJOURNAL, err, sizeof err);
+    assert_true(jt_has(err, "an empty file that is not a refit journal"));
+    struct stat st;
+    assert_int_equal(stat(f->path, &st), 0);
+    assert_int_equal(st.st_size, 0); /* untouched */
+    /* where no file is, refit creates the journal */
+    assert_int_equal(unlink(f->path), 0);
     journal_close(open_err(f->path, NULL, REFIT_OK, err, sizeof err));
+    journal_close(open_err(f->path, NULL, REFIT_OK, err, sizeof err)); /* and reopens it */
     journal_close(open_err(f->path, &ro, REFIT_OK, err, sizeof err));
 }
 

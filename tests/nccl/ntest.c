@@ -241,6 +241,7 @@ static void *receiver_main(void *arg)
     refit_receiver *r = NULL;
     refit_update_opts u = REFIT_UPDATE_OPTS_INIT;
     u.rollback = j->rollback;
+    u.partial = j->partial;
     double t0 = now_s();
     j->rc = refit_receiver_create(&r, j->w->m, j->x, &o);
     if (!j->rc && (j->move_before_vote || j->skip_vote))

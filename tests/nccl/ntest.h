@@ -69,6 +69,7 @@ typedef struct nt_job {
     const char *extra_name;     /* sender: one more tensor, sent first */
     const refit_tensor *extra;
     int rollback;               /* receivers */
+    int partial;                /* receivers: refit_update_opts.partial */
     double timeout;
     refit_filter_fn filter;
     void *filter_user;

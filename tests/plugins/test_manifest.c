@@ -261,6 +261,27 @@ static void test_params_checked_against_the_declaration(void **state)
     free(m);
 }
 
+/* The same checks, with the same words, for parameters given through the
+ * API: a value the declaration refuses ("maybe" for a boolean used to read
+ * as false) and an unknown key (used to be ignored). */
+static void test_api_params_checked_against_the_declaration(void **state)
+{
+    (void)state;
+    world w;
+    world_open(&w, 0, NULL);
+    PT_RC(w.ctx, refit_model_add_module(w.m, "mlp", "unquantized", "{cast: maybe}"),
+          REFIT_EINVAL);
+    PT_HAS(refit_errmsg(w.ctx), "module mlp: parameter cast of format unquantized: 'maybe': "
+                                "expected true or false");
+    PT_RC(w.ctx, refit_model_add_module(w.m, "mlp", "unquantized", "{cats: true}"),
+          REFIT_EINVAL);
+    PT_HAS(refit_errmsg(w.ctx), "module mlp: format unquantized has no parameter 'cats' (its "
+                                "declaration: ");
+    assert_int_equal(w.m->n_modules, 0);
+    PT_RC(w.ctx, refit_model_add_module(w.m, "mlp", "unquantized", "{cast: true}"), REFIT_OK);
+    world_close(&w);
+}
+
 static void test_unreadable_and_sealed(void **state)
 {
     (void)state;
@@ -329,6 +350,7 @@ int main(void)
         cmocka_unit_test(test_names_taken),
         cmocka_unit_test(test_rank_beyond_shards),
         cmocka_unit_test(test_params_checked_against_the_declaration),
+        cmocka_unit_test(test_api_params_checked_against_the_declaration),
         cmocka_unit_test(test_unreadable_and_sealed),
         cmocka_unit_test(test_bind_checked_against_declaration),
         cmocka_unit_test(test_seal_refuses_unbound_declaration),

@@ -13,7 +13,7 @@ ok() { n=$((n + 1)); echo "ok $n - $1"; }
 no() { n=$((n + 1)); fail=1; echo "not ok $n - $1"; }
 check() { if eval "$2"; then ok "$1"; else no "$1"; fi; }
 
-echo "1..14"
+echo "1..17"
 "$ctl" safetensors ls "$fix" >"$tmp/ls" 2>"$tmp/err"; rc=$?
 check "ls exits 0" '[ $rc -eq 0 ] && [ ! -s "$tmp/err" ]'
 check "ls lists 21 tensors" '[ $(grep -c " BF16 " "$tmp/ls") -eq 21 ]'
@@ -64,6 +64,19 @@ check "it names file, tensor and rule" \
   'grep -q "$bad: tensor .model.layers.0.self_attn.q_proj.weight.: .*\[size-mismatch\]" "$tmp/err"'
 "$ctl" safetensors ls "$tmp/nope" >/dev/null 2>"$tmp/err"; rc=$?
 check "missing path exits 1 with one line" '[ $rc -eq 1 ] && [ $(wc -l <"$tmp/err") -eq 1 ]'
+# a name with control bytes (ESC [2J clears a terminal; a newline fakes a line)
+python3 - "$tmp/ctrl.safetensors" <<'PY'
+import json, struct, sys
+h = json.dumps({"evil\x1b[2J\nname\\x": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}})
+h += " " * (-len(h) % 8)
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h.encode() + b"\0")
+PY
+"$ctl" safetensors ls "$tmp/ctrl.safetensors" >"$tmp/ctrl" 2>"$tmp/err"; rc=$?
+check "ls of a name with control bytes exits 0" '[ $rc -eq 0 ]'
+check "control bytes are printed escaped" \
+  'grep -qF "evil\x1b[2J\x0aname\\\\x " "$tmp/ctrl" && [ $(wc -l <"$tmp/ctrl") -eq 3 ]'
+check "no raw control byte reaches the terminal" \
+  '! LC_ALL=C grep -q "$(printf "\033")" "$tmp/ctrl"'
 "$ctl" safetensors frobnicate "$fix" >/dev/null 2>&1; rc=$?
 check "unknown command exits 2" '[ $rc -eq 2 ]'
 "$ctl" safetensors ls >/dev/null 2>&1; rc=$?

@@ -79,6 +79,7 @@ json_t *ctl_update_json(const journal_update_row *r)
     json_object_set_new(o, "replay_of", r->replay_of
                         ? json_integer(r->replay_of) : json_null());
     json_object_set_new(o, "rollback", json_boolean(r->rollback));
+    json_object_set_new(o, "partial", json_boolean(r->partial));
     json_object_set_new(o, "source_uri", ctl_jstr(r->source_uri));
     json_object_set_new(o, "source_digest", ctl_jstr(r->source_digest));
     json_object_set_new(o, "started_at", ctl_jstr(r->started_at));

@@ -12,6 +12,7 @@
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/safetensors.h"
@@ -56,6 +57,27 @@ static const char *ctl_st_base(const char *path)
     return slash ? slash + 1 : path;
 }
 
+/* A name from the file, printable on a terminal: control bytes (and DEL)
+ * as \xHH, a backslash as \\, so a name cannot move the cursor, clear the
+ * screen or fake a line. NULL: out of memory. */
+static char *ctl_st_escape(const char *in)
+{
+    size_t n = strlen(in);
+    char *out = malloc(4 * n + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (const unsigned char *p = (const unsigned char *)in; *p; p++) {
+        if (*p < 0x20 || *p == 0x7f)
+            o += sprintf(o, "\\x%02x", *p);
+        else if (*p == '\\')
+            o += sprintf(o, "\\\\");
+        else
+            *o++ = (char)*p;
+    }
+    *o = '\0';
+    return out;
+}
+
 static int ctl_st_ls_text(const st_set *s)
 {
     uint64_t total = 0;
@@ -64,8 +86,18 @@ static int ctl_st_ls_text(const st_set *s)
         const st_tensor *t = st_tensor_at(s, i);
         char shape[8 * 22 + 4];
         ctl_st_shape(t, shape, sizeof shape);
-        printf("%-56s %-11s %-20s %12" PRIu64 "  %s\n", t->name, st_dtype_name(t->dtype), shape,
-               t->nbytes, ctl_st_base(st_file_path(s, t->file)));
+        char *name = ctl_st_escape(t->name);
+        char *file = ctl_st_escape(ctl_st_base(st_file_path(s, t->file)));
+        if (!name || !file) {
+            free(name);
+            free(file);
+            fprintf(stderr, "refitctl safetensors: out of memory\n");
+            return 1;
+        }
+        printf("%-56s %-11s %-20s %12" PRIu64 "  %s\n", name, st_dtype_name(t->dtype), shape,
+               t->nbytes, file);
+        free(name);
+        free(file);
         total += t->nbytes;
     }
     printf("%zu tensors, %" PRIu64 " bytes, %zu files\n", st_count(s), total, st_file_count(s));

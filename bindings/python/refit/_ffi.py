@@ -81,7 +81,7 @@ class CkptSpec(ctypes.Structure):
     ]
 
 
-UPDATE_OPTS_VERSION = 1
+UPDATE_OPTS_VERSION = 2
 
 
 class UpdateOpts(ctypes.Structure):
@@ -92,6 +92,8 @@ class UpdateOpts(ctypes.Structure):
         ("rollback", ctypes.c_int),
         ("source_digest", ctypes.c_char_p),
         ("fingerprint", ctypes.c_int),
+        ("partial", ctypes.c_int),
+        ("keep_going", ctypes.c_int),
     ]
 
 

@@ -315,23 +315,27 @@ class Model:
 
     def begin(self, version: Optional[str] = None, source_uri: Optional[str] = None,
               rollback: bool = True, *, source_digest: Optional[str] = None,
-              fingerprint: bool = False) -> "Txn":
+              fingerprint: bool = False, partial: bool = False,
+              keep_going: bool = False) -> "Txn":
         """refit_begin now: the worker is UPDATING when this returns.
         source_uri/source_digest: what the journal records as the source
         ("file:///..." is what replay can reopen). fingerprint: journal each
-        committed module's content fingerprint."""
+        committed module's content fingerprint. partial: a delta (modules
+        not loaded keep their version); keep_going: a refused load leaves
+        the update open (by default it fails the update closed)."""
         return Txn(self, version, source_uri, rollback, source_digest=source_digest,
-                   fingerprint=fingerprint)
+                   fingerprint=fingerprint, partial=partial, keep_going=keep_going)
 
     def update(self, version: Optional[str] = None, source_uri: Optional[str] = None,
                rollback: bool = True, *, source_digest: Optional[str] = None,
-               fingerprint: bool = False) -> "Txn":
+               fingerprint: bool = False, partial: bool = False,
+               keep_going: bool = False) -> "Txn":
         """with model.update(...) as txn: ... finalizes on exit, aborts on an
         exception. The update begins at its first call, so a first
         txn.load_safetensors(path) records that file as its source (URI and
         digest) and a failed update can be replayed."""
         return Txn(self, version, source_uri, rollback, source_digest=source_digest,
-                   fingerprint=fingerprint, lazy=True)
+                   fingerprint=fingerprint, partial=partial, keep_going=keep_going, lazy=True)
 
     def replay(self, update_id: int, full: bool = False, rollback: bool = True) -> None:
         """Re-run a failed, aborted, rolled-back or interrupted update from
@@ -352,13 +356,15 @@ class Txn:
     def __init__(self, model: Model, version: Optional[str] = None,
                  source_uri: Optional[str] = None, rollback: bool = True, *,
                  source_digest: Optional[str] = None, fingerprint: bool = False,
-                 lazy: bool = False) -> None:
+                 partial: bool = False, keep_going: bool = False, lazy: bool = False) -> None:
         self.model = model
         self.version = version
         self.source_uri = source_uri
         self.source_digest = source_digest
         self.rollback = rollback
         self.fingerprint = fingerprint
+        self.partial = partial
+        self.keep_going = keep_going
         self._h: Optional[ctypes.c_void_p] = None
         self._journal_id = 0
         self._keep: List[Any] = []
@@ -371,7 +377,8 @@ class Txn:
         strings = [_b(self.version), _b(self.source_uri), _b(self.source_digest)]
         opts = _ffi.UpdateOpts(_ffi.UPDATE_OPTS_VERSION, strings[0], strings[1],
                                1 if self.rollback else 0, strings[2],
-                               1 if self.fingerprint else 0)
+                               1 if self.fingerprint else 0, 1 if self.partial else 0,
+                               1 if self.keep_going else 0)
         h = ctypes.c_void_p()
         self.model._check(_ffi.lib().refit_begin(ctypes.byref(h), self.model.handle,
                                                  ctypes.byref(opts)), "begin")
