@@ -115,7 +115,7 @@ static int pre_params(refit_ctx *ctx, const mdoc *doc, const mdoc_mod *mod,
     return REFIT_OK;
 }
 
-int manifest_check_params(refit_ctx *ctx, const char *module, const refit_format_v1 *fmt,
+int manifest_check_params(refit_ctx *ctx, const char *module, const refit_format_v2 *fmt,
                           const params *p)
 {
     const plugin_entry *pe = plugins_entry_of(ctx->plugins, fmt);

@@ -20,7 +20,7 @@ int manifest_check_bound(refit_model *m);
 void manifest_decls_free(refit_model *m);
 /* Parameters given through refit_model_add_module against the format's
  * declaration (when its plugin has one), with a manifest's messages. */
-int manifest_check_params(refit_ctx *ctx, const char *module, const refit_format_v1 *fmt,
+int manifest_check_params(refit_ctx *ctx, const char *module, const refit_format_v2 *fmt,
                           const params *p);
 
 #endif
