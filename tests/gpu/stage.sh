@@ -21,7 +21,7 @@ done
 for f in "$B"/librefit.so*; do [ -d "$f" ] || cp -P "$f" "$D/"; done
 cp "$B"/plugins/refit-fmt-*.so "$B"/plugins/*.yaml "$D/plugins/" 2>/dev/null || true
 for x in "$D"/test-* "$D"/refit-bench "$D"/refitctl "$D"/librefit.so; do
-    ldd "$x" | awk '/=> \// {print $3}' | grep -E 'sqlite|yaml|jansson|cmocka' || true
+    ldd "$x" | awk '/=> \// {print $3}' | grep -E 'sqlite|yaml|jansson|cmocka|crypto' || true
 done | sort -u | xargs -r -I{} cp -L {} "$D/"
 # debug info stays here: the carry to the GPU machine is size-limited
 for f in "$D"/test-* "$D"/refit-bench "$D"/refitctl "$D"/librefit.so.*.* "$D"/plugins/*.so; do
