@@ -55,8 +55,6 @@ static void ctx_init_host(refit_ctx *ctx)
     h->quant_fp8 = svc_quant_fp8; /* transitional: core/svc_quant_*.c */
     void svc_quant_int4_install(refit_host_v2 *);
     svc_quant_int4_install(h);
-    int svc_quant_nvfp4(void *, uint32_t, const refit_nvfp4_piece *, void *);
-    h->quant_nvfp4 = svc_quant_nvfp4;
     int svc_quant_mx(void *, uint32_t, const refit_view *, const refit_view *, const refit_view *, const char *const *, int, void *);
     h->quant_mx = svc_quant_mx;
 }

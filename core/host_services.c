@@ -281,6 +281,11 @@ static int host_device_info(void *host, refit_device dev, refit_device_info *out
         gpusvc_device_cc(dev.device_id, &out->cc_major, &out->cc_minor) != REFIT_OK)
         out->cc_major = out->cc_minor = 0;
     out->backend = be ? be->name : NULL;
+    if (REFIT_ELEM_HAS(out->struct_size, refit_device_info, multiprocessors)) {
+        out->multiprocessors = 0;
+        if (be && dev.device_type == REFIT_DEVICE_CUDA)
+            out->multiprocessors = gpusvc_device_sms(dev.device_id);
+    }
     return REFIT_OK;
 }
 
@@ -590,6 +595,12 @@ int gpusvc_device_cc(int dev, int *major, int *minor)
     (void)dev;
     *major = *minor = 0;
     return REFIT_EUNSUPPORTED;
+}
+
+int gpusvc_device_sms(int dev)
+{
+    (void)dev;
+    return 0;
 }
 
 void *gpusvc_alloc(int dev, size_t bytes, char *msg, size_t n)

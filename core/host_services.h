@@ -36,6 +36,7 @@ int host_services_check_status(struct refit_ctx *ctx);
  * REFIT_EUNSUPPORTED in a build without CUDA). Every call names its
  * failure in msg. */
 int gpusvc_device_cc(int dev, int *major, int *minor);
+int gpusvc_device_sms(int dev); /* multiprocessors; 0 when unknown */
 void *gpusvc_alloc(int dev, size_t bytes, char *msg, size_t n);
 void gpusvc_free(int dev, void *p);
 int gpusvc_memset_word(int dev, uint32_t *word, uint32_t count, void *stream, char *msg,

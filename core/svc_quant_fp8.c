@@ -1,16 +1,16 @@
 /* The host service quant_fp8 (transitional, include/refit/format.h): the
- * CPU reference on host memory, its CUDA twin (kernels/quant_fp8.cu) on
+ * CPU reference on host memory, its CUDA twin (plugins/fp8/quant_fp8.cu) on
  * device memory. */
 #include <stdio.h>
 
 #include "core/internal.h"
-#include "kernels/quant_fp8.h"
+#include "plugins/fp8/quant_fp8.h"
 
 int svc_quant_fp8(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
                   const refit_view *x, const char *const *names, int scheme, void *stream);
 
 /* ---- post-load kernels (format.h: quant_fp8): the CPU reference on host
- * memory, its CUDA twin (kernels/quant_fp8.cu) on device memory. ---- */
+ * memory, its CUDA twin (plugins/fp8/quant_fp8.cu) on device memory. ---- */
 
 static const char *piece_name(const char *const *names, uint32_t i, char *buf, size_t n)
 {

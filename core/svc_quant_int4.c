@@ -3,7 +3,7 @@
  *   quant_int4  pieces checked as the CPU reference checks them, then run
  *               where the views live: host memory (CPU, pinned) by
  *               kern_quant_int4, a CUDA device by kern_quant_int4_cuda
- *               (kernels/quant_int4.cu) through backend_cuda_run, bit for
+ *               (plugins/int4/quant_int4.cu) through backend_cuda_run, bit for
  *               bit the same bytes.
  *   fetch       a few bytes of a staged tensor back to host memory (the
  *               checkpoint's weight_shape, which post-load checks), through
@@ -16,7 +16,7 @@
 #include "core/backend.h"
 #include "core/internal.h"
 #include "kernels/copy.h"
-#include "kernels/quant_int4.h"
+#include "plugins/int4/quant_int4.h"
 #ifdef REFIT_HAVE_CUDA
 #include "core/cuda/backend_cuda.h"
 #include "core/cuda/kern_cuda.h"

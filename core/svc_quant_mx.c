@@ -1,7 +1,7 @@
 /* The MX formats' host service quant_mx (include/refit/format.h): pieces
  * checked as the CPU references check them, then run where the views
  * live: host memory (CPU, pinned) by kern_quant_mxfp8 / kern_quant_mxfp4,
- * a CUDA device by kern_quant_mx_cuda (kernels/quant_mx.cu) through
+ * a CUDA device by kern_quant_mx_cuda (plugins/mxfp8/quant_mx.cu) through
  * backend_cuda_run, bit for bit the same bytes. Wired into refit_host_v2
  * by ctx_init_host (core/ctx.c). */
 #include <stdio.h>
@@ -9,9 +9,9 @@
 
 #include "core/backend.h"
 #include "core/internal.h"
-#include "kernels/quant_fp8.h"
-#include "kernels/quant_mx.h"
-#include "kernels/quant_mxfp4.h"
+#include "plugins/fp8/quant_fp8.h"
+#include "plugins/mxfp8/quant_mx.h"
+#include "plugins/mxfp4/quant_mxfp4.h"
 #ifdef REFIT_HAVE_CUDA
 #include "core/cuda/backend_cuda.h"
 #include "core/cuda/kern_cuda.h"

@@ -1,4 +1,4 @@
-/* A post-load kernel's per-device status word (kernels/quant_mx.cu,
+/* A post-load kernel's per-device status word (plugins/mxfp8/quant_mx.cu,
  * quant_int4.cu): a device word the kernel lowers to the index of the
  * first bad piece, and its pinned host copy, both made by a device's first call and kept. The word
  * holds KC_STATUS_NONE between calls while `clean`; a call that read a

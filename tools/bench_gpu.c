@@ -47,7 +47,7 @@
 
 #include "core/cuda/backend_cuda.h"
 #include "core/cuda/kern_cuda.h"
-#include "kernels/quant_fp8.h"
+#include "plugins/fp8/quant_fp8.h"
 #include "tools/bench_gpu.h"
 
 #define MAX_T 512
@@ -640,7 +640,7 @@ static int quant_check(bench *b, qarena *a, int sch)
     return rc;
 }
 
-/* The kernel's own launch time (kernels/quant_fp8.cu: events around the
+/* The kernel's own launch time (plugins/fp8/quant_fp8.cu: events around the
  * launch, inside the call, when timing is on; -1 when none). */
 void kern_quant_fp8_cuda_timing(int on);
 double kern_quant_fp8_cuda_kernel_ms(void);

@@ -79,7 +79,7 @@ def quant(spec, dev, repeat):
 
 def mx_quant(w, bits):
     """OCP MX quantization of a 2-D BF16/F16/F32 tensor in PyTorch ops, the
-    arithmetic of kernels/quant_mx.h: per 32-block of a row s = clamp(
+    arithmetic of plugins/mxfp8/quant_mx.h: per 32-block of a row s = clamp(
     floor(log2 amax) - emax, -127, 127) + 127 (0 when amax is 0), elements
     x * 2^(127-s) (exact: the same value as x / 2^(s-127)) rounded to E4M3
     (clamp to +-448, cast) or to E2M1 (RNE thresholds), E2M1 packed two a
@@ -133,7 +133,7 @@ def quant_mx(spec, dev, repeat):
 
 def nvfp4_quant(w):
     """Online NVFP4 of a 2-D tensor in PyTorch ops, the arithmetic of
-    kernels/quant_nvfp4.h (compressed-tensors, round to nearest), every step
+    plugins/nvfp4/quant_nvfp4.h (compressed-tensors, round to nearest), every step
     in float32: gs = 2688 / amax (1 for 0, clamped to FLT_MAX); per 16-block
     of a row an E4M3 scale gs * (bmax / 6) clamped to 448 and cast (0 ->
     0.125); codes E2M1(x / (scale / gs)) by RNE thresholds, packed two a
@@ -194,7 +194,7 @@ def quant_nvfp4(spec, dev, repeat):
 
 def int4_quant(w, group):
     """Online INT4 of a 2-D tensor in PyTorch ops, the arithmetic of
-    kernels/quant_int4.h (compressed-tensors, symmetric, round to nearest),
+    plugins/int4/quant_int4.h (compressed-tensors, symmetric, round to nearest),
     every step in float32: per row and group of `group` columns scale =
     amax / 7.5 cast to BF16 (0 -> BF16 epsilon); q = round(clamp(x / scale,
     -8, 7)) (ties to even), codes q + 8 packed 8 an int32 along K, low

@@ -1,7 +1,7 @@
 /* refit-bench gpu, quant section: quant.int4 (online INT4 quantization of
  * the bench model's linear weights on the device: round-to-nearest,
  * symmetric, groups of 128 columns, BF16 scales, the compressed-tensors
- * convention of kernels/quant_int4.h; the kernel of the quant_int4 host
+ * convention of plugins/int4/quant_int4.h; the kernel of the quant_int4 host
  * service; docs/cuda.md).
  *
  * Layout gptq (the words transposed, I32 [K/8, N], scales [G, N]: what
@@ -31,7 +31,7 @@
 #include "core/cuda/backend_cuda.h"
 #include "bench_gpu_peer.h"
 #include "core/cuda/kern_cuda.h"
-#include "kernels/quant_int4.h"
+#include "plugins/int4/quant_int4.h"
 
 int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
                    const char *host_base, double copy_Bps, int repeat, const char *python,

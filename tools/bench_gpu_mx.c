@@ -26,8 +26,8 @@
 #include "core/cuda/backend_cuda.h"
 #include "bench_gpu_peer.h"
 #include "core/cuda/kern_cuda.h"
-#include "kernels/quant_mx.h"
-#include "kernels/quant_mxfp4.h"
+#include "plugins/mxfp8/quant_mx.h"
+#include "plugins/mxfp4/quant_mxfp4.h"
 
 int bench_gpu_mx(json_t *quant, int nw, const refit_view *x, const char *dev_base,
                  const char *host_base, double copy_Bps, int repeat, const char *python,

@@ -32,7 +32,8 @@
 #include "core/cuda/backend_cuda.h"
 #include "bench_gpu_peer.h"
 #include "core/cuda/kern_cuda.h"
-#include "kernels/quant_nvfp4.h"
+#include "plugins/nvfp4/nvfp4_direct.h"
+#include "plugins/nvfp4/quant_nvfp4.h"
 
 int bench_gpu_nvfp4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
                     const char *host_base, double copy_Bps, int repeat, const char *python,

@@ -36,6 +36,15 @@ int gpusvc_device_cc(int dev, int *major, int *minor)
     return REFIT_OK;
 }
 
+int gpusvc_device_sms(int dev)
+{
+    int v = 0;
+    if (!backend_cuda_get() ||
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 0;
+    return v;
+}
+
 void *gpusvc_alloc(int dev, size_t bytes, char *msg, size_t n)
 {
     int prev = 0;

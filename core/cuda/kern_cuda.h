@@ -1,7 +1,7 @@
 /* The CUDA kernels (kernels/copy.cu, kernels/fingerprint.cu,
- * kernels/quant_fp8.cu), declared for C callers: the CUDA backend and the
+ * plugins/fp8/quant_fp8.cu), declared for C callers: the CUDA backend and the
  * GPU tests. Same names as the host references in kernels/copy.h,
- * kernels/fingerprint.h and kernels/quant_fp8.h with a _cuda suffix, same
+ * kernels/fingerprint.h and plugins/fp8/quant_fp8.h with a _cuda suffix, same
  * results bit for bit. Every pointer must be readable by the device (device
  * memory, or mapped pinned host memory); every call is ordered on stream (a
  * cudaStream_t; NULL = the legacy default stream) and returns without
@@ -45,7 +45,7 @@ int kern_fingerprint_view_cuda(const refit_view *v, uint64_t *out, void *stream)
  * allocates nothing (a zeroing memset and two launches). */
 int kern_fingerprint_to_cuda(const refit_view *v, uint64_t *dst, void *stream);
 
-/* FP8 E4M3 quantization of n pieces (kernels/quant_fp8.cu), bit for bit
+/* FP8 E4M3 quantization of n pieces (plugins/fp8/quant_fp8.cu), bit for bit
  * kern_quant_fp8 on each: piece i is x[i] (2-D, F32/F16/BF16) into q[i]
  * (2-D, one-byte elements) and its scales scale[i] (2-D F32, the shape
  * kern_fp8_scale_shape gives), any strides; scheme: kern_fp8_scheme.
@@ -67,23 +67,7 @@ int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_view *scale
  * Takes a few milliseconds; waits for stream. */
 int kern_fp8_cvt_check_cuda(uint64_t *mismatches, uint32_t *first, void *stream);
 
-/* NVFP4 post-load of n pieces (kernels/quant_nvfp4.cu; refit_nvfp4_piece
- * in include/refit/format.h), bit for bit kern_quant_nvfp4 (online
- * pieces) and kern_swizzle + kern_nvfp4_fuse (checkpoint pieces). Every
- * view device-readable. Checkpoint pieces go in one launch per QN_BATCH
- * pieces and are never waited for; online pieces in sets, one amax and one
- * encode launch per set, then the call waits for stream once (to report
- * non-finite input). Returns REFIT_OK; REFIT_ECORRUPT with *bad the lowest
- * online piece holding a NaN or infinity (that piece's outputs unwritten,
- * others' written); REFIT_EUNSUPPORTED / EMISMATCH / EINVAL (views; *bad
- * the piece), ENOMEM, EINTERNAL. */
-int kern_quant_nvfp4_cuda(uint32_t n, const refit_nvfp4_piece *pieces, int32_t *bad,
-                          void *stream);
-/* Input bytes of an online set of kern_quant_nvfp4_cuda (about 24 MB, to
- * fit L2 twice; <= 0: that default), for benchmarks; not thread-safe. */
-void kern_quant_nvfp4_set_bytes(int64_t bytes);
-
-/* INT4 quantization of n pieces (kernels/quant_int4.cu), bit for bit
+/* INT4 quantization of n pieces (plugins/int4/quant_int4.cu), bit for bit
  * kern_quant_int4 on each: piece i is x[i] (2-D [n_i, k_i], F32/F16/BF16)
  * into q[i] (I32 [n_i, ceil(k_i/8)], checkpoint layout) and scale[i]
  * ([n_i, ceil(k_i/group)], [n_i, 1] for group 0; F32/F16/BF16), any
@@ -96,7 +80,7 @@ void kern_quant_nvfp4_set_bytes(int64_t bytes);
 int kern_quant_int4_cuda(uint32_t n, const refit_view *q, const refit_view *scale,
                          const refit_view *x, int64_t group, int32_t *bad, void *stream);
 
-/* OCP MX quantization of n pieces (kernels/quant_mx.cu), bit for bit
+/* OCP MX quantization of n pieces (plugins/mxfp8/quant_mx.cu), bit for bit
  * kern_quant_mxfp8 (elem_bits 8: q[i] [n_i, k_i] E4M3, any strides) or
  * kern_quant_mxfp4 (elem_bits 4: q[i] [n_i, ceil(k_i/2)] packed E2M1,
  * rows contiguous) on each: x[i] 2-D F32/F16/BF16, scales[i] 8-bit

@@ -149,6 +149,9 @@ typedef struct refit_device_info {
                                 backend serves; 0.0 for host memory */
     const char *backend;     /* "host", "cuda" ...; NULL when not served.
                                 Static storage. */
+    int32_t multiprocessors; /* streaming multiprocessors of a CUDA device
+                                (grid sizing); 0 otherwise. Check
+                                REFIT_ELEM_HAS(struct_size, ...) first. */
 } refit_device_info;
 
 /* A launch of a plugin's own kernel (host->gpu_launch). */
@@ -163,26 +166,6 @@ typedef struct refit_gpu_launch {
 
 /* The device status word of a module's post-load (host->status_word). */
 #define REFIT_STATUS_NONE 0xffffffffu
-
-/* One NVFP4 post-load job (host->quant_nvfp4; kernels/quant_nvfp4.h has
- * the arithmetic). N, K: the weight's rows and columns; C = ceil(K/16). */
-#define REFIT_NVFP4_ONLINE 0   /* quantize a float weight */
-#define REFIT_NVFP4_MODELOPT 1 /* checkpoint: factors multiply */
-#define REFIT_NVFP4_CT 2       /* checkpoint: compressed-tensors, factors divide */
-typedef struct refit_nvfp4_piece {
-    int32_t mode;              /* REFIT_NVFP4_* */
-    const char *name;          /* the checkpoint tensor, for messages (may be NULL) */
-    refit_view src;            /* online: F32/F16/BF16 [N, K]; checkpoint: the
-                                  block scales, 8-bit [N, C]; any strides */
-    refit_view packed;         /* OUT, online: 8-bit [N, ceil(K/2)], any strides */
-    refit_view scale;          /* OUT: the swizzled block scales, 8-bit, contiguous,
-                                  ceil(N/128)*128 * ceil(C/4)*4 elements */
-    refit_view alpha;          /* OUT: F32, one element */
-    refit_view input_scale_inv; /* OUT, checkpoint with an input factor: F32, one
-                                  element; data NULL: not written */
-    refit_view weight_factor;  /* checkpoint: F32, one element */
-    refit_view input_factor;   /* checkpoint: F32, one element; data NULL: none */
-} refit_nvfp4_piece;
 
 /* Services the host hands to a format. Every service may be called from
  * plan, post_load and release, on the thread that called into refit. A
@@ -277,7 +260,7 @@ typedef struct refit_host_v2 {
      * its CPU reference (kernels/quant_*.h) and run where the views live:
      * host memory (CPU, pinned) by the reference itself, device memory by
      * its CUDA twin, bit for bit the same bytes. */
-    /* FP8 E4M3 quantization of n pieces (kernels/quant_fp8.h): piece i is
+    /* FP8 E4M3 quantization of n pieces (plugins/fp8/quant_fp8.h): piece i is
      * x[i] (2-D [n_i, k_i], F32/F16/BF16) into q[i] (2-D [n_i, k_i], one-byte
      * elements) with its F32 scales scale[i], as kern_quant_fp8 takes them
      * for `scheme` (0 per-tensor [1, 1], 1 per-channel [n_i, 1], 2 block-128
@@ -296,26 +279,10 @@ typedef struct refit_host_v2 {
     int (*quant_fp8)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
                      const refit_view *x, const char *const *names, int scheme,
                      void *stream);
-    /* transitional: the
-     * NVFP4 post-load of n pieces (refit_nvfp4_piece): an online piece
-     * quantizes src as kern_quant_nvfp4 does (global scale from the piece's
-     * amax, E4M3 block-16 scales, E2M1 values, alpha = 1 / global scale);
-     * a checkpoint piece swizzles src into scale (pad zero) and fuses
-     * alpha and input_scale_inv from the factors as kern_nvfp4_fuse does.
-     * Every view of a call is on one device. Ordered on stream; on a device
-     * it enqueues every piece, one launch per pass, and waits for stream
-     * once when online pieces are present (it reports non-finite input);
-     * checkpoint pieces alone never wait. Returns REFIT_OK, REFIT_ECORRUPT
-     * (a NaN or infinity in an online piece: the message names the lowest
-     * such piece; outputs partly written), REFIT_EMISMATCH (shapes),
-     * REFIT_EUNSUPPORTED (dtypes; a device with no kernel here),
-     * REFIT_EINVAL, REFIT_ENOMEM or REFIT_EINTERNAL (the device failed);
-     * the message is set and names the piece. */
-    int (*quant_nvfp4)(void *host, uint32_t n, const refit_nvfp4_piece *pieces, void *stream);
     /* transitional: INT4
      * quantization of n pieces, round-to-nearest, symmetric, per group of
      * `group` columns (0: one scale per row), in the compressed-tensors
-     * convention (kernels/quant_int4.h: scale = amax / 7.5 rounded to the
+     * convention (plugins/int4/quant_int4.h: scale = amax / 7.5 rounded to the
      * scale dtype, q = round(clamp(x / scale, -8, 7)), packed 8 per int32
      * word along K as q + 8, low nibble first). Piece i is x[i] (2-D
      * [n_i, k_i], F32/F16/BF16) into q[i], an I32 view [n_i, ceil(k_i/8)]
@@ -335,7 +302,7 @@ typedef struct refit_host_v2 {
                       const refit_view *x, const char *const *names, int64_t group,
                       void *stream);
     /* transitional: OCP MX
-     * quantization of n pieces (kernels/quant_mx.h: one E8M0 scale per 32
+     * quantization of n pieces (plugins/mxfp8/quant_mx.h: one E8M0 scale per 32
      * elements of a row, the MX spec's floor rule; elements x / 2^(s-127)
      * encoded saturating, round to nearest even). elem_bits 8: MXFP8, q[i]
      * [n_i, k_i] one-byte E4M3 elements, any strides (kern_quant_mxfp8);

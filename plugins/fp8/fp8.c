@@ -18,7 +18,7 @@
  * Serialized: every route is DIRECT; the core places weights and scales
  * (shards, fused offsets, experts) and nothing runs at load. Online: the
  * weights are STAGED and post_load quantizes each into its place in the
- * runtime weight, writing the runtime scales (kernels/quant_fp8.h gives
+ * runtime weight, writing the runtime scales (plugins/fp8/quant_fp8.h gives
  * the arithmetic), in one call of the host's quant_fp8 service: the CPU
  * reference on host memory, its CUDA twin (the same bytes) on device
  * memory. A host without the service gets the reference linked here, on
@@ -37,7 +37,7 @@
 
 #include <refit/format.h>
 
-#include "kernels/quant_fp8.h"
+#include "plugins/fp8/quant_fp8.h"
 #include "plugins/fp8/qplug.h"
 
 enum { R_WEIGHT, R_SCALE, R_SCALE_INV, R_INPUT_SCALE, R_COUNT };
@@ -217,7 +217,7 @@ static int plan_serialized(const refit_host_v2 *h, refit_fmt_module *m, fp8_stat
 
 /* 1 when the host quantizes on dev: it has the quant_fp8 service (ABI 1,
  * appended) and a backend serving dev (then its device kernel is built:
- * the CUDA backend and kernels/quant_fp8.cu come together). */
+ * the CUDA backend and plugins/fp8/quant_fp8.cu come together). */
 static int device_kernel(const refit_host_v2 *h, refit_device dev)
 {
     return REFIT_HOST_HAS(h, quant_fp8) && h->quant_fp8 && refit_host_serves(h, dev);

@@ -33,7 +33,7 @@
  * Online (STAGED): a module whose one checkpoint tensor is an F32/F16/BF16
  * W.weight [N, K] quantizes it at post-load into the same runtime layouts
  * (no zero points: symmetric), round-to-nearest per group in the
- * compressed-tensors convention (kernels/quant_int4.h), through the host's
+ * compressed-tensors convention (plugins/int4/quant_int4.h), through the host's
  * quant_int4 service: the CPU reference on host memory, its CUDA kernel on
  * a device.
  *
@@ -49,7 +49,7 @@
 #include <refit/format.h>
 
 #include "kernels/copy.h"
-#include "kernels/quant_int4.h"
+#include "plugins/int4/quant_int4.h"
 
 #ifndef REFIT_PLUGIN_EXPORT
 #define REFIT_PLUGIN_EXPORT __attribute__((visibility("default")))

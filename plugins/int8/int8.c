@@ -24,7 +24,7 @@
 
 #include <refit/format.h>
 
-#include "kernels/quant_fp8.h"
+#include "plugins/fp8/quant_fp8.h"
 #include "plugins/fp8/qplug.h"
 
 enum { R_WEIGHT, R_SCALE, R_INPUT_SCALE, R_INPUT_ZP, R_COUNT };

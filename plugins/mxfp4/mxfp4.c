@@ -15,8 +15,8 @@
  * dtype. No post-load: the bytes are the runtime.
  *
  * Online quantization: a module holding one F32/F16/BF16 W.weight
- * [(E,) N, K] stages it; post-load quantizes it (kernels/quant_mxfp4.h,
- * the shared MX scale rule of kernels/quant_mx.h) into `weight` U8
+ * [(E,) N, K] stages it; post-load quantizes it (plugins/mxfp4/quant_mxfp4.h,
+ * the shared MX scale rule of plugins/mxfp8/quant_mx.h) into `weight` U8
  * [(E,) N, ceil(K/2)] and `weight_scale` [(E,) N, ceil(K/32)]. Blocks start
  * at the first column of this rank's slice. Every expert goes in one call
  * of the host's quant_mx service: the CPU reference on host memory, its
@@ -34,9 +34,9 @@
 #include <refit/format.h>
 
 #include "kernels/copy.h"
-#include "kernels/quant_int4.h"
-#include "kernels/quant_mx.h"
-#include "kernels/quant_mxfp4.h"
+#include "plugins/int4/quant_int4.h"
+#include "plugins/mxfp8/quant_mx.h"
+#include "plugins/mxfp4/quant_mxfp4.h"
 
 #ifndef REFIT_PLUGIN_EXPORT
 #define REFIT_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -289,7 +289,7 @@ static int has_service(const refit_host_v2 *h)
 }
 
 /* 1 when the host quantizes on dev: the service and a backend serving dev
- * (the CUDA backend and kernels/quant_mx.cu come together). */
+ * (the CUDA backend and plugins/mxfp8/quant_mx.cu come together). */
 static int device_kernel(const refit_host_v2 *h, refit_device dev)
 {
     return has_service(h) && refit_host_serves(h, dev);

@@ -1,6 +1,6 @@
 /* Format "mxfp8": OCP MX FP8, E4M3 elements with one E8M0 scale per 32
  * elements along K (docs/formats-fp8.md; the scale rule is in
- * kernels/quant_mx.h).
+ * plugins/mxfp8/quant_mx.h).
  *
  * Checkpoint tensors of a module (several weights may fuse into one
  * runtime weight along N; each W.* pairs with the W.weight of its prefix):
@@ -33,8 +33,8 @@
 
 #include <refit/format.h>
 
-#include "kernels/quant_fp8.h"
-#include "kernels/quant_mx.h"
+#include "plugins/fp8/quant_fp8.h"
+#include "plugins/mxfp8/quant_mx.h"
 #include "plugins/fp8/qplug.h"
 
 enum { R_WEIGHT, R_SCALE, R_SCALE_INV, R_COUNT };
@@ -147,7 +147,7 @@ static int has_service(const refit_host_v2 *h)
 }
 
 /* 1 when the host quantizes on dev: the service and a backend serving dev
- * (the CUDA backend and kernels/quant_mx.cu come together). */
+ * (the CUDA backend and plugins/mxfp8/quant_mx.cu come together). */
 static int device_kernel(const refit_host_v2 *h, refit_device dev)
 {
     return has_service(h) && refit_host_serves(h, dev);

@@ -32,13 +32,16 @@
  * W.weight [N, K] stages it and quantizes it at post-load into the same
  * runtime tensors (weight [N, ceil(K/2)], weight_scale swizzled with
  * ceil(K/16) blocks, alpha = 1 / global scale), compressed-tensors NVFP4
- * with round to nearest (kernels/quant_nvfp4.h has the arithmetic). The
+ * with round to nearest (plugins/nvfp4/quant_nvfp4.h has the arithmetic). The
  * global scale comes from this rank's slice; blocks start at its first
  * column. input_scale_inv has no source then and is refused.
  *
- * Post-load runs in one call of the host's quant_nvfp4 service where the
- * host has it: the CPU references on host memory, the CUDA kernel on a
- * device (the same bytes). Without it the references linked here run, on
+ * Post-load: the CPU references on host memory; on a CUDA device this
+ * plugin's own kernel (quant_nvfp4.cu, embedded as nvfp4_image by
+ * refit-embed), planned by nvfp4_launch.c and launched through the host's
+ * GPU service, the same bytes. It never waits: a NaN lowers the module's
+ * status word, which the host reads at finalize (the update then rolls
+ * back naming the module and tensor). A plugin built without nvcc runs on
  * host memory only (seal refuses device runtime tensors then).
  *
  * Params: in_features (unsharded K; needed only when K is not a multiple
@@ -52,9 +55,16 @@
 #include <refit/format.h>
 
 #include "kernels/copy.h"
-#include "kernels/quant_fp8.h"
-#include "kernels/quant_int4.h"
-#include "kernels/quant_nvfp4.h"
+#include "plugins/fp8/quant_fp8.h"
+#include "plugins/int4/quant_int4.h"
+#include "plugins/common/pgpu_host.h"
+#include "plugins/nvfp4/nvfp4_launch.h"
+#include "plugins/nvfp4/quant_nvfp4.h"
+
+#ifdef REFIT_NVFP4_DEVICE_CODE
+extern const unsigned char nvfp4_image[];
+extern const size_t nvfp4_image_size;
+#endif
 
 #ifndef REFIT_PLUGIN_EXPORT
 #define REFIT_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -321,12 +331,17 @@ static int contiguous(const refit_view *v)
     return 1;
 }
 
-/* 1 when the host runs post-load on dev: it has the quant_nvfp4 service
- * and a backend serving dev (the CUDA backend and kernels/quant_nvfp4.cu
- * come together). */
+/* 1 when post-load can run on dev: a CUDA device the host serves, and
+ * this plugin carries its device code. */
 static int device_service(const refit_host_v2 *h, refit_device dev)
 {
-    return REFIT_HOST_HAS(h, quant_nvfp4) && h->quant_nvfp4 && refit_host_serves(h, dev);
+#ifdef REFIT_NVFP4_DEVICE_CODE
+    return dev.device_type == REFIT_DEVICE_CUDA && refit_host_serves(h, dev);
+#else
+    (void)h;
+    (void)dev;
+    return 0;
+#endif
 }
 
 /* Host memory, or every runtime tensor on one device the service serves. */
@@ -347,10 +362,14 @@ static int check_placement(const refit_host_v2 *h, const refit_fmt_module *m)
     }
     if (!device_service(h, d))
         return ERR(h, REFIT_EUNSUPPORTED, "module %s: nvfp4's post-load on device type %d needs "
-                   "the host's quant_nvfp4 service and a backend serving the device; this host "
-                   "has %s", m->name, d.device_type,
-                   REFIT_HOST_HAS(h, quant_nvfp4) && h->quant_nvfp4 ? "no such backend"
-                                                                     : "no quant_nvfp4 service");
+                   "a CUDA device the host serves and this plugin's device code; %s", m->name,
+                   d.device_type,
+#ifdef REFIT_NVFP4_DEVICE_CODE
+                   "the host serves no such device"
+#else
+                   "this plugin was built without nvcc"
+#endif
+                   );
     return REFIT_OK;
 }
 
@@ -441,7 +460,8 @@ static void fuse_factors(const refit_fmt_module *m, const nvfp4_state *s)
         store_f32(&refit_runtime(m, s->rt[RT_INV])->view, inv);
 }
 
-/* The module as one piece of the host's quant_nvfp4 service. */
+#ifdef REFIT_NVFP4_DEVICE_CODE
+/* The module as one piece of the launcher. */
 static void make_piece(const refit_fmt_module *m, const nvfp4_state *s, refit_nvfp4_piece *p)
 {
     memset(p, 0, sizeof *p);
@@ -464,6 +484,7 @@ static void make_piece(const refit_fmt_module *m, const nvfp4_state *s, refit_nv
     if (s->rt[RT_INV] >= 0)
         p->input_scale_inv = refit_runtime(m, s->rt[RT_INV])->view;
 }
+#endif
 
 /* The references linked here, on host memory (seal made sure). */
 static int post_load_here(const refit_host_v2 *h, const refit_fmt_module *m,
@@ -487,14 +508,37 @@ static int post_load_here(const refit_host_v2 *h, const refit_fmt_module *m,
     return REFIT_OK;
 }
 
+/* The launcher on the module's device through the host's GPU service;
+ * the status word names the piece's tensor. */
+static int post_load_device(const refit_host_v2 *h, const refit_fmt_module *m,
+                            const nvfp4_state *s, refit_device dev, void *stream)
+{
+#ifdef REFIT_NVFP4_DEVICE_CODE
+    refit_nvfp4_piece p;
+    make_piece(m, s, &p);
+    const char *names[1] = {p.name};
+    pgpu_host g;
+    int rc = pgpu_host_init(&g, h, m, dev, stream, nvfp4_image, nvfp4_image_size, 1, names,
+                            "NaN or infinity in the weight; refusing to quantize it");
+    int32_t bad = -1;
+    if (!rc && (rc = nvfp4_launch(&g.g, 1, &p, 0, &bad)) && g.g.msg[0])
+        return ERR(h, rc, "module %s, tensor %s: %s", m->name, p.name, g.g.msg);
+    return rc;
+#else
+    (void)s;
+    (void)stream;
+    return ERR(h, REFIT_EUNSUPPORTED, "module %s: nvfp4 was built without its device code "
+               "(no nvcc), so it cannot run on device type %d", m->name, dev.device_type);
+#endif
+}
+
 static int nvfp4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
     const nvfp4_state *s = m->state;
-    if (!REFIT_HOST_HAS(h, quant_nvfp4) || !h->quant_nvfp4)
+    refit_device dev = refit_runtime(m, s->rt[RT_SCALE])->view.device;
+    if (on_host(&refit_runtime(m, s->rt[RT_SCALE])->view))
         return post_load_here(h, m, s);
-    refit_nvfp4_piece p;
-    make_piece(m, s, &p);
-    return h->quant_nvfp4(h->host, 1, &p, stream);
+    return post_load_device(h, m, s, dev, stream);
 }
 
 REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {

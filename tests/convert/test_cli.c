@@ -322,9 +322,9 @@ static void refusals_format(void **state)
     small(&w, cv_join(in, sizeof in, dir, "in.safetensors"), "l.weight", ST_BF16, 0.0f, NULL);
     refused(dir, ARGS("--format", "fp9", in, "OUT"), ARGS("unknown format 'fp9'", "fp8"));
     refused(dir, ARGS("--format", "nvfp4", in, "OUT"),
-            ARGS("format nvfp4", "kernels/quant_nvfp4.h", "kern_quant_nvfp4"));
+            ARGS("format nvfp4", "plugins/nvfp4/quant_nvfp4.h", "kern_quant_nvfp4"));
     refused(dir, ARGS("--format", "int4", in, "OUT"),
-            ARGS("format int4", "kernels/quant_int4.h", "kern_quant_int4"));
+            ARGS("format int4", "plugins/int4/quant_int4.h", "kern_quant_int4"));
     refused(dir, ARGS("--format", "fp8", "--param", "scheme=per_row", in, "OUT"),
             ARGS("scheme is 'per_row'", "per_tensor|per_channel|block128"));
     refused(dir, ARGS("--format", "int8", "--param", "scheme=block128", in, "OUT"),

@@ -259,7 +259,7 @@ def mx_quantize_block(x):
     """OCP MX v1.0 section 6.3: X = 2^(floor(log2(amax)) - emax_elem),
     emax_elem = 2 for E2M1; elements x / X rounded to nearest even E2M1,
     saturating to +-6. An all-zero block gets code 0 (X = 2^-127), as
-    kernels/quant_mx.h does."""
+    plugins/mxfp8/quant_mx.h does."""
     amax = np.max(np.abs(x.astype(np.float32))) if x.size else np.float32(0)
     if amax == 0:
         e = -127

@@ -6,8 +6,8 @@
 #include <string.h>
 
 #include "kernels/minifloat.h"
-#include "kernels/quant_int4.h"
-#include "kernels/quant_nvfp4.h"
+#include "plugins/int4/quant_int4.h"
+#include "plugins/nvfp4/quant_nvfp4.h"
 #include "tests/formats4/f4util.h"
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"

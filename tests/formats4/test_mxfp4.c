@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/quant_nvfp4.h"
+#include "plugins/nvfp4/quant_nvfp4.h"
 #include "tests/formats4/f4set.h"
 #include "tests/formats4/f4util.h"
 #include "tests/quant/qutil.h"

@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/quant_fp8.h"
-#include "kernels/quant_nvfp4.h"
+#include "plugins/fp8/quant_fp8.h"
+#include "plugins/nvfp4/quant_nvfp4.h"
 #include "tests/formats4/f4set.h"
 #include "tests/formats4/f4util.h"
 #include "tests/quant/qutil.h"

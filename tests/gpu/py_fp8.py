@@ -3,7 +3,7 @@ weights and scales. Its weights are runtime tensors that refit fills from
 BF16 checkpoints, quantizing them on the GPU at post-load (format fp8,
 online: per-tensor, fused q/k/v with a scale per weight, per-channel, and a
 block-128 layer). The same engine fed by a PyTorch reference quantization
-(amax / 448, x / scale, clamp, cast, the arithmetic of kernels/quant_fp8.h
+(amax / 448, x / scale, clamp, cast, the arithmetic of plugins/fp8/quant_fp8.h
 in torch ops) must give the same weights, scales and outputs bit for bit.
 A CUDA graph of the refit engine's forward, captured once, survives
 reloads; reloading the same weights changes no byte; a reload equals a

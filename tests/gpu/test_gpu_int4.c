@@ -1,7 +1,7 @@
 /* INT4 on the device.
  *
- * Kernel: kern_quant_int4_cuda (kernels/quant_int4.cu) against the CPU
- * reference kern_quant_int4 (kernels/quant_int4.c), bit for bit: F32/F16/
+ * Kernel: kern_quant_int4_cuda (plugins/int4/quant_int4.cu) against the CPU
+ * reference kern_quant_int4 (plugins/int4/quant_int4.c), bit for bit: F32/F16/
  * BF16 weights and scales, ragged shapes (K not a multiple of 8 or of the
  * group, empty), every group kind (8..256 columns: lanes of a warp; 0 = per
  * row, 24, 100, 512: a block a row), the GPTQ layout's transposed words and
@@ -41,7 +41,7 @@
 #include "gpu_twin.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/cast.h"
-#include "kernels/quant_int4.h"
+#include "plugins/int4/quant_int4.h"
 #ifndef REFIT_GPU_EMU
 #include <refit/refit.h>
 

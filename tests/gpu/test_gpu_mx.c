@@ -1,6 +1,6 @@
 /* MXFP8 and MXFP4 on the device.
  *
- * Kernel: kern_quant_mx_cuda (kernels/quant_mx.cu) against the CPU
+ * Kernel: kern_quant_mx_cuda (plugins/mxfp8/quant_mx.cu) against the CPU
  * references kern_quant_mxfp8 and kern_quant_mxfp4, bit for bit: F32, F16
  * and BF16 weights, shapes that are not multiples of 32 (ragged last
  * blocks, odd K for the packed nibbles) and empty ones, row-major, padded,
@@ -53,8 +53,8 @@
 #include "core/cuda/kern_cuda.h"
 #include "kernels/cast.h"
 #include "kernels/minifloat.h"
-#include "kernels/quant_mx.h"
-#include "kernels/quant_mxfp4.h"
+#include "plugins/mxfp8/quant_mx.h"
+#include "plugins/mxfp4/quant_mxfp4.h"
 
 #ifndef REFIT_GPU_MX_EMU
 #include <refit/refit.h>

@@ -1,6 +1,6 @@
 /* NVFP4 post-load on the device.
  *
- * Kernel: kern_quant_nvfp4_cuda (kernels/quant_nvfp4.cu) against the CPU
+ * Kernel: kern_quant_nvfp4_cuda (plugins/nvfp4/quant_nvfp4.cu) against the CPU
  * references (kern_quant_nvfp4 for online pieces, kern_swizzle +
  * kern_nvfp4_fuse for checkpoint ones), bit for bit: F32/F16/BF16 weights
  * of ragged shapes (K not a multiple of 16 or of 2, N not of 128, empty),
@@ -50,7 +50,8 @@
 #endif
 #include "core/cuda/kern_cuda.h"
 #include "kernels/cast.h"
-#include "kernels/quant_nvfp4.h"
+#include "plugins/nvfp4/nvfp4_direct.h"
+#include "plugins/nvfp4/quant_nvfp4.h"
 
 #define U8 ((refit_dtype){REFIT_DTYPE_UINT, 8, 1})
 #define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})

@@ -1,5 +1,5 @@
-/* kern_quant_fp8_cuda (kernels/quant_fp8.cu) against the CPU reference
- * kern_quant_fp8 (kernels/quant_fp8.c), bit for bit: every scheme
+/* kern_quant_fp8_cuda (plugins/fp8/quant_fp8.cu) against the CPU reference
+ * kern_quant_fp8 (plugins/fp8/quant_fp8.c), bit for bit: every scheme
  * (per-tensor, per-channel, block-128), F32/F16/BF16 weights, shapes that
  * are not multiples of 128 or of 8 (and empty ones), row-major, padded,
  * transposed and misaligned views of the weight, the output and the
@@ -33,7 +33,7 @@
 #include "gpu_twin.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/cast.h"
-#include "kernels/quant_fp8.h"
+#include "plugins/fp8/quant_fp8.h"
 
 #define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reference quantization for the FP8, INT8 and MXFP8 kernels, in numpy and
-ml_dtypes: an independent statement of the arithmetic in kernels/quant_fp8.h,
+ml_dtypes: an independent statement of the arithmetic in plugins/fp8/quant_fp8.h,
 quant_int8.h and quant_mx.h that the C tests compare with bit for bit.
 
 Usage: quant_ref.py OUT.safetensors --n N --k K [--dtype bf16|f16|f32]

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "kernels/cast.h"
-#include "kernels/quant_fp8.h"
+#include "plugins/fp8/quant_fp8.h"
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 

@@ -10,9 +10,9 @@
 #include <string.h>
 
 #include "kernels/minifloat.h"
-#include "kernels/quant_fp8.h"
-#include "kernels/quant_int8.h"
-#include "kernels/quant_mx.h"
+#include "plugins/fp8/quant_fp8.h"
+#include "plugins/int8/quant_int8.h"
+#include "plugins/mxfp8/quant_mx.h"
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 

@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "kernels/cast.h"
-#include "kernels/quant_mx.h"
+#include "plugins/mxfp8/quant_mx.h"
 #include "tests/quant/qutil.h"
 #include "tests/common/pyref.h"
 

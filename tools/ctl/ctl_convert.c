@@ -27,10 +27,10 @@
 
 #include "core/safetensors.h"
 #include "core/safetensors_write.h"
-#include "kernels/quant_fp8.h"
-#include "kernels/quant_int8.h"
-#include "kernels/quant_mx.h"
-#include "kernels/quant_mxfp4.h"
+#include "plugins/fp8/quant_fp8.h"
+#include "plugins/int8/quant_int8.h"
+#include "plugins/mxfp8/quant_mx.h"
+#include "plugins/mxfp4/quant_mxfp4.h"
 #include "tools/cli.h"
 #include "tools/refitctl.h"
 
@@ -231,10 +231,10 @@ static const cv_format cv_formats[] = {
     {"mxfp8", NULL, 0, "weight", {"weight_scale_inv"}, cv_mxfp8, NULL},
     {"mxfp4", NULL, 0, "weight_packed", {"weight_scale"}, cv_mxfp4, NULL},
     {"nvfp4", NULL, 0, NULL, {NULL}, NULL,
-     "kernels/quant_nvfp4.h has no quantizer from float (no kern_quant_nvfp4: E4M3 block-16 "
+     "plugins/nvfp4/quant_nvfp4.h has no quantizer from float (no kern_quant_nvfp4: E4M3 block-16 "
      "scale selection and the FP32 global scale), so there is nothing to convert with"},
     {"int4", NULL, 0, NULL, {NULL}, NULL,
-     "kernels/quant_int4.h has no quantizer from float (no kern_quant_int4: group scales, zero "
+     "plugins/int4/quant_int4.h has no quantizer from float (no kern_quant_int4: group scales, zero "
      "points, int32 packing), so there is nothing to convert with"},
 };
 

@@ -1,4 +1,4 @@
-/* The proof behind qf_div (kernels/quant_fp8.cu), run on the CPU through
+/* The proof behind qf_div (plugins/fp8/quant_fp8.cu), run on the CPU through
  * the kernel's own code (the emulated source, run.sh): for each 16-bit
  * dtype (F16, BF16), every finite amax a and every x of that dtype with
  * |x| <= a (both signs; x of one group never exceeds its amax), with

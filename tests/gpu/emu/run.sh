@@ -1,5 +1,5 @@
 #!/bin/sh
-# The CUDA FP8 quantization kernels (kernels/quant_fp8.cu) and their GPU
+# The CUDA FP8 quantization kernels (plugins/fp8/quant_fp8.cu) and their GPU
 # test (tests/gpu/test_gpu_quant.c) on the CPU, through the emulator in
 # this folder (emu.h says what it checks and what it cannot):
 #   sh tests/gpu/emu/run.sh BUILD_DIR [WORK_DIR]
@@ -19,7 +19,7 @@ sed -E -e 's/(k_[a-z0-9_]+(<[A-Z0-9_]+>)?)<<<([^,]+), QF_THREADS, 0, st>>>\((.*)
   -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
   -e 's/\*\(const uint32_t \*\)a/*EMU_AL(const uint32_t, 4, a)/' \
   -e 's/\*\(const uint16_t \*\)a/*EMU_AL(const uint16_t, 2, a)/' \
-  "$R/kernels/quant_fp8.cu" > "$W/quant_fp8_emu.cc"
+  "$R/plugins/fp8/quant_fp8.cu" > "$W/quant_fp8_emu.cc"
 launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_fp8_emu.cc")
 left=$(grep -c '<<<' "$W/quant_fp8_emu.cc" || true)
 raw=$(grep -Ec '\*\((const )?(uint4|uint2|uint32_t|uint16_t|float4|float) \*\)' "$W/quant_fp8_emu.cc" || true)

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The CUDA INT4 quantization kernels (kernels/quant_int4.cu) and the kernel
+# The CUDA INT4 quantization kernels (plugins/int4/quant_int4.cu) and the kernel
 # cases of their GPU test (tests/gpu/test_gpu_int4.c, built with
 # REFIT_GPU_EMU: fewer, smaller shapes, no model cases) on the CPU, through
 # the emulator in this folder (emu.h says what it checks and what it
@@ -25,7 +25,7 @@ sed -E -e 's/(k_[a-z0-9_]+(<[0-9A-Z_ |]+>)?)<<<([^,]+), Q4_THREADS, 0, st>>>\((.
   -e 's/\*\((const )?uint32_t \*\)a/*EMU_AL(\1uint32_t, 4, a)/g' \
   -e 's/\*\((const )?uint16_t \*\)a/*EMU_AL(\1uint16_t, 2, a)/g' \
   -e 's/\*\(uint32_t \*\)\(p\.q/*EMU_AL(uint32_t, 4, p.q/' \
-  "$R/kernels/quant_int4.cu" > "$W/quant_int4_emu.cc"
+  "$R/plugins/int4/quant_int4.cu" > "$W/quant_int4_emu.cc"
 launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_int4_emu.cc")
 left=$(grep -c '<<<' "$W/quant_int4_emu.cc" || true)
 raw=$(grep -cE '\*\((const )?(float4|uint4|float|uint16_t|uint32_t) \*\)' "$W/quant_int4_emu.cc" || true)

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The CUDA MX quantization kernel (kernels/quant_mx.cu) and its GPU test
+# The CUDA MX quantization kernel (plugins/mxfp8/quant_mx.cu) and its GPU test
 # (tests/gpu/test_gpu_mx.c, kernel cases only: REFIT_GPU_MX_EMU) on the
 # CPU, through the emulator in this folder (emu.h says what it checks and
 # what it cannot):
@@ -27,7 +27,7 @@ sed -E -e 's/(k_[a-z0-9_]+(<[A-Z0-9_]+>)?)<<<([^,]+), MX_THREADS, 0, st>>>\((.*)
   -e 's/\*\(uint32_t \*\)\(/*EMU_AL(uint32_t, 4, /' \
   -e 's/\*\(const float \*\)p/*EMU_AL(const float, 4, p)/' \
   -e 's/\*\(const uint16_t \*\)p/*EMU_AL(const uint16_t, 2, p)/' \
-  "$R/kernels/quant_mx.cu" > "$W/quant_mx_emu.cc"
+  "$R/plugins/mxfp8/quant_mx.cu" > "$W/quant_mx_emu.cc"
 # (the dense path's loads are __ldcs, which the emulator checks itself)
 launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_mx_emu.cc")
 aligned=$(grep -o 'EMU_AL(\|__ldcs(' "$W/quant_mx_emu.cc" | wc -l)

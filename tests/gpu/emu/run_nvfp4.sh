@@ -1,5 +1,5 @@
 #!/bin/sh
-# The CUDA NVFP4 post-load kernels (kernels/quant_nvfp4.cu) and the kernel
+# The CUDA NVFP4 post-load kernels (plugins/nvfp4/quant_nvfp4.cu) and the kernel
 # half of their GPU test (tests/gpu/test_gpu_nvfp4.c, built with
 # REFIT_GPU_EMU) on the CPU, through the emulator in this folder (emu.h
 # says what it checks and what it cannot):
@@ -22,7 +22,7 @@ sed -E -e 's/(k_[a-z0-9_]+)<<<([^,]+), QN_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(
   -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
   -e 's/\*\(const float \*\)p/*EMU_AL(const float, 4, p)/' \
   -e 's/\*\(const uint16_t \*\)p/*EMU_AL(const uint16_t, 2, p)/' \
-  "$R/kernels/quant_nvfp4.cu" > "$W/quant_nvfp4_emu.cc"
+  "$R/plugins/nvfp4/quant_nvfp4.cu" > "$W/quant_nvfp4_emu.cc"
 launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_nvfp4_emu.cc")
 left=$(grep -c '<<<' "$W/quant_nvfp4_emu.cc" || true)
 vec=$(grep -c 'EMU_AL(' "$W/quant_nvfp4_emu.cc")

@@ -2,9 +2,9 @@
  * quant_mx.h. */
 #include <string.h>
 
-#include "minifloat.h"
-#include "quant_fp8.h"
-#include "quant_mx.h"
+#include "kernels/minifloat.h"
+#include "plugins/fp8/quant_fp8.h"
+#include "plugins/mxfp8/quant_mx.h"
 
 /* floor(log2(a)) of positive finite magnitude bits a, exact for f32
  * subnormals too (their exponent comes from the leading mantissa bit). */

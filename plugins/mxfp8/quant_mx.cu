@@ -1,7 +1,7 @@
 /* OCP MX quantization on the GPU (MXFP8: E4M3 elements; MXFP4: E2M1
  * elements packed two per byte), bit-exact with kern_quant_mxfp8
- * (kernels/quant_mx.c) and kern_quant_mxfp4 (kernels/quant_mxfp4.c); the
- * arithmetic is defined in kernels/quant_mx.h:
+ * (plugins/mxfp8/quant_mx.c) and kern_quant_mxfp4 (plugins/mxfp4/quant_mxfp4.c); the
+ * arithmetic is defined in plugins/mxfp8/quant_mx.h:
  *
  *   amax = max |x| over a block of 32 of a row   (the max of the magnitude
  *                                                  bits: their order is the

@@ -1,6 +1,6 @@
 /* MXFP4 (OCP MX v1.0): E2M1 elements, packed two per byte along K (low
- * nibble first, kernels/quant_nvfp4.h), one E8M0 scale per 32 elements of
- * a row, chosen by the shared MX rule of kernels/quant_mx.h with
+ * nibble first, plugins/nvfp4/quant_nvfp4.h), one E8M0 scale per 32 elements of
+ * a row, chosen by the shared MX rule of plugins/mxfp8/quant_mx.h with
  * elem_emax 2 (so amax / X lies in [4, 8) and elements saturate to +-6).
  * Dequantization is kern_fp4_dequant with KERN_FP4_SCALE_E8M0, block 32.
  * The CUDA version keeps the name with a _cuda suffix. */

@@ -3,12 +3,12 @@
  * E2M1 saturating with round-to-nearest-even. */
 #include <string.h>
 
-#include "copy.h"
-#include "minifloat.h"
-#include "quant_int4.h"
-#include "quant_mx.h"
-#include "quant_mxfp4.h"
-#include "quant_nvfp4.h"
+#include "kernels/copy.h"
+#include "kernels/minifloat.h"
+#include "plugins/int4/quant_int4.h"
+#include "plugins/mxfp8/quant_mx.h"
+#include "plugins/mxfp4/quant_mxfp4.h"
+#include "plugins/nvfp4/quant_nvfp4.h"
 
 static int is_float(refit_dtype d)
 {

@@ -1,5 +1,5 @@
 /* NVFP4 post-load on the GPU, bit-exact with the CPU references of
- * kernels/quant_nvfp4.c (the arithmetic is defined in quant_nvfp4.h):
+ * plugins/nvfp4/quant_nvfp4.c (the arithmetic is defined in quant_nvfp4.h):
  *
  *   online      the amax pass over the piece (each block folds its share
  *               into the piece's device word with atomicMax of magnitude
@@ -16,7 +16,7 @@
  * pad byte is written by the item that owns it. Blocks of a launch are
  * shared among its pieces by their sizes (QN_BATCH pieces a launch, in
  * a __grid_constant__ parameter); a piece's blocks stride over its items.
- * One kernel, k_nv_pass, runs both passes, a piece's blocks taking the
+ * One kernel, nvfp4_pass, runs both passes, a piece's blocks taking the
  * pass its entry names. Online pieces go in sets of about QN_SET_BYTES of
  * input, software-pipelined: launch j runs the encode pass of set j - 1
  * (whose amax launch j - 1 completed, stream order) and the amax pass of
@@ -43,34 +43,22 @@
  * nvcc's defaults keep this exact: -prec-div=true, -ftz=false (no
  * --use_fast_math); divisions, products, FMAs and the encoders' additions
  * are explicit (__fdiv_rn, __fmul_rn, __fmaf_rn, __fadd_rn), so nothing is
- * contracted or reassociated. A NaN or infinity makes
- * its block atomicMax the piece's index, inverted (~idx: the lowest piece
- * wins; 0, one memset with the amaxes, means none), into the status word; the call
- * copies that word back and waits for the stream once, at the end. */
+ * contracted or reassociated. A NaN or infinity makes its block lower
+ * the status word to the piece's index (atomicMin: the lowest piece wins;
+ * REFIT_STATUS_NONE means none), a word the launcher is given
+ * (plugins/nvfp4/nvfp4_launch.c plans the launches; the host reads the
+ * word at finalize, the GPU suites' direct entry after its one wait).
+ * This file is device code only: built with nvcc --fatbin and embedded in
+ * refit-fmt-nvfp4.so by refit-embed (the format SDK's path). */
 #include <cuda_runtime.h>
-#include <pthread.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <refit/format.h>
 
 #include "kernels/cast_bits.h"
-#include "kernels/launch_errors.cuh"
+#include "plugins/nvfp4/nvfp4_gpu.h"
+#include "plugins/nvfp4/nvfp4_piece.h"
 
-extern "C" void kern_cuda_set_error(const char *msg);
-
-#define QN_THREADS 256
-#define QN_BATCH 20                    /* entries per launch (parameters < 4 KB) */
-#define QN_BLOCKS_MAX 8192             /* blocks per piece and launch */
-#define QN_ITEMS_PER_THREAD 2          /* items (blocks of 16) a thread, before striding */
-#ifndef QN_SET_BYTES /* tests/gpu/emu/run_nvfp4.sh makes it small: many sets */
-#define QN_SET_BYTES ((int64_t)96 << 20) /* measured best (docs/cuda.md, "Set size") */
-#endif
-#define QN_FINITE_MAX 0x7f7fffffu      /* magnitude bits of FLT_MAX */
-#define QN_NONE 0u                     /* status word: no piece failed (else ~idx) */
-#define QN_DEVICES 64                  /* devices with cached scratch */
 
 /* ---- codecs (kernels/minifloat.c, for the values that occur here) ---- */
 
@@ -137,38 +125,8 @@ __device__ __forceinline__ uint32_t qn_e2m1(float x)
     return min(code, 7u) | ((b >> 28) & 0x8u);
 }
 
-/* ---- pieces ---- */
+/* ---- pieces (plugins/nvfp4/nvfp4_gpu.h) ---- */
 
-struct qn_piece {
-    const char *x;              /* online: the weight; checkpoint: the staged scales */
-    unsigned char *q;           /* online: packed output */
-    unsigned char *s;           /* the swizzled scales */
-    float *alpha, *inv;         /* inv: NULL when not written */
-    const float *wf, *in;       /* checkpoint factors; in NULL when absent */
-    unsigned int *amax;         /* online: the piece's amax bits */
-    int64_t n, k;               /* online: rows, columns; checkpoint: rows, blocks */
-    int64_t xs0, xs1, qs0, qs1; /* strides, in elements */
-    int64_t cb, cp;             /* blocks of a row, padded blocks */
-    int64_t items;              /* rows padded to 128, times cp */
-    int64_t first;              /* its first block in the launch */
-    int32_t idx;                /* its index in the call */
-    uint8_t mode;               /* REFIT_NVFP4_* */
-    uint8_t pass;               /* in a launch: 0 amax, 1 encode (or swizzle) */
-    uint8_t kind;               /* online x: 0 f32, 1 f16, 2 bf16 */
-    uint8_t vx, vq;             /* rows of x (q) are 16 (8) byte aligned and contiguous */
-    uint32_t nblk;              /* dense pieces (below): blocks of 16; 0: the general path */
-    uint32_t dmul, dshift;      /* dense: division by cb (qn_swz) */
-};
-
-/* A launch's entries: encode (and checkpoint) entries [0, ne), then
- * amax entries [ne, np); a piece's `first` counts within its stream. */
-struct qn_batch {
-    int32_t np, ne;
-    int64_t end;                /* blocks of the launch */
-    int64_t na;                 /* of them, amax blocks */
-    qn_piece p[QN_BATCH];
-};
-static_assert(sizeof(qn_batch) <= 4000, "qn_batch must fit the kernel parameters");
 
 /* Block b's entry, its rank among the entry's blocks (*rel) and their
  * count (*nb). The amax blocks are spread evenly among the encode ones
@@ -314,7 +272,7 @@ __device__ __forceinline__ void qn_amax(const qn_piece &p, int64_t rel, int64_t 
     if (threadIdx.x == 0) {
         atomicMax(p.amax, m);
         if (m > QN_FINITE_MAX)
-            atomicMax(status, ~(unsigned int)p.idx);
+            atomicMin(status, (unsigned int)p.idx);
     }
 }
 
@@ -331,11 +289,6 @@ __device__ __forceinline__ void qn_amax(const qn_piece &p, int64_t rel, int64_t 
  * segment) and storing 4 packed bytes (a half block) per segment. Bench
  * weights (TinyLlama, BF16, contiguous, k a multiple of 128) are all
  * dense; everything else keeps the general path above. */
-#define QN_UNIT_BLOCKS 64          /* blocks of a warp unit */
-#define QN_UNITS_PER_WARP 2        /* units a warp encodes (CTAs sized by it) */
-#ifndef QN_SMALL_CTAS /* run_nvfp4.sh makes it small, so both sizings run */
-#define QN_SMALL_CTAS 264          /* fewer CTAs than this: one unit a warp (2 an SM on an H200) */
-#endif
 #define QN_MAG2 0x7fff7fffu        /* magnitude bits of two 16-bit values */
 #define QN_SAFE_LO 0x0d800000u     /* 2^-100 .. 2^100: where qn_quot's reciprocal form holds */
 #define QN_SAFE_HI 0x71800000u
@@ -400,7 +353,7 @@ __device__ __forceinline__ void qn_amax_dense(const qn_piece &p, uint32_t rel, u
     if (threadIdx.x == 0) {
         atomicMax(p.amax, m);
         if (m > QN_FINITE_MAX)
-            atomicMax(status, ~(unsigned int)p.idx);
+            atomicMin(status, (unsigned int)p.idx);
     }
 }
 
@@ -672,8 +625,8 @@ __device__ __forceinline__ void qn_encode(const qn_piece &p, int64_t rel, int64_
 }
 
 /* Every block runs one pass of one piece: the entry it falls in. */
-__global__ void __launch_bounds__(QN_THREADS)
-k_nv_pass(const __grid_constant__ qn_batch B, unsigned int *status)
+extern "C" __global__ void __launch_bounds__(QN_THREADS)
+nvfp4_pass(const __grid_constant__ qn_batch B, unsigned int *status)
 {
     int64_t rel, nb;
     const qn_piece &p = B.p[qn_find(B, blockIdx.x, &rel, &nb)];
@@ -689,332 +642,3 @@ k_nv_pass(const __grid_constant__ qn_batch B, unsigned int *status)
     }
 }
 
-/* ---- host side ---- */
-
-/* Input bytes of a set (kern_quant_nvfp4_set_bytes: a benchmark's knob). */
-static int64_t qn_set_bytes = QN_SET_BYTES;
-
-extern "C" void kern_quant_nvfp4_set_bytes(int64_t bytes)
-{
-    qn_set_bytes = bytes > 0 ? bytes : QN_SET_BYTES;
-}
-
-static int qn_fail(cudaError_t e, const char *what)
-{
-    return kc_cuda_fail("kern_quant_nvfp4_cuda", e, what);
-}
-
-static int qn_refuse(int rc, const char *what, uint32_t i)
-{
-    return kc_refuse("kern_quant_nvfp4_cuda", rc, what, i);
-}
-
-static int qn_kind(refit_dtype d)
-{
-    return kc_float_kind(d);
-}
-
-static bool qn_byte(const refit_view *v)
-{
-    return v->dtype.bits == 8 && v->dtype.lanes == 1;
-}
-
-static bool qn_one_f32(const refit_view *v)
-{
-    int64_t e = 1;
-    for (int i = 0; i < v->ndim; i++)
-        e *= v->shape[i];
-    return v->data && qn_kind(v->dtype) == 0 && e == 1;
-}
-
-static int64_t qn_pad(int64_t v, int64_t m)
-{
-    return (v + m - 1) / m * m;
-}
-
-/* Mark an online piece dense (the dense path's conditions, at its
- * section) and set its row division: r = umulhi(g, dmul) >> dshift for
- * every g < 2^31 (Granlund-Montgomery, the round-up multiplier with
- * p = 31 + ceil(log2 cb); cb 1 is taken apart in qn_swz). */
-static void qn_dense_init(qn_piece *pc)
-{
-    int64_t blocks = pc->n * pc->cb;
-    bool rows = pc->n <= 1 || (pc->xs0 == pc->k && pc->qs0 == pc->k / 2);
-    if (pc->kind == 0 || pc->k == 0 || pc->k % 16 || pc->xs1 != 1 || pc->qs1 != 1 || !rows ||
-        (uintptr_t)pc->x % 16 || (uintptr_t)pc->q % 4 || blocks >= ((int64_t)1 << 30) ||
-        pc->items >= ((int64_t)1 << 31))
-        return;
-    uint32_t d = (uint32_t)pc->cb, l = 0;
-    while (l < 32 && ((uint64_t)1 << l) < d)
-        l++;
-    pc->nblk = (uint32_t)blocks;
-    pc->dmul = d > 1 ? (uint32_t)((((uint64_t)1 << (31 + l)) + d - 1) / d) : 0;
-    pc->dshift = d > 1 ? l - 1 : 0;
-}
-
-/* Piece i as the kernels read it. The service checked the views as the
- * references do; dtypes, ranks and sizes are checked again here. */
-static int qn_piece_init(qn_piece *pc, const refit_nvfp4_piece *v, uint32_t i)
-{
-    const refit_view *x = &v->src;
-    bool online = v->mode == REFIT_NVFP4_ONLINE;
-    int kind = online ? qn_kind(x->dtype) : 0;
-    if (v->mode < REFIT_NVFP4_ONLINE || v->mode > REFIT_NVFP4_CT)
-        return qn_refuse(REFIT_EINVAL, "mode must be online, ModelOpt or compressed-tensors", i);
-    if (kind < 0 || (!online && !qn_byte(x)) || !qn_byte(&v->scale) || !qn_one_f32(&v->alpha) ||
-        (online && !qn_byte(&v->packed)) || (!online && !qn_one_f32(&v->weight_factor)))
-        return qn_refuse(REFIT_EUNSUPPORTED, "dtypes: src f32/f16/bf16 (online) or 8-bit, "
-                         "scale and packed 8-bit, alpha and factors one f32", i);
-    if (x->ndim != 2 || x->shape[0] < 0 || x->shape[1] < 0 ||
-        (online && (v->packed.ndim != 2 || v->packed.shape[0] != x->shape[0] ||
-                    v->packed.shape[1] != (x->shape[1] + 1) / 2)))
-        return qn_refuse(REFIT_EMISMATCH, "src 2-D, packed [n, ceil(k/2)]", i);
-    memset(pc, 0, sizeof *pc);
-    pc->x = (const char *)x->data;
-    pc->s = (unsigned char *)v->scale.data;
-    pc->alpha = (float *)v->alpha.data;
-    pc->n = x->shape[0];
-    pc->k = x->shape[1];
-    pc->xs0 = x->strides[0];
-    pc->xs1 = x->strides[1];
-    pc->cb = online ? (pc->k + 15) / 16 : pc->k;
-    pc->cp = qn_pad(pc->cb, 4);
-    pc->items = qn_pad(pc->n, 128) * pc->cp;
-    pc->idx = (int32_t)i;
-    pc->mode = (uint8_t)v->mode;
-    pc->kind = (uint8_t)kind;
-    if (online) {
-        int64_t es = kind == 0 ? 4 : 2;
-        pc->q = (unsigned char *)v->packed.data;
-        pc->qs0 = v->packed.strides[0];
-        pc->qs1 = v->packed.strides[1];
-        bool one_row = pc->n <= 1;
-        pc->vx = ((uintptr_t)pc->x % 16 == 0) && pc->xs1 == 1 &&
-                 (one_row || (pc->xs0 * es) % 16 == 0);
-        pc->vq = ((uintptr_t)pc->q % 8 == 0) && pc->qs1 == 1 && (one_row || pc->qs0 % 8 == 0);
-        qn_dense_init(pc);
-    } else {
-        pc->wf = (const float *)v->weight_factor.data;
-        pc->in = (const float *)v->input_factor.data;
-        pc->inv = pc->in ? (float *)v->input_scale_inv.data : NULL;
-    }
-    return REFIT_OK;
-}
-
-/* Blocks of a piece: about QN_ITEMS_PER_THREAD items a thread, at least
- * one (which writes alpha of an empty piece). */
-static int64_t qn_blocks(const qn_piece *p)
-{
-    if (p->nblk) { /* dense: QN_UNITS_PER_WARP units a warp, one for a small piece */
-        int64_t units = (p->nblk + QN_UNIT_BLOCKS - 1) / QN_UNIT_BLOCKS, warps = QN_THREADS / 32;
-        int64_t b = (units + warps * QN_UNITS_PER_WARP - 1) / (warps * QN_UNITS_PER_WARP);
-        if (b < QN_SMALL_CTAS) /* a small piece (a call per weight): more SMs busy */
-            b = (units + warps - 1) / warps;
-        return b > QN_BLOCKS_MAX ? QN_BLOCKS_MAX : b;
-    }
-    int64_t per = (int64_t)QN_THREADS * QN_ITEMS_PER_THREAD;
-    int64_t b = (p->items + per - 1) / per;
-    return b < 1 ? 1 : b > QN_BLOCKS_MAX ? QN_BLOCKS_MAX : b;
-}
-
-/* One pass of one piece in a launch. */
-struct qn_entry {
-    uint32_t piece;
-    uint8_t pass;               /* 0 amax, 1 encode */
-};
-
-/* Launch k_nv_pass over entries e[0..m) (encode entries, then amax ones:
- * qn_pipeline's order), QN_BATCH a launch, the parameters built in b. */
-static int qn_launch(qn_batch *b, const qn_piece *pcs, const qn_entry *e, uint32_t m,
-                     unsigned int *status, cudaStream_t st)
-{
-    int rc = REFIT_OK;
-    for (uint32_t at = 0; at < m && !rc; at += QN_BATCH) {
-        uint32_t np = m - at < QN_BATCH ? m - at : QN_BATCH;
-        int64_t ends[2] = {0, 0}; /* blocks of the amax, encode streams */
-        b->np = (int32_t)np;
-        b->ne = 0;
-        for (uint32_t j = 0; j < np; j++) {
-            uint8_t pass = e[at + j].pass;
-            b->p[j] = pcs[e[at + j].piece];
-            b->p[j].pass = pass;
-            b->p[j].first = ends[pass];
-            ends[pass] += qn_blocks(&b->p[j]);
-            b->ne += pass;
-        }
-        b->end = ends[0] + ends[1];
-        b->na = ends[0];
-        int64_t end = b->end;
-        k_nv_pass<<<(unsigned)end, QN_THREADS, 0, st>>>(*b, status);
-        cudaError_t ce = cudaGetLastError();
-        if (ce != cudaSuccess)
-            rc = qn_fail(ce, "launching an NVFP4 kernel");
-    }
-    return rc;
-}
-
-/* Per device, made by its first call and kept: the scratch words (the
- * status word, then one amax word an online piece; grown, never shrunk),
- * a pinned host copy of the status word and the launch parameters. A call
- * then costs one memset of its words, its launches, one 4-byte copy back
- * and one stream wait: no allocation, no pageable copy. Calls are
- * serialized by qn_mu (the backend calls under its own lock anyway): the
- * words, the pinned word and the parameters are one call's at a time, and
- * a call waits for its stream before it returns. */
-struct qn_cache {
-    unsigned int *dev, *host;
-    size_t words;               /* of dev */
-    qn_batch *batch;
-};
-static qn_cache qn_dev[QN_DEVICES];
-static pthread_mutex_t qn_mu = PTHREAD_MUTEX_INITIALIZER;
-
-/* The device's cache with at least `words` scratch words, zeroed in the
- * stream (when words > 0). */
-static int qn_cache_get(qn_cache **out, size_t words, cudaStream_t st)
-{
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return qn_fail(e, "the current device");
-    if (dev < 0 || dev >= QN_DEVICES)
-        return qn_fail(cudaErrorInvalidDevice, "device number");
-    qn_cache *c = &qn_dev[dev];
-    if (!c->batch && !(c->batch = (qn_batch *)malloc(sizeof *c->batch)))
-        return qn_fail(cudaErrorMemoryAllocation, "host memory for a launch");
-    if (!c->host && (e = cudaMallocHost((void **)&c->host, sizeof *c->host)) != cudaSuccess) {
-        c->host = NULL;
-        return qn_fail(e, "the pinned status word");
-    }
-    if (c->words < words) {
-        size_t cap = words < 16 ? 16 : words + words / 2;
-        unsigned int *p = NULL;
-        if ((e = cudaMalloc((void **)&p, cap * sizeof *p)) != cudaSuccess)
-            return qn_fail(e, "device scratch");
-        if (c->dev)
-            (void)cudaFree(c->dev); /* idle: every call waited for its stream */
-        c->dev = p;
-        c->words = cap;
-    }
-    if (words && (e = cudaMemsetAsync(c->dev, 0, words * sizeof *c->dev, st)) != cudaSuccess)
-        return qn_fail(e, "zeroing the scratch");
-    *out = c;
-    return REFIT_OK;
-}
-
-/* Copy the status word back into *status (unless the launches failed:
- * rc) and wait for the stream, even after a failure (the next call
- * rewrites the words and the parameters); the first failure wins. */
-static int qn_finish(qn_cache *c, unsigned int *status, int rc, cudaStream_t st)
-{
-    cudaError_t e = rc ? cudaSuccess
-                       : cudaMemcpyAsync(c->host, c->dev, sizeof *c->host,
-                                         cudaMemcpyDeviceToHost, st);
-    cudaError_t se = cudaStreamSynchronize(st);
-    if (e == cudaSuccess)
-        e = se;
-    if (!rc && e != cudaSuccess)
-        rc = qn_fail(e, "the device work");
-    *status = rc ? QN_NONE : *c->host;
-    return rc;
-}
-
-/* Set numbers of the online pieces ord[0..m) (about QN_SET_BYTES of input
- * each, whole pieces), their amax words, and the count of sets. */
-static uint32_t qn_sets(qn_piece *pcs, const uint32_t *ord, uint32_t m, unsigned int *scratch,
-                        uint32_t *set)
-{
-    uint32_t ns = 0;
-    int64_t bytes = 0;
-    for (uint32_t j = 0; j < m; j++) {
-        qn_piece *p = &pcs[ord[j]];
-        int64_t b = p->n * p->k * (p->kind == 0 ? 4 : 2);
-        if (j == 0 || bytes + b > qn_set_bytes) { /* a piece larger than a set is one */
-            ns++;
-            bytes = 0;
-        }
-        set[j] = ns - 1;
-        bytes += b;
-        p->amax = scratch + 1 + j;
-    }
-    return ns;
-}
-
-/* Launches 0 .. sets: launch j holds the encode entries of set j - 1
- * (launch 0: the checkpoint pieces instead) and the amax entries of set
- * j. ord: online pieces [0, n_on), then checkpoint pieces. */
-static int qn_pipeline(qn_batch *b, qn_piece *pcs, const uint32_t *ord, uint32_t n_on,
-                       uint32_t n_ck, const uint32_t *set, uint32_t sets, unsigned int *status,
-                       qn_entry *e, cudaStream_t st)
-{
-    int rc = REFIT_OK;
-    uint32_t enc = 0, amx = 0; /* next online piece to encode, to take the amax of */
-    for (uint32_t j = 0; j <= sets && !rc; j++) {
-        uint32_t m = 0;
-        if (j == 0)
-            for (uint32_t c = 0; c < n_ck; c++)
-                e[m++] = qn_entry{ord[n_on + c], 1};
-        for (; enc < n_on && j > 0 && set[enc] == j - 1; enc++)
-            e[m++] = qn_entry{ord[enc], 1};
-        for (; amx < n_on && set[amx] == j; amx++)
-            e[m++] = qn_entry{ord[amx], 0};
-        if (m)
-            rc = qn_launch(b, pcs, e, m, status, st);
-    }
-    return rc;
-}
-
-/* NVFP4 post-load of n pieces (the contract is core/cuda/kern_cuda.h's). */
-extern "C" int kern_quant_nvfp4_cuda(uint32_t n, const refit_nvfp4_piece *pieces, int32_t *bad,
-                                     void *stream)
-{
-    cudaStream_t st = (cudaStream_t)stream;
-    *bad = -1;
-    if (n == 0)
-        return REFIT_OK;
-    if (!pieces || n > 0x7fffffffu) {
-        kern_cuda_set_error("kern_quant_nvfp4_cuda: no pieces, or 2^31 or more");
-        return REFIT_EINVAL;
-    }
-    qn_piece *pcs = (qn_piece *)malloc(sizeof *pcs * n);
-    uint32_t *ord = (uint32_t *)malloc(sizeof *ord * n * 2);
-    qn_entry *e = (qn_entry *)malloc(sizeof *e * n);
-    uint32_t *set = ord ? ord + n : NULL;
-    int rc = pcs && ord && e ? REFIT_OK : qn_fail(cudaErrorMemoryAllocation, "host memory");
-    uint32_t n_on = 0, n_ck = 0;
-    for (uint32_t i = 0; i < n && !rc; i++) {
-        if ((rc = qn_piece_init(&pcs[i], &pieces[i], i))) {
-            *bad = (int32_t)i;
-            break;
-        }
-        n_on += pcs[i].mode == REFIT_NVFP4_ONLINE;
-    }
-    /* ord: online pieces in call order, then checkpoint pieces */
-    for (uint32_t i = 0; i < n && !rc; i++)
-        ord[pcs[i].mode == REFIT_NVFP4_ONLINE ? i - n_ck : n_on + n_ck++] = i;
-    qn_cache *c = NULL;
-    bool locked = !rc;
-    if (locked) {
-        pthread_mutex_lock(&qn_mu);
-        /* no online piece: nothing to report, no scratch, no wait */
-        rc = qn_cache_get(&c, n_on ? (size_t)n_on + 1 : 0, st);
-    }
-    if (!rc && !n_on)
-        rc = qn_pipeline(c->batch, pcs, ord, 0, n_ck, set, 0, NULL, e, st);
-    else if (!rc) {
-        unsigned int status = QN_NONE;
-        uint32_t sets = qn_sets(pcs, ord, n_on, c->dev, set);
-        rc = qn_pipeline(c->batch, pcs, ord, n_on, n_ck, set, sets, c->dev, e, st);
-        rc = qn_finish(c, &status, rc, st);
-        if (!rc && status != QN_NONE) {
-            *bad = (int32_t)~status;
-            rc = qn_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", ~status);
-        }
-    }
-    if (locked)
-        pthread_mutex_unlock(&qn_mu);
-    free(e);
-    free(pcs);
-    free(ord);
-    return rc;
-}

@@ -89,7 +89,7 @@ int kern_int4_dequant(const kern_int4_src *s, float *out);
  * the checkpoint packs them (q + 8, 8 per word along K, low nibble first,
  * a ragged last word padded with code 0). The two functions below hold
  * this arithmetic for the CPU reference and the CUDA kernel alike
- * (kernels/quant_int4.cu), so the two give the same bits. */
+ * (plugins/int4/quant_int4.cu), so the two give the same bits. */
 /* Scale dtypes, as kinds: 0 f32, 1 f16, 2 bf16. */
 #define KERN_INT4_SCALE_OVERFLOW 0xffffffffu
 

@@ -1,5 +1,5 @@
 /* INT4 online quantization on the GPU (round-to-nearest, symmetric, per
- * group), bit-exact with kern_quant_int4 (kernels/quant_int4.c): the
+ * group), bit-exact with kern_quant_int4 (plugins/int4/quant_int4.c): the
  * arithmetic is the KERN_HD functions of quant_int4.h, compiled here for
  * the device (nvcc's defaults keep it exact: -prec-div=true, -ftz=false,
  * no --use_fast_math; rintf is the round-to-nearest-even instruction).
@@ -52,7 +52,7 @@
 #include <refit/format.h>
 
 #include "kernels/status_word.cuh"
-#include "kernels/quant_int4.h"
+#include "plugins/int4/quant_int4.h"
 #include "kernels/launch_errors.cuh"
 
 extern "C" void kern_cuda_set_error(const char *msg);

@@ -1,7 +1,7 @@
 /* OCP Microscaling (MX v1.0) blocks: KERN_MX_BLOCK (32) consecutive
  * elements of a row (along K) share one E8M0 scale X = 2^(s - 127).
  * Shared by MXFP8 (E4M3 elements, here) and MXFP4 (E2M1 elements, packed
- * by kernels/quant_nvfp4.h). The CUDA versions keep these names with a
+ * by plugins/nvfp4/quant_nvfp4.h). The CUDA versions keep these names with a
  * _cuda suffix.
  *
  * Scale selection, the MX spec's rule (section 6.3; also the microxcaling

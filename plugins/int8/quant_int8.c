@@ -2,8 +2,8 @@
  * defined in quant_int8.h. */
 #include <math.h>
 
-#include "quant_fp8.h"
-#include "quant_int8.h"
+#include "plugins/fp8/quant_fp8.h"
+#include "plugins/int8/quant_int8.h"
 
 float kern_int8_scale(float amax)
 {

@@ -3,10 +3,10 @@
 #include <float.h>
 #include <string.h>
 
-#include "copy.h"
-#include "minifloat.h"
-#include "quant_fp8.h"
-#include "quant_nvfp4.h"
+#include "kernels/copy.h"
+#include "kernels/minifloat.h"
+#include "plugins/fp8/quant_fp8.h"
+#include "plugins/nvfp4/quant_nvfp4.h"
 
 uint8_t kern_fp4_get(const uint8_t *row, int64_t j)
 {

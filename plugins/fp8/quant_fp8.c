@@ -3,9 +3,9 @@
 #include <math.h>
 #include <string.h>
 
-#include "cast.h"
-#include "minifloat.h"
-#include "quant_fp8.h"
+#include "kernels/cast.h"
+#include "kernels/minifloat.h"
+#include "plugins/fp8/quant_fp8.h"
 
 int kern_is_float_dtype(refit_dtype d)
 {

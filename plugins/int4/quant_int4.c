@@ -3,9 +3,9 @@
  * the checkpoint-layout view a format lays over its runtime storage. */
 #include <string.h>
 
-#include "cast.h"
-#include "copy.h"
-#include "quant_int4.h"
+#include "kernels/cast.h"
+#include "kernels/copy.h"
+#include "plugins/int4/quant_int4.h"
 
 unsigned kern_int4_code(uint32_t word, int j)
 {

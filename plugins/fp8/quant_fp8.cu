@@ -1,5 +1,5 @@
 /* FP8 (E4M3) weight quantization on the GPU, bit-exact with kern_quant_fp8
- * (kernels/quant_fp8.c; the arithmetic is defined in quant_fp8.h):
+ * (plugins/fp8/quant_fp8.c; the arithmetic is defined in quant_fp8.h):
  *
  *   amax  = max |x| over the group        (the max of the magnitude bits:
  *                                          for non-negative floats the bit
