@@ -133,10 +133,19 @@ int desc_check(const refit_tensor *t, const desc_expect *want, desc_extent *out,
                     want && want->limit ? "buffer passed" : "address space");
     if (numel > 0) {
         /* lo <= 0 <= hi, and byte_offset <= limit: these cannot overflow */
+        /* DLPack means data to be where the memory starts, but producers
+         * (numpy's __dlpack__) hand a view with negative strides as its
+         * first element with byte_offset 0. Below data is then the
+         * caller's word, as the upper end of a raw pointer is; only a
+         * buffer of known size (limit) and the address space bound it. */
         uint64_t below = (uint64_t)0 - (uint64_t)ext.lo;
-        if (below > t->byte_offset)
+        if (below > t->byte_offset && (want && want->limit))
             return fail(REFIT_EINVAL, msg, n, "negative strides reach %llu bytes below data + "
-                        "byte_offset (%llu): before data", (unsigned long long)below,
+                        "byte_offset (%llu): before the buffer passed",
+                        (unsigned long long)below, (unsigned long long)t->byte_offset);
+        if (below > t->byte_offset && below - t->byte_offset > data)
+            return fail(REFIT_EINVAL, msg, n, "negative strides reach %llu bytes below data + "
+                        "byte_offset (%llu): below address 0", (unsigned long long)below,
                         (unsigned long long)t->byte_offset);
         if ((uint64_t)ext.hi > limit - t->byte_offset)
             return fail(REFIT_EINVAL, msg, n, "%lld bytes from byte_offset %llu are beyond "

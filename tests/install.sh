@@ -16,10 +16,10 @@ else
   echo "not ok 1 - meson install: $(tail -3 "$dest/log")"
 fi
 miss=""
-for h in refit.h format.h transport.h; do
+for h in refit.h format.h transport.h ipc.h; do
   [ -f "$dest$incdir/refit/$h" ] || miss="$miss $h"
 done
-[ -z "$miss" ] && echo "ok 2 - refit.h, format.h, transport.h installed" ||
+[ -z "$miss" ] && echo "ok 2 - refit.h, format.h, transport.h, ipc.h installed" ||
   echo "not ok 2 - not installed:$miss"
 so=$(readelf -d "$dest$libdir/librefit.so" 2>/dev/null | sed -n 's/.*soname: \[\(.*\)\]/\1/p')
 [ "$so" = librefit.so.0 ] && [ -f "$dest$libdir/pkgconfig/refit.pc" ] &&
@@ -27,6 +27,7 @@ so=$(readelf -d "$dest$libdir/librefit.so" 2>/dev/null | sed -n 's/.*soname: \[\
 cat > "$dest/use.c" <<'C'
 #include <refit/refit.h>
 #include <refit/transport.h>
+#include <refit/ipc.h>
 #include <stdio.h>
 int main(void)
 {

@@ -81,8 +81,19 @@ static int pair_setup(void **state)
     pair *p = calloc(1, sizeof *p);
     if (!p || tw_open(&p->a, NULL) || tw_open(&p->b, NULL))
         return -1;
+    /* these cases go on after a refused call: the caller's opt-in */
+    p->a.keep_going = p->b.keep_going = 1;
     *state = p;
     return 0;
+}
+
+/* One world whose updates go on after a refused call (keep_going). */
+static int kg_setup(void **state)
+{
+    int rc = tw_setup(state);
+    if (!rc)
+        ((tw *)*state)->keep_going = 1;
+    return rc;
 }
 
 static int pair_teardown(void **state)
@@ -236,6 +247,37 @@ static void test_bad_row_refuses_the_call(void **state)
 
 /* ---- duplicates and ties ---- */
 
+/* Without keep_going a refused call fails the update closed: nothing was
+ * written, nothing more is taken, finalize cannot commit it, and the worker
+ * stays READY at its version with its bytes. */
+static void test_refused_call_fails_closed_by_default(void **state)
+{
+    tw *w = *state;
+    build_llm(w);
+    tw_update(w, 1, "v1");
+    table *tb = table_of(w, 2, 0, 3);
+    table *bad = malloc(sizeof *bad);
+    assert_non_null(bad);
+    memcpy(bad, tb, sizeof *bad);
+    int64_t shape_buf[REFIT_MAX_DIMS];
+    int want = apply_fault(w, bad, tb->n / 2, F_SHAPE, shape_buf);
+    size_t n;
+    void *snap = tw_snapshot(w, &n);
+    refit_txn *t = tw_begin(w, "v2", 1);
+    assert_int_equal(refit_load_many(t, (size_t)bad->n, bad->names, bad->srcs, NULL), want);
+    tw_assert_msg(w, "nothing written", "keep_going");
+    assert_int_equal(refit_load_many(t, (size_t)tb->n, tb->names, tb->srcs, NULL),
+                     REFIT_ESTATE);
+    assert_int_not_equal(refit_finalize(t), REFIT_OK);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    assert_string_equal(refit_worker_version(w->ctx), "v1");
+    int same = snap_same(w, snap, n);
+    free(snap);
+    assert_true(same);
+    free(bad);
+    free(tb);
+}
+
 static void test_duplicates_in_a_call_refused(void **state)
 {
     tw *w = *state;
@@ -311,6 +353,7 @@ static void two_staged(tw *w)
     o.staging_budget = 200;
     tw_close(w);
     assert_int_equal(tw_open(w, &o), REFIT_OK);
+    w->keep_going = 1;
     tw_register_test_formats(w);
     for (int k = 0; k < 2; k++) {
         char mod[8], nw[16], nb[16];
@@ -625,20 +668,22 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_many_equals_one_load_per_row, pair_setup,
                                         pair_teardown),
-        cmocka_unit_test_setup_teardown(test_bad_row_refuses_the_call, tw_setup, tw_teardown),
-        cmocka_unit_test_setup_teardown(test_duplicates_in_a_call_refused, tw_setup,
+        cmocka_unit_test_setup_teardown(test_bad_row_refuses_the_call, kg_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_refused_call_fails_closed_by_default, tw_setup,
                                         tw_teardown),
-        cmocka_unit_test_setup_teardown(test_tied_names_in_one_call_write_once, tw_setup,
+        cmocka_unit_test_setup_teardown(test_duplicates_in_a_call_refused, kg_setup,
                                         tw_teardown),
-        cmocka_unit_test_setup_teardown(test_staging_budget_forecast, tw_setup, tw_teardown),
-        cmocka_unit_test_setup_teardown(test_many_refused_when_prepared, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_tied_names_in_one_call_write_once, kg_setup,
+                                        tw_teardown),
+        cmocka_unit_test_setup_teardown(test_staging_budget_forecast, kg_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_many_refused_when_prepared, kg_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_set_reused_across_updates, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_plain_set_with_tied_names, pair_setup,
                                         pair_teardown),
         cmocka_unit_test_setup_teardown(test_set_repoint, pair_setup, pair_teardown),
-        cmocka_unit_test_setup_teardown(test_set_build_refused, tw_setup, tw_teardown),
-        cmocka_unit_test_setup_teardown(test_set_unsealed_refused, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_set_build_refused, kg_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_set_unsealed_refused, kg_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_stale_set_refused, pair_setup, pair_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -101,13 +101,22 @@ static void test_load_huge_strides(void **state)
     strides[0] = INT64_MAX / 6;
     assert_int_equal(refit_load(t, "x", &s, NULL), REFIT_EINVAL);
     tw_assert_msg(&w, "bytes from byte_offset 0 are beyond the address space");
-    /* a negative stride reaching before data */
+    /* a negative stride reaching below address 0 */
     strides[0] = -2;
+    s.data = (void *)(uintptr_t)4;
     assert_int_equal(refit_load(t, "x", &s, NULL), REFIT_EINVAL);
-    tw_assert_msg(&w, "below data + byte_offset");
+    tw_assert_msg(&w, "below data + byte_offset", "below address 0");
     assert_memory_equal(rt->buf, before, sizeof before);
-    /* the same stride inside the buffer is a valid view */
+    /* the same stride inside the buffer is a valid view, as DLPack has it
+     * (data the buffer, byte_offset the first element) and as numpy's
+     * __dlpack__ hands it (data the first element, byte_offset 0) */
+    s.data = src;
     s.byte_offset = 2 * sizeof(float);
+    assert_int_equal(refit_load(t, "x", &s, NULL), REFIT_OK);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    t = tw_begin(&w, "v1", 1);
+    s.data = src + 2;
+    s.byte_offset = 0;
     assert_int_equal(refit_load(t, "x", &s, NULL), REFIT_OK);
     assert_int_equal(refit_abort(t), REFIT_OK);
     tw_close(&w);

@@ -190,7 +190,7 @@ def test_stalled_trainer_rolls_back():
             assert "no decision from the trainer" in str(e), e
         assert 0.9 < time.time() - t0 < 10
         assert w.ctx.health() == refit.Health.READY
-        assert w.ctx.version() == "v1"
+        assert w.ctx.version == "v1"
         assert w.m.fingerprint() == fp1
     finally:
         os.kill(p.pid, signal.SIGKILL)
@@ -199,7 +199,7 @@ def test_stalled_trainer_rolls_back():
     try:
         assert w.receive()["decision"] == 0
         torch.cuda.synchronize()
-        assert w.ctx.version() == "v3"
+        assert w.ctx.version == "v3"
         assert w.m.fingerprint() == fresh_fingerprint(3)
     finally:
         q.join(60)

@@ -33,7 +33,10 @@ class Buf:  # a host tensor without numpy or torch: a Desc over an array's buffe
 ctx = refit.Context(journal_path="")
 m = ctx.create_model()
 for fmt in ("unquantized", "fp8", "int4", "nvfp4", "mxfp8", "mxfp4", "int8"):
-    m.add_module("m-" + fmt, fmt, {"cast": "true"} if fmt == "unquantized" else None)
+    # each format's required parameters (its declaration's), so that the
+    # module is accepted: the check is that the plugin loads and answers
+    need = {"unquantized": {"cast": "true"}, "int4": {"group_size": "128"}}
+    m.add_module("m-" + fmt, fmt, need.get(fmt))
     if fmt == "unquantized":
         m.bind_runtime("m-" + fmt, "w", Buf(w))
         m.expect("m-" + fmt, "w", "f32", [4])

@@ -116,7 +116,7 @@ def test_bad_row_refuses_the_call():
     before = {k: v.values() for k, v in rt.items()}
     bad = sources(2.0)
     bad["c.weight"] = HostTensor((2, 2, 3))
-    txn = m.begin(version="v2", rollback=False)
+    txn = m.begin(version="v2", rollback=False, keep_going=True)
     try:
         txn.load_dict(bad)
         raise AssertionError("a wrong shape was accepted")
@@ -131,11 +131,29 @@ def test_bad_row_refuses_the_call():
     assert rt["c.weight"].values() == good["c.weight"].values()
 
 
+def test_refused_call_fails_the_update_closed():
+    ctx, m, rt = world()
+    with m.update(version="v1") as txn:
+        txn.load_dict(sources(1.0))
+    before = {k: v.values() for k, v in rt.items()}
+    bad = sources(2.0)
+    bad["c.weight"] = HostTensor((2, 2, 3))
+    txn = m.begin(version="v2")
+    for tensors, status in ((bad, "REFIT_EMISMATCH"), (sources(2.0), "REFIT_ESTATE")):
+        try:
+            txn.load_dict(tensors)
+            raise AssertionError("loaded after a refusal without keep_going")
+        except refit.RefitError as e:
+            assert e.name == status, e
+    txn.abort()
+    assert {k: v.values() for k, v in rt.items()} == before and ctx.version == "v1"
+
+
 def test_strict_false_skips_unknown_names():
     ctx, m, rt = world()
     src = sources(4.0)
     src["not.expected"] = HostTensor((3,))
-    with m.update(version="v1") as txn:
+    with m.update(version="v1", keep_going=True) as txn:
         try:
             txn.load_dict(src)
             raise AssertionError("an unexpected name was accepted")

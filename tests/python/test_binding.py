@@ -121,7 +121,9 @@ def test_register_numpy_update_and_commit():
     with e.model.update(version="v1") as txn:
         txn.load_dict(dict(ck, lm_head=ck["embed"]))
         assert e.ctx.health() == refit.Health.UPDATING
-        assert txn.stats()["tensors_loaded"] == 6, txn.stats()
+        # 7 delivered: lm_head, tied to embed, is accepted and not written
+        # again (one storage, one write), as refit_load counts it
+        assert txn.stats()["tensors_loaded"] == 7, txn.stats()
     assert txn.result == "committed"
     assert e.ctx.health() == refit.Health.READY and e.ctx.version == "v1"
     e.ctx.check_serving()
@@ -234,7 +236,9 @@ def test_errors_raise_refit_error_with_message():
     with e.model.update(version="v") as txn:
         txn.load_dict(ck)
     snap = e.snapshot()
-    txn = e.model.begin(version="bad")
+    # keep_going: each refusal leaves the update open (by default the first
+    # one fails it closed, checked below)
+    txn = e.model.begin(version="bad", keep_going=True)
     raises("REFIT_EUNEXPECTED", lambda: txn.load("model.nope", ck["up"]), "model.nope")
     raises("REFIT_EMISMATCH", lambda: txn.load("up", np.zeros((4, 5), np.float32)), "up")
     raises("REFIT_EMISMATCH", lambda: txn.load("up", ck["up"].astype(np.float16)), "up")
@@ -250,6 +254,11 @@ def test_errors_raise_refit_error_with_message():
         raise AssertionError("a load after abort went through")
     except refit.RefitError as err:
         assert err.name == "REFIT_ESTATE" and "ended" in err.message
+    txn = e.model.begin(version="closed")
+    raises("REFIT_EUNEXPECTED", lambda: txn.load("model.nope", ck["up"]), "keep_going")
+    raises("REFIT_ESTATE", lambda: txn.load("up", ck["up"]), "failed earlier")
+    txn.abort()
+    assert e.same(snap) and e.model.ctx.version == "v"
     raises("REFIT_ESTATE", lambda: e.model.add_module("x"), "sealed")
     ro = np.zeros((4,), np.float32)
     ro.flags.writeable = False

@@ -73,10 +73,17 @@ class Desc:
         self.device_id = device_id
         self.readonly = readonly
         code, bits = dtype
-        self.t = _ffi.Tensor(data, _ffi.Device(device_type, device_id), n,
+        # DLPack's layout: data is where the memory starts, byte_offset
+        # where the first element is. A view with negative strides (numpy's
+        # a[::-1]) reaches below its first element: say so, as DLPack does.
+        below = 0
+        if data and bits >= 8 and all(e > 0 for e in shape):
+            below = sum(-st * (e - 1) for st, e in zip(strides, shape) if st < 0) * (bits // 8)
+        self.t = _ffi.Tensor(data - below if below else data,
+                             _ffi.Device(device_type, device_id), n,
                              _ffi.DType(code, bits, 1),
                              ctypes.cast(self.shape, _ffi.c_int64_p),
-                             ctypes.cast(self.strides, _ffi.c_int64_p), 0)
+                             ctypes.cast(self.strides, _ffi.c_int64_p), below)
 
     @classmethod
     def _over(cls, tensor: "_ffi.Tensor", owner: Any, readonly: bool) -> "Desc":
