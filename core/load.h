@@ -28,6 +28,9 @@ typedef struct delivery {
  * primary of a tied name). REFIT_EUNEXPECTED (message set) when no module
  * expects the name. */
 int load_resolve(refit_model *m, const char *name, delivery *d);
+/* load_resolve, trying route *hint first (rows that arrive in the model's
+ * order then need no hash look-up); *hint gets the route found, plus one. */
+int load_resolve_next(refit_model *m, const char *name, uint32_t *hint, delivery *d);
 
 /* The descriptor checks, the same for every path: src (whole, or the part
  * at d->off) against the route of d (dims, dtype, device, extents, data).

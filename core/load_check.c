@@ -5,15 +5,15 @@
  * receiver's claims), so a rule added here holds for all of them. Nothing
  * here reads or changes a transaction. */
 #include <stdio.h>
+#include <string.h>
 
 #include "core/desc_check.h"
 #include "core/load.h"
 
 #include "kernels/copy.h"
 
-int load_resolve(refit_model *m, const char *name, delivery *d)
+static int resolve_route(refit_model *m, const char *name, uint32_t ri, delivery *d)
 {
-    uint32_t ri = names_find(&m->route_names, name);
     if (ri == NAMES_NONE)
         return ctx_error(m->ctx, REFIT_EUNEXPECTED, "load %s: no module of worker %s expects "
                          "this tensor; nothing written", name, m->ctx->worker_id);
@@ -24,6 +24,20 @@ int load_resolve(refit_model *m, const char *name, delivery *d)
     d->ri = gi;
     d->r = &m->routes[gi];
     return REFIT_OK;
+}
+
+int load_resolve(refit_model *m, const char *name, delivery *d)
+{
+    return resolve_route(m, name, names_find(&m->route_names, name), d);
+}
+
+int load_resolve_next(refit_model *m, const char *name, uint32_t *hint, delivery *d)
+{
+    uint32_t ri = *hint; /* route names are unique: equal to it is it */
+    if (ri >= m->n_routes || strcmp(m->routes[ri].name, name))
+        ri = names_find(&m->route_names, name);
+    *hint = ri + 1;
+    return resolve_route(m, name, ri, d);
 }
 
 /* src as a view; dims and dtype against the route r of the name delivered

@@ -83,8 +83,10 @@ static int row_error(refit_model *m, int status, const char *call, size_t i, con
                      why, after);
 }
 
-/* Row i as a delivery: a prepared one as built, a fresh one checked. */
-static int row_delivery(refit_txn *t, const load_table *tab, size_t i, delivery *d)
+/* Row i as a delivery: a prepared one as built, a fresh one checked.
+ * *hint: the route after the previous row's (load_resolve_next). */
+static int row_delivery(refit_txn *t, const load_table *tab, size_t i, delivery *d,
+                        uint32_t *hint)
 {
     if (tab->prepared) {
         *d = tab->prepared[i];
@@ -94,7 +96,7 @@ static int row_delivery(refit_txn *t, const load_table *tab, size_t i, delivery 
     refit_model *m = txn_model(t);
     if (!name)
         return ctx_error(m->ctx, REFIT_EINVAL, "checkpoint name is NULL");
-    int rc = load_resolve(m, name, d);
+    int rc = load_resolve_next(m, name, hint, d);
     if (rc)
         return rc;
     d->off = 0;
@@ -151,10 +153,11 @@ static int check_all(refit_txn *t, const load_table *tab, const char *call)
     if (!k)
         return ctx_error(m->ctx, REFIT_ENOMEM, "%s: out of memory; nothing written", call);
     size_t in_use = txn_staging_in_use(t);
+    uint32_t hint = 0;
     for (size_t i = 0; i < tab->n; i++) {
         delivery d;
         bool skip = false;
-        int rc = row_delivery(t, tab, i, &d);
+        int rc = row_delivery(t, tab, i, &d, &hint);
         if (!rc)
             rc = txn_load_admit(t, &d, true, &skip);
         if (!rc)
@@ -183,11 +186,12 @@ int load_table_run(refit_txn *t, const load_table *tab, void *stream, const char
     if (!(tab->plain && txn_untouched(t)) && (rc = check_all(t, tab, call)))
         return txn_load_refused(t, rc);
     /* every row admissible: deliver them in order, as refit_load would */
+    uint32_t hint = 0;
     for (size_t i = 0; i < tab->n; i++) {
         delivery d;
         bool skip = false;
         void *staging = NULL;
-        rc = row_delivery(t, tab, i, &d);
+        rc = row_delivery(t, tab, i, &d, &hint);
         if (!rc)
             rc = txn_load_admit(t, &d, true, &skip);
         d.stream = stream;

@@ -67,9 +67,10 @@ static int check_rows(refit_model *m, const char *what, size_t n, const char *na
                       const refit_tensor *srcs, delivery *rows)
 {
     const char *name = names;
+    uint32_t hint = 0;
     for (size_t i = 0; i < n; i++, name += strlen(name) + 1) {
         delivery *d = &rows[i];
-        int rc = load_resolve(m, name, d);
+        int rc = load_resolve_next(m, name, &hint, d);
         if (!rc) {
             d->off = 0;
             d->stream = NULL;

@@ -4,13 +4,14 @@ look like torch tensors (data_ptr, shape, stride, dtype, get_device), and
 over objects that only describe themselves (_refit_desc).
 
 usage: test_batch.py BINDINGS_DIR   (env: REFIT_LIB)"""
+import array
 import ctypes
 import sys
 import traceback
 
 sys.path.insert(0, sys.argv[1])
 import refit  # noqa: E402
-from refit import torch_util  # noqa: E402
+from refit import _batch, _ffi, torch_util  # noqa: E402
 
 
 class HostTensor:
@@ -216,6 +217,58 @@ def test_source_set_build_refuses_a_bad_row():
         raise AssertionError("a wrong shape was accepted")
     except refit.RefitError as e:
         assert e.name == "REFIT_EMISMATCH" and "row 1 (b.weight)" in e.message, e
+
+
+class Strided(HostTensor):
+    """A view with its own strides (a list, as a stand-in may give), maybe
+    on a device, maybe pinned."""
+
+    def __init__(self, shape, strides, device=-1, pinned=False):
+        super().__init__(shape)
+        self._strides, self._device, self._pinned = strides, device, pinned
+
+    def stride(self):
+        return self._strides
+
+    def get_device(self):
+        return self._device
+
+    def is_pinned(self):
+        return self._pinned
+
+
+def rows_of(table):
+    """(data, device type, device id, dtype, shape, strides) of each row."""
+    out = []
+    for i in range(table.n):
+        t = _ffi.Tensor.from_address(table.srcs_ptr + i * ctypes.sizeof(_ffi.Tensor))
+        out.append((t.data, t.device.device_type, t.device.device_id, (t.dtype.code, t.dtype.bits),
+                    tuple(t.shape[:t.ndim]), tuple(t.strides[:t.ndim])))
+    return out
+
+
+def test_table_rows_describe_each_tensor():
+    # shapes repeated (one entry each in the table) and distinct, a scalar,
+    # list strides, host, pinned and device rows, names not all ASCII
+    ts = [HostTensor((4, 3)), HostTensor((4, 3)), HostTensor(()), HostTensor((5,)),
+          Strided((4, 3), [1, 4]), Strided((4, 3), (1, 4), pinned=True),
+          Strided((2, 2, 2), (4, 2, 1), device=1), HostTensor((4, 3))]
+    names = ["a", "b", "c", "d.\u00e9", "e", "f", "g", "h"]
+    table = _batch.Table(names, ts)
+    want = []
+    for t in ts:
+        dev = t.get_device()
+        kind = _ffi.DEVICE_CUDA if dev >= 0 else (_ffi.DEVICE_CUDA_HOST if t.is_pinned()
+                                                  else _ffi.DEVICE_CPU)
+        want.append((t.data_ptr(), kind, max(dev, 0), (2, 32), tuple(t.shape),
+                     tuple(t.stride())))
+    assert rows_of(table) == want, rows_of(table)
+    assert table.device == (_ffi.DEVICE_CUDA, 1), table.device
+    got = [ctypes.string_at(p).decode() for p in array.array("Q", table._name_ptrs)]
+    assert got == names, got
+    assert _batch.Table([], []).n == 0 and _batch.Table([], []).device is None
+    one_dev = _batch.Table(["x", "y"], [Strided((2,), (1,), device=3)] * 2)
+    assert [r[1:3] for r in rows_of(one_dev)] == [(_ffi.DEVICE_CUDA, 3)] * 2
 
 
 def main():

@@ -1,7 +1,8 @@
 """Descriptor tables for many tensors per call (refit_load_many, source sets).
 
 A table is built in one go, not one ctypes object per tensor: the fields of
-every tensor are read in a few list comprehensions, and the refit_tensor
+every tensor are read by map() over C callables (no Python frame per
+tensor; each distinct shape and strides stored once), and the refit_tensor
 rows (48 bytes: data, device, ndim|dtype, shape*, strides*, byte_offset)
 are six 64-bit words each in one array.array, their shape and strides in
 another, the names in one NUL-separated bytes object. Tensors that are not
@@ -10,6 +11,7 @@ torch-like (no data_ptr/stride) go through refit.describe one by one."""
 import array
 import ctypes
 import itertools
+import operator
 
 from . import _ffi
 
@@ -53,6 +55,42 @@ def _dtype_word(dt):
     return w
 
 
+def _dtype_row_words(dtypes):
+    """Each dtype's word (one dict look-up a tensor, at C speed)."""
+    try:
+        return list(map(_dtype_words.__getitem__, dtypes))
+    except KeyError:
+        for dt in set(dtypes):
+            _dtype_word(dt)
+        return list(map(_dtype_words.__getitem__, dtypes))
+
+
+_get_ptr = operator.methodcaller("data_ptr")
+_get_shape = operator.attrgetter("shape")
+_get_stride = operator.methodcaller("stride")
+_get_device = operator.methodcaller("get_device")
+_get_dtype = operator.attrgetter("dtype")
+_chain = itertools.chain.from_iterable
+_or, _add = operator.or_, operator.add
+
+
+def _names_table(names):
+    """(names, their NUL-terminated blob, an array of pointers into it)."""
+    joined = "\0".join(names)
+    blob = (joined + "\0").encode()
+    if len(blob) == len(joined) + 1:        # ASCII: one byte a character
+        lens = map(_add, map(len, names), itertools.repeat(1))
+    else:
+        lens = [len(s.encode()) + 1 for s in names]
+    buf = ctypes.create_string_buffer(blob, len(blob))
+    ptrs = list(itertools.accumulate(lens, initial=ctypes.addressof(buf)))
+    del ptrs[-1]
+    return list(names), buf, array.array("Q", ptrs)
+
+
+_names_seen = {}    # len(names) -> the last _names_table of that many names
+
+
 def _address(buf):
     return buf.buffer_info()[0] if len(buf) else 0
 
@@ -78,69 +116,87 @@ class Table:
         try:
             self._rows_torch(tensors)
         except AttributeError:  # not torch-like: one descriptor at a time
+            self.device = None
             self._rows_described(tensors)
         self.srcs_ptr = _address(self._rows)
 
     def _set_names(self, names):
-        joined = "\0".join(names)
-        blob = (joined + "\0").encode()
-        if len(blob) == len(joined) + 1:        # ASCII: one byte a character
-            lens = [len(s) + 1 for s in names]
-        else:
-            lens = [len(s.encode()) + 1 for s in names]
-        self._blob = ctypes.create_string_buffer(blob, len(blob))
-        base = ctypes.addressof(self._blob)
-        offs = itertools.accumulate(lens, initial=0)
-        self._name_ptrs = array.array("Q", [base + o for o in itertools.islice(offs, len(names))])
+        # the names of a model's updates repeat: equal to the last list of
+        # this length, its NUL-separated blob and pointers serve again
+        # (refit reads them, never writes them)
+        hit = _names_seen.get(len(names))
+        if hit is None or hit[0] != names:
+            hit = _names_table(names)
+            if len(_names_seen) >= 8:
+                _names_seen.clear()
+            _names_seen[len(names)] = hit
+        _, self._blob, self._name_ptrs = hit
         self.names_ptr = _address(self._name_ptrs)
 
     def _rows_torch(self, ts):
-        ptrs = [t.data_ptr() for t in ts]
-        shapes = [t.shape for t in ts]
-        strides = [t.stride() for t in ts]
-        devs = [t.get_device() for t in ts]      # -1: host memory
-        words2 = [len(s) | _dtype_word(t.dtype) for s, t in zip(shapes, ts)]
-        if min(devs, default=0) < 0:
+        # map over C callables: no Python frame per tensor
+        ptrs = list(map(_get_ptr, ts))
+        devs = list(map(_get_device, ts))      # -1: host memory
+        dwords = _dtype_row_words(list(map(_get_dtype, ts)))
+        lo, hi = min(devs, default=0), max(devs, default=0)
+        if lo == hi and lo >= 0:                # one device: one word
+            devwords = [_DEV_CUDA | (lo << 32)] * len(devs)
+        elif lo >= 0:
+            devwords = [_DEV_CUDA | (d << 32) for d in devs]
+        else:
             devwords = [(_DEV_CUDA | (d << 32)) if d >= 0
                         else (_DEV_PINNED if t.is_pinned() else _DEV_CPU)
                         for d, t in zip(devs, ts)]
-        else:
-            devwords = [_DEV_CUDA | (d << 32) for d in devs]
-        for d in devs:
-            if d >= 0:
-                self.device = (_DEV_CUDA, d)
-                break
-        self._fill(ptrs, devwords, words2, shapes, strides)
+        if devs and hi >= 0:
+            self.device = (_DEV_CUDA, lo if lo >= 0 else next(d for d in devs if d >= 0))
+
+        def dims(as_tuples):
+            shapes, strides = map(_get_shape, ts), map(_get_stride, ts)
+            if as_tuples:
+                return zip(map(tuple, shapes), map(tuple, strides))
+            return zip(shapes, strides)
+        self._fill(ptrs, devwords, dwords, dims)
 
     def _rows_described(self, ts):
         from .core import describe
         descs = [describe(t) for t in ts]
         ptrs = [d.t.data or 0 for d in descs]
         devwords = [d.device_type | (d.device_id << 32) for d in descs]
-        words2 = [d.t.ndim | (d.t.dtype.code << 32) | (d.t.dtype.bits << 40) | (1 << 48)
-                  for d in descs]
-        shapes = [tuple(d.shape[:d.t.ndim]) for d in descs]
-        strides = [tuple(d.strides[:d.t.ndim]) for d in descs]
+        dwords = [(d.t.dtype.code << 32) | (d.t.dtype.bits << 40) | (1 << 48) for d in descs]
+        pairs = [(tuple(d.shape[:d.t.ndim]), tuple(d.strides[:d.t.ndim])) for d in descs]
         for d in descs:
             if d.device_type == _DEV_CUDA:
                 self.device = (_DEV_CUDA, d.device_id)
                 break
-        self._fill(ptrs, devwords, words2, shapes, strides)
+        self._fill(ptrs, devwords, dwords, lambda _: iter(pairs))
 
-    def _fill(self, ptrs, devwords, words2, shapes, strides):
+    def _fill(self, ptrs, devwords, dwords, dims):
+        # dims(as_tuples): each row's (shape, strides). Each distinct pair
+        # once in _dims, its shape then its strides; each row points at
+        # its pair's (a model repeats a few shapes): one hash a row, to
+        # the first row with that pair; no per-row tuple kept (nor traced
+        # by the garbage collector)
         n = self.n
-        # per row: its shape, then its strides
-        self._dims = array.array("q", itertools.chain.from_iterable(
-            itertools.chain.from_iterable(zip(shapes, strides))))
-        base = _address(self._dims)
-        ndims = [w & 0xFFFFFFFF for w in words2]
-        offs = list(itertools.accumulate((2 * k for k in ndims), initial=0))
+        first = {}
+        try:
+            rows = list(map(first.setdefault, dims(False), range(n)))
+        except TypeError:   # a list for a shape or strides: as tuples
+            first = {}
+            rows = list(map(first.setdefault, dims(True), range(n)))
+        self._dims = array.array("q", _chain(_chain(first)))
+        shape_at, strides_at, ndim_of = [0] * n, [0] * n, [0] * n
+        at = _address(self._dims)
+        for (shape, _), i in first.items():
+            shape_at[i] = at
+            strides_at[i] = at + 8 * len(shape)
+            ndim_of[i] = len(shape)
+            at += 16 * len(shape)
         w = [0] * (6 * n)
         w[0::6] = ptrs
         w[1::6] = devwords
-        w[2::6] = words2
-        w[3::6] = [base + 8 * o for o in offs[:n]]
-        w[4::6] = [base + 8 * (o + k) for o, k in zip(offs, ndims)]
+        w[2::6] = map(_or, map(ndim_of.__getitem__, rows), dwords)
+        w[3::6] = map(shape_at.__getitem__, rows)
+        w[4::6] = map(strides_at.__getitem__, rows)
         self._rows = array.array("Q", w)
 
     def data_pointers(self, tensors=None):
