@@ -5,6 +5,9 @@
 #include "core/backend.h"
 #include "kernels/copy.h"
 #include "kernels/fingerprint.h"
+#ifdef REFIT_HAVE_CUDA
+#include "core/cuda/backend_cuda.h"
+#endif
 
 static int host_can_read(refit_device src)
 {
@@ -109,9 +112,6 @@ const backend backend_host = {
 
 const backend *backend_for_device(refit_device dev)
 {
-#ifdef REFIT_HAVE_CUDA
-    const backend *backend_cuda_get(void); /* core/cuda/backend_cuda.h */
-#endif
     switch (dev.device_type) {
     case REFIT_DEVICE_CPU:
     case REFIT_DEVICE_CUDA_HOST:

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include "core/internal.h"
+#include "core/svc_quant.h"
 #include "plugins/fp8/quant_fp8.h"
 
 int svc_quant_fp8(void *host, uint32_t n, const refit_view *q, const refit_view *scale,

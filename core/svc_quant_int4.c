@@ -15,6 +15,7 @@
 
 #include "core/backend.h"
 #include "core/internal.h"
+#include "core/svc_quant.h"
 #include "kernels/copy.h"
 #include "plugins/int4/quant_int4.h"
 #ifdef REFIT_HAVE_CUDA

@@ -9,6 +9,7 @@
 
 #include "core/backend.h"
 #include "core/internal.h"
+#include "core/svc_quant.h"
 #include "plugins/fp8/quant_fp8.h"
 #include "plugins/mxfp8/quant_mx.h"
 #include "plugins/mxfp4/quant_mxfp4.h"

@@ -23,6 +23,11 @@ static double mono_now(void)
     return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+int refit_journal_behind(const refit_ctx *ctx)
+{
+    return ctx && journal_held_end(ctx->journal) ? 1 : 0;
+}
+
 double txj_seconds(const refit_ctx *ctx)
 {
     return ctx->journal_seconds;
@@ -62,6 +67,11 @@ void txj_open(refit_ctx *ctx)
 
 void txj_close(refit_ctx *ctx)
 {
+    int64_t held = journal_held_end(ctx->journal);
+    if (held && journal_write_held(ctx->journal) && ctx->host.log)
+        ctx->host.log(ctx, 0, "%s; closing: the journal will show update %lld "
+                      "interrupted although it ended", journal_errmsg(ctx->journal),
+                      (long long)held);
     journal_close(ctx->journal);
     ctx->journal = NULL;
 }
@@ -223,8 +233,14 @@ void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st, 
     double t0 = mono_now();
     journal_health_change h = {ctx->worker_id, "updating", health_word(after), reason,
                                after == REFIT_HEALTH_READY ? model_version_text(m) : NULL};
-    if (journal_update_end_health(ctx->journal, id, st, bytes, tensors, error, b->n, b->p, &h))
-        txj_gap(ctx, "update end");
+    if (journal_update_end_health(ctx->journal, id, st, bytes, tensors, error, b->n, b->p, &h)) {
+        if (journal_held_end(ctx->journal) == id) { /* written by the next write */
+            if (ctx->host.log)
+                ctx->host.log(ctx, 1, "%s (refit_journal_behind says so until then)",
+                              journal_errmsg(ctx->journal));
+        } else
+            txj_gap(ctx, "update end");
+    }
     b->n = 0;
     ctx->journal_seconds += mono_now() - t0;
 }

@@ -143,12 +143,21 @@ int jr_tx_begin(journal *j, const char *what)
     if (jr_step_done(j, s) != SQLITE_DONE)
         return jr_fail_sqlite(j, what);
     j->in_tx = 1;
+    /* An update's end that an earlier write could not record goes first:
+     * the journal reads right from the first transaction that gets in. */
+    if (j->held.id && !j->held.in_tx && jr_held_write(j) != SQLITE_DONE) {
+        char first[256];
+        snprintf(first, sizeof first, "%s (writing first the held end of "
+                 "update %lld)", what, (long long)j->held.id);
+        return jr_fail_sqlite(j, first);
+    }
     return REFIT_OK;
 }
 
 void jr_tx_rollback(journal *j)
 {
     j->in_tx = 0;
+    jr_held_rolled_back(j);
     /* SQLite may already have rolled back (SQLITE_FULL, IOERR). */
     if (!sqlite3_get_autocommit(j->db))
         sqlite3_exec(j->db, "ROLLBACK", NULL, NULL, NULL);
@@ -182,6 +191,7 @@ int jr_tx_commit(journal *j, const char *what)
     if (!s || jr_step_done(j, s) != SQLITE_DONE)
         return jr_fail_sqlite(j, what);
     j->in_tx = 0;
+    jr_held_committed(j);
     if (gaps) {
         j->gaps = 0;
         j->gap_text[0] = '\0';

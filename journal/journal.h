@@ -210,6 +210,16 @@ int journal_update_end_health(journal *j, int64_t update_id,
                               uint64_t tensors, const char *error, size_t n,
                               const journal_module_progress *p,
                               const journal_health_change *h);
+/* When journal_update_end(_health) fails with REFIT_EJOURNAL the update
+ * ended all the same: its record (final state, module rows, the health
+ * transition, the time) is held on the handle and written first by the
+ * next write transaction, with an event of kind "late"; until then
+ * readers see the update as it was (finalizing). journal_held_end: the id
+ * of the update whose end is held, 0 when none. journal_write_held: write
+ * it alone now (REFIT_OK when none is held); journal_close drops it, so
+ * call this first. */
+int64_t journal_held_end(const journal *j);
+int journal_write_held(journal *j);
 /* An event row. update_id 0 and worker_id NULL mean "none". */
 int journal_event(journal *j, int64_t update_id, const char *worker_id,
                   const char *kind, const char *fmt, ...)

@@ -99,6 +99,20 @@ typedef struct jr_update {
     uint64_t undo[2];      /* device, host bytes */
 } jr_update;
 
+/* The end of an update whose write failed, kept for the next write
+ * transaction (journal_held.c). Strings are copies. */
+typedef struct jr_held {
+    int64_t id;            /* 0: none held */
+    char *state;           /* final state name */
+    uint64_t bytes, tensors;
+    char *error;           /* may be NULL */
+    char at[32];           /* when the update ended */
+    char *why;             /* the failed write's message */
+    int has_health;        /* the worker's transition rides with it */
+    char *worker, *from, *to, *reason, *version;
+    int in_tx;             /* written in the open transaction */
+} jr_held;
+
 #define JOURNAL_HOST_MAX 256
 #define JOURNAL_ERR_MAX 1024
 #define JOURNAL_GAP_TEXT_MAX 512
@@ -115,6 +129,7 @@ struct journal {
     sqlite3_stmt *stmt[JS_COUNT];
     size_t interrupted;            /* marked by journal_open */
     jr_update cur;                 /* the update open on this handle */
+    jr_held held;                  /* an end not written yet */
     size_t gaps;                   /* best-effort writes not recorded */
     char gap_text[JOURNAL_GAP_TEXT_MAX];
     char err[JOURNAL_ERR_MAX];
@@ -152,6 +167,13 @@ const char *jr_health_lower(const char *in, char *buf, size_t len);
  * transaction. Returns SQLITE_DONE or the failing SQLite code. */
 int jr_health_rows(journal *j, const char *worker_id, const char *from,
                    const char *to, const char *reason, const char *version);
+/* The same at a given time (at: jr_now's format). */
+int jr_health_rows_at(journal *j, const char *worker_id, const char *from,
+                      const char *to, const char *reason, const char *version,
+                      const char *at);
+/* One event row inside the caller's transaction; SQLITE_DONE or the code. */
+int jr_event_row(journal *j, int64_t update_id, const char *worker_id,
+                 const char *kind, const char *msg);
 /* This process's start time in clock ticks since boot (/proc), or 0. */
 int64_t jr_proc_start(int64_t pid);
 /* Whether the process that wrote (host, pid, pid_start) may still run:
@@ -175,6 +197,25 @@ int jr_plan_get(journal *j, size_t n, const journal_module_info *m,
 int jr_plan_check(journal *j, int64_t plan_id, size_t n);
 /* Free the open update's memory (journal_update.c). */
 void jr_update_free(jr_update *u);
+/* Inside the caller's transaction (journal_progress.c): the end row of an
+ * update at time at (NULL: now), SQLITE_NOTFOUND when it has no row; and
+ * the touched chunks and partial-count rows of u (all of them on resync). */
+int jr_end_row(journal *j, int64_t update_id, const char *state,
+               uint64_t bytes, uint64_t tensors, const char *error,
+               const char *at);
+int jr_write_batch(journal *j, jr_update *u, size_t n,
+                   const journal_module_progress *p);
+
+/* The held end (journal_held.c). keep: copy the record (REFIT_ENOMEM
+ * leaves the earlier one); write: inside the open transaction (called by
+ * jr_tx_begin); committed / rolled_back: that transaction's outcome. */
+int jr_held_keep(journal *j, int64_t update_id, const char *state,
+                 uint64_t bytes, uint64_t tensors, const char *error,
+                 const char *at, const journal_health_change *hc);
+int jr_held_write(journal *j);
+void jr_held_committed(journal *j);
+void jr_held_rolled_back(journal *j);
+void jr_held_free(jr_held *h);
 
 /* Mark updates of dead writers interrupted (journal_write.c). */
 int jr_mark_interrupted(journal *j);

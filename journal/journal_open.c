@@ -37,6 +37,7 @@ void journal_close(journal *j)
     /* close_v2: a statement a caller leaked cannot keep the file open. */
     sqlite3_close_v2(j->db);
     jr_update_free(&j->cur);
+    jr_held_free(&j->held);
     free(j->path);
     free(j);
 }

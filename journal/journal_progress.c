@@ -132,7 +132,7 @@ static int chunk_writes(journal *j, jr_update *u)
     return rc;
 }
 
-static int write_batch(journal *j, jr_update *u, size_t n,
+int jr_write_batch(journal *j, jr_update *u, size_t n,
                        const journal_module_progress *p)
 {
     int rc = SQLITE_DONE;
@@ -155,7 +155,7 @@ int journal_modules_progress(journal *j, int64_t update_id, size_t n,
         return rc;
     apply(&j->cur, n, p);
     if ((rc = jr_tx_begin(j, what)) == REFIT_OK) {
-        if (write_batch(j, &j->cur, n, p) != SQLITE_DONE)
+        if (jr_write_batch(j, &j->cur, n, p) != SQLITE_DONE)
             rc = jr_fail_sqlite(j, what);
         else
             rc = jr_tx_commit(j, what);
@@ -165,15 +165,19 @@ int journal_modules_progress(journal *j, int64_t update_id, size_t n,
     return rc;
 }
 
-static int end_row(journal *j, int64_t update_id, const char *state,
-                   uint64_t bytes, uint64_t tensors, const char *error)
+int jr_end_row(journal *j, int64_t update_id, const char *state,
+               uint64_t bytes, uint64_t tensors, const char *error,
+               const char *at)
 {
     const jr_update *u = &j->cur;
     char now[32];
     sqlite3_stmt *s = jr_stmt(j, JS_UPDATE_END);
     if (!s)
         return SQLITE_ERROR;
-    jr_now(now, sizeof now);
+    if (at)
+        snprintf(now, sizeof now, "%s", at);
+    else
+        jr_now(now, sizeof now);
     sqlite3_bind_int64(s, 1, update_id);
     sqlite3_bind_text(s, 2, state, -1, SQLITE_STATIC);
     sqlite3_bind_int64(s, 3, (sqlite3_int64)bytes);
@@ -210,6 +214,23 @@ int journal_update_undo(journal *j, int64_t update_id, uint64_t device_bytes,
     return REFIT_OK;
 }
 
+/* The end write failed: the update ended all the same. Keep its record
+ * for the next write transaction (journal_held.c); the status stays the
+ * failure's, the message says the end is held. */
+static int end_failed(journal *j, int64_t update_id, const char *state,
+                      uint64_t bytes, uint64_t tensors, const char *error,
+                      const char *at, const journal_health_change *h)
+{
+    j->cur.resync = 1;
+    if (jr_held_keep(j, update_id, state, bytes, tensors, error, at, h))
+        return REFIT_EJOURNAL; /* out of memory: the message is the write's */
+    size_t len = strlen(j->err);
+    snprintf(j->err + len, sizeof j->err - len, "; the end of update %lld "
+             "(%s) is held and written first by the next journal write",
+             (long long)update_id, state);
+    return REFIT_EJOURNAL;
+}
+
 int journal_update_end(journal *j, int64_t update_id,
                        journal_update_state state, uint64_t bytes,
                        uint64_t tensors, const char *error, size_t n,
@@ -235,32 +256,32 @@ int journal_update_end_health(journal *j, int64_t update_id,
     if (rc != REFIT_OK)
         return rc;
     apply(&j->cur, n, p);
-    if ((rc = jr_tx_begin(j, what)) != REFIT_OK) {
-        j->cur.resync = 1;
-        return rc;
-    }
-    int src = end_row(j, update_id, journal_update_state_name(state), bytes,
-                      tensors, error);
+    char now[32];
+    jr_now(now, sizeof now);
+    const char *st = journal_update_state_name(state);
+    if ((rc = jr_tx_begin(j, what)) != REFIT_OK)
+        return end_failed(j, update_id, st, bytes, tensors, error, now, h);
+    int src = jr_end_row(j, update_id, st, bytes, tensors, error, now);
     if (src == SQLITE_DONE)
-        src = write_batch(j, &j->cur, n, p);
+        src = jr_write_batch(j, &j->cur, n, p);
     if (src == SQLITE_DONE && h) {
         char fbuf[32], tbuf[32];
-        src = jr_health_rows(j, h->worker_id,
-                             jr_health_lower(h->from, fbuf, sizeof fbuf),
-                             jr_health_lower(h->to, tbuf, sizeof tbuf),
-                             h->reason, h->version);
+        src = jr_health_rows_at(j, h->worker_id,
+                                jr_health_lower(h->from, fbuf, sizeof fbuf),
+                                jr_health_lower(h->to, tbuf, sizeof tbuf),
+                                h->reason, h->version, now);
     }
     if (src == SQLITE_NOTFOUND) {
         jr_tx_rollback(j);
-        rc = jr_fail(j, REFIT_ENOTFOUND, "journal %s: %s: update %lld has "
-                     "no row", j->path, what, (long long)update_id);
-    } else {
-        rc = src == SQLITE_DONE ? jr_tx_commit(j, what)
-                                : jr_fail_sqlite(j, what);
-    }
-    if (rc == REFIT_OK)
-        jr_update_free(&j->cur);
-    else
         j->cur.resync = 1;
-    return rc;
+        return jr_fail(j, REFIT_ENOTFOUND, "journal %s: %s: update %lld has "
+                       "no row", j->path, what, (long long)update_id);
+    }
+    rc = src == SQLITE_DONE ? jr_tx_commit(j, what) : jr_fail_sqlite(j, what);
+    if (rc != REFIT_OK)
+        return end_failed(j, update_id, st, bytes, tensors, error, now, h);
+    if (j->held.id == update_id)
+        jr_held_free(&j->held); /* superseded by the end just written */
+    jr_update_free(&j->cur);
+    return REFIT_OK;
 }

@@ -82,11 +82,18 @@ int jr_health_rows(journal *j, const char *worker_id, const char *from,
                        const char *version)
 {
     char now[32];
+    jr_now(now, sizeof now);
+    return jr_health_rows_at(j, worker_id, from, to, reason, version, now);
+}
+
+int jr_health_rows_at(journal *j, const char *worker_id, const char *from,
+                      const char *to, const char *reason, const char *version,
+                      const char *now)
+{
     sqlite3_stmt *w = jr_stmt(j, JS_WORKER_HEALTH);
     sqlite3_stmt *h = jr_stmt(j, JS_HEALTH_INSERT);
     if (!w || !h)
         return SQLITE_ERROR;
-    jr_now(now, sizeof now);
     sqlite3_bind_text(w, 1, worker_id, -1, SQLITE_STATIC);
     sqlite3_bind_text(w, 2, to, -1, SQLITE_STATIC);
     bind_text_or_null(w, 3, version);
@@ -120,8 +127,7 @@ int journal_health(journal *j, const char *worker_id, const char *from,
     return jr_tx_commit(j, what);
 }
 
-/* Insert one event row inside the caller's transaction. */
-static int event_row(journal *j, int64_t update_id, const char *worker_id,
+int jr_event_row(journal *j, int64_t update_id, const char *worker_id,
                      const char *kind, const char *msg)
 {
     char now[32];
@@ -147,7 +153,7 @@ static int event_write(journal *j, int64_t update_id, const char *worker_id,
     int rc = jr_check_writable(j, what);
     if (rc != REFIT_OK || (rc = jr_tx_begin(j, what)))
         return rc;
-    if (event_row(j, update_id, worker_id, kind, msg) != SQLITE_DONE)
+    if (jr_event_row(j, update_id, worker_id, kind, msg) != SQLITE_DONE)
         return jr_fail_sqlite(j, what);
     return jr_tx_commit(j, what);
 }
@@ -281,7 +287,7 @@ static int mark_one(journal *j, const dead_update *d)
     if (changed)
         rc = worker_unknown(j, d, msg);
     if (changed && rc == SQLITE_DONE)
-        rc = event_row(j, d->id, d->worker, "interrupted", msg);
+        rc = jr_event_row(j, d->id, d->worker, "interrupted", msg);
     if (rc != SQLITE_DONE)
         return jr_fail_sqlite(j, what);
     rc = jr_tx_commit(j, what);

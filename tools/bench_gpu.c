@@ -49,6 +49,7 @@
 #include "core/cuda/kern_cuda.h"
 #include "plugins/fp8/quant_fp8.h"
 #include "tools/bench_gpu.h"
+#include "tools/cli.h"
 
 #define MAX_T 512
 #define MOE_MODULES 1000
@@ -970,16 +971,66 @@ static int write_only_dir(bench *b)
     int rc = st_write_dir(b);
     free(b->pinned);
     if (!rc)
-        printf("{\"dir\": \"%s\", \"tensors\": %d, \"bytes\": %zu}\n", b->dir, b->n,
-               b->total);
+        rc = cli_json_print(json_pack("{s:s, s:i, s:I}", "dir", b->dir, "tensors", b->n,
+                                      "bytes", (json_int_t)b->total));
     return rc;
 }
 
-static int usage(void)
+static const cli_opt gpu_opts[] = {
+    {"json", 'j', NULL, "JSON on stdout (the figures are JSON either way: the tools' common flag)"},
+    {"repeat", 'r', "R", "runs per figure, 1..64; the median counts (default 7)"},
+    {"layers", 'L', "L", "decoder layers of the Llama-shaped model, 1..50 (default 22)"},
+    {"dir", 'd', "PATH", "where the safetensors files are written (default /tmp/refit-bench-gpu)"},
+    {"keep", 'k', NULL, "keep the files in --dir afterwards"},
+    {"python", 'p', "PY", "the Python that runs the PyTorch peer (default python3)"},
+    {"no-torch", 'T', NULL, "skip the PyTorch peer figures"},
+    {"out", 'o', "FILE", "also write the JSON to FILE"},
+    {"only", 'O', "LIST", "sections, comma-separated: d2d,pinned,safetensors,moe100k,quant"},
+    {"write-only", 'W', NULL, "only write the safetensors files into --dir (no GPU needed)"},
+    {NULL, 0, NULL, NULL},
+};
+
+static const cli gpu_cli = {
+    "refit-bench gpu", "[options]",
+    "The CUDA figures of a Llama-shaped model on GPU 0: device-to-device and\n"
+    "pinned copies against cudaMemcpy, safetensors loading, a 100k-tensor MoE, the\n"
+    "quantized formats, and a PyTorch peer; JSON on stdout.\n"
+    "Exit status: 0 ok, 1 a failure or no GPU, 2 usage.",
+    gpu_opts,
+};
+
+typedef struct gpu_args {
+    bench *b;
+    bool write_only;
+} gpu_args;
+
+static int gpu_int(const char *v, int lo, int hi, int *out, const char *name)
 {
-    fprintf(stderr, "usage: refit-bench gpu [--json] [--repeat R] [--layers L] [--dir PATH] "
-                    "[--keep] [--python PY] [--no-torch] [--out FILE] [--write-only]\n"
-                    "       [--only d2d,pinned,safetensors,moe100k,quant]\n");
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    if (!*v || *end || n < lo || n > hi)
+        return cli_usage_error(&gpu_cli, "--%s needs an integer in %d..%d, not '%s'", name, lo,
+                               hi, v);
+    *out = (int)n;
+    return 0;
+}
+
+static int gpu_opt(void *user, int key, const char *v)
+{
+    gpu_args *a = user;
+    bench *b = a->b;
+    switch (key) {
+    case 'j': b->json = true; return 0;
+    case 'k': b->keep = true; return 0;
+    case 'T': b->torch = false; return 0;
+    case 'W': a->write_only = true; return 0;
+    case 'r': return gpu_int(v, 1, 64, &b->repeat, "repeat");
+    case 'L': return gpu_int(v, 1, 50, &b->layers, "layers");
+    case 'd': b->dir = v; return 0;
+    case 'p': b->python = v; return 0;
+    case 'o': b->out = v; return 0;
+    case 'O': b->only = v; return 0;
+    }
     return 2;
 }
 
@@ -1006,33 +1057,13 @@ int bench_gpu_main(int argc, char **argv)
     b->dir = "/tmp/refit-bench-gpu";
     b->python = "python3";
     b->torch = true;
-    bool write_only = false;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--json"))
-            b->json = true;
-        else if (!strcmp(argv[i], "--keep"))
-            b->keep = true;
-        else if (!strcmp(argv[i], "--no-torch"))
-            b->torch = false;
-        else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
-            b->repeat = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--layers") && i + 1 < argc)
-            b->layers = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--dir") && i + 1 < argc)
-            b->dir = argv[++i];
-        else if (!strcmp(argv[i], "--python") && i + 1 < argc)
-            b->python = argv[++i];
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc)
-            b->out = argv[++i];
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
-            b->only = argv[++i];
-        else if (!strcmp(argv[i], "--write-only"))
-            write_only = true;
-        else
-            return usage();
-    }
-    if (b->repeat < 1 || b->repeat > 64 || b->layers < 1 || b->layers > 50)
-        return usage();
+    gpu_args a = {b, false};
+    int first, prc = cli_parse(&gpu_cli, argc, argv, gpu_opt, &a, &first);
+    if (prc)
+        return prc == CLI_HELP ? 0 : prc;
+    if (first < argc)
+        return cli_usage_error(&gpu_cli, "unexpected '%s'", argv[first]);
+    bool write_only = a.write_only;
     if (write_only)
         return write_only_dir(b);
     if (backend_cuda_device_count() == 0) {

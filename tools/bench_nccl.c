@@ -1,5 +1,6 @@
 /* refit-bench nccl (tools/bench_nccl.h): two processes, two GPUs. */
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -10,6 +11,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <jansson.h>
 
 #include <refit/transport.h>
 
@@ -275,8 +278,8 @@ typedef struct bn_rank {
     bn_model L;
     refit_model *m;             /* worker */
     uint64_t fp[3][512];        /* worker: expected per-tensor fingerprints, per content */
-    char *json;                 /* worker: the output */
-    size_t jlen, jcap;
+    json_t *res;                /* worker: the output, one JSON object */
+    json_t *rows;               /* worker: res's "refit" rows */
     double raw_whole, raw_tensor;
     int updates;
     int committed;              /* worker: the content its last commit holds */
@@ -286,15 +289,22 @@ typedef struct bn_rank {
     char where[600];            /* which NCCL was found (refit_nccl_probe) */
 } bn_rank;
 
-static void js(bn_rank *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void js(bn_rank *k, const char *fmt, ...)
+/* A figure as the output always gave it: rounded to places decimals. */
+static json_t *fixed(double v, int places)
 {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(k->json + k->jlen, k->jcap - k->jlen, fmt, ap);
-    va_end(ap);
-    if (n > 0 && k->jlen + (size_t)n < k->jcap)
-        k->jlen += (size_t)n;
+    double f = pow(10, places);
+    return json_real(round(v * f) / f);
+}
+
+static void put(json_t *o, const char *key, json_t *v)
+{
+    json_object_set_new(o, key, v);
+}
+
+static json_t *jtext(const char *s)
+{
+    json_t *v = json_string(s ? s : "");
+    return v ? v : json_string("(not UTF-8)");
 }
 
 /* The content an update number carries: 1 or 2, alternating. */
@@ -401,20 +411,6 @@ static int trainer_run(bn_rank *k)
     return 1;
 }
 
-static void js_str(bn_rank *k, const char *s)
-{
-    js(k, "\"");
-    for (; s && *s; s++) {
-        if (*s == '"' || *s == '\\')
-            js(k, "\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            js(k, "\\u%04x", *s);
-        else
-            js(k, "%c", *s);
-    }
-    js(k, "\"");
-}
-
 /* ---- the worker ---- */
 
 static int worker_model(bn_rank *k)
@@ -503,14 +499,20 @@ static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum
      * host work costs where buckets are small */
     /* direct_bytes: of the last reload, received straight into the runtime
      * tensors (DIRECT buckets whose route took them in place) */
-    js(k, "%s{\"bucket_mib\": %llu, \"checksum\": %d, \"direct\": %d, \"rollback\": %d, "
-       "\"seconds\": %.6f, \"gbps\": %.2f, \"ratio_to_broadcast\": %.3f, "
-       "\"ratio_to_per_tensor_broadcast\": %.3f, \"buckets\": %u, \"us_per_bucket\": %.1f, "
-       "\"direct_bytes\": %llu, \"bit_exact\": %s}",
-       k->jlen && k->json[k->jlen - 1] == '[' ? "" : ", ", (unsigned long long)mib, checksum,
-       direct, rollback, best, (double)k->L.total / best / 1e9, ratio, k->raw_tensor / best,
-       res.buckets, res.buckets ? best / res.buckets * 1e6 : 0.0,
-       (unsigned long long)receiver_direct_bytes(r), exact ? "true" : "false");
+    json_t *row = json_object();
+    put(row, "bucket_mib", json_integer((json_int_t)mib));
+    put(row, "checksum", json_integer(checksum));
+    put(row, "direct", json_integer(direct));
+    put(row, "rollback", json_integer(rollback));
+    put(row, "seconds", fixed(best, 6));
+    put(row, "gbps", fixed((double)k->L.total / best / 1e9, 2));
+    put(row, "ratio_to_broadcast", fixed(ratio, 3));
+    put(row, "ratio_to_per_tensor_broadcast", fixed(k->raw_tensor / best, 3));
+    put(row, "buckets", json_integer(res.buckets));
+    put(row, "us_per_bucket", fixed(res.buckets ? best / res.buckets * 1e6 : 0.0, 1));
+    put(row, "direct_bytes", json_integer((json_int_t)receiver_direct_bytes(r)));
+    put(row, "bit_exact", json_boolean(exact));
+    json_array_append_new(k->rows, row);
     return exact ? REFIT_OK : REFIT_EMISMATCH;
 }
 
@@ -539,12 +541,15 @@ static int worker_failed_check(bn_rank *k, refit_receiver *r)
     snprintf(msg, sizeof msg, "%s", refit_errmsg(k->ctx)); /* before the checks clear it */
     bool exact = false;
     int crc = worker_exact(k, before, &exact);
-    js(k, ", \"failed_check\": {\"status\": \"%s\", \"vote_taken\": %d, \"failed_rank\": %d, "
-       "\"seconds\": %.4f, \"health\": \"%s\", \"rolled_back\": %s, \"message\": ",
-       refit_status_name(rc), res.vote_taken, res.failed_rank, s,
-       refit_health_name(refit_worker_health(k->ctx)), exact && !crc ? "true" : "false");
-    js_str(k, msg);
-    js(k, "}");
+    json_t *o = json_object();
+    put(o, "status", jtext(refit_status_name(rc)));
+    put(o, "vote_taken", json_integer(res.vote_taken));
+    put(o, "failed_rank", json_integer(res.failed_rank));
+    put(o, "seconds", fixed(s, 4));
+    put(o, "health", jtext(refit_health_name(refit_worker_health(k->ctx))));
+    put(o, "rolled_back", json_boolean(exact && !crc));
+    put(o, "message", jtext(msg));
+    put(k->res, "failed_check", o);
     return rc == REFIT_EMOVED && exact && !crc ? REFIT_OK : REFIT_EINTERNAL;
 }
 
@@ -580,15 +585,17 @@ static int worker_killed_trainer(bn_rank *k)
         journal_events_list(j, 0, 1, last_event, ev);
         journal_close(j);
     }
-    js(k, ", \"killed_trainer\": {\"status\": \"%s\", \"seconds\": %.3f, \"deadline_s\": 3, "
-       "\"buckets_received\": %u, \"health\": \"%s\", \"rolled_back\": %s, "
-       "\"transport_aborted\": %d, \"journal_event\": ", refit_status_name(rc), s, res.buckets,
-       refit_health_name(refit_worker_health(k->ctx)), exact && !crc ? "true" : "false",
-       refit_transport_aborted(k->x));
-    js_str(k, ev);
-    js(k, ", \"message\": ");
-    js_str(k, msg);
-    js(k, "}");
+    json_t *o = json_object();
+    put(o, "status", jtext(refit_status_name(rc)));
+    put(o, "seconds", fixed(s, 3));
+    put(o, "deadline_s", json_integer(3));
+    put(o, "buckets_received", json_integer(res.buckets));
+    put(o, "health", jtext(refit_health_name(refit_worker_health(k->ctx))));
+    put(o, "rolled_back", json_boolean(exact && !crc));
+    put(o, "transport_aborted", json_integer(refit_transport_aborted(k->x)));
+    put(o, "journal_event", jtext(ev));
+    put(o, "message", jtext(msg));
+    put(k->res, "killed_trainer", o);
     /* the deadline (REFIT_ETIMEDOUT), or NCCL noticing the dead peer first (EIO) */
     bool gave_up = rc == REFIT_ETIMEDOUT || rc == REFIT_EIO;
     return gave_up && exact && !crc && s < 10 ? REFIT_OK : REFIT_EINTERNAL;
@@ -621,9 +628,11 @@ static int worker_run(bn_rank *k)
         refit_receiver_destroy(r);
         return rc;
     }
-    js(k, ", \"raw_broadcast_s\": %.6f, \"raw_broadcast_gbps\": %.2f, "
-       "\"per_tensor_broadcast_s\": %.6f, \"refit\": [", k->raw_whole,
-       (double)k->L.total / k->raw_whole / 1e9, k->raw_tensor);
+    put(k->res, "raw_broadcast_s", fixed(k->raw_whole, 6));
+    put(k->res, "raw_broadcast_gbps", fixed((double)k->L.total / k->raw_whole / 1e9, 2));
+    put(k->res, "per_tensor_broadcast_s", fixed(k->raw_tensor, 6));
+    k->rows = json_array();
+    put(k->res, "refit", k->rows);
     /* the main rows send as the library's default does (no DIRECT
      * buckets), or with DIRECT buckets when --direct-min asks for them;
      * one row at the default bucket tries the other setting */
@@ -638,12 +647,14 @@ static int worker_run(bn_rank *k)
         rc = worker_case(k, r, last, 1, !md, 0, o->repeat, &best, dflt, md);
     if (!rc)
         rc = worker_case(k, r, last, 1, md, 1, 1, &best, dflt, md);
-    js(k, "], \"ratio_to_broadcast\": %.3f, \"ratio_to_per_tensor_broadcast\": %.3f, "
-       "\"default_bucket_mib\": %d, \"ratio_at_default_bucket\": %.3f, "
-       "\"ratio_at_default_bucket_checksum_off\": %.3f, "
-       "\"ratio_at_default_bucket_direct_%s\": %.3f, \"wire_version\": %d",
-       best, best * k->raw_tensor / k->raw_whole, BN_DEFAULT_MIB, dflt[0], dflt[1],
-       md ? "off" : "on", dflt[2], BKT_VERSION);
+    put(k->res, "ratio_to_broadcast", fixed(best, 3));
+    put(k->res, "ratio_to_per_tensor_broadcast", fixed(best * k->raw_tensor / k->raw_whole, 3));
+    put(k->res, "default_bucket_mib", json_integer(BN_DEFAULT_MIB));
+    put(k->res, "ratio_at_default_bucket", fixed(dflt[0], 3));
+    put(k->res, "ratio_at_default_bucket_checksum_off", fixed(dflt[1], 3));
+    put(k->res, md ? "ratio_at_default_bucket_direct_off" : "ratio_at_default_bucket_direct_on",
+        fixed(dflt[2], 3));
+    put(k->res, "wire_version", json_integer(BKT_VERSION));
     if (!rc && o->failures)
         rc = worker_failed_check(k, r);
     refit_receiver_destroy(r);
@@ -702,33 +713,41 @@ static int rank_main(const bn_opts *o, int rank, int fd)
      * Python extension loads PyTorch's: refit must find and share it */
     if (o->preload && !dlopen(o->preload, RTLD_NOW | RTLD_LOCAL))
         fprintf(stderr, "refit-bench nccl: --preload %s: %s\n", o->preload, dlerror());
-    static char buf[65536];
-    bn_rank k = {.o = o, .json = buf, .jcap = sizeof buf};
+    bn_rank k = {.o = o};
     char why[1024] = "";
     int st = rank_setup(&k, rank, fd, why, sizeof why);
     if (rank == 0 && st == 0)
         st = trainer_run(&k) ? 1 : 0;
     else if (rank == 0 && st > 0)
         fprintf(stderr, "refit-bench nccl: trainer: %s\n", why);
+    if (rank == 1) {
+        k.res = json_object();
+        put(k.res, "area", json_string("nccl"));
+    }
     if (rank == 1 && st == 0) {
-        js(&k, "{\"area\": \"nccl\", \"nccl\": ");
-        js_str(&k, k.where);
-        js(&k, ", \"model\": {\"layers\": %d, \"hidden\": %lld, \"tensors\": %d, \"bytes\": %llu}",
-           o->layers, (long long)o->hidden, k.L.n, (unsigned long long)k.L.total);
+        put(k.res, "nccl", jtext(k.where));
+        json_t *model = json_object();
+        put(model, "layers", json_integer(o->layers));
+        put(model, "hidden", json_integer((json_int_t)o->hidden));
+        put(model, "tensors", json_integer(k.L.n));
+        put(model, "bytes", json_integer((json_int_t)k.L.total));
+        put(k.res, "model", model);
         int rc = worker_run(&k);
-        if (rc) {
-            js(&k, ", \"error\": ");
-            js_str(&k, refit_errmsg(k.ctx));
-        }
-        js(&k, "}\n");
-        fwrite(k.json, 1, k.jlen, stdout);
+        if (rc)
+            put(k.res, "error", jtext(refit_errmsg(k.ctx)));
         st = rc ? 1 : 0;
     } else if (rank == 1) {
-        printf("{\"area\": \"nccl\", \"%s\": ", st < 0 ? "skipped" : "error");
-        k.jlen = 0;
-        js_str(&k, why);
-        printf("%s}\n", k.json);
+        put(k.res, st < 0 ? "skipped" : "error", jtext(why));
         st = st < 0 ? 0 : 1;
+    }
+    if (rank == 1) {
+        /* one line, as before; figures rounded where they are made */
+        if (json_dumpf(k.res, stdout, JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(15)) ||
+            fputc('\n', stdout) == EOF) {
+            fprintf(stderr, "refit-bench nccl: cannot write JSON\n");
+            st = 1;
+        }
+        json_decref(k.res);
     }
     fflush(stdout);
     refit_transport_close(k.x);

@@ -427,6 +427,13 @@ REFIT_API int refit_load_source_filtered(refit_txn *txn, refit_source *src, refi
 
 /* ---- journal and replay --------------------------------------------------- */
 
+/* 1 while the journal lacks the end of an update that did end (its write
+ * failed: disk full, I/O error, lock timeout): the record is kept and
+ * written first by the next journal write (the next refit_begin, a health
+ * change, refit_close); until then the journal shows that update unended
+ * (loading or finalizing). 0 otherwise. */
+REFIT_API int refit_journal_behind(const refit_ctx *ctx);
+
 /* Id of the journal row of an open update (0 when there is no journal). */
 REFIT_API int64_t refit_txn_journal_id(const refit_txn *txn);
 

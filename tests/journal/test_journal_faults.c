@@ -241,12 +241,79 @@ static void test_fail_each_step(void **state)
     jt_modules_free(&m);
 }
 
+/* The disk fills at the end write: the end is held on the handle (the
+ * update reads unended), a begin that cannot write it fails whole and
+ * keeps it, and the first transaction that gets in writes it first: the
+ * update committed with every module row and fingerprint, a "late" event,
+ * then the new update. */
+static void test_full_at_end_held(void **state)
+{
+    jt_fixture *f = *state;
+    jt_modules m;
+    jt_modules_make(&m, 600);
+    journal *j = jt_open(f->path);
+    assert_int_equal(journal_held_end(j), 0);
+    assert_int_equal(journal_write_held(j), REFIT_OK); /* none held */
+    int64_t id = jt_begin(j, &m, "v1");
+    journal_module_progress *p = all_progress(m.n, JOURNAL_MODULE_COMPLETE);
+    assert_int_equal(journal_modules_progress(j, id, 300, p), 0);
+    free(p);
+    p = all_progress(m.n, JOURNAL_MODULE_COMMITTED);
+    fail_next("COMMIT", 1, SQLITE_FULL);
+    assert_int_equal(journal_update_end(j, id, JOURNAL_UPDATE_COMMITTED, 7, 9,
+                     NULL, m.n, p), REFIT_EJOURNAL);
+    free(p);
+    assert_true(jt_has(journal_errmsg(j), "is held"));
+    assert_int_equal(journal_held_end(j), id);
+    assert_int_equal(jt_sql_int(f->path, "SELECT count(*) FROM updates WHERE "
+                     "state = 'loading' AND ended_at IS NULL"), 1);
+
+    /* still full: the begin fails whole, the end stays held */
+    int64_t id2 = 0;
+    journal_update_info info = {.worker_id = "w0", .version = "v2"};
+    fail_next("UPDATE updates SET state = ?2, bytes", 1, SQLITE_FULL);
+    assert_int_equal(journal_update_begin(j, &id2, &info, m.n, m.info),
+                     REFIT_EJOURNAL);
+    assert_true(jt_has(journal_errmsg(j), "held end of update"));
+    assert_int_equal(journal_held_end(j), id);
+    assert_int_equal(jt_sql_int(f->path, "SELECT count(*) FROM updates"), 1);
+    /* a failure later in the same transaction: the held rows roll back too */
+    fail_next("INSERT INTO updates", 1, SQLITE_FULL);
+    assert_int_equal(journal_update_begin(j, &id2, &info, m.n, m.info),
+                     REFIT_EJOURNAL);
+    assert_int_equal(journal_held_end(j), id);
+    assert_int_equal(jt_sql_int(f->path, "SELECT count(*) FROM updates WHERE "
+                     "state = 'committed'"), 0);
+
+    /* room again */
+    assert_int_equal(journal_update_begin(j, &id2, &info, m.n, m.info), 0);
+    assert_int_equal(journal_held_end(j), 0);
+    assert_int_equal(jt_sql_int(f->path, "SELECT count(*) FROM updates WHERE "
+                     "state = 'committed' AND bytes = 7 AND tensors = 9 AND "
+                     "ended_at IS NOT NULL"), 1);
+    assert_int_equal(jt_sql_int(f->path, "SELECT count(*) FROM modules WHERE "
+                     "update_id = 1 AND state = 'committed' AND fingerprint IS "
+                     "NOT NULL"), (int64_t)m.n);
+    assert_int_equal(jt_sql_int(f->path, "SELECT count(*) FROM events WHERE "
+                     "kind = 'late' AND update_id = 1"), 1);
+    assert_int_equal(jt_sql_int(f->path, "SELECT count(*) FROM updates WHERE "
+                     "id = 2 AND state = 'loading'"), 1);
+    assert_int_equal(jt_sql_int(f->path, "SELECT count(*) FROM updates WHERE "
+                     "state = 'interrupted'"), 0);
+    size_t seen = 0, problems = 1;
+    assert_int_equal(journal_verify(j, count_problem, &seen, &problems), 0);
+    assert_int_equal(problems, 0);
+    assert_int_equal(seen, 0);
+    journal_close(j);
+    jt_modules_free(&m);
+}
+
 int main(void)
 {
 #define T(fn) cmocka_unit_test_setup_teardown(fn, jt_setup, jt_teardown)
     const struct CMUnitTest tests[] = {
         T(test_batching), T(test_full_in_begin), T(test_full_in_progress),
-        T(test_fail_each_step),
+        T(test_fail_each_step), T(test_full_at_end_held),
     };
 #undef T
     return cmocka_run_group_tests(tests, NULL, NULL);
