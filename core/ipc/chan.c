@@ -16,18 +16,8 @@
 
 #include "core/ipc/chan.h"
 #include "core/nccl/bucket.h"
+#include "core/errbuf.h"
 
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (errlen)
-        vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return status;
-}
 
 void ipc_copy_str(char *dst, size_t n, const char *src)
 {
@@ -109,28 +99,28 @@ int ipc_header_decode(const uint8_t in[IPC_FRAME_HEADER], uint16_t *type, uint32
 {
     const int C = REFIT_ECORRUPT;
     if (get32(in) != IPC_MAGIC)
-        return fail(err, errlen, C, "control frame: bad magic 0x%08x (not a refit IPC peer?)",
+        return errbuf_set(err, errlen, C, "control frame: bad magic 0x%08x (not a refit IPC peer?)",
                     get32(in));
     uint16_t v = get16(in + 4);
     if (v != IPC_PROTO_VERSION)
-        return fail(err, errlen, C, "control frame: protocol version %u; this refit speaks %u",
+        return errbuf_set(err, errlen, C, "control frame: protocol version %u; this refit speaks %u",
                     v, IPC_PROTO_VERSION);
     if (get64(in + 24) != bkt_checksum(in, 24))
-        return fail(err, errlen, C, "control frame: header checksum mismatch");
+        return errbuf_set(err, errlen, C, "control frame: header checksum mismatch");
     *type = get16(in + 6);
     *len = get32(in + 8);
     *n_fds = get16(in + 12);
     *payload_sum = get64(in + 16);
     if (*type == 0 || *type > IPC_TYPE_MAX)
-        return fail(err, errlen, C, "control frame: unknown type %u", *type);
+        return errbuf_set(err, errlen, C, "control frame: unknown type %u", *type);
     if (get16(in + 14))
-        return fail(err, errlen, C, "control frame %s: unknown flags 0x%x", ipc_type_name(*type),
+        return errbuf_set(err, errlen, C, "control frame %s: unknown flags 0x%x", ipc_type_name(*type),
                     get16(in + 14));
     if (*len > max_len)
-        return fail(err, errlen, C, "control frame %s: %u payload bytes, at most %u accepted",
+        return errbuf_set(err, errlen, C, "control frame %s: %u payload bytes, at most %u accepted",
                     ipc_type_name(*type), *len, max_len);
     if (*n_fds > IPC_MAX_FDS || (*n_fds && *type != IPC_MEMS))
-        return fail(err, errlen, C, "control frame %s: announces %u descriptors (only MEMS "
+        return errbuf_set(err, errlen, C, "control frame %s: announces %u descriptors (only MEMS "
                     "passes any, at most %d)", ipc_type_name(*type), *n_fds, IPC_MAX_FDS);
     return REFIT_OK;
 }
@@ -148,10 +138,10 @@ static int send_all(int fd, const uint8_t *p, size_t n, const int *fds, uint16_t
     while (done < n) {
         int w = wait_fd(fd, POLLOUT, deadline);
         if (w == 0)
-            return fail(err, errlen, REFIT_ETIMEDOUT, "control channel: deadline passed "
+            return errbuf_set(err, errlen, REFIT_ETIMEDOUT, "control channel: deadline passed "
                         "sending (%zu of %zu bytes)", done, n);
         if (w < 0)
-            return fail(err, errlen, REFIT_EIO, "control channel: poll: %s", strerror(errno));
+            return errbuf_set(err, errlen, REFIT_EIO, "control channel: poll: %s", strerror(errno));
         struct iovec iov = {.iov_base = (void *)(p + done), .iov_len = n - done};
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
         if (done == 0 && n_fds) {
@@ -168,7 +158,7 @@ static int send_all(int fd, const uint8_t *p, size_t n, const int *fds, uint16_t
         if (k < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (k <= 0)
-            return fail(err, errlen, REFIT_EIO, "control channel: the peer is gone (%s, "
+            return errbuf_set(err, errlen, REFIT_EIO, "control channel: the peer is gone (%s, "
                         "after %zu of %zu bytes)", k < 0 ? strerror(errno) : "closed", done, n);
         done += (size_t)k;
     }
@@ -179,7 +169,7 @@ int ipc_send(int fd, uint16_t type, const void *payload, uint32_t len, const int
              uint16_t n_fds, double deadline, char *err, size_t errlen)
 {
     if (n_fds > IPC_MAX_FDS || len > IPC_MAX_PAYLOAD)
-        return fail(err, errlen, REFIT_EINVAL, "control frame %s: %u bytes, %u descriptors: "
+        return errbuf_set(err, errlen, REFIT_EINVAL, "control frame %s: %u bytes, %u descriptors: "
                     "too large", ipc_type_name(type), len, n_fds);
     uint8_t h[IPC_FRAME_HEADER];
     ipc_header_encode(h, type, len, n_fds, bkt_checksum(payload, len));
@@ -220,10 +210,10 @@ static int recv_all(int fd, ipc_frame *f, uint8_t *p, size_t n, double deadline,
     while (done < n) {
         int w = wait_fd(fd, POLLIN, deadline);
         if (w == 0)
-            return fail(err, errlen, REFIT_ETIMEDOUT, "control channel: deadline passed "
+            return errbuf_set(err, errlen, REFIT_ETIMEDOUT, "control channel: deadline passed "
                         "waiting for the %s (%zu of %zu bytes came)", what, done, n);
         if (w < 0)
-            return fail(err, errlen, REFIT_EIO, "control channel: poll: %s", strerror(errno));
+            return errbuf_set(err, errlen, REFIT_EIO, "control channel: poll: %s", strerror(errno));
         struct iovec iov = {.iov_base = p + done, .iov_len = n - done};
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
                              .msg_controllen = sizeof cm.buf};
@@ -231,9 +221,9 @@ static int recv_all(int fd, ipc_frame *f, uint8_t *p, size_t n, double deadline,
         if (k < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (k < 0)
-            return fail(err, errlen, REFIT_EIO, "control channel: %s", strerror(errno));
+            return errbuf_set(err, errlen, REFIT_EIO, "control channel: %s", strerror(errno));
         if (k == 0)
-            return fail(err, errlen, REFIT_EIO, done || strcmp(what, "frame header")
+            return errbuf_set(err, errlen, REFIT_EIO, done || strcmp(what, "frame header")
                         ? "control channel: truncated frame: the peer closed after %zu of "
                           "%zu bytes of the %s"
                         : "control channel: the peer closed the connection (%zu of %zu "
@@ -261,15 +251,15 @@ int ipc_recv(int fd, ipc_frame *f, uint32_t max_len, double deadline, char *err,
     if (!rc)
         rc = ipc_header_decode(h, &f->type, &f->len, &n_fds, &sum, max_len, err, errlen);
     if (!rc && f->len && !(f->payload = malloc(f->len)))
-        rc = fail(err, errlen, REFIT_ENOMEM, "control frame %s: no memory for %u bytes",
+        rc = errbuf_set(err, errlen, REFIT_ENOMEM, "control frame %s: no memory for %u bytes",
                   ipc_type_name(f->type), f->len);
     if (!rc && f->len)
         rc = recv_all(fd, f, f->payload, f->len, deadline, "frame payload", &extra, err, errlen);
     if (!rc && (extra || f->n_fds != n_fds))
-        rc = fail(err, errlen, REFIT_ECORRUPT, "control frame %s: %u descriptors announced, "
+        rc = errbuf_set(err, errlen, REFIT_ECORRUPT, "control frame %s: %u descriptors announced, "
                   "%u received", ipc_type_name(f->type), n_fds, f->n_fds + extra);
     if (!rc && bkt_checksum(f->payload, f->len) != sum)
-        rc = fail(err, errlen, REFIT_ECORRUPT, "control frame %s: payload checksum mismatch "
+        rc = errbuf_set(err, errlen, REFIT_ECORRUPT, "control frame %s: payload checksum mismatch "
                   "(%u bytes)", ipc_type_name(f->type), f->len);
     if (rc)
         ipc_frame_free(f);
@@ -293,7 +283,7 @@ static int sock_addr(const char *path, struct sockaddr_un *a, char *err, size_t 
     memset(a, 0, sizeof *a);
     a->sun_family = AF_UNIX;
     if (!path || !*path || strlen(path) >= sizeof a->sun_path)
-        return fail(err, errlen, REFIT_EINVAL, "socket path '%s': empty or longer than %zu "
+        return errbuf_set(err, errlen, REFIT_EINVAL, "socket path '%s': empty or longer than %zu "
                     "bytes", path ? path : "(null)", sizeof a->sun_path - 1);
     memcpy(a->sun_path, path, strlen(path));
     return REFIT_OK;
@@ -308,13 +298,13 @@ int ipc_listen(const char *path, int *out, char *err, size_t errlen)
     struct stat st;
     if (lstat(path, &st) == 0) {
         if (!S_ISSOCK(st.st_mode))
-            return fail(err, errlen, REFIT_EINVAL, "socket path %s exists and is not a "
+            return errbuf_set(err, errlen, REFIT_EINVAL, "socket path %s exists and is not a "
                         "socket; not replaced", path);
         unlink(path);
     }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 4)) {
-        rc = fail(err, errlen, REFIT_EIO, "listen on %s: %s", path, strerror(errno));
+        rc = errbuf_set(err, errlen, REFIT_EIO, "listen on %s: %s", path, strerror(errno));
         if (fd >= 0)
             close(fd);
         return rc;
@@ -327,11 +317,11 @@ int ipc_accept(int lfd, double deadline, int *out, char *err, size_t errlen)
 {
     int w = wait_fd(lfd, POLLIN, deadline);
     if (w == 0)
-        return fail(err, errlen, REFIT_ETIMEDOUT, "deadline passed waiting for a trainer "
+        return errbuf_set(err, errlen, REFIT_ETIMEDOUT, "deadline passed waiting for a trainer "
                     "to connect");
     int fd = w < 0 ? -1 : accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
     if (fd < 0)
-        return fail(err, errlen, REFIT_EIO, "accept: %s", strerror(errno));
+        return errbuf_set(err, errlen, REFIT_EIO, "accept: %s", strerror(errno));
     *out = fd;
     return REFIT_OK;
 }
@@ -345,7 +335,7 @@ int ipc_connect(const char *path, double deadline, int *out, char *err, size_t e
     for (;;) {
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)
-            return fail(err, errlen, REFIT_EIO, "socket: %s", strerror(errno));
+            return errbuf_set(err, errlen, REFIT_EIO, "socket: %s", strerror(errno));
         if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) {
             *out = fd;
             return REFIT_OK;
@@ -353,7 +343,7 @@ int ipc_connect(const char *path, double deadline, int *out, char *err, size_t e
         int e = errno;
         close(fd);
         if ((e != ENOENT && e != ECONNREFUSED && e != EAGAIN) || ipc_now() >= deadline)
-            return fail(err, errlen, e == ENOENT || e == ECONNREFUSED ? REFIT_ETIMEDOUT
+            return errbuf_set(err, errlen, e == ENOENT || e == ECONNREFUSED ? REFIT_ETIMEDOUT
                         : REFIT_EIO, "connect to %s: %s", path, strerror(e));
         struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);

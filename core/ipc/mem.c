@@ -11,18 +11,8 @@
 #include <refit/refit.h>
 
 #include "core/ipc/mem.h"
+#include "core/errbuf.h"
 
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (errlen)
-        vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return status;
-}
 
 /* ---- the driver ---- */
 
@@ -37,7 +27,7 @@ int ipc_cuda_open(ipc_cuda *c, int device, char *err, size_t errlen)
 {
     if (c->open)
         return c->device == device ? REFIT_OK
-               : fail(err, errlen, REFIT_EUNSUPPORTED, "CUDA IPC memory on device %d; this "
+               : errbuf_set(err, errlen, REFIT_EUNSUPPORTED, "CUDA IPC memory on device %d; this "
                       "transport serves device %d", device, c->device);
     memset(c, 0, sizeof *c);
     int rc = cu_api_open(&c->cu, err, errlen);
@@ -51,7 +41,7 @@ int ipc_cuda_open(ipc_cuda *c, int device, char *err, size_t errlen)
                   sym(c, "cuMemcpyDtoDAsync_v2", NULL)};
     for (int i = 0; i < 7; i++)
         if (!p[i])
-            return fail(err, errlen, REFIT_EUNSUPPORTED, "the CUDA driver (%s) lacks its IPC "
+            return errbuf_set(err, errlen, REFIT_EUNSUPPORTED, "the CUDA driver (%s) lacks its IPC "
                         "entry points (cuIpc*, cuMemGetAddressRange_v2)", c->cu.where);
     memcpy(&c->IpcGetMemHandle, &p[0], sizeof p[0]);
     memcpy(&c->IpcOpenMemHandle, &p[1], sizeof p[1]);
@@ -64,7 +54,7 @@ int ipc_cuda_open(ipc_cuda *c, int device, char *err, size_t errlen)
     if (r == CU_SUCCESS)
         r = c->cu.DevicePrimaryCtxRetain(&c->ctx, c->dev);
     if (r != CU_SUCCESS)
-        return fail(err, errlen, REFIT_EUNSUPPORTED, "CUDA device %d: %s", device,
+        return errbuf_set(err, errlen, REFIT_EUNSUPPORTED, "CUDA device %d: %s", device,
                     cu_errstr(&c->cu, r));
     c->device = device;
     c->open = true;
@@ -78,7 +68,7 @@ int ipc_cuda_enter(ipc_cuda *c, char *err, size_t errlen)
         return REFIT_OK; /* the caller's (PyTorch's primary context, usually) */
     CUresult r = c->cu.CtxSetCurrent(c->ctx);
     return r == CU_SUCCESS ? REFIT_OK
-           : fail(err, errlen, REFIT_EIO, "cuCtxSetCurrent: %s", cu_errstr(&c->cu, r));
+           : errbuf_set(err, errlen, REFIT_EIO, "cuCtxSetCurrent: %s", cu_errstr(&c->cu, r));
 }
 
 void ipc_cuda_close(ipc_cuda *c)
@@ -93,7 +83,7 @@ void ipc_cuda_close(ipc_cuda *c)
     do {                                                                                     \
         CUresult r_ = (call);                                                                \
         if (r_ != CU_SUCCESS)                                                                \
-            return fail(err, errlen, REFIT_EIO, "%s: %s", what, cu_errstr(&(c)->cu, r_));   \
+            return errbuf_set(err, errlen, REFIT_EIO, "%s: %s", what, cu_errstr(&(c)->cu, r_));   \
     } while (0)
 
 /* ---- worker ---- */
@@ -103,12 +93,12 @@ int ipc_mem_open(ipc_cuda *c, const ipc_mem_desc *d, void **base, char *err, siz
     if (d->kind == IPC_MEM_HOST_FD) {
         off_t size = lseek(d->fd, 0, SEEK_END);
         if (size < 0 || (uint64_t)size < d->bytes)
-            return fail(err, errlen, REFIT_ECORRUPT, "memory %u: its descriptor holds %lld "
+            return errbuf_set(err, errlen, REFIT_ECORRUPT, "memory %u: its descriptor holds %lld "
                         "bytes, %llu announced", d->id, (long long)size,
                         (unsigned long long)d->bytes);
         void *p = mmap(NULL, d->bytes, PROT_READ, MAP_SHARED, d->fd, 0);
         if (p == MAP_FAILED)
-            return fail(err, errlen, REFIT_EIO, "memory %u: mmap of %llu bytes: %s", d->id,
+            return errbuf_set(err, errlen, REFIT_EIO, "memory %u: mmap of %llu bytes: %s", d->id,
                         (unsigned long long)d->bytes, strerror(errno));
         *base = p;
         return REFIT_OK;
@@ -127,7 +117,7 @@ int ipc_mem_open(ipc_cuda *c, const ipc_mem_desc *d, void **base, char *err, siz
     size_t size = 0;
     if (c->MemGetAddressRange(&b, &size, p) != CU_SUCCESS || size < d->bytes) {
         c->IpcCloseMemHandle(p);
-        return fail(err, errlen, REFIT_ECORRUPT, "memory %u: the opened allocation holds %zu "
+        return errbuf_set(err, errlen, REFIT_ECORRUPT, "memory %u: the opened allocation holds %zu "
                     "bytes, %llu announced", d->id, size, (unsigned long long)d->bytes);
     }
     *base = (void *)(uintptr_t)p;
@@ -159,14 +149,14 @@ int ipc_host_export(size_t bytes, int *fd, void **base, char *err, size_t errlen
 {
     int f = memfd_create("refit-ipc", MFD_CLOEXEC);
     if (f < 0)
-        return fail(err, errlen, REFIT_EIO, "memfd_create: %s", strerror(errno));
+        return errbuf_set(err, errlen, REFIT_EIO, "memfd_create: %s", strerror(errno));
     void *p = MAP_FAILED;
     if (ftruncate(f, (off_t)bytes) == 0)
         p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0);
     if (p == MAP_FAILED) {
         int e = errno;
         close(f);
-        return fail(err, errlen, REFIT_ENOMEM, "shared host memory of %zu bytes: %s", bytes,
+        return errbuf_set(err, errlen, REFIT_ENOMEM, "shared host memory of %zu bytes: %s", bytes,
                     strerror(e));
     }
     *fd = f;
@@ -182,7 +172,7 @@ int ipc_cuda_alloc_export(ipc_cuda *c, size_t bytes, CUdeviceptr *p,
     CUresult r = c->IpcGetMemHandle(&h, *p);
     if (r != CU_SUCCESS) {
         c->cu.MemFree(*p);
-        return fail(err, errlen, REFIT_EIO, "cuIpcGetMemHandle: %s", cu_errstr(&c->cu, r));
+        return errbuf_set(err, errlen, REFIT_EIO, "cuIpcGetMemHandle: %s", cu_errstr(&c->cu, r));
     }
     memcpy(handle, h.reserved, IPC_HANDLE_BYTES);
     return REFIT_OK;
@@ -210,7 +200,7 @@ int ipc_cuda_event_export(ipc_cuda *c, CUevent *e, uint8_t handle[IPC_HANDLE_BYT
     CUresult r = c->IpcGetEventHandle(&h, *e);
     if (r != CU_SUCCESS) {
         c->cu.EventDestroy(*e);
-        return fail(err, errlen, REFIT_EIO, "cuIpcGetEventHandle: %s", cu_errstr(&c->cu, r));
+        return errbuf_set(err, errlen, REFIT_EIO, "cuIpcGetEventHandle: %s", cu_errstr(&c->cu, r));
     }
     memcpy(handle, h.reserved, IPC_HANDLE_BYTES);
     return REFIT_OK;

@@ -8,6 +8,7 @@
 
 #include "core/nccl/bucket.h"
 #include "kernels/fingerprint.h"
+#include "core/errbuf.h"
 
 /* ---- little-endian fields ---- */
 
@@ -50,17 +51,6 @@ static uint64_t rd64(const uint8_t *p)
     return v;
 }
 
-static int bad(char *err, size_t errlen, int status, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int bad(char *err, size_t errlen, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    if (errlen)
-        vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return status;
-}
 
 uint64_t bkt_checksum(const void *p, size_t n)
 {
@@ -143,29 +133,29 @@ int bkt_announce_decode(bkt_announce *a, const uint8_t in[BKT_ANNOUNCE_BYTES],
 {
     const int C = REFIT_ECORRUPT;
     if (rd32(in) != BKT_MAGIC_ANNOUNCE)
-        return bad(err, errlen, C, "announce: bad magic 0x%08x (not a refit sender?)", rd32(in));
+        return errbuf_set(err, errlen, C, "announce: bad magic 0x%08x (not a refit sender?)", rd32(in));
     if (rd16(in + 4) != BKT_VERSION)
-        return bad(err, errlen, C, "announce: wire version %u, this refit reads %u",
+        return errbuf_set(err, errlen, C, "announce: wire version %u, this refit reads %u",
                    rd16(in + 4), BKT_VERSION);
     if (rd64(in + 120) != bkt_checksum(in, 120))
-        return bad(err, errlen, C, "announce: checksum mismatch");
+        return errbuf_set(err, errlen, C, "announce: checksum mismatch");
     *a = (bkt_announce){.flags = rd16(in + 6), .n_buckets = rd32(in + 8),
                         .first_header = rd32(in + 12), .nonce = rd64(in + 16),
                         .first_total = rd64(in + 24), .max_total = rd64(in + 32),
                         .total_payload = rd64(in + 40), .n_entries = rd64(in + 48),
                         .index_bytes = rd64(in + 56), .trailer_bytes = rd64(in + 64)};
     if ((a->flags & ~BKT_A_PAYLOAD_SUM) || !all_zero(in + 72, 48))
-        return bad(err, errlen, C, "announce: unknown flags 0x%x or reserved bytes set",
+        return errbuf_set(err, errlen, C, "announce: unknown flags 0x%x or reserved bytes set",
                    a->flags);
     if (a->n_buckets > BKT_MAX_BUCKETS)
-        return bad(err, errlen, C, "announce: %u buckets (at most %u)", a->n_buckets,
+        return errbuf_set(err, errlen, C, "announce: %u buckets (at most %u)", a->n_buckets,
                    BKT_MAX_BUCKETS);
     if (a->max_total > max_accept)
-        return bad(err, errlen, C, "announce: buckets of %llu bytes, above the %llu this "
+        return errbuf_set(err, errlen, C, "announce: buckets of %llu bytes, above the %llu this "
                    "receiver accepts", (unsigned long long)a->max_total,
                    (unsigned long long)max_accept);
     if (!announce_sizes_ok(a))
-        return bad(err, errlen, C, "announce: inconsistent sizes (buckets %u, first %llu bytes "
+        return errbuf_set(err, errlen, C, "announce: inconsistent sizes (buckets %u, first %llu bytes "
                    "with a %u-byte header, largest %llu, index %llu, trailer %llu)", a->n_buckets,
                    (unsigned long long)a->first_total, a->first_header,
                    (unsigned long long)a->max_total, (unsigned long long)a->index_bytes,
@@ -198,14 +188,14 @@ int bkt_stamp_decode(bkt_stamp *st, const uint8_t in[BKT_STAMP_BYTES], uint32_t 
 {
     const int C = REFIT_ECORRUPT;
     if (rd32(in) != BKT_MAGIC_STAMP || rd16(in + 4) != BKT_VERSION)
-        return bad(err, errlen, C, "bucket %u: bad stamp magic or wire version", index);
+        return errbuf_set(err, errlen, C, "bucket %u: bad stamp magic or wire version", index);
     if (rd64(in + 56) != bkt_checksum(in, 56))
-        return bad(err, errlen, C, "bucket %u: stamp checksum mismatch", index);
+        return errbuf_set(err, errlen, C, "bucket %u: stamp checksum mismatch", index);
     *st = (bkt_stamp){.flags = rd16(in + 6), .index = rd32(in + 8),
                       .status = (int32_t)rd32(in + 12), .nonce = rd64(in + 16),
                       .payload_bytes = rd64(in + 24)};
     if (st->index != index || st->nonce != nonce || st->payload_bytes != payload_bytes)
-        return bad(err, errlen, C, "bucket %u: the stamp is of bucket %u of update %016llx "
+        return errbuf_set(err, errlen, C, "bucket %u: the stamp is of bucket %u of update %016llx "
                    "(%llu bytes), not of bucket %u of update %016llx (%llu bytes)", index,
                    st->index, (unsigned long long)st->nonce,
                    (unsigned long long)st->payload_bytes, index, (unsigned long long)nonce,
@@ -214,7 +204,7 @@ int bkt_stamp_decode(bkt_stamp *st, const uint8_t in[BKT_STAMP_BYTES], uint32_t 
     if ((st->flags & ~(BKT_F_PAYLOAD_SUM | BKT_F_CANCEL)) || !all_zero(in + 32, 24) ||
         (cancel ? st->status >= 0 || st->status < -2047 || (st->flags & BKT_F_PAYLOAD_SUM)
                 : st->status != 0))
-        return bad(err, errlen, C, "bucket %u: stamp flags 0x%x, status %d or reserved bytes "
+        return errbuf_set(err, errlen, C, "bucket %u: stamp flags 0x%x, status %d or reserved bytes "
                    "inconsistent", index, st->flags, st->status);
     return REFIT_OK;
 }
@@ -233,16 +223,16 @@ static int tensor_sizes(const bkt_tensor *t, uint64_t *bytes, uint64_t *row_byte
 {
     size_t nl = t->name ? strlen(t->name) : 0;
     if (nl == 0 || nl > BKT_MAX_NAME)
-        return bad(err, errlen, REFIT_EINVAL, "tensor name %s", nl ? "too long" : "empty");
+        return errbuf_set(err, errlen, REFIT_EINVAL, "tensor name %s", nl ? "too long" : "empty");
     if (t->ndim < 0 || t->ndim > REFIT_MAX_DIMS || (t->ndim && !t->shape))
-        return bad(err, errlen, REFIT_EINVAL, "%s: %d dims", t->name, t->ndim);
+        return errbuf_set(err, errlen, REFIT_EINVAL, "%s: %d dims", t->name, t->ndim);
     if (t->dtype.lanes != 1 || t->dtype.bits == 0 || t->dtype.bits > 64)
-        return bad(err, errlen, REFIT_EUNSUPPORTED, "%s: dtype %s cannot be sent", t->name,
+        return errbuf_set(err, errlen, REFIT_EUNSUPPORTED, "%s: dtype %s cannot be sent", t->name,
                    refit_dtype_name(t->dtype));
     int64_t numel = shape_numel(t->ndim, t->shape);
     *bytes = numel < 0 ? UINT64_MAX : bkt_bytes(t->dtype, numel);
     if (*bytes == UINT64_MAX || *bytes > (uint64_t)INT64_MAX)
-        return bad(err, errlen, REFIT_EINVAL, "%s: shape overflows", t->name);
+        return errbuf_set(err, errlen, REFIT_EINVAL, "%s: shape overflows", t->name);
     *row_bytes = 0;
     if (t->ndim >= 1 && t->shape[0] > 0) {
         uint64_t row_bits = (uint64_t)(numel / t->shape[0]) * t->dtype.bits;
@@ -372,7 +362,7 @@ static int plan_tensor(planner *pl, uint32_t i, const bkt_tensor *t, uint64_t by
             continue;
         }
         if (row_bytes == 0 || row_bytes > pl->bucket_bytes)
-            return bad(err, errlen, REFIT_EINVAL, "%s: larger than a bucket (%llu bytes) and "
+            return errbuf_set(err, errlen, REFIT_EINVAL, "%s: larger than a bucket (%llu bytes) and "
                        "cannot be split: one row of dim 0 is %llu bytes%s", t->name,
                        (unsigned long long)pl->bucket_bytes, (unsigned long long)row_bytes,
                        row_bytes ? "" : " or not a whole number of bytes");
@@ -399,7 +389,7 @@ static int plan_direct(planner *pl, uint32_t i, const bkt_tensor *t, uint64_t by
     int64_t dim0 = t->ndim ? t->shape[0] : 1, rows = dim0;
     if (bytes > pl->bucket_bytes) {
         if (row_bytes == 0 || row_bytes > pl->bucket_bytes)
-            return bad(err, errlen, REFIT_EINVAL, "%s: larger than a bucket (%llu bytes) and "
+            return errbuf_set(err, errlen, REFIT_EINVAL, "%s: larger than a bucket (%llu bytes) and "
                        "cannot be split: one row of dim 0 is %llu bytes%s", t->name,
                        (unsigned long long)pl->bucket_bytes, (unsigned long long)row_bytes,
                        row_bytes ? "" : " or not a whole number of bytes");
@@ -472,7 +462,7 @@ static int direct_order(const bkt_tensor *t, uint32_t n, uint64_t direct_min, si
         return REFIT_OK;
     sized *o = malloc((n ? n : 1) * sizeof *o);
     if (!o)
-        return bad(err, errlen, REFIT_ENOMEM, "planning buckets: out of memory");
+        return errbuf_set(err, errlen, REFIT_ENOMEM, "planning buckets: out of memory");
     for (uint32_t i = 0; i < n; i++) {
         uint64_t bytes = 0, row_bytes = 0;
         tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen);
@@ -501,9 +491,9 @@ static int plan_directs(planner *pl, const bkt_tensor *t, const sized *order, ui
         rc = plan_direct(pl, order[k].i, ti, bytes, row_bytes, (uint32_t)entry_size(ti), err,
                          errlen);
         if (rc == REFIT_ENOMEM)
-            bad(err, errlen, rc, "planning buckets: out of memory");
+            errbuf_set(err, errlen, rc, "planning buckets: out of memory");
         else if (rc == REFIT_EINVAL && pl->p->n_buckets == BKT_MAX_BUCKETS)
-            bad(err, errlen, rc, "%s: more than %u buckets", ti->name, BKT_MAX_BUCKETS);
+            errbuf_set(err, errlen, rc, "%s: more than %u buckets", ti->name, BKT_MAX_BUCKETS);
     }
     return rc;
 }
@@ -519,7 +509,7 @@ int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t
 {
     memset(p, 0, sizeof *p);
     if (bucket_bytes == 0 || bucket_bytes > ((uint64_t)1 << 48) || label_len > BKT_MAX_LABEL)
-        return bad(err, errlen, REFIT_EINVAL, "bucket size %llu or label length %zu out of "
+        return errbuf_set(err, errlen, REFIT_EINVAL, "bucket size %llu or label length %zu out of "
                    "range", (unsigned long long)bucket_bytes, label_len);
     planner pl = {p, bucket_bytes, 0, 0, BKT_FIXED_HEADER + (uint32_t)label_len + 8, 0};
     int rc = REFIT_OK;
@@ -554,9 +544,9 @@ int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t
         rc = plan_tensor(&pl, i, &t[i], bytes, row_bytes, (uint32_t)entry_size(&t[i]), err,
                          errlen);
         if (rc == REFIT_ENOMEM)
-            bad(err, errlen, rc, "planning buckets: out of memory");
+            errbuf_set(err, errlen, rc, "planning buckets: out of memory");
         else if (rc == REFIT_EINVAL && p->n_buckets == BKT_MAX_BUCKETS)
-            bad(err, errlen, rc, "%s: more than %u buckets", t[i].name, BKT_MAX_BUCKETS);
+            errbuf_set(err, errlen, rc, "%s: more than %u buckets", t[i].name, BKT_MAX_BUCKETS);
     }
     if (!rc)
         rc = plan_directs(&pl, t, order, m ? 1 : 0, m, err, errlen);
@@ -637,7 +627,7 @@ static int decode_next(bkt_header *h, const bkt_expect *ex, char *err, size_t er
     if (last ? (h->next_total || h->next_header)
              : (h->next_header < BKT_FIXED_HEADER + 8 || h->next_header > BKT_MAX_HEADER ||
                 h->next_total < 1 || h->next_total > ex->max_total))
-        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: next bucket's size (%llu bytes, "
+        return errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: next bucket's size (%llu bytes, "
                    "%u-byte header) inconsistent with %u buckets of at most %llu bytes",
                    h->index, (unsigned long long)h->next_total, h->next_header,
                    h->n_buckets, (unsigned long long)ex->max_total);
@@ -650,9 +640,9 @@ static int decode_fixed(bkt_header *h, const uint8_t *buf, const bkt_expect *ex,
     const int C = REFIT_ECORRUPT;
     uint32_t hb = ex->header_bytes;
     if (rd32(buf) != BKT_MAGIC_BUCKET || rd16(buf + 4) != BKT_VERSION)
-        return bad(err, errlen, C, "bucket %u: bad magic or wire version", ex->index);
+        return errbuf_set(err, errlen, C, "bucket %u: bad magic or wire version", ex->index);
     if (rd64(buf + hb - 8) != bkt_checksum(buf, hb - 8))
-        return bad(err, errlen, C, "bucket %u: header checksum mismatch", ex->index);
+        return errbuf_set(err, errlen, C, "bucket %u: header checksum mismatch", ex->index);
     h->flags = rd16(buf + 6);
     h->index = rd32(buf + 8);
     h->n_buckets = rd32(buf + 12);
@@ -664,21 +654,21 @@ static int decode_fixed(bkt_header *h, const uint8_t *buf, const bkt_expect *ex,
     h->next_total = rd64(buf + 48);
     h->next_header = rd32(buf + 56);
     if ((h->flags & ~BKT_H_DIRECT) || rd64(buf + 64))
-        return bad(err, errlen, C, "bucket %u: unknown flags 0x%x or reserved bytes set",
+        return errbuf_set(err, errlen, C, "bucket %u: unknown flags 0x%x or reserved bytes set",
                    ex->index, h->flags);
     if (h->index != ex->index || h->n_buckets != ex->n_buckets || h->nonce != ex->nonce)
-        return bad(err, errlen, C, "bucket %u of %u (update %016llx) arrived where bucket %u "
+        return errbuf_set(err, errlen, C, "bucket %u of %u (update %016llx) arrived where bucket %u "
                    "of %u (update %016llx) was expected", h->index, h->n_buckets,
                    (unsigned long long)h->nonce, ex->index, ex->n_buckets,
                    (unsigned long long)ex->nonce);
     bool direct = h->flags & BKT_H_DIRECT;
     if (direct && (h->payload_bytes == 0 || h->n_entries != 1))
-        return bad(err, errlen, C, "bucket %u: DIRECT with %u entries and %llu payload bytes "
+        return errbuf_set(err, errlen, C, "bucket %u: DIRECT with %u entries and %llu payload bytes "
                    "(one entry of at least a byte)", h->index, h->n_entries,
                    (unsigned long long)h->payload_bytes);
     if (h->header_bytes != hb || h->payload_offset != (direct ? 0 : BKT_ALIGN) ||
         ex->total < h->payload_offset || h->payload_bytes != ex->total - h->payload_offset)
-        return bad(err, errlen, C, "bucket %u: sizes (header %u, payload %llu at %llu) do "
+        return errbuf_set(err, errlen, C, "bucket %u: sizes (header %u, payload %llu at %llu) do "
                    "not add up to the %llu bytes received", h->index, h->header_bytes,
                    (unsigned long long)h->payload_bytes,
                    (unsigned long long)h->payload_offset, (unsigned long long)ex->total);
@@ -691,13 +681,13 @@ static int decode_label(bkt_header *h, const uint8_t *buf, uint32_t hb, char *er
     uint16_t ll = rd16(buf + 60);
     if (ll > BKT_MAX_LABEL || BKT_FIXED_HEADER + 8u + ll > hb || rd16(buf + 62) != 0 ||
         memchr(buf + BKT_FIXED_HEADER, 0, ll))
-        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: bad version label (%u bytes)",
+        return errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: bad version label (%u bytes)",
                    h->index, ll);
     memcpy(h->label, buf + BKT_FIXED_HEADER, ll);
     h->label[ll] = '\0';
     uint64_t room = hb - 8u - BKT_FIXED_HEADER - ll;
     if (h->n_entries > room / BKT_FIXED_ENTRY)
-        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: %u entries cannot fit in a "
+        return errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: %u entries cannot fit in a "
                    "%u-byte header", h->index, h->n_entries, hb);
     return REFIT_OK;
 }
@@ -746,7 +736,7 @@ static int decode_entry(bkt_header *h, uint32_t k, const uint8_t **cur, const ui
     const uint8_t *q = *cur;
     bkt_entry *e = &h->entries[k];
     if ((size_t)(end - q) < BKT_FIXED_ENTRY)
-        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u runs past the header",
+        return errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u runs past the header",
                    h->index, k);
     uint16_t nl = rd16(q);
     *e = (bkt_entry){.dtype = {q[2], q[3], rd16(q + 4)}, .ndim = q[6], .part = q[7] == 1,
@@ -754,7 +744,7 @@ static int decode_entry(bkt_header *h, uint32_t k, const uint8_t **cur, const ui
                      .offset = rd64(q + 24), .bytes = rd64(q + 32)};
     if (q[7] > 1 || e->ndim > REFIT_MAX_DIMS || nl == 0 || nl > BKT_MAX_NAME ||
         (size_t)(end - q) < BKT_FIXED_ENTRY + 8u * e->ndim + nl)
-        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u: bad dims, flags or "
+        return errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u: bad dims, flags or "
                    "name length", h->index, k);
     q += BKT_FIXED_ENTRY;
     for (int d = 0; d < e->ndim; d++, q += 8)
@@ -764,7 +754,7 @@ static int decode_entry(bkt_header *h, uint32_t k, const uint8_t **cur, const ui
     name[nl] = '\0';
     const char *why = "name";
     if (memchr(q, 0, nl) || check_entry(e, *prev_end, h->payload_bytes, &why))
-        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u (%.*s): bad %s", h->index,
+        return errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u (%.*s): bad %s", h->index,
                    k, (int)nl, (const char *)q, why);
     e->name = name;
     *arena_used += nl + 1u;
@@ -799,12 +789,12 @@ int bkt_header_decode(bkt_header *h, const uint8_t *buf, const bkt_expect *ex, c
 {
     uint32_t hb = ex->header_bytes;
     if (hb < BKT_FIXED_HEADER + 8 || hb > BKT_MAX_HEADER)
-        return bad(err, errlen, REFIT_ECORRUPT, "bucket %u: header of %u bytes", ex->index, hb);
+        return errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: header of %u bytes", ex->index, hb);
     int rc = decode_fixed(h, buf, ex, err, errlen);
     if (!rc)
         rc = decode_label(h, buf, hb, err, errlen);
     if (!rc && (rc = header_room(h, hb)))
-        return bad(err, errlen, rc, "bucket %u: out of memory for %u entries", h->index,
+        return errbuf_set(err, errlen, rc, "bucket %u: out of memory for %u entries", h->index,
                    h->n_entries);
     const uint8_t *cur = buf + BKT_FIXED_HEADER + strlen(h->label), *end = buf + hb - 8;
     size_t used = 0;
@@ -812,12 +802,12 @@ int bkt_header_decode(bkt_header *h, const uint8_t *buf, const bkt_expect *ex, c
     for (uint32_t k = 0; !rc && k < h->n_entries; k++)
         rc = decode_entry(h, k, &cur, end, &used, &prev_end, err, errlen);
     if (!rc && cur != end)
-        rc = bad(err, errlen, REFIT_ECORRUPT, "bucket %u: %zu stray bytes after the entries",
+        rc = errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: %zu stray bytes after the entries",
                  h->index, (size_t)(end - cur));
     /* a DIRECT bucket's one entry is its whole broadcast */
     if (!rc && (h->flags & BKT_H_DIRECT) &&
         (h->entries[0].offset != 0 || h->entries[0].bytes != h->payload_bytes))
-        rc = bad(err, errlen, REFIT_ECORRUPT, "bucket %u: a DIRECT bucket whose entry (%llu "
+        rc = errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: a DIRECT bucket whose entry (%llu "
                  "bytes at %llu) is not its %llu-byte payload", h->index,
                  (unsigned long long)h->entries[0].bytes, (unsigned long long)h->entries[0].offset,
                  (unsigned long long)h->payload_bytes);

@@ -31,7 +31,7 @@ manifest)
   extra="-dict=$root/tests/fuzz/manifest.dict -max_len=16384 -rss_limit_mb=1024 -timeout=10"
   ;;
 bucket)
-  srcs="core/nccl/bucket.c core/status.c kernels/fingerprint.c kernels/copy.c kernels/cast.c"
+  srcs="core/nccl/bucket.c core/errbuf.c core/status.c kernels/fingerprint.c kernels/copy.c kernels/cast.c"
   libs=""
   extra="-max_len=16384"
   ;;
