@@ -8,14 +8,6 @@
 
 #include "testutil.h"
 
-static int snap_equal(const tw *w, const void *snap, size_t n)
-{
-    size_t m;
-    void *now = tw_snapshot(w, &m);
-    int eq = m == n && !memcmp(now, snap, n);
-    free(now);
-    return eq;
-}
 
 /* The transformer-shaped model on TP rank 1 (it holds the vocab pad), with
  * STAGED modules; loaded at v1, and then the engine scribbles over the pad
@@ -42,7 +34,7 @@ static void test_rollback_restores_every_byte(void **state)
     tw_load_all(w, t, 2, NULL); /* every module written, post-load run, pad zeroed */
     assert_true(tw_fp(w) != fp);
     assert_int_equal(refit_abort(t), REFIT_OK);
-    int same = snap_equal(w, snap, n);
+    int same = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(same);
     assert_true(tw_fp(w) == fp);
@@ -65,9 +57,9 @@ static void test_rollback_after_partial_update(void **state)
     o.only_module = "embed";
     tw_load_all(w, t, 2, &o);
     assert_int_equal(tw_load(w, t, "model.layers.1.mlp.up_proj.weight", 2), REFIT_OK);
-    assert_false(snap_equal(w, snap, n));
+    assert_false(tw_snapshot_equal(w, snap, n));
     assert_int_equal(refit_abort(t), REFIT_OK);
-    int same = snap_equal(w, snap, n);
+    int same = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(same);
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
@@ -159,7 +151,7 @@ static void test_abort_with_nothing_written(void **state)
         assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
         assert_string_equal(refit_worker_version(w->ctx), "v1");
     }
-    int same = snap_equal(w, snap, n);
+    int same = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(same);
 }
@@ -175,7 +167,7 @@ static void test_failing_finalize_aborts_like_abort(void **state)
     assert_int_equal(tw_load(w, t, "model.layers.0.mlp.gate_proj.weight", 2), REFIT_OK);
     assert_int_equal(refit_finalize(t), REFIT_EINCOMPLETE);
     tw_assert_msg(w, "layers.0.mlp", "rolled back");
-    int same = snap_equal(w, snap, n);
+    int same = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(same);
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);

@@ -54,14 +54,6 @@ static int snap_equal(const tw *a, const tw *b)
     return eq;
 }
 
-static int snap_same(const tw *w, const void *snap, size_t n)
-{
-    size_t m;
-    void *now = tw_snapshot(w, &m);
-    int eq = m == n && !memcmp(now, snap, n);
-    free(now);
-    return eq;
-}
 
 static void build_llm(tw *w)
 {
@@ -216,7 +208,7 @@ static void test_bad_row_refuses_the_call(void **state)
             tw_assert_msg(w, "refit_load_many", row_txt, "nothing written");
             if (f != F_NAME && f != F_NULL_NAME)
                 tw_assert_msg(w, victim);
-            int same = snap_same(w, snap, n);
+            int same = tw_snapshot_equal(w, snap, n);
             free(snap);
             assert_true(same);
             refit_txn_stats st;
@@ -271,7 +263,7 @@ static void test_refused_call_fails_closed_by_default(void **state)
     assert_int_not_equal(refit_finalize(t), REFIT_OK);
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
     assert_string_equal(refit_worker_version(w->ctx), "v1");
-    int same = snap_same(w, snap, n);
+    int same = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(same);
     free(bad);
@@ -293,7 +285,7 @@ static void test_duplicates_in_a_call_refused(void **state)
     refit_tensor srcs[5] = {tb->srcs[0], tb->srcs[1], tb->srcs[2], tb->srcs[3], tb->srcs[1]};
     assert_int_equal(refit_load_many(t, 5, names, srcs, NULL), REFIT_EDUPLICATE);
     tw_assert_msg(w, "row 4", tb->names[1], "rows 1 and 4", "nothing written");
-    assert_true(snap_same(w, snap, n));
+    assert_true(tw_snapshot_equal(w, snap, n));
     /* delivered by an earlier call, then again */
     assert_int_equal(refit_load_many(t, 2, names, srcs, NULL), REFIT_OK);
     assert_int_equal(refit_load_many(t, 2, names + 1, srcs + 1, NULL), REFIT_EDUPLICATE);
@@ -406,7 +398,7 @@ static void test_staging_budget_forecast(void **state)
     t = tw_begin(w, "v2", 0);
     assert_int_equal(refit_load_many(t, 4, names, srcs, NULL), REFIT_EBUDGET);
     tw_assert_msg(w, "row 1 (s1.w)", "module s1", "staging budget", "nothing written");
-    assert_true(snap_same(w, snap, n));
+    assert_true(tw_snapshot_equal(w, snap, n));
     assert_int_equal(refit_abort(t), REFIT_OK);
     t = tw_begin(w, "v2", 0);
     assert_int_equal(refit_load(t, names[0], &srcs[0], NULL), REFIT_OK);
@@ -537,7 +529,7 @@ static void test_plain_set_with_tied_names(void **state)
     void *snap1 = tw_snapshot(&p->b, &n);
     assert_int_not_equal(refit_load_set(t, set, NULL), REFIT_OK);
     tw_assert_msg(&p->b, "refit_load_set", "nothing written");
-    assert_true(snap_same(&p->b, snap1, n));
+    assert_true(tw_snapshot_equal(&p->b, snap1, n));
     assert_int_equal(refit_abort(t), REFIT_EPOISONED); /* the one load, rollback off */
     free(snap);
     free(snap1);

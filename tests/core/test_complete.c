@@ -26,14 +26,6 @@ static void small_model(tw *w)
     tw_seal(w);
 }
 
-static int snap_equal(const tw *w, const void *snap, size_t n)
-{
-    size_t m;
-    void *now = tw_snapshot(w, &m);
-    int eq = m == n && !memcmp(now, snap, n);
-    free(now);
-    return eq;
-}
 
 static void finalize_ok(tw *w, refit_txn *t)
 {
@@ -55,7 +47,7 @@ static void test_duplicate_delivery(void **state)
     void *snap = tw_snapshot(w, &n);
     assert_int_equal(tw_load(w, t, "top", 3), REFIT_EDUPLICATE); /* other bytes: not written */
     tw_assert_msg(w, "top", "module m", "twice");
-    int kept = snap_equal(w, snap, n);
+    int kept = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(kept);
     /* the txn goes on */
@@ -90,7 +82,7 @@ static void test_unexpected_name(void **state)
     tt_tensor *src = tw_tmp(w, REFIT_F32, 2, TT_SHAPE(4, 4));
     assert_int_equal(refit_load(t, "model.layers.99.mystery", &src->t, NULL), REFIT_EUNEXPECTED);
     tw_assert_msg(w, "model.layers.99.mystery", "expects");
-    int kept = snap_equal(w, snap, n);
+    int kept = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(kept);
     assert_int_equal(refit_abort(t), REFIT_OK); /* nothing written: not poisoned */
@@ -115,7 +107,7 @@ static void test_overlapping_parts(void **state)
     tt_fill(b, 4242);
     assert_int_equal(refit_load_part(t, "top", 2, &b->t, NULL), REFIT_EOVERLAP);
     tw_assert_msg(w, "top", "module m", "[2, 4)", "[0, 3)");
-    int kept = snap_equal(w, snap, n);
+    int kept = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(kept);
     /* the right part is still accepted */
@@ -173,7 +165,7 @@ static void test_partly_delivered_tensor_at_finalize(void **state)
     assert_int_equal(refit_load_part(t, "top", 0, &p->t, NULL), REFIT_OK);
     assert_int_equal(refit_finalize(t), REFIT_EINCOMPLETE);
     tw_assert_msg(w, "module m", "top", "3 of its 4 rows");
-    int kept = snap_equal(w, snap, n); /* finalize aborted with rollback */
+    int kept = tw_snapshot_equal(w, snap, n); /* finalize aborted with rollback */
     free(snap);
     assert_true(kept);
 }
@@ -251,7 +243,7 @@ static void test_refused_loads_write_nothing(void **state)
     gpu->t.device.device_type = REFIT_DEVICE_CUDA;
     assert_int_equal(refit_load(t, "top", &gpu->t, NULL), REFIT_EUNSUPPORTED);
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
-    int kept = snap_equal(w, snap, n);
+    int kept = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(kept);
     refit_txn_stats st;

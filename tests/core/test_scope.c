@@ -26,14 +26,6 @@ static void two_modules(tw *w)
     tw_seal(w);
 }
 
-static int snap_equal(const tw *w, const void *snap, size_t n)
-{
-    size_t m;
-    void *now = tw_snapshot(w, &m);
-    int eq = m == n && !memcmp(now, snap, n);
-    free(now);
-    return eq;
-}
 
 /* A refused load, then finalize: the update must not commit. */
 static void test_refused_load_fails_closed(void **state)
@@ -53,7 +45,7 @@ static void test_refused_load_fails_closed(void **state)
     tw_assert_msg(w, "failed earlier", "update aborted");
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
     assert_string_equal(refit_worker_version(w->ctx), "v1");
-    int kept = snap_equal(w, snap, n);
+    int kept = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(kept);
 }
@@ -102,7 +94,7 @@ static void test_missing_module_refused(void **state)
                   "refit_update_opts.partial", "bytes rolled back");
     assert_string_equal(refit_worker_version(w->ctx), "v1");
     assert_string_equal(refit_module_version(w->m, "m"), "v1");
-    int kept = snap_equal(w, snap, n);
+    int kept = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(kept);
     /* nothing delivered at all: refused the same way */

@@ -7,14 +7,6 @@
 
 #include "testutil.h"
 
-static int snap_equal(const tw *w, const void *snap, size_t n)
-{
-    size_t m;
-    void *now = tw_snapshot(w, &m);
-    int eq = m == n && !memcmp(now, snap, n);
-    free(now);
-    return eq;
-}
 
 /* A STAGED module "s" of format fmt (two tensors, 64 bytes each) and an
  * unquantized module "plain". */
@@ -147,7 +139,7 @@ static void test_failed_is_sticky_and_finalize_aborts(void **state)
     refit_txn *t = fail_update(w, 1);
     assert_int_equal(refit_finalize(t), REFIT_EFORMAT);
     tw_assert_msg(w, "failed earlier", "rolled back");
-    int same = snap_equal(w, snap, n);
+    int same = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(same);
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
@@ -164,7 +156,7 @@ static void test_failed_then_abort_restores(void **state)
     void *snap = tw_snapshot(w, &n);
     refit_txn *t = fail_update(w, 1);
     assert_int_equal(refit_abort(t), REFIT_OK);
-    int same = snap_equal(w, snap, n);
+    int same = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(same); /* including the junk the failing kernel wrote */
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
@@ -197,7 +189,7 @@ static void test_staging_budget_refuses_before_writing(void **state)
     int rc = tw_load(&w, t, "s2.w", 2);
     char msg[1100];
     snprintf(msg, sizeof msg, "%s", refit_errmsg(w.ctx));
-    int same = snap_equal(&w, snap, n);
+    int same = tw_snapshot_equal(&w, snap, n);
     free(snap);
     /* still usable: finishing s frees its staging, then s2 fits */
     int rc2 = tw_load(&w, t, "s.b", 2);
@@ -228,7 +220,7 @@ static void test_destroy_model_with_open_update_rolls_back(void **state)
     tw_load_all(w, t, 2, NULL);
     refit_model_destroy(w->m); /* aborts the open update */
     w->m = NULL;
-    int same = snap_equal(w, snap, n);
+    int same = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(same);
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
@@ -323,7 +315,7 @@ static void test_prepare_then_abort_rolls_back(void **state)
     tw_load_all(w, t, 2, NULL);
     assert_int_equal(refit_finalize_prepare(t), REFIT_OK);
     assert_int_equal(refit_abort(t), REFIT_OK); /* another rank failed */
-    int same = snap_equal(w, snap, n);
+    int same = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(same);
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
@@ -340,7 +332,7 @@ static void test_prepare_failure_aborts_and_frees(void **state)
     assert_int_equal(tw_load(w, t, "top", 2), REFIT_OK);
     assert_int_equal(refit_finalize_prepare(t), REFIT_EINCOMPLETE);
     tw_assert_msg(w, "bottom", "rolled back");
-    int same = snap_equal(w, snap, n);
+    int same = tw_snapshot_equal(w, snap, n);
     free(snap);
     assert_true(same);
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);

@@ -914,3 +914,12 @@ void tt_build_llm(tw *w, const tt_llm_cfg *cfg)
     expect_ok(w, "norm", "model.norm.weight", &s);
     tw_seal(w);
 }
+
+int tw_snapshot_equal(const tw *w, const void *snap, size_t n)
+{
+    size_t m;
+    void *now = tw_snapshot(w, &m);
+    int eq = m == n && !memcmp(now, snap, n);
+    free(now);
+    return eq;
+}
