@@ -16,28 +16,15 @@ import operator
 from . import _ffi
 
 _P = ctypes.c_void_p
-_protos_set = False
-
-
-def lib():
-    """librefit with the batch functions' prototypes set (refit.h, "many
-    tensors per call")."""
-    global _protos_set
-    L = _ffi.lib()
-    if not _protos_set:
-        sz = ctypes.c_size_t
-        for name, res, args in (
-                ("refit_load_many", ctypes.c_int, [_P, sz, _P, _P, _P]),
-                ("refit_source_set_create", ctypes.c_int, [ctypes.POINTER(_P), _P, sz, _P, _P]),
-                ("refit_source_set_repoint", ctypes.c_int, [_P, sz, _P]),
-                ("refit_load_set", ctypes.c_int, [_P, _P, _P]),
-                ("refit_source_set_count", sz, [_P]),
-                ("refit_source_set_destroy", None, [_P])):
-            fn = getattr(L, name)
-            fn.restype = res
-            fn.argtypes = args
-        _protos_set = True
-    return L
+_sz = ctypes.c_size_t
+lib = _ffi.prototyped({  # refit.h, "many tensors per call"
+    "refit_load_many": (ctypes.c_int, [_P, _sz, _P, _P, _P]),
+    "refit_source_set_create": (ctypes.c_int, [ctypes.POINTER(_P), _P, _sz, _P, _P]),
+    "refit_source_set_repoint": (ctypes.c_int, [_P, _sz, _P]),
+    "refit_load_set": (ctypes.c_int, [_P, _P, _P]),
+    "refit_source_set_count": (_sz, [_P]),
+    "refit_source_set_destroy": (None, [_P]),
+})
 
 
 _DEV_CPU = _ffi.DEVICE_CPU

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from typing import Callable, List
 
 c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
@@ -219,6 +220,23 @@ def _candidates():
     found = ctypes.util.find_library("refit")
     if found:
         yield found
+
+
+def prototyped(protos: dict) -> Callable[[], ctypes.CDLL]:
+    """A getter of librefit with protos ({name: (restype, argtypes)}) set
+    on its first call: how a module of the binding declares the functions
+    it calls beyond _PROTOS."""
+    done: List[bool] = []
+
+    def get() -> ctypes.CDLL:
+        L = lib()
+        if not done:
+            for name, (res, args) in protos.items():
+                fn = getattr(L, name)
+                fn.restype, fn.argtypes = res, args
+            done.append(True)
+        return L
+    return get
 
 
 def lib() -> ctypes.CDLL:

@@ -66,18 +66,7 @@ _PROTOS = {
                                       ctypes.POINTER(GroupResult)]),
     "refit_ipc_receiver_stats": (_I, [_P, ctypes.POINTER(Stats)]),
 }
-_ready = False
-
-
-def _lib():
-    global _ready
-    L = _ffi.lib()
-    if not _ready:
-        for name, (res, args) in _PROTOS.items():
-            fn = getattr(L, name)
-            fn.restype, fn.argtypes = res, args
-        _ready = True
-    return L
+_lib = _ffi.prototyped(_PROTOS)
 
 
 def _stream(stream):

@@ -98,18 +98,7 @@ _PROTOS = {
     "refit_receive": (_I, [_P, _P, _P, _P]),
     "refit_group_finalize": (_I, [_P, _P, _I, ctypes.POINTER(GroupResult)]),
 }
-_ready = False
-
-
-def _lib():
-    global _ready
-    L = _ffi.lib()
-    if not _ready:
-        for name, (res, args) in _PROTOS.items():
-            fn = getattr(L, name)
-            fn.restype, fn.argtypes = res, args
-        _ready = True
-    return L
+_lib = _ffi.prototyped(_PROTOS)
 
 
 def nccl_probe(ctx):
