@@ -34,4 +34,4 @@ check "ModelOpt's convention" 'modelopt|refit_nvfp4_piece' ""
 # TRANSITIONAL: fp8, int4 and mx keep their services in core until their
 # kernels move into plugins/fp8, plugins/int4, plugins/mxfp8.
 check "fp8/int4/mx services" 'svc_quant_|kern_quant_' \
-  "core/ctx.c core/cuda/backend_cuda.c core/cuda/backend_cuda.h core/cuda/kern_cuda.h include/refit/format.h core/cuda/meson.build core/meson.build core/svc_quant_fp8.c core/svc_quant_int4.c core/svc_quant_mx.c"
+  "core/ctx.c core/cuda/backend_cuda.c core/cuda/backend_cuda.h core/cuda/kern_cuda.h include/refit/format.h core/cuda/meson.build core/meson.build core/svc_quant.h core/svc_quant_fp8.c core/svc_quant_int4.c core/svc_quant_mx.c"
