@@ -9,9 +9,6 @@
 #include "core/txn_journal.h"
 #include "core/host_services.h"
 
-int svc_quant_fp8(void *, uint32_t, const refit_view *, const refit_view *, const refit_view *,
-                  const char *const *, int, void *); /* core/svc_quant_fp8.c */
-
 char *xstrdup(const char *s)
 {
     return s ? strdup(s) : NULL;
@@ -51,12 +48,6 @@ int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
 static void ctx_init_host(refit_ctx *ctx)
 {
     host_services_init(ctx); /* core/host_services.c */
-    refit_host_v2 *h = &ctx->host;
-    h->quant_fp8 = svc_quant_fp8; /* transitional: core/svc_quant_*.c */
-    void svc_quant_int4_install(refit_host_v2 *);
-    svc_quant_int4_install(h);
-    int svc_quant_mx(void *, uint32_t, const refit_view *, const refit_view *, const refit_view *, const char *const *, int, void *);
-    h->quant_mx = svc_quant_mx;
 }
 
 /* ---- public ---- */
