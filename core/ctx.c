@@ -8,7 +8,6 @@
 #include "core/internal.h"
 #include "core/txn_journal.h"
 #include "core/host_services.h"
-#include "core/svc_quant.h"
 
 char *xstrdup(const char *s)
 {
@@ -49,10 +48,6 @@ int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
 static void ctx_init_host(refit_ctx *ctx)
 {
     host_services_init(ctx); /* core/host_services.c */
-    refit_host_v2 *h = &ctx->host;
-    h->quant_fp8 = svc_quant_fp8; /* transitional: core/svc_quant_*.c */
-    svc_quant_int4_install(h);
-    h->quant_mx = svc_quant_mx;
 }
 
 /* ---- public ---- */

@@ -12,12 +12,26 @@
 
 #define SCRATCH_ALIGN 256
 
+/* A piece of scratch lent in this update (views are checked against it). */
 typedef struct scratch_block {
     refit_device device;
-    void *base;            /* what was allocated */
     char *data;            /* aligned start lent out */
     size_t bytes;
 } scratch_block;
+
+/* Scratch memory kept across updates: pieces are lent from a device's
+ * pools, which are emptied (not freed) when the update ends, so an update
+ * allocates only when it needs more than any before it. A device that
+ * needed several pools in one update gets them merged into one at its
+ * end (after the update's last wait). */
+typedef struct scratch_pool {
+    refit_device device;
+    void *base;            /* what was allocated */
+    char *data;            /* aligned start */
+    size_t cap, used;
+} scratch_pool;
+
+#define SCRATCH_POOL_MIN ((size_t)1 << 20)
 
 typedef struct gpu_image {
     const void *image;     /* the plugin's pointer: one load per image */
@@ -43,6 +57,8 @@ struct host_svc {
     const refit_fmt_module *cur;  /* the module in a format's hands */
     scratch_block *scratch;
     uint32_t n_scratch, cap_scratch;
+    scratch_pool *pools;
+    uint32_t n_pools, cap_pools;
     gpu_image *images;
     uint32_t n_images, cap_images;
     status_slot *slots;
@@ -291,6 +307,40 @@ static int host_device_info(void *host, refit_device dev, refit_device_info *out
 
 /* ---- scratch ---- */
 
+static void *pool_mem(refit_device dev, size_t bytes, char *msg, size_t n)
+{
+    return is_host_memory(dev) ? malloc(bytes) : gpusvc_alloc(dev.device_id, bytes, msg, n);
+}
+
+static void pool_free(const scratch_pool *p)
+{
+    if (is_host_memory(p->device))
+        free(p->base);
+    else
+        gpusvc_free(p->device.device_id, p->base);
+}
+
+/* A new pool of at least `cap` bytes on dev (NULL, message in msg, when
+ * none is left). */
+static scratch_pool *pool_add(struct host_svc *s, refit_device dev, size_t cap, char *msg,
+                              size_t n)
+{
+    if (grow_array((void **)&s->pools, &s->cap_pools, s->n_pools, sizeof *s->pools))
+        return NULL;
+    void *base = pool_mem(dev, cap + SCRATCH_ALIGN, msg, n);
+    if (!base)
+        return NULL;
+    uintptr_t a = ((uintptr_t)base + SCRATCH_ALIGN - 1) & ~(uintptr_t)(SCRATCH_ALIGN - 1);
+    scratch_pool *p = &s->pools[s->n_pools++];
+    *p = (scratch_pool){dev, base, (char *)a, cap, 0};
+    return p;
+}
+
+static size_t align_up(size_t v)
+{
+    return (v + SCRATCH_ALIGN - 1) & ~(size_t)(SCRATCH_ALIGN - 1);
+}
+
 static void *host_scratch(void *host, refit_device dev, size_t bytes)
 {
     refit_ctx *ctx = host;
@@ -300,35 +350,70 @@ static void *host_scratch(void *host, refit_device dev, size_t bytes)
     if (!backend_for_device(dev))
         return ctx_error(ctx, REFIT_EUNSUPPORTED, "scratch: no backend for device type %d",
                          dev.device_type), NULL;
-    if (bytes > SIZE_MAX - SCRATCH_ALIGN)
+    if (bytes > SIZE_MAX / 4 - SCRATCH_ALIGN)
         return ctx_error(ctx, REFIT_ENOMEM, "scratch: %zu bytes", bytes), NULL;
     if (grow_array((void **)&s->scratch, &s->cap_scratch, s->n_scratch, sizeof *s->scratch))
         return ctx_error(ctx, REFIT_ENOMEM, "scratch: out of memory"), NULL;
+    size_t want = align_up(bytes ? bytes : 1), held = 0;
+    scratch_pool *p = NULL;
+    for (uint32_t i = 0; i < s->n_pools && !p; i++) {
+        scratch_pool *q = &s->pools[i];
+        if (!same_device(q->device, dev))
+            continue;
+        held += q->cap;
+        if (q->cap - q->used >= want)
+            p = q;
+    }
     char msg[256] = "";
-    void *base;
-    size_t want = (bytes ? bytes : 1) + SCRATCH_ALIGN;
-    if (is_host_memory(dev))
-        base = malloc(want);
-    else
-        base = gpusvc_alloc(dev.device_id, want, msg, sizeof msg);
-    if (!base)
+    if (!p) { /* grows geometrically: few pools, merged at the update's end */
+        size_t cap = want > held ? want : held;
+        p = pool_add(s, dev, cap > SCRATCH_POOL_MIN ? cap : SCRATCH_POOL_MIN, msg, sizeof msg);
+    }
+    if (!p)
         return ctx_error(ctx, REFIT_ENOMEM, "scratch: %zu bytes on device type %d id %d: %s",
                          bytes, dev.device_type, dev.device_id,
                          msg[0] ? msg : "out of memory"), NULL;
-    uintptr_t a = ((uintptr_t)base + SCRATCH_ALIGN - 1) & ~(uintptr_t)(SCRATCH_ALIGN - 1);
-    s->scratch[s->n_scratch++] = (scratch_block){dev, base, (char *)a, bytes};
-    return (void *)a;
+    char *at = p->data + p->used;
+    p->used += want;
+    s->scratch[s->n_scratch++] = (scratch_block){dev, at, bytes};
+    return at;
 }
 
+/* The update ended (after its last wait): every pool empty again; a
+ * device holding several is given one of their total size instead (or
+ * none, when that allocation fails: the next update allocates again). */
 static void scratch_free_all(struct host_svc *s)
 {
-    for (uint32_t i = 0; i < s->n_scratch; i++) {
-        if (is_host_memory(s->scratch[i].device))
-            free(s->scratch[i].base);
-        else
-            gpusvc_free(s->scratch[i].device.device_id, s->scratch[i].base);
-    }
     s->n_scratch = 0;
+    for (uint32_t i = 0; i < s->n_pools; i++) {
+        s->pools[i].used = 0;
+        size_t total = 0;
+        uint32_t count = 0;
+        for (uint32_t j = i; j < s->n_pools; j++)
+            if (same_device(s->pools[j].device, s->pools[i].device))
+                total += s->pools[j].cap, count++;
+        if (count < 2)
+            continue;
+        refit_device dev = s->pools[i].device;
+        uint32_t k = 0;
+        for (uint32_t j = 0; j < s->n_pools; j++) {
+            if (j >= i && same_device(s->pools[j].device, dev))
+                pool_free(&s->pools[j]);
+            else
+                s->pools[k++] = s->pools[j];
+        }
+        s->n_pools = k;
+        char msg[256];
+        pool_add(s, dev, total, msg, sizeof msg);
+        i = (uint32_t)-1; /* start over: the array changed */
+    }
+}
+
+static void scratch_release(struct host_svc *s)
+{
+    for (uint32_t i = 0; i < s->n_pools; i++)
+        pool_free(&s->pools[i]);
+    s->n_pools = 0;
 }
 
 /* ---- the GPU service ---- */
@@ -543,11 +628,13 @@ void host_services_free(refit_ctx *ctx)
     if (!s)
         return;
     host_services_update_end(ctx);
+    scratch_release(s);
     for (uint32_t a = 0; a < s->n_arrays; a++)
         gpusvc_free(s->arrays[a].device, s->arrays[a].words);
     for (uint32_t i = 0; i < s->n_images; i++)
         gpusvc_unload(s->images[i].lib);
     free(s->scratch);
+    free(s->pools);
     free(s->images);
     free(s->slots);
     free(s->arrays);

@@ -47,6 +47,7 @@
 
 #include "core/cuda/backend_cuda.h"
 #include "core/cuda/kern_cuda.h"
+#include "plugins/fp8/fp8_direct.h"
 #include "plugins/fp8/quant_fp8.h"
 #include "tools/bench_gpu.h"
 #include "tools/cli.h"
@@ -653,6 +654,7 @@ double kern_quant_fp8_cuda_kernel_ms(void);
 static int time_quant(bench *b, qarena *a, int sch, int all, double *out, double *kern)
 {
     double v[64], kv[64];
+    int hw = kern_fp8_encoder(0, NULL, NULL) == 1; /* as the plugin encodes */
     kern_quant_fp8_cuda_timing(1);
     for (int r = -1; r < b->repeat; r++) {
         CU(cudaDeviceSynchronize());
@@ -660,12 +662,12 @@ static int time_quant(bench *b, qarena *a, int sch, int all, double *out, double
         int rc = 0;
         double t0 = now_s(), k = 0;
         if (all == 1)
-            rc = backend_cuda_quant_fp8((uint32_t)a->nw, a->qv, a->sv, a->xv, sch, &bad, NULL);
+            rc = kern_quant_fp8_cuda((uint32_t)a->nw, a->qv, a->sv, a->xv, sch, hw, &bad, NULL);
         else if (all == 2)
             rc = kern_quant_fp8_cuda((uint32_t)a->nw, a->qv, a->sv, a->xv, sch, 0, &bad, NULL);
         k = all ? kern_quant_fp8_cuda_kernel_ms() / 1e3 : 0;
         for (int w = 0; w < a->nw && !all && !rc; w++) {
-            rc = backend_cuda_quant_fp8(1, &a->qv[w], &a->sv[w], &a->xv[w], sch, &bad, NULL);
+            rc = kern_quant_fp8_cuda(1, &a->qv[w], &a->sv[w], &a->xv[w], sch, hw, &bad, NULL);
             k += kern_quant_fp8_cuda_kernel_ms() / 1e3;
         }
         if (r >= 0) {
@@ -774,7 +776,7 @@ static int bench_quant(bench *b)
     double copy_Bps = 2.0 * (double)b->total /
                       (jget(b->res, "d2d", "ceiling_memcpy_d2d_ms") / 1e3);
     uint64_t cvt_bad = 0;
-    int enc = backend_cuda_fp8_encoder(0, &cvt_bad, NULL);
+    int enc = kern_fp8_encoder(0, &cvt_bad, NULL);
     json_t *all = json_object();
     json_object_set_new(all, "encoder", json_string(enc == 1 ? "cvt.rn.satfinite.e4m3x2.f32"
                                                     : enc == 0 ? "integer" : "check failed"));

@@ -31,6 +31,7 @@
 #include "core/cuda/backend_cuda.h"
 #include "bench_gpu_peer.h"
 #include "core/cuda/kern_cuda.h"
+#include "plugins/int4/int4_direct.h"
 #include "plugins/int4/quant_int4.h"
 
 int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_base,

@@ -26,6 +26,8 @@
 #include "core/cuda/backend_cuda.h"
 #include "bench_gpu_peer.h"
 #include "core/cuda/kern_cuda.h"
+#include "plugins/fp8/fp8_direct.h"
+#include "plugins/mxfp8/mx_direct.h"
 #include "plugins/mxfp8/quant_mx.h"
 #include "plugins/mxfp4/quant_mxfp4.h"
 
@@ -181,7 +183,7 @@ int bench_gpu_mx(json_t *quant, int nw, const refit_view *x, const char *dev_bas
         python = NULL;
     for (int f = 0; f < 2 && !rc; f++) {
         mx_arena a = {.bits = f ? 4 : 8, .nw = nw, .x = x};
-        a.hw = a.bits == 8 && backend_cuda_fp8_encoder(0, NULL, NULL) == 1;
+        a.hw = a.bits == 8 && kern_fp8_encoder(0, NULL, NULL) == 1;
         double t_all = 0, t_each = 0;
         rc = mxb_views(&a) || mxb_time(&a, 1, repeat, &t_all) ||
              mxb_check(&a, dev_base, host_base) || mxb_time(&a, 0, repeat, &t_each) ||

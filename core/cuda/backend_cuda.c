@@ -233,9 +233,7 @@ static struct {
     int nq;
     pool staging, undo;
     backend_cuda_stats stats;
-    int8_t fp8_cvt[MAX_DEVICES];    /* 0 unchecked, 1 hardware, 2 encoder, 3 check failed */
     int defer_err;              /* a deferred slice failed; flush/sync/hold report it */
-    uint64_t fp8_cvt_bad[MAX_DEVICES];
 } G = {.once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER,
        .undo = {.pinned = true}};
 
@@ -1332,76 +1330,10 @@ static int cuda_fingerprint(const refit_view *v, uint64_t *out, void *stream)
     return rc;
 }
 
-/* ---- post-load kernels ---- */
+/* ---- the GPU service's device work ---- */
 
-/* The E4M3 encoder of dev (G.mu held, dev current): the hardware
- * conversion once checked equal to the integer encoder on every input. */
-static int fp8_encoder(int dev, void *stream)
-{
-    if (dev < 0 || dev >= MAX_DEVICES)
-        return 0;
-    if (G.fp8_cvt[dev] == 0) {
-        const char *env = getenv("REFIT_CUDA_FP8_CVT");
-        uint64_t bad = 0;
-        uint32_t first = 0;
-        if (env && !strcmp(env, "0"))
-            G.fp8_cvt[dev] = 2;
-        else if (kern_fp8_cvt_check_cuda(&bad, &first, stream))
-            G.fp8_cvt[dev] = 3; /* the encoder, and the check is not retried */
-        else
-            G.fp8_cvt[dev] = bad ? 2 : 1;
-        G.fp8_cvt_bad[dev] = bad;
-    }
-    return G.fp8_cvt[dev] == 1;
-}
-
-int backend_cuda_fp8_encoder(int dev, uint64_t *mismatches, void *stream)
-{
-    lock();
-    devg g;
-    int rc = dev < 0 || dev >= MAX_DEVICES ? fail(REFIT_EINVAL, "no such device")
-                                           : dev_enter(&g, dev);
-    int r = -1;
-    if (!rc) {
-        r = fp8_encoder(dev, stream);
-        if (G.fp8_cvt[dev] == 3) {
-            r = -1;
-            kern_fail(REFIT_EINTERNAL);
-        }
-        if (mismatches)
-            *mismatches = G.fp8_cvt_bad[dev];
-        dev_leave(&g);
-    }
-    unlock();
-    return r;
-}
-
-int backend_cuda_quant_fp8(uint32_t n, const refit_view *q, const refit_view *scale,
-                           const refit_view *x, int scheme, int32_t *bad, void *stream)
-{
-    *bad = -1;
-    if (n == 0)
-        return REFIT_OK;
-    int dev = x[0].device.device_id;
-    lock();
-    devg g;
-    cq *qq;
-    int rc = dev_enter(&g, dev);
-    if (!rc) {
-        rc = queue_get(&qq, stream, dev);
-        if (!rc)
-            rc = queue_flush(qq); /* staged copies and undo saves land first */
-        if (!rc && (rc = kern_quant_fp8_cuda(n, q, scale, x, scheme, fp8_encoder(dev, stream),
-                                             bad, stream)))
-            rc = kern_fail(rc);
-        dev_leave(&g);
-    }
-    unlock();
-    return rc;
-}
-
-/* A post-load kernel of a format (core/svc_<fmt>.c) on device dev, ordered on
- * stream after the staged copies and undo saves queued there. */
+/* Device work of the GPU service (core/cuda/gpu_service.c) on device dev,
+ * ordered on stream after the staged copies and undo saves queued there. */
 int backend_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *stream), void *arg)
 {
     if (dev < 0 || dev >= MAX_DEVICES)

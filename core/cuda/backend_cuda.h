@@ -18,27 +18,11 @@ int backend_cuda_device_count(void);
 /* What the last failing CUDA backend call on this thread reported. */
 const char *backend_cuda_last_error(void);
 
-/* kern_quant_fp8_cuda (core/cuda/kern_cuda.h) on the device of the views
- * (all on one device), ordered on stream after whatever copy() and save()
- * queued there: the host service quant_fp8 (core/ctx.c) calls it. Waits
- * for stream (it reports non-finite input as REFIT_ECORRUPT, *bad the
- * lowest piece holding one); the message is backend_cuda_last_error(). */
-int backend_cuda_quant_fp8(uint32_t n, const refit_view *q, const refit_view *scale,
-                           const refit_view *x, int scheme, int32_t *bad, void *stream);
 /* Run launch(arg, stream) on device dev (made current), ordered on stream
  * after whatever copy() and save() queued there, under the backend's lock:
- * how a format's post-load kernel (core/svc_<fmt>.c, kernels/<fmt>.cu) reaches the
- * device. launch returns a refit status; a failure's CUDA message is
+ * how the GPU service (core/cuda/gpu_service.c) reaches the device. launch returns a refit status; a failure's CUDA message is
  * backend_cuda_last_error(). Never synchronizes unless launch does. */
 int backend_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *stream), void *arg);
-/* How quantization encodes E4M3 on device dev: 1 with the hardware
- * conversion, 0 with the integer encoder, -1 when the check failed to run
- * (backend_cuda_last_error says why). The first call for a device checks
- * the hardware against the encoder on every finite f32 (a few ms, on
- * stream) and uses it only when they agree everywhere; REFIT_CUDA_FP8_CVT=0
- * turns the hardware path off. mismatches (may be NULL): inputs that
- * differed. */
-int backend_cuda_fp8_encoder(int dev, uint64_t *mismatches, void *stream);
 
 /* Counters since the process started, for tests and benchmarks. */
 typedef struct backend_cuda_stats {

@@ -17,7 +17,7 @@
  *   REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
  *       .abi_version = REFIT_FORMAT_ABI_VERSION,
  *       .struct_size = sizeof(refit_format_v2),
- *       .name = "fp8", .plan = fp8_plan, .post_load = fp8_post_load,
+ *       .name = "scale2", .plan = scale2_plan, .post_load = scale2_post_load,
  *   };
  *
  * A plugin built against ABI 1 (it exports refit_format_plugin_v1) is
@@ -255,73 +255,6 @@ typedef struct refit_host_v2 {
     int (*status_word)(void *host, const refit_fmt_module *m, refit_device dev, uint32_t n,
                        const char *const *names, const char *what, void *stream,
                        uint32_t **word);
-    /* TRANSITIONAL (leave core as each format takes its kernels): the
-     * post-load kernels, one service per kernel, each with the arithmetic of
-     * its CPU reference (kernels/quant_*.h) and run where the views live:
-     * host memory (CPU, pinned) by the reference itself, device memory by
-     * its CUDA twin, bit for bit the same bytes. */
-    /* FP8 E4M3 quantization of n pieces (plugins/fp8/quant_fp8.h): piece i is
-     * x[i] (2-D [n_i, k_i], F32/F16/BF16) into q[i] (2-D [n_i, k_i], one-byte
-     * elements) with its F32 scales scale[i], as kern_quant_fp8 takes them
-     * for `scheme` (0 per-tensor [1, 1], 1 per-channel [n_i, 1], 2 block-128
-     * [ceil(n_i/128), ceil(k_i/128)]); any strides. Per-tensor pieces whose
-     * scale views start at the same element share that scale: its amax is
-     * taken over all of them (fused q/k/v, or one scale per expert);
-     * per-channel and block-128 scale views must not overlap. Every view of
-     * a call is on one device. names (NULL, or n names) label the pieces in
-     * messages. Ordered on stream; on a device it enqueues every piece, then
-     * waits for stream once (it reports non-finite input). Returns REFIT_OK,
-     * REFIT_ECORRUPT (a NaN or infinity in a piece: outputs partly written,
-     * the message names the lowest such piece), REFIT_EMISMATCH (shapes),
-     * REFIT_EUNSUPPORTED (dtypes; a device with no kernel here), REFIT_EINVAL,
-     * REFIT_ENOMEM or REFIT_EINTERNAL (the device failed); the message is
-     * set. */
-    int (*quant_fp8)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
-                     const refit_view *x, const char *const *names, int scheme,
-                     void *stream);
-    /* transitional: INT4
-     * quantization of n pieces, round-to-nearest, symmetric, per group of
-     * `group` columns (0: one scale per row), in the compressed-tensors
-     * convention (plugins/int4/quant_int4.h: scale = amax / 7.5 rounded to the
-     * scale dtype, q = round(clamp(x / scale, -8, 7)), packed 8 per int32
-     * word along K as q + 8, low nibble first). Piece i is x[i] (2-D
-     * [n_i, k_i], F32/F16/BF16) into q[i], an I32 view [n_i, ceil(k_i/8)]
-     * in checkpoint layout over the runtime words (transposed strides for
-     * the GPTQ layout, a pitched byte row seen as words for the u8 one),
-     * and scale[i] ([n_i, ceil(k_i/group)] or [n_i, 1]; F32/F16/BF16, any
-     * strides), as kern_quant_int4 takes them. Every view of a call is on
-     * one device. names (NULL, or n names) label the pieces in messages.
-     * Ordered on stream; on a device one launch takes every piece, then the
-     * call waits for stream once (it reports non-finite input). Returns
-     * REFIT_OK, REFIT_ECORRUPT (a NaN or infinity in a piece, or a scale
-     * past an F16 scale's range: outputs partly written, the message names
-     * the lowest such piece), REFIT_EMISMATCH (shapes), REFIT_EUNSUPPORTED
-     * (dtypes; a device with no kernel here), REFIT_EINVAL, REFIT_ENOMEM or
-     * REFIT_EINTERNAL (the device failed); the message is set. */
-    int (*quant_int4)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
-                      const refit_view *x, const char *const *names, int64_t group,
-                      void *stream);
-    /* transitional: OCP MX
-     * quantization of n pieces (plugins/mxfp8/quant_mx.h: one E8M0 scale per 32
-     * elements of a row, the MX spec's floor rule; elements x / 2^(s-127)
-     * encoded saturating, round to nearest even). elem_bits 8: MXFP8, q[i]
-     * [n_i, k_i] one-byte E4M3 elements, any strides (kern_quant_mxfp8);
-     * 4: MXFP4, q[i] [n_i, ceil(k_i/2)] bytes of two E2M1 codes, low nibble
-     * first, each row contiguous (kern_quant_mxfp4). Piece i is x[i] (2-D
-     * [n_i, k_i], F32/F16/BF16, any strides) with its scales scale[i]
-     * (8-bit [n_i, ceil(k_i/32)], any strides; a ragged last block has its
-     * own). Every view of a call is on one device. names (NULL, or n names)
-     * label the pieces in messages. Ordered on stream; on a device one
-     * launch takes every piece (stacked experts of one shape count as
-     * one), then the call waits for stream once (it reports non-finite
-     * input). Returns REFIT_OK, REFIT_ECORRUPT (a NaN or infinity in a
-     * piece: outputs partly written, the message names the lowest such
-     * piece), REFIT_EMISMATCH (shapes), REFIT_EUNSUPPORTED (dtypes; a
-     * device with no kernel here), REFIT_EINVAL, REFIT_ENOMEM or
-     * REFIT_EINTERNAL (the device failed); the message is set. */
-    int (*quant_mx)(void *host, uint32_t n, const refit_view *q, const refit_view *scale,
-                    const refit_view *x, const char *const *names, int elem_bits,
-                    void *stream);
 } refit_host_v2;
 
 /* 1 when struct *s (abi_version/struct_size first) holds member. */
@@ -347,7 +280,7 @@ typedef struct refit_format_v2 {
     uint32_t abi_version;    /* REFIT_FORMAT_ABI_VERSION */
     uint32_t struct_size;    /* sizeof(refit_format_v2) */
     /* valid from ABI 2 */
-    const char *name;        /* "unquantized", "fp8" ...; static storage; a
+    const char *name;        /* "unquantized", "scale2" ...; static storage; a
                                 plugin's name is its file's <name> */
     /* Plan one module at seal. Must not block (no device work, no I/O).
      * Reads m (checkpoint names, dtypes, shapes; runtime views; params

@@ -19,11 +19,15 @@
  * (shards, fused offsets, experts) and nothing runs at load. Online: the
  * weights are STAGED and post_load quantizes each into its place in the
  * runtime weight, writing the runtime scales (plugins/fp8/quant_fp8.h gives
- * the arithmetic), in one call of the host's quant_fp8 service: the CPU
- * reference on host memory, its CUDA twin (the same bytes) on device
- * memory. A host without the service gets the reference linked here, on
- * host memory only (seal refuses device runtime tensors then). Either way
- * the module is WHOLE: a weight without its scale means nothing.
+ * the arithmetic): the CPU reference on host memory; on a CUDA device this
+ * plugin's own kernels (quant_fp8.cu, embedded as fp8_image by
+ * refit-embed), planned by fp8_launch.c and launched through the host's
+ * GPU service in one call for every weight of the module, the same bytes.
+ * It never waits (but for the once-per-device conversion check,
+ * fp8_cvt_host.h): a NaN lowers the module's status word, which the host
+ * reads at finalize. A plugin built without nvcc runs on host memory only
+ * (seal refuses device runtime tensors then). Either way the module is
+ * WHOLE: a weight without its scale means nothing.
  *
  * Params: scheme (per_tensor | per_channel | block128; serialized modules
  * infer it from their scale tensors), online (bool, optional: asserts the
@@ -37,8 +41,20 @@
 
 #include <refit/format.h>
 
+#include "plugins/common/pgpu_host.h"
+#include "plugins/fp8/fp8_cvt_host.h"
+#include "plugins/fp8/fp8_launch.h"
 #include "plugins/fp8/quant_fp8.h"
 #include "plugins/fp8/qplug.h"
+
+#ifdef REFIT_FP8_DEVICE_CODE
+extern const unsigned char fp8_image[];
+extern const size_t fp8_image_size;
+#endif
+
+#ifdef REFIT_FP8_DEVICE_CODE
+static const char nan_what[] = "NaN or infinity in the weight; refusing to quantize it";
+#endif
 
 enum { R_WEIGHT, R_SCALE, R_SCALE_INV, R_INPUT_SCALE, R_COUNT };
 static const char *const role_suffix[R_COUNT] = {"weight", "weight_scale", "weight_scale_inv",
@@ -215,12 +231,17 @@ static int plan_serialized(const refit_host_v2 *h, refit_fmt_module *m, fp8_stat
 
 /* ---- online: STAGED weights, quantized at post-load ---- */
 
-/* 1 when the host quantizes on dev: it has the quant_fp8 service (ABI 1,
- * appended) and a backend serving dev (then its device kernel is built:
- * the CUDA backend and plugins/fp8/quant_fp8.cu come together). */
+/* 1 when post-load can run on dev: a CUDA device the host serves, and
+ * this plugin carries its device code. */
 static int device_kernel(const refit_host_v2 *h, refit_device dev)
 {
-    return REFIT_HOST_HAS(h, quant_fp8) && h->quant_fp8 && refit_host_serves(h, dev);
+#ifdef REFIT_FP8_DEVICE_CODE
+    return dev.device_type == REFIT_DEVICE_CUDA && refit_host_serves(h, dev);
+#else
+    (void)h;
+    (void)dev;
+    return 0;
+#endif
 }
 
 /* The runtime weight and scale an online module writes. */
@@ -246,11 +267,15 @@ static int check_online_runtime(const refit_host_v2 *h, const refit_fmt_module *
         return ERR(h, REFIT_EUNSUPPORTED, "module %s: runtime weight and weight_scale are on "
                    "different devices; online fp8 writes both in one place", m->name);
     if (!device_kernel(h, w->device))
-        return ERR(h, REFIT_EUNSUPPORTED, "module %s: online fp8 quantization of device memory "
-                   "needs the host's quant_fp8 service and a backend serving device type %d; "
-                   "this host has %s", m->name, w->device.device_type,
-                   REFIT_HOST_HAS(h, quant_fp8) && h->quant_fp8 ? "no such backend"
-                                                                 : "no quant_fp8 service");
+        return ERR(h, REFIT_EUNSUPPORTED, "module %s: online fp8 quantization on device type "
+                   "%d needs a CUDA device the host serves and this plugin's device code; %s",
+                   m->name, w->device.device_type,
+#ifdef REFIT_FP8_DEVICE_CODE
+                   "the host serves no such device"
+#else
+                   "this plugin was built without nvcc"
+#endif
+                   );
     return REFIT_OK;
 }
 
@@ -491,11 +516,34 @@ static int quant_rows(const refit_host_v2 *h, const refit_fmt_module *m, const f
     return REFIT_OK;
 }
 
-/* Every weight in one call of the host's quant_fp8, which runs the
- * reference on host memory and its CUDA twin on device memory. Per-tensor
- * weights of one slot get the same one-element scale view: the service
- * takes their amax together. */
-static int quant_service(const refit_host_v2 *h, const refit_fmt_module *m, const fp8_state *s,
+/* The launcher over every weight on the module's device, through the
+ * host's GPU service; the status word names the weight. */
+static int quant_launch(const refit_host_v2 *h, const refit_fmt_module *m, uint32_t nw,
+                        const refit_view *q, const refit_view *sc, const refit_view *x,
+                        const char *const *names, int scheme, void *stream)
+{
+    refit_device dev = q[0].device;
+#ifdef REFIT_FP8_DEVICE_CODE
+    int hw = fp8_cvt_host(h, m, dev, stream, nw, names, nan_what);
+    pgpu_host g;
+    int rc = pgpu_host_init(&g, h, m, dev, stream, fp8_image, fp8_image_size, nw, names,
+                            nan_what);
+    int32_t bad = -1;
+    if (!rc && (rc = fp8_launch(&g.g, nw, q, sc, x, scheme, hw, &bad)) && g.g.msg[0])
+        return ERR(h, rc, "module %s%s%s: %s", m->name, bad >= 0 ? ", tensor " : "",
+                   bad >= 0 ? names[bad] : "", g.g.msg);
+    return rc;
+#else
+    (void)nw, (void)sc, (void)x, (void)names, (void)scheme, (void)stream;
+    return ERR(h, REFIT_EUNSUPPORTED, "module %s: fp8 was built without its device code "
+               "(no nvcc), so it cannot run on device type %d", m->name, dev.device_type);
+#endif
+}
+
+/* Every weight in one call of the launcher on the module's device.
+ * Per-tensor weights of one slot get the same one-element scale view: the
+ * launcher takes their amax together. */
+static int quant_device(const refit_host_v2 *h, const refit_fmt_module *m, const fp8_state *s,
                          const shard *sh, void *stream)
 {
     const refit_view *rt = &refit_runtime(m, s->rt_weight)->view, *sv = &refit_runtime(m, s->rt_scale)->view;
@@ -540,7 +588,7 @@ static int quant_service(const refit_host_v2 *h, const refit_fmt_module *m, cons
         sc[i].strides[0] = block ? bk : 1;
     }
     if (!rc)
-        rc = h->quant_fp8(h->host, nw, q, sc, x, names, (int)s->scheme, stream);
+        rc = quant_launch(h, m, nw, q, sc, x, names, (int)s->scheme, stream);
     h->mem_free(h->host, v);
     return rc;
 }
@@ -558,11 +606,10 @@ static int fp8_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void
         rc = locate(h, m, s->rt_weight, s->weights[i], &sh[i]);
     if (!rc) {
         qsort(sh, s->n_weights, sizeof *sh, shard_cmp);
-        /* the host's service where it has one (host or device memory);
-         * the reference kernels linked here otherwise (host memory only,
-         * checked at seal; done on return) */
-        if (REFIT_HOST_HAS(h, quant_fp8) && h->quant_fp8)
-            rc = quant_service(h, m, s, sh, stream);
+        /* the reference kernels linked here on host memory (done on
+         * return); the device code on a CUDA device (checked at seal) */
+        if (!host_memory(refit_runtime(m, s->rt_weight)->view.device))
+            rc = quant_device(h, m, s, sh, stream);
         else
             rc = s->scheme == KERN_FP8_PER_TENSOR ? quant_per_tensor(h, m, s, sh)
                                                   : quant_rows(h, m, s, sh);

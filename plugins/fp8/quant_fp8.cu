@@ -59,40 +59,23 @@
  * or piece lookups, NaN/Inf on the amax alone, the encoder inlined); the
  * other pieces take the general kernels above in their own launch.
  *
- * The pieces travel in a table uploaded once per call (one cudaMemcpyAsync
- * from a pinned buffer) with the status word and the per-tensor groups'
- * words beside it: no memset, no stream-ordered allocation; the pinned and
- * device buffers are cached per device and reused (grown when a call needs
- * more). A NaN or infinity makes its warp/block atomicMin the piece's index
- * into the status word; the call copies that word back and waits for the
- * stream once, at the end, to report it. */
+ * Device code only (extern "C" kernels, compiled to a fatbin embedded in
+ * refit-fmt-fp8.so): plugins/fp8/fp8_launch.c plans the pieces and launches
+ * these through the host's GPU service (plugins/common/pgpu.h). The pieces
+ * travel in a table in scratch memory (fp8_gpu.h) with the per-tensor
+ * groups' words beside it. A NaN or infinity makes its warp/block atomicMin
+ * the piece's index into the module's status word, which the host reads
+ * once at finalize. */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
-#include <pthread.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <refit/format.h>
 
 #include "kernels/cast_bits.h"
-#include "kernels/launch_errors.cuh"
-
-extern "C" void kern_cuda_set_error(const char *msg);
+#include "plugins/fp8/fp8_gpu.h"
 
 #define QF_HD __host__ __device__ __forceinline__
-#define QF_THREADS 256
-#define QF_WARPS (QF_THREADS / 32)
-#define QF_SLOTS 8                     /* groups a thread holds: per-tensor chunk, 16-bit tile */
-#define QF_CHUNK (QF_THREADS * QF_SLOTS) /* groups of a per-tensor chunk */
-#define QF_ROW_CH_MAX 24               /* groups a lane holds of a per-channel row */
-#define QF_SHORT_ROW (8 * 32)          /* per-channel: groups of a short row (its own launch) */
-#define QF_ROUND 64                    /* per-tensor: chunks a round (REFIT_CUDA_FP8_ROUND) */
-#define QF_LAG 2                       /* per-tensor: least lag in rounds (REFIT_CUDA_FP8_LAG) */
-#define QF_FINITE_MAX 0x7f7fffffu      /* magnitude bits of FLT_MAX */
-#define QF_NONE 0xffffffffu            /* status word: no piece failed */
-#define QF_DEVICES 64
 /* ---- the E4M3 encoder (kernels/minifloat.c: encode_mag, e4m3_encode) ---- */
 
 /* m >> shift rounded to nearest, ties to even; 0 when shift > 25 (m < 2^24
@@ -140,38 +123,6 @@ QF_HD uint8_t qf_e4m3_sat(uint32_t x)
 
 /* ---- pieces ---- */
 
-/* Piece i of a call as the kernels read it (the device table). */
-struct qf_piece {
-    const char *x;
-    unsigned char *q;
-    float *s;                   /* the scale grid (per-tensor: the group's scale) */
-    int64_t n, k;               /* rows, columns (a contiguous per-tensor piece: 1, n*k) */
-    int64_t xs0, xs1, qs0, qs1, ss0, ss1; /* strides, in elements */
-    int64_t first;              /* its first row, tile or chunk in the call */
-    int64_t gpr;                /* groups a row: ceil(k / elements a group) */
-    int64_t gfirst, gend;       /* per-tensor: its group's chunks */
-    int32_t gpiece;             /* per-tensor: its group's first piece */
-    uint32_t group;             /* per-tensor: its group */
-    int32_t idx;                /* its index in the call */
-    uint8_t kind;               /* x: 0 f32, 1 f16, 2 bf16 */
-    uint8_t shift;              /* log2 of the elements a group: 2 (f32) or 3 */
-    uint8_t vx, vq;             /* rows of x (q) are 16 (8) byte aligned and contiguous */
-    uint8_t leader;             /* per-tensor: writes the group's scale */
-    uint8_t onekind;            /* per-tensor: every piece of its group has its dtype */
-    uint8_t dense;              /* takes the dense fast path (qf_dense_ok) */
-};
-
-/* Per-tensor group words: the amax bits, the amax chunks done, and how
- * many there are. */
-struct qf_group {
-    unsigned int amax, done, need, pad;
-};
-
-/* The head of the device table: the status word and the ticket counter. */
-struct qf_head {
-    unsigned int status, pad;
-    unsigned long long ticket;
-};
 
 /* The piece of unit t (row, tile or chunk): the last whose first unit is
  * <= t, searched from lo up (P[lo].first <= t; t only grows in a loop). */
@@ -446,7 +397,6 @@ __device__ __forceinline__ float qf_scale(uint32_t amax_bits)
  * by qf_div_recip with its test of the reciprocal hoisted out of the
  * loop. */
 
-#define QF_DENSE_CH 8                  /* 16-byte loads a lane keeps in flight */
 
 /* The running max of the 16-bit magnitudes of a raw group, as a pair
  * (the low and high halves kept apart until qf_pair_top). */
@@ -605,7 +555,7 @@ __device__ __forceinline__ void qf_block_run(int64_t t0, int64_t t1, int64_t *a,
  * a lane keeps (the launch picks the smallest that holds its longest row,
  * at most QF_ROW_CH_MAX; longer rows read the rest twice). */
 template <int CH>
-__global__ void __launch_bounds__(QF_THREADS)
+__device__ __forceinline__ void
 k_rows(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1, unsigned int *status,
        int hw)
 {
@@ -656,7 +606,7 @@ k_rows(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1, unsigned 
  * a row of a 16-bit tile, 32 of an F32 one): CH slots a thread must hold
  * the launch's largest tile (8: 16-bit pieces only, 16 with an F32 one). */
 template <int CH>
-__global__ void __launch_bounds__(QF_THREADS)
+__device__ __forceinline__ void
 k_tiles(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1, unsigned int *status,
         int hw)
 {
@@ -710,8 +660,8 @@ k_tiles(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1, unsigned
  * tiles (qf_block_run), its piece's fields in registers, the next tile's
  * row and column stepped, not divided. 64 registers at most: 4 blocks (4
  * tiles, 128 KB of loads) in flight an SM. */
-__global__ void __launch_bounds__(QF_THREADS, 4)
-k_tiles_dense(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1,
+extern "C" __global__ void __launch_bounds__(QF_THREADS, 4)
+qf_tiles_dense(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1,
               unsigned int *status, int hw)
 {
     int64_t ta, tb;
@@ -769,10 +719,8 @@ k_tiles_dense(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1,
  * 128 threads). 256 / T rows a block at a time, the block walking a run
  * of row batches. T > 32: the team's warps meet in shared memory (every
  * thread of the block reaches both barriers, live row or not). */
-#define QF_TEAM_T(c) ((c) == 0 ? 32 : (c) == 1 ? 64 : (c) < 4 ? 128 : 256)
-#define QF_TEAM_CH(c) ((c) == 2 ? 6 : 8)
 template <int CLS>
-__global__ void __launch_bounds__(QF_THREADS, 4)
+__device__ __forceinline__ void
 k_rows_dense(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1,
              unsigned int *status, int hw)
 {
@@ -903,8 +851,9 @@ __device__ __noinline__ void qf_chunk_encode(const qf_piece &p, int64_t pc, floa
  * calls, read back once a ticket); else each chunk takes its piece's path
  * (106 registers, 2 blocks, no spill). */
 template <int ALL_DENSE>
-__global__ void __launch_bounds__(QF_THREADS, ALL_DENSE ? 3 : 2)
-k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int64_t chunks,
+__device__ __forceinline__ void
+k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head,
+         unsigned int *status, int64_t chunks,
          int64_t round, int64_t lag, int rev, int hw)
 {
     __shared__ unsigned long long next;
@@ -969,7 +918,7 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int
             m = qf_block_max(m);
             if (threadIdx.x == 0) {
                 if (m > QF_FINITE_MAX)
-                    atomicMin(&head->status, (unsigned int)p.idx);
+                    atomicMin(status, (unsigned int)p.idx);
                 atomicMax(&g->amax, m);
                 __threadfence(); /* the amax before the count that publishes it */
                 atomicAdd(&g->done, 1u);
@@ -1006,8 +955,8 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, int
 /* Every finite f32 x (and -x beside it, so that the byte order is checked
  * too) through qf_cvt2 and qf_e4m3_sat: count the differences, keep the
  * smallest differing input. */
-__global__ void __launch_bounds__(QF_THREADS)
-k_cvt_check(unsigned long long *count, unsigned int *first)
+extern "C" __global__ void __launch_bounds__(QF_THREADS)
+qf_cvt_check(unsigned long long *count, unsigned int *first)
 {
     uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
     unsigned long long n = 0;
@@ -1032,543 +981,46 @@ k_cvt_check(unsigned long long *count, unsigned int *first)
     }
 }
 
-/* ---- host side ---- */
+/* ---- the kernels fp8_launch.c looks up by name ---- */
 
-static int qf_fail(cudaError_t e, const char *what)
-{
-    return kc_cuda_fail("kern_quant_fp8_cuda", e, what);
-}
-
-static int qf_refuse(int rc, const char *what, uint32_t i)
-{
-    return kc_refuse("kern_quant_fp8_cuda", rc, what, i);
-}
-
-static int qf_kind(refit_dtype d)
-{
-    return kc_float_kind(d);
-}
-
-/* 1 when a 2-D view's elements are one row-major run. */
-static bool qf_contiguous(const refit_view *v)
-{
-    return (v->shape[0] <= 1 || v->strides[0] == v->shape[1]) &&
-           (v->shape[1] <= 1 || v->strides[1] == 1);
-}
-
-/* Whether piece p takes the dense fast path of its scheme (the helpers'
- * comment says what that path assumes): the conversion instruction as the
- * encoder (hw: the integer encoder keeps the general path, so the dense
- * kernels inline one encoder only), a 16-bit weight, rows of x and q
- * aligned and contiguous, whole groups, pitches and scale strides that
- * fit the cursor's 32 bits; block-128: whole 128-column tiles too;
- * per-channel: rows of at most 8 groups a thread of the largest team
- * (2048 groups, 16384 elements); per-tensor: a flattened (contiguous)
- * piece. */
-static bool qf_dense_ok(const qf_piece *p, int scheme, int hw)
-{
-    const int64_t lim = (int64_t)1 << 31; /* its cursor's 32-bit fields */
-    if (!hw || p->kind == 0 || !p->vx || !p->vq || p->k % 8 != 0)
-        return false;
-    if (p->n >= lim || p->gpr >= lim || p->xs0 < 0 || p->xs0 * 2 >= lim || p->qs0 < 0 ||
-        p->qs0 >= lim || p->ss0 < 0 || p->ss0 >= lim || p->ss1 < 0 || p->ss1 >= lim)
-        return false;
-    if (scheme == 2)
-        return p->k % 128 == 0;
-    if (scheme == 1)
-        return p->gpr <= (int64_t)QF_THREADS * QF_DENSE_CH;
-    return p->n <= 1;
-}
-
-/* Piece i as the kernels read it; a contiguous per-tensor piece is walked
- * as one row. The views were checked as kern_quant_fp8 checks them; the
- * dtype and ranks are checked again here. */
-static int qf_piece_init(qf_piece *pc, const refit_view *q, const refit_view *s,
-                         const refit_view *x, uint32_t i, int scheme, int hw)
-{
-    int kind = qf_kind(x->dtype);
-    if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 || qf_kind(s->dtype) != 0)
-        return qf_refuse(REFIT_EUNSUPPORTED, "dtypes: x f32/f16/bf16, q one byte, scale f32", i);
-    if (x->ndim != 2 || q->ndim != 2 || s->ndim != 2 || q->shape[0] != x->shape[0] ||
-        q->shape[1] != x->shape[1] || x->shape[0] < 0 || x->shape[1] < 0)
-        return qf_refuse(REFIT_EMISMATCH, "x and q must be 2-D of one shape, scale 2-D", i);
-    memset(pc, 0, sizeof *pc);
-    int64_t es = kind == 0 ? 4 : 2;
-    pc->x = (const char *)x->data;
-    pc->q = (unsigned char *)q->data;
-    pc->s = (float *)s->data;
-    pc->n = x->shape[0];
-    pc->k = x->shape[1];
-    pc->xs0 = x->strides[0];
-    pc->xs1 = x->strides[1];
-    pc->qs0 = q->strides[0];
-    pc->qs1 = q->strides[1];
-    pc->ss0 = s->strides[0];
-    pc->ss1 = s->strides[1];
-    pc->idx = (int32_t)i;
-    pc->kind = (uint8_t)kind;
-    pc->shift = kind == 0 ? 2 : 3;
-    if (scheme == 0 && qf_contiguous(x) && qf_contiguous(q)) {
-        pc->k = pc->n * pc->k;
-        pc->n = pc->k ? 1 : 0;
-        pc->xs0 = pc->qs0 = pc->k;
-        pc->xs1 = pc->qs1 = 1;
+#define QF_ARGS const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1, \
+                unsigned int *status, int hw
+#define QF_ROWS(CH)                                                                    \
+    extern "C" __global__ void __launch_bounds__(QF_THREADS) qf_rows_##CH(QF_ARGS)      \
+    {                                                                                  \
+        k_rows<CH>(P, np, t0, t1, status, hw);                                         \
     }
-    pc->gpr = (pc->k + (1 << pc->shift) - 1) >> pc->shift;
-    bool one_row = pc->n <= 1;
-    pc->vx = ((uintptr_t)pc->x % 16 == 0) && pc->xs1 == 1 && (one_row || (pc->xs0 * es) % 16 == 0);
-    pc->vq = ((uintptr_t)pc->q % 8 == 0) && pc->qs1 == 1 && (one_row || pc->qs0 % 8 == 0);
-    pc->dense = qf_dense_ok(pc, scheme, hw);
-    return REFIT_OK;
-}
-
-/* Units of work of a piece: rows (per-channel), 128x128 tiles (block-128),
- * chunks (per-tensor; at least one, which writes an empty group's scale). */
-static int64_t qf_units(const qf_piece *p, int scheme)
-{
-    if (scheme == 1)
-        return p->n;
-    if (scheme == 2)
-        return ((p->n + 127) / 128) * ((p->k + 127) / 128);
-    int64_t c = (p->n * p->gpr + QF_CHUNK - 1) / QF_CHUNK;
-    return c < 1 ? 1 : c;
-}
-
-/* Dense group numbers of per-tensor pieces: pieces whose scale views start
- * at the same element share a group, numbered by first appearance. */
-static uint32_t qf_groups(const refit_view *scale, uint32_t n, uint32_t *grp)
-{
-    uint32_t ng = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t j = 0;
-        while (j < i && scale[j].data != scale[i].data)
-            j++;
-        grp[i] = j < i ? grp[j] : ng++;
+QF_ROWS(1)
+QF_ROWS(2)
+QF_ROWS(4)
+QF_ROWS(8)
+QF_ROWS(16)
+QF_ROWS(24) /* QF_ROW_CH_MAX */
+#define QF_TILES(CH)                                                                   \
+    extern "C" __global__ void __launch_bounds__(QF_THREADS) qf_tiles_##CH(QF_ARGS)     \
+    {                                                                                  \
+        k_tiles<CH>(P, np, t0, t1, status, hw);                                        \
     }
-    return ng;
-}
-
-static int64_t qf_env(const char *name, int64_t dflt)
-{
-    const char *v = getenv(name);
-    long long x = v ? atoll(v) : 0;
-    return x > 0 ? (int64_t)x : dflt;
-}
-
-/* Per device: the pinned and device tables (grown, never shrunk), the
- * multiprocessor count, the timing events. Calls are serialized by
- * qf_mu: the pinned table is written by one call at a time, and a call
- * waits for its stream before it returns, so the previous call's copies
- * are done when the next one writes. */
-struct qf_cache {
-    char *host, *dev;
-    size_t cap;
-    int sms;
-    cudaEvent_t ev[2];
-    bool have_ev;
-};
-static qf_cache qf_dev[QF_DEVICES];
-static pthread_mutex_t qf_mu = PTHREAD_MUTEX_INITIALIZER;
-static int qf_timing;                  /* record events around the launch */
-static double qf_last_ms = -1.0;       /* the last timed launch */
-
-static int qf_cache_get(qf_cache **out, size_t bytes)
-{
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return qf_fail(e, "the current device");
-    if (dev < 0 || dev >= QF_DEVICES)
-        return qf_fail(cudaErrorInvalidDevice, "device number");
-    qf_cache *c = &qf_dev[dev];
-    if (!c->sms) {
-        int v = 0;
-        if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
-            return qf_fail(e, "the multiprocessor count");
-        c->sms = v > 0 ? v : 1;
+QF_TILES(8) /* QF_SLOTS */
+QF_TILES(16)
+#define QF_ROWS_DENSE(CLS)                                                             \
+    extern "C" __global__ void __launch_bounds__(QF_THREADS, 4)                        \
+        qf_rows_dense_##CLS(QF_ARGS)                                                   \
+    {                                                                                  \
+        k_rows_dense<CLS>(P, np, t0, t1, status, hw);                                  \
     }
-    if (c->cap < bytes) {
-        size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 2;
-        char *h = NULL, *d = NULL;
-        if ((e = cudaMallocHost((void **)&h, cap)) != cudaSuccess)
-            return qf_fail(e, "the pinned piece table");
-        if ((e = cudaMalloc((void **)&d, cap)) != cudaSuccess) {
-            cudaFreeHost(h);
-            return qf_fail(e, "the device piece table");
-        }
-        if (c->cap) {
-            cudaFreeHost(c->host);
-            cudaFree(c->dev);
-        }
-        c->host = h;
-        c->dev = d;
-        c->cap = cap;
+QF_ROWS_DENSE(0)
+QF_ROWS_DENSE(1)
+QF_ROWS_DENSE(2)
+QF_ROWS_DENSE(3)
+QF_ROWS_DENSE(4)
+#define QF_TENSOR(ALL, MIN)                                                            \
+    extern "C" __global__ void __launch_bounds__(QF_THREADS, MIN)                      \
+        qf_tensor_##ALL(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head, \
+                        unsigned int *status, int64_t chunks, int64_t round, int64_t lag,   \
+                        int rev, int hw)                                               \
+    {                                                                                  \
+        k_tensor<ALL>(P, np, G, head, status, chunks, round, lag, rev, hw);            \
     }
-    if (qf_timing && !c->have_ev) {
-        if ((e = cudaEventCreate(&c->ev[0])) != cudaSuccess)
-            return qf_fail(e, "a timing event");
-        if ((e = cudaEventCreate(&c->ev[1])) != cudaSuccess) {
-            cudaEventDestroy(c->ev[0]);
-            return qf_fail(e, "a timing event");
-        }
-        c->have_ev = true;
-    }
-    *out = c;
-    return REFIT_OK;
-}
-
-static size_t qf_align(size_t n)
-{
-    return (n + 15) & ~(size_t)15;
-}
-
-/* k_rows over pieces a .. b - 1 (rows from pcs[a].first to t1), at the
- * depth of their longest row. */
-static void qf_rows_launch(const qf_cache *c, const qf_piece *P, const qf_piece *pcs, uint32_t a,
-                           uint32_t b, int64_t t1, unsigned int *status, int hw, cudaStream_t st)
-{
-    int64_t g = 0, t0 = pcs[a].first, most = (int64_t)c->sms * 16;
-    int64_t blocks = (t1 - t0 + QF_WARPS - 1) / QF_WARPS;
-    if (blocks == 0)
-        return;
-    for (uint32_t i = a; i < b; i++)
-        g = pcs[i].n && pcs[i].gpr > g ? pcs[i].gpr : g;
-    unsigned grid = (unsigned)(blocks < most ? blocks : most);
-    P += a;
-    int np = (int)(b - a);
-    if (g <= 32)
-        k_rows<1><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-    else if (g <= 2 * 32)
-        k_rows<2><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-    else if (g <= 4 * 32)
-        k_rows<4><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-    else if (g <= 8 * 32)
-        k_rows<8><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-    else if (g <= 16 * 32)
-        k_rows<16><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-    else
-        k_rows<QF_ROW_CH_MAX><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-}
-
-/* The launch of a block-128 or per-channel piece: block-128 0 dense, 1
- * general; per-channel 0 .. 4 dense (k_rows_dense<class>, a team of
- * QF_TEAM_T threads a row, QF_TEAM_CH groups a lane: rows of up to T CH
- * groups), 5 general rows of up to QF_SHORT_ROW
- * groups, 6 longer ones. Pieces go in class order, a launch a class. */
-#define QF_CLASSES 7
-static int qf_class(const qf_piece *p, int scheme)
-{
-    if (scheme == 2)
-        return p->dense ? 0 : 1;
-    if (p->dense) {
-        int c = 0;
-        while ((int64_t)QF_TEAM_T(c) * QF_TEAM_CH(c) < p->gpr)
-            c++;
-        return c;
-    }
-    return p->gpr <= QF_SHORT_ROW ? 5 : 6;
-}
-
-/* Blocks for a dense launch of `units` (tiles or row batches): every
- * block resident at once (4 an SM at 64 registers), each a run of units. */
-static unsigned qf_dense_grid(const qf_cache *c, int64_t units)
-{
-    int64_t most = (int64_t)c->sms * 4;
-    return (unsigned)(units < most ? units : most);
-}
-
-/* The launch of class cls over pieces P[0 .. np) (pcs: their host copy),
- * units t0 .. t1 - 1. */
-static void qf_class_launch(const qf_cache *c, const qf_piece *P, const qf_piece *pcs, int np,
-                            int scheme, int cls, int64_t t0, int64_t t1, unsigned int *status,
-                            int hw, cudaStream_t st)
-{
-    if (scheme == 2 && cls == 0) {
-        unsigned grid = qf_dense_grid(c, t1 - t0);
-        k_tiles_dense<<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-    } else if (scheme == 2) {
-        bool f32 = false;
-        for (int i = 0; i < np; i++)
-            f32 = f32 || pcs[i].kind == 0;
-        int64_t most = (int64_t)c->sms * 16;
-        unsigned grid = (unsigned)(t1 - t0 < most ? t1 - t0 : most);
-        if (f32)
-            k_tiles<16><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-        else
-            k_tiles<QF_SLOTS><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-    } else if (cls < 5) {
-        int rows = QF_THREADS / QF_TEAM_T(cls); /* a block's rows at a time */
-        unsigned grid = qf_dense_grid(c, (t1 - t0 + rows - 1) / rows);
-        if (cls == 0)
-            k_rows_dense<0><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-        else if (cls == 1)
-            k_rows_dense<1><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-        else if (cls == 2)
-            k_rows_dense<2><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-        else if (cls == 3)
-            k_rows_dense<3><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-        else
-            k_rows_dense<4><<<grid, QF_THREADS, 0, st>>>(P, np, t0, t1, status, hw);
-    } else {
-        qf_rows_launch(c, P, pcs, 0, (uint32_t)np, t1, status, hw, st);
-    }
-}
-
-/* The launches of a call over the table at c->dev: one (per-tensor), or
- * one for each launch class present (block-128, per-channel). */
-static void qf_launch(const qf_cache *c, const qf_piece *pcs, uint32_t n, int scheme,
-                      int64_t units, int64_t round, int64_t lag, int rev, int hw,
-                      cudaStream_t st)
-{
-    const qf_piece *P = (const qf_piece *)(c->dev + qf_align(sizeof(qf_head)));
-    qf_head *head = (qf_head *)c->dev;
-    unsigned int *status = &head->status;
-    int np = (int)n;
-    if (scheme == 0) {
-        qf_group *G = (qf_group *)(c->dev + qf_align(sizeof(qf_head)) +
-                                   qf_align(sizeof(qf_piece) * n));
-        int64_t tickets = ((units + round - 1) / round + lag) * 2 * round;
-        bool all = true;
-        for (uint32_t i = 0; i < n; i++)
-            all = all && pcs[i].dense;
-        int64_t most = (int64_t)c->sms * (all ? 3 : 2); /* all resident */
-        unsigned grid = (unsigned)(tickets < most ? tickets : most);
-        if (all)
-            k_tensor<1><<<grid, QF_THREADS, 0, st>>>(P, np, G, head, units, round, lag, rev, hw);
-        else
-            k_tensor<0><<<grid, QF_THREADS, 0, st>>>(P, np, G, head, units, round, lag, rev, hw);
-        return;
-    }
-    /* a launch for each run of one class (qf_plan put them in class order) */
-    for (uint32_t a = 0, b; a < n; a = b) {
-        int cls = qf_class(&pcs[a], scheme);
-        for (b = a + 1; b < n && qf_class(&pcs[b], scheme) == cls;)
-            b++;
-        int64_t t0 = pcs[a].first, t1 = b < n ? pcs[b].first : units;
-        if (t1 > t0)
-            qf_class_launch(c, P + a, pcs + a, (int)(b - a), scheme, cls, t0, t1, status, hw, st);
-    }
-}
-
-/* Pieces in launch order, each with its first unit; per-tensor: ordered by
- * group (ord: a stable counting sort, so that a group's chunks are one
- * run), the group words, and the lag that keeps every encode chunk after
- * its group's amax chunks. Returns the units of the call. */
-static int64_t qf_plan(qf_piece *pcs, const qf_piece *in, uint32_t n, int scheme,
-                       const uint32_t *grp, uint32_t ngroups, uint32_t *ord, qf_group *G,
-                       int64_t round, int64_t *lag)
-{
-    int64_t units = 0;
-    if (scheme != 0) { /* by launch class, each class in call order */
-        uint32_t at = 0;
-        for (int cls = 0; cls < QF_CLASSES; cls++)
-            for (uint32_t i = 0; i < n; i++) {
-                if (qf_class(&in[i], scheme) != cls)
-                    continue;
-                pcs[at] = in[i];
-                pcs[at].first = units;
-                units += qf_units(&pcs[at], scheme);
-                at++;
-            }
-        return units;
-    }
-    /* ord[0..ngroups] counts, then the start of each group, then its end */
-    uint32_t *start = ord + n;
-    memset(start, 0, sizeof *start * ((size_t)ngroups + 1));
-    for (uint32_t i = 0; i < n; i++)
-        start[grp[i] + 1]++;
-    for (uint32_t g = 0; g < ngroups; g++)
-        start[g + 1] += start[g];
-    for (uint32_t i = 0; i < n; i++)
-        ord[start[grp[i]]++] = i;
-    int64_t span = 0, gf = 0;
-    uint32_t lead_at = 0;
-    for (uint32_t at = 0; at < n; at++) {
-        uint32_t g = grp[ord[at]];
-        bool lead = at == 0 || grp[ord[at - 1]] != g;
-        if (lead) {
-            gf = units;
-            lead_at = at;
-        }
-        pcs[at] = in[ord[at]];
-        pcs[at].first = units;
-        pcs[at].group = g;
-        pcs[at].leader = lead;
-        units += qf_units(&pcs[at], 0);
-        if (at + 1 == n || grp[ord[at + 1]] != g) { /* the group's last piece */
-            bool one = true;
-            for (uint32_t j = lead_at; j <= at; j++)
-                one = one && pcs[j].kind == pcs[lead_at].kind;
-            for (uint32_t j = lead_at; j <= at; j++) {
-                pcs[j].onekind = one;
-                pcs[j].gfirst = gf;
-                pcs[j].gend = units;
-                pcs[j].gpiece = (int32_t)lead_at;
-            }
-            G[g].amax = 0;
-            G[g].done = 0;
-            G[g].need = (unsigned int)(units - gf);
-            G[g].pad = 0;
-            int64_t sp = (units - 1) / round - gf / round;
-            span = sp > span ? sp : span;
-        }
-    }
-    *lag = span > *lag ? span : *lag;
-    return units;
-}
-
-/* Quantize pieces (the contract is kern_cuda.h's). */
-extern "C" int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_view *scale,
-                                   const refit_view *x, int scheme, int hw, int32_t *bad,
-                                   void *stream)
-{
-    cudaStream_t st = (cudaStream_t)stream;
-    *bad = -1;
-    if (scheme < 0 || scheme > 2 || n > 0x7fffffffu) {
-        kern_cuda_set_error("kern_quant_fp8_cuda: scheme must be 0, 1 or 2, pieces < 2^31");
-        return REFIT_EINVAL;
-    }
-    if (n == 0)
-        return REFIT_OK;
-    qf_piece *in = (qf_piece *)malloc(sizeof *in * n);
-    /* grp: piece -> group; ord: pieces by group, then the sort's counts */
-    uint32_t *grp = (uint32_t *)malloc(sizeof *grp * (3 * (size_t)n + 1)), ngroups = 0;
-    uint32_t *ord = grp ? grp + n : NULL;
-    int rc = in && grp ? REFIT_OK : qf_fail(cudaErrorMemoryAllocation, "host memory");
-    for (uint32_t i = 0; i < n && !rc; i++)
-        if ((rc = qf_piece_init(&in[i], &q[i], &scale[i], &x[i], i, scheme, hw)))
-            *bad = (int32_t)i;
-    if (!rc && scheme == 0)
-        ngroups = qf_groups(scale, n, grp);
-    size_t off_p = qf_align(sizeof(qf_head)), off_g = off_p + qf_align(sizeof(qf_piece) * n);
-    size_t bytes = off_g + sizeof(qf_group) * ngroups;
-    qf_cache *c = NULL;
-    unsigned int status = QF_NONE;
-    bool locked = false;
-    if (!rc) {
-        pthread_mutex_lock(&qf_mu);
-        locked = true;
-        rc = qf_cache_get(&c, bytes);
-    }
-    if (!rc) {
-        qf_head *h = (qf_head *)c->host;
-        memset(h, 0, sizeof *h);
-        h->status = QF_NONE;
-        int64_t round = qf_env("REFIT_CUDA_FP8_ROUND", QF_ROUND);
-        const char *rv = getenv("REFIT_CUDA_FP8_REVERSE");
-        int rev = rv && rv[0] == '1'; /* forwards measured better (docs/cuda.md) */
-        int64_t lag = qf_env("REFIT_CUDA_FP8_LAG", QF_LAG);
-        int64_t units = qf_plan((qf_piece *)(c->host + off_p), in, n, scheme, grp, ngroups,
-                                ord, (qf_group *)(c->host + off_g), round, &lag);
-        if (units > ((int64_t)1 << 40)) {
-            kern_cuda_set_error("kern_quant_fp8_cuda: more than 2^40 units of work in a call");
-            rc = REFIT_EUNSUPPORTED;
-        }
-        cudaError_t e = rc ? cudaSuccess
-                           : cudaMemcpyAsync(c->dev, c->host, bytes, cudaMemcpyHostToDevice, st);
-        if (e != cudaSuccess)
-            rc = qf_fail(e, "the piece table");
-        if (!rc && units > 0) {
-            if (qf_timing)
-                cudaEventRecord(c->ev[0], st);
-            qf_launch(c, (const qf_piece *)(c->host + off_p), n, scheme, units, round, lag, rev,
-                      hw != 0, st);
-            if ((e = cudaGetLastError()) != cudaSuccess)
-                rc = qf_fail(e, "launching the quantization kernel");
-            if (qf_timing)
-                cudaEventRecord(c->ev[1], st);
-        }
-        e = rc ? cudaSuccess
-               : cudaMemcpyAsync(&h->status, c->dev, sizeof h->status, cudaMemcpyDeviceToHost, st);
-        /* wait even after a failure: the next call rewrites the pinned table */
-        cudaError_t se = cudaStreamSynchronize(st);
-        if (e == cudaSuccess)
-            e = se;
-        if (!rc && e != cudaSuccess)
-            rc = qf_fail(e, "the device work");
-        if (!rc) {
-            status = h->status;
-            float ms = -1.0f;
-            if (qf_timing && units > 0 && cudaEventElapsedTime(&ms, c->ev[0], c->ev[1]) != cudaSuccess)
-                ms = -1.0f;
-            qf_last_ms = ms;
-        }
-    }
-    if (locked)
-        pthread_mutex_unlock(&qf_mu);
-    if (!rc && status != QF_NONE) {
-        *bad = (int32_t)status;
-        rc = qf_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", status);
-    }
-    free(in);
-    free(grp);
-    return rc;
-}
-
-/* Benchmarks: record events around the launch of each call from now on
- * (on: 1), and the last timed call's launch in milliseconds (-1: none).
- * The events cost two records a call, so they are off by default. */
-extern "C" void kern_quant_fp8_cuda_timing(int on)
-{
-    pthread_mutex_lock(&qf_mu);
-    qf_timing = on != 0;
-    qf_last_ms = -1.0;
-    pthread_mutex_unlock(&qf_mu);
-}
-
-extern "C" double kern_quant_fp8_cuda_kernel_ms(void)
-{
-    pthread_mutex_lock(&qf_mu);
-    double ms = qf_last_ms;
-    pthread_mutex_unlock(&qf_mu);
-    return ms;
-}
-
-/* Device scratch for the conversion check, set to `fill` bytes; NULL on
- * failure. */
-static void *qf_scratch(size_t bytes, int fill, cudaStream_t st, int *rc)
-{
-    void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, bytes);
-    if (e == cudaSuccess)
-        e = cudaMemsetAsync(p, fill, bytes, st);
-    if (e != cudaSuccess) {
-        *rc = qf_fail(e, "device scratch");
-        if (p)
-            cudaFree(p);
-        return NULL;
-    }
-    return p;
-}
-
-/* The hardware conversion against the encoder on every finite f32 (the
- * contract is kern_cuda.h's). */
-extern "C" int kern_fp8_cvt_check_cuda(uint64_t *mismatches, uint32_t *first, void *stream)
-{
-    cudaStream_t st = (cudaStream_t)stream;
-    struct res {
-        unsigned long long count;
-        unsigned int first;
-    } h = {0, 0xffffffffu};
-    int rc = REFIT_OK;
-    /* zeros, then the first as 0xffffffff */
-    res *d = (res *)qf_scratch(sizeof h, 0, st, &rc);
-    if (!d)
-        return rc;
-    cudaError_t e = cudaMemsetAsync(&d->first, 0xff, sizeof d->first, st);
-    if (e == cudaSuccess) {
-        k_cvt_check<<<132 * 8, QF_THREADS, 0, st>>>(&d->count, &d->first);
-        e = cudaGetLastError();
-    }
-    if (e == cudaSuccess)
-        e = cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, st);
-    cudaError_t se = cudaStreamSynchronize(st);
-    if (e == cudaSuccess)
-        e = se;
-    cudaFree(d);
-    if (e != cudaSuccess)
-        return qf_fail(e, "the conversion check");
-    *mismatches = h.count;
-    *first = h.first;
-    return REFIT_OK;
-}
+QF_TENSOR(0, 2)
+QF_TENSOR(1, 3)

@@ -33,9 +33,11 @@
  * Online (STAGED): a module whose one checkpoint tensor is an F32/F16/BF16
  * W.weight [N, K] quantizes it at post-load into the same runtime layouts
  * (no zero points: symmetric), round-to-nearest per group in the
- * compressed-tensors convention (plugins/int4/quant_int4.h), through the host's
- * quant_int4 service: the CPU reference on host memory, its CUDA kernel on
- * a device.
+ * compressed-tensors convention (plugins/int4/quant_int4.h): the CPU
+ * reference on host memory; on a CUDA device this plugin's own kernels
+ * (quant_int4.cu, embedded as int4_image), planned by int4_launch.c and
+ * launched through the host's GPU service without a wait (a NaN lowers
+ * the module's status word, read by the host at finalize).
  *
  * Post-load on a device: the staged weight_shape comes back through the
  * host's fetch service, the u8 row pad is zeroed through its zero service
@@ -49,7 +51,14 @@
 #include <refit/format.h>
 
 #include "kernels/copy.h"
+#include "plugins/common/pgpu_host.h"
+#include "plugins/int4/int4_launch.h"
 #include "plugins/int4/quant_int4.h"
+
+#ifdef REFIT_INT4_DEVICE_CODE
+extern const unsigned char int4_image[];
+extern const size_t int4_image_size;
+#endif
 
 #ifndef REFIT_PLUGIN_EXPORT
 #define REFIT_PLUGIN_EXPORT __attribute__((visibility("default")))
@@ -388,8 +397,19 @@ static int served(const refit_host_v2 *h, refit_device dev)
     return refit_host_serves(h, dev);
 }
 
+/* 1 when this plugin carries its device code (quant_int4.cu). */
+static int device_code(void)
+{
+#ifdef REFIT_INT4_DEVICE_CODE
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* Post-load on a runtime outside host memory needs the host's services:
- * fetch (the weight_shape check), zero (the u8 pad), quant_int4 (online). */
+ * fetch (the weight_shape check), zero (the u8 pad), and for online
+ * modules this plugin's device code and the GPU service. */
 static int check_device(const refit_host_v2 *h, const refit_fmt_module *m, const int4_state *s,
                         int shape, int pad, int online)
 {
@@ -404,8 +424,8 @@ static int check_device(const refit_host_v2 *h, const refit_fmt_module *m, const
     const char *missing = !served(h, w->device) ? "a backend serving its device"
                           : shape && !(REFIT_HOST_HAS(h, fetch) && h->fetch) ? "the fetch service"
                           : pad && !(REFIT_HOST_HAS(h, zero) && h->zero) ? "the zero service"
-                          : online && !(REFIT_HOST_HAS(h, quant_int4) && h->quant_int4)
-                              ? "the quant_int4 service" : NULL;
+                          : online && !device_code() ? "this plugin's device code (built "
+                                                       "without nvcc)" : NULL;
     if (missing)
         return ERR(h, REFIT_EUNSUPPORTED, "module %s: format int4's post-load on device type %d "
                    "needs %s, which this host lacks", m->name, w->device.device_type, missing);
@@ -597,10 +617,36 @@ static int zero_pad(const refit_host_v2 *h, const refit_fmt_module *m, const int
     return REFIT_OK;
 }
 
+#ifdef REFIT_INT4_DEVICE_CODE
+static const char nan_what[] = "NaN or infinity in the weight, or a group whose scale is past "
+                               "the scale dtype's range; refusing to quantize it";
+#endif
+
+/* Online on a CUDA device: the launcher through the host's GPU service;
+ * never waits (the status word names the tensor at finalize). */
+static int quantize_device(const refit_host_v2 *h, const refit_fmt_module *m,
+                           const refit_view *q, const refit_view *sc, const refit_fmt_ckpt *c,
+                           int64_t group, void *stream)
+{
+    const char *const names[1] = {c->name};
+#ifdef REFIT_INT4_DEVICE_CODE
+    pgpu_host g;
+    int rc = pgpu_host_init(&g, h, m, q->device, stream, int4_image, int4_image_size, 1, names,
+                            nan_what);
+    int32_t bad = -1;
+    if (!rc && (rc = int4_launch(&g.g, 1, q, sc, &c->staged, group, &bad)) && g.g.msg[0])
+        return ERR(h, rc, "module %s, tensor %s: %s", m->name, c->name, g.g.msg);
+    return rc;
+#else
+    (void)sc, (void)group, (void)stream, (void)names;
+    return ERR(h, REFIT_EUNSUPPORTED, "module %s: int4 was built without its device code "
+               "(no nvcc), so it cannot run on device type %d", m->name, q->device.device_type);
+#endif
+}
+
 /* Online: the staged weight into the runtime words and scales, seen in
- * checkpoint layout, by the host's quant_int4 (the reference on host
- * memory, the CUDA kernel on a device) or, on an older host, the
- * reference linked here (host memory only, checked at seal). */
+ * checkpoint layout: the reference linked here on host memory, this
+ * plugin's kernel on a CUDA device. */
 static int quantize(const refit_host_v2 *h, const refit_fmt_module *m, const int4_state *s,
                     void *stream)
 {
@@ -615,9 +661,8 @@ static int quantize(const refit_host_v2 *h, const refit_fmt_module *m, const int
         q = u8_words(w, s);
         sc = *sv;
     }
-    const char *const names[1] = {c->name};
-    if (REFIT_HOST_HAS(h, quant_int4) && h->quant_int4)
-        return h->quant_int4(h->host, 1, &q, &sc, &c->staged, names, s->group, stream);
+    if (!on_host(w))
+        return quantize_device(h, m, &q, &sc, c, s->group, stream);
     int rc = kern_quant_int4(&q, &sc, &c->staged, s->group);
     if (rc == REFIT_ECORRUPT)
         return ERR(h, rc, "module %s, tensor %s: NaN or infinity in the weight, or a group whose "

@@ -42,59 +42,14 @@
  * write nothing; the call copies the word back and waits for the stream
  * once, at the end, to report it. */
 #include <cuda_runtime.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <refit/format.h>
 
-#include "kernels/status_word.cuh"
+#include "plugins/int4/int4_gpu.h"
 #include "plugins/int4/quant_int4.h"
-#include "kernels/launch_errors.cuh"
 
-extern "C" void kern_cuda_set_error(const char *msg);
-
-#define Q4_THREADS 256
-#define Q4_BATCH 256             /* pieces per launch */
-#define Q4_BLOCKS_MAX 4096       /* grid-stride beyond this */
-#define Q4_FINITE 0x7f800000u    /* magnitude bits at and past infinity */
-#define Q4_NONE KC_STATUS_NONE      /* status word: no piece failed */
-#define Q4_DEVICES 64            /* devices with a cached status word */
-#define Q4_SMALL 8               /* pieces of a launch with a short parameter block */
-#define Q4_SHORT 64              /* kernel template flag: the short parameter block */
-
-struct q4_piece {
-    const char *x;
-    char *q;                     /* the I32 words, checkpoint layout */
-    char *s;                     /* the scales [n, groups] */
-    int64_t n, k, words, groups;
-    int64_t xs0, xs1, qs0, qs1, ss0, ss1; /* strides, in elements */
-    int64_t first;               /* its first unit in the launch */
-    int32_t idx;                 /* its index in the call */
-    uint8_t kind, skind;         /* x and scale dtypes: 0 f32, 1 f16, 2 bf16 */
-    uint8_t vx;                  /* rows of x contiguous and 16-byte aligned */
-    uint8_t colmajor;            /* units walk rows fastest */
-};
-
-/* The launch's parameters. CAP Q4_SMALL for a launch of few pieces (a
- * call per weight, as post-load makes): the driver copies a launch's whole
- * parameter block, ~1.4 KB instead of ~31 KB. */
-template <int CAP> struct q4_batch_of {
-    int32_t np;
-    int32_t pad;
-    int64_t g_len;               /* columns per group, > 0 (k_q4_rows: 0 = k) */
-    int64_t end;                 /* units of the launch */
-    q4_piece p[CAP];
-};
-typedef q4_batch_of<Q4_BATCH> q4_batch;
-typedef q4_batch_of<Q4_SMALL> q4_batch_small;
-static_assert(sizeof(q4_batch) <= 32000, "q4_batch must fit the kernel parameters");
-/* A kernel's parameters by its template flag (Q4_SHORT: the short block;
- * one template argument, as the emulator's launch macro needs). */
-#define Q4_PARAMS(F) q4_batch_of<((F) & Q4_SHORT) ? Q4_SMALL : Q4_BATCH>
 
 /* The piece unit u belongs to (the last whose first unit <= u): pi when
  * it still is (units only grow along a thread's loop), else searched. */
@@ -224,8 +179,8 @@ __device__ __forceinline__ void q4_unit(const q4_piece &p, int64_t r, int64_t *i
 /* ---- groups of 8L columns: L lanes a (row, group) ---- */
 
 template <int LS> /* L | Q4_SHORT for the short parameter block */
-__global__ void __launch_bounds__(Q4_THREADS)
-k_q4_groups(const __grid_constant__ Q4_PARAMS(LS) B, unsigned int *status)
+__device__ __forceinline__ void
+k_q4_groups(const Q4_PARAMS(LS) &B, unsigned int *status)
 {
     constexpr int L = LS & (Q4_SHORT - 1);
     const int per_warp = 32 / L;
@@ -294,8 +249,8 @@ __device__ __forceinline__ uint32_t q4_block_max(uint32_t m, uint32_t *part)
 }
 
 template <int S> /* Q4_SHORT for the short parameter block, else 0 */
-__global__ void __launch_bounds__(Q4_THREADS)
-k_q4_rows(const __grid_constant__ Q4_PARAMS(S) B, unsigned int *status)
+__device__ __forceinline__ void
+k_q4_rows(const Q4_PARAMS(S) &B, unsigned int *status)
 {
     __shared__ uint32_t part[Q4_THREADS / 32];
     for (int64_t u = blockIdx.x; u < B.end; u += gridDim.x) {
@@ -391,34 +346,6 @@ k_q4_rows(const __grid_constant__ Q4_PARAMS(S) B, unsigned int *status)
  * |x / s| <= 7.53. A group whose scale is subnormal in its dtype takes
  * the same steps on x and s times 2^64, clamped at both ends (q4d_code's
  * WIDE). No division anywhere: nothing the tile loop calls. */
-#define Q4D_LOADS 4              /* 16-byte loads a lane per tile */
-#define Q4D_BLOCKS_PER_SM 4      /* resident blocks an SM at <= 64 registers */
-
-struct q4d_piece {
-    const char *x;
-    char *q;                     /* the I32 words */
-    char *s;                     /* the 16-bit scales */
-    int64_t first;               /* its first tile in the launch */
-    int64_t xs0;                 /* x's row pitch in bytes */
-    int64_t qs;                  /* q's stride in elements along the other dim: qs1 (GPTQ), qs0 (u8) */
-    int64_t ss0, ss1;            /* scale strides, elements */
-    int32_t n, groups, nrt;      /* rows, groups a row, row tiles */
-    int32_t idx;                 /* its index in the call */
-    uint8_t kind, skind;         /* 1 f16, 2 bf16 */
-    uint8_t colmajor;            /* words along N: stored through the shared tile */
-};
-
-template <int CAP> struct q4d_batch_of {
-    int32_t np;
-    int32_t pad;
-    int64_t end;                 /* tiles of the launch */
-    int64_t per_warp;            /* tiles a warp takes, a contiguous run */
-    q4d_piece p[CAP];
-};
-typedef q4d_batch_of<Q4_BATCH> q4d_batch;
-typedef q4d_batch_of<Q4_SMALL> q4d_batch_small;
-static_assert(sizeof(q4d_batch) <= 32000, "q4d_batch must fit the kernel parameters");
-#define Q4D_PARAMS(F) q4d_batch_of<((F) & Q4_SHORT) ? Q4_SMALL : Q4_BATCH>
 
 /* A piece's fields, read once into registers. */
 struct q4d_regs {
@@ -648,8 +575,8 @@ template <class BATCH> __device__ __forceinline__ int q4d_find(const BATCH &B, i
 }
 
 template <int LS> /* L | Q4_SHORT for the short parameter block */
-__global__ void __launch_bounds__(Q4_THREADS, Q4D_BLOCKS_PER_SM)
-k_q4_dense(const __grid_constant__ Q4D_PARAMS(LS) B, unsigned int *status)
+__device__ __forceinline__ void
+k_q4_dense(const Q4D_PARAMS(LS) &B, unsigned int *status)
 {
     constexpr int L = LS & (Q4_SHORT - 1);
     constexpr int R = Q4D_LOADS * 32 / L;
@@ -685,328 +612,37 @@ k_q4_dense(const __grid_constant__ Q4D_PARAMS(LS) B, unsigned int *status)
     }
 }
 
-/* ---- host side ---- */
+/* ---- the kernels int4_launch.c looks up by name ---- */
 
-static int q4_fail(cudaError_t e, const char *what)
-{
-    return kc_cuda_fail("kern_quant_int4_cuda", e, what);
-}
-
-static int q4_refuse(int rc, const char *what, uint32_t i)
-{
-    return kc_refuse("kern_quant_int4_cuda", rc, what, i);
-}
-
-static int q4_kind(refit_dtype d)
-{
-    return kc_float_kind(d);
-}
-
-static int64_t q4_cdiv(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
-}
-
-/* Piece i as the kernels read it, checked as kern_quant_int4_check does. */
-static int q4_piece_init(q4_piece *pc, const refit_view *q, const refit_view *s,
-                         const refit_view *x, int64_t group, uint32_t i)
-{
-    int kind = q4_kind(x->dtype), skind = q4_kind(s->dtype);
-    if (kind < 0 || skind < 0 || q->dtype.bits != 32 || q->dtype.lanes != 1 ||
-        (q->dtype.code != REFIT_DTYPE_INT && q->dtype.code != REFIT_DTYPE_UINT))
-        return q4_refuse(REFIT_EUNSUPPORTED, "dtypes: x and scale f32/f16/bf16, q 32-bit", i);
-    if (x->ndim != 2 || q->ndim != 2 || s->ndim != 2 || x->shape[0] < 0 || x->shape[1] < 0)
-        return q4_refuse(REFIT_EMISMATCH, "x, q and scale must be 2-D", i);
-    int64_t n = x->shape[0], k = x->shape[1];
-    int64_t words = q4_cdiv(k, 8), groups = group > 0 ? q4_cdiv(k, group) : 1;
-    if (q->shape[0] != n || q->shape[1] != words || s->shape[0] != n || s->shape[1] != groups)
-        return q4_refuse(REFIT_EMISMATCH, "q must be [n, ceil(k/8)], scale [n, groups]", i);
-    memset(pc, 0, sizeof *pc);
-    int64_t es = kind == 0 ? 4 : 2;
-    pc->x = (const char *)x->data;
-    pc->q = (char *)q->data;
-    pc->s = (char *)s->data;
-    pc->n = n;
-    pc->k = k;
-    pc->words = words;
-    pc->groups = groups;
-    pc->xs0 = x->strides[0];
-    pc->xs1 = x->strides[1];
-    pc->qs0 = q->strides[0];
-    pc->qs1 = q->strides[1];
-    pc->ss0 = s->strides[0];
-    pc->ss1 = s->strides[1];
-    pc->idx = (int32_t)i;
-    pc->kind = (uint8_t)kind;
-    pc->skind = (uint8_t)skind;
-    pc->vx = ((uintptr_t)pc->x % 16 == 0) && (k <= 1 || pc->xs1 == 1) &&
-             (n <= 1 || (pc->xs0 * es) % 16 == 0);
-    pc->colmajor = n > 1 && pc->qs0 == 1 && pc->qs1 != 1;
-    return REFIT_OK;
-}
-
-/* Lanes a group takes in k_q4_groups, or 0 for k_q4_rows. */
-static int q4_lanes(int64_t group)
-{
-    if (group <= 0 || group % 8 || group > 256)
-        return 0;
-    int64_t l = group / 8;
-    return (l & (l - 1)) == 0 ? (int)l : 0;
-}
-
-/* The kernel for `lanes` with parameters b (S: Q4_SHORT for the short
- * block, else 0). */
-template <int S, class BATCH>
-static void q4_launch_as(const BATCH &b, int lanes, unsigned grid, unsigned int *status,
-                         cudaStream_t st)
-{
-    switch (lanes) {
-    case 1: k_q4_groups<1 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
-    case 2: k_q4_groups<2 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
-    case 4: k_q4_groups<4 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
-    case 8: k_q4_groups<8 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
-    case 16: k_q4_groups<16 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
-    case 32: k_q4_groups<32 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
-    default: k_q4_rows<S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
+#define Q4_GROUPS(L, S, SUF)                                                           \
+    extern "C" __global__ void __launch_bounds__(Q4_THREADS)                           \
+        q4_groups_##L##SUF(const __grid_constant__ Q4_PARAMS((L) | (S)) B, unsigned int *status) \
+    {                                                                                  \
+        k_q4_groups<(L) | (S)>(B, status);                                             \
     }
-}
-
-static void q4_launch_one(const q4_batch *b, int lanes, unsigned int *status, cudaStream_t st)
-{
-    int64_t threads = lanes ? b->end * lanes : b->end * Q4_THREADS;
-    int64_t blocks = (threads + Q4_THREADS - 1) / Q4_THREADS;
-    unsigned grid = (unsigned)(blocks > Q4_BLOCKS_MAX ? Q4_BLOCKS_MAX : blocks);
-    if (b->np <= Q4_SMALL) {
-        q4_batch_small sb;
-        memset(&sb, 0, sizeof sb);
-        memcpy(&sb, b, offsetof(q4_batch, p) + sizeof b->p[0] * (size_t)b->np);
-        q4_launch_as<Q4_SHORT>(sb, lanes, grid, status, st);
-    } else {
-        q4_launch_as<0>(*b, lanes, grid, status, st);
+#define Q4_ROWS(S, SUF)                                                                \
+    extern "C" __global__ void __launch_bounds__(Q4_THREADS)                           \
+        q4_rows##SUF(const __grid_constant__ Q4_PARAMS(S) B, unsigned int *status)     \
+    {                                                                                  \
+        k_q4_rows<S>(B, status);                                                       \
     }
-}
-
-/* Lanes a group takes in k_q4_dense (4..32), or 0: no dense path. */
-static int q4d_lanes(int64_t group)
-{
-    int l = q4_lanes(group);
-    return l >= 4 ? l : 0;
-}
-
-/* Piece pc as the dense kernel takes it, or 0 when it must take the
- * general path: F16/BF16 weights and scales, contiguous 16-byte aligned
- * rows, K a whole number of groups, words along N or along K, every
- * in-tile offset within 32 bits. */
-static int q4d_piece_of(q4d_piece *d, const q4_piece *pc, int64_t group, int64_t first)
-{
-    int lanes = q4d_lanes(group);
-    if (!lanes || pc->kind == 0 || pc->skind == 0 || pc->n <= 0 || pc->k < group ||
-        pc->k % group || !pc->vx || pc->xs1 != 1 || pc->n > 0x7fffffff)
-        return 0;
-    int64_t rows = 128 / lanes, lim = 0x7fffffff;
-    int64_t qs;
-    int colmajor;
-    if (pc->qs1 == 1) {
-        qs = pc->n > 1 ? pc->qs0 : 0;
-        colmajor = 0;
-    } else if (pc->qs0 == 1 || pc->n == 1) {
-        qs = pc->qs1;
-        colmajor = 1;
-    } else {
-        return 0;
+#define Q4_DENSE(L, S, SUF)                                                            \
+    extern "C" __global__ void __launch_bounds__(Q4_THREADS, Q4D_BLOCKS_PER_SM)        \
+        q4_dense_##L##SUF(const __grid_constant__ Q4D_PARAMS((L) | (S)) B, unsigned int *status) \
+    {                                                                                  \
+        k_q4_dense<(L) | (S)>(B, status);                                              \
     }
-    if (pc->xs0 < 0 || qs < 0 || pc->ss0 < 0 || pc->ss1 < 0 ||
-        pc->xs0 > (lim - 16 * lanes) / (2 * rows) ||
-        qs > (lim - 4 * (rows + lanes)) / (4 * (rows + lanes)))
-        return 0;
-    int64_t nrt = (pc->n + rows - 1) / rows;
-    /* the words' and scales' offsets in a piece in 32 bits too (rows
-     * rounded up to whole tiles) */
-    int64_t rows_up = nrt * rows;
-    if (nrt * pc->groups > lim || qs > lim / 4 / (rows_up + pc->words) ||
-        (rows_up + pc->words) * (qs + 1) > lim / 4 || pc->ss0 > lim / 4 / rows_up ||
-        pc->ss1 > lim / 4 / pc->groups || rows_up * pc->ss0 + pc->groups * pc->ss1 > lim / 2)
-        return 0;
-    memset(d, 0, sizeof *d);
-    d->x = pc->x;
-    d->q = pc->q;
-    d->s = pc->s;
-    d->first = first;
-    d->xs0 = pc->xs0 * 2;
-    d->qs = qs;
-    d->ss0 = pc->ss0;
-    d->ss1 = pc->ss1;
-    d->n = (int32_t)pc->n;
-    d->groups = (int32_t)pc->groups;
-    d->nrt = (int32_t)nrt;
-    d->idx = pc->idx;
-    d->kind = pc->kind;
-    d->skind = pc->skind;
-    d->colmajor = (uint8_t)colmajor;
-    return 1;
-}
-
-template <int S, class BATCH>
-static void q4d_launch_as(const BATCH &b, int lanes, unsigned grid, unsigned int *status,
-                          cudaStream_t st)
-{
-    switch (lanes) {
-    case 4: k_q4_dense<4 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
-    case 8: k_q4_dense<8 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
-    case 16: k_q4_dense<16 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
-    default: k_q4_dense<32 | S><<<grid, Q4_THREADS, 0, st>>>(b, status); break;
-    }
-}
-
-/* One dense launch: a persistent grid (Q4D_BLOCKS_PER_SM blocks an SM, or
- * fewer for a small launch), each warp a contiguous run of tiles. */
-static void q4d_launch_one(q4d_batch *b, int lanes, int sms, unsigned int *status,
-                           cudaStream_t st)
-{
-    int64_t warps_per_block = Q4_THREADS / 32;
-    int64_t blocks = (b->end + warps_per_block - 1) / warps_per_block;
-    int64_t cap = (int64_t)sms * Q4D_BLOCKS_PER_SM;
-    if (blocks > cap)
-        blocks = cap;
-    int64_t warps = blocks * warps_per_block;
-    b->per_warp = (b->end + warps - 1) / warps;
-    if (b->np <= Q4_SMALL) {
-        q4d_batch_small sb;
-        memset(&sb, 0, sizeof sb);
-        memcpy(&sb, b, offsetof(q4d_batch, p) + sizeof b->p[0] * (size_t)b->np);
-        q4d_launch_as<Q4_SHORT>(sb, lanes, (unsigned)blocks, status, st);
-    } else {
-        q4d_launch_as<0>(*b, lanes, (unsigned)blocks, status, st);
-    }
-}
-
-/* Per device, made by its first call and kept: the status word
- * (kernels/status_word.cuh) and the launch parameters (31 KB, off the
- * stack). Calls are serialized by q4_mu (the backend calls under its own
- * lock anyway). */
-struct q4_cache {
-    kc_status word;
-    q4_batch *batch;
-    q4d_batch *dense;            /* the dense launches' parameters */
-    int sms;                     /* multiprocessors: the dense grid */
-};
-static q4_cache q4_dev[Q4_DEVICES];
-static pthread_mutex_t q4_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static int q4_cache_get(q4_cache **out, cudaStream_t st)
-{
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return q4_fail(e, "the current device");
-    if (dev < 0 || dev >= Q4_DEVICES)
-        return q4_fail(cudaErrorInvalidDevice, "device number");
-    q4_cache *c = &q4_dev[dev];
-    if (!c->batch && !(c->batch = (q4_batch *)malloc(sizeof *c->batch)))
-        return q4_fail(cudaErrorMemoryAllocation, "host memory for a launch");
-    if (!c->dense && !(c->dense = (q4d_batch *)malloc(sizeof *c->dense)))
-        return q4_fail(cudaErrorMemoryAllocation, "host memory for a launch");
-    if (!c->sms) {
-        int v = 0;
-        if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
-            return q4_fail(e, "the multiprocessor count");
-        c->sms = v > 0 ? v : 1;
-    }
-    const char *what = NULL;
-    if ((e = kc_status_ready(&c->word, st, &what)) != cudaSuccess)
-        return q4_fail(e, what);
-    *out = c;
-    return REFIT_OK;
-}
-
-/* The pieces the dense kernel takes (q4d_piece_of), Q4_BATCH a launch,
- * then the rest through the general kernels, Q4_BATCH a launch. A refusal
- * lowers the one status word from either. */
-static int q4_launch(const q4_cache *c, const q4_piece *pcs, uint32_t n, int64_t group,
-                     cudaStream_t st)
-{
-    q4_batch *b = c->batch;
-    q4d_batch *db = c->dense;
-    unsigned int *status = c->word.dev;
-    int lanes = q4_lanes(group), dlanes = q4d_lanes(group), rc = REFIT_OK;
-    cudaError_t e;
-    memset(db, 0, offsetof(q4d_batch, p));
-    memset(b, 0, offsetof(q4_batch, p));
-    b->g_len = group > 0 ? group : 0;
-    for (uint32_t i = 0; i <= n && !rc; i++) {
-        if (i < n && q4d_piece_of(&db->p[db->np], &pcs[i], group, db->end)) {
-            q4d_piece *d = &db->p[db->np++];
-            db->end += (int64_t)d->nrt * d->groups;
-        } else if (i < n) {
-            b->p[b->np] = pcs[i];
-            b->p[b->np].first = b->end;
-            b->end += lanes ? pcs[i].n * pcs[i].groups : pcs[i].n;
-            b->np++;
-        }
-        if (db->np == Q4_BATCH || (i == n && db->np)) {
-            if (db->end)
-                q4d_launch_one(db, dlanes, c->sms, status, st);
-            if ((e = cudaGetLastError()) != cudaSuccess)
-                rc = q4_fail(e, "launching the dense quantization kernel");
-            memset(db, 0, offsetof(q4d_batch, p));
-        }
-        if (!rc && (b->np == Q4_BATCH || (i == n && b->np))) {
-            if (b->end)
-                q4_launch_one(b, lanes, status, st);
-            if ((e = cudaGetLastError()) != cudaSuccess)
-                rc = q4_fail(e, "launching the quantization kernel");
-            memset(b, 0, offsetof(q4_batch, p));
-            b->g_len = group > 0 ? group : 0;
-        }
-    }
-    return rc;
-}
-
-/* Copy the status word back into *out (unless the launches failed: rc)
- * and wait for the stream, even after a failure (the next call rewrites
- * the pinned word and the parameters); the first failure wins. */
-static int q4_finish_call(q4_cache *c, unsigned int *out, int rc, cudaStream_t st)
-{
-    cudaError_t e = kc_status_read(&c->word, !rc, out, st);
-    if (!rc && e != cudaSuccess)
-        rc = q4_fail(e, "the device work");
-    return rc;
-}
-
-/* Quantize pieces (the contract is kern_cuda.h's). */
-extern "C" int kern_quant_int4_cuda(uint32_t n, const refit_view *q, const refit_view *scale,
-                                    const refit_view *x, int64_t group, int32_t *bad,
-                                    void *stream)
-{
-    cudaStream_t st = (cudaStream_t)stream;
-    *bad = -1;
-    if (group < 0 || n > 0x7fffffffu) {
-        kern_cuda_set_error("kern_quant_int4_cuda: group must be >= 0, pieces < 2^31");
-        return REFIT_EINVAL;
-    }
-    if (n == 0)
-        return REFIT_OK;
-    q4_piece *pcs = (q4_piece *)malloc(sizeof *pcs * n);
-    int rc = pcs ? REFIT_OK : q4_fail(cudaErrorMemoryAllocation, "host memory");
-    for (uint32_t i = 0; i < n && !rc; i++)
-        if ((rc = q4_piece_init(&pcs[i], &q[i], &scale[i], &x[i], group, i)))
-            *bad = (int32_t)i;
-    unsigned int found = Q4_NONE;
-    if (!rc) {
-        q4_cache *c = NULL;
-        pthread_mutex_lock(&q4_mu);
-        rc = q4_cache_get(&c, st);
-        if (!rc) {
-            rc = q4_launch(c, pcs, n, group, st);
-            rc = q4_finish_call(c, &found, rc, st);
-        }
-        pthread_mutex_unlock(&q4_mu);
-    }
-    if (!rc && found != Q4_NONE) {
-        *bad = (int32_t)found;
-        rc = q4_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight, or a scale past the "
-                       "scale dtype's range", found);
-    }
-    free(pcs);
-    return rc;
-}
+/* _s: the short parameter block (Q4_SMALL pieces) */
+#define Q4_BOTH(M, ...) M(__VA_ARGS__, 0, ) M(__VA_ARGS__, Q4_SHORT, _s)
+Q4_BOTH(Q4_GROUPS, 1)
+Q4_BOTH(Q4_GROUPS, 2)
+Q4_BOTH(Q4_GROUPS, 4)
+Q4_BOTH(Q4_GROUPS, 8)
+Q4_BOTH(Q4_GROUPS, 16)
+Q4_BOTH(Q4_GROUPS, 32)
+Q4_ROWS(0, )
+Q4_ROWS(Q4_SHORT, _s)
+Q4_BOTH(Q4_DENSE, 4)
+Q4_BOTH(Q4_DENSE, 8)
+Q4_BOTH(Q4_DENSE, 16)
+Q4_BOTH(Q4_DENSE, 32)

@@ -18,11 +18,12 @@
  * [(E,) N, K] stages it; post-load quantizes it (plugins/mxfp4/quant_mxfp4.h,
  * the shared MX scale rule of plugins/mxfp8/quant_mx.h) into `weight` U8
  * [(E,) N, ceil(K/2)] and `weight_scale` [(E,) N, ceil(K/32)]. Blocks start
- * at the first column of this rank's slice. Every expert goes in one call
- * of the host's quant_mx service: the CPU reference on host memory, its
- * CUDA twin (the same bytes) on device memory. A host without the service
- * gets the reference linked here, on host memory only (seal refuses device
- * runtime tensors then).
+ * at the first column of this rank's slice: the CPU reference on host
+ * memory; on a CUDA device every expert in one call of MX's own kernels
+ * (plugins/mxfp8/quant_mx.cu, embedded as mx_image; mx_device.h), the
+ * same bytes, without a wait (the status word names the expert at
+ * finalize). A plugin built without nvcc runs on host memory only (seal
+ * refuses device runtime tensors then).
  *
  * Params: in_features (unsharded K; needed only when a serialized K/2-byte
  * layout holds a K that is not a multiple of 32). */
@@ -35,6 +36,7 @@
 
 #include "kernels/copy.h"
 #include "plugins/int4/quant_int4.h"
+#include "plugins/mxfp8/mx_device.h"
 #include "plugins/mxfp8/quant_mx.h"
 #include "plugins/mxfp4/quant_mxfp4.h"
 
@@ -282,17 +284,11 @@ static int on_host(const refit_view *v)
            v->device.device_type == REFIT_DEVICE_CUDA_HOST;
 }
 
-/* The host's quant_mx service (ABI 1, appended). */
-static int has_service(const refit_host_v2 *h)
-{
-    return REFIT_HOST_HAS(h, quant_mx) && h->quant_mx;
-}
-
-/* 1 when the host quantizes on dev: the service and a backend serving dev
- * (the CUDA backend and plugins/mxfp8/quant_mx.cu come together). */
+/* 1 when post-load can run on dev: a CUDA device the host serves, and
+ * this plugin carries MX's device code (plugins/mxfp8/mx_device.h). */
 static int device_kernel(const refit_host_v2 *h, refit_device dev)
 {
-    return has_service(h) && refit_host_serves(h, dev);
+    return mx_device_code() && dev.device_type == REFIT_DEVICE_CUDA && refit_host_serves(h, dev);
 }
 
 /* Where online quantization writes: host memory, or one device the host
@@ -308,9 +304,9 @@ static int check_place(const refit_host_v2 *h, const refit_fmt_module *m, const 
                    "different devices; online mxfp4 writes both in one place", m->name);
     if (!device_kernel(h, w->device))
         return ERR(h, REFIT_EUNSUPPORTED, "module %s: online mxfp4 quantization of device "
-                   "memory needs the host's quant_mx service and a backend serving device type "
-                   "%d; this host has %s", m->name, w->device.device_type,
-                   has_service(h) ? "no such backend" : "no quant_mx service");
+                   "memory needs a CUDA device the host serves and this plugin's device code; "
+                   "%s (device type %d)", m->name, mx_device_code() ? "the host serves no such "
+                   "device" : "this plugin was built without nvcc", w->device.device_type);
     return REFIT_OK;
 }
 
@@ -380,9 +376,9 @@ static refit_view matrix(const refit_view *v, int64_t e)
     return r;
 }
 
-/* Every expert in one call of the host's quant_mx; an expert's name in
- * messages is "W (expert e)". */
-static int quant_service(const refit_host_v2 *h, const refit_fmt_module *m,
+/* Every expert in one call of MX's launcher on the module's device; an
+ * expert's name in messages is "W (expert e)". */
+static int quant_device(const refit_host_v2 *h, const refit_fmt_module *m,
                          const refit_fmt_ckpt *c, const refit_view *w, const refit_view *ws,
                          void *stream)
 {
@@ -408,7 +404,7 @@ static int quant_service(const refit_host_v2 *h, const refit_fmt_module *m,
         else
             snprintf(text + e * nlen, nlen, "%s", c->name);
     }
-    int rc = h->quant_mx(h->host, (uint32_t)ne, q, sc, x, names, 4, stream);
+    int rc = mx_device_quant(h, m, (uint32_t)ne, q, sc, x, names, 4, stream);
     h->mem_free(h->host, v);
     return rc;
 }
@@ -419,18 +415,17 @@ static int mxfp4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, vo
     const refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_SOURCE]);
     const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
     const refit_view *ws = &refit_runtime(m, s->rt[RT_SCALE])->view;
-    /* the host's service where it has one (host or device memory); the
-     * reference linked here otherwise (host memory only, checked at seal;
-     * done on return) */
-    if (has_service(h))
-        return quant_service(h, m, c, w, ws, stream);
+    /* MX's device code on a CUDA device (checked at seal); the reference
+     * linked here on host memory (done on return) */
+    if (!on_host(w))
+        return quant_device(h, m, c, w, ws, stream);
     int64_t experts = c->ndim == 3 ? c->shape[0] : 1;
     for (int64_t e = 0; e < experts; e++) {
         refit_view q = matrix(w, e), sc = matrix(ws, e), x = matrix(&c->staged, e);
         int rc = kern_quant_mxfp4(&q, &sc, &x);
         if (rc == REFIT_ECORRUPT)
-            return ERR(h, rc, "module %s, tensor %s: a NaN or infinite value (expert %lld); "
-                       "MXFP4 cannot hold it", m->name, c->name, (long long)e);
+            return ERR(h, rc, "module %s, tensor %s: NaN or infinity in the weight (expert "
+                       "%lld); MXFP4 cannot hold it", m->name, c->name, (long long)e);
         if (rc)
             return ERR(h, rc, "module %s, tensor %s: quantization refused the views", m->name,
                        c->name);

@@ -18,10 +18,11 @@
  *
  * Serialized: DIRECT routes; a K shard must cut at a multiple of 32.
  * Online: the weights are STAGED and post_load quantizes each into its
- * rows of the runtime weight and scale, in one call of the host's quant_mx
- * service for the module: the CPU reference on host memory, its CUDA twin
- * (the same bytes) on device memory. A host without the service gets the
- * reference linked here, on host memory only (seal refuses device runtime
+ * rows of the runtime weight and scale: the CPU reference on host memory;
+ * on a CUDA device this plugin's own kernels (quant_mx.cu, embedded as
+ * mx_image; mx_device.h) in one call for the module, the same bytes,
+ * without a wait (the status word names the weight at finalize). A plugin
+ * built without nvcc runs on host memory only (seal refuses device runtime
  * tensors then). The module is WHOLE.
  *
  * Params: online (bool, optional assertion of the weights' dtype),
@@ -34,6 +35,7 @@
 #include <refit/format.h>
 
 #include "plugins/fp8/quant_fp8.h"
+#include "plugins/mxfp8/mx_device.h"
 #include "plugins/mxfp8/quant_mx.h"
 #include "plugins/fp8/qplug.h"
 
@@ -140,17 +142,11 @@ static int plan_serialized(const refit_host_v2 *h, refit_fmt_module *m, const mx
 
 /* ---- online ---- */
 
-/* The host's quant_mx service (ABI 1, appended). */
-static int has_service(const refit_host_v2 *h)
-{
-    return REFIT_HOST_HAS(h, quant_mx) && h->quant_mx;
-}
-
-/* 1 when the host quantizes on dev: the service and a backend serving dev
- * (the CUDA backend and plugins/mxfp8/quant_mx.cu come together). */
+/* 1 when post-load can run on dev: a CUDA device the host serves, and
+ * this plugin carries MX's device code (plugins/mxfp8/mx_device.h). */
 static int device_kernel(const refit_host_v2 *h, refit_device dev)
 {
-    return has_service(h) && refit_host_serves(h, dev);
+    return mx_device_code() && dev.device_type == REFIT_DEVICE_CUDA && refit_host_serves(h, dev);
 }
 
 static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, mx_state *s)
@@ -177,9 +173,11 @@ static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, mx_state *s)
                        "different devices; online mxfp8 writes both in one place", m->name);
         if (!device_kernel(h, w->device))
             return ERR(h, REFIT_EUNSUPPORTED, "module %s: online mxfp8 quantization of device "
-                       "memory needs the host's quant_mx service and a backend serving device "
-                       "type %d; this host has %s", m->name, w->device.device_type,
-                       has_service(h) ? "no such backend" : "no quant_mx service");
+                       "memory needs a CUDA device the host serves and this "
+                       "plugin's device code; %s (device type %d)", m->name,
+                       mx_device_code() ? "the host serves no such device"
+                                        : "this plugin was built without nvcc",
+                       w->device.device_type);
     }
     for (uint32_t i = 0; i < s->n_weights; i++) {
         refit_fmt_ckpt *c = refit_ckpt(m, s->weights[i]);
@@ -281,8 +279,8 @@ static int scale_view(const refit_host_v2 *h, const refit_fmt_module *m, const m
     return REFIT_OK;
 }
 
-/* Every weight in one call of the host's quant_mx. */
-static int quant_service(const refit_host_v2 *h, const refit_fmt_module *m, const mx_state *s,
+/* Every weight in one call of MX's launcher on the module's device. */
+static int quant_device(const refit_host_v2 *h, const refit_fmt_module *m, const mx_state *s,
                          void *stream)
 {
     uint32_t nw = s->n_weights;
@@ -300,7 +298,7 @@ static int quant_service(const refit_host_v2 *h, const refit_fmt_module *m, cons
         rc = scale_view(h, m, s, s->weights[i], &sc[i]);
     }
     if (!rc)
-        rc = h->quant_mx(h->host, nw, q, sc, x, names, 8, stream);
+        rc = mx_device_quant(h, m, nw, q, sc, x, names, 8, stream);
     h->mem_free(h->host, v);
     return rc;
 }
@@ -324,16 +322,15 @@ static int quant_linked(const refit_host_v2 *h, const refit_fmt_module *m, const
     return REFIT_OK;
 }
 
-/* The host's service where it has one (host or device memory, one call
- * for the module); the reference linked here otherwise (host memory only,
- * checked at seal; done on return). */
+/* The reference linked here on host memory (done on return); MX's device
+ * code on a CUDA device (one call for the module, checked at seal). */
 static int mx_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
     const mx_state *s = m->state;
     if (!s || !s->online)
         return REFIT_OK;
-    if (has_service(h))
-        return quant_service(h, m, s, stream);
+    if (!host_memory(refit_runtime(m, s->rt_weight)->view.device))
+        return quant_device(h, m, s, stream);
     return quant_linked(h, m, s);
 }
 

@@ -40,31 +40,15 @@
  * 32 long take the dense path (k_mxd, below), in the same call. */
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <refit/format.h>
 
-#include "kernels/status_word.cuh"
 #include "kernels/cast_bits.h"
-#include "kernels/launch_errors.cuh"
-
-extern "C" void kern_cuda_set_error(const char *msg);
+#include "plugins/mxfp8/mx_gpu.h"
 
 #define MX_D __device__ __forceinline__
-#define MX_THREADS 256
-#define MX_WARPS (MX_THREADS / 32)
-#define MX_TASK 8               /* blocks of 32 a warp takes at once */
-#define MX_BATCH 184            /* pieces per launch */
-#define MX_SMALL 8              /* pieces of a launch with a short parameter block */
-#define MX_DEVICES 64           /* devices with a cached status word */
-#define MX_CTAS_PER_SM 4         /* resident at 64 registers: one wave */
-#define MX_FINITE_MAX 0x7f7fffffu
-#define MX_NONE KC_STATUS_NONE     /* status word: no piece failed */
 
 /* ---- encoders: finite inputs below the format's range limit 2^(emax+1)
  * (what x / X can be); the sign comes back in the code ---- */
@@ -89,44 +73,12 @@ MX_D uint32_t mx_e2m1_code(uint32_t a, float mag)
 
 /* ---- pieces ---- */
 
-/* x / d for x < 2^31 by a multiply (Granlund-Montgomery, round-up
- * multiplier with p = 31 + ceil(log2 d)). */
-struct mx_div {
-    uint32_t d, mul, shift;
-};
 
 __device__ __forceinline__ uint32_t mx_divide(const mx_div &v, uint32_t x)
 {
     return v.d == 1 ? x : __umulhi(x, v.mul) >> v.shift;
 }
 
-struct mx_piece {
-    const char *x;
-    unsigned char *q, *s;
-    int64_t xs0, xs1, xsm;      /* x strides in elements: row, column, matrix */
-    int64_t qs0, qs1, qsm;      /* q strides in bytes */
-    int64_t ss0, ss1, ssm;      /* scale strides in bytes */
-    int64_t k;                  /* columns */
-    int64_t first;              /* its first task in the launch */
-    uint32_t n, nb, blocks;     /* rows, blocks of a row, blocks in all (< 2^31) */
-    mx_div div_nb, div_n;
-    int32_t idx;                /* call index of its first matrix */
-    uint8_t kind;               /* x: 0 f32, 1 f16, 2 bf16 */
-    uint8_t vx, vq;             /* contiguous, aligned rows: vector loads, stores */
-};
-
-/* The launch's parameters. CAP MX_SMALL for a call of few pieces (one
- * weight, as post-load calls per module): the driver copies a launch's
- * whole parameter block, ~1.4 KB instead of ~30 KB. */
-template <int CAP> struct mx_batch_of {
-    int32_t np;
-    int32_t hw;                 /* E4M3 with the hardware conversion */
-    int64_t end;                /* tasks of the launch */
-    mx_piece p[CAP];
-};
-typedef mx_batch_of<MX_BATCH> mx_batch;
-typedef mx_batch_of<MX_SMALL> mx_batch_small;
-static_assert(sizeof(mx_batch) <= 32764, "mx_batch must fit the kernel parameters");
 
 /* Where a lane's 8 elements are. */
 struct mx_at {
@@ -333,8 +285,8 @@ __device__ __forceinline__ int mx_find(const BATCH &B, int i, int64_t t)
  * MXFP4, bit 1 the short parameter block (one template argument: the
  * emulator's launch macro takes the kernel as one macro argument). */
 template <int MODE>
-__global__ void __launch_bounds__(MX_THREADS, MX_CTAS_PER_SM)
-k_mx(const __grid_constant__ mx_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
+__device__ __forceinline__ void
+k_mx(const MX_PARAMS(MODE) &B,
      unsigned int *status)
 {
     constexpr int FP4 = MODE & 1;
@@ -382,33 +334,6 @@ k_mx(const __grid_constant__ mx_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
  * general path's: a non-finite block is left unwritten and its matrix's
  * call index atomicMin'd into the status word. */
 
-/* Segments a warp has in flight: 8 (128 bytes a lane) where registers
- * allow (MXFP8 by the conversion instruction: 48 of them with 4), else 4;
- * a unit is 8 blocks a segment. */
-#define MXD_SEGS(MODE) (((MODE) & 4) ? 8 : 4)
-
-struct mxd_piece {
-    const char *x;
-    unsigned char *q, *s;
-    int64_t xp, qp, sp;           /* line pitch in bytes: x, q, scales */
-    int64_t first;                /* its first unit in the launch */
-    uint32_t len;                 /* blocks of a line */
-    uint32_t upl;                 /* units of a line */
-    uint32_t bpm;                 /* blocks of a matrix (the status names the matrix) */
-    uint32_t units;               /* units of the piece (host side) */
-    int32_t idx;                  /* call index of its first matrix */
-    mx_div div_upl;
-};
-
-template <int CAP> struct mxd_batch_of {
-    int32_t np;
-    int64_t end;                  /* units of the launch */
-    int64_t chunk;                /* units of a warp */
-    mxd_piece p[CAP];
-};
-typedef mxd_batch_of<MX_BATCH> mxd_batch;
-typedef mxd_batch_of<MX_SMALL> mxd_batch_small;
-static_assert(sizeof(mxd_batch) <= 32764, "mxd_batch must fit the kernel parameters");
 
 /* The block's BF16 amax magnitude bits, in its 4 lanes. */
 __device__ __forceinline__ uint32_t mxd_amax(uint4 w)
@@ -565,8 +490,8 @@ __device__ __forceinline__ void mxd_unit(const BATCH &B, int i, int64_t u, const
 /* MODE: bit 0 MXFP4, bit 1 the short parameter block, bit 2 E4M3 by the
  * conversion instruction. */
 template <int MODE>
-__global__ void __launch_bounds__(MX_THREADS, MX_CTAS_PER_SM)
-k_mxd(const __grid_constant__ mxd_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
+__device__ __forceinline__ void
+k_mxd(const MXD_PARAMS(MODE) &B,
       unsigned int *status)
 {
     constexpr int FP4 = MODE & 1, HW = (MODE >> 2) & 1;
@@ -624,386 +549,27 @@ k_mxd(const __grid_constant__ mxd_batch_of<(MODE & 2) ? MX_SMALL : MX_BATCH> B,
     }
 }
 
-/* ---- host side ---- */
+/* ---- the kernels mx_launch.c looks up by name ---- */
 
-static int mx_fail(cudaError_t e, const char *what)
-{
-    return kc_cuda_fail("kern_quant_mx_cuda", e, what);
-}
-
-static int mx_refuse(int rc, const char *what, uint32_t i)
-{
-    return kc_refuse("kern_quant_mx_cuda", rc, what, i);
-}
-
-static int mx_kind(refit_dtype d)
-{
-    return kc_float_kind(d);
-}
-
-static mx_div mx_div_make(uint32_t d)
-{
-    mx_div r = {d, 0, 0};
-    if (d <= 1) {
-        r.d = 1;
-        return r;
+#define MX_KERNEL(MODE)                                                                \
+    extern "C" __global__ void __launch_bounds__(MX_THREADS, MX_CTAS_PER_SM)           \
+        mx_##MODE(const __grid_constant__ MX_PARAMS(MODE) B, unsigned int *status)     \
+    {                                                                                  \
+        k_mx<MODE>(B, status);                                                         \
     }
-    unsigned l = 0;
-    while ((1ull << l) < d)
-        l++;
-    r.mul = (uint32_t)(((1ull << (31 + l)) + d - 1) / d);
-    r.shift = l - 1;
-    return r;
-}
-
-/* Piece i as the kernel reads it (one matrix). The views were checked as
- * the CPU references check them; dtypes, ranks and shapes again here. */
-static int mx_piece_init(mx_piece *pc, const refit_view *q, const refit_view *s,
-                         const refit_view *x, uint32_t i, int fp4)
-{
-    int kind = mx_kind(x->dtype);
-    if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 || s->dtype.bits != 8 ||
-        s->dtype.lanes != 1)
-        return mx_refuse(REFIT_EUNSUPPORTED, "dtypes: x f32/f16/bf16, q and scales one byte", i);
-    if (x->ndim != 2 || q->ndim != 2 || s->ndim != 2 || x->shape[0] < 0 || x->shape[1] < 0)
-        return mx_refuse(REFIT_EMISMATCH, "x, q and scales must be 2-D", i);
-    int64_t n = x->shape[0], k = x->shape[1], nb = (k + 31) / 32;
-    if (q->shape[0] != n || q->shape[1] != (fp4 ? (k + 1) / 2 : k) || s->shape[0] != n ||
-        s->shape[1] != nb || (fp4 && q->shape[1] > 1 && q->strides[1] != 1))
-        return mx_refuse(REFIT_EMISMATCH, fp4 ? "q must be [n, ceil(k/2)] bytes contiguous "
-                         "along k, scales [n, ceil(k/32)]" : "q must be [n, k], scales "
-                         "[n, ceil(k/32)]", i);
-    if (n && nb && n * nb > 0x7fffffffll - MX_TASK)
-        return mx_refuse(REFIT_EUNSUPPORTED, "more than 2^31 - 9 blocks of 32 in one piece", i);
-    memset(pc, 0, sizeof *pc);
-    int64_t es = kind == 0 ? 4 : 2;
-    pc->x = (const char *)x->data;
-    pc->q = (unsigned char *)q->data;
-    pc->s = (unsigned char *)s->data;
-    pc->xs0 = x->strides[0];
-    pc->xs1 = x->strides[1];
-    pc->qs0 = q->strides[0];
-    pc->qs1 = q->strides[1];
-    pc->ss0 = s->strides[0];
-    pc->ss1 = s->strides[1];
-    pc->k = k;
-    pc->n = (uint32_t)n;
-    pc->nb = (uint32_t)nb;
-    pc->blocks = (uint32_t)(n * nb);
-    pc->idx = (int32_t)i;
-    pc->kind = (uint8_t)kind;
-    bool one_row = n <= 1;
-    int qa = fp4 ? 4 : 8; /* bytes a lane stores at once */
-    pc->vx = (uintptr_t)pc->x % 16 == 0 && (k <= 1 || pc->xs1 == 1) &&
-             (one_row || (pc->xs0 * es) % 16 == 0);
-    pc->vq = (uintptr_t)pc->q % qa == 0 && (fp4 || k <= 1 || pc->qs1 == 1) &&
-             (one_row || pc->qs0 % qa == 0);
-    return REFIT_OK;
-}
-
-/* Append piece c to the stack at top when it is the next matrix of it:
- * same shape, strides and dtype, and the same distance from the previous
- * matrix in x, q and scales. */
-static bool mx_merge(mx_piece *top, const mx_piece *c, uint32_t *mats, int fp4)
-{
-    if (top->kind != c->kind || top->n != c->n || top->k != c->k || top->xs0 != c->xs0 ||
-        top->xs1 != c->xs1 || top->qs0 != c->qs0 || top->qs1 != c->qs1 ||
-        top->ss0 != c->ss0 || top->ss1 != c->ss1 || top->idx + (int32_t)*mats != c->idx ||
-        (int64_t)top->blocks + c->blocks > 0x7fffffffll - MX_TASK)
-        return false;
-    int64_t es = c->kind == 0 ? 4 : 2;
-    const char *last_x = top->x + (int64_t)(*mats - 1) * top->xsm * es;
-    int64_t dx = c->x - last_x;
-    int64_t dq = (const char *)c->q - (const char *)(top->q + (int64_t)(*mats - 1) * top->qsm);
-    int64_t ds = (const char *)c->s - (const char *)(top->s + (int64_t)(*mats - 1) * top->ssm);
-    if (dx % es)
-        return false;
-    if (*mats > 1 && (dx / es != top->xsm || dq != top->qsm || ds != top->ssm))
-        return false;
-    top->xsm = dx / es;
-    top->qsm = dq;
-    top->ssm = ds;
-    top->vx = top->vx && c->vx && dx % 16 == 0;
-    top->vq = top->vq && c->vq && dq % (fp4 ? 4 : 8) == 0;
-    top->blocks += c->blocks;
-    (*mats)++;
-    return true;
-}
-
-static void mx_launch_one(const mx_batch *b, int fp4, unsigned grid, unsigned int *status,
-                          cudaStream_t st)
-{
-    if (b->np <= MX_SMALL) {
-        mx_batch_small sb;
-        memset(&sb, 0, sizeof sb);
-        memcpy(&sb, b, offsetof(mx_batch, p) + sizeof b->p[0] * (size_t)b->np);
-        if (fp4)
-            k_mx<3><<<grid, MX_THREADS, 0, st>>>(sb, status);
-        else
-            k_mx<2><<<grid, MX_THREADS, 0, st>>>(sb, status);
-    } else if (fp4)
-        k_mx<1><<<grid, MX_THREADS, 0, st>>>(*b, status);
-    else
-        k_mx<0><<<grid, MX_THREADS, 0, st>>>(*b, status);
-}
-
-/* Per device, made by its first call and kept: the status word
- * (kernels/status_word.cuh), the multiprocessor count, the launch
- * parameters (30 KB, off the stack). Calls are serialized by mx_mu (the
- * backend calls under its own lock anyway). */
-struct mx_cache {
-    kc_status word;
-    mx_batch *batch;
-    mxd_batch *dense;
-    int sms;
-};
-static mx_cache mx_dev[MX_DEVICES];
-static pthread_mutex_t mx_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static int mx_cache_get(mx_cache **out, cudaStream_t st)
-{
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e != cudaSuccess)
-        return mx_fail(e, "the current device");
-    if (dev < 0 || dev >= MX_DEVICES)
-        return mx_fail(cudaErrorInvalidDevice, "device number");
-    mx_cache *c = &mx_dev[dev];
-    if (!c->sms) {
-        int v = 0;
-        if ((e = cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev)) != cudaSuccess)
-            return mx_fail(e, "the device's multiprocessor count");
-        c->sms = v > 0 ? v : 1;
+#define MXD_KERNEL(MODE)                                                               \
+    extern "C" __global__ void __launch_bounds__(MX_THREADS, MX_CTAS_PER_SM)           \
+        mxd_##MODE(const __grid_constant__ MXD_PARAMS(MODE) B, unsigned int *status)   \
+    {                                                                                  \
+        k_mxd<MODE>(B, status);                                                        \
     }
-    if (!c->batch && !(c->batch = (mx_batch *)malloc(sizeof *c->batch)))
-        return mx_fail(cudaErrorMemoryAllocation, "host memory for a launch");
-    if (!c->dense && !(c->dense = (mxd_batch *)malloc(sizeof *c->dense)))
-        return mx_fail(cudaErrorMemoryAllocation, "host memory for a launch");
-    const char *what = NULL;
-    if ((e = kc_status_ready(&c->word, st, &what)) != cudaSuccess)
-        return mx_fail(e, what);
-    *out = c;
-    return REFIT_OK;
-}
-
-/* Launch pieces pcs[0..m), MX_BATCH a launch. */
-static int mx_launch(const mx_cache *c, const mx_piece *pcs, uint32_t m, int fp4, int hw,
-                     cudaStream_t st)
-{
-    mx_batch *b = c->batch;
-    unsigned int *status = c->word.dev;
-    int sms = c->sms;
-    cudaError_t e;
-    int rc = REFIT_OK;
-    for (uint32_t at = 0; at < m && !rc; at += MX_BATCH) {
-        uint32_t np = m - at < MX_BATCH ? m - at : MX_BATCH;
-        int64_t end = 0;
-        b->np = (int32_t)np;
-        b->hw = hw;
-        for (uint32_t j = 0; j < np; j++) {
-            b->p[j] = pcs[at + j];
-            b->p[j].first = end;
-            end += ((int64_t)b->p[j].blocks + MX_TASK - 1) / MX_TASK;
-        }
-        b->end = end;
-        if (end == 0)
-            continue;
-        int64_t want = (end + 2 * MX_WARPS - 1) / (2 * MX_WARPS);
-        int64_t most = (int64_t)(sms > 0 ? sms : 1) * MX_CTAS_PER_SM;
-        mx_launch_one(b, fp4, (unsigned)(want < most ? want : most), status, st);
-        e = cudaGetLastError();
-        if (e != cudaSuccess)
-            rc = mx_fail(e, "launching the kernel");
-    }
-    return rc;
-}
-
-/* The dense form of merged piece pc, if it has one (the conditions are
- * the dense path's, above k_mxd): lines are its rows, or its matrices
- * where rows follow one another, or the whole stack where matrices do. */
-static bool mxd_make(mxd_piece *d, const mx_piece *pc, int fp4, int hw)
-{
-    int64_t unit = 8 * MXD_SEGS(fp4 ? 1 : hw ? 4 : 0); /* blocks */
-    int64_t k = pc->k, n = pc->n, nb = pc->nb, qk = fp4 ? k / 2 : k;
-    int64_t qa = fp4 ? 4 : 8, mats = (int64_t)pc->blocks / (n * nb);
-    if (pc->kind != 2 || k % 32 || pc->xs1 != 1 || (!fp4 && pc->qs1 != 1) ||
-        (nb > 1 && pc->ss1 != 1))
-        return false;
-    bool flat = n == 1 || (pc->xs0 == k && pc->qs0 == qk && pc->ss0 == nb);
-    int64_t len, lines, xp, qp, sp;
-    if (flat && (mats == 1 || (pc->xsm == n * k && pc->qsm == n * qk &&
-                               pc->ssm == n * nb))) {
-        len = pc->blocks; /* one line */
-        lines = 1;
-        xp = qp = sp = 0;
-    } else if (flat) {
-        len = n * nb;
-        lines = mats;
-        xp = pc->xsm;
-        qp = pc->qsm;
-        sp = pc->ssm;
-    } else if (mats == 1 || (pc->xsm == n * pc->xs0 && pc->qsm == n * pc->qs0 &&
-                             pc->ssm == n * pc->ss0)) {
-        len = nb;
-        lines = mats * n;
-        xp = pc->xs0;
-        qp = pc->qs0;
-        sp = pc->ss0;
-    } else {
-        return false;
-    }
-    if ((uintptr_t)pc->x % 16 || (uintptr_t)pc->q % qa || (xp * 2) % 16 || qp % qa)
-        return false;
-    memset(d, 0, sizeof *d);
-    d->x = pc->x;
-    d->q = pc->q;
-    d->s = pc->s;
-    d->xp = xp * 2;
-    d->qp = qp;
-    d->sp = sp;
-    d->len = (uint32_t)len;
-    d->upl = (uint32_t)((len + unit - 1) / unit);
-    d->bpm = (uint32_t)(n * nb);
-    d->idx = pc->idx;
-    d->units = (uint32_t)lines * d->upl;
-    d->div_upl = mx_div_make(d->upl);
-    return true;
-}
-
-template <int MODE>
-static void mxd_launch_one(const mxd_batch *b, unsigned grid, unsigned int *status,
-                           cudaStream_t st)
-{
-    constexpr int MODE_SMALL = MODE | 2;
-    if (b->np <= MX_SMALL) {
-        mxd_batch_small sb;
-        memset(&sb, 0, sizeof sb);
-        memcpy(&sb, b, offsetof(mxd_batch, p) + sizeof b->p[0] * (size_t)b->np);
-        k_mxd<MODE_SMALL><<<grid, MX_THREADS, 0, st>>>(sb, status);
-    } else {
-        k_mxd<MODE><<<grid, MX_THREADS, 0, st>>>(*b, status);
-    }
-}
-
-/* Launch dense pieces ds[0..m), MX_BATCH a launch. */
-static int mxd_launch(const mx_cache *c, const mxd_piece *ds, uint32_t m, int fp4, int hw,
-                      cudaStream_t st)
-{
-    mxd_batch *b = c->dense;
-    int rc = REFIT_OK;
-    for (uint32_t at = 0; at < m && !rc; at += MX_BATCH) {
-        uint32_t np = m - at < MX_BATCH ? m - at : MX_BATCH;
-        int64_t end = 0;
-        b->np = (int32_t)np;
-        for (uint32_t j = 0; j < np; j++) {
-            b->p[j] = ds[at + j];
-            b->p[j].first = end;
-            end += b->p[j].units;
-        }
-        b->end = end;
-        int64_t want = (end + MX_WARPS - 1) / MX_WARPS;
-        int64_t most = (int64_t)(c->sms > 0 ? c->sms : 1) * MX_CTAS_PER_SM;
-        unsigned grid = (unsigned)(want < most ? want : most);
-        b->chunk = (end + (int64_t)grid * MX_WARPS - 1) / ((int64_t)grid * MX_WARPS);
-        if (fp4)
-            mxd_launch_one<1>(b, grid, c->word.dev, st);
-        else if (hw)
-            mxd_launch_one<4>(b, grid, c->word.dev, st);
-        else
-            mxd_launch_one<0>(b, grid, c->word.dev, st);
-        cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess)
-            rc = mx_fail(e, "launching the dense kernel");
-    }
-    return rc;
-}
-
-/* Pieces -> merged stacks; *out the count. */
-static int mx_pieces(uint32_t n, const refit_view *q, const refit_view *s, const refit_view *x,
-                     int fp4, mx_piece *pcs, uint32_t *out, int32_t *bad)
-{
-    uint32_t m = 0, mats = 0;
-    for (uint32_t i = 0; i < n; i++) {
-        mx_piece c;
-        int rc = mx_piece_init(&c, &q[i], &s[i], &x[i], i, fp4);
-        if (rc) {
-            *bad = (int32_t)i;
-            return rc;
-        }
-        if (c.blocks == 0)
-            continue; /* nothing to write */
-        if (m && mx_merge(&pcs[m - 1], &c, &mats, fp4))
-            continue;
-        pcs[m++] = c;
-        mats = 1;
-    }
-    for (uint32_t j = 0; j < m; j++) {
-        pcs[j].div_nb = mx_div_make(pcs[j].nb);
-        pcs[j].div_n = mx_div_make(pcs[j].n);
-    }
-    *out = m;
-    return REFIT_OK;
-}
-
-/* Copy the status word back into *out (unless the launches failed: rc)
- * and wait for the stream, even after a failure (the next call rewrites
- * the pinned word and the parameters); the first failure wins. */
-static int mx_finish_call(mx_cache *c, unsigned int *out, int rc, cudaStream_t st)
-{
-    cudaError_t e = kc_status_read(&c->word, !rc, out, st);
-    if (!rc && e != cudaSuccess)
-        rc = mx_fail(e, "the device work");
-    return rc;
-}
-
-/* Quantize pieces (the contract is kern_cuda.h's). */
-extern "C" int kern_quant_mx_cuda(uint32_t n, const refit_view *q, const refit_view *scales,
-                                  const refit_view *x, int elem_bits, int hw, int32_t *bad,
-                                  void *stream)
-{
-    cudaStream_t st = (cudaStream_t)stream;
-    *bad = -1;
-    if ((elem_bits != 8 && elem_bits != 4) || n > 0x7fffffffu) {
-        kern_cuda_set_error("kern_quant_mx_cuda: elem_bits must be 8 (MXFP8) or 4 (MXFP4), "
-                            "pieces < 2^31");
-        return REFIT_EINVAL;
-    }
-    if (n == 0)
-        return REFIT_OK;
-    int fp4 = elem_bits == 4;
-    mx_piece *pcs = (mx_piece *)malloc(sizeof *pcs * n);
-    mxd_piece *ds = (mxd_piece *)malloc(sizeof *ds * n);
-    if (!pcs || !ds) {
-        free(pcs);
-        free(ds);
-        return mx_fail(cudaErrorMemoryAllocation, "host memory");
-    }
-    uint32_t m = 0, md = 0, mg = 0;
-    int rc = mx_pieces(n, q, scales, x, fp4, pcs, &m, bad);
-    /* dense pieces to ds, the rest stay in pcs, in order */
-    for (uint32_t j = 0; !rc && j < m; j++)
-        if (!mxd_make(&ds[md], &pcs[j], fp4, !fp4 && hw))
-            pcs[mg++] = pcs[j];
-        else
-            md++;
-    unsigned int status = MX_NONE;
-    if (!rc && m) {
-        mx_cache *c = NULL;
-        pthread_mutex_lock(&mx_mu);
-        rc = mx_cache_get(&c, st);
-        if (!rc && md)
-            rc = mxd_launch(c, ds, md, fp4, !fp4 && hw, st);
-        if (!rc && mg)
-            rc = mx_launch(c, pcs, mg, fp4, !fp4 && hw, st);
-        if (c)
-            rc = mx_finish_call(c, &status, rc, st);
-        pthread_mutex_unlock(&mx_mu);
-    }
-    if (!rc && status != MX_NONE) {
-        *bad = (int32_t)status;
-        rc = mx_refuse(REFIT_ECORRUPT, "NaN or infinity in the weight", status);
-    }
-    free(pcs);
-    free(ds);
-    return rc;
-}
+MX_KERNEL(0)
+MX_KERNEL(1)
+MX_KERNEL(2)
+MX_KERNEL(3)
+MXD_KERNEL(0)
+MXD_KERNEL(1)
+MXD_KERNEL(4)
+MXD_KERNEL(2)
+MXD_KERNEL(3)
+MXD_KERNEL(6)

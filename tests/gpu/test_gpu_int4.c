@@ -41,6 +41,7 @@
 #include "gpu_twin.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/cast.h"
+#include "plugins/int4/int4_direct.h"
 #include "plugins/int4/quant_int4.h"
 #ifndef REFIT_GPU_EMU
 #include <refit/refit.h>

@@ -33,6 +33,7 @@
 #include "gpu_twin.h"
 #include "core/cuda/kern_cuda.h"
 #include "kernels/cast.h"
+#include "plugins/fp8/fp8_direct.h"
 #include "plugins/fp8/quant_fp8.h"
 
 #define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})
@@ -308,7 +309,7 @@ static void test_conversion_check(void **state)
         fail_msg("kern_fp8_cvt_check_cuda: %s", kern_cuda_last_error());
     int dev = 0;
     CU(cudaGetDevice(&dev));
-    int enc = backend_cuda_fp8_encoder(dev, &bbad, NULL);
+    int enc = kern_fp8_encoder(dev, &bbad, NULL);
     print_message("# cvt.rn.satfinite.e4m3x2.f32 against the integer encoder: %llu of 2^32 - "
                   "2^24 finite inputs differ%s (first %08x); the backend encodes with %s\n",
                   (unsigned long long)bad, bad ? "" : ": both encoders are tested", first,

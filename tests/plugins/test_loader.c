@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "core/internal.h"
+#include "core/host_services.h"
 #include "core/plugin_loader.h"
 #include "putil.h"
 
@@ -520,7 +521,7 @@ static void test_host_services_appended(void **state)
     assert_int_equal(h->struct_size, sizeof(refit_host_v2));
     assert_true(REFIT_HOST_HAS(h, zero) && REFIT_HOST_HAS(h, device_info) &&
                 REFIT_HOST_HAS(h, dtype_name));
-    assert_true(REFIT_HOST_V2_MIN_SIZE < sizeof(refit_host_v2));
+    assert_true(REFIT_HOST_V2_MIN_SIZE <= sizeof(refit_host_v2));
     refit_device_info info = {.struct_size = sizeof info};
     assert_int_equal(h->device_info(h->host, (refit_device){REFIT_DEVICE_CPU, 0}, &info), 0);
     assert_int_equal(info.served, 1);
@@ -536,6 +537,40 @@ static void test_host_services_appended(void **state)
     assert_int_equal(h->zero(h->host, &view, NULL), 0);
     for (int i = 0; i < 6; i++)
         assert_true(v[i] == 0.0f);
+    refit_close(ctx);
+}
+
+/* Scratch is pooled: pieces of an update come from one pool, 256-byte
+ * aligned and apart; the next update gets the same memory again (no
+ * allocation per module or update); an update that outgrew its pool gets
+ * one pool of the total at its end, so the next such update allocates
+ * nothing either. */
+static void test_scratch_pooled(void **state)
+{
+    (void)state;
+    refit_ctx *ctx;
+    PT_RC(NULL, refit_open(&ctx, NULL), REFIT_OK);
+    const refit_host_v2 *h = &ctx->host;
+    refit_device cpu = {REFIT_DEVICE_CPU, 0};
+    char *a = h->scratch(h->host, cpu, 100), *b = h->scratch(h->host, cpu, 100);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal((uintptr_t)a % 256, 0);
+    assert_ptr_equal(b, a + 256);
+    memset(a, 1, 100);
+    memset(b, 2, 100);
+    host_services_update_end(ctx);
+    assert_ptr_equal(h->scratch(h->host, cpu, 100), a); /* the same pool again */
+    char *big = h->scratch(h->host, cpu, (size_t)3 << 20); /* past the 1 MiB pool */
+    assert_non_null(big);
+    assert_true(big < a || big >= a + ((size_t)1 << 20));
+    memset(big, 3, (size_t)3 << 20);
+    host_services_update_end(ctx); /* merged: one pool of 4 MiB */
+    char *c = h->scratch(h->host, cpu, 100);
+    char *d = h->scratch(h->host, cpu, (size_t)3 << 20);
+    assert_non_null(c);
+    assert_ptr_equal(d, c + 256); /* both from the merged pool */
+    memset(d, 4, (size_t)3 << 20);
     refit_close(ctx);
 }
 
@@ -570,6 +605,7 @@ int main(void)
         cmocka_unit_test(test_open_survives_refusals),
         cmocka_unit_test(test_in_process_format_replaces_plugin),
         cmocka_unit_test(test_host_services_appended),
+        cmocka_unit_test(test_scratch_pooled),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
