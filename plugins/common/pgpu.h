@@ -38,6 +38,17 @@ struct pgpu {
     char msg[256];           /* the failure's message */
 };
 
+/* The element kind a launcher passes its kernels: 0 F32, 1 F16, 2 BF16;
+ * -1 any other element type (or several lanes). */
+static inline int pgpu_float_kind(refit_dtype d)
+{
+    if (d.lanes != 1)
+        return -1;
+    if (d.code == REFIT_DTYPE_FLOAT && (d.bits == 32 || d.bits == 16))
+        return d.bits == 32 ? 0 : 1;
+    return d.code == REFIT_DTYPE_BFLOAT && d.bits == 16 ? 2 : -1;
+}
+
 /* Set g->msg (printf format) and return rc. */
 int pgpu_fail(pgpu *g, int rc, const char *fmt, ...)
 #if defined(__GNUC__) || defined(__clang__)

@@ -13,15 +13,6 @@ static int qf_refuse(pgpu *g, int rc, const char *what, uint32_t i)
     return pgpu_fail(g, rc, "fp8 launcher: piece %u: %s", i, what);
 }
 
-/* 0 F32, 1 F16, 2 BF16; -1 any other element type (or several lanes). */
-static int qf_kind(refit_dtype d)
-{
-    if (d.lanes != 1)
-        return -1;
-    if (d.code == REFIT_DTYPE_FLOAT && (d.bits == 32 || d.bits == 16))
-        return d.bits == 32 ? 0 : 1;
-    return d.code == REFIT_DTYPE_BFLOAT && d.bits == 16 ? 2 : -1;
-}
 
 /* 1 when a 2-D view's elements are one row-major run. */
 static bool qf_contiguous(const refit_view *v)
@@ -60,8 +51,8 @@ static bool qf_dense_ok(const qf_piece *p, int scheme, int hw)
 static int qf_piece_init(pgpu *g, qf_piece *pc, const refit_view *q, const refit_view *s,
                          const refit_view *x, uint32_t i, int scheme, int hw)
 {
-    int kind = qf_kind(x->dtype);
-    if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 || qf_kind(s->dtype) != 0)
+    int kind = pgpu_float_kind(x->dtype);
+    if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 || pgpu_float_kind(s->dtype) != 0)
         return qf_refuse(g, REFIT_EUNSUPPORTED, "dtypes: x f32/f16/bf16, q one byte, scale f32",
                          i);
     if (x->ndim != 2 || q->ndim != 2 || s->ndim != 2 || q->shape[0] != x->shape[0] ||

@@ -14,15 +14,6 @@ static int q4_refuse(pgpu *g, int rc, const char *what, uint32_t i)
     return pgpu_fail(g, rc, "int4 launcher: piece %u: %s", i, what);
 }
 
-/* 0 F32, 1 F16, 2 BF16; -1 any other element type (or several lanes). */
-static int q4_kind(refit_dtype d)
-{
-    if (d.lanes != 1)
-        return -1;
-    if (d.code == REFIT_DTYPE_FLOAT && (d.bits == 32 || d.bits == 16))
-        return d.bits == 32 ? 0 : 1;
-    return d.code == REFIT_DTYPE_BFLOAT && d.bits == 16 ? 2 : -1;
-}
 
 static int64_t q4_cdiv(int64_t a, int64_t b)
 {
@@ -33,7 +24,7 @@ static int64_t q4_cdiv(int64_t a, int64_t b)
 static int q4_piece_init(pgpu *g, q4_piece *pc, const refit_view *q, const refit_view *s,
                          const refit_view *x, int64_t group, uint32_t i)
 {
-    int kind = q4_kind(x->dtype), skind = q4_kind(s->dtype);
+    int kind = pgpu_float_kind(x->dtype), skind = pgpu_float_kind(s->dtype);
     if (kind < 0 || skind < 0 || q->dtype.bits != 32 || q->dtype.lanes != 1 ||
         (q->dtype.code != REFIT_DTYPE_INT && q->dtype.code != REFIT_DTYPE_UINT))
         return q4_refuse(g, REFIT_EUNSUPPORTED, "dtypes: x and scale f32/f16/bf16, q 32-bit",

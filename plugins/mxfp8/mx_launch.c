@@ -15,15 +15,6 @@ static int mx_refuse(pgpu *g, int rc, const char *what, uint32_t i)
     return pgpu_fail(g, rc, "mx launcher: piece %u: %s", i, what);
 }
 
-/* 0 F32, 1 F16, 2 BF16; -1 any other element type (or several lanes). */
-static int mx_kind(refit_dtype d)
-{
-    if (d.lanes != 1)
-        return -1;
-    if (d.code == REFIT_DTYPE_FLOAT && (d.bits == 32 || d.bits == 16))
-        return d.bits == 32 ? 0 : 1;
-    return d.code == REFIT_DTYPE_BFLOAT && d.bits == 16 ? 2 : -1;
-}
 
 static mx_div mx_div_make(uint32_t d)
 {
@@ -45,7 +36,7 @@ static mx_div mx_div_make(uint32_t d)
 static int mx_piece_init(pgpu *g, mx_piece *pc, const refit_view *q, const refit_view *s,
                          const refit_view *x, uint32_t i, int fp4)
 {
-    int kind = mx_kind(x->dtype);
+    int kind = pgpu_float_kind(x->dtype);
     if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 || s->dtype.bits != 8 ||
         s->dtype.lanes != 1)
         return mx_refuse(g, REFIT_EUNSUPPORTED, "dtypes: x f32/f16/bf16, q and scales one "

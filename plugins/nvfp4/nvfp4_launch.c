@@ -14,15 +14,6 @@ static int qn_refuse(pgpu *g, int rc, const char *what, uint32_t i)
     return pgpu_fail(g, rc, "nvfp4 launcher: piece %u: %s", i, what);
 }
 
-/* 0 F32, 1 F16, 2 BF16; -1 any other element type (or several lanes). */
-static int qn_kind(refit_dtype d)
-{
-    if (d.lanes != 1)
-        return -1;
-    if (d.code == REFIT_DTYPE_FLOAT && (d.bits == 32 || d.bits == 16))
-        return d.bits == 32 ? 0 : 1;
-    return d.code == REFIT_DTYPE_BFLOAT && d.bits == 16 ? 2 : -1;
-}
 
 static bool qn_byte(const refit_view *v)
 {
@@ -34,7 +25,7 @@ static bool qn_one_f32(const refit_view *v)
     int64_t e = 1;
     for (int i = 0; i < v->ndim; i++)
         e *= v->shape[i];
-    return v->data && qn_kind(v->dtype) == 0 && e == 1;
+    return v->data && pgpu_float_kind(v->dtype) == 0 && e == 1;
 }
 
 static int64_t qn_pad(int64_t v, int64_t m)
@@ -68,7 +59,7 @@ static int qn_piece_init(pgpu *g, qn_piece *pc, const refit_nvfp4_piece *v, uint
 {
     const refit_view *x = &v->src;
     bool online = v->mode == REFIT_NVFP4_ONLINE;
-    int kind = online ? qn_kind(x->dtype) : 0;
+    int kind = online ? pgpu_float_kind(x->dtype) : 0;
     if (v->mode < REFIT_NVFP4_ONLINE || v->mode > REFIT_NVFP4_CT)
         return qn_refuse(g, REFIT_EINVAL, "mode must be online, ModelOpt or compressed-tensors",
                          i);
