@@ -42,14 +42,6 @@ int __wrap_sqlite3_step(sqlite3_stmt *s)
     return __real_sqlite3_step(s);
 }
 
-static void one_module(tw *w)
-{
-    tw_module(w, "m", "unquantized", NULL);
-    tw_runtime(w, "m", "w", REFIT_F32, 1, TT_SHAPE(4));
-    refit_ckpt_spec s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
-    assert_int_equal(tw_expect(w, "m", "m.w", &s), REFIT_OK);
-    tw_seal(w);
-}
 
 /* An integer from the journal, read on a connection of its own. */
 static int q(const char *path, const char *sql)
@@ -81,7 +73,7 @@ static void fx_open(fx *f, int best_effort)
     o.journal_path = f->path;
     o.journal_best_effort = best_effort;
     assert_int_equal(tw_open(&f->w, &o), REFIT_OK);
-    one_module(&f->w);
+    tw_one_module(&f->w);
     tw_update(&f->w, 1, "v1");
     /* update 2 commits; its end write meets a full disk */
     disk.end_once = 1;

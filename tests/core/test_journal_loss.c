@@ -11,14 +11,6 @@
 
 #include "testutil.h"
 
-static void one_module(tw *w)
-{
-    tw_module(w, "m", "unquantized", NULL);
-    tw_runtime(w, "m", "w", REFIT_F32, 1, TT_SHAPE(4));
-    refit_ckpt_spec s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
-    assert_int_equal(tw_expect(w, "m", "m.w", &s), REFIT_OK);
-    tw_seal(w);
-}
 
 static int count(const char *path, const char *sql)
 {
@@ -44,7 +36,7 @@ static void run(int best_effort)
     o.journal_best_effort = best_effort;
     tw w;
     assert_int_equal(tw_open(&w, &o), REFIT_OK);
-    one_module(&w);
+    tw_one_module(&w);
     tw_update(&w, 1, "v1");
     snprintf(cmd, sizeof cmd, "rm -f %s %s-wal %s-shm", path, path, path);
     assert_int_equal(system(cmd), 0);

@@ -923,3 +923,12 @@ int tw_snapshot_equal(const tw *w, const void *snap, size_t n)
     free(now);
     return eq;
 }
+
+void tw_one_module(tw *w)
+{
+    tw_module(w, "m", "unquantized", NULL);
+    tw_runtime(w, "m", "w", REFIT_F32, 1, TT_SHAPE(4));
+    refit_ckpt_spec s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
+    assert_int_equal(tw_expect(w, "m", "m.w", &s), REFIT_OK);
+    tw_seal(w);
+}

@@ -186,6 +186,8 @@ void tw_update(tw *w, uint64_t version, const char *label);
 /* All runtime bytes concatenated (malloc'd; caller frees); tensors made
  * with tt_alias own no memory and are left out. */
 void *tw_snapshot(const tw *w, size_t *bytes);
+/* One module "m" (unquantized): runtime w f32 [4] from "m.w"; sealed. */
+void tw_one_module(tw *w);
 /* 1 when every runtime byte of w equals snap (n bytes, from tw_snapshot). */
 int tw_snapshot_equal(const tw *w, const void *snap, size_t n);
 /* Model fingerprint; asserts success. */
