@@ -19,12 +19,13 @@
  * Each stream has two pinned tables used in turn, so a flush never rewrites
  * a table whose upload may still be in flight.
  *
- * Undo saves (into device memory within the context's budget, else pinned
- * memory) smaller than save_min are rows of a separate save table that is
- * launched before the copy rows of the same flush; larger ones are one
- * cudaMemcpyAsync each, issued at once. Any copy the backend issues at once
- * (memcpy, kernel, memset) first flushes pending saves, so a save always
- * reads the bytes before the txn's first write to them.
+ * Undo saves into device memory (the context's budget), of any size, and
+ * saves into pinned memory smaller than save_min are rows of a separate
+ * save table whose pending rows launch before the copy rows of the same
+ * flush; larger pinned saves are one cudaMemcpyAsync each, issued at once.
+ * Any copy the backend issues at once (memcpy, kernel, memset) first
+ * launches the pending save rows (launch_saves: no table switch, no wait),
+ * so a save always reads the bytes before the txn's first write to them.
  *
  * Contract (backend.h): a pageable src is consumed before copy() returns; a
  * device or pinned src must stay valid until the stream's flush + sync
@@ -80,6 +81,7 @@ typedef struct cuda_cfg {
     size_t h2d_min;             /* REFIT_CUDA_H2D_MIN_KB: pinned pieces to the copy engine */
     size_t d2d_memcpy_min;      /* REFIT_CUDA_D2D_MEMCPY_MIN_KB: 0 = always batch D2D */
     size_t save_min;            /* REFIT_CUDA_SAVE_MIN_KB: smaller saves are batched */
+    size_t save_dev_memcpy_min; /* REFIT_CUDA_SAVE_DEV_MEMCPY_MIN_KB: 0 = batch every device save */
     uint32_t ring_chunks;       /* REFIT_CUDA_RING_CHUNKS */
     size_t ring_chunk_bytes;    /* REFIT_CUDA_RING_CHUNK_MB */
     size_t staging_cache;       /* REFIT_CUDA_STAGING_CACHE_MB */
@@ -120,6 +122,8 @@ static void cfg_load(cuda_cfg *c)
     c->h2d_min = env_size("REFIT_CUDA_H2D_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
     c->d2d_memcpy_min = env_size("REFIT_CUDA_D2D_MEMCPY_MIN_KB", 0, KIB, 0, SIZE_MAX / 2);
     c->save_min = env_size("REFIT_CUDA_SAVE_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
+    c->save_dev_memcpy_min = env_size("REFIT_CUDA_SAVE_DEV_MEMCPY_MIN_KB", 0, KIB, 0,
+                                      SIZE_MAX / 2);
     c->ring_chunks = (uint32_t)env_size("REFIT_CUDA_RING_CHUNKS", 4, 1, 2, MAX_RING);
     c->ring_chunk_bytes = env_size("REFIT_CUDA_RING_CHUNK_MB", 16 * MIB, MIB, MIB, 4096 * MIB);
     c->staging_cache = env_size("REFIT_CUDA_STAGING_CACHE_MB", 1024 * MIB, MIB, 0, SIZE_MAX / 2);
@@ -191,6 +195,7 @@ typedef struct table {
     kern_batch_row *rows;       /* 2 * table_rows: saves at 0, copies at table_rows */
     kern_batch_row *dev;        /* the same pinned memory, as the device reads it */
     uint32_t n_save, n_copy;
+    uint32_t save_launched;     /* save rows [0, this) are launched already */
     uint64_t copy_bytes;        /* bytes the copy rows move */
     cudaEvent_t done;           /* after the kernels that read this table */
     bool recorded;
@@ -634,43 +639,69 @@ static int stream_device(void *stream)
     return dev;
 }
 
-/* Launch what the current table holds: saves first, then copies. The
- * kernels read the rows straight from the pinned table (or, with
- * table_upload, from a device copy of it). The caller has made q's device
+/* Launch the save rows of the current table not launched yet, as one
+ * kernel, without switching tables: rows appended later go past them, so
+ * nothing rewrites what this launch reads. The caller has made q's device
  * current. */
+static int launch_saves(cq *q)
+{
+    table *t = &q->tb[q->cur];
+    uint32_t from = t->save_launched, n = t->n_save - from;
+    if (n == 0)
+        return REFIT_OK;
+    t->save_launched = t->n_save; /* a failed launch is reported once, not retried */
+    cudaStream_t st = (cudaStream_t)q->stream;
+    const kern_batch_row *rows = t->dev + from;
+    if (G.cfg.table_upload) {
+        rows = q->dev_rows + from;
+        cudaError_t e = cudaMemcpyAsync(q->dev_rows + from, t->rows + from, n * sizeof *t->rows,
+                                        cudaMemcpyHostToDevice, st);
+        if (e != cudaSuccess)
+            return cu_fail(e, "uploading a batch table");
+    }
+    int rc = kern_copy_batch_cuda(rows, n, st);
+    if (rc)
+        return kern_fail(rc);
+    G.stats.batch_launches++;
+    G.stats.batch_rows += n;
+    return REFIT_OK;
+}
+
+/* Launch what the current table holds: saves first (those not launched
+ * yet), then copies. The kernels read the rows straight from the pinned
+ * table (or, with table_upload, from a device copy of it). The caller has
+ * made q's device current. */
 static int queue_flush(cq *q)
 {
     table *t = &q->tb[q->cur];
     if (t->n_save == 0 && t->n_copy == 0)
         return REFIT_OK;
     cudaStream_t st = (cudaStream_t)q->stream;
-    uint32_t cap = G.cfg.table_rows, n_save = t->n_save, n_copy = t->n_copy;
-    t->n_save = t->n_copy = 0; /* a failed launch is reported once, not retried */
+    uint32_t cap = G.cfg.table_rows, n_copy = t->n_copy;
+    int rc = launch_saves(q);
+    t->n_save = t->save_launched = t->n_copy = 0; /* a failure is reported once */
     q->launched += t->copy_bytes;
     t->copy_bytes = 0;
+    if (rc)
+        return rc;
     const kern_batch_row *rows = t->dev;
     cudaError_t e = cudaSuccess;
     if (G.cfg.table_upload) {
         rows = q->dev_rows;
-        if (n_save)
-            e = cudaMemcpyAsync(q->dev_rows, t->rows, n_save * sizeof *t->rows,
-                                cudaMemcpyHostToDevice, st);
-        if (e == cudaSuccess && n_copy)
+        if (n_copy)
             e = cudaMemcpyAsync(q->dev_rows + cap, t->rows + cap, n_copy * sizeof *t->rows,
                                 cudaMemcpyHostToDevice, st);
         if (e != cudaSuccess)
             return cu_fail(e, "uploading a batch table");
     }
-    int rc = kern_copy_batch_cuda(rows, n_save, st);
-    if (!rc)
-        rc = kern_copy_batch_cuda(rows + cap, n_copy, st);
+    rc = kern_copy_batch_cuda(rows + cap, n_copy, st);
     if (rc)
         return kern_fail(rc);
     if ((e = cudaEventRecord(t->done, st)) != cudaSuccess)
         return cu_fail(e, "recording a batch table's event");
     t->recorded = true;
-    G.stats.batch_launches += (n_save > 0) + (n_copy > 0);
-    G.stats.batch_rows += n_save + n_copy;
+    G.stats.batch_launches += n_copy > 0;
+    G.stats.batch_rows += n_copy;
     for (uint32_t i = 0; i < G.cfg.ring_chunks; i++) {
         pchunk *c = &q->ring[i];
         if (!c->in_table)
@@ -689,10 +720,11 @@ static int queue_flush(cq *q)
     return REFIT_OK;
 }
 
-/* Work issued now (not batched) must come after pending saves. */
+/* Work issued now (not batched) must come after pending saves: they go
+ * out as one launch, the copy rows stay queued and the table stays. */
 static int before_immediate(cq *q)
 {
-    return q->tb[q->cur].n_save ? queue_flush(q) : REFIT_OK;
+    return launch_saves(q);
 }
 
 /* Append rows for a contiguous piece, split at row_max. */
@@ -1556,14 +1588,13 @@ static void cuda_undo_dev_free(int device, void *p)
     unlock();
 }
 
-/* A device save under save_min is rows of the save table: one batch launch
- * per flush saves every small tensor queued since the last, ahead of the
- * copy rows that overwrite them. A larger one is a device-to-device
- * cudaMemcpyAsync issued at once (save_now): it goes ahead of the copy rows
- * still pending, and pending save rows need no flush for it (the pageable
- * path's slices would otherwise flush, and wait for the other table, at
- * every tensor). So the saves of tensor k+1 never wait behind the copy of
- * tensor k, and nothing waits per tensor. */
+/* A device save is rows of the save table (unless save_dev_memcpy_min
+ * sends a large one to save_now): a flush launches the saves queued since
+ * the last launch as one kernel, ahead of the copy rows that overwrite
+ * them, so a dense model's saves are a few launches instead of a
+ * cudaMemcpyAsync (and its tail) per tensor. Immediate work (the pageable
+ * path's slices, a kernel copy) launches only the pending save rows
+ * (launch_saves), without switching tables, so nothing waits per tensor. */
 static int cuda_save_dev(void *dev_dst, const void *src, size_t n, int device, void *stream)
 {
     if (n == 0)
@@ -1574,7 +1605,8 @@ static int cuda_save_dev(void *dev_dst, const void *src, size_t n, int device, v
     int rc = dev_enter(&g, device);
     if (!rc) {
         rc = queue_get(&q, stream, device);
-        if (!rc && n < G.cfg.save_min)
+        size_t memcpy_min = G.cfg.save_dev_memcpy_min;
+        if (!rc && (n < G.cfg.save_min || !memcpy_min || n < memcpy_min))
             rc = queue_rows(q, true, (uint64_t)(uintptr_t)dev_dst, (uint64_t)(uintptr_t)src, n);
         else if (!rc)
             rc = save_now(q, dev_dst, src, n);
