@@ -64,17 +64,22 @@ static int replayable(refit_ctx *ctx, int64_t id, const replay_row *row)
 
 /* Open the recorded source and check it still holds the recorded bytes. */
 static int replay_source(refit_ctx *ctx, int64_t id, const replay_row *row, refit_source **src,
-                         char digest[65])
+                         char digest[REFIT_SOURCE_ID_SIZE])
 {
     int rc = refit_source_open(src, ctx, row->uri + 7);
     if (rc)
         return rc;
-    if ((rc = refit_source_digest(*src, digest)))
+    /* the journal holds a SHA-256 or, from a caller that did not read the
+     * bytes, the files' identity (refit_source_identity): compare alike */
+    int by_id = row->digest && !strncmp(row->digest, REFIT_SOURCE_ID_PREFIX,
+                                        sizeof REFIT_SOURCE_ID_PREFIX - 1);
+    if ((rc = by_id ? refit_source_identity(*src, digest) : refit_source_digest(*src, digest)))
         return rc;
     if (row->digest && strcmp(row->digest, digest))
         return ctx_error(ctx, REFIT_ECORRUPT, "replay: the source of update %lld changed: %s "
-                         "now has digest %s, the journal recorded %s", (long long)id,
-                         row->uri, digest, row->digest);
+                         "now has %s %s, the journal recorded %s%s", (long long)id, row->uri,
+                         by_id ? "identity" : "digest", digest, row->digest,
+                         by_id ? " (a file was rewritten, touched or replaced since)" : "");
     return REFIT_OK;
 }
 
@@ -99,7 +104,7 @@ static int replay_run(refit_model *m, int64_t id, const refit_replay_opts *o, re
                          journal_errmsg(ctx->journal));
     }
     refit_source *src = NULL;
-    char digest[65];
+    char digest[REFIT_SOURCE_ID_SIZE];
     rc = replay_source(ctx, id, row, &src, digest);
     refit_txn *t = NULL;
     if (!rc) {

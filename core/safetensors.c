@@ -264,6 +264,11 @@ uint64_t st_file_size(const st_set *s, size_t i)
     return i < s->nfiles ? s->files[i].size : 0;
 }
 
+const struct stat *st_file_stat(const st_set *s, size_t i)
+{
+    return i < s->nfiles && s->files[i].fd >= 0 ? &s->files[i].st : NULL;
+}
+
 const char *st_metadata_get(const st_set *s, size_t i, const char *key)
 {
     if (i >= s->nfiles || !s->files[i].meta)

@@ -33,6 +33,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include <refit/refit.h>
 
@@ -196,6 +197,9 @@ const st_tensor *st_find(const st_set *s, const char *name);
 size_t st_file_count(const st_set *s);
 const char *st_file_path(const st_set *s, size_t i);
 uint64_t st_file_size(const st_set *s, size_t i);
+/* The file's stat at open (what st_set_recheck compares); NULL for a
+ * caller's buffer or an index out of range. */
+const struct stat *st_file_stat(const st_set *s, size_t i);
 /* A value of file i's "__metadata__" map; NULL when absent. */
 const char *st_metadata_get(const st_set *s, size_t i, const char *key);
 

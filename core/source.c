@@ -169,6 +169,44 @@ int refit_source_digest(refit_source *src, char hex[65])
     return REFIT_OK;
 }
 
+/* "file-id:" and the SHA-256 of one line per file, "<name> <size> <dev>
+ * <ino> <mtime> <ctime>\n": what st_set_recheck compares, so a file
+ * rewritten, touched or replaced since gets another identity. ctime is
+ * the kernel's (no call sets it back), so a copy with its mtime preserved
+ * differs too. */
+int refit_source_identity(refit_source *src, char out[REFIT_SOURCE_ID_SIZE])
+{
+    if (!src || !out)
+        return REFIT_EINVAL;
+    ctx_clear_error(src->ctx);
+    if (!src->durable)
+        return ctx_error(src->ctx, REFIT_EUNSUPPORTED, "source identity: %s is held in memory, "
+                         "which has no file to identify", src->uri);
+    st_sha256_ctx h = {NULL};
+    if (st_sha256_init(&h))
+        return ctx_error(src->ctx, REFIT_ENOMEM, "source identity: out of memory");
+    size_t nf = st_file_count(src->set);
+    for (size_t i = 0; i < nf; i++) {
+        const struct stat *st = st_file_stat(src->set, i);
+        char line[PATH_MAX + 160];
+        int n = snprintf(line, sizeof line, "%s %llu %llu %llu %lld.%09ld %lld.%09ld\n",
+                         base_name(st_file_path(src->set, i)),
+                         (unsigned long long)st->st_size, (unsigned long long)st->st_dev,
+                         (unsigned long long)st->st_ino, (long long)st->st_mtim.tv_sec,
+                         st->st_mtim.tv_nsec, (long long)st->st_ctim.tv_sec, st->st_ctim.tv_nsec);
+        if (n < 0 || (size_t)n >= sizeof line || st_sha256_update(&h, line, (size_t)n)) {
+            st_sha256_free(&h);
+            return ctx_error(src->ctx, REFIT_ENOMEM, "source identity: out of memory");
+        }
+    }
+    uint8_t d[ST_SHA256_DIGEST];
+    if (st_sha256_final(&h, d))
+        return ctx_error(src->ctx, REFIT_ENOMEM, "source identity: out of memory");
+    memcpy(out, REFIT_SOURCE_ID_PREFIX, sizeof REFIT_SOURCE_ID_PREFIX - 1);
+    st_sha256_hex(d, out + sizeof REFIT_SOURCE_ID_PREFIX - 1);
+    return REFIT_OK;
+}
+
 /* Every tensor of src through refit_load, in file and offset order. */
 static int load_all(refit_txn *txn, refit_source *src, refit_filter_fn filter, void *filter_user,
                     refit_progress_fn progress, void *user, void *stream)

@@ -369,6 +369,9 @@ static int st_write_file(bench *b, const char *path, int first, int last)
         bad = fputc(' ', f) == EOF;
     for (int i = first; i < last && !bad; i++)
         bad = fwrite(b->pinned + b->t[i].off, 1, b->t[i].bytes, f) != b->t[i].bytes;
+    /* written back before it is read: the case is a page-cached file,
+     * not one whose dirty pages are being flushed meanwhile */
+    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
     bad |= fclose(f) != 0;
     free(text);
     if (bad)

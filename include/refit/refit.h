@@ -404,6 +404,15 @@ REFIT_API int refit_source_is_durable(const refit_source *src);
  * hub publishes); for a directory, of the lines "<file name> <file sha256>\n"
  * in file-name order. Reads every byte on the first call, then cached. */
 REFIT_API int refit_source_digest(refit_source *src, char hex[65]);
+/* A cheap stand-in for the digest: "file-id:" and 64 hex digits over each
+ * file's name, size, device, inode, mtime and ctime (no byte is read).
+ * Recorded as an update's source_digest, replay accepts the source only
+ * while its files are the very ones that were loaded (not rewritten,
+ * touched or replaced); it does not vouch for the bytes as the SHA-256
+ * does. REFIT_EUNSUPPORTED for a memory source. */
+#define REFIT_SOURCE_ID_PREFIX "file-id:"
+#define REFIT_SOURCE_ID_SIZE 73
+REFIT_API int refit_source_identity(refit_source *src, char out[REFIT_SOURCE_ID_SIZE]);
 
 /* Progress: called after each tensor with the running totals. */
 typedef void (*refit_progress_fn)(void *user, uint64_t bytes, uint64_t tensors,

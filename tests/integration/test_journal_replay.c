@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -140,13 +142,17 @@ static int stop_after(void *user, const char *name)
     return (*left)-- > 0;
 }
 
-static int send_file(world *w, const char *version, int n, int rollback, int64_t *jid)
+/* n of the file's modules; by_id: journal the files' identity, not the
+ * SHA-256 */
+static int send_file_as(world *w, const char *version, int n, int rollback, int by_id,
+                        int64_t *jid)
 {
     refit_source *src;
-    char digest[65];
+    char digest[REFIT_SOURCE_ID_SIZE];
     int rc = refit_source_open(&src, w->ctx, w->ckpt);
     assert_int_equal(rc, REFIT_OK);
-    assert_int_equal(refit_source_digest(src, digest), REFIT_OK);
+    assert_int_equal(by_id ? refit_source_identity(src, digest) : refit_source_digest(src, digest),
+                     REFIT_OK);
     refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
     uo.version_label = version;
     uo.source_uri = refit_source_uri(src);
@@ -160,6 +166,11 @@ static int send_file(world *w, const char *version, int n, int rollback, int64_t
     rc = n >= N_MOD ? refit_finalize(t) : refit_abort(t);
     refit_source_close(src);
     return rc;
+}
+
+static int send_file(world *w, const char *version, int n, int rollback, int64_t *jid)
+{
+    return send_file_as(w, version, n, rollback, 0, jid);
 }
 
 typedef struct urow {
@@ -310,6 +321,61 @@ static void test_replay_from_file(void **state)
     assert_string_equal(u.state, "committed");
     /* a committed update is not replayed */
     assert_int_equal(refit_replay(w->model, id + 1, &ro), REFIT_ESTATE);
+}
+
+/* An update journaled with the files' identity replays while the file is
+ * the one loaded; the same bytes with a new mtime are refused, naming
+ * the file and what changed, and nothing is written. */
+static void test_replay_by_identity(void **state)
+{
+    world *w = *state;
+    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
+    make_version(w, 1);
+    assert_int_equal(send_memory(w, "v1", N_MOD, 1, NULL), REFIT_OK);
+    make_version(w, 2);
+    write_ckpt(w, w->ckpt);
+    refit_source *src;
+    char a[REFIT_SOURCE_ID_SIZE], b[REFIT_SOURCE_ID_SIZE];
+    assert_int_equal(refit_source_open(&src, w->ctx, w->ckpt), REFIT_OK);
+    assert_int_equal(refit_source_identity(src, a), REFIT_OK);
+    assert_int_equal(strlen(a), REFIT_SOURCE_ID_SIZE - 1);
+    assert_memory_equal(a, REFIT_SOURCE_ID_PREFIX, strlen(REFIT_SOURCE_ID_PREFIX));
+    assert_int_equal(refit_source_identity(src, b), REFIT_OK);
+    assert_string_equal(a, b);
+    refit_source_close(src);
+
+    int64_t id = 0;
+    assert_int_equal(send_file_as(w, "v2", 1, 1, 1, &id), REFIT_OK); /* aborted, rolled back */
+    refit_replay_opts ro = REFIT_REPLAY_OPTS_INIT;
+    assert_int_equal(refit_replay(w->model, id, &ro), REFIT_OK);
+    assert_string_equal(refit_worker_version(w->ctx), "v2");
+    assert_memory_equal(w->rt, w->ck, sizeof w->rt);
+
+    make_version(w, 3);
+    write_ckpt(w, w->ckpt);
+    assert_int_equal(send_file_as(w, "v3", 1, 1, 1, &id), REFIT_OK);
+    float before[N_MOD][ROWS * COLS];
+    memcpy(before, w->rt, sizeof before);
+    struct timespec ts[2] = {{0, UTIME_OMIT}, {1234567, 0}}; /* same bytes, touched */
+    assert_int_equal(utimensat(AT_FDCWD, w->ckpt, ts, 0), 0);
+    assert_int_equal(refit_replay(w->model, id, &ro), REFIT_ECORRUPT);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "identity"));
+    assert_non_null(strstr(refit_errmsg(w->ctx), "model.safetensors"));
+    assert_memory_equal(w->rt, before, sizeof before);
+    assert_string_equal(refit_worker_version(w->ctx), "v2");
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+
+    /* a memory source has no file to identify */
+    FILE *f = fopen(w->ckpt, "rb");
+    assert_non_null(f);
+    static char mem[1 << 16];
+    size_t len = fread(mem, 1, sizeof mem, f);
+    fclose(f);
+    assert_true(len > 8 && len < sizeof mem);
+    assert_int_equal(refit_source_open_memory(&src, w->ctx, mem, len, "m"), REFIT_OK);
+    assert_int_equal(refit_source_identity(src, a), REFIT_EUNSUPPORTED);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "memory"));
+    refit_source_close(src);
 }
 
 static void test_replay_refusals(void **state)
@@ -605,6 +671,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_best_effort_goes_on, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_from_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replay_by_identity, setup, teardown),
         cmocka_unit_test_setup_teardown(test_interrupted_then_replayed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_source_changed_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_source_unexpected_and_filter, setup, teardown),

@@ -314,12 +314,13 @@ def test_failed_safetensors_update_replays():
     uid = txn.journal_id  # known after the update ended
     assert e.same(snap) and e.ctx.version == "v1"
     src = e.ctx.open_source(f)
-    digest, uri = src.digest(), src.uri
-    assert src.durable and uri == "file://" + os.path.abspath(f) and len(digest) == 64
+    ident, uri = src.identity(), src.uri
+    assert src.durable and uri == "file://" + os.path.abspath(f)
+    assert ident.startswith("file-id:") and len(ident) == 72, ident
     assert len(src) == 6 and ("up", (4, 4), 64) in src.tensors()
     src.close()
     state, s_uri, s_digest, error, _, _ = journal_row(path, uid)
-    assert (state, s_uri, s_digest) == ("rolled_back", uri, digest), (state, s_uri, s_digest)
+    assert (state, s_uri, s_digest) == ("rolled_back", uri, ident), (state, s_uri, s_digest)
     assert "rank 1 lost its trainer" in (error or ""), error
     e.model.replay(uid)
     assert e.ctx.health() == refit.Health.READY and e.ctx.version == "v2"
@@ -337,8 +338,43 @@ def test_failed_safetensors_update_replays():
     except RuntimeError:
         pass
     write_checkpoint(f, checkpoint(15))
-    raises("REFIT_ECORRUPT", lambda: e.model.replay(uid3), "changed", f)
+    raises("REFIT_ECORRUPT", lambda: e.model.replay(uid3), "rewritten, touched or replaced", f)
     assert e.same(snap2) and e.ctx.version == "v2"
+
+
+def test_identity_refuses_a_touched_file_and_digest_reads_bytes():
+    """The default records the files' identity: the same bytes with a new
+    mtime are refused at replay; digest=True records the SHA-256, which
+    still replays a file whose bytes are the same."""
+    path = os.path.join(TMP, "ident.db")
+    e = Engine(journal=path)
+    ck = checkpoint(21)
+    f = os.path.join(TMP, "step-id.safetensors")
+    write_checkpoint(f, ck)
+    ids = {}
+    for digest in (False, True):
+        try:
+            with e.model.update(version="d%d" % digest) as txn:
+                txn.load_safetensors(f, digest=digest)
+                ids[digest] = txn.journal_id
+                raise RuntimeError("lost")
+        except RuntimeError:
+            pass
+    with e.ctx.open_source(f) as src:
+        sha, ident = src.digest(), src.identity()
+    assert journal_row(path, ids[False])[2] == ident
+    assert journal_row(path, ids[True])[2] == sha and len(sha) == 64
+    st = os.stat(f)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns + 1000))
+    with e.ctx.open_source(f) as src:
+        assert src.identity() != ident and src.digest() == sha
+    snap = e.snapshot()
+    raises("REFIT_ECORRUPT", lambda: e.model.replay(ids[False]), "identity", f)
+    assert e.same(snap)
+    e.model.replay(ids[True])
+    expect_holds(e, ck)
+    with e.ctx.open_source_memory(safetensors_bytes(ck), label="mem") as src:
+        raises("REFIT_EUNSUPPORTED", src.identity, "memory")
 
 
 def test_memory_source_is_not_durable():

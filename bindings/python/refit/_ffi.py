@@ -190,6 +190,7 @@ _PROTOS = {
     "refit_source_open_memory": (_I, [ctypes.POINTER(_P), _P, _P, ctypes.c_size_t, _S]),
     "refit_source_is_durable": (_I, [_P]),
     "refit_source_digest": (_I, [_P, ctypes.POINTER(ctypes.c_char)]),
+    "refit_source_identity": (_I, [_P, ctypes.POINTER(ctypes.c_char)]),
     "refit_source_close": (None, [_P]),
     "refit_source_count": (ctypes.c_size_t, [_P]),
     "refit_source_tensor_at": (_I, [_P, ctypes.c_size_t, ctypes.POINTER(SourceTensor)]),

@@ -459,23 +459,24 @@ class Txn:
 
     def load_safetensors(self, path: str, strict: bool = True,
                          progress: Optional[Progress] = None, stream: Stream = None,
-                         digest: bool = True) -> None:
+                         digest: bool = False) -> None:
         """A .safetensors file or a checkpoint directory, streamed from its
         mapping (refit_source_open + refit_load_source) on stream (default:
         the current torch stream of the model's device). With strict=False,
         tensors no module expects are skipped.
 
         As the first call of an update from Model.update() with no
-        source_uri, it records the file as the update's source: its URI,
-        and with digest its SHA-256 (which reads every byte once more
-        before the load; replay then refuses a file that changed since).
-        That makes a failed update replayable (Model.replay(journal_id))."""
+        source_uri, it records the file as the update's source: its URI and
+        its files' identity (Source.identity(): name, size, inode, mtime,
+        ctime; no byte read), so replay refuses a file rewritten, touched or
+        replaced since. digest=True records the SHA-256 instead, which reads
+        every byte once more before the load. Either way a failed update is
+        replayable (Model.replay(journal_id))."""
         src = Source(self.model.ctx, path)
         try:
             if self._h is None and self.result is None and self.source_uri is None:
                 self.source_uri = src.uri
-                if digest:
-                    self.source_digest = src.digest()
+                self.source_digest = src.digest() if digest else src.identity()
             src.load_into(self, strict=strict, progress=progress, stream=stream)
         finally:
             src.close()
@@ -636,6 +637,16 @@ class Source:
         directory). Reads every byte on the first call, then cached."""
         out = ctypes.create_string_buffer(65)
         _check(self.ctx.handle, _ffi.lib().refit_source_digest(self.handle, out), "source_digest")
+        return out.value.decode()
+
+    def identity(self) -> str:
+        """"file-id:" and 64 hex digits over each file's name, size, device,
+        inode, mtime and ctime (refit_source_identity): reads no byte. As an
+        update's source digest, replay takes the source only while its
+        files are the very ones loaded. Memory sources have none."""
+        out = ctypes.create_string_buffer(80)
+        _check(self.ctx.handle, _ffi.lib().refit_source_identity(self.handle, out),
+               "source_identity")
         return out.value.decode()
 
     def __len__(self) -> int:
