@@ -1,5 +1,6 @@
 /* Worlds of a conformance case: see kit.h. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
