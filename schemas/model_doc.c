@@ -397,6 +397,12 @@ static int64_t split_len(const mdoc_ck *c, int split)
     return extent / n + (rank < extent % n ? 1 : 0);
 }
 
+static int float_dtype(refit_dtype d)
+{
+    return (d.code == REFIT_DTYPE_FLOAT && (d.bits == 32 || d.bits == 16)) ||
+           (d.code == REFIT_DTYPE_BFLOAT && d.bits == 16);
+}
+
 static void mc_fit(mbuild *b, const mdoc_ck *c, const mdoc_rt *t)
 {
     int tdim = c->expert >= 0;
@@ -409,6 +415,11 @@ static void mc_fit(mbuild *b, const mdoc_ck *c, const mdoc_rt *t)
     if (tdim && c->expert >= t->shape[0])
         mc_error(b, c->at, c->iter, "expert %lld is beyond runtime %s's %lld experts",
                  (long long)c->expert, t->name, (long long)t->shape[0]);
+    /* A f32/f16/bf16 tensor into a target of another kind (an online
+     * weight quantized at post-load) is staged: its shape is the format's
+     * to check at seal, not a placement in the target. */
+    if (float_dtype(c->dtype) && !float_dtype(t->dtype))
+        return;
     int split = c->shard_count > 1 ? c->shard_dim : (c->ndim > 0 ? 0 : -1);
     for (int i = 0; i < c->ndim; i++) {
         int64_t ext = i == split ? split_len(c, split) : c->shape[i];

@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "tests/convert/cvutil.h"
-#include "tests/formats4/f4util.h"
+#include "tests/formats/common/f4util.h"
 #include "tests/common/pyref.h"
 
 extern const refit_format_v2 refit_format_plugin_v2;

@@ -5,11 +5,11 @@
 #include <unistd.h>
 
 #include "tests/common/pyref.h"
-#include "tests/formats4/f4util.h"
+#include "tests/formats/common/f4util.h"
 
 st_set *f4_ref(const char *cmd, const char *args)
 {
-    return pyref_run("tests/formats4/ref4.py", cmd, args);
+    return pyref_run("tests/formats/common/ref4.py", cmd, args);
 }
 
 const st_tensor *f4_get(const st_set *s, const char *name)

@@ -1,14 +1,14 @@
 /* A ref4.py set delivered whole to a test world: every checkpoint tensor
  * of the set (a name not starting with "expect.", which marks numpy's
  * answers) is expected in one module and loaded in one transaction. Built
- * on tests/quant/qutil.c's descriptors, which formats4/meson.build
+ * on tests/formats/common/qutil.c's descriptors, which tests/formats/meson.build
  * compiles too; f4util.[ch] stays free of it for the convert suite. */
 #ifndef REFIT_TESTS_FORMATS4_F4SET_H
 #define REFIT_TESTS_FORMATS4_F4SET_H
 
 #include "core/safetensors.h"
 #include "tests/core/testutil.h"
-#include "tests/quant/qutil.h"
+#include "tests/formats/common/qutil.h"
 
 /* Expect every checkpoint tensor of the set in module; fn (may be NULL)
  * adjusts each spec, e.g. to shard it or name its target. Returns the

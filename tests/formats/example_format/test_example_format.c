@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/testutil.h"
+#include "tests/core/testutil.h"
 
 static int setup(void **state)
 {

@@ -1,8 +1,8 @@
 /* See f4set.h. */
 #include <string.h>
 
-#include "tests/formats4/f4set.h"
-#include "tests/formats4/f4util.h"
+#include "tests/formats/common/f4set.h"
+#include "tests/formats/common/f4util.h"
 
 static int is_ckpt(const char *name)
 {

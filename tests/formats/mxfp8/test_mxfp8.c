@@ -9,7 +9,7 @@
 
 #include "kernels/cast.h"
 #include "plugins/mxfp8/quant_mx.h"
-#include "tests/quant/qutil.h"
+#include "tests/formats/common/qutil.h"
 #include "tests/common/pyref.h"
 
 extern const refit_format_v2 refit_format_plugin_v2;

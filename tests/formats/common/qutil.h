@@ -11,7 +11,7 @@
 #include "core/safetensors.h"
 #include "tests/core/testutil.h"
 
-/* Run `python tests/quant/SCRIPT OUT ARGS` with the venv's Python
+/* Run `python tests/formats/common/SCRIPT OUT ARGS` with the venv's Python
  * ($REFIT_VENV, else $REFIT_BUILD_ROOT/venv) and open OUT (unlinked once
  * mapped). Fails the test with a clear message when the venv is missing.
  * Close with st_close. */
@@ -78,7 +78,7 @@ void q_assert_nonfinite_refused(tw *w, const char *mod, const char *name,
                                 const refit_tensor *bad);
 
 /* ---- steps every format suite repeats ----
- * Used by tests/quant and tests/formats4 alike: formats4/meson.build
+ * Used by every suite of tests/formats: tests/formats/meson.build
  * compiles this file too. Nothing here names a plugin symbol, so the
  * convert suites and the kernel suite, which link no plugin, link it as
  * before. */
@@ -102,16 +102,16 @@ struct q_module {
     /* Deliver s in one transaction, asserting success and READY.
      * NULL: q_update over e[0, n). */
     void (*update)(tw *w, const st_set *s, const char *label);
-    q_ent *e;                      /* a tests/quant module's entries: */
+    q_ent *e;                      /* an 8-bit suite module's entries: */
     int n;                         /* build may fill them, update loads them */
     const void *arg;               /* the suite's description for build */
     /* Makes a version of the checkpoint: ref(ref_cmd, args), i.e. q_ref
-     * with a script of tests/quant or f4_ref with a ref4.py command. */
+     * with a script of tests/formats/common or f4_ref with a ref4.py command. */
     st_set *(*ref)(const char *cmd, const char *args);
     const char *ref_cmd;
 };
 
-/* A module of a tests/quant suite: entries e[0, n) delivered by q_update,
+/* A module of an 8-bit suite (fp8, int8, mxfp8): entries e[0, n) delivered by q_update,
  * versions made by quant_ref.py. */
 q_module q_entries_module(const refit_format_v2 *plugin,
                           int (*build)(tw *w, const st_set *s, const q_module *m), q_ent *e,

@@ -10,7 +10,7 @@
 
 #include "kernels/cast.h"
 #include "plugins/fp8/quant_fp8.h"
-#include "tests/quant/qutil.h"
+#include "tests/formats/common/qutil.h"
 #include "tests/common/pyref.h"
 
 extern const refit_format_v2 refit_format_plugin_v2;

@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include "tests/common/pyref.h"
-#include "tests/quant/qutil.h"
+#include "tests/formats/common/qutil.h"
 
 st_set *q_ref(const char *script, const char *args)
 {
     char path[512];
-    snprintf(path, sizeof path, "tests/quant/%s", script);
+    snprintf(path, sizeof path, "tests/formats/common/%s", script);
     return pyref_run(path, NULL, args);
 }
 

@@ -8,8 +8,8 @@
 #include "kernels/minifloat.h"
 #include "plugins/int4/quant_int4.h"
 #include "plugins/nvfp4/quant_nvfp4.h"
-#include "tests/formats4/f4util.h"
-#include "tests/quant/qutil.h"
+#include "tests/formats/common/f4util.h"
+#include "tests/formats/common/qutil.h"
 #include "tests/common/pyref.h"
 
 static void fp4_every_byte(void **state)
@@ -99,5 +99,5 @@ int main(void)
         cmocka_unit_test(swizzle_shapes),
         cmocka_unit_test(int4_words),
     };
-    return cmocka_run_group_tests_name("formats4-kernels", tests, NULL, NULL);
+    return cmocka_run_group_tests_name("formats-kernels4", tests, NULL, NULL);
 }

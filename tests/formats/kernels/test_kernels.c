@@ -13,7 +13,7 @@
 #include "plugins/fp8/quant_fp8.h"
 #include "plugins/int8/quant_int8.h"
 #include "plugins/mxfp8/quant_mx.h"
-#include "tests/quant/qutil.h"
+#include "tests/formats/common/qutil.h"
 #include "tests/common/pyref.h"
 
 static uint32_t bits(float f)

@@ -8,9 +8,9 @@
 #include <string.h>
 
 #include "plugins/nvfp4/quant_nvfp4.h"
-#include "tests/formats4/f4set.h"
-#include "tests/formats4/f4util.h"
-#include "tests/quant/qutil.h"
+#include "tests/formats/common/f4set.h"
+#include "tests/formats/common/f4util.h"
+#include "tests/formats/common/qutil.h"
 #include "tests/common/pyref.h"
 
 extern const refit_format_v2 refit_format_plugin_v2;
@@ -301,5 +301,5 @@ int main(void)
         cmocka_unit_test(online_nan_refused),
         cmocka_unit_test(via_plugin_file),
     };
-    return cmocka_run_group_tests_name("formats4-mxfp4", tests, NULL, NULL);
+    return cmocka_run_group_tests_name("formats-mxfp4", tests, NULL, NULL);
 }

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tests/quant/qutil.h"
+#include "tests/formats/common/qutil.h"
 #include "tests/common/pyref.h"
 
 extern const refit_format_v2 refit_format_plugin_v2;

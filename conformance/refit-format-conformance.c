@@ -1,0 +1,231 @@
+/* refit-format-conformance: hold a format plugin to what every format owes
+ * the core, on the CPU reference (docs/conformance.md).
+ *
+ *   refit-format-conformance [--only=ID,...] PLUGIN.so DECL.yaml CASE.yaml...
+ *
+ * The plugin and its declaration are staged into a private directory as
+ * refit-fmt-<name>.so and <name>.yaml and vetted by the plugin loader; each
+ * case (a model manifest whose modules use the format) then goes through
+ * every check of kit_checks.c. TAP on stdout; exit 0 when every check
+ * passed or was skipped, 1 when one failed, 2 on usage. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "conformance/kit_checks.h"
+#include "core/plugin_loader.h"
+
+static const char usage[] =
+    "usage: refit-format-conformance [--only=ID,...] PLUGIN.so DECL.yaml CASE.yaml...\n"
+    "\n"
+    "Runs the format conformance checks over a format plugin on the CPU reference.\n"
+    "  PLUGIN.so   the plugin (any file name; staged as refit-fmt-<name>.so)\n"
+    "  DECL.yaml   its declaration (<name> is its name:)\n"
+    "  CASE.yaml   a model manifest (kind: model) with modules of the format, its\n"
+    "              runtime tensors declared; shards as the format is used under TP\n"
+    "  --only=ID   run only these checks (declaration, cold-start, reload, twice,\n"
+    "              tp, nan, refusal); the plugin is always loaded first\n"
+    "  --self-test-fault=refusal  break the refusal check's bytes on purpose (the\n"
+    "              kit's own test shows that check can fail)\n"
+    "TAP on stdout. Exit 0: every check passed or was skipped; 1: one failed; 2: usage.\n";
+
+static int copy_file(const char *src, const char *dst, mode_t mode, char *why, size_t n)
+{
+    FILE *in = fopen(src, "rb");
+    if (!in) {
+        snprintf(why, n, "cannot read %s: %s", src, strerror(errno));
+        return -1;
+    }
+    int fd = open(dst, O_WRONLY | O_CREAT | O_EXCL, mode);
+    FILE *out = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!out) {
+        snprintf(why, n, "cannot write %s: %s", dst, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        fclose(in);
+        return -1;
+    }
+    char buf[65536];
+    size_t k;
+    int rc = 0;
+    while ((k = fread(buf, 1, sizeof buf, in)) > 0)
+        if (fwrite(buf, 1, k, out) != k)
+            rc = -1;
+    if (ferror(in))
+        rc = -1;
+    fclose(in);
+    if (fclose(out))
+        rc = -1;
+    if (rc)
+        snprintf(why, n, "copying %s to %s failed", src, dst);
+    return rc | chmod(dst, mode);
+}
+
+static void loader_log(void *user, int level, const char *fmt, ...)
+{
+    (void)user;
+    if (level > 1)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("# loader: ", stdout);
+    vprintf(fmt, ap);
+    fputc('\n', stdout);
+    va_end(ap);
+}
+
+static int tap_n;
+
+static void tap(kit_verdict v, const char *id, const char *what, const char *msg)
+{
+    printf("%s %d - %s: %s%s\n", v == KIT_FAIL ? "not ok" : "ok", ++tap_n, id, what,
+           v == KIT_SKIP ? " # SKIP" : "");
+    /* the message, as TAP comment lines */
+    const char *p = msg;
+    while (p && *p) {
+        const char *e = strchr(p, '\n');
+        int len = e ? (int)(e - p) : (int)strlen(p);
+        printf("#   %.*s\n", len, p);
+        p = e ? e + 1 : NULL;
+    }
+}
+
+/* The largest shard count of the case (1: nothing sharded). */
+static int case_tp(const mdoc *doc)
+{
+    int tp = 1;
+    for (size_t i = 0; i < doc->n_mods; i++)
+        for (size_t j = 0; j < doc->mods[i].n_ck; j++)
+            if (doc->mods[i].ck[j].shard_rank < 0 && doc->mods[i].ck[j].shard_count > tp)
+                tp = doc->mods[i].ck[j].shard_count;
+    return tp;
+}
+
+static int wanted(const char *only, const char *id)
+{
+    if (!only)
+        return 1;
+    size_t n = strlen(id);
+    for (const char *p = only; (p = strstr(p, id)) != NULL; p += n)
+        if ((p == only || p[-1] == ',') && (p[n] == ',' || p[n] == 0))
+            return 1;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *only = NULL, *fault = NULL;
+    int a = 1;
+    for (; a < argc && !strncmp(argv[a], "--", 2); a++) {
+        if (!strcmp(argv[a], "--help")) {
+            fputs(usage, stdout);
+            return 0;
+        } else if (!strncmp(argv[a], "--only=", 7)) {
+            only = argv[a] + 7;
+        } else if (!strcmp(argv[a], "--self-test-fault=refusal")) {
+            fault = "refusal";
+        } else {
+            fprintf(stderr, "refit-format-conformance: unknown option %s\n%s", argv[a], usage);
+            return 2;
+        }
+    }
+    if (argc - a < 3) {
+        fputs(usage, stderr);
+        return 2;
+    }
+    const char *plugin = argv[a], *decl_path = argv[a + 1];
+    int failed = 0;
+    char why[8192];
+
+    /* the declaration, then the plugin as the loader vets it */
+    fdecl *decl = NULL;
+    sdiags d = {.max = 16};
+    int rc = fdecl_load_file(&decl, decl_path, &d);
+    if (rc) {
+        snprintf(why, sizeof why, "%s", sdiags_count(&d) ? sdiags_first(&d) : refit_status_name(rc));
+        sdiags_free(&d);
+        tap(KIT_FAIL, "loads", "the declaration is valid and the loader takes the plugin", why);
+        printf("1..%d\n", tap_n);
+        return 1;
+    }
+    sdiags_free(&d);
+    char dir[] = "/tmp/refit-conformance-XXXXXX";
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "refit-format-conformance: mkdtemp: %s\n", strerror(errno));
+        fdecl_free(decl);
+        return 1;
+    }
+    char so[512], yaml[512];
+    snprintf(so, sizeof so, "%s/refit-fmt-%s.so", dir, decl->name);
+    snprintf(yaml, sizeof yaml, "%s/%s.yaml", dir, decl->name);
+    plugin_set *ps = NULL;
+    const plugin_entry *pe = NULL;
+    if (copy_file(plugin, so, 0755, why, sizeof why) ||
+        copy_file(decl_path, yaml, 0644, why, sizeof why)) {
+        failed = 1;
+    } else if (plugins_open(&ps, dir, PLUGINS_ONLY_NAMED, loader_log, NULL)) {
+        snprintf(why, sizeof why, "the loader ran out of memory");
+        failed = 1;
+    } else {
+        for (size_t i = 0; i < ps->n; i++)
+            if (!strcmp(ps->e[i].name, decl->name))
+                pe = &ps->e[i];
+        if (!pe || pe->state != PLUGIN_LOADED) {
+            snprintf(why, sizeof why, "%s (as %s): %s", plugin, so,
+                     pe && pe->reason ? pe->reason : "not found by the loader");
+            failed = 1;
+        } else {
+            snprintf(why, sizeof why, "format %s from %s, ABI %u, %s post_load, declaration %s",
+                     pe->fmt->name, plugin, pe->fmt->abi_version,
+                     pe->fmt->post_load ? "with" : "without", decl_path);
+        }
+    }
+    plugins_close_set(ps);
+    tap(failed ? KIT_FAIL : KIT_PASS, "loads", "the declaration is valid and the loader takes "
+        "the plugin", why);
+
+    size_t n_checks;
+    const kit_check *checks = kit_checks(&n_checks);
+    for (int c = a + 2; c < argc && !failed; c++) {
+        mdoc *doc = NULL;
+        sdiags cd = {.max = 16};
+        rc = mdoc_load_file(&doc, argv[c], &cd);
+        if (rc) {
+            tap(KIT_FAIL, "case", argv[c], sdiags_count(&cd) ? sdiags_first(&cd)
+                                                             : refit_status_name(rc));
+            sdiags_free(&cd);
+            failed = 1;
+            break;
+        }
+        sdiags_free(&cd);
+        kit_env env = {.plugin_dir = dir, .format = decl->name, .decl = decl,
+                       .case_path = argv[c], .doc = doc, .tp = case_tp(doc), .fault = fault};
+        for (size_t k = 0; k < n_checks; k++) {
+            if (!wanted(only, checks[k].id))
+                continue;
+            kit_result r = {KIT_FAIL, ""};
+            checks[k].run(&env, &r);
+            char what[512];
+            snprintf(what, sizeof what, "%s (%s)", checks[k].title, argv[c]);
+            tap(r.verdict, checks[k].id, what, r.msg);
+            if (r.verdict == KIT_FAIL)
+                failed = 1;
+            if (r.verdict == KIT_FAIL && !strcmp(checks[k].id, "declaration")) {
+                printf("Bail out! the case does not agree with the declaration\n");
+                break;
+            }
+        }
+        mdoc_free(doc);
+    }
+    printf("1..%d\n", tap_n);
+    unlink(so);
+    unlink(yaml);
+    rmdir(dir);
+    fdecl_free(decl);
+    return failed ? 1 : 0;
+}
