@@ -47,6 +47,7 @@
  * Params: in_features (unsharded K; needed only when K is not a multiple
  * of 16), online (bool, optional: asserts the weight's dtype). A K shard
  * must start on a block. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -447,17 +448,39 @@ static void store_f32(const refit_view *v, float f)
 }
 
 /* alpha and input_scale_inv from the staged factors, with the operations
- * (and their order) the engines use, so the bits match theirs. */
-static void fuse_factors(const refit_fmt_module *m, const nvfp4_state *s)
+ * (and their order) the engines use, so the bits match theirs. A factor
+ * that makes either non-finite (NaN, infinity, a zero divisor) is refused
+ * before anything is written. */
+static int fuse_factors(const refit_host_v2 *h, const refit_fmt_module *m, const nvfp4_state *s)
 {
     float in = s->ck[R_INPUT] >= 0 ? staged_f32(m, s->ck[R_INPUT]) : 0.0f;
     float alpha, inv = 0.0f;
     kern_nvfp4_fuse(s->conv == CONV_CT ? KERN_NVFP4_CT : KERN_NVFP4_MODELOPT,
                     staged_f32(m, s->ck[R_WGLOBAL]), s->ck[R_INPUT] >= 0 ? &in : NULL, &alpha,
                     &inv);
+    if (!isfinite(alpha) || (s->ck[R_INPUT] >= 0 && !isfinite(inv)))
+        return ERR(h, REFIT_ECORRUPT, "module %s, tensor %s%s%s: the global factor%s give%s "
+                   "alpha %g, input_scale_inv %g; refusing a NaN, infinity or zero factor",
+                   m->name, refit_ckpt(m, s->ck[R_WGLOBAL])->name,
+                   s->ck[R_INPUT] >= 0 ? " and " : "",
+                   s->ck[R_INPUT] >= 0 ? refit_ckpt(m, s->ck[R_INPUT])->name : "",
+                   s->ck[R_INPUT] >= 0 ? "s" : "", s->ck[R_INPUT] >= 0 ? "" : "s",
+                   (double)alpha, (double)inv);
     store_f32(&refit_runtime(m, s->rt[RT_ALPHA])->view, alpha);
     if (s->rt[RT_INV] >= 0)
         store_f32(&refit_runtime(m, s->rt[RT_INV])->view, inv);
+    return REFIT_OK;
+}
+
+/* The first E4M3 NaN (S.1111.111) among the staged block scales, or -1. */
+static int64_t scale_nan_at(const refit_view *v)
+{
+    for (int64_t r = 0; r < v->shape[0]; r++)
+        for (int64_t c = 0; c < v->shape[1]; c++)
+            if ((((const uint8_t *)v->data)[r * v->strides[0] + c * v->strides[1]] & 0x7fu) ==
+                0x7fu)
+                return r * v->shape[1] + c;
+    return -1;
 }
 
 #ifdef REFIT_NVFP4_DEVICE_CODE
@@ -491,9 +514,15 @@ static int post_load_here(const refit_host_v2 *h, const refit_fmt_module *m,
                           const nvfp4_state *s)
 {
     if (!s->online) {
-        kern_swizzle(refit_runtime(m, s->rt[RT_SCALE])->view.data, &refit_ckpt(m, s->ck[R_SCALE])->staged);
-        fuse_factors(m, s);
-        return REFIT_OK;
+        const refit_fmt_ckpt *sc = refit_ckpt(m, s->ck[R_SCALE]);
+        int64_t at = scale_nan_at(&sc->staged);
+        if (at >= 0)
+            return ERR(h, REFIT_ECORRUPT, "module %s, tensor %s: block scale %lld is an E4M3 NaN; "
+                       "refusing it", m->name, sc->name, (long long)at);
+        int rc = fuse_factors(h, m, s);
+        if (!rc)
+            kern_swizzle(refit_runtime(m, s->rt[RT_SCALE])->view.data, &sc->staged);
+        return rc;
     }
     const refit_fmt_ckpt *w = refit_ckpt(m, s->ck[R_WEIGHT]);
     int rc = kern_quant_nvfp4(&refit_runtime(m, s->rt[RT_WEIGHT])->view,
@@ -519,7 +548,8 @@ static int post_load_device(const refit_host_v2 *h, const refit_fmt_module *m,
     const char *names[1] = {p.name};
     pgpu_host g;
     int rc = pgpu_host_init(&g, h, m, dev, stream, nvfp4_image, nvfp4_image_size, 1, names,
-                            "NaN or infinity in the weight; refusing to quantize it");
+                            "NaN or infinity in the weight, a block scale or a global factor "
+                            "(or a zero factor); refusing it");
     int32_t bad = -1;
     if (!rc && (rc = nvfp4_launch(&g.g, 1, &p, 0, &bad)) && g.g.msg[0])
         return ERR(h, rc, "module %s, tensor %s: %s", m->name, p.name, g.g.msg);

@@ -578,23 +578,37 @@ __device__ __forceinline__ void qn_encode_item(const qn_piece &p, float gs, int6
             (unsigned char)((u < 4 ? lo >> (8 * u) : hi >> (8 * (u - 4))) & 0xffu);
 }
 
-/* alpha and input_scale_inv of a checkpoint piece (kern_nvfp4_fuse). */
-__device__ __forceinline__ void qn_fuse(const qn_piece &p)
+/* alpha and input_scale_inv of a checkpoint piece (kern_nvfp4_fuse); a
+ * factor that makes either non-finite (NaN, infinity, a zero divisor)
+ * lowers the status word instead. */
+__device__ __forceinline__ void qn_fuse(const qn_piece &p, unsigned int *status)
 {
-    float wf = *p.wf, in = p.in ? *p.in : 0.0f;
+    float wf = *p.wf, in = p.in ? *p.in : 0.0f, alpha, inv = 1.0f;
     if (p.mode == REFIT_NVFP4_CT) {
-        *p.alpha = p.in ? __fdiv_rn(1.0f, __fmul_rn(in, wf)) : __fdiv_rn(1.0f, wf);
-        if (p.in && p.inv)
-            *p.inv = in;
+        alpha = p.in ? __fdiv_rn(1.0f, __fmul_rn(in, wf)) : __fdiv_rn(1.0f, wf);
+        inv = in;
     } else {
-        *p.alpha = p.in ? __fmul_rn(in, wf) : wf;
-        if (p.in && p.inv)
-            *p.inv = __fdiv_rn(1.0f, in);
+        alpha = p.in ? __fmul_rn(in, wf) : wf;
+        inv = p.in ? __fdiv_rn(1.0f, in) : 1.0f;
     }
+    if (!isfinite(alpha) || !isfinite(inv)) {
+        atomicMin(status, (unsigned int)p.idx);
+        return;
+    }
+    *p.alpha = alpha;
+    if (p.in && p.inv)
+        *p.inv = inv;
+}
+
+/* E4M3 (FN) has no infinity; S.1111.111 is its NaN. */
+__device__ __forceinline__ bool qn_e4m3_nan(unsigned char x)
+{
+    return (x & 0x7fu) == 0x7fu;
 }
 
 /* The encode pass (online) or swizzle and fuse (checkpoint). */
-__device__ __forceinline__ void qn_encode(const qn_piece &p, int64_t rel, int64_t nb)
+__device__ __forceinline__ void qn_encode(const qn_piece &p, int64_t rel, int64_t nb,
+                                          unsigned int *status)
 {
     bool online = p.mode == REFIT_NVFP4_ONLINE;
     float gs = 1.0f;
@@ -606,7 +620,7 @@ __device__ __forceinline__ void qn_encode(const qn_piece &p, int64_t rel, int64_
         if (rel == 0 && threadIdx.x == 0)
             *p.alpha = __fdiv_rn(1.0f, gs);
     } else if (rel == 0 && threadIdx.x == 0) {
-        qn_fuse(p);
+        qn_fuse(p, status);
     }
     if (p.nblk && p.kind == 2)
         return qn_encode_dense<2>(p, gs, (uint32_t)rel, (uint32_t)nb);
@@ -619,8 +633,12 @@ __device__ __forceinline__ void qn_encode(const qn_piece &p, int64_t rel, int64_
             p.s[qn_swizzle(r, c, p.cp)] = 0;
         else if (online)
             qn_encode_item(p, gs, r, c);
-        else
-            p.s[qn_swizzle(r, c, p.cp)] = (unsigned char)p.x[r * p.xs0 + c * p.xs1];
+        else {
+            unsigned char x = (unsigned char)p.x[r * p.xs0 + c * p.xs1];
+            if (qn_e4m3_nan(x))
+                atomicMin(status, (unsigned int)p.idx);
+            p.s[qn_swizzle(r, c, p.cp)] = x;
+        }
     }
 }
 
@@ -638,7 +656,7 @@ nvfp4_pass(const __grid_constant__ qn_batch B, unsigned int *status)
         else
             qn_amax(p, rel, nb, status);
     } else {
-        qn_encode(p, rel, nb);
+        qn_encode(p, rel, nb, status);
     }
 }
 

@@ -393,6 +393,63 @@ static void online_nonfinite_refused(void **state)
     st_close(s);
 }
 
+/* One checkpoint tensor of s replaced: the bytes of name with byte (or
+ * f32) `at` set to a bad value. The load that completes the module fails
+ * naming the tensor with what, and abort keeps every byte. */
+static void refuse_bad_factor(const char *args, int inv, const char *name, int64_t at,
+                              int is_f32, float f, uint8_t byte, const char *what)
+{
+    st_set *s = f4_ref("nvfp4", args);
+    tw w;
+    q_world(&w, PLUGIN);
+    assert_int_equal(build(&w, s, 32, 64, inv, NULL, NULL), REFIT_OK);
+    f4_update(&w, s, "v1");
+    q_kept kept = q_keep(&w);
+    refit_txn *t = tw_begin(&w, "bad", 1);
+    int first = REFIT_OK;
+    for (size_t i = 0; i < st_count(s); i++) {
+        const st_tensor *x = st_tensor_at(s, i);
+        if (!strncmp(x->name, "expect.", 7))
+            continue;
+        refit_tensor d = q_desc(x);
+        if (!strcmp(x->name, name)) {
+            tt_tensor *bad = tw_tmp(&w, d.dtype, d.ndim, d.shape);
+            memcpy(bad->buf, x->data, x->nbytes);
+            if (is_f32)
+                memcpy((char *)bad->buf + 4 * at, &f, 4);
+            else
+                ((uint8_t *)bad->buf)[at] = byte;
+            d = bad->t;
+        }
+        int rc = refit_load(t, x->name, &d, NULL);
+        if (rc && !first) {
+            first = rc;
+            tw_assert_msg(&w, MOD, name, what);
+        }
+    }
+    assert_int_equal(first, REFIT_ECORRUPT);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    q_assert_kept(&w, &kept);
+    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_READY);
+    tw_close(&w);
+    st_close(s);
+}
+
+/* A NaN or zero global factor, or an E4M3 NaN block scale, is refused,
+ * not fused into alpha (the conformance kit's nan check found it taken). */
+static void bad_factors_refused(void **state)
+{
+    (void)state;
+    refuse_bad_factor("--n 32 --k 64 --convention modelopt --seed 40", 1, "W.weight_scale_2", 0,
+                      1, NAN, 0, "refusing a NaN, infinity or zero factor");
+    refuse_bad_factor("--n 32 --k 64 --convention modelopt --seed 41", 1, "W.input_scale", 0, 1,
+                      INFINITY, 0, "refusing a NaN, infinity or zero factor");
+    refuse_bad_factor("--n 32 --k 64 --convention ct --seed 42", 1, "W.weight_global_scale", 0,
+                      1, 0.0f, 0, "refusing a NaN, infinity or zero factor");
+    refuse_bad_factor("--n 32 --k 64 --convention modelopt --seed 43", 1, "W.weight_scale", 77,
+                      0, 0, 0xff, "block scale 77 is an E4M3 NaN");
+}
+
 static void online_refusals(void **state)
 {
     (void)state;
@@ -475,6 +532,7 @@ int main(void)
         cmocka_unit_test(online_reload_equals_cold),
         cmocka_unit_test(online_nonfinite_refused),
         cmocka_unit_test(online_refusals),
+        cmocka_unit_test(bad_factors_refused),
         cmocka_unit_test(via_plugin_file),
     };
     return cmocka_run_group_tests_name("formats-nvfp4", tests, NULL, NULL);
