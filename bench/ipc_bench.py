@@ -112,7 +112,11 @@ def trainer_main(conn, shapes_name, path, iters):
                 s.add(n, t, share=share)
             times = []
             for k in range(iters + 1):
-                params[next(iter(params))].add_(0)  # the optimizer's step, on the stream
+                # the optimizer's step on the stream (so the worker's copies
+                # order after it by the shared event), done before the clock
+                # starts, as the torch paths' steps are
+                params[next(iter(params))].add_(0)
+                torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 s.send(label="step-%d" % k)
                 times.append(time.perf_counter() - t0)
