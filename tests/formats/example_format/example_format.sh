@@ -11,22 +11,9 @@ build=$1 src=$2 testbin=$3
 shift 3
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-DESTDIR=$tmp/root meson install -C "$build" --quiet --no-rebuild >/dev/null
-prefix=$tmp/root$(sed -n 's/^prefix=//p' "$(find "$tmp/root" -name refit-format.pc)")
-pcdir=$(dirname "$(find "$tmp/root" -name refit-format.pc)")
-cat > "$tmp/pkg-config" <<W
-#!/bin/sh
-exec pkg-config --define-variable=prefix="$prefix" "\$@"
-W
-chmod 755 "$tmp/pkg-config"
-export PKG_CONFIG="$tmp/pkg-config" PKG_CONFIG_PATH="$pcdir" PKG_CONFIG_LIBDIR="$pcdir"
-echo "# prefix $prefix: $(PKG_CONFIG_PATH=$pcdir "$tmp/pkg-config" --cflags refit-format)"
-cp -r "$src/examples/example_format" "$tmp/src"
-meson setup "$tmp/ex" "$tmp/src" "$@" >"$tmp/setup.log" 2>&1 || { cat "$tmp/setup.log"; exit 1; }
-ninja -C "$tmp/ex" >"$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; exit 1; }
-chmod 755 "$tmp/ex"
+bin=$(sh "$src/tests/formats/example_format/build_from_prefix.sh" "$build" "$src" "$tmp" "$@")
 REFIT_TEST_EXAMPLE_DIR=$tmp/ex "$testbin" > "$tmp/suite.tap" || { cat "$tmp/suite.tap"; exit 1; }
-kit=$(find "$tmp/root" -path '*/bin/refit-format-conformance')
+kit=$bin/refit-format-conformance
 [ -x "$kit" ] || { echo "not ok - refit-format-conformance is not installed"; exit 1; }
 kit_rc=0
 "$kit" "$tmp/ex/refit-fmt-scale2.so" "$src/examples/example_format/scale2.yaml" \
