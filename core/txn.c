@@ -570,10 +570,9 @@ static int module_post_load(refit_txn *t, module *mod, uint32_t mi, void *stream
         snprintf(why, sizeof why, "%s", t->m->ctx->errmsg[0] ? t->m->ctx->errmsg
                                                              : refit_strerror(rc));
         /* bad data (a NaN, a value out of range): held like a lowered
-         * status word, so the update fails at finalize on every backend */
-        if (rc == REFIT_ECORRUPT)
-            rc = host_services_post_load_failed(t->m->ctx, fm, rc, why);
-        if (rc)
+         * status word, so the update fails at finalize on every backend;
+         * anything else (or no room to hold it) fails the load now */
+        if (rc != REFIT_ECORRUPT || host_services_post_load_failed(t->m->ctx, fm, rc, why))
             return txn_error(t, rc, "module %s: post-load of format %s failed: %s", mod->name,
                              mod->fmt->name, why);
         ctx_clear_error(t->m->ctx);
