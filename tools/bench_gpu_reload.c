@@ -76,7 +76,7 @@ int breload_time(const breload_spec *s, int nw, const refit_view *x, int repeat,
     if (repeat > 64)
         repeat = 64;
     for (int r = -1; r < repeat && !rc; r++) {
-        double t;
+        double t = 0;
         rc = br_once(m, nw, x, &t);
         if (r >= 0)
             v[r] = t;
