@@ -38,6 +38,9 @@ typedef struct gpu_image {
     void *lib;
 } gpu_image;
 
+/* One entry of the update's status area, in post-load order: a device
+ * word a post-load took, or a failure its post-load already reported
+ * (failed: the message, held until finalize). */
 typedef struct status_slot {
     const refit_fmt_module *m;
     refit_device device;
@@ -45,6 +48,8 @@ typedef struct status_slot {
     uint32_t n_names;
     char **names;
     char *what;
+    int status;            /* failed: its status */
+    char *failed;          /* failed: the message; NULL for a device word */
 } status_slot;
 
 typedef struct status_array {
@@ -509,6 +514,7 @@ static void slot_free(status_slot *sl)
         free(sl->names[i]);
     free(sl->names);
     free(sl->what);
+    free(sl->failed);
 }
 
 static int host_status_word(void *host, const refit_fmt_module *m, refit_device dev, uint32_t n,
@@ -526,7 +532,7 @@ static int host_status_word(void *host, const refit_fmt_module *m, refit_device 
                          "is no CUDA device this host serves", m->name, dev.device_type,
                          dev.device_id);
     for (uint32_t i = 0; i < s->n_slots; i++)
-        if (s->slots[i].m == m) {
+        if (s->slots[i].m == m && !s->slots[i].failed) {
             const status_slot *sl = &s->slots[i];
             for (uint32_t a = 0; a < s->n_arrays; a++)
                 if (s->arrays[a].device == sl->device.device_id)
@@ -543,7 +549,7 @@ static int host_status_word(void *host, const refit_fmt_module *m, refit_device 
     if (grow_array((void **)&s->slots, &s->cap_slots, s->n_slots, sizeof *s->slots))
         return ctx_error(ctx, REFIT_ENOMEM, "status_word: out of memory");
     status_slot sl = {m, dev, arr->used, 0, calloc(n ? n : 1, sizeof(char *)),
-                      xstrdup(what ? what : "refused by its post-load kernel")};
+                      xstrdup(what ? what : "refused by its post-load kernel"), 0, NULL};
     int oom = !sl.names || !sl.what;
     for (uint32_t i = 0; i < n && !oom; i++, sl.n_names++)
         oom = !(sl.names[i] = xstrdup(names[i] ? names[i] : "?"));
@@ -563,35 +569,67 @@ static int host_status_word(void *host, const refit_fmt_module *m, refit_device 
     return REFIT_OK;
 }
 
+int host_services_post_load_failed(refit_ctx *ctx, const refit_fmt_module *m, int status,
+                                   const char *msg)
+{
+    struct host_svc *s = ctx->svc;
+    if (!s || grow_array((void **)&s->slots, &s->cap_slots, s->n_slots, sizeof *s->slots))
+        return REFIT_ENOMEM;
+    refit_device cpu = {REFIT_DEVICE_CPU, 0};
+    status_slot sl = {m, cpu, 0, 0, NULL, NULL, status, xstrdup(msg ? msg : "post-load failed")};
+    if (!sl.failed)
+        return REFIT_ENOMEM;
+    s->slots[s->n_slots++] = sl;
+    return REFIT_OK;
+}
+
+/* Every device array the update used, read once (after its device's
+ * last wait); got[a] NULL for an unused array. */
+static int read_arrays(refit_ctx *ctx, struct host_svc *s, uint32_t **got)
+{
+    for (uint32_t a = 0; a < s->n_arrays; a++) {
+        status_array *arr = &s->arrays[a];
+        if (!arr->used)
+            continue;
+        if (!(got[a] = malloc((size_t)arr->used * sizeof *got[a])))
+            return ctx_error(ctx, REFIT_ENOMEM, "post-load status: out of memory");
+        char msg[256] = "";
+        int rc = gpusvc_read(arr->device, got[a], arr->words,
+                             (size_t)arr->used * sizeof *got[a], msg, sizeof msg);
+        if (rc)
+            return ctx_error(ctx, rc, "post-load status on CUDA device %d: %s", arr->device,
+                             msg);
+    }
+    return REFIT_OK;
+}
+
 int host_services_check_status(refit_ctx *ctx)
 {
     struct host_svc *s = ctx->svc;
     if (!s || !s->n_slots)
         return REFIT_OK;
-    int rc = REFIT_OK;
-    for (uint32_t a = 0; a < s->n_arrays && !rc; a++) {
-        status_array *arr = &s->arrays[a];
-        if (!arr->used)
+    uint32_t **got = calloc(s->n_arrays + 1, sizeof *got);
+    int rc = got ? read_arrays(ctx, s, got)
+                 : ctx_error(ctx, REFIT_ENOMEM, "post-load status: out of memory");
+    /* the first failure in the order the post-loads ran wins */
+    for (uint32_t i = 0; i < s->n_slots && !rc; i++) {
+        const status_slot *sl = &s->slots[i];
+        if (sl->failed) {
+            rc = ctx_error(ctx, sl->status, "%s", sl->failed);
             continue;
-        uint32_t *got = malloc((size_t)arr->used * sizeof *got);
-        char msg[256] = "";
-        if (!got)
-            return ctx_error(ctx, REFIT_ENOMEM, "post-load status: out of memory");
-        rc = gpusvc_read(arr->device, got, arr->words, (size_t)arr->used * sizeof *got, msg,
-                         sizeof msg);
-        if (rc)
-            ctx_error(ctx, rc, "post-load status on CUDA device %d: %s", arr->device, msg);
-        /* the first module (in the order post-loads ran) whose word was lowered */
-        for (uint32_t i = 0; i < s->n_slots && !rc; i++) {
-            const status_slot *sl = &s->slots[i];
-            if (sl->device.device_id != arr->device || got[sl->index] == REFIT_STATUS_NONE)
-                continue;
-            uint32_t bad = got[sl->index];
-            rc = ctx_error(ctx, REFIT_ECORRUPT, "module %s, tensor %s: %s", sl->m->name,
-                           bad < sl->n_names ? sl->names[bad] : "?", sl->what);
         }
-        free(got);
+        for (uint32_t a = 0; a < s->n_arrays && !rc; a++) {
+            if (s->arrays[a].device != sl->device.device_id || !got[a])
+                continue;
+            uint32_t bad = got[a][sl->index];
+            if (bad != REFIT_STATUS_NONE)
+                rc = ctx_error(ctx, REFIT_ECORRUPT, "module %s, tensor %s: %s", sl->m->name,
+                               bad < sl->n_names ? sl->names[bad] : "?", sl->what);
+        }
     }
+    for (uint32_t a = 0; got && a < s->n_arrays; a++)
+        free(got[a]);
+    free(got);
     return rc;
 }
 

@@ -26,10 +26,19 @@ void host_services_leave(struct refit_ctx *ctx);
  * words (call after the update's last wait). */
 void host_services_update_end(struct refit_ctx *ctx);
 
+/* Module m's post-load found bad data (it returned status, REFIT_ECORRUPT,
+ * with message msg naming module and tensor): held in the update's status
+ * area beside the device words, in post-load order, and reported at
+ * finalize like a lowered word. Returns REFIT_OK, or REFIT_ENOMEM when
+ * it cannot be held (the caller then fails at once). */
+int host_services_post_load_failed(struct refit_ctx *ctx, const refit_fmt_module *m,
+                                   int status, const char *msg);
+
 /* Read every status word the update's post-loads took, once; REFIT_OK
- * when none was lowered, else REFIT_ECORRUPT (or the device's failure)
- * with a message naming the module and tensor in ctx's errmsg. Waits for
- * the devices. */
+ * when none was lowered and no post-load failed, else the first failure
+ * in post-load order: REFIT_ECORRUPT (or the device's failure) with a
+ * message naming the module and tensor in ctx's errmsg. Waits for the
+ * devices. */
 int host_services_check_status(struct refit_ctx *ctx);
 
 /* The CUDA side (core/cuda/gpu_service.c; core/host_services.c answers

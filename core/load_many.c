@@ -137,7 +137,8 @@ static int forecast_row(refit_txn *t, struct load_marks *k, const delivery *d, s
         *in_use += mod->staged_bytes;
         k->mod_counted[mi] = 1;
     }
-    /* the module's last tensor runs its post-load, which frees its staging */
+    /* the module's last tensor runs its post-load, which retires its
+     * staging (given back before a new block would pass the budget) */
     if (txn_module_complete(t, mi) + ++k->mod_rows[mi] == mod->n_primary &&
         (mod->fm.flags & REFIT_MODULE_POST_LOAD) && k->mod_counted[mi]) {
         *in_use -= mod->staged_bytes;

@@ -89,6 +89,9 @@ struct txn_scratch {
     uint32_t *touched;          /* touched module indexes, in order */
     uint32_t n_touched;
     void **staging;             /* per module block */
+    void **retired;             /* staging blocks of post-loaded modules, */
+    uint32_t *retired_mod;      /*   kept until the streams are waited for */
+    uint32_t n_retired;
     uint8_t *rt_saved;          /* runtime tensor has an undo entry */
     uint32_t *tie_owner;        /* tied primary: route index + 1 of the name
                                    that delivers it (0: none yet) */
@@ -170,6 +173,8 @@ void txn_scratch_free(struct txn_scratch *s)
     free(s->mod_wrote);
     free(s->touched);
     free(s->staging);
+    free(s->retired);
+    free(s->retired_mod);
     free(s->rt_saved);
     free(s->tie_owner);
     free(s->name_used);
@@ -190,11 +195,14 @@ static struct txn_scratch *scratch_new(const refit_model *m)
     s->mod_wrote = calloc(nm, 1);
     s->touched = calloc(nm, sizeof *s->touched);
     s->staging = calloc(nm, sizeof *s->staging);
+    s->retired = calloc(nm, sizeof *s->retired);
+    s->retired_mod = calloc(nm, sizeof *s->retired_mod);
     s->rt_saved = calloc(nt, 1);
     s->tie_owner = calloc(nr, sizeof *s->tie_owner);
     s->name_used = calloc(nr, 1);
     if (!s->route_state || !s->route_rows || !s->parts || !s->mod_complete ||
         !s->mod_touched || !s->mod_wrote || !s->touched || !s->staging || !s->rt_saved ||
+        !s->retired || !s->retired_mod ||
         !s->tie_owner || !s->name_used) {
         txn_scratch_free(s);
         return NULL;
@@ -202,11 +210,26 @@ static struct txn_scratch *scratch_new(const refit_model *m)
     return s;
 }
 
-/* Back to all-zero after a transaction: only what it touched. */
+/* Free the staging of every module whose post-load was enqueued: call
+ * only once every stream the txn used was waited for. */
+static void staging_release_retired(refit_txn *t)
+{
+    struct txn_scratch *s = t->s;
+    for (uint32_t i = 0; i < s->n_retired; i++) {
+        const module *mod = &t->m->modules[s->retired_mod[i]];
+        t->m->runtime[mod->runtime[0]].be->staging_free(s->retired[i]);
+        t->staging_in_use -= mod->staged_bytes;
+    }
+    s->n_retired = 0;
+}
+
+/* Back to all-zero after a transaction (after its last wait): only what
+ * it touched. */
 static void scratch_reset(refit_txn *t)
 {
     struct txn_scratch *s = t->s;
     refit_model *m = t->m;
+    staging_release_retired(t);
     for (uint32_t i = 0; i < s->n_touched; i++) {
         uint32_t mi = s->touched[i];
         module *mod = &m->modules[mi];
@@ -250,7 +273,8 @@ static int txn_error(refit_txn *t, int status, const char *fmt, ...)
     return status;
 }
 
-/* Wait for every stream the txn used; the first failure wins. */
+/* Wait for every stream the txn used; the first failure wins. Nothing
+ * queued reads a retired staging block any more: they are freed. */
 static int txn_sync_streams(refit_txn *t)
 {
     int first = REFIT_OK;
@@ -260,6 +284,7 @@ static int txn_sync_streams(refit_txn *t)
             first = rc;
     }
     t->n_streams = 0;
+    staging_release_retired(t);
     return first;
 }
 
@@ -434,16 +459,36 @@ static void narrow(refit_view *v, int dim, int64_t from, int64_t rows)
     v->shape[dim] = rows;
 }
 
+/* Staging held by enqueued post-loads is given back (one wait for the
+ * streams) when a new block would not fit the budget or the memory. */
+static int staging_reclaim(refit_txn *t, const module *mod)
+{
+    int rc = t->s->n_retired ? txn_sync_streams(t) : REFIT_OK;
+    return rc ? txn_error(t, rc, "module %s: waiting for earlier post-loads failed: %s; "
+                          "nothing written", mod->name, refit_strerror(rc))
+              : REFIT_OK;
+}
+
 static int staging_get(refit_txn *t, module *mod, uint32_t mi, void **out)
 {
     struct txn_scratch *s = t->s;
     if (!s->staging[mi]) {
+        int rc = t->staging_in_use + mod->staged_bytes > t->m->ctx->staging_budget
+                     ? staging_reclaim(t, mod)
+                     : REFIT_OK;
+        if (rc)
+            return rc;
         if (t->staging_in_use + mod->staged_bytes > t->m->ctx->staging_budget)
             return txn_error(t, REFIT_EBUDGET, "module %s: staging budget of %llu bytes "
                              "exhausted (%zu in use, %zu needed); nothing written",
                              mod->name, (unsigned long long)t->m->ctx->staging_budget,
                              t->staging_in_use, mod->staged_bytes);
-        s->staging[mi] = t->m->runtime[mod->runtime[0]].be->staging_alloc(mod->staged_bytes);
+        const backend *be = t->m->runtime[mod->runtime[0]].be;
+        s->staging[mi] = be->staging_alloc(mod->staged_bytes);
+        if (!s->staging[mi] && s->n_retired && !(rc = staging_reclaim(t, mod)))
+            s->staging[mi] = be->staging_alloc(mod->staged_bytes);
+        if (rc)
+            return rc;
         if (!s->staging[mi])
             return txn_error(t, REFIT_ENOMEM, "module %s: no staging memory for %zu bytes; "
                              "nothing written", mod->name, mod->staged_bytes);
@@ -524,17 +569,22 @@ static int module_post_load(refit_txn *t, module *mod, uint32_t mi, void *stream
         char why[REFIT_ERRMSG_SIZE]; /* the format's reason, before it is overwritten */
         snprintf(why, sizeof why, "%s", t->m->ctx->errmsg[0] ? t->m->ctx->errmsg
                                                              : refit_strerror(rc));
-        return txn_error(t, rc, "module %s: post-load of format %s failed: %s", mod->name,
-                         mod->fmt->name, why);
+        /* bad data (a NaN, a value out of range): held like a lowered
+         * status word, so the update fails at finalize on every backend;
+         * anything else (or no room to hold it) fails the load now */
+        if (rc != REFIT_ECORRUPT || host_services_post_load_failed(t->m->ctx, fm, rc, why))
+            return txn_error(t, rc, "module %s: post-load of format %s failed: %s", mod->name,
+                             mod->fmt->name, why);
+        ctx_clear_error(t->m->ctx);
     }
-    /* the staging block is freed only once the kernel that reads it is done */
-    rc = be->sync(stream);
-    if (rc)
-        return txn_error(t, rc, "module %s: post-load of format %s failed on the device: %s",
-                         mod->name, mod->fmt->name, refit_strerror(rc));
-    be->staging_free(t->s->staging[mi]);
+    /* no wait per module: the staging block the post-load reads is freed
+     * at the txn's next wait for its streams (txn_sync_streams) */
+    if (t->s->n_retired == t->m->n_modules + 1 && (rc = txn_sync_streams(t)))
+        return txn_error(t, rc, "module %s: waiting for earlier post-loads failed: %s",
+                         mod->name, refit_strerror(rc));
+    t->s->retired[t->s->n_retired] = t->s->staging[mi];
+    t->s->retired_mod[t->s->n_retired++] = mi;
     t->s->staging[mi] = NULL;
-    t->staging_in_use -= mod->staged_bytes;
     return REFIT_OK;
 }
 
@@ -1097,10 +1147,11 @@ static int txn_prepare(refit_txn *t)
         if (!rc && (rc = txn_sync_streams(t)))
             txn_error(t, rc, "finalize: queued copies failed: %s%s%s", refit_strerror(rc),
                       be->last_error()[0] ? ": " : "", be->last_error());
-        if (!rc && (rc = host_services_check_status(m->ctx))) { /* post-load status words, once */
+        /* the post-loads' status area (device words, held failures), once */
+        if (!rc && (rc = host_services_check_status(m->ctx))) {
             char why[REFIT_ERRMSG_SIZE];
             memcpy(why, m->ctx->errmsg, sizeof why);
-            txn_error(t, rc, "finalize: post-load failed on the device: %s", why);
+            txn_error(t, rc, "finalize: post-load failed: %s", why);
         }
     }
     if (rc) {

@@ -50,6 +50,7 @@
 #include "plugins/fp8/fp8_direct.h"
 #include "plugins/fp8/quant_fp8.h"
 #include "tools/bench_gpu.h"
+#include "tools/bench_gpu_reload.h"
 #include "tools/cli.h"
 
 #define MAX_T 512
@@ -784,6 +785,12 @@ static int bench_quant(bench *b)
     json_object_set_new(all, "encoder", json_string(enc == 1 ? "cvt.rn.satfinite.e4m3x2.f32"
                                                     : enc == 0 ? "integer" : "check failed"));
     json_object_set_new(all, "cvt_mismatches", json_integer((json_int_t)cvt_bad));
+    /* the baseline of every online_reload_cost_vs_bf16: the same source
+     * bytes reloaded unquantized, in this run */
+    double t_bf16 = 0;
+    quant_views(b, a, 0);
+    if (!rc && !(rc = breload_bf16(a->nw, a->xv, b->repeat, &t_bf16)))
+        put(all, "bf16_reload_ms", t_bf16 * 1e3);
     for (int sch = 0; sch < 3 && !rc; sch++) {
         double t_all, t_each, t_int, t_reload = -1, k_all, k_each, k_int;
         size_t n = 0;
@@ -831,6 +838,8 @@ static int bench_quant(bench *b)
     if (!rc)
         rc = bench_gpu_int4(all, a->nw, a->xv, b->dev_src, b->pinned, copy_Bps, b->repeat,
                             b->torch ? b->python : NULL, b->dir);
+    if (!rc)
+        breload_costs(all, t_bf16);
     json_object_set_new(b->res, "quant", all);
     cudaFree(a->q);
     cudaFree(a->s);

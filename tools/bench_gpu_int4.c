@@ -30,6 +30,7 @@
 
 #include "core/cuda/backend_cuda.h"
 #include "bench_gpu_peer.h"
+#include "bench_gpu_reload.h"
 #include "core/cuda/kern_cuda.h"
 #include "plugins/int4/int4_direct.h"
 #include "plugins/int4/quant_int4.h"
@@ -178,6 +179,36 @@ static void i4b_torch(json_t *o, const refit_view *x, int nw, int repeat, const 
     json_decref(py);
 }
 
+/* Median seconds of a reload of every weight as an online int4 module,
+ * layout gptq (runtime tensors: the arena's words I32 [K/8, N] and scales
+ * BF16 [G, N], as i4b_views(a, 0) lays them). */
+static int i4b_reload(i4_arena *a, int repeat, double *out)
+{
+    static const char *const names[2] = {"weight", "weight_scale"};
+    refit_tensor *rt = calloc((size_t)a->nw * 2, sizeof *rt);
+    int64_t *shapes = calloc((size_t)a->nw * 4, sizeof *shapes);
+    int rc = !rt || !shapes;
+    for (int w = 0; w < a->nw && !rc; w++) {
+        int64_t *sh = shapes + 4 * w;
+        sh[0] = i4b_words(&a->x[w]);
+        sh[1] = sh[3] = a->x[w].shape[0];
+        sh[2] = i4b_groups(&a->x[w]);
+        refit_device dev = a->x[w].device;
+        rt[2 * w] = (refit_tensor){.data = a->d + a->qoff[w], .device = dev, .ndim = 2,
+                                   .dtype = REFIT_I32, .shape = sh};
+        rt[2 * w + 1] = (refit_tensor){.data = a->d + a->soff[w], .device = dev, .ndim = 2,
+                                       .dtype = REFIT_BF16, .shape = sh + 2};
+    }
+    char params[32];
+    snprintf(params, sizeof params, "group_size: %d", I4B_GROUP);
+    breload_spec sp = {"quant int4", "int4", params, 2, names, rt};
+    if (!rc)
+        rc = breload_time(&sp, a->nw, a->x, repeat, out);
+    free(rt);
+    free(shapes);
+    return rc;
+}
+
 int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_base,
                    const char *host_base, double copy_Bps, int repeat, const char *python,
                    const char *dir)
@@ -206,6 +237,13 @@ int bench_gpu_int4(json_t *quant, int nw, const refit_view *x, const char *dev_b
         bpeer_put(o, "u8_refit_ms", t_u8 * 1e3);
         bpeer_put(o, "u8_ratio_to_d2d", mb / t_u8 / copy_Bps);
         bpeer_verdict(o);
+        double t_reload = 0;
+        if (!(rc = i4b_reload(&a, repeat, &t_reload))) {
+            bpeer_put(o, "online_reload_ms", t_reload * 1e3);
+            bpeer_put(o, "online_reload_ratio_to_d2d", mb / t_reload / copy_Bps);
+            json_object_set_new(o, "online_reload_equals_cpu_reference",
+                                json_boolean(!i4b_check(&a, dev_base, host_base, "gptq")));
+        }
         if (python)
             i4b_torch(o, x, nw, repeat, python, dir);
         json_object_set_new(quant, "int4", o);

@@ -25,6 +25,7 @@
 
 #include "core/cuda/backend_cuda.h"
 #include "bench_gpu_peer.h"
+#include "bench_gpu_reload.h"
 #include "core/cuda/kern_cuda.h"
 #include "plugins/fp8/fp8_direct.h"
 #include "plugins/mxfp8/mx_direct.h"
@@ -166,6 +167,28 @@ static void mxb_torch(json_t *q8, json_t *q4, const mx_arena *a, int repeat,
     json_decref(py);
 }
 
+/* Median seconds of a reload of every weight as an online mxfp8 or mxfp4
+ * module (runtime tensors: the arena's outputs and scales). */
+static int mxb_reload(mx_arena *a, int repeat, double *out)
+{
+    static const char *const names[2] = {"weight", "weight_scale"};
+    refit_tensor *rt = calloc((size_t)a->nw * 2, sizeof *rt);
+    if (!rt)
+        return 1;
+    for (int w = 0; w < a->nw; w++) {
+        const refit_view *q = &a->q[w], *s = &a->s[w];
+        rt[2 * w] = (refit_tensor){.data = q->data, .device = q->device, .ndim = 2,
+                                   .dtype = q->dtype, .shape = (int64_t *)q->shape};
+        rt[2 * w + 1] = (refit_tensor){.data = s->data, .device = s->device, .ndim = 2,
+                                       .dtype = s->dtype, .shape = (int64_t *)s->shape};
+    }
+    breload_spec sp = {a->bits == 8 ? "quant mxfp8" : "quant mxfp4",
+                       a->bits == 8 ? "mxfp8" : "mxfp4", NULL, 2, names, rt};
+    int rc = breload_time(&sp, a->nw, a->x, repeat, out);
+    free(rt);
+    return rc;
+}
+
 static void mxb_free(mx_arena *a)
 {
     cudaFree(a->qd);
@@ -205,6 +228,13 @@ int bench_gpu_mx(json_t *quant, int nw, const refit_view *x, const char *dev_bas
         bpeer_figures(o, min_bytes, t_all, t_each, copy_Bps);
         bpeer_verdict(o);
         res[f] = o;
+        double t_reload = 0;
+        if (!(rc = mxb_reload(&a, repeat, &t_reload))) {
+            bpeer_put(o, "online_reload_ms", t_reload * 1e3);
+            bpeer_put(o, "online_reload_ratio_to_d2d", min_bytes / t_reload / copy_Bps);
+            json_object_set_new(o, "online_reload_equals_cpu_reference",
+                                json_boolean(!mxb_check(&a, dev_base, host_base)));
+        }
         mxb_free(&a);
     }
     if (!rc && python) {

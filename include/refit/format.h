@@ -303,8 +303,11 @@ typedef struct refit_format_v2 {
      * it is done: the host keeps the staged bytes and scratch until the
      * update's last wait, and reads the module's status word (if it took
      * one) at finalize. Returns REFIT_OK or an error set through
-     * host->error; the update then fails. NULL when the format declares no
-     * post-load step. */
+     * host->error. REFIT_ECORRUPT (bad data: a NaN, a value out of range;
+     * the message names module and tensor) is held like a lowered status
+     * word: the load goes on and the update fails at finalize (the first
+     * failure in post-load order). Any other error fails the load at once.
+     * NULL when the format declares no post-load step. */
     int (*post_load)(const refit_host_v2 *host, const refit_fmt_module *m, void *stream);
     /* Free m->state (at model destroy, or when seal fails). Never fails,
      * never blocks on a device. NULL when plan keeps no state. */

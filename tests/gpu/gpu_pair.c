@@ -508,3 +508,56 @@ void pair_check_nan_and_abort(void **state, const int *bads, int n_bads)
     free(before);
     pair_assert_same(d, h, "after the refusals");
 }
+
+/* One world: version 34 with `defect` in tensors first and second (of
+ * different modules, first delivered earlier) with rollback: every load is
+ * accepted (each post-load enqueued, none waited for), finalize fails
+ * naming first's module and tensor and not second's; the bytes are kept;
+ * then a clean version 35 commits (the status area is empty again). */
+static void status_once(pair_world *w, int first, int second, int defect, const char *reason)
+{
+    size_t n0, n1;
+    char *before = pair_snapshot(w, &n0);
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.rollback = 1;
+    refit_txn *t;
+    OK(w, refit_begin(&t, w->m, &o));
+    pair_src *keep = keep_new();
+    for (int i = 0; i < w->n_ck; i++) {
+        src_make(&keep[i], &w->ck[i], 34, SRC_DEVICE, i == first || i == second ? defect : 0);
+        int rc = refit_load(t, w->ck[i].name, &keep[i].t, NULL);
+        if (rc)
+            fail_msg("%s: load %s refused (%s: %s): a post-load's finding must wait for "
+                     "finalize", w->ck[i].name, w->ck[i].name, refit_status_name(rc),
+                     refit_errmsg(w->ctx));
+    }
+    refit_txn_stats ts;
+    OK(w, refit_txn_stats_get(t, &ts));
+    assert_int_equal(ts.tensors_loaded, (uint64_t)w->n_ck);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_UPDATING);
+    assert_int_equal(refit_finalize(t), REFIT_ECORRUPT);
+    const char *msg = refit_errmsg(w->ctx);
+    const pair_ck *a = &w->ck[first], *b = &w->ck[second];
+    if (!strstr(msg, a->module) || !strstr(msg, a->name) || !strstr(msg, reason) ||
+        strstr(msg, b->name))
+        fail_msg("message \"%s\" should name module %s, tensor %s and \"%s\", not %s", msg,
+                 a->module, a->name, reason, b->name);
+    pair_keep_free(w, keep);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    char *after = pair_snapshot(w, &n1);
+    assert_int_equal(n1, n0);
+    pair_assert_snap(w, before, after, n0, "after a refusal at finalize");
+    free(after);
+    free(before);
+    pair_update(w, 35, SRC_DEVICE, NULL);
+}
+
+void pair_check_status_at_finalize(void **state, int first, int second, const char *reason)
+{
+    WORLDS(state, d, h);
+    pair_update(h, 31, SRC_PAGEABLE, NULL);
+    pair_update(d, 31, SRC_DEVICE, NULL);
+    status_once(d, first, second, 1, reason);
+    status_once(h, first, second, 1, reason);
+    pair_assert_same(d, h, "after the refusals at finalize");
+}

@@ -168,5 +168,11 @@ void pair_check_abort_restores(pair_world *d, const char *before, size_t n);
 /* Version 31 on both; a NaN in each tensor of bads[] refused in turn; the
  * abort; both still equal. */
 void pair_check_nan_and_abort(void **state, const int *bads, int n_bads);
+/* Post-load without a wait, on both worlds: a NaN (defect 1) in tensors
+ * first and second (different modules, first delivered earlier): every
+ * load is accepted, finalize fails naming first's module and tensor and
+ * `reason` (the first failure wins), the bytes are kept, and a clean
+ * update then commits (the status is reset). */
+void pair_check_status_at_finalize(void **state, int first, int second, const char *reason);
 
 #endif

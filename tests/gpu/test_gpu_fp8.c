@@ -134,6 +134,14 @@ static void test_nan_and_abort(void **state)
     pair_check_nan_and_abort(state, bads, 5);
 }
 
+/* A NaN in l0.q_proj (module l0.qkv) and in l0.down_proj (l0.down): every
+ * post-load is enqueued, finalize names the first only, and the next
+ * update commits. */
+static void test_status_at_finalize(void **state)
+{
+    pair_check_status_at_finalize(state, 0, 8, "NaN or infinity");
+}
+
 int main(void)
 {
     int on_host_only = pair_use(&fp8_model);
@@ -144,6 +152,7 @@ int main(void)
         cmocka_unit_test(test_reload_equals_cold),
         cmocka_unit_test(test_user_stream),
         cmocka_unit_test(test_nan_and_abort),
+        cmocka_unit_test(test_status_at_finalize),
     };
     return cmocka_run_group_tests(tests, pair_setup, pair_teardown);
 }

@@ -999,6 +999,13 @@ static void test_model_nan_and_abort(void **state)
     static const int bads[5] = {1, 3, 7, 10, 11};
     pair_check_nan_and_abort(state, bads, 5);
 }
+
+/* A NaN in l0.k_proj (mxfp8) and in the mxfp4 experts: every post-load is
+ * enqueued, finalize names the first only, the next update commits. */
+static void test_model_status_at_finalize(void **state)
+{
+    pair_check_status_at_finalize(state, 1, 10, "NaN or infinity");
+}
 #endif
 
 int main(void)
@@ -1009,6 +1016,7 @@ int main(void)
         const struct CMUnitTest model[] = {
             MX_MODEL_CASES(NULL, NULL),
             cmocka_unit_test(test_model_nan_and_abort),
+            cmocka_unit_test(test_model_status_at_finalize),
         };
         return cmocka_run_group_tests(model, pair_setup, pair_teardown);
     }
@@ -1032,6 +1040,8 @@ int main(void)
 #ifndef REFIT_GPU_MX_EMU
         MX_MODEL_CASES(pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_model_nan_and_abort, pair_setup, pair_teardown),
+        cmocka_unit_test_setup_teardown(test_model_status_at_finalize, pair_setup,
+                                        pair_teardown),
 #endif
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
