@@ -13,6 +13,7 @@
 #include "core/backend.h"
 #include "core/names.h"
 #include "core/params.h"
+#include "core/util.h"
 
 #define REFIT_MAX_FORMATS 64
 #define REFIT_ERRMSG_SIZE 1024
@@ -208,11 +209,5 @@ void txn_scratch_free(struct txn_scratch *s);
  * bytes go. Otherwise *dst is NULL and nothing changed: load the bytes. */
 int txn_claim_direct(refit_txn *t, const char *name, bool part, int64_t row0,
                      const refit_tensor *src, void *stream, void **dst);
-
-/* Helpers. */
-char *xstrdup(const char *s);
-/* Grow *arr (element size es) to hold n+1 items. */
-int grow_array(void **arr, uint32_t *cap, uint32_t n, size_t es);
-size_t tensor_dtype_bytes(refit_dtype dt, int64_t numel);
 
 #endif

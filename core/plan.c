@@ -55,11 +55,6 @@ void view_from_signature(refit_view *v, const signature *sig)
     memcpy(v->strides, sig->strides, sizeof v->strides);
 }
 
-size_t tensor_dtype_bytes(refit_dtype dt, int64_t numel)
-{
-    return (size_t)((numel * dt.bits + 7) / 8);
-}
-
 /* Lowest byte and extent of the memory a tensor touches (undo log span). */
 static int reg_span(refit_model *m, tensor_reg *r, const char *what)
 {
