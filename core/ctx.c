@@ -5,7 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/ctx.h"
+#include "core/util.h"
+#include "core/formats_builtin.h"
+#include "core/model.h"
 #include "core/txn_journal.h"
 #include "core/host_services.h"
 

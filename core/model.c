@@ -2,8 +2,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/model.h"
 #include "core/desc_check.h"
-#include "core/internal.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/formats_builtin.h"
+#include "core/plan.h"
 #include "core/load.h"
 #include "core/manifest.h"
 #include "core/mod_version.h"

@@ -6,8 +6,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/plan.h"
 #include "core/desc_check.h"
-#include "core/internal.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/model.h"
+#include "core/txn.h"
 #include "core/host_services.h"
 #include "core/plugin_loader.h"
 #include "kernels/copy.h"

@@ -53,8 +53,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/txn.h"
 #include "core/host_services.h"
-#include "core/internal.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/model.h"
+#include "core/plan.h"
 #include "core/load.h"
 #include "core/mod_version.h"
 #include "core/txn_journal.h"

@@ -3,6 +3,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "core/ctx.h"
+#include "core/util.h"
 #include "core/txn_journal.h"
 
 static const char *health_word(refit_health h)

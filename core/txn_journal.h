@@ -6,7 +6,7 @@
 #ifndef REFIT_CORE_TXN_JOURNAL_H
 #define REFIT_CORE_TXN_JOURNAL_H
 
-#include "core/internal.h"
+#include "core/model.h"
 #include "journal/journal.h"
 
 /* Modules that completed since the last progress write (p is also where
