@@ -122,6 +122,9 @@ struct refit_model {
     refit_model_stats stats;
 };
 
+/* Free the registration (modules, tensors, routes, versions) and m; the
+ * layers above freed what they keep first (refit_model_destroy). */
+void model_free(refit_model *m);
 /* The worker's version for messages and the journal (refit_worker_version
  * without the health check), or NULL when nothing was committed. */
 const char *model_version_text(const refit_model *m);

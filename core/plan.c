@@ -11,7 +11,6 @@
 #include "core/util.h"
 #include "core/ctx.h"
 #include "core/model.h"
-#include "core/txn.h"
 #include "core/host_services.h"
 #include "core/plugin_loader.h"
 #include "kernels/copy.h"
@@ -636,8 +635,6 @@ void model_free_plan(refit_model *m)
         m->routes[i].flags = 0;
     for (uint32_t i = 0; i < m->n_runtime; i++)
         m->runtime[i].via_view = false;
-    txn_scratch_free(m->scratch);
-    m->scratch = NULL;
     free(m->journal_modules);
     m->journal_modules = NULL;
     memset(&m->stats, 0, sizeof m->stats);

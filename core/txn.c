@@ -162,7 +162,7 @@ static void txn_set_state(refit_txn *t, txn_state next)
 
 /* ---- scratch ---- */
 
-void txn_scratch_free(struct txn_scratch *s)
+static void txn_scratch_free(struct txn_scratch *s)
 {
     if (!s)
         return;
@@ -178,6 +178,12 @@ void txn_scratch_free(struct txn_scratch *s)
     free(s->tie_owner);
     free(s->name_used);
     free(s);
+}
+
+void txn_model_release(refit_model *m)
+{
+    txn_scratch_free(m->scratch);
+    m->scratch = NULL;
 }
 
 static struct txn_scratch *scratch_new(const refit_model *m)

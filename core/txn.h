@@ -12,7 +12,9 @@
 
 /* Transactions (txn.c). replay_of: journal id of the update replayed, or 0. */
 int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, int64_t replay_of);
-void txn_scratch_free(struct txn_scratch *s);
+/* Free what the model keeps for its updates (the per-route and per-module
+ * scratch every txn reuses); refit_model_destroy, with no txn open. */
+void txn_model_release(refit_model *m);
 /* A zero-copy delivery (the NCCL receiver's DIRECT buckets): rows [row0,
  * row0 + rows) of dim 0 of name (part), or all of it, as src describes
  * them (src->data is not read: the caller's transport will write the
