@@ -27,11 +27,6 @@ int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
     return status;
 }
 
-static void ctx_init_host(refit_ctx *ctx)
-{
-    host_services_init(ctx); /* core/host_services.c */
-}
-
 /* ---- public ---- */
 
 int refit_open(refit_ctx **out, const refit_options *opt)
@@ -68,7 +63,7 @@ int refit_open(refit_ctx **out, const refit_options *opt)
     ctx->undo_device_budget = opt->undo_device_budget;
     ctx->log_fn = opt->log_fn;
     ctx->log_user = opt->log_user;
-    ctx_init_host(ctx);
+    host_services_init(ctx); /* the one place the host table is filled */
     int rc = REFIT_ENOMEM;
     if (!ctx->worker_id || (jp && !ctx->journal_path) ||
         (opt->plugin_dirs && !ctx->plugin_dirs) ||
