@@ -12,21 +12,6 @@
 #include "core/txn_journal.h"
 #include "core/host_services.h"
 
-int ctx_verror(refit_ctx *ctx, int status, const char *fmt, va_list ap)
-{
-    vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
-    return status;
-}
-
-int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    ctx_verror(ctx, status, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
 /* ---- public ---- */
 
 int refit_open(refit_ctx **out, const refit_options *opt)
@@ -93,14 +78,6 @@ void refit_close(refit_ctx *ctx)
 const char *refit_errmsg(const refit_ctx *ctx)
 {
     return ctx ? ctx->errmsg : "no context";
-}
-
-const refit_format_v2 *ctx_find_format(const refit_ctx *ctx, const char *name)
-{
-    for (uint32_t i = 0; i < ctx->n_formats; i++)
-        if (!strcmp(ctx->formats[i]->name, name))
-            return ctx->formats[i];
-    return NULL;
 }
 
 int refit_format_register(refit_ctx *ctx, const refit_format_v2 *fmt)

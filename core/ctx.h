@@ -1,5 +1,6 @@
-/* The context (ctx.c): one per engine worker. Its message, the format
- * registry, the journal handle, the host services and the model. */
+/* The context: one per engine worker. Its message, the format registry,
+ * the journal handle, the host services and the model. The helpers below
+ * are ctx_base.c's (a leaf); ctx.c holds the public entry points. */
 #ifndef REFIT_CORE_CTX_H
 #define REFIT_CORE_CTX_H
 
