@@ -5,50 +5,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/ctx.h"
+#include "core/util.h"
+#include "core/formats_builtin.h"
+#include "core/model.h"
 #include "core/txn_journal.h"
 #include "core/host_services.h"
-
-char *xstrdup(const char *s)
-{
-    return s ? strdup(s) : NULL;
-}
-
-int grow_array(void **arr, uint32_t *cap, uint32_t n, size_t es)
-{
-    if (n < *cap)
-        return REFIT_OK;
-    if (*cap > UINT32_MAX / 2)
-        return REFIT_ENOMEM;
-    uint32_t nc = *cap ? *cap * 2 : 8;
-    void *p = realloc(*arr, (size_t)nc * es);
-    if (!p)
-        return REFIT_ENOMEM;
-    memset((char *)p + (size_t)*cap * es, 0, (size_t)(nc - *cap) * es);
-    *arr = p;
-    *cap = nc;
-    return REFIT_OK;
-}
-
-int ctx_verror(refit_ctx *ctx, int status, const char *fmt, va_list ap)
-{
-    vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
-    return status;
-}
-
-int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    ctx_verror(ctx, status, fmt, ap);
-    va_end(ap);
-    return status;
-}
-
-static void ctx_init_host(refit_ctx *ctx)
-{
-    host_services_init(ctx); /* core/host_services.c */
-}
 
 /* ---- public ---- */
 
@@ -86,7 +48,7 @@ int refit_open(refit_ctx **out, const refit_options *opt)
     ctx->undo_device_budget = opt->undo_device_budget;
     ctx->log_fn = opt->log_fn;
     ctx->log_user = opt->log_user;
-    ctx_init_host(ctx);
+    host_services_init(ctx); /* the one place the host table is filled */
     int rc = REFIT_ENOMEM;
     if (!ctx->worker_id || (jp && !ctx->journal_path) ||
         (opt->plugin_dirs && !ctx->plugin_dirs) ||
@@ -116,14 +78,6 @@ void refit_close(refit_ctx *ctx)
 const char *refit_errmsg(const refit_ctx *ctx)
 {
     return ctx ? ctx->errmsg : "no context";
-}
-
-const refit_format_v2 *ctx_find_format(const refit_ctx *ctx, const char *name)
-{
-    for (uint32_t i = 0; i < ctx->n_formats; i++)
-        if (!strcmp(ctx->formats[i]->name, name))
-            return ctx->formats[i];
-    return NULL;
 }
 
 int refit_format_register(refit_ctx *ctx, const refit_format_v2 *fmt)

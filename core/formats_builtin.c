@@ -7,7 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/formats_builtin.h"
+#include "core/ctx.h"
+#include "core/model.h"
 #include "core/plugin_loader.h"
 
 /* ---- the context's formats ---- */

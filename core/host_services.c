@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "core/host_services.h"
-#include "core/internal.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/model.h"
 #include "kernels/copy.h"
 
 #define SCRATCH_ALIGN 256

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/internal.h"
+#include "core/model.h"
 
 /* Where a delivery lands: src rows [a, b) of split dim d. */
 typedef struct delivery {

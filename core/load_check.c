@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/ctx.h"
 #include "core/desc_check.h"
 #include "core/load.h"
 

@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/ctx.h"
 #include "core/load.h"
 
 /* Per-route and per-module marks, valid where the stamp is the call's. */

@@ -7,7 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/formats_builtin.h"
+#include "core/model.h"
 #include "core/manifest.h"
 #include "core/plugin_loader.h"
 #include "schemas/model_doc.h"

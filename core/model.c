@@ -2,13 +2,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/model.h"
 #include "core/desc_check.h"
-#include "core/internal.h"
-#include "core/load.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/formats_builtin.h"
 #include "core/manifest.h"
 #include "core/mod_version.h"
-#include "core/txn_journal.h"
-#include "core/undo.h"
 #include "kernels/fingerprint.h"
 
 #define MODEL_CHECK(m)                                                        \
@@ -42,15 +42,8 @@ int refit_model_create(refit_model **out, refit_ctx *ctx)
     return REFIT_OK;
 }
 
-void refit_model_destroy(refit_model *m)
+void model_free(refit_model *m)
 {
-    if (!m)
-        return;
-    if (m->txn)
-        refit_abort(m->txn);
-    load_model_release(m);
-    model_free_plan(m);
-    undo_pool_free(&m->undo_pool);
     for (uint32_t i = 0; i < m->n_modules; i++) {
         module *mod = &m->modules[i];
         free(mod->name);
@@ -75,7 +68,6 @@ void refit_model_destroy(refit_model *m)
     names_free(&m->module_names);
     names_free(&m->side_names);
     names_free(&m->route_names);
-    manifest_decls_free(m);
     mod_version_drop(m->version);
     free(m->version_text);
     m->ctx->model = NULL;
@@ -267,27 +259,6 @@ nomem:
     free(r->target_name);
     free(r->tie_name);
     return ctx_error(ctx, REFIT_ENOMEM, "tensor %s: out of memory", ckpt_name);
-}
-
-int refit_model_seal(refit_model *m)
-{
-    MODEL_CHECK(m);
-    if (m->sealed)
-        return ctx_error(m->ctx, REFIT_ESTATE, "the model is already sealed");
-    int rc = manifest_check_bound(m);
-    if (rc)
-        return rc;
-    rc = plan_build(m);
-    if (!rc)
-        rc = formats_check_plan(m);
-    if (rc) {
-        model_free_plan(m);
-        return rc;
-    }
-    m->sealed = true;
-    m->n_empty = m->n_modules;
-    txj_seal(m);
-    return REFIT_OK;
 }
 
 int refit_model_stats_get(const refit_model *m, refit_model_stats *out)

@@ -7,7 +7,8 @@
 
 #include <refit/refit.h>
 
-#include "core/internal.h"
+#include "core/params.h"
+#include "core/util.h"
 
 static int params_add(params *p, const char *k, const char *v)
 {

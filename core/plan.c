@@ -6,8 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/plan.h"
 #include "core/desc_check.h"
-#include "core/internal.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/model.h"
 #include "core/host_services.h"
 #include "core/plugin_loader.h"
 #include "kernels/copy.h"
@@ -53,11 +56,6 @@ void view_from_signature(refit_view *v, const signature *sig)
     v->ndim = sig->ndim;
     memcpy(v->shape, sig->shape, sizeof v->shape);
     memcpy(v->strides, sig->strides, sizeof v->strides);
-}
-
-size_t tensor_dtype_bytes(refit_dtype dt, int64_t numel)
-{
-    return (size_t)((numel * dt.bits + 7) / 8);
 }
 
 /* Lowest byte and extent of the memory a tensor touches (undo log span). */
@@ -637,8 +635,6 @@ void model_free_plan(refit_model *m)
         m->routes[i].flags = 0;
     for (uint32_t i = 0; i < m->n_runtime; i++)
         m->runtime[i].via_view = false;
-    txn_scratch_free(m->scratch);
-    m->scratch = NULL;
     free(m->journal_modules);
     m->journal_modules = NULL;
     memset(&m->stats, 0, sizeof m->stats);

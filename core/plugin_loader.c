@@ -19,7 +19,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/internal.h"
 #include "core/plugin_loader.h"
 #include "schemas/plugin_paths.h"
 

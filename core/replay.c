@@ -3,7 +3,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/model.h"
+#include "core/txn.h"
 #include "core/txn_journal.h"
 
 /* What replay needs of the update row, copied out of the callback. */

@@ -5,7 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/backend.h"
+#include "core/ctx.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
 

@@ -53,8 +53,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/txn.h"
 #include "core/host_services.h"
-#include "core/internal.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/model.h"
+#include "core/plan.h"
 #include "core/load.h"
 #include "core/mod_version.h"
 #include "core/txn_journal.h"
@@ -161,7 +165,7 @@ static void txn_set_state(refit_txn *t, txn_state next)
 
 /* ---- scratch ---- */
 
-void txn_scratch_free(struct txn_scratch *s)
+static void txn_scratch_free(struct txn_scratch *s)
 {
     if (!s)
         return;
@@ -179,6 +183,12 @@ void txn_scratch_free(struct txn_scratch *s)
     free(s->tie_owner);
     free(s->name_used);
     free(s);
+}
+
+void txn_model_release(refit_model *m)
+{
+    txn_scratch_free(m->scratch);
+    m->scratch = NULL;
 }
 
 static struct txn_scratch *scratch_new(const refit_model *m)

@@ -3,6 +3,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <refit/sys/stats.h>
+
+#include "core/ctx.h"
+#include "core/util.h"
 #include "core/txn_journal.h"
 
 static const char *health_word(refit_health h)
@@ -28,9 +32,9 @@ int refit_journal_behind(const refit_ctx *ctx)
     return ctx && journal_held_end(ctx->journal) ? 1 : 0;
 }
 
-double txj_seconds(const refit_ctx *ctx)
+double refit_sys_journal_seconds(const refit_ctx *ctx)
 {
-    return ctx->journal_seconds;
+    return ctx ? ctx->journal_seconds : 0;
 }
 
 /* A write failed: keep it as a gap the journal records with its next write. */

@@ -6,7 +6,7 @@
 #ifndef REFIT_CORE_TXN_JOURNAL_H
 #define REFIT_CORE_TXN_JOURNAL_H
 
-#include "core/internal.h"
+#include "core/model.h"
 #include "journal/journal.h"
 
 /* Modules that completed since the last progress write (p is also where
@@ -51,7 +51,5 @@ void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st,
 /* Before txj_end: where the undo log kept its bytes (written with the end). */
 void txj_undo(refit_model *m, int64_t id, uint64_t device_bytes, uint64_t host_bytes);
 void txj_batch_free(txj_batch *b);
-/* Wall time this context spent writing its journal (for refit-bench). */
-double txj_seconds(const refit_ctx *ctx);
 
 #endif

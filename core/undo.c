@@ -1,9 +1,10 @@
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <refit/refit.h>
 
-#include "core/internal.h"
+#include "core/util.h"
 #include "core/undo.h"
 
 /* Saved bytes live in chunks: device chunks from the backend's

@@ -16,10 +16,10 @@ else
   echo "not ok 1 - meson install: $(tail -3 "$dest/log")"
 fi
 miss=""
-for h in refit.h format.h transport.h ipc.h; do
+for h in refit.h format.h transport.h ipc.h sys/stats.h; do
   [ -f "$dest$incdir/refit/$h" ] || miss="$miss $h"
 done
-[ -z "$miss" ] && echo "ok 2 - refit.h, format.h, transport.h, ipc.h installed" ||
+[ -z "$miss" ] && echo "ok 2 - refit.h, format.h, transport.h, ipc.h, sys/stats.h installed" ||
   echo "not ok 2 - not installed:$miss"
 so=$(readelf -d "$dest$libdir/librefit.so" 2>/dev/null | sed -n 's/.*soname: \[\(.*\)\]/\1/p')
 [ "$so" = librefit.so.0 ] && [ -f "$dest$libdir/pkgconfig/refit.pc" ] &&
@@ -28,6 +28,7 @@ cat > "$dest/use.c" <<'C'
 #include <refit/refit.h>
 #include <refit/transport.h>
 #include <refit/ipc.h>
+#include <refit/sys/stats.h>
 #include <stdio.h>
 int main(void)
 {
@@ -37,14 +38,15 @@ int main(void)
     if (refit_open(&ctx, &o) != REFIT_OK)
         return 1;
     int probe = refit_nccl_probe(ctx); /* transport.h: any status, it links */
+    double js = refit_sys_journal_seconds(ctx); /* sys/stats.h: no journal, 0 */
     refit_close(ctx);
-    printf("%s\n", probe == REFIT_OK || probe < 0 ? "linked" : "?");
+    printf("%s\n", (probe == REFIT_OK || probe < 0) && js == 0 ? "linked" : "?");
     return 0;
 }
 C
 if "$cc" "$@" -I"$dest$incdir" "$dest/use.c" -L"$dest$libdir" -lrefit -o "$dest/use" 2>"$dest/cc.log" &&
    [ "$(LD_LIBRARY_PATH="$dest$libdir" "$dest/use")" = linked ]; then
-  echo "ok 4 - a program on the installed refit.h and transport.h builds and runs"
+  echo "ok 4 - a program on the installed refit.h, transport.h and sys/stats.h builds and runs"
 else
   echo "not ok 4 - $(head -5 "$dest/cc.log")"
 fi

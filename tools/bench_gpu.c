@@ -646,11 +646,6 @@ static int quant_check(bench *b, qarena *a, int sch)
     return rc;
 }
 
-/* The kernel's own launch time (plugins/fp8/quant_fp8.cu: events around the
- * launch, inside the call, when timing is on; -1 when none). */
-void kern_quant_fp8_cuda_timing(int on);
-double kern_quant_fp8_cuda_kernel_ms(void);
-
 /* Median seconds of one call for every weight (all = 1; all = 2: the
  * kernel itself, with the integer E4M3 encoder), or one call per weight;
  * *kern: the median of the kernels' launch time in the same runs (summed

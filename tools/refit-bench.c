@@ -17,8 +17,8 @@
 #include <time.h>
 
 #include <refit/refit.h>
+#include <refit/sys/stats.h> /* the journal's share of a reload */
 
-#include "core/txn_journal.h" /* txj_seconds: the journal's share of a reload */
 #include "tools/bench.h"
 #include "tools/cli.h"
 #include "tools/bench_nccl.h"
@@ -309,10 +309,10 @@ static int bench_host(int argc, char **argv)
         if (!rc)
             rc = host_reload(&h, 1, &rb[r]);
         if (!rc && journal) {
-            double before = txj_seconds(hj.ctx);
+            double before = refit_sys_journal_seconds(hj.ctx);
             if ((rc = host_reload(&hj, 0, &jr[r])))
                 reported = host_fail(&hj, "journaled reload", rc);
-            jw[r] = txj_seconds(hj.ctx) - before; /* the journal's part of it */
+            jw[r] = refit_sys_journal_seconds(hj.ctx) - before; /* the journal's part of it */
         }
         copy[r] = host_copy_only(&h);
     }

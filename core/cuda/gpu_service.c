@@ -11,7 +11,6 @@
 
 #include "core/cuda/backend_cuda.h"
 #include "core/host_services.h"
-#include "core/internal.h"
 
 static int cuda_msg(cudaError_t e, const char *what, char *msg, size_t n)
 {

@@ -27,7 +27,9 @@
 
 #include <refit/ipc.h>
 
-#include "core/internal.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/model.h"
 #include "core/ipc/mem.h"
 #include "core/names.h"
 #include "core/nccl/xport.h"

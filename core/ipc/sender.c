@@ -22,7 +22,10 @@
 
 #include <refit/ipc.h>
 
-#include "core/internal.h"
+#include "core/backend.h"
+#include "core/names.h"
+#include "core/util.h"
+#include "core/ctx.h"
 #include "core/ipc/mem.h"
 #include "core/nccl/xport.h"
 #include "kernels/copy.h"

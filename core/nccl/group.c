@@ -16,7 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/ctx.h"
 #include "core/nccl/xport.h"
 
 static int worker_status(refit_ctx *ctx)

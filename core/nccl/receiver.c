@@ -51,7 +51,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/util.h"
+#include "core/ctx.h"
+#include "core/model.h"
+#include "core/txn.h"
 #include "core/nccl/bucket.h"
 #include "core/nccl/xport.h"
 

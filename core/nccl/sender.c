@@ -24,7 +24,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "core/backend.h"
+#include "core/names.h"
+#include "core/util.h"
+#include "core/ctx.h"
 #include "core/nccl/bucket.h"
 #include "core/nccl/xport.h"
 #include "kernels/copy.h"

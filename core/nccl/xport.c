@@ -5,7 +5,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/internal.h"
+#include "core/ctx.h"
 #include "core/nccl/xport.h"
 #include "journal/journal.h"
 

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/internal.h"
+#include "core/ctx.h"
 #include "core/nccl/xport.h"
 #include "kernels/copy.h"
 #include "kernels/fingerprint.h"

@@ -16,7 +16,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/internal.h"
+#include "core/backend.h"
+#include "core/ctx.h"
 #include "core/nccl/nccl_shim.h"
 #include "core/nccl/xport.h"
 #ifdef REFIT_HAVE_CUDA

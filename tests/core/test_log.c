@@ -6,7 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "core/ctx.h"
 #include "testutil.h"
 
 #define MAX_LINES 32

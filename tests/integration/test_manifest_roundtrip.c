@@ -18,7 +18,7 @@
 
 #include <refit/refit.h>
 
-#include "core/internal.h"
+#include "core/model.h"
 #include "schemas/ydoc.h"
 
 static const char *const odd[] = {

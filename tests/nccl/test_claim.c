@@ -16,7 +16,8 @@
 #include <cmocka.h>
 
 #include "../core/testutil.h"
-#include "core/internal.h"
+#include "core/model.h"
+#include "core/txn.h"
 
 #define F32 REFIT_F32
 

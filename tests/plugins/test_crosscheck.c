@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/ctx.h"
 #include "core/plugin_loader.h"
 #include "putil.h"
 

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/model.h"
 #include "putil.h"
 
 #define VOCAB 1000

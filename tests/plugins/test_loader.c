@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "core/ctx.h"
 #include "core/host_services.h"
 #include "core/plugin_loader.h"
 #include "putil.h"

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/model.h"
 #include "putil.h"
 
 static const char *const GOOD =

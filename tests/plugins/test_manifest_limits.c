@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/internal.h"
+#include "core/model.h"
 #include "putil.h"
 #include "schemas/model_doc.h"
 

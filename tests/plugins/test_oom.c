@@ -7,7 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/ctx.h"
+#include "core/model.h"
 #include "putil.h"
 
 void *__real_malloc(size_t n);

@@ -1,8 +1,9 @@
-/* Internal structures of the core, shared by its files. Not installed. */
-#ifndef REFIT_CORE_INTERNAL_H
-#define REFIT_CORE_INTERNAL_H
+/* The model (model.c): modules, runtime and side tensors, routes, and
+ * what each module holds. The bottom of the txn -> plan -> model layers:
+ * it calls neither. */
+#ifndef REFIT_CORE_MODEL_H
+#define REFIT_CORE_MODEL_H
 
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -13,56 +14,6 @@
 #include "core/backend.h"
 #include "core/names.h"
 #include "core/params.h"
-
-#define REFIT_MAX_FORMATS 64
-#define REFIT_ERRMSG_SIZE 1024
-
-/* ---- context ---- */
-
-struct refit_ctx {
-    char *worker_id;
-    int32_t rank;
-    char *journal_path;
-    struct journal *journal;            /* NULL: none, or not open (see below) */
-    int journal_best_effort;
-    char journal_err[512];              /* why the journal could not be opened */
-    uint64_t journal_gaps;              /* writes lost while it had no handle */
-    double journal_seconds;             /* time spent in journal writes (bench) */
-    double journal_progress_s;          /* progress write interval */
-    char *plugin_dirs;
-    struct plugin_set *plugins;         /* format plugins found at open (formats_builtin.c) */
-    uint64_t staging_budget;
-    uint64_t undo_device_budget;        /* refit_options v2; 0: host only */
-    refit_log_fn log_fn;                /* NULL: stderr */
-    void *log_user;
-    refit_model *model;                 /* at most one */
-    const refit_format_v2 *formats[REFIT_MAX_FORMATS];
-    uint32_t n_formats;
-    refit_host_v2 host;                 /* services handed to formats */
-    struct host_svc *svc;               /* their state (core/host_services.c) */
-    char errmsg[REFIT_ERRMSG_SIZE];
-};
-
-/* Set the context's message and return status. */
-int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-int ctx_verror(refit_ctx *ctx, int status, const char *fmt, va_list ap);
-static inline void ctx_clear_error(refit_ctx *ctx) { ctx->errmsg[0] = '\0'; }
-const refit_format_v2 *ctx_find_format(const refit_ctx *ctx, const char *name);
-/* Find the format plugins on the search path and register them; only
- * REFIT_ENOMEM fails (refusals are logged and kept for messages). */
-int formats_register_builtin(refit_ctx *ctx);
-/* dlclose the plugins (refit_close, after the model is destroyed). */
-void formats_unload(refit_ctx *ctx);
-/* "dir (origin), ..." of the plugin search path, for messages. */
-void formats_describe_path(const refit_ctx *ctx, char *buf, size_t n);
-/* After plan_build: every plugin module's plan against its declaration. */
-int formats_check_plan(refit_model *m);
-/* Before refit_format_register takes fmt: a plugin format of the same
- * name, unused so far, steps aside (REFIT_OK); an error when it is used. */
-int formats_yield_plugin(refit_ctx *ctx, const refit_format_v2 *fmt);
-
-/* ---- model ---- */
 
 /* A registered tensor (runtime or side) and its signature. */
 typedef struct signature {
@@ -171,48 +122,18 @@ struct refit_model {
     refit_model_stats stats;
 };
 
+/* Free the registration (modules, tensors, routes, versions) and m; the
+ * layers above freed what they keep first (refit_model_destroy). */
+void model_free(refit_model *m);
 /* The worker's version for messages and the journal (refit_worker_version
  * without the health check), or NULL when nothing was committed. */
 const char *model_version_text(const refit_model *m);
 /* Health derived from the model's state. */
 refit_health model_health(const refit_model *m);
-/* Compare every signature with the live descriptors; message names the
- * first that moved. when: "begin" or "finalize". */
-int model_check_signatures(refit_model *m, const char *when);
-int signature_take(signature *sig, const refit_tensor *t);
-void view_from_signature(refit_view *v, const signature *sig);
-void model_free_plan(refit_model *m);
 /* Lookups by name; UINT32_MAX when absent. */
 uint32_t model_find_module(const refit_model *m, const char *name);
 uint32_t model_find_runtime(const refit_model *m, const module *mod, const char *name);
-
-/* Plan (plan.c): build routes, validate, record signatures. */
-int plan_build(refit_model *m);
 /* Content fingerprint of a module's runtime tensors (stream-synchronous). */
 int module_fingerprint(refit_model *m, const module *mod, uint64_t *out);
-
-/* Transactions (txn.c). replay_of: journal id of the update replayed, or 0. */
-int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, int64_t replay_of);
-void txn_scratch_free(struct txn_scratch *s);
-/* A zero-copy delivery (the NCCL receiver's DIRECT buckets): rows [row0,
- * row0 + rows) of dim 0 of name (part), or all of it, as src describes
- * them (src->data is not read: the caller's transport will write the
- * bytes, from memory on src->device). Validated exactly as refit_load /
- * refit_load_part (an error is theirs: refused and nothing changed, or the
- * txn failed). When the route copies exactly those bytes, unconverted,
- * onto contiguous bytes of a runtime tensor on src->device (DIRECT or
- * VIEW, no cast, no post-load, not tied, every row this rank's), the
- * delivery is accepted as a load's would be (duplicates, completeness,
- * module bookkeeping; with rollback the undo save queued on stream, which
- * the caller's write must follow on the device) and *dst is where the
- * bytes go. Otherwise *dst is NULL and nothing changed: load the bytes. */
-int txn_claim_direct(refit_txn *t, const char *name, bool part, int64_t row0,
-                     const refit_tensor *src, void *stream, void **dst);
-
-/* Helpers. */
-char *xstrdup(const char *s);
-/* Grow *arr (element size es) to hold n+1 items. */
-int grow_array(void **arr, uint32_t *cap, uint32_t n, size_t es);
-size_t tensor_dtype_bytes(refit_dtype dt, int64_t numel);
 
 #endif

@@ -1,0 +1,33 @@
+/* Transactions (txn.c): begin, load, finalize, abort. The top of the
+ * txn -> plan -> model layers. */
+#ifndef REFIT_CORE_TXN_H
+#define REFIT_CORE_TXN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <refit/refit.h>
+
+#include "core/model.h"
+
+/* Transactions (txn.c). replay_of: journal id of the update replayed, or 0. */
+int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, int64_t replay_of);
+/* Free what the model keeps for its updates (the per-route and per-module
+ * scratch every txn reuses); refit_model_destroy, with no txn open. */
+void txn_model_release(refit_model *m);
+/* A zero-copy delivery (the NCCL receiver's DIRECT buckets): rows [row0,
+ * row0 + rows) of dim 0 of name (part), or all of it, as src describes
+ * them (src->data is not read: the caller's transport will write the
+ * bytes, from memory on src->device). Validated exactly as refit_load /
+ * refit_load_part (an error is theirs: refused and nothing changed, or the
+ * txn failed). When the route copies exactly those bytes, unconverted,
+ * onto contiguous bytes of a runtime tensor on src->device (DIRECT or
+ * VIEW, no cast, no post-load, not tied, every row this rank's), the
+ * delivery is accepted as a load's would be (duplicates, completeness,
+ * module bookkeeping; with rollback the undo save queued on stream, which
+ * the caller's write must follow on the device) and *dst is where the
+ * bytes go. Otherwise *dst is NULL and nothing changed: load the bytes. */
+int txn_claim_direct(refit_txn *t, const char *name, bool part, int64_t row0,
+                     const refit_tensor *src, void *stream, void **dst);
+
+#endif

@@ -1,0 +1,5 @@
+/* A three-unit fixture for tests/layering.sh: model.c calls up into txn.c,
+ * which the check must refuse (suite layering-catches). */
+int fx_txn_begin(void);
+int fx_plan_build(void);
+int fx_model_free(void);
