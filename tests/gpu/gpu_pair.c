@@ -524,7 +524,9 @@ static void status_once(pair_world *w, int first, int second, int defect, const 
     OK(w, refit_begin(&t, w->m, &o));
     pair_src *keep = keep_new();
     for (int i = 0; i < w->n_ck; i++) {
-        src_make(&keep[i], &w->ck[i], 34, SRC_DEVICE, i == first || i == second ? defect : 0);
+        /* a host world reads host sources (it refuses device memory) */
+        src_make(&keep[i], &w->ck[i], 34, w->device ? SRC_DEVICE : SRC_PAGEABLE,
+                 i == first || i == second ? defect : 0);
         int rc = refit_load(t, w->ck[i].name, &keep[i].t, NULL);
         if (rc)
             fail_msg("%s: load %s refused (%s: %s): a post-load's finding must wait for "
@@ -549,7 +551,7 @@ static void status_once(pair_world *w, int first, int second, int defect, const 
     pair_assert_snap(w, before, after, n0, "after a refusal at finalize");
     free(after);
     free(before);
-    pair_update(w, 35, SRC_DEVICE, NULL);
+    pair_update(w, 35, w->device ? SRC_DEVICE : SRC_PAGEABLE, NULL);
 }
 
 void pair_check_status_at_finalize(void **state, int first, int second, const char *reason)
