@@ -227,7 +227,7 @@ int ipc_update_decode(ipc_update *u, const ipc_frame *f, uint64_t max_bucket, ch
     u->flags = ipc_r32(&r);
     u->n_buckets = ipc_r32(&r);
     uint32_t zero = ipc_r32(&r);
-    if (r.short_read || (u->flags & ~(IPC_U_EVENT | IPC_U_ALONE)) || zero)
+    if (r.short_read || (u->flags & ~IPC_U_EVENT) || zero)
         return bad(err, errlen, "UPDATE: short frame, unknown flags 0x%x or reserved bytes set",
                    u->flags);
     if (u->n_buckets == 0 || u->n_buckets > BKT_MAX_BUCKETS ||

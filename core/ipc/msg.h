@@ -36,9 +36,6 @@ enum { IPC_ROLE_TRAINER = 1, IPC_ROLE_WORKER = 2 };
 enum { IPC_MEM_CUDA = 1, IPC_MEM_HOST_FD = 2 };
 #define IPC_MEMS_EVENT 0x1u
 #define IPC_U_EVENT 0x1u
-/* the sender's only worker: its vote is the decision, so it commits (or
- * has aborted) on its own, sends no DECISION wait, and answers RESULT */
-#define IPC_U_ALONE 0x2u
 #define IPC_B_SUM 0x1u
 
 typedef struct ipc_hello {

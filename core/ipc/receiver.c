@@ -690,7 +690,6 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     ipc_update u;
     uint64_t max = r->o.max_bucket_bytes ? r->o.max_bucket_bytes : (uint64_t)64 << 30;
     refit_txn *txn = NULL;
-    bool alone = false; /* a decoded UPDATE's IPC_U_ALONE */
     int local = ipc_update_decode(&u, &f, max, r->err, sizeof r->err);
     if (local) {
         /* the frame was sound, its content not: refuse, keep the channel */
@@ -698,7 +697,6 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
         ctx_error(r->ctx, local, "ipc receiver: update refused: %s", r->err);
         u.seq = f.len >= 8 ? bkt_le64(f.payload) : 0;
     } else {
-        alone = u.flags & IPC_U_ALONE;
         local = take_update(r, &u, opts, &txn, &res);
     }
     ipc_frame_free(&f);
@@ -709,15 +707,7 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     ipc_frame d;
     char dmsg[IPC_MAX_MSG + 1] = "";
     int trc = send_status(r, IPC_VOTE, u.seq, local, msg, dl);
-    if (!trc && !local && alone) {
-        /* the only worker: its vote, delivered, is the decision */
-        res.decision = REFIT_OK;
-        res.worker_status = refit_commit(txn);
-        txn = NULL;
-    } else if (!trc && alone) {
-        res.decision = local; /* refused and already aborted by take_update */
-    } else if (!trc && !(trc = ipc_recv(r->fd, &d, IPC_MAX_MSG + 64, dl, r->err,
-                                        sizeof r->err))) {
+    if (!trc && !(trc = ipc_recv(r->fd, &d, IPC_MAX_MSG + 64, dl, r->err, sizeof r->err))) {
         ipc_status_msg dm;
         trc = d.type == IPC_DECISION ? ipc_status_decode(&dm, &d, u.seq, r->err, sizeof r->err)
                                      : REFIT_ECORRUPT;

@@ -690,9 +690,7 @@ static int encode_update(refit_ipc_sender *s)
     uint8_t ab[BKT_ANNOUNCE_BYTES];
     bkt_announce_encode(ab, &an);
     ipc_update u = {.seq = s->seq, .epoch = s->epoch,
-                    .flags = (s->o.device >= 0 ? IPC_U_EVENT : 0) |
-                             (s->n_w == 1 ? IPC_U_ALONE : 0),
-                    .n_buckets = p->n_buckets,
+                    .flags = s->o.device >= 0 ? IPC_U_EVENT : 0, .n_buckets = p->n_buckets,
                     .refs = s->refs, .index = s->index, .index_bytes = total};
     s->frame.len = 0;
     ipc_update_encode(&s->frame, &u, ab);
@@ -839,8 +837,7 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
             res.decision = vote[i];
             res.failed_rank = i;
         }
-    /* one worker decided on its own vote (IPC_U_ALONE): no DECISION */
-    for (int i = 0; i < s->n_w && s->n_w > 1; i++)
+    for (int i = 0; i < s->n_w; i++)
         if (s->w[i].fd >= 0 &&
             send_status(s, &s->w[i], IPC_DECISION, res.decision,
                         res.decision ? why[res.failed_rank] : "", dl))

@@ -100,8 +100,7 @@ int rt_send_update(rt *t, void (*fix)(rt *t, uint8_t *payload, size_t len))
 {
     uint8_t an[BKT_ANNOUNCE_BYTES];
     bkt_announce_encode(an, &t->an);
-    ipc_update u = {.seq = t->seq, .epoch = t->epoch, .flags = t->flags,
-                    .n_buckets = t->p.n_buckets,
+    ipc_update u = {.seq = t->seq, .epoch = t->epoch, .n_buckets = t->p.n_buckets,
                     .refs = t->refs, .index = t->index, .index_bytes = t->index_bytes};
     ipc_wbuf w = {0};
     ipc_update_encode(&w, &u, an);
@@ -127,9 +126,8 @@ int rt_finish(rt *t, int *vote)
     *vote = m.status;
     ipc_wbuf w = {0};
     ipc_status_encode(&w, t->seq, m.status, m.msg);
-    rc = (t->flags & IPC_U_ALONE) ? REFIT_OK
-                                  : ipc_send(t->fd, IPC_DECISION, w.p, (uint32_t)w.len, NULL, 0,
-                                             ipc_now() + 10, t->err, sizeof t->err);
+    rc = ipc_send(t->fd, IPC_DECISION, w.p, (uint32_t)w.len, NULL, 0, ipc_now() + 10, t->err,
+                  sizeof t->err);
     ipc_wbuf_free(&w);
     if (!rc && !(rc = ipc_recv(t->fd, &f, 4096, ipc_now() + 10, t->err, sizeof t->err))) {
         rc = f.type == IPC_RESULT ? ipc_status_decode(&m, &f, t->seq, t->err, sizeof t->err)

@@ -27,7 +27,6 @@ typedef struct rt {
     bkt_announce an;
     uint64_t seq;
     uint32_t epoch;
-    uint32_t flags;             /* the UPDATE's: IPC_U_ALONE, no DECISION sent */
     char err[512];
 } rt;
 

@@ -443,8 +443,6 @@ typedef struct raw_job {
     int mode;                   /* 0 finish, 1 die after UPDATE, 2 stall after UPDATE,
                                    3 garbage instead of HELLO */
     int expect_vote;
-    int alone;                  /* IPC_U_ALONE: read the vote, send no DECISION */
-    int expect_result;          /* RESULT's status (with alone) */
 } raw_job;
 
 static int run_raw(void *arg)
@@ -464,7 +462,6 @@ static int run_raw(void *arg)
     }
     rt t;
     int rc = rt_open(&t, j->path, j->version, 1024);
-    t.flags = j->alone ? IPC_U_ALONE : 0;
     if (!rc)
         rc = rt_send_mems(&t);
     if (!rc)
@@ -495,42 +492,6 @@ static void commit_raw(worker_fix *f, uint64_t v)
         fail_msg("raw update v%llu: %s", (unsigned long long)v, refit_errmsg(f->w.ctx));
     expect_at(f, v);
     assert_int_equal(it_wait(pid), 0);
-}
-
-static void fix_epoch(rt *t, uint8_t *p, size_t len);
-
-/* The sender's only worker (IPC_U_ALONE): its vote is the decision. It
- * commits without waiting for a DECISION (the raw trainer sends none: a
- * worker that waited would time out) and answers RESULT; a refused update
- * is aborted on its own, bytes kept, and the next one commits. */
-static void t_alone_commits_on_its_vote(void **state)
-{
-    (void)state;
-    worker_fix f;
-    worker_open(&f, 0, 2, 0);
-    commit_raw(&f, 1);
-    raw_job j = {.path = g_path[0], .version = 2, .alone = 1};
-    pid_t pid = it_fork(run_raw, &j);
-    refit_group_result res;
-    double t0 = ipc_now();
-    assert_int_equal(receive(&f, &res), REFIT_OK);
-    assert_true(ipc_now() - t0 < 1.5); /* not the 2 s deadline of a DECISION */
-    assert_int_equal(res.decision, REFIT_OK);
-    expect_at(&f, 2);
-    assert_int_equal(it_wait(pid), 0);
-
-    uint64_t fp = nt_fp(&f.w);
-    raw_job bad = {.path = g_path[0], .version = 3, .alone = 1, .fix = fix_epoch,
-                   .expect_vote = REFIT_ECORRUPT};
-    pid = it_fork(run_raw, &bad);
-    assert_int_equal(receive(&f, &res), REFIT_ECORRUPT);
-    assert_int_equal(res.local_status, REFIT_ECORRUPT);
-    assert_int_equal(res.decision, REFIT_ECORRUPT);
-    expect_at(&f, 2);
-    assert_true(nt_fp(&f.w) == fp);
-    assert_int_equal(it_wait(pid), 0);
-    commit_raw(&f, 4); /* and the two-phase path still works */
-    worker_close(&f);
 }
 
 static void t_raw_commit(void **state)
@@ -738,7 +699,6 @@ int main(void)
         cmocka_unit_test(t_raw_commit),
         cmocka_unit_test(t_refusals),
         cmocka_unit_test(t_garbage_peer),
-        cmocka_unit_test(t_alone_commits_on_its_vote),
         cmocka_unit_test(t_dead_trainer),
         cmocka_unit_test(t_stalled_trainer),
         cmocka_unit_test(t_dead_trainer_poisons),
