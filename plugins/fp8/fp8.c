@@ -41,7 +41,7 @@
 
 #include <refit/format.h>
 
-#include "plugins/common/pgpu_host.h"
+#include <refit/sdk/pgpu_host.h>
 #include "plugins/fp8/fp8_cvt_host.h"
 #include "plugins/fp8/fp8_launch.h"
 #include "plugins/fp8/quant_fp8.h"
@@ -525,8 +525,8 @@ static int quant_launch(const refit_host_v2 *h, const refit_fmt_module *m, uint3
     refit_device dev = q[0].device;
 #ifdef REFIT_FP8_DEVICE_CODE
     int hw = fp8_cvt_host(h, m, dev, stream, nw, names, nan_what);
-    pgpu_host g;
-    int rc = pgpu_host_init(&g, h, m, dev, stream, fp8_image, fp8_image_size, nw, names,
+    refit_pgpu_host g;
+    int rc = refit_pgpu_host_init(&g, h, m, dev, stream, fp8_image, fp8_image_size, nw, names,
                             nan_what);
     int32_t bad = -1;
     if (!rc && (rc = fp8_launch(&g.g, nw, q, sc, x, scheme, hw, &bad)) && g.g.msg[0])

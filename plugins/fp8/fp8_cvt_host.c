@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plugins/common/pgpu_host.h"
+#include <refit/sdk/pgpu_host.h>
 #include "plugins/fp8/fp8_cvt_host.h"
 #include "plugins/fp8/fp8_launch.h"
 
@@ -16,8 +16,8 @@ static signed char fc_state[FC_DEVICES]; /* 0 unchecked, 1 hardware, 2 encoder *
 static int fc_check(const refit_host_v2 *h, const refit_fmt_module *m, refit_device dev,
                     void *stream, uint32_t n, const char *const *names, const char *what)
 {
-    pgpu_host p;
-    int rc = pgpu_host_init(&p, h, m, dev, stream, fp8_image, fp8_image_size, n, names, what);
+    refit_pgpu_host p;
+    int rc = refit_pgpu_host_init(&p, h, m, dev, stream, fp8_image, fp8_image_size, n, names, what);
     qf_cvt_result r = {0, 0xffffffffu, 0};
     qf_cvt_result *d = rc ? NULL : p.g.scratch(&p.g, sizeof r);
     if (!d)

@@ -61,7 +61,7 @@
  *
  * Device code only (extern "C" kernels, compiled to a fatbin embedded in
  * refit-fmt-fp8.so): plugins/fp8/fp8_launch.c plans the pieces and launches
- * these through the host's GPU service (plugins/common/pgpu.h). The pieces
+ * these through the host's GPU service (refit/sdk/pgpu.h). The pieces
  * travel in a table in scratch memory (fp8_gpu.h) with the per-tensor
  * groups' words beside it. A NaN or infinity makes its warp/block atomicMin
  * the piece's index into the module's status word, which the host reads

@@ -57,7 +57,7 @@
 #include "kernels/copy.h"
 #include "plugins/fp8/quant_fp8.h"
 #include "plugins/int4/quant_int4.h"
-#include "plugins/common/pgpu_host.h"
+#include <refit/sdk/pgpu_host.h>
 #include "plugins/nvfp4/nvfp4_launch.h"
 #include "plugins/nvfp4/quant_nvfp4.h"
 
@@ -517,8 +517,8 @@ static int post_load_device(const refit_host_v2 *h, const refit_fmt_module *m,
     refit_nvfp4_piece p;
     make_piece(m, s, &p);
     const char *names[1] = {p.name};
-    pgpu_host g;
-    int rc = pgpu_host_init(&g, h, m, dev, stream, nvfp4_image, nvfp4_image_size, 1, names,
+    refit_pgpu_host g;
+    int rc = refit_pgpu_host_init(&g, h, m, dev, stream, nvfp4_image, nvfp4_image_size, 1, names,
                             "NaN or infinity in the weight; refusing to quantize it");
     int32_t bad = -1;
     if (!rc && (rc = nvfp4_launch(&g.g, 1, &p, 0, &bad)) && g.g.msg[0])
