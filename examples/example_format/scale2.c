@@ -133,4 +133,7 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .plan = scale2_plan,
     .post_load = scale2_post_load,
     .release = NULL,
+#ifdef SCALE2_MIN_CC /* refit refuses an older GPU at seal, naming it */
+    .min_compute_capability = SCALE2_MIN_CC,
+#endif
 };

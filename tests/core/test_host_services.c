@@ -131,7 +131,7 @@ static int probe_plan(const refit_host_v2 *h, refit_fmt_module *m)
 }
 
 #define FMT(nm, pl, post)                                                                    \
-    {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2), nm, pl, post, NULL}
+    {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2), nm, pl, post, NULL, 0}
 static const refit_format_v2 fmt_escape_copy = FMT("t-escape-copy", staged_plan, escape_copy_post);
 static const refit_format_v2 fmt_escape_zero = FMT("t-escape-zero", staged_plan, escape_zero_post);
 static const refit_format_v2 fmt_escape_fetch = FMT("t-escape-fetch", staged_plan,
