@@ -27,7 +27,7 @@ static struct {
 static int pc_cuda(refit_pgpu *g, cudaError_t e, const char *what)
 {
     return refit_pgpu_fail(g, e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL,
-                     "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+                           "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
 static pgpu_cudart *of(refit_pgpu *g)

@@ -527,7 +527,7 @@ static int quant_launch(const refit_host_v2 *h, const refit_fmt_module *m, uint3
     int hw = fp8_cvt_host(h, m, dev, stream, nw, names, nan_what);
     refit_pgpu_host g;
     int rc = refit_pgpu_host_init(&g, h, m, dev, stream, fp8_image, fp8_image_size, nw, names,
-                            nan_what);
+                                  nan_what);
     int32_t bad = -1;
     if (!rc && (rc = fp8_launch(&g.g, nw, q, sc, x, scheme, hw, &bad)) && g.g.msg[0])
         return ERR(h, rc, "module %s%s%s: %s", m->name, bad >= 0 ? ", tensor " : "",

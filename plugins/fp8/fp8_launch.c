@@ -52,7 +52,8 @@ static int qf_piece_init(refit_pgpu *g, qf_piece *pc, const refit_view *q, const
                          const refit_view *x, uint32_t i, int scheme, int hw)
 {
     int kind = refit_pgpu_float_kind(x->dtype);
-    if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 || refit_pgpu_float_kind(s->dtype) != 0)
+    if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 ||
+        refit_pgpu_float_kind(s->dtype) != 0)
         return qf_refuse(g, REFIT_EUNSUPPORTED, "dtypes: x f32/f16/bf16, q one byte, scale f32",
                          i);
     if (x->ndim != 2 || q->ndim != 2 || s->ndim != 2 || q->shape[0] != x->shape[0] ||
@@ -127,8 +128,8 @@ static size_t qf_align(size_t n)
 }
 
 /* Launch kernel `name` with the k_rows/k_tiles parameters. */
-static int qf_go(refit_pgpu *g, const char *name, unsigned grid, const qf_piece *P, int np, int64_t t0,
-                 int64_t t1, unsigned int *status, int hw)
+static int qf_go(refit_pgpu *g, const char *name, unsigned grid, const qf_piece *P, int np,
+                 int64_t t0, int64_t t1, unsigned int *status, int hw)
 {
     void *k = NULL;
     int rc = g->kernel(g, name, &k);
@@ -188,8 +189,9 @@ static unsigned qf_dense_grid(const refit_pgpu *g, int64_t units)
 
 /* The launch of class cls over pieces P[0 .. np) (pcs: their host copy),
  * units t0 .. t1 - 1. */
-static int qf_class_launch(refit_pgpu *g, const qf_piece *P, const qf_piece *pcs, int np, int scheme,
-                           int cls, int64_t t0, int64_t t1, unsigned int *status, int hw)
+static int qf_class_launch(refit_pgpu *g, const qf_piece *P, const qf_piece *pcs, int np,
+                           int scheme, int cls, int64_t t0, int64_t t1, unsigned int *status,
+                           int hw)
 {
     static const char *const dense_rows[5] = {"qf_rows_dense_0", "qf_rows_dense_1",
                                               "qf_rows_dense_2", "qf_rows_dense_3",
@@ -323,7 +325,7 @@ int fp8_launch(refit_pgpu *g, uint32_t n, const refit_view *q, const refit_view 
     g->msg[0] = 0;
     if (scheme < 0 || scheme > 2 || n > 0x7fffffffu || (n && (!q || !scale || !x)))
         return refit_pgpu_fail(g, REFIT_EINVAL, "fp8 launcher: scheme must be 0, 1 or 2, pieces "
-                         "< 2^31 with their views");
+                               "< 2^31 with their views");
     if (n == 0)
         return REFIT_OK;
     qf_piece *in = malloc(sizeof *in * n);
@@ -352,8 +354,8 @@ int fp8_launch(refit_pgpu *g, uint32_t n, const refit_view *q, const refit_view 
         int64_t units = qf_plan(pcs, in, n, scheme, grp, ngroups, ord,
                                 (qf_group *)(void *)(table + off_g), round, &lag);
         if (units > ((int64_t)1 << 40))
-            rc = refit_pgpu_fail(g, REFIT_EUNSUPPORTED, "fp8 launcher: more than 2^40 units of work "
-                           "in a call");
+            rc = refit_pgpu_fail(g, REFIT_EUNSUPPORTED, "fp8 launcher: more than 2^40 units "
+                                 "of work in a call");
         char *dev = rc || units == 0 ? NULL : g->scratch(g, bytes);
         if (!rc && units > 0 && !dev)
             rc = REFIT_ENOMEM;

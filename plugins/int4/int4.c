@@ -631,8 +631,8 @@ static int quantize_device(const refit_host_v2 *h, const refit_fmt_module *m,
     const char *const names[1] = {c->name};
 #ifdef REFIT_INT4_DEVICE_CODE
     refit_pgpu_host g;
-    int rc = refit_pgpu_host_init(&g, h, m, q->device, stream, int4_image, int4_image_size, 1, names,
-                            nan_what);
+    int rc = refit_pgpu_host_init(&g, h, m, q->device, stream, int4_image, int4_image_size, 1,
+                                  names, nan_what);
     int32_t bad = -1;
     if (!rc && (rc = int4_launch(&g.g, 1, q, sc, &c->staged, group, &bad)) && g.g.msg[0])
         return ERR(h, rc, "module %s, tensor %s: %s", m->name, c->name, g.g.msg);

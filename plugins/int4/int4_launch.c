@@ -228,7 +228,7 @@ int int4_launch(refit_pgpu *g, uint32_t n, const refit_view *q, const refit_view
     g->msg[0] = 0;
     if (group < 0 || n > 0x7fffffffu || (n && (!q || !scale || !x)))
         return refit_pgpu_fail(g, REFIT_EINVAL, "int4 launcher: group must be >= 0, pieces < 2^31 "
-                         "with their views");
+                               "with their views");
     if (n == 0)
         return REFIT_OK;
     q4_piece *pcs = malloc(sizeof *pcs * n);

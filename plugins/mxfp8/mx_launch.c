@@ -286,14 +286,15 @@ int mx_launch(refit_pgpu *g, uint32_t n, const refit_view *q, const refit_view *
     g->msg[0] = 0;
     if ((elem_bits != 8 && elem_bits != 4) || n > 0x7fffffffu || (n && (!q || !scales || !x)))
         return refit_pgpu_fail(g, REFIT_EINVAL, "mx launcher: elem_bits must be 8 (MXFP8) or 4 "
-                         "(MXFP4), pieces < 2^31 with their views");
+                               "(MXFP4), pieces < 2^31 with their views");
     if (n == 0)
         return REFIT_OK;
     int fp4 = elem_bits == 4;
     mx_piece *pcs = malloc(sizeof *pcs * n);
     mxd_piece *ds = malloc(sizeof *ds * n);
     mx_blocks *m = malloc(sizeof *m);
-    int rc = pcs && ds && m ? REFIT_OK : refit_pgpu_fail(g, REFIT_ENOMEM, "mx launcher: host memory");
+    int rc = pcs && ds && m ? REFIT_OK
+                            : refit_pgpu_fail(g, REFIT_ENOMEM, "mx launcher: host memory");
     uint32_t np = 0, md = 0, mg = 0;
     if (!rc)
         rc = mx_pieces(g, n, q, scales, x, fp4, pcs, &np, bad);

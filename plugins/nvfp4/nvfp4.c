@@ -519,7 +519,7 @@ static int post_load_device(const refit_host_v2 *h, const refit_fmt_module *m,
     const char *names[1] = {p.name};
     refit_pgpu_host g;
     int rc = refit_pgpu_host_init(&g, h, m, dev, stream, nvfp4_image, nvfp4_image_size, 1, names,
-                            "NaN or infinity in the weight; refusing to quantize it");
+                                  "NaN or infinity in the weight; refusing to quantize it");
     int32_t bad = -1;
     if (!rc && (rc = nvfp4_launch(&g.g, 1, &p, 0, &bad)) && g.g.msg[0])
         return ERR(h, rc, "module %s, tensor %s: %s", m->name, p.name, g.g.msg);

@@ -58,7 +58,8 @@ static inline void *refit_pgpu_host_scratch(refit_pgpu *g, size_t bytes)
     return s;
 }
 
-/* A contiguous U8 view of bytes at ptr on the table's device. */
+/* A contiguous U8 view of `bytes` at ptr on dev (the table's device, or the
+ * CPU for host scratch). */
 static inline refit_view refit_pgpu_host_bytes_view(const refit_pgpu_host *p, void *ptr,
                                                     size_t bytes, refit_device dev)
 {
