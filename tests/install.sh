@@ -3,13 +3,15 @@
 # librefit.so.0 and refit.pc in place, and a program built against the
 # installed headers alone (refit.h, transport.h) links and runs; the format
 # SDK's headers (refit/sdk/) are installed, and a plugin's code on them
-# alone builds (-Wall -Wextra -Werror) and computes as refit does (TAP).
+# alone builds (-Wall -Wextra -Werror) and computes as refit does; where
+# nvcc is found, examples/example_format builds from that prefix with its
+# device code, whose launch goes through refit/sdk/pgpu_host.h (TAP).
 # Usage: install.sh BUILD_ROOT PREFIX INCLUDEDIR LIBDIR CC [CFLAGS...]
 build="$1" prefix="$2" incdir="$3" libdir="$4" cc="$5"
 shift 5
 dest=$(mktemp -d)
 trap 'rm -rf "$dest"' EXIT
-echo "1..6"
+echo "1..7"
 case "$incdir" in /*) ;; *) incdir="$prefix/$incdir" ;; esac
 case "$libdir" in /*) ;; *) libdir="$prefix/$libdir" ;; esac
 if meson install -C "$build" --destdir "$dest" --no-rebuild --quiet >"$dest/log" 2>&1; then
@@ -91,4 +93,17 @@ if "$cc" "$@" -std=c11 -Wall -Wextra -Werror -I"$dest$incdir" "$dest/plugin.c" -
   echo "ok 6 - a plugin on the installed refit/sdk/ headers builds warning-free and computes"
 else
   echo "not ok 6 - $(head -5 "$dest/cc.log")"
+fi
+# examples/example_format with its device code, from the prefix alone
+src=$(cd "$(dirname "$0")/.." && pwd)
+nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+if [ -z "$nvcc" ]; then
+  echo "ok 7 # SKIP no nvcc: examples/example_format's device code not built"
+elif PKG_CONFIG_PATH="$dest$libdir/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$dest" \
+     meson setup "$dest/ex" "$src/examples/example_format" -Dcuda=enabled -Dcuda-arch=sm_90 \
+       >"$dest/ex.log" 2>&1 && ninja -C "$dest/ex" >>"$dest/ex.log" 2>&1 &&
+     grep -q "SCALE2_HAVE_DEVICE_CODE" "$dest/ex/build.ninja"; then
+  echo "ok 7 - examples/example_format builds from the prefix with its device code (refit/sdk/pgpu_host.h)"
+else
+  echo "not ok 7 - $(tail -5 "$dest/ex.log")"
 fi
