@@ -88,10 +88,14 @@ __device__ __forceinline__ void q4_load8(const q4_piece &p, int64_t i, int64_t w
             v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
         } else {
             uint4 u = *(const uint4 *)a;
-            v[0] = refit_mf_pair_to_f32(u.x, 0, p.kind); v[1] = refit_mf_pair_to_f32(u.x, 1, p.kind);
-            v[2] = refit_mf_pair_to_f32(u.y, 0, p.kind); v[3] = refit_mf_pair_to_f32(u.y, 1, p.kind);
-            v[4] = refit_mf_pair_to_f32(u.z, 0, p.kind); v[5] = refit_mf_pair_to_f32(u.z, 1, p.kind);
-            v[6] = refit_mf_pair_to_f32(u.w, 0, p.kind); v[7] = refit_mf_pair_to_f32(u.w, 1, p.kind);
+            v[0] = refit_mf_pair_to_f32(u.x, 0, p.kind);
+            v[1] = refit_mf_pair_to_f32(u.x, 1, p.kind);
+            v[2] = refit_mf_pair_to_f32(u.y, 0, p.kind);
+            v[3] = refit_mf_pair_to_f32(u.y, 1, p.kind);
+            v[4] = refit_mf_pair_to_f32(u.z, 0, p.kind);
+            v[5] = refit_mf_pair_to_f32(u.z, 1, p.kind);
+            v[6] = refit_mf_pair_to_f32(u.w, 0, p.kind);
+            v[7] = refit_mf_pair_to_f32(u.w, 1, p.kind);
         }
         return;
     }

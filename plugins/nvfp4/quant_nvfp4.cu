@@ -64,15 +64,21 @@
 
 /* kern_f32_to_e2m1 of a non-NaN f32: the grid 0, .5, 1, 1.5, 2, 3, 4, 6,
  * ties to the even code, saturating at 6. Branch-free, by one f32
- * addition (refit_mf_encode_mag_add, as quant_mx.cu's mx_e2m1_code).
- * Magnitudes from 7 up (infinity too) encode as 6, so they are clamped to
- * 7 first (code 8, saturated to 7), which keeps the sum finite.
+ * addition (as quant_mx.cu's mx_e2m1_code): adding M = 2^(23 + e), e the
+ * exponent of the grid's spacing in the value's binade (binades below 1
+ * share the spacing 0.5), rounds the magnitude to that spacing, to nearest
+ * even, into the low bits of the sum; the code is those bits plus 2 per
+ * binade above 1. Magnitudes from 7 up (infinity too) encode as 6, so they
+ * are clamped to 7 first (code 8, saturated to 7), which keeps M finite.
  * Fewer instructions than comparing with the 7 midpoints; run_nvfp4.sh
  * checks it against kern_f32_to_e2m1 on every non-NaN f32, both signs. */
 __device__ __forceinline__ uint32_t qn_e2m1(float x)
 {
     uint32_t b = __float_as_uint(x), a = min(b & 0x7fffffffu, 0x40e00000u);
-    return min(refit_mf_encode_mag_add(a, 1, 1), 7u) | ((b >> 28) & 0x8u);
+    uint32_t e = a >> 23, E = e > 127u ? e : 127u, m = (E + 22u) << 23;
+    uint32_t code = __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(m))) - m +
+                    2u * (E - 127u);
+    return min(code, 7u) | ((b >> 28) & 0x8u);
 }
 
 /* ---- pieces (plugins/nvfp4/nvfp4_gpu.h) ---- */
@@ -146,10 +152,14 @@ __device__ __forceinline__ void qn_load16(const qn_piece &p, int64_t r, int64_t 
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 uint4 h = qn_ld16(a + 16 * u, last);
-                v[8 * u] = refit_mf_pair_to_f32(h.x, 0, p.kind); v[8 * u + 1] = refit_mf_pair_to_f32(h.x, 1, p.kind);
-                v[8 * u + 2] = refit_mf_pair_to_f32(h.y, 0, p.kind); v[8 * u + 3] = refit_mf_pair_to_f32(h.y, 1, p.kind);
-                v[8 * u + 4] = refit_mf_pair_to_f32(h.z, 0, p.kind); v[8 * u + 5] = refit_mf_pair_to_f32(h.z, 1, p.kind);
-                v[8 * u + 6] = refit_mf_pair_to_f32(h.w, 0, p.kind); v[8 * u + 7] = refit_mf_pair_to_f32(h.w, 1, p.kind);
+                v[8 * u] = refit_mf_pair_to_f32(h.x, 0, p.kind);
+                v[8 * u + 1] = refit_mf_pair_to_f32(h.x, 1, p.kind);
+                v[8 * u + 2] = refit_mf_pair_to_f32(h.y, 0, p.kind);
+                v[8 * u + 3] = refit_mf_pair_to_f32(h.y, 1, p.kind);
+                v[8 * u + 4] = refit_mf_pair_to_f32(h.z, 0, p.kind);
+                v[8 * u + 5] = refit_mf_pair_to_f32(h.z, 1, p.kind);
+                v[8 * u + 6] = refit_mf_pair_to_f32(h.w, 0, p.kind);
+                v[8 * u + 7] = refit_mf_pair_to_f32(h.w, 1, p.kind);
             }
         }
         return;
@@ -312,15 +322,22 @@ __device__ __forceinline__ float qn_div6(float b)
     return __fmaf_rn(__fmaf_rn(-q0, 6.0f, b), y6, q0);
 }
 
-/* refit_mf_f32_to_e4m3_sat of a non-negative, non-NaN f32 by one f32
- * addition (refit_mf_encode_mag_add, the trick of qn_e2m1): magnitudes
- * from 512 (infinity too) are clamped to 512, which saturates as they do.
- * About 8 instructions instead of the two shifted roundings (about 40);
+/* refit_mf_ue4m3_sat of a non-negative, non-NaN f32 by one f32 addition (the
+ * trick of qn_e2m1): adding M = 2^(E - 107), E the binade's exponent
+ * (121, E4M3's least normal one, for the subnormals), rounds to E4M3's
+ * spacing there, to nearest even, into the sum's low bits; the code is
+ * those bits plus 8 per binade above 121. Magnitudes from 512 (infinity
+ * too) are clamped to 512, which saturates as they do. About 8
+ * instructions instead of refit_mf_ue4m3_sat's two shifted roundings (about 40);
  * run_nvfp4.sh checks it against kern_f32_to_e4m3_sat on every
  * non-negative non-NaN f32. */
 __device__ __forceinline__ uint32_t qn_e4m3_add(uint32_t a)
 {
-    return min(refit_mf_encode_mag_add(min(a, 0x44000000u), 3, 7), 0x7eu);
+    a = min(a, 0x44000000u);
+    uint32_t e = a >> 23, E = e > 121u ? e : 121u, m = (E + 20u) << 23;
+    uint32_t code = __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(m))) - m +
+                    8u * (E - 121u);
+    return min(code, 0x7eu);
 }
 
 /* A block's E4M3 scale code from its magnitude max (F32 bits). */
@@ -348,7 +365,10 @@ __device__ __forceinline__ float qn_quot(float a, float d, float y)
  * overflowed residual too, encodes as 7), so no clamp of the code. */
 __device__ __forceinline__ uint32_t qn_e2m1_mag(float q)
 {
-    return refit_mf_encode_mag_add(min(__float_as_uint(q), 0x40c00000u), 1, 1);
+    uint32_t a = min(__float_as_uint(q), 0x40c00000u);
+    uint32_t e = a >> 23, E = e > 127u ? e : 127u, m = (E + 22u) << 23;
+    return __float_as_uint(__fadd_rn(__uint_as_float(a), __uint_as_float(m))) - m +
+           2u * (E - 127u);
 }
 
 /* The sign bits of a 16-byte load's 8 values, at bit 3 of each nibble of
@@ -426,7 +446,7 @@ __device__ __forceinline__ void qn_encode_dense(const qn_piece &p, float gs, uin
 {
     __shared__ uint2 tab[128];
     if (threadIdx.x < 128) {
-        float d = __fdiv_rn(refit_mf_e4m3_to_f32(threadIdx.x < 0x7fu ? threadIdx.x : 0x7eu), gs);
+        float d = __fdiv_rn(refit_mf_ue4m3_to_f32(threadIdx.x < 0x7fu ? threadIdx.x : 0x7eu), gs);
         uint32_t db = __float_as_uint(d);
         float y = db >= QN_SAFE_LO && db < QN_SAFE_HI ? __frcp_rn(d) : 0.0f;
         tab[threadIdx.x] = uint2{db, __float_as_uint(y)};
@@ -484,12 +504,12 @@ __device__ __forceinline__ void qn_encode_item(const qn_piece &p, float gs, int6
     int wi = w < 16 ? (int)w : 16;
     float v[16];
     qn_load16(p, r, c, wi, v, true);
-    uint32_t code = refit_mf_f32_to_e4m3_sat(__fmul_rn(gs, __fdiv_rn(
-                        __uint_as_float(qn_mag_max(v)), 6.0f)));
+    uint32_t code = refit_mf_ue4m3_sat(__float_as_uint(__fmul_rn(gs, __fdiv_rn(
+                        __uint_as_float(qn_mag_max(v)), 6.0f))));
     if (code == 0)
         code = 0x20u; /* KERN_NVFP4_ZERO_SCALE */
     p.s[qn_swizzle(r, c, p.cp)] = (unsigned char)code;
-    float div = __fdiv_rn(refit_mf_e4m3_to_f32((uint8_t)code), gs);
+    float div = __fdiv_rn(refit_mf_ue4m3_to_f32(code), gs);
     uint32_t lo = 0, hi = 0;
 #pragma unroll
     for (int u = 0; u < 8; u++)

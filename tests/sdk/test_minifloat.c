@@ -1,9 +1,9 @@
 /* The format SDK's minifloat arithmetic (include/refit/sdk/minifloat.h) on
- * the CPU: the addition encoders the device kernels use against the
- * shifted-rounding reference, across every exponent with the bit patterns
- * around each rounding midpoint; the E2M1 decoder's 16 values; the 16-bit
- * element readers. (The reference encoders themselves are checked against
- * ml_dtypes' tables in tests/quant.) */
+ * the CPU: the UE4M3 block-scale codec NVFP4's kernels use against E4M3's,
+ * across every exponent with the bit patterns around each rounding
+ * midpoint; the E2M1 decoder's 16 values; the 16-bit element readers. (The
+ * E4M3/E5M2/E8M0/E2M1 encoders themselves are checked against ml_dtypes'
+ * tables in tests/quant and tests/formats4.) */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -28,34 +28,22 @@ static unsigned long long sweep(uint32_t limit, unsigned long long (*fn)(uint32_
     return bad;
 }
 
-static unsigned long long e4m3_add_differs(uint32_t a)
+static unsigned long long ue4m3_differs(uint32_t a)
 {
-    /* what quant_mx.cu and quant_nvfp4.cu do: magnitudes past 448's
-     * rounding clamped to 512 first, the code clamped to 0x7e */
-    uint32_t c = refit_mf_encode_mag_add(a < 0x44000000u ? a : 0x44000000u, 3, 7);
-    c = c < 0x7eu ? c : 0x7eu;
-    return c != refit_mf_f32_to_e4m3_sat(refit_mf_bits_f32(a));
+    return refit_mf_ue4m3_sat(a) != refit_mf_f32_to_e4m3_sat(refit_mf_bits_f32(a));
 }
 
-static unsigned long long e2m1_add_differs(uint32_t a)
-{
-    uint32_t c = refit_mf_encode_mag_add(a < 0x40e00000u ? a : 0x40e00000u, 1, 1);
-    c = c < 7u ? c : 7u;
-    return c != refit_mf_f32_to_e2m1(refit_mf_bits_f32(a));
-}
-
-static void add_encoders_match_the_reference(void **state)
+static void ue4m3_is_e4m3_of_non_negative_values(void **state)
 {
     (void)state;
-    /* every finite magnitude, and infinity (clamped like the rest) */
-    assert_int_equal(sweep(0x7f800000u, e4m3_add_differs), 0);
-    assert_int_equal(sweep(0x7f800000u, e2m1_add_differs), 0);
-    /* the unclamped form is exact below the clamp: 448 -> 0x7e, 6 -> 7 */
-    assert_int_equal(refit_mf_encode_mag_add(refit_mf_f32_bits(448.0f), 3, 7), 0x7e);
-    assert_int_equal(refit_mf_encode_mag_add(refit_mf_f32_bits(6.0f), 1, 1), 7);
-    assert_int_equal(refit_mf_encode_mag_add(refit_mf_f32_bits(0x1p-9f), 3, 7), 1);
-    assert_int_equal(refit_mf_encode_mag_add(refit_mf_f32_bits(0.25f), 1, 1), 0); /* tie to even */
-    assert_int_equal(refit_mf_encode_mag_add(refit_mf_f32_bits(0.75f), 1, 1), 2); /* tie to even */
+    /* every finite magnitude, and infinity (saturated to 448) */
+    assert_int_equal(sweep(0x7f800000u, ue4m3_differs), 0);
+    assert_int_equal(refit_mf_ue4m3_sat(refit_mf_f32_bits(464.0f)), 0x7e); /* past 448's tie */
+    assert_int_equal(refit_mf_ue4m3_sat(refit_mf_f32_bits(0x1p-10f)), 0);  /* tie to even 0 */
+    assert_int_equal(refit_mf_ue4m3_sat(refit_mf_f32_bits(0x1.8p-10f)), 1);
+    for (uint32_t c = 0; c < 0x7f; c++)
+        assert_int_equal(refit_mf_f32_bits(refit_mf_ue4m3_to_f32(c)),
+                         refit_mf_f32_bits(refit_mf_e4m3_to_f32((uint8_t)c)));
 }
 
 static void e2m1_decodes_its_grid(void **state)
@@ -84,7 +72,7 @@ static void sixteen_bit_elements_read_exactly(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(add_encoders_match_the_reference),
+        cmocka_unit_test(ue4m3_is_e4m3_of_non_negative_values),
         cmocka_unit_test(e2m1_decodes_its_grid),
         cmocka_unit_test(sixteen_bit_elements_read_exactly),
     };

@@ -5,8 +5,9 @@
  * plugin built on them rounds as refit does, bit for bit.
  *
  *   E4M3  float8_e4m3fn: bias 7, no infinities, 0x7f/0xff NaN, max 448.
- *         Also the unsigned UE4M3 block scales of NVFP4: a non-negative
- *         input encodes to 0x00..0x7e (or 0x7f for NaN).
+ *   UE4M3 the unsigned E4M3 block scales of NVFP4: non-negative inputs,
+ *         codes 0x00..0x7e (refit_mf_ue4m3_sat, refit_mf_ue4m3_to_f32: what
+ *         the E4M3 functions give there, in fewer instructions).
  *   E5M2  float8_e5m2: bias 15, IEEE-like, max 57344.
  *   E8M0  float8_e8m0fnu: unsigned power of two 2^(v-127), 0xff NaN.
  *   E2M1  float4_e2m1fn: 4 bits (sign bit 3) 0, .5, 1, 1.5, 2, 3, 4, 6.
@@ -72,16 +73,6 @@ REFIT_HD float refit_mf_bits_f32(uint32_t u)
 #endif
 }
 
-/* a + b rounded to nearest even: never contracted, on the device too. */
-REFIT_HD float refit_mf_add_rn(float a, float b)
-{
-#ifdef __CUDA_ARCH__
-    return __fadd_rn(a, b);
-#else
-    return a + b;
-#endif
-}
-
 /* ---- rounding ---- */
 
 /* m >> shift rounded to nearest, ties to even, for a shift of 1 to 31. */
@@ -132,24 +123,6 @@ REFIT_HD uint32_t refit_mf_encode_mag(uint32_t a, unsigned man_bits, int bias)
     return code;
 }
 
-/* refit_mf_encode_mag by one f32 addition, for device hot loops: adding
- * M = 2^(23 + s), 2^s the format's spacing in the binade of a (binades
- * below the least normal share the subnormal spacing), rounds a to that
- * spacing, to nearest even, into the sum's low bits; the code is those
- * bits plus 2^man_bits per binade above the least normal. Equal to
- * refit_mf_encode_mag for every finite non-negative a whose rounding stays
- * below 2^(emax + 2) (the caller clamps a first, and clamps the code to
- * its largest finite: the sum is then still finite). About 8 instructions
- * against some 40 for the two shifted roundings. */
-REFIT_HD uint32_t refit_mf_encode_mag_add(uint32_t a, unsigned man_bits, int bias)
-{
-    const uint32_t lo = (uint32_t)(128 - bias), up = 23u - man_bits, step = 1u << man_bits;
-    uint32_t e = a >> 23, E = e > lo ? e : lo;
-    float m = refit_mf_bits_f32((E + up) << 23); /* the spacing in its lsb */
-    return refit_mf_f32_bits(refit_mf_add_rn(refit_mf_bits_f32(a), m)) - ((E + up) << 23) +
-           step * (E - lo);
-}
-
 /* ---- E4M3 (float8_e4m3fn) ---- */
 
 REFIT_HD float refit_mf_e4m3_to_f32(uint8_t v)
@@ -190,6 +163,26 @@ REFIT_HD uint8_t refit_mf_f32_to_e4m3(float f)
 REFIT_HD uint8_t refit_mf_f32_to_e4m3_sat(float f)
 {
     return refit_mf_e4m3_encode(f, 1);
+}
+
+/* UE4M3, an unsigned E4M3 block scale (NVFP4's): the code of a
+ * non-negative, non-NaN f32 with bits a, saturating (infinity too) at 448;
+ * refit_mf_f32_to_e4m3_sat on those inputs, in fewer instructions. */
+REFIT_HD uint8_t refit_mf_ue4m3_sat(uint32_t a)
+{
+    if (a >= 0x7f800000u)
+        return 0x7eu;
+    uint32_t code = refit_mf_encode_mag(a, 3, 7);
+    return (uint8_t)(code > 0x7eu ? 0x7eu : code);
+}
+
+/* The value of a UE4M3 code without NaN (0..0x7e). */
+REFIT_HD float refit_mf_ue4m3_to_f32(uint32_t c)
+{
+    uint32_t exp = c >> 3, man = c & 7u;
+    if (exp == 0)
+        return (float)man * 0x1p-9f;
+    return refit_mf_bits_f32(((exp + 120u) << 23) | (man << 20));
 }
 
 /* ---- E5M2 (float8_e5m2) ---- */

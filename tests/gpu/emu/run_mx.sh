@@ -102,7 +102,7 @@ static unsigned long long sweep(int fp4, uint32_t limit)
     unsigned long long bad = 0;
     for (uint32_t b = 0; b < limit; b++) {
         float f = __uint_as_float(b), g = __uint_as_float(b | 0x80000000u);
-        uint32_t c = fp4 ? mx_e2m1_code(b) : mx_e4m3_code(b);
+        uint32_t c = fp4 ? mx_e2m1_code(b, f) : mx_e4m3_code(b, f);
         uint32_t want = fp4 ? kern_f32_to_e2m1(f) : kern_f32_to_e4m3_sat(f);
         uint32_t wneg = fp4 ? kern_f32_to_e2m1(g) : kern_f32_to_e4m3_sat(g);
         if (c != want || (c | (fp4 ? 8u : 0x80u)) != wneg) {
