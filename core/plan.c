@@ -539,6 +539,36 @@ static int plan_refused(refit_model *m, const module *mod, int rc)
                      pe ? pe->real : "", refit_status_name(rc));
 }
 
+/* A module whose plan asked for a post-load step, on a device below the
+ * compute capability its format's device code needs (format.h,
+ * min_compute_capability): refused, naming format, module and both. Host
+ * memory (0.0: the CPU reference runs there) is never refused. */
+static int module_cc_check(refit_model *m, const module *mod)
+{
+    const refit_fmt_module *fm = &mod->fm;
+    const refit_host_v2 *h = &m->ctx->host;
+    uint32_t need = REFIT_STRUCT_HAS(mod->fmt, refit_format_v2, min_compute_capability)
+                        ? mod->fmt->min_compute_capability : 0;
+    if (!need || !(fm->flags & REFIT_MODULE_POST_LOAD))
+        return REFIT_OK;
+    for (uint32_t i = 0; i < fm->n_runtime; i++) {
+        const refit_fmt_runtime *rt = refit_runtime(fm, i);
+        refit_device_info di;
+        memset(&di, 0, sizeof di);
+        di.struct_size = sizeof di;
+        if (h->device_info(h->host, rt->view.device, &di) != REFIT_OK || di.cc_major <= 0)
+            continue;
+        uint32_t have = (uint32_t)di.cc_major * 10u + (uint32_t)di.cc_minor;
+        if (have < need)
+            return ctx_error(m->ctx, REFIT_EUNSUPPORTED, "module %s: format %s needs compute "
+                             "capability %u.%u for its device code; runtime %s is on device %d "
+                             "(%s), of compute capability %d.%d", mod->name, mod->fmt->name,
+                             need / 10u, need % 10u, rt->name, (int)rt->view.device.device_id,
+                             di.backend ? di.backend : "?", (int)di.cc_major, (int)di.cc_minor);
+    }
+    return REFIT_OK;
+}
+
 static int module_plan(refit_model *m, module *mod, box *boxes, uint32_t *n_boxes)
 {
     refit_fmt_module *fm = &mod->fm;
@@ -548,6 +578,8 @@ static int module_plan(refit_model *m, module *mod, box *boxes, uint32_t *n_boxe
     host_services_leave(m->ctx);
     if (rc)
         return plan_refused(m, mod, rc);
+    if ((rc = module_cc_check(m, mod)) != REFIT_OK)
+        return rc;
     for (uint32_t i = 0; i < fm->n_ckpt; i++) {
         route *r = &m->routes[mod->primary[i]];
         refit_fmt_ckpt *c = &fm->ckpt[i];

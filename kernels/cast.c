@@ -1,39 +1,10 @@
-/* Float conversions on floats; the algorithms are in cast_bits.h. */
-#include <string.h>
+/* Float conversions on floats: the format SDK's (refit/sdk/minifloat.h),
+ * the same code the CUDA kernels compile (kernels/copy.cu). */
+#include <refit/sdk/minifloat.h>
 
 #include "cast.h"
-#include "cast_bits.h"
 
-static uint32_t f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-float kern_f16_to_f32(uint16_t h)
-{
-    return bits_f32(kern_bits_f16_to_f32(h));
-}
-
-uint16_t kern_f32_to_f16(float f)
-{
-    return kern_bits_f32_to_f16(f32_bits(f));
-}
-
-float kern_bf16_to_f32(uint16_t b)
-{
-    return bits_f32(kern_bits_bf16_to_f32(b));
-}
-
-uint16_t kern_f32_to_bf16(float f)
-{
-    return kern_bits_f32_to_bf16(f32_bits(f));
-}
+float kern_f16_to_f32(uint16_t h) { return refit_mf_f16_to_f32(h); }
+uint16_t kern_f32_to_f16(float f) { return refit_mf_f32_to_f16(f); }
+float kern_bf16_to_f32(uint16_t b) { return refit_mf_bf16_to_f32(b); }
+uint16_t kern_f32_to_bf16(float f) { return refit_mf_f32_to_bf16(f); }

@@ -14,8 +14,7 @@
 #include <string.h>
 
 #include <refit/format.h>
-
-#include "kernels/cast_bits.h"
+#include <refit/sdk/minifloat.h>
 
 /* One piece of a batched copy: the layout core/cuda/kern_cuda.h declares. */
 struct kern_batch_row {
@@ -45,26 +44,26 @@ extern "C" void kern_cuda_set_error(const char *msg)
     snprintf(cuda_err, sizeof cuda_err, "%s", msg);
 }
 
-/* ---- casts: the same algorithms as the host (kernels/cast_bits.h) ---- */
+/* ---- casts: the same algorithms as the host (refit/sdk/minifloat.h) ---- */
 
 __device__ __forceinline__ float d_f16_to_f32(uint16_t h)
 {
-    return __uint_as_float(kern_bits_f16_to_f32(h));
+    return __uint_as_float(refit_mf_bits_f16_to_f32(h));
 }
 
 __device__ __forceinline__ uint16_t d_f32_to_f16(float f)
 {
-    return kern_bits_f32_to_f16(__float_as_uint(f));
+    return refit_mf_bits_f32_to_f16(__float_as_uint(f));
 }
 
 __device__ __forceinline__ float d_bf16_to_f32(uint16_t b)
 {
-    return __uint_as_float(kern_bits_bf16_to_f32(b));
+    return __uint_as_float(refit_mf_bits_bf16_to_f32(b));
 }
 
 __device__ __forceinline__ uint16_t d_f32_to_bf16(float f)
 {
-    return kern_bits_f32_to_bf16(__float_as_uint(f));
+    return refit_mf_bits_f32_to_bf16(__float_as_uint(f));
 }
 
 /* ---- strided walks ---- */

@@ -1,14 +1,9 @@
-/* Small float formats used by quantized checkpoints (OCP FP8 and MX specs):
- *   E4M3 (float8_e4m3fn: bias 7, no infinities, 0x7f/0xff NaN, max 448)
- *   E5M2 (float8_e5m2: bias 15, IEEE-like, max 57344)
- *   E8M0 (float8_e8m0fnu: unsigned power of two 2^(b-127), 0xff NaN)
- *   E2M1 (float4_e2m1fn: 4 bits, values 0, 0.5, 1, 1.5, 2, 3, 4, 6, signed)
- * Encoders round to nearest, ties to even. The *_sat encoders saturate
- * finite values beyond the largest, and +-inf, to +-max (quantization, as
- * clamp-then-cast and PTX cvt.satfinite do); the plain ones
- * follow ml_dtypes' astype semantics (overflow to NaN for E4M3, inf for
- * E5M2). NaN stays NaN. Bit-exact with ml_dtypes; the CUDA versions keep
- * these names with a _cuda suffix. */
+/* Small float formats used by quantized checkpoints (OCP FP8 and MX specs),
+ * as functions for refit's host code and tests: E4M3 (float8_e4m3fn),
+ * E5M2 (float8_e5m2), E8M0 (float8_e8m0fnu), E2M1 (float4_e2m1fn). The
+ * arithmetic, and how each rounds, saturates and maps NaN, is the format
+ * SDK's (include/refit/sdk/minifloat.h: refit_mf_*), which device code and
+ * plugins include directly. Bit-exact with ml_dtypes. */
 #ifndef REFIT_KERNELS_MINIFLOAT_H
 #define REFIT_KERNELS_MINIFLOAT_H
 

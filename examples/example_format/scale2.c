@@ -2,8 +2,9 @@
  * runtime = 2 * checkpoint, F32. Host memory: the reference below. A CUDA
  * device: its own kernel (scale2.cu), embedded as scale2_image
  * (scale2_image.c, made by refit-embed at build time), loaded, found and
- * launched through the host's GPU service, NaN reported through the
- * module's status word; the post-load never waits. */
+ * launched through the host's GPU service (the SDK's refit/sdk/pgpu_host.h),
+ * NaN reported through the module's status word; the post-load never
+ * waits. */
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -11,6 +12,8 @@
 #include <refit/format.h>
 
 #ifdef SCALE2_HAVE_DEVICE_CODE
+#include <refit/sdk/pgpu_host.h>
+
 extern const unsigned char scale2_image[];
 extern const size_t scale2_image_size;
 #endif
@@ -81,18 +84,19 @@ static int post_device(const refit_host_v2 *h, const refit_fmt_module *m, refit_
                        void *stream)
 {
 #ifdef SCALE2_HAVE_DEVICE_CODE
-    void *mod, *kern;
-    int rc = h->gpu_load(h->host, scale2_image, scale2_image_size, &mod);
-    if (!rc)
-        rc = h->gpu_kernel(h->host, mod, "scale2_f32", &kern);
     const char *names[64];
     uint32_t n = m->n_ckpt < 64 ? m->n_ckpt : 64;
     for (uint32_t i = 0; i < n; i++)
         names[i] = refit_ckpt(m, i)->name;
-    uint32_t *word = NULL;
+    /* the SDK's launch table over the host's GPU service: the image loaded
+     * (once per context), the module's status word taken */
+    refit_pgpu_host g;
+    int rc = refit_pgpu_host_init(&g, h, m, dev, stream, scale2_image, scale2_image_size, n,
+                                  names, "NaN or infinity in the weight");
+    void *kern = NULL;
     if (!rc)
-        rc = h->status_word(h->host, m, dev, n, names, "NaN or infinity in the weight", stream,
-                            &word);
+        rc = g.g.kernel(&g.g, "scale2_f32", &kern);
+    uint32_t *word = g.g.status;
     for (uint32_t i = 0; i < m->n_ckpt && !rc; i++) {
         const refit_fmt_ckpt *c = refit_ckpt(m, i);
         float *out = refit_runtime(m, (uint32_t)c->target_index)->view.data;
@@ -101,9 +105,7 @@ static int post_device(const refit_host_v2 *h, const refit_fmt_module *m, refit_
         unsigned int piece = i < n ? i : n - 1;
         void *args[] = {&out, &in, &count, &piece, &word};
         uint32_t blocks = (uint32_t)((count + 255) / 256);
-        refit_gpu_launch l = {sizeof l, {blocks ? (blocks < 4096 ? blocks : 4096) : 1, 1, 1},
-                              {256, 1, 1}, 0, args};
-        rc = h->gpu_launch(h->host, dev, kern, &l, stream);
+        rc = g.g.launch(&g.g, kern, blocks ? (blocks < 4096 ? blocks : 4096) : 1, 256, args);
     }
     return rc;
 #else
@@ -133,4 +135,7 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .plan = scale2_plan,
     .post_load = scale2_post_load,
     .release = NULL,
+#ifdef SCALE2_MIN_CC /* refit refuses an older GPU at seal, naming it */
+    .min_compute_capability = SCALE2_MIN_CC,
+#endif
 };

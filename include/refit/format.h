@@ -287,9 +287,9 @@ typedef struct refit_format_v2 {
      * through host->param; devices through host->device_info); writes only
      * each checkpoint element's route, flags and place (VIEW), m->flags
      * and m->state (memory from host->mem_alloc, freed in release). Must
-     * set a route for every checkpoint tensor. A format whose kernels need
-     * a newer compute capability than a module's device has refuses here
-     * (REFIT_EUNSUPPORTED), naming both. Returns REFIT_OK, or
+     * set a route for every checkpoint tensor. (A format whose kernels need
+     * a newer compute capability says so in min_compute_capability, below:
+     * the host then refuses for it.) Returns REFIT_OK, or
      * REFIT_EFORMAT/EMISMATCH/EUNSUPPORTED/ENOMEM with a message from
      * host->error naming module and tensor (without one, the host names
      * the plugin and module); on failure release is still called when
@@ -312,6 +312,15 @@ typedef struct refit_format_v2 {
     /* Free m->state (at model destroy, or when seal fails). Never fails,
      * never blocks on a device. NULL when plan keeps no state. */
     void (*release)(const refit_host_v2 *host, refit_fmt_module *m);
+    /* appended in ABI 2 (read it through REFIT_STRUCT_HAS) */
+    /* The least compute capability the plugin's device code runs on, as
+     * major * 10 + minor (89: sm_89, 100: sm_100); 0 when any will do.
+     * The host refuses a module whose plan asks for a post-load step when
+     * one of its runtime tensors is on a device of a lower compute
+     * capability (host->device_info), at seal, with REFIT_EUNSUPPORTED and
+     * a message naming the format, the module and both capabilities. Host
+     * memory (capability 0.0) runs the CPU reference: never refused. */
+    uint32_t min_compute_capability;
 } refit_format_v2;
 
 /* The one symbol a plugin exports: a const refit_format_v2. The loader
@@ -337,7 +346,7 @@ typedef struct refit_format_v2 {
 REFIT_API int refit_format_register(refit_ctx *ctx, const refit_format_v2 *fmt);
 
 #define REFIT_FORMAT_V2_INIT {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2), \
-                              NULL, NULL, NULL, NULL}
+                              NULL, NULL, NULL, NULL, 0}
 
 #ifdef __cplusplus
 }

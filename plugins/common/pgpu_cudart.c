@@ -24,18 +24,18 @@ static struct {
     cudaLibrary_t lib;
 } pc_libs[PC_IMAGES];
 
-static int pc_cuda(pgpu *g, cudaError_t e, const char *what)
+static int pc_cuda(refit_pgpu *g, cudaError_t e, const char *what)
 {
-    return pgpu_fail(g, e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL,
-                     "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+    return refit_pgpu_fail(g, e == cudaErrorMemoryAllocation ? REFIT_ENOMEM : REFIT_EINTERNAL,
+                           "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-static pgpu_cudart *of(pgpu *g)
+static pgpu_cudart *of(refit_pgpu *g)
 {
     return (pgpu_cudart *)(void *)g;
 }
 
-static int pc_kernel(pgpu *g, const char *name, void **kernel)
+static int pc_kernel(refit_pgpu *g, const char *name, void **kernel)
 {
     cudaKernel_t k = NULL;
     cudaError_t e = cudaLibraryGetKernel(&k, (cudaLibrary_t)of(g)->lib, name);
@@ -45,7 +45,7 @@ static int pc_kernel(pgpu *g, const char *name, void **kernel)
     return REFIT_OK;
 }
 
-static int pc_launch(pgpu *g, void *kernel, uint32_t grid, uint32_t block, void **args)
+static int pc_launch(refit_pgpu *g, void *kernel, uint32_t grid, uint32_t block, void **args)
 {
     dim3 gd = {grid ? grid : 1, 1, 1}, bd = {block ? block : 1, 1, 1};
     cudaError_t e = cudaLaunchKernel((const void *)kernel, gd, bd, args, 0,
@@ -55,14 +55,14 @@ static int pc_launch(pgpu *g, void *kernel, uint32_t grid, uint32_t block, void 
 
 /* Slices of the device's buffer; a call that needs more than it holds
  * waits for the device and grows it (only before its first slice). */
-static void *pc_scratch(pgpu *g, size_t bytes)
+static void *pc_scratch(refit_pgpu *g, size_t bytes)
 {
     pgpu_cudart *p = of(g);
     pc_dev *d = &pc_devs[p->dev];
     size_t at = (p->used + 255) & ~(size_t)255;
     if (at + bytes > d->cap) {
         if (p->used) {
-            pgpu_fail(g, REFIT_ENOMEM, "test scratch: a second slice past the buffer");
+            refit_pgpu_fail(g, REFIT_ENOMEM, "test scratch: a second slice past the buffer");
             return NULL;
         }
         size_t cap = bytes + bytes / 2 + 4096;
@@ -84,14 +84,14 @@ static void *pc_scratch(pgpu *g, size_t bytes)
     return d->scratch + at;
 }
 
-static int pc_zero(pgpu *g, void *ptr, size_t bytes)
+static int pc_zero(refit_pgpu *g, void *ptr, size_t bytes)
 {
     cudaError_t e = cudaMemsetAsync(ptr, 0, bytes, (cudaStream_t)of(g)->stream);
     return e == cudaSuccess ? REFIT_OK : pc_cuda(g, e, "zeroing scratch");
 }
 
 /* Synchronous from pageable memory, so src may be reused at once. */
-static int pc_upload(pgpu *g, void *dst, const void *src, size_t bytes)
+static int pc_upload(refit_pgpu *g, void *dst, const void *src, size_t bytes)
 {
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
                                     (cudaStream_t)of(g)->stream);
@@ -142,7 +142,7 @@ int pgpu_cudart_begin(pgpu_cudart *p, const char *fn, const void *image, void *s
     if (e != cudaSuccess)
         rc = pc_cuda(&p->g, e, "the current device");
     else if (p->dev < 0 || p->dev >= PC_DEVICES)
-        rc = pgpu_fail(&p->g, REFIT_EINTERNAL, "device %d past the test table", p->dev);
+        rc = refit_pgpu_fail(&p->g, REFIT_EINTERNAL, "device %d past the test table", p->dev);
     pc_dev *d = rc ? NULL : &pc_devs[p->dev];
     if (d && !d->sms) {
         int v = 0;

@@ -8,10 +8,10 @@
 #ifndef REFIT_PLUGINS_COMMON_PGPU_CUDART_H
 #define REFIT_PLUGINS_COMMON_PGPU_CUDART_H
 
-#include "plugins/common/pgpu.h"
+#include <refit/sdk/pgpu.h>
 
 typedef struct pgpu_cudart {
-    pgpu g;                  /* first: passed as its pgpu */
+    refit_pgpu g;                  /* first: passed as its refit_pgpu */
     void *stream;
     int dev;
     void *lib;

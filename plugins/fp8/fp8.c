@@ -41,7 +41,7 @@
 
 #include <refit/format.h>
 
-#include "plugins/common/pgpu_host.h"
+#include <refit/sdk/pgpu_host.h>
 #include "plugins/fp8/fp8_cvt_host.h"
 #include "plugins/fp8/fp8_launch.h"
 #include "plugins/fp8/quant_fp8.h"
@@ -525,9 +525,9 @@ static int quant_launch(const refit_host_v2 *h, const refit_fmt_module *m, uint3
     refit_device dev = q[0].device;
 #ifdef REFIT_FP8_DEVICE_CODE
     int hw = fp8_cvt_host(h, m, dev, stream, nw, names, nan_what);
-    pgpu_host g;
-    int rc = pgpu_host_init(&g, h, m, dev, stream, fp8_image, fp8_image_size, nw, names,
-                            nan_what);
+    refit_pgpu_host g;
+    int rc = refit_pgpu_host_init(&g, h, m, dev, stream, fp8_image, fp8_image_size, nw, names,
+                                  nan_what);
     int32_t bad = -1;
     if (!rc && (rc = fp8_launch(&g.g, nw, q, sc, x, scheme, hw, &bad)) && g.g.msg[0])
         return ERR(h, rc, "module %s%s%s: %s", m->name, bad >= 0 ? ", tensor " : "",
@@ -625,4 +625,7 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .plan = fp8_plan,
     .post_load = fp8_post_load,
     .release = fp8_release,
+#ifdef REFIT_PLUGIN_MIN_CC /* device code built: none of it below this */
+    .min_compute_capability = REFIT_PLUGIN_MIN_CC,
+#endif
 };

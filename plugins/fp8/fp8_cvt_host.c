@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plugins/common/pgpu_host.h"
+#include <refit/sdk/pgpu_host.h>
 #include "plugins/fp8/fp8_cvt_host.h"
 #include "plugins/fp8/fp8_launch.h"
 
@@ -16,24 +16,16 @@ static signed char fc_state[FC_DEVICES]; /* 0 unchecked, 1 hardware, 2 encoder *
 static int fc_check(const refit_host_v2 *h, const refit_fmt_module *m, refit_device dev,
                     void *stream, uint32_t n, const char *const *names, const char *what)
 {
-    pgpu_host p;
-    int rc = pgpu_host_init(&p, h, m, dev, stream, fp8_image, fp8_image_size, n, names, what);
+    refit_pgpu_host p;
+    int rc = refit_pgpu_host_init(&p, h, m, dev, stream, fp8_image, fp8_image_size, n, names,
+                                  what);
     qf_cvt_result r = {0, 0xffffffffu, 0};
     qf_cvt_result *d = rc ? NULL : p.g.scratch(&p.g, sizeof r);
     if (!d)
         return 2;
     if (p.g.upload(&p.g, d, &r, sizeof r) || fp8_cvt_launch(&p.g, d))
         return 2;
-    refit_view v;
-    memset(&v, 0, sizeof v);
-    v.data = d;
-    v.device = dev;
-    v.dtype.code = REFIT_DTYPE_UINT;
-    v.dtype.bits = 8;
-    v.dtype.lanes = 1;
-    v.ndim = 1;
-    v.shape[0] = (int64_t)sizeof r;
-    v.strides[0] = 1;
+    refit_view v = refit_pgpu_host_bytes_view(&p, d, sizeof r, dev);
     if (h->fetch(h->host, &r, sizeof r, &v, stream))
         return 2;
     if (r.count)

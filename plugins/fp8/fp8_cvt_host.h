@@ -12,7 +12,7 @@
 
 /* 1 hardware, 0 the integer encoder (also when the check cannot run: it
  * is not retried, and the encoder gives the same bytes). m, names, what:
- * the module's status word, as pgpu_host_init takes them. */
+ * the module's status word, as refit_pgpu_host_init takes them. */
 int fp8_cvt_host(const refit_host_v2 *h, const refit_fmt_module *m, refit_device dev,
                  void *stream, uint32_t n, const char *const *names, const char *what);
 

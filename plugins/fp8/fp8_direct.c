@@ -20,10 +20,10 @@ static int fd_timing;
 static double fd_last_ms = -1.0;
 static cudaEvent_t fd_ev[FD_DEVICES][2];
 static int fd_have_ev[FD_DEVICES];
-static int (*fd_launch_cudart)(pgpu *, void *, uint32_t, uint32_t, void **);
+static int (*fd_launch_cudart)(refit_pgpu *, void *, uint32_t, uint32_t, void **);
 static int fd_started;
 
-static int fd_launch_timed(pgpu *g, void *k, uint32_t grid, uint32_t block, void **args)
+static int fd_launch_timed(refit_pgpu *g, void *k, uint32_t grid, uint32_t block, void **args)
 {
     pgpu_cudart *p = (pgpu_cudart *)(void *)g;
     if (!fd_started) {
@@ -108,7 +108,7 @@ int kern_fp8_cvt_check_cuda(uint64_t *mismatches, uint32_t *first, void *stream)
     if (!rc)
         rc = fp8_cvt_launch(&p.g, d);
     if (!rc && cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, (cudaStream_t)stream))
-        rc = pgpu_fail(&p.g, REFIT_EINTERNAL, "copying the check's result back");
+        rc = refit_pgpu_fail(&p.g, REFIT_EINTERNAL, "copying the check's result back");
     uint32_t word;
     rc = pgpu_cudart_end(&p, fn, rc, 1, &word);
     if (rc)

@@ -1,16 +1,16 @@
 /* FP8's launcher (fp8_launch.h): the pieces as the kernels read them
  * (fp8_gpu.h), their launch order and classes, and the launches that
  * quant_fp8.cu's header describes. Host code only: the device code is
- * reached through the pgpu table. */
+ * reached through the refit_pgpu table. */
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "plugins/fp8/fp8_launch.h"
 
-static int qf_refuse(pgpu *g, int rc, const char *what, uint32_t i)
+static int qf_refuse(refit_pgpu *g, int rc, const char *what, uint32_t i)
 {
-    return pgpu_fail(g, rc, "fp8 launcher: piece %u: %s", i, what);
+    return refit_pgpu_fail(g, rc, "fp8 launcher: piece %u: %s", i, what);
 }
 
 
@@ -48,11 +48,12 @@ static bool qf_dense_ok(const qf_piece *p, int scheme, int hw)
 /* Piece i as the kernels read it; a contiguous per-tensor piece is walked
  * as one row. The views were checked as kern_quant_fp8 checks them; the
  * dtype and ranks are checked again here. */
-static int qf_piece_init(pgpu *g, qf_piece *pc, const refit_view *q, const refit_view *s,
+static int qf_piece_init(refit_pgpu *g, qf_piece *pc, const refit_view *q, const refit_view *s,
                          const refit_view *x, uint32_t i, int scheme, int hw)
 {
-    int kind = pgpu_float_kind(x->dtype);
-    if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 || pgpu_float_kind(s->dtype) != 0)
+    int kind = refit_pgpu_float_kind(x->dtype);
+    if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 ||
+        refit_pgpu_float_kind(s->dtype) != 0)
         return qf_refuse(g, REFIT_EUNSUPPORTED, "dtypes: x f32/f16/bf16, q one byte, scale f32",
                          i);
     if (x->ndim != 2 || q->ndim != 2 || s->ndim != 2 || q->shape[0] != x->shape[0] ||
@@ -127,8 +128,8 @@ static size_t qf_align(size_t n)
 }
 
 /* Launch kernel `name` with the k_rows/k_tiles parameters. */
-static int qf_go(pgpu *g, const char *name, unsigned grid, const qf_piece *P, int np, int64_t t0,
-                 int64_t t1, unsigned int *status, int hw)
+static int qf_go(refit_pgpu *g, const char *name, unsigned grid, const qf_piece *P, int np,
+                 int64_t t0, int64_t t1, unsigned int *status, int hw)
 {
     void *k = NULL;
     int rc = g->kernel(g, name, &k);
@@ -138,7 +139,7 @@ static int qf_go(pgpu *g, const char *name, unsigned grid, const qf_piece *P, in
 
 /* k_rows over pieces a .. b - 1 (rows from pcs[a].first to t1), at the
  * depth of their longest row. */
-static int qf_rows_launch(pgpu *g, const qf_piece *P, const qf_piece *pcs, uint32_t a,
+static int qf_rows_launch(refit_pgpu *g, const qf_piece *P, const qf_piece *pcs, uint32_t a,
                           uint32_t b, int64_t t1, unsigned int *status, int hw)
 {
     int64_t gr = 0, t0 = pcs[a].first, most = (int64_t)g->multiprocessors * 16;
@@ -180,7 +181,7 @@ static int qf_class(const qf_piece *p, int scheme)
 
 /* Blocks for a dense launch of `units` (tiles or row batches): every
  * block resident at once (4 an SM at 64 registers), each a run of units. */
-static unsigned qf_dense_grid(const pgpu *g, int64_t units)
+static unsigned qf_dense_grid(const refit_pgpu *g, int64_t units)
 {
     int64_t most = (int64_t)g->multiprocessors * 4;
     return (unsigned)(units < most ? units : most);
@@ -188,8 +189,9 @@ static unsigned qf_dense_grid(const pgpu *g, int64_t units)
 
 /* The launch of class cls over pieces P[0 .. np) (pcs: their host copy),
  * units t0 .. t1 - 1. */
-static int qf_class_launch(pgpu *g, const qf_piece *P, const qf_piece *pcs, int np, int scheme,
-                           int cls, int64_t t0, int64_t t1, unsigned int *status, int hw)
+static int qf_class_launch(refit_pgpu *g, const qf_piece *P, const qf_piece *pcs, int np,
+                           int scheme, int cls, int64_t t0, int64_t t1, unsigned int *status,
+                           int hw)
 {
     static const char *const dense_rows[5] = {"qf_rows_dense_0", "qf_rows_dense_1",
                                               "qf_rows_dense_2", "qf_rows_dense_3",
@@ -215,7 +217,7 @@ static int qf_class_launch(pgpu *g, const qf_piece *P, const qf_piece *pcs, int 
 /* The launches of a call over the table at dev (its head, pieces, then
  * groups): one (per-tensor), or one for each launch class present
  * (block-128, per-channel). */
-static int qf_launch(pgpu *g, char *dev, const qf_piece *pcs, uint32_t n, int scheme,
+static int qf_launch(refit_pgpu *g, char *dev, const qf_piece *pcs, uint32_t n, int scheme,
                      int64_t units, int64_t round, int64_t lag, int rev, int hw)
 {
     const qf_piece *P = (const qf_piece *)(void *)(dev + qf_align(sizeof(qf_head)));
@@ -316,21 +318,21 @@ static int64_t qf_plan(qf_piece *pcs, const qf_piece *in, uint32_t n, int scheme
     return units;
 }
 
-int fp8_launch(pgpu *g, uint32_t n, const refit_view *q, const refit_view *scale,
+int fp8_launch(refit_pgpu *g, uint32_t n, const refit_view *q, const refit_view *scale,
                const refit_view *x, int scheme, int hw, int32_t *bad)
 {
     *bad = -1;
     g->msg[0] = 0;
     if (scheme < 0 || scheme > 2 || n > 0x7fffffffu || (n && (!q || !scale || !x)))
-        return pgpu_fail(g, REFIT_EINVAL, "fp8 launcher: scheme must be 0, 1 or 2, pieces "
-                         "< 2^31 with their views");
+        return refit_pgpu_fail(g, REFIT_EINVAL, "fp8 launcher: scheme must be 0, 1 or 2, pieces "
+                               "< 2^31 with their views");
     if (n == 0)
         return REFIT_OK;
     qf_piece *in = malloc(sizeof *in * n);
     /* grp: piece -> group; ord: pieces by group, then the sort's counts */
     uint32_t *grp = malloc(sizeof *grp * (3 * (size_t)n + 1)), ngroups = 0;
     uint32_t *ord = grp ? grp + n : NULL;
-    int rc = in && grp ? REFIT_OK : pgpu_fail(g, REFIT_ENOMEM, "fp8 launcher: host memory");
+    int rc = in && grp ? REFIT_OK : refit_pgpu_fail(g, REFIT_ENOMEM, "fp8 launcher: host memory");
     for (uint32_t i = 0; i < n && !rc; i++)
         if ((rc = qf_piece_init(g, &in[i], &q[i], &scale[i], &x[i], i, scheme, hw)))
             *bad = (int32_t)i;
@@ -340,7 +342,7 @@ int fp8_launch(pgpu *g, uint32_t n, const refit_view *q, const refit_view *scale
     size_t bytes = off_g + sizeof(qf_group) * ngroups;
     char *table = rc ? NULL : calloc(1, bytes);
     if (!rc && !table)
-        rc = pgpu_fail(g, REFIT_ENOMEM, "fp8 launcher: host memory");
+        rc = refit_pgpu_fail(g, REFIT_ENOMEM, "fp8 launcher: host memory");
     if (!rc) {
         qf_head *h = (qf_head *)(void *)table;
         h->status = QF_NONE;
@@ -352,8 +354,8 @@ int fp8_launch(pgpu *g, uint32_t n, const refit_view *q, const refit_view *scale
         int64_t units = qf_plan(pcs, in, n, scheme, grp, ngroups, ord,
                                 (qf_group *)(void *)(table + off_g), round, &lag);
         if (units > ((int64_t)1 << 40))
-            rc = pgpu_fail(g, REFIT_EUNSUPPORTED, "fp8 launcher: more than 2^40 units of work "
-                           "in a call");
+            rc = refit_pgpu_fail(g, REFIT_EUNSUPPORTED, "fp8 launcher: more than 2^40 units "
+                                 "of work in a call");
         char *dev = rc || units == 0 ? NULL : g->scratch(g, bytes);
         if (!rc && units > 0 && !dev)
             rc = REFIT_ENOMEM;
@@ -366,7 +368,7 @@ int fp8_launch(pgpu *g, uint32_t n, const refit_view *q, const refit_view *scale
     return rc;
 }
 
-int fp8_cvt_launch(pgpu *g, qf_cvt_result *res)
+int fp8_cvt_launch(refit_pgpu *g, qf_cvt_result *res)
 {
     void *k = NULL;
     int rc = g->kernel(g, "qf_cvt_check", &k);

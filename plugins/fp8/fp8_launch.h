@@ -1,6 +1,6 @@
 /* FP8's launcher: plans the launches of its device code
- * (plugins/fp8/quant_fp8.cu) for n pieces and enqueues them through a pgpu
- * table (plugins/common/pgpu.h), bit for bit kern_quant_fp8 on each piece:
+ * (plugins/fp8/quant_fp8.cu) for n pieces and enqueues them through a refit_pgpu
+ * table (refit/sdk/pgpu.h), bit for bit kern_quant_fp8 on each piece:
  * piece i is x[i] (2-D, F32/F16/BF16) into q[i] (2-D, one-byte elements)
  * and its scales scale[i] (2-D F32, the shape kern_fp8_scale_shape gives),
  * any strides; scheme: kern_fp8_scheme. Per-tensor pieces whose scale
@@ -16,16 +16,16 @@
 #ifndef REFIT_PLUGINS_FP8_LAUNCH_H
 #define REFIT_PLUGINS_FP8_LAUNCH_H
 
-#include "plugins/common/pgpu.h"
+#include <refit/sdk/pgpu.h>
 #include "plugins/fp8/fp8_gpu.h"
 
-int fp8_launch(pgpu *g, uint32_t n, const refit_view *q, const refit_view *scale,
+int fp8_launch(refit_pgpu *g, uint32_t n, const refit_view *q, const refit_view *scale,
                const refit_view *x, int scheme, int hw, int32_t *bad);
 
 /* Enqueue the hardware conversion against the integer encoder on every
  * finite f32 (and the byte order of its pairs) into *res (device memory,
  * set to {0, 0xffffffff} by the caller): res->count differing inputs,
  * res->first the smallest (magnitude bits). A few milliseconds. */
-int fp8_cvt_launch(pgpu *g, qf_cvt_result *res);
+int fp8_cvt_launch(refit_pgpu *g, qf_cvt_result *res);
 
 #endif

@@ -61,7 +61,7 @@
  *
  * Device code only (extern "C" kernels, compiled to a fatbin embedded in
  * refit-fmt-fp8.so): plugins/fp8/fp8_launch.c plans the pieces and launches
- * these through the host's GPU service (plugins/common/pgpu.h). The pieces
+ * these through the host's GPU service (refit/sdk/pgpu.h). The pieces
  * travel in a table in scratch memory (fp8_gpu.h) with the per-tensor
  * groups' words beside it. A NaN or infinity makes its warp/block atomicMin
  * the piece's index into the module's status word, which the host reads
@@ -71,58 +71,11 @@
 #include <stdint.h>
 
 #include <refit/format.h>
+#include <refit/sdk/minifloat.h>
 
-#include "kernels/cast_bits.h"
 #include "plugins/fp8/fp8_gpu.h"
 
-#define QF_HD __host__ __device__ __forceinline__
-/* ---- the E4M3 encoder (kernels/minifloat.c: encode_mag, e4m3_encode) ---- */
-
-/* m >> shift rounded to nearest, ties to even; 0 when shift > 25 (m < 2^24
- * in the one caller that shifts that far). */
-QF_HD uint32_t qf_shift_rne(uint32_t m, unsigned shift)
-{
-    if (shift == 0)
-        return m;
-    if (shift > 25)
-        return 0;
-    uint32_t r = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1u)))
-        r++;
-    return r;
-}
-
-/* kern_f32_to_e4m3_sat on the bits of an f32: NaN stays NaN (0x7f with the
- * sign), everything else past 448, infinities too, saturates to +-448. */
-QF_HD uint8_t qf_e4m3_sat(uint32_t x)
-{
-    uint32_t sign = (x >> 24) & 0x80u;
-    uint32_t a = x & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return (uint8_t)(sign | 0x7fu);
-    if (a == 0x7f800000u)
-        return (uint8_t)(sign | 0x7eu);
-    int e = (int)(a >> 23);
-    uint32_t code;
-    if (e >= 121) { /* e - 127 >= 1 - bias: a destination normal */
-        code = qf_shift_rne(a - (120u << 23), 20);
-    } else {        /* a destination subnormal: unit 2^-9 */
-        uint32_t sig = a & 0x7fffffu;
-        if (e == 0)
-            e = 1;
-        else
-            sig |= 0x800000u;
-        code = qf_shift_rne(sig, (unsigned)(141 - e));
-    }
-    if (code > 0x7eu)
-        return (uint8_t)(sign | 0x7eu);
-    return (uint8_t)(sign | code);
-}
-
 /* ---- pieces ---- */
-
 
 /* The piece of unit t (row, tile or chunk): the last whose first unit is
  * <= t, searched from lo up (P[lo].first <= t; t only grows in a loop). */
@@ -227,19 +180,13 @@ __device__ __forceinline__ uint32_t qf_mag_f32(uint32_t m, int kind)
 {
     if (kind == 0)
         return m;
-    return kind == 1 ? kern_bits_f16_to_f32((uint16_t)m) : m << 16;
+    return kind == 1 ? refit_mf_bits_f16_to_f32((uint16_t)m) : m << 16;
 }
 
 /* The hardware conversion of two finite floats: lo in the low byte. */
 __device__ __forceinline__ uint16_t qf_cvt2(float lo, float hi)
 {
     return (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(lo, hi), __NV_SATFINITE, __NV_E4M3);
-}
-
-__device__ __forceinline__ float qf_half(uint32_t w, int hi, int kind)
-{
-    uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffffu);
-    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : (uint32_t)h << 16);
 }
 
 /* The reciprocal of scale s for qf_div, or 0 where x / s is divided in
@@ -293,10 +240,10 @@ __device__ __noinline__ uint2 qf_encode(uint4 w, int kind, float s, float r, int
         v[3] = __uint_as_float(w.w);
         v[4] = v[5] = v[6] = v[7] = 0.0f;
     } else {
-        v[0] = qf_half(w.x, 0, kind); v[1] = qf_half(w.x, 1, kind);
-        v[2] = qf_half(w.y, 0, kind); v[3] = qf_half(w.y, 1, kind);
-        v[4] = qf_half(w.z, 0, kind); v[5] = qf_half(w.z, 1, kind);
-        v[6] = qf_half(w.w, 0, kind); v[7] = qf_half(w.w, 1, kind);
+        v[0] = refit_mf_pair_to_f32(w.x, 0, kind); v[1] = refit_mf_pair_to_f32(w.x, 1, kind);
+        v[2] = refit_mf_pair_to_f32(w.y, 0, kind); v[3] = refit_mf_pair_to_f32(w.y, 1, kind);
+        v[4] = refit_mf_pair_to_f32(w.z, 0, kind); v[5] = refit_mf_pair_to_f32(w.z, 1, kind);
+        v[6] = refit_mf_pair_to_f32(w.w, 0, kind); v[7] = refit_mf_pair_to_f32(w.w, 1, kind);
     }
     uint32_t b[8];
     if (hw) {
@@ -309,7 +256,7 @@ __device__ __noinline__ uint2 qf_encode(uint4 w, int kind, float s, float r, int
     } else {
 #pragma unroll
         for (int u = 0; u < 8; u++)
-            b[u] = u < ne ? qf_e4m3_sat(__float_as_uint(qf_div(v[u], s, r))) : 0;
+            b[u] = u < ne ? refit_mf_f32_to_e4m3_sat(qf_div(v[u], s, r)) : 0;
     }
     uint2 o;
     o.x = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24;
@@ -396,7 +343,6 @@ __device__ __forceinline__ float qf_scale(uint32_t amax_bits)
  * the unit's amax alone, bf16 -> f32 by a shift or a mask, and the division
  * by qf_div_recip with its test of the reciprocal hoisted out of the
  * loop. */
-
 
 /* The running max of the 16-bit magnitudes of a raw group, as a pair
  * (the low and high halves kept apart until qf_pair_top). */
@@ -953,7 +899,7 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head,
 /* ---- the hardware conversion against the encoder ---- */
 
 /* Every finite f32 x (and -x beside it, so that the byte order is checked
- * too) through qf_cvt2 and qf_e4m3_sat: count the differences, keep the
+ * too) through qf_cvt2 and refit_mf_f32_to_e4m3_sat: count the differences, keep the
  * smallest differing input. */
 extern "C" __global__ void __launch_bounds__(QF_THREADS)
 qf_cvt_check(unsigned long long *count, unsigned int *first)
@@ -968,8 +914,8 @@ qf_cvt_check(unsigned long long *count, unsigned int *first)
             continue;
         float f = __uint_as_float(x);
         uint16_t two = qf_cvt2(f, -f);
-        bool bad = (two & 0xffu) != qf_e4m3_sat(x) ||
-                   (two >> 8) != qf_e4m3_sat(x | 0x80000000u);
+        bool bad = (two & 0xffu) != refit_mf_f32_to_e4m3_sat(f) ||
+                   (two >> 8) != refit_mf_f32_to_e4m3_sat(refit_mf_bits_f32(x | 0x80000000u));
         if (bad) {
             n++;
             lo = min(lo, x);

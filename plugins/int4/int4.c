@@ -51,7 +51,7 @@
 #include <refit/format.h>
 
 #include "kernels/copy.h"
-#include "plugins/common/pgpu_host.h"
+#include <refit/sdk/pgpu_host.h>
 #include "plugins/int4/int4_launch.h"
 #include "plugins/int4/quant_int4.h"
 
@@ -630,9 +630,9 @@ static int quantize_device(const refit_host_v2 *h, const refit_fmt_module *m,
 {
     const char *const names[1] = {c->name};
 #ifdef REFIT_INT4_DEVICE_CODE
-    pgpu_host g;
-    int rc = pgpu_host_init(&g, h, m, q->device, stream, int4_image, int4_image_size, 1, names,
-                            nan_what);
+    refit_pgpu_host g;
+    int rc = refit_pgpu_host_init(&g, h, m, q->device, stream, int4_image, int4_image_size, 1,
+                                  names, nan_what);
     int32_t bad = -1;
     if (!rc && (rc = int4_launch(&g.g, 1, q, sc, &c->staged, group, &bad)) && g.g.msg[0])
         return ERR(h, rc, "module %s, tensor %s: %s", m->name, c->name, g.g.msg);
@@ -694,4 +694,7 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .plan = int4_plan,
     .post_load = int4_post_load,
     .release = int4_release,
+#ifdef REFIT_PLUGIN_MIN_CC /* device code built: none of it below this */
+    .min_compute_capability = REFIT_PLUGIN_MIN_CC,
+#endif
 };

@@ -1,6 +1,6 @@
 /* INT4's launcher (int4_launch.h): the pieces as the kernels read them
  * (int4_gpu.h), the dense ones told apart, and their launches. Host code
- * only: the device code is reached through the pgpu table. */
+ * only: the device code is reached through the refit_pgpu table. */
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,9 +9,9 @@
 #include "plugins/int4/int4_gpu.h"
 #include "plugins/int4/int4_launch.h"
 
-static int q4_refuse(pgpu *g, int rc, const char *what, uint32_t i)
+static int q4_refuse(refit_pgpu *g, int rc, const char *what, uint32_t i)
 {
-    return pgpu_fail(g, rc, "int4 launcher: piece %u: %s", i, what);
+    return refit_pgpu_fail(g, rc, "int4 launcher: piece %u: %s", i, what);
 }
 
 
@@ -21,10 +21,10 @@ static int64_t q4_cdiv(int64_t a, int64_t b)
 }
 
 /* Piece i as the kernels read it, checked as kern_quant_int4_check does. */
-static int q4_piece_init(pgpu *g, q4_piece *pc, const refit_view *q, const refit_view *s,
+static int q4_piece_init(refit_pgpu *g, q4_piece *pc, const refit_view *q, const refit_view *s,
                          const refit_view *x, int64_t group, uint32_t i)
 {
-    int kind = pgpu_float_kind(x->dtype), skind = pgpu_float_kind(s->dtype);
+    int kind = refit_pgpu_float_kind(x->dtype), skind = refit_pgpu_float_kind(s->dtype);
     if (kind < 0 || skind < 0 || q->dtype.bits != 32 || q->dtype.lanes != 1 ||
         (q->dtype.code != REFIT_DTYPE_INT && q->dtype.code != REFIT_DTYPE_UINT))
         return q4_refuse(g, REFIT_EUNSUPPORTED, "dtypes: x and scale f32/f16/bf16, q 32-bit",
@@ -70,7 +70,7 @@ static int q4_lanes(int64_t group)
 
 /* Launch kernel `base` (lanes appended, "_s" for the short block) with
  * parameter block b. */
-static int q4_go(pgpu *g, const char *base, int lanes, int small, unsigned grid, void *b)
+static int q4_go(refit_pgpu *g, const char *base, int lanes, int small, unsigned grid, void *b)
 {
     char name[32];
     if (lanes)
@@ -84,7 +84,7 @@ static int q4_go(pgpu *g, const char *base, int lanes, int small, unsigned grid,
     return rc ? rc : g->launch(g, k, grid, Q4_THREADS, args);
 }
 
-static int q4_launch_one(pgpu *g, const q4_batch *b, int lanes, q4_batch_small *sb)
+static int q4_launch_one(refit_pgpu *g, const q4_batch *b, int lanes, q4_batch_small *sb)
 {
     int64_t threads = lanes ? b->end * lanes : b->end * Q4_THREADS;
     int64_t blocks = (threads + Q4_THREADS - 1) / Q4_THREADS;
@@ -160,7 +160,7 @@ static int q4d_piece_of(q4d_piece *d, const q4_piece *pc, int64_t group, int64_t
 
 /* One dense launch: a persistent grid (Q4D_BLOCKS_PER_SM blocks an SM, or
  * fewer for a small launch), each warp a contiguous run of tiles. */
-static int q4d_launch_one(pgpu *g, q4d_batch *b, int lanes, q4d_batch_small *sb)
+static int q4d_launch_one(refit_pgpu *g, q4d_batch *b, int lanes, q4d_batch_small *sb)
 {
     int64_t warps_per_block = Q4_THREADS / 32;
     int64_t blocks = (b->end + warps_per_block - 1) / warps_per_block;
@@ -188,7 +188,7 @@ typedef struct q4_blocks {
 /* The pieces the dense kernel takes (q4d_piece_of), Q4_BATCH a launch,
  * then the rest through the general kernels, Q4_BATCH a launch. A refusal
  * lowers the one status word from either. */
-static int q4_launch(pgpu *g, q4_blocks *m, const q4_piece *pcs, uint32_t n, int64_t group)
+static int q4_launch(refit_pgpu *g, q4_blocks *m, const q4_piece *pcs, uint32_t n, int64_t group)
 {
     q4_batch *b = &m->b;
     q4d_batch *db = &m->db;
@@ -221,19 +221,19 @@ static int q4_launch(pgpu *g, q4_blocks *m, const q4_piece *pcs, uint32_t n, int
     return rc;
 }
 
-int int4_launch(pgpu *g, uint32_t n, const refit_view *q, const refit_view *scale,
+int int4_launch(refit_pgpu *g, uint32_t n, const refit_view *q, const refit_view *scale,
                 const refit_view *x, int64_t group, int32_t *bad)
 {
     *bad = -1;
     g->msg[0] = 0;
     if (group < 0 || n > 0x7fffffffu || (n && (!q || !scale || !x)))
-        return pgpu_fail(g, REFIT_EINVAL, "int4 launcher: group must be >= 0, pieces < 2^31 "
-                         "with their views");
+        return refit_pgpu_fail(g, REFIT_EINVAL, "int4 launcher: group must be >= 0, pieces < 2^31 "
+                               "with their views");
     if (n == 0)
         return REFIT_OK;
     q4_piece *pcs = malloc(sizeof *pcs * n);
     q4_blocks *m = malloc(sizeof *m);
-    int rc = pcs && m ? REFIT_OK : pgpu_fail(g, REFIT_ENOMEM, "int4 launcher: host memory");
+    int rc = pcs && m ? REFIT_OK : refit_pgpu_fail(g, REFIT_ENOMEM, "int4 launcher: host memory");
     for (uint32_t i = 0; i < n && !rc; i++)
         if ((rc = q4_piece_init(g, &pcs[i], &q[i], &scale[i], &x[i], group, i)))
             *bad = (int32_t)i;

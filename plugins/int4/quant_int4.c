@@ -181,12 +181,12 @@ static int quant_row_scales(const refit_view *scale, const refit_view *x, int64_
         uint32_t m = 0;
         int64_t c0 = g * g_len, c1 = c0 + g_len < k ? c0 + g_len : k;
         for (int64_t j = c0; j < c1; j++) {
-            uint32_t a = kern_f32_bits_of(kern_q4_load_f32(x, i, j)) & 0x7fffffffu;
+            uint32_t a = refit_mf_f32_bits(kern_q4_load_f32(x, i, j)) & 0x7fffffffu;
             m = a > m ? a : m;
         }
         if (m >= 0x7f800000u)
             return REFIT_ECORRUPT;
-        uint32_t b = kern_int4_scale_bits(kern_f32_of_bits(m), kind);
+        uint32_t b = kern_int4_scale_bits(refit_mf_bits_f32(m), kind);
         if (b == KERN_INT4_SCALE_OVERFLOW)
             return REFIT_ECORRUPT;
         char *p = elem_mut(scale, i, g);

@@ -1,6 +1,6 @@
 /* INT4 online quantization on the GPU (round-to-nearest, symmetric, per
  * group), bit-exact with kern_quant_int4 (plugins/int4/quant_int4.c): the
- * arithmetic is the KERN_HD functions of quant_int4.h, compiled here for
+ * arithmetic is the REFIT_HD functions of quant_int4.h, compiled here for
  * the device (nvcc's defaults keep it exact: -prec-div=true, -ftz=false,
  * no --use_fast_math; rintf is the round-to-nearest-even instruction).
  *
@@ -50,7 +50,6 @@
 #include "plugins/int4/int4_gpu.h"
 #include "plugins/int4/quant_int4.h"
 
-
 /* The piece unit u belongs to (the last whose first unit <= u): pi when
  * it still is (units only grow along a thread's loop), else searched. */
 template <class BATCH>
@@ -73,14 +72,7 @@ __device__ __forceinline__ float q4_decode(const char *p, int kind)
 {
     if (kind == 0)
         return *(const float *)p;
-    uint16_t h = *(const uint16_t *)p;
-    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
-}
-
-__device__ __forceinline__ float q4_half(uint32_t w, int hi, int kind)
-{
-    uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffffu);
-    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
+    return refit_mf_half_to_f32(*(const uint16_t *)p, kind);
 }
 
 /* Elements 8w .. 8w+7 of row i (0 past k). */
@@ -96,10 +88,14 @@ __device__ __forceinline__ void q4_load8(const q4_piece &p, int64_t i, int64_t w
             v[4] = hi.x; v[5] = hi.y; v[6] = hi.z; v[7] = hi.w;
         } else {
             uint4 u = *(const uint4 *)a;
-            v[0] = q4_half(u.x, 0, p.kind); v[1] = q4_half(u.x, 1, p.kind);
-            v[2] = q4_half(u.y, 0, p.kind); v[3] = q4_half(u.y, 1, p.kind);
-            v[4] = q4_half(u.z, 0, p.kind); v[5] = q4_half(u.z, 1, p.kind);
-            v[6] = q4_half(u.w, 0, p.kind); v[7] = q4_half(u.w, 1, p.kind);
+            v[0] = refit_mf_pair_to_f32(u.x, 0, p.kind);
+            v[1] = refit_mf_pair_to_f32(u.x, 1, p.kind);
+            v[2] = refit_mf_pair_to_f32(u.y, 0, p.kind);
+            v[3] = refit_mf_pair_to_f32(u.y, 1, p.kind);
+            v[4] = refit_mf_pair_to_f32(u.z, 0, p.kind);
+            v[5] = refit_mf_pair_to_f32(u.z, 1, p.kind);
+            v[6] = refit_mf_pair_to_f32(u.w, 0, p.kind);
+            v[7] = refit_mf_pair_to_f32(u.w, 1, p.kind);
         }
         return;
     }
@@ -367,7 +363,7 @@ template <int KIND> __device__ __forceinline__ float q4d_lo(uint32_t w)
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(w & 0xffffu)));
     return f;
 #else
-    return __uint_as_float(kern_bits_f16_to_f32((uint16_t)(w & 0xffffu)));
+    return __uint_as_float(refit_mf_bits_f16_to_f32((uint16_t)(w & 0xffffu)));
 #endif
 }
 template <int KIND> __device__ __forceinline__ float q4d_hi(uint32_t w)
@@ -379,7 +375,7 @@ template <int KIND> __device__ __forceinline__ float q4d_hi(uint32_t w)
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"((unsigned short)(w >> 16)));
     return f;
 #else
-    return __uint_as_float(kern_bits_f16_to_f32((uint16_t)(w >> 16)));
+    return __uint_as_float(refit_mf_bits_f16_to_f32((uint16_t)(w >> 16)));
 #endif
 }
 
@@ -502,7 +498,7 @@ __device__ __forceinline__ void q4d_tiles(const q4d_regs &P, int32_t g, int32_t 
         uint32_t sb = KERN_INT4_SCALE_OVERFLOW;
         if (jlive && mag < inf16)
             sb = kern_int4_scale_bits(__uint_as_float(KIND == 2 ? mag << 16
-                                                      : kern_bits_f16_to_f32((uint16_t)mag)),
+                                                      : refit_mf_bits_f16_to_f32((uint16_t)mag)),
                                       P.skind);
         bool put = jlive && sb != KERN_INT4_SCALE_OVERFLOW;
         float inv = 0.0f;

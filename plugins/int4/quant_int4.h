@@ -19,8 +19,7 @@
 #include <string.h>
 
 #include <refit/format.h>
-
-#include "kernels/cast_bits.h"
+#include <refit/sdk/minifloat.h>
 
 #define KERN_INT4_PER_WORD 8
 
@@ -93,61 +92,39 @@ int kern_int4_dequant(const kern_int4_src *s, float *out);
 /* Scale dtypes, as kinds: 0 f32, 1 f16, 2 bf16. */
 #define KERN_INT4_SCALE_OVERFLOW 0xffffffffu
 
-KERN_HD uint32_t kern_f32_bits_of(float f)
-{
-#ifdef __CUDA_ARCH__
-    return __float_as_uint(f);
-#else
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-#endif
-}
-
-KERN_HD float kern_f32_of_bits(uint32_t u)
-{
-#ifdef __CUDA_ARCH__
-    return __uint_as_float(u);
-#else
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
-
 /* The stored scale's bits (low 16 bits for f16/bf16) of a group whose
  * amax is `amax` (finite, >= 0), or KERN_INT4_SCALE_OVERFLOW when it is
  * past the dtype's range (f16: amax > ~491k). */
-KERN_HD uint32_t kern_int4_scale_bits(float amax, int kind)
+REFIT_HD uint32_t kern_int4_scale_bits(float amax, int kind)
 {
     float s = amax / 7.5f;
     uint32_t b;
     if (kind == 1) {
-        b = kern_bits_f32_to_f16(kern_f32_bits_of(s));
+        b = refit_mf_bits_f32_to_f16(refit_mf_f32_bits(s));
         if ((b & 0x7fffu) >= 0x7c00u)
             return KERN_INT4_SCALE_OVERFLOW;
         return (b & 0x7fffu) ? b : 0x1400u; /* 2^-10 */
     }
     if (kind == 2) {
-        b = kern_bits_f32_to_bf16(kern_f32_bits_of(s));
+        b = refit_mf_bits_f32_to_bf16(refit_mf_f32_bits(s));
         if ((b & 0x7fffu) >= 0x7f80u)
             return KERN_INT4_SCALE_OVERFLOW;
         return (b & 0x7fffu) ? b : 0x3c00u; /* 2^-7 */
     }
-    b = kern_f32_bits_of(s);
+    b = refit_mf_f32_bits(s);
     return (b & 0x7fffffffu) ? b : 0x34000000u; /* 2^-23 */
 }
 
 /* The stored scale as f32. */
-KERN_HD float kern_int4_scale_value(uint32_t bits, int kind)
+REFIT_HD float kern_int4_scale_value(uint32_t bits, int kind)
 {
-    uint32_t f = kind == 1 ? kern_bits_f16_to_f32((uint16_t)bits)
-                 : kind == 2 ? kern_bits_bf16_to_f32((uint16_t)bits) : bits;
-    return kern_f32_of_bits(f);
+    uint32_t f = kind == 1 ? refit_mf_bits_f16_to_f32((uint16_t)bits)
+                 : kind == 2 ? refit_mf_bits_bf16_to_f32((uint16_t)bits) : bits;
+    return refit_mf_bits_f32(f);
 }
 
 /* The 4-bit code (q + 8, 0..15) of x under scale s (finite, > 0). */
-KERN_HD uint32_t kern_int4_encode(float x, float s)
+REFIT_HD uint32_t kern_int4_encode(float x, float s)
 {
     float v = x / s;
     v = v < -8.0f ? -8.0f : v > 7.0f ? 7.0f : v;

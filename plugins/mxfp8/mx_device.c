@@ -1,5 +1,5 @@
 /* mx_device.h: MX's launcher through the host's GPU service. */
-#include "plugins/common/pgpu_host.h"
+#include <refit/sdk/pgpu_host.h>
 #include "plugins/mxfp8/mx_device.h"
 #include "plugins/mxfp8/mx_launch.h"
 #ifdef REFIT_FP8_DEVICE_CODE
@@ -35,8 +35,9 @@ int mx_device_quant(const refit_host_v2 *h, const refit_fmt_module *m, uint32_t 
     if (elem_bits == 8)
         hw = fp8_cvt_host(h, m, dev, stream, n, names, nan_what);
 #endif
-    pgpu_host g;
-    int rc = pgpu_host_init(&g, h, m, dev, stream, mx_image, mx_image_size, n, names, nan_what);
+    refit_pgpu_host g;
+    int rc = refit_pgpu_host_init(&g, h, m, dev, stream, mx_image, mx_image_size, n, names,
+                                  nan_what);
     int32_t bad = -1;
     if (!rc && (rc = mx_launch(&g.g, n, q, sc, x, elem_bits, hw, &bad)) && g.g.msg[0])
         return h->error(h->host, rc, "module %s%s%s: %s", m->name, bad >= 0 ? ", tensor " : "",

@@ -1,7 +1,7 @@
 /* OCP MX's launcher (mx_launch.h): the pieces as the kernels read them
  * (mx_gpu.h), stacks of evenly spaced matrices merged, the dense ones told
  * apart, and their launches. Host code only: the device code is reached
- * through the pgpu table. */
+ * through the refit_pgpu table. */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -10,9 +10,9 @@
 #include "plugins/mxfp8/mx_gpu.h"
 #include "plugins/mxfp8/mx_launch.h"
 
-static int mx_refuse(pgpu *g, int rc, const char *what, uint32_t i)
+static int mx_refuse(refit_pgpu *g, int rc, const char *what, uint32_t i)
 {
-    return pgpu_fail(g, rc, "mx launcher: piece %u: %s", i, what);
+    return refit_pgpu_fail(g, rc, "mx launcher: piece %u: %s", i, what);
 }
 
 
@@ -33,10 +33,10 @@ static mx_div mx_div_make(uint32_t d)
 
 /* Piece i as the kernel reads it (one matrix). The views were checked as
  * the CPU references check them; dtypes, ranks and shapes again here. */
-static int mx_piece_init(pgpu *g, mx_piece *pc, const refit_view *q, const refit_view *s,
+static int mx_piece_init(refit_pgpu *g, mx_piece *pc, const refit_view *q, const refit_view *s,
                          const refit_view *x, uint32_t i, int fp4)
 {
-    int kind = pgpu_float_kind(x->dtype);
+    int kind = refit_pgpu_float_kind(x->dtype);
     if (kind < 0 || q->dtype.bits != 8 || q->dtype.lanes != 1 || s->dtype.bits != 8 ||
         s->dtype.lanes != 1)
         return mx_refuse(g, REFIT_EUNSUPPORTED, "dtypes: x f32/f16/bf16, q and scales one "
@@ -108,7 +108,7 @@ static bool mx_merge(mx_piece *top, const mx_piece *c, uint32_t *mats, int fp4)
 }
 
 /* Launch kernel `name` with parameter block b. */
-static int mx_go(pgpu *g, const char *name, unsigned grid, void *b)
+static int mx_go(refit_pgpu *g, const char *name, unsigned grid, void *b)
 {
     void *k = NULL;
     int rc = g->kernel(g, name, &k);
@@ -125,7 +125,7 @@ typedef struct mx_blocks {
     mxd_batch_small sdb;
 } mx_blocks;
 
-static int mx_launch_one(pgpu *g, mx_blocks *m, int fp4, unsigned grid)
+static int mx_launch_one(refit_pgpu *g, mx_blocks *m, int fp4, unsigned grid)
 {
     const mx_batch *b = &m->b;
     if (b->np <= MX_SMALL) {
@@ -138,7 +138,7 @@ static int mx_launch_one(pgpu *g, mx_blocks *m, int fp4, unsigned grid)
 }
 
 /* Launch pieces pcs[0..n), MX_BATCH a launch. */
-static int mx_launch_general(pgpu *g, mx_blocks *m, const mx_piece *pcs, uint32_t n, int fp4,
+static int mx_launch_general(refit_pgpu *g, mx_blocks *m, const mx_piece *pcs, uint32_t n, int fp4,
                              int hw)
 {
     mx_batch *b = &m->b;
@@ -218,7 +218,7 @@ static bool mxd_make(mxd_piece *d, const mx_piece *pc, int fp4, int hw)
 
 /* Launch dense pieces ds[0..n), MX_BATCH a launch: kernel mxd_<MODE>, MODE
  * bit 0 MXFP4, bit 1 the short block, bit 2 E4M3 by the instruction. */
-static int mxd_launch(pgpu *g, mx_blocks *m, const mxd_piece *ds, uint32_t n, int fp4, int hw)
+static int mxd_launch(refit_pgpu *g, mx_blocks *m, const mxd_piece *ds, uint32_t n, int fp4, int hw)
 {
     static const char *const names[8] = {"mxd_0", "mxd_1", "mxd_2", "mxd_3",
                                          "mxd_4", NULL,    "mxd_6", NULL};
@@ -253,7 +253,7 @@ static int mxd_launch(pgpu *g, mx_blocks *m, const mxd_piece *ds, uint32_t n, in
 }
 
 /* Pieces -> merged stacks; *out the count. */
-static int mx_pieces(pgpu *g, uint32_t n, const refit_view *q, const refit_view *s,
+static int mx_pieces(refit_pgpu *g, uint32_t n, const refit_view *q, const refit_view *s,
                      const refit_view *x, int fp4, mx_piece *pcs, uint32_t *out, int32_t *bad)
 {
     uint32_t m = 0, mats = 0;
@@ -279,21 +279,22 @@ static int mx_pieces(pgpu *g, uint32_t n, const refit_view *q, const refit_view 
     return REFIT_OK;
 }
 
-int mx_launch(pgpu *g, uint32_t n, const refit_view *q, const refit_view *scales,
+int mx_launch(refit_pgpu *g, uint32_t n, const refit_view *q, const refit_view *scales,
               const refit_view *x, int elem_bits, int hw, int32_t *bad)
 {
     *bad = -1;
     g->msg[0] = 0;
     if ((elem_bits != 8 && elem_bits != 4) || n > 0x7fffffffu || (n && (!q || !scales || !x)))
-        return pgpu_fail(g, REFIT_EINVAL, "mx launcher: elem_bits must be 8 (MXFP8) or 4 "
-                         "(MXFP4), pieces < 2^31 with their views");
+        return refit_pgpu_fail(g, REFIT_EINVAL, "mx launcher: elem_bits must be 8 (MXFP8) or 4 "
+                               "(MXFP4), pieces < 2^31 with their views");
     if (n == 0)
         return REFIT_OK;
     int fp4 = elem_bits == 4;
     mx_piece *pcs = malloc(sizeof *pcs * n);
     mxd_piece *ds = malloc(sizeof *ds * n);
     mx_blocks *m = malloc(sizeof *m);
-    int rc = pcs && ds && m ? REFIT_OK : pgpu_fail(g, REFIT_ENOMEM, "mx launcher: host memory");
+    int rc = pcs && ds && m ? REFIT_OK
+                            : refit_pgpu_fail(g, REFIT_ENOMEM, "mx launcher: host memory");
     uint32_t np = 0, md = 0, mg = 0;
     if (!rc)
         rc = mx_pieces(g, n, q, scales, x, fp4, pcs, &np, bad);

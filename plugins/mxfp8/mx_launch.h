@@ -1,6 +1,6 @@
 /* OCP MX's launcher (MXFP8 and MXFP4): plans the launches of its device
  * code (plugins/mxfp8/quant_mx.cu) for n pieces and enqueues them through
- * a pgpu table (plugins/common/pgpu.h), bit for bit kern_quant_mxfp8
+ * a refit_pgpu table (refit/sdk/pgpu.h), bit for bit kern_quant_mxfp8
  * (elem_bits 8: q[i] [n_i, k_i] E4M3, any strides) or kern_quant_mxfp4
  * (elem_bits 4: q[i] [n_i, ceil(k_i/2)] packed E2M1, rows contiguous) on
  * each: x[i] 2-D F32/F16/BF16, scales[i] 8-bit [n_i, ceil(k_i/32)], any
@@ -15,9 +15,9 @@
 #ifndef REFIT_PLUGINS_MX_LAUNCH_H
 #define REFIT_PLUGINS_MX_LAUNCH_H
 
-#include "plugins/common/pgpu.h"
+#include <refit/sdk/pgpu.h>
 
-int mx_launch(pgpu *g, uint32_t n, const refit_view *q, const refit_view *scales,
+int mx_launch(refit_pgpu *g, uint32_t n, const refit_view *q, const refit_view *scales,
               const refit_view *x, int elem_bits, int hw, int32_t *bad);
 
 #endif

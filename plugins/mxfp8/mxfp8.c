@@ -341,4 +341,7 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .plan = mx_plan,
     .post_load = mx_post_load,
     .release = mx_release,
+#ifdef REFIT_PLUGIN_MIN_CC /* device code built: none of it below this */
+    .min_compute_capability = REFIT_PLUGIN_MIN_CC,
+#endif
 };

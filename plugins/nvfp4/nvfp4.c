@@ -58,7 +58,7 @@
 #include "kernels/copy.h"
 #include "plugins/fp8/quant_fp8.h"
 #include "plugins/int4/quant_int4.h"
-#include "plugins/common/pgpu_host.h"
+#include <refit/sdk/pgpu_host.h>
 #include "plugins/nvfp4/nvfp4_launch.h"
 #include "plugins/nvfp4/quant_nvfp4.h"
 
@@ -546,10 +546,10 @@ static int post_load_device(const refit_host_v2 *h, const refit_fmt_module *m,
     refit_nvfp4_piece p;
     make_piece(m, s, &p);
     const char *names[1] = {p.name};
-    pgpu_host g;
-    int rc = pgpu_host_init(&g, h, m, dev, stream, nvfp4_image, nvfp4_image_size, 1, names,
-                            "NaN or infinity in the weight, a block scale or a global factor "
-                            "(or a zero factor); refusing it");
+    refit_pgpu_host g;
+    int rc = refit_pgpu_host_init(&g, h, m, dev, stream, nvfp4_image, nvfp4_image_size, 1, names,
+                                  "NaN or infinity in the weight, a block scale or a global "
+                                  "factor (or a zero factor); refusing it");
     int32_t bad = -1;
     if (!rc && (rc = nvfp4_launch(&g.g, 1, &p, 0, &bad)) && g.g.msg[0])
         return ERR(h, rc, "module %s, tensor %s: %s", m->name, p.name, g.g.msg);
@@ -578,4 +578,7 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .plan = nvfp4_plan,
     .post_load = nvfp4_post_load,
     .release = nvfp4_release,
+#ifdef REFIT_PLUGIN_MIN_CC /* device code built: none of it below this */
+    .min_compute_capability = REFIT_PLUGIN_MIN_CC,
+#endif
 };

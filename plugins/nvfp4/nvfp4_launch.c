@@ -1,7 +1,7 @@
 /* NVFP4's launcher (nvfp4_launch.h): the pieces as the kernel reads them
  * (nvfp4_gpu.h), their sets and the software pipeline of launches that
  * quant_nvfp4.cu's header describes. Host code only: the device code is
- * reached through the pgpu table. */
+ * reached through the refit_pgpu table. */
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,9 +9,9 @@
 #include "plugins/nvfp4/nvfp4_gpu.h"
 #include "plugins/nvfp4/nvfp4_launch.h"
 
-static int qn_refuse(pgpu *g, int rc, const char *what, uint32_t i)
+static int qn_refuse(refit_pgpu *g, int rc, const char *what, uint32_t i)
 {
-    return pgpu_fail(g, rc, "nvfp4 launcher: piece %u: %s", i, what);
+    return refit_pgpu_fail(g, rc, "nvfp4 launcher: piece %u: %s", i, what);
 }
 
 
@@ -25,7 +25,7 @@ static bool qn_one_f32(const refit_view *v)
     int64_t e = 1;
     for (int i = 0; i < v->ndim; i++)
         e *= v->shape[i];
-    return v->data && pgpu_float_kind(v->dtype) == 0 && e == 1;
+    return v->data && refit_pgpu_float_kind(v->dtype) == 0 && e == 1;
 }
 
 static int64_t qn_pad(int64_t v, int64_t m)
@@ -55,11 +55,11 @@ static void qn_dense_init(qn_piece *pc)
 
 /* Piece i as the kernels read it. The caller checked the views as the
  * references do; dtypes, ranks and sizes are checked again here. */
-static int qn_piece_init(pgpu *g, qn_piece *pc, const refit_nvfp4_piece *v, uint32_t i)
+static int qn_piece_init(refit_pgpu *g, qn_piece *pc, const refit_nvfp4_piece *v, uint32_t i)
 {
     const refit_view *x = &v->src;
     bool online = v->mode == REFIT_NVFP4_ONLINE;
-    int kind = online ? pgpu_float_kind(x->dtype) : 0;
+    int kind = online ? refit_pgpu_float_kind(x->dtype) : 0;
     if (v->mode < REFIT_NVFP4_ONLINE || v->mode > REFIT_NVFP4_CT)
         return qn_refuse(g, REFIT_EINVAL, "mode must be online, ModelOpt or compressed-tensors",
                          i);
@@ -127,7 +127,7 @@ typedef struct qn_entry {
 
 /* Launch nvfp4_pass over entries e[0..m) (encode entries, then amax ones:
  * qn_pipeline's order), QN_BATCH a launch, the parameters built in b. */
-static int qn_launch(pgpu *g, void *kern, qn_batch *b, const qn_piece *pcs, const qn_entry *e,
+static int qn_launch(refit_pgpu *g, void *kern, qn_batch *b, const qn_piece *pcs, const qn_entry *e,
                      uint32_t m)
 {
     int rc = REFIT_OK;
@@ -176,7 +176,7 @@ static uint32_t qn_sets(qn_piece *pcs, const uint32_t *ord, uint32_t m, unsigned
 /* Launches 0 .. sets: launch j holds the encode entries of set j - 1
  * (launch 0: the checkpoint pieces instead) and the amax entries of set
  * j. ord: online pieces [0, n_on), then checkpoint pieces. */
-static int qn_pipeline(pgpu *g, void *kern, qn_batch *b, qn_piece *pcs, const uint32_t *ord,
+static int qn_pipeline(refit_pgpu *g, void *kern, qn_batch *b, qn_piece *pcs, const uint32_t *ord,
                        uint32_t n_on, uint32_t n_ck, const uint32_t *set, uint32_t sets,
                        qn_entry *e)
 {
@@ -197,7 +197,7 @@ static int qn_pipeline(pgpu *g, void *kern, qn_batch *b, qn_piece *pcs, const ui
     return rc;
 }
 
-int nvfp4_launch(pgpu *g, uint32_t n, const refit_nvfp4_piece *pieces, int64_t set_bytes,
+int nvfp4_launch(refit_pgpu *g, uint32_t n, const refit_nvfp4_piece *pieces, int64_t set_bytes,
                  int32_t *bad)
 {
     *bad = -1;
@@ -205,7 +205,7 @@ int nvfp4_launch(pgpu *g, uint32_t n, const refit_nvfp4_piece *pieces, int64_t s
     if (n == 0)
         return REFIT_OK;
     if (!pieces || n > 0x7fffffffu)
-        return pgpu_fail(g, REFIT_EINVAL, "nvfp4 launcher: no pieces, or 2^31 or more");
+        return refit_pgpu_fail(g, REFIT_EINVAL, "nvfp4 launcher: no pieces, or 2^31 or more");
     if (set_bytes <= 0)
         set_bytes = QN_SET_BYTES;
     qn_piece *pcs = malloc(sizeof *pcs * n);
@@ -214,7 +214,7 @@ int nvfp4_launch(pgpu *g, uint32_t n, const refit_nvfp4_piece *pieces, int64_t s
     qn_batch *b = malloc(sizeof *b);
     uint32_t *set = ord ? ord + n : NULL;
     int rc = pcs && ord && e && b ? REFIT_OK
-                                  : pgpu_fail(g, REFIT_ENOMEM, "nvfp4 launcher: host memory");
+                                  : refit_pgpu_fail(g, REFIT_ENOMEM, "nvfp4 launcher: host memory");
     uint32_t n_on = 0, n_ck = 0;
     for (uint32_t i = 0; i < n && !rc; i++) {
         if ((rc = qn_piece_init(g, &pcs[i], &pieces[i], i))) {

@@ -1,6 +1,6 @@
 /* NVFP4's launcher: plans the launches of its device code
  * (plugins/nvfp4/quant_nvfp4.cu) for n pieces and enqueues them through a
- * pgpu table (plugins/common/pgpu.h), bit for bit kern_quant_nvfp4
+ * refit_pgpu table (refit/sdk/pgpu.h), bit for bit kern_quant_nvfp4
  * (online pieces) and kern_swizzle + kern_nvfp4_fuse (checkpoint pieces).
  * Every view device-readable. Checkpoint pieces go in one launch per
  * QN_BATCH pieces; online pieces in sets of about set_bytes of input
@@ -12,10 +12,10 @@
 #ifndef REFIT_PLUGINS_NVFP4_LAUNCH_H
 #define REFIT_PLUGINS_NVFP4_LAUNCH_H
 
-#include "plugins/common/pgpu.h"
+#include <refit/sdk/pgpu.h>
 #include "plugins/nvfp4/nvfp4_piece.h"
 
-int nvfp4_launch(pgpu *g, uint32_t n, const refit_nvfp4_piece *pieces, int64_t set_bytes,
+int nvfp4_launch(refit_pgpu *g, uint32_t n, const refit_nvfp4_piece *pieces, int64_t set_bytes,
                  int32_t *bad);
 
 #endif

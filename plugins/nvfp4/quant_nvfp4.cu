@@ -54,57 +54,13 @@
 #include <stdint.h>
 
 #include <refit/format.h>
+#include <refit/sdk/minifloat.h>
 
-#include "kernels/cast_bits.h"
 #include "plugins/nvfp4/nvfp4_gpu.h"
 #include "plugins/nvfp4/nvfp4_piece.h"
 
-
-/* ---- codecs (kernels/minifloat.c, for the values that occur here) ---- */
-
-/* m >> shift rounded to nearest, ties to even (m < 2^24 when shift > 25). */
-__device__ __forceinline__ uint32_t qn_shift_rne(uint32_t m, unsigned shift)
-{
-    if (shift == 0)
-        return m;
-    if (shift > 25)
-        return 0;
-    uint32_t r = m >> shift;
-    uint32_t rem = m & ((1u << shift) - 1u);
-    uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (r & 1u)))
-        r++;
-    return r;
-}
-
-/* kern_f32_to_e4m3_sat of a non-negative, non-NaN f32 (a block scale). */
-__device__ __forceinline__ uint8_t qn_e4m3_sat(uint32_t a)
-{
-    if (a >= 0x7f800000u)
-        return 0x7eu;
-    int e = (int)(a >> 23);
-    uint32_t code;
-    if (e >= 121) {
-        code = qn_shift_rne(a - (120u << 23), 20);
-    } else {
-        uint32_t sig = a & 0x7fffffu;
-        if (e == 0)
-            e = 1;
-        else
-            sig |= 0x800000u;
-        code = qn_shift_rne(sig, (unsigned)(141 - e));
-    }
-    return (uint8_t)(code > 0x7eu ? 0x7eu : code);
-}
-
-/* kern_e4m3_to_f32 of a code without sign or NaN (0..0x7e). */
-__device__ __forceinline__ float qn_e4m3_value(uint32_t c)
-{
-    uint32_t exp = c >> 3, man = c & 7u;
-    if (exp == 0)
-        return (float)man * 0x1p-9f;
-    return __uint_as_float(((exp + 120u) << 23) | (man << 20));
-}
+/* ---- codecs (refit/sdk/minifloat.h; the block scales are E4M3 of
+ * non-negative values, UE4M3) ---- */
 
 /* kern_f32_to_e2m1 of a non-NaN f32: the grid 0, .5, 1, 1.5, 2, 3, 4, 6,
  * ties to the even code, saturating at 6. Branch-free, by one f32
@@ -126,7 +82,6 @@ __device__ __forceinline__ uint32_t qn_e2m1(float x)
 }
 
 /* ---- pieces (plugins/nvfp4/nvfp4_gpu.h) ---- */
-
 
 /* Block b's entry, its rank among the entry's blocks (*rel) and their
  * count (*nb). The amax blocks are spread evenly among the encode ones
@@ -166,18 +121,11 @@ __device__ __forceinline__ int64_t qn_swizzle(int64_t r, int64_t c, int64_t cp)
     return tile * 512 + (r & 31) * 16 + ((r & 127) >> 5) * 4 + (c & 3);
 }
 
-__device__ __forceinline__ float qn_half(uint32_t w, int hi, int kind)
-{
-    uint16_t h = (uint16_t)(hi ? w >> 16 : w & 0xffffu);
-    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
-}
-
 __device__ __forceinline__ float qn_decode(const char *p, int kind)
 {
     if (kind == 0)
         return *(const float *)p;
-    uint16_t h = *(const uint16_t *)p;
-    return __uint_as_float(kind == 1 ? kern_bits_f16_to_f32(h) : kern_bits_bf16_to_f32(h));
+    return refit_mf_half_to_f32(*(const uint16_t *)p, kind);
 }
 
 /* 16 aligned bytes; last: the data's last use (evict first). */
@@ -204,10 +152,14 @@ __device__ __forceinline__ void qn_load16(const qn_piece &p, int64_t r, int64_t 
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 uint4 h = qn_ld16(a + 16 * u, last);
-                v[8 * u] = qn_half(h.x, 0, p.kind); v[8 * u + 1] = qn_half(h.x, 1, p.kind);
-                v[8 * u + 2] = qn_half(h.y, 0, p.kind); v[8 * u + 3] = qn_half(h.y, 1, p.kind);
-                v[8 * u + 4] = qn_half(h.z, 0, p.kind); v[8 * u + 5] = qn_half(h.z, 1, p.kind);
-                v[8 * u + 6] = qn_half(h.w, 0, p.kind); v[8 * u + 7] = qn_half(h.w, 1, p.kind);
+                v[8 * u] = refit_mf_pair_to_f32(h.x, 0, p.kind);
+                v[8 * u + 1] = refit_mf_pair_to_f32(h.x, 1, p.kind);
+                v[8 * u + 2] = refit_mf_pair_to_f32(h.y, 0, p.kind);
+                v[8 * u + 3] = refit_mf_pair_to_f32(h.y, 1, p.kind);
+                v[8 * u + 4] = refit_mf_pair_to_f32(h.z, 0, p.kind);
+                v[8 * u + 5] = refit_mf_pair_to_f32(h.z, 1, p.kind);
+                v[8 * u + 6] = refit_mf_pair_to_f32(h.w, 0, p.kind);
+                v[8 * u + 7] = refit_mf_pair_to_f32(h.w, 1, p.kind);
             }
         }
         return;
@@ -296,7 +248,7 @@ __device__ __forceinline__ void qn_amax(const qn_piece &p, int64_t rel, int64_t 
 /* An F32's bits from a 16-bit magnitude: BF16 by a shift; F16 exactly. */
 template <int KIND> __device__ __forceinline__ uint32_t qn_f32_of(uint32_t h)
 {
-    return KIND == 2 ? h << 16 : kern_bits_f16_to_f32((uint16_t)h);
+    return KIND == 2 ? h << 16 : refit_mf_bits_f16_to_f32((uint16_t)h);
 }
 
 /* An F16 magnitude (bits 13..27 of f, the rest 0) as F32: those bits
@@ -370,13 +322,13 @@ __device__ __forceinline__ float qn_div6(float b)
     return __fmaf_rn(__fmaf_rn(-q0, 6.0f, b), y6, q0);
 }
 
-/* qn_e4m3_sat of a non-negative, non-NaN f32 by one f32 addition (the
+/* refit_mf_ue4m3_sat of a non-negative, non-NaN f32 by one f32 addition (the
  * trick of qn_e2m1): adding M = 2^(E - 107), E the binade's exponent
  * (121, E4M3's least normal one, for the subnormals), rounds to E4M3's
  * spacing there, to nearest even, into the sum's low bits; the code is
  * those bits plus 8 per binade above 121. Magnitudes from 512 (infinity
  * too) are clamped to 512, which saturates as they do. About 8
- * instructions instead of qn_e4m3_sat's two shifted roundings (about 40);
+ * instructions instead of refit_mf_ue4m3_sat's two shifted roundings (about 40);
  * run_nvfp4.sh checks it against kern_f32_to_e4m3_sat on every
  * non-negative non-NaN f32. */
 __device__ __forceinline__ uint32_t qn_e4m3_add(uint32_t a)
@@ -494,7 +446,7 @@ __device__ __forceinline__ void qn_encode_dense(const qn_piece &p, float gs, uin
 {
     __shared__ uint2 tab[128];
     if (threadIdx.x < 128) {
-        float d = __fdiv_rn(qn_e4m3_value(threadIdx.x < 0x7fu ? threadIdx.x : 0x7eu), gs);
+        float d = __fdiv_rn(refit_mf_ue4m3_to_f32(threadIdx.x < 0x7fu ? threadIdx.x : 0x7eu), gs);
         uint32_t db = __float_as_uint(d);
         float y = db >= QN_SAFE_LO && db < QN_SAFE_HI ? __frcp_rn(d) : 0.0f;
         tab[threadIdx.x] = uint2{db, __float_as_uint(y)};
@@ -552,12 +504,12 @@ __device__ __forceinline__ void qn_encode_item(const qn_piece &p, float gs, int6
     int wi = w < 16 ? (int)w : 16;
     float v[16];
     qn_load16(p, r, c, wi, v, true);
-    uint32_t code = qn_e4m3_sat(__float_as_uint(__fmul_rn(gs, __fdiv_rn(
+    uint32_t code = refit_mf_ue4m3_sat(__float_as_uint(__fmul_rn(gs, __fdiv_rn(
                         __uint_as_float(qn_mag_max(v)), 6.0f))));
     if (code == 0)
         code = 0x20u; /* KERN_NVFP4_ZERO_SCALE */
     p.s[qn_swizzle(r, c, p.cp)] = (unsigned char)code;
-    float div = __fdiv_rn(qn_e4m3_value(code), gs);
+    float div = __fdiv_rn(refit_mf_ue4m3_to_f32(code), gs);
     uint32_t lo = 0, hi = 0;
 #pragma unroll
     for (int u = 0; u < 8; u++)

@@ -2,11 +2,14 @@
  * format hands to copy/zero/fetch is checked against the module's own
  * runtime tensors, staged bytes and scratch; a plan that fails silently is
  * still named; device_info, scratch and the GPU service on a host without
- * a device; element strides. */
+ * a device; element strides; a format's least compute capability
+ * (min_compute_capability), refused at seal below it by format, module
+ * and both capabilities, on a device_info faked over the host backend's. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/internal.h"
 #include "testutil.h"
 
 #define T(f) cmocka_unit_test_setup_teardown(f, tw_setup, tw_teardown)
@@ -131,7 +134,7 @@ static int probe_plan(const refit_host_v2 *h, refit_fmt_module *m)
 }
 
 #define FMT(nm, pl, post)                                                                    \
-    {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2), nm, pl, post, NULL}
+    {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2), nm, pl, post, NULL, 0}
 static const refit_format_v2 fmt_escape_copy = FMT("t-escape-copy", staged_plan, escape_copy_post);
 static const refit_format_v2 fmt_escape_zero = FMT("t-escape-zero", staged_plan, escape_zero_post);
 static const refit_format_v2 fmt_escape_fetch = FMT("t-escape-fetch", staged_plan,
@@ -281,6 +284,98 @@ static void test_elements_are_read_at_their_stride(void **state)
     assert_false(REFIT_ELEM_HAS(offsetof(refit_fmt_ckpt, expert), refit_fmt_ckpt, expert));
 }
 
+/* ---- the least compute capability ---- */
+
+/* The capability the fake reports for every device; 0.0: the host's own
+ * answer (host memory). */
+static int fake_major, fake_minor;
+static int (*real_device_info)(void *host, refit_device dev, refit_device_info *out);
+
+static int fake_device_info(void *host, refit_device dev, refit_device_info *out)
+{
+    int rc = real_device_info(host, dev, out);
+    if (!rc && fake_major) {
+        out->cc_major = fake_major;
+        out->cc_minor = fake_minor;
+    }
+    return rc;
+}
+
+static int direct_plan(const refit_host_v2 *h, refit_fmt_module *m)
+{
+    (void)h;
+    for (uint32_t i = 0; i < m->n_ckpt; i++)
+        refit_ckpt(m, i)->route = REFIT_ROUTE_DIRECT;
+    return REFIT_OK;
+}
+
+static const refit_format_v2 fmt_sm90 = {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2),
+                                         "t-sm90", staged_plan, copy_home, NULL, 90};
+static const refit_format_v2 fmt_sm90_direct = {REFIT_FORMAT_ABI_VERSION,
+                                                sizeof(refit_format_v2), "t-sm90-direct",
+                                                direct_plan, NULL, NULL, 90};
+/* built against a header without the member: its struct ends before it */
+static const refit_format_v2 fmt_sm90_short = {REFIT_FORMAT_ABI_VERSION,
+                                               offsetof(refit_format_v2, min_compute_capability),
+                                               "t-sm90-short", staged_plan, copy_home, NULL, 90};
+
+/* Module "a" of fmt (a.w [4] -> w) on the host backend's device, which
+ * reports compute capability major.minor (0.0: host memory); the seal's
+ * status. */
+static int seal_on(tw *w, const refit_format_v2 *fmt, int major, int minor)
+{
+    real_device_info = w->ctx->host.device_info;
+    w->ctx->host.device_info = fake_device_info;
+    fake_major = major;
+    fake_minor = minor;
+    assert_int_equal(refit_format_register(w->ctx, fmt), REFIT_OK);
+    tw_module(w, "a", fmt->name, NULL);
+    tw_runtime(w, "a", "w", REFIT_F32, 1, TT_SHAPE(4));
+    refit_ckpt_spec s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
+    s.target = "w";
+    assert_int_equal(tw_expect(w, "a", "a.w", &s), REFIT_OK);
+    return refit_model_seal(w->m);
+}
+
+static void test_below_the_least_capability_is_refused_by_name(void **state)
+{
+    tw *w = *state;
+    assert_int_equal(seal_on(w, &fmt_sm90, 8, 9), REFIT_EUNSUPPORTED);
+    tw_assert_msg(w, "module a: format t-sm90 needs compute capability 9.0",
+                  "runtime w is on device 0 (host), of compute capability 8.9");
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+}
+
+static void test_at_the_least_capability_seals_and_updates(void **state)
+{
+    tw *w = *state;
+    assert_int_equal(seal_on(w, &fmt_sm90, 9, 0), REFIT_OK);
+    tw_update(w, 1, "v1");
+    tt_tensor *c = tw_ckpt_tensor(w, "a.w", 1);
+    int built = !memcmp(tw_rt(w, "a", "w")->t.data, c->buf, 4 * sizeof(float));
+    assert_true(built);
+}
+
+static void test_above_it_seals(void **state)
+{
+    assert_int_equal(seal_on(*state, &fmt_sm90, 10, 0), REFIT_OK);
+}
+
+static void test_host_memory_runs_the_reference(void **state)
+{
+    assert_int_equal(seal_on(*state, &fmt_sm90, 0, 0), REFIT_OK);
+}
+
+static void test_no_post_load_needs_no_capability(void **state)
+{
+    assert_int_equal(seal_on(*state, &fmt_sm90_direct, 7, 5), REFIT_OK);
+}
+
+static void test_a_struct_without_the_member_is_not_read_past(void **state)
+{
+    assert_int_equal(seal_on(*state, &fmt_sm90_short, 7, 5), REFIT_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -291,6 +386,12 @@ int main(void)
         T(test_silent_plan_failure_names_format_and_module),
         T(test_plan_sees_strides_device_info_and_no_gpu),
         cmocka_unit_test(test_elements_are_read_at_their_stride),
+        T(test_below_the_least_capability_is_refused_by_name),
+        T(test_at_the_least_capability_seals_and_updates),
+        T(test_above_it_seals),
+        T(test_host_memory_runs_the_reference),
+        T(test_no_post_load_needs_no_capability),
+        T(test_a_struct_without_the_member_is_not_read_past),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -17,13 +17,13 @@ static int prove(int kind)
     unsigned long long pairs = 0, quot = 0, fast = 0;
     float worst = 0.0f; /* the largest full quotient where the two differ */
     for (uint32_t a = 0; a <= top; a++) {
-        uint32_t abits = kind == 2 ? a << 16 : kern_bits_f16_to_f32((uint16_t)a);
+        uint32_t abits = kind == 2 ? a << 16 : refit_mf_bits_f16_to_f32((uint16_t)a);
         float s = qf_scale(abits), r = qf_recip(s, kind, true);
         fast += r != 0.0f;
         for (uint32_t xm = 0; xm <= a; xm++)
             for (uint32_t sign = 0; sign < 2; sign++) {
                 uint32_t h = xm | sign << 15;
-                float x = __uint_as_float(kind == 2 ? h << 16 : kern_bits_f16_to_f32((uint16_t)h));
+                float x = __uint_as_float(kind == 2 ? h << 16 : refit_mf_bits_f16_to_f32((uint16_t)h));
                 float want = __fdiv_rn(x, s), got = qf_div(x, s, r);
                 pairs++;
                 bool differ = __float_as_uint(want) != __float_as_uint(got);
@@ -31,11 +31,11 @@ static int prove(int kind)
                 if (differ && (want < 0 ? -want : want) > worst)
                     worst = want < 0 ? -want : want;
                 if (!((got < 0 ? -got : got) <= 3.4e38f) ||
-                    qf_e4m3_sat(__float_as_uint(got)) != qf_e4m3_sat(__float_as_uint(want))) {
+                    refit_mf_f32_to_e4m3_sat(got) != refit_mf_f32_to_e4m3_sat(want)) {
                     fprintf(stderr, "fastdiv: %s x %a / s %a: %a (byte %02x), full %a (%02x)\n",
                             kind == 2 ? "bf16" : "f16", x, s, got,
-                            qf_e4m3_sat(__float_as_uint(got)), want,
-                            qf_e4m3_sat(__float_as_uint(want)));
+                            refit_mf_f32_to_e4m3_sat(got), want,
+                            refit_mf_f32_to_e4m3_sat(want));
                     return 1;
                 }
             }

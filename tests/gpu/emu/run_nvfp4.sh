@@ -187,11 +187,11 @@ int main()
     printf("qn_div6 on every F16 and BF16 magnitude: %llu differ from the division\n", div6_bad);
     unsigned long long f16_bad = 0;
     for (uint32_t h = 0; h <= 0x7bffu; h++) /* the encode pass's F16 unpacking, both halves */
-        if ((__float_as_uint(qn_lo<1>(h | (0x5a5a0000u & QN_MAG2))) != kern_bits_f16_to_f32((uint16_t)h) ||
-             __float_as_uint(qn_hi<1>(h << 16 | 0x2a5au)) != kern_bits_f16_to_f32((uint16_t)h)) &&
+        if ((__float_as_uint(qn_lo<1>(h | (0x5a5a0000u & QN_MAG2))) != refit_mf_bits_f16_to_f32((uint16_t)h) ||
+             __float_as_uint(qn_hi<1>(h << 16 | 0x2a5au)) != refit_mf_bits_f16_to_f32((uint16_t)h)) &&
             !f16_bad++)
             printf("  first difference: F16 %04x unpacked\n", h);
-    printf("qn_lo/qn_hi on every finite F16 magnitude: %llu differ from kern_bits_f16_to_f32\n",
+    printf("qn_lo/qn_hi on every finite F16 magnitude: %llu differ from refit_mf_bits_f16_to_f32\n",
            f16_bad);
     for (int i = 0; i < 2000; i++) /* random divisors over the range */
         quot_check(__uint_as_float(((13u + rnd() % 200u) << 23) | (rnd() & 0x7fffffu)));
