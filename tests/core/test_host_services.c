@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/internal.h"
+#include "core/ctx.h"
 #include "testutil.h"
 
 #define T(f) cmocka_unit_test_setup_teardown(f, tw_setup, tw_teardown)
