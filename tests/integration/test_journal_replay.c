@@ -298,14 +298,20 @@ static void test_best_effort_goes_on(void **state)
     assert_memory_equal(w->rt, w->ck, sizeof w->rt);
 }
 
-static void test_replay_from_file(void **state)
+/* A journaled world READY at v1 (from memory), v2 written to its file. */
+static void ready_at_v1_with_v2_file(world *w)
 {
-    world *w = *state;
     assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
     make_version(w, 1);
     assert_int_equal(send_memory(w, "v1", N_MOD, 1, NULL), REFIT_OK);
     make_version(w, 2);
     write_ckpt(w, w->ckpt);
+}
+
+static void test_replay_from_file(void **state)
+{
+    world *w = *state;
+    ready_at_v1_with_v2_file(w);
     int64_t id = 0;
     assert_int_equal(send_file(w, "v2", 1, 0, &id), REFIT_EPOISONED);
     assert_int_equal(refit_check_serving(w->ctx), REFIT_EPOISONED);
@@ -329,11 +335,7 @@ static void test_replay_from_file(void **state)
 static void test_replay_by_identity(void **state)
 {
     world *w = *state;
-    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
-    make_version(w, 1);
-    assert_int_equal(send_memory(w, "v1", N_MOD, 1, NULL), REFIT_OK);
-    make_version(w, 2);
-    write_ckpt(w, w->ckpt);
+    ready_at_v1_with_v2_file(w);
     refit_source *src;
     char a[REFIT_SOURCE_ID_SIZE], b[REFIT_SOURCE_ID_SIZE];
     assert_int_equal(refit_source_open(&src, w->ctx, w->ckpt), REFIT_OK);
