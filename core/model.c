@@ -7,7 +7,7 @@
 #include "core/util.h"
 #include "core/ctx.h"
 #include "core/formats_builtin.h"
-#include "core/manifest.h"
+#include "core/decls.h"
 #include "core/mod_version.h"
 #include "kernels/fingerprint.h"
 
@@ -114,7 +114,7 @@ int refit_model_add_module(refit_model *m, const char *name, const char *format,
     if (rc)
         return ctx_error(ctx, rc, "module %s: format parameters: %s", name,
                          rc == REFIT_ENOMEM ? "out of memory" : perr);
-    if ((rc = manifest_check_params(ctx, name, fmt, &mod->params))) {
+    if ((rc = decls_check_module_params(ctx, name, fmt, &mod->params))) {
         params_free(&mod->params);
         return rc;
     }
@@ -156,7 +156,7 @@ int refit_module_bind_runtime(refit_model *m, const char *module_name, const cha
                          module_name, name);
     int rc = check_descriptor(m, "runtime tensor", name, t);
     if (!rc)
-        rc = manifest_check_bind(m, mi, name, t);
+        rc = decls_check_bind(m, mi, name, t);
     if (rc)
         return rc;
     if (grow_array((void **)&m->runtime, &m->cap_runtime, m->n_runtime, sizeof *m->runtime) ||

@@ -20,10 +20,10 @@ else
   echo "not ok 1 - meson install: $(tail -3 "$dest/log")"
 fi
 miss=""
-for h in refit.h format.h transport.h ipc.h sys/stats.h; do
+for h in refit.h format.h transport.h ipc.h sys/stats.h sys/cuda.h sys/transport.h; do
   [ -f "$dest$incdir/refit/$h" ] || miss="$miss $h"
 done
-[ -z "$miss" ] && echo "ok 2 - refit.h, format.h, transport.h, ipc.h, sys/stats.h installed" ||
+[ -z "$miss" ] && echo "ok 2 - refit.h, format.h, transport.h, ipc.h, sys/stats.h, sys/cuda.h, sys/transport.h installed" ||
   echo "not ok 2 - not installed:$miss"
 so=$(readelf -d "$dest$libdir/librefit.so" 2>/dev/null | sed -n 's/.*soname: \[\(.*\)\]/\1/p')
 [ "$so" = librefit.so.0 ] && [ -f "$dest$libdir/pkgconfig/refit.pc" ] &&
@@ -33,6 +33,8 @@ cat > "$dest/use.c" <<'C'
 #include <refit/transport.h>
 #include <refit/ipc.h>
 #include <refit/sys/stats.h>
+#include <refit/sys/cuda.h>
+#include <refit/sys/transport.h>
 #include <stdio.h>
 int main(void)
 {
@@ -43,14 +45,18 @@ int main(void)
         return 1;
     int probe = refit_nccl_probe(ctx); /* transport.h: any status, it links */
     double js = refit_sys_journal_seconds(ctx); /* sys/stats.h: no journal, 0 */
+    refit_sys_cuda_stats cs; /* sys/cuda.h: no copy yet, zeros */
+    refit_sys_cuda_stats_get(&cs);
+    int quiet = cs.memcpy_calls == 0 && cs.batch_launches == 0 && refit_sys_cuda_last_error();
+    uint64_t db = refit_sys_receiver_direct_bytes(NULL); /* sys/transport.h: 0 */
     refit_close(ctx);
-    printf("%s\n", (probe == REFIT_OK || probe < 0) && js == 0 ? "linked" : "?");
+    printf("%s\n", (probe == REFIT_OK || probe < 0) && js == 0 && quiet && db == 0 ? "linked" : "?");
     return 0;
 }
 C
 if "$cc" "$@" -I"$dest$incdir" "$dest/use.c" -L"$dest$libdir" -lrefit -o "$dest/use" 2>"$dest/cc.log" &&
    [ "$(LD_LIBRARY_PATH="$dest$libdir" "$dest/use")" = linked ]; then
-  echo "ok 4 - a program on the installed refit.h, transport.h and sys/stats.h builds and runs"
+  echo "ok 4 - a program on the installed refit.h, transport.h and refit/sys/ builds and runs"
 else
   echo "not ok 4 - $(head -5 "$dest/cc.log")"
 fi

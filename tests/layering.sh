@@ -1,7 +1,8 @@
 #!/bin/sh
-# The core's calls go one way: txn -> plan -> model (issue 18). Over nm of
-# the internal library's objects: no model.c object calls a symbol txn.c or
-# plan.c defines, and no plan.c object calls one txn.c defines. There are
+# The core's calls go one way: txn -> plan -> model, and manifest -> model
+# (issue 18). Over nm of the internal library's objects: no model.c object
+# calls a symbol txn.c, plan.c or manifest.c defines, and no plan.c object
+# calls one txn.c defines. There are
 # no exceptions: what spans the layers (refit_model_seal, refit_model_destroy)
 # lives above them, in core/model_api.c. And the leaf units every layer
 # calls (util.c, ctx_base.c, names.c, errbuf.c, mod_version.c) call
@@ -14,7 +15,7 @@ trap 'rm -rf "$tmp"' EXIT
 echo "1..3"
 members=$(nm -A "$lib" 2>/dev/null | awk -F: '{print $2}' | sort -u)
 obj() { echo "$members" | grep "core_$1\.c\.o\$" | head -1; }
-for u in txn plan model; do
+for u in txn plan model manifest; do
   o=$(obj "$u")
   if [ -z "$o" ]; then
     echo "not ok 1 - no object of core/$u.c in $lib"
@@ -26,13 +27,13 @@ for u in txn plan model; do
   nm -A -u "$lib" 2>/dev/null | awk -F: -v o="$o" '$2 == o {split($3, f, " "); print f[2]}' |
     sort -u > "$tmp/und_$u"
 done
-echo "ok 1 - objects of core/txn.c, core/plan.c, core/model.c found"
+echo "ok 1 - objects of core/txn.c, core/plan.c, core/model.c, core/manifest.c found"
 
 # calls CALLER CALLEE: "caller callee symbol" for each call that goes up.
 calls() { comm -12 "$tmp/und_$1" "$tmp/def_$2" | sed "s/^/$1 $2 /"; }
-up=$({ calls model txn; calls model plan; calls plan txn; } | sort)
+up=$({ calls model txn; calls model plan; calls model manifest; calls plan txn; } | sort)
 if [ -z "$up" ]; then
-  echo "ok 2 - no call goes up the layers txn -> plan -> model"
+  echo "ok 2 - no call goes up the layers txn -> plan -> model, manifest -> model"
 else
   echo "not ok 2 - calls going up (caller callee symbol):"
   echo "$up" | sed 's/^/#   /'

@@ -44,8 +44,8 @@
 #include <jansson.h>
 
 #include <refit/refit.h>
+#include <refit/sys/cuda.h>
 
-#include "core/cuda/backend_cuda.h"
 #include "core/cuda/kern_cuda.h"
 #include "plugins/fp8/fp8_direct.h"
 #include "plugins/fp8/quant_fp8.h"
@@ -113,7 +113,7 @@ static double median(double *v, int n)
 static int rfail(bench *b, const char *what, int rc)
 {
     fprintf(stderr, "refit-bench gpu: %s: %s: %s [%s]\n", what, refit_status_name(rc),
-            refit_errmsg(b->ctx), backend_cuda_last_error());
+            refit_errmsg(b->ctx), refit_sys_cuda_last_error());
     return 1;
 }
 
@@ -431,8 +431,8 @@ static int bench_safetensors(bench *b, double t_ceil_h2d)
     if (st_write_dir(b))
         return 1;
     double v[64];
-    backend_cuda_stats s0, s1;
-    backend_cuda_stats_get(&s0);
+    refit_sys_cuda_stats s0, s1;
+    refit_sys_cuda_stats_get(&s0);
     for (int r = -1; r < b->repeat; r++) {
         CU(cudaMemset(b->dev_rt, 0, b->total));
         CU(cudaDeviceSynchronize());
@@ -442,7 +442,7 @@ static int bench_safetensors(bench *b, double t_ceil_h2d)
         if (r >= 0)
             v[r] = s;
     }
-    backend_cuda_stats_get(&s1);
+    refit_sys_cuda_stats_get(&s1);
     double t = median(v, b->repeat);
     if (check_equal(b, "safetensors"))
         return 1;
@@ -507,8 +507,8 @@ static int bench_moe(bench *b)
     if (!rc)
         rc = refit_model_seal(m);
     double v[64];
-    backend_cuda_stats s0, s1;
-    backend_cuda_stats_get(&s0);
+    refit_sys_cuda_stats s0, s1;
+    refit_sys_cuda_stats_get(&s0);
     for (int r = -1; r < b->repeat && !rc; r++) {
         refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
         o.rollback = 0;
@@ -526,10 +526,10 @@ static int bench_moe(bench *b)
         if (r >= 0)
             v[r] = now_s() - t0;
     }
-    backend_cuda_stats_get(&s1);
+    refit_sys_cuda_stats_get(&s1);
     if (rc) {
         fprintf(stderr, "refit-bench gpu: moe100k: %s: %s [%s]\n", refit_status_name(rc),
-                ctx ? refit_errmsg(ctx) : "", backend_cuda_last_error());
+                ctx ? refit_errmsg(ctx) : "", refit_sys_cuda_last_error());
     } else {
         double t = median(v, b->repeat);
         json_t *o = json_object();
@@ -676,7 +676,7 @@ static int time_quant(bench *b, qarena *a, int sch, int all, double *out, double
         if (rc) {
             kern_quant_fp8_cuda_timing(0);
             fprintf(stderr, "refit-bench gpu: quant %s: %s: %s [%s]\n", quant_key[sch],
-                    refit_status_name(rc), backend_cuda_last_error(), kern_cuda_last_error());
+                    refit_status_name(rc), refit_sys_cuda_last_error(), kern_cuda_last_error());
             return 1;
         }
     }
@@ -737,7 +737,7 @@ static int time_quant_reload(bench *b, qarena *a, int sch, double *out)
     }
     if (rc)
         fprintf(stderr, "refit-bench gpu: quant %s reload: %s: %s [%s]\n", quant_key[sch],
-                refit_status_name(rc), ctx ? refit_errmsg(ctx) : "", backend_cuda_last_error());
+                refit_status_name(rc), ctx ? refit_errmsg(ctx) : "", refit_sys_cuda_last_error());
     else
         *out = median(v, b->repeat);
     refit_close(ctx);
@@ -1075,8 +1075,12 @@ int bench_gpu_main(int argc, char **argv)
     bool write_only = a.write_only;
     if (write_only)
         return write_only_dir(b);
-    if (backend_cuda_device_count() == 0) {
-        fprintf(stderr, "refit-bench gpu: %s\n", backend_cuda_unavailable());
+    int ndev = 0;
+    cudaError_t de = cudaGetDeviceCount(&ndev);
+    if (de != cudaSuccess || ndev == 0) {
+        fprintf(stderr, "refit-bench gpu: the CUDA runtime found no %s%s\n",
+                de != cudaSuccess ? "usable device: " : "device",
+                de != cudaSuccess ? cudaGetErrorString(de) : "");
         return 1;
     }
     b->res = json_object();

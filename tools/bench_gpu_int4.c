@@ -6,7 +6,7 @@
  *
  * Layout gptq (the words transposed, I32 [K/8, N], scales [G, N]: what
  * the plugin writes for GPTQ/Marlin engines) timed as one call for every
- * weight (backend_cuda_run + kern_quant_int4_cuda, as the service runs it)
+ * weight (refit_sys_cuda_run + kern_quant_int4_cuda, as the service runs it)
  * and one call per weight (a reload's post-load, a module at a time);
  * layout u8 (rows of bytes, scales [N, G]) as one call. Medians.
  * ratio_to_d2d is the minimum bytes of a call (2 read per BF16 element,
@@ -27,8 +27,8 @@
 #include <jansson.h>
 
 #include <refit/refit.h>
+#include <refit/sys/cuda.h>
 
-#include "core/cuda/backend_cuda.h"
 #include "bench_gpu_peer.h"
 #include "bench_gpu_reload.h"
 #include "core/cuda/kern_cuda.h"

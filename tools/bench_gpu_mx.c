@@ -3,7 +3,7 @@
  * kernel of the quant_mx host service; docs/cuda.md).
  *
  * For each format: one call for every weight (as the service runs it:
- * backend_cuda_run + kern_quant_mx_cuda) and one call per weight, timed as
+ * refit_sys_cuda_run + kern_quant_mx_cuda) and one call per weight, timed as
  * medians; ratio_to_d2d is the minimum bytes of a call (2 read per BF16
  * element, 1 or 1/2 written, one scale byte per 32) per second against
  * the d2d ceiling's bytes read plus written per second. Layer 0 is checked
@@ -22,8 +22,8 @@
 #include <jansson.h>
 
 #include <refit/refit.h>
+#include <refit/sys/cuda.h>
 
-#include "core/cuda/backend_cuda.h"
 #include "bench_gpu_peer.h"
 #include "bench_gpu_reload.h"
 #include "core/cuda/kern_cuda.h"

@@ -2,7 +2,7 @@
  * of the bench model's linear weights on the device, the kernel of the
  * quant_nvfp4 host service; docs/cuda.md).
  *
- * One call for every weight (as the service runs it: backend_cuda_run +
+ * One call for every weight (as the service runs it: refit_sys_cuda_run +
  * kern_quant_nvfp4_cuda) and one call per weight (what a reload's
  * post-load does, a module at a time), timed as medians; ratio_to_d2d is
  * the minimum bytes of a call (2 read per BF16 element, 1/2 written, the
@@ -28,8 +28,8 @@
 #include <jansson.h>
 
 #include <refit/refit.h>
+#include <refit/sys/cuda.h>
 
-#include "core/cuda/backend_cuda.h"
 #include "bench_gpu_peer.h"
 #include "core/cuda/kern_cuda.h"
 #include "plugins/nvfp4/nvfp4_direct.h"
@@ -251,7 +251,7 @@ static int nvb_reload(nv_arena *a, int repeat, double *out)
     }
     if (rc)
         fprintf(stderr, "refit-bench gpu: quant nvfp4 reload: %s: %s [%s]\n",
-                refit_status_name(rc), ctx ? refit_errmsg(ctx) : "", backend_cuda_last_error());
+                refit_status_name(rc), ctx ? refit_errmsg(ctx) : "", refit_sys_cuda_last_error());
     else
         *out = bpeer_median(v, repeat);
     refit_close(ctx);

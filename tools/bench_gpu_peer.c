@@ -6,7 +6,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "core/cuda/backend_cuda.h"
+#include <refit/sys/cuda.h>
+
 #include "bench_gpu_peer.h"
 
 #define BPEER_RUNS 64
@@ -46,11 +47,11 @@ int bpeer_time(const bpeer_calls *c, int nw, int all, int repeat, const char *wh
         for (int w = 0; w < nw && !rc; w += all ? nw : 1) {
             *c->at = (uint32_t)w;
             *c->count = all ? (uint32_t)nw : 1;
-            rc = backend_cuda_run(0, NULL, c->launch, c->arg);
+            rc = refit_sys_cuda_run(0, NULL, c->launch, c->arg);
         }
         if (rc) {
             fprintf(stderr, "refit-bench gpu: %s: %s: %s\n", what, refit_status_name(rc),
-                    backend_cuda_last_error());
+                    refit_sys_cuda_last_error());
             return 1;
         }
         if (r >= 0)

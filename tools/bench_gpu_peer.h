@@ -10,9 +10,9 @@
 
 #include <jansson.h>
 
-#include <refit/refit.h>
+#include <refit/format.h> /* refit_view */
 
-/* How a bench calls its kernel: backend_cuda_run(0, NULL, launch, arg),
+/* How a bench calls its kernel: refit_sys_cuda_run(0, NULL, launch, arg),
  * where launch quantizes the count pieces from at (the two fields the
  * timing sets before each call; they belong to the bench's arena). */
 typedef struct bpeer_calls {

@@ -7,7 +7,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "core/cuda/backend_cuda.h"
+#include <refit/sys/cuda.h>
+
 #include "tools/bench_gpu_peer.h"
 #include "tools/bench_gpu_reload.h"
 
@@ -83,7 +84,7 @@ int breload_time(const breload_spec *s, int nw, const refit_view *x, int repeat,
     }
     if (rc)
         fprintf(stderr, "refit-bench gpu: %s reload: %s: %s [%s]\n", s->what,
-                refit_status_name(rc), ctx ? refit_errmsg(ctx) : "", backend_cuda_last_error());
+                refit_status_name(rc), ctx ? refit_errmsg(ctx) : "", refit_sys_cuda_last_error());
     else
         *out = bpeer_median(v, repeat);
     refit_close(ctx);

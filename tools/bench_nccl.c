@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,9 +16,9 @@
 #include <jansson.h>
 
 #include <refit/transport.h>
+#include <refit/sys/transport.h> /* the receiver's direct-byte count */
 
 #include "core/nccl/bucket.h"
-#include "core/nccl/nccl_shim.h"
 #include "core/nccl/xport.h"
 #include "journal/journal.h"
 #include "kernels/fingerprint.h"
@@ -53,13 +54,82 @@ typedef struct bn_model {
     uint64_t total;
 } bn_model;
 
+/* ---- the CUDA driver, looked up as the transport does ($REFIT_CUDA_DRIVER_LIBRARY,
+ * else libcuda.so.1): the few calls the bench makes itself ---- */
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef struct CUctx_st *CUcontext;
+typedef unsigned long long CUdeviceptr;
+#define CU_SUCCESS 0
+
+typedef struct bn_cu {
+    CUresult (*Init)(unsigned int flags);
+    CUresult (*DeviceGetCount)(int *n);
+    CUresult (*DeviceGet)(CUdevice *dev, int ordinal);
+    CUresult (*DevicePrimaryCtxRetain)(CUcontext *ctx, CUdevice dev);
+    CUresult (*CtxSetCurrent)(CUcontext ctx);
+    CUresult (*MemAlloc)(CUdeviceptr *p, size_t bytes);
+    CUresult (*MemcpyHtoD)(CUdeviceptr dst, const void *src, size_t n);
+    CUresult (*GetErrorString)(CUresult r, const char **s);
+} bn_cu;
+
+static const char *bn_cu_errstr(const bn_cu *a, CUresult r)
+{
+    const char *s = NULL;
+    if (a->GetErrorString && a->GetErrorString(r, &s) == CU_SUCCESS && s)
+        return s;
+    return "unknown CUDA driver error";
+}
+
+/* Fill a from the driver and cuInit it; -1 with err saying why. */
+static int bn_cu_open(bn_cu *a, char *err, size_t n)
+{
+    memset(a, 0, sizeof *a);
+    const char *path = getenv("REFIT_CUDA_DRIVER_LIBRARY");
+    if (!path || !*path)
+        path = "libcuda.so.1";
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(err, n, "cannot load the CUDA driver %s: %s", path, dlerror());
+        return -1;
+    }
+    static const struct { const char *name; size_t at; } syms[] = {
+        {"cuInit", offsetof(bn_cu, Init)},
+        {"cuDeviceGetCount", offsetof(bn_cu, DeviceGetCount)},
+        {"cuDeviceGet", offsetof(bn_cu, DeviceGet)},
+        {"cuDevicePrimaryCtxRetain", offsetof(bn_cu, DevicePrimaryCtxRetain)},
+        {"cuCtxSetCurrent", offsetof(bn_cu, CtxSetCurrent)},
+        {"cuMemAlloc_v2", offsetof(bn_cu, MemAlloc)},
+        {"cuMemcpyHtoD_v2", offsetof(bn_cu, MemcpyHtoD)},
+        {"cuGetErrorString", offsetof(bn_cu, GetErrorString)},
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
+        void *p = dlsym(h, syms[i].name);
+        if (!p) {
+            snprintf(err, n, "the CUDA driver %s has no %s", path, syms[i].name);
+            return -1;
+        }
+        memcpy((char *)a + syms[i].at, &p, sizeof p);
+    }
+    CUresult r = a->Init(0);
+    if (r != CU_SUCCESS) {
+        snprintf(err, n, "the CUDA driver (%s) has no usable device: cuInit: %s", path,
+                 bn_cu_errstr(a, r));
+        return -1;
+    }
+    return 0;
+}
+
 typedef struct bn_gpu {
-    cu_api cu;
+    bn_cu cu;
     CUdevice dev;
     CUcontext ctx;
     CUdeviceptr arena[2];       /* two versions (trainer), runtime (worker) */
 } bn_gpu;
 
+/* Seconds on CLOCK_MONOTONIC: the bench's timings, and the clock of the
+ * transport's deadlines (an op's deadline is now_s() + a timeout). */
 static double now_s(void)
 {
     struct timespec ts;
@@ -193,7 +263,7 @@ static int bn_gpu_open(bn_gpu *g, int device, uint64_t bytes, int arenas, char *
 {
     memset(g, 0, sizeof *g);
     int count = 0;
-    if (cu_api_open(&g->cu, err, n))
+    if (bn_cu_open(&g->cu, err, n))
         return -1;
     if (g->cu.DeviceGetCount(&count) != CU_SUCCESS || count < 2) {
         snprintf(err, n, "%d CUDA device(s); two are needed", count);
@@ -207,7 +277,7 @@ static int bn_gpu_open(bn_gpu *g, int device, uint64_t bytes, int arenas, char *
     for (int a = 0; a < arenas && r == CU_SUCCESS; a++)
         r = g->cu.MemAlloc(&g->arena[a], bytes);
     if (r != CU_SUCCESS)
-        snprintf(err, n, "device %d: %s", device, cu_errstr(&g->cu, r));
+        snprintf(err, n, "device %d: %s", device, bn_cu_errstr(&g->cu, r));
     return r == CU_SUCCESS ? 0 : -1;
 }
 
@@ -225,17 +295,17 @@ static void bn_describe(bn_model *L, CUdeviceptr arena, int device)
 static int bn_barrier(refit_transport *x, double timeout)
 {
     int32_t v = 0;
-    return x->ops->allreduce_min(x, &v, xport_now() + timeout);
+    return x->ops->allreduce_min(x, &v, now_s() + timeout);
 }
 
 /* One raw broadcast of bytes at p, through the transport's stream. */
 static int bn_bcast(refit_transport *x, void *p, uint64_t bytes, double timeout)
 {
     uint64_t t;
-    int rc = x->ops->bcast(x, p, bytes, 0, xport_now() + timeout);
+    int rc = x->ops->bcast(x, p, bytes, 0, now_s() + timeout);
     if (!rc)
         rc = x->ops->mark(x, &t);
-    return rc ? rc : x->ops->wait(x, t, xport_now() + timeout);
+    return rc ? rc : x->ops->wait(x, t, now_s() + timeout);
 }
 
 /* The raw figures: the whole arena in one broadcast, then one per tensor;
@@ -253,9 +323,9 @@ static int bn_raw(refit_transport *x, const bn_model *L, CUdeviceptr arena, cons
         for (int i = 0; i < L->n && !rc; i++) {
             uint64_t t;
             rc = x->ops->bcast(x, (void *)(uintptr_t)(arena + L->t[i].off), L->t[i].bytes, 0,
-                               xport_now() + o->timeout);
+                               now_s() + o->timeout);
             if (!rc && i == L->n - 1 && !(rc = x->ops->mark(x, &t)))
-                rc = x->ops->wait(x, t, xport_now() + o->timeout);
+                rc = x->ops->wait(x, t, now_s() + o->timeout);
         }
         double t2 = now_s();
         if (rc)
@@ -510,7 +580,7 @@ static int worker_case(bn_rank *k, refit_receiver *r, uint64_t mib, int checksum
     put(row, "ratio_to_per_tensor_broadcast", fixed(k->raw_tensor / best, 3));
     put(row, "buckets", json_integer(res.buckets));
     put(row, "us_per_bucket", fixed(res.buckets ? best / res.buckets * 1e6 : 0.0, 1));
-    put(row, "direct_bytes", json_integer((json_int_t)receiver_direct_bytes(r)));
+    put(row, "direct_bytes", json_integer((json_int_t)refit_sys_receiver_direct_bytes(r)));
     put(row, "bit_exact", json_boolean(exact));
     json_array_append_new(k->rows, row);
     return exact ? REFIT_OK : REFIT_EMISMATCH;

@@ -51,6 +51,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <refit/sys/transport.h>
+
 #include "core/util.h"
 #include "core/ctx.h"
 #include "core/model.h"
@@ -903,7 +905,7 @@ static int rcv_fatal(refit_receiver *r, const rcv_run *run, int64_t journal_id, 
                      msg, run->buckets, run->an.n_buckets, x->ops->name);
 }
 
-uint64_t receiver_direct_bytes(const refit_receiver *r)
+uint64_t refit_sys_receiver_direct_bytes(const refit_receiver *r)
 {
     return r ? r->direct_bytes : 0;
 }

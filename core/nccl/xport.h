@@ -113,11 +113,10 @@ void xport_loopback_corrupt(refit_loopback *g, int rank, uint64_t seq, uint64_t 
  * the next) fails with REFIT_EIO: a device checksum that could not run. */
 void xport_loopback_fail_fingerprint(refit_loopback *g, int rank, uint64_t nth);
 
-/* Payload bytes of the last update that went as DIRECT buckets: sent from
- * the tensors themselves (sender), received straight into runtime tensors
- * (receiver). For tests and the bench. */
+/* Payload bytes of the last update that went as DIRECT buckets, sent from
+ * the tensors themselves; for tests (a receiver's count is
+ * refit_sys_receiver_direct_bytes, refit/sys/transport.h). */
 uint64_t sender_direct_bytes(const refit_sender *s);
-uint64_t receiver_direct_bytes(const refit_receiver *r);
 
 /* Take one vote over x: *res gets the decision. REFIT_OK when the vote
  * was taken (whatever it decided); REFIT_EIO when it could not be (x is

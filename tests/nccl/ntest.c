@@ -13,6 +13,7 @@
 
 #include "ntest.h"
 #include "core/nccl/xport.h"
+#include <refit/sys/transport.h>
 
 const nt_spec NT_SPECS[NT_N] = {
     {"embed", "weight", "model.embed_tokens.weight", REFIT_F32, 2, {10, 8}, 0},
@@ -252,7 +253,7 @@ static void *receiver_main(void *arg)
         j->rc = refit_receive_update(r, &u, &j->res);
     j->seconds = now_s() - t0;
     snprintf(j->msg, sizeof j->msg, "%s", refit_errmsg(j->w->ctx));
-    j->direct_bytes = receiver_direct_bytes(r);
+    j->direct_bytes = refit_sys_receiver_direct_bytes(r);
     refit_receiver_destroy(r);
     return NULL;
 }
