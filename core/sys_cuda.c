@@ -14,18 +14,7 @@ void refit_sys_cuda_stats_get(refit_sys_cuda_stats *out)
         return;
     memset(out, 0, sizeof *out);
 #ifdef REFIT_HAVE_CUDA
-    backend_cuda_stats s;
-    backend_cuda_stats_get(&s);
-    out->batch_launches = s.batch_launches;
-    out->batch_rows = s.batch_rows;
-    out->memcpy_calls = s.memcpy_calls;
-    out->kernel_copies = s.kernel_copies;
-    out->pageable_bytes = s.pageable_bytes;
-    out->ring_waits = s.ring_waits;
-    out->host_copy_ns = s.host_copy_ns;
-    out->prefault_ns = s.prefault_ns;
-    out->ring_wait_ns = s.ring_wait_ns;
-    out->queues = s.queues;
+    backend_cuda_stats_get(out);
 #endif
 }
 

@@ -4,6 +4,7 @@
 #ifndef REFIT_CORE_CUDA_BACKEND_CUDA_H
 #define REFIT_CORE_CUDA_BACKEND_CUDA_H
 
+#include <refit/sys/cuda.h>
 #include "core/backend.h"
 
 extern const backend backend_cuda;
@@ -24,19 +25,9 @@ const char *backend_cuda_last_error(void);
  * backend_cuda_last_error(). Never synchronizes unless launch does. */
 int backend_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *stream), void *arg);
 
-/* Counters since the process started, for tests and benchmarks. */
-typedef struct backend_cuda_stats {
-    uint64_t batch_launches;    /* kernel launches of batched rows */
-    uint64_t batch_rows;        /* rows they carried */
-    uint64_t memcpy_calls;      /* cudaMemcpyAsync / Peer issued for copies and saves */
-    uint64_t kernel_copies;     /* strided or cast copies */
-    uint64_t pageable_bytes;    /* bytes staged through the pinned ring */
-    uint64_t ring_waits;        /* times a pinned chunk was waited for */
-    uint64_t host_copy_ns;      /* spent copying pageable sources into pinned chunks */
-    uint64_t prefault_ns;       /* of which prefaulting their pages */
-    uint64_t ring_wait_ns;      /* spent waiting for a pinned chunk to drain */
-    uint64_t queues;            /* (stream, device) pairs work was queued on */
-} backend_cuda_stats;
+/* Counters since the process started, for tests and benchmarks: the
+ * struct refit/sys/cuda.h publishes (refit_sys_cuda_stats_get). */
+typedef refit_sys_cuda_stats backend_cuda_stats;
 void backend_cuda_stats_get(backend_cuda_stats *out);
 
 /* kern_fingerprint_to_cuda on the device of v (CUDA memory), ordered on
