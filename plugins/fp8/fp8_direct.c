@@ -1,5 +1,5 @@
 /* The direct entries of fp8_direct.h: the plugin's launcher and embedded
- * device code over the CUDA runtime (plugins/common/pgpu_cudart.h).
+ * device code over the CUDA runtime (sdk/pgpu_cudart.h).
  * Test-only. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,7 +7,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "plugins/common/pgpu_cudart.h"
+#include "sdk/pgpu_cudart.h"
 #include "plugins/fp8/fp8_direct.h"
 #include "plugins/fp8/fp8_launch.h"
 

@@ -1,9 +1,9 @@
 /* kern_quant_int4_cuda (int4_direct.h): the plugin's launcher and
- * embedded device code over the CUDA runtime (plugins/common/pgpu_cudart.h).
+ * embedded device code over the CUDA runtime (sdk/pgpu_cudart.h).
  * Test-only. */
 #include <stdio.h>
 
-#include "plugins/common/pgpu_cudart.h"
+#include "sdk/pgpu_cudart.h"
 #include "plugins/int4/int4_direct.h"
 #include "plugins/int4/int4_launch.h"
 

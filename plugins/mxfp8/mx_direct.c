@@ -1,8 +1,8 @@
 /* kern_quant_mx_cuda (mx_direct.h): the launcher and embedded device code
- * over the CUDA runtime (plugins/common/pgpu_cudart.h). Test-only. */
+ * over the CUDA runtime (sdk/pgpu_cudart.h). Test-only. */
 #include <stdio.h>
 
-#include "plugins/common/pgpu_cudart.h"
+#include "sdk/pgpu_cudart.h"
 #include "plugins/mxfp8/mx_direct.h"
 #include "plugins/mxfp8/mx_launch.h"
 

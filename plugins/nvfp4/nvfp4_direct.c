@@ -1,9 +1,9 @@
 /* kern_quant_nvfp4_cuda (nvfp4_direct.h) for the GPU suites and
  * refit-bench: the plugin's launcher and embedded device code over the
- * CUDA runtime (plugins/common/pgpu_cudart.h). Test-only. */
+ * CUDA runtime (sdk/pgpu_cudart.h). Test-only. */
 #include <stdio.h>
 
-#include "plugins/common/pgpu_cudart.h"
+#include "sdk/pgpu_cudart.h"
 #include "plugins/nvfp4/nvfp4_direct.h"
 #include "plugins/nvfp4/nvfp4_launch.h"
 

@@ -5,8 +5,8 @@
  * device, keeps one grow-only scratch buffer, status word and pinned copy
  * per device (calls are serialized by a lock held from begin to end), and
  * waits at end to report. */
-#ifndef REFIT_PLUGINS_COMMON_PGPU_CUDART_H
-#define REFIT_PLUGINS_COMMON_PGPU_CUDART_H
+#ifndef REFIT_SDK_PGPU_CUDART_H
+#define REFIT_SDK_PGPU_CUDART_H
 
 #include <refit/sdk/pgpu.h>
 

@@ -5,7 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
-#include "plugins/common/pgpu_cudart.h"
+#include "sdk/pgpu_cudart.h"
 
 #define PC_DEVICES 64
 #define PC_IMAGES 16
