@@ -53,25 +53,8 @@ def moe_shapes(n=100000):
 
 
 def make_ctx(undo_device_budget=0):
-    """A refit.Context, with undo_device_budget set when asked (the option
-    is in refit_options v2; the binding may not expose it yet)."""
-    import ctypes
     import refit
-    from refit import _ffi
-    try:
-        return refit.Context(journal_path="", undo_device_budget=undo_device_budget)
-    except TypeError:
-        pass
-    c = refit.Context.__new__(refit.Context)
-    c._keep = [None, b"", None]
-    opt = _ffi.Options(_ffi.OPTIONS_VERSION, None, 0, b"", None, 0)
-    opt.undo_device_budget = undo_device_budget
-    h = ctypes.c_void_p()
-    rc = _ffi.lib().refit_open(ctypes.byref(h), ctypes.byref(opt))
-    if rc:
-        raise RuntimeError("refit_open: %d" % rc)
-    c._h, c._model = h, None
-    return c
+    return refit.Context(journal_path="", undo_device_budget=undo_device_budget)
 
 
 def alloc(shapes, device="cuda", fill=None):

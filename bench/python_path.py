@@ -108,25 +108,8 @@ def timed(fn, repeat):
 
 
 def context(undo_device_budget=0, journal=""):
-    """A Context with refit_options v2's undo_device_budget (through the
-    binding's keyword when it has one, else refit_open directly)."""
-    try:
-        return refit.Context(worker_id="bench", journal_path=journal,
-                             undo_device_budget=undo_device_budget)
-    except TypeError:
-        pass
-    L = _ffi.lib()
-    ctx = refit.Context.__new__(refit.Context)
-    ctx._keep = [b"bench", journal.encode(), None]
-    opt = _ffi.Options(_ffi.OPTIONS_VERSION, ctx._keep[0], 0, ctx._keep[1], None, 0, 0,
-                       undo_device_budget)
-    h = ctypes.c_void_p()
-    rc = L.refit_open(ctypes.byref(h), ctypes.byref(opt))
-    if rc:
-        raise refit.RefitError(rc, refit.status_name(rc), "refit_open failed", "refit_open")
-    ctx._h = h
-    ctx._model = None
-    return ctx
+    return refit.Context(worker_id="bench", journal_path=journal,
+                         undo_device_budget=undo_device_budget)
 
 
 def update(model, body, rollback=False):

@@ -6,7 +6,7 @@
  *     gpu_load, gpu_kernel, gpu_launch, scratch, zero and the module's
  *     status word; the post-load never waits);
  *   - a test or benchmark calling the launcher directly with a table of
- *     its own (refit's is plugins/common/pgpu_cudart.c over the CUDA
+ *     its own (refit's is sdk/pgpu_cudart.c over the CUDA
  *     runtime: it loads the same embedded image and waits to report).
  * Every operation is ordered on the stream the table was made for. A
  * failing operation sets the table's message (refit_pgpu_fail) and returns
