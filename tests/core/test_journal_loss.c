@@ -7,23 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <sqlite3.h>
-
 #include "testutil.h"
-
-
-static int count(const char *path, const char *sql)
-{
-    sqlite3 *db;
-    sqlite3_stmt *s;
-    int n = -1;
-    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW)
-        n = sqlite3_column_int(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
-    return n;
-}
 
 static void run(int best_effort)
 {
@@ -52,9 +36,9 @@ static void run(int best_effort)
     }
     tw_close(&w);
     if (best_effort) {
-        assert_int_equal(count(path, "SELECT count(*) FROM updates WHERE version = 'v2' AND "
+        assert_int_equal(tw_sql_count(path, "SELECT count(*) FROM updates WHERE version = 'v2' AND "
                                      "state = 'committed'"), 1);
-        assert_int_equal(count(path, "SELECT count(*) FROM events WHERE kind = 'gap'"), 1);
+        assert_int_equal(tw_sql_count(path, "SELECT count(*) FROM events WHERE kind = 'gap'"), 1);
     }
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);

@@ -8,8 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <sqlite3.h>
-
 #include "testutil.h"
 
 /* Module "m": runtime w [4] from "m.w"; module "n": runtime b [6] from "n.b". */
@@ -25,7 +23,6 @@ static void two_modules(tw *w)
     assert_int_equal(tw_expect(w, "n", "n.b", &s), REFIT_OK);
     tw_seal(w);
 }
-
 
 /* A refused load, then finalize: the update must not commit. */
 static void test_refused_load_fails_closed(void **state)
@@ -191,19 +188,6 @@ static void test_finalize_after_prepare(void **state)
     assert_string_equal(refit_worker_version(w->ctx), "v1");
 }
 
-static int count_rows(const char *path, const char *sql)
-{
-    sqlite3 *db;
-    sqlite3_stmt *s;
-    int n = -1;
-    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
-    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW)
-        n = sqlite3_column_int(s, 0);
-    sqlite3_finalize(s);
-    sqlite3_close(db);
-    return n;
-}
-
 static void test_partial_journaled(void **state)
 {
     (void)state;
@@ -222,11 +206,11 @@ static void test_partial_journaled(void **state)
     assert_int_equal(tw_load(&w, t, "n.b", 2), REFIT_OK);
     assert_int_equal(refit_finalize(t), REFIT_OK);
     tw_close(&w);
-    assert_int_equal(count_rows(path, "SELECT count(*) FROM updates WHERE partial = 0 AND "
+    assert_int_equal(tw_sql_count(path, "SELECT count(*) FROM updates WHERE partial = 0 AND "
                                       "version = 'v1' AND state = 'committed'"), 1);
-    assert_int_equal(count_rows(path, "SELECT count(*) FROM updates WHERE partial = 1 AND "
+    assert_int_equal(tw_sql_count(path, "SELECT count(*) FROM updates WHERE partial = 1 AND "
                                       "version = 'v2' AND state = 'committed'"), 1);
-    assert_int_equal(count_rows(path, "SELECT count(*) FROM workers WHERE "
+    assert_int_equal(tw_sql_count(path, "SELECT count(*) FROM workers WHERE "
                                       "version = 'v2 (partial: 1 of 2 modules)'"), 1);
     char cmd[160];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -4,6 +4,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sqlite3.h>
+
 #include "kernels/cast.h"
 #include "testutil.h"
 
@@ -931,4 +933,17 @@ void tw_one_module(tw *w)
     refit_ckpt_spec s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
     assert_int_equal(tw_expect(w, "m", "m.w", &s), REFIT_OK);
     tw_seal(w);
+}
+
+int tw_sql_count(const char *path, const char *sql)
+{
+    sqlite3 *db;
+    sqlite3_stmt *s;
+    int n = -1;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW)
+        n = sqlite3_column_int(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return n;
 }

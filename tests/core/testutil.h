@@ -188,6 +188,10 @@ void tw_update(tw *w, uint64_t version, const char *label);
 void *tw_snapshot(const tw *w, size_t *bytes);
 /* One module "m" (unquantized): runtime w f32 [4] from "m.w"; sealed. */
 void tw_one_module(tw *w);
+
+/* The first column of the first row of sql over the SQLite file at path,
+ * opened read-only; -1 when the query gives no row. */
+int tw_sql_count(const char *path, const char *sql);
 /* 1 when every runtime byte of w equals snap (n bytes, from tw_snapshot). */
 int tw_snapshot_equal(const tw *w, const void *snap, size_t n);
 /* Model fingerprint; asserts success. */
