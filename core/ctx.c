@@ -97,6 +97,10 @@ int refit_format_register(refit_ctx *ctx, const refit_format_v2 *fmt)
                          (size_t)REFIT_FORMAT_V2_MIN_SIZE);
     if (!fmt->name || !*fmt->name || !fmt->plan)
         return ctx_error(ctx, REFIT_EFORMAT, "format without %s", fmt->plan ? "a name" : "a plan function");
+    if (REFIT_STRUCT_HAS(fmt, refit_format_v2, post_load_many) && fmt->post_load_many &&
+        !fmt->post_load)
+        return ctx_error(ctx, REFIT_EFORMAT, "format '%s' has post_load_many but no post_load "
+                         "(a module completed alone needs it)", fmt->name);
     int yrc = formats_yield_plugin(ctx, fmt); /* in-process beats a plugin found on a path */
     if (yrc)
         return yrc;

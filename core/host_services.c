@@ -44,7 +44,8 @@ typedef struct gpu_image {
  * word a post-load took, or a failure its post-load already reported
  * (failed: the message, held until finalize). */
 typedef struct status_slot {
-    const refit_fmt_module *m;
+    const refit_fmt_module *m;     /* NULL for a post_load_many word: */
+    const refit_fmt_module **mods; /*   then the module of each name */
     refit_device device;
     uint32_t index;        /* word index in its device's array */
     uint32_t n_names;
@@ -61,7 +62,9 @@ typedef struct status_array {
 } status_array;
 
 struct host_svc {
-    const refit_fmt_module *cur;  /* the module in a format's hands */
+    const refit_fmt_module *cur;  /* the module in a format's hands, */
+    const refit_fmt_module *const *batch; /* or the n_batch of a post_load_many */
+    uint32_t n_batch;
     scratch_block *scratch;
     uint32_t n_scratch, cap_scratch;
     scratch_pool *pools;
@@ -128,12 +131,23 @@ static int within(const refit_view *v, uintptr_t lo, uintptr_t hi, const refit_v
 /* REFIT_OK when v lies inside the current module's runtime tensors, its
  * staged bytes (post_load) or the update's scratch; no module current:
  * nothing to check against. */
+static int in_module(const refit_fmt_module *m, const refit_view *v, uintptr_t lo, uintptr_t hi)
+{
+    for (uint32_t i = 0; i < m->n_runtime; i++)
+        if (within(v, lo, hi, &refit_runtime(m, i)->view))
+            return 1;
+    for (uint32_t i = 0; i < m->n_ckpt; i++)
+        if (within(v, lo, hi, &refit_ckpt(m, i)->staged))
+            return 1;
+    return 0;
+}
+
 static int check_view(refit_ctx *ctx, const char *svc, const char *role, const refit_view *v)
 {
     struct host_svc *s = ctx->svc;
     if (!v)
         return ctx_error(ctx, REFIT_EINVAL, "%s: the %s view is NULL", svc, role);
-    const refit_fmt_module *m = s ? s->cur : NULL;
+    const refit_fmt_module *m = s && s->n_batch ? s->batch[0] : NULL;
     if (!m)
         return REFIT_OK;
     uintptr_t lo, hi;
@@ -143,11 +157,8 @@ static int check_view(refit_ctx *ctx, const char *svc, const char *role, const r
                          "extent overflows", svc, m->name, role);
     if (e == 0)
         return REFIT_OK;
-    for (uint32_t i = 0; i < m->n_runtime; i++)
-        if (within(v, lo, hi, &refit_runtime(m, i)->view))
-            return REFIT_OK;
-    for (uint32_t i = 0; i < m->n_ckpt; i++)
-        if (within(v, lo, hi, &refit_ckpt(m, i)->staged))
+    for (uint32_t k = 0; k < s->n_batch; k++)
+        if (in_module(s->batch[k], v, lo, hi))
             return REFIT_OK;
     for (uint32_t i = 0; i < s->n_scratch; i++) {
         const scratch_block *b = &s->scratch[i];
@@ -155,10 +166,12 @@ static int check_view(refit_ctx *ctx, const char *svc, const char *role, const r
             hi <= (uintptr_t)b->data + b->bytes)
             return REFIT_OK;
     }
-    return ctx_error(ctx, REFIT_EINVAL, "%s: module %s: the %s view (bytes %#llx..%#llx on "
+    return ctx_error(ctx, REFIT_EINVAL, "%s: module %s%s: the %s view (bytes %#llx..%#llx on "
                      "device type %d) lies outside the module's runtime tensors, staged bytes "
-                     "and scratch; refused", svc, m->name, role, (unsigned long long)lo,
-                     (unsigned long long)hi, v->device.device_type);
+                     "and scratch; refused", svc, m->name,
+                     s->n_batch > 1 ? " (and the other modules of its post_load_many)" : "",
+                     role, (unsigned long long)lo, (unsigned long long)hi,
+                     v->device.device_type);
 }
 
 /* ---- plain services ---- */
@@ -515,9 +528,14 @@ static void slot_free(status_slot *sl)
     for (uint32_t i = 0; i < sl->n_names; i++)
         free(sl->names[i]);
     free(sl->names);
+    free(sl->mods);
     free(sl->what);
     free(sl->failed);
 }
+
+static int take_word(refit_ctx *ctx, const refit_fmt_module *m,
+                     const refit_fmt_module *const *mods, refit_device dev, uint32_t n,
+                     const char *const *names, const char *what, void *stream, uint32_t **word);
 
 static int host_status_word(void *host, const refit_fmt_module *m, refit_device dev, uint32_t n,
                             const char *const *names, const char *what, void *stream,
@@ -541,18 +559,35 @@ static int host_status_word(void *host, const refit_fmt_module *m, refit_device 
                     *word = s->arrays[a].words + sl->index;
             return REFIT_OK;
         }
+    return take_word(ctx, m, NULL, dev, n, names, what, stream, word);
+}
+
+/* A new word on dev for module m (mods NULL) or for the pieces of a
+ * post_load_many (m NULL, mods[i] the module of names[i]). */
+static int take_word(refit_ctx *ctx, const refit_fmt_module *m,
+                     const refit_fmt_module *const *mods, refit_device dev, uint32_t n,
+                     const char *const *names, const char *what, void *stream, uint32_t **word)
+{
+    struct host_svc *s = ctx->svc;
+    const char *who = m ? m->name : mods[0]->name;
     char msg[256] = "";
     uint32_t modules = ctx->model ? ctx->model->n_modules : 1;
     status_array *arr = status_array_for(s, dev.device_id, modules ? modules : 1, msg,
                                          sizeof msg);
     if (!arr || arr->used == arr->cap)
         return ctx_error(ctx, REFIT_ENOMEM, "status_word: module %s: no word left on CUDA "
-                         "device %d%s%s", m->name, dev.device_id, msg[0] ? ": " : "", msg);
+                         "device %d%s%s", who, dev.device_id, msg[0] ? ": " : "", msg);
     if (grow_array((void **)&s->slots, &s->cap_slots, s->n_slots, sizeof *s->slots))
         return ctx_error(ctx, REFIT_ENOMEM, "status_word: out of memory");
-    status_slot sl = {m, dev, arr->used, 0, calloc(n ? n : 1, sizeof(char *)),
+    status_slot sl = {m, NULL, dev, arr->used, 0, calloc(n ? n : 1, sizeof(char *)),
                       xstrdup(what ? what : "refused by its post-load kernel"), 0, NULL};
     int oom = !sl.names || !sl.what;
+    if (!oom && mods) {
+        sl.mods = malloc((n ? n : 1) * sizeof *sl.mods);
+        oom = !sl.mods;
+        for (uint32_t i = 0; i < n && !oom; i++)
+            sl.mods[i] = mods[i];
+    }
     for (uint32_t i = 0; i < n && !oom; i++, sl.n_names++)
         oom = !(sl.names[i] = xstrdup(names[i] ? names[i] : "?"));
     if (oom) {
@@ -563,12 +598,39 @@ static int host_status_word(void *host, const refit_fmt_module *m, refit_device 
     int rc = gpusvc_memset_word(dev.device_id, w, 1, stream, msg, sizeof msg);
     if (rc) {
         slot_free(&sl);
-        return ctx_error(ctx, rc, "status_word: module %s: %s", m->name, msg);
+        return ctx_error(ctx, rc, "status_word: module %s: %s", who, msg);
     }
     arr->used++;
     s->slots[s->n_slots++] = sl;
     *word = w;
     return REFIT_OK;
+}
+
+static int host_status_word_many(void *host, refit_device dev, uint32_t n,
+                                 const refit_fmt_module *const *mods, const char *const *names,
+                                 const char *what, void *stream, uint32_t **word)
+{
+    refit_ctx *ctx = host;
+    struct host_svc *s = ctx->svc;
+    if (!word || !n || !mods || !names)
+        return ctx_error(ctx, REFIT_EINVAL, "status_word_many: no pieces, modules, names or "
+                         "output");
+    if (!s)
+        return ctx_error(ctx, REFIT_ENOMEM, "status_word_many: no service state");
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t k = 0;
+        while (k < s->n_batch && s->batch[k] != mods[i])
+            k++;
+        if (!mods[i] || k == s->n_batch)
+            return ctx_error(ctx, REFIT_EINVAL, "status_word_many: piece %u (%s) names a "
+                             "module that is not one of this post_load_many's %u", i,
+                             names[i] ? names[i] : "?", s->n_batch);
+    }
+    if (dev.device_type != REFIT_DEVICE_CUDA || !backend_for_device(dev))
+        return ctx_error(ctx, REFIT_EUNSUPPORTED, "status_word_many: module %s: device type %d "
+                         "id %d is no CUDA device this host serves", mods[0]->name,
+                         dev.device_type, dev.device_id);
+    return take_word(ctx, NULL, mods, dev, n, names, what, stream, word);
 }
 
 int host_services_post_load_failed(refit_ctx *ctx, const refit_fmt_module *m, int status,
@@ -578,7 +640,8 @@ int host_services_post_load_failed(refit_ctx *ctx, const refit_fmt_module *m, in
     if (!s || grow_array((void **)&s->slots, &s->cap_slots, s->n_slots, sizeof *s->slots))
         return REFIT_ENOMEM;
     refit_device cpu = {REFIT_DEVICE_CPU, 0};
-    status_slot sl = {m, cpu, 0, 0, NULL, NULL, status, xstrdup(msg ? msg : "post-load failed")};
+    status_slot sl = {m, NULL, cpu, 0, 0, NULL, NULL, status,
+                      xstrdup(msg ? msg : "post-load failed")};
     if (!sl.failed)
         return REFIT_ENOMEM;
     s->slots[s->n_slots++] = sl;
@@ -624,8 +687,10 @@ int host_services_check_status(refit_ctx *ctx)
             if (s->arrays[a].device != sl->device.device_id || !got[a])
                 continue;
             uint32_t bad = got[a][sl->index];
+            const refit_fmt_module *bm = sl->m ? sl->m
+                                       : bad < sl->n_names ? sl->mods[bad] : sl->mods[0];
             if (bad != REFIT_STATUS_NONE)
-                rc = ctx_error(ctx, REFIT_ECORRUPT, "module %s, tensor %s: %s", sl->m->name,
+                rc = ctx_error(ctx, REFIT_ECORRUPT, "module %s, tensor %s: %s", bm->name,
                                bad < sl->n_names ? sl->names[bad] : "?", sl->what);
         }
     }
@@ -639,14 +704,29 @@ int host_services_check_status(refit_ctx *ctx)
 
 void host_services_enter(refit_ctx *ctx, const refit_fmt_module *m)
 {
-    if (ctx->svc)
+    if (ctx->svc) {
         ctx->svc->cur = m;
+        ctx->svc->batch = &ctx->svc->cur;
+        ctx->svc->n_batch = m ? 1 : 0;
+    }
+}
+
+void host_services_enter_many(refit_ctx *ctx, const refit_fmt_module *const *m, uint32_t n)
+{
+    if (ctx->svc) {
+        ctx->svc->cur = NULL;
+        ctx->svc->batch = m;
+        ctx->svc->n_batch = n;
+    }
 }
 
 void host_services_leave(refit_ctx *ctx)
 {
-    if (ctx->svc)
+    if (ctx->svc) {
         ctx->svc->cur = NULL;
+        ctx->svc->batch = NULL;
+        ctx->svc->n_batch = 0;
+    }
 }
 
 void host_services_update_end(refit_ctx *ctx)
@@ -705,6 +785,7 @@ void host_services_init(refit_ctx *ctx)
     h->gpu_launch = host_gpu_launch;
     h->gpu_run = host_gpu_run;
     h->status_word = host_status_word;
+    h->status_word_many = host_status_word_many;
     ctx->svc = calloc(1, sizeof *ctx->svc);
 }
 

@@ -20,6 +20,10 @@ void host_services_free(struct refit_ctx *ctx);
 /* The module a format is working on (plan or post_load), or NULL: views
  * handed to copy/zero/fetch must lie inside its memory. */
 void host_services_enter(struct refit_ctx *ctx, const refit_fmt_module *m);
+/* The n modules of a post_load_many (m stays the caller's until leave):
+ * a view may lie in any of them. */
+void host_services_enter_many(struct refit_ctx *ctx, const refit_fmt_module *const *m,
+                              uint32_t n);
 void host_services_leave(struct refit_ctx *ctx);
 
 /* The update ended: free the scratch it was lent and forget its status

@@ -53,8 +53,18 @@ int txn_load_admit(refit_txn *t, const delivery *d, bool whole, bool *skip);
 /* Every check of one delivery: open, resolve, load_check, admit. */
 int txn_load_check(refit_txn *t, const char *name, int64_t off, const refit_tensor *src,
                    bool whole, bool described, delivery *d, bool *skip);
-/* Staging of d's module (a STAGED route), within the budget. */
-int txn_load_staging(refit_txn *t, const delivery *d, void **staging);
+/* Staging of d's module (a STAGED route), within the budget; none when
+ * d is read in place (txn_load_in_place). */
+int txn_load_staging(refit_txn *t, const delivery *d, bool whole, void **staging);
+/* Whether whole delivery d, a STAGED route's, would be read in place by
+ * its module's post-load (REFIT_MODULE_STAGED_IN_PLACE) when it completes
+ * the module (completes): then it takes no staging. */
+bool txn_load_in_place(const refit_txn *t, const delivery *d, bool completes);
+/* Around a loading call of many rows: with defer, complete modules'
+ * post-loads wait; without (the call's end), they run, one
+ * post_load_many per format where it has one (a failure fails t). On a
+ * failed t the waiting ones are dropped and its status returned. */
+int txn_post_load_defer(refit_txn *t, bool defer);
 /* Execute an admitted delivery: bookkeeping, the copy (or, claim, only
  * the undo save: the caller writes the bytes), completion, post-load.
  * A failure here is sticky (the txn FAILED). */

@@ -129,7 +129,9 @@ static int forecast_row(refit_txn *t, struct load_marks *k, const delivery *d, s
         k->mod_rows[mi] = 0;
         k->mod_counted[mi] = txn_module_has_staging(t, mi);
     }
-    if (d->r->kind == REFIT_ROUTE_STAGED && !k->mod_counted[mi]) {
+    bool completes = txn_module_complete(t, mi) + k->mod_rows[mi] + 1 == mod->n_primary;
+    if (d->r->kind == REFIT_ROUTE_STAGED && !k->mod_counted[mi] &&
+        !txn_load_in_place(t, d, completes)) {
         if (*in_use + mod->staged_bytes > m->ctx->staging_budget)
             return ctx_error(m->ctx, REFIT_EBUDGET, "module %s: staging budget of %llu bytes "
                              "exhausted (%zu in use by then, %zu needed)", mod->name,
@@ -171,6 +173,8 @@ static int check_all(refit_txn *t, const load_table *tab, const char *call)
     return REFIT_OK;
 }
 
+static int load_rows(refit_txn *t, const load_table *tab, void *stream, const char *call);
+
 int load_table_run(refit_txn *t, const load_table *tab, void *stream, const char *call)
 {
     refit_model *m = txn_model(t);
@@ -187,7 +191,18 @@ int load_table_run(refit_txn *t, const load_table *tab, void *stream, const char
                                              "per call", call, tab->n, UINT32_MAX));
     if (!(tab->plain && txn_untouched(t)) && (rc = check_all(t, tab, call)))
         return txn_load_refused(t, rc);
-    /* every row admissible: deliver them in order, as refit_load would */
+    /* every row admissible: deliver them in order, as refit_load would,
+     * the post-loads of the modules they complete run at the end */
+    txn_post_load_defer(t, true);
+    rc = load_rows(t, tab, stream, call);
+    int end = txn_post_load_defer(t, false);
+    return rc ? rc : end;
+}
+
+static int load_rows(refit_txn *t, const load_table *tab, void *stream, const char *call)
+{
+    refit_model *m = txn_model(t);
+    int rc = REFIT_OK;
     uint32_t hint = 0;
     for (size_t i = 0; i < tab->n; i++) {
         delivery d;
@@ -198,7 +213,7 @@ int load_table_run(refit_txn *t, const load_table *tab, void *stream, const char
             rc = txn_load_admit(t, &d, true, &skip);
         d.stream = stream;
         if (!rc && !skip)
-            rc = txn_load_staging(t, &d, &staging);
+            rc = txn_load_staging(t, &d, true, &staging);
         if (rc) {
             const char *name = tab->prepared ? tab->prepared[i].name : tab->names[i];
             /* out of staging memory, or a forecast that missed: the rows

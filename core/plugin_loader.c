@@ -356,6 +356,10 @@ static int check_struct(plugin_entry *e, char *why, size_t n)
     else if (d->n_kernels && !f->post_load)
         snprintf(why, n, "its declaration lists post-load kernels (%s, line %u) but the plugin "
                  "has no post_load function", d->kernels[0].name, d->kernels[0].at.line);
+    else if (REFIT_STRUCT_HAS(f, refit_format_v2, post_load_many) && f->post_load_many &&
+             !f->post_load)
+        snprintf(why, n, "the plugin has post_load_many but no post_load (a module completed "
+                 "alone needs it)");
     else if (!d->n_kernels && f->post_load)
         snprintf(why, n, "the plugin has a post_load function but its declaration lists no "
                  "post-load kernel");

@@ -100,6 +100,12 @@ struct txn_scratch {
     uint32_t *tie_owner;        /* tied primary: route index + 1 of the name
                                    that delivers it (0: none yet) */
     uint8_t *name_used;         /* a tied name accepted and skipped */
+    void **in_place;            /* per route: the caller's bytes its staged
+                                   view reads (REFIT_MODULE_STAGED_IN_PLACE) */
+    uint32_t *pending;          /* complete modules whose post-load waits for */
+    uint32_t n_pending;         /*   the end of the loading call, in order */
+    void *pending_stream;
+    const refit_fmt_module **batch; /* a post_load_many's modules */
 };
 
 #define TXN_MAX_STREAMS 8
@@ -130,6 +136,8 @@ struct refit_txn {
     bool fingerprint;           /* journal module fingerprints at commit */
     bool partial;               /* a delta: untouched modules keep their version */
     bool keep_going;            /* a refused load leaves the txn open */
+    bool defer_post_load;       /* a loading call of many rows is running:
+                                   complete modules' post-loads wait for its end */
     mod_version *label;         /* version_label, for the modules it commits */
     char *version_text;         /* room for "label (partial: K of N modules)" */
 };
@@ -182,6 +190,9 @@ static void txn_scratch_free(struct txn_scratch *s)
     free(s->rt_saved);
     free(s->tie_owner);
     free(s->name_used);
+    free(s->in_place);
+    free(s->pending);
+    free(s->batch);
     free(s);
 }
 
@@ -210,7 +221,10 @@ static struct txn_scratch *scratch_new(const refit_model *m)
     s->rt_saved = calloc(nt, 1);
     s->tie_owner = calloc(nr, sizeof *s->tie_owner);
     s->name_used = calloc(nr, 1);
-    if (!s->route_state || !s->route_rows || !s->parts || !s->mod_complete ||
+    s->in_place = calloc(nr, sizeof *s->in_place);
+    s->pending = calloc(nm, sizeof *s->pending);
+    s->batch = calloc(nm, sizeof *s->batch);
+    if (!s->in_place || !s->pending || !s->batch || !s->route_state || !s->route_rows || !s->parts || !s->mod_complete ||
         !s->mod_touched || !s->mod_wrote || !s->touched || !s->staging || !s->rt_saved ||
         !s->retired || !s->retired_mod ||
         !s->tie_owner || !s->name_used) {
@@ -249,6 +263,7 @@ static void scratch_reset(refit_txn *t)
             s->route_rows[ri] = 0;
             s->tie_owner[ri] = 0;
             s->name_used[ri] = 0;
+            s->in_place[ri] = NULL;
             for (part *p = s->parts[ri]; p;) {
                 part *next = p->next;
                 free(p);
@@ -267,6 +282,7 @@ static void scratch_reset(refit_txn *t)
         s->mod_wrote[mi] = 0;
     }
     s->n_touched = 0;
+    s->n_pending = 0;
     t->staging_in_use = 0;
 }
 
@@ -471,9 +487,14 @@ static void narrow(refit_view *v, int dim, int64_t from, int64_t rows)
 
 /* Staging held by enqueued post-loads is given back (one wait for the
  * streams) when a new block would not fit the budget or the memory. */
+static int post_load_run(refit_txn *t);
+
 static int staging_reclaim(refit_txn *t, const module *mod)
 {
-    int rc = t->s->n_retired ? txn_sync_streams(t) : REFIT_OK;
+    int rc = post_load_run(t); /* their staging retires */
+    if (rc)
+        return rc;
+    rc = t->s->n_retired ? txn_sync_streams(t) : REFIT_OK;
     return rc ? txn_error(t, rc, "module %s: waiting for earlier post-loads failed: %s; "
                           "nothing written", mod->name, refit_strerror(rc))
               : REFIT_OK;
@@ -508,14 +529,62 @@ static int staging_get(refit_txn *t, module *mod, uint32_t mi, void **out)
     return REFIT_OK;
 }
 
+static bool view_contiguous(const refit_view *v);
+
+/* Whether delivery d of a STAGED route needs no staged copy: its module's
+ * post-load may read the caller's bytes in place (the format says so), d
+ * is whole and completes the module (completes: every other primary
+ * tensor is here), so the post-load runs before the loading call returns,
+ * and this rank's rows are one contiguous, aligned run of the staged
+ * dtype on the staging's device. *at: where they start. */
+static bool stage_in_place(const refit_txn *t, const delivery *d, bool whole, bool completes,
+                           void **at)
+{
+    const route *r = d->r;
+    const module *mod = &t->m->modules[r->module];
+    const refit_view *st = &r->staged_shape;
+    if (r->kind != REFIT_ROUTE_STAGED || !whole || !completes ||
+        !(mod->fm.flags & REFIT_MODULE_STAGED_IN_PLACE) ||
+        (r->flags & (ROUTE_ALIAS | ROUTE_TIED | ROUTE_CAST)) ||
+        d->src.device.device_type != st->device.device_type ||
+        d->src.device.device_id != st->device.device_id ||
+        !kern_dtype_eq(d->src.dtype, st->dtype) || d->src.ndim != st->ndim)
+        return false;
+    refit_view v = d->src;
+    if (r->split_dim >= 0) {
+        if (d->b <= d->a)
+            return false;
+        narrow(&v, r->split_dim, d->a - d->off, d->b - d->a);
+    }
+    for (int i = 0; i < v.ndim; i++)
+        if (v.shape[i] != st->shape[i])
+            return false;
+    if (!view_contiguous(&v) || (uintptr_t)v.data % 64 != 0)
+        return false; /* staging slots are 64-byte aligned: so is what replaces one */
+    *at = v.data;
+    return true;
+}
+
+/* The rows of d complete its module (with whole: d is the module's last
+ * primary tensor). */
+static bool completes_module(const refit_txn *t, const delivery *d)
+{
+    return t->s->mod_complete[d->r->module] + 1 == t->m->modules[d->r->module].n_primary;
+}
+
 /* Write this rank's rows of the delivery to their route's destination. */
-static int write_rows(refit_txn *t, delivery *d, void *staging)
+static int write_rows(refit_txn *t, delivery *d, void *staging, bool whole)
 {
     route *r = d->r;
     if (d->b <= d->a && r->split_dim >= 0)
         return REFIT_OK; /* none of this rank's rows */
     refit_view src = d->src, dst;
     const backend *be = t->m->runtime[r->target].be;
+    void *at = NULL;
+    if (stage_in_place(t, d, whole, completes_module(t, d), &at)) {
+        t->s->in_place[d->ri] = at; /* the post-load reads it, on d's stream */
+        return txn_use_stream(t, be, d->stream);
+    }
     if (r->kind == REFIT_ROUTE_STAGED) {
         dst = r->staged_shape;
         dst.data = (char *)staging + r->staged_offset;
@@ -542,60 +611,151 @@ static int write_rows(refit_txn *t, delivery *d, void *staging)
     return REFIT_OK;
 }
 
-/* Every checkpoint tensor of a STAGED module is here: build its runtime. */
-static int module_post_load(refit_txn *t, module *mod, uint32_t mi, void *stream)
+/* The post_load_many of a format, or NULL (a struct that predates it). */
+static int (*post_load_many_of(const refit_format_v2 *f))(const refit_host_v2 *,
+                                                          const refit_fmt_module *const *,
+                                                          uint32_t, void *)
 {
-    refit_fmt_module *fm = &mod->fm;
+    return REFIT_STRUCT_HAS(f, refit_format_v2, post_load_many) ? f->post_load_many : NULL;
+}
+
+/* Every checkpoint tensor of a STAGED module is here: save what its
+ * post-load overwrites and queue it, run at once unless a loading call of
+ * many rows defers it to its end (one post_load_many a format). */
+static int post_load_queue(refit_txn *t, module *mod, uint32_t mi, void *stream)
+{
+    struct txn_scratch *s = t->s;
     for (uint32_t i = 0; i < mod->n_runtime; i++) {
         int rc = save_runtime(t, mod->runtime[i], stream);
         if (rc)
             return rc;
     }
+    s->mod_wrote[mi] = 1;
+    t->wrote = true;
+    int rc = s->n_pending && s->pending_stream != stream ? post_load_run(t) : REFIT_OK;
+    if (rc)
+        return rc;
+    s->pending_stream = stream;
+    s->pending[s->n_pending++] = mi;
+    return t->defer_post_load ? REFIT_OK : post_load_run(t);
+}
+
+/* Point module mi's staged views at its staged bytes (or set them NULL). */
+static void staged_views(refit_txn *t, module *mod, uint32_t mi, bool set)
+{
+    refit_fmt_module *fm = &mod->fm;
     for (uint32_t i = 0; i < fm->n_ckpt; i++) {
-        const route *r = &t->m->routes[mod->primary[i]];
+        uint32_t ri = mod->primary[i];
+        const route *r = &t->m->routes[ri];
         if (r->kind != REFIT_ROUTE_STAGED)
             continue;
-        fm->ckpt[i].staged = r->staged_shape;
-        fm->ckpt[i].staged.data = (char *)t->s->staging[mi] + r->staged_offset;
+        refit_fmt_ckpt *c = refit_ckpt(fm, i);
+        if (!set) {
+            c->staged.data = NULL;
+            t->s->in_place[ri] = NULL;
+            continue;
+        }
+        c->staged = r->staged_shape;
+        c->staged.data = t->s->in_place[ri] ? t->s->in_place[ri]
+                                            : (char *)t->s->staging[mi] + r->staged_offset;
     }
-    t->s->mod_wrote[mi] = 1;
-    t->wrote = true;
+}
+
+/* A post-load's failure: bad data (a NaN, a value out of range) is held
+ * like a lowered status word, so the update fails at finalize on every
+ * backend; anything else (or no room to hold it) fails the load now. */
+static int post_load_failed(refit_txn *t, const module *mod, int rc)
+{
+    char why[REFIT_ERRMSG_SIZE]; /* the format's reason, before it is overwritten */
+    snprintf(why, sizeof why, "%s", t->m->ctx->errmsg[0] ? t->m->ctx->errmsg
+                                                         : refit_strerror(rc));
+    if (rc != REFIT_ECORRUPT || host_services_post_load_failed(t->m->ctx, &mod->fm, rc, why))
+        return txn_error(t, rc, "module %s: post-load of format %s failed: %s", mod->name,
+                         mod->fmt->name, why);
+    ctx_clear_error(t->m->ctx);
+    return REFIT_OK;
+}
+
+/* Modules pending[a, b) (one format): one post_load_many, or a post_load
+ * each. */
+static int post_load_group(refit_txn *t, const uint32_t *pending, uint32_t n, void *stream)
+{
+    refit_ctx *ctx = t->m->ctx;
+    module *first = &t->m->modules[pending[0]];
+    int (*many)(const refit_host_v2 *, const refit_fmt_module *const *, uint32_t, void *) =
+        post_load_many_of(first->fmt);
+    if (n > 1 && many) {
+        for (uint32_t k = 0; k < n; k++)
+            t->s->batch[k] = &t->m->modules[pending[k]].fm;
+        host_services_enter_many(ctx, t->s->batch, n);
+        int rc = many(&ctx->host, t->s->batch, n, stream);
+        host_services_leave(ctx);
+        return rc ? post_load_failed(t, first, rc) : REFIT_OK;
+    }
+    for (uint32_t k = 0; k < n; k++) {
+        module *mod = &t->m->modules[pending[k]];
+        host_services_enter(ctx, &mod->fm);
+        int rc = mod->fmt->post_load(&ctx->host, &mod->fm, stream);
+        host_services_leave(ctx);
+        if (rc && (rc = post_load_failed(t, mod, rc)))
+            return rc;
+    }
+    return REFIT_OK;
+}
+
+/* Build the runtime of every pending module: their staged copies land
+ * first, then each format's post-loads are enqueued, without a wait; the
+ * staging they read is freed at the txn's next wait for its streams. */
+static int post_load_run(refit_txn *t)
+{
+    struct txn_scratch *s = t->s;
+    uint32_t n = s->n_pending;
+    if (!n)
+        return REFIT_OK;
+    s->n_pending = 0;
+    void *stream = s->pending_stream;
+    module *m0 = &t->m->modules[s->pending[0]];
     /* staged copies must land before the post-load kernel reads them */
-    const backend *be = t->m->runtime[mod->runtime[0]].be;
+    const backend *be = t->m->runtime[m0->runtime[0]].be;
     int rc = t->n_streams == 1 && t->streams[0].be == be && t->streams[0].stream == stream
                  ? be->flush(stream)
                  : txn_sync_streams(t);
     if (!rc)
         rc = txn_use_stream(t, be, stream);
     if (rc)
-        return txn_error(t, rc, "module %s: staged copies failed: %s", mod->name,
+        return txn_error(t, rc, "module %s: staged copies failed: %s", m0->name,
                          refit_strerror(rc));
-    host_services_enter(t->m->ctx, fm);
-    rc = mod->fmt->post_load(&t->m->ctx->host, fm, stream);
-    host_services_leave(t->m->ctx);
-    for (uint32_t i = 0; i < fm->n_ckpt; i++)
-        fm->ckpt[i].staged.data = NULL;
-    if (rc) {
-        char why[REFIT_ERRMSG_SIZE]; /* the format's reason, before it is overwritten */
-        snprintf(why, sizeof why, "%s", t->m->ctx->errmsg[0] ? t->m->ctx->errmsg
-                                                             : refit_strerror(rc));
-        /* bad data (a NaN, a value out of range): held like a lowered
-         * status word, so the update fails at finalize on every backend;
-         * anything else (or no room to hold it) fails the load now */
-        if (rc != REFIT_ECORRUPT || host_services_post_load_failed(t->m->ctx, fm, rc, why))
-            return txn_error(t, rc, "module %s: post-load of format %s failed: %s", mod->name,
-                             mod->fmt->name, why);
-        ctx_clear_error(t->m->ctx);
+    for (uint32_t k = 0; k < n; k++)
+        staged_views(t, &t->m->modules[s->pending[k]], s->pending[k], true);
+    for (uint32_t a = 0, b; a < n && !rc; a = b) {
+        const refit_format_v2 *f = t->m->modules[s->pending[a]].fmt;
+        for (b = a + 1; b < n && t->m->modules[s->pending[b]].fmt == f;)
+            b++;
+        rc = post_load_group(t, s->pending + a, b - a, stream);
     }
-    /* no wait per module: the staging block the post-load reads is freed
-     * at the txn's next wait for its streams (txn_sync_streams) */
-    if (t->s->n_retired == t->m->n_modules + 1 && (rc = txn_sync_streams(t)))
-        return txn_error(t, rc, "module %s: waiting for earlier post-loads failed: %s",
-                         mod->name, refit_strerror(rc));
-    t->s->retired[t->s->n_retired] = t->s->staging[mi];
-    t->s->retired_mod[t->s->n_retired++] = mi;
-    t->s->staging[mi] = NULL;
-    return REFIT_OK;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t mi = s->pending[k];
+        staged_views(t, &t->m->modules[mi], mi, false);
+        if (!s->staging[mi])
+            continue; /* every staged view read the caller's bytes */
+        s->retired[s->n_retired] = s->staging[mi];
+        s->retired_mod[s->n_retired++] = mi;
+        s->staging[mi] = NULL;
+    }
+    return rc;
+}
+
+int txn_post_load_defer(refit_txn *t, bool defer)
+{
+    t->defer_post_load = defer;
+    if (defer)
+        return REFIT_OK;
+    if (t->state == TXN_FAILED) {
+        t->s->n_pending = 0; /* nothing more is written */
+        return t->fail_status;
+    }
+    int rc = post_load_run(t);
+    return rc ? txn_fail(t, rc) : REFIT_OK;
 }
 
 /* A route got all its rows: zero its pad, and finish the module if done. */
@@ -620,7 +780,7 @@ static int route_complete(refit_txn *t, delivery *d)
     if (++s->mod_complete[r->module] < mod->n_primary)
         return REFIT_OK;
     if (mod->fm.flags & REFIT_MODULE_POST_LOAD)
-        return module_post_load(t, mod, r->module, d->stream);
+        return post_load_queue(t, mod, r->module, d->stream);
     return REFIT_OK;
 }
 
@@ -752,10 +912,18 @@ int txn_load_check(refit_txn *t, const char *name, int64_t off, const refit_tens
     return txn_load_admit(t, d, whole, skip);
 }
 
-int txn_load_staging(refit_txn *t, const delivery *d, void **staging)
+bool txn_load_in_place(const refit_txn *t, const delivery *d, bool completes)
+{
+    void *at;
+    return stage_in_place(t, d, true, completes, &at);
+}
+
+int txn_load_staging(refit_txn *t, const delivery *d, bool whole, void **staging)
 {
     *staging = NULL;
-    if (d->r->kind != REFIT_ROUTE_STAGED)
+    void *at;
+    if (d->r->kind != REFIT_ROUTE_STAGED ||
+        stage_in_place(t, d, whole, completes_module(t, d), &at))
         return REFIT_OK;
     return staging_get(t, &t->m->modules[d->r->module], d->r->module, staging);
 }
@@ -777,7 +945,7 @@ int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *stagi
         txn_set_state(t, TXN_LOADING);
     if (skip)
         return REFIT_OK;
-    int rc = claim ? claim_rows(t, d) : write_rows(t, d, staging);
+    int rc = claim ? claim_rows(t, d) : write_rows(t, d, staging, whole);
     if (rc)
         return txn_fail(t, rc);
     int64_t rows = d->b > d->a ? d->b - d->a : 0;
@@ -825,7 +993,7 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
     if (direct && (skip || !claim_fits(t, &d, src->device, &claimed)))
         return REFIT_OK; /* not for a claim (*direct NULL): nothing done, load it */
     void *staging = NULL;
-    if (!skip && (rc = txn_load_staging(t, &d, &staging)))
+    if (!skip && (rc = txn_load_staging(t, &d, whole, &staging)))
         return txn_refused(t, rc);
     rc = txn_load_apply(t, &d, whole, skip, staging, direct != NULL);
     if (!rc && direct)

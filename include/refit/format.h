@@ -33,7 +33,10 @@
  *   post_load(m)   when every checkpoint tensor of a STAGED module has
  *                  arrived in an update: build the runtime tensors from the
  *                  staged checkpoint bytes, writing in place. Must read only
- *                  the staged views, never runtime bytes (rule 4).
+ *                  the staged views, never runtime bytes (rule 4). With
+ *                  REFIT_MODULE_STAGED_IN_PLACE a staged view may be the
+ *                  caller's source itself; post_load_many builds several
+ *                  modules in one go.
  *   release(m)     at model destroy, if plan stored anything in m->state.
  *
  * Arrays the host builds (m->ckpt, m->runtime) carry their element size
@@ -107,6 +110,13 @@ typedef struct refit_fmt_runtime {
 /* Module flags set by plan. */
 #define REFIT_MODULE_WHOLE 0x1u      /* must be delivered whole when touched */
 #define REFIT_MODULE_POST_LOAD 0x2u  /* has a post_load step */
+/* post_load only reads its staged views, never writes them: the host may
+ * then point a staged view at the caller's source bytes instead of a
+ * staged copy (a whole contiguous source, of the staged dtype, on the
+ * staging's device, delivered in the call that completes the module; the
+ * post-load's work runs on the caller's stream within that call, so the
+ * source is read before anything the caller queues after it). */
+#define REFIT_MODULE_STAGED_IN_PLACE 0x4u
 
 typedef struct refit_fmt_module {
     const char *name;
@@ -255,6 +265,18 @@ typedef struct refit_host_v2 {
     int (*status_word)(void *host, const refit_fmt_module *m, refit_device dev, uint32_t n,
                        const char *const *names, const char *what, void *stream,
                        uint32_t **word);
+    /* appended in ABI 2 (check REFIT_HOST_HAS first) */
+    /* A status word for one post_load_many call on dev: its kernels lower
+     * it to the index of the first bad piece, and piece p is tensor
+     * names[p] of module mods[p] (n pieces; each module one of the call's).
+     * At finalize the host fails the update naming mods[word]'s module and
+     * names[word] with `what`, as for status_word. Set on stream before
+     * anything enqueued after this call; names and what are copied. A new
+     * word at each call. Returns REFIT_OK, REFIT_EINVAL (a module not of
+     * the call), REFIT_EUNSUPPORTED or REFIT_ENOMEM; the message is set. */
+    int (*status_word_many)(void *host, refit_device dev, uint32_t n,
+                            const refit_fmt_module *const *mods, const char *const *names,
+                            const char *what, void *stream, uint32_t **word);
 } refit_host_v2;
 
 /* 1 when struct *s (abi_version/struct_size first) holds member. */
@@ -321,6 +343,18 @@ typedef struct refit_format_v2 {
      * a message naming the format, the module and both capabilities. Host
      * memory (capability 0.0) runs the CPU reference: never refused. */
     uint32_t min_compute_capability;
+    /* appended in ABI 2 (read it through REFIT_STRUCT_HAS) */
+    /* post_load of n complete STAGED modules of this format at once, on
+     * one stream, in the order given: the same bytes as post_load on each
+     * in that order, in as few launches as the format can make (one table
+     * over every module's pieces). The host calls it for the modules that
+     * one loading call (refit_load_many, a source set) completes; views
+     * handed to host services may lie in any of the n modules' memory.
+     * Errors as post_load's: REFIT_ECORRUPT (the message names module and
+     * tensor) is held until finalize; anything else fails the load. NULL:
+     * the host calls post_load for each. Needs post_load too. */
+    int (*post_load_many)(const refit_host_v2 *host, const refit_fmt_module *const *m,
+                          uint32_t n, void *stream);
 } refit_format_v2;
 
 /* The one symbol a plugin exports: a const refit_format_v2. The loader
@@ -346,7 +380,7 @@ typedef struct refit_format_v2 {
 REFIT_API int refit_format_register(refit_ctx *ctx, const refit_format_v2 *fmt);
 
 #define REFIT_FORMAT_V2_INIT {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2), \
-                              NULL, NULL, NULL, NULL, 0}
+                              NULL, NULL, NULL, NULL, 0, NULL}
 
 #ifdef __cplusplus
 }
