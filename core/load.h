@@ -65,6 +65,9 @@ bool txn_load_in_place(const refit_txn *t, const delivery *d, bool completes);
  * post_load_many per format where it has one (a failure fails t). On a
  * failed t the waiting ones are dropped and its status returned. */
 int txn_post_load_defer(refit_txn *t, bool defer);
+/* The running call of many rows (deferring) completes module mi: every
+ * row it delivers to mi's STAGED routes may then be read in place. */
+void txn_call_completes(refit_txn *t, uint32_t mi);
 /* Execute an admitted delivery: bookkeeping, the copy (or, claim, only
  * the undo save: the caller writes the bytes), completion, post-load.
  * A failure here is sticky (the txn FAILED). */

@@ -142,8 +142,10 @@ static int forecast_row(refit_txn *t, struct load_marks *k, const delivery *d, s
     }
     /* the module's last tensor runs its post-load, which retires its
      * staging (given back before a new block would pass the budget) */
-    if (txn_module_complete(t, mi) + ++k->mod_rows[mi] == mod->n_primary &&
-        (mod->fm.flags & REFIT_MODULE_POST_LOAD) && k->mod_counted[mi]) {
+    bool done = txn_module_complete(t, mi) + ++k->mod_rows[mi] == mod->n_primary;
+    if (done && (mod->fm.flags & REFIT_MODULE_POST_LOAD))
+        txn_call_completes(t, mi);
+    if (done && (mod->fm.flags & REFIT_MODULE_POST_LOAD) && k->mod_counted[mi]) {
         *in_use -= mod->staged_bytes;
         k->mod_counted[mi] = 0;
     }
@@ -189,11 +191,13 @@ int load_table_run(refit_txn *t, const load_table *tab, void *stream, const char
     if (tab->n > UINT32_MAX)
         return txn_load_refused(t, ctx_error(m->ctx, REFIT_EINVAL, "%s: %zu rows; at most %u "
                                              "per call", call, tab->n, UINT32_MAX));
-    if (!(tab->plain && txn_untouched(t)) && (rc = check_all(t, tab, call)))
-        return txn_load_refused(t, rc);
     /* every row admissible: deliver them in order, as refit_load would,
      * the post-loads of the modules they complete run at the end */
     txn_post_load_defer(t, true);
+    if (!(tab->plain && txn_untouched(t)) && (rc = check_all(t, tab, call))) {
+        txn_post_load_defer(t, false); /* nothing waits: forget the forecast's marks */
+        return txn_load_refused(t, rc);
+    }
     rc = load_rows(t, tab, stream, call);
     int end = txn_post_load_defer(t, false);
     return rc ? rc : end;

@@ -106,6 +106,9 @@ struct txn_scratch {
     uint32_t n_pending;         /*   the end of the loading call, in order */
     void *pending_stream;
     const refit_fmt_module **batch; /* a post_load_many's modules */
+    uint8_t *call_completes;    /* per module: the running call of many rows */
+    uint32_t *flagged;          /*   completes it (its forecast says so), and */
+    uint32_t n_flagged;         /*   which modules it flagged */
 };
 
 #define TXN_MAX_STREAMS 8
@@ -193,6 +196,8 @@ static void txn_scratch_free(struct txn_scratch *s)
     free(s->in_place);
     free(s->pending);
     free(s->batch);
+    free(s->call_completes);
+    free(s->flagged);
     free(s);
 }
 
@@ -224,7 +229,9 @@ static struct txn_scratch *scratch_new(const refit_model *m)
     s->in_place = calloc(nr, sizeof *s->in_place);
     s->pending = calloc(nm, sizeof *s->pending);
     s->batch = calloc(nm, sizeof *s->batch);
-    if (!s->in_place || !s->pending || !s->batch || !s->route_state || !s->route_rows || !s->parts || !s->mod_complete ||
+    s->call_completes = calloc(nm, 1);
+    s->flagged = calloc(nm, sizeof *s->flagged);
+    if (!s->call_completes || !s->flagged || !s->in_place || !s->pending || !s->batch || !s->route_state || !s->route_rows || !s->parts || !s->mod_complete ||
         !s->mod_touched || !s->mod_wrote || !s->touched || !s->staging || !s->rt_saved ||
         !s->retired || !s->retired_mod ||
         !s->tie_owner || !s->name_used) {
@@ -565,11 +572,23 @@ static bool stage_in_place(const refit_txn *t, const delivery *d, bool whole, bo
     return true;
 }
 
-/* The rows of d complete its module (with whole: d is the module's last
- * primary tensor). */
+/* The module of d gets its post-load before the loading call returns:
+ * d is its last primary tensor, or the running call of many rows
+ * completes it. */
 static bool completes_module(const refit_txn *t, const delivery *d)
 {
-    return t->s->mod_complete[d->r->module] + 1 == t->m->modules[d->r->module].n_primary;
+    uint32_t mi = d->r->module;
+    return t->s->mod_complete[mi] + 1 == t->m->modules[mi].n_primary ||
+           (t->defer_post_load && t->s->call_completes[mi]);
+}
+
+void txn_call_completes(refit_txn *t, uint32_t mi)
+{
+    struct txn_scratch *s = t->s;
+    if (!s->call_completes[mi]) {
+        s->call_completes[mi] = 1;
+        s->flagged[s->n_flagged++] = mi;
+    }
 }
 
 /* Write this rank's rows of the delivery to their route's destination. */
@@ -747,9 +766,13 @@ static int post_load_run(refit_txn *t)
 
 int txn_post_load_defer(refit_txn *t, bool defer)
 {
+    struct txn_scratch *s = t->s;
     t->defer_post_load = defer;
     if (defer)
         return REFIT_OK;
+    for (uint32_t i = 0; i < s->n_flagged; i++)
+        s->call_completes[s->flagged[i]] = 0;
+    s->n_flagged = 0;
     if (t->state == TXN_FAILED) {
         t->s->n_pending = 0; /* nothing more is written */
         return t->fail_status;

@@ -440,7 +440,9 @@ static int fp8_plan(const refit_host_v2 *h, refit_fmt_module *m)
                        : plan_serialized(h, m, s, want_scheme, in_f, out_f);
     if (!rc)
         rc = route_rest(h, m, s);
-    m->flags = REFIT_MODULE_WHOLE | (s->online ? REFIT_MODULE_POST_LOAD : 0);
+    /* post_load reads its staged weights only: they may be the caller's */
+    m->flags = REFIT_MODULE_WHOLE |
+               (s->online ? REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE : 0);
     return rc;
 }
 
@@ -516,35 +518,63 @@ static int quant_rows(const refit_host_v2 *h, const refit_fmt_module *m, const f
     return REFIT_OK;
 }
 
-/* The launcher over every weight on the module's device, through the
- * host's GPU service; the status word names the weight. */
-static int quant_launch(const refit_host_v2 *h, const refit_fmt_module *m, uint32_t nw,
+/* The launcher over pieces of one or more modules on one device, through
+ * the host's GPU service: one status word names the module (mods[i]) and
+ * weight (names[i]) of a bad piece. */
+static int quant_launch(const refit_host_v2 *h, uint32_t nw, const refit_fmt_module *const *mods,
                         const refit_view *q, const refit_view *sc, const refit_view *x,
                         const char *const *names, int scheme, void *stream)
 {
     refit_device dev = q[0].device;
 #ifdef REFIT_FP8_DEVICE_CODE
-    int hw = fp8_cvt_host(h, m, dev, stream, nw, names, nan_what);
+    int one = 1;
+    for (uint32_t i = 1; i < nw; i++)
+        one = one && mods[i] == mods[0];
+    int hw = fp8_cvt_host(h, mods[0], dev, stream, nw, names, nan_what);
     refit_pgpu_host g;
-    int rc = refit_pgpu_host_init(&g, h, m, dev, stream, fp8_image, fp8_image_size, nw, names,
-                                  nan_what);
+    int rc = one ? refit_pgpu_host_init(&g, h, mods[0], dev, stream, fp8_image, fp8_image_size,
+                                        nw, names, nan_what)
+                 : refit_pgpu_host_init_many(&g, h, dev, stream, fp8_image, fp8_image_size, nw,
+                                             mods, names, nan_what);
     int32_t bad = -1;
     if (!rc && (rc = fp8_launch(&g.g, nw, q, sc, x, scheme, hw, &bad)) && g.g.msg[0])
-        return ERR(h, rc, "module %s%s%s: %s", m->name, bad >= 0 ? ", tensor " : "",
-                   bad >= 0 ? names[bad] : "", g.g.msg);
+        return ERR(h, rc, "module %s%s%s: %s", mods[bad >= 0 ? bad : 0]->name,
+                   bad >= 0 ? ", tensor " : "", bad >= 0 ? names[bad] : "", g.g.msg);
     return rc;
 #else
     (void)nw, (void)sc, (void)x, (void)names, (void)scheme, (void)stream;
     return ERR(h, REFIT_EUNSUPPORTED, "module %s: fp8 was built without its device code "
-               "(no nvcc), so it cannot run on device type %d", m->name, dev.device_type);
+               "(no nvcc), so it cannot run on device type %d", mods[0]->name, dev.device_type);
 #endif
 }
 
-/* Every weight in one call of the launcher on the module's device.
+/* The launcher's arrays for n pieces. */
+typedef struct pieces {
+    uint32_t n;
+    refit_view *q, *sc, *x;
+    const char **names;
+    const refit_fmt_module **mods;
+} pieces;
+
+static int pieces_alloc(const refit_host_v2 *h, pieces *p, uint32_t cap)
+{
+    size_t n = cap ? cap : 1;
+    p->n = 0;
+    p->q = h->mem_alloc(h->host, (sizeof *p->q * 3 + sizeof(char *) + sizeof(void *)) * n);
+    if (!p->q)
+        return REFIT_ENOMEM;
+    p->sc = p->q + n;
+    p->x = p->q + 2 * n;
+    p->names = (const char **)(void *)(p->q + 3 * n);
+    p->mods = (const refit_fmt_module **)(void *)(p->names + n);
+    return REFIT_OK;
+}
+
+/* Module m's weights (sh: where each landed, in row order) appended to p.
  * Per-tensor weights of one slot get the same one-element scale view: the
  * launcher takes their amax together. */
-static int quant_device(const refit_host_v2 *h, const refit_fmt_module *m, const fp8_state *s,
-                         const shard *sh, void *stream)
+static int device_pieces(const refit_host_v2 *h, const refit_fmt_module *m, const fp8_state *s,
+                         const shard *sh, pieces *p)
 {
     const refit_view *rt = &refit_runtime(m, s->rt_weight)->view, *sv = &refit_runtime(m, s->rt_scale)->view;
     uint32_t nw = s->n_weights;
@@ -553,69 +583,141 @@ static int quant_device(const refit_host_v2 *h, const refit_fmt_module *m, const
                                                                   KERN_FP8_BLOCK;
     int64_t slots = numel(sv->ndim, sv->shape);
     int block = s->scheme == KERN_FP8_BLOCK128;
-    refit_view *v = h->mem_alloc(h->host, (sizeof *v * 3 + sizeof(char *)) * nw);
-    if (!v)
-        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
-    refit_view *q = v, *sc = v + nw, *x = v + 2 * nw;
-    const char **names = (const char **)(v + 3 * nw);
-    int rc = REFIT_OK;
-    for (uint32_t i = 0; i < nw && !rc; i++) {
+    for (uint32_t i = 0; i < nw; i++) {
         const refit_fmt_ckpt *c = refit_ckpt(m, sh[i].ck);
-        q[i] = c->place;
-        x[i] = c->staged;
-        names[i] = c->name;
-        memset(&sc[i], 0, sizeof sc[i]);
-        sc[i].device = sv->device;
-        sc[i].dtype = sv->dtype;
-        sc[i].ndim = 2;
-        sc[i].strides[1] = 1;
+        uint32_t at = p->n++;
+        refit_view *sc = &p->sc[at];
+        p->q[at] = c->place;
+        p->x[at] = c->staged;
+        p->names[at] = c->name;
+        p->mods[at] = m;
+        memset(sc, 0, sizeof *sc);
+        sc->device = sv->device;
+        sc->dtype = sv->dtype;
+        sc->ndim = 2;
+        sc->strides[1] = 1;
         if (s->scheme == KERN_FP8_PER_TENSOR) {
             /* one slot per weight, per expert, or one (see quant_per_tensor) */
             int64_t slot = slots == (int64_t)nw ? i : slots == 1 ? 0 : sh[i].e;
-            sc[i].data = (float *)sv->data + slot;
-            sc[i].shape[0] = sc[i].shape[1] = 1;
-            sc[i].strides[0] = 1;
+            sc->data = (float *)sv->data + slot;
+            sc->shape[0] = sc->shape[1] = 1;
+            sc->strides[0] = 1;
             continue;
         }
         if (block && sh[i].row % KERN_FP8_BLOCK)
-            rc = ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: lands at row %lld of runtime "
-                     "weight, inside a 128-row block; fused block-128 weights start on block "
-                     "boundaries", m->name, c->name, (long long)sh[i].row);
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: lands at row %lld of runtime "
+                       "weight, inside a 128-row block; fused block-128 weights start on block "
+                       "boundaries", m->name, c->name, (long long)sh[i].row);
         int64_t first = block ? (sh[i].e * bn + sh[i].row / KERN_FP8_BLOCK) * bk
                               : sh[i].e * n + sh[i].row;
-        sc[i].data = (float *)sv->data + first;
-        kern_fp8_scale_shape(s->scheme, c->staged.shape[0], k, sc[i].shape);
-        sc[i].strides[0] = block ? bk : 1;
+        sc->data = (float *)sv->data + first;
+        kern_fp8_scale_shape(s->scheme, c->staged.shape[0], k, sc->shape);
+        sc->strides[0] = block ? bk : 1;
     }
-    if (!rc)
-        rc = quant_launch(h, m, nw, q, sc, x, names, (int)s->scheme, stream);
-    h->mem_free(h->host, v);
+    return REFIT_OK;
+}
+
+/* Where each weight of online module m landed, in row order (memory from
+ * host->mem_alloc, freed by the caller), or NULL with the error set. */
+static shard *module_shards(const refit_host_v2 *h, const refit_fmt_module *m,
+                            const fp8_state *s, int *rc)
+{
+    shard *sh = h->mem_alloc(h->host, sizeof *sh * (s->n_weights ? s->n_weights : 1));
+    *rc = sh ? REFIT_OK : ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
+    for (uint32_t i = 0; i < s->n_weights && !*rc; i++)
+        *rc = locate(h, m, s->rt_weight, s->weights[i], &sh[i]);
+    if (*rc) {
+        h->mem_free(h->host, sh);
+        return NULL;
+    }
+    qsort(sh, s->n_weights, sizeof *sh, shard_cmp);
+    return sh;
+}
+
+static int on_device(const fp8_state *s, const refit_fmt_module *m)
+{
+    return s && s->online && !host_memory(refit_runtime(m, s->rt_weight)->view.device);
+}
+
+/* The online modules of mods[0 .. n) on the device and of the scheme of
+ * mods[lead], all in one call of the launcher; done[] marks them. */
+static int quant_device_group(const refit_host_v2 *h, const refit_fmt_module *const *mods,
+                              uint32_t n, uint32_t lead, unsigned char *done, void *stream)
+{
+    const fp8_state *ls = mods[lead]->state;
+    refit_device dev = refit_runtime(mods[lead], ls->rt_weight)->view.device;
+    uint32_t cap = 0;
+    for (uint32_t k = lead; k < n; k++) {
+        const fp8_state *s = mods[k]->state;
+        refit_device d = on_device(s, mods[k]) ? refit_runtime(mods[k], s->rt_weight)->view.device
+                                               : (refit_device){-1, -1};
+        if (!done[k] && d.device_type == dev.device_type && d.device_id == dev.device_id &&
+            s->scheme == ls->scheme) {
+            done[k] = 2; /* this group's */
+            cap += s->n_weights;
+        }
+    }
+    pieces p;
+    int rc = pieces_alloc(h, &p, cap);
+    if (rc)
+        return ERR(h, rc, "module %s: out of memory", mods[lead]->name);
+    for (uint32_t k = lead; k < n && !rc; k++) {
+        if (done[k] != 2)
+            continue;
+        done[k] = 1;
+        shard *sh = module_shards(h, mods[k], mods[k]->state, &rc);
+        if (sh)
+            rc = device_pieces(h, mods[k], mods[k]->state, sh, &p);
+        h->mem_free(h->host, sh);
+    }
+    if (!rc && p.n)
+        rc = quant_launch(h, p.n, p.mods, p.q, p.sc, p.x, p.names, (int)ls->scheme, stream);
+    h->mem_free(h->host, p.q);
+    return rc;
+}
+
+/* On host memory: the reference kernels linked here (done on return). */
+static int quant_host(const refit_host_v2 *h, const refit_fmt_module *m)
+{
+    const fp8_state *s = m->state;
+    int rc;
+    shard *sh = module_shards(h, m, s, &rc);
+    if (!sh)
+        return rc;
+    rc = s->scheme == KERN_FP8_PER_TENSOR ? quant_per_tensor(h, m, s, sh)
+                                          : quant_rows(h, m, s, sh);
+    h->mem_free(h->host, sh);
+    return rc;
+}
+
+/* Modules in call order; on a device, one launcher call for each (device,
+ * scheme) among them (the device code is checked at seal). A bad module
+ * on host memory stops the call (REFIT_ECORRUPT, its message). */
+static int fp8_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *mods,
+                              uint32_t n, void *stream)
+{
+    unsigned char *done = h->mem_alloc(h->host, n ? n : 1);
+    if (!done)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", n ? mods[0]->name : "?");
+    memset(done, 0, n ? n : 1);
+    int rc = REFIT_OK;
+    for (uint32_t k = 0; k < n && !rc; k++) {
+        const fp8_state *s = mods[k]->state;
+        if (done[k] || !s || !s->online)
+            continue;
+        if (on_device(s, mods[k]))
+            rc = quant_device_group(h, mods, n, k, done, stream);
+        else
+            rc = quant_host(h, mods[k]);
+        done[k] = 1;
+    }
+    h->mem_free(h->host, done);
     return rc;
 }
 
 static int fp8_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
-    const fp8_state *s = m->state;
-    if (!s || !s->online)
-        return REFIT_OK;
-    shard *sh = h->mem_alloc(h->host, sizeof *sh * s->n_weights);
-    if (!sh)
-        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
-    int rc = REFIT_OK;
-    for (uint32_t i = 0; i < s->n_weights && !rc; i++)
-        rc = locate(h, m, s->rt_weight, s->weights[i], &sh[i]);
-    if (!rc) {
-        qsort(sh, s->n_weights, sizeof *sh, shard_cmp);
-        /* the reference kernels linked here on host memory (done on
-         * return); the device code on a CUDA device (checked at seal) */
-        if (!host_memory(refit_runtime(m, s->rt_weight)->view.device))
-            rc = quant_device(h, m, s, sh, stream);
-        else
-            rc = s->scheme == KERN_FP8_PER_TENSOR ? quant_per_tensor(h, m, s, sh)
-                                                  : quant_rows(h, m, s, sh);
-    }
-    h->mem_free(h->host, sh);
-    return rc;
+    return fp8_post_load_many(h, &m, 1, stream);
 }
 
 REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
@@ -628,4 +730,5 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
 #ifdef REFIT_PLUGIN_MIN_CC /* device code built: none of it below this */
     .min_compute_capability = REFIT_PLUGIN_MIN_CC,
 #endif
+    .post_load_many = fp8_post_load_many,
 };

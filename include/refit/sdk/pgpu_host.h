@@ -101,15 +101,11 @@ static inline int refit_pgpu_host_upload(refit_pgpu *g, void *dst, const void *s
     return rc ? refit_pgpu_host_said(g, rc, "uploading a table") : REFIT_OK;
 }
 
-/* Load the plugin's image (once per context: the host keeps it) and take
- * module m's status word on dev: its kernels lower it to a piece index,
- * and the host fails the update at finalize naming m and names[index]
- * with `what`. Returns REFIT_OK or the host's status (message set through
- * host->error). */
-static inline int refit_pgpu_host_init(refit_pgpu_host *p, const refit_host_v2 *h,
-                                       const refit_fmt_module *m, refit_device dev, void *stream,
-                                       const void *image, size_t image_size, uint32_t n_names,
-                                       const char *const *names, const char *what)
+/* The table without a status word (refit_pgpu_host_init and _init_many
+ * take one): the image loaded, the device's multiprocessors read. */
+static inline int refit_pgpu_host_setup(refit_pgpu_host *p, const refit_host_v2 *h,
+                                        refit_device dev, void *stream, const void *image,
+                                        size_t image_size)
 {
     memset(p, 0, sizeof *p);
     p->h = h;
@@ -128,9 +124,40 @@ static inline int refit_pgpu_host_init(refit_pgpu_host *p, const refit_host_v2 *
         p->g.multiprocessors = di.multiprocessors;
     if (p->g.multiprocessors <= 0)
         p->g.multiprocessors = 1;
-    int rc = h->gpu_load(h->host, image, image_size, &p->module);
+    return h->gpu_load(h->host, image, image_size, &p->module);
+}
+
+/* Load the plugin's image (once per context: the host keeps it) and take
+ * module m's status word on dev: its kernels lower it to a piece index,
+ * and the host fails the update at finalize naming m and names[index]
+ * with `what`. Returns REFIT_OK or the host's status (message set through
+ * host->error). */
+static inline int refit_pgpu_host_init(refit_pgpu_host *p, const refit_host_v2 *h,
+                                       const refit_fmt_module *m, refit_device dev, void *stream,
+                                       const void *image, size_t image_size, uint32_t n_names,
+                                       const char *const *names, const char *what)
+{
+    int rc = refit_pgpu_host_setup(p, h, dev, stream, image, image_size);
     if (!rc)
         rc = h->status_word(h->host, m, dev, n_names, names, what, stream, &p->g.status);
+    return rc;
+}
+
+/* For a post_load_many: one status word over the pieces of several
+ * modules, piece i being tensor names[i] of module mods[i] (the host's
+ * status_word_many); the host then names the right module. A host that
+ * predates status_word_many: REFIT_EUNSUPPORTED (post_load each module). */
+static inline int refit_pgpu_host_init_many(refit_pgpu_host *p, const refit_host_v2 *h,
+                                            refit_device dev, void *stream, const void *image,
+                                            size_t image_size, uint32_t n,
+                                            const refit_fmt_module *const *mods,
+                                            const char *const *names, const char *what)
+{
+    if (!REFIT_HOST_HAS(h, status_word_many))
+        return h->error(h->host, REFIT_EUNSUPPORTED, "the host has no status_word_many");
+    int rc = refit_pgpu_host_setup(p, h, dev, stream, image, image_size);
+    if (!rc)
+        rc = h->status_word_many(h->host, dev, n, mods, names, what, stream, &p->g.status);
     return rc;
 }
 
