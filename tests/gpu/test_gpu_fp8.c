@@ -142,6 +142,13 @@ static void test_status_at_finalize(void **state)
     pair_check_status_at_finalize(state, 0, 8, "NaN or infinity");
 }
 
+/* One refit_load_many: one post_load_many over every module, sources read
+ * in place; the same bytes, and the first bad module named at finalize. */
+static void test_load_many(void **state)
+{
+    pair_check_load_many(state, 0, 8, "NaN or infinity");
+}
+
 int main(void)
 {
     int on_host_only = pair_use(&fp8_model);
@@ -153,6 +160,7 @@ int main(void)
         cmocka_unit_test(test_user_stream),
         cmocka_unit_test(test_nan_and_abort),
         cmocka_unit_test(test_status_at_finalize),
+        cmocka_unit_test(test_load_many),
     };
     return cmocka_run_group_tests(tests, pair_setup, pair_teardown);
 }
