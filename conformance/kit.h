@@ -60,6 +60,9 @@ typedef struct kit_delivery {
                              (floats) or other bits, which must not matter */
     const char *nan_in;   /* this tensor gets one NaN (element 0) */
     const char *skip;     /* this tensor is not delivered */
+    int many;             /* every tensor in one refit_load_many (cuts ignored):
+                             the post-loads of its modules run at its end, in
+                             one post_load_many a format where it has one */
 } kit_delivery;
 
 /* Open a world at rank, every runtime byte set to junk, sealed. Returns

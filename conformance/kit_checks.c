@@ -193,6 +193,66 @@ out:
     kit_world_close(&w);
 }
 
+/* ---- many tensors in one call ---- */
+
+static int staged_float(const kit_env *env, const mdoc_ck *ck);
+
+static void check_many(const kit_env *env, kit_result *r)
+{
+    kit_world c, w;
+    char where[256], why[2048];
+    memset(&w, 0, sizeof w);
+    if (cold(&c, env, 0, KIT_SHARDED, 0xa5, VERSION_B, r) ||
+        cold(&w, env, 0, KIT_SHARDED, 0x5a, VERSION_A, r))
+        goto out;
+    kit_delivery d = {.version = VERSION_B, .many = 1};
+    if (kit_update(&w, &d, "B in one call", why, sizeof why)) {
+        say(r, KIT_FAIL, "version B in one refit_load_many after A: %s", why);
+        goto out;
+    }
+    if (!same_bytes(&c, &w, where, sizeof where)) {
+        say(r, KIT_FAIL, "A then B in one refit_load_many differs from a cold start of B "
+            "loaded a tensor a call, at %s: post_load_many does not build what post_load "
+            "builds, or a staged view read in place was written", where);
+        goto out;
+    }
+    /* a NaN in the first staged float tensor, in one call: the update fails
+     * at finalize naming its module, and rolls back */
+    for (size_t i = 0; i < env->doc->n_mods; i++) {
+        const mdoc_mod *mod = &env->doc->mods[i];
+        for (size_t j = 0; is_format(env, mod) && j < mod->n_ck; j++) {
+            const mdoc_ck *ck = &mod->ck[j];
+            if (!staged_float(env, ck))
+                continue;
+            size_t n, m;
+            void *before = kit_snapshot(&w, &n);
+            kit_delivery bad = {.version = VERSION_A, .many = 1, .nan_in = ck->name};
+            int rc = kit_update(&w, &bad, "nan in one call", why, sizeof why);
+            void *after = kit_snapshot(&w, &m);
+            if (rc == REFIT_OK)
+                say(r, KIT_FAIL, "a NaN in %s (module %s), in one refit_load_many, was "
+                    "accepted: the update committed", ck->name, mod->name);
+            else if (n != m || memcmp(before, after, n))
+                say(r, KIT_FAIL, "the rollback of a NaN in %s in one call left %s changed",
+                    ck->name, kit_diff(&w, before, after, where, sizeof where));
+            else if (!strstr(why, mod->name))
+                say(r, KIT_FAIL, "the refusal of a NaN in %s in one call does not name "
+                    "module %s: %s", ck->name, mod->name, why);
+            else
+                say(r, KIT_PASS, "one refit_load_many gives the bytes of a refit_load a "
+                    "tensor; a NaN in %s in one call fails it naming %s, rolled back",
+                    ck->name, mod->name);
+            free(before);
+            free(after);
+            goto out;
+        }
+    }
+    say(r, KIT_PASS, "one refit_load_many gives the bytes of a refit_load a tensor");
+out:
+    kit_world_close(&c);
+    kit_world_close(&w);
+}
+
 /* ---- TP shards and cuts ---- */
 
 static void check_tp(const kit_env *env, kit_result *r)
@@ -414,6 +474,7 @@ static const kit_check checks[] = {
     {"cold-start", "a cold start writes every runtime byte", check_cold_start},
     {"reload", "a reload gives the bytes of a cold start", check_reload},
     {"twice", "the same checkpoint twice gives the same bytes", check_twice},
+    {"many", "one refit_load_many gives the bytes of a load a tensor", check_many},
     {"tp", "TP shards and cuts load as their slices", check_tp},
     {"nan", "a NaN fails the update, which rolls back", check_nan},
     {"refusal", "a refused load leaves bytes and health", check_refusal},

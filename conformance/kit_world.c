@@ -312,7 +312,10 @@ static void *make_source(const kit_world *w, const mdoc_ck *ck, const kit_delive
     *split = dim;
     int64_t numel = numel_of(ck->ndim, shape);
     *bytes = bytes_of(ck->dtype, numel);
-    unsigned char *buf = malloc(*bytes ? *bytes : 1);
+    /* 64-byte aligned, as a framework's allocations are: a format that
+     * reads its staged views in place then reads these */
+    unsigned char *buf = aligned_alloc(64, (*bytes + 63) & ~(size_t)63 ? (*bytes + 63) &
+                                                                         ~(size_t)63 : 64);
     if (!buf)
         return NULL;
     size_t es = ck->dtype.bits >= 8 ? (size_t)ck->dtype.bits / 8 : 0;
@@ -346,9 +349,72 @@ static void *make_source(const kit_world *w, const mdoc_ck *ck, const kit_delive
     return buf;
 }
 
+/* Every tensor of d in one refit_load_many, the sources alive until it
+ * returns. */
+static int deliver_many(kit_world *w, refit_txn *t, const kit_delivery *d, char *why, size_t n)
+{
+    const mdoc *doc = w->env->doc;
+    size_t cap = 0, k = 0;
+    for (size_t i = 0; i < doc->n_mods; i++)
+        cap += doc->mods[i].n_ck;
+    const char **names = calloc(cap + 1, sizeof *names);
+    refit_tensor *srcs = calloc(cap + 1, sizeof *srcs);
+    int64_t (*shapes)[REFIT_MAX_DIMS] = calloc(cap + 1, sizeof *shapes);
+    void **bufs = calloc(cap + 1, sizeof *bufs);
+    int rc = names && srcs && shapes && bufs ? REFIT_OK
+                                             : fail(why, n, REFIT_ENOMEM, "out of memory");
+    for (size_t i = 0; i < doc->n_mods && !rc; i++)
+        for (size_t j = 0; j < doc->mods[i].n_ck && !rc; j++) {
+            const mdoc_ck *ck = &doc->mods[i].ck[j];
+            if (ck->tie || (d->skip && !strcmp(d->skip, ck->name)))
+                continue;
+            int dim;
+            size_t bytes;
+            if (!(bufs[k] = make_source(w, ck, d, shapes[k], &dim, &bytes))) {
+                rc = fail(why, n, REFIT_ENOMEM, "out of memory");
+                break;
+            }
+            names[k] = ck->name;
+            srcs[k] = (refit_tensor){bufs[k], {REFIT_DEVICE_CPU, 0}, ck->ndim, ck->dtype,
+                                     shapes[k], NULL, 0};
+            k++;
+        }
+    if (!rc && (rc = refit_load_many(t, k, names, srcs, NULL)))
+        fail(why, n, rc, "refit_load_many of %zu tensors: %s: %s", k, refit_status_name(rc),
+             refit_errmsg(w->ctx));
+    /* a source a post-load read in place must come back as it was given */
+    for (size_t i = 0, at = 0; i < doc->n_mods && !rc; i++)
+        for (size_t j = 0; j < doc->mods[i].n_ck && !rc; j++) {
+            const mdoc_ck *ck = &doc->mods[i].ck[j];
+            if (ck->tie || (d->skip && !strcmp(d->skip, ck->name)))
+                continue;
+            int64_t shape[REFIT_MAX_DIMS];
+            int dim;
+            size_t bytes;
+            void *again = make_source(w, ck, d, shape, &dim, &bytes);
+            if (!again)
+                rc = fail(why, n, REFIT_ENOMEM, "out of memory");
+            else if (memcmp(again, bufs[at], bytes))
+                rc = fail(why, n, REFIT_EINTERNAL, "refit_load_many: the caller's source of "
+                          "%s changed during the call: a post-load wrote a staged view it "
+                          "reads in place (REFIT_MODULE_STAGED_IN_PLACE)", ck->name);
+            free(again);
+            at++;
+        }
+    for (size_t i = 0; bufs && i < k; i++)
+        free(bufs[i]);
+    free(names);
+    free(srcs);
+    free(shapes);
+    free(bufs);
+    return rc;
+}
+
 int kit_deliver(kit_world *w, refit_txn *t, const kit_delivery *d, char *why, size_t n)
 {
     const mdoc *doc = w->env->doc;
+    if (d->many)
+        return deliver_many(w, t, d, why, n);
     for (size_t i = 0; i < doc->n_mods; i++) {
         for (size_t j = 0; j < doc->mods[i].n_ck; j++) {
             const mdoc_ck *ck = &doc->mods[i].ck[j];

@@ -12,7 +12,7 @@ rc=$?
 n=0
 bad=0
 say() { n=$((n + 1)); echo "$1 $n - $2"; }
-for id in loads declaration cold-start reload twice tp nan refusal; do
+for id in loads declaration cold-start reload twice many tp nan refusal; do
   line=$(printf '%s\n' "$out" | grep -E "^(not )?ok [0-9]+ - $id:" | head -n 1)
   want=ok
   case " $failing " in *" $id "*) want="not ok" ;; esac

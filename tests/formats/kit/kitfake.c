@@ -8,6 +8,10 @@
  *   KF_SHARD     starts its slice at element slice_lo (a row index taken
  *                for an element index), wrapping around: tp fails
  *   KF_ROW       never writes a tensor's last element: cold-start fails
+ *   KF_MANY_FIRST its post_load_many builds only the first module: many fails
+ *   KF_SCRIBBLE  reads its staged views in place (REFIT_MODULE_STAGED_IN_PLACE,
+ *                as every variant does) but writes them, i.e. the caller's
+ *                source: many fails
  * (a declaration that lists another route is the liar test: declaration
  * fails.) */
 #include <math.h>
@@ -39,7 +43,7 @@ static int kf_plan(const refit_host_v2 *h, refit_fmt_module *m)
                             "f32 runtime tensor", m->name, c->name);
         c->route = REFIT_ROUTE_STAGED;
     }
-    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD;
+    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE;
     return REFIT_OK;
 }
 
@@ -71,6 +75,23 @@ static int kf_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void 
 #else
             out[e] = 2.0f * in[(e + shift) % n];
 #endif
+#ifdef KF_SCRIBBLE
+        ((float *)c->staged.data)[0] = -1.0f;
+#endif
+    }
+    return REFIT_OK;
+}
+
+static int kf_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *m,
+                             uint32_t n, void *stream)
+{
+#ifdef KF_MANY_FIRST
+    n = n ? 1 : 0;
+#endif
+    for (uint32_t k = 0; k < n; k++) {
+        int rc = kf_post_load(h, m[k], stream);
+        if (rc)
+            return rc;
     }
     return REFIT_OK;
 }
@@ -82,4 +103,5 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .plan = kf_plan,
     .post_load = kf_post_load,
     .release = NULL,
+    .post_load_many = kf_post_load_many,
 };
