@@ -22,7 +22,13 @@
  * Undo saves into device memory (the context's budget), of any size, and
  * saves into pinned memory smaller than save_min are rows of a separate
  * save table whose pending rows launch before the copy rows of the same
- * flush; larger pinned saves are one cudaMemcpyAsync each, issued at once.
+ * flush; larger pinned saves are one cudaMemcpyAsync each, issued at once
+ * on the queue's save stream beside it (save_side), so the PCIe link
+ * carries a save to the host while the copy of the tensor before it comes
+ * in: the save stream first waits for the stream's work before the
+ * update's first save, and the stream waits for each save's event before
+ * anything issued after it (a marker among the deferred slices, when
+ * slices of earlier tensors still wait to be issued).
  * Any copy the backend issues at once (memcpy, kernel, memset) first
  * launches the pending save rows (launch_saves: no table switch, no wait),
  * so a save always reads the bytes before the txn's first write to them.
@@ -72,6 +78,7 @@
 #define MAX_QUEUES 64
 #define MAX_DEVICES 64
 #define MAX_RING 16
+#define SAVE_EVENTS 64
 
 /* ---- tunables (environment, read once) ---- */
 
@@ -82,6 +89,7 @@ typedef struct cuda_cfg {
     size_t d2d_memcpy_min;      /* REFIT_CUDA_D2D_MEMCPY_MIN_KB: 0 = always batch D2D */
     size_t save_min;            /* REFIT_CUDA_SAVE_MIN_KB: smaller saves are batched */
     size_t save_dev_memcpy_min; /* REFIT_CUDA_SAVE_DEV_MEMCPY_MIN_KB: 0 = batch every device save */
+    int save_side;              /* REFIT_CUDA_SAVE_SIDE: large pinned saves on a stream beside */
     uint32_t ring_chunks;       /* REFIT_CUDA_RING_CHUNKS */
     size_t ring_chunk_bytes;    /* REFIT_CUDA_RING_CHUNK_MB */
     size_t staging_cache;       /* REFIT_CUDA_STAGING_CACHE_MB */
@@ -124,6 +132,7 @@ static void cfg_load(cuda_cfg *c)
     c->save_min = env_size("REFIT_CUDA_SAVE_MIN_KB", 64 * KIB, KIB, 0, SIZE_MAX / 2);
     c->save_dev_memcpy_min = env_size("REFIT_CUDA_SAVE_DEV_MEMCPY_MIN_KB", 0, KIB, 0,
                                       SIZE_MAX / 2);
+    c->save_side = (int)env_size("REFIT_CUDA_SAVE_SIDE", 1, 1, 0, 1);
     c->ring_chunks = (uint32_t)env_size("REFIT_CUDA_RING_CHUNKS", 4, 1, 2, MAX_RING);
     c->ring_chunk_bytes = env_size("REFIT_CUDA_RING_CHUNK_MB", 16 * MIB, MIB, MIB, 4096 * MIB);
     c->staging_cache = env_size("REFIT_CUDA_STAGING_CACHE_MB", 1024 * MIB, MIB, 0, SIZE_MAX / 2);
@@ -210,6 +219,12 @@ typedef struct cq {
     pchunk ring[MAX_RING];
     uint32_t ring_cur;
     uint64_t launched;          /* copy bytes launched since the last sync */
+    cudaStream_t side;          /* large pinned undo saves (save_side), or NULL */
+    cudaEvent_t fork;           /* the stream's work before the first save */
+    bool forked;                /*   is what side waits for, until the next sync */
+    cudaEvent_t save_ev[SAVE_EVENTS]; /* after a save on side */
+    uint64_t save_mark[SAVE_EVENTS];  /* its marker's slice index + 1 (0: waited) */
+    uint32_t save_next;
 } cq;
 
 /* A cached allocation (device staging or pinned undo). */
@@ -441,6 +456,8 @@ typedef struct dslice {
     uint32_t call;              /* the copy() it came from: runs never join two calls,
                                  * whose destinations may be separate allocations */
     int filled;                 /* set by the worker that copied it (release) */
+    cudaEvent_t wait;           /* a marker (no bytes): the stream waits for this
+                                 * save's event here, in slice order */
 } dslice;
 
 #define DEFER_CAP 4096u
@@ -473,7 +490,8 @@ static bool defer_work(void)
             continue;
         dslice *x = &D.s[n % DEFER_CAP];
         uint64_t t0 = now_ns();
-        host_read(x->pin, x->src, x->bytes);
+        if (x->bytes)
+            host_read(x->pin, x->src, x->bytes);
         __atomic_fetch_add(&G.stats.host_copy_ns, now_ns() - t0, __ATOMIC_RELAXED);
         __atomic_store_n(&x->filled, 1, __ATOMIC_RELEASE);
         did = true;
@@ -568,6 +586,13 @@ static void par_memcpy(void *d, const void *s, size_t n)
 
 static void queue_free(cq *q)
 {
+    if (q->side) {
+        cudaStreamDestroy(q->side);
+        cudaEventDestroy(q->fork);
+        for (uint32_t i = 0; i < SAVE_EVENTS; i++)
+            if (q->save_ev[i])
+                cudaEventDestroy(q->save_ev[i]);
+    }
     for (int i = 0; i < 2; i++) {
         if (q->tb[i].rows)
             cudaFreeHost(q->tb[i].rows);
@@ -841,6 +866,16 @@ static bool defer_issue(void)
         dslice *x = &D.s[D.issued % DEFER_CAP];
         if (!__atomic_load_n(&x->filled, __ATOMIC_ACQUIRE))
             break;
+        if (x->wait) { /* a save's marker: what follows waits for the save */
+            cudaError_t e = cudaStreamWaitEvent((cudaStream_t)q->stream, x->wait, 0);
+            if (e != cudaSuccess && !D.err)
+                D.err = cu_fail(e, "waiting for an undo save");
+            x->filled = 0;
+            x->wait = NULL;
+            D.issued++;
+            any = true;
+            continue;
+        }
         uint64_t end = D.issued + 1;
         size_t bytes = x->bytes;
         while (end < D.head) {
@@ -958,7 +993,7 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
             n = cap - D.used;
         pchunk *c = &q->ring[D.cur];
         dslice *x = &D.s[D.head % DEFER_CAP];
-        *x = (dslice){dst + off, src + off, c->p + D.used, n, D.cur, call, 0};
+        *x = (dslice){dst + off, src + off, c->p + D.used, n, D.cur, call, 0, NULL};
         D.pending[D.cur]++;
         D.used += n;
         off += n;
@@ -1290,8 +1325,10 @@ static int streams_drain(void *stream, bool wait)
         if (!rc) {
             rc = queue_flush(q);
             cudaError_t e = wait ? cudaStreamSynchronize((cudaStream_t)stream) : cudaSuccess;
-            if (wait)
+            if (wait) {
                 q->launched = 0;
+                q->forked = false; /* the stream waited for every save */
+            }
             if (!rc && e != cudaSuccess)
                 rc = cu_fail(e, "cudaStreamSynchronize");
             dev_leave(&g);
@@ -1521,6 +1558,83 @@ static int save_now(cq *q, void *dst, const void *src, size_t n)
     return REFIT_OK;
 }
 
+/* The save stream of q, made at its first use. */
+static int side_init(cq *q)
+{
+    if (q->side)
+        return REFIT_OK;
+    cudaError_t e = cudaStreamCreateWithFlags(&q->side, cudaStreamNonBlocking);
+    if (e == cudaSuccess)
+        e = cudaEventCreateWithFlags(&q->fork, cudaEventDisableTiming);
+    for (uint32_t i = 0; i < SAVE_EVENTS && e == cudaSuccess; i++)
+        e = cudaEventCreateWithFlags(&q->save_ev[i], cudaEventDisableTiming);
+    if (e == cudaSuccess)
+        return REFIT_OK;
+    int rc = cu_fail(e, "making the undo save stream");
+    if (q->side)
+        cudaStreamDestroy(q->side);
+    if (q->fork)
+        cudaEventDestroy(q->fork);
+    for (uint32_t i = 0; i < SAVE_EVENTS; i++)
+        if (q->save_ev[i])
+            cudaEventDestroy(q->save_ev[i]);
+    q->side = NULL;
+    q->fork = NULL;
+    memset(q->save_ev, 0, sizeof q->save_ev);
+    return rc;
+}
+
+/* A marker among q's deferred slices: the stream waits for ev there, after
+ * the slices queued before it (earlier tensors) are issued. */
+static void defer_marker(cq *q, cudaEvent_t ev, uint64_t *mark)
+{
+    (void)q;
+    static const char none[1];
+    if (D.head - D.issued == DEFER_CAP)
+        defer_wait_issued(D.head - DEFER_CAP + 1);
+    dslice *x = &D.s[D.head % DEFER_CAP];
+    *x = (dslice){(char *)none, none, (char *)none, 0, D.cur, ++D.calls, 0, ev};
+    *mark = D.head + 1;
+    __atomic_store_n(&D.head, D.head + 1, __ATOMIC_RELEASE);
+    defer_wake();
+}
+
+/* A large pinned save on q's save stream: it reads its region once the
+ * stream's work before the update's first save is done (no write of the
+ * update comes before its region's save), and the stream waits for it
+ * before whatever is issued after this call. */
+static int side_save(cq *q, void *dst, const void *src, size_t n)
+{
+    int rc = side_init(q);
+    if (rc)
+        return rc;
+    cudaStream_t st = (cudaStream_t)q->stream;
+    cudaError_t e = cudaSuccess;
+    if (!q->forked) {
+        e = cudaEventRecord(q->fork, st);
+        if (e == cudaSuccess)
+            e = cudaStreamWaitEvent(q->side, q->fork, 0);
+        if (e != cudaSuccess)
+            return cu_fail(e, "ordering the undo save stream");
+        q->forked = true;
+    }
+    uint32_t i = q->save_next++ % SAVE_EVENTS;
+    if (q->save_mark[i]) /* its last marker must be issued before it is recorded again */
+        defer_wait_issued(q->save_mark[i]);
+    q->save_mark[i] = 0;
+    e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDefault, q->side);
+    if (e != cudaSuccess)
+        return cu_fail(e, "cudaMemcpyAsync (undo save)");
+    G.stats.memcpy_calls++;
+    if ((e = cudaEventRecord(q->save_ev[i], q->side)) != cudaSuccess)
+        return cu_fail(e, "recording an undo save's event");
+    if (D.q == q && D.issued < D.head)
+        defer_marker(q, q->save_ev[i], &q->save_mark[i]);
+    else if ((e = cudaStreamWaitEvent(st, q->save_ev[i], 0)) != cudaSuccess)
+        return cu_fail(e, "waiting for an undo save");
+    return REFIT_OK;
+}
+
 static int cuda_save(void *host_dst, const void *src, size_t n, void *stream)
 {
     if (n == 0)
@@ -1534,6 +1648,8 @@ static int cuda_save(void *host_dst, const void *src, size_t n, void *stream)
         rc = queue_get(&q, stream, dev);
         if (!rc && n < G.cfg.save_min && G.host_ptr_is_dev)
             rc = queue_rows(q, true, (uint64_t)(uintptr_t)host_dst, (uint64_t)(uintptr_t)src, n);
+        else if (!rc && G.cfg.save_side)
+            rc = side_save(q, host_dst, src, n);
         else if (!rc)
             rc = save_now(q, host_dst, src, n);
         dev_leave(&g);
