@@ -2,30 +2,37 @@
 """Why bench/python_path.py's safetensors case is bimodal from one process
 to the next (0.85-0.88 or 0.36-0.45 of the pinned H2D ceiling, the same
 build): the machine's topology, then the case under placement variants,
-each run in its own process, round after round in a shuffled order, until
-the time budget is spent.
+each in its own process, round after round (shuffled) until the time
+budget is spent.
 
-  python3 bench/probes/st_placement.py OUT.json [--budget S] [--repeat N]
-                                       [--st-dir DIR] [--with-bench]
+  python3 bench/probes/st_placement.py OUT.json [--budget S] [--rounds N]
+          [--repeat N] [--st-dir DIR] [--with-bench] [--no-micro]
 
-Variants: defaults; REFIT_CUDA_NUMA=0 (the backend's placement off) and
-=2 (on even when it narrows nothing); the whole process pinned
-(sched_setaffinity) to each NUMA node's CPUs, or to each half of the CPU
-list when there is one node; only the copy threads on them
-(REFIT_CUDA_CPUS); REFIT_CUDA_COPY_THREADS 8 and 15; fresh_file, a new
-file written by the process that loads it (as python_path.py does: its
-page cache lands where that process ran), where the others share one file
-written once. --with-bench adds python_path.py itself
-(`--only safetensors --repeat N`, its median only).
+Variants: default; numa_off (REFIT_CUDA_NUMA=0; only where the default
+pins, else it runs what default runs); numa_force (REFIT_CUDA_NUMA=2:
+pinned and the ring registered even when that narrows nothing);
+taskset_<g>, the whole process on CPU group g (each NUMA node's CPUs, or
+each half of the CPU list when there is one node) with |g|-1 copy
+threads; workers_<g>, only the copy threads on g (REFIT_CUDA_CPUS);
+threads_8 and threads_15 (REFIT_CUDA_COPY_THREADS); fresh_file, a file
+written by the process that loads it, as python_path.py does (its page
+cache lands where that process ran; the other variants share one file
+written once). --with-bench adds python_path.py itself (`--only
+safetensors --repeat N`: its median only).
 
 A child times the case as python_path.py does (its Dense model, file
-layout, context and update; rollback off), keeping every run: ms, ratio to
-that process's pinned H2D copy, the backend's counters (host copy, prefault
-and ring-wait time), each copy thread's CPUs and last CPU, and with more
-than one node the nodes of the file's page cache and of the large pinned
-mappings (/proc/self/numa_maps). OUT gets the topology and every row; one
-line a variant is printed: median, min, max of the ratio. A failing
-variant records its error; the probe goes on. A probe, not a benchmark.
+layout, context and update; rollback off) and keeps every run: ms, ratio
+to that process's pinned H2D copy, the backend's counters (host copy,
+prefault, ring-wait time), the backend's placement line, each copy
+thread's allowed and last CPU; with more than one node the nodes of the
+file's page cache and of the large mappings (/proc/self/numa_maps); and,
+unless --no-micro, one-thread memcpy and H2D rates of sixteen 16 MiB
+pinned buffers and the memcpy rate from each CPU (two clusters there mean
+two memory or CPU nodes, even where the guest sees one). OUT gets the
+topology and every row; printed: one line per run, then a line per
+variant (median, min, max of the ratio), the counters of fast and slow
+processes, and the micro figures. A failing variant records its error and
+the probe goes on. A probe, not a benchmark.
 """
 import argparse
 import ctypes
@@ -145,12 +152,23 @@ def cpu_groups(topo):
     return groups
 
 
+def auto_pins(topo):
+    """Whether the backend's default placement pins anything here: the
+    first GPU's local CPUs a strict subset of the allowed ones."""
+    allowed = set(os.sched_getaffinity(0))
+    local = set(cpulist(topo["gpus"][0]["local_cpulist"])) if topo["gpus"] else set()
+    return bool(local & allowed) and not allowed <= local
+
+
 def variants(topo, with_bench):
-    v = [("fresh_file", {}, None), ("default", {}, None),
-         ("numa_off", {"REFIT_CUDA_NUMA": "0"}, None),
-         ("numa_force", {"REFIT_CUDA_NUMA": "2"}, None)]
+    v = [("fresh_file", {}, None), ("default", {}, None)]
+    if auto_pins(topo):     # else numa_off runs what default runs
+        v.append(("numa_off", {"REFIT_CUDA_NUMA": "0"}, None))
+    v.append(("numa_force", {"REFIT_CUDA_NUMA": "2"}, None))
     for name, cpus in cpu_groups(topo):
-        v.append(("taskset_" + name, {}, cpus))
+        # as many copy threads as workers_<name> gets: contention is not the variable
+        v.append(("taskset_" + name, {"REFIT_CUDA_COPY_THREADS": str(max(1, len(cpus) - 1))},
+                  cpus))
         v.append(("workers_" + name, {"REFIT_CUDA_CPUS": as_cpulist(cpus)}, None))
     v += [("threads_8", {"REFIT_CUDA_COPY_THREADS": "8"}, None),
           ("threads_15", {"REFIT_CUDA_COPY_THREADS": "15"}, None)]
@@ -214,6 +232,54 @@ def page_cache_nodes(path):
     return rows
 
 
+def micro(torch, path, dev_dst, n_buf=16, mb=16, reps=3):
+    """Within one process: 16 MiB pinned buffers, each timed for a
+    one-thread memcpy from the file's page cache and for an H2D copy; then
+    the same memcpy from each allowed CPU. Two clusters among the buffers
+    or the CPUs say the memory or the vCPUs sit on two (host) nodes, even
+    where the guest sees one."""
+    import mmap
+    size = mb << 20
+    with open(path, "rb") as f:
+        m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)  # reads the page cache
+    keep = ctypes.c_char.from_buffer(m)
+    src = ctypes.addressof(keep)
+    spans = max(1, len(m) // size - 1)
+    bufs = [torch.empty(size, dtype=torch.uint8, pin_memory=True) for _ in range(n_buf)]
+    dst = dev_dst[:size]
+
+    def memcpy_gbps(buf, k):
+        t = []
+        for r in range(reps):
+            off = ((k * reps + r) % spans) * size
+            t0 = time.perf_counter()
+            ctypes.memmove(buf.data_ptr(), src + off, size)
+            t.append(time.perf_counter() - t0)
+        return size / statistics.median(t) / 1e9
+
+    def h2d_gbps(buf):
+        t = []
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            dst.copy_(buf, non_blocking=True)
+            torch.cuda.synchronize()
+            t.append(time.perf_counter() - t0)
+        return size / statistics.median(t) / 1e9
+    out = {"buffers": [{"memcpy_GBps": memcpy_gbps(b, i), "h2d_GBps": h2d_gbps(b)}
+                       for i, b in enumerate(bufs)], "cpus": {}}
+    mine = os.sched_getaffinity(0)
+    try:
+        for i, c in enumerate(sorted(mine)):
+            os.sched_setaffinity(0, {c})
+            out["cpus"][str(c)] = memcpy_gbps(bufs[0], i)
+    finally:
+        os.sched_setaffinity(0, mine)
+    del keep
+    m.close()
+    return out
+
+
 def child(a):
     sys.path.insert(0, BENCH)
     import torch
@@ -272,11 +338,21 @@ def child(a):
            "main_thread": now.get(os.getpid()),
            "copy_threads": [now[t] for t in sorted(set(now) - before)],
            "affinity": as_cpulist(os.sched_getaffinity(0))}
+    try:
+        pr = torch.cuda.get_device_properties(0)
+        out["torch_pci"] = "%04x:%02x:%02x.0" % (pr.pci_domain_id, pr.pci_bus_id, pr.pci_device_id)
+    except (AttributeError, RuntimeError):
+        pass
     if a.numa_maps:
         out["page_cache"] = page_cache_nodes(path)
         out["large_maps"] = [r for r in numa_maps(path) if r.get("file") != path]
     m.destroy()
     ctx.close()
+    if not a.no_micro:
+        try:
+            out["micro"] = micro(torch, path, d.rt_flat)
+        except Exception as e:      # a diagnostic: its failure must not lose the runs
+            out["micro_error"] = "%s: %s" % (type(e).__name__, e)
     out["child_s"] = time.time() - t_start
     with open(a.result, "w") as f:
         json.dump(out, f)
@@ -302,6 +378,7 @@ def run_variant(name, env, cpus, shared, a, multi_node, timeout):
                "--file", fresh or shared, "--repeat", str(a.repeat)]
         cmd += ["--write"] if fresh else []
         cmd += ["--numa-maps"] if multi_node else []
+        cmd += ["--no-micro"] if a.no_micro else []
     t0, p = time.time(), None
     try:
         p = subprocess.run(cmd, env=dict(os.environ, REFIT_CUDA_NUMA_LOG="1", **env),
@@ -342,7 +419,8 @@ def summary(rows, names):
         rs = [r for r in rows if r["variant"] == name]
         ok = [r["ratio"] for r in rs if "ratio" in r]
         if not ok:
-            lines.append("%-22s no result (%d errors)" % (name, len(rs)))
+            lines.append("%-22s %s" % (name, "no result (%d errors)" % len(rs) if rs else
+                                       "not run (no time left)"))
             continue
         per_run = [x["ratio"] for r in rs for x in r.get("runs", [])]
         lines.append("%-22s n=%d median %.3f min %.3f max %.3f  fast(>=0.7) %d/%d  "
@@ -351,6 +429,30 @@ def summary(rows, names):
                          sum(x >= 0.7 for x in ok), len(ok),
                          min(per_run or ok), max(per_run or ok),
                          "  errors %d" % (len(rs) - len(ok)) if len(rs) > len(ok) else ""))
+    runs = [(r["ratio"] >= 0.7, x) for r in rows if "ratio" in r for x in r.get("runs", [])]
+    for fast in (True, False):
+        xs = [x for f, x in runs if f == fast]
+        if xs:
+            lines.append("%s processes' runs (%d): median ms %.1f, host copy %.1f ms, prefault "
+                         "%.1f ms, ring wait %.1f ms (%.0f waits)" % (
+                             "fast" if fast else "slow", len(xs),
+                             *(statistics.median(x[k] for x in xs) for k in (
+                                 "ms", "host_copy_ms", "prefault_ms", "ring_wait_ms",
+                                 "ring_waits"))))
+    mic = [r["micro"] for r in rows if "micro" in r]
+    if mic:
+        mc = [b["memcpy_GBps"] for m in mic for b in m["buffers"]]
+        hd = [b["h2d_GBps"] for m in mic for b in m["buffers"]]
+        cpus = {}
+        for m in mic:
+            for c, v in m["cpus"].items():
+                cpus.setdefault(int(c), []).append(v)
+        lines.append("micro (%d processes): 16 MiB pinned buffers, 1-thread memcpy from the page "
+                     "cache %.1f/%.1f/%.1f GB/s, H2D %.1f/%.1f/%.1f (min/median/max)" % (
+                         len(mic), min(mc), statistics.median(mc), max(mc),
+                         min(hd), statistics.median(hd), max(hd)))
+        lines.append("micro per CPU, median GB/s: " + " ".join(
+            "%d:%.1f" % (c, statistics.median(v)) for c, v in sorted(cpus.items())))
     return lines
 
 
@@ -361,12 +463,15 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--st-dir", default=tempfile.gettempdir())
     ap.add_argument("--with-bench", action="store_true")
+    ap.add_argument("--rounds", type=int, default=6, help="at most this many rounds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
     ap.add_argument("--file", help=argparse.SUPPRESS)
     ap.add_argument("--write", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--numa-maps", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-micro", action="store_true",
+                    help="skip the per-buffer and per-CPU copy timings in each process")
     a = ap.parse_args()
     if a.child:
         return child(a)
@@ -385,25 +490,28 @@ def main():
     os.close(fd)
     os.unlink(shared)                   # the first child writes it and keeps it
     rng = random.Random(a.seed)
-    rows, cost, rnd = [], {}, 0
+    rows, cost, rnd, failed = [], {}, 0, {}
     try:
-        while True:
+        while rnd < a.rounds:
             order = vs[:1] + rng.sample(vs[1:], len(vs) - 1) if rnd == 0 else rng.sample(vs, len(vs))
             ran = 0
             for name, env, cpus in order:
                 left = deadline - time.time()
                 guess = cost.get(name, 35.0 if name == "python_path" else
                                  max(cost.values(), default=25.0))
-                if left < guess * 1.1 or left < 5:
+                if left < guess * 1.1 or left < 5 or failed.get(name, 0) >= 2:
                     continue
                 row = run_variant(name, env, cpus, shared, a, multi_node, min(left, 120))
                 row["round"] = rnd
                 rows.append(row)
                 cost[name] = max(cost.get(name, 0), row["wall_s"])
+                failed[name] = failed.get(name, 0) + ("ratio" not in row)
                 ran += 1
-                print(json.dumps({k: row.get(k) for k in ("round", "variant", "ratio", "ms",
-                                                          "ceiling_ms", "verified", "error")}),
-                      flush=True)
+                brief = {k: row.get(k) for k in ("round", "variant", "ratio", "ms", "ceiling_ms",
+                                                 "verified", "placement") if row.get(k) is not None}
+                if "error" in row:
+                    brief["error"] = row["error"].strip().splitlines()[-1][-300:]
+                print(json.dumps(brief), flush=True)
             rnd += 1
             if ran == 0:
                 break
@@ -415,7 +523,7 @@ def main():
     with open(a.out, "w") as f:
         json.dump({"probe": "st_placement", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                    time.gmtime()),
-                   "repeat": a.repeat, "budget_s": a.budget, "wall_s": time.time() - t_start,
+                   "repeat": a.repeat, "budget_s": a.budget, "auto_pins": auto_pins(topo), "wall_s": time.time() - t_start,
                    "topology": topo, "summary": lines, "rows": rows}, f, indent=1)
     for line in lines:
         print(line)
