@@ -94,6 +94,16 @@ static bool read_line(const char *path, char *buf, size_t cap)
     return ok;
 }
 
+/* The machine has node0 and no node1. */
+static bool only_node0(const char *root)
+{
+    char p0[512], p1[512];
+    int a = snprintf(p0, sizeof p0, "%s/devices/system/node/node0", root);
+    int b = snprintf(p1, sizeof p1, "%s/devices/system/node/node1", root);
+    return a > 0 && (size_t)a < sizeof p0 && b > 0 && (size_t)b < sizeof p1 &&
+           access(p0, F_OK) == 0 && access(p1, F_OK) != 0;
+}
+
 bool placement_device_read(const char *root, const char *bus_id, cpu_set_t *cpus, int *node)
 {
     char name[16], path[512], line[4096];
@@ -110,6 +120,8 @@ bool placement_device_read(const char *root, const char *bus_id, cpu_set_t *cpus
     if (n > 0 && (size_t)n < sizeof path && read_line(path, line, sizeof line) &&
         sscanf(line, "%d", &v) == 1 && v >= 0 && v < 1024)
         *node = v;
+    if (*node < 0 && only_node0(root))
+        *node = 0; /* a VM's -1: with one node, all memory is node 0 */
     return true;
 }
 

@@ -24,7 +24,9 @@ bool placement_pci_sysfs_name(const char *id, char *out, size_t cap);
 /* The device's local CPUs and NUMA node, from
  * <root>/bus/pci/devices/<id>/local_cpulist and numa_node (root "/sys").
  * false when the id is malformed or local_cpulist is absent or malformed.
- * *node = -1 when numa_node is absent, malformed or -1. */
+ * *node = -1 when numa_node is absent, malformed or -1, except that a
+ * machine of one node (<root>/devices/system/node/node0 and no node1)
+ * gives 0. */
 bool placement_device_read(const char *root, const char *bus_id, cpu_set_t *cpus, int *node);
 
 /* What the backend knows when it first needs its threads or its ring. */

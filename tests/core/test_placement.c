@@ -121,6 +121,28 @@ static void test_device_read_from_a_sysfs_tree(void **state)
     assert_true(placement_device_read(root, "0000:3B:00.0", &s, &node));
     assert_int_equal(node, -1);
 
+    /* with one node, -1 or nothing is node 0; with two it stays unknown */
+    const char *nodes[] = {"devices", "devices/system", "devices/system/node",
+                           "devices/system/node/node0", "devices/system/node/node1"};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", root, nodes[i]);
+        assert_int_equal(mkdir(p, 0700), 0);
+    }
+    assert_true(placement_device_read(root, "0000:3B:00.0", &s, &node));
+    assert_int_equal(node, 0);
+    put(dev, "numa_node", "-1\n");
+    assert_true(placement_device_read(root, "0000:3B:00.0", &s, &node));
+    assert_int_equal(node, 0);
+    snprintf(p, sizeof p, "%s/%s", root, nodes[4]);
+    assert_int_equal(mkdir(p, 0700), 0);
+    assert_true(placement_device_read(root, "0000:3B:00.0", &s, &node));
+    assert_int_equal(node, -1);
+    for (int i = 4; i >= 0; i--) {
+        snprintf(p, sizeof p, "%s/%s", root, nodes[i]);
+        assert_int_equal(rmdir(p), 0);
+    }
+    put(dev, "numa_node", NULL);
+
     assert_false(placement_device_read(root, "0000:3C:00.0", &s, &node)); /* no such device */
     put(dev, "local_cpulist", "8-x\n");
     assert_false(placement_device_read(root, "0000:3B:00.0", &s, &node));
