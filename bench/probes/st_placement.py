@@ -201,8 +201,8 @@ def tasks():
 
 
 def numa_maps(path):
-    """The nodes of the file's mapped pages and of every mapping of 8 MiB or
-    more (pinned chunks, tensors)."""
+    """The nodes of the file's mapped pages and of every mapping with 8 MiB
+    or more present (pinned chunks, tensors, libraries)."""
     rows = []
     try:
         with open("/proc/self/numa_maps") as f:
@@ -345,7 +345,8 @@ def child(a):
         pass
     if a.numa_maps:
         out["page_cache"] = page_cache_nodes(path)
-        out["large_maps"] = [r for r in numa_maps(path) if r.get("file") != path]
+        out["large_maps"] = [r for r in numa_maps(path)      # anonymous and driver memory
+                             if r.get("file") == "anon" or r.get("file", "").startswith("/dev/")]
     m.destroy()
     ctx.close()
     if not a.no_micro:
