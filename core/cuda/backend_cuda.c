@@ -35,7 +35,8 @@
  *
  * Memory held: per stream a device table and two pinned tables
  * (2 x 2 x table_rows x 24 bytes), and, once a pageable source is seen,
- * ring_chunks x ring_chunk_bytes of pinned memory. Device staging blocks and
+ * ring_chunks x ring_chunk_bytes of pinned memory (on the device's NUMA
+ * node when placed, below). Device staging blocks and
  * pinned undo chunks are kept for reuse up to staging_cache / undo_cache
  * bytes; beyond that they are freed. Staging in use is bounded by the
  * context's staging budget (the transaction checks it before allocating).
