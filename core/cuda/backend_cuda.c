@@ -41,7 +41,8 @@
  *
  * Memory held: per stream a device table and two pinned tables
  * (2 x 2 x table_rows x 24 bytes), and, once a pageable source is seen,
- * ring_chunks x ring_chunk_bytes of pinned memory. Device staging blocks and
+ * ring_chunks x ring_chunk_bytes of pinned memory (on the device's NUMA
+ * node when placed, below). Device staging blocks and
  * pinned undo chunks are kept for reuse up to staging_cache / undo_cache
  * bytes; beyond that they are freed. Staging in use is bounded by the
  * context's staging budget (the transaction checks it before allocating).
@@ -52,6 +53,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +69,7 @@
 
 #include "core/cuda/backend_cuda.h"
 #include "core/cuda/kern_cuda.h"
+#include "core/cuda/placement.h"
 #include "kernels/copy.h"
 
 #ifndef MADV_POPULATE_READ
@@ -192,6 +195,7 @@ static int fail(int rc, const char *what)
 /* A pinned chunk of a stream's ring, for pageable sources. */
 typedef struct pchunk {
     char *p;                    /* host pointer */
+    size_t mapped;              /* mmap'd and registered (placed ring); 0: cudaHostAlloc */
     char *dev;                  /* the same memory as the device addresses it */
     size_t used;
     cudaEvent_t ev;             /* after the last work that reads the chunk */
@@ -350,6 +354,50 @@ static void dev_leave(const devg *g)
 {
     if (g->changed)
         (void)cudaSetDevice(g->prev);
+}
+
+/* ---- where the workers run and the pinned ring lives ----
+ *
+ * Decided once, when the first pageable copy needs the ring or the
+ * threads (G.mu held), for the device of that copy: its PCI bus id gives
+ * its local CPUs and NUMA node in sysfs (placement.h says when that pins
+ * anything). Pinned, the workers keep to those CPUs and the ring's pages
+ * are bound to that node before they are pinned, so neither the copies
+ * into the ring nor the DMA that reads it cross between nodes. Absent
+ * sysfs entries, one node, or REFIT_CUDA_NUMA=0: as before. */
+
+static struct {
+    bool decided;
+    placement p;                /* written before the first worker starts */
+} PL;
+
+static void place_once(int dev)
+{
+    if (PL.decided)
+        return;
+    PL.decided = true;
+    char bus[32] = "";
+    cpu_set_t local, allowed;
+    int node = -1;
+    bool have = cudaDeviceGetPCIBusId(bus, (int)sizeof bus, dev) == cudaSuccess;
+    if (!have)
+        (void)cudaGetLastError();
+    have = have && placement_device_read("/sys", bus, &local, &node);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+        CPU_ZERO(&allowed); /* then nothing is pinned */
+    const char *threads = getenv("REFIT_CUDA_COPY_THREADS");
+    placement_in in = {.mode = (int)env_size("REFIT_CUDA_NUMA", 1, 1, 0, 2),
+                       .cpus = getenv("REFIT_CUDA_CPUS"),
+                       .local = have ? &local : NULL,
+                       .node = node,
+                       .allowed = &allowed,
+                       .threads = G.cfg.threads,
+                       .threads_explicit = threads && *threads};
+    placement_plan(&in, &PL.p);
+    G.cfg.threads = PL.p.threads;
+    if (env_size("REFIT_CUDA_NUMA_LOG", 0, 1, 0, 1))
+        fprintf(stderr, "refit: CUDA device %d (%s): %s\n", dev, *bus ? bus : "no bus id",
+                PL.p.why);
 }
 
 /* ---- worker threads for large host copies ---- */
@@ -513,6 +561,8 @@ static void *pool_main(void *arg)
 {
     (void)arg;
     unsigned seen = 0;
+    if (PL.p.pin) /* a hint: unpinned, the worker still copies */
+        (void)pthread_setaffinity_np(pthread_self(), sizeof PL.p.cpus, &PL.p.cpus);
     for (;;) {
         uint64_t t0 = now_ns();
         while (__atomic_load_n(&P.gen, __ATOMIC_ACQUIRE) == seen) {
@@ -584,6 +634,18 @@ static void par_memcpy(void *d, const void *s, size_t n)
 
 /* ---- queues: per (stream, device) ---- */
 
+static void chunk_release(pchunk *c)
+{
+    if (c->mapped) {
+        cudaHostUnregister(c->p);
+        munmap(c->p, c->mapped);
+    } else {
+        cudaFreeHost(c->p);
+    }
+    c->p = NULL;
+    c->mapped = 0;
+}
+
 static void queue_free(cq *q)
 {
     if (q->side) {
@@ -603,7 +665,7 @@ static void queue_free(cq *q)
         cudaFree(q->dev_rows);
     for (uint32_t i = 0; i < MAX_RING; i++) {
         if (q->ring[i].p)
-            cudaFreeHost(q->ring[i].p);
+            chunk_release(&q->ring[i]);
         if (q->ring[i].ev)
             cudaEventDestroy(q->ring[i].ev);
     }
@@ -784,18 +846,41 @@ static int queue_rows(cq *q, bool save, uint64_t dst, uint64_t src, uint64_t byt
 
 /* ---- the pinned ring for pageable sources ---- */
 
-static int chunk_init(pchunk *c)
+/* A chunk's pages on the placed node: mapped, bound, then pinned (the
+ * pinning faults them in under the binding). false: use cudaHostAlloc. */
+static bool chunk_alloc_placed(pchunk *c, size_t bytes)
 {
-    cudaError_t e = cudaHostAlloc((void **)&c->p, G.cfg.ring_chunk_bytes,
-                                  cudaHostAllocPortable | cudaHostAllocMapped);
+    if (PL.p.ring_node < 0)
+        return false;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+        return false;
+    if (placement_bind_preferred(p, bytes, PL.p.ring_node) != 0 ||
+        cudaHostRegister(p, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) !=
+            cudaSuccess) {
+        (void)cudaGetLastError();
+        munmap(p, bytes);
+        return false;
+    }
+    c->p = p;
+    c->mapped = bytes;
+    return true;
+}
+
+static int chunk_init(cq *q, pchunk *c)
+{
+    place_once(q->device);
+    cudaError_t e = cudaSuccess;
+    if (!chunk_alloc_placed(c, G.cfg.ring_chunk_bytes))
+        e = cudaHostAlloc((void **)&c->p, G.cfg.ring_chunk_bytes,
+                          cudaHostAllocPortable | cudaHostAllocMapped);
     if (e == cudaSuccess)
         e = cudaHostGetDevicePointer((void **)&c->dev, c->p, 0);
     if (e == cudaSuccess)
         e = cudaEventCreateWithFlags(&c->ev, cudaEventDisableTiming);
     if (e != cudaSuccess) {
         if (c->p)
-            cudaFreeHost(c->p);
-        c->p = NULL;
+            chunk_release(c);
         return cu_fail(e, "allocating a pinned staging chunk");
     }
     return REFIT_OK;
@@ -811,7 +896,7 @@ static int ring_take(cq *q, size_t want, uint64_t align_to, pchunk **oc, char **
     if (!c->p || off + want > G.cfg.ring_chunk_bytes) {
         q->ring_cur = (q->ring_cur + 1) % G.cfg.ring_chunks;
         c = &q->ring[q->ring_cur];
-        int rc = c->p ? REFIT_OK : chunk_init(c);
+        int rc = c->p ? REFIT_OK : chunk_init(q, c);
         if (!rc && c->in_table)
             rc = queue_flush(q);
         if (rc)
@@ -932,7 +1017,7 @@ static int defer_next_chunk(cq *q)
 {
     uint32_t nc = (D.cur + 1) % G.cfg.ring_chunks;
     pchunk *c = &q->ring[nc];
-    int rc = c->p ? REFIT_OK : chunk_init(c);
+    int rc = c->p ? REFIT_OK : chunk_init(q, c);
     if (rc)
         return rc;
     if (D.pending[nc]) {
@@ -969,6 +1054,7 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
         D.q = q;
         D.cur = q->ring_cur;
         D.used = G.cfg.ring_chunk_bytes; /* start on a fresh chunk */
+        place_once(q->device);
         pthread_mutex_lock(&P.mu);
         pool_start();
         pthread_mutex_unlock(&P.mu);
