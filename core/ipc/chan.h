@@ -53,11 +53,17 @@ void ipc_copy_str(char *dst, size_t n, const char *src);
 
 /* Seconds on CLOCK_MONOTONIC. */
 double ipc_now(void);
+/* CLOCK_MONOTONIC in nanoseconds (the profiles' clock). */
+uint64_t ipc_now_ns(void);
 
 /* Send one frame (fds passed with it, n_fds <= IPC_MAX_FDS) by deadline
  * (an ipc_now() value). REFIT_EIO / REFIT_ETIMEDOUT with err. */
 int ipc_send(int fd, uint16_t type, const void *payload, uint32_t len, const int *fds,
              uint16_t n_fds, double deadline, char *err, size_t errlen);
+/* Busy-poll fd (poll with no timeout) until it is readable (1) or until
+ * passes (0): a reply expected soon is then read without the wake-up of a
+ * process asleep in poll. */
+int ipc_spin_readable(int fd, double until);
 /* Receive one frame by deadline into f (free with ipc_frame_free): whole,
  * checked, or an error (fds received with a refused frame are closed).
  * max_len: the largest payload accepted (<= IPC_MAX_PAYLOAD). */

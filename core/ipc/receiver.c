@@ -20,6 +20,7 @@
  *               deadline aborts, journals why and drops the connection;
  *               RESULT
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,12 +79,21 @@ struct refit_ipc_receiver {
     size_t set_arena_len;
     char label[BKT_MAX_LABEL + 1];
     refit_ipc_stats st;
+    refit_ipc_recv_profile prof;
+    CUevent pev[3];             /* profile_gpu: before the wait, after it, after the copies */
+    bool has_pev;
+    ipc_wbuf sbuf;              /* status frames */
     char err[1024];
 };
 
 static double timeout_of(const refit_ipc_receiver *r)
 {
     return r->o.timeout_s > 0 ? r->o.timeout_s : 300.0;
+}
+
+static double spin_of(const refit_ipc_receiver *r)
+{
+    return r->o.spin_s > 0 ? r->o.spin_s : r->o.spin_s < 0 ? 0 : 0.002;
 }
 
 int refit_ipc_receiver_create(refit_ipc_receiver **out, refit_model *model, const char *path,
@@ -104,7 +114,10 @@ int refit_ipc_receiver_create(refit_ipc_receiver **out, refit_model *model, cons
         return ctx_error(ctx, REFIT_ENOMEM, "ipc receiver: out of memory");
     r->m = model;
     r->ctx = ctx;
-    r->o = opt ? *opt : (refit_ipc_recv_opts)REFIT_IPC_RECV_OPTS_INIT;
+    r->o = (refit_ipc_recv_opts)REFIT_IPC_RECV_OPTS_INIT;
+    if (opt) /* a version-1 caller's struct ends before spin_s */
+        memcpy(&r->o, opt, opt->version == 1 ? offsetof(refit_ipc_recv_opts, spin_s)
+                                             : sizeof r->o);
     r->fd = -1;
     r->path = xstrdup(path ? path : "");
     int rc = r->path ? ipc_listen(path, &r->lfd, r->err, sizeof r->err) : REFIT_ENOMEM;
@@ -139,6 +152,13 @@ static void drop_peer(refit_ipc_receiver *r)
     r->has_event = false;
 }
 
+static void drop_profile_events(refit_ipc_receiver *r)
+{
+    for (int i = 0; r->has_pev && i < 3; i++)
+        r->cu.cu.EventDestroy(r->pev[i]);
+    r->has_pev = false;
+}
+
 void refit_ipc_receiver_destroy(refit_ipc_receiver *r)
 {
     if (!r)
@@ -157,6 +177,8 @@ void refit_ipc_receiver_destroy(refit_ipc_receiver *r)
     free(r->set_pc);
     free(r->set_arena);
     bkt_header_free(&r->h);
+    ipc_wbuf_free(&r->sbuf);
+    drop_profile_events(r);
     if (r->cu.open)
         ipc_cuda_close(&r->cu);
     free(r);
@@ -168,6 +190,50 @@ int refit_ipc_receiver_stats(const refit_ipc_receiver *r, refit_ipc_stats *out)
         return REFIT_EINVAL;
     *out = r->st;
     return REFIT_OK;
+}
+
+int refit_ipc_receiver_profile(const refit_ipc_receiver *r, refit_ipc_recv_profile *out)
+{
+    if (!r || !out)
+        return REFIT_EINVAL;
+    *out = r->prof;
+    return REFIT_OK;
+}
+
+/* ---- profile_gpu: CUDA events on the worker's stream ---- */
+
+static void pev_record(refit_ipc_receiver *r, int i)
+{
+    if (!r->o.profile_gpu || !r->cu.open)
+        return;
+    if (!r->has_pev) {
+        int k = 0;
+        while (k < 3 && r->cu.cu.EventCreate(&r->pev[k], 0) == CU_SUCCESS)
+            k++;
+        if (k < 3) {
+            while (k--)
+                r->cu.cu.EventDestroy(r->pev[k]);
+            return;
+        }
+        r->has_pev = true;
+    }
+    (void)r->cu.cu.EventRecord(r->pev[i], (CUstream)r->o.stream);
+}
+
+/* After the prepare (its sync): the events' times, when all were recorded
+ * this update and have completed. */
+static void pev_read(refit_ipc_receiver *r, bool recorded)
+{
+    refit_ipc_recv_profile *pf = &r->prof;
+    float a = 0, b = 0;
+    if (!recorded || !r->has_pev || !r->cu.EventElapsedTime ||
+        r->cu.cu.EventQuery(r->pev[2]) != CU_SUCCESS ||
+        r->cu.EventElapsedTime(&a, r->pev[0], r->pev[1]) != CU_SUCCESS ||
+        r->cu.EventElapsedTime(&b, r->pev[1], r->pev[2]) != CU_SUCCESS)
+        return;
+    pf->gpu_wait_ms = a;
+    pf->gpu_copy_ms = b;
+    pf->copies_done_ns = pf->begun_ns + (uint64_t)(((double)a + b) * 1e6);
 }
 
 /* ---- the memory table ---- */
@@ -530,13 +596,13 @@ static int load_pieces(refit_ipc_receiver *r, refit_txn *txn)
 static int send_status(refit_ipc_receiver *r, uint16_t type, uint64_t seq, int status,
                        const char *msg, double dl)
 {
-    ipc_wbuf b = {0};
-    ipc_status_encode(&b, seq, status, msg);
-    int rc = b.failed ? REFIT_ENOMEM
-                      : ipc_send(r->fd, type, b.p, (uint32_t)b.len, NULL, 0, dl, r->err,
-                                 sizeof r->err);
-    ipc_wbuf_free(&b);
-    return rc;
+    ipc_wbuf *b = &r->sbuf;
+    b->len = 0;
+    b->failed = 0;
+    ipc_status_encode(b, seq, status, msg);
+    return b->failed ? REFIT_ENOMEM
+                     : ipc_send(r->fd, type, b->p, (uint32_t)b->len, NULL, 0, dl, r->err,
+                                sizeof r->err);
 }
 
 static int greet(refit_ipc_receiver *r, double dl)
@@ -579,6 +645,9 @@ static int next_update(refit_ipc_receiver *r, ipc_frame *f, double dl)
                 return rc;
             }
         }
+        double spin = spin_of(r);
+        if (spin > 0)
+            (void)ipc_spin_readable(r->fd, ipc_now() + spin);
         if ((rc = ipc_recv(r->fd, f, IPC_MAX_PAYLOAD, dl, r->err, sizeof r->err))) {
             int clean = rc == REFIT_EIO && strstr(r->err, "closed the connection");
             drop_peer(r);
@@ -618,6 +687,7 @@ static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_u
     }
     if (!rc)
         rc = check_pieces(r);
+    r->prof.checked_ns = ipc_now_ns();
     if (rc) {
         r->st.refused++;
         return ctx_error(r->ctx, rc, "ipc receiver: update %llu refused: %s",
@@ -633,6 +703,10 @@ static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_u
         o.source_uri = uri;
     if ((rc = refit_begin(txn, r->m, &o)))
         return rc;
+    r->prof.begun_ns = ipc_now_ns();
+    bool timed = r->o.profile_gpu && (u->flags & IPC_U_EVENT) && r->has_event;
+    if (timed)
+        pev_record(r, 0);
     if ((u->flags & IPC_U_EVENT) && !r->has_event) {
         snprintf(r->err, sizeof r->err, "the update asks to wait on an event never shared");
         rc = REFIT_ECORRUPT;
@@ -644,10 +718,16 @@ static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_u
             rc = REFIT_EIO;
         }
     }
+    if (timed)
+        pev_record(r, 1);
+    r->prof.waited_ns = ipc_now_ns();
     if (!rc)
         rc = verify_sums(r, u);
     if (!rc)
         rc = load_pieces(r, *txn);
+    if (timed)
+        pev_record(r, 2);
+    r->prof.enqueued_ns = ipc_now_ns();
     if (rc) {
         char why[1200];
         snprintf(why, sizeof why, "ipc: %s", r->err);
@@ -660,6 +740,8 @@ static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_u
     res->tensors = r->n_pc;
     res->bytes = u->an.total_payload;
     rc = refit_finalize_prepare(*txn);
+    r->prof.prepared_ns = ipc_now_ns();
+    pev_read(r, timed);
     if (rc) {
         *txn = NULL; /* aborted and freed by prepare */
         res->worker_status = refit_worker_health(r->ctx) == REFIT_HEALTH_POISONED
@@ -676,8 +758,13 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     ctx_clear_error(r->ctx);
     refit_group_result res = {.failed_rank = -1, .vote_taken = 1};
     double t = timeout_of(r), t_start = r->o.start_timeout_s > 0 ? r->o.start_timeout_s : t;
+    refit_ipc_recv_profile *pf = &r->prof;
+    memset(pf, 0, sizeof *pf);
+    pf->gpu_wait_ms = pf->gpu_copy_ms = -1;
+    pf->call_ns = ipc_now_ns();
     ipc_frame f;
     int rc = next_update(r, &f, ipc_now() + t_start);
+    pf->update_ns = ipc_now_ns();
     if (rc) {
         res.decision = res.local_status = rc;
         res.vote_taken = 0;
@@ -696,10 +783,12 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
         r->st.refused++;
         ctx_error(r->ctx, local, "ipc receiver: update refused: %s", r->err);
         u.seq = f.len >= 8 ? bkt_le64(f.payload) : 0;
+        pf->checked_ns = ipc_now_ns();
     } else {
         local = take_update(r, &u, opts, &txn, &res);
     }
     ipc_frame_free(&f);
+    pf->seq = u.seq;
     char msg[IPC_MAX_MSG];
     ipc_copy_str(msg, sizeof msg, local ? refit_errmsg(r->ctx) : "");
     res.local_status = local;
@@ -707,7 +796,11 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     ipc_frame d;
     char dmsg[IPC_MAX_MSG + 1] = "";
     int trc = send_status(r, IPC_VOTE, u.seq, local, msg, dl);
+    pf->voted_ns = ipc_now_ns();
+    if (!trc && spin_of(r) > 0)
+        (void)ipc_spin_readable(r->fd, ipc_now() + spin_of(r));
     if (!trc && !(trc = ipc_recv(r->fd, &d, IPC_MAX_MSG + 64, dl, r->err, sizeof r->err))) {
+        pf->decision_ns = ipc_now_ns();
         ipc_status_msg dm;
         trc = d.type == IPC_DECISION ? ipc_status_decode(&dm, &d, u.seq, r->err, sizeof r->err)
                                      : REFIT_ECORRUPT;
@@ -728,6 +821,7 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
             res.worker_status = refit_commit(txn);
             txn = NULL;
         }
+        pf->committed_ns = ipc_now_ns();
     }
     if (trc) {
         /* no decision: never commit without it */
@@ -740,6 +834,7 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
         if (txn)
             res.worker_status = refit_abort_reason(txn, why);
         txn = NULL;
+        pf->committed_ns = ipc_now_ns();
         res.decision = trc;
         res.vote_taken = 0;
         drop_peer(r);
@@ -753,6 +848,7 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     }
     (void)send_status(r, IPC_RESULT, u.seq, res.worker_status,
                       res.worker_status ? refit_errmsg(r->ctx) : "", dl);
+    pf->result_ns = ipc_now_ns();
     ipc_update_free(&u);
     res.seconds = ipc_now() - t0;
     if (out)

@@ -9,9 +9,13 @@
  *   pack     backend copies of the PACK tensors on the trainer's stream,
  *            then the interprocess event recorded on it (device)
  *   index    announce + one bucket header per bucket (core/nccl/bucket.h)
- *   per worker: MEMS when its table is older than the epoch, UPDATE
- *   votes    every worker's, then one DECISION to all, then their RESULTs
+ *   per worker: the RESULT of the last commit (read here, not waited for
+ *            by the send that committed), MEMS when its table is older than
+ *            the epoch, UPDATE
+ *   votes    every worker's (busy-polled for spin_s, then poll), then one
+ *            DECISION to all; after an abort, their RESULTs
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +58,7 @@ typedef struct snd_worker {
     int fd;                     /* -1: not connected */
     uint32_t epoch;             /* the memory table it holds; 0: none */
     int32_t rank;
+    uint64_t result_seq;        /* a commit whose RESULT is still to read; 0: none */
 } snd_worker;
 
 struct refit_ipc_sender {
@@ -80,7 +85,11 @@ struct refit_ipc_sender {
     uint8_t ev_handle[IPC_HANDLE_BYTES];
     snd_worker *w;
     int n_w;
+    int *vote;                  /* per worker, for one send */
+    char (*why)[256];
+    ipc_wbuf sbuf;              /* status frames */
     uint64_t seq;
+    refit_ipc_send_profile prof;
     char err[1024];
 };
 
@@ -92,6 +101,11 @@ static int s_err(refit_ipc_sender *s, int rc)
 static double deadline_of(const refit_ipc_sender *s)
 {
     return ipc_now() + (s->o.timeout_s > 0 ? s->o.timeout_s : 300.0);
+}
+
+static double spin_of(const refit_ipc_sender *s)
+{
+    return s->o.spin_s > 0 ? s->o.spin_s : s->o.spin_s < 0 ? 0 : 0.005;
 }
 
 /* ---- connections ---- */
@@ -121,6 +135,7 @@ static int connect_worker(refit_ipc_sender *s, snd_worker *w)
         w->fd = -1;
     }
     w->epoch = 0;
+    w->result_seq = 0;
     return rc;
 }
 
@@ -130,6 +145,7 @@ static void drop_worker(snd_worker *w)
         close(w->fd);
     w->fd = -1;
     w->epoch = 0;
+    w->result_seq = 0;
 }
 
 int refit_ipc_sender_create(refit_ipc_sender **out, refit_ctx *ctx, const char *const *paths,
@@ -146,12 +162,21 @@ int refit_ipc_sender_create(refit_ipc_sender **out, refit_ctx *ctx, const char *
         return ctx_error(ctx, REFIT_EINVAL, "invalid version %u on refit_ipc_send_opts",
                          opt->version);
     refit_ipc_sender *s = calloc(1, sizeof *s);
-    if (!s || !(s->w = calloc((size_t)n_workers, sizeof *s->w))) {
+    if (!s || !(s->w = calloc((size_t)n_workers, sizeof *s->w)) ||
+        !(s->vote = calloc((size_t)n_workers, sizeof *s->vote)) ||
+        !(s->why = calloc((size_t)n_workers, sizeof *s->why))) {
+        if (s) {
+            free(s->w);
+            free(s->vote);
+        }
         free(s);
         return ctx_error(ctx, REFIT_ENOMEM, "ipc sender: out of memory");
     }
     s->ctx = ctx;
-    s->o = opt ? *opt : (refit_ipc_send_opts)REFIT_IPC_SEND_OPTS_INIT;
+    s->o = (refit_ipc_send_opts)REFIT_IPC_SEND_OPTS_INIT;
+    if (opt) /* a version-1 caller's struct ends before spin_s */
+        memcpy(&s->o, opt, opt->version == 1 ? offsetof(refit_ipc_send_opts, spin_s)
+                                             : sizeof s->o);
     s->dev = s->o.device >= 0 ? (refit_device){REFIT_DEVICE_CUDA, s->o.device}
                               : (refit_device){REFIT_DEVICE_CPU, 0};
     ipc_copy_str(s->label, sizeof s->label, s->o.version_label ? s->o.version_label : "unnamed");
@@ -197,6 +222,9 @@ void refit_ipc_sender_destroy(refit_ipc_sender *s)
         free(s->w[i].path);
     }
     free(s->w);
+    free(s->vote);
+    free(s->why);
+    ipc_wbuf_free(&s->sbuf);
     for (uint32_t i = 0; i < s->n_mems; i++)
         mem_release(s, &s->mems[i]);
     free(s->mems);
@@ -735,19 +763,24 @@ static int send_mems(refit_ipc_sender *s, snd_worker *w, double dl)
 static int send_status(refit_ipc_sender *s, snd_worker *w, uint16_t type, int status,
                        const char *msg, double dl)
 {
-    ipc_wbuf b = {0};
-    ipc_status_encode(&b, s->seq, status, msg);
-    int rc = b.failed ? REFIT_ENOMEM
-                      : ipc_send(w->fd, type, b.p, (uint32_t)b.len, NULL, 0, dl, s->err,
-                                 sizeof s->err);
-    ipc_wbuf_free(&b);
-    return rc;
+    ipc_wbuf *b = &s->sbuf;
+    b->len = 0;
+    b->failed = 0;
+    ipc_status_encode(b, s->seq, status, msg);
+    return b->failed ? REFIT_ENOMEM
+                     : ipc_send(w->fd, type, b->p, (uint32_t)b->len, NULL, 0, dl, s->err,
+                                sizeof s->err);
 }
 
-static int recv_status(refit_ipc_sender *s, snd_worker *w, uint16_t type, ipc_status_msg *m,
-                       double dl)
+/* The status frame of update seq from w: busy-polled for spin_s (a reply
+ * expected soon), then waited for in poll by dl. */
+static int recv_status(refit_ipc_sender *s, snd_worker *w, uint16_t type, uint64_t seq,
+                       ipc_status_msg *m, double dl)
 {
     ipc_frame f;
+    double spin = spin_of(s);
+    if (spin > 0)
+        (void)ipc_spin_readable(w->fd, ipc_now() + spin);
     int rc = ipc_recv(w->fd, &f, IPC_MAX_MSG + 64, dl, s->err, sizeof s->err);
     if (rc)
         return rc;
@@ -756,16 +789,32 @@ static int recv_status(refit_ipc_sender *s, snd_worker *w, uint16_t type, ipc_st
                  ipc_type_name(f.type), ipc_type_name(type));
         rc = REFIT_ECORRUPT;
     } else {
-        rc = ipc_status_decode(m, &f, s->seq, s->err, sizeof s->err);
+        rc = ipc_status_decode(m, &f, seq, s->err, sizeof s->err);
     }
     ipc_frame_free(&f);
     return rc;
+}
+
+/* The RESULT of w's last commit, which that send did not wait for: it was
+ * written right after the commit, so it is here (or the worker is gone:
+ * dropped, reconnected by the caller). */
+static void take_result(refit_ipc_sender *s, snd_worker *w, double dl)
+{
+    if (w->fd < 0 || !w->result_seq)
+        return;
+    ipc_status_msg m;
+    if (recv_status(s, w, IPC_RESULT, w->result_seq, &m, dl))
+        drop_worker(w);
+    w->result_seq = 0;
 }
 
 /* Phase one to every worker: (re)connect, MEMS when stale, UPDATE. A
  * worker that cannot be reached votes the failure. */
 static void post_update(refit_ipc_sender *s, int *vote, char (*why)[256], double dl)
 {
+    for (int i = 0; i < s->n_w; i++)
+        take_result(s, &s->w[i], dl);
+    s->prof.results_ns = ipc_now_ns();
     for (int i = 0; i < s->n_w; i++) {
         snd_worker *w = &s->w[i];
         int rc = w->fd < 0 ? connect_worker(s, w) : REFIT_OK;
@@ -787,10 +836,14 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
     if (!s)
         return REFIT_EINVAL;
     ctx_clear_error(s->ctx);
+    refit_ipc_send_profile *pf = &s->prof;
+    memset(pf, 0, sizeof *pf);
+    pf->start_ns = ipc_now_ns();
     double t0 = ipc_now();
     refit_group_result res = {.decision = REFIT_OK, .failed_rank = -1, .vote_taken = 1};
     ipc_copy_str(res.version_label, sizeof res.version_label, s->label);
     s->seq++;
+    pf->seq = s->seq;
     bool moved = !s->laid_out;
     int rc = s->cu.open ? ipc_cuda_enter(&s->cu, s->err, sizeof s->err) : REFIT_OK;
     if (!rc)
@@ -801,28 +854,28 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
         rc = pack(s);
     if (!rc)
         rc = checksums(s);
+    pf->packed_ns = ipc_now_ns();
     if (!rc)
         rc = encode_update(s);
+    pf->encoded_ns = ipc_now_ns();
     if (rc) {
         res.decision = res.local_status = rc;
         if (out)
             *out = res;
+        pf->end_ns = ipc_now_ns();
         return s_err(s, rc);
     }
-    int *vote = calloc((size_t)s->n_w, sizeof *vote);
-    char (*why)[256] = calloc((size_t)s->n_w, sizeof *why);
-    if (!vote || !why) {
-        free(vote);
-        free(why);
-        return ctx_error(s->ctx, REFIT_ENOMEM, "ipc sender: out of memory");
-    }
+    int *vote = s->vote;
+    char (*why)[256] = s->why;
+    memset(vote, 0, (size_t)s->n_w * sizeof *vote);
     double dl = deadline_of(s);
     post_update(s, vote, why, dl);
+    pf->posted_ns = ipc_now_ns();
     for (int i = 0; i < s->n_w; i++) {
         ipc_status_msg m;
         if (s->w[i].fd < 0)
             continue;
-        if ((rc = recv_status(s, &s->w[i], IPC_VOTE, &m, dl))) {
+        if ((rc = recv_status(s, &s->w[i], IPC_VOTE, s->seq, &m, dl))) {
             vote[i] = rc;
             ipc_copy_str(why[i], sizeof why[i], s->err);
             drop_worker(&s->w[i]);
@@ -832,6 +885,7 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
             ipc_copy_str(why[i], sizeof why[i], m.msg);
         }
     }
+    pf->voted_ns = ipc_now_ns();
     for (int i = 0; i < s->n_w; i++)
         if (vote[i] && res.decision == REFIT_OK) {
             res.decision = vote[i];
@@ -842,12 +896,19 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
             send_status(s, &s->w[i], IPC_DECISION, res.decision,
                         res.decision ? why[res.failed_rank] : "", dl))
             drop_worker(&s->w[i]);
+    pf->decided_ns = ipc_now_ns();
     res.worker_status = REFIT_OK;
     for (int i = 0; i < s->n_w; i++) {
         ipc_status_msg m;
         if (s->w[i].fd < 0)
             continue;
-        if (recv_status(s, &s->w[i], IPC_RESULT, &m, dl))
+        if (!res.decision) {
+            /* every worker prepared, so its reads of this memory are done
+             * and its commit cannot fail: the next send reads the RESULT */
+            s->w[i].result_seq = s->seq;
+            continue;
+        }
+        if (recv_status(s, &s->w[i], IPC_RESULT, s->seq, &m, dl))
             drop_worker(&s->w[i]);
         else if (m.status && !res.worker_status)
             res.worker_status = m.status; /* a worker POISONED by the abort */
@@ -861,9 +922,16 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
         ctx_error(s->ctx, rc, "ipc sender: update %llu aborted: worker %d voted %s: %s",
                   (unsigned long long)s->seq, res.failed_rank, refit_status_name(rc),
                   why[res.failed_rank]);
-    free(vote);
-    free(why);
     if (out)
         *out = res;
+    pf->end_ns = ipc_now_ns();
     return rc;
+}
+
+int refit_ipc_sender_profile(const refit_ipc_sender *s, refit_ipc_send_profile *out)
+{
+    if (!s || !out)
+        return REFIT_EINVAL;
+    *out = s->prof;
+    return REFIT_OK;
 }
