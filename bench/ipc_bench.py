@@ -200,8 +200,8 @@ def run_refit(conn, path, shapes, iters, rollback, share, undo_device_budget=0, 
 # t: trainer (its send's profile; call_ns/return_ns are the Python call's
 # clock reads), w: the worker's profile.
 PHASES = [("send_call", "t", "call_ns"), ("send_start", "t", "start_ns"),
-          ("results_read", "t", "results_ns"), ("packed", "t", "packed_ns"),
-          ("encoded", "t", "encoded_ns"), ("update_written", "t", "posted_ns"),
+          ("packed", "t", "packed_ns"), ("encoded", "t", "encoded_ns"),
+          ("results_read", "t", "results_ns"), ("update_written", "t", "posted_ns"),
           ("w_update_read", "w", "update_ns"), ("w_checked", "w", "checked_ns"),
           ("w_begun", "w", "begun_ns"), ("w_event_wait_queued", "w", "waited_ns"),
           ("w_copies_queued", "w", "enqueued_ns"), ("w_copies_done_gpu", "w", "copies_done_ns"),

@@ -110,9 +110,9 @@ REFIT_API int refit_ipc_host_alloc(refit_ipc_sender *s, size_t bytes, void **out
 typedef struct refit_ipc_send_profile {
     uint64_t seq;              /* the update (the workers' profiles name it too) */
     uint64_t start_ns;         /* refit_ipc_sender_send called */
-    uint64_t results_ns;       /* the previous commit's RESULTs read */
     uint64_t packed_ns;        /* packing queued, the event recorded */
     uint64_t encoded_ns;       /* the UPDATE frame encoded */
+    uint64_t results_ns;       /* the previous commit's RESULTs read */
     uint64_t posted_ns;        /* every UPDATE written */
     uint64_t voted_ns;         /* the last vote read */
     uint64_t decided_ns;       /* every DECISION written */

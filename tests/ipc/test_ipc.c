@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -262,6 +263,20 @@ typedef struct trainer_job {
     int expect_failed_rank;
 } trainer_job;
 
+/* A commit's phases, each stamped, in the order they happen. */
+static bool send_profile_ordered(const refit_ipc_send_profile *p, uint64_t seq)
+{
+    const uint64_t at[] = {p->start_ns, p->packed_ns, p->encoded_ns, p->results_ns,
+                           p->posted_ns, p->voted_ns, p->decided_ns, p->end_ns};
+    bool ok = p->seq == seq && at[0] > 0;
+    for (size_t i = 1; i < sizeof at / sizeof *at; i++)
+        ok &= at[i] >= at[i - 1];
+    if (!ok)
+        fprintf(stderr, "trainer: send profile of %llu out of order (seq %llu)\n",
+                (unsigned long long)seq, (unsigned long long)p->seq);
+    return ok;
+}
+
 /* The real sender: count updates of the checkpoint, the tensors refreshed
  * in place (the same buffers every step, as a trainer's parameters). */
 static int run_trainer(void *arg)
@@ -324,11 +339,15 @@ static int run_trainer(void *arg)
         refit_ipc_sender_set_label(s, label);
         refit_group_result res;
         int st = refit_ipc_sender_send(s, &res);
+        refit_ipc_send_profile pf;
+        refit_ipc_sender_profile(s, &pf);
         if (st != j->expect) {
             fprintf(stderr, "trainer: send %s: %d (%s)\n", label, st, refit_errmsg(ctx));
             rc = 15;
         } else if (st && res.failed_rank != j->expect_failed_rank) {
             rc = 16;
+        } else if (!st && !send_profile_ordered(&pf, v - j->first + 1)) {
+            rc = 17;
         }
     }
     refit_ipc_sender_destroy(s);
@@ -390,6 +409,21 @@ static void updates_commit(int share, int checksum)
         assert_int_equal(res.decision, REFIT_OK);
         assert_string_equal(res.version_label, refit_worker_version(f.w.ctx));
         expect_at(&f, v);
+        /* every phase of the worker's side stamped, in order; no GPU here */
+        refit_ipc_recv_profile pf;
+        assert_int_equal(refit_ipc_receiver_profile(f.r, &pf), REFIT_OK);
+        assert_int_equal(pf.seq, v);
+        const uint64_t at[] = {pf.call_ns, pf.update_ns, pf.checked_ns, pf.begun_ns,
+                               pf.waited_ns, pf.enqueued_ns, pf.prepared_ns, pf.voted_ns,
+                               pf.decision_ns, pf.committed_ns, pf.result_ns};
+        assert_true(at[0] > 0);
+        for (size_t i = 1; i < sizeof at / sizeof *at; i++)
+            if (at[i] < at[i - 1])
+                fail_msg("update v%llu: phase %zu at %llu, before phase %zu at %llu",
+                         (unsigned long long)v, i, (unsigned long long)at[i], i - 1,
+                         (unsigned long long)at[i - 1]);
+        assert_int_equal(pf.copies_done_ns, 0);
+        assert_true(pf.gpu_copy_ms == -1 && pf.gpu_wait_ms == -1);
         if (v == 1)
             refit_ipc_receiver_stats(f.r, &st0);
     }
@@ -684,6 +718,199 @@ static void t_group_abort(void **state)
     worker_close(&f);
 }
 
+/* ---- busy-polling, the options' versions ---- */
+
+static void t_spin(void **state)
+{
+    (void)state;
+    int sv[2];
+    pair(sv);
+    double t0 = ipc_now();
+    assert_int_equal(ipc_spin_readable(sv[1], t0 + 0.02), 0); /* nothing came */
+    assert_true(ipc_now() - t0 >= 0.02);
+    char err[256];
+    assert_int_equal(ipc_send(sv[0], IPC_VOTE, "x", 1, NULL, 0, ipc_now() + 2, err, sizeof err),
+                     REFIT_OK);
+    t0 = ipc_now();
+    assert_int_equal(ipc_spin_readable(sv[1], t0 + 5), 1);
+    assert_true(ipc_now() - t0 < 1);
+    close(sv[0]);
+    close(sv[1]);
+}
+
+/* A caller built against version 1 of the options passes a shorter struct:
+ * nothing past it is read (the heap block ends there: ASan would see it). */
+static void t_opts_v1(void **state)
+{
+    (void)state;
+    nt_worker w;
+    assert_int_equal(nt_worker_open(&w, 0, 1, NULL), REFIT_OK);
+    size_t rn = offsetof(refit_ipc_recv_opts, spin_s);
+    refit_ipc_recv_opts rv = REFIT_IPC_RECV_OPTS_INIT;
+    rv.version = 1;
+    rv.timeout_s = 0.2;
+    void *ro = malloc(rn);
+    memcpy(ro, &rv, rn);
+    refit_ipc_receiver *r;
+    assert_int_equal(refit_ipc_receiver_create(&r, w.m, g_path[0], ro), REFIT_OK);
+    free(ro);
+    /* the receiver does not answer (one thread): the sender's HELLO wait
+     * runs to its deadline */
+    size_t sn = offsetof(refit_ipc_send_opts, spin_s);
+    refit_ipc_send_opts sv = REFIT_IPC_SEND_OPTS_INIT;
+    sv.version = 1;
+    sv.timeout_s = 0.2;
+    void *sp = malloc(sn);
+    memcpy(sp, &sv, sn);
+    refit_ipc_sender *s = NULL;
+    const char *paths[1] = {g_path[0]};
+    assert_int_equal(refit_ipc_sender_create(&s, w.ctx, paths, 1, sp), REFIT_ETIMEDOUT);
+    assert_null(s);
+    free(sp);
+    refit_ipc_send_opts *so;
+    so = calloc(1, sizeof *so);
+    so->version = 3;
+    assert_int_equal(refit_ipc_sender_create(&s, w.ctx, paths, 1, so), REFIT_EINVAL);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "invalid version 3"));
+    free(so);
+    refit_ipc_receiver_destroy(r);
+    nt_worker_close(&w);
+}
+
+/* ---- the RESULT of a commit, read at the next send ---- */
+
+typedef struct late_job {
+    const char *path;
+    int bad_result;             /* 1: the first RESULT names another update */
+} late_job;
+
+static int raw_status(int fd, uint16_t type, uint64_t seq, int status)
+{
+    ipc_wbuf w = {0};
+    char err[256];
+    ipc_status_encode(&w, seq, status, "");
+    int rc = ipc_send(fd, type, w.p, (uint32_t)w.len, NULL, 0, ipc_now() + 10, err, sizeof err);
+    ipc_wbuf_free(&w);
+    return rc;
+}
+
+/* HELLO, then frames up to an UPDATE (MEMS with 1 and 0 on a new
+ * connection): its seq, or 0. */
+static uint64_t raw_worker_update(int fd, int greet, int *mems)
+{
+    char err[256];
+    ipc_frame f;
+    if (greet) {
+        if (ipc_recv(fd, &f, 64, ipc_now() + 10, err, sizeof err))
+            return 0;
+        ipc_frame_free(&f);
+        ipc_wbuf w = {0};
+        ipc_hello_encode(&w, &(ipc_hello){IPC_ROLE_WORKER, (uint32_t)getpid(), 0, 1});
+        int rc = ipc_send(fd, IPC_HELLO, w.p, (uint32_t)w.len, NULL, 0, ipc_now() + 10, err,
+                          sizeof err);
+        ipc_wbuf_free(&w);
+        if (rc)
+            return 0;
+    }
+    for (;;) {
+        if (ipc_recv(fd, &f, IPC_MAX_PAYLOAD, ipc_now() + 10, err, sizeof err))
+            return 0;
+        uint16_t type = f.type;
+        uint64_t seq = type == IPC_UPDATE && f.len >= 8 ? bkt_le64(f.payload) : 0;
+        *mems += type == IPC_MEMS;
+        ipc_frame_free(&f);
+        if (type == IPC_UPDATE)
+            return seq;
+    }
+}
+
+/* A worker speaking frame by frame: votes OK for two updates, and writes
+ * the first one's RESULT only 0.5 s after the DECISION (or one naming
+ * update 99). */
+static int run_late_worker(void *arg)
+{
+    late_job *j = arg;
+    char err[256];
+    int lfd, fd, mems = 0;
+    if (ipc_listen(j->path, &lfd, err, sizeof err) ||
+        ipc_accept(lfd, ipc_now() + 10, &fd, err, sizeof err))
+        return 40;
+    for (uint64_t want = 1; want <= 2; want++) {
+        uint64_t seq = raw_worker_update(fd, want == 1, &mems);
+        if (seq != want && j->bad_result && want == 2 && !seq) {
+            /* the trainer refused the RESULT and dropped us: it reconnects */
+            close(fd);
+            mems = 0;
+            if (ipc_accept(lfd, ipc_now() + 10, &fd, err, sizeof err))
+                return 41;
+            seq = raw_worker_update(fd, 1, &mems);
+            if (mems != 1)
+                return 42; /* a new connection gets the table again */
+        }
+        if (seq != want)
+            return 43;
+        ipc_frame f;
+        if (raw_status(fd, IPC_VOTE, seq, 0) ||
+            ipc_recv(fd, &f, 4096, ipc_now() + 10, err, sizeof err))
+            return 44;
+        int decision_ok = f.type == IPC_DECISION;
+        ipc_frame_free(&f);
+        if (!decision_ok)
+            return 45;
+        if (want == 1)
+            usleep(500 * 1000);
+        /* the last one may find the trainer gone: it does not wait for it */
+        if (raw_status(fd, IPC_RESULT, want == 1 && j->bad_result ? 99 : seq, 0) && want == 1)
+            return 46;
+    }
+    close(fd);
+    close(lfd);
+    unlink(j->path);
+    return 0;
+}
+
+static void result_read_later(int bad_result)
+{
+    late_job j = {.path = g_path[1], .bad_result = bad_result};
+    pid_t pid = it_fork(run_late_worker, &j);
+    refit_ctx *ctx;
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.journal_path = "";
+    assert_int_equal(refit_open(&ctx, &o), REFIT_OK);
+    refit_ipc_send_opts so = REFIT_IPC_SEND_OPTS_INIT;
+    so.timeout_s = 10;
+    refit_ipc_sender *s;
+    const char *paths[1] = {g_path[1]};
+    assert_int_equal(refit_ipc_sender_create(&s, ctx, paths, 1, &so), REFIT_OK);
+    int64_t shape[1] = {16};
+    float x[16] = {1};
+    refit_tensor t = {.data = x, .device = {REFIT_DEVICE_CPU, 0}, .ndim = 1,
+                      .dtype = REFIT_F32, .shape = shape};
+    assert_int_equal(refit_ipc_sender_add(s, "w", &t, REFIT_IPC_PACK), REFIT_OK);
+    refit_group_result res;
+    refit_ipc_send_profile pf;
+    double t0 = ipc_now();
+    assert_int_equal(refit_ipc_sender_send(s, &res), REFIT_OK);
+    assert_true(ipc_now() - t0 < 0.4); /* the commit's RESULT was not waited for */
+    assert_int_equal(res.decision, REFIT_OK);
+    assert_int_equal(refit_ipc_sender_profile(s, &pf), REFIT_OK);
+    assert_int_equal(pf.seq, 1);
+    t0 = ipc_now();
+    int rc = refit_ipc_sender_send(s, &res);
+    if (rc)
+        fail_msg("second send: %s", refit_errmsg(ctx));
+    assert_int_equal(refit_ipc_sender_profile(s, &pf), REFIT_OK);
+    assert_int_equal(pf.seq, 2);
+    /* it read the late RESULT first (0.5 s after the decision) */
+    assert_true((double)(pf.results_ns - pf.start_ns) * 1e-9 > 0.25);
+    refit_ipc_sender_destroy(s);
+    refit_close(ctx);
+    assert_int_equal(it_wait(pid), 0);
+}
+
+static void t_result_read_later(void **state) { (void)state; result_read_later(0); }
+static void t_result_refused_later(void **state) { (void)state; result_read_later(1); }
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -703,6 +930,10 @@ int main(void)
         cmocka_unit_test(t_stalled_trainer),
         cmocka_unit_test(t_dead_trainer_poisons),
         cmocka_unit_test(t_group_abort),
+        cmocka_unit_test(t_spin),
+        cmocka_unit_test(t_opts_v1),
+        cmocka_unit_test(t_result_read_later),
+        cmocka_unit_test(t_result_refused_later),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

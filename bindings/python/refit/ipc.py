@@ -53,7 +53,7 @@ class Stats(ctypes.Structure):
 
 class SendProfile(ctypes.Structure):
     """refit_ipc_send_profile: CLOCK_MONOTONIC ns (time.monotonic_ns())."""
-    _fields_ = [(k, _U64) for k in ("seq", "start_ns", "results_ns", "packed_ns", "encoded_ns",
+    _fields_ = [(k, _U64) for k in ("seq", "start_ns", "packed_ns", "encoded_ns", "results_ns",
                                     "posted_ns", "voted_ns", "decided_ns", "end_ns")]
 
 
