@@ -2,6 +2,7 @@
  * (chan.h has the layout). Every byte read is untrusted. */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -69,7 +70,8 @@ static int wait_fd(int fd, short ev, double deadline)
     }
 }
 
-static const char *TYPE_NAMES[] = {"?", "HELLO", "MEMS", "UPDATE", "VOTE", "DECISION", "RESULT"};
+static const char *TYPE_NAMES[] = {"?", "HELLO", "MEMS", "UPDATE", "VOTE", "DECISION", "RESULT",
+                                   "INDEX"};
 
 const char *ipc_type_name(uint16_t type)
 {
@@ -203,6 +205,7 @@ int ipc_spin_readable(int fd, double until)
             return 1;
         if (ipc_now() >= until)
             return 0;
+        sched_yield(); /* the peer may need this core to answer */
     }
 }
 

@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #define IPC_MAGIC 0x43495452u          /* "RTIC" */
-#define IPC_PROTO_VERSION 1
+#define IPC_PROTO_VERSION 2
 #define IPC_FRAME_HEADER 32
 #define IPC_MAX_PAYLOAD ((uint32_t)512 << 20)
 #define IPC_MAX_FDS 64                 /* descriptors one frame may pass */
@@ -33,11 +33,12 @@
 typedef enum ipc_type {
     IPC_HELLO = 1,      /* both ways, once per connection */
     IPC_MEMS = 2,       /* trainer: the table of shared memories (+ fds) */
-    IPC_UPDATE = 3,     /* trainer: one update: bucket map, announce, index */
+    IPC_UPDATE = 3,     /* trainer: one update: its index's id, label, checksums */
     IPC_VOTE = 4,       /* worker: prepared (0) or why not */
     IPC_DECISION = 5,   /* trainer: commit (0) or abort, for every worker */
     IPC_RESULT = 6,     /* worker: what the decision came to */
-    IPC_TYPE_MAX = 6,
+    IPC_INDEX = 7,      /* trainer, when its layout changed: bucket map, announce, index */
+    IPC_TYPE_MAX = 7,
 } ipc_type;
 
 typedef struct ipc_frame {

@@ -4,12 +4,16 @@
  *   accept      a trainer, when none is connected (HELLO both ways)
  *   MEMS        the memory table: each memory opened once and kept while
  *               the trainer sends it unchanged (same id, generation, handle)
- *   UPDATE      decoded and checked whole before anything begins: the
- *               bucket map against the table (memory known, bucket inside
- *               it), the announce and every header (core/nccl/bucket.c's
- *               decoders), then every piece against the model (name
- *               expected, dtype, shape, no duplicate): a refusal votes the
- *               error, writes nothing, begins nothing
+ *   INDEX       once per layout: decoded and checked whole, the bucket map
+ *               against the table (memory known, bucket inside it), the
+ *               announce and every header (core/nccl/bucket.c's decoders),
+ *               then every piece against the model (name expected, dtype,
+ *               shape, no duplicate); kept, or its refusal kept for the
+ *               UPDATE that names it
+ *   UPDATE      decoded; the index it names must be the one held, checked,
+ *               of the current table, with as many buckets (and the filter
+ *               asked again): a refusal votes the error, writes nothing,
+ *               begins nothing
  *   begin, then the worker's stream waits on the trainer's event (device:
  *               cuStreamWaitEvent, no host round trip), checksums if sent
  *               (before any write), every piece loaded from where it lies
@@ -43,6 +47,7 @@ typedef struct rcv_mem {
 
 typedef struct rcv_piece {
     size_t name;                /* offset in the arena */
+    bool skip;                  /* the filter said no (this update) */
     refit_dtype dtype;
     int32_t ndim;
     int64_t shape[REFIT_MAX_DIMS];
@@ -51,6 +56,12 @@ typedef struct rcv_piece {
     void *data;
     refit_device dev;
 } rcv_piece;
+
+typedef struct rcv_bucket {
+    uint8_t *payload;
+    uint64_t bytes;
+    refit_device dev;
+} rcv_bucket;
 
 struct refit_ipc_receiver {
     refit_model *m;
@@ -65,6 +76,14 @@ struct refit_ipc_receiver {
     uint8_t ev_handle[IPC_HANDLE_BYTES];
     ipc_cuda cu;
     bkt_header h;
+    /* the trainer's index (INDEX), walked and checked once per layout */
+    uint32_t ix_id, ix_epoch, ix_buckets;
+    bool ix_sums;               /* its announce promises a checksum per bucket */
+    uint64_t ix_total;          /* payload bytes */
+    int ix_rc;                  /* refused: the UPDATE naming it votes this */
+    char ix_err[1024];
+    rcv_bucket *bk;             /* per bucket of the index */
+    uint32_t cap_bk;
     rcv_piece *pc;
     uint32_t n_pc, cap_pc;
     char *arena;
@@ -147,6 +166,7 @@ static void drop_peer(refit_ipc_receiver *r)
         close_mem(r, &r->mems[i]);
     r->n_mems = 0;
     r->epoch = 0;
+    r->ix_id = 0;
     if (r->has_event)
         r->cu.cu.EventDestroy(r->ev);
     r->has_event = false;
@@ -171,6 +191,7 @@ void refit_ipc_receiver_destroy(refit_ipc_receiver *r)
     free(r->path);
     free(r->mems);
     free(r->pc);
+    free(r->bk);
     free(r->arena);
     free(r->seen);
     refit_source_set_destroy(r->set);
@@ -328,6 +349,7 @@ static int apply_mems(refit_ipc_receiver *r, ipc_frame *f)
     r->mems = nm;
     r->n_mems = r->cap_mems = t.n;
     r->epoch = t.epoch;
+    r->ix_id = 0; /* an index lies in a table: the trainer sends it again */
     free(kept);
     ipc_mems_free(&t);
     return REFIT_OK;
@@ -365,11 +387,18 @@ static int add_piece(refit_ipc_receiver *r, const bkt_entry *e, uint8_t *payload
 }
 
 /* Walk the index (the NCCL wire's chain of headers), each bucket against
- * the memory it names; collect the pieces. */
-static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
+ * the memory it names; collect the pieces and where each bucket lies. */
+static int walk_index(refit_ipc_receiver *r, const ipc_index *u)
 {
     r->n_pc = 0;
     r->arena_len = 0;
+    if (u->n_buckets > r->cap_bk) {
+        rcv_bucket *nb = realloc(r->bk, (size_t)u->n_buckets * sizeof *nb);
+        if (!nb)
+            return REFIT_ENOMEM;
+        r->bk = nb;
+        r->cap_bk = u->n_buckets;
+    }
     const uint8_t *q = u->index, *end = u->index + u->index_bytes;
     bkt_expect ex = {.index = 0, .n_buckets = u->n_buckets, .nonce = u->an.nonce,
                      .header_bytes = u->an.first_header, .total = u->an.first_total,
@@ -377,7 +406,7 @@ static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
     uint64_t payload = 0, entries = 0;
     for (uint32_t b = 0; b < u->n_buckets; b++) {
         if (ex.header_bytes > (size_t)(end - q)) {
-            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u's header (%u bytes) runs past "
+            snprintf(r->err, sizeof r->err, "INDEX: bucket %u's header (%u bytes) runs past "
                      "the index", b, ex.header_bytes);
             return REFIT_ECORRUPT;
         }
@@ -387,19 +416,19 @@ static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
         if (!b)
             ipc_copy_str(r->label, sizeof r->label, r->h.label);
         else if (strcmp(r->label, r->h.label)) {
-            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u is labelled '%.200s', "
+            snprintf(r->err, sizeof r->err, "INDEX: bucket %u is labelled '%.200s', "
                      "bucket 0 '%.200s'", b, r->h.label, r->label);
             return REFIT_ECORRUPT;
         }
         const ipc_ref *ref = &u->refs[b];
         rcv_mem *m = mem_find(r, ref->mem);
         if (!m) {
-            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u names memory %u, which the "
+            snprintf(r->err, sizeof r->err, "INDEX: bucket %u names memory %u, which the "
                      "trainer never shared (table epoch %u)", b, ref->mem, r->epoch);
             return REFIT_ECORRUPT;
         }
         if (ref->offset > m->d.bytes || ex.total > m->d.bytes - ref->offset) {
-            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u (%llu bytes at offset %llu) "
+            snprintf(r->err, sizeof r->err, "INDEX: bucket %u (%llu bytes at offset %llu) "
                      "runs past memory %u (%llu bytes)", b, (unsigned long long)ex.total,
                      (unsigned long long)ref->offset, ref->mem,
                      (unsigned long long)m->d.bytes);
@@ -409,6 +438,7 @@ static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
                                ? (refit_device){REFIT_DEVICE_CUDA, m->d.device}
                                : (refit_device){REFIT_DEVICE_CPU, 0};
         uint8_t *pl = (uint8_t *)m->base + ref->offset + r->h.payload_offset;
+        r->bk[b] = (rcv_bucket){.payload = pl, .bytes = r->h.payload_bytes, .dev = dev};
         for (uint32_t k = 0; k < r->h.n_entries; k++)
             if ((rc = add_piece(r, &r->h.entries[k], pl, dev)))
                 return rc;
@@ -420,7 +450,7 @@ static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
                           .max_total = u->an.max_total};
     }
     if (q != end || payload != u->an.total_payload || entries != u->an.n_entries) {
-        snprintf(r->err, sizeof r->err, "UPDATE: the index (%llu payload bytes, %llu "
+        snprintf(r->err, sizeof r->err, "INDEX: the index (%llu payload bytes, %llu "
                  "entries, %zu stray bytes) disagrees with its announce (%llu, %llu)",
                  (unsigned long long)payload, (unsigned long long)entries, (size_t)(end - q),
                  (unsigned long long)u->an.total_payload, (unsigned long long)u->an.n_entries);
@@ -446,10 +476,9 @@ static int check_pieces(refit_ipc_receiver *r)
     for (uint32_t i = 0; i < r->n_pc; i++) {
         rcv_piece *p = &r->pc[i];
         const char *name = pc_name(r, p);
-        if (r->o.filter && !r->o.filter(r->o.filter_user, name)) {
-            p->ndim = -1; /* skipped */
+        p->skip = r->o.filter && !r->o.filter(r->o.filter_user, name);
+        if (p->skip)
             continue;
-        }
         uint32_t ri = names_find(&m->route_names, name);
         if (ri == NAMES_NONE) {
             snprintf(r->err, sizeof r->err, "the index names %s, which no module of worker %s "
@@ -483,42 +512,59 @@ static int check_pieces(refit_ipc_receiver *r)
 /* Checksums, where the trainer sent them: before any write. */
 static int verify_sums(refit_ipc_receiver *r, const ipc_update *u)
 {
-    if (!(u->an.flags & BKT_A_PAYLOAD_SUM))
-        return REFIT_OK;
-    const uint8_t *q = u->index;
-    bkt_expect ex = {.n_buckets = u->n_buckets, .nonce = u->an.nonce,
-                     .header_bytes = u->an.first_header, .total = u->an.first_total,
-                     .max_total = u->an.max_total};
-    for (uint32_t b = 0; b < u->n_buckets; b++) {
-        int rc = bkt_header_decode(&r->h, q, &ex, r->err, sizeof r->err);
-        if (rc)
-            return rc;
-        rcv_mem *m = mem_find(r, u->refs[b].mem);
-        refit_device dev = m->d.kind == IPC_MEM_CUDA
-                               ? (refit_device){REFIT_DEVICE_CUDA, m->d.device}
-                               : (refit_device){REFIT_DEVICE_CPU, 0};
-        const backend *be = backend_for_device(dev);
-        refit_view v = {.data = (uint8_t *)m->base + u->refs[b].offset + r->h.payload_offset,
-                        .device = dev, .dtype = REFIT_U8, .ndim = 1,
-                        .shape = {(int64_t)r->h.payload_bytes}, .strides = {1}};
-        uint64_t sum = 0;
+    for (uint32_t b = 0; u->sums && b < u->n_buckets; b++) {
+        const rcv_bucket *bk = &r->bk[b];
+        const backend *be = backend_for_device(bk->dev);
+        refit_view v = {.data = bk->payload, .device = bk->dev, .dtype = REFIT_U8, .ndim = 1,
+                        .shape = {(int64_t)bk->bytes}, .strides = {1}};
+        uint64_t sum = 0, want = bkt_le64(u->sums + 8u * b);
+        int rc;
         if (!be || (rc = be->fingerprint(&v, &sum, r->o.stream))) {
             snprintf(r->err, sizeof r->err, "bucket %u: checksum: %s", b,
                      be ? be->last_error() : "no backend for its memory");
             return be ? rc : REFIT_EUNSUPPORTED;
         }
-        if (sum != u->refs[b].sum) {
-            snprintf(r->err, sizeof r->err, "bucket %u: payload checksum %016llx, the index "
+        if (sum != want) {
+            snprintf(r->err, sizeof r->err, "bucket %u: payload checksum %016llx, the update "
                      "says %016llx; nothing written", b, (unsigned long long)sum,
-                     (unsigned long long)u->refs[b].sum);
+                     (unsigned long long)want);
             return REFIT_ECORRUPT;
         }
-        q += ex.header_bytes;
-        ex = (bkt_expect){.index = b + 1, .n_buckets = u->n_buckets, .nonce = u->an.nonce,
-                          .header_bytes = r->h.next_header, .total = r->h.next_total,
-                          .max_total = u->an.max_total};
     }
     return REFIT_OK;
+}
+
+/* Take an INDEX: walked against the table and checked against the model
+ * now, once per layout. Its refusal is kept (with the id the trainer gave
+ * it) and voted by the UPDATE that names it: the connection stays. */
+static void apply_index(refit_ipc_receiver *r, const ipc_frame *f)
+{
+    ipc_index x;
+    uint64_t max = r->o.max_bucket_bytes ? r->o.max_bucket_bytes : (uint64_t)64 << 30;
+    const uint8_t *q = f->payload; /* the id, even when the rest is refused */
+    r->ix_id = f->len >= 4 ? (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
+                                 (uint32_t)q[3] << 24
+                           : 0;
+    r->ix_epoch = r->epoch;
+    r->ix_buckets = 0;
+    int rc = ipc_index_decode(&x, f, max, r->err, sizeof r->err);
+    if (!rc && x.epoch != r->epoch) {
+        snprintf(r->err, sizeof r->err, "INDEX %u of memory table %u; this worker holds %u",
+                 x.id, x.epoch, r->epoch);
+        rc = REFIT_ECORRUPT;
+    }
+    if (!rc)
+        rc = walk_index(r, &x);
+    if (!rc)
+        rc = check_pieces(r);
+    if (!rc) {
+        r->ix_buckets = x.n_buckets;
+        r->ix_sums = x.an.flags & BKT_A_PAYLOAD_SUM;
+        r->ix_total = x.an.total_payload;
+    }
+    r->ix_rc = rc;
+    ipc_copy_str(r->ix_err, sizeof r->ix_err, rc ? r->err : "");
+    ipc_index_free(&x);
 }
 
 /* The source set of this index's whole pieces: the last one when the
@@ -542,7 +588,7 @@ static int whole_set(refit_ipc_receiver *r, refit_source_set **out)
     size_t n = 0;
     for (uint32_t i = 0; !rc && i < r->n_pc; i++) {
         rcv_piece *p = &r->pc[i];
-        if (p->ndim < 0 || p->part)
+        if (p->skip || p->part)
             continue;
         names[n] = pc_name(r, p);
         ts[n++] = (refit_tensor){.data = p->data, .device = p->dev, .ndim = p->ndim,
@@ -581,7 +627,7 @@ static int load_pieces(refit_ipc_receiver *r, refit_txn *txn)
         ipc_copy_str(r->err, sizeof r->err, refit_errmsg(r->ctx));
     for (uint32_t i = 0; !rc && i < r->n_pc; i++) {
         rcv_piece *p = &r->pc[i];
-        if (p->ndim < 0 || !p->part)
+        if (p->skip || !p->part)
             continue;
         refit_tensor t = {.data = p->data, .device = p->dev, .ndim = p->ndim,
                           .dtype = p->dtype, .shape = p->shape};
@@ -658,7 +704,9 @@ static int next_update(refit_ipc_receiver *r, ipc_frame *f, double dl)
         }
         if (f->type == IPC_UPDATE)
             return REFIT_OK;
-        if (f->type == IPC_MEMS) {
+        if (f->type == IPC_INDEX) {
+            apply_index(r, f);
+        } else if (f->type == IPC_MEMS) {
             rc = apply_mems(r, f);
         } else {
             snprintf(r->err, sizeof r->err, "a %s frame while waiting for an update",
@@ -679,14 +727,31 @@ static int next_update(refit_ipc_receiver *r, ipc_frame *f, double dl)
 static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_update_opts *opts,
                        refit_txn **txn, refit_group_result *res)
 {
-    int rc = walk_index(r, u);
-    if (!rc && u->epoch != r->epoch) {
+    int rc = REFIT_OK;
+    if (!r->ix_id || u->index_id != r->ix_id) {
+        snprintf(r->err, sizeof r->err, "UPDATE names index %u; this worker holds %s%u (an "
+                 "INDEX comes first)", u->index_id, r->ix_id ? "index " : "none, ", r->ix_id);
+        rc = REFIT_ECORRUPT;
+    } else if (r->ix_rc) {
+        rc = r->ix_rc;
+        ipc_copy_str(r->err, sizeof r->err, r->ix_err);
+    } else if (u->epoch != r->epoch || r->ix_epoch != r->epoch) {
         snprintf(r->err, sizeof r->err, "UPDATE of memory table %u; this worker holds %u",
                  u->epoch, r->epoch);
         rc = REFIT_ECORRUPT;
+    } else if (u->n_buckets != r->ix_buckets) {
+        snprintf(r->err, sizeof r->err, "UPDATE names %u buckets; index %u has %u",
+                 u->n_buckets, r->ix_id, r->ix_buckets);
+        rc = REFIT_ECORRUPT;
+    } else if (!!(u->flags & IPC_U_SUMS) != r->ix_sums) {
+        snprintf(r->err, sizeof r->err, "UPDATE %s checksums; its index announces %s",
+                 u->flags & IPC_U_SUMS ? "carries" : "lacks", r->ix_sums ? "them" : "none");
+        rc = REFIT_ECORRUPT;
+    } else if (r->o.filter) {
+        rc = check_pieces(r); /* the filter is asked at every update */
     }
     if (!rc)
-        rc = check_pieces(r);
+        ipc_copy_str(r->label, sizeof r->label, u->label);
     r->prof.checked_ns = ipc_now_ns();
     if (rc) {
         r->st.refused++;
@@ -738,7 +803,7 @@ static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_u
     }
     res->buckets = u->n_buckets;
     res->tensors = r->n_pc;
-    res->bytes = u->an.total_payload;
+    res->bytes = r->ix_total;
     rc = refit_finalize_prepare(*txn);
     r->prof.prepared_ns = ipc_now_ns();
     pev_read(r, timed);
@@ -775,9 +840,8 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     double t0 = ipc_now();
     r->st.updates++;
     ipc_update u;
-    uint64_t max = r->o.max_bucket_bytes ? r->o.max_bucket_bytes : (uint64_t)64 << 30;
     refit_txn *txn = NULL;
-    int local = ipc_update_decode(&u, &f, max, r->err, sizeof r->err);
+    int local = ipc_update_decode(&u, &f, r->err, sizeof r->err);
     if (local) {
         /* the frame was sound, its content not: refuse, keep the channel */
         r->st.refused++;
@@ -838,7 +902,6 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
         res.decision = trc;
         res.vote_taken = 0;
         drop_peer(r);
-        ipc_update_free(&u);
         res.seconds = ipc_now() - t0;
         if (out)
             *out = res;
@@ -849,7 +912,6 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     (void)send_status(r, IPC_RESULT, u.seq, res.worker_status,
                       res.worker_status ? refit_errmsg(r->ctx) : "", dl);
     pf->result_ns = ipc_now_ns();
-    ipc_update_free(&u);
     res.seconds = ipc_now() - t0;
     if (out)
         *out = res;

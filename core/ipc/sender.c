@@ -8,10 +8,12 @@
  *            table (ids, handles) built, its epoch bumped
  *   pack     backend copies of the PACK tensors on the trainer's stream,
  *            then the interprocess event recorded on it (device)
- *   index    announce + one bucket header per bucket (core/nccl/bucket.h)
+ *   index    announce + one bucket header per bucket (core/nccl/bucket.h),
+ *            encoded once per layout (INDEX, its headers' label empty)
  *   per worker: the RESULT of the last commit (read here, not waited for
  *            by the send that committed), MEMS when its table is older than
- *            the epoch, UPDATE
+ *            the epoch, INDEX when it has not this layout's, UPDATE (seq,
+ *            the index's id, the label, the checksums)
  *   votes    every worker's (busy-polled for spin_s, then poll), then one
  *            DECISION to all; after an abort, their RESULTs
  */
@@ -58,6 +60,7 @@ typedef struct snd_worker {
     int fd;                     /* -1: not connected */
     uint32_t epoch;             /* the memory table it holds; 0: none */
     int32_t rank;
+    uint32_t ix_id;             /* the INDEX it holds; 0: none */
     uint64_t result_seq;        /* a commit whose RESULT is still to read; 0: none */
 } snd_worker;
 
@@ -76,7 +79,10 @@ struct refit_ipc_sender {
     bkt_plan plan;
     bkt_tensor *bt;
     ipc_ref *refs;              /* per bucket */
-    ipc_wbuf frame;
+    uint64_t *sums;             /* per bucket, when checksummed */
+    ipc_wbuf frame;             /* this send's UPDATE */
+    ipc_wbuf iframe;            /* the layout's INDEX */
+    uint32_t ix_id, ix_epoch;   /* its id, and the table epoch it was made for */
     uint8_t *index;
     size_t index_cap;
     ipc_cuda cu;
@@ -135,6 +141,7 @@ static int connect_worker(refit_ipc_sender *s, snd_worker *w)
         w->fd = -1;
     }
     w->epoch = 0;
+    w->ix_id = 0;
     w->result_seq = 0;
     return rc;
 }
@@ -145,6 +152,7 @@ static void drop_worker(snd_worker *w)
         close(w->fd);
     w->fd = -1;
     w->epoch = 0;
+    w->ix_id = 0;
     w->result_seq = 0;
 }
 
@@ -235,8 +243,10 @@ void refit_ipc_sender_destroy(refit_ipc_sender *s)
     bkt_plan_free(&s->plan);
     free(s->bt);
     free(s->refs);
+    free(s->sums);
     free(s->index);
     ipc_wbuf_free(&s->frame);
+    ipc_wbuf_free(&s->iframe);
     if (s->has_event)
         s->cu.cu.EventDestroy(s->ev);
     if (s->cu.open)
@@ -465,12 +475,15 @@ static int lay_out(refit_ipc_sender *s)
     }
     if (!rc && (rc = plan_room(&s->plan, s->n, n_buckets)) == REFIT_OK) {
         ipc_ref *nr = realloc(s->refs, (size_t)n_buckets * sizeof *nr);
+        uint64_t *ns = realloc(s->sums, (size_t)n_buckets * sizeof *ns);
         bkt_tensor *nt = realloc(s->bt, ((size_t)s->n + 1) * sizeof *nt);
         if (nr)
             s->refs = nr;
+        if (ns)
+            s->sums = ns;
         if (nt)
             s->bt = nt;
-        rc = nr && nt ? REFIT_OK : REFIT_ENOMEM;
+        rc = nr && ns && nt ? REFIT_OK : REFIT_ENOMEM;
     }
     for (uint32_t i = 0; i < s->n_mems; i++)
         s->mems[i].used = false;
@@ -643,14 +656,13 @@ static int checksums(refit_ipc_sender *s)
 {
     const backend *be = backend_for_device(s->dev);
     for (uint32_t b = 0; b < s->plan.n_buckets; b++) {
-        s->refs[b].flags = s->o.checksum ? IPC_B_SUM : 0;
-        s->refs[b].sum = 0;
+        s->sums[b] = 0;
         if (!s->o.checksum)
             continue;
         refit_view v = {.data = payload_of(s, b), .device = s->dev, .dtype = REFIT_U8,
                         .ndim = 1, .shape = {(int64_t)s->plan.buckets[b].payload_bytes},
                         .strides = {1}};
-        int rc = be->fingerprint(&v, &s->refs[b].sum, s->o.stream);
+        int rc = be->fingerprint(&v, &s->sums[b], s->o.stream);
         if (rc) {
             snprintf(s->err, sizeof s->err, "bucket %u: checksum: %s", b, be->last_error());
             return rc;
@@ -670,15 +682,16 @@ static uint64_t fresh_nonce(uint64_t seq)
     return n ^ seq;
 }
 
-/* The UPDATE frame of this send into s->frame. */
-static int encode_update(refit_ipc_sender *s)
+/* The INDEX frame of this layout into s->iframe: the NCCL wire's index
+ * (version label empty: each UPDATE carries it), encoded once per layout
+ * and table. */
+static int encode_index(refit_ipc_sender *s)
 {
     bkt_plan *p = &s->plan;
-    size_t ll = strlen(s->label);
     uint64_t total = 0;
     for (uint32_t b = 0; b < p->n_buckets; b++) {
         bkt_span *sp = &p->buckets[b];
-        uint64_t hb = BKT_FIXED_HEADER + ll + 8;
+        uint64_t hb = BKT_FIXED_HEADER + 8;
         for (uint32_t k = 0; k < sp->n; k++) {
             const bkt_tensor *t = &s->bt[p->pieces[sp->first + k].tensor];
             hb += BKT_FIXED_ENTRY + 8u * (uint64_t)t->ndim + strlen(t->name);
@@ -707,7 +720,7 @@ static int encode_update(refit_ipc_sender *s)
     uint64_t nonce = fresh_nonce(s->seq);
     uint8_t *q = s->index;
     for (uint32_t b = 0; b < p->n_buckets; b++) {
-        bkt_header_encode(q, p, b, s->bt, s->label, nonce);
+        bkt_header_encode(q, p, b, s->bt, "", nonce);
         q += p->buckets[b].header_bytes;
     }
     bkt_announce an = {.flags = s->o.checksum ? BKT_A_PAYLOAD_SUM : 0,
@@ -717,11 +730,35 @@ static int encode_update(refit_ipc_sender *s)
                        .n_entries = p->n_pieces};
     uint8_t ab[BKT_ANNOUNCE_BYTES];
     bkt_announce_encode(ab, &an);
+    s->ix_id = s->ix_id == UINT32_MAX ? 1 : s->ix_id + 1;
+    ipc_index x = {.id = s->ix_id, .epoch = s->epoch, .n_buckets = p->n_buckets,
+                   .refs = s->refs, .index = s->index, .index_bytes = total};
+    s->iframe.len = 0;
+    ipc_index_encode(&s->iframe, &x, ab);
+    if (s->iframe.failed) {
+        ipc_wbuf_free(&s->iframe);
+        s->ix_epoch = 0;
+        return REFIT_ENOMEM;
+    }
+    s->ix_epoch = s->epoch;
+    return REFIT_OK;
+}
+
+/* The UPDATE frame of this send into s->frame (the index made first when
+ * the layout or the table changed). */
+static int encode_update(refit_ipc_sender *s)
+{
+    int rc = s->ix_epoch != s->epoch ? encode_index(s) : REFIT_OK;
+    if (rc)
+        return rc;
     ipc_update u = {.seq = s->seq, .epoch = s->epoch,
-                    .flags = s->o.device >= 0 ? IPC_U_EVENT : 0, .n_buckets = p->n_buckets,
-                    .refs = s->refs, .index = s->index, .index_bytes = total};
+                    .flags = (s->o.device >= 0 ? IPC_U_EVENT : 0) |
+                             (s->o.checksum ? IPC_U_SUMS : 0),
+                    .index_id = s->ix_id, .n_buckets = s->plan.n_buckets};
+    ipc_copy_str(u.label, sizeof u.label, s->label);
     s->frame.len = 0;
-    ipc_update_encode(&s->frame, &u, ab);
+    s->frame.failed = 0;
+    ipc_update_encode(&s->frame, &u, s->sums);
     return s->frame.failed ? REFIT_ENOMEM : REFIT_OK;
 }
 
@@ -818,8 +855,15 @@ static void post_update(refit_ipc_sender *s, int *vote, char (*why)[256], double
     for (int i = 0; i < s->n_w; i++) {
         snd_worker *w = &s->w[i];
         int rc = w->fd < 0 ? connect_worker(s, w) : REFIT_OK;
-        if (!rc && w->epoch != s->epoch)
+        if (!rc && w->epoch != s->epoch) {
             rc = send_mems(s, w, dl);
+            w->ix_id = 0; /* a new table: the index again */
+        }
+        if (!rc && w->ix_id != s->ix_id) {
+            rc = ipc_send(w->fd, IPC_INDEX, s->iframe.p, (uint32_t)s->iframe.len, NULL, 0, dl,
+                          s->err, sizeof s->err);
+            w->ix_id = rc ? 0 : s->ix_id;
+        }
         if (!rc)
             rc = ipc_send(w->fd, IPC_UPDATE, s->frame.p, (uint32_t)s->frame.len, NULL, 0, dl,
                           s->err, sizeof s->err);

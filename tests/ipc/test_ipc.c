@@ -96,6 +96,9 @@ static void mk_type(uint8_t *b, size_t *len) { good(b, len, IPC_VOTE); b[6] = 77
 static void mk_type0(uint8_t *b, size_t *len) { good(b, len, IPC_VOTE); b[6] = 0; reseal(b); }
 static void mk_flags(uint8_t *b, size_t *len) { good(b, len, IPC_VOTE); b[14] = 1; reseal(b); }
 static void mk_fds(uint8_t *b, size_t *len) { good(b, len, IPC_VOTE); b[12] = 1; reseal(b); }
+static void mk_fds_index(uint8_t *b, size_t *len) { good(b, len, IPC_INDEX); b[12] = 1; reseal(b); }
+static void mk_type8(uint8_t *b, size_t *len) { good(b, len, IPC_VOTE); b[6] = 8; reseal(b); }
+static void mk_version1(uint8_t *b, size_t *len) { good(b, len, IPC_UPDATE); b[4] = 1; reseal(b); }
 static void mk_fds_mems(uint8_t *b, size_t *len) { good(b, len, IPC_MEMS); b[12] = 2; reseal(b); }
 static void mk_huge(uint8_t *b, size_t *len)
 {
@@ -111,12 +114,16 @@ static void mk_empty(uint8_t *b, size_t *len) { (void)b; *len = 0; }
 
 static const bad_frame BAD[] = {
     {"bad magic", mk_magic, REFIT_ECORRUPT, "bad magic"},
-    {"unknown version", mk_version, REFIT_ECORRUPT, "protocol version 9; this refit speaks 1"},
+    {"unknown version", mk_version, REFIT_ECORRUPT, "protocol version 9; this refit speaks 2"},
+    {"version 1 (its UPDATE held the index)", mk_version1, REFIT_ECORRUPT,
+     "protocol version 1; this refit speaks 2"},
     {"header checksum", mk_hsum, REFIT_ECORRUPT, "header checksum"},
     {"unknown type", mk_type, REFIT_ECORRUPT, "unknown type 77"},
     {"type 0", mk_type0, REFIT_ECORRUPT, "unknown type 0"},
     {"flags", mk_flags, REFIT_ECORRUPT, "unknown flags"},
     {"descriptors on a VOTE", mk_fds, REFIT_ECORRUPT, "descriptors"},
+    {"descriptors on an INDEX", mk_fds_index, REFIT_ECORRUPT, "control frame INDEX: announces 1 descriptors"},
+    {"type past INDEX", mk_type8, REFIT_ECORRUPT, "unknown type 8"},
     {"descriptors announced, none passed", mk_fds_mems, REFIT_ECORRUPT, "2 descriptors announced, 0"},
     {"too large", mk_huge, REFIT_ECORRUPT, "at most"},
     {"payload checksum", mk_psum, REFIT_ECORRUPT, "payload checksum"},
@@ -247,6 +254,83 @@ static void t_status_refused(void **state)
     f = frame_of(IPC_VOTE, &w);
     assert_int_equal(ipc_status_decode(&m, &f, 5, err, sizeof err), REFIT_ECORRUPT);
     assert_non_null(strstr(err, "status 7 is no refit status"));
+    ipc_wbuf_free(&w);
+}
+
+/* INDEX and UPDATE decoded from their encoders, and the refusals a raw
+ * trainer cannot reach through a worker (t_refusals has the others). */
+static void t_index_update_decode(void **state)
+{
+    (void)state;
+    char err[512];
+    ipc_ref ref = {.mem = 3, .offset = 4096};
+    uint8_t hdr[BKT_FIXED_HEADER + 8] = {0};
+    bkt_announce an = {.n_buckets = 1, .first_header = BKT_FIXED_HEADER + 8,
+                       .index_bytes = sizeof hdr, .first_total = 1, .max_total = 1,
+                       .total_payload = 1, .n_entries = 0};
+    uint8_t ab[BKT_ANNOUNCE_BYTES];
+    bkt_announce_encode(ab, &an);
+    ipc_index x = {.id = 5, .epoch = 2, .n_buckets = 1, .refs = &ref, .index = hdr,
+                   .index_bytes = sizeof hdr}, out;
+    ipc_wbuf w = {0};
+    ipc_index_encode(&w, &x, ab);
+    ipc_frame f = frame_of(IPC_INDEX, &w);
+    assert_int_equal(ipc_index_decode(&out, &f, 1 << 20, err, sizeof err), REFIT_OK);
+    assert_int_equal(out.id, 5);
+    assert_int_equal(out.epoch, 2);
+    assert_int_equal(out.refs[0].mem, 3);
+    assert_int_equal(out.refs[0].offset, 4096);
+    assert_int_equal(out.index_bytes, sizeof hdr);
+    ipc_index_free(&out);
+    x.id = 0;
+    w.len = 0;
+    ipc_index_encode(&w, &x, ab);
+    f = frame_of(IPC_INDEX, &w);
+    assert_int_equal(ipc_index_decode(&out, &f, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "index id 0"));
+    x.id = 5;
+    uint8_t hdr2[2 * sizeof hdr] = {0};
+    an.n_buckets = 2; /* the announce says two, the map holds one */
+    an.index_bytes = sizeof hdr2;
+    bkt_announce_encode(ab, &an);
+    x.index = hdr2;
+    x.index_bytes = sizeof hdr2;
+    w.len = 0;
+    ipc_index_encode(&w, &x, ab);
+    f = frame_of(IPC_INDEX, &w);
+    assert_int_equal(ipc_index_decode(&out, &f, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "INDEX 5: the announce (2 buckets"));
+    f.type = IPC_UPDATE;
+    assert_int_equal(ipc_index_decode(&out, &f, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "a UPDATE frame where INDEX was expected"));
+
+    uint64_t sums[2] = {0x1122334455667788ull, 7};
+    ipc_update u = {.seq = 9, .epoch = 2, .flags = IPC_U_EVENT | IPC_U_SUMS, .index_id = 5,
+                    .n_buckets = 2}, ud;
+    ipc_copy_str(u.label, sizeof u.label, "step-9");
+    w.len = 0;
+    ipc_update_encode(&w, &u, sums);
+    assert_int_equal(w.len, IPC_UPDATE_FIXED + 6 + 16);
+    f = frame_of(IPC_UPDATE, &w);
+    assert_int_equal(ipc_update_decode(&ud, &f, err, sizeof err), REFIT_OK);
+    assert_int_equal(ud.seq, 9);
+    assert_int_equal(ud.index_id, 5);
+    assert_string_equal(ud.label, "step-9");
+    assert_true(bkt_le64(ud.sums) == sums[0] && bkt_le64(ud.sums + 8) == 7);
+    u.n_buckets = 0;
+    w.len = 0;
+    ipc_update_encode(&w, &u, sums);
+    f = frame_of(IPC_UPDATE, &w);
+    assert_int_equal(ipc_update_decode(&ud, &f, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "UPDATE 9: 0 buckets"));
+    u.n_buckets = 2;
+    u.flags = IPC_U_EVENT; /* no sums, but the frame keeps 16 bytes of them */
+    w.len = 0;
+    ipc_update_encode(&w, &u, sums);
+    ipc_w64(&w, 1);
+    f = frame_of(IPC_UPDATE, &w);
+    assert_int_equal(ipc_update_decode(&ud, &f, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "UPDATE 9: 46 bytes, 38 expected"));
     ipc_wbuf_free(&w);
 }
 
@@ -473,7 +557,7 @@ static void t_unknown_tensor(void **state)
 typedef struct raw_job {
     const char *path;
     uint64_t version;
-    void (*fix)(rt *t, uint8_t *payload, size_t len);
+    rt_fix fix_index, fix_update;
     int mode;                   /* 0 finish, 1 die after UPDATE, 2 stall after UPDATE,
                                    3 garbage instead of HELLO */
     int expect_vote;
@@ -499,7 +583,7 @@ static int run_raw(void *arg)
     if (!rc)
         rc = rt_send_mems(&t);
     if (!rc)
-        rc = rt_send_update(&t, j->fix);
+        rc = rt_send_update(&t, j->fix_index, j->fix_update);
     if (rc) {
         fprintf(stderr, "raw trainer: %s\n", t.err);
         return 22;
@@ -543,45 +627,74 @@ static void t_raw_commit(void **state)
 static uint64_t rd64le(const uint8_t *p) { return bkt_le64(p); }
 static void wr64le(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 
-static void fix_offset(rt *t, uint8_t *p, size_t len)
+/* INDEX: 16 bytes, then a record per bucket (memory id, 0, offset), the
+ * announce and the headers; UPDATE: 32 bytes and the label. */
+#define IX_REFS 16
+static size_t ix_announce(const rt *t) { return IX_REFS + t->p.n_buckets * IPC_REF_REC; }
+static void fix_offset(rt *t, uint8_t *p, size_t *len)
 {
     (void)len;
-    uint8_t *ref = p + 24 + (t->p.n_buckets - 1) * IPC_REF_REC;
+    uint8_t *ref = p + IX_REFS + (t->p.n_buckets - 1) * IPC_REF_REC;
     wr64le(ref + 8, rd64le(ref + 8) + 512); /* the last bucket past the end */
 }
-static void fix_mem(rt *t, uint8_t *p, size_t len) { (void)t; (void)len; p[24] = 9; }
-static void fix_epoch(rt *t, uint8_t *p, size_t len) { (void)t; (void)len; p[8] ^= 1; }
-static void fix_header(rt *t, uint8_t *p, size_t len)
+static void fix_mem(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[IX_REFS] = 9; }
+static void fix_ix_epoch(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[4] ^= 1; }
+static void fix_ix_pad(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[IX_REFS + 4] = 1; }
+static void fix_header(rt *t, uint8_t *p, size_t *len)
 {
     (void)len;
-    p[24 + t->p.n_buckets * IPC_REF_REC + BKT_ANNOUNCE_BYTES + 100] ^= 0x10;
+    p[ix_announce(t) + BKT_ANNOUNCE_BYTES + 100] ^= 0x10;
 }
-static void fix_sum(rt *t, uint8_t *p, size_t len)
+static void fix_announce(rt *t, uint8_t *p, size_t *len)
 {
     (void)len;
-    p[24 + 4] = IPC_B_SUM; /* a flag on one bucket only: the announce disagrees */
+    p[ix_announce(t) + 8] ^= 1; /* its checksum then fails */
+}
+static void fix_ix_cut(rt *t, uint8_t *p, size_t *len) { (void)t; (void)p; *len -= 1; }
+static void fix_ix_buckets(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[10] = 0xff; }
+static void fix_up_epoch(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[8] ^= 1; }
+static void fix_up_index(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[16] = 2; }
+static void fix_up_buckets(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[20] ^= 1; }
+static void fix_up_sums(rt *t, uint8_t *p, size_t *len)
+{
     (void)t;
+    p[12] |= IPC_U_SUMS; /* and a checksum per bucket after the label: */
+    *len += 8u * t->p.n_buckets; /* zeros: send_fixed leaves room */
 }
-static void fix_seq_index(rt *t, uint8_t *p, size_t len)
+static void fix_up_flags(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[12] |= 0x40; }
+static void fix_up_cut(rt *t, uint8_t *p, size_t *len) { (void)t; (void)p; *len -= 1; }
+static void fix_up_nul(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[IPC_UPDATE_FIXED] = 0; }
+static void fix_up_label(rt *t, uint8_t *p, size_t *len)
 {
+    (void)t;
     (void)len;
-    /* announce: one bucket fewer than the map (its checksum then fails) */
-    p[24 + t->p.n_buckets * IPC_REF_REC + 8] ^= 1;
+    p[24] = 0xff; /* a label of 0x7ff bytes */
+    p[25] = 0x07;
 }
 
 typedef struct refusal {
     const char *name;
-    void (*fix)(rt *, uint8_t *, size_t);
+    rt_fix fix_index, fix_update;
     const char *says;
 } refusal;
 
 static const refusal REFUSALS[] = {
-    {"offset past the memory", fix_offset, "runs past memory 1"},
-    {"unknown memory", fix_mem, "names memory 9, which the trainer never shared"},
-    {"stale memory table", fix_epoch, "memory table 6; this worker holds 7"},
-    {"corrupt header", fix_header, "header checksum mismatch"},
-    {"checksum flag on one bucket", fix_sum, "disagrees with the bucket map (15 buckets, 1 with a sum)"},
-    {"announce", fix_seq_index, "announce: checksum mismatch"},
+    {"offset past the memory", fix_offset, NULL, "runs past memory 1"},
+    {"unknown memory", fix_mem, NULL, "names memory 9, which the trainer never shared"},
+    {"index of a stale table", fix_ix_epoch, NULL, "INDEX 1 of memory table 6; this worker holds 7"},
+    {"index reserved bytes", fix_ix_pad, NULL, "INDEX 1: bucket 0: reserved bytes set"},
+    {"corrupt header", fix_header, NULL, "header checksum mismatch"},
+    {"announce", fix_announce, NULL, "announce: checksum mismatch"},
+    {"index cut short", fix_ix_cut, NULL, "the frame holds"},
+    {"index bucket count", fix_ix_buckets, NULL, "cannot fit"},
+    {"update of a stale table", NULL, fix_up_epoch, "UPDATE of memory table 6; this worker holds 7"},
+    {"update of another index", NULL, fix_up_index, "UPDATE names index 2; this worker holds index 1"},
+    {"update bucket count", NULL, fix_up_buckets, "UPDATE names 14 buckets; index 1 has 15"},
+    {"update checksums the index lacks", NULL, fix_up_sums, "UPDATE carries checksums; its index announces none"},
+    {"update flags", NULL, fix_up_flags, "unknown flags 0x40"},
+    {"update cut short", NULL, fix_up_cut, "UPDATE 2: 33 bytes, 34 expected"},
+    {"update label NUL", NULL, fix_up_nul, "the version label holds a NUL byte"},
+    {"update label too long", NULL, fix_up_label, "a label of 2047 bytes"},
 };
 
 static void t_refusals(void **state)
@@ -592,8 +705,8 @@ static void t_refusals(void **state)
     commit_raw(&f, 1);
     uint64_t fp = nt_fp(&f.w);
     for (size_t i = 0; i < sizeof REFUSALS / sizeof *REFUSALS; i++) {
-        raw_job j = {.path = g_path[0], .version = 2, .fix = REFUSALS[i].fix,
-                     .expect_vote = REFIT_ECORRUPT};
+        raw_job j = {.path = g_path[0], .version = 2, .fix_index = REFUSALS[i].fix_index,
+                     .fix_update = REFUSALS[i].fix_update, .expect_vote = REFIT_ECORRUPT};
         pid_t pid = it_fork(run_raw, &j);
         refit_group_result res;
         int rc = receive(&f, &res);
@@ -919,6 +1032,7 @@ int main(void)
         cmocka_unit_test(t_frame_deadline),
         cmocka_unit_test(t_mems_refused),
         cmocka_unit_test(t_status_refused),
+        cmocka_unit_test(t_index_update_decode),
         cmocka_unit_test(t_updates_packed),
         cmocka_unit_test(t_updates_shared),
         cmocka_unit_test(t_updates_checksum),
