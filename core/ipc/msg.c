@@ -301,6 +301,8 @@ int ipc_update_decode(ipc_update *u, const ipc_frame *f, char *err, size_t errle
     if (r.short_read || (u->flags & ~(IPC_U_EVENT | IPC_U_SUMS)) || z16 || z32)
         return bad(err, errlen, "UPDATE: short frame (%u bytes), unknown flags 0x%x or "
                    "reserved bytes set", f->len, u->flags);
+    if (!u->index_id)
+        return bad(err, errlen, "UPDATE %llu: index id 0", (unsigned long long)u->seq);
     if (u->n_buckets == 0 || u->n_buckets > BKT_MAX_BUCKETS || ll > BKT_MAX_LABEL)
         return bad(err, errlen, "UPDATE %llu: %u buckets, a label of %u bytes (1 to %u "
                    "buckets, at most %d bytes)", (unsigned long long)u->seq, u->n_buckets, ll,

@@ -350,6 +350,7 @@ static int apply_mems(refit_ipc_receiver *r, ipc_frame *f)
     r->n_mems = r->cap_mems = t.n;
     r->epoch = t.epoch;
     r->ix_id = 0; /* an index lies in a table: the trainer sends it again */
+    r->ix_rc = REFIT_OK;
     free(kept);
     ipc_mems_free(&t);
     return REFIT_OK;
@@ -729,8 +730,12 @@ static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_u
 {
     int rc = REFIT_OK;
     if (!r->ix_id || u->index_id != r->ix_id) {
-        snprintf(r->err, sizeof r->err, "UPDATE names index %u; this worker holds %s%u (an "
-                 "INDEX comes first)", u->index_id, r->ix_id ? "index " : "none, ", r->ix_id);
+        char held[32] = "none";
+        if (r->ix_id)
+            snprintf(held, sizeof held, "index %u", r->ix_id);
+        snprintf(r->err, sizeof r->err, "UPDATE names index %u; this worker holds %s (an "
+                 "INDEX comes first)%s%.900s", u->index_id, held,
+                 r->ix_rc ? "; the last INDEX was refused: " : "", r->ix_rc ? r->ix_err : "");
         rc = REFIT_ECORRUPT;
     } else if (r->ix_rc) {
         rc = r->ix_rc;

@@ -16,7 +16,8 @@
  * Control: one Unix domain socket per worker, framed and versioned; every
  * frame is checked before use and every wait has a deadline. The index is
  * the NCCL wire's (docs/nccl.md): an announce and one bucket header per
- * region of shared memory. Ordering across processes is by a CUDA IPC
+ * region of shared memory, sent and checked once per layout; each update
+ * is a small frame naming it. Ordering across processes is by a CUDA IPC
  * event the worker's stream waits on (no host round trip per bucket).
  *
  * Two-phase commit: the trainer is the coordinator. Every worker prepares

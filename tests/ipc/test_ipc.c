@@ -317,6 +317,13 @@ static void t_index_update_decode(void **state)
     assert_int_equal(ud.index_id, 5);
     assert_string_equal(ud.label, "step-9");
     assert_true(bkt_le64(ud.sums) == sums[0] && bkt_le64(ud.sums + 8) == 7);
+    u.index_id = 0;
+    w.len = 0;
+    ipc_update_encode(&w, &u, sums);
+    f = frame_of(IPC_UPDATE, &w);
+    assert_int_equal(ipc_update_decode(&ud, &f, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "UPDATE 9: index id 0"));
+    u.index_id = 5;
     u.n_buckets = 0;
     w.len = 0;
     ipc_update_encode(&w, &u, sums);
@@ -650,6 +657,7 @@ static void fix_announce(rt *t, uint8_t *p, size_t *len)
     (void)len;
     p[ix_announce(t) + 8] ^= 1; /* its checksum then fails */
 }
+static void fix_ix_id0(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[0] = 0; }
 static void fix_ix_cut(rt *t, uint8_t *p, size_t *len) { (void)t; (void)p; *len -= 1; }
 static void fix_ix_buckets(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[10] = 0xff; }
 static void fix_up_epoch(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[8] ^= 1; }
@@ -686,6 +694,8 @@ static const refusal REFUSALS[] = {
     {"corrupt header", fix_header, NULL, "header checksum mismatch"},
     {"announce", fix_announce, NULL, "announce: checksum mismatch"},
     {"index cut short", fix_ix_cut, NULL, "the frame holds"},
+    {"index id 0", fix_ix_id0, NULL, "holds none (an INDEX comes first); the last INDEX was "
+     "refused: INDEX: short frame"},
     {"index bucket count", fix_ix_buckets, NULL, "cannot fit"},
     {"update of a stale table", NULL, fix_up_epoch, "UPDATE of memory table 6; this worker holds 7"},
     {"update of another index", NULL, fix_up_index, "UPDATE names index 2; this worker holds index 1"},
