@@ -595,10 +595,12 @@ static int pack(refit_ipc_sender *s)
                  "without CUDA?)", s->dev.device_type);
         return REFIT_EUNSUPPORTED;
     }
+    uint32_t queued = 0;
     for (uint32_t i = 0; i < s->n; i++) {
         snd_tensor *st = &s->ts[i];
         if ((st->how == REFIT_IPC_SHARE && st->bytes) || !st->bytes)
             continue;
+        queued++;
         refit_view src, dst;
         (void)xport_view(st->t, &src);
         if (xport_view_contiguous(&src)) {
@@ -628,9 +630,8 @@ static int pack(refit_ipc_sender *s)
             return rc;
         }
     }
-    int rc = be->flush(s->o.stream);
-    if (!rc && s->o.device < 0)
-        rc = be->sync(s->o.stream);
+    int rc = !queued ? REFIT_OK : s->o.device < 0 ? be->sync(s->o.stream)
+                                                  : be->flush(s->o.stream);
     if (rc) {
         snprintf(s->err, sizeof s->err, "packing copies: %s (%s)", refit_strerror(rc),
                  be->last_error());
