@@ -376,7 +376,8 @@ def main():
         ipc["moe100k_ms"] = m["refit"]["steady_ms"]
         ipc["moe100k_torch_bucketed_ms"] = m["torch_bucketed"]["steady_ms"]
     r["ipc"] = ipc
-    r["profile"] = {k: d[k].get("profile", {}) for k in ("refit", "refit_rollback_device")}
+    r["profile"] = {k: d[k].get("profile", {}) for k in ("refit", "refit_packed",
+                                                          "refit_rollback_device")}
     with open(a.out, "w") as f:
         json.dump(r, f, indent=1)
     print(json.dumps({"ipc": ipc}, indent=1))

@@ -139,7 +139,7 @@ def check_profile(pf, seq):
     the GPU's end of the copies (CUDA events) before the prepare returned."""
     at = [pf[k] for k in WORKER_PHASES]
     assert pf["seq"] == seq and at[0] > 0 and at == sorted(at), pf
-    assert pf["gpu_copy_ms"] > 0 and pf["gpu_wait_ms"] >= 0, pf
+    assert pf["gpu_copy_ms"] >= 0 and pf["gpu_wait_ms"] >= 0, pf  # -1: not measured
     assert pf["begun_ns"] < pf["copies_done_ns"] <= pf["prepared_ns"], pf
 
 
