@@ -15,6 +15,14 @@ processes (trainer spawned, this process the engine worker), same run:
   moe100k              100,000 [64, 256] BF16 tensors in 1,000 modules, packed
                        into buckets (refit) vs torch bucketed
 
+Every refit path also records the steady update's profile: each phase on
+the trainer (refit_ipc_send_profile) and on the worker
+(refit_ipc_recv_profile, CUDA events for the GPU times) on the one
+CLOCK_MONOTONIC both processes share; JSON "profile" (median per phase
+over the steady updates) and printed. steady_ms is the trainer's send call
+to the worker committed (the worker's clock read after refit_commit);
+send_call_ms the trainer's call alone.
+
 Usage: ipc_bench.py OUT.json [--iters N] [--quick]
 Model: Llama-3.2-1B-shaped, 146 BF16 tensors, 3.0 GB (tied head not sent).
 env: REFIT_LIB (librefit.so)."""
@@ -93,20 +101,24 @@ def trainer_main(conn, shapes_name, path, iters):
                                  stream=torch.cuda.current_stream(), bucket_bytes=bucket_bytes)
             for n, t in params.items():
                 s.add(n, t, share=share)
-            times = []
+            times, profs = [], []
             for k in range(iters + 1):
                 # the optimizer's step on the stream (so the worker's copies
                 # order after it by the shared event), done before the clock
                 # starts, as the torch paths' steps are
                 params[next(iter(params))].add_(0)
                 torch.cuda.synchronize()
-                t0 = time.perf_counter()
+                t0 = time.monotonic_ns()  # CLOCK_MONOTONIC, as the profiles
                 s.send(label="step-%d" % k)
-                times.append(time.perf_counter() - t0)
+                t1 = time.monotonic_ns()
+                times.append((t1 - t0) * 1e-9)
+                p = s.profile()
+                p["call_ns"], p["return_ns"] = t0, t1
+                profs.append(p)
             s.close()
             ctx.close()
             conn.send({"first_ms": times[0] * 1e3, "steady_ms": statistics.median(times[1:]) * 1e3,
-                       "all_ms": [x * 1e3 for x in times]})
+                       "all_ms": [x * 1e3 for x in times], "profiles": profs})
         elif cmd[0] == "torch_per_tensor":
             times = []
             for k in range(iters + 1):
@@ -167,17 +179,72 @@ def run_refit(conn, path, shapes, iters, rollback, share, undo_device_budget=0, 
     import refit.ipc
     ctx, m, rt = worker_model(shapes, undo_device_budget, per_module)
     stream = torch.cuda.Stream()
-    r = refit.ipc.Receiver(m, path, timeout=120, start_timeout=300, stream=stream)
+    r = refit.ipc.Receiver(m, path, timeout=120, start_timeout=300, stream=stream,
+                           profile_gpu=True)
     conn.send(("refit", share, bucket_bytes))
+    wprofs = []
     for _ in range(iters + 1):
         r.receive_update(rollback=rollback)
+        wprofs.append(r.profile())
     res = conn.recv()
     res["stats"] = r.stats()
+    res.update(profile_of(res.pop("profiles"), wprofs))
     r.close()
     ctx.close()
     del rt
     torch.cuda.empty_cache()
     return res
+
+
+# The phases of one update, in the order they happen: (name, side, field).
+# t: trainer (its send's profile; call_ns/return_ns are the Python call's
+# clock reads), w: the worker's profile.
+PHASES = [("send_call", "t", "call_ns"), ("send_start", "t", "start_ns"),
+          ("packed", "t", "packed_ns"), ("encoded", "t", "encoded_ns"),
+          ("results_read", "t", "results_ns"), ("update_written", "t", "posted_ns"),
+          ("w_update_read", "w", "update_ns"), ("w_checked", "w", "checked_ns"),
+          ("w_begun", "w", "begun_ns"), ("w_event_wait_queued", "w", "waited_ns"),
+          ("w_copies_queued", "w", "enqueued_ns"), ("w_copies_done_gpu", "w", "copies_done_ns"),
+          ("w_prepared", "w", "prepared_ns"), ("w_vote_written", "w", "voted_ns"),
+          ("votes_read", "t", "voted_ns"), ("decision_written", "t", "decided_ns"),
+          ("send_end", "t", "end_ns"), ("send_returned", "t", "return_ns"),
+          ("w_decision_read", "w", "decision_ns"), ("w_committed", "w", "committed_ns"),
+          ("w_result_written", "w", "result_ns")]
+
+
+def profile_of(tprofs, wprofs):
+    """Median over the steady updates (all but the first) of each phase's
+    time since the trainer's send call (ms, one clock for both processes),
+    of each step from the phase before it, and of the GPU times; plus the
+    steady figure the target names: send call to the worker committed."""
+    by_seq = {p["seq"]: p for p in wprofs[1:]}
+    pairs = [(t, by_seq[t["seq"]]) for t in tprofs[1:] if t["seq"] in by_seq]
+    if not pairs:
+        return {}
+    at, step = {}, {}
+    for name, side, field in PHASES:
+        xs = [((w if side == "w" else t)[field] - t["call_ns"]) * 1e-6 for t, w in pairs
+              if (w if side == "w" else t)[field]]
+        if xs:
+            at[name] = statistics.median(xs)
+    where = {n: (sd, f) for n, sd, f in PHASES}
+
+    def stamp(t, w, name):
+        sd, f = where[name]
+        return (w if sd == "w" else t)[f]
+
+    # each step from the phase before it in time (median over updates)
+    names = sorted(at, key=lambda n: (at[n], [x for x, _, _ in PHASES].index(n)))
+    for a, b in zip(names, names[1:]):
+        xs = [(stamp(t, w, b) - stamp(t, w, a)) * 1e-6 for t, w in pairs
+              if stamp(t, w, a) and stamp(t, w, b)]
+        if xs:
+            step[a + " -> " + b] = statistics.median(xs)
+    gpu = {k: statistics.median([w[k] for _, w in pairs if w[k] >= 0])
+           for k in ("gpu_wait_ms", "gpu_copy_ms") if any(w[k] >= 0 for _, w in pairs)}
+    committed = [(w["committed_ns"] - t["call_ns"]) * 1e-6 for t, w in pairs]
+    return {"committed_ms": statistics.median(committed),
+            "profile": {"updates": len(pairs), "at_ms": at, "step_ms": step, "gpu_ms": gpu}}
 
 
 def run_torch_per_tensor(conn, shapes, iters):
@@ -275,8 +342,15 @@ def main():
 
     d = session("llama", a.iters, dense_plan)
     r.update(d)
+    # steady: the trainer's send call to the worker committed (both clock
+    # reads on CLOCK_MONOTONIC); send_call_ms: the trainer's call alone (it
+    # returns once the commit decision is written)
+    for k in ("refit", "refit_packed", "refit_rollback_device"):
+        d[k]["send_call_ms"] = d[k]["steady_ms"]
+        d[k]["steady_ms"] = d[k].get("committed_ms", d[k]["steady_ms"])
     ipc = {"ratio_to_ceiling": ceil / d["refit"]["steady_ms"],
            "steady_ms": d["refit"]["steady_ms"],
+           "send_call_ms": d["refit"]["send_call_ms"],
            "first_update_ms": d["refit"]["first_ms"],
            "packed.ratio_to_ceiling": ceil / d["refit_packed"]["steady_ms"],
            "speedup_vs_torch_bucketed": d["torch_bucketed"]["steady_ms"] / d["refit"]["steady_ms"],
@@ -297,12 +371,34 @@ def main():
 
         m = session("moe", mi, moe_plan)
         r["moe100k"] = m
+        m["refit"]["send_call_ms"] = m["refit"]["steady_ms"]
+        m["refit"]["steady_ms"] = m["refit"].get("committed_ms", m["refit"]["steady_ms"])
         ipc["moe100k_ms"] = m["refit"]["steady_ms"]
         ipc["moe100k_torch_bucketed_ms"] = m["torch_bucketed"]["steady_ms"]
     r["ipc"] = ipc
+    r["profile"] = {k: d[k].get("profile", {}) for k in ("refit", "refit_packed",
+                                                          "refit_rollback_device")}
     with open(a.out, "w") as f:
         json.dump(r, f, indent=1)
     print(json.dumps({"ipc": ipc}, indent=1))
+    for k, p in r["profile"].items():
+        print_profile(k, p)
+
+
+def print_profile(name, p):
+    """The steady update's phases, one line each: time since the send call,
+    and the step from the phase before."""
+    if not p:
+        return
+    print("profile %s (median of %d steady updates, ms since the trainer's send call):"
+          % (name, p["updates"]))
+    prev = None
+    for n, t in sorted(p["at_ms"].items(), key=lambda kv: kv[1]):
+        st = p["step_ms"].get("%s -> %s" % (prev, n)) if prev else None
+        print("  %-22s %8.3f%s" % (n, t, "   +%.3f" % st if st is not None else ""))
+        prev = n
+    for k, v in p["gpu_ms"].items():
+        print("  %-22s %8.3f" % (k, v))
 
 
 if __name__ == "__main__":

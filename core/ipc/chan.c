@@ -2,7 +2,9 @@
  * (chan.h has the layout). Every byte read is untrusted. */
 #include <errno.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +40,13 @@ double ipc_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+uint64_t ipc_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static int wait_ms(double deadline)
 {
     double left = deadline - ipc_now();
@@ -61,7 +70,8 @@ static int wait_fd(int fd, short ev, double deadline)
     }
 }
 
-static const char *TYPE_NAMES[] = {"?", "HELLO", "MEMS", "UPDATE", "VOTE", "DECISION", "RESULT"};
+static const char *TYPE_NAMES[] = {"?", "HELLO", "MEMS", "UPDATE", "VOTE", "DECISION", "RESULT",
+                                   "INDEX"};
 
 const char *ipc_type_name(uint16_t type)
 {
@@ -127,23 +137,33 @@ int ipc_header_decode(const uint8_t in[IPC_FRAME_HEADER], uint16_t *type, uint32
 
 /* ---- send ---- */
 
-static int send_all(int fd, const uint8_t *p, size_t n, const int *fds, uint16_t n_fds,
-                    double deadline, char *err, size_t errlen)
+/* Write the header and the payload (one sendmsg while the socket takes
+ * them: the peer wakes once for the whole frame), the descriptors with the
+ * first byte. Poll only when the socket is full. */
+static int send_all(int fd, const uint8_t *h, size_t hn, const uint8_t *p, size_t pn,
+                    const int *fds, uint16_t n_fds, double deadline, char *err, size_t errlen)
 {
     union {
         char buf[CMSG_SPACE(sizeof(int) * IPC_MAX_FDS)];
         struct cmsghdr align;
     } cm;
-    size_t done = 0;
+    size_t n = hn + pn, done = 0;
+    bool full = false;
     while (done < n) {
-        int w = wait_fd(fd, POLLOUT, deadline);
+        int w = full ? wait_fd(fd, POLLOUT, deadline) : 1;
         if (w == 0)
             return errbuf_set(err, errlen, REFIT_ETIMEDOUT, "control channel: deadline passed "
                         "sending (%zu of %zu bytes)", done, n);
         if (w < 0)
             return errbuf_set(err, errlen, REFIT_EIO, "control channel: poll: %s", strerror(errno));
-        struct iovec iov = {.iov_base = (void *)(p + done), .iov_len = n - done};
-        struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+        struct iovec iov[2];
+        int k_iov = 0;
+        if (done < hn)
+            iov[k_iov++] = (struct iovec){.iov_base = (void *)(h + done), .iov_len = hn - done};
+        size_t pd = done > hn ? done - hn : 0;
+        if (pn > pd)
+            iov[k_iov++] = (struct iovec){.iov_base = (void *)(p + pd), .iov_len = pn - pd};
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)k_iov};
         if (done == 0 && n_fds) {
             memset(&cm, 0, sizeof cm);
             msg.msg_control = cm.buf;
@@ -155,6 +175,7 @@ static int send_all(int fd, const uint8_t *p, size_t n, const int *fds, uint16_t
             memcpy(CMSG_DATA(c), fds, sizeof(int) * n_fds);
         }
         ssize_t k = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        full = k < 0 && errno == EAGAIN;
         if (k < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (k <= 0)
@@ -173,8 +194,19 @@ int ipc_send(int fd, uint16_t type, const void *payload, uint32_t len, const int
                     "too large", ipc_type_name(type), len, n_fds);
     uint8_t h[IPC_FRAME_HEADER];
     ipc_header_encode(h, type, len, n_fds, bkt_checksum(payload, len));
-    int rc = send_all(fd, h, sizeof h, fds, n_fds, deadline, err, errlen);
-    return rc || !len ? rc : send_all(fd, payload, len, NULL, 0, deadline, err, errlen);
+    return send_all(fd, h, sizeof h, payload, len, fds, n_fds, deadline, err, errlen);
+}
+
+int ipc_spin_readable(int fd, double until)
+{
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 0) > 0)
+            return 1;
+        if (ipc_now() >= until)
+            return 0;
+        sched_yield(); /* the peer may need this core to answer */
+    }
 }
 
 /* ---- receive ---- */
@@ -207,8 +239,9 @@ static int recv_all(int fd, ipc_frame *f, uint8_t *p, size_t n, double deadline,
         struct cmsghdr align;
     } cm;
     size_t done = 0;
+    bool empty = false;
     while (done < n) {
-        int w = wait_fd(fd, POLLIN, deadline);
+        int w = empty ? wait_fd(fd, POLLIN, deadline) : 1;
         if (w == 0)
             return errbuf_set(err, errlen, REFIT_ETIMEDOUT, "control channel: deadline passed "
                         "waiting for the %s (%zu of %zu bytes came)", what, done, n);
@@ -218,6 +251,7 @@ static int recv_all(int fd, ipc_frame *f, uint8_t *p, size_t n, double deadline,
         struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
                              .msg_controllen = sizeof cm.buf};
         ssize_t k = recvmsg(fd, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+        empty = k < 0 && errno == EAGAIN;
         if (k < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (k < 0)

@@ -25,7 +25,7 @@
 #include <stdint.h>
 
 #define IPC_MAGIC 0x43495452u          /* "RTIC" */
-#define IPC_PROTO_VERSION 1
+#define IPC_PROTO_VERSION 2
 #define IPC_FRAME_HEADER 32
 #define IPC_MAX_PAYLOAD ((uint32_t)512 << 20)
 #define IPC_MAX_FDS 64                 /* descriptors one frame may pass */
@@ -33,11 +33,12 @@
 typedef enum ipc_type {
     IPC_HELLO = 1,      /* both ways, once per connection */
     IPC_MEMS = 2,       /* trainer: the table of shared memories (+ fds) */
-    IPC_UPDATE = 3,     /* trainer: one update: bucket map, announce, index */
+    IPC_UPDATE = 3,     /* trainer: one update: its index's id, label, checksums */
     IPC_VOTE = 4,       /* worker: prepared (0) or why not */
     IPC_DECISION = 5,   /* trainer: commit (0) or abort, for every worker */
     IPC_RESULT = 6,     /* worker: what the decision came to */
-    IPC_TYPE_MAX = 6,
+    IPC_INDEX = 7,      /* trainer, when its layout changed: bucket map, announce, index */
+    IPC_TYPE_MAX = 7,
 } ipc_type;
 
 typedef struct ipc_frame {
@@ -53,11 +54,17 @@ void ipc_copy_str(char *dst, size_t n, const char *src);
 
 /* Seconds on CLOCK_MONOTONIC. */
 double ipc_now(void);
+/* CLOCK_MONOTONIC in nanoseconds (the profiles' clock). */
+uint64_t ipc_now_ns(void);
 
 /* Send one frame (fds passed with it, n_fds <= IPC_MAX_FDS) by deadline
  * (an ipc_now() value). REFIT_EIO / REFIT_ETIMEDOUT with err. */
 int ipc_send(int fd, uint16_t type, const void *payload, uint32_t len, const int *fds,
              uint16_t n_fds, double deadline, char *err, size_t errlen);
+/* Busy-poll fd (poll with no timeout) until it is readable (1) or until
+ * passes (0): a reply expected soon is then read without the wake-up of a
+ * process asleep in poll. */
+int ipc_spin_readable(int fd, double until);
 /* Receive one frame by deadline into f (free with ipc_frame_free): whole,
  * checked, or an error (fds received with a refused frame are closed).
  * max_len: the largest payload accepted (<= IPC_MAX_PAYLOAD). */

@@ -50,6 +50,9 @@ int ipc_cuda_open(ipc_cuda *c, int device, char *err, size_t errlen)
     memcpy(&c->IpcOpenEventHandle, &p[4], sizeof p[4]);
     memcpy(&c->MemGetAddressRange, &p[5], sizeof p[5]);
     memcpy(&c->MemcpyDtoDAsync, &p[6], sizeof p[6]);
+    void *et = sym(c, "cuEventElapsedTime_v2", "cuEventElapsedTime"); /* profiles only */
+    if (et)
+        memcpy(&c->EventElapsedTime, &et, sizeof et);
     CUresult r = c->cu.DeviceGet(&c->dev, device);
     if (r == CU_SUCCESS)
         r = c->cu.DevicePrimaryCtxRetain(&c->ctx, c->dev);

@@ -39,6 +39,7 @@ typedef struct ipc_cuda {
     CUresult (*IpcOpenEventHandle)(CUevent *e, CUipcEventHandle h);
     CUresult (*MemGetAddressRange)(CUdeviceptr *base, size_t *size, CUdeviceptr p);
     CUresult (*MemcpyDtoDAsync)(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s);
+    CUresult (*EventElapsedTime)(float *ms, CUevent start, CUevent end); /* NULL: none */
     bool open;
     int device;
     CUdevice dev;

@@ -195,27 +195,96 @@ void ipc_mems_free(ipc_mems *t)
     memset(t, 0, sizeof *t);
 }
 
+/* ---- INDEX ---- */
+
+void ipc_index_encode(ipc_wbuf *w, const ipc_index *x, const uint8_t an[BKT_ANNOUNCE_BYTES])
+{
+    ipc_w32(w, x->id);
+    ipc_w32(w, x->epoch);
+    ipc_w32(w, x->n_buckets);
+    ipc_w32(w, 0);
+    for (uint32_t b = 0; b < x->n_buckets; b++) {
+        ipc_w32(w, x->refs[b].mem);
+        ipc_w32(w, 0);
+        ipc_w64(w, x->refs[b].offset);
+    }
+    ipc_w_bytes(w, an, BKT_ANNOUNCE_BYTES);
+    ipc_w_bytes(w, x->index, x->index_bytes);
+}
+
+int ipc_index_decode(ipc_index *x, const ipc_frame *f, uint64_t max_bucket, char *err,
+                     size_t errlen)
+{
+    memset(x, 0, sizeof *x);
+    int rc = want_type(f, IPC_INDEX, err, errlen);
+    if (rc)
+        return rc;
+    ipc_rbuf r = reader(f);
+    x->id = ipc_r32(&r);
+    x->epoch = ipc_r32(&r);
+    x->n_buckets = ipc_r32(&r);
+    uint32_t zero = ipc_r32(&r);
+    if (r.short_read || zero || !x->id)
+        return bad(err, errlen, "INDEX: short frame (%u bytes), index id 0 or reserved bytes "
+                   "set", f->len);
+    if (x->n_buckets == 0 || x->n_buckets > BKT_MAX_BUCKETS ||
+        (uint64_t)x->n_buckets * IPC_REF_REC + BKT_ANNOUNCE_BYTES > r.len - r.at)
+        return bad(err, errlen, "INDEX %u: %u buckets cannot fit in a %u-byte frame", x->id,
+                   x->n_buckets, f->len);
+    if (!(x->refs = malloc((size_t)x->n_buckets * sizeof *x->refs)))
+        return REFIT_ENOMEM;
+    for (uint32_t b = 0; b < x->n_buckets; b++) {
+        x->refs[b].mem = ipc_r32(&r);
+        uint32_t pad = ipc_r32(&r);
+        x->refs[b].offset = ipc_r64(&r);
+        if (pad) {
+            ipc_index_free(x);
+            return bad(err, errlen, "INDEX %u: bucket %u: reserved bytes set", x->id, b);
+        }
+    }
+    rc = bkt_announce_decode(&x->an, ipc_r_bytes(&r, BKT_ANNOUNCE_BYTES), max_bucket, err,
+                             errlen);
+    if (!rc && (x->an.n_buckets != x->n_buckets || x->an.trailer_bytes))
+        rc = bad(err, errlen, "INDEX %u: the announce (%u buckets, trailer %llu bytes) "
+                 "disagrees with the bucket map (%u buckets)", x->id, x->an.n_buckets,
+                 (unsigned long long)x->an.trailer_bytes, x->n_buckets);
+    if (!rc && x->an.index_bytes != r.len - r.at)
+        rc = bad(err, errlen, "INDEX %u: the announce's index is %llu bytes, the frame holds "
+                 "%zu", x->id, (unsigned long long)x->an.index_bytes, r.len - r.at);
+    if (rc) {
+        ipc_index_free(x);
+        return rc;
+    }
+    x->index = r.p + r.at;
+    x->index_bytes = x->an.index_bytes;
+    return REFIT_OK;
+}
+
+void ipc_index_free(ipc_index *x)
+{
+    free(x->refs);
+    x->refs = NULL;
+}
+
 /* ---- UPDATE ---- */
 
-void ipc_update_encode(ipc_wbuf *w, const ipc_update *u, const uint8_t an[BKT_ANNOUNCE_BYTES])
+void ipc_update_encode(ipc_wbuf *w, const ipc_update *u, const uint64_t *sums)
 {
+    size_t ll = strlen(u->label);
     ipc_w64(w, u->seq);
     ipc_w32(w, u->epoch);
     ipc_w32(w, u->flags);
+    ipc_w32(w, u->index_id);
     ipc_w32(w, u->n_buckets);
+    ipc_w16(w, (uint16_t)ll);
+    ipc_w16(w, 0);
     ipc_w32(w, 0);
-    for (uint32_t b = 0; b < u->n_buckets; b++) {
-        ipc_w32(w, u->refs[b].mem);
-        ipc_w32(w, u->refs[b].flags);
-        ipc_w64(w, u->refs[b].offset);
-        ipc_w64(w, u->refs[b].sum);
-    }
-    ipc_w_bytes(w, an, BKT_ANNOUNCE_BYTES);
-    ipc_w_bytes(w, u->index, u->index_bytes);
+    ipc_w_bytes(w, u->label, ll);
+    for (uint32_t b = 0; (u->flags & IPC_U_SUMS) && b < u->n_buckets; b++)
+        ipc_w64(w, sums[b]);
 }
 
-int ipc_update_decode(ipc_update *u, const ipc_frame *f, uint64_t max_bucket, char *err,
-                      size_t errlen)
+int ipc_update_decode(ipc_update *u, const ipc_frame *f, char *err, size_t errlen)
 {
     memset(u, 0, sizeof *u);
     int rc = want_type(f, IPC_UPDATE, err, errlen);
@@ -225,63 +294,33 @@ int ipc_update_decode(ipc_update *u, const ipc_frame *f, uint64_t max_bucket, ch
     u->seq = ipc_r64(&r);
     u->epoch = ipc_r32(&r);
     u->flags = ipc_r32(&r);
+    u->index_id = ipc_r32(&r);
     u->n_buckets = ipc_r32(&r);
-    uint32_t zero = ipc_r32(&r);
-    if (r.short_read || (u->flags & ~IPC_U_EVENT) || zero)
-        return bad(err, errlen, "UPDATE: short frame, unknown flags 0x%x or reserved bytes set",
-                   u->flags);
-    if (u->n_buckets == 0 || u->n_buckets > BKT_MAX_BUCKETS ||
-        (uint64_t)u->n_buckets * IPC_REF_REC + BKT_ANNOUNCE_BYTES > r.len - r.at)
-        return bad(err, errlen, "UPDATE %llu: %u buckets cannot fit in a %u-byte frame",
-                   (unsigned long long)u->seq, u->n_buckets, f->len);
-    if (!(u->refs = malloc((size_t)u->n_buckets * sizeof *u->refs)))
-        return REFIT_ENOMEM;
-    uint32_t flagged = 0;
-    for (uint32_t b = 0; b < u->n_buckets; b++) {
-        ipc_ref *x = &u->refs[b];
-        x->mem = ipc_r32(&r);
-        x->flags = ipc_r32(&r);
-        x->offset = ipc_r64(&r);
-        x->sum = ipc_r64(&r);
-        if (x->flags & ~IPC_B_SUM) {
-            ipc_update_free(u);
-            return bad(err, errlen, "UPDATE %llu: bucket %u: unknown flags 0x%x",
-                       (unsigned long long)u->seq, b, x->flags);
-        }
-        flagged += (x->flags & IPC_B_SUM) != 0;
-        if (!(x->flags & IPC_B_SUM) && x->sum) {
-            ipc_update_free(u);
-            return bad(err, errlen, "UPDATE %llu: bucket %u: a checksum without its flag",
-                       (unsigned long long)u->seq, b);
-        }
-    }
-    rc = bkt_announce_decode(&u->an, ipc_r_bytes(&r, BKT_ANNOUNCE_BYTES), max_bucket, err,
-                             errlen);
-    bool sums = u->an.flags & BKT_A_PAYLOAD_SUM;
-    if (!rc && (u->an.n_buckets != u->n_buckets || u->an.trailer_bytes ||
-                flagged != (sums ? u->n_buckets : 0)))
-        rc = bad(err, errlen, "UPDATE %llu: the announce (%u buckets, trailer %llu bytes, "
-                 "sums %s) disagrees with the bucket map (%u buckets, %u with a sum)",
-                 (unsigned long long)u->seq, u->an.n_buckets,
-                 (unsigned long long)u->an.trailer_bytes, sums ? "on" : "off", u->n_buckets,
-                 flagged);
-    if (!rc && u->an.index_bytes != r.len - r.at)
-        rc = bad(err, errlen, "UPDATE %llu: the announce's index is %llu bytes, the frame "
-                 "holds %zu", (unsigned long long)u->seq,
-                 (unsigned long long)u->an.index_bytes, r.len - r.at);
-    if (rc) {
-        ipc_update_free(u);
-        return rc;
-    }
-    u->index = r.p + r.at;
-    u->index_bytes = u->an.index_bytes;
+    uint16_t ll = ipc_r16(&r), z16 = ipc_r16(&r);
+    uint32_t z32 = ipc_r32(&r);
+    if (r.short_read || (u->flags & ~(IPC_U_EVENT | IPC_U_SUMS)) || z16 || z32)
+        return bad(err, errlen, "UPDATE: short frame (%u bytes), unknown flags 0x%x or "
+                   "reserved bytes set", f->len, u->flags);
+    if (!u->index_id)
+        return bad(err, errlen, "UPDATE %llu: index id 0", (unsigned long long)u->seq);
+    if (u->n_buckets == 0 || u->n_buckets > BKT_MAX_BUCKETS || ll > BKT_MAX_LABEL)
+        return bad(err, errlen, "UPDATE %llu: %u buckets, a label of %u bytes (1 to %u "
+                   "buckets, at most %d bytes)", (unsigned long long)u->seq, u->n_buckets, ll,
+                   BKT_MAX_BUCKETS, BKT_MAX_LABEL);
+    uint64_t want = IPC_UPDATE_FIXED + (uint64_t)ll +
+                    (u->flags & IPC_U_SUMS ? 8u * (uint64_t)u->n_buckets : 0);
+    if (want != f->len)
+        return bad(err, errlen, "UPDATE %llu: %u bytes, %llu expected (a label of %u bytes%s)",
+                   (unsigned long long)u->seq, f->len, (unsigned long long)want, ll,
+                   u->flags & IPC_U_SUMS ? " and a checksum per bucket" : "");
+    const uint8_t *label = ipc_r_bytes(&r, ll);
+    if (memchr(label, 0, ll))
+        return bad(err, errlen, "UPDATE %llu: the version label holds a NUL byte",
+                   (unsigned long long)u->seq);
+    memcpy(u->label, label, ll);
+    u->label[ll] = '\0';
+    u->sums = u->flags & IPC_U_SUMS ? r.p + r.at : NULL;
     return REFIT_OK;
-}
-
-void ipc_update_free(ipc_update *u)
-{
-    free(u->refs);
-    u->refs = NULL;
 }
 
 /* ---- VOTE, DECISION, RESULT ---- */

@@ -4,12 +4,16 @@
  *   accept      a trainer, when none is connected (HELLO both ways)
  *   MEMS        the memory table: each memory opened once and kept while
  *               the trainer sends it unchanged (same id, generation, handle)
- *   UPDATE      decoded and checked whole before anything begins: the
- *               bucket map against the table (memory known, bucket inside
- *               it), the announce and every header (core/nccl/bucket.c's
- *               decoders), then every piece against the model (name
- *               expected, dtype, shape, no duplicate): a refusal votes the
- *               error, writes nothing, begins nothing
+ *   INDEX       once per layout: decoded and checked whole, the bucket map
+ *               against the table (memory known, bucket inside it), the
+ *               announce and every header (core/nccl/bucket.c's decoders),
+ *               then every piece against the model (name expected, dtype,
+ *               shape, no duplicate); kept, or its refusal kept for the
+ *               UPDATE that names it
+ *   UPDATE      decoded; the index it names must be the one held, checked,
+ *               of the current table, with as many buckets (and the filter
+ *               asked again): a refusal votes the error, writes nothing,
+ *               begins nothing
  *   begin, then the worker's stream waits on the trainer's event (device:
  *               cuStreamWaitEvent, no host round trip), checksums if sent
  *               (before any write), every piece loaded from where it lies
@@ -20,6 +24,7 @@
  *               deadline aborts, journals why and drops the connection;
  *               RESULT
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +47,7 @@ typedef struct rcv_mem {
 
 typedef struct rcv_piece {
     size_t name;                /* offset in the arena */
+    bool skip;                  /* the filter said no (this update) */
     refit_dtype dtype;
     int32_t ndim;
     int64_t shape[REFIT_MAX_DIMS];
@@ -50,6 +56,12 @@ typedef struct rcv_piece {
     void *data;
     refit_device dev;
 } rcv_piece;
+
+typedef struct rcv_bucket {
+    uint8_t *payload;
+    uint64_t bytes;
+    refit_device dev;
+} rcv_bucket;
 
 struct refit_ipc_receiver {
     refit_model *m;
@@ -64,6 +76,14 @@ struct refit_ipc_receiver {
     uint8_t ev_handle[IPC_HANDLE_BYTES];
     ipc_cuda cu;
     bkt_header h;
+    /* the trainer's index (INDEX), walked and checked once per layout */
+    uint32_t ix_id, ix_epoch, ix_buckets;
+    bool ix_sums;               /* its announce promises a checksum per bucket */
+    uint64_t ix_total;          /* payload bytes */
+    int ix_rc;                  /* refused: the UPDATE naming it votes this */
+    char ix_err[1024];
+    rcv_bucket *bk;             /* per bucket of the index */
+    uint32_t cap_bk;
     rcv_piece *pc;
     uint32_t n_pc, cap_pc;
     char *arena;
@@ -78,12 +98,21 @@ struct refit_ipc_receiver {
     size_t set_arena_len;
     char label[BKT_MAX_LABEL + 1];
     refit_ipc_stats st;
+    refit_ipc_recv_profile prof;
+    CUevent pev[3];             /* profile_gpu: before the wait, after it, after the copies */
+    bool has_pev;
+    ipc_wbuf sbuf;              /* status frames */
     char err[1024];
 };
 
 static double timeout_of(const refit_ipc_receiver *r)
 {
     return r->o.timeout_s > 0 ? r->o.timeout_s : 300.0;
+}
+
+static double spin_of(const refit_ipc_receiver *r)
+{
+    return r->o.spin_s > 0 ? r->o.spin_s : r->o.spin_s < 0 ? 0 : 0.002;
 }
 
 int refit_ipc_receiver_create(refit_ipc_receiver **out, refit_model *model, const char *path,
@@ -104,7 +133,10 @@ int refit_ipc_receiver_create(refit_ipc_receiver **out, refit_model *model, cons
         return ctx_error(ctx, REFIT_ENOMEM, "ipc receiver: out of memory");
     r->m = model;
     r->ctx = ctx;
-    r->o = opt ? *opt : (refit_ipc_recv_opts)REFIT_IPC_RECV_OPTS_INIT;
+    r->o = (refit_ipc_recv_opts)REFIT_IPC_RECV_OPTS_INIT;
+    if (opt) /* a version-1 caller's struct ends before spin_s */
+        memcpy(&r->o, opt, opt->version == 1 ? offsetof(refit_ipc_recv_opts, spin_s)
+                                             : sizeof r->o);
     r->fd = -1;
     r->path = xstrdup(path ? path : "");
     int rc = r->path ? ipc_listen(path, &r->lfd, r->err, sizeof r->err) : REFIT_ENOMEM;
@@ -134,9 +166,17 @@ static void drop_peer(refit_ipc_receiver *r)
         close_mem(r, &r->mems[i]);
     r->n_mems = 0;
     r->epoch = 0;
+    r->ix_id = 0;
     if (r->has_event)
         r->cu.cu.EventDestroy(r->ev);
     r->has_event = false;
+}
+
+static void drop_profile_events(refit_ipc_receiver *r)
+{
+    for (int i = 0; r->has_pev && i < 3; i++)
+        r->cu.cu.EventDestroy(r->pev[i]);
+    r->has_pev = false;
 }
 
 void refit_ipc_receiver_destroy(refit_ipc_receiver *r)
@@ -151,12 +191,15 @@ void refit_ipc_receiver_destroy(refit_ipc_receiver *r)
     free(r->path);
     free(r->mems);
     free(r->pc);
+    free(r->bk);
     free(r->arena);
     free(r->seen);
     refit_source_set_destroy(r->set);
     free(r->set_pc);
     free(r->set_arena);
     bkt_header_free(&r->h);
+    ipc_wbuf_free(&r->sbuf);
+    drop_profile_events(r);
     if (r->cu.open)
         ipc_cuda_close(&r->cu);
     free(r);
@@ -168,6 +211,50 @@ int refit_ipc_receiver_stats(const refit_ipc_receiver *r, refit_ipc_stats *out)
         return REFIT_EINVAL;
     *out = r->st;
     return REFIT_OK;
+}
+
+int refit_ipc_receiver_profile(const refit_ipc_receiver *r, refit_ipc_recv_profile *out)
+{
+    if (!r || !out)
+        return REFIT_EINVAL;
+    *out = r->prof;
+    return REFIT_OK;
+}
+
+/* ---- profile_gpu: CUDA events on the worker's stream ---- */
+
+static void pev_record(refit_ipc_receiver *r, int i)
+{
+    if (!r->o.profile_gpu || !r->cu.open)
+        return;
+    if (!r->has_pev) {
+        int k = 0;
+        while (k < 3 && r->cu.cu.EventCreate(&r->pev[k], 0) == CU_SUCCESS)
+            k++;
+        if (k < 3) {
+            while (k--)
+                r->cu.cu.EventDestroy(r->pev[k]);
+            return;
+        }
+        r->has_pev = true;
+    }
+    (void)r->cu.cu.EventRecord(r->pev[i], (CUstream)r->o.stream);
+}
+
+/* After the prepare (its sync): the events' times, when all were recorded
+ * this update and have completed. */
+static void pev_read(refit_ipc_receiver *r, bool recorded)
+{
+    refit_ipc_recv_profile *pf = &r->prof;
+    float a = 0, b = 0;
+    if (!recorded || !r->has_pev || !r->cu.EventElapsedTime ||
+        r->cu.cu.EventQuery(r->pev[2]) != CU_SUCCESS ||
+        r->cu.EventElapsedTime(&a, r->pev[0], r->pev[1]) != CU_SUCCESS ||
+        r->cu.EventElapsedTime(&b, r->pev[1], r->pev[2]) != CU_SUCCESS)
+        return;
+    pf->gpu_wait_ms = a;
+    pf->gpu_copy_ms = b;
+    pf->copies_done_ns = pf->begun_ns + (uint64_t)(((double)a + b) * 1e6);
 }
 
 /* ---- the memory table ---- */
@@ -262,6 +349,8 @@ static int apply_mems(refit_ipc_receiver *r, ipc_frame *f)
     r->mems = nm;
     r->n_mems = r->cap_mems = t.n;
     r->epoch = t.epoch;
+    r->ix_id = 0; /* an index lies in a table: the trainer sends it again */
+    r->ix_rc = REFIT_OK;
     free(kept);
     ipc_mems_free(&t);
     return REFIT_OK;
@@ -299,11 +388,18 @@ static int add_piece(refit_ipc_receiver *r, const bkt_entry *e, uint8_t *payload
 }
 
 /* Walk the index (the NCCL wire's chain of headers), each bucket against
- * the memory it names; collect the pieces. */
-static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
+ * the memory it names; collect the pieces and where each bucket lies. */
+static int walk_index(refit_ipc_receiver *r, const ipc_index *u)
 {
     r->n_pc = 0;
     r->arena_len = 0;
+    if (u->n_buckets > r->cap_bk) {
+        rcv_bucket *nb = realloc(r->bk, (size_t)u->n_buckets * sizeof *nb);
+        if (!nb)
+            return REFIT_ENOMEM;
+        r->bk = nb;
+        r->cap_bk = u->n_buckets;
+    }
     const uint8_t *q = u->index, *end = u->index + u->index_bytes;
     bkt_expect ex = {.index = 0, .n_buckets = u->n_buckets, .nonce = u->an.nonce,
                      .header_bytes = u->an.first_header, .total = u->an.first_total,
@@ -311,7 +407,7 @@ static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
     uint64_t payload = 0, entries = 0;
     for (uint32_t b = 0; b < u->n_buckets; b++) {
         if (ex.header_bytes > (size_t)(end - q)) {
-            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u's header (%u bytes) runs past "
+            snprintf(r->err, sizeof r->err, "INDEX: bucket %u's header (%u bytes) runs past "
                      "the index", b, ex.header_bytes);
             return REFIT_ECORRUPT;
         }
@@ -321,19 +417,19 @@ static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
         if (!b)
             ipc_copy_str(r->label, sizeof r->label, r->h.label);
         else if (strcmp(r->label, r->h.label)) {
-            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u is labelled '%.200s', "
+            snprintf(r->err, sizeof r->err, "INDEX: bucket %u is labelled '%.200s', "
                      "bucket 0 '%.200s'", b, r->h.label, r->label);
             return REFIT_ECORRUPT;
         }
         const ipc_ref *ref = &u->refs[b];
         rcv_mem *m = mem_find(r, ref->mem);
         if (!m) {
-            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u names memory %u, which the "
+            snprintf(r->err, sizeof r->err, "INDEX: bucket %u names memory %u, which the "
                      "trainer never shared (table epoch %u)", b, ref->mem, r->epoch);
             return REFIT_ECORRUPT;
         }
         if (ref->offset > m->d.bytes || ex.total > m->d.bytes - ref->offset) {
-            snprintf(r->err, sizeof r->err, "UPDATE: bucket %u (%llu bytes at offset %llu) "
+            snprintf(r->err, sizeof r->err, "INDEX: bucket %u (%llu bytes at offset %llu) "
                      "runs past memory %u (%llu bytes)", b, (unsigned long long)ex.total,
                      (unsigned long long)ref->offset, ref->mem,
                      (unsigned long long)m->d.bytes);
@@ -343,6 +439,7 @@ static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
                                ? (refit_device){REFIT_DEVICE_CUDA, m->d.device}
                                : (refit_device){REFIT_DEVICE_CPU, 0};
         uint8_t *pl = (uint8_t *)m->base + ref->offset + r->h.payload_offset;
+        r->bk[b] = (rcv_bucket){.payload = pl, .bytes = r->h.payload_bytes, .dev = dev};
         for (uint32_t k = 0; k < r->h.n_entries; k++)
             if ((rc = add_piece(r, &r->h.entries[k], pl, dev)))
                 return rc;
@@ -354,7 +451,7 @@ static int walk_index(refit_ipc_receiver *r, const ipc_update *u)
                           .max_total = u->an.max_total};
     }
     if (q != end || payload != u->an.total_payload || entries != u->an.n_entries) {
-        snprintf(r->err, sizeof r->err, "UPDATE: the index (%llu payload bytes, %llu "
+        snprintf(r->err, sizeof r->err, "INDEX: the index (%llu payload bytes, %llu "
                  "entries, %zu stray bytes) disagrees with its announce (%llu, %llu)",
                  (unsigned long long)payload, (unsigned long long)entries, (size_t)(end - q),
                  (unsigned long long)u->an.total_payload, (unsigned long long)u->an.n_entries);
@@ -380,10 +477,9 @@ static int check_pieces(refit_ipc_receiver *r)
     for (uint32_t i = 0; i < r->n_pc; i++) {
         rcv_piece *p = &r->pc[i];
         const char *name = pc_name(r, p);
-        if (r->o.filter && !r->o.filter(r->o.filter_user, name)) {
-            p->ndim = -1; /* skipped */
+        p->skip = r->o.filter && !r->o.filter(r->o.filter_user, name);
+        if (p->skip)
             continue;
-        }
         uint32_t ri = names_find(&m->route_names, name);
         if (ri == NAMES_NONE) {
             snprintf(r->err, sizeof r->err, "the index names %s, which no module of worker %s "
@@ -417,42 +513,59 @@ static int check_pieces(refit_ipc_receiver *r)
 /* Checksums, where the trainer sent them: before any write. */
 static int verify_sums(refit_ipc_receiver *r, const ipc_update *u)
 {
-    if (!(u->an.flags & BKT_A_PAYLOAD_SUM))
-        return REFIT_OK;
-    const uint8_t *q = u->index;
-    bkt_expect ex = {.n_buckets = u->n_buckets, .nonce = u->an.nonce,
-                     .header_bytes = u->an.first_header, .total = u->an.first_total,
-                     .max_total = u->an.max_total};
-    for (uint32_t b = 0; b < u->n_buckets; b++) {
-        int rc = bkt_header_decode(&r->h, q, &ex, r->err, sizeof r->err);
-        if (rc)
-            return rc;
-        rcv_mem *m = mem_find(r, u->refs[b].mem);
-        refit_device dev = m->d.kind == IPC_MEM_CUDA
-                               ? (refit_device){REFIT_DEVICE_CUDA, m->d.device}
-                               : (refit_device){REFIT_DEVICE_CPU, 0};
-        const backend *be = backend_for_device(dev);
-        refit_view v = {.data = (uint8_t *)m->base + u->refs[b].offset + r->h.payload_offset,
-                        .device = dev, .dtype = REFIT_U8, .ndim = 1,
-                        .shape = {(int64_t)r->h.payload_bytes}, .strides = {1}};
-        uint64_t sum = 0;
+    for (uint32_t b = 0; u->sums && b < u->n_buckets; b++) {
+        const rcv_bucket *bk = &r->bk[b];
+        const backend *be = backend_for_device(bk->dev);
+        refit_view v = {.data = bk->payload, .device = bk->dev, .dtype = REFIT_U8, .ndim = 1,
+                        .shape = {(int64_t)bk->bytes}, .strides = {1}};
+        uint64_t sum = 0, want = bkt_le64(u->sums + 8u * b);
+        int rc;
         if (!be || (rc = be->fingerprint(&v, &sum, r->o.stream))) {
             snprintf(r->err, sizeof r->err, "bucket %u: checksum: %s", b,
                      be ? be->last_error() : "no backend for its memory");
             return be ? rc : REFIT_EUNSUPPORTED;
         }
-        if (sum != u->refs[b].sum) {
-            snprintf(r->err, sizeof r->err, "bucket %u: payload checksum %016llx, the index "
+        if (sum != want) {
+            snprintf(r->err, sizeof r->err, "bucket %u: payload checksum %016llx, the update "
                      "says %016llx; nothing written", b, (unsigned long long)sum,
-                     (unsigned long long)u->refs[b].sum);
+                     (unsigned long long)want);
             return REFIT_ECORRUPT;
         }
-        q += ex.header_bytes;
-        ex = (bkt_expect){.index = b + 1, .n_buckets = u->n_buckets, .nonce = u->an.nonce,
-                          .header_bytes = r->h.next_header, .total = r->h.next_total,
-                          .max_total = u->an.max_total};
     }
     return REFIT_OK;
+}
+
+/* Take an INDEX: walked against the table and checked against the model
+ * now, once per layout. Its refusal is kept (with the id the trainer gave
+ * it) and voted by the UPDATE that names it: the connection stays. */
+static void apply_index(refit_ipc_receiver *r, const ipc_frame *f)
+{
+    ipc_index x;
+    uint64_t max = r->o.max_bucket_bytes ? r->o.max_bucket_bytes : (uint64_t)64 << 30;
+    const uint8_t *q = f->payload; /* the id, even when the rest is refused */
+    r->ix_id = f->len >= 4 ? (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
+                                 (uint32_t)q[3] << 24
+                           : 0;
+    r->ix_epoch = r->epoch;
+    r->ix_buckets = 0;
+    int rc = ipc_index_decode(&x, f, max, r->err, sizeof r->err);
+    if (!rc && x.epoch != r->epoch) {
+        snprintf(r->err, sizeof r->err, "INDEX %u of memory table %u; this worker holds %u",
+                 x.id, x.epoch, r->epoch);
+        rc = REFIT_ECORRUPT;
+    }
+    if (!rc)
+        rc = walk_index(r, &x);
+    if (!rc)
+        rc = check_pieces(r);
+    if (!rc) {
+        r->ix_buckets = x.n_buckets;
+        r->ix_sums = x.an.flags & BKT_A_PAYLOAD_SUM;
+        r->ix_total = x.an.total_payload;
+    }
+    r->ix_rc = rc;
+    ipc_copy_str(r->ix_err, sizeof r->ix_err, rc ? r->err : "");
+    ipc_index_free(&x);
 }
 
 /* The source set of this index's whole pieces: the last one when the
@@ -476,7 +589,7 @@ static int whole_set(refit_ipc_receiver *r, refit_source_set **out)
     size_t n = 0;
     for (uint32_t i = 0; !rc && i < r->n_pc; i++) {
         rcv_piece *p = &r->pc[i];
-        if (p->ndim < 0 || p->part)
+        if (p->skip || p->part)
             continue;
         names[n] = pc_name(r, p);
         ts[n++] = (refit_tensor){.data = p->data, .device = p->dev, .ndim = p->ndim,
@@ -515,7 +628,7 @@ static int load_pieces(refit_ipc_receiver *r, refit_txn *txn)
         ipc_copy_str(r->err, sizeof r->err, refit_errmsg(r->ctx));
     for (uint32_t i = 0; !rc && i < r->n_pc; i++) {
         rcv_piece *p = &r->pc[i];
-        if (p->ndim < 0 || !p->part)
+        if (p->skip || !p->part)
             continue;
         refit_tensor t = {.data = p->data, .device = p->dev, .ndim = p->ndim,
                           .dtype = p->dtype, .shape = p->shape};
@@ -530,13 +643,13 @@ static int load_pieces(refit_ipc_receiver *r, refit_txn *txn)
 static int send_status(refit_ipc_receiver *r, uint16_t type, uint64_t seq, int status,
                        const char *msg, double dl)
 {
-    ipc_wbuf b = {0};
-    ipc_status_encode(&b, seq, status, msg);
-    int rc = b.failed ? REFIT_ENOMEM
-                      : ipc_send(r->fd, type, b.p, (uint32_t)b.len, NULL, 0, dl, r->err,
-                                 sizeof r->err);
-    ipc_wbuf_free(&b);
-    return rc;
+    ipc_wbuf *b = &r->sbuf;
+    b->len = 0;
+    b->failed = 0;
+    ipc_status_encode(b, seq, status, msg);
+    return b->failed ? REFIT_ENOMEM
+                     : ipc_send(r->fd, type, b->p, (uint32_t)b->len, NULL, 0, dl, r->err,
+                                sizeof r->err);
 }
 
 static int greet(refit_ipc_receiver *r, double dl)
@@ -579,6 +692,9 @@ static int next_update(refit_ipc_receiver *r, ipc_frame *f, double dl)
                 return rc;
             }
         }
+        double spin = spin_of(r);
+        if (spin > 0)
+            (void)ipc_spin_readable(r->fd, ipc_now() + spin);
         if ((rc = ipc_recv(r->fd, f, IPC_MAX_PAYLOAD, dl, r->err, sizeof r->err))) {
             int clean = rc == REFIT_EIO && strstr(r->err, "closed the connection");
             drop_peer(r);
@@ -589,7 +705,9 @@ static int next_update(refit_ipc_receiver *r, ipc_frame *f, double dl)
         }
         if (f->type == IPC_UPDATE)
             return REFIT_OK;
-        if (f->type == IPC_MEMS) {
+        if (f->type == IPC_INDEX) {
+            apply_index(r, f);
+        } else if (f->type == IPC_MEMS) {
             rc = apply_mems(r, f);
         } else {
             snprintf(r->err, sizeof r->err, "a %s frame while waiting for an update",
@@ -610,14 +728,36 @@ static int next_update(refit_ipc_receiver *r, ipc_frame *f, double dl)
 static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_update_opts *opts,
                        refit_txn **txn, refit_group_result *res)
 {
-    int rc = walk_index(r, u);
-    if (!rc && u->epoch != r->epoch) {
+    int rc = REFIT_OK;
+    if (!r->ix_id || u->index_id != r->ix_id) {
+        char held[32] = "none";
+        if (r->ix_id)
+            snprintf(held, sizeof held, "index %u", r->ix_id);
+        snprintf(r->err, sizeof r->err, "UPDATE names index %u; this worker holds %s (an "
+                 "INDEX comes first)%s%.900s", u->index_id, held,
+                 r->ix_rc ? "; the last INDEX was refused: " : "", r->ix_rc ? r->ix_err : "");
+        rc = REFIT_ECORRUPT;
+    } else if (r->ix_rc) {
+        rc = r->ix_rc;
+        ipc_copy_str(r->err, sizeof r->err, r->ix_err);
+    } else if (u->epoch != r->epoch || r->ix_epoch != r->epoch) {
         snprintf(r->err, sizeof r->err, "UPDATE of memory table %u; this worker holds %u",
                  u->epoch, r->epoch);
         rc = REFIT_ECORRUPT;
+    } else if (u->n_buckets != r->ix_buckets) {
+        snprintf(r->err, sizeof r->err, "UPDATE names %u buckets; index %u has %u",
+                 u->n_buckets, r->ix_id, r->ix_buckets);
+        rc = REFIT_ECORRUPT;
+    } else if (!!(u->flags & IPC_U_SUMS) != r->ix_sums) {
+        snprintf(r->err, sizeof r->err, "UPDATE %s checksums; its index announces %s",
+                 u->flags & IPC_U_SUMS ? "carries" : "lacks", r->ix_sums ? "them" : "none");
+        rc = REFIT_ECORRUPT;
+    } else if (r->o.filter) {
+        rc = check_pieces(r); /* the filter is asked at every update */
     }
     if (!rc)
-        rc = check_pieces(r);
+        ipc_copy_str(r->label, sizeof r->label, u->label);
+    r->prof.checked_ns = ipc_now_ns();
     if (rc) {
         r->st.refused++;
         return ctx_error(r->ctx, rc, "ipc receiver: update %llu refused: %s",
@@ -633,6 +773,10 @@ static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_u
         o.source_uri = uri;
     if ((rc = refit_begin(txn, r->m, &o)))
         return rc;
+    r->prof.begun_ns = ipc_now_ns();
+    bool timed = r->o.profile_gpu && (u->flags & IPC_U_EVENT) && r->has_event;
+    if (timed)
+        pev_record(r, 0);
     if ((u->flags & IPC_U_EVENT) && !r->has_event) {
         snprintf(r->err, sizeof r->err, "the update asks to wait on an event never shared");
         rc = REFIT_ECORRUPT;
@@ -644,10 +788,16 @@ static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_u
             rc = REFIT_EIO;
         }
     }
+    if (timed)
+        pev_record(r, 1);
+    r->prof.waited_ns = ipc_now_ns();
     if (!rc)
         rc = verify_sums(r, u);
     if (!rc)
         rc = load_pieces(r, *txn);
+    if (timed)
+        pev_record(r, 2);
+    r->prof.enqueued_ns = ipc_now_ns();
     if (rc) {
         char why[1200];
         snprintf(why, sizeof why, "ipc: %s", r->err);
@@ -658,8 +808,10 @@ static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_u
     }
     res->buckets = u->n_buckets;
     res->tensors = r->n_pc;
-    res->bytes = u->an.total_payload;
+    res->bytes = r->ix_total;
     rc = refit_finalize_prepare(*txn);
+    r->prof.prepared_ns = ipc_now_ns();
+    pev_read(r, timed);
     if (rc) {
         *txn = NULL; /* aborted and freed by prepare */
         res->worker_status = refit_worker_health(r->ctx) == REFIT_HEALTH_POISONED
@@ -676,8 +828,13 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     ctx_clear_error(r->ctx);
     refit_group_result res = {.failed_rank = -1, .vote_taken = 1};
     double t = timeout_of(r), t_start = r->o.start_timeout_s > 0 ? r->o.start_timeout_s : t;
+    refit_ipc_recv_profile *pf = &r->prof;
+    memset(pf, 0, sizeof *pf);
+    pf->gpu_wait_ms = pf->gpu_copy_ms = -1;
+    pf->call_ns = ipc_now_ns();
     ipc_frame f;
     int rc = next_update(r, &f, ipc_now() + t_start);
+    pf->update_ns = ipc_now_ns();
     if (rc) {
         res.decision = res.local_status = rc;
         res.vote_taken = 0;
@@ -688,18 +845,19 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     double t0 = ipc_now();
     r->st.updates++;
     ipc_update u;
-    uint64_t max = r->o.max_bucket_bytes ? r->o.max_bucket_bytes : (uint64_t)64 << 30;
     refit_txn *txn = NULL;
-    int local = ipc_update_decode(&u, &f, max, r->err, sizeof r->err);
+    int local = ipc_update_decode(&u, &f, r->err, sizeof r->err);
     if (local) {
         /* the frame was sound, its content not: refuse, keep the channel */
         r->st.refused++;
         ctx_error(r->ctx, local, "ipc receiver: update refused: %s", r->err);
         u.seq = f.len >= 8 ? bkt_le64(f.payload) : 0;
+        pf->checked_ns = ipc_now_ns();
     } else {
         local = take_update(r, &u, opts, &txn, &res);
     }
     ipc_frame_free(&f);
+    pf->seq = u.seq;
     char msg[IPC_MAX_MSG];
     ipc_copy_str(msg, sizeof msg, local ? refit_errmsg(r->ctx) : "");
     res.local_status = local;
@@ -707,7 +865,11 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     ipc_frame d;
     char dmsg[IPC_MAX_MSG + 1] = "";
     int trc = send_status(r, IPC_VOTE, u.seq, local, msg, dl);
+    pf->voted_ns = ipc_now_ns();
+    if (!trc && spin_of(r) > 0)
+        (void)ipc_spin_readable(r->fd, ipc_now() + spin_of(r));
     if (!trc && !(trc = ipc_recv(r->fd, &d, IPC_MAX_MSG + 64, dl, r->err, sizeof r->err))) {
+        pf->decision_ns = ipc_now_ns();
         ipc_status_msg dm;
         trc = d.type == IPC_DECISION ? ipc_status_decode(&dm, &d, u.seq, r->err, sizeof r->err)
                                      : REFIT_ECORRUPT;
@@ -728,6 +890,7 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
             res.worker_status = refit_commit(txn);
             txn = NULL;
         }
+        pf->committed_ns = ipc_now_ns();
     }
     if (trc) {
         /* no decision: never commit without it */
@@ -740,10 +903,10 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
         if (txn)
             res.worker_status = refit_abort_reason(txn, why);
         txn = NULL;
+        pf->committed_ns = ipc_now_ns();
         res.decision = trc;
         res.vote_taken = 0;
         drop_peer(r);
-        ipc_update_free(&u);
         res.seconds = ipc_now() - t0;
         if (out)
             *out = res;
@@ -753,7 +916,7 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     }
     (void)send_status(r, IPC_RESULT, u.seq, res.worker_status,
                       res.worker_status ? refit_errmsg(r->ctx) : "", dl);
-    ipc_update_free(&u);
+    pf->result_ns = ipc_now_ns();
     res.seconds = ipc_now() - t0;
     if (out)
         *out = res;

@@ -8,10 +8,16 @@
  *            table (ids, handles) built, its epoch bumped
  *   pack     backend copies of the PACK tensors on the trainer's stream,
  *            then the interprocess event recorded on it (device)
- *   index    announce + one bucket header per bucket (core/nccl/bucket.h)
- *   per worker: MEMS when its table is older than the epoch, UPDATE
- *   votes    every worker's, then one DECISION to all, then their RESULTs
+ *   index    announce + one bucket header per bucket (core/nccl/bucket.h),
+ *            encoded once per layout (INDEX, its headers' label empty)
+ *   per worker: the RESULT of the last commit (read here, not waited for
+ *            by the send that committed), MEMS when its table is older than
+ *            the epoch, INDEX when it has not this layout's, UPDATE (seq,
+ *            the index's id, the label, the checksums)
+ *   votes    every worker's (busy-polled for spin_s, then poll), then one
+ *            DECISION to all; after an abort, their RESULTs
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +60,8 @@ typedef struct snd_worker {
     int fd;                     /* -1: not connected */
     uint32_t epoch;             /* the memory table it holds; 0: none */
     int32_t rank;
+    uint32_t ix_id;             /* the INDEX it holds; 0: none */
+    uint64_t result_seq;        /* a commit whose RESULT is still to read; 0: none */
 } snd_worker;
 
 struct refit_ipc_sender {
@@ -71,7 +79,10 @@ struct refit_ipc_sender {
     bkt_plan plan;
     bkt_tensor *bt;
     ipc_ref *refs;              /* per bucket */
-    ipc_wbuf frame;
+    uint64_t *sums;             /* per bucket, when checksummed */
+    ipc_wbuf frame;             /* this send's UPDATE */
+    ipc_wbuf iframe;            /* the layout's INDEX */
+    uint32_t ix_id, ix_epoch;   /* its id, and the table epoch it was made for */
     uint8_t *index;
     size_t index_cap;
     ipc_cuda cu;
@@ -80,7 +91,11 @@ struct refit_ipc_sender {
     uint8_t ev_handle[IPC_HANDLE_BYTES];
     snd_worker *w;
     int n_w;
+    int *vote;                  /* per worker, for one send */
+    char (*why)[256];
+    ipc_wbuf sbuf;              /* status frames */
     uint64_t seq;
+    refit_ipc_send_profile prof;
     char err[1024];
 };
 
@@ -92,6 +107,11 @@ static int s_err(refit_ipc_sender *s, int rc)
 static double deadline_of(const refit_ipc_sender *s)
 {
     return ipc_now() + (s->o.timeout_s > 0 ? s->o.timeout_s : 300.0);
+}
+
+static double spin_of(const refit_ipc_sender *s)
+{
+    return s->o.spin_s > 0 ? s->o.spin_s : s->o.spin_s < 0 ? 0 : 0.005;
 }
 
 /* ---- connections ---- */
@@ -121,6 +141,8 @@ static int connect_worker(refit_ipc_sender *s, snd_worker *w)
         w->fd = -1;
     }
     w->epoch = 0;
+    w->ix_id = 0;
+    w->result_seq = 0;
     return rc;
 }
 
@@ -130,6 +152,8 @@ static void drop_worker(snd_worker *w)
         close(w->fd);
     w->fd = -1;
     w->epoch = 0;
+    w->ix_id = 0;
+    w->result_seq = 0;
 }
 
 int refit_ipc_sender_create(refit_ipc_sender **out, refit_ctx *ctx, const char *const *paths,
@@ -146,12 +170,21 @@ int refit_ipc_sender_create(refit_ipc_sender **out, refit_ctx *ctx, const char *
         return ctx_error(ctx, REFIT_EINVAL, "invalid version %u on refit_ipc_send_opts",
                          opt->version);
     refit_ipc_sender *s = calloc(1, sizeof *s);
-    if (!s || !(s->w = calloc((size_t)n_workers, sizeof *s->w))) {
+    if (!s || !(s->w = calloc((size_t)n_workers, sizeof *s->w)) ||
+        !(s->vote = calloc((size_t)n_workers, sizeof *s->vote)) ||
+        !(s->why = calloc((size_t)n_workers, sizeof *s->why))) {
+        if (s) {
+            free(s->w);
+            free(s->vote);
+        }
         free(s);
         return ctx_error(ctx, REFIT_ENOMEM, "ipc sender: out of memory");
     }
     s->ctx = ctx;
-    s->o = opt ? *opt : (refit_ipc_send_opts)REFIT_IPC_SEND_OPTS_INIT;
+    s->o = (refit_ipc_send_opts)REFIT_IPC_SEND_OPTS_INIT;
+    if (opt) /* a version-1 caller's struct ends before spin_s */
+        memcpy(&s->o, opt, opt->version == 1 ? offsetof(refit_ipc_send_opts, spin_s)
+                                             : sizeof s->o);
     s->dev = s->o.device >= 0 ? (refit_device){REFIT_DEVICE_CUDA, s->o.device}
                               : (refit_device){REFIT_DEVICE_CPU, 0};
     ipc_copy_str(s->label, sizeof s->label, s->o.version_label ? s->o.version_label : "unnamed");
@@ -197,6 +230,9 @@ void refit_ipc_sender_destroy(refit_ipc_sender *s)
         free(s->w[i].path);
     }
     free(s->w);
+    free(s->vote);
+    free(s->why);
+    ipc_wbuf_free(&s->sbuf);
     for (uint32_t i = 0; i < s->n_mems; i++)
         mem_release(s, &s->mems[i]);
     free(s->mems);
@@ -207,8 +243,10 @@ void refit_ipc_sender_destroy(refit_ipc_sender *s)
     bkt_plan_free(&s->plan);
     free(s->bt);
     free(s->refs);
+    free(s->sums);
     free(s->index);
     ipc_wbuf_free(&s->frame);
+    ipc_wbuf_free(&s->iframe);
     if (s->has_event)
         s->cu.cu.EventDestroy(s->ev);
     if (s->cu.open)
@@ -437,12 +475,15 @@ static int lay_out(refit_ipc_sender *s)
     }
     if (!rc && (rc = plan_room(&s->plan, s->n, n_buckets)) == REFIT_OK) {
         ipc_ref *nr = realloc(s->refs, (size_t)n_buckets * sizeof *nr);
+        uint64_t *ns = realloc(s->sums, (size_t)n_buckets * sizeof *ns);
         bkt_tensor *nt = realloc(s->bt, ((size_t)s->n + 1) * sizeof *nt);
         if (nr)
             s->refs = nr;
+        if (ns)
+            s->sums = ns;
         if (nt)
             s->bt = nt;
-        rc = nr && nt ? REFIT_OK : REFIT_ENOMEM;
+        rc = nr && ns && nt ? REFIT_OK : REFIT_ENOMEM;
     }
     for (uint32_t i = 0; i < s->n_mems; i++)
         s->mems[i].used = false;
@@ -554,10 +595,12 @@ static int pack(refit_ipc_sender *s)
                  "without CUDA?)", s->dev.device_type);
         return REFIT_EUNSUPPORTED;
     }
+    uint32_t queued = 0;
     for (uint32_t i = 0; i < s->n; i++) {
         snd_tensor *st = &s->ts[i];
         if ((st->how == REFIT_IPC_SHARE && st->bytes) || !st->bytes)
             continue;
+        queued++;
         refit_view src, dst;
         (void)xport_view(st->t, &src);
         if (xport_view_contiguous(&src)) {
@@ -587,9 +630,8 @@ static int pack(refit_ipc_sender *s)
             return rc;
         }
     }
-    int rc = be->flush(s->o.stream);
-    if (!rc && s->o.device < 0)
-        rc = be->sync(s->o.stream);
+    int rc = !queued ? REFIT_OK : s->o.device < 0 ? be->sync(s->o.stream)
+                                                  : be->flush(s->o.stream);
     if (rc) {
         snprintf(s->err, sizeof s->err, "packing copies: %s (%s)", refit_strerror(rc),
                  be->last_error());
@@ -615,14 +657,13 @@ static int checksums(refit_ipc_sender *s)
 {
     const backend *be = backend_for_device(s->dev);
     for (uint32_t b = 0; b < s->plan.n_buckets; b++) {
-        s->refs[b].flags = s->o.checksum ? IPC_B_SUM : 0;
-        s->refs[b].sum = 0;
+        s->sums[b] = 0;
         if (!s->o.checksum)
             continue;
         refit_view v = {.data = payload_of(s, b), .device = s->dev, .dtype = REFIT_U8,
                         .ndim = 1, .shape = {(int64_t)s->plan.buckets[b].payload_bytes},
                         .strides = {1}};
-        int rc = be->fingerprint(&v, &s->refs[b].sum, s->o.stream);
+        int rc = be->fingerprint(&v, &s->sums[b], s->o.stream);
         if (rc) {
             snprintf(s->err, sizeof s->err, "bucket %u: checksum: %s", b, be->last_error());
             return rc;
@@ -642,15 +683,16 @@ static uint64_t fresh_nonce(uint64_t seq)
     return n ^ seq;
 }
 
-/* The UPDATE frame of this send into s->frame. */
-static int encode_update(refit_ipc_sender *s)
+/* The INDEX frame of this layout into s->iframe: the NCCL wire's index
+ * (version label empty: each UPDATE carries it), encoded once per layout
+ * and table. */
+static int encode_index(refit_ipc_sender *s)
 {
     bkt_plan *p = &s->plan;
-    size_t ll = strlen(s->label);
     uint64_t total = 0;
     for (uint32_t b = 0; b < p->n_buckets; b++) {
         bkt_span *sp = &p->buckets[b];
-        uint64_t hb = BKT_FIXED_HEADER + ll + 8;
+        uint64_t hb = BKT_FIXED_HEADER + 8;
         for (uint32_t k = 0; k < sp->n; k++) {
             const bkt_tensor *t = &s->bt[p->pieces[sp->first + k].tensor];
             hb += BKT_FIXED_ENTRY + 8u * (uint64_t)t->ndim + strlen(t->name);
@@ -679,7 +721,7 @@ static int encode_update(refit_ipc_sender *s)
     uint64_t nonce = fresh_nonce(s->seq);
     uint8_t *q = s->index;
     for (uint32_t b = 0; b < p->n_buckets; b++) {
-        bkt_header_encode(q, p, b, s->bt, s->label, nonce);
+        bkt_header_encode(q, p, b, s->bt, "", nonce);
         q += p->buckets[b].header_bytes;
     }
     bkt_announce an = {.flags = s->o.checksum ? BKT_A_PAYLOAD_SUM : 0,
@@ -689,11 +731,35 @@ static int encode_update(refit_ipc_sender *s)
                        .n_entries = p->n_pieces};
     uint8_t ab[BKT_ANNOUNCE_BYTES];
     bkt_announce_encode(ab, &an);
+    s->ix_id = s->ix_id == UINT32_MAX ? 1 : s->ix_id + 1;
+    ipc_index x = {.id = s->ix_id, .epoch = s->epoch, .n_buckets = p->n_buckets,
+                   .refs = s->refs, .index = s->index, .index_bytes = total};
+    s->iframe.len = 0;
+    ipc_index_encode(&s->iframe, &x, ab);
+    if (s->iframe.failed) {
+        ipc_wbuf_free(&s->iframe);
+        s->ix_epoch = 0;
+        return REFIT_ENOMEM;
+    }
+    s->ix_epoch = s->epoch;
+    return REFIT_OK;
+}
+
+/* The UPDATE frame of this send into s->frame (the index made first when
+ * the layout or the table changed). */
+static int encode_update(refit_ipc_sender *s)
+{
+    int rc = s->ix_epoch != s->epoch ? encode_index(s) : REFIT_OK;
+    if (rc)
+        return rc;
     ipc_update u = {.seq = s->seq, .epoch = s->epoch,
-                    .flags = s->o.device >= 0 ? IPC_U_EVENT : 0, .n_buckets = p->n_buckets,
-                    .refs = s->refs, .index = s->index, .index_bytes = total};
+                    .flags = (s->o.device >= 0 ? IPC_U_EVENT : 0) |
+                             (s->o.checksum ? IPC_U_SUMS : 0),
+                    .index_id = s->ix_id, .n_buckets = s->plan.n_buckets};
+    ipc_copy_str(u.label, sizeof u.label, s->label);
     s->frame.len = 0;
-    ipc_update_encode(&s->frame, &u, ab);
+    s->frame.failed = 0;
+    ipc_update_encode(&s->frame, &u, s->sums);
     return s->frame.failed ? REFIT_ENOMEM : REFIT_OK;
 }
 
@@ -735,19 +801,24 @@ static int send_mems(refit_ipc_sender *s, snd_worker *w, double dl)
 static int send_status(refit_ipc_sender *s, snd_worker *w, uint16_t type, int status,
                        const char *msg, double dl)
 {
-    ipc_wbuf b = {0};
-    ipc_status_encode(&b, s->seq, status, msg);
-    int rc = b.failed ? REFIT_ENOMEM
-                      : ipc_send(w->fd, type, b.p, (uint32_t)b.len, NULL, 0, dl, s->err,
-                                 sizeof s->err);
-    ipc_wbuf_free(&b);
-    return rc;
+    ipc_wbuf *b = &s->sbuf;
+    b->len = 0;
+    b->failed = 0;
+    ipc_status_encode(b, s->seq, status, msg);
+    return b->failed ? REFIT_ENOMEM
+                     : ipc_send(w->fd, type, b->p, (uint32_t)b->len, NULL, 0, dl, s->err,
+                                sizeof s->err);
 }
 
-static int recv_status(refit_ipc_sender *s, snd_worker *w, uint16_t type, ipc_status_msg *m,
-                       double dl)
+/* The status frame of update seq from w: busy-polled for spin_s (a reply
+ * expected soon), then waited for in poll by dl. */
+static int recv_status(refit_ipc_sender *s, snd_worker *w, uint16_t type, uint64_t seq,
+                       ipc_status_msg *m, double dl)
 {
     ipc_frame f;
+    double spin = spin_of(s);
+    if (spin > 0)
+        (void)ipc_spin_readable(w->fd, ipc_now() + spin);
     int rc = ipc_recv(w->fd, &f, IPC_MAX_MSG + 64, dl, s->err, sizeof s->err);
     if (rc)
         return rc;
@@ -756,21 +827,44 @@ static int recv_status(refit_ipc_sender *s, snd_worker *w, uint16_t type, ipc_st
                  ipc_type_name(f.type), ipc_type_name(type));
         rc = REFIT_ECORRUPT;
     } else {
-        rc = ipc_status_decode(m, &f, s->seq, s->err, sizeof s->err);
+        rc = ipc_status_decode(m, &f, seq, s->err, sizeof s->err);
     }
     ipc_frame_free(&f);
     return rc;
+}
+
+/* The RESULT of w's last commit, which that send did not wait for: it was
+ * written right after the commit, so it is here (or the worker is gone:
+ * dropped, reconnected by the caller). */
+static void take_result(refit_ipc_sender *s, snd_worker *w, double dl)
+{
+    if (w->fd < 0 || !w->result_seq)
+        return;
+    ipc_status_msg m;
+    if (recv_status(s, w, IPC_RESULT, w->result_seq, &m, dl))
+        drop_worker(w);
+    w->result_seq = 0;
 }
 
 /* Phase one to every worker: (re)connect, MEMS when stale, UPDATE. A
  * worker that cannot be reached votes the failure. */
 static void post_update(refit_ipc_sender *s, int *vote, char (*why)[256], double dl)
 {
+    for (int i = 0; i < s->n_w; i++)
+        take_result(s, &s->w[i], dl);
+    s->prof.results_ns = ipc_now_ns();
     for (int i = 0; i < s->n_w; i++) {
         snd_worker *w = &s->w[i];
         int rc = w->fd < 0 ? connect_worker(s, w) : REFIT_OK;
-        if (!rc && w->epoch != s->epoch)
+        if (!rc && w->epoch != s->epoch) {
             rc = send_mems(s, w, dl);
+            w->ix_id = 0; /* a new table: the index again */
+        }
+        if (!rc && w->ix_id != s->ix_id) {
+            rc = ipc_send(w->fd, IPC_INDEX, s->iframe.p, (uint32_t)s->iframe.len, NULL, 0, dl,
+                          s->err, sizeof s->err);
+            w->ix_id = rc ? 0 : s->ix_id;
+        }
         if (!rc)
             rc = ipc_send(w->fd, IPC_UPDATE, s->frame.p, (uint32_t)s->frame.len, NULL, 0, dl,
                           s->err, sizeof s->err);
@@ -787,10 +881,14 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
     if (!s)
         return REFIT_EINVAL;
     ctx_clear_error(s->ctx);
+    refit_ipc_send_profile *pf = &s->prof;
+    memset(pf, 0, sizeof *pf);
+    pf->start_ns = ipc_now_ns();
     double t0 = ipc_now();
     refit_group_result res = {.decision = REFIT_OK, .failed_rank = -1, .vote_taken = 1};
     ipc_copy_str(res.version_label, sizeof res.version_label, s->label);
     s->seq++;
+    pf->seq = s->seq;
     bool moved = !s->laid_out;
     int rc = s->cu.open ? ipc_cuda_enter(&s->cu, s->err, sizeof s->err) : REFIT_OK;
     if (!rc)
@@ -801,28 +899,28 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
         rc = pack(s);
     if (!rc)
         rc = checksums(s);
+    pf->packed_ns = ipc_now_ns();
     if (!rc)
         rc = encode_update(s);
+    pf->encoded_ns = ipc_now_ns();
     if (rc) {
         res.decision = res.local_status = rc;
         if (out)
             *out = res;
+        pf->end_ns = ipc_now_ns();
         return s_err(s, rc);
     }
-    int *vote = calloc((size_t)s->n_w, sizeof *vote);
-    char (*why)[256] = calloc((size_t)s->n_w, sizeof *why);
-    if (!vote || !why) {
-        free(vote);
-        free(why);
-        return ctx_error(s->ctx, REFIT_ENOMEM, "ipc sender: out of memory");
-    }
+    int *vote = s->vote;
+    char (*why)[256] = s->why;
+    memset(vote, 0, (size_t)s->n_w * sizeof *vote);
     double dl = deadline_of(s);
     post_update(s, vote, why, dl);
+    pf->posted_ns = ipc_now_ns();
     for (int i = 0; i < s->n_w; i++) {
         ipc_status_msg m;
         if (s->w[i].fd < 0)
             continue;
-        if ((rc = recv_status(s, &s->w[i], IPC_VOTE, &m, dl))) {
+        if ((rc = recv_status(s, &s->w[i], IPC_VOTE, s->seq, &m, dl))) {
             vote[i] = rc;
             ipc_copy_str(why[i], sizeof why[i], s->err);
             drop_worker(&s->w[i]);
@@ -832,6 +930,7 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
             ipc_copy_str(why[i], sizeof why[i], m.msg);
         }
     }
+    pf->voted_ns = ipc_now_ns();
     for (int i = 0; i < s->n_w; i++)
         if (vote[i] && res.decision == REFIT_OK) {
             res.decision = vote[i];
@@ -842,12 +941,19 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
             send_status(s, &s->w[i], IPC_DECISION, res.decision,
                         res.decision ? why[res.failed_rank] : "", dl))
             drop_worker(&s->w[i]);
+    pf->decided_ns = ipc_now_ns();
     res.worker_status = REFIT_OK;
     for (int i = 0; i < s->n_w; i++) {
         ipc_status_msg m;
         if (s->w[i].fd < 0)
             continue;
-        if (recv_status(s, &s->w[i], IPC_RESULT, &m, dl))
+        if (!res.decision) {
+            /* every worker prepared, so its reads of this memory are done
+             * and its commit cannot fail: the next send reads the RESULT */
+            s->w[i].result_seq = s->seq;
+            continue;
+        }
+        if (recv_status(s, &s->w[i], IPC_RESULT, s->seq, &m, dl))
             drop_worker(&s->w[i]);
         else if (m.status && !res.worker_status)
             res.worker_status = m.status; /* a worker POISONED by the abort */
@@ -861,9 +967,16 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
         ctx_error(s->ctx, rc, "ipc sender: update %llu aborted: worker %d voted %s: %s",
                   (unsigned long long)s->seq, res.failed_rank, refit_status_name(rc),
                   why[res.failed_rank]);
-    free(vote);
-    free(why);
     if (out)
         *out = res;
+    pf->end_ns = ipc_now_ns();
     return rc;
+}
+
+int refit_ipc_sender_profile(const refit_ipc_sender *s, refit_ipc_send_profile *out)
+{
+    if (!s || !out)
+        return REFIT_EINVAL;
+    *out = s->prof;
+    return REFIT_OK;
 }

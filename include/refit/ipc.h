@@ -16,7 +16,8 @@
  * Control: one Unix domain socket per worker, framed and versioned; every
  * frame is checked before use and every wait has a deadline. The index is
  * the NCCL wire's (docs/nccl.md): an announce and one bucket header per
- * region of shared memory. Ordering across processes is by a CUDA IPC
+ * region of shared memory, sent and checked once per layout; each update
+ * is a small frame naming it. Ordering across processes is by a CUDA IPC
  * event the worker's stream waits on (no host round trip per bucket).
  *
  * Two-phase commit: the trainer is the coordinator. Every worker prepares
@@ -53,7 +54,7 @@ enum {
 
 /* ---- trainer ---- */
 
-#define REFIT_IPC_SEND_OPTS_VERSION 1
+#define REFIT_IPC_SEND_OPTS_VERSION 2
 typedef struct refit_ipc_send_opts {
     uint32_t version;          /* REFIT_IPC_SEND_OPTS_VERSION */
     const char *version_label; /* NULL: "unnamed"; see refit_ipc_sender_set_label */
@@ -66,8 +67,13 @@ typedef struct refit_ipc_send_opts {
     double timeout_s;          /* connecting and each wait; 0: 300 */
     void *stream;              /* the trainer's stream: packing copies, and the
                                   event the workers wait on; NULL: default */
+    /* version 2 */
+    double spin_s;             /* busy-poll the socket this long for each vote
+                                  and result before sleeping in poll (a
+                                  wake-up of a sleeping process costs tens of
+                                  microseconds); 0: 0.005; < 0: never */
 } refit_ipc_send_opts;
-#define REFIT_IPC_SEND_OPTS_INIT {REFIT_IPC_SEND_OPTS_VERSION, NULL, -1, 0, 0, 0, NULL}
+#define REFIT_IPC_SEND_OPTS_INIT {REFIT_IPC_SEND_OPTS_VERSION, NULL, -1, 0, 0, 0, NULL, 0}
 
 typedef struct refit_ipc_sender refit_ipc_sender;
 
@@ -86,18 +92,38 @@ REFIT_API int refit_ipc_sender_add(refit_ipc_sender *s, const char *name, const 
 /* The version label of the next sends. REFIT_EINVAL past 1024 bytes. */
 REFIT_API int refit_ipc_sender_set_label(refit_ipc_sender *s, const char *label);
 /* One update to every worker: pack, record the event, send the index,
- * collect the votes, send the decision, collect the results. REFIT_OK when
- * every worker committed; else the status that made the group abort (out
- * says which worker). Buffers and handles are made at the first send and
- * reused. out may be NULL. */
+ * collect the votes, send the decision. REFIT_OK when every worker voted
+ * prepared and was sent the commit (its reads of the trainer's memory are
+ * over: the tensors may change); each worker's RESULT of a commit is read
+ * at the next send (or dropped at destroy). Else the status that made the
+ * group abort (out says which worker), after every worker's RESULT (a
+ * worker POISONED by the abort: out->worker_status). Buffers and handles
+ * are made at the first send and reused. out may be NULL. */
 REFIT_API int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out);
 /* Host memory (device -1) a trainer's tensor may live in to be shared
  * unpacked; freed with the sender. */
 REFIT_API int refit_ipc_host_alloc(refit_ipc_sender *s, size_t bytes, void **out);
 
+/* Where the last send spent its time: CLOCK_MONOTONIC in nanoseconds (the
+ * clock every process of the machine shares, so a trainer's and a worker's
+ * profile of one seq line up); 0: the phase did not happen. Taken at every
+ * send (a clock read per phase). */
+typedef struct refit_ipc_send_profile {
+    uint64_t seq;              /* the update (the workers' profiles name it too) */
+    uint64_t start_ns;         /* refit_ipc_sender_send called */
+    uint64_t packed_ns;        /* packing queued, the event recorded */
+    uint64_t encoded_ns;       /* the UPDATE frame encoded */
+    uint64_t results_ns;       /* the previous commit's RESULTs read */
+    uint64_t posted_ns;        /* every UPDATE written */
+    uint64_t voted_ns;         /* the last vote read */
+    uint64_t decided_ns;       /* every DECISION written */
+    uint64_t end_ns;           /* the call returns */
+} refit_ipc_send_profile;
+REFIT_API int refit_ipc_sender_profile(const refit_ipc_sender *s, refit_ipc_send_profile *out);
+
 /* ---- worker ---- */
 
-#define REFIT_IPC_RECV_OPTS_VERSION 1
+#define REFIT_IPC_RECV_OPTS_VERSION 2
 typedef struct refit_ipc_recv_opts {
     uint32_t version;          /* REFIT_IPC_RECV_OPTS_VERSION */
     double timeout_s;          /* each wait within an update; 0: 300 */
@@ -106,8 +132,15 @@ typedef struct refit_ipc_recv_opts {
     uint64_t max_bucket_bytes; /* refuse larger buckets; 0: 64 GiB */
     refit_filter_fn filter;    /* NULL: every tensor sent is loaded */
     void *filter_user;
+    /* version 2 */
+    double spin_s;             /* busy-poll the socket this long for the UPDATE
+                                  (once the call waits) and for the DECISION
+                                  before sleeping in poll; 0: 0.002; < 0: never */
+    int profile_gpu;           /* 1: CUDA events around the event wait and the
+                                  copies (refit_ipc_recv_profile's GPU times;
+                                  three event records per update) */
 } refit_ipc_recv_opts;
-#define REFIT_IPC_RECV_OPTS_INIT {REFIT_IPC_RECV_OPTS_VERSION, 0, 0, NULL, 0, NULL, NULL}
+#define REFIT_IPC_RECV_OPTS_INIT {REFIT_IPC_RECV_OPTS_VERSION, 0, 0, NULL, 0, NULL, NULL, 0, 0}
 
 typedef struct refit_ipc_receiver refit_ipc_receiver;
 
@@ -137,6 +170,33 @@ typedef struct refit_ipc_stats {
                                   (rebuilt only when the layout changed) */
 } refit_ipc_stats;
 REFIT_API int refit_ipc_receiver_stats(const refit_ipc_receiver *r, refit_ipc_stats *out);
+
+/* Where the last update spent its time on this worker: CLOCK_MONOTONIC in
+ * nanoseconds (see refit_ipc_send_profile); 0: the phase did not happen. */
+typedef struct refit_ipc_recv_profile {
+    uint64_t seq;
+    uint64_t call_ns;          /* refit_ipc_receive_update called */
+    uint64_t update_ns;        /* the UPDATE frame read whole and its framing checked */
+    uint64_t checked_ns;       /* decoded, the index walked and checked against the model */
+    uint64_t begun_ns;         /* refit_begin returned */
+    uint64_t waited_ns;        /* the stream's wait on the trainer's event queued */
+    uint64_t enqueued_ns;      /* every copy queued (refit_load_set returned) */
+    uint64_t copies_done_ns;   /* profile_gpu: the copies' end on the GPU, as begun_ns
+                                  plus the events' time from the first (recorded
+                                  then) to the last; exact to the launch latency
+                                  when the stream was idle at begun_ns (else later) */
+    uint64_t prepared_ns;      /* refit_finalize_prepare returned (its host sync) */
+    uint64_t voted_ns;         /* VOTE written */
+    uint64_t decision_ns;      /* DECISION read */
+    uint64_t committed_ns;     /* refit_commit (or the abort) returned */
+    uint64_t result_ns;        /* RESULT written */
+    double gpu_wait_ms;        /* profile_gpu: the stream's wait on the trainer's
+                                  event, on the GPU; -1: not measured */
+    double gpu_copy_ms;        /* profile_gpu: from the wait's end to the last copy
+                                  on the worker's stream; -1: not measured */
+} refit_ipc_recv_profile;
+REFIT_API int refit_ipc_receiver_profile(const refit_ipc_receiver *r,
+                                         refit_ipc_recv_profile *out);
 
 #ifdef __cplusplus
 }

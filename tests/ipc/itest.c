@@ -17,10 +17,8 @@ int rt_open(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes)
     for (int i = 0; i < NT_N; i++)
         t->bt[i] = (bkt_tensor){.name = NT_SPECS[i].ckpt, .dtype = NT_SPECS[i].dt,
                                 .ndim = NT_SPECS[i].ndim, .shape = t->c.shape[i]};
-    char label[32];
-    snprintf(label, sizeof label, "v%llu", (unsigned long long)version);
-    int rc = bkt_plan_build(&t->p, t->bt, NT_N, bucket_bytes, strlen(label), t->err,
-                            sizeof t->err);
+    snprintf(t->label, sizeof t->label, "v%llu", (unsigned long long)version);
+    int rc = bkt_plan_build(&t->p, t->bt, NT_N, bucket_bytes, 0, t->err, sizeof t->err);
     if (rc)
         return rc;
     t->refs = calloc(t->p.n_buckets, sizeof *t->refs);
@@ -47,7 +45,7 @@ int rt_open(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes)
                            .total_payload = t->p.total_payload, .n_entries = t->p.n_pieces};
     uint8_t *q = t->index;
     for (uint32_t b = 0; b < t->p.n_buckets; b++) {
-        bkt_header_encode(q, &t->p, b, t->bt, label, t->an.nonce);
+        bkt_header_encode(q, &t->p, b, t->bt, "", t->an.nonce); /* UPDATE has the label */
         q += t->p.buckets[b].header_bytes;
     }
     t->epoch = 7;
@@ -96,20 +94,33 @@ int rt_send_mems(rt *t)
     return rc;
 }
 
-int rt_send_update(rt *t, void (*fix)(rt *t, uint8_t *payload, size_t len))
+static int send_fixed(rt *t, uint16_t type, ipc_wbuf *w, rt_fix fix)
+{
+    size_t len = w->len;
+    static const uint8_t room[1024];
+    ipc_w_bytes(w, room, sizeof room); /* zeros a fix may grow the frame into */
+    if (fix)
+        fix(t, w->p, &len);
+    int rc = ipc_send(t->fd, type, w->p, (uint32_t)len, NULL, 0, ipc_now() + 10, t->err,
+                      sizeof t->err);
+    ipc_wbuf_free(w);
+    return rc;
+}
+
+int rt_send_update(rt *t, rt_fix fix_index, rt_fix fix_update)
 {
     uint8_t an[BKT_ANNOUNCE_BYTES];
     bkt_announce_encode(an, &t->an);
-    ipc_update u = {.seq = t->seq, .epoch = t->epoch, .n_buckets = t->p.n_buckets,
-                    .refs = t->refs, .index = t->index, .index_bytes = t->index_bytes};
+    ipc_index x = {.id = 1, .epoch = t->epoch, .n_buckets = t->p.n_buckets, .refs = t->refs,
+                   .index = t->index, .index_bytes = t->index_bytes};
     ipc_wbuf w = {0};
-    ipc_update_encode(&w, &u, an);
-    if (fix)
-        fix(t, w.p, w.len);
-    int rc = ipc_send(t->fd, IPC_UPDATE, w.p, (uint32_t)w.len, NULL, 0, ipc_now() + 10, t->err,
-                      sizeof t->err);
-    ipc_wbuf_free(&w);
-    return rc;
+    ipc_index_encode(&w, &x, an);
+    int rc = send_fixed(t, IPC_INDEX, &w, fix_index);
+    ipc_update u = {.seq = t->seq, .epoch = t->epoch, .index_id = 1,
+                    .n_buckets = t->p.n_buckets};
+    ipc_copy_str(u.label, sizeof u.label, t->label);
+    ipc_update_encode(&w, &u, NULL);
+    return rc ? rc : send_fixed(t, IPC_UPDATE, &w, fix_update);
 }
 
 int rt_finish(rt *t, int *vote)

@@ -25,6 +25,7 @@ typedef struct rt {
     uint8_t *index;
     uint64_t index_bytes;
     bkt_announce an;
+    char label[32];
     uint64_t seq;
     uint32_t epoch;
     char err[512];
@@ -34,9 +35,10 @@ int rt_open(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes);
 void rt_close(rt *t);
 /* MEMS with the one memfd (id 1). */
 int rt_send_mems(rt *t);
-/* UPDATE as planned, then (if not NULL) the frame's payload bytes can be
- * changed by fix before the frame is sealed. */
-int rt_send_update(rt *t, void (*fix)(rt *t, uint8_t *payload, size_t len));
+/* Changes a frame's payload (its bytes, or *len shorter) before it is sealed. */
+typedef void (*rt_fix)(rt *t, uint8_t *payload, size_t *len);
+/* INDEX, then UPDATE, as planned; either changed by its fix first (NULL: none). */
+int rt_send_update(rt *t, rt_fix fix_index, rt_fix fix_update);
 /* Read the VOTE, send DECISION (its status), read the RESULT. */
 int rt_finish(rt *t, int *vote);
 

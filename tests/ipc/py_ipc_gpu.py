@@ -5,7 +5,8 @@ shares its parameters (REFIT_IPC_SHARE) and packs others; this process is
 the worker. Checks: bit-exact against a fresh load of the same tensors; a
 CUDA graph captured before the first update replays after each IPC update
 with the new weights and every data_ptr unchanged; 10 updates with the
-handles opened once; a trainer stalled mid-update (stopped once the worker
+handles opened once; both ends' profiles stamped in order (the worker's
+GPU times from CUDA events); a trainer stalled mid-update (stopped once the worker
 had its index) -> abort at the deadline -> rolled back -> the next trainer's
 update commits.
 
@@ -65,6 +66,10 @@ def trainer(path, first, count, hold):
             for n, t in params.items():
                 t.copy_(new[n])     # the optimizer's step, on the trainer's stream
         s.send(label="v%d" % v)
+        pf = s.profile()
+        at = [pf[k] for k in ("start_ns", "packed_ns", "encoded_ns", "results_ns", "posted_ns",
+                              "voted_ns", "decided_ns", "end_ns")]
+        assert pf["seq"] == v - first + 1 and at[0] > 0 and at == sorted(at), pf
     if hold:
         time.sleep(hold)
     s.close()
@@ -72,7 +77,7 @@ def trainer(path, first, count, hold):
 
 
 class Worker:
-    def __init__(self, timeout=30.0, filter=None):
+    def __init__(self, timeout=30.0, filter=None, profile_gpu=False):
         import torch
         import refit
         import refit.ipc
@@ -87,7 +92,8 @@ class Worker:
         self.path = os.path.join(tempfile.mkdtemp(), "w.sock")
         self.stream = torch.cuda.Stream()
         self.r = refit.ipc.Receiver(self.m, self.path, timeout=timeout, start_timeout=60,
-                                    stream=self.stream, filter=filter)
+                                    stream=self.stream, filter=filter,
+                                    profile_gpu=profile_gpu)
 
     def receive(self, rollback=True):
         return self.r.receive_update(rollback=rollback)
@@ -124,9 +130,22 @@ def spawn(path, first, count, hold=0):
     return p
 
 
+WORKER_PHASES = ("call_ns", "update_ns", "checked_ns", "begun_ns", "waited_ns", "enqueued_ns",
+                 "prepared_ns", "voted_ns", "decision_ns", "committed_ns", "result_ns")
+
+
+def check_profile(pf, seq):
+    """The worker's profile of update seq: every phase stamped, in order;
+    the GPU's end of the copies (CUDA events) before the prepare returned."""
+    at = [pf[k] for k in WORKER_PHASES]
+    assert pf["seq"] == seq and at[0] > 0 and at == sorted(at), pf
+    assert pf["gpu_copy_ms"] >= 0 and pf["gpu_wait_ms"] >= 0, pf  # -1: not measured
+    assert pf["begun_ns"] < pf["copies_done_ns"] <= pf["prepared_ns"], pf
+
+
 def test_updates_graph_and_handles():
     import torch
-    w = Worker()
+    w = Worker(profile_gpu=True)
     ptrs = {n: t.data_ptr() for n, t in w.rt.items()}
     # a graph over every runtime tensor, captured before the first update
     out = torch.zeros(len(SHAPES), dtype=torch.float32, device="cuda")
@@ -141,6 +160,7 @@ def test_updates_graph_and_handles():
         for v in range(1, 11):
             res = w.receive()
             assert res["decision"] == 0, res
+            check_profile(w.r.profile(), v)
             torch.cuda.synchronize()
             want = weights(v, "cuda")
             for n, t in w.rt.items():

@@ -7,6 +7,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -95,6 +96,9 @@ static void mk_type(uint8_t *b, size_t *len) { good(b, len, IPC_VOTE); b[6] = 77
 static void mk_type0(uint8_t *b, size_t *len) { good(b, len, IPC_VOTE); b[6] = 0; reseal(b); }
 static void mk_flags(uint8_t *b, size_t *len) { good(b, len, IPC_VOTE); b[14] = 1; reseal(b); }
 static void mk_fds(uint8_t *b, size_t *len) { good(b, len, IPC_VOTE); b[12] = 1; reseal(b); }
+static void mk_fds_index(uint8_t *b, size_t *len) { good(b, len, IPC_INDEX); b[12] = 1; reseal(b); }
+static void mk_type8(uint8_t *b, size_t *len) { good(b, len, IPC_VOTE); b[6] = 8; reseal(b); }
+static void mk_version1(uint8_t *b, size_t *len) { good(b, len, IPC_UPDATE); b[4] = 1; reseal(b); }
 static void mk_fds_mems(uint8_t *b, size_t *len) { good(b, len, IPC_MEMS); b[12] = 2; reseal(b); }
 static void mk_huge(uint8_t *b, size_t *len)
 {
@@ -110,12 +114,16 @@ static void mk_empty(uint8_t *b, size_t *len) { (void)b; *len = 0; }
 
 static const bad_frame BAD[] = {
     {"bad magic", mk_magic, REFIT_ECORRUPT, "bad magic"},
-    {"unknown version", mk_version, REFIT_ECORRUPT, "protocol version 9; this refit speaks 1"},
+    {"unknown version", mk_version, REFIT_ECORRUPT, "protocol version 9; this refit speaks 2"},
+    {"version 1 (its UPDATE held the index)", mk_version1, REFIT_ECORRUPT,
+     "protocol version 1; this refit speaks 2"},
     {"header checksum", mk_hsum, REFIT_ECORRUPT, "header checksum"},
     {"unknown type", mk_type, REFIT_ECORRUPT, "unknown type 77"},
     {"type 0", mk_type0, REFIT_ECORRUPT, "unknown type 0"},
     {"flags", mk_flags, REFIT_ECORRUPT, "unknown flags"},
     {"descriptors on a VOTE", mk_fds, REFIT_ECORRUPT, "descriptors"},
+    {"descriptors on an INDEX", mk_fds_index, REFIT_ECORRUPT, "control frame INDEX: announces 1 descriptors"},
+    {"type past INDEX", mk_type8, REFIT_ECORRUPT, "unknown type 8"},
     {"descriptors announced, none passed", mk_fds_mems, REFIT_ECORRUPT, "2 descriptors announced, 0"},
     {"too large", mk_huge, REFIT_ECORRUPT, "at most"},
     {"payload checksum", mk_psum, REFIT_ECORRUPT, "payload checksum"},
@@ -249,6 +257,90 @@ static void t_status_refused(void **state)
     ipc_wbuf_free(&w);
 }
 
+/* INDEX and UPDATE decoded from their encoders, and the refusals a raw
+ * trainer cannot reach through a worker (t_refusals has the others). */
+static void t_index_update_decode(void **state)
+{
+    (void)state;
+    char err[512];
+    ipc_ref ref = {.mem = 3, .offset = 4096};
+    uint8_t hdr[BKT_FIXED_HEADER + 8] = {0};
+    bkt_announce an = {.n_buckets = 1, .first_header = BKT_FIXED_HEADER + 8,
+                       .index_bytes = sizeof hdr, .first_total = 1, .max_total = 1,
+                       .total_payload = 1, .n_entries = 0};
+    uint8_t ab[BKT_ANNOUNCE_BYTES];
+    bkt_announce_encode(ab, &an);
+    ipc_index x = {.id = 5, .epoch = 2, .n_buckets = 1, .refs = &ref, .index = hdr,
+                   .index_bytes = sizeof hdr}, out;
+    ipc_wbuf w = {0};
+    ipc_index_encode(&w, &x, ab);
+    ipc_frame f = frame_of(IPC_INDEX, &w);
+    assert_int_equal(ipc_index_decode(&out, &f, 1 << 20, err, sizeof err), REFIT_OK);
+    assert_int_equal(out.id, 5);
+    assert_int_equal(out.epoch, 2);
+    assert_int_equal(out.refs[0].mem, 3);
+    assert_int_equal(out.refs[0].offset, 4096);
+    assert_int_equal(out.index_bytes, sizeof hdr);
+    ipc_index_free(&out);
+    x.id = 0;
+    w.len = 0;
+    ipc_index_encode(&w, &x, ab);
+    f = frame_of(IPC_INDEX, &w);
+    assert_int_equal(ipc_index_decode(&out, &f, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "index id 0"));
+    x.id = 5;
+    uint8_t hdr2[2 * sizeof hdr] = {0};
+    an.n_buckets = 2; /* the announce says two, the map holds one */
+    an.index_bytes = sizeof hdr2;
+    bkt_announce_encode(ab, &an);
+    x.index = hdr2;
+    x.index_bytes = sizeof hdr2;
+    w.len = 0;
+    ipc_index_encode(&w, &x, ab);
+    f = frame_of(IPC_INDEX, &w);
+    assert_int_equal(ipc_index_decode(&out, &f, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "INDEX 5: the announce (2 buckets"));
+    f.type = IPC_UPDATE;
+    assert_int_equal(ipc_index_decode(&out, &f, 1 << 20, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "a UPDATE frame where INDEX was expected"));
+
+    uint64_t sums[2] = {0x1122334455667788ull, 7};
+    ipc_update u = {.seq = 9, .epoch = 2, .flags = IPC_U_EVENT | IPC_U_SUMS, .index_id = 5,
+                    .n_buckets = 2}, ud;
+    ipc_copy_str(u.label, sizeof u.label, "step-9");
+    w.len = 0;
+    ipc_update_encode(&w, &u, sums);
+    assert_int_equal(w.len, IPC_UPDATE_FIXED + 6 + 16);
+    f = frame_of(IPC_UPDATE, &w);
+    assert_int_equal(ipc_update_decode(&ud, &f, err, sizeof err), REFIT_OK);
+    assert_int_equal(ud.seq, 9);
+    assert_int_equal(ud.index_id, 5);
+    assert_string_equal(ud.label, "step-9");
+    assert_true(bkt_le64(ud.sums) == sums[0] && bkt_le64(ud.sums + 8) == 7);
+    u.index_id = 0;
+    w.len = 0;
+    ipc_update_encode(&w, &u, sums);
+    f = frame_of(IPC_UPDATE, &w);
+    assert_int_equal(ipc_update_decode(&ud, &f, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "UPDATE 9: index id 0"));
+    u.index_id = 5;
+    u.n_buckets = 0;
+    w.len = 0;
+    ipc_update_encode(&w, &u, sums);
+    f = frame_of(IPC_UPDATE, &w);
+    assert_int_equal(ipc_update_decode(&ud, &f, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "UPDATE 9: 0 buckets"));
+    u.n_buckets = 2;
+    u.flags = IPC_U_EVENT; /* no sums, but the frame keeps 16 bytes of them */
+    w.len = 0;
+    ipc_update_encode(&w, &u, sums);
+    ipc_w64(&w, 1);
+    f = frame_of(IPC_UPDATE, &w);
+    assert_int_equal(ipc_update_decode(&ud, &f, err, sizeof err), REFIT_ECORRUPT);
+    assert_non_null(strstr(err, "UPDATE 9: 46 bytes, 38 expected"));
+    ipc_wbuf_free(&w);
+}
+
 /* ---- whole updates: a trainer process, this process the worker ---- */
 
 typedef struct trainer_job {
@@ -261,6 +353,20 @@ typedef struct trainer_job {
     int expect;                 /* status every send should return */
     int expect_failed_rank;
 } trainer_job;
+
+/* A commit's phases, each stamped, in the order they happen. */
+static bool send_profile_ordered(const refit_ipc_send_profile *p, uint64_t seq)
+{
+    const uint64_t at[] = {p->start_ns, p->packed_ns, p->encoded_ns, p->results_ns,
+                           p->posted_ns, p->voted_ns, p->decided_ns, p->end_ns};
+    bool ok = p->seq == seq && at[0] > 0;
+    for (size_t i = 1; i < sizeof at / sizeof *at; i++)
+        ok &= at[i] >= at[i - 1];
+    if (!ok)
+        fprintf(stderr, "trainer: send profile of %llu out of order (seq %llu)\n",
+                (unsigned long long)seq, (unsigned long long)p->seq);
+    return ok;
+}
 
 /* The real sender: count updates of the checkpoint, the tensors refreshed
  * in place (the same buffers every step, as a trainer's parameters). */
@@ -324,11 +430,15 @@ static int run_trainer(void *arg)
         refit_ipc_sender_set_label(s, label);
         refit_group_result res;
         int st = refit_ipc_sender_send(s, &res);
+        refit_ipc_send_profile pf;
+        refit_ipc_sender_profile(s, &pf);
         if (st != j->expect) {
             fprintf(stderr, "trainer: send %s: %d (%s)\n", label, st, refit_errmsg(ctx));
             rc = 15;
         } else if (st && res.failed_rank != j->expect_failed_rank) {
             rc = 16;
+        } else if (!st && !send_profile_ordered(&pf, v - j->first + 1)) {
+            rc = 17;
         }
     }
     refit_ipc_sender_destroy(s);
@@ -390,6 +500,21 @@ static void updates_commit(int share, int checksum)
         assert_int_equal(res.decision, REFIT_OK);
         assert_string_equal(res.version_label, refit_worker_version(f.w.ctx));
         expect_at(&f, v);
+        /* every phase of the worker's side stamped, in order; no GPU here */
+        refit_ipc_recv_profile pf;
+        assert_int_equal(refit_ipc_receiver_profile(f.r, &pf), REFIT_OK);
+        assert_int_equal(pf.seq, v);
+        const uint64_t at[] = {pf.call_ns, pf.update_ns, pf.checked_ns, pf.begun_ns,
+                               pf.waited_ns, pf.enqueued_ns, pf.prepared_ns, pf.voted_ns,
+                               pf.decision_ns, pf.committed_ns, pf.result_ns};
+        assert_true(at[0] > 0);
+        for (size_t i = 1; i < sizeof at / sizeof *at; i++)
+            if (at[i] < at[i - 1])
+                fail_msg("update v%llu: phase %zu at %llu, before phase %zu at %llu",
+                         (unsigned long long)v, i, (unsigned long long)at[i], i - 1,
+                         (unsigned long long)at[i - 1]);
+        assert_int_equal(pf.copies_done_ns, 0);
+        assert_true(pf.gpu_copy_ms == -1 && pf.gpu_wait_ms == -1);
         if (v == 1)
             refit_ipc_receiver_stats(f.r, &st0);
     }
@@ -439,7 +564,7 @@ static void t_unknown_tensor(void **state)
 typedef struct raw_job {
     const char *path;
     uint64_t version;
-    void (*fix)(rt *t, uint8_t *payload, size_t len);
+    rt_fix fix_index, fix_update;
     int mode;                   /* 0 finish, 1 die after UPDATE, 2 stall after UPDATE,
                                    3 garbage instead of HELLO */
     int expect_vote;
@@ -465,7 +590,7 @@ static int run_raw(void *arg)
     if (!rc)
         rc = rt_send_mems(&t);
     if (!rc)
-        rc = rt_send_update(&t, j->fix);
+        rc = rt_send_update(&t, j->fix_index, j->fix_update);
     if (rc) {
         fprintf(stderr, "raw trainer: %s\n", t.err);
         return 22;
@@ -509,45 +634,77 @@ static void t_raw_commit(void **state)
 static uint64_t rd64le(const uint8_t *p) { return bkt_le64(p); }
 static void wr64le(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
 
-static void fix_offset(rt *t, uint8_t *p, size_t len)
+/* INDEX: 16 bytes, then a record per bucket (memory id, 0, offset), the
+ * announce and the headers; UPDATE: 32 bytes and the label. */
+#define IX_REFS 16
+static size_t ix_announce(const rt *t) { return IX_REFS + t->p.n_buckets * IPC_REF_REC; }
+static void fix_offset(rt *t, uint8_t *p, size_t *len)
 {
     (void)len;
-    uint8_t *ref = p + 24 + (t->p.n_buckets - 1) * IPC_REF_REC;
+    uint8_t *ref = p + IX_REFS + (t->p.n_buckets - 1) * IPC_REF_REC;
     wr64le(ref + 8, rd64le(ref + 8) + 512); /* the last bucket past the end */
 }
-static void fix_mem(rt *t, uint8_t *p, size_t len) { (void)t; (void)len; p[24] = 9; }
-static void fix_epoch(rt *t, uint8_t *p, size_t len) { (void)t; (void)len; p[8] ^= 1; }
-static void fix_header(rt *t, uint8_t *p, size_t len)
+static void fix_mem(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[IX_REFS] = 9; }
+static void fix_ix_epoch(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[4] ^= 1; }
+static void fix_ix_pad(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[IX_REFS + 4] = 1; }
+static void fix_header(rt *t, uint8_t *p, size_t *len)
 {
     (void)len;
-    p[24 + t->p.n_buckets * IPC_REF_REC + BKT_ANNOUNCE_BYTES + 100] ^= 0x10;
+    p[ix_announce(t) + BKT_ANNOUNCE_BYTES + 100] ^= 0x10;
 }
-static void fix_sum(rt *t, uint8_t *p, size_t len)
+static void fix_announce(rt *t, uint8_t *p, size_t *len)
 {
     (void)len;
-    p[24 + 4] = IPC_B_SUM; /* a flag on one bucket only: the announce disagrees */
+    p[ix_announce(t) + 8] ^= 1; /* its checksum then fails */
+}
+static void fix_ix_id0(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[0] = 0; }
+static void fix_ix_cut(rt *t, uint8_t *p, size_t *len) { (void)t; (void)p; *len -= 1; }
+static void fix_ix_buckets(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[10] = 0xff; }
+static void fix_up_epoch(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[8] ^= 1; }
+static void fix_up_index(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[16] = 2; }
+static void fix_up_buckets(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[20] ^= 1; }
+static void fix_up_sums(rt *t, uint8_t *p, size_t *len)
+{
     (void)t;
+    p[12] |= IPC_U_SUMS; /* and a checksum per bucket after the label: */
+    *len += 8u * t->p.n_buckets; /* zeros: send_fixed leaves room */
 }
-static void fix_seq_index(rt *t, uint8_t *p, size_t len)
+static void fix_up_flags(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[12] |= 0x40; }
+static void fix_up_cut(rt *t, uint8_t *p, size_t *len) { (void)t; (void)p; *len -= 1; }
+static void fix_up_nul(rt *t, uint8_t *p, size_t *len) { (void)t; (void)len; p[IPC_UPDATE_FIXED] = 0; }
+static void fix_up_label(rt *t, uint8_t *p, size_t *len)
 {
+    (void)t;
     (void)len;
-    /* announce: one bucket fewer than the map (its checksum then fails) */
-    p[24 + t->p.n_buckets * IPC_REF_REC + 8] ^= 1;
+    p[24] = 0xff; /* a label of 0x7ff bytes */
+    p[25] = 0x07;
 }
 
 typedef struct refusal {
     const char *name;
-    void (*fix)(rt *, uint8_t *, size_t);
+    rt_fix fix_index, fix_update;
     const char *says;
 } refusal;
 
 static const refusal REFUSALS[] = {
-    {"offset past the memory", fix_offset, "runs past memory 1"},
-    {"unknown memory", fix_mem, "names memory 9, which the trainer never shared"},
-    {"stale memory table", fix_epoch, "memory table 6; this worker holds 7"},
-    {"corrupt header", fix_header, "header checksum mismatch"},
-    {"checksum flag on one bucket", fix_sum, "disagrees with the bucket map (15 buckets, 1 with a sum)"},
-    {"announce", fix_seq_index, "announce: checksum mismatch"},
+    {"offset past the memory", fix_offset, NULL, "runs past memory 1"},
+    {"unknown memory", fix_mem, NULL, "names memory 9, which the trainer never shared"},
+    {"index of a stale table", fix_ix_epoch, NULL, "INDEX 1 of memory table 6; this worker holds 7"},
+    {"index reserved bytes", fix_ix_pad, NULL, "INDEX 1: bucket 0: reserved bytes set"},
+    {"corrupt header", fix_header, NULL, "header checksum mismatch"},
+    {"announce", fix_announce, NULL, "announce: checksum mismatch"},
+    {"index cut short", fix_ix_cut, NULL, "the frame holds"},
+    {"index id 0", fix_ix_id0, NULL, "holds none (an INDEX comes first); the last INDEX was "
+     "refused: INDEX: short frame"},
+    {"index bucket count", fix_ix_buckets, NULL, "cannot fit"},
+    {"update of a stale table", NULL, fix_up_epoch, "UPDATE of memory table 6; this worker holds 7"},
+    {"update of another index", NULL, fix_up_index, "UPDATE names index 2; this worker holds index 1"},
+    {"update bucket count", NULL, fix_up_buckets, "UPDATE names 14 buckets; index 1 has 15"},
+    {"update checksums the index lacks", NULL, fix_up_sums, "UPDATE carries checksums; its index announces none"},
+    {"update flags", NULL, fix_up_flags, "unknown flags 0x40"},
+    {"update cut short", NULL, fix_up_cut, "UPDATE 2: 33 bytes, 34 expected"},
+    {"update label NUL", NULL, fix_up_nul, "the version label holds a NUL byte"},
+    {"update label too long", NULL, fix_up_label, "a label of 2047 bytes"},
 };
 
 static void t_refusals(void **state)
@@ -558,8 +715,8 @@ static void t_refusals(void **state)
     commit_raw(&f, 1);
     uint64_t fp = nt_fp(&f.w);
     for (size_t i = 0; i < sizeof REFUSALS / sizeof *REFUSALS; i++) {
-        raw_job j = {.path = g_path[0], .version = 2, .fix = REFUSALS[i].fix,
-                     .expect_vote = REFIT_ECORRUPT};
+        raw_job j = {.path = g_path[0], .version = 2, .fix_index = REFUSALS[i].fix_index,
+                     .fix_update = REFUSALS[i].fix_update, .expect_vote = REFIT_ECORRUPT};
         pid_t pid = it_fork(run_raw, &j);
         refit_group_result res;
         int rc = receive(&f, &res);
@@ -684,6 +841,199 @@ static void t_group_abort(void **state)
     worker_close(&f);
 }
 
+/* ---- busy-polling, the options' versions ---- */
+
+static void t_spin(void **state)
+{
+    (void)state;
+    int sv[2];
+    pair(sv);
+    double t0 = ipc_now();
+    assert_int_equal(ipc_spin_readable(sv[1], t0 + 0.02), 0); /* nothing came */
+    assert_true(ipc_now() - t0 >= 0.02);
+    char err[256];
+    assert_int_equal(ipc_send(sv[0], IPC_VOTE, "x", 1, NULL, 0, ipc_now() + 2, err, sizeof err),
+                     REFIT_OK);
+    t0 = ipc_now();
+    assert_int_equal(ipc_spin_readable(sv[1], t0 + 5), 1);
+    assert_true(ipc_now() - t0 < 1);
+    close(sv[0]);
+    close(sv[1]);
+}
+
+/* A caller built against version 1 of the options passes a shorter struct:
+ * nothing past it is read (the heap block ends there: ASan would see it). */
+static void t_opts_v1(void **state)
+{
+    (void)state;
+    nt_worker w;
+    assert_int_equal(nt_worker_open(&w, 0, 1, NULL), REFIT_OK);
+    size_t rn = offsetof(refit_ipc_recv_opts, spin_s);
+    refit_ipc_recv_opts rv = REFIT_IPC_RECV_OPTS_INIT;
+    rv.version = 1;
+    rv.timeout_s = 0.2;
+    void *ro = malloc(rn);
+    memcpy(ro, &rv, rn);
+    refit_ipc_receiver *r;
+    assert_int_equal(refit_ipc_receiver_create(&r, w.m, g_path[0], ro), REFIT_OK);
+    free(ro);
+    /* the receiver does not answer (one thread): the sender's HELLO wait
+     * runs to its deadline */
+    size_t sn = offsetof(refit_ipc_send_opts, spin_s);
+    refit_ipc_send_opts sv = REFIT_IPC_SEND_OPTS_INIT;
+    sv.version = 1;
+    sv.timeout_s = 0.2;
+    void *sp = malloc(sn);
+    memcpy(sp, &sv, sn);
+    refit_ipc_sender *s = NULL;
+    const char *paths[1] = {g_path[0]};
+    assert_int_equal(refit_ipc_sender_create(&s, w.ctx, paths, 1, sp), REFIT_ETIMEDOUT);
+    assert_null(s);
+    free(sp);
+    refit_ipc_send_opts *so;
+    so = calloc(1, sizeof *so);
+    so->version = 3;
+    assert_int_equal(refit_ipc_sender_create(&s, w.ctx, paths, 1, so), REFIT_EINVAL);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "invalid version 3"));
+    free(so);
+    refit_ipc_receiver_destroy(r);
+    nt_worker_close(&w);
+}
+
+/* ---- the RESULT of a commit, read at the next send ---- */
+
+typedef struct late_job {
+    const char *path;
+    int bad_result;             /* 1: the first RESULT names another update */
+} late_job;
+
+static int raw_status(int fd, uint16_t type, uint64_t seq, int status)
+{
+    ipc_wbuf w = {0};
+    char err[256];
+    ipc_status_encode(&w, seq, status, "");
+    int rc = ipc_send(fd, type, w.p, (uint32_t)w.len, NULL, 0, ipc_now() + 10, err, sizeof err);
+    ipc_wbuf_free(&w);
+    return rc;
+}
+
+/* HELLO, then frames up to an UPDATE (MEMS with 1 and 0 on a new
+ * connection): its seq, or 0. */
+static uint64_t raw_worker_update(int fd, int greet, int *mems)
+{
+    char err[256];
+    ipc_frame f;
+    if (greet) {
+        if (ipc_recv(fd, &f, 64, ipc_now() + 10, err, sizeof err))
+            return 0;
+        ipc_frame_free(&f);
+        ipc_wbuf w = {0};
+        ipc_hello_encode(&w, &(ipc_hello){IPC_ROLE_WORKER, (uint32_t)getpid(), 0, 1});
+        int rc = ipc_send(fd, IPC_HELLO, w.p, (uint32_t)w.len, NULL, 0, ipc_now() + 10, err,
+                          sizeof err);
+        ipc_wbuf_free(&w);
+        if (rc)
+            return 0;
+    }
+    for (;;) {
+        if (ipc_recv(fd, &f, IPC_MAX_PAYLOAD, ipc_now() + 10, err, sizeof err))
+            return 0;
+        uint16_t type = f.type;
+        uint64_t seq = type == IPC_UPDATE && f.len >= 8 ? bkt_le64(f.payload) : 0;
+        *mems += type == IPC_MEMS;
+        ipc_frame_free(&f);
+        if (type == IPC_UPDATE)
+            return seq;
+    }
+}
+
+/* A worker speaking frame by frame: votes OK for two updates, and writes
+ * the first one's RESULT only 0.5 s after the DECISION (or one naming
+ * update 99). */
+static int run_late_worker(void *arg)
+{
+    late_job *j = arg;
+    char err[256];
+    int lfd, fd, mems = 0;
+    if (ipc_listen(j->path, &lfd, err, sizeof err) ||
+        ipc_accept(lfd, ipc_now() + 10, &fd, err, sizeof err))
+        return 40;
+    for (uint64_t want = 1; want <= 2; want++) {
+        uint64_t seq = raw_worker_update(fd, want == 1, &mems);
+        if (seq != want && j->bad_result && want == 2 && !seq) {
+            /* the trainer refused the RESULT and dropped us: it reconnects */
+            close(fd);
+            mems = 0;
+            if (ipc_accept(lfd, ipc_now() + 10, &fd, err, sizeof err))
+                return 41;
+            seq = raw_worker_update(fd, 1, &mems);
+            if (mems != 1)
+                return 42; /* a new connection gets the table again */
+        }
+        if (seq != want)
+            return 43;
+        ipc_frame f;
+        if (raw_status(fd, IPC_VOTE, seq, 0) ||
+            ipc_recv(fd, &f, 4096, ipc_now() + 10, err, sizeof err))
+            return 44;
+        int decision_ok = f.type == IPC_DECISION;
+        ipc_frame_free(&f);
+        if (!decision_ok)
+            return 45;
+        if (want == 1)
+            usleep(500 * 1000);
+        /* the last one may find the trainer gone: it does not wait for it */
+        if (raw_status(fd, IPC_RESULT, want == 1 && j->bad_result ? 99 : seq, 0) && want == 1)
+            return 46;
+    }
+    close(fd);
+    close(lfd);
+    unlink(j->path);
+    return 0;
+}
+
+static void result_read_later(int bad_result)
+{
+    late_job j = {.path = g_path[1], .bad_result = bad_result};
+    pid_t pid = it_fork(run_late_worker, &j);
+    refit_ctx *ctx;
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.journal_path = "";
+    assert_int_equal(refit_open(&ctx, &o), REFIT_OK);
+    refit_ipc_send_opts so = REFIT_IPC_SEND_OPTS_INIT;
+    so.timeout_s = 10;
+    refit_ipc_sender *s;
+    const char *paths[1] = {g_path[1]};
+    assert_int_equal(refit_ipc_sender_create(&s, ctx, paths, 1, &so), REFIT_OK);
+    int64_t shape[1] = {16};
+    float x[16] = {1};
+    refit_tensor t = {.data = x, .device = {REFIT_DEVICE_CPU, 0}, .ndim = 1,
+                      .dtype = REFIT_F32, .shape = shape};
+    assert_int_equal(refit_ipc_sender_add(s, "w", &t, REFIT_IPC_PACK), REFIT_OK);
+    refit_group_result res;
+    refit_ipc_send_profile pf;
+    double t0 = ipc_now();
+    assert_int_equal(refit_ipc_sender_send(s, &res), REFIT_OK);
+    assert_true(ipc_now() - t0 < 0.4); /* the commit's RESULT was not waited for */
+    assert_int_equal(res.decision, REFIT_OK);
+    assert_int_equal(refit_ipc_sender_profile(s, &pf), REFIT_OK);
+    assert_int_equal(pf.seq, 1);
+    t0 = ipc_now();
+    int rc = refit_ipc_sender_send(s, &res);
+    if (rc)
+        fail_msg("second send: %s", refit_errmsg(ctx));
+    assert_int_equal(refit_ipc_sender_profile(s, &pf), REFIT_OK);
+    assert_int_equal(pf.seq, 2);
+    /* it read the late RESULT first (0.5 s after the decision) */
+    assert_true((double)(pf.results_ns - pf.start_ns) * 1e-9 > 0.25);
+    refit_ipc_sender_destroy(s);
+    refit_close(ctx);
+    assert_int_equal(it_wait(pid), 0);
+}
+
+static void t_result_read_later(void **state) { (void)state; result_read_later(0); }
+static void t_result_refused_later(void **state) { (void)state; result_read_later(1); }
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -692,6 +1042,7 @@ int main(void)
         cmocka_unit_test(t_frame_deadline),
         cmocka_unit_test(t_mems_refused),
         cmocka_unit_test(t_status_refused),
+        cmocka_unit_test(t_index_update_decode),
         cmocka_unit_test(t_updates_packed),
         cmocka_unit_test(t_updates_shared),
         cmocka_unit_test(t_updates_checksum),
@@ -703,6 +1054,10 @@ int main(void)
         cmocka_unit_test(t_stalled_trainer),
         cmocka_unit_test(t_dead_trainer_poisons),
         cmocka_unit_test(t_group_abort),
+        cmocka_unit_test(t_spin),
+        cmocka_unit_test(t_opts_v1),
+        cmocka_unit_test(t_result_read_later),
+        cmocka_unit_test(t_result_refused_later),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

@@ -70,9 +70,15 @@ int main(void)
       M(refit_group_result, bytes); M(refit_group_result, seconds);
       M(refit_group_result, version_label));
     S(refit_ipc_send_opts, "ipc.SendOpts", M(refit_ipc_send_opts, version);
-      M(refit_ipc_send_opts, device); M(refit_ipc_send_opts, stream));
+      M(refit_ipc_send_opts, device); M(refit_ipc_send_opts, stream);
+      M(refit_ipc_send_opts, spin_s));
     S(refit_ipc_recv_opts, "ipc.RecvOpts", M(refit_ipc_recv_opts, version);
-      M(refit_ipc_recv_opts, stream); M(refit_ipc_recv_opts, filter_user));
+      M(refit_ipc_recv_opts, stream); M(refit_ipc_recv_opts, filter_user);
+      M(refit_ipc_recv_opts, spin_s); M(refit_ipc_recv_opts, profile_gpu));
+    S(refit_ipc_send_profile, "ipc.SendProfile", M(refit_ipc_send_profile, start_ns);
+      M(refit_ipc_send_profile, end_ns));
+    S(refit_ipc_recv_profile, "ipc.RecvProfile", M(refit_ipc_recv_profile, call_ns);
+      M(refit_ipc_recv_profile, result_ns); M(refit_ipc_recv_profile, gpu_copy_ms));
     S(refit_ipc_stats, "ipc.Stats", M(refit_ipc_stats, source_sets_built));
     printf("}\n");
     return 0;

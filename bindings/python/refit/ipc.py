@@ -36,19 +36,37 @@ SHARE, PACK = 0, 1
 class SendOpts(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("version_label", ctypes.c_char_p),
                 ("device", ctypes.c_int32), ("bucket_bytes", _U64), ("checksum", _I),
-                ("timeout_s", _D), ("stream", _P)]
+                ("timeout_s", _D), ("stream", _P), ("spin_s", _D)]
 
 
 class RecvOpts(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("timeout_s", _D), ("start_timeout_s", _D),
                 ("stream", _P), ("max_bucket_bytes", _U64), ("filter", _ffi.FILTER_FN),
-                ("filter_user", _P)]
+                ("filter_user", _P), ("spin_s", _D), ("profile_gpu", _I)]
 
 
 class Stats(ctypes.Structure):
     _fields_ = [(k, _U64) for k in ("connections", "updates", "handles_opened",
                                     "handles_closed", "handles_cached", "events_opened",
                                     "refused", "source_sets_built")]
+
+
+class SendProfile(ctypes.Structure):
+    """refit_ipc_send_profile: CLOCK_MONOTONIC ns (time.monotonic_ns())."""
+    _fields_ = [(k, _U64) for k in ("seq", "start_ns", "packed_ns", "encoded_ns", "results_ns",
+                                    "posted_ns", "voted_ns", "decided_ns", "end_ns")]
+
+
+class RecvProfile(ctypes.Structure):
+    """refit_ipc_recv_profile: CLOCK_MONOTONIC ns, and GPU times in ms."""
+    _fields_ = [(k, _U64) for k in ("seq", "call_ns", "update_ns", "checked_ns", "begun_ns",
+                                    "waited_ns", "enqueued_ns", "copies_done_ns",
+                                    "prepared_ns", "voted_ns", "decision_ns", "committed_ns",
+                                    "result_ns")] + [("gpu_wait_ms", _D), ("gpu_copy_ms", _D)]
+
+
+def _as_dict(st):
+    return {k: getattr(st, k) for k, _ in st._fields_}
 
 
 _PP = ctypes.POINTER(_P)
@@ -65,6 +83,8 @@ _PROTOS = {
     "refit_ipc_receive_update": (_I, [_P, ctypes.POINTER(UpdateOpts),
                                       ctypes.POINTER(GroupResult)]),
     "refit_ipc_receiver_stats": (_I, [_P, ctypes.POINTER(Stats)]),
+    "refit_ipc_sender_profile": (_I, [_P, ctypes.POINTER(SendProfile)]),
+    "refit_ipc_receiver_profile": (_I, [_P, ctypes.POINTER(RecvProfile)]),
 }
 _lib = _ffi.prototyped(_PROTOS)
 
@@ -92,13 +112,15 @@ class Sender:
     """The trainer side: add tensors once, send() each update."""
 
     def __init__(self, ctx, paths, device=None, label=None, bucket_bytes=0, checksum=False,
-                 timeout=0.0, stream=None):
+                 timeout=0.0, stream=None, spin=0.0):
+        """spin: seconds to busy-poll for each vote before sleeping (0: the
+        default, 5 ms; negative: never)."""
         if isinstance(paths, str):
             paths = [paths]
         self.ctx, self._keep, self._label = ctx, [], _b(label)
         self._paths = (ctypes.c_char_p * len(paths))(*[_b(p) for p in paths])
-        o = SendOpts(1, self._label, _device(device), bucket_bytes, int(checksum), timeout,
-                     _stream(stream))
+        o = SendOpts(2, self._label, _device(device), bucket_bytes, int(checksum), timeout,
+                     _stream(stream), spin)
         h = _P()
         _check(ctx.handle, _lib().refit_ipc_sender_create(ctypes.byref(h), ctx.handle,
                self._paths, len(paths), ctypes.byref(o)), "refit_ipc_sender_create")
@@ -131,6 +153,12 @@ class Sender:
         _check(self.ctx.handle, rc, "refit_ipc_sender_send")
         return res.as_dict()
 
+    def profile(self):
+        """The last send's phases (refit_ipc_send_profile) as a dict."""
+        p = SendProfile()
+        _lib().refit_ipc_sender_profile(self._h, ctypes.byref(p))
+        return _as_dict(p)
+
     def host_alloc(self, nbytes):
         """Host memory (a host sender, device=None) a tensor may live in to
         be shared unpacked: its address, valid until close()."""
@@ -156,14 +184,17 @@ class Receiver:
     into a transaction and commits or aborts as the trainer decides."""
 
     def __init__(self, model, path, timeout=0.0, start_timeout=0.0, stream=None,
-                 max_bucket_bytes=0, filter=None):
+                 max_bucket_bytes=0, filter=None, spin=0.0, profile_gpu=False):
         """filter: name -> bool, called for every tensor of an update's
-        index before anything begins (False: not loaded)."""
+        index before anything begins (False: not loaded). spin: seconds to
+        busy-poll for the update and the decision before sleeping (0: the
+        default, 2 ms; negative: never). profile_gpu: CUDA events around
+        the copies for profile()'s GPU times."""
         self.model = model
         self._filter = (_ffi.FILTER_FN(lambda user, name: int(bool(filter(name.decode()))))
                         if filter else _ffi.FILTER_FN(0))
-        o = RecvOpts(1, timeout, start_timeout, _stream(stream), max_bucket_bytes,
-                     self._filter, None)
+        o = RecvOpts(2, timeout, start_timeout, _stream(stream), max_bucket_bytes,
+                     self._filter, None, spin, int(bool(profile_gpu)))
         h = _P()
         _check(model.ctx.handle, _lib().refit_ipc_receiver_create(ctypes.byref(h), model.handle,
                _b(path), ctypes.byref(o)), "refit_ipc_receiver_create")
@@ -180,7 +211,13 @@ class Receiver:
     def stats(self):
         st = Stats()
         _lib().refit_ipc_receiver_stats(self._h, ctypes.byref(st))
-        return {k: getattr(st, k) for k, _ in Stats._fields_}
+        return _as_dict(st)
+
+    def profile(self):
+        """The last update's phases on this worker (refit_ipc_recv_profile)."""
+        p = RecvProfile()
+        _lib().refit_ipc_receiver_profile(self._h, ctypes.byref(p))
+        return _as_dict(p)
 
     def close(self):
         if self._h:
