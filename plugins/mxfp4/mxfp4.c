@@ -19,11 +19,14 @@
  * the shared MX scale rule of plugins/mxfp8/quant_mx.h) into `weight` U8
  * [(E,) N, ceil(K/2)] and `weight_scale` [(E,) N, ceil(K/32)]. Blocks start
  * at the first column of this rank's slice: the CPU reference on host
- * memory; on a CUDA device every expert in one call of MX's own kernels
- * (plugins/mxfp8/quant_mx.cu, embedded as mx_image; mx_device.h), the
- * same bytes, without a wait (the status word names the expert at
- * finalize). A plugin built without nvcc runs on host memory only (seal
- * refuses device runtime tensors then).
+ * memory; on a CUDA device MX's own kernels (plugins/mxfp8/quant_mx.cu,
+ * embedded as mx_image; mx_device.h), the same bytes, without a wait (the
+ * status word names the module and expert at finalize): post_load_many
+ * puts every expert of every online module of a loading call on one
+ * device in one launcher call. post_load only reads the staged weight
+ * (STAGED_IN_PLACE: it may be the caller's own source, no staged copy).
+ * A plugin built without nvcc runs on host memory only (seal refuses
+ * device runtime tensors then).
  *
  * Params: in_features (unsharded K; needed only when a serialized K/2-byte
  * layout holds a K that is not a multiple of 32). */
@@ -334,7 +337,9 @@ static int route_online(const refit_host_v2 *h, refit_fmt_module *m, const mxfp4
     if (rc)
         return rc;
     c->route = REFIT_ROUTE_STAGED;
-    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD;
+    /* post_load only reads the staged weight (kern_quant_mxfp4 and
+     * quant_mx.cu take x const): it may be the caller's */
+    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE;
     return REFIT_OK;
 }
 
@@ -376,51 +381,65 @@ static refit_view matrix(const refit_view *v, int64_t e)
     return r;
 }
 
-/* Every expert in one call of MX's launcher on the module's device; an
- * expert's name in messages is "W (expert e)". */
-static int quant_device(const refit_host_v2 *h, const refit_fmt_module *m,
-                         const refit_fmt_ckpt *c, const refit_view *w, const refit_view *ws,
-                         void *stream)
+static int64_t experts_of(const refit_fmt_ckpt *c)
 {
-    int64_t experts = c->ndim == 3 ? c->shape[0] : 1;
-    size_t nlen = strlen(c->name) + 32, per = sizeof(refit_view) * 3 + sizeof(char *) + nlen;
-    if (experts < 1 || experts > UINT32_MAX || (size_t)experts > SIZE_MAX / per)
-        return experts < 1 ? REFIT_OK
-                           : ERR(h, REFIT_ENOMEM, "module %s: too many experts", m->name);
-    size_t ne = (size_t)experts;
-    refit_view *v = h->mem_alloc(h->host, per * ne);
-    if (!v)
-        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
-    refit_view *q = v, *sc = v + ne, *x = v + 2 * ne;
-    const char **names = (const char **)(v + 3 * ne);
-    char *text = (char *)(names + ne);
-    for (size_t e = 0; e < ne; e++) {
-        q[e] = matrix(w, (int64_t)e);
-        sc[e] = matrix(ws, (int64_t)e);
-        x[e] = matrix(&c->staged, (int64_t)e);
-        names[e] = text + e * nlen;
-        if (c->ndim == 3)
-            snprintf(text + e * nlen, nlen, "%s (expert %zu)", c->name, e);
-        else
-            snprintf(text + e * nlen, nlen, "%s", c->name);
-    }
-    int rc = mx_device_quant(h, m, (uint32_t)ne, q, sc, x, names, 4, stream);
-    h->mem_free(h->host, v);
-    return rc;
+    return c->ndim == 3 ? c->shape[0] : 1;
 }
 
-static int mxfp4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
+/* 1: m's post-load runs on its device; 0: on host memory; -1: none. */
+static int where(const refit_fmt_module *m, refit_device *dev)
+{
+    const mxfp4_state *s = m->state;
+    if (!s || s->ck[R_SOURCE] < 0)
+        return -1;
+    const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
+    *dev = w->device;
+    return !on_host(w);
+}
+
+/* A piece an expert; an expert's name in messages is "W (expert e)". */
+static uint32_t count_pieces(const refit_fmt_module *m, size_t *text)
+{
+    const mxfp4_state *s = m->state;
+    const refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_SOURCE]);
+    int64_t experts = experts_of(c);
+    if (experts < 1 || experts > 0x7fffffff)
+        experts = experts < 1 ? 0 : 0x80000000; /* past the launcher: refused */
+    *text = (size_t)experts * (strlen(c->name) + 32);
+    return (uint32_t)experts;
+}
+
+static int add_pieces(const refit_host_v2 *h, const refit_fmt_module *m, mx_call *call)
 {
     const mxfp4_state *s = m->state;
     const refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_SOURCE]);
     const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
     const refit_view *ws = &refit_runtime(m, s->rt[RT_SCALE])->view;
-    /* MX's device code on a CUDA device (checked at seal); the reference
-     * linked here on host memory (done on return) */
-    if (!on_host(w))
-        return quant_device(h, m, c, w, ws, stream);
-    int64_t experts = c->ndim == 3 ? c->shape[0] : 1;
+    int64_t experts = experts_of(c);
     for (int64_t e = 0; e < experts; e++) {
+        uint32_t at = call->n++;
+        call->q[at] = matrix(w, e);
+        call->sc[at] = matrix(ws, e);
+        call->x[at] = matrix(&c->staged, e);
+        call->mods[at] = m;
+        call->names[at] = mx_call_name(call, c->ndim == 3 ? "%s (expert %lld)" : "%s", c->name,
+                                       (long long)e);
+        if (!call->names[at])
+            return ERR(h, REFIT_EINTERNAL, "module %s, tensor %s: no room for its name",
+                       m->name, c->name);
+    }
+    return REFIT_OK;
+}
+
+/* The reference linked here, expert by expert (host memory; done on
+ * return). */
+static int quant_host(const refit_host_v2 *h, const refit_fmt_module *m)
+{
+    const mxfp4_state *s = m->state;
+    const refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_SOURCE]);
+    const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
+    const refit_view *ws = &refit_runtime(m, s->rt[RT_SCALE])->view;
+    for (int64_t e = 0; e < experts_of(c); e++) {
         refit_view q = matrix(w, e), sc = matrix(ws, e), x = matrix(&c->staged, e);
         int rc = kern_quant_mxfp4(&q, &sc, &x);
         if (rc == REFIT_ECORRUPT)
@@ -433,6 +452,22 @@ static int mxfp4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, vo
     return REFIT_OK;
 }
 
+static const mx_ops mxfp4_ops = {4, where, count_pieces, add_pieces, quant_host};
+
+/* MX's device code on a CUDA device (checked at seal): one launcher call
+ * for every online module of the call on a device; the reference linked
+ * here on host memory. */
+static int mxfp4_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *mods,
+                                uint32_t n, void *stream)
+{
+    return mx_post_load_many(h, mods, n, stream, &mxfp4_ops);
+}
+
+static int mxfp4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
+{
+    return mx_post_load_many(h, &m, 1, stream, &mxfp4_ops);
+}
+
 REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
     .abi_version = REFIT_FORMAT_ABI_VERSION,
     .struct_size = sizeof(refit_format_v2),
@@ -443,4 +478,5 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
 #ifdef REFIT_PLUGIN_MIN_CC /* device code built: none of it below this */
     .min_compute_capability = REFIT_PLUGIN_MIN_CC,
 #endif
+    .post_load_many = mxfp4_post_load_many,
 };

@@ -20,10 +20,13 @@
  * Online: the weights are STAGED and post_load quantizes each into its
  * rows of the runtime weight and scale: the CPU reference on host memory;
  * on a CUDA device this plugin's own kernels (quant_mx.cu, embedded as
- * mx_image; mx_device.h) in one call for the module, the same bytes,
- * without a wait (the status word names the weight at finalize). A plugin
- * built without nvcc runs on host memory only (seal refuses device runtime
- * tensors then). The module is WHOLE.
+ * mx_image; mx_device.h), the same bytes, without a wait (the status word
+ * names the module and weight at finalize): post_load_many puts every
+ * online module of a loading call on one device in one launcher call.
+ * post_load only reads the staged weights (STAGED_IN_PLACE: they may be
+ * the caller's own source bytes, no staged copy). A plugin built without
+ * nvcc runs on host memory only (seal refuses device runtime tensors
+ * then). The module is WHOLE.
  *
  * Params: online (bool, optional assertion of the weights' dtype),
  * in_features (unsharded K; needed only when a serialized K is not a
@@ -244,7 +247,10 @@ static int mx_plan(const refit_host_v2 *h, refit_fmt_module *m)
                  m->name, online ? "true" : "false", s->online ? "bf16/f16/f32" : "f8_e4m3");
     if (!rc)
         rc = s->online ? plan_online(h, m, s) : plan_serialized(h, m, s, in_f);
-    m->flags = REFIT_MODULE_WHOLE | (s->online ? REFIT_MODULE_POST_LOAD : 0);
+    /* post_load only reads its staged weights (kern_quant_mxfp8 and
+     * quant_mx.cu take x const): they may be the caller's */
+    m->flags = REFIT_MODULE_WHOLE |
+               (s->online ? REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE : 0);
     return rc;
 }
 
@@ -279,33 +285,43 @@ static int scale_view(const refit_host_v2 *h, const refit_fmt_module *m, const m
     return REFIT_OK;
 }
 
-/* Every weight in one call of MX's launcher on the module's device. */
-static int quant_device(const refit_host_v2 *h, const refit_fmt_module *m, const mx_state *s,
-                         void *stream)
+/* The module's weights appended to a launcher call (mx_post_load_many). */
+static int add_pieces(const refit_host_v2 *h, const refit_fmt_module *m, mx_call *c)
 {
-    uint32_t nw = s->n_weights;
-    refit_view *v = h->mem_alloc(h->host, (sizeof *v * 3 + sizeof(char *)) * nw);
-    if (!v)
-        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
-    refit_view *q = v, *sc = v + nw, *x = v + 2 * nw;
-    const char **names = (const char **)(v + 3 * nw);
-    int rc = REFIT_OK;
-    for (uint32_t i = 0; i < nw && !rc; i++) {
-        const refit_fmt_ckpt *c = refit_ckpt(m, s->weights[i]);
-        q[i] = c->place;
-        x[i] = c->staged;
-        names[i] = c->name;
-        rc = scale_view(h, m, s, s->weights[i], &sc[i]);
+    const mx_state *s = m->state;
+    for (uint32_t i = 0; i < s->n_weights; i++) {
+        const refit_fmt_ckpt *ck = refit_ckpt(m, s->weights[i]);
+        uint32_t at = c->n++;
+        c->q[at] = ck->place;
+        c->x[at] = ck->staged;
+        c->names[at] = ck->name;
+        c->mods[at] = m;
+        int rc = scale_view(h, m, s, s->weights[i], &c->sc[at]);
+        if (rc)
+            return rc;
     }
-    if (!rc)
-        rc = mx_device_quant(h, m, nw, q, sc, x, names, 8, stream);
-    h->mem_free(h->host, v);
-    return rc;
+    return REFIT_OK;
+}
+
+static uint32_t count_pieces(const refit_fmt_module *m, size_t *text)
+{
+    *text = 0;
+    return ((const mx_state *)m->state)->n_weights;
+}
+
+static int where(const refit_fmt_module *m, refit_device *dev)
+{
+    const mx_state *s = m->state;
+    if (!s || !s->online)
+        return -1;
+    *dev = refit_runtime(m, s->rt_weight)->view.device;
+    return !host_memory(*dev);
 }
 
 /* The reference linked here, weight by weight (host memory only). */
-static int quant_linked(const refit_host_v2 *h, const refit_fmt_module *m, const mx_state *s)
+static int quant_linked(const refit_host_v2 *h, const refit_fmt_module *m)
 {
+    const mx_state *s = m->state;
     for (uint32_t i = 0; i < s->n_weights; i++) {
         const refit_fmt_ckpt *c = refit_ckpt(m, s->weights[i]);
         refit_view sv;
@@ -322,16 +338,20 @@ static int quant_linked(const refit_host_v2 *h, const refit_fmt_module *m, const
     return REFIT_OK;
 }
 
+static const mx_ops mxfp8_ops = {8, where, count_pieces, add_pieces, quant_linked};
+
 /* The reference linked here on host memory (done on return); MX's device
- * code on a CUDA device (one call for the module, checked at seal). */
+ * code on a CUDA device (checked at seal): one launcher call for every
+ * online module of the call on a device. */
+static int mx_post_load_many_fmt(const refit_host_v2 *h, const refit_fmt_module *const *mods,
+                                 uint32_t n, void *stream)
+{
+    return mx_post_load_many(h, mods, n, stream, &mxfp8_ops);
+}
+
 static int mx_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
-    const mx_state *s = m->state;
-    if (!s || !s->online)
-        return REFIT_OK;
-    if (!host_memory(refit_runtime(m, s->rt_weight)->view.device))
-        return quant_device(h, m, s, stream);
-    return quant_linked(h, m, s);
+    return mx_post_load_many(h, &m, 1, stream, &mxfp8_ops);
 }
 
 REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
@@ -344,4 +364,5 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
 #ifdef REFIT_PLUGIN_MIN_CC /* device code built: none of it below this */
     .min_compute_capability = REFIT_PLUGIN_MIN_CC,
 #endif
+    .post_load_many = mx_post_load_many_fmt,
 };

@@ -31,10 +31,16 @@
  * mxfp4 one [E, N, K] tensor), an odd K for mxfp4; every source kind and a
  * caller's stream; reload equals a cold start; a NaN refused (module and
  * tensor named) with every byte kept; an abort with rollback after every
- * post-load. REFIT_GPU_MX_ON_HOST=1 runs the "device" model in host memory
+ * post-load; every module in one refit_load_many (one post_load_many a
+ * format, each source read in place: counted through wrappers of the
+ * plugins) equal to the per-call path and the CPU reference, and a NaN in
+ * one module of that batch named at finalize, rolled back.
+ * REFIT_GPU_MX_ON_HOST=1 runs the "device" model in host memory
  * (the service's host path), so CI checks it without a GPU.
  *
  * Without a device the suite is skipped. */
+#include <dlfcn.h>
+#include <unistd.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -931,6 +937,96 @@ static void test_encoders(void **state)
 /* ---- through the public API: a model on the device against the same
  * model in host memory (the paired harness, gpu_pair.h) ---- */
 
+/* The plugins through counting wrappers: each world registers them (so
+ * the modules use them, not the loader's copies) and mxc counts their
+ * post_load and post_load_many calls and records the staged view of
+ * every checkpoint tensor a post-load saw. */
+enum { MXC_FORMATS = 2 };
+static const char *const mxc_names[MXC_FORMATS] = {"mxfp8", "mxfp4"};
+static const refit_format_v2 *mxc_inner[MXC_FORMATS];
+static refit_format_v2 mxc_wrapped[MXC_FORMATS];
+static struct {
+    int post, many, many_modules, n;
+    char name[PAIR_MAX_CK][64];
+    const void *staged[PAIR_MAX_CK];
+} mxc;
+
+static void mxc_reset(void)
+{
+    memset(&mxc, 0, sizeof mxc);
+}
+
+static void mxc_record(const refit_fmt_module *m)
+{
+    for (uint32_t i = 0; i < m->n_ckpt && mxc.n < PAIR_MAX_CK; i++, mxc.n++) {
+        snprintf(mxc.name[mxc.n], sizeof mxc.name[mxc.n], "%s", refit_ckpt(m, i)->name);
+        mxc.staged[mxc.n] = refit_ckpt(m, i)->staged.data;
+    }
+}
+
+#define MXC_WRAP(F)                                                                      \
+    static int mxc_one_##F(const refit_host_v2 *h, const refit_fmt_module *m, void *st)  \
+    {                                                                                    \
+        mxc.post++;                                                                      \
+        mxc_record(m);                                                                   \
+        return mxc_inner[F]->post_load(h, m, st);                                        \
+    }                                                                                    \
+    static int mxc_many_##F(const refit_host_v2 *h, const refit_fmt_module *const *m,    \
+                            uint32_t n, void *st)                                        \
+    {                                                                                    \
+        mxc.many++;                                                                      \
+        mxc.many_modules += (int)n;                                                      \
+        for (uint32_t i = 0; i < n; i++)                                                 \
+            mxc_record(m[i]);                                                            \
+        return mxc_inner[F]->post_load_many(h, m, n, st);                                \
+    }
+MXC_WRAP(0)
+MXC_WRAP(1)
+
+/* refit-fmt-<fmt>.so's format, from $REFIT_PLUGIN_PATH (tests/gpu/run_all.sh
+ * sets it), $REFIT_BUILD_ROOT/plugins (meson test), or beside this program
+ * (plugins/ of a tests/gpu/stage.sh folder, ../../plugins of a build). */
+static const refit_format_v2 *mxc_open(const char *fmt)
+{
+    char dirs[4096], path[4200], self[1024] = ".";
+    const char *root = getenv("REFIT_BUILD_ROOT");
+    const char *env = getenv("REFIT_PLUGIN_PATH");
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len > 0) {
+        self[len] = 0;
+        char *slash = strrchr(self, '/');
+        if (slash)
+            *slash = 0;
+    }
+    snprintf(dirs, sizeof dirs, "%s:%s/plugins:%s/plugins:%s/../../plugins", env ? env : "",
+             root ? root : ".", self, self);
+    for (char *save = NULL, *d = strtok_r(dirs, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+        snprintf(path, sizeof path, "%s/refit-fmt-%s.so", d, fmt);
+        void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+        const refit_format_v2 *f = dl ? dlsym(dl, REFIT_FORMAT_PLUGIN_SYMBOL) : NULL;
+        if (f)
+            return f; /* kept open: the worlds use it */
+    }
+    fail_msg("refit-fmt-%s.so not found in $REFIT_PLUGIN_PATH or $REFIT_BUILD_ROOT/plugins",
+             fmt);
+    return NULL;
+}
+
+static void mxc_register(pair_world *w)
+{
+    for (int f = 0; f < MXC_FORMATS; f++) {
+        if (!mxc_inner[f]) {
+            mxc_inner[f] = mxc_open(mxc_names[f]);
+            mxc_wrapped[f] = *mxc_inner[f];
+            mxc_wrapped[f].post_load = f ? mxc_one_1 : mxc_one_0;
+            /* without post_load_many the host calls post_load a module */
+            mxc_wrapped[f].post_load_many =
+                mxc_inner[f]->post_load_many ? (f ? mxc_many_1 : mxc_many_0) : NULL;
+        }
+        OK(w, refit_format_register(w->ctx, &mxc_wrapped[f]));
+    }
+}
+
 /* An online module: runtime weight [e,] n, kq and its scales [e,] n, kb. */
 static void module(pair_world *w, const char *name, const char *fmt, refit_dtype wdt,
                    refit_dtype sdt, int64_t e, int64_t n, int64_t kq, int64_t kb)
@@ -958,6 +1054,7 @@ static void weight(pair_world *w, const char *module, const char *name, refit_dt
 static void build(pair_world *w)
 {
     char n[64];
+    mxc_register(w);
     /* mxfp8: fused q/k/v, K = 136 (a ragged last block) */
     module(w, "l0.qkv", "mxfp8", E4M3, U8, 0, 280, 136, 5);
     weight(w, "l0.qkv", "l0.q_proj.weight", BF16, 0, 200, 136, 0, -1);
@@ -1006,6 +1103,161 @@ static void test_model_status_at_finalize(void **state)
 {
     pair_check_status_at_finalize(state, 1, 10, "NaN or infinity");
 }
+
+/* Every checkpoint tensor of w at version v in one refit_load_many, from
+ * the world's own memory (cudaMalloc'd for the device world, 64-byte
+ * aligned host memory otherwise: read in place by the post-loads), tensor
+ * defect_at with a NaN (defect 1); returns its status. bufs[0 .. w->n_ck)
+ * are the sources, for free_sources once the update has ended. */
+static int load_many_v(pair_world *w, refit_txn *t, int v, int defect_at, void **bufs)
+{
+    const char *names[PAIR_MAX_CK];
+    refit_tensor src[PAIR_MAX_CK];
+    int64_t shapes[PAIR_MAX_CK][3];
+    int dev = w->device && !pair_on_host_only();
+    mxc_reset();
+    for (int i = 0; i < w->n_ck; i++) {
+        const pair_ck *c = &w->ck[i];
+        size_t n;
+        void *h = mx_model.ckpt_bytes(c, v, i == defect_at, &n);
+        if (dev) {
+            bufs[i] = pair_mem_alloc(1, n);
+            pair_mem_put(1, bufs[i], h, n);
+        } else {
+            bufs[i] = aligned_alloc(64, (n + 63) / 64 * 64);
+            assert_non_null(bufs[i]);
+            memcpy(bufs[i], h, n);
+        }
+        free(h);
+        memcpy(shapes[i], c->shape, sizeof shapes[i]);
+        names[i] = c->name;
+        src[i] = (refit_tensor){.data = bufs[i],
+                                .device = {dev ? REFIT_DEVICE_CUDA : REFIT_DEVICE_CPU, 0},
+                                .ndim = c->ndim, .dtype = c->dtype, .shape = shapes[i]};
+    }
+    return refit_load_many(t, (size_t)w->n_ck, names, src, NULL);
+}
+
+static void free_sources(pair_world *w, void **bufs)
+{
+    int dev = w->device && !pair_on_host_only();
+    for (int i = 0; i < w->n_ck; i++)
+        if (dev)
+            pair_mem_free(1, bufs[i]);
+        else
+            free(bufs[i]);
+}
+
+/* The last load_many_v ran one post_load_many a format over every module
+ * (6), no post_load, each post-load reading its sources bufs in place. */
+static void assert_one_batch_in_place(pair_world *w, void *const *bufs)
+{
+    assert_int_equal(mxc.many, MXC_FORMATS);
+    assert_int_equal(mxc.many_modules, 6);
+    assert_int_equal(mxc.post, 0);
+    assert_int_equal(mxc.n, w->n_ck);
+    for (int i = 0; i < w->n_ck; i++) {
+        int j = 0;
+        while (j < mxc.n && strcmp(mxc.name[j], w->ck[i].name))
+            j++;
+        assert_true(j < mxc.n);
+        if (mxc.staged[j] != bufs[i])
+            fail_msg("%s: the post-load read a staged copy, not the source", w->ck[i].name);
+    }
+}
+
+/* Version v by one refit_load_many, committed, one batch read in place. */
+static void update_many(pair_world *w, int v)
+{
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    char label[32];
+    snprintf(label, sizeof label, "v%d-many", v);
+    o.version_label = label;
+    o.rollback = 1;
+    refit_txn *t;
+    OK(w, refit_begin(&t, w->m, &o));
+    void *bufs[PAIR_MAX_CK];
+    int rc = load_many_v(w, t, v, -1, bufs);
+    if (rc)
+        fail_msg("load_many v%d: %s: %s [%s]", v, refit_status_name(rc), refit_errmsg(w->ctx),
+                 backend_cuda_last_error());
+    assert_one_batch_in_place(w, bufs);
+    OK(w, refit_finalize(t));
+    free_sources(w, bufs);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+}
+
+/* Every module (four mxfp8, two mxfp4) in one refit_load_many: one
+ * post_load_many a format (one launcher call for its modules on the
+ * device), no post_load, every source read in place; the bytes equal the
+ * per-call path on the device and the CPU reference, bit for bit. */
+static void test_model_load_many_equals_per_call(void **state)
+{
+    WORLDS(state, d, h);
+    mxc_reset();
+    pair_update(d, 5, SRC_DEVICE, NULL);
+    assert_int_equal(mxc.post, 6); /* refit_load: a post_load a module, at once */
+    assert_int_equal(mxc.many, 0);
+    pair_update(h, 5, SRC_PAGEABLE, NULL);
+    size_t n, n2;
+    char *per_call = pair_snapshot(d, &n);
+    update_many(d, 6);
+    update_many(d, 5);
+    char *batched = pair_snapshot(d, &n2);
+    assert_int_equal(n, n2);
+    pair_assert_snap(d, per_call, batched, n, "load_many v5 against per-call v5");
+    pair_assert_same(d, h, "device load_many v5 against host per-call v5");
+    update_many(h, 6);
+    update_many(d, 6);
+    pair_assert_same(d, h, "load_many v6 on both");
+    free(per_call);
+    free(batched);
+}
+
+/* A NaN in one module of the batch (mxfp8 l0.k_proj, fused; the mxfp4
+ * experts): the call is accepted, finalize fails naming that module and
+ * tensor, and rollback keeps every byte. */
+static void test_model_load_many_nan_rolled_back(void **state)
+{
+    WORLDS(state, d, h);
+    static const int bads[2] = {1, 10};
+    pair_world *worlds[2] = {d, h};
+    for (int wi = 0; wi < 2; wi++) {
+        pair_world *w = worlds[wi];
+        update_many(w, 31);
+        size_t n, n2;
+        char *before = pair_snapshot(w, &n);
+        for (int b = 0; b < 2; b++) {
+            refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+            o.rollback = 1;
+            refit_txn *t;
+            OK(w, refit_begin(&t, w->m, &o));
+            void *bufs[PAIR_MAX_CK];
+            int rc = load_many_v(w, t, 32, bads[b], bufs);
+            if (rc)
+                fail_msg("load_many with a NaN in %s: %s: %s (held until finalize)",
+                         w->ck[bads[b]].name, refit_status_name(rc), refit_errmsg(w->ctx));
+            assert_one_batch_in_place(w, bufs);
+            assert_int_equal(refit_finalize(t), REFIT_ECORRUPT);
+            free_sources(w, bufs);
+            const char *msg = refit_errmsg(w->ctx);
+            const pair_ck *c = &w->ck[bads[b]];
+            char mod[48];
+            snprintf(mod, sizeof mod, "module %s", c->module);
+            if (!strstr(msg, mod) || !strstr(msg, c->name) || !strstr(msg, "NaN or infinity") ||
+                !strstr(msg, "rolled back"))
+                fail_msg("message \"%s\" lacks %s, tensor %s, \"NaN or infinity\" or "
+                         "\"rolled back\"", msg, mod, c->name);
+            assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+            char *after = pair_snapshot(w, &n2);
+            assert_int_equal(n, n2);
+            pair_assert_snap(w, before, after, n, "after a NaN in a load_many");
+            free(after);
+        }
+        free(before);
+    }
+    pair_assert_same(d, h, "both after the refusals");
+}
 #endif
 
 int main(void)
@@ -1017,6 +1269,8 @@ int main(void)
             MX_MODEL_CASES(NULL, NULL),
             cmocka_unit_test(test_model_nan_and_abort),
             cmocka_unit_test(test_model_status_at_finalize),
+            cmocka_unit_test(test_model_load_many_equals_per_call),
+            cmocka_unit_test(test_model_load_many_nan_rolled_back),
         };
         return cmocka_run_group_tests(model, pair_setup, pair_teardown);
     }
@@ -1041,6 +1295,10 @@ int main(void)
         MX_MODEL_CASES(pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_model_nan_and_abort, pair_setup, pair_teardown),
         cmocka_unit_test_setup_teardown(test_model_status_at_finalize, pair_setup,
+                                        pair_teardown),
+        cmocka_unit_test_setup_teardown(test_model_load_many_equals_per_call, pair_setup,
+                                        pair_teardown),
+        cmocka_unit_test_setup_teardown(test_model_load_many_nan_rolled_back, pair_setup,
                                         pair_teardown),
 #endif
     };

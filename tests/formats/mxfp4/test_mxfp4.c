@@ -11,6 +11,7 @@
 #include "tests/formats/common/f4set.h"
 #include "tests/formats/common/f4util.h"
 #include "tests/formats/common/qutil.h"
+#include "tests/formats/mxfp8/mx_batch.h"
 #include "tests/common/pyref.h"
 
 extern const refit_format_v2 refit_format_plugin_v2;
@@ -262,6 +263,17 @@ static void online_nan_refused(void **state)
     st_close(s);
 }
 
+/* Five online modules (one of 3 stacked experts) in one refit_load_many:
+ * one post_load_many, sources read in place where aligned, the bytes of
+ * the reference, the per-call path and a cold start; a NaN in module k of
+ * the batch named at finalize and rolled back (mx_batch.h). */
+static void online_load_many_batch(void **state)
+{
+    (void)state;
+    mxb_case c = {PLUGIN, 4, 24, 100};
+    mxb_run(&c);
+}
+
 /* The built refit-fmt-mxfp4.so (declaration checked at seal) gives the
  * bytes the linked-in format gives: VIEW routes (blocks, E8M0 scales) and
  * the online STAGED route. */
@@ -299,6 +311,7 @@ int main(void)
         cmocka_unit_test(tp_shards),
         cmocka_unit_test(tp_cut_refused),
         cmocka_unit_test(online_nan_refused),
+        cmocka_unit_test(online_load_many_batch),
         cmocka_unit_test(via_plugin_file),
     };
     return cmocka_run_group_tests_name("formats-mxfp4", tests, NULL, NULL);

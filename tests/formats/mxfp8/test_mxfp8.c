@@ -10,6 +10,7 @@
 #include "kernels/cast.h"
 #include "plugins/mxfp8/quant_mx.h"
 #include "tests/formats/common/qutil.h"
+#include "tests/formats/mxfp8/mx_batch.h"
 #include "tests/common/pyref.h"
 
 extern const refit_format_v2 refit_format_plugin_v2;
@@ -245,6 +246,17 @@ static void online_inf_refused(void **state)
     st_close(s);
 }
 
+/* Five online modules (one fused) in one refit_load_many: one
+ * post_load_many, sources read in place where aligned, the bytes of the
+ * reference, the per-call path and a cold start; a NaN in module k of the
+ * batch named at finalize and rolled back (mx_batch.h). */
+static void online_load_many_batch(void **state)
+{
+    (void)state;
+    mxb_case c = {PLUGIN, 8, 40, 136};
+    mxb_run(&c);
+}
+
 /* Refusals at seal, each naming the module. */
 /* An [8, 64] module expecting e[0, n) of s is refused at seal (EFORMAT)
  * with a message naming the module and holding msg. */
@@ -320,6 +332,7 @@ int main(void)
         cmocka_unit_test(online_fused_and_tp),
         cmocka_unit_test(online_reload_equals_cold),
         cmocka_unit_test(online_inf_refused),
+        cmocka_unit_test(online_load_many_batch),
         cmocka_unit_test(seal_refusals),
         cmocka_unit_test(plugin_declaration_agrees),
     };
