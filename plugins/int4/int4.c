@@ -36,8 +36,12 @@
  * compressed-tensors convention (plugins/int4/quant_int4.h): the CPU
  * reference on host memory; on a CUDA device this plugin's own kernels
  * (quant_int4.cu, embedded as int4_image), planned by int4_launch.c and
- * launched through the host's GPU service without a wait (a NaN lowers
- * the module's status word, read by the host at finalize).
+ * launched through the host's GPU service without a wait: post_load_many
+ * gives the online modules of a loading call to one launcher call for
+ * each (device, group size), under one status word (a NaN lowers it; the
+ * host reads it at finalize and names the module and tensor). Post-load
+ * only reads its staged views (the weight, weight_shape), so plan sets
+ * STAGED_IN_PLACE.
  *
  * Post-load on a device: the staged weight_shape comes back through the
  * host's fetch service, the u8 row pad is zeroed through its zero service

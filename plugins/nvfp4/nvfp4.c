@@ -39,10 +39,14 @@
  * Post-load: the CPU references on host memory; on a CUDA device this
  * plugin's own kernel (quant_nvfp4.cu, embedded as nvfp4_image by
  * refit-embed), planned by nvfp4_launch.c and launched through the host's
- * GPU service, the same bytes. It never waits: a NaN lowers the module's
- * status word, which the host reads at finalize (the update then rolls
- * back naming the module and tensor). A plugin built without nvcc runs on
- * host memory only (seal refuses device runtime tensors then).
+ * GPU service, the same bytes: post_load_many gives every module of a
+ * loading call on one device to one launcher call (a piece a module,
+ * online and checkpoint together). It never waits: a NaN lowers the
+ * call's status word (status_word_many), which the host reads at finalize
+ * (the update then rolls back naming the module and tensor). Post-load
+ * only reads its staged views, so plan sets STAGED_IN_PLACE. A plugin
+ * built without nvcc runs on host memory only (seal refuses device
+ * runtime tensors then).
  *
  * Params: in_features (unsharded K; needed only when K is not a multiple
  * of 16), online (bool, optional: asserts the weight's dtype). A K shard
