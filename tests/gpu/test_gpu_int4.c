@@ -53,7 +53,7 @@
 #include <refit/refit.h>
 
 #include "gpu_pair.h"
-#include "schemas/plugin_paths.h" /* REFIT_PLUGIN_BUILD_DIR */
+#include "schemas/plugin_paths.h" /* where find_plugin looks */
 #endif
 
 #define I32 ((refit_dtype){REFIT_DTYPE_INT, 32, 1})
@@ -922,8 +922,8 @@ static int many_update(pair_world *w, const pair_format *f, int v, size_t off, i
     return rc;
 }
 
-/* The format's plugin file as the loader finds it (REFIT_PLUGIN_PATH,
- * then the build's plugin folder), with its plan and post-loads watched:
+/* The format's plugin file where the loader looks (REFIT_PLUGIN_PATH,
+ * the install folder, the build's plugin folder), with its plan and post-loads watched:
  * a world that registers it (open_watched) counts post_load and
  * post_load_many calls and, for each staged view they read, whether it is
  * one of many_update's sources (read in place) or a staged copy. */
@@ -976,7 +976,8 @@ static const refit_format_v2 *find_plugin(const char *name)
     snprintf(file, sizeof file, "refit-fmt-%s.so", name);
     const char *env = getenv("REFIT_PLUGIN_PATH");
     char dirs[4096];
-    snprintf(dirs, sizeof dirs, "%s%s%s", env ? env : "", env ? ":" : "", REFIT_PLUGIN_BUILD_DIR);
+    snprintf(dirs, sizeof dirs, "%s%s%s:%s", env ? env : "", env ? ":" : "",
+             REFIT_PLUGIN_INSTALL_DIR, REFIT_PLUGIN_BUILD_DIR);
     for (char *save = NULL, *d = strtok_r(dirs, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
         snprintf(path, sizeof path, "%s/%s", d, file);
         void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -984,7 +985,8 @@ static const refit_format_v2 *find_plugin(const char *name)
         if (f)
             return f; /* kept open for the program */
     }
-    fail_msg("%s found nowhere on REFIT_PLUGIN_PATH or in %s", file, REFIT_PLUGIN_BUILD_DIR);
+    fail_msg("%s found nowhere on REFIT_PLUGIN_PATH, in %s or in %s", file,
+             REFIT_PLUGIN_INSTALL_DIR, REFIT_PLUGIN_BUILD_DIR);
     return NULL;
 }
 
