@@ -36,8 +36,12 @@
  * compressed-tensors convention (plugins/int4/quant_int4.h): the CPU
  * reference on host memory; on a CUDA device this plugin's own kernels
  * (quant_int4.cu, embedded as int4_image), planned by int4_launch.c and
- * launched through the host's GPU service without a wait (a NaN lowers
- * the module's status word, read by the host at finalize).
+ * launched through the host's GPU service without a wait: post_load_many
+ * gives the online modules of a loading call to one launcher call for
+ * each (device, group size), under one status word (a NaN lowers it; the
+ * host reads it at finalize and names the module and tensor). Post-load
+ * only reads its staged views (the weight, weight_shape), so plan sets
+ * STAGED_IN_PLACE.
  *
  * Post-load on a device: the staged weight_shape comes back through the
  * host's fetch service, the u8 row pad is zeroed through its zero service
@@ -444,7 +448,9 @@ static int int4_plan_routes(const refit_host_v2 *h, refit_fmt_module *m, int4_st
     m->flags = REFIT_MODULE_WHOLE;
     int pad = s->layout == LAYOUT_U8 && s->pitch > 4 * s->words;
     if (s->ck[R_SHAPE] >= 0 || pad) {
-        m->flags |= REFIT_MODULE_POST_LOAD;
+        /* post-load only reads the staged weight_shape: it may be the
+         * caller's bytes */
+        m->flags |= REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE;
         int rc2 = check_device(h, m, s, s->ck[R_SHAPE] >= 0, pad, 0);
         if (rc2)
             return rc2;
@@ -509,7 +515,9 @@ static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, int4_state *
                    (long long)(gptq ? s->groups : s->n), (long long)(gptq ? s->n : s->groups),
                    gptq ? "gptq" : "u8", dt_name(rs->view.dtype), rs->view.ndim);
     c->route = REFIT_ROUTE_STAGED;
-    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD;
+    /* the quantizer (reference and kernels) only reads the staged weight:
+     * it may be the caller's bytes */
+    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE;
     return check_device(h, m, s, 0, !gptq && s->pitch > 4 * s->words, 1);
 }
 
@@ -617,52 +625,28 @@ static int zero_pad(const refit_host_v2 *h, const refit_fmt_module *m, const int
     return REFIT_OK;
 }
 
-#ifdef REFIT_INT4_DEVICE_CODE
-static const char nan_what[] = "NaN or infinity in the weight, or a group whose scale is past "
-                               "the scale dtype's range; refusing to quantize it";
-#endif
-
-/* Online on a CUDA device: the launcher through the host's GPU service;
- * never waits (the status word names the tensor at finalize). */
-static int quantize_device(const refit_host_v2 *h, const refit_fmt_module *m,
-                           const refit_view *q, const refit_view *sc, const refit_fmt_ckpt *c,
-                           int64_t group, void *stream)
+/* Online: the runtime words and scales of module m seen in checkpoint
+ * layout, as the quantizer writes them. */
+static void quant_views(const refit_fmt_module *m, const int4_state *s, refit_view *q,
+                        refit_view *sc)
 {
-    const char *const names[1] = {c->name};
-#ifdef REFIT_INT4_DEVICE_CODE
-    refit_pgpu_host g;
-    int rc = refit_pgpu_host_init(&g, h, m, q->device, stream, int4_image, int4_image_size, 1,
-                                  names, nan_what);
-    int32_t bad = -1;
-    if (!rc && (rc = int4_launch(&g.g, 1, q, sc, &c->staged, group, &bad)) && g.g.msg[0])
-        return ERR(h, rc, "module %s, tensor %s: %s", m->name, c->name, g.g.msg);
-    return rc;
-#else
-    (void)sc, (void)group, (void)stream, (void)names;
-    return ERR(h, REFIT_EUNSUPPORTED, "module %s: int4 was built without its device code "
-               "(no nvcc), so it cannot run on device type %d", m->name, q->device.device_type);
-#endif
-}
-
-/* Online: the staged weight into the runtime words and scales, seen in
- * checkpoint layout: the reference linked here on host memory, this
- * plugin's kernel on a CUDA device. */
-static int quantize(const refit_host_v2 *h, const refit_fmt_module *m, const int4_state *s,
-                    void *stream)
-{
-    const refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_WEIGHT]);
     const refit_view *w = &refit_runtime(m, s->rt[RT_WEIGHT])->view;
     const refit_view *sv = &refit_runtime(m, s->rt[RT_SCALE])->view;
-    refit_view q, sc;
     if (s->layout == LAYOUT_GPTQ) {
-        q = swapped(w, w->dtype);
-        sc = swapped(sv, sv->dtype);
+        *q = swapped(w, w->dtype);
+        *sc = swapped(sv, sv->dtype);
     } else {
-        q = u8_words(w, s);
-        sc = *sv;
+        *q = u8_words(w, s);
+        *sc = *sv;
     }
-    if (!on_host(w))
-        return quantize_device(h, m, &q, &sc, c, s->group, stream);
+}
+
+/* Online on host memory: the reference linked here. */
+static int quantize_here(const refit_host_v2 *h, const refit_fmt_module *m, const int4_state *s)
+{
+    const refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_WEIGHT]);
+    refit_view q, sc;
+    quant_views(m, s, &q, &sc);
     int rc = kern_quant_int4(&q, &sc, &c->staged, s->group);
     if (rc == REFIT_ECORRUPT)
         return ERR(h, rc, "module %s, tensor %s: NaN or infinity in the weight, or a group whose "
@@ -674,17 +658,151 @@ static int quantize(const refit_host_v2 *h, const refit_fmt_module *m, const int
     return REFIT_OK;
 }
 
-static int int4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
+/* What post-load does after (or instead of) quantizing: the weight_shape
+ * check, the u8 row pad. */
+static int finish(const refit_host_v2 *h, const refit_fmt_module *m, const int4_state *s,
+                  void *stream)
 {
-    const int4_state *s = m->state;
     int rc = REFIT_OK;
-    if (s->online)
-        rc = quantize(h, m, s, stream);
-    else if (s->ck[R_SHAPE] >= 0)
+    if (!s->online && s->ck[R_SHAPE] >= 0)
         rc = check_shape(h, m, s, stream);
     if (!rc && s->layout == LAYOUT_U8 && s->pitch > 4 * s->words)
         rc = zero_pad(h, m, s, stream);
     return rc;
+}
+
+/* 1 when m's post-load quantizes on a device. */
+static int quantizes_on_device(const refit_fmt_module *m)
+{
+    const int4_state *s = m->state;
+    return s->online && !on_host(&refit_runtime(m, s->rt[RT_WEIGHT])->view);
+}
+
+#ifdef REFIT_INT4_DEVICE_CODE
+/* Device and group size equal: one launcher call can take both. */
+static int same_group(const refit_fmt_module *a, const refit_fmt_module *b)
+{
+    const int4_state *sa = a->state, *sb = b->state;
+    refit_device da = refit_runtime(a, sa->rt[RT_WEIGHT])->view.device;
+    refit_device db = refit_runtime(b, sb->rt[RT_WEIGHT])->view.device;
+    return da.device_type == db.device_type && da.device_id == db.device_id &&
+           sa->group == sb->group;
+}
+
+static const char nan_what[] = "NaN or infinity in the weight, or a group whose scale is past "
+                               "the scale dtype's range; refusing to quantize it";
+
+/* The launcher over n pieces (piece i: the weight of module mods[i]) of
+ * one device and group size, through the host's GPU service: one status
+ * word names the module and tensor of a bad piece. */
+static int launch_pieces(const refit_host_v2 *h, uint32_t n, const refit_fmt_module *const *mods,
+                         const refit_view *q, const refit_view *sc, const refit_view *x,
+                         const char *const *names, int64_t group, void *stream)
+{
+    refit_pgpu_host g;
+    int rc = n == 1 ? refit_pgpu_host_init(&g, h, mods[0], q[0].device, stream, int4_image,
+                                           int4_image_size, 1, names, nan_what)
+                    : refit_pgpu_host_init_many(&g, h, q[0].device, stream, int4_image,
+                                                int4_image_size, n, mods, names, nan_what);
+    int32_t bad = -1;
+    if (!rc && (rc = int4_launch(&g.g, n, q, sc, x, group, &bad)) && g.g.msg[0])
+        return ERR(h, rc, "module %s, tensor %s: %s", mods[bad >= 0 ? bad : 0]->name,
+                   names[bad >= 0 ? bad : 0], g.g.msg);
+    return rc;
+}
+#endif
+
+/* The online modules of mods[lead .. n) not done yet on the device and
+ * with the group size of mods[lead] (the launcher takes one group size a
+ * call), quantized in one call of the launcher, then their pads zeroed;
+ * done[] marks them. A host without status_word_many: one call a module.
+ * Never waits (the status word names the tensor at finalize). */
+static int quantize_device(const refit_host_v2 *h, const refit_fmt_module *const *mods,
+                           uint32_t n, uint32_t lead, unsigned char *done, void *stream)
+{
+#ifdef REFIT_INT4_DEVICE_CODE
+    uint32_t cap = 0;
+    for (uint32_t k = lead; k < n; k++)
+        if (!done[k] && quantizes_on_device(mods[k]) && same_group(mods[k], mods[lead])) {
+            done[k] = 2; /* this group's */
+            cap++;
+        }
+    refit_view *v = h->mem_alloc(h->host, (3 * sizeof *v + 2 * sizeof(void *)) * cap);
+    if (!v)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", mods[lead]->name);
+    refit_view *q = v, *sc = v + cap, *x = v + 2 * cap;
+    const char **names = (const char **)(void *)(v + 3 * cap);
+    const refit_fmt_module **of = (const refit_fmt_module **)(void *)(names + cap);
+    uint32_t np = 0;
+    for (uint32_t k = lead; k < n; k++) {
+        if (done[k] != 2)
+            continue;
+        const int4_state *s = mods[k]->state;
+        const refit_fmt_ckpt *c = refit_ckpt(mods[k], s->ck[R_WEIGHT]);
+        quant_views(mods[k], s, &q[np], &sc[np]);
+        x[np] = c->staged;
+        names[np] = c->name;
+        of[np++] = mods[k];
+    }
+    int64_t group = ((const int4_state *)mods[lead]->state)->group;
+    int rc = REFIT_OK;
+    if (np > 1 && !REFIT_HOST_HAS(h, status_word_many))
+        for (uint32_t i = 0; i < np && !rc; i++)
+            rc = launch_pieces(h, 1, of + i, q + i, sc + i, x + i, names + i, group, stream);
+    else
+        rc = launch_pieces(h, np, of, q, sc, x, names, group, stream);
+    for (uint32_t k = lead; k < n && !rc; k++)
+        if (done[k] == 2) {
+            done[k] = 1;
+            rc = finish(h, mods[k], mods[k]->state, stream);
+        }
+    h->mem_free(h->host, v);
+    return rc;
+#else
+    (void)n, (void)done, (void)stream;
+    const int4_state *s = mods[lead]->state;
+    return ERR(h, REFIT_EUNSUPPORTED, "module %s: int4 was built without its device code "
+               "(no nvcc), so it cannot run on device type %d", mods[lead]->name,
+               refit_runtime(mods[lead], s->rt[RT_WEIGHT])->view.device.device_type);
+#endif
+}
+
+/* Modules in call order. Online on a CUDA device: one launcher call for
+ * each (device, group size) among them (the device code is checked at
+ * seal); online on host memory: the reference, a bad module stopping the
+ * call (REFIT_ECORRUPT, its message). Then each module's weight_shape
+ * check and u8 pad. */
+static int int4_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *mods,
+                               uint32_t n, void *stream)
+{
+    unsigned char one = 0, *done = n > 1 ? h->mem_alloc(h->host, n) : &one;
+    if (!done)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", mods[0]->name);
+    if (n > 1)
+        memset(done, 0, n);
+    int rc = REFIT_OK;
+    for (uint32_t k = 0; k < n && !rc; k++) {
+        const int4_state *s = mods[k]->state;
+        if (done[k])
+            continue;
+        if (quantizes_on_device(mods[k])) {
+            rc = quantize_device(h, mods, n, k, done, stream);
+            continue;
+        }
+        if (s->online)
+            rc = quantize_here(h, mods[k], s);
+        if (!rc)
+            rc = finish(h, mods[k], s, stream);
+        done[k] = 1;
+    }
+    if (n > 1)
+        h->mem_free(h->host, done);
+    return rc;
+}
+
+static int int4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
+{
+    return int4_post_load_many(h, &m, 1, stream);
 }
 
 REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
@@ -697,4 +815,5 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
 #ifdef REFIT_PLUGIN_MIN_CC /* device code built: none of it below this */
     .min_compute_capability = REFIT_PLUGIN_MIN_CC,
 #endif
+    .post_load_many = int4_post_load_many,
 };

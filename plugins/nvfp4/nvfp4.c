@@ -39,10 +39,14 @@
  * Post-load: the CPU references on host memory; on a CUDA device this
  * plugin's own kernel (quant_nvfp4.cu, embedded as nvfp4_image by
  * refit-embed), planned by nvfp4_launch.c and launched through the host's
- * GPU service, the same bytes. It never waits: a NaN lowers the module's
- * status word, which the host reads at finalize (the update then rolls
- * back naming the module and tensor). A plugin built without nvcc runs on
- * host memory only (seal refuses device runtime tensors then).
+ * GPU service, the same bytes: post_load_many gives every module of a
+ * loading call on one device to one launcher call (a piece a module,
+ * online and checkpoint together). It never waits: a NaN lowers the
+ * call's status word (status_word_many), which the host reads at finalize
+ * (the update then rolls back naming the module and tensor). Post-load
+ * only reads its staged views, so plan sets STAGED_IN_PLACE. A plugin
+ * built without nvcc runs on host memory only (seal refuses device
+ * runtime tensors then).
  *
  * Params: in_features (unsharded K; needed only when K is not a multiple
  * of 16), online (bool, optional: asserts the weight's dtype). A K shard
@@ -420,7 +424,9 @@ static int nvfp4_plan(const refit_host_v2 *h, refit_fmt_module *m)
         refit_ckpt(m, i)->route = REFIT_ROUTE_STAGED;
     if (!s.online)
         w->route = REFIT_ROUTE_DIRECT;
-    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD;
+    /* post-load only reads its staged views (the references and the
+     * kernel alike): they may be the caller's bytes */
+    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE;
     nvfp4_state *keep = h->mem_alloc(h->host, sizeof *keep);
     if (!keep)
         return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
@@ -537,38 +543,121 @@ static int post_load_here(const refit_host_v2 *h, const refit_fmt_module *m,
     return REFIT_OK;
 }
 
-/* The launcher on the module's device through the host's GPU service;
- * the status word names the piece's tensor. */
-static int post_load_device(const refit_host_v2 *h, const refit_fmt_module *m,
-                            const nvfp4_state *s, refit_device dev, void *stream)
-{
 #ifdef REFIT_NVFP4_DEVICE_CODE
-    refit_nvfp4_piece p;
-    make_piece(m, s, &p);
-    const char *names[1] = {p.name};
+static const char nan_what[] = "NaN or infinity in the weight, a block scale or a global "
+                               "factor (or a zero factor); refusing it";
+
+/* The launcher over pieces p[0 .. n) of modules mods[0 .. n) (piece i of
+ * module mods[i]) on dev, through the host's GPU service: one status word
+ * names the module and tensor of a bad piece. */
+static int launch_pieces(const refit_host_v2 *h, uint32_t n, const refit_fmt_module *const *mods,
+                         const refit_nvfp4_piece *p, const char *const *names, refit_device dev,
+                         void *stream)
+{
+    int one = 1;
+    for (uint32_t i = 1; i < n; i++)
+        one = one && mods[i] == mods[0];
     refit_pgpu_host g;
-    int rc = refit_pgpu_host_init(&g, h, m, dev, stream, nvfp4_image, nvfp4_image_size, 1, names,
-                                  "NaN or infinity in the weight, a block scale or a global "
-                                  "factor (or a zero factor); refusing it");
+    int rc = one ? refit_pgpu_host_init(&g, h, mods[0], dev, stream, nvfp4_image,
+                                        nvfp4_image_size, n, names, nan_what)
+                 : refit_pgpu_host_init_many(&g, h, dev, stream, nvfp4_image, nvfp4_image_size,
+                                             n, mods, names, nan_what);
     int32_t bad = -1;
-    if (!rc && (rc = nvfp4_launch(&g.g, 1, &p, 0, &bad)) && g.g.msg[0])
-        return ERR(h, rc, "module %s, tensor %s: %s", m->name, p.name, g.g.msg);
+    if (!rc && (rc = nvfp4_launch(&g.g, n, p, 0, &bad)) && g.g.msg[0])
+        return ERR(h, rc, "module %s, tensor %s: %s", mods[bad >= 0 ? bad : 0]->name,
+                   names[bad >= 0 ? bad : 0], g.g.msg);
+    return rc;
+}
+#endif
+
+static refit_device module_device(const refit_fmt_module *m)
+{
+    const nvfp4_state *s = m->state;
+    return refit_runtime(m, s->rt[RT_SCALE])->view.device;
+}
+
+static int on_device(const refit_fmt_module *m)
+{
+    const nvfp4_state *s = m->state;
+    return !on_host(&refit_runtime(m, s->rt[RT_SCALE])->view);
+}
+
+/* The modules of mods[lead .. n) not done yet on the device of mods[lead]
+ * (one piece each: nvfp4_launch takes online and checkpoint pieces
+ * together), in one call of the launcher; done[] marks them. A host
+ * without status_word_many: one call a module. */
+static int post_load_device(const refit_host_v2 *h, const refit_fmt_module *const *mods,
+                            uint32_t n, uint32_t lead, unsigned char *done, void *stream)
+{
+    refit_device dev = module_device(mods[lead]);
+#ifdef REFIT_NVFP4_DEVICE_CODE
+    uint32_t cap = 0;
+    for (uint32_t k = lead; k < n; k++) {
+        refit_device d = module_device(mods[k]);
+        if (!done[k] && on_device(mods[k]) && d.device_type == dev.device_type &&
+            d.device_id == dev.device_id) {
+            done[k] = 2; /* this group's */
+            cap++;
+        }
+    }
+    refit_nvfp4_piece *p = h->mem_alloc(h->host, (sizeof *p + 2 * sizeof(void *)) * cap);
+    if (!p)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", mods[lead]->name);
+    const char **names = (const char **)(void *)(p + cap);
+    const refit_fmt_module **of = (const refit_fmt_module **)(void *)(names + cap);
+    uint32_t np = 0;
+    for (uint32_t k = lead; k < n; k++) {
+        if (done[k] != 2)
+            continue;
+        done[k] = 1;
+        make_piece(mods[k], mods[k]->state, &p[np]);
+        names[np] = p[np].name;
+        of[np++] = mods[k];
+    }
+    int rc = REFIT_OK;
+    if (np > 1 && !REFIT_HOST_HAS(h, status_word_many))
+        for (uint32_t i = 0; i < np && !rc; i++)
+            rc = launch_pieces(h, 1, of + i, p + i, names + i, dev, stream);
+    else
+        rc = launch_pieces(h, np, of, p, names, dev, stream);
+    h->mem_free(h->host, p);
     return rc;
 #else
-    (void)s;
-    (void)stream;
+    (void)n, (void)done, (void)stream;
     return ERR(h, REFIT_EUNSUPPORTED, "module %s: nvfp4 was built without its device code "
-               "(no nvcc), so it cannot run on device type %d", m->name, dev.device_type);
+               "(no nvcc), so it cannot run on device type %d", mods[lead]->name,
+               dev.device_type);
 #endif
+}
+
+/* Modules in call order: on host memory the references, one module at a
+ * time (a bad one stops the call: REFIT_ECORRUPT, its message); on a CUDA
+ * device one launcher call for every module of the call on that device
+ * (the device code is checked at seal). */
+static int nvfp4_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *mods,
+                                uint32_t n, void *stream)
+{
+    unsigned char one = 0, *done = n > 1 ? h->mem_alloc(h->host, n) : &one;
+    if (!done)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", mods[0]->name);
+    if (n > 1)
+        memset(done, 0, n);
+    int rc = REFIT_OK;
+    for (uint32_t k = 0; k < n && !rc; k++) {
+        if (done[k])
+            continue;
+        rc = on_device(mods[k]) ? post_load_device(h, mods, n, k, done, stream)
+                                : post_load_here(h, mods[k], mods[k]->state);
+        done[k] = 1;
+    }
+    if (n > 1)
+        h->mem_free(h->host, done);
+    return rc;
 }
 
 static int nvfp4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
 {
-    const nvfp4_state *s = m->state;
-    refit_device dev = refit_runtime(m, s->rt[RT_SCALE])->view.device;
-    if (on_host(&refit_runtime(m, s->rt[RT_SCALE])->view))
-        return post_load_here(h, m, s);
-    return post_load_device(h, m, s, dev, stream);
+    return nvfp4_post_load_many(h, &m, 1, stream);
 }
 
 REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
@@ -581,4 +670,5 @@ REFIT_PLUGIN_EXPORT const refit_format_v2 refit_format_plugin_v2 = {
 #ifdef REFIT_PLUGIN_MIN_CC /* device code built: none of it below this */
     .min_compute_capability = REFIT_PLUGIN_MIN_CC,
 #endif
+    .post_load_many = nvfp4_post_load_many,
 };

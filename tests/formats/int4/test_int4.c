@@ -1,13 +1,18 @@
 /* Format int4 (compressed-tensors pack-quantized): VIEW routes onto the
  * gptq and u8 runtime layouts, checked against numpy's dequantization of
  * the checkpoint (ref4.py int4), reload = cold start, TP shards and the
- * refusals. */
+ * refusals. Many modules (online of both layouts and group sizes, and a
+ * checkpoint one) in one refit_load_many: one post_load_many, the
+ * caller's aligned bytes read in place, the bytes of one refit_load a
+ * tensor and of a cold start, a NaN or a bad weight_shape in one module
+ * named at finalize and rolled back. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "plugins/int4/quant_int4.h"
+#include "tests/formats/common/f4batch.h"
 #include "tests/formats/common/f4set.h"
 #include "tests/formats/common/f4util.h"
 #include "tests/formats/common/qutil.h"
@@ -373,15 +378,15 @@ static int build_online_module(tw *w, const st_set *s, const q_module *m)
 /* The runtime words and scales of this rank equal numpy's, columns
  * [w0, w0 + words) of expect.packed and [g0, g0 + groups) of expect.scale,
  * bit for bit. */
-static void check_online(tw *w, const st_set *s, int64_t n, int64_t words, int64_t groups,
-                         int u8, int64_t pitch, int64_t w0, int64_t g0)
+static void check_online_in(tw *w, const char *mod, const st_set *s, int64_t n, int64_t words,
+                            int64_t groups, int u8, int64_t pitch, int64_t w0, int64_t g0)
 {
     const st_tensor *ep = f4_get(s, "expect.packed"), *es = f4_get(s, "expect.scale");
     int64_t all_w = ep->shape[1], all_g = es->shape[1];
     size_t sz = es->dtype == ST_F32 ? 4 : 2;
     const int32_t *want = ep->data;
     const char *want_s = es->data;
-    tt_tensor *rt = tw_rt(w, MOD, "weight"), *rs = tw_rt(w, MOD, "weight_scale");
+    tt_tensor *rt = tw_rt(w, mod, "weight"), *rs = tw_rt(w, mod, "weight_scale");
     for (int64_t i = 0; i < n; i++) {
         for (int64_t j = 0; j < words; j++) {
             int32_t got;
@@ -404,6 +409,12 @@ static void check_online(tw *w, const st_set *s, int64_t n, int64_t words, int64
             for (int64_t b = 4 * words; b < pitch; b++)
                 assert_int_equal(((uint8_t *)rt->buf)[i * pitch + b], 0);
     }
+}
+
+static void check_online(tw *w, const st_set *s, int64_t n, int64_t words, int64_t groups,
+                         int u8, int64_t pitch, int64_t w0, int64_t g0)
+{
+    check_online_in(w, MOD, s, n, words, groups, u8, pitch, w0, g0);
 }
 
 /* Ragged K (not a multiple of 8 or of the group), BF16 weight and scales,
@@ -582,6 +593,216 @@ static void online_via_plugin_file(void **state)
     st_close(s);
 }
 
+/* ---- many modules in one loading call ---- */
+
+#define NB 5
+
+/* The batch's modules: online (weight dtype wdt) into gptq or u8 (row
+ * pitch), or a checkpoint module (wdt NULL: asymmetric gptq with its
+ * weight_shape). Modules 0 and 4 share a group size (one launch on a
+ * device), the others each their own. */
+static const struct {
+    const char *wdt, *sdt_name;
+    refit_dtype sdt;
+    int64_t n, k, g;
+    int u8;
+    int64_t pitch;
+    const char *params;
+} bmod[NB] = {
+    {"bf16", "bf16", REFIT_BF16, 24, 64, 32, 0, 0, "group_size: 32"},
+    {NULL, NULL, REFIT_F32, 16, 64, 32, 0, 0, "group_size: 32"},
+    {"f32", "f16", REFIT_F16, 20, 77, -1, 1, 48, "group_size: -1\nlayout: u8"},
+    {"f16", "f32", REFIT_F32, 9, 136, 64, 0, 0, "group_size: 64"},
+    {"bf16", "bf16", REFIT_BF16, 16, 96, 32, 0, 0, "group_size: 32\nonline: true"},
+};
+
+static void bmod_name(char *out, size_t size, int k)
+{
+    snprintf(out, size, "layers.%d.q", k);
+}
+
+static void batch_sets(st_set **s, int seed)
+{
+    for (int k = 0; k < NB; k++) {
+        char args[160];
+        if (bmod[k].wdt)
+            snprintf(args, sizeof args, "--n %lld --k %lld --group %lld --dtype %s "
+                     "--scale-dtype %s --seed %d", (long long)bmod[k].n, (long long)bmod[k].k,
+                     (long long)bmod[k].g, bmod[k].wdt, bmod[k].sdt_name, seed + k);
+        else
+            snprintf(args, sizeof args, "--n %lld --k %lld --group %lld --asym --seed %d",
+                     (long long)bmod[k].n, (long long)bmod[k].k, (long long)bmod[k].g, seed + k);
+        s[k] = f4_ref(bmod[k].wdt ? "int4-online" : "int4", args);
+    }
+}
+
+static void batch_close(st_set **s)
+{
+    for (int k = 0; k < NB; k++)
+        st_close(s[k]);
+}
+
+static void batch_build(tw *w, st_set *const *s)
+{
+    for (int k = 0; k < NB; k++) {
+        char mod[64];
+        bmod_name(mod, sizeof mod, k);
+        int64_t n = bmod[k].n, kk = bmod[k].k, g = bmod[k].g;
+        int64_t words = (kk + 7) / 8, groups = g > 0 ? (kk + g - 1) / g : 1;
+        tw_module(w, mod, "int4", bmod[k].params);
+        if (bmod[k].u8) {
+            tw_runtime(w, mod, "weight", REFIT_U8, 2, TT_SHAPE(n, bmod[k].pitch));
+            tw_runtime(w, mod, "weight_scale", bmod[k].sdt, 2, TT_SHAPE(n, groups));
+        } else {
+            tw_runtime(w, mod, "weight", REFIT_I32, 2, TT_SHAPE(words, n));
+            tw_runtime(w, mod, "weight_scale", bmod[k].sdt, 2, TT_SHAPE(groups, n));
+        }
+        if (!bmod[k].wdt)
+            tw_runtime(w, mod, "weight_zero_point", REFIT_I32, 2,
+                       TT_SHAPE(groups, (n + 7) / 8));
+        assert_int_equal(f4b_expect(w, mod, k, s[k], spec_fn, NULL), REFIT_OK);
+    }
+    tw_seal(w);
+}
+
+/* Every module holds numpy's bytes for its set (the checkpoint module:
+ * its words, transposed). */
+static void batch_check(tw *w, st_set *const *s)
+{
+    for (int k = 0; k < NB; k++) {
+        char mod[64];
+        bmod_name(mod, sizeof mod, k);
+        int64_t n = bmod[k].n, kk = bmod[k].k, g = bmod[k].g;
+        int64_t words = (kk + 7) / 8, groups = g > 0 ? (kk + g - 1) / g : 1;
+        if (bmod[k].wdt) {
+            check_online_in(w, mod, s[k], n, words, groups, bmod[k].u8, bmod[k].pitch, 0, 0);
+            continue;
+        }
+        const int32_t *ck = f4_get(s[k], "W.weight_packed")->data;
+        const int32_t *rt = tw_rt(w, mod, "weight")->buf;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < words; j++)
+                assert_int_equal(rt[j * n + i], ck[i * words + j]);
+    }
+}
+
+static void assert_same_bytes(const tw *a, const tw *b, const char *what)
+{
+    size_t na, nb;
+    void *x = tw_snapshot(a, &na), *y = tw_snapshot(b, &nb);
+    if (na != nb || memcmp(x, y, na))
+        fail_msg("%s: the runtime bytes differ", what);
+    free(x);
+    free(y);
+}
+
+/* Five modules in one refit_load_many: one post_load_many for all, the
+ * aligned sources read in place, numpy's bytes; one refit_load a tensor
+ * gives the same bytes; so does B over A from unaligned (staged) sources,
+ * and B again in place changes nothing. */
+static void batch_load_many(void **state)
+{
+    (void)state;
+    st_set *a[NB], *b[NB];
+    batch_sets(a, 60);
+    batch_sets(b, 70);
+    f4b_sources sa, sb, sb_off;
+    f4b_sources_make(&sa, a, NB, 0);
+    f4b_sources_make(&sb, b, NB, 0);
+    f4b_sources_make(&sb_off, b, NB, 1);
+    const refit_format_v2 *fmt = f4b_watched(PLUGIN);
+
+    tw cold, each, hot;
+    q_world(&cold, fmt);
+    batch_build(&cold, b);
+    assert_int_equal(f4b_seen.plans, NB);
+    assert_int_equal(f4b_seen.plans_in_place, NB);
+    f4b_watch_reset();
+    memset(tw_rt(&cold, "layers.2.q", "weight")->buf, 0xab, 20 * 48); /* the pad, zeroed */
+    assert_int_equal(f4b_update(&cold, &sb, 1, "B"), REFIT_OK);
+    assert_int_equal(f4b_seen.many_calls, 1);
+    assert_int_equal(f4b_seen.many_modules, NB);
+    assert_int_equal(f4b_seen.one_calls, 0);
+    /* staged: each online weight and the checkpoint's weight_shape */
+    assert_int_equal(f4b_assert_read(&sb, 1), NB);
+    batch_check(&cold, b);
+
+    q_world(&each, fmt);
+    batch_build(&each, b);
+    f4b_watch_reset();
+    assert_int_equal(f4b_update(&each, &sb, 0, "B"), REFIT_OK);
+    assert_int_equal(f4b_seen.one_calls, NB);
+    assert_int_equal(f4b_seen.many_calls, 0);
+    assert_same_bytes(&cold, &each, "refit_load a tensor against refit_load_many");
+
+    q_world(&hot, fmt);
+    batch_build(&hot, a);
+    assert_int_equal(f4b_update(&hot, &sa, 1, "A"), REFIT_OK);
+    assert_true(tw_fp(&hot) != tw_fp(&cold));
+    f4b_watch_reset();
+    assert_int_equal(f4b_update(&hot, &sb_off, 1, "B"), REFIT_OK);
+    assert_int_equal(f4b_seen.many_calls, 1);
+    f4b_assert_read(&sb_off, 0);
+    assert_same_bytes(&cold, &hot, "B over A, staged, against a cold start in place");
+    q_kept kept = q_keep(&hot);
+    assert_int_equal(f4b_update(&hot, &sb, 1, "B again"), REFIT_OK);
+    q_assert_kept(&hot, &kept);
+
+    tw_close(&cold);
+    tw_close(&each);
+    tw_close(&hot);
+    f4b_sources_free(&sa);
+    f4b_sources_free(&sb);
+    f4b_sources_free(&sb_off);
+    batch_close(a);
+    batch_close(b);
+}
+
+/* A NaN in one online module of the call, or a weight_shape the
+ * checkpoint module's plan does not fit: the call is taken, finalize
+ * fails naming that module and tensor, the rollback keeps every byte. */
+static void batch_bad_module_named(void **state)
+{
+    (void)state;
+    st_set *a[NB], *b[NB];
+    batch_sets(a, 80);
+    batch_sets(b, 90);
+    f4b_sources sa;
+    f4b_sources_make(&sa, a, NB, 0);
+    for (int c = 0; c < 2; c++) {
+        tw w;
+        q_world(&w, f4b_watched(PLUGIN));
+        batch_build(&w, a);
+        assert_int_equal(f4b_update(&w, &sa, 1, "A"), REFIT_OK);
+        q_kept kept = q_keep(&w);
+        f4b_sources sb;
+        f4b_sources_make(&sb, b, NB, 0);
+        if (c == 0) {
+            ((uint16_t *)f4b_bytes(&sb, 3, "W.weight"))[40] = 0x7e00; /* an f16 NaN */
+        } else {
+            void *shape = f4b_bytes(&sb, 1, "W.weight_shape"); /* K 50: not this plan's */
+            if (f4_get(b[1], "W.weight_shape")->dtype == ST_I64)
+                ((int64_t *)shape)[1] = 50;
+            else
+                ((int32_t *)shape)[1] = 50;
+        }
+        f4b_watch_reset();
+        assert_int_equal(f4b_update(&w, &sb, 1, "bad"), REFIT_ECORRUPT);
+        assert_int_equal(f4b_seen.many_calls, 1);
+        if (c == 0)
+            tw_assert_msg(&w, "layers.3.q", "l3.W.weight", "NaN or infinity");
+        else
+            tw_assert_msg(&w, "layers.1.q", "l1.W.weight_shape", "does not fit this rank");
+        q_assert_kept(&w, &kept);
+        assert_string_equal(refit_worker_version(w.ctx), "A");
+        f4b_sources_free(&sb);
+        tw_close(&w);
+    }
+    f4b_sources_free(&sa);
+    batch_close(a);
+    batch_close(b);
+}
+
 int main(void)
 {
     pyref_skip_without_venv();
@@ -603,6 +824,8 @@ int main(void)
         cmocka_unit_test(online_nan_rolls_back),
         cmocka_unit_test(online_refusals),
         cmocka_unit_test(online_via_plugin_file),
+        cmocka_unit_test(batch_load_many),
+        cmocka_unit_test(batch_bad_module_named),
     };
     return cmocka_run_group_tests_name("formats-int4", tests, NULL, NULL);
 }

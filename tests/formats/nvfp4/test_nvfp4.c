@@ -5,7 +5,10 @@
  * F32/F16/BF16 weights quantized at post-load give numpy's bytes (packed,
  * swizzled scales, alpha) on ragged shapes, dequantize within the format's
  * error, reload equals a cold start, a NaN is refused with the bytes kept,
- * and the online module's refusals. */
+ * and the online module's refusals. Many modules (online and checkpoint)
+ * in one refit_load_many: one post_load_many, the caller's aligned bytes
+ * read in place, the bytes of one refit_load a tensor and of a cold start,
+ * a NaN in one module named at finalize and rolled back. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +16,7 @@
 
 #include "plugins/fp8/quant_fp8.h"
 #include "plugins/nvfp4/quant_nvfp4.h"
+#include "tests/formats/common/f4batch.h"
 #include "tests/formats/common/f4set.h"
 #include "tests/formats/common/f4util.h"
 #include "tests/formats/common/qutil.h"
@@ -509,6 +513,202 @@ static void via_plugin_file(void **state)
     st_close(s);
 }
 
+/* ---- many modules in one loading call ---- */
+
+#define NB 5
+
+/* The batch's modules: online (a float dtype) or a checkpoint convention. */
+static const struct {
+    const char *dtype, *conv;
+    int64_t n, k;
+} bmod[NB] = {
+    {"bf16", NULL, 40, 48}, {NULL, "modelopt", 40, 64}, {"f16", NULL, 24, 33},
+    {NULL, "ct", 40, 64},   {"f32", NULL, 16, 48},
+};
+
+static void bmod_name(char *out, size_t size, int k)
+{
+    snprintf(out, size, "layers.%d.mlp.down_proj", k);
+}
+
+/* Version `seed` of every module's set. */
+static void batch_sets(st_set **s, int seed)
+{
+    for (int k = 0; k < NB; k++) {
+        char args[128];
+        if (bmod[k].dtype)
+            snprintf(args, sizeof args, "--n %lld --k %lld --dtype %s --seed %d",
+                     (long long)bmod[k].n, (long long)bmod[k].k, bmod[k].dtype, seed + k);
+        else
+            snprintf(args, sizeof args, "--n %lld --k %lld --convention %s --seed %d",
+                     (long long)bmod[k].n, (long long)bmod[k].k, bmod[k].conv, seed + k);
+        s[k] = f4_ref(bmod[k].dtype ? "nvfp4-online" : "nvfp4", args);
+    }
+}
+
+static void batch_close(st_set **s)
+{
+    for (int k = 0; k < NB; k++)
+        st_close(s[k]);
+}
+
+/* Every module of the batch (checkpoint ones with input_scale_inv), then
+ * seal; asserts success. */
+static void batch_build(tw *w, st_set *const *s)
+{
+    for (int k = 0; k < NB; k++) {
+        char mod[64];
+        bmod_name(mod, sizeof mod, k);
+        int64_t n = bmod[k].n, kk = bmod[k].k, blocks = (kk + 15) / 16;
+        tw_module(w, mod, "nvfp4", NULL);
+        tw_runtime(w, mod, "weight", REFIT_U8, 2, TT_SHAPE(n, (kk + 1) / 2));
+        tw_runtime(w, mod, "weight_scale", REFIT_U8, 2,
+                   TT_SHAPE(kern_swizzle_rows(n), kern_swizzle_cols(blocks)));
+        tw_runtime(w, mod, "alpha", REFIT_F32, 1, TT_SHAPE(1));
+        if (!bmod[k].dtype)
+            tw_runtime(w, mod, "input_scale_inv", REFIT_F32, 1, TT_SHAPE(1));
+        assert_int_equal(f4b_expect(w, mod, k, s[k], spec_fn, NULL), REFIT_OK);
+    }
+    tw_seal(w);
+}
+
+/* Every module holds numpy's bytes for its set. */
+static void batch_check(tw *w, st_set *const *s)
+{
+    for (int k = 0; k < NB; k++) {
+        char mod[64];
+        bmod_name(mod, sizeof mod, k);
+        const st_tensor *q = bmod[k].dtype ? f4_get(s[k], "expect.packed")
+                             : st_find(s[k], "W.weight") ? f4_get(s[k], "W.weight")
+                                                         : f4_get(s[k], "W.weight_packed");
+        const st_tensor *sw = f4_get(s[k], "expect.swizzled");
+        assert_memory_equal(tw_rt(w, mod, "weight")->buf, q->data, q->nbytes);
+        assert_memory_equal(tw_rt(w, mod, "weight_scale")->buf, sw->data, sw->nbytes);
+        assert_f32_bits(tw_rt(w, mod, "alpha")->buf, f4_get(s[k], "expect.alpha"));
+        if (!bmod[k].dtype)
+            assert_f32_bits(tw_rt(w, mod, "input_scale_inv")->buf,
+                            f4_get(s[k], "expect.input_scale_inv"));
+    }
+}
+
+static void assert_same_bytes(const tw *a, const tw *b, const char *what)
+{
+    size_t na, nb;
+    void *x = tw_snapshot(a, &na), *y = tw_snapshot(b, &nb);
+    if (na != nb || memcmp(x, y, na))
+        fail_msg("%s: the runtime bytes differ", what);
+    free(x);
+    free(y);
+}
+
+/* Five modules (three online of every float dtype, a ModelOpt and a
+ * compressed-tensors one) in one refit_load_many: one post_load_many for
+ * all, the aligned sources read in place, numpy's bytes; one refit_load a
+ * tensor gives the same bytes; so does B over A from unaligned (staged)
+ * sources, and B again in place changes nothing. */
+static void batch_load_many(void **state)
+{
+    (void)state;
+    st_set *a[NB], *b[NB];
+    batch_sets(a, 60);
+    batch_sets(b, 70);
+    f4b_sources sa, sb, sb_off;
+    f4b_sources_make(&sa, a, NB, 0);
+    f4b_sources_make(&sb, b, NB, 0);
+    f4b_sources_make(&sb_off, b, NB, 1);
+    const refit_format_v2 *fmt = f4b_watched(PLUGIN);
+
+    tw cold, each, hot;
+    q_world(&cold, fmt);
+    batch_build(&cold, b);
+    assert_int_equal(f4b_seen.plans, NB);
+    assert_int_equal(f4b_seen.plans_in_place, NB);
+    f4b_watch_reset();
+    assert_int_equal(f4b_update(&cold, &sb, 1, "B"), REFIT_OK);
+    assert_int_equal(f4b_seen.many_calls, 1);
+    assert_int_equal(f4b_seen.many_modules, NB);
+    assert_int_equal(f4b_seen.one_calls, 0);
+    /* staged: each online weight, each checkpoint block scale and factor */
+    assert_int_equal(f4b_assert_read(&sb, 1), 3 + 2 * 3);
+    batch_check(&cold, b);
+
+    q_world(&each, fmt);
+    batch_build(&each, b);
+    f4b_watch_reset();
+    assert_int_equal(f4b_update(&each, &sb, 0, "B"), REFIT_OK);
+    assert_int_equal(f4b_seen.one_calls, NB);
+    assert_int_equal(f4b_seen.many_calls, 0);
+    assert_same_bytes(&cold, &each, "refit_load a tensor against refit_load_many");
+
+    q_world(&hot, fmt);
+    batch_build(&hot, a);
+    assert_int_equal(f4b_update(&hot, &sa, 1, "A"), REFIT_OK);
+    assert_true(tw_fp(&hot) != tw_fp(&cold));
+    f4b_watch_reset();
+    assert_int_equal(f4b_update(&hot, &sb_off, 1, "B"), REFIT_OK);
+    assert_int_equal(f4b_seen.many_calls, 1);
+    f4b_assert_read(&sb_off, 0);
+    assert_same_bytes(&cold, &hot, "B over A, staged, against a cold start in place");
+    q_kept kept = q_keep(&hot);
+    assert_int_equal(f4b_update(&hot, &sb, 1, "B again"), REFIT_OK);
+    q_assert_kept(&hot, &kept);
+
+    tw_close(&cold);
+    tw_close(&each);
+    tw_close(&hot);
+    f4b_sources_free(&sa);
+    f4b_sources_free(&sb);
+    f4b_sources_free(&sb_off);
+    batch_close(a);
+    batch_close(b);
+}
+
+/* A NaN in one module of the call (an online weight, a checkpoint block
+ * scale): the call is taken, finalize fails naming that module and
+ * tensor, and the rollback keeps every module's bytes and the health. */
+static void batch_nan_names_its_module(void **state)
+{
+    (void)state;
+    st_set *a[NB], *b[NB];
+    batch_sets(a, 80);
+    batch_sets(b, 90);
+    f4b_sources sa;
+    f4b_sources_make(&sa, a, NB, 0);
+    static const struct {
+        int k;
+        const char *tensor, *mod, *what;
+    } bad[] = {
+        {2, "W.weight", "layers.2.mlp.down_proj", "NaN or infinity"},
+        {3, "W.weight_scale", "layers.3.mlp.down_proj", "block scale 7 is an E4M3 NaN"},
+    };
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        tw w;
+        q_world(&w, f4b_watched(PLUGIN));
+        batch_build(&w, a);
+        assert_int_equal(f4b_update(&w, &sa, 1, "A"), REFIT_OK);
+        q_kept kept = q_keep(&w);
+        f4b_sources sb;
+        f4b_sources_make(&sb, b, NB, 0);
+        if (bad[c].k == 2)
+            ((uint16_t *)f4b_bytes(&sb, 2, "W.weight"))[5] = 0x7e00; /* an f16 NaN */
+        else
+            ((uint8_t *)f4b_bytes(&sb, 3, "W.weight_scale"))[7] = 0xff; /* an E4M3 NaN */
+        f4b_watch_reset();
+        assert_int_equal(f4b_update(&w, &sb, 1, "bad"), REFIT_ECORRUPT);
+        assert_int_equal(f4b_seen.many_calls, 1);
+        char tensor[64];
+        f4b_name(tensor, sizeof tensor, bad[c].k, bad[c].tensor);
+        tw_assert_msg(&w, bad[c].mod, tensor, bad[c].what);
+        q_assert_kept(&w, &kept);
+        assert_string_equal(refit_worker_version(w.ctx), "A");
+        f4b_sources_free(&sb);
+        tw_close(&w);
+    }
+    f4b_sources_free(&sa);
+    batch_close(a);
+    batch_close(b);
+}
+
 int main(void)
 {
     pyref_skip_without_venv();
@@ -530,6 +730,8 @@ int main(void)
         cmocka_unit_test(online_refusals),
         cmocka_unit_test(bad_factors_refused),
         cmocka_unit_test(via_plugin_file),
+        cmocka_unit_test(batch_load_many),
+        cmocka_unit_test(batch_nan_names_its_module),
     };
     return cmocka_run_group_tests_name("formats-nvfp4", tests, NULL, NULL);
 }
