@@ -59,7 +59,9 @@ static int scale2_plan(const refit_host_v2 *h, refit_fmt_module *m)
                             "whole contiguous runtime tensor", m->name, c->name);
         c->route = REFIT_ROUTE_STAGED;
     }
-    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD;
+    /* post_load only reads its staged views: the host may hand it the
+     * caller's source bytes instead of a staged copy */
+    m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE;
     return REFIT_OK;
 }
 
