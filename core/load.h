@@ -53,8 +53,9 @@ int txn_load_admit(refit_txn *t, const delivery *d, bool whole, bool *skip);
 /* Every check of one delivery: open, resolve, load_check, admit. */
 int txn_load_check(refit_txn *t, const char *name, int64_t off, const refit_tensor *src,
                    bool whole, bool described, delivery *d, bool *skip);
-/* Staging of d's module (a STAGED route), within the budget; none when
- * d is read in place (txn_load_in_place). */
+/* Staging of d's module (a STAGED route), within the budget; or, when d
+ * is read in place (txn_load_in_place), none: its bytes become the staged
+ * view, and the apply that follows copies nothing. */
 int txn_load_staging(refit_txn *t, const delivery *d, bool whole, void **staging);
 /* Whether whole delivery d, a STAGED route's, would be read in place by
  * its module's post-load (REFIT_MODULE_STAGED_IN_PLACE) when it completes

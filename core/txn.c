@@ -592,18 +592,15 @@ void txn_call_completes(refit_txn *t, uint32_t mi)
 }
 
 /* Write this rank's rows of the delivery to their route's destination. */
-static int write_rows(refit_txn *t, delivery *d, void *staging, bool whole)
+static int write_rows(refit_txn *t, delivery *d, void *staging)
 {
     route *r = d->r;
     if (d->b <= d->a && r->split_dim >= 0)
         return REFIT_OK; /* none of this rank's rows */
     refit_view src = d->src, dst;
     const backend *be = t->m->runtime[r->target].be;
-    void *at = NULL;
-    if (stage_in_place(t, d, whole, completes_module(t, d), &at)) {
-        t->s->in_place[d->ri] = at; /* the post-load reads it, on d's stream */
-        return txn_use_stream(t, be, d->stream);
-    }
+    if (t->s->in_place[d->ri]) /* txn_load_staging's choice: the post-load reads */
+        return txn_use_stream(t, be, d->stream); /* the caller's bytes, on d's stream */
     if (r->kind == REFIT_ROUTE_STAGED) {
         dst = r->staged_shape;
         dst.data = (char *)staging + r->staged_offset;
@@ -631,9 +628,10 @@ static int write_rows(refit_txn *t, delivery *d, void *staging, bool whole)
 }
 
 /* The post_load_many of a format, or NULL (a struct that predates it). */
-static int (*post_load_many_of(const refit_format_v2 *f))(const refit_host_v2 *,
-                                                          const refit_fmt_module *const *,
-                                                          uint32_t, void *)
+typedef int post_load_many_fn(const refit_host_v2 *, const refit_fmt_module *const *, uint32_t,
+                              void *);
+
+static post_load_many_fn *post_load_many_of(const refit_format_v2 *f)
 {
     return REFIT_STRUCT_HAS(f, refit_format_v2, post_load_many) ? f->post_load_many : NULL;
 }
@@ -701,8 +699,7 @@ static int post_load_group(refit_txn *t, const uint32_t *pending, uint32_t n, vo
 {
     refit_ctx *ctx = t->m->ctx;
     module *first = &t->m->modules[pending[0]];
-    int (*many)(const refit_host_v2 *, const refit_fmt_module *const *, uint32_t, void *) =
-        post_load_many_of(first->fmt);
+    post_load_many_fn *many = post_load_many_of(first->fmt);
     if (n > 1 && many) {
         for (uint32_t k = 0; k < n; k++)
             t->s->batch[k] = &t->m->modules[pending[k]].fm;
@@ -944,10 +941,13 @@ bool txn_load_in_place(const refit_txn *t, const delivery *d, bool completes)
 int txn_load_staging(refit_txn *t, const delivery *d, bool whole, void **staging)
 {
     *staging = NULL;
-    void *at;
-    if (d->r->kind != REFIT_ROUTE_STAGED ||
-        stage_in_place(t, d, whole, completes_module(t, d), &at))
+    if (d->r->kind != REFIT_ROUTE_STAGED)
         return REFIT_OK;
+    void *at;
+    if (stage_in_place(t, d, whole, completes_module(t, d), &at)) {
+        t->s->in_place[d->ri] = at; /* write_rows then copies nothing */
+        return REFIT_OK;
+    }
     return staging_get(t, &t->m->modules[d->r->module], d->r->module, staging);
 }
 
@@ -968,7 +968,7 @@ int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *stagi
         txn_set_state(t, TXN_LOADING);
     if (skip)
         return REFIT_OK;
-    int rc = claim ? claim_rows(t, d) : write_rows(t, d, staging, whole);
+    int rc = claim ? claim_rows(t, d) : write_rows(t, d, staging);
     if (rc)
         return txn_fail(t, rc);
     int64_t rows = d->b > d->a ? d->b - d->a : 0;

@@ -1670,11 +1670,11 @@ static int side_init(cq *q)
     return rc;
 }
 
-/* A marker among q's deferred slices: the stream waits for ev there, after
- * the slices queued before it (earlier tensors) are issued. */
-static void defer_marker(cq *q, cudaEvent_t ev, uint64_t *mark)
+/* A marker among the deferred slices (of the queue D holds): its stream
+ * waits for ev there, after the slices queued before it (earlier tensors)
+ * are issued. */
+static void defer_marker(cudaEvent_t ev, uint64_t *mark)
 {
-    (void)q;
     static const char none[1];
     if (D.head - D.issued == DEFER_CAP)
         defer_wait_issued(D.head - DEFER_CAP + 1);
@@ -1715,7 +1715,7 @@ static int side_save(cq *q, void *dst, const void *src, size_t n)
     if ((e = cudaEventRecord(q->save_ev[i], q->side)) != cudaSuccess)
         return cu_fail(e, "recording an undo save's event");
     if (D.q == q && D.issued < D.head)
-        defer_marker(q, q->save_ev[i], &q->save_mark[i]);
+        defer_marker(q->save_ev[i], &q->save_mark[i]);
     else if ((e = cudaStreamWaitEvent(st, q->save_ev[i], 0)) != cudaSuccess)
         return cu_fail(e, "waiting for an undo save");
     return REFIT_OK;
