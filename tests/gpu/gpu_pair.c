@@ -514,33 +514,7 @@ void pair_check_nan_and_abort(void **state, const int *bads, int n_bads)
  * accepted (each post-load enqueued, none waited for), finalize fails
  * naming first's module and tensor and not second's; the bytes are kept;
  * then a clean version 35 commits (the status area is empty again). */
-/* Every checkpoint tensor of version v (defect in tensors first and
- * second), one refit_load each, or all in one refit_load_many (many);
- * a host world reads host sources (it refuses device memory). */
-static void load_all(pair_world *w, refit_txn *t, int v, pair_src *keep, int first, int second,
-                     int defect, int many)
-{
-    const char *names[PAIR_MAX_CK];
-    refit_tensor srcs[PAIR_MAX_CK];
-    for (int i = 0; i < w->n_ck; i++) {
-        src_make(&keep[i], &w->ck[i], v, w->device ? SRC_DEVICE : SRC_PAGEABLE,
-                 i == first || i == second ? defect : 0);
-        names[i] = w->ck[i].name;
-        srcs[i] = keep[i].t;
-        int rc = many ? REFIT_OK : refit_load(t, w->ck[i].name, &keep[i].t, NULL);
-        if (rc)
-            fail_msg("%s: load %s refused (%s: %s): a post-load's finding must wait for "
-                     "finalize", w->ck[i].name, w->ck[i].name, refit_status_name(rc),
-                     refit_errmsg(w->ctx));
-    }
-    int rc = many ? refit_load_many(t, (size_t)w->n_ck, names, srcs, NULL) : REFIT_OK;
-    if (rc)
-        fail_msg("refit_load_many of %d tensors refused (%s: %s): a post-load's finding must "
-                 "wait for finalize", w->n_ck, refit_status_name(rc), refit_errmsg(w->ctx));
-}
-
-static void status_once(pair_world *w, int first, int second, int defect, const char *reason,
-                        int many)
+static void status_once(pair_world *w, int first, int second, int defect, const char *reason)
 {
     size_t n0, n1;
     char *before = pair_snapshot(w, &n0);
@@ -549,7 +523,16 @@ static void status_once(pair_world *w, int first, int second, int defect, const 
     refit_txn *t;
     OK(w, refit_begin(&t, w->m, &o));
     pair_src *keep = keep_new();
-    load_all(w, t, 34, keep, first, second, defect, many);
+    for (int i = 0; i < w->n_ck; i++) {
+        /* a host world reads host sources (it refuses device memory) */
+        src_make(&keep[i], &w->ck[i], 34, w->device ? SRC_DEVICE : SRC_PAGEABLE,
+                 i == first || i == second ? defect : 0);
+        int rc = refit_load(t, w->ck[i].name, &keep[i].t, NULL);
+        if (rc)
+            fail_msg("%s: load %s refused (%s: %s): a post-load's finding must wait for "
+                     "finalize", w->ck[i].name, w->ck[i].name, refit_status_name(rc),
+                     refit_errmsg(w->ctx));
+    }
     refit_txn_stats ts;
     OK(w, refit_txn_stats_get(t, &ts));
     assert_int_equal(ts.tensors_loaded, (uint64_t)w->n_ck);
@@ -576,41 +559,8 @@ void pair_check_status_at_finalize(void **state, int first, int second, const ch
     WORLDS(state, d, h);
     pair_update(h, 31, SRC_PAGEABLE, NULL);
     pair_update(d, 31, SRC_DEVICE, NULL);
-    status_once(d, first, second, 1, reason, 0);
-    status_once(h, first, second, 1, reason, 0);
+    status_once(d, first, second, 1, reason);
+    status_once(h, first, second, 1, reason);
     pair_assert_same(d, h, "after the refusals at finalize");
 }
 
-/* One update of version v through a single refit_load_many (many) or a
- * refit_load a tensor; that it commits is asserted. */
-static void update_by(pair_world *w, int v, int many)
-{
-    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
-    o.rollback = 1;
-    refit_txn *t;
-    OK(w, refit_begin(&t, w->m, &o));
-    pair_src *keep = keep_new();
-    load_all(w, t, v, keep, -1, -1, 0, many);
-    OK(w, refit_finalize(t));
-    pair_keep_free(w, keep);
-}
-
-void pair_check_load_many(void **state, int first, int second, const char *reason)
-{
-    WORLDS(state, d, h);
-    size_t n0, n1;
-    update_by(d, 41, 0);
-    char *per_call = pair_snapshot(d, &n0);
-    update_by(d, 42, 1); /* something else in between */
-    update_by(d, 41, 1);
-    char *many = pair_snapshot(d, &n1);
-    assert_int_equal(n0, n1);
-    pair_assert_snap(d, per_call, many, n0, "refit_load_many against a refit_load a tensor");
-    update_by(h, 41, 1);
-    pair_assert_same(d, h, "one refit_load_many on device and host");
-    free(per_call);
-    free(many);
-    status_once(d, first, second, 1, reason, 1);
-    status_once(h, first, second, 1, reason, 1);
-    pair_assert_same(d, h, "after the refusals of a refit_load_many at finalize");
-}

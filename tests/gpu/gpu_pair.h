@@ -174,10 +174,5 @@ void pair_check_nan_and_abort(void **state, const int *bads, int n_bads);
  * `reason` (the first failure wins), the bytes are kept, and a clean
  * update then commits (the status is reset). */
 void pair_check_status_at_finalize(void **state, int first, int second, const char *reason);
-/* Every tensor in one refit_load_many (the modules' post_load_many at its
- * end, sources read in place where the format allows): the same bytes as
- * a refit_load a tensor, device against host; then the refusal at
- * finalize of pair_check_status_at_finalize, through refit_load_many. */
-void pair_check_load_many(void **state, int first, int second, const char *reason);
 
 #endif

@@ -29,6 +29,7 @@
 
 #include "core/cuda/backend_cuda.h"
 #include "gpu_pair.h"
+#include "gpu_many.h"
 #include "kernels/cast.h"
 
 #define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})
@@ -143,10 +144,19 @@ static void test_status_at_finalize(void **state)
 }
 
 /* One refit_load_many: one post_load_many over every module, sources read
- * in place; the same bytes, and the first bad module named at finalize. */
+ * in place (aligned) or staged (not); the bytes of a refit_load a tensor
+ * and of the host. */
 static void test_load_many(void **state)
 {
-    pair_check_load_many(state, 0, 8, "NaN or infinity");
+    pair_check_load_many_watched(state, &fp8_model);
+}
+
+/* A NaN in l0.q_proj (module l0.qkv), then in l0.down_proj (l0.down), in
+ * one refit_load_many: named at finalize, rolled back. */
+static void test_load_many_nan(void **state)
+{
+    static const int bads[2] = {0, 8};
+    pair_check_load_many_nan(state, &fp8_model, bads, 2);
 }
 
 int main(void)
@@ -161,6 +171,7 @@ int main(void)
         cmocka_unit_test(test_nan_and_abort),
         cmocka_unit_test(test_status_at_finalize),
         cmocka_unit_test(test_load_many),
+        cmocka_unit_test(test_load_many_nan),
     };
     return cmocka_run_group_tests(tests, pair_setup, pair_teardown);
 }
