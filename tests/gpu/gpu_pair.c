@@ -563,4 +563,3 @@ void pair_check_status_at_finalize(void **state, int first, int second, const ch
     status_once(h, first, second, 1, reason);
     pair_assert_same(d, h, "after the refusals at finalize");
 }
-
