@@ -726,20 +726,10 @@ static int time_quant_reload(bench *b, qarena *a, int sch, double *out)
                                 .ndim = 2, .dtype = REFIT_BF16, .shape = b->t[a->idx[w]].shape};
     }
     for (int r = -1; r < b->repeat && !rc; r++) {
-        refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
-        o.rollback = 0;
-        refit_txn *txn;
-        if (cudaDeviceSynchronize() != cudaSuccess)
-            rc = REFIT_EINTERNAL;
-        double t0 = now_s();
-        if (!rc)
-            rc = refit_begin(&txn, m, &o);
-        if (!rc && (rc = refit_load_many(txn, (size_t)a->nw, names, src, NULL)))
-            refit_abort(txn);
-        else if (!rc)
-            rc = refit_finalize(txn);
+        double secs = 0;
+        rc = breload_many_once(m, (size_t)a->nw, names, src, &secs);
         if (r >= 0)
-            v[r] = now_s() - t0;
+            v[r] = secs;
     }
     free(names);
     free(src);

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
 #include <cuda_runtime_api.h>
 #include <jansson.h>
@@ -31,6 +30,7 @@
 #include <refit/sys/cuda.h>
 
 #include "bench_gpu_peer.h"
+#include "bench_gpu_reload.h"
 #include "core/cuda/kern_cuda.h"
 #include "plugins/nvfp4/nvfp4_direct.h"
 #include "plugins/nvfp4/quant_nvfp4.h"
@@ -48,13 +48,6 @@ typedef struct nv_arena {
     size_t bytes, min_bytes;
     uint32_t at, count;         /* the pieces of the next call */
 } nv_arena;
-
-static double nvb_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 static size_t nvb_round(size_t v)
 {
@@ -240,20 +233,10 @@ static int nvb_reload(nv_arena *a, int repeat, double *out)
                                 .shape = a->p[w].src.shape};
     }
     for (int r = -1; r < repeat && !rc; r++) {
-        refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
-        o.rollback = 0;
-        refit_txn *txn;
-        if (cudaDeviceSynchronize() != cudaSuccess)
-            rc = REFIT_EINTERNAL;
-        double t0 = nvb_now();
-        if (!rc)
-            rc = refit_begin(&txn, m, &o);
-        if (!rc && (rc = refit_load_many(txn, (size_t)a->nw, names, src, NULL)))
-            refit_abort(txn);
-        else if (!rc)
-            rc = refit_finalize(txn);
+        double secs = 0;
+        rc = breload_many_once(m, (size_t)a->nw, names, src, &secs);
         if (r >= 0)
-            v[r] = nvb_now() - t0;
+            v[r] = secs;
     }
     free(ck);
     free(names);

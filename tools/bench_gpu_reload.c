@@ -41,13 +41,27 @@ static int br_model(const breload_spec *s, int nw, const refit_view *x, refit_mo
     return rc ? rc : refit_model_seal(m);
 }
 
-/* One update: every weight in one refit_load_many (the path of the Python
- * binding's load_dict), rollback off. */
-static int br_once(refit_model *m, int nw, const refit_view *x, double *secs)
+int breload_many_once(refit_model *m, size_t n, const char *const *names,
+                      const refit_tensor *srcs, double *secs)
 {
     refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
     o.rollback = 0;
     refit_txn *txn;
+    if (cudaDeviceSynchronize() != cudaSuccess)
+        return REFIT_EINTERNAL;
+    double t0 = br_now();
+    int rc = refit_begin(&txn, m, &o);
+    if (!rc && (rc = refit_load_many(txn, n, names, srcs, NULL)))
+        refit_abort(txn);
+    else if (!rc)
+        rc = refit_finalize(txn);
+    *secs = br_now() - t0;
+    return rc;
+}
+
+/* One update: every weight "w<i>.weight" from x[i] in one refit_load_many. */
+static int br_once(refit_model *m, int nw, const refit_view *x, double *secs)
+{
     char (*ck)[40] = calloc((size_t)nw + 1, sizeof *ck);
     const char **names = calloc((size_t)nw + 1, sizeof *names);
     refit_tensor *src = calloc((size_t)nw + 1, sizeof *src);
@@ -58,16 +72,8 @@ static int br_once(refit_model *m, int nw, const refit_view *x, double *secs)
         src[w] = (refit_tensor){.data = x[w].data, .device = x[w].device, .ndim = 2,
                                 .dtype = x[w].dtype, .shape = (int64_t *)x[w].shape};
     }
-    if (!rc && cudaDeviceSynchronize() != cudaSuccess)
-        rc = REFIT_EINTERNAL;
-    double t0 = br_now();
-    if (!rc && !(rc = refit_begin(&txn, m, &o))) {
-        if ((rc = refit_load_many(txn, (size_t)nw, names, src, NULL)))
-            refit_abort(txn);
-        else
-            rc = refit_finalize(txn);
-    }
-    *secs = br_now() - t0;
+    if (!rc)
+        rc = breload_many_once(m, (size_t)nw, names, src, secs);
     free(ck);
     free(names);
     free(src);

@@ -21,6 +21,13 @@ typedef struct breload_spec {
     const refit_tensor *rt;
 } breload_spec;
 
+/* One timed update of m (rollback off): the device synced, then
+ * refit_begin, one refit_load_many of names[i] from srcs[i] (the Python
+ * binding's load_dict path) and refit_finalize; *secs from begin to
+ * finalize's return. Returns the first failing status (the txn aborted). */
+int breload_many_once(refit_model *m, size_t n, const char *const *names,
+                      const refit_tensor *srcs, double *secs);
+
 /* Median seconds of a reload of the nw weights as s's modules. Returns 1
  * after a message on stderr when the model or a reload fails. */
 int breload_time(const breload_spec *s, int nw, const refit_view *x, int repeat, double *out);
