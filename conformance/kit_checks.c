@@ -139,30 +139,44 @@ out:
 
 /* ---- reload equals cold start ---- */
 
+/* A cold start of B in c, and in h A then B (in one refit_load_many when
+ * many): 0 when h then holds exactly c's bytes (both worlds left open,
+ * r untouched), else r says what failed. */
+static int b_over_a(const kit_env *env, kit_result *r, int many, kit_world *c, kit_world *h)
+{
+    char where[256], why[2048];
+    memset(h, 0, sizeof *h);
+    if (cold(c, env, 0, KIT_SHARDED, 0xa5, VERSION_B, r) ||
+        cold(h, env, 0, KIT_SHARDED, many ? 0x5a : 0xa5, VERSION_A, r))
+        return 1;
+    if (same_bytes(c, h, where, sizeof where)) {
+        say(r, KIT_FAIL, "versions A and B of the checkpoint give the same runtime bytes: "
+            "the case cannot tell a reload from a cold start");
+        return 1;
+    }
+    kit_delivery d = {.version = VERSION_B, .many = many};
+    if (kit_update(h, &d, "B", why, sizeof why)) {
+        say(r, KIT_FAIL, "reload of version B after A%s: %s",
+            many ? " in one refit_load_many" : "", why);
+        return 1;
+    }
+    if (same_bytes(c, h, where, sizeof where))
+        return 0;
+    if (many)
+        say(r, KIT_FAIL, "A then B in one refit_load_many differs from a cold start of B "
+            "loaded a tensor a call, at %s: post_load_many does not build what post_load "
+            "builds, or a staged view read in place was written", where);
+    else
+        say(r, KIT_FAIL, "A then B differs from a cold start of B at %s: post_load reads "
+            "runtime bytes (DESIGN rule 4) or leaves some of A", where);
+    return 1;
+}
+
 static void check_reload(const kit_env *env, kit_result *r)
 {
     kit_world c, h;
-    char where[256], why[2048];
-    memset(&h, 0, sizeof h);
-    if (cold(&c, env, 0, KIT_SHARDED, 0xa5, VERSION_B, r) ||
-        cold(&h, env, 0, KIT_SHARDED, 0xa5, VERSION_A, r))
-        goto out;
-    if (same_bytes(&c, &h, where, sizeof where)) {
-        say(r, KIT_FAIL, "versions A and B of the checkpoint give the same runtime bytes: "
-            "the case cannot tell a reload from a cold start");
-        goto out;
-    }
-    kit_delivery d = {.version = VERSION_B};
-    if (kit_update(&h, &d, "B", why, sizeof why)) {
-        say(r, KIT_FAIL, "reload of version B after A: %s", why);
-        goto out;
-    }
-    if (!same_bytes(&c, &h, where, sizeof where))
-        say(r, KIT_FAIL, "A then B differs from a cold start of B at %s: post_load reads "
-            "runtime bytes (DESIGN rule 4) or leaves some of A", where);
-    else
+    if (!b_over_a(env, r, 0, &c, &h))
         say(r, KIT_PASS, "A then B gives exactly the bytes of a cold start of B");
-out:
     kit_world_close(&c);
     kit_world_close(&h);
 }
@@ -196,54 +210,26 @@ out:
 /* ---- many tensors in one call ---- */
 
 static int staged_float(const kit_env *env, const mdoc_ck *ck);
+static int nan_refused(kit_world *w, uint64_t version, const mdoc_mod *mod, const mdoc_ck *ck,
+                       int many, kit_result *r, char *why, size_t n);
 
 static void check_many(const kit_env *env, kit_result *r)
 {
     kit_world c, w;
-    char where[256], why[2048];
-    memset(&w, 0, sizeof w);
-    if (cold(&c, env, 0, KIT_SHARDED, 0xa5, VERSION_B, r) ||
-        cold(&w, env, 0, KIT_SHARDED, 0x5a, VERSION_A, r))
+    char why[2048];
+    if (b_over_a(env, r, 1, &c, &w))
         goto out;
-    kit_delivery d = {.version = VERSION_B, .many = 1};
-    if (kit_update(&w, &d, "B in one call", why, sizeof why)) {
-        say(r, KIT_FAIL, "version B in one refit_load_many after A: %s", why);
-        goto out;
-    }
-    if (!same_bytes(&c, &w, where, sizeof where)) {
-        say(r, KIT_FAIL, "A then B in one refit_load_many differs from a cold start of B "
-            "loaded a tensor a call, at %s: post_load_many does not build what post_load "
-            "builds, or a staged view read in place was written", where);
-        goto out;
-    }
-    /* a NaN in the first staged float tensor, in one call: the update fails
-     * at finalize naming its module, and rolls back */
+    /* a NaN in the first staged float tensor of A, in one call, over B */
     for (size_t i = 0; i < env->doc->n_mods; i++) {
         const mdoc_mod *mod = &env->doc->mods[i];
         for (size_t j = 0; is_format(env, mod) && j < mod->n_ck; j++) {
             const mdoc_ck *ck = &mod->ck[j];
             if (!staged_float(env, ck))
                 continue;
-            size_t n, m;
-            void *before = kit_snapshot(&w, &n);
-            kit_delivery bad = {.version = VERSION_A, .many = 1, .nan_in = ck->name};
-            int rc = kit_update(&w, &bad, "nan in one call", why, sizeof why);
-            void *after = kit_snapshot(&w, &m);
-            if (rc == REFIT_OK)
-                say(r, KIT_FAIL, "a NaN in %s (module %s), in one refit_load_many, was "
-                    "accepted: the update committed", ck->name, mod->name);
-            else if (n != m || memcmp(before, after, n))
-                say(r, KIT_FAIL, "the rollback of a NaN in %s in one call left %s changed",
-                    ck->name, kit_diff(&w, before, after, where, sizeof where));
-            else if (!strstr(why, mod->name))
-                say(r, KIT_FAIL, "the refusal of a NaN in %s in one call does not name "
-                    "module %s: %s", ck->name, mod->name, why);
-            else
+            if (nan_refused(&w, VERSION_A, mod, ck, 1, r, why, sizeof why))
                 say(r, KIT_PASS, "one refit_load_many gives the bytes of a refit_load a "
                     "tensor; a NaN in %s in one call fails it naming %s, rolled back",
                     ck->name, mod->name);
-            free(before);
-            free(after);
             goto out;
         }
     }
@@ -310,10 +296,46 @@ static int staged_float(const kit_env *env, const mdoc_ck *ck)
     return role && role->routes == FDECL_ROUTE_BIT(REFIT_ROUTE_STAGED);
 }
 
+/* A NaN in ck (module mod) of version (another than w holds, so a
+ * missing rollback shows), delivered a tensor a call or in one
+ * refit_load_many (many): 1 when the update fails naming mod, rolled back
+ * to the bytes before and READY (why: its message); else 0 and r says
+ * what went wrong. */
+static int nan_refused(kit_world *w, uint64_t version, const mdoc_mod *mod, const mdoc_ck *ck,
+                       int many, kit_result *r, char *why, size_t nwhy)
+{
+    char where[256];
+    const char *how = many ? " in one refit_load_many" : "";
+    size_t n, m;
+    void *before = kit_snapshot(w, &n);
+    kit_delivery d = {.version = version, .nan_in = ck->name, .many = many};
+    int rc = kit_update(w, &d, "nan", why, nwhy);
+    void *after = kit_snapshot(w, &m);
+    refit_health hl = refit_worker_health(w->ctx);
+    int ok = 0;
+    if (rc == REFIT_OK)
+        say(r, KIT_FAIL, "a NaN in %s (module %s)%s was accepted: the update committed",
+            ck->name, mod->name, how);
+    else if (hl != REFIT_HEALTH_READY)
+        say(r, KIT_FAIL, "after the refused NaN in %s%s the worker is %s, not READY",
+            ck->name, how, refit_health_name(hl));
+    else if (n != m || memcmp(before, after, n))
+        say(r, KIT_FAIL, "the rollback of the NaN in %s%s left %s changed", ck->name, how,
+            kit_diff(w, before, after, where, sizeof where));
+    else if (!strstr(why, mod->name))
+        say(r, KIT_FAIL, "the refusal of the NaN in %s%s does not name module %s: %s",
+            ck->name, how, mod->name, why);
+    else
+        ok = 1;
+    free(before);
+    free(after);
+    return ok;
+}
+
 static void check_nan(const kit_env *env, kit_result *r)
 {
     kit_world w;
-    char where[256], why[2048];
+    char why[2048];
     int tried = 0;
     if (cold(&w, env, 0, KIT_SHARDED, 0xa5, VERSION_A, r))
         goto out;
@@ -324,29 +346,7 @@ static void check_nan(const kit_env *env, kit_result *r)
             if (!staged_float(env, ck))
                 continue;
             tried++;
-            size_t n, m;
-            void *before = kit_snapshot(&w, &n);
-            kit_delivery d = {.version = VERSION_B, .nan_in = ck->name};
-            int rc = kit_update(&w, &d, "nan", why, sizeof why);
-            void *after = kit_snapshot(&w, &m);
-            refit_health hl = refit_worker_health(w.ctx);
-            if (rc == REFIT_OK)
-                say(r, KIT_FAIL, "a NaN in %s (module %s) was accepted: the update committed",
-                    ck->name, mod->name);
-            else if (hl != REFIT_HEALTH_READY)
-                say(r, KIT_FAIL, "after the refused NaN in %s the worker is %s, not READY",
-                    ck->name, refit_health_name(hl));
-            else if (n != m || memcmp(before, after, n))
-                say(r, KIT_FAIL, "the rollback of the NaN in %s left %s changed", ck->name,
-                    kit_diff(&w, before, after, where, sizeof where));
-            else if (!strstr(why, mod->name))
-                say(r, KIT_FAIL, "the refusal of the NaN in %s does not name module %s: %s",
-                    ck->name, mod->name, why);
-            else
-                r->verdict = KIT_PASS;
-            free(before);
-            free(after);
-            if (r->verdict != KIT_PASS)
+            if (!nan_refused(&w, VERSION_B, mod, ck, 0, r, why, sizeof why))
                 goto out;
         }
     }
