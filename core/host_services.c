@@ -65,6 +65,8 @@ struct host_svc {
     const refit_fmt_module *cur;  /* the module in a format's hands, */
     const refit_fmt_module *const *batch; /* or the n_batch of a post_load_many */
     uint32_t n_batch;
+    uint32_t slots_at_enter;      /* slots before the current call: a module's post-load
+                                     runs once an update, so its word is among the rest */
     scratch_block *scratch;
     uint32_t n_scratch, cap_scratch;
     scratch_pool *pools;
@@ -551,7 +553,7 @@ static int host_status_word(void *host, const refit_fmt_module *m, refit_device 
         return ctx_error(ctx, REFIT_EUNSUPPORTED, "status_word: module %s: device type %d id %d "
                          "is no CUDA device this host serves", m->name, dev.device_type,
                          dev.device_id);
-    for (uint32_t i = 0; i < s->n_slots; i++)
+    for (uint32_t i = s->slots_at_enter; i < s->n_slots; i++)
         if (s->slots[i].m == m && !s->slots[i].failed) {
             const status_slot *sl = &s->slots[i];
             for (uint32_t a = 0; a < s->n_arrays; a++)
@@ -708,6 +710,7 @@ void host_services_enter(refit_ctx *ctx, const refit_fmt_module *m)
         ctx->svc->cur = m;
         ctx->svc->batch = &ctx->svc->cur;
         ctx->svc->n_batch = m ? 1 : 0;
+        ctx->svc->slots_at_enter = ctx->svc->n_slots;
     }
 }
 
@@ -717,6 +720,7 @@ void host_services_enter_many(refit_ctx *ctx, const refit_fmt_module *const *m, 
         ctx->svc->cur = NULL;
         ctx->svc->batch = m;
         ctx->svc->n_batch = n;
+        ctx->svc->slots_at_enter = ctx->svc->n_slots;
     }
 }
 
@@ -737,7 +741,7 @@ void host_services_update_end(refit_ctx *ctx)
     scratch_free_all(s);
     for (uint32_t i = 0; i < s->n_slots; i++)
         slot_free(&s->slots[i]);
-    s->n_slots = 0;
+    s->n_slots = s->slots_at_enter = 0;
     for (uint32_t a = 0; a < s->n_arrays; a++)
         s->arrays[a].used = 0;
 }
