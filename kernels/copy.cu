@@ -383,45 +383,77 @@ __device__ __forceinline__ void copy_words_cs(char *d, const char *s, uint64_t n
         __stcs(dv + i, __ldcs(sv + i));
 }
 
+/* One row: its head bytes, the widest words both pointers allow, its tail. */
+template <int V>
+__device__ __forceinline__ void batch_row(const kern_batch_row &x)
+{
+    char *d = (char *)x.dst;
+    const char *s = (const char *)x.src;
+    uint64_t len = x.bytes;
+    /* widest word both pointers can be aligned to at once */
+    uint64_t mis = x.dst ^ x.src;
+    unsigned w = (mis & 15) == 0 ? 16 : (mis & 7) == 0 ? 8 : (mis & 3) == 0 ? 4
+               : (mis & 1) == 0 ? 2 : 1;
+    uint64_t head = (w - (x.dst & (w - 1))) & (w - 1);
+    if (head > len)
+        head = len;
+    if (threadIdx.x < head)
+        d[threadIdx.x] = s[threadIdx.x];
+    d += head;
+    s += head;
+    len -= head;
+    uint64_t body = len & ~(uint64_t)(w - 1);
+    switch (w) {
+    case 16:
+        if (V == 0)
+            copy_words<uint4, 4>(d, s, body);
+        else if (V == 1 || V == 4)
+            copy_words<uint4, 8>(d, s, body);
+        else if (V == 2)
+            copy_words_cs<4>(d, s, body);
+        else
+            copy_words_cs<8>(d, s, body);
+        break;
+    case 8: copy_words<uint64_t, 4>(d, s, body); break;
+    case 4: copy_words<uint32_t, 4>(d, s, body); break;
+    case 2: copy_words<uint16_t, 4>(d, s, body); break;
+    default: copy_words<uint8_t, 4>(d, s, body); break;
+    }
+    for (uint64_t i = body + threadIdx.x; i < len; i += blockDim.x)
+        d[i] = s[i];
+}
+
+/* A block a row (rows past the grid: strided). */
 template <int V>
 __global__ void __launch_bounds__(BATCH_THREADS) k_batch(const kern_batch_row *rows, uint32_t n)
 {
-    for (uint32_t r = blockIdx.x; r < n; r += gridDim.x) {
-        kern_batch_row x = rows[r];
-        char *d = (char *)x.dst;
-        const char *s = (const char *)x.src;
-        uint64_t len = x.bytes;
-        /* widest word both pointers can be aligned to at once */
-        uint64_t mis = x.dst ^ x.src;
-        unsigned w = (mis & 15) == 0 ? 16 : (mis & 7) == 0 ? 8 : (mis & 3) == 0 ? 4
-                   : (mis & 1) == 0 ? 2 : 1;
-        uint64_t head = (w - (x.dst & (w - 1))) & (w - 1);
-        if (head > len)
-            head = len;
-        if (threadIdx.x < head)
-            d[threadIdx.x] = s[threadIdx.x];
-        d += head;
-        s += head;
-        len -= head;
-        uint64_t body = len & ~(uint64_t)(w - 1);
-        switch (w) {
-        case 16:
-            if (V == 0)
-                copy_words<uint4, 4>(d, s, body);
-            else if (V == 1)
-                copy_words<uint4, 8>(d, s, body);
-            else if (V == 2)
-                copy_words_cs<4>(d, s, body);
-            else
-                copy_words_cs<8>(d, s, body);
-            break;
-        case 8: copy_words<uint64_t, 4>(d, s, body); break;
-        case 4: copy_words<uint32_t, 4>(d, s, body); break;
-        case 2: copy_words<uint16_t, 4>(d, s, body); break;
-        default: copy_words<uint8_t, 4>(d, s, body); break;
-        }
-        for (uint64_t i = body + threadIdx.x; i < len; i += blockDim.x)
-            d[i] = s[i];
+    for (uint32_t r = blockIdx.x; r < n; r += gridDim.x)
+        batch_row<V>(rows[r]);
+}
+
+/* Resident blocks, each taking rows r, r + grid, ...: one thread reads the
+ * next row (from the host-mapped table) while the block copies this one,
+ * and keeps it in a register until the copy is issued, so a row's read
+ * from the table costs no wait after the first. */
+__global__ void __launch_bounds__(BATCH_THREADS) k_batch_resident(const kern_batch_row *rows,
+                                                                   uint32_t n)
+{
+    __shared__ kern_batch_row next[2];
+    uint32_t r = blockIdx.x;
+    if (r >= n)
+        return;
+    if (threadIdx.x == 0)
+        next[0] = rows[r];
+    __syncthreads();
+    for (unsigned k = 0; r < n; r += gridDim.x, k ^= 1) {
+        uint32_t after = r + gridDim.x;
+        kern_batch_row x = {};
+        if (threadIdx.x == 0 && after < n)
+            x = rows[after];            /* in flight while this row is copied */
+        batch_row<4>(next[k]);
+        if (threadIdx.x == 0)
+            next[k ^ 1] = x;
+        __syncthreads();
     }
 }
 
@@ -444,6 +476,24 @@ extern "C" int kern_copy_batch_cuda(const void *rows, uint32_t n, void *stream)
         nb = (unsigned)batch_grid;
     const kern_batch_row *r = (const kern_batch_row *)rows;
     cudaStream_t st = (cudaStream_t)stream;
+    if (batch_variant == 4) {
+        static unsigned resident; /* blocks that fit on the device at once */
+        if (!resident) {
+            int dev = 0, sms = 0, per = 0;
+            if (cudaGetDevice(&dev) == cudaSuccess &&
+                cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_batch_resident,
+                                                              BATCH_THREADS, 0) == cudaSuccess &&
+                sms > 0 && per > 0)
+                resident = (unsigned)(sms * per);
+            else
+                resident = 1024;
+            (void)cudaGetLastError();
+        }
+        unsigned g = batch_grid > 0 ? (unsigned)batch_grid : resident;
+        k_batch_resident<<<nb < g ? nb : g, BATCH_THREADS, 0, st>>>(r, n);
+        return launched("kern_copy_batch_cuda");
+    }
     switch (batch_variant) {
     case 1: k_batch<1><<<nb, BATCH_THREADS, 0, st>>>(r, n); break;
     case 2: k_batch<2><<<nb, BATCH_THREADS, 0, st>>>(r, n); break;

@@ -182,7 +182,8 @@ def variants(topo, with_bench):
 class CudaStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "batch_launches", "batch_rows", "memcpy_calls", "kernel_copies", "pageable_bytes",
-        "ring_waits", "host_copy_ns", "prefault_ns", "ring_wait_ns", "queues")]
+        "ring_waits", "host_copy_ns", "prefault_ns", "ring_wait_ns", "queues",
+        "ring_fill_wait_ns", "ring_drain_ns", "ring_dma_ns", "ring_dma_bytes")]
 
 
 def tasks():

@@ -107,6 +107,8 @@ typedef struct cuda_cfg {
     int nt_stores;              /* REFIT_CUDA_NT_STORES: stream into pinned chunks */
     int defer;                  /* REFIT_CUDA_DEFER: read held sources after copy() returns */
     size_t defer_slice;         /* REFIT_CUDA_DEFER_SLICE_KB: a worker's unit of work */
+    int time_dma;               /* REFIT_CUDA_TIME_DMA: time the ring's H2D copies (a bench's) */
+    int drain_poll;             /* REFIT_CUDA_DRAIN_POLL: issue and copy while a chunk drains */
 } cuda_cfg;
 
 static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
@@ -142,7 +144,7 @@ static void cfg_load(cuda_cfg *c)
     c->undo_cache = env_size("REFIT_CUDA_UNDO_CACHE_MB", 0, MIB, 0, SIZE_MAX / 2);
     c->threads = (int)env_size("REFIT_CUDA_COPY_THREADS", def_threads, 1, 0, 64);
     c->populate = (int)env_size("REFIT_CUDA_POPULATE", 1, 1, 0, 1);
-    c->batch_variant = (int)env_size("REFIT_CUDA_BATCH_VARIANT", 1, 1, 0, 3);
+    c->batch_variant = (int)env_size("REFIT_CUDA_BATCH_VARIANT", 1, 1, 0, 4);
     c->batch_grid = (int)env_size("REFIT_CUDA_BATCH_GRID", 0, 1, 0, 1 << 20);
     c->table_upload = (int)env_size("REFIT_CUDA_TABLE_UPLOAD", 0, 1, 0, 1);
     c->flush_bytes = env_size("REFIT_CUDA_FLUSH_MB", 64 * MIB, MIB, MIB, SIZE_MAX / 2);
@@ -150,6 +152,8 @@ static void cfg_load(cuda_cfg *c)
     c->nt_stores = (int)env_size("REFIT_CUDA_NT_STORES", 0, 1, 0, 1);
     c->defer = (int)env_size("REFIT_CUDA_DEFER", 1, 1, 0, 1);
     c->defer_slice = env_size("REFIT_CUDA_DEFER_SLICE_KB", 2 * MIB, KIB, 64 * KIB, 64 * MIB);
+    c->time_dma = (int)env_size("REFIT_CUDA_TIME_DMA", 0, 1, 0, 1);
+    c->drain_poll = (int)env_size("REFIT_CUDA_DRAIN_POLL", 1, 1, 0, 1);
     kern_copy_batch_variant(c->batch_variant, c->batch_grid);
     c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
 }
@@ -303,9 +307,12 @@ int backend_cuda_device_count(void)
     return G.ndev;
 }
 
+static void dma_timing_resolve(void);
+
 void backend_cuda_stats_get(backend_cuda_stats *out)
 {
     pthread_mutex_lock(&G.mu);
+    dma_timing_resolve();
     *out = G.stats;
     out->queues = (uint64_t)G.nq;
     pthread_mutex_unlock(&G.mu);
@@ -905,7 +912,9 @@ static int ring_take(cq *q, size_t want, uint64_t align_to, pchunk **oc, char **
             G.stats.ring_waits++;
             uint64_t t0 = now_ns();
             cudaError_t e = cudaEventSynchronize(c->ev);
-            G.stats.ring_wait_ns += now_ns() - t0;
+            uint64_t dt = now_ns() - t0;
+            G.stats.ring_wait_ns += dt;
+            G.stats.ring_drain_ns += dt;
             if (e != cudaSuccess)
                 return cu_fail(e, "waiting for a pinned staging chunk");
             c->recorded = false;
@@ -938,6 +947,54 @@ static void defer_wake(void)
     if (P.sleeping)
         pthread_cond_broadcast(&P.go);
     pthread_mutex_unlock(&P.mu);
+}
+
+/* ---- timing the ring's copies (REFIT_CUDA_TIME_DMA=1, for benches) ----
+ * An event pair around each issued copy; resolved (waited for) when the
+ * table is full and when the counters are read. G.mu held. */
+
+#define DMA_TIMED_CAP 1024u
+
+static struct {
+    cudaEvent_t a[DMA_TIMED_CAP], b[DMA_TIMED_CAP];
+    size_t bytes[DMA_TIMED_CAP];
+    uint32_t made, n;
+} T;
+
+static void dma_timing_resolve(void)
+{
+    for (uint32_t i = 0; i < T.n; i++) {
+        float ms = 0;
+        if (cudaEventSynchronize(T.b[i]) == cudaSuccess &&
+            cudaEventElapsedTime(&ms, T.a[i], T.b[i]) == cudaSuccess) {
+            G.stats.ring_dma_ns += (uint64_t)((double)ms * 1e6);
+            G.stats.ring_dma_bytes += T.bytes[i];
+        }
+        (void)cudaGetLastError();
+    }
+    T.n = 0;
+}
+
+/* The pair slot for the next timed copy, or -1 (not timing, or no event). */
+static int dma_timing_slot(void)
+{
+    if (!G.cfg.time_dma)
+        return -1;
+    if (T.n == DMA_TIMED_CAP)
+        dma_timing_resolve();
+    if (T.n == T.made) {
+        if (cudaEventCreate(&T.a[T.made]) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return -1;
+        }
+        if (cudaEventCreate(&T.b[T.made]) != cudaSuccess) {
+            cudaEventDestroy(T.a[T.made]);
+            (void)cudaGetLastError();
+            return -1;
+        }
+        T.made++;
+    }
+    return (int)T.n;
 }
 
 /* Issue the filled slices at the front, in order; one cudaMemcpyAsync per
@@ -973,7 +1030,15 @@ static bool defer_issue(void)
             end++;
         }
         if (!D.err) {
+            int slot = dma_timing_slot();
+            if (slot >= 0)
+                (void)cudaEventRecord(T.a[slot], (cudaStream_t)q->stream);
             int rc = memcpy_now(q, x->dst, x->pin, bytes);
+            if (!rc && slot >= 0 &&
+                cudaEventRecord(T.b[slot], (cudaStream_t)q->stream) == cudaSuccess) {
+                T.bytes[slot] = bytes;
+                T.n++;
+            }
             if (!rc)
                 rc = chunk_mark(&q->ring[x->chunk], (cudaStream_t)q->stream);
             if (rc)
@@ -1025,15 +1090,28 @@ static int defer_next_chunk(cq *q)
         while (D.pending[nc])
             if (!defer_issue() && !defer_work())
                 cpu_relax();
-        G.stats.ring_wait_ns += now_ns() - t0;
+        uint64_t dt = now_ns() - t0;
+        G.stats.ring_wait_ns += dt;
+        G.stats.ring_fill_wait_ns += dt;
     }
     if (c->in_table && (rc = queue_flush(q)))
         return rc;
     if (c->recorded) {
         G.stats.ring_waits++;
         uint64_t t0 = now_ns();
-        cudaError_t e = cudaEventSynchronize(c->ev);
-        G.stats.ring_wait_ns += now_ns() - t0;
+        cudaError_t e;
+        if (G.cfg.drain_poll) {
+            /* keep the copy engine fed: issue what the workers filled
+             * since, and copy slices, while this chunk's copies run */
+            while ((e = cudaEventQuery(c->ev)) == cudaErrorNotReady)
+                if (!defer_issue() && !defer_work())
+                    cpu_relax();
+        } else {
+            e = cudaEventSynchronize(c->ev);
+        }
+        uint64_t dt = now_ns() - t0;
+        G.stats.ring_wait_ns += dt;
+        G.stats.ring_drain_ns += dt;
         if (e != cudaSuccess)
             return cu_fail(e, "waiting for a pinned staging chunk");
         c->recorded = false;

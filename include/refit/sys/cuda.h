@@ -26,6 +26,12 @@ typedef struct refit_sys_cuda_stats {
     uint64_t prefault_ns;       /* of which prefaulting their pages */
     uint64_t ring_wait_ns;      /* spent waiting for a pinned chunk to drain */
     uint64_t queues;            /* (stream, device) pairs work was queued on */
+    /* appended 2026-12-02: ring_wait_ns split, and the ring's copy-engine time */
+    uint64_t ring_fill_wait_ns; /* of ring_wait_ns: waiting for a chunk's slices to be filled */
+    uint64_t ring_drain_ns;     /* of ring_wait_ns: waiting for a chunk's H2D copies to end */
+    uint64_t ring_dma_ns;       /* GPU time of the ring's H2D copies (REFIT_CUDA_TIME_DMA=1,
+                                 * else 0): each timed by an event pair on its stream */
+    uint64_t ring_dma_bytes;    /* bytes those timed copies moved */
 } refit_sys_cuda_stats;
 
 /* *out = the counters now (all zero without CUDA). */
