@@ -407,7 +407,7 @@ __device__ __forceinline__ void batch_row(const kern_batch_row &x)
     case 16:
         if (V == 0)
             copy_words<uint4, 4>(d, s, body);
-        else if (V == 1 || V == 4)
+        else if (V == 1)
             copy_words<uint4, 8>(d, s, body);
         else if (V == 2)
             copy_words_cs<4>(d, s, body);
@@ -431,32 +431,6 @@ __global__ void __launch_bounds__(BATCH_THREADS) k_batch(const kern_batch_row *r
         batch_row<V>(rows[r]);
 }
 
-/* Resident blocks, each taking rows r, r + grid, ...: one thread reads the
- * next row (from the host-mapped table) while the block copies this one,
- * and keeps it in a register until the copy is issued, so a row's read
- * from the table costs no wait after the first. */
-__global__ void __launch_bounds__(BATCH_THREADS) k_batch_resident(const kern_batch_row *rows,
-                                                                   uint32_t n)
-{
-    __shared__ kern_batch_row next[2];
-    uint32_t r = blockIdx.x;
-    if (r >= n)
-        return;
-    if (threadIdx.x == 0)
-        next[0] = rows[r];
-    __syncthreads();
-    for (unsigned k = 0; r < n; r += gridDim.x, k ^= 1) {
-        uint32_t after = r + gridDim.x;
-        kern_batch_row x = {};
-        if (threadIdx.x == 0 && after < n)
-            x = rows[after];            /* in flight while this row is copied */
-        batch_row<4>(next[k]);
-        if (threadIdx.x == 0)
-            next[k ^ 1] = x;
-        __syncthreads();
-    }
-}
-
 static int batch_variant = 1, batch_grid;
 
 extern "C" void kern_copy_batch_variant(int v, int grid)
@@ -476,24 +450,6 @@ extern "C" int kern_copy_batch_cuda(const void *rows, uint32_t n, void *stream)
         nb = (unsigned)batch_grid;
     const kern_batch_row *r = (const kern_batch_row *)rows;
     cudaStream_t st = (cudaStream_t)stream;
-    if (batch_variant == 4) {
-        static unsigned resident; /* blocks that fit on the device at once */
-        if (!resident) {
-            int dev = 0, sms = 0, per = 0;
-            if (cudaGetDevice(&dev) == cudaSuccess &&
-                cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, k_batch_resident,
-                                                              BATCH_THREADS, 0) == cudaSuccess &&
-                sms > 0 && per > 0)
-                resident = (unsigned)(sms * per);
-            else
-                resident = 1024;
-            (void)cudaGetLastError();
-        }
-        unsigned g = batch_grid > 0 ? (unsigned)batch_grid : resident;
-        k_batch_resident<<<nb < g ? nb : g, BATCH_THREADS, 0, st>>>(r, n);
-        return launched("kern_copy_batch_cuda");
-    }
     switch (batch_variant) {
     case 1: k_batch<1><<<nb, BATCH_THREADS, 0, st>>>(r, n); break;
     case 2: k_batch<2><<<nb, BATCH_THREADS, 0, st>>>(r, n); break;

@@ -144,7 +144,7 @@ static void cfg_load(cuda_cfg *c)
     c->undo_cache = env_size("REFIT_CUDA_UNDO_CACHE_MB", 0, MIB, 0, SIZE_MAX / 2);
     c->threads = (int)env_size("REFIT_CUDA_COPY_THREADS", def_threads, 1, 0, 64);
     c->populate = (int)env_size("REFIT_CUDA_POPULATE", 1, 1, 0, 1);
-    c->batch_variant = (int)env_size("REFIT_CUDA_BATCH_VARIANT", 1, 1, 0, 4);
+    c->batch_variant = (int)env_size("REFIT_CUDA_BATCH_VARIANT", 1, 1, 0, 3);
     c->batch_grid = (int)env_size("REFIT_CUDA_BATCH_GRID", 0, 1, 0, 1 << 20);
     c->table_upload = (int)env_size("REFIT_CUDA_TABLE_UPLOAD", 0, 1, 0, 1);
     c->flush_bytes = env_size("REFIT_CUDA_FLUSH_MB", 64 * MIB, MIB, MIB, SIZE_MAX / 2);
