@@ -5,6 +5,7 @@
 
 #include "tests/formats/common/f4batch.h"
 #include "tests/formats/common/f4util.h"
+#include "tests/formats/common/qutil.h"
 
 f4b_watch f4b_seen;
 
@@ -177,4 +178,72 @@ int f4b_assert_read(const f4b_sources *src, int in_place)
                               : "from the caller's unaligned source, not a staged copy");
     }
     return f4b_seen.n_staged;
+}
+
+void f4b_assert_same_bytes(const tw *a, const tw *b, const char *what)
+{
+    size_t na, nb;
+    void *x = tw_snapshot(a, &na), *y = tw_snapshot(b, &nb);
+    if (na != nb || memcmp(x, y, na))
+        fail_msg("%s: the runtime bytes differ", what);
+    free(x);
+    free(y);
+}
+
+void f4b_check_load_many(const refit_format_v2 *plugin, const f4b_batch *bt)
+{
+    st_set *a[F4B_MAX], *b[F4B_MAX];
+    int n = bt->n;
+    bt->sets(a, 60);
+    bt->sets(b, 70);
+    f4b_sources sa, sb, sb_off;
+    f4b_sources_make(&sa, a, n, 0);
+    f4b_sources_make(&sb, b, n, 0);
+    f4b_sources_make(&sb_off, b, n, 1);
+    const refit_format_v2 *fmt = f4b_watched(plugin);
+
+    tw cold, each, hot;
+    q_world(&cold, fmt);
+    bt->build(&cold, b);
+    assert_int_equal(f4b_seen.plans, n);
+    assert_int_equal(f4b_seen.plans_in_place, n);
+    f4b_watch_reset();
+    if (bt->spoil)
+        bt->spoil(&cold);
+    assert_int_equal(f4b_update(&cold, &sb, 1, "B"), REFIT_OK);
+    assert_int_equal(f4b_seen.many_calls, 1);
+    assert_int_equal(f4b_seen.many_modules, n);
+    assert_int_equal(f4b_seen.one_calls, 0);
+    assert_int_equal(f4b_assert_read(&sb, 1), bt->staged_in_place);
+    bt->check(&cold, b);
+
+    q_world(&each, fmt);
+    bt->build(&each, b);
+    f4b_watch_reset();
+    assert_int_equal(f4b_update(&each, &sb, 0, "B"), REFIT_OK);
+    assert_int_equal(f4b_seen.one_calls, n);
+    assert_int_equal(f4b_seen.many_calls, 0);
+    f4b_assert_same_bytes(&cold, &each, "refit_load a tensor against refit_load_many");
+
+    q_world(&hot, fmt);
+    bt->build(&hot, a);
+    assert_int_equal(f4b_update(&hot, &sa, 1, "A"), REFIT_OK);
+    assert_true(tw_fp(&hot) != tw_fp(&cold));
+    f4b_watch_reset();
+    assert_int_equal(f4b_update(&hot, &sb_off, 1, "B"), REFIT_OK);
+    assert_int_equal(f4b_seen.many_calls, 1);
+    f4b_assert_read(&sb_off, 0);
+    f4b_assert_same_bytes(&cold, &hot, "B over A, staged, against a cold start in place");
+    q_kept kept = q_keep(&hot);
+    assert_int_equal(f4b_update(&hot, &sb, 1, "B again"), REFIT_OK);
+    q_assert_kept(&hot, &kept);
+
+    tw_close(&cold);
+    tw_close(&each);
+    tw_close(&hot);
+    f4b_sources_free(&sa);
+    f4b_sources_free(&sb);
+    f4b_sources_free(&sb_off);
+    bt->close(a);
+    bt->close(b);
 }

@@ -64,4 +64,26 @@ int f4b_update(tw *w, const f4b_sources *src, int many, const char *label);
  * least one was read. Returns how many were. */
 int f4b_assert_read(const f4b_sources *src, int in_place);
 
+/* The runtime bytes of a and b are equal (what: the failure's message). */
+void f4b_assert_same_bytes(const tw *a, const tw *b, const char *what);
+
+/* A suite's batch: n modules (n <= F4B_MAX tensors in all), each from a
+ * set of its own. */
+typedef struct f4b_batch {
+    int n;
+    void (*sets)(st_set **s, int seed);     /* s[0 .. n), from seed */
+    void (*close)(st_set **s);
+    void (*build)(tw *w, st_set *const *s); /* every module, sealed */
+    void (*check)(tw *w, st_set *const *s); /* the runtime is s's reference */
+    void (*spoil)(tw *w);                   /* NULL, or scribble on bytes the load rewrites */
+    int staged_in_place;                    /* staged views read in place from a batch */
+} f4b_batch;
+
+/* Every module in one refit_load_many: one post_load_many for all, the
+ * aligned sources read in place (b->staged_in_place of them), the
+ * reference's bytes; one refit_load a tensor gives the same bytes; so does
+ * B over A from unaligned (staged) sources, and B again in place changes
+ * nothing. */
+void f4b_check_load_many(const refit_format_v2 *plugin, const f4b_batch *b);
+
 #endif

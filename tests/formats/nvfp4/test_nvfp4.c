@@ -591,76 +591,15 @@ static void batch_check(tw *w, st_set *const *s)
     }
 }
 
-static void assert_same_bytes(const tw *a, const tw *b, const char *what)
-{
-    size_t na, nb;
-    void *x = tw_snapshot(a, &na), *y = tw_snapshot(b, &nb);
-    if (na != nb || memcmp(x, y, na))
-        fail_msg("%s: the runtime bytes differ", what);
-    free(x);
-    free(y);
-}
-
 /* Five modules (three online of every float dtype, a ModelOpt and a
- * compressed-tensors one) in one refit_load_many: one post_load_many for
- * all, the aligned sources read in place, numpy's bytes; one refit_load a
- * tensor gives the same bytes; so does B over A from unaligned (staged)
- * sources, and B again in place changes nothing. */
+ * compressed-tensors one) in one refit_load_many (f4b_check_load_many). */
 static void batch_load_many(void **state)
 {
     (void)state;
-    st_set *a[NB], *b[NB];
-    batch_sets(a, 60);
-    batch_sets(b, 70);
-    f4b_sources sa, sb, sb_off;
-    f4b_sources_make(&sa, a, NB, 0);
-    f4b_sources_make(&sb, b, NB, 0);
-    f4b_sources_make(&sb_off, b, NB, 1);
-    const refit_format_v2 *fmt = f4b_watched(PLUGIN);
-
-    tw cold, each, hot;
-    q_world(&cold, fmt);
-    batch_build(&cold, b);
-    assert_int_equal(f4b_seen.plans, NB);
-    assert_int_equal(f4b_seen.plans_in_place, NB);
-    f4b_watch_reset();
-    assert_int_equal(f4b_update(&cold, &sb, 1, "B"), REFIT_OK);
-    assert_int_equal(f4b_seen.many_calls, 1);
-    assert_int_equal(f4b_seen.many_modules, NB);
-    assert_int_equal(f4b_seen.one_calls, 0);
-    /* staged: each online weight, each checkpoint block scale and factor */
-    assert_int_equal(f4b_assert_read(&sb, 1), 3 + 2 * 3);
-    batch_check(&cold, b);
-
-    q_world(&each, fmt);
-    batch_build(&each, b);
-    f4b_watch_reset();
-    assert_int_equal(f4b_update(&each, &sb, 0, "B"), REFIT_OK);
-    assert_int_equal(f4b_seen.one_calls, NB);
-    assert_int_equal(f4b_seen.many_calls, 0);
-    assert_same_bytes(&cold, &each, "refit_load a tensor against refit_load_many");
-
-    q_world(&hot, fmt);
-    batch_build(&hot, a);
-    assert_int_equal(f4b_update(&hot, &sa, 1, "A"), REFIT_OK);
-    assert_true(tw_fp(&hot) != tw_fp(&cold));
-    f4b_watch_reset();
-    assert_int_equal(f4b_update(&hot, &sb_off, 1, "B"), REFIT_OK);
-    assert_int_equal(f4b_seen.many_calls, 1);
-    f4b_assert_read(&sb_off, 0);
-    assert_same_bytes(&cold, &hot, "B over A, staged, against a cold start in place");
-    q_kept kept = q_keep(&hot);
-    assert_int_equal(f4b_update(&hot, &sb, 1, "B again"), REFIT_OK);
-    q_assert_kept(&hot, &kept);
-
-    tw_close(&cold);
-    tw_close(&each);
-    tw_close(&hot);
-    f4b_sources_free(&sa);
-    f4b_sources_free(&sb);
-    f4b_sources_free(&sb_off);
-    batch_close(a);
-    batch_close(b);
+    /* staged in place: each online weight, each checkpoint block scale and factor */
+    static const f4b_batch bt = {NB, batch_sets, batch_close, batch_build, batch_check,
+                                 NULL, 3 + 2 * 3};
+    f4b_check_load_many(PLUGIN, &bt);
 }
 
 /* A NaN in one module of the call (an online weight, a checkpoint block
