@@ -179,13 +179,6 @@ def variants(topo, with_bench):
 
 # ---- one process: the case, every run kept ----
 
-class CudaStats(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in (
-        "batch_launches", "batch_rows", "memcpy_calls", "kernel_copies", "pageable_bytes",
-        "ring_waits", "host_copy_ns", "prefault_ns", "ring_wait_ns", "queues",
-        "ring_fill_wait_ns", "ring_drain_ns", "ring_dma_ns", "ring_dma_bytes")]
-
-
 def tasks():
     out = {}
     for t in glob.glob("/proc/self/task/*"):
@@ -285,7 +278,7 @@ def child(a):
     sys.path.insert(0, BENCH)
     import torch
     import python_path as pp
-    from refit import _ffi
+    from refit._sys import cuda_stats
 
     t_start = time.time()
     d = pp.Dense()
@@ -306,9 +299,6 @@ def child(a):
             h2d.append((time.perf_counter() - t0) * 1e3)
     del pinned
     ceiling = statistics.median(h2d)
-    stats_get = _ffi.lib().refit_sys_cuda_stats_get
-    stats_get.argtypes = [ctypes.POINTER(CudaStats)]
-    stats_get.restype = None
     ctx = pp.context()
     m = d.model(ctx)
     run = pp.update(m, lambda txn: txn.load_safetensors(path))
@@ -318,15 +308,14 @@ def child(a):
     verified = bool(d.verify()) if a.write else None  # a shared file holds another process's tensors
     runs = []
     for _ in range(a.repeat):
-        s0, s1 = CudaStats(), CudaStats()
         torch.cuda.synchronize()
-        stats_get(ctypes.byref(s0))
+        s0 = cuda_stats()
         t0 = time.perf_counter()
         run()
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
-        stats_get(ctypes.byref(s1))
-        delta = {f: getattr(s1, f) - getattr(s0, f) for f, _ in CudaStats._fields_}
+        s1 = cuda_stats()
+        delta = {f: s1[f] - s0[f] for f in s0}
         runs.append({"ms": ms, "ratio": ceiling / ms,
                      "host_copy_ms": delta["host_copy_ns"] / 1e6,
                      "prefault_ms": delta["prefault_ns"] / 1e6,

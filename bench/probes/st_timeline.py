@@ -18,7 +18,6 @@ copy engine was slow (drain waits, DMA rate), the host copies were
 pinned ceiling moved with it.
 """
 import argparse
-import ctypes
 import json
 import mmap
 import os
@@ -30,10 +29,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BENCH = os.path.dirname(HERE)
-
-STATS = ("batch_launches", "batch_rows", "memcpy_calls", "kernel_copies", "pageable_bytes",
-         "ring_waits", "host_copy_ns", "prefault_ns", "ring_wait_ns", "queues",
-         "ring_fill_wait_ns", "ring_drain_ns", "ring_dma_ns", "ring_dma_bytes")
 
 VMSTAT = ("pgfault", "pgmajfault", "pgscan_kswapd", "pgscan_direct", "pgsteal_kswapd",
           "pgsteal_direct", "compact_stall", "compact_migrate_scanned", "thp_fault_alloc",
@@ -78,19 +73,7 @@ def child(a):
     sys.path.insert(0, BENCH)
     import python_path as pp          # noqa: E402  (sets REFIT_PLUGIN_PATH, imports refit)
     import torch
-    from refit import _ffi
-
-    class CudaStats(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_uint64) for n in STATS]
-
-    get = _ffi.lib().refit_sys_cuda_stats_get
-    get.argtypes = [ctypes.POINTER(CudaStats)]
-    get.restype = None
-
-    def stats():
-        s = CudaStats()
-        get(ctypes.byref(s))
-        return {f: getattr(s, f) for f in STATS}
+    from refit._sys import cuda_stats as stats
 
     d = pp.Dense()
     fd, path = tempfile.mkstemp(suffix=".safetensors", dir=a.dir)

@@ -5,6 +5,7 @@
 
 #include <refit/refit.h>
 #include <refit/ipc.h>
+#include <refit/sys/cuda.h>
 #include <refit/transport.h>
 
 #define M(T, f) printf("%s\"%s\": %zu", first ? "" : ", ", #f, offsetof(T, f)), first = 0
@@ -47,6 +48,10 @@ int main(void)
       M(refit_txn_stats, undo_host_bytes));
     S(refit_source_tensor, "SourceTensor", M(refit_source_tensor, name);
       M(refit_source_tensor, shape); M(refit_source_tensor, bytes); M(refit_source_tensor, file));
+    /* refit/sys/cuda.h's counters, mirrored in refit/_sys.py */
+    S(refit_sys_cuda_stats, "_sys.CudaStats", M(refit_sys_cuda_stats, batch_launches);
+      M(refit_sys_cuda_stats, pageable_bytes); M(refit_sys_cuda_stats, queues);
+      M(refit_sys_cuda_stats, ring_fill_wait_ns); M(refit_sys_cuda_stats, ring_dma_bytes));
     /* transport.h's, mirrored in refit/transport.py ("transport." names) */
     S(refit_nccl_id, "transport.NcclId", M(refit_nccl_id, bytes));
     S(refit_nccl_opts, "transport.NcclOpts", M(refit_nccl_opts, version);

@@ -456,6 +456,27 @@ def test_journal_best_effort_and_log():
     assert ctx.version == "1" and np.array_equal(a, np.ones(2))
 
 
+def test_cuda_stats_by_name():
+    """refit._sys.cuda_stats: every counter of refit_sys_cuda_stats by its
+    name, as an int; an update of host tensors leaves them as they were
+    (no CUDA backend work)."""
+    from refit import _sys
+    before = _sys.cuda_stats()
+    assert tuple(before) == _sys.FIELDS and len(before) == 14, before
+    assert all(isinstance(v, int) and v >= 0 for v in before.values()), before
+    a = np.zeros((4,), np.float32)
+    ctx = refit.Context()
+    m = ctx.create_model()
+    m.add_module("a")
+    m.bind_runtime("a", "w", a)
+    m.expect("a", "a", "f32", [4])
+    m.seal()
+    with m.update(version="1") as txn:
+        txn.load("a", np.ones(4, np.float32))
+    assert np.array_equal(a, np.ones(4))
+    assert _sys.cuda_stats() == before
+
+
 def test_torch_never_imported():
     assert "torch" not in sys.modules
 
