@@ -445,15 +445,22 @@ def test_journal_best_effort_and_log():
                         plugin_dirs=[os.path.join(TMP, "no-plugins-here")],
                         log=lambda level, msg: lines.append((level, msg)))
     assert any("no-plugins-here" in msg for _, msg in lines), lines
-    a = np.zeros((2,), np.float32)
+    a = one_update(ctx, 2)
+    assert ctx.version == "1" and np.array_equal(a, np.ones(2))
+
+
+def one_update(ctx, n):
+    """A one-module model of n float32 zeros on ctx, updated to ones
+    (version "1"); its runtime array."""
+    a = np.zeros((n,), np.float32)
     m = ctx.create_model()
     m.add_module("a")
     m.bind_runtime("a", "w", a)
-    m.expect("a", "a", "f32", [2])
+    m.expect("a", "a", "f32", [n])
     m.seal()
     with m.update(version="1") as txn:
-        txn.load("a", np.ones(2, np.float32))
-    assert ctx.version == "1" and np.array_equal(a, np.ones(2))
+        txn.load("a", np.ones(n, np.float32))
+    return a
 
 
 def test_cuda_stats_by_name():
@@ -464,16 +471,7 @@ def test_cuda_stats_by_name():
     before = _sys.cuda_stats()
     assert tuple(before) == _sys.FIELDS and len(before) == 14, before
     assert all(isinstance(v, int) and v >= 0 for v in before.values()), before
-    a = np.zeros((4,), np.float32)
-    ctx = refit.Context()
-    m = ctx.create_model()
-    m.add_module("a")
-    m.bind_runtime("a", "w", a)
-    m.expect("a", "a", "f32", [4])
-    m.seal()
-    with m.update(version="1") as txn:
-        txn.load("a", np.ones(4, np.float32))
-    assert np.array_equal(a, np.ones(4))
+    assert np.array_equal(one_update(refit.Context(), 4), np.ones(4))
     assert _sys.cuda_stats() == before
 
 
