@@ -61,15 +61,16 @@ else
   echo "not ok 4 - $(head -5 "$dest/cc.log")"
 fi
 miss=""
-for h in minifloat.h pgpu.h pgpu_host.h; do
+for h in group.h minifloat.h pgpu.h pgpu_host.h; do
   [ -f "$dest$incdir/refit/sdk/$h" ] || miss="$miss $h"
 done
-[ -z "$miss" ] && echo "ok 5 - refit/sdk/minifloat.h, pgpu.h, pgpu_host.h installed" ||
+[ -z "$miss" ] && echo "ok 5 - refit/sdk/group.h, minifloat.h, pgpu.h, pgpu_host.h installed" ||
   echo "not ok 5 - not installed:$miss"
 # a format's post-load on the SDK alone: the launch table over the host's
 # GPU service, a kind from a dtype, block scales in E8M0 and UE4M3
 cat > "$dest/plugin.c" <<'C'
 #include <refit/format.h>
+#include <refit/sdk/group.h>
 #include <refit/sdk/minifloat.h>
 #include <refit/sdk/pgpu_host.h>
 #include <stdio.h>
