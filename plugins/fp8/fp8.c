@@ -41,6 +41,7 @@
 
 #include <refit/format.h>
 
+#include <refit/sdk/group.h>
 #include <refit/sdk/pgpu_host.h>
 #include "plugins/fp8/fp8_cvt_host.h"
 #include "plugins/fp8/fp8_launch.h"
@@ -642,8 +643,10 @@ static int on_device(const fp8_state *s, const refit_fmt_module *m)
 /* The online modules of mods[0 .. n) on the device and of the scheme of
  * mods[lead], all in one call of the launcher; done[] marks them. */
 static int quant_device_group(const refit_host_v2 *h, const refit_fmt_module *const *mods,
-                              uint32_t n, uint32_t lead, unsigned char *done, void *stream)
+                              uint32_t n, uint32_t lead, unsigned char *done, void *stream,
+                              void *arg)
 {
+    (void)arg;
     const fp8_state *ls = mods[lead]->state;
     refit_device dev = refit_runtime(mods[lead], ls->rt_weight)->view.device;
     uint32_t cap = 0;
@@ -677,8 +680,9 @@ static int quant_device_group(const refit_host_v2 *h, const refit_fmt_module *co
 }
 
 /* On host memory: the reference kernels linked here (done on return). */
-static int quant_host(const refit_host_v2 *h, const refit_fmt_module *m)
+static int quant_host(const refit_host_v2 *h, const refit_fmt_module *m, void *stream, void *arg)
 {
+    (void)stream, (void)arg;
     const fp8_state *s = m->state;
     int rc;
     shard *sh = module_shards(h, m, s, &rc);
@@ -690,29 +694,25 @@ static int quant_host(const refit_host_v2 *h, const refit_fmt_module *m)
     return rc;
 }
 
+/* Online modules only: on a device, a group of each (device, scheme). */
+static int fp8_where(const refit_fmt_module *m, void *arg)
+{
+    (void)arg;
+    const fp8_state *s = m->state;
+    if (!s || !s->online)
+        return REFIT_SDK_GROUP_SKIP;
+    return on_device(s, m) ? REFIT_SDK_GROUP_LEAD : REFIT_SDK_GROUP_ONE;
+}
+
+static const refit_sdk_group_ops fp8_groups = {fp8_where, quant_device_group, quant_host};
+
 /* Modules in call order; on a device, one launcher call for each (device,
  * scheme) among them (the device code is checked at seal). A bad module
  * on host memory stops the call (REFIT_ECORRUPT, its message). */
 static int fp8_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *mods,
                               uint32_t n, void *stream)
 {
-    unsigned char *done = h->mem_alloc(h->host, n ? n : 1);
-    if (!done)
-        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", n ? mods[0]->name : "?");
-    memset(done, 0, n ? n : 1);
-    int rc = REFIT_OK;
-    for (uint32_t k = 0; k < n && !rc; k++) {
-        const fp8_state *s = mods[k]->state;
-        if (done[k] || !s || !s->online)
-            continue;
-        if (on_device(s, mods[k]))
-            rc = quant_device_group(h, mods, n, k, done, stream);
-        else
-            rc = quant_host(h, mods[k]);
-        done[k] = 1;
-    }
-    h->mem_free(h->host, done);
-    return rc;
+    return refit_sdk_post_load_groups(h, mods, n, stream, &fp8_groups, NULL);
 }
 
 static int fp8_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
