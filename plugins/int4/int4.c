@@ -55,6 +55,7 @@
 #include <refit/format.h>
 
 #include "kernels/copy.h"
+#include <refit/sdk/group.h>
 #include <refit/sdk/pgpu_host.h>
 #include "plugins/int4/int4_launch.h"
 #include "plugins/int4/quant_int4.h"
@@ -718,8 +719,10 @@ static int launch_pieces(const refit_host_v2 *h, uint32_t n, const refit_fmt_mod
  * done[] marks them. A host without status_word_many: one call a module.
  * Never waits (the status word names the tensor at finalize). */
 static int quantize_device(const refit_host_v2 *h, const refit_fmt_module *const *mods,
-                           uint32_t n, uint32_t lead, unsigned char *done, void *stream)
+                           uint32_t n, uint32_t lead, unsigned char *done, void *stream,
+                           void *arg)
 {
+    (void)arg;
 #ifdef REFIT_INT4_DEVICE_CODE
     uint32_t cap = 0;
     for (uint32_t k = lead; k < n; k++)
@@ -767,6 +770,24 @@ static int quantize_device(const refit_host_v2 *h, const refit_fmt_module *const
 #endif
 }
 
+/* Not quantized on a device: online, the reference here; then finish. */
+static int post_load_one(const refit_host_v2 *h, const refit_fmt_module *m, void *stream,
+                         void *arg)
+{
+    (void)arg;
+    const int4_state *s = m->state;
+    int rc = s->online ? quantize_here(h, m, s) : REFIT_OK;
+    return rc ? rc : finish(h, m, s, stream);
+}
+
+static int int4_where(const refit_fmt_module *m, void *arg)
+{
+    (void)arg;
+    return quantizes_on_device(m) ? REFIT_SDK_GROUP_LEAD : REFIT_SDK_GROUP_ONE;
+}
+
+static const refit_sdk_group_ops int4_groups = {int4_where, quantize_device, post_load_one};
+
 /* Modules in call order. Online on a CUDA device: one launcher call for
  * each (device, group size) among them (the device code is checked at
  * seal); online on host memory: the reference, a bad module stopping the
@@ -775,29 +796,7 @@ static int quantize_device(const refit_host_v2 *h, const refit_fmt_module *const
 static int int4_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *mods,
                                uint32_t n, void *stream)
 {
-    unsigned char one = 0, *done = n > 1 ? h->mem_alloc(h->host, n) : &one;
-    if (!done)
-        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", mods[0]->name);
-    if (n > 1)
-        memset(done, 0, n);
-    int rc = REFIT_OK;
-    for (uint32_t k = 0; k < n && !rc; k++) {
-        const int4_state *s = mods[k]->state;
-        if (done[k])
-            continue;
-        if (quantizes_on_device(mods[k])) {
-            rc = quantize_device(h, mods, n, k, done, stream);
-            continue;
-        }
-        if (s->online)
-            rc = quantize_here(h, mods[k], s);
-        if (!rc)
-            rc = finish(h, mods[k], s, stream);
-        done[k] = 1;
-    }
-    if (n > 1)
-        h->mem_free(h->host, done);
-    return rc;
+    return refit_sdk_post_load_groups(h, mods, n, stream, &int4_groups, NULL);
 }
 
 static int int4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
