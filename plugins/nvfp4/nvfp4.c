@@ -62,6 +62,7 @@
 #include "kernels/copy.h"
 #include "plugins/fp8/quant_fp8.h"
 #include "plugins/int4/quant_int4.h"
+#include <refit/sdk/group.h>
 #include <refit/sdk/pgpu_host.h>
 #include "plugins/nvfp4/nvfp4_launch.h"
 #include "plugins/nvfp4/quant_nvfp4.h"
@@ -516,9 +517,11 @@ static void make_piece(const refit_fmt_module *m, const nvfp4_state *s, refit_nv
 #endif
 
 /* The references linked here, on host memory (seal made sure). */
-static int post_load_here(const refit_host_v2 *h, const refit_fmt_module *m,
-                          const nvfp4_state *s)
+static int post_load_here(const refit_host_v2 *h, const refit_fmt_module *m, void *stream,
+                          void *arg)
 {
+    (void)stream, (void)arg;
+    const nvfp4_state *s = m->state;
     if (!s->online) {
         const refit_fmt_ckpt *sc = refit_ckpt(m, s->ck[R_SCALE]);
         int64_t at = scale_nan_at(&sc->staged);
@@ -587,8 +590,10 @@ static int on_device(const refit_fmt_module *m)
  * together), in one call of the launcher; done[] marks them. A host
  * without status_word_many: one call a module. */
 static int post_load_device(const refit_host_v2 *h, const refit_fmt_module *const *mods,
-                            uint32_t n, uint32_t lead, unsigned char *done, void *stream)
+                            uint32_t n, uint32_t lead, unsigned char *done, void *stream,
+                            void *arg)
 {
+    (void)arg;
     refit_device dev = module_device(mods[lead]);
 #ifdef REFIT_NVFP4_DEVICE_CODE
     uint32_t cap = 0;
@@ -630,6 +635,14 @@ static int post_load_device(const refit_host_v2 *h, const refit_fmt_module *cons
 #endif
 }
 
+static int nvfp4_where(const refit_fmt_module *m, void *arg)
+{
+    (void)arg;
+    return on_device(m) ? REFIT_SDK_GROUP_LEAD : REFIT_SDK_GROUP_ONE;
+}
+
+static const refit_sdk_group_ops nvfp4_groups = {nvfp4_where, post_load_device, post_load_here};
+
 /* Modules in call order: on host memory the references, one module at a
  * time (a bad one stops the call: REFIT_ECORRUPT, its message); on a CUDA
  * device one launcher call for every module of the call on that device
@@ -637,22 +650,7 @@ static int post_load_device(const refit_host_v2 *h, const refit_fmt_module *cons
 static int nvfp4_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *mods,
                                 uint32_t n, void *stream)
 {
-    unsigned char one = 0, *done = n > 1 ? h->mem_alloc(h->host, n) : &one;
-    if (!done)
-        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", mods[0]->name);
-    if (n > 1)
-        memset(done, 0, n);
-    int rc = REFIT_OK;
-    for (uint32_t k = 0; k < n && !rc; k++) {
-        if (done[k])
-            continue;
-        rc = on_device(mods[k]) ? post_load_device(h, mods, n, k, done, stream)
-                                : post_load_here(h, mods[k], mods[k]->state);
-        done[k] = 1;
-    }
-    if (n > 1)
-        h->mem_free(h->host, done);
-    return rc;
+    return refit_sdk_post_load_groups(h, mods, n, stream, &nvfp4_groups, NULL);
 }
 
 static int nvfp4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)
