@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include <refit/sdk/group.h>
 #include <refit/sdk/pgpu_host.h>
 #include "plugins/mxfp8/mx_device.h"
 #include "plugins/mxfp8/mx_launch.h"
@@ -98,8 +99,9 @@ static int same_device(refit_device a, refit_device b)
 /* The device modules of mods[lead .. n) on mods[lead]'s device in one
  * launcher call; done[] marks them. */
 static int device_group(const refit_host_v2 *h, const refit_fmt_module *const *mods, uint32_t n,
-                        uint32_t lead, unsigned char *done, void *stream, const mx_ops *ops)
+                        uint32_t lead, unsigned char *done, void *stream, void *arg)
 {
+    const mx_ops *ops = arg;
     refit_device dev, d;
     ops->where(mods[lead], &dev);
     uint64_t cap = 0;
@@ -127,24 +129,23 @@ static int device_group(const refit_host_v2 *h, const refit_fmt_module *const *m
     return rc;
 }
 
+/* ops->where's 1, 0 and -1 are REFIT_SDK_GROUP_LEAD, _ONE and _SKIP. */
+static int mx_where(const refit_fmt_module *m, void *arg)
+{
+    refit_device dev;
+    return ((const mx_ops *)arg)->where(m, &dev);
+}
+
+static int mx_one(const refit_host_v2 *h, const refit_fmt_module *m, void *stream, void *arg)
+{
+    (void)stream;
+    return ((const mx_ops *)arg)->host(h, m);
+}
+
+static const refit_sdk_group_ops mx_groups = {mx_where, device_group, mx_one};
+
 int mx_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *mods, uint32_t n,
                       void *stream, const mx_ops *ops)
 {
-    unsigned char *done = h->mem_alloc(h->host, n ? n : 1);
-    if (!done)
-        return h->error(h->host, REFIT_ENOMEM, "module %s: out of memory",
-                        n ? mods[0]->name : "?");
-    memset(done, 0, n ? n : 1);
-    int rc = REFIT_OK;
-    for (uint32_t k = 0; k < n && !rc; k++) {
-        refit_device dev;
-        int w = done[k] ? -1 : ops->where(mods[k], &dev);
-        if (w == 1)
-            rc = device_group(h, mods, n, k, done, stream, ops);
-        else if (w == 0)
-            rc = ops->host(h, mods[k]);
-        done[k] = 1;
-    }
-    h->mem_free(h->host, done);
-    return rc;
+    return refit_sdk_post_load_groups(h, mods, n, stream, &mx_groups, (void *)ops);
 }
