@@ -70,6 +70,7 @@
 #include "core/cuda/backend_cuda.h"
 #include "core/cuda/kern_cuda.h"
 #include "core/cuda/placement.h"
+#include "core/cuda/ring_trace.h"
 #include "kernels/copy.h"
 
 #ifndef MADV_POPULATE_READ
@@ -108,7 +109,8 @@ typedef struct cuda_cfg {
     int defer;                  /* REFIT_CUDA_DEFER: read held sources after copy() returns */
     size_t defer_slice;         /* REFIT_CUDA_DEFER_SLICE_KB: a worker's unit of work */
     int time_dma;               /* REFIT_CUDA_TIME_DMA: time the ring's H2D copies (a bench's) */
-    int drain_poll;             /* REFIT_CUDA_DRAIN_POLL: issue and copy while a chunk drains */
+    int drain_poll;             /* REFIT_CUDA_DRAIN_POLL: issue while a chunk drains */
+    int caller_copies;          /* REFIT_CUDA_CALLER_COPIES: the caller copies slices too */
 } cuda_cfg;
 
 static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
@@ -138,7 +140,7 @@ static void cfg_load(cuda_cfg *c)
     c->save_dev_memcpy_min = env_size("REFIT_CUDA_SAVE_DEV_MEMCPY_MIN_KB", 0, KIB, 0,
                                       SIZE_MAX / 2);
     c->save_side = (int)env_size("REFIT_CUDA_SAVE_SIDE", 1, 1, 0, 1);
-    c->ring_chunks = (uint32_t)env_size("REFIT_CUDA_RING_CHUNKS", 4, 1, 2, MAX_RING);
+    c->ring_chunks = (uint32_t)env_size("REFIT_CUDA_RING_CHUNKS", 8, 1, 2, MAX_RING);
     c->ring_chunk_bytes = env_size("REFIT_CUDA_RING_CHUNK_MB", 16 * MIB, MIB, MIB, 4096 * MIB);
     c->staging_cache = env_size("REFIT_CUDA_STAGING_CACHE_MB", 1024 * MIB, MIB, 0, SIZE_MAX / 2);
     c->undo_cache = env_size("REFIT_CUDA_UNDO_CACHE_MB", 0, MIB, 0, SIZE_MAX / 2);
@@ -154,7 +156,9 @@ static void cfg_load(cuda_cfg *c)
     c->defer_slice = env_size("REFIT_CUDA_DEFER_SLICE_KB", 2 * MIB, KIB, 64 * KIB, 64 * MIB);
     c->time_dma = (int)env_size("REFIT_CUDA_TIME_DMA", 0, 1, 0, 1);
     c->drain_poll = (int)env_size("REFIT_CUDA_DRAIN_POLL", 1, 1, 0, 1);
+    c->caller_copies = (int)env_size("REFIT_CUDA_CALLER_COPIES", 0, 1, 0, 1);
     kern_copy_batch_variant(c->batch_variant, c->batch_grid);
+    ring_trace_init();
     c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
 }
 
@@ -455,19 +459,23 @@ static void nt_memcpy(void *dst, const void *src, size_t n)
 }
 
 /* memcpy from a pageable source; a mapped file's pages are first faulted
- * in with one madvise (cheaper than a fault every few pages). */
-static void host_read(void *d, const void *s, size_t n)
+ * in with one madvise (cheaper than a fault every few pages). Returns the
+ * nanoseconds the madvise took. */
+static uint64_t host_read(void *d, const void *s, size_t n)
 {
+    uint64_t dt = 0;
     if (G.cfg.populate && n >= 256 * KIB) {
         uintptr_t a = (uintptr_t)s & ~(uintptr_t)4095, e = (uintptr_t)s + n;
         uint64_t t0 = now_ns();
         (void)madvise((void *)a, e - a, MADV_POPULATE_READ); /* a hint: errors ignored */
-        __atomic_fetch_add(&G.stats.prefault_ns, now_ns() - t0, __ATOMIC_RELAXED);
+        dt = now_ns() - t0;
+        __atomic_fetch_add(&G.stats.prefault_ns, dt, __ATOMIC_RELAXED);
     }
     if (G.cfg.nt_stores && n >= 64 * KIB)
         nt_memcpy(d, s, n);
     else
         memcpy(d, s, n);
+    return dt;
 }
 
 /* Take slices of the current job until none is left (P.mu held). Job
@@ -492,12 +500,14 @@ static void pool_work(void)
  * Between hold(stream, 1) and hold(stream, 0) (refit_load_source around its
  * loop: the mapped file outlives both) a contiguous pageable copy on that
  * stream only queues slices: (dst, src, a place in the stream's pinned
- * ring). The worker threads copy slices into the ring in any order; the
- * calling thread issues each filled slice's cudaMemcpyAsync in order
- * (after pending undo saves, like any immediate work), whenever it enters
- * the backend, and helps copy while it waits. So the copy engine drains
- * slice k while the workers fill k+1.., across tensors, with no barrier per
- * piece. hold(stream, 0) returns once every slice is filled and issued:
+ * ring). The worker threads copy slices into the ring in any order (they
+ * are woken whenever a chunk's slices are published and before the caller
+ * waits); the calling thread issues each filled slice's cudaMemcpyAsync in
+ * order (after pending undo saves, like any immediate work), whenever it
+ * enters the backend. It copies slices itself only with no worker thread,
+ * or REFIT_CUDA_CALLER_COPIES=1: a slice it copies is 0.4 ms it issues
+ * nothing. So the copy engine drains slice k while the workers fill
+ * k+1.., across tensors, with no barrier per piece. hold(stream, 0) returns once every slice is filled and issued:
  * the source is consumed. Any other work on the backend first settles the
  * slices (copy of another kind, flush, sync, zero, fingerprint, kernels),
  * so stream order is what the caller asked for. One stream at a time. */
@@ -510,12 +520,18 @@ typedef struct dslice {
     uint32_t chunk;
     uint32_t call;              /* the copy() it came from: runs never join two calls,
                                  * whose destinations may be separate allocations */
-    int filled;                 /* set by the worker that copied it (release) */
+    int filled;                 /* SL_*: FILLED set by the worker that copied it (release) */
     cudaEvent_t wait;           /* a marker (no bytes): the stream waits for this
                                  * save's event here, in slice order */
 } dslice;
 
 #define DEFER_CAP 4096u
+
+/* A slice's state: published, copied into the ring by a worker (a marker
+ * too, with nothing to copy), handed to the stream. */
+#define SL_QUEUED 0
+#define SL_FILLED 1
+#define SL_ISSUED 2
 
 static struct {
     void *hold;                 /* the stream held (G.mu) */
@@ -529,6 +545,7 @@ static struct {
     size_t used;
     uint32_t pending[MAX_RING]; /* slices placed in a chunk and not issued yet */
     uint32_t calls;             /* copy() calls deferred */
+    int workers;                /* worker threads running */
     int err;                    /* the first failure; the rest is drained, not issued */
 } D;
 
@@ -544,11 +561,14 @@ static bool defer_work(void)
                                          __ATOMIC_RELAXED))
             continue;
         dslice *x = &D.s[n % DEFER_CAP];
-        uint64_t t0 = now_ns();
+        uint64_t c0 = ring_trace_cpu_ns(), t0 = now_ns(), pf = 0;
         if (x->bytes)
-            host_read(x->pin, x->src, x->bytes);
-        __atomic_fetch_add(&G.stats.host_copy_ns, now_ns() - t0, __ATOMIC_RELAXED);
-        __atomic_store_n(&x->filled, 1, __ATOMIC_RELEASE);
+            pf = host_read(x->pin, x->src, x->bytes);
+        uint64_t t1 = now_ns();
+        __atomic_fetch_add(&G.stats.host_copy_ns, t1 - t0, __ATOMIC_RELAXED);
+        if (ring_trace_on)
+            ring_trace_add(RT_FILL, t0, t1, n, x->bytes, pf, ring_trace_cpu_ns() - c0);
+        __atomic_store_n(&x->filled, SL_FILLED, __ATOMIC_RELEASE);
         did = true;
     }
 }
@@ -566,18 +586,24 @@ static bool defer_work(void)
 
 static void *pool_main(void *arg)
 {
-    (void)arg;
+    static int workers;
     unsigned seen = 0;
+    (void)arg;
+    ring_trace_worker(__atomic_fetch_add(&workers, 1, __ATOMIC_RELAXED));
     if (PL.p.pin) /* a hint: unpinned, the worker still copies */
         (void)pthread_setaffinity_np(pthread_self(), sizeof PL.p.cpus, &PL.p.cpus);
     for (;;) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = now_ns(), last = t0;
         while (__atomic_load_n(&P.gen, __ATOMIC_ACQUIRE) == seen) {
             if (defer_work()) {
-                t0 = now_ns();
+                t0 = last = now_ns();
                 continue;
             }
-            if (now_ns() - t0 < POOL_SPIN_NS) {
+            uint64_t t = now_ns();
+            if (ring_trace_on && t - last > 500000)
+                ring_trace_add(RT_GAP, last, t, 0, 0, 0, 0);
+            last = t;
+            if (t - t0 < POOL_SPIN_NS) {
                 cpu_relax();
                 continue;
             }
@@ -588,6 +614,7 @@ static void *pool_main(void *arg)
                 pthread_cond_wait(&P.go, &P.mu);
             P.sleeping--;
             pthread_mutex_unlock(&P.mu);
+            t0 = last = now_ns();
         }
         pthread_mutex_lock(&P.mu);
         seen = P.gen;
@@ -997,7 +1024,54 @@ static int dma_timing_slot(void)
     return (int)T.n;
 }
 
-/* Issue the filled slices at the front, in order; one cudaMemcpyAsync per
+static int slice_state(const dslice *x)
+{
+    return __atomic_load_n(&x->filled, __ATOMIC_ACQUIRE);
+}
+
+/* Issue slice i, a filled one, with the filled slices after it that are
+ * adjacent in both the chunk and the destination: one cudaMemcpyAsync.
+ * Returns the index past the run. */
+static uint64_t issue_run(cq *q, uint64_t i)
+{
+    dslice *x = &D.s[i % DEFER_CAP];
+    uint64_t end = i + 1;
+    size_t bytes = x->bytes;
+    while (end < D.head) {
+        dslice *y = &D.s[end % DEFER_CAP];
+        if (slice_state(y) != SL_FILLED || y->wait || y->call != x->call ||
+            y->chunk != x->chunk || y->pin != x->pin + bytes || y->dst != x->dst + bytes)
+            break;
+        bytes += y->bytes;
+        end++;
+    }
+    if (!D.err) {
+        uint64_t t0 = ring_trace_on ? now_ns() : 0;
+        int slot = dma_timing_slot();
+        if (slot >= 0)
+            (void)cudaEventRecord(T.a[slot], (cudaStream_t)q->stream);
+        int rc = memcpy_now(q, x->dst, x->pin, bytes);
+        if (!rc && slot >= 0 &&
+            cudaEventRecord(T.b[slot], (cudaStream_t)q->stream) == cudaSuccess) {
+            T.bytes[slot] = bytes;
+            T.n++;
+        }
+        if (!rc)
+            rc = chunk_mark(&q->ring[x->chunk], (cudaStream_t)q->stream);
+        if (rc)
+            D.err = rc;
+        if (ring_trace_on)
+            ring_trace_add(RT_ISSUE, t0, now_ns(), i, bytes, end - i, 0);
+    }
+    for (uint64_t k = i; k < end; k++) {
+        dslice *y = &D.s[k % DEFER_CAP];
+        D.pending[y->chunk]--;
+        y->filled = SL_ISSUED;
+    }
+    return end;
+}
+
+/* Issue the filled slices at the front, in order: one cudaMemcpyAsync per
  * run of slices adjacent in both the chunk and the destination. Returns
  * true when it issued any. */
 static bool defer_issue(void)
@@ -1006,60 +1080,46 @@ static bool defer_issue(void)
     bool any = false;
     while (D.issued < D.head) {
         dslice *x = &D.s[D.issued % DEFER_CAP];
-        if (!__atomic_load_n(&x->filled, __ATOMIC_ACQUIRE))
+        if (slice_state(x) != SL_FILLED)
             break;
         if (x->wait) { /* a save's marker: what follows waits for the save */
             cudaError_t e = cudaStreamWaitEvent((cudaStream_t)q->stream, x->wait, 0);
             if (e != cudaSuccess && !D.err)
                 D.err = cu_fail(e, "waiting for an undo save");
-            x->filled = 0;
             x->wait = NULL;
+            x->filled = SL_ISSUED;
             D.issued++;
-            any = true;
-            continue;
+        } else {
+            D.issued = issue_run(q, D.issued);
         }
-        uint64_t end = D.issued + 1;
-        size_t bytes = x->bytes;
-        while (end < D.head) {
-            dslice *y = &D.s[end % DEFER_CAP];
-            if (!__atomic_load_n(&y->filled, __ATOMIC_ACQUIRE) || y->call != x->call ||
-                y->chunk != x->chunk ||
-                y->pin != x->pin + bytes || y->dst != x->dst + bytes)
-                break;
-            bytes += y->bytes;
-            end++;
-        }
-        if (!D.err) {
-            int slot = dma_timing_slot();
-            if (slot >= 0)
-                (void)cudaEventRecord(T.a[slot], (cudaStream_t)q->stream);
-            int rc = memcpy_now(q, x->dst, x->pin, bytes);
-            if (!rc && slot >= 0 &&
-                cudaEventRecord(T.b[slot], (cudaStream_t)q->stream) == cudaSuccess) {
-                T.bytes[slot] = bytes;
-                T.n++;
-            }
-            if (!rc)
-                rc = chunk_mark(&q->ring[x->chunk], (cudaStream_t)q->stream);
-            if (rc)
-                D.err = rc;
-        }
-        for (uint64_t i = D.issued; i < end; i++) {
-            dslice *y = &D.s[i % DEFER_CAP];
-            D.pending[y->chunk]--;
-            y->filled = 0;
-        }
-        D.issued = end;
         any = true;
     }
     return any;
 }
 
+/* The caller copies slices while it waits only when told to, or when no
+ * worker thread runs: a slice it takes is one it cannot issue past. */
+static bool caller_work(void)
+{
+    return (G.cfg.caller_copies || D.workers == 0) && defer_work();
+}
+
+/* Before the caller waits for slices: every published slice is announced
+ * to the workers, so none of them sleeps through a long tensor (the caller
+ * alone would copy it, at a twelfth of the speed). */
+static void caller_wait_begins(void)
+{
+    if (D.workers > 0)
+        defer_wake();
+}
+
 /* Issue, and copy slices here too, until slice index `upto` is issued. */
 static void defer_wait_issued(uint64_t upto)
 {
+    if (D.issued < upto)
+        caller_wait_begins();
     while (D.issued < upto) {
-        if (!defer_issue() && !defer_work())
+        if (!defer_issue() && !caller_work())
             cpu_relax();
     }
 }
@@ -1069,7 +1129,10 @@ static int defer_settle(void)
 {
     if (!D.q)
         return REFIT_OK;
+    uint64_t t0 = now_ns(), c0 = ring_trace_cpu_ns();
     defer_wait_issued(D.head);
+    if (ring_trace_on)
+        ring_trace_add(RT_SETTLE, t0, now_ns(), D.head, 0, 0, ring_trace_cpu_ns() - c0);
     int rc = D.err;
     D.q = NULL;
     D.err = 0;
@@ -1086,32 +1149,37 @@ static int defer_next_chunk(cq *q)
     if (rc)
         return rc;
     if (D.pending[nc]) {
-        uint64_t t0 = now_ns();
+        uint64_t t0 = now_ns(), c0 = ring_trace_cpu_ns();
+        caller_wait_begins();
         while (D.pending[nc])
-            if (!defer_issue() && !defer_work())
+            if (!defer_issue() && !caller_work())
                 cpu_relax();
-        uint64_t dt = now_ns() - t0;
-        G.stats.ring_wait_ns += dt;
-        G.stats.ring_fill_wait_ns += dt;
+        uint64_t t1 = now_ns();
+        G.stats.ring_wait_ns += t1 - t0;
+        G.stats.ring_fill_wait_ns += t1 - t0;
+        if (ring_trace_on)
+            ring_trace_add(RT_FILL_WAIT, t0, t1, nc, 0, 0, ring_trace_cpu_ns() - c0);
     }
     if (c->in_table && (rc = queue_flush(q)))
         return rc;
     if (c->recorded) {
         G.stats.ring_waits++;
-        uint64_t t0 = now_ns();
+        uint64_t t0 = now_ns(), c0 = ring_trace_cpu_ns();
         cudaError_t e;
         if (G.cfg.drain_poll) {
             /* keep the copy engine fed: issue what the workers filled
-             * since, and copy slices, while this chunk's copies run */
+             * since while this chunk's copies run */
             while ((e = cudaEventQuery(c->ev)) == cudaErrorNotReady)
-                if (!defer_issue() && !defer_work())
+                if (!defer_issue() && !caller_work())
                     cpu_relax();
         } else {
             e = cudaEventSynchronize(c->ev);
         }
-        uint64_t dt = now_ns() - t0;
-        G.stats.ring_wait_ns += dt;
-        G.stats.ring_drain_ns += dt;
+        uint64_t t1 = now_ns();
+        G.stats.ring_wait_ns += t1 - t0;
+        G.stats.ring_drain_ns += t1 - t0;
+        if (ring_trace_on)
+            ring_trace_add(RT_DRAIN_WAIT, t0, t1, nc, 0, 0, ring_trace_cpu_ns() - c0);
         if (e != cudaSuccess)
             return cu_fail(e, "waiting for a pinned staging chunk");
         c->recorded = false;
@@ -1125,6 +1193,7 @@ static int defer_next_chunk(cq *q)
 /* Queue a contiguous pageable copy as slices (q is D.q or becomes it). */
 static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
 {
+    uint64_t t_in = ring_trace_on ? now_ns() : 0, c_in = ring_trace_cpu_ns();
     if (D.q != q) {
         int rc = defer_settle();
         if (rc)
@@ -1135,6 +1204,7 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
         place_once(q->device);
         pthread_mutex_lock(&P.mu);
         pool_start();
+        D.workers = P.started;
         pthread_mutex_unlock(&P.mu);
     }
     if (D.err)
@@ -1144,6 +1214,7 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
     for (size_t off = 0; off < bytes;) {
         D.used = (D.used + 63) & ~(size_t)63;
         if (D.used >= cap) {
+            defer_wake(); /* the chunk's slices, before waiting for the next chunk */
             int rc = defer_next_chunk(q);
             if (rc)
                 return D.err = rc;
@@ -1166,6 +1237,8 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
     }
     defer_wake();
     defer_issue();
+    if (ring_trace_on)
+        ring_trace_add(RT_COPY, t_in, now_ns(), call, bytes, 0, ring_trace_cpu_ns() - c_in);
     return REFIT_OK;
 }
 

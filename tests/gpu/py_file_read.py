@@ -103,8 +103,10 @@ def test_file_through_the_ring():
         os.unlink(path)
 
 
-def test_file_with_a_blocking_drain():
-    env = dict(os.environ, REFIT_CUDA_DRAIN_POLL="0")
+def _load_in_child(extra):
+    """load_and_check in a fresh process with extra in its environment (the
+    backend reads its tunables once); its counters."""
+    env = dict(os.environ, **extra)
     here = os.path.dirname(os.path.abspath(__file__))
     root = os.environ.get("REFIT_SOURCE_ROOT") or os.path.join(here, "..", "..")
     code = ("import sys; sys.path[:0] = [%r, %r]\n"
@@ -117,3 +119,37 @@ def test_file_with_a_blocking_drain():
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(r.stdout.strip().splitlines()[-1])
     assert d["pageable_bytes"] > 0, d
+    return d
+
+
+def test_file_with_a_blocking_drain():
+    _load_in_child({"REFIT_CUDA_DRAIN_POLL": "0"})
+
+
+def test_file_with_the_caller_copying_and_a_short_ring():
+    _load_in_child({"REFIT_CUDA_CALLER_COPIES": "1", "REFIT_CUDA_RING_CHUNKS": "2"})
+
+
+def test_the_workers_copy_every_slice():
+    """By default the caller only issues: every slice of the ring is copied
+    by the worker threads, several of them (a worker asleep through a long
+    tensor once left the caller copying it alone, at a twelfth of the
+    speed). Read from REFIT_CUDA_RING_TRACE, written at the child's exit."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _load_in_child({"REFIT_CUDA_RING_TRACE": os.path.join(tmp, "trace_%p.txt")})
+        files = os.listdir(tmp)
+        assert len(files) == 1, files
+        fills = []
+        with open(os.path.join(tmp, files[0])) as f:
+            for line in f:
+                if line.startswith("#"):
+                    assert " 0 dropped" in line, line
+                    continue
+                kind, who = (int(x) for x in line.split()[:2])
+                if kind == 0:
+                    fills.append(who)
+    assert fills, "no slice went through the ring"
+    assert min(fills) >= 0, "the caller copied %d of %d slices" % (
+        sum(w < 0 for w in fills), len(fills))
+    if (os.cpu_count() or 1) >= 4:
+        assert len(set(fills)) >= 2, "one worker copied all %d slices" % len(fills)
