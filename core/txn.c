@@ -104,6 +104,7 @@ struct txn_scratch {
                                    view reads (REFIT_MODULE_STAGED_IN_PLACE) */
     uint32_t *pending;          /* complete modules whose post-load waits for */
     uint32_t n_pending;         /*   the end of the loading call, in order */
+    uint32_t *by_format;        /* pending regrouped by format (pending_by_format) */
     void *pending_stream;
     const refit_fmt_module **batch; /* a post_load_many's modules */
     uint8_t *call_completes;    /* per module: the running call of many rows */
@@ -195,6 +196,7 @@ static void txn_scratch_free(struct txn_scratch *s)
     free(s->name_used);
     free(s->in_place);
     free(s->pending);
+    free(s->by_format);
     free(s->batch);
     free(s->call_completes);
     free(s->flagged);
@@ -228,10 +230,12 @@ static struct txn_scratch *scratch_new(const refit_model *m)
     s->name_used = calloc(nr, 1);
     s->in_place = calloc(nr, sizeof *s->in_place);
     s->pending = calloc(nm, sizeof *s->pending);
+    s->by_format = calloc(nm, sizeof *s->by_format);
     s->batch = calloc(nm, sizeof *s->batch);
     s->call_completes = calloc(nm, 1);
     s->flagged = calloc(nm, sizeof *s->flagged);
-    if (!s->call_completes || !s->flagged || !s->in_place || !s->pending || !s->batch || !s->route_state || !s->route_rows || !s->parts || !s->mod_complete ||
+    if (!s->call_completes || !s->flagged || !s->in_place || !s->pending || !s->by_format ||
+        !s->batch || !s->route_state || !s->route_rows || !s->parts || !s->mod_complete ||
         !s->mod_touched || !s->mod_wrote || !s->touched || !s->staging || !s->rt_saved ||
         !s->retired || !s->retired_mod ||
         !s->tie_owner || !s->name_used) {
@@ -719,6 +723,39 @@ static int post_load_group(refit_txn *t, const uint32_t *pending, uint32_t n, vo
     return REFIT_OK;
 }
 
+#define GROUP_FORMATS 16
+
+/* The n pending modules regrouped by format, the formats in the order they
+ * first appear and each one's modules in call order, so a call that
+ * interleaves formats (fp8, int4, fp8 ...) makes one post_load_many a
+ * format. Modules are independent of each other, so their order is free.
+ * More formats than GROUP_FORMATS in one call: left as they are (runs of
+ * one format, still correct). */
+static void pending_by_format(refit_txn *t, uint32_t n)
+{
+    struct txn_scratch *s = t->s;
+    const refit_format_v2 *f[GROUP_FORMATS];
+    uint32_t nf = 0, o = 0;
+    for (uint32_t k = 0; k < n; k++) {
+        const refit_format_v2 *x = t->m->modules[s->pending[k]].fmt;
+        uint32_t i = 0;
+        while (i < nf && f[i] != x)
+            i++;
+        if (i == nf) {
+            if (nf == GROUP_FORMATS)
+                return;
+            f[nf++] = x;
+        }
+    }
+    if (nf < 2)
+        return;
+    for (uint32_t i = 0; i < nf; i++)
+        for (uint32_t k = 0; k < n; k++)
+            if (t->m->modules[s->pending[k]].fmt == f[i])
+                s->by_format[o++] = s->pending[k];
+    memcpy(s->pending, s->by_format, n * sizeof *s->pending);
+}
+
 /* Build the runtime of every pending module: their staged copies land
  * first, then each format's post-loads are enqueued, without a wait; the
  * staging they read is freed at the txn's next wait for its streams. */
@@ -743,6 +780,7 @@ static int post_load_run(refit_txn *t)
                          refit_strerror(rc));
     for (uint32_t k = 0; k < n; k++)
         staged_views(t, &t->m->modules[s->pending[k]], s->pending[k], true);
+    pending_by_format(t, n);
     for (uint32_t a = 0, b; a < n && !rc; a = b) {
         const refit_format_v2 *f = t->m->modules[s->pending[a]].fmt;
         for (b = a + 1; b < n && t->m->modules[s->pending[b]].fmt == f;)

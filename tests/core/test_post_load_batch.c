@@ -22,6 +22,7 @@
 static struct {
     int post_calls, many_calls, many_modules;
     int last_many_n;
+    int many_mixed;             /* a post_load_many got modules of two formats */
     const void *staged[N_MOD][2]; /* per module, per checkpoint tensor */
 } seen;
 
@@ -83,6 +84,9 @@ static int post_many(const refit_host_v2 *h, const refit_fmt_module *const *m, u
     seen.many_calls++;
     seen.many_modules += (int)n;
     seen.last_many_n = (int)n;
+    for (uint32_t k = 1; k < n; k++) /* modules_of: a module's parity is its format */
+        if (mod_index(m[k]) % 2 != mod_index(m[0]) % 2)
+            seen.many_mixed = 1;
     for (uint32_t k = 0; k < n; k++) {
         int rc = build(h, m[k]);
         if (rc)
@@ -137,15 +141,19 @@ static void srcs_free(srcs *s, int parts)
             free(s->buf[k][p]);
 }
 
-/* N_MOD modules m0..m5 of fmt, each of `parts` checkpoint tensors mK.a,
- * mK.b (f32 [ROWS, COLS]) into rows of runtime w [parts * ROWS, COLS]. */
-static void modules(tw *w, const refit_format_v2 *fmt, int parts)
+/* N_MOD modules m0..m5, the even ones of `even`, the odd ones of `odd`,
+ * each of `parts` checkpoint tensors mK.a, mK.b (f32 [ROWS, COLS]) into
+ * rows of runtime w [parts * ROWS, COLS]. */
+static void modules_of(tw *w, const refit_format_v2 *even, const refit_format_v2 *odd,
+                       int parts)
 {
-    assert_int_equal(refit_format_register(w->ctx, fmt), REFIT_OK);
+    assert_int_equal(refit_format_register(w->ctx, even), REFIT_OK);
+    if (odd != even)
+        assert_int_equal(refit_format_register(w->ctx, odd), REFIT_OK);
     for (int k = 0; k < N_MOD; k++) {
         char mod[8], ck[16];
         snprintf(mod, sizeof mod, "m%d", k);
-        tw_module(w, mod, fmt->name, NULL);
+        tw_module(w, mod, (k % 2 ? odd : even)->name, NULL);
         tw_runtime(w, mod, "w", REFIT_F32, 2, TT_SHAPE(parts * ROWS, COLS));
         for (int p = 0; p < parts; p++) {
             snprintf(ck, sizeof ck, "m%d.%c", k, 'a' + p);
@@ -157,6 +165,11 @@ static void modules(tw *w, const refit_format_v2 *fmt, int parts)
     }
     tw_seal(w);
     memset(&seen, 0, sizeof seen);
+}
+
+static void modules(tw *w, const refit_format_v2 *fmt, int parts)
+{
+    modules_of(w, fmt, fmt, parts);
 }
 
 static void assert_holds(tw *w, const srcs *s, int parts)
@@ -224,6 +237,31 @@ static void test_load_many_runs_one_post_load_many_in_place(void **state)
     assert_int_equal(refit_finalize(t), REFIT_OK);
     assert_holds(w, &s, 2);
     srcs_free(&s, 2);
+}
+
+/* One refit_load_many whose modules alternate between two formats (m0 of
+ * one, m1 of the other, ...): one post_load_many a format, each with its
+ * own modules only, not one a module. */
+static void test_interleaved_formats_get_one_post_load_many_each(void **state)
+{
+    tw *w = *state;
+    modules_of(w, &fmt_in_place, &fmt_staged, 1);
+    srcs s;
+    srcs_fill(&s, 1, 1, 0);
+    refit_txn *t = tw_begin(w, "v1", 1);
+    load_many(w, t, &s, 1);
+    assert_int_equal(seen.many_calls, 2);
+    assert_int_equal(seen.many_modules, N_MOD);
+    assert_int_equal(seen.post_calls, 0);
+    assert_int_equal(seen.many_mixed, 0);
+    for (int k = 0; k < N_MOD; k++)
+        if (k % 2)
+            assert_ptr_not_equal(seen.staged[k][0], s.t[k][0].data); /* t-staged */
+        else
+            assert_ptr_equal(seen.staged[k][0], s.t[k][0].data); /* t-in-place */
+    assert_int_equal(refit_finalize(t), REFIT_OK);
+    assert_holds(w, &s, 1);
+    srcs_free(&s, 1);
 }
 
 /* A fused module over two loading calls: the first tensor is copied to
@@ -410,6 +448,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_refit_load_reads_the_source_in_place, tw_setup,
                                         tw_teardown),
         cmocka_unit_test_setup_teardown(test_load_many_runs_one_post_load_many_in_place,
+                                        tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_interleaved_formats_get_one_post_load_many_each,
                                         tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_fused_module_over_two_loads_stages_the_first,
                                         tw_setup, tw_teardown),
