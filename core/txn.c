@@ -727,7 +727,7 @@ static int post_load_group(refit_txn *t, const uint32_t *pending, uint32_t n, vo
 
 /* The n pending modules regrouped by format, the formats in the order they
  * first appear and each one's modules in call order, so a call that
- * interleaves formats (fp8, int4, fp8 ...) makes one post_load_many a
+ * interleaves formats (A, B, A ...) makes one post_load_many a
  * format. Modules are independent of each other, so their order is free.
  * More formats than GROUP_FORMATS in one call: left as they are (runs of
  * one format, still correct). */
