@@ -11,7 +11,16 @@
  * fiber runs until it waits at a barrier, so a spin wait (__nanosleep in a
  * loop) that does not succeed at once never would: it aborts, naming the
  * deadlock a real GPU could reach (a block waiting on work that no earlier
- * ticket holds). */
+ * ticket holds).
+ *
+ * The kernels are found by name, as a launcher asks refit/sdk/pgpu.h's
+ * table for them: run.sh lists the source's extern "C" kernels and puts an
+ * EMU_IMAGE after the source, which defines the format's image symbol
+ * (fp8_image, ...) and registers a kernel table under it; pgpu_emu.cc's
+ * launch table (the sdk/pgpu_cudart.h entry points, over host memory)
+ * looks a kernel up in the image it was begun with and runs it through
+ * emu_launch, its arguments read from the launch's void ** as the kernel's
+ * parameter types, the way cudaLaunchKernel reads them. */
 #pragma once
 #include <math.h>
 #include <stdint.h>
@@ -21,6 +30,9 @@
 #include <ucontext.h>
 
 #include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 struct dim3 {
     unsigned x, y, z;
@@ -39,7 +51,11 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
     return uint4{x, y, z, w};
 }
 
+#ifdef EMU_LIST_KERNELS /* run.sh's preprocessing pass: a kernel keeps a mark */
+#define __global__ emu_global
+#else
 #define __global__
+#endif
 #define __device__
 #define __host__
 #define __forceinline__ inline
@@ -290,5 +306,46 @@ inline void emu_launch(unsigned grid, unsigned threads, const std::function<void
         emu_block(b);
 }
 
-/* What run.sh puts in place of kernel<<<grid, threads, 0, stream>>>(args). */
+/* What a script puts in place of kernel<<<grid, threads, 0, stream>>>(args)
+ * in a source that still launches its own kernels (kernels/fingerprint.cu:
+ * tests/nccl/emu_fingerprint.sh). */
 #define EMU_LAUNCH(grid, threads, k, ...) emu_launch((grid), (threads), [&]() { k(__VA_ARGS__); })
+
+/* ---- kernels by name (pgpu_emu.cc) ---- */
+
+/* A kernel as a launch table runs it: grid blocks of block threads,
+ * args[i] pointing at parameter i. */
+typedef void (*emu_run_fn)(unsigned grid, unsigned block, void **args);
+struct emu_kernel {
+    const char *name;
+    emu_run_fn run;
+};
+/* pgpu_emu.cc: the kernels of the image at `image` */
+extern "C" void emu_register_image(const void *image, const char *what, const emu_kernel *k,
+                                   unsigned n);
+
+/* The arguments copied at the launch (as the runtime copies them), then
+ * the kernel on every thread of every block. */
+template <class... A, size_t... I>
+inline void emu_run_args(void (*k)(A...), unsigned grid, unsigned block, void **args,
+                         std::index_sequence<I...>)
+{
+    std::tuple<std::remove_cv_t<std::remove_reference_t<A>>...> v(
+        *(std::remove_cv_t<std::remove_reference_t<A>> *)args[I]...);
+    (void)args;
+    emu_launch(grid, block, [&]() { k(std::get<I>(v)...); });
+}
+template <class... A> constexpr size_t emu_arity(void (*)(A...)) { return sizeof...(A); }
+template <auto K> void emu_run(unsigned grid, unsigned block, void **args)
+{
+    emu_run_args(K, grid, block, args, std::make_index_sequence<emu_arity(K)>{});
+}
+#define EMU_KERNEL(k) emu_kernel{#k, emu_run<&k>}
+/* The image symbol a launcher's direct entry passes (its bytes are only a
+ * name here) and its kernels, registered before main. */
+#define EMU_IMAGE(image, ...)                                                          \
+    extern "C" const unsigned char image[] = "emulated " #image;                       \
+    static const emu_kernel emu_kernels_##image[] = {__VA_ARGS__};                     \
+    static const int emu_registered_##image = (emu_register_image(                     \
+        image, #image, emu_kernels_##image,                                            \
+        sizeof emu_kernels_##image / sizeof emu_kernels_##image[0]), 0);
