@@ -15,8 +15,7 @@ W=${2:-$B/emu}
 R=$(cd "$(dirname "$0")/../../.." && pwd)
 E=$R/tests/gpu/emu
 mkdir -p "$W"
-CXX="g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I$E -I$R/include -I$R"
-CC="gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I$E/c -I$R/include -I$R"
+. "$E/image.sh"
 # every plain vector and scalar load of x (the qf_ld* helpers) through the
 # alignment check (the cache-hinted __ldcs/__stcs check it in emu.h)
 sed -E -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
@@ -28,37 +27,19 @@ if [ "$raw" != 0 ]; then
   echo "run.sh: $raw vector or scalar accesses not rewritten" >&2
   exit 1
 fi
-# the source's kernels, as the launcher looks them up: the general ones
-# (qf_rows_* at 6 depths, qf_tiles_* at 2, qf_tensor_0/1 (mixed or all
-# dense), qf_cvt_check) and the dense ones (qf_tiles_dense, qf_rows_dense_*
-# in 5 team shapes), listed from the preprocessed source, where emu.h
-# leaves __global__ as a mark
-kernels=$($CXX -DEMU_LIST_KERNELS -E -P "$W/quant_fp8_emu.cc" | tr -s ' \t\n' '   ' |
-  grep -oE 'extern "C" emu_global void [A-Za-z_][A-Za-z0-9_]* ?\(' |
-  sed -E 's/.* ([A-Za-z_][A-Za-z0-9_]*) ?\($/\1/')
-n=$(echo "$kernels" | grep -c .)
-if [ "$n" != 17 ]; then
-  echo "run.sh: $n kernels found, 17 expected:" $kernels >&2
-  exit 1
-fi
-{
-  echo '#include "quant_fp8_emu.cc"'
-  echo 'EMU_IMAGE(fp8_image'
-  for k in $kernels; do echo "  , EMU_KERNEL($k)"; done
-  echo ')'
-} > "$W/fp8_image_emu.cc"
-echo "emulating $n kernels:" $kernels
-$CXX -I"$W" -c "$W/fp8_image_emu.cc" -o "$W/fp8_image_emu.o"
-$CXX -c "$E/pgpu_emu.cc" -o "$W/pgpu_emu.o"
+# the kernels fp8_launch.c looks up: the general ones (qf_rows_* at 6
+# depths, qf_tiles_* at 2, qf_tensor_0/1 (mixed or all dense),
+# qf_cvt_check) and the dense ones (qf_tiles_dense, qf_rows_dense_* in 5
+# team shapes)
+emu_image "$W/quant_fp8_emu.cc" fp8_image 17
+emu_pgpu
 # the division shortcut's proof, through the kernel's own code
 g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W" \
   "$E/fastdiv.cc" "$B/librefit_kernels.a" -lm -o "$W/fastdiv"
 "$W/fastdiv"
-# the launcher, the direct entries, the test and its helpers (gpu_twin.c),
-# as C over the emulator's runtime API (c/cuda_runtime_api.h)
-for f in plugins/fp8/fp8_launch plugins/fp8/fp8_direct tests/gpu/test_gpu_quant tests/gpu/gpu_twin; do
-  $CC -c "$R/$f.c" -o "$W/$(basename "$f").o"
-done
+# the launcher, the direct entries, the test and its helpers, as C
+emu_cc plugins/fp8/fp8_launch.c plugins/fp8/fp8_direct.c tests/gpu/test_gpu_quant.c \
+  tests/gpu/gpu_twin.c
 g++ -o "$W/test-gpu-quant-emu" "$W/test_gpu_quant.o" "$W/gpu_twin.o" "$W/fp8_direct.o" \
   "$W/fp8_launch.o" "$W/fp8_image_emu.o" "$W/pgpu_emu.o" \
   "$B/plugins/librefit_quant_ref.a" "$B/librefit_kernels.a" -lcmocka -lm

@@ -1,23 +1,22 @@
 #!/bin/sh
-# The CUDA INT4 quantization kernels (plugins/int4/quant_int4.cu) and the kernel
-# cases of their GPU test (tests/gpu/test_gpu_int4.c, built with
-# REFIT_GPU_EMU: fewer, smaller shapes, no model cases) on the CPU, through
-# the emulator in this folder (emu.h says what it checks and what it
-# cannot):
+# The CUDA INT4 quantization kernels (plugins/int4/quant_int4.cu), their
+# launcher (int4_launch.c) and direct entry (int4_direct.c), unmodified,
+# and the kernel cases of their GPU test (tests/gpu/test_gpu_int4.c, built
+# with REFIT_GPU_EMU: fewer, smaller shapes, no model cases) on the CPU,
+# through the emulator in this folder (emu.h says what it checks and what
+# it cannot; pgpu_emu.cc is the launch table):
 #   [EMU_ASAN=1] sh tests/gpu/emu/run_int4.sh BUILD_DIR [WORK_DIR]
-# BUILD_DIR: any meson build of refit (for librefit_kernels.a, the CPU
-# reference); WORK_DIR (default BUILD_DIR/emu-int4) receives the objects.
-# Needs g++, gcc and cmocka.
+# BUILD_DIR: any meson build of refit, CUDA or not (for librefit_kernels.a
+# and plugins/librefit_quant_ref.a, the CPU references); WORK_DIR (default
+# BUILD_DIR/emu-int4) receives the objects. Needs g++, gcc and cmocka.
 set -eu
 B=$(cd "$1" && pwd)
 W=${2:-$B/emu-int4}
 R=$(cd "$(dirname "$0")/../../.." && pwd)
 E=$R/tests/gpu/emu
 mkdir -p "$W"
-# kernel<<<grid, Q4_THREADS, 0, st>>>(args) -> EMU_LAUNCH(...); every
-# vector and scalar access of the kernels through the alignment check
-sed -E -e 's/(k_[a-z0-9_]+(<[0-9A-Z_ |]+>)?)<<<([^,]+), Q4_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(\3, Q4_THREADS, \1, \4);/' \
-  -e 's/\*\(const float4 \*\)\(a \+ 16\)/*EMU_AL(const float4, 16, a + 16)/' \
+# every vector and scalar access of the kernels through the alignment check
+sed -E -e 's/\*\(const float4 \*\)\(a \+ 16\)/*EMU_AL(const float4, 16, a + 16)/' \
   -e 's/\*\(const float4 \*\)a/*EMU_AL(const float4, 16, a)/' \
   -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
   -e 's/\*\(const float \*\)p/*EMU_AL(const float, 4, p)/' \
@@ -26,29 +25,11 @@ sed -E -e 's/(k_[a-z0-9_]+(<[0-9A-Z_ |]+>)?)<<<([^,]+), Q4_THREADS, 0, st>>>\((.
   -e 's/\*\((const )?uint16_t \*\)a/*EMU_AL(\1uint16_t, 2, a)/g' \
   -e 's/\*\(uint32_t \*\)\(p\.q/*EMU_AL(uint32_t, 4, p.q/' \
   "$R/plugins/int4/quant_int4.cu" > "$W/quant_int4_emu.cc"
-launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_int4_emu.cc")
-left=$(grep -c '<<<' "$W/quant_int4_emu.cc" || true)
 raw=$(grep -cE '\*\((const )?(float4|uint4|float|uint16_t|uint32_t) \*\)' "$W/quant_int4_emu.cc" || true)
-if [ "$left" != 0 ] || [ "$raw" != 0 ]; then
-  echo "run_int4.sh: $left kernel launches, $raw accesses not rewritten" >&2
+if [ "$raw" != 0 ]; then
+  echo "run_int4.sh: $raw accesses not rewritten" >&2
   exit 1
 fi
-# the general kernels (k_q4_groups, k_q4_rows: 7 cases) and the dense one
-# (k_q4_dense: 4), each with the long and the short parameter block
-if [ "$launches" != 11 ]; then
-  echo "run_int4.sh: $launches launch sites rewritten, expected 11" >&2
-  exit 1
-fi
-echo "emulating $launches launch sites"
-cat > "$W/stubs_int4.cc" <<'STUBS'
-// What the emulated test links in place of the CUDA backend: one device.
-#include <stdio.h>
-static char err[256];
-extern "C" const char *kern_cuda_last_error(void) { return err; }
-extern "C" void kern_cuda_set_error(const char *m) { snprintf(err, sizeof err, "%s", m); }
-extern "C" int backend_cuda_device_count(void) { return 1; }
-extern "C" const char *backend_cuda_unavailable(void) { return ""; }
-STUBS
 # What the kernels use and emu.h may lack (each defined here only where
 # emu.h has no definition of its own): __fmul_rn and __fadd_rn, the IEEE
 # operations they are; __byte_perm; the indexed shuffle, the ballot and
@@ -95,24 +76,24 @@ inline unsigned __ballot_sync(unsigned mask, int pred)
 }
 BALLOT
 has __syncwarp || echo 'inline void __syncwarp(unsigned mask = 0xffffffffu) { (void)mask; emu_wait(EMU_WARP_BAR); }' >> "$X"
-extra="-include $X"
 # EMU_ASAN=1: everything built with AddressSanitizer, so that a kernel's
 # read or write past its allocation (the test's allocations are exact,
-# plus one element) stops the run (the fibers draw a harmless warning)
-san=
+# plus one element; the launcher's scratch exact to 256 bytes) stops the
+# run (the fibers draw a harmless warning)
+EMU_SAN=
 if [ "${EMU_ASAN:-0}" != 0 ]; then
-  san="-fsanitize=address -fno-omit-frame-pointer"
+  EMU_SAN="-fsanitize=address -fno-omit-frame-pointer"
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_stack_use_after_return=0:detect_leaks=0}
   export ASAN_OPTIONS
 fi
-g++ -std=c++17 -O1 -g $san -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" $extra \
-  -c "$W/quant_int4_emu.cc" -o "$W/quant_int4_emu.o"
-g++ -std=c++17 -O1 -g $san -Wall -c "$W/stubs_int4.cc" -o "$W/stubs_int4.o"
-gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_EMU -O1 -g $san -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
-  -c "$R/tests/gpu/test_gpu_int4.c" -o "$W/test_gpu_int4.o"
-# the kernel tests' shared helpers (gpu_twin.c), over the emulator's runtime
-gcc -std=c11 -D_GNU_SOURCE -O1 -g $san -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
-  -c "$R/tests/gpu/gpu_twin.c" -o "$W/gpu_twin.o"
-g++ $san -o "$W/test-gpu-int4-emu" "$W/test_gpu_int4.o" "$W/gpu_twin.o" "$W/quant_int4_emu.o" \
-  "$W/stubs_int4.o" "$B/librefit_kernels.a" -lcmocka -lm
+. "$E/image.sh"
+# the kernels int4_launch.c looks up, each with the long and the short
+# parameter block: q4_groups_* at 6 lane counts, q4_rows, q4_dense_* at 4
+emu_image "$W/quant_int4_emu.cc" int4_image 22 -include "$X"
+emu_pgpu
+CFLAGS_EMU=-DREFIT_GPU_EMU emu_cc tests/gpu/test_gpu_int4.c
+emu_cc plugins/int4/int4_launch.c plugins/int4/int4_direct.c tests/gpu/gpu_twin.c
+g++ $EMU_SAN -o "$W/test-gpu-int4-emu" "$W/test_gpu_int4.o" "$W/gpu_twin.o" "$W/int4_direct.o" \
+  "$W/int4_launch.o" "$W/int4_image_emu.o" "$W/pgpu_emu.o" \
+  "$B/plugins/librefit_quant_ref.a" "$B/librefit_kernels.a" -lcmocka -lm
 "$W/test-gpu-int4-emu"
