@@ -1,40 +1,38 @@
 #!/bin/sh
-# The CUDA NVFP4 post-load kernels (plugins/nvfp4/quant_nvfp4.cu) and the kernel
-# half of their GPU test (tests/gpu/test_gpu_nvfp4.c, built with
-# REFIT_GPU_EMU) on the CPU, through the emulator in this folder (emu.h
-# says what it checks and what it cannot):
+# The CUDA NVFP4 post-load kernel (plugins/nvfp4/quant_nvfp4.cu), its
+# launcher (nvfp4_launch.c) and direct entry (nvfp4_direct.c), unmodified,
+# and the kernel half of their GPU test (tests/gpu/test_gpu_nvfp4.c, built
+# with REFIT_GPU_EMU) on the CPU, through the emulator in this folder
+# (emu.h says what it checks and what it cannot; pgpu_emu.cc is the launch
+# table):
 #   sh tests/gpu/emu/run_nvfp4.sh BUILD_DIR [WORK_DIR]
-# BUILD_DIR: any meson build of refit (for librefit_kernels.a, the CPU
-# references); WORK_DIR (default BUILD_DIR/emu-nvfp4) receives the objects.
+# BUILD_DIR: any meson build of refit, CUDA or not (for librefit_kernels.a
+# and plugins/librefit_quant_ref.a, the CPU references); WORK_DIR (default
+# BUILD_DIR/emu-nvfp4) receives the objects.
 # Needs g++, gcc and cmocka. Takes a few minutes: every thread is a fiber.
-# The kernel's L2 set is made 20 KB here, so that calls of several pieces
+# The launcher's L2 set is made 20 KB here, so that calls of several pieces
 # run its pipeline over many sets, and a dense piece is small below 2 CTAs
-# (not 264), so both of its CTA sizings run.
+# (not 264), so both of its CTA sizings run (nvfp4_gpu.h's QN_SET_BYTES
+# and QN_SMALL_CTAS, given to the kernel and the launcher alike).
 set -eu
 B=$(cd "$1" && pwd)
 W=${2:-$B/emu-nvfp4}
 R=$(cd "$(dirname "$0")/../../.." && pwd)
 E=$R/tests/gpu/emu
 mkdir -p "$W"
-# kernel<<<grid, QN_THREADS, 0, st>>>(args) -> EMU_LAUNCH(...); vector and
-# scalar accesses through the alignment check
-sed -E -e 's/(k_[a-z0-9_]+)<<<([^,]+), QN_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(\2, QN_THREADS, \1, \3);/' \
-  -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
+# vector and scalar accesses through the alignment check
+sed -E -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
   -e 's/\*\(const float \*\)p/*EMU_AL(const float, 4, p)/' \
   -e 's/\*\(const uint16_t \*\)p/*EMU_AL(const uint16_t, 2, p)/' \
   "$R/plugins/nvfp4/quant_nvfp4.cu" > "$W/quant_nvfp4_emu.cc"
-launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_nvfp4_emu.cc")
-left=$(grep -c '<<<' "$W/quant_nvfp4_emu.cc" || true)
 vec=$(grep -c 'EMU_AL(' "$W/quant_nvfp4_emu.cc")
-if [ "$left" != 0 ] || [ "$launches" != 1 ] || [ "$vec" != 3 ]; then
-  echo "run_nvfp4.sh: $launches launches and $vec checked accesses rewritten (want 1 and 3)," \
-    "$left launches left" >&2
+if [ "$vec" != 3 ]; then
+  echo "run_nvfp4.sh: $vec checked accesses rewritten (want 3)" >&2
   exit 1
 fi
-echo "emulating $launches launch site, $vec plain accesses and the __ldcs/__stcs ones checked"
+echo "$vec plain accesses and the __ldcs/__stcs ones checked"
 # what emu.h lacks for this kernel (the cache-hinted accesses, which emu.h
-# has had since quant_fp8.cu uses them), and the few backend symbols the
-# test calls (stubs.cc also wants the FP8 kernels)
+# has had since quant_fp8.cu uses them)
 if grep -q '__ldcs' "$E/emu.h"; then
   printf '#pragma once\n' > "$W/nv_shim.h"
 else
@@ -80,25 +78,17 @@ if ! grep -q '__umulhi(' "$E/emu.h"; then
   echo 'inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }' \
     >> "$W/nv_shim.h"
 fi
-cat > "$W/nv_stubs.cc" <<'EOF'
-#include <stdio.h>
-static char err[256];
-extern "C" const char *kern_cuda_last_error(void) { return err; }
-extern "C" void kern_cuda_set_error(const char *m) { snprintf(err, sizeof err, "%s", m); }
-extern "C" int backend_cuda_device_count(void) { return 1; }
-extern "C" const char *backend_cuda_unavailable(void) { return ""; }
-EOF
-g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" \
-  -include "$W/nv_shim.h" -DQN_SET_BYTES=20000 -DQN_SMALL_CTAS=2 -c "$W/quant_nvfp4_emu.cc" \
-  -o "$W/quant_nvfp4_emu.o"
-g++ -std=c++17 -O1 -g -Wall -c "$W/nv_stubs.cc" -o "$W/nv_stubs.o"
-gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_EMU -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
-  -c "$R/tests/gpu/test_gpu_nvfp4.c" -o "$W/test_gpu_nvfp4.o"
-# the kernel tests' shared helpers (gpu_twin.c), over the emulator's runtime
-gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
-  -c "$R/tests/gpu/gpu_twin.c" -o "$W/gpu_twin.o"
-g++ -o "$W/test-gpu-nvfp4-emu" "$W/test_gpu_nvfp4.o" "$W/gpu_twin.o" "$W/quant_nvfp4_emu.o" "$W/nv_stubs.o" \
-  "$B/librefit_kernels.a" -lcmocka -lm
+QN="-DQN_SET_BYTES=20000 -DQN_SMALL_CTAS=2"
+. "$E/image.sh"
+# the one kernel nvfp4_launch.c looks up (nvfp4_pass: both passes, every mode)
+emu_image "$W/quant_nvfp4_emu.cc" nvfp4_image 1 -include "$W/nv_shim.h" $QN
+emu_pgpu
+CFLAGS_EMU="-DREFIT_GPU_EMU $QN" emu_cc tests/gpu/test_gpu_nvfp4.c plugins/nvfp4/nvfp4_launch.c \
+  plugins/nvfp4/nvfp4_direct.c
+emu_cc tests/gpu/gpu_twin.c
+g++ -o "$W/test-gpu-nvfp4-emu" "$W/test_gpu_nvfp4.o" "$W/gpu_twin.o" "$W/nvfp4_direct.o" \
+  "$W/nvfp4_launch.o" "$W/nvfp4_image_emu.o" "$W/pgpu_emu.o" \
+  "$B/plugins/librefit_quant_ref.a" "$B/librefit_kernels.a" -lcmocka -lm
 "$W/test-gpu-nvfp4-emu"
 # The E2M1 encoder alone, natively, against the CPU reference on every
 # non-NaN f32 of both signs (quotients past the grid, infinity included):
@@ -133,8 +123,8 @@ int main()
 }
 EOF
 g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W" \
-  -include "$W/nv_shim.h" -DQN_SET_BYTES=20000 "$W/nv_e2m1.cc" "$W/nv_stubs.o" \
-  "$B/librefit_kernels.a" -o "$W/nv-e2m1"
+  -include "$W/nv_shim.h" -DQN_SET_BYTES=20000 "$W/nv_e2m1.cc" \
+  "$B/plugins/librefit_quant_ref.a" "$B/librefit_kernels.a" -o "$W/nv-e2m1"
 "$W/nv-e2m1"
 # The dense path's arithmetic, natively, through the kernel's own code:
 # qn_div6 against the division on every F16 and BF16 magnitude; the E2M1
@@ -223,6 +213,6 @@ int main()
 }
 EOF
 g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W" \
-  -include "$W/nv_shim.h" -DQN_SET_BYTES=20000 "$W/nv_dense.cc" "$W/nv_stubs.o" \
-  "$B/librefit_kernels.a" -lm -o "$W/nv-dense"
+  -include "$W/nv_shim.h" -DQN_SET_BYTES=20000 "$W/nv_dense.cc" \
+  "$B/plugins/librefit_quant_ref.a" "$B/librefit_kernels.a" -lm -o "$W/nv-dense"
 "$W/nv-dense"
