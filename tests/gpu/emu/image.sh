@@ -45,6 +45,26 @@ emu_cc() {
   done
 }
 
+# emu_fp8_image: plugins/fp8/quant_fp8.cu as fp8_image (run.sh; run_mx.sh
+# too, as mxfp8 links it for the conversion check): every plain vector and
+# scalar load of x (the qf_ld* helpers) through the alignment check (the
+# cache-hinted __ldcs/__stcs check it in emu.h); the 17 kernels
+# fp8_launch.c looks up: the general ones (qf_rows_* at 6 depths,
+# qf_tiles_* at 2, qf_tensor_0/1 (mixed or all dense), qf_cvt_check) and
+# the dense ones (qf_tiles_dense, qf_rows_dense_* in 5 team shapes)
+emu_fp8_image() {
+  sed -E -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
+    -e 's/\*\(const uint32_t \*\)a/*EMU_AL(const uint32_t, 4, a)/' \
+    -e 's/\*\(const uint16_t \*\)a/*EMU_AL(const uint16_t, 2, a)/' \
+    "$R/plugins/fp8/quant_fp8.cu" > "$W/quant_fp8_emu.cc"
+  raw=$(grep -Ec '\*\((const )?(uint4|uint2|uint32_t|uint16_t|float4|float) \*\)' "$W/quant_fp8_emu.cc" || true)
+  if [ "$raw" != 0 ]; then
+    echo "$(basename "$0"): $raw vector or scalar accesses of quant_fp8.cu not rewritten" >&2
+    exit 1
+  fi
+  emu_image "$W/quant_fp8_emu.cc" fp8_image 17
+}
+
 # the emulated launch table (sdk/pgpu_cudart.h's entry points)
 emu_pgpu() {
   $CXX_EMU -c "$E/pgpu_emu.cc" -o "$W/pgpu_emu.o"

@@ -16,22 +16,7 @@ R=$(cd "$(dirname "$0")/../../.." && pwd)
 E=$R/tests/gpu/emu
 mkdir -p "$W"
 . "$E/image.sh"
-# every plain vector and scalar load of x (the qf_ld* helpers) through the
-# alignment check (the cache-hinted __ldcs/__stcs check it in emu.h)
-sed -E -e 's/\*\(const uint4 \*\)a/*EMU_AL(const uint4, 16, a)/' \
-  -e 's/\*\(const uint32_t \*\)a/*EMU_AL(const uint32_t, 4, a)/' \
-  -e 's/\*\(const uint16_t \*\)a/*EMU_AL(const uint16_t, 2, a)/' \
-  "$R/plugins/fp8/quant_fp8.cu" > "$W/quant_fp8_emu.cc"
-raw=$(grep -Ec '\*\((const )?(uint4|uint2|uint32_t|uint16_t|float4|float) \*\)' "$W/quant_fp8_emu.cc" || true)
-if [ "$raw" != 0 ]; then
-  echo "run.sh: $raw vector or scalar accesses not rewritten" >&2
-  exit 1
-fi
-# the kernels fp8_launch.c looks up: the general ones (qf_rows_* at 6
-# depths, qf_tiles_* at 2, qf_tensor_0/1 (mixed or all dense),
-# qf_cvt_check) and the dense ones (qf_tiles_dense, qf_rows_dense_* in 5
-# team shapes)
-emu_image "$W/quant_fp8_emu.cc" fp8_image 17
+emu_fp8_image
 emu_pgpu
 # the division shortcut's proof, through the kernel's own code
 g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W" \

@@ -1,12 +1,16 @@
 #!/bin/sh
-# The CUDA MX quantization kernel (plugins/mxfp8/quant_mx.cu) and its GPU test
-# (tests/gpu/test_gpu_mx.c, kernel cases only: REFIT_GPU_MX_EMU) on the
-# CPU, through the emulator in this folder (emu.h says what it checks and
-# what it cannot):
+# The CUDA MX quantization kernels (plugins/mxfp8/quant_mx.cu), their
+# launcher (mx_launch.c) and direct entry (mx_direct.c), unmodified, with
+# FP8's (quant_fp8.cu, fp8_launch.c, fp8_direct.c: the conversion check
+# behind kern_fp8_encoder), and their GPU test (tests/gpu/test_gpu_mx.c,
+# kernel cases only: REFIT_GPU_MX_EMU) on the CPU, through the emulator in
+# this folder (emu.h says what it checks and what it cannot; pgpu_emu.cc
+# is the launch table):
 #   sh tests/gpu/emu/run_mx.sh BUILD_DIR [WORK_DIR]
-# BUILD_DIR: any meson build of refit (for librefit_kernels.a, the CPU
-# references); WORK_DIR (default BUILD_DIR/emu-mx) receives the objects.
-# Needs g++, gcc and cmocka; about a minute. First the encoders alone on
+# BUILD_DIR: any meson build of refit, CUDA or not (for librefit_kernels.a
+# and plugins/librefit_quant_ref.a, the CPU references); WORK_DIR (default
+# BUILD_DIR/emu-mx) receives the objects. Needs g++, gcc and cmocka; a
+# few minutes. First the encoders alone on
 # every input they can meet, natively; then the test, whose encoder sweep
 # takes every REFIT_GPU_MX_STRIDE-th input (default here 211) plus the
 # neighbourhoods of every code and rounding boundary (on a GPU: every
@@ -17,10 +21,8 @@ W=${2:-$B/emu-mx}
 R=$(cd "$(dirname "$0")/../../.." && pwd)
 E=$R/tests/gpu/emu
 mkdir -p "$W"
-# kernel<<<grid, MX_THREADS, 0, st>>>(args) -> EMU_LAUNCH(...); vector
-# accesses through the alignment check
-sed -E -e 's/(k_[a-z0-9_]+(<[A-Z0-9_]+>)?)<<<([^,]+), MX_THREADS, 0, st>>>\((.*)\);/EMU_LAUNCH(\3, MX_THREADS, \1, \4);/' \
-  -e 's/\*\(const float4 \*\)\(at \+ 16\)/*EMU_AL(const float4, 16, at + 16)/' \
+# vector accesses through the alignment check
+sed -E -e 's/\*\(const float4 \*\)\(at \+ 16\)/*EMU_AL(const float4, 16, at + 16)/' \
   -e 's/\*\(const float4 \*\)at/*EMU_AL(const float4, 16, at)/' \
   -e 's/\*\(const uint4 \*\)at/*EMU_AL(const uint4, 16, at)/' \
   -e 's/\*\(uint2 \*\)\(/*EMU_AL(uint2, 8, /' \
@@ -29,15 +31,13 @@ sed -E -e 's/(k_[a-z0-9_]+(<[A-Z0-9_]+>)?)<<<([^,]+), MX_THREADS, 0, st>>>\((.*)
   -e 's/\*\(const uint16_t \*\)p/*EMU_AL(const uint16_t, 2, p)/' \
   "$R/plugins/mxfp8/quant_mx.cu" > "$W/quant_mx_emu.cc"
 # (the dense path's loads are __ldcs, which the emulator checks itself)
-launches=$(grep -c 'EMU_LAUNCH(' "$W/quant_mx_emu.cc")
 aligned=$(grep -o 'EMU_AL(\|__ldcs(' "$W/quant_mx_emu.cc" | wc -l)
-left=$(grep -c '<<<' "$W/quant_mx_emu.cc" || true)
-if [ "$left" != 0 ] || [ "$launches" -lt 6 ] || [ "$aligned" -lt 10 ]; then
-  echo "run_mx.sh: $left kernel launches not rewritten, $launches rewritten (want 6)," \
-    "$aligned accesses checked (want 10)" >&2
+raw=$(grep -cE '\*\((const )?(float4|uint4|uint2|float|uint16_t|uint32_t) \*\)' "$W/quant_mx_emu.cc" || true)
+if [ "$aligned" -lt 10 ] || [ "$raw" != 0 ]; then
+  echo "run_mx.sh: $aligned accesses checked (want 10), $raw not rewritten" >&2
   exit 1
 fi
-echo "emulating $launches launch sites, $aligned checked accesses"
+echo "$aligned checked accesses"
 # What the MX kernel needs beyond the shared shims (emu.h, cuda_runtime.h,
 # which grow as other kernels need more): each definition only where the
 # shims lack it. SSE arithmetic rounds to nearest even and keeps
@@ -64,33 +64,18 @@ echo "emulating $launches launch sites, $aligned checked accesses"
   have '__clz(' ||
     echo 'inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }'
 } > "$W/mx_extra.h"
-# The backend's pieces the test calls: one device; the E4M3 "instruction"
-# is the CPU reference in the emulator (cuda_fp8.h), so both encoders run.
-cat > "$W/mx_stubs.cc" <<'EOF'
-#include <stdint.h>
-#include <stdio.h>
-static char err[256];
-extern "C" const char *kern_cuda_last_error(void) { return err; }
-extern "C" void kern_cuda_set_error(const char *m) { snprintf(err, sizeof err, "%s", m); }
-extern "C" int backend_cuda_device_count(void) { return 1; }
-extern "C" const char *backend_cuda_unavailable(void) { return ""; }
-extern "C" int backend_cuda_fp8_encoder(int, uint64_t *mismatches, void *)
-{
-    if (mismatches)
-        *mismatches = 0;
-    return 1;
-}
-EOF
-g++ -std=c++17 -O1 -g -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" \
-  -include "$W/mx_extra.h" -c "$W/quant_mx_emu.cc" -o "$W/quant_mx_emu.o"
-g++ -std=c++17 -O1 -g -Wall -c "$W/mx_stubs.cc" -o "$W/mx_stubs.o"
-gcc -std=c11 -D_GNU_SOURCE -DREFIT_GPU_MX_EMU -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" \
-  -I"$R" -c "$R/tests/gpu/test_gpu_mx.c" -o "$W/test_gpu_mx.o"
-# the kernel tests' shared helpers (gpu_twin.c), over the emulator's runtime
-gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -I"$E/c" -I"$R/include" -I"$R" \
-  -c "$R/tests/gpu/gpu_twin.c" -o "$W/gpu_twin.o"
-g++ -o "$W/test-gpu-mx-emu" "$W/test_gpu_mx.o" "$W/gpu_twin.o" "$W/quant_mx_emu.o" "$W/mx_stubs.o" \
-  "$B/librefit_kernels.a" -lcmocka -lm
+. "$E/image.sh"
+# the kernels mx_launch.c looks up: mx_0 .. mx_3 (MXFP8 and MXFP4, long and
+# short parameter blocks) and the dense mxd_* in 6 modes
+emu_image "$W/quant_mx_emu.cc" mx_image 10 -include "$W/mx_extra.h"
+emu_fp8_image
+emu_pgpu
+CFLAGS_EMU=-DREFIT_GPU_MX_EMU emu_cc tests/gpu/test_gpu_mx.c
+emu_cc plugins/mxfp8/mx_launch.c plugins/mxfp8/mx_direct.c plugins/fp8/fp8_launch.c \
+  plugins/fp8/fp8_direct.c tests/gpu/gpu_twin.c
+g++ -o "$W/test-gpu-mx-emu" "$W/test_gpu_mx.o" "$W/gpu_twin.o" "$W/mx_direct.o" "$W/mx_launch.o" \
+  "$W/fp8_direct.o" "$W/fp8_launch.o" "$W/mx_image_emu.o" "$W/fp8_image_emu.o" "$W/pgpu_emu.o" \
+  "$B/plugins/librefit_quant_ref.a" "$B/librefit_kernels.a" -lcmocka -lm
 # The encoders alone, natively, on every input they can meet (every f32 of
 # magnitude below 2^9 for E4M3, 2^3 for E2M1, both signs) against the CPU
 # references: the exhaustive check the emulated kernel is too slow for.
@@ -123,7 +108,8 @@ int main()
 }
 EOF
 g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W" \
-  -include "$W/mx_extra.h" "$W/mx_encoders.cc" "$W/mx_stubs.o" "$B/librefit_kernels.a" \
+  -include "$W/mx_extra.h" "$W/mx_encoders.cc" "$B/plugins/librefit_quant_ref.a" \
+  "$B/librefit_kernels.a" \
   -o "$W/mx-encoders"
 "$W/mx-encoders"
 REFIT_GPU_MX_STRIDE=${REFIT_GPU_MX_STRIDE:-211} "$W/test-gpu-mx-emu"
