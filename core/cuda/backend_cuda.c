@@ -527,11 +527,10 @@ typedef struct dslice {
 
 #define DEFER_CAP 4096u
 
-/* A slice's state: published, copied into the ring by a worker (a marker
- * too, with nothing to copy), handed to the stream. */
+/* A slice's state: published (again once issued: its slot is free), or
+ * copied into the ring by a worker (a marker too, with nothing to copy). */
 #define SL_QUEUED 0
 #define SL_FILLED 1
-#define SL_ISSUED 2
 
 static struct {
     void *hold;                 /* the stream held (G.mu) */
@@ -1066,7 +1065,7 @@ static uint64_t issue_run(cq *q, uint64_t i)
     for (uint64_t k = i; k < end; k++) {
         dslice *y = &D.s[k % DEFER_CAP];
         D.pending[y->chunk]--;
-        y->filled = SL_ISSUED;
+        y->filled = SL_QUEUED;
     }
     return end;
 }
@@ -1087,7 +1086,7 @@ static bool defer_issue(void)
             if (e != cudaSuccess && !D.err)
                 D.err = cu_fail(e, "waiting for an undo save");
             x->wait = NULL;
-            x->filled = SL_ISSUED;
+            x->filled = SL_QUEUED;
             D.issued++;
         } else {
             D.issued = issue_run(q, D.issued);
@@ -1104,20 +1103,11 @@ static bool caller_work(void)
     return (G.cfg.caller_copies || D.workers == 0) && defer_work();
 }
 
-/* Before the caller waits for slices: every published slice is announced
- * to the workers, so none of them sleeps through a long tensor (the caller
- * alone would copy it, at a twelfth of the speed). */
-static void caller_wait_begins(void)
-{
-    if (D.workers > 0)
-        defer_wake();
-}
-
 /* Issue, and copy slices here too, until slice index `upto` is issued. */
 static void defer_wait_issued(uint64_t upto)
 {
     if (D.issued < upto)
-        caller_wait_begins();
+        defer_wake(); /* none may sleep through what this waits for */
     while (D.issued < upto) {
         if (!defer_issue() && !caller_work())
             cpu_relax();
@@ -1150,7 +1140,6 @@ static int defer_next_chunk(cq *q)
         return rc;
     if (D.pending[nc]) {
         uint64_t t0 = now_ns(), c0 = ring_trace_cpu_ns();
-        caller_wait_begins();
         while (D.pending[nc])
             if (!defer_issue() && !caller_work())
                 cpu_relax();
@@ -1214,7 +1203,10 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
     for (size_t off = 0; off < bytes;) {
         D.used = (D.used + 63) & ~(size_t)63;
         if (D.used >= cap) {
-            defer_wake(); /* the chunk's slices, before waiting for the next chunk */
+            /* the chunk's slices announced before any wait for the next
+             * one: no worker sleeps through a long tensor, leaving the
+             * caller to copy it alone at a twelfth of the speed */
+            defer_wake();
             int rc = defer_next_chunk(q);
             if (rc)
                 return D.err = rc;
