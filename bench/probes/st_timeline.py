@@ -3,12 +3,17 @@
 the ceilings measured between the runs (not once before them).
 
   python3 bench/probes/st_timeline.py OUT.json [--runs N] [--procs P]
+                                      [--variants VAR=V[,VAR=V] ...] [--file PATH]
 
 Each of P fresh processes writes the Llama-shaped file of
 bench/python_path.py, then N times in a row: one pinned H2D copy of the
 bytes (the ceiling, now), refit's txn.load_safetensors (rollback off), the
 pinned copy again, and a CPU-only copy of the mapped file into pinned
-memory by PyTorch's own threads (the host side alone, now). Per refit run
+memory by PyTorch's own threads (the host side alone, now). With
+--variants, the P processes run once per variant, round-robin, each with
+that variant's environment added ("-": none), and a summary per variant;
+with --file, the first process writes the file there and the others load
+the same one (the sources are seeded, so every process has its bytes). Per refit run
 it keeps the CUDA backend's counters (fill waits, drain waits, and, with
 REFIT_CUDA_TIME_DMA=1, the copy engine's own time for the ring's copies)
 and the machine's: steal and idle time from /proc/stat, page faults,
@@ -75,12 +80,18 @@ def child(a):
     import torch
     from refit._sys import cuda_stats as stats
 
+    torch.manual_seed(0)    # the same sources in every process: a --file is theirs
     d = pp.Dense()
-    fd, path = tempfile.mkstemp(suffix=".safetensors", dir=a.dir)
-    os.close(fd)
-    out = {"pid": os.getpid(), "mem_start": meminfo(), "runs": []}
+    if a.file:
+        path = a.file
+    else:
+        fd, path = tempfile.mkstemp(suffix=".safetensors", dir=a.dir)
+        os.close(fd)
+    out = {"pid": os.getpid(), "mem_start": meminfo(), "runs": [],
+           "env": {k: v for k, v in os.environ.items() if k.startswith("REFIT_CUDA")}}
     try:
-        pp.write_safetensors(path, d)
+        if not (a.file and os.path.exists(path)):
+            pp.write_safetensors(path, d)
         with open(path, "rb") as f:
             while f.read(1 << 26):
                 pass
@@ -153,7 +164,8 @@ def child(a):
         mm.close()
         fmap.close()
     finally:
-        os.unlink(path)
+        if not a.file:
+            os.unlink(path)
     json.dump(out, sys.stdout)
     return 0
 
@@ -165,6 +177,10 @@ def main():
     ap.add_argument("--procs", type=int, default=3)
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--child", action="store_true")
+    ap.add_argument("--variants", nargs="*", default=["-"],
+                    help="environments to add, VAR=V[,VAR=V] each, '-' for none")
+    ap.add_argument("--file", help="the safetensors file every process loads (written by "
+                    "the first; removed at the end)")
     ap.add_argument("--trace", help="the first process also writes a torch.profiler chrome "
                     "trace of two loads here")
     a = ap.parse_args()
@@ -173,27 +189,46 @@ def main():
     env = dict(os.environ)
     env.setdefault("REFIT_CUDA_TIME_DMA", "1")
     procs = []
+    variants = [{} if v == "-" else dict(kv.split("=", 1) for kv in v.split(","))
+                for v in a.variants]
     for p in range(a.procs):
-        extra = ["--trace", a.trace] if a.trace and p == 0 else []
-        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child",
-                            "--runs", str(a.runs), "--dir", a.dir] + extra, env=env,
-                           capture_output=True, text=True, timeout=300)
-        try:
-            row = json.loads(r.stdout)
-        except ValueError:
-            row = {"rc": r.returncode, "stderr": r.stderr[-2000:]}
-        procs.append(row)
-        for x in row.get("runs", []):
-            print("proc %d run %2d: %6.1f ms (h2d %5.1f/%5.1f) fill %6.1f drain %6.1f "
-                  "dma %6.1f ms %5.1f GB/s host %6.1f torch-host %6.1f steal %d idle %d"
-                  % (p, x["i"], x["ms"], x["h2d_before_ms"], x["h2d_after_ms"],
-                     x["ring_fill_wait_ms"], x["ring_drain_ms"], x["dma_ms"],
-                     x["dma_GBps"] or 0, x["host_copy_ms"], x["host_copy_torch_ms"] or 0,
-                     x["cpu"]["steal"], x["cpu"]["idle"]), flush=True)
-        if "stderr" in row:
-            print(row["stderr"])
+        for vi, var in enumerate(variants):
+            extra = ["--trace", a.trace] if a.trace and p == 0 and vi == 0 else []
+            extra += ["--file", a.file] if a.file else []
+            r = subprocess.run([sys.executable, os.path.abspath(__file__), "--child",
+                                "--runs", str(a.runs), "--dir", a.dir] + extra,
+                               env=dict(env, **var), capture_output=True, text=True,
+                               timeout=300)
+            try:
+                row = json.loads(r.stdout)
+            except ValueError:
+                row = {"rc": r.returncode, "stderr": r.stderr[-2000:]}
+            row["variant"] = a.variants[vi]
+            procs.append(row)
+            for x in row.get("runs", []):
+                print("%s proc %d run %2d: %6.1f ms (h2d %5.1f/%5.1f) fill %6.1f drain %6.1f "
+                      "dma %6.1f ms %5.1f GB/s host %6.1f torch-host %6.1f steal %d idle %d"
+                      % (a.variants[vi], p, x["i"], x["ms"], x["h2d_before_ms"],
+                         x["h2d_after_ms"], x["ring_fill_wait_ms"], x["ring_drain_ms"],
+                         x["dma_ms"], x["dma_GBps"] or 0, x["host_copy_ms"],
+                         x["host_copy_torch_ms"] or 0, x["cpu"]["steal"], x["cpu"]["idle"]),
+                      flush=True)
+            if "stderr" in row:
+                print(row["stderr"])
+    if a.file and os.path.exists(a.file):
+        os.unlink(a.file)
+    by_variant = {}
+    for v in a.variants:
+        rs = [x for p in procs if p["variant"] == v for x in p.get("runs", [])]
+        if rs:
+            by_variant[v] = {"n": len(rs), "ms_median": statistics.median(x["ms"] for x in rs),
+                             "ms_min": min(x["ms"] for x in rs),
+                             "ratio_median": statistics.median(
+                                 x["ratio_to_adjacent_ceiling"] for x in rs),
+                             "verified": all(p.get("verified") for p in procs
+                                             if p["variant"] == v)}
     runs = [x for p in procs for x in p.get("runs", [])]
-    summ = {}
+    summ = {"by_variant": by_variant} if len(a.variants) > 1 else {}
     if runs:
         fast = [x for x in runs if x["ratio_to_adjacent_ceiling"] >= 0.7]
         slow = [x for x in runs if x["ratio_to_adjacent_ceiling"] < 0.7]
