@@ -6,7 +6,8 @@ calls around it, run after run, with the ceiling copy interleaved.
 
 The model and sources are bench/python_path.py's Dense (Llama-3.2-1B
 shapes, ~3.0 GB). Each run times, on the host clock: begin(), load_set()
-(or load_dict() with --fresh), finalize(); and on the GPU's clock (events
+and load_dict() and load_dict's C call on a table built before
+(refit_load_many), finalize(); the Python table build alone; and on the GPU's clock (events
 on the current stream, which refit copies on): from before begin() to the
 end of load_set(), which holds refit's copy launches. Between runs, one
 copy of the flat buffer (the ceiling) and a torch copy_ loop. So the
@@ -39,6 +40,14 @@ def main():
     m = d.model(ctx)
     ss = m.source_set(d.srcs)
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
+    from refit import _batch
+    prebuilt = _batch.Table(*_batch.split(d.srcs))
+
+    def table_ms():
+        t0 = time.perf_counter()
+        for _ in range(20):
+            _batch.Table(*_batch.split(d.srcs))
+        return (time.perf_counter() - t0) * 1e3 / 20
 
     def ceiling():
         ev[0].record()
@@ -64,6 +73,10 @@ def main():
         t1 = time.perf_counter()
         if kind == "set":
             txn.load_set(ss)
+        elif kind == "table":   # load_dict's C call on a table built before
+            rc = _batch.lib().refit_load_many(txn.handle, prebuilt.n, prebuilt.names_ptr,
+                                              prebuilt.srcs_ptr, txn._stream(None, None))
+            m._check(rc, "load_many")
         else:
             txn.load_dict(d.srcs)
         t2 = time.perf_counter()
@@ -79,20 +92,24 @@ def main():
     for _ in range(3):
         one("set")
         one("dict")
+        one("table")
         ceiling()
     rows = []
     for i in range(a.runs):
         c = ceiling()
         s = one("set")
         f = one("dict")
+        tb = one("table")
         lp = loop()
         c2 = ceiling()
         rows.append({"ceiling_ms": c, "ceiling_after_ms": c2, "set": s, "dict": f,
-                     "torch_loop_ms": lp})
+                     "table": tb, "torch_loop_ms": lp, "table_build_ms": table_ms()})
         print("run %2d: ceiling %.3f/%.3f  set wall %.3f gpu %.3f (begin %.3f load %.3f fin %.3f)"
-              "  dict wall %.3f gpu %.3f load %.3f  torch %.3f"
+              "  dict wall %.3f gpu %.3f load %.3f  prebuilt-table load %.3f  table %.3f"
+              "  torch %.3f"
               % (i, c, c2, s["wall_ms"], s["gpu_ms"], s["begin_ms"], s["load_ms"],
-                 s["finalize_ms"], f["wall_ms"], f["gpu_ms"], f["load_ms"], lp), flush=True)
+                 s["finalize_ms"], f["wall_ms"], f["gpu_ms"], f["load_ms"], tb["load_ms"],
+                 rows[-1]["table_build_ms"], lp), flush=True)
     if a.trace:
         from torch.profiler import ProfilerActivity, profile, record_function
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -112,8 +129,9 @@ def main():
     def med(f):
         return statistics.median(f(r) for r in rows)
     summ = {"ceiling_ms": med(lambda r: r["ceiling_ms"]),
-            "torch_loop_ms": med(lambda r: r["torch_loop_ms"]), "verified": ok}
-    for k in ("set", "dict"):
+            "torch_loop_ms": med(lambda r: r["torch_loop_ms"]),
+            "table_build_ms": med(lambda r: r["table_build_ms"]), "verified": ok}
+    for k in ("set", "dict", "table"):
         summ[k] = {f: med(lambda r: r[k][f]) for f in rows[0][k]}
         summ[k]["ratio_wall"] = summ["ceiling_ms"] / summ[k]["wall_ms"]
         summ[k]["ratio_gpu"] = summ["ceiling_ms"] / summ[k]["gpu_ms"]

@@ -130,6 +130,7 @@ def child(a):
             torch.cuda.synchronize()
             ms = (time.perf_counter() - t0) * 1e3
             s1, p1, v1 = stats(), proc_stat(), vmstat()
+            out["verified"] = out["verified"] and bool(d.verify())  # before the next copy
             after = h2d_ms()
             host = host_ms() if src is not None else None
             ds = delta(s0, s1)
@@ -156,7 +157,6 @@ def child(a):
                         run()
                         torch.cuda.synchronize()
             prof.export_chrome_trace(a.trace)
-        out["verified"] = out["verified"] and bool(d.verify())
         out["mem_end"] = meminfo()
         m.destroy()
         ctx.close()

@@ -32,11 +32,17 @@ class HostTensor:
         return ctypes.addressof(self.buf)
 
     def stride(self):
+        return self.row_major()
+
+    def row_major(self):
         out, acc = [], 1
         for s in reversed(self.shape):
             out.append(acc)
             acc *= s
         return tuple(reversed(out))
+
+    def is_contiguous(self):
+        return tuple(self.stride()) == self.row_major()
 
     def get_device(self):
         return -1
@@ -238,18 +244,20 @@ class Strided(HostTensor):
 
 
 def rows_of(table):
-    """(data, device type, device id, dtype, shape, strides) of each row."""
+    """(data, device type, device id, dtype, shape, strides) of each row
+    (strides None: the row has none, contiguous)."""
     out = []
     for i in range(table.n):
         t = _ffi.Tensor.from_address(table.srcs_ptr + i * ctypes.sizeof(_ffi.Tensor))
         out.append((t.data, t.device.device_type, t.device.device_id, (t.dtype.code, t.dtype.bits),
-                    tuple(t.shape[:t.ndim]), tuple(t.strides[:t.ndim])))
+                    tuple(t.shape[:t.ndim]), tuple(t.strides[:t.ndim]) if t.strides else None))
     return out
 
 
 def test_table_rows_describe_each_tensor():
     # shapes repeated (one entry each in the table) and distinct, a scalar,
-    # list strides, host, pinned and device rows, names not all ASCII
+    # list strides, host, pinned and device rows, names not all ASCII; a
+    # contiguous tensor's row has no strides (its stride() is not read)
     ts = [HostTensor((4, 3)), HostTensor((4, 3)), HostTensor(()), HostTensor((5,)),
           Strided((4, 3), [1, 4]), Strided((4, 3), (1, 4), pinned=True),
           Strided((2, 2, 2), (4, 2, 1), device=1), HostTensor((4, 3))]
@@ -261,7 +269,7 @@ def test_table_rows_describe_each_tensor():
         kind = _ffi.DEVICE_CUDA if dev >= 0 else (_ffi.DEVICE_CUDA_HOST if t.is_pinned()
                                                   else _ffi.DEVICE_CPU)
         want.append((t.data_ptr(), kind, max(dev, 0), (2, 32), tuple(t.shape),
-                     tuple(t.stride())))
+                     None if t.is_contiguous() else tuple(t.stride())))
     assert rows_of(table) == want, rows_of(table)
     assert table.device == (_ffi.DEVICE_CUDA, 1), table.device
     got = [ctypes.string_at(p).decode() for p in array.array("Q", table._name_ptrs)]
@@ -269,6 +277,16 @@ def test_table_rows_describe_each_tensor():
     assert _batch.Table([], []).n == 0 and _batch.Table([], []).device is None
     one_dev = _batch.Table(["x", "y"], [Strided((2,), (1,), device=3)] * 2)
     assert [r[1:3] for r in rows_of(one_dev)] == [(_ffi.DEVICE_CUDA, 3)] * 2
+
+    class Contiguous(HostTensor):
+        def is_contiguous(self):
+            return True
+
+        def stride(self):
+            raise AssertionError("stride() read of a contiguous tensor")
+    t = Contiguous((3, 2), 5.0)
+    assert rows_of(_batch.Table(["x"], [t])) == [(t.data_ptr(), _ffi.DEVICE_CPU, 0, (2, 32),
+                                                  (3, 2), None)]
 
 
 def main():

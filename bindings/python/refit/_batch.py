@@ -2,8 +2,9 @@
 
 A table is built in one go, not one ctypes object per tensor: the fields of
 every tensor are read by map() over C callables (no Python frame per
-tensor; each distinct shape and strides stored once), and the refit_tensor
-rows (48 bytes: data, device, ndim|dtype, shape*, strides*, byte_offset)
+tensor; each distinct shape and strides stored once; a contiguous tensor's
+strides are not read at all: its row has none, which refit reads as
+contiguous), and the refit_tensor rows (48 bytes: data, device, ndim|dtype, shape*, strides*, byte_offset)
 are six 64-bit words each in one array.array, their shape and strides in
 another, the names in one NUL-separated bytes object. Tensors that are not
 torch-like (no data_ptr/stride) go through refit.describe one by one."""
@@ -55,10 +56,16 @@ def _dtype_row_words(dtypes):
 _get_ptr = operator.methodcaller("data_ptr")
 _get_shape = operator.attrgetter("shape")
 _get_stride = operator.methodcaller("stride")
+_is_contiguous = operator.methodcaller("is_contiguous")
 _get_device = operator.methodcaller("get_device")
 _get_dtype = operator.attrgetter("dtype")
 _chain = itertools.chain.from_iterable
 _or, _add = operator.or_, operator.add
+
+
+def _is_pair(key):
+    """A _fill key of (None, shape, strides), not a shape."""
+    return len(key) == 3 and key[0] is None
 
 
 def _names_table(names):
@@ -136,13 +143,13 @@ class Table:
                         for d, t in zip(devs, ts)]
         if devs and hi >= 0:
             self.device = (_DEV_CUDA, lo if lo >= 0 else next(d for d in devs if d >= 0))
-
-        def dims(as_tuples):
-            shapes, strides = map(_get_shape, ts), map(_get_stride, ts)
-            if as_tuples:
-                return zip(map(tuple, shapes), map(tuple, strides))
-            return zip(shapes, strides)
-        self._fill(ptrs, devwords, dwords, dims)
+        # a contiguous tensor's key is its shape alone (strides: none); the
+        # others' (None, shape, strides), which no shape equals
+        keys = list(map(_get_shape, ts))
+        contig = list(map(_is_contiguous, ts))
+        if not all(contig):
+            keys = [k if c else (None, k, t.stride()) for k, c, t in zip(keys, contig, ts)]
+        self._fill(ptrs, devwords, dwords, keys)
 
     def _rows_described(self, ts):
         from .core import describe
@@ -150,34 +157,46 @@ class Table:
         ptrs = [d.t.data or 0 for d in descs]
         devwords = [d.device_type | (d.device_id << 32) for d in descs]
         dwords = [(d.t.dtype.code << 32) | (d.t.dtype.bits << 40) | (1 << 48) for d in descs]
-        pairs = [(tuple(d.shape[:d.t.ndim]), tuple(d.strides[:d.t.ndim])) for d in descs]
+        keys = [(None, tuple(d.shape[:d.t.ndim]), tuple(d.strides[:d.t.ndim])) for d in descs]
         for d in descs:
             if d.device_type == _DEV_CUDA:
                 self.device = (_DEV_CUDA, d.device_id)
                 break
-        self._fill(ptrs, devwords, dwords, lambda _: iter(pairs))
+        self._fill(ptrs, devwords, dwords, keys)
 
-    def _fill(self, ptrs, devwords, dwords, dims):
-        # dims(as_tuples): each row's (shape, strides). Each distinct pair
-        # once in _dims, its shape then its strides; each row points at
-        # its pair's (a model repeats a few shapes): one hash a row, to
-        # the first row with that pair; no per-row tuple kept (nor traced
-        # by the garbage collector)
+    def _fill(self, ptrs, devwords, dwords, keys):
+        # keys: each row's shape (contiguous: no strides) or (None, shape,
+        # strides). Each distinct key once in _dims, its shape then its
+        # strides; each row points at its key's (a model repeats a few
+        # shapes): one hash a row, to the first row with that key; no
+        # per-row tuple kept (nor traced by the garbage collector)
         n = self.n
         first = {}
         try:
-            rows = list(map(first.setdefault, dims(False), range(n)))
-        except TypeError:   # a list for a shape or strides: as tuples
+            rows = list(map(first.setdefault, keys, range(n)))
+        except TypeError:   # a list for a shape or strides (torch-like, not torch)
+            keys = [(None, tuple(k[1]), tuple(k[2])) if _is_pair(k) else tuple(k) for k in keys]
             first = {}
-            rows = list(map(first.setdefault, dims(True), range(n)))
-        self._dims = array.array("q", _chain(_chain(first)))
+            rows = list(map(first.setdefault, keys, range(n)))
         shape_at, strides_at, ndim_of = [0] * n, [0] * n, [0] * n
-        at = _address(self._dims)
-        for (shape, _), i in first.items():
-            shape_at[i] = at
-            strides_at[i] = at + 8 * len(shape)
-            ndim_of[i] = len(shape)
-            at += 16 * len(shape)
+        flat = []
+        for key, i in first.items():
+            if _is_pair(key):
+                shape_at[i] = len(flat)
+                ndim_of[i] = len(key[1])
+                flat.extend(key[1])
+                strides_at[i] = len(flat)
+                flat.extend(key[2])
+            else:
+                shape_at[i] = len(flat)
+                ndim_of[i] = len(key)
+                flat.extend(key)
+                strides_at[i] = -1
+        self._dims = array.array("q", flat)
+        base = _address(self._dims)
+        for _, i in first.items():
+            shape_at[i] = base + 8 * shape_at[i]
+            strides_at[i] = 0 if strides_at[i] < 0 else base + 8 * strides_at[i]
         w = [0] * (6 * n)
         w[0::6] = ptrs
         w[1::6] = devwords
