@@ -24,12 +24,6 @@ struct undo_chunk {
 };
 
 #define UNDO_ALIGN 256u              /* every piece starts 256-byte aligned */
-/* A save split between chunks is cut at a multiple of this from its start
- * (a chunk's last < UNDO_SPLIT bytes may stay unused): a backend that cuts
- * copies into rows of a divisor of it finds every row's old bytes saved
- * in one piece, so it can take the save into the row that overwrites
- * them (core/cuda/backend_cuda.c, fuse_save). */
-#define UNDO_SPLIT ((size_t)64 << 10)
 #define UNDO_CHUNK_MIN (4u << 20)
 #define UNDO_CHUNK_MAX ((size_t)256 << 20)
 
@@ -113,16 +107,6 @@ static bool device_allowed(const undo_log *u, const backend *be)
            be->restore_dev;
 }
 
-/* The bytes chunk c has for a save of want bytes from an address mis
- * past UNDO_ALIGN: all of them, or a multiple of UNDO_SPLIT; 0: none. */
-static size_t chunk_room(const undo_chunk *c, size_t mis, size_t want)
-{
-    if (c->used + mis >= c->size)
-        return 0;
-    size_t room = c->size - c->used - mis;
-    return room >= want ? want : room - room % UNDO_SPLIT;
-}
-
 /* Room for up to want bytes saved from src: *out, congruent to src modulo
  * UNDO_ALIGN (copies of aligned words), and how many (0: none anywhere). */
 static size_t undo_room(undo_log *u, const backend *be, int device, const char *src, size_t want,
@@ -131,7 +115,7 @@ static size_t undo_room(undo_log *u, const backend *be, int device, const char *
     size_t mis = (uintptr_t)src & (UNDO_ALIGN - 1);
     for (int p = device_allowed(u, be) ? UNDO_DEVICE : UNDO_HOST; p <= UNDO_HOST; p++) {
         undo_chunk *c = u->cur[p];
-        if (!c || c->be != be || c->device != device || !chunk_room(c, mis, want)) {
+        if (!c || c->be != be || c->device != device || c->used + mis >= c->size) {
             c = pool_take(u->pool, be, device, (undo_place)p);
             if (!c && !(c = chunk_new(u, be, device, (undo_place)p)))
                 continue;
@@ -139,12 +123,12 @@ static size_t undo_room(undo_log *u, const backend *be, int device, const char *
             u->chunks = c;
             u->cur[p] = c;
         }
-        size_t k = chunk_room(c, mis, want);
-        if (k == 0)
-            continue; /* a chunk too small for the save or one UNDO_SPLIT */
+        if (c->used + mis >= c->size)
+            continue; /* a chunk smaller than one alignment step */
+        size_t room = c->size - c->used - mis;
         *out = c->data + c->used + mis;
         *place = (undo_place)p;
-        return k;
+        return room < want ? room : want;
     }
     return 0;
 }

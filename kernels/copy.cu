@@ -21,9 +21,8 @@ struct kern_batch_row {
     uint64_t src;
     uint64_t dst;
     uint64_t bytes;
-    uint64_t save;
 };
-static_assert(sizeof(kern_batch_row) == 32, "kern_batch_row layout");
+static_assert(sizeof(kern_batch_row) == 24, "kern_batch_row layout");
 
 static thread_local char cuda_err[256];
 
@@ -384,16 +383,18 @@ __device__ __forceinline__ void copy_words_cs(char *d, const char *s, uint64_t n
         __stcs(dv + i, __ldcs(sv + i));
 }
 
-/* One piece: its head bytes, the widest words both pointers allow, its
- * tail. */
+/* One row: its head bytes, the widest words both pointers allow, its tail. */
 template <int V>
-__device__ __forceinline__ void copy_piece(char *d, const char *s, uint64_t len)
+__device__ __forceinline__ void batch_row(const kern_batch_row &x)
 {
+    char *d = (char *)x.dst;
+    const char *s = (const char *)x.src;
+    uint64_t len = x.bytes;
     /* widest word both pointers can be aligned to at once */
-    uint64_t mis = (uint64_t)(uintptr_t)d ^ (uint64_t)(uintptr_t)s;
+    uint64_t mis = x.dst ^ x.src;
     unsigned w = (mis & 15) == 0 ? 16 : (mis & 7) == 0 ? 8 : (mis & 3) == 0 ? 4
                : (mis & 1) == 0 ? 2 : 1;
-    uint64_t head = (w - ((uint64_t)(uintptr_t)d & (w - 1))) & (w - 1);
+    uint64_t head = (w - (x.dst & (w - 1))) & (w - 1);
     if (head > len)
         head = len;
     if (threadIdx.x < head)
@@ -420,20 +421,6 @@ __device__ __forceinline__ void copy_piece(char *d, const char *s, uint64_t len)
     }
     for (uint64_t i = body + threadIdx.x; i < len; i += blockDim.x)
         d[i] = s[i];
-}
-
-/* One row. A row with a save pointer first copies the bytes it overwrites
- * there (an undo save taken into the row that overwrites them): the whole
- * block reads them before any of its threads writes the row. The branch
- * is the same for every thread of the block. */
-template <int V>
-__device__ __forceinline__ void batch_row(const kern_batch_row &x)
-{
-    if (x.save) {
-        copy_piece<V>((char *)x.save, (const char *)x.dst, x.bytes);
-        __syncthreads();
-    }
-    copy_piece<V>((char *)x.dst, (const char *)x.src, x.bytes);
 }
 
 /* A block a row (rows past the grid: strided). */

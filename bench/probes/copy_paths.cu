@@ -36,7 +36,7 @@
 
 extern "C" int kern_copy_batch_cuda(const void *rows, uint32_t n, void *stream);
 
-struct row { uint64_t src, dst, bytes, save; }; /* kern_batch_row's layout */
+struct row { uint64_t src, dst, bytes; };
 
 #define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
     fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); exit(1); } } while (0)
@@ -227,7 +227,6 @@ static uint32_t make_rows(size_t row_max, row **host_out)
             r[n].src = (uint64_t)(dsrc + offs[i] + o);
             r[n].dst = (uint64_t)(ddst + offs[i] + o);
             r[n].bytes = b;
-            r[n].save = 0;
             n++;
         }
     *host_out = r;
@@ -471,7 +470,6 @@ int main(int argc, char **argv)
                     h[n].src = (uint64_t)(dsrc + offs[i] + o);
                     h[n].dst = (uint64_t)(ddst + offs[i] + o);
                     h[n].bytes = sizes[i] - o < rm ? sizes[i] - o : rm;
-                    h[n].save = 0;
                     n++;
                 }
         CK(cudaMalloc(&drows, n * sizeof *h));

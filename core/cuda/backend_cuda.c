@@ -22,8 +22,7 @@
  * Undo saves into device memory (the context's budget), of any size, and
  * saves into pinned memory smaller than save_min are rows of a separate
  * save table whose pending rows launch before the copy rows of the same
- * flush (a device save whose bytes the next copy rows overwrite exactly is
- * taken into those rows instead: fuse_save); larger pinned saves are one cudaMemcpyAsync each, issued at once
+ * flush; larger pinned saves are one cudaMemcpyAsync each, issued at once
  * on the queue's save stream beside it (save_side), so the PCIe link
  * carries a save to the host while the copy of the tensor before it comes
  * in: the save stream first waits for the stream's work before the
@@ -41,7 +40,7 @@
  * only when a pinned chunk or table is reused.
  *
  * Memory held: per stream a device table and two pinned tables
- * (2 x 2 x table_rows x 32 bytes), and, once a pageable source is seen,
+ * (2 x 2 x table_rows x 24 bytes), and, once a pageable source is seen,
  * ring_chunks x ring_chunk_bytes of pinned memory (on the device's NUMA
  * node when placed, below). Device staging blocks and
  * pinned undo chunks are kept for reuse up to staging_cache / undo_cache
@@ -84,11 +83,6 @@
 #define MAX_DEVICES 64
 #define MAX_RING 16
 #define SAVE_EVENTS 64
-#define NO_FUSE UINT32_MAX
-
-/* What a batched row is: a copy, or an undo save into pinned or device
- * memory (save rows launch before the copy rows of their flush). */
-typedef enum { ROW_COPY, ROW_SAVE_HOST, ROW_SAVE_DEV } row_kind;
 
 /* ---- tunables (environment, read once) ---- */
 
@@ -117,7 +111,6 @@ typedef struct cuda_cfg {
     int time_dma;               /* REFIT_CUDA_TIME_DMA: time the ring's H2D copies (a bench's) */
     int drain_poll;             /* REFIT_CUDA_DRAIN_POLL: issue while a chunk drains */
     int caller_copies;          /* REFIT_CUDA_CALLER_COPIES: the caller copies slices too */
-    int fuse_saves;             /* REFIT_CUDA_FUSE_SAVES: a device save rides its copy's row */
 } cuda_cfg;
 
 static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
@@ -164,7 +157,6 @@ static void cfg_load(cuda_cfg *c)
     c->time_dma = (int)env_size("REFIT_CUDA_TIME_DMA", 0, 1, 0, 1);
     c->drain_poll = (int)env_size("REFIT_CUDA_DRAIN_POLL", 1, 1, 0, 1);
     c->caller_copies = (int)env_size("REFIT_CUDA_CALLER_COPIES", 0, 1, 0, 1);
-    c->fuse_saves = (int)env_size("REFIT_CUDA_FUSE_SAVES", 1, 1, 0, 1);
     kern_copy_batch_variant(c->batch_variant, c->batch_grid);
     ring_trace_init();
     c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
@@ -225,7 +217,6 @@ typedef struct table {
     kern_batch_row *dev;        /* the same pinned memory, as the device reads it */
     uint32_t n_save, n_copy;
     uint32_t save_launched;     /* save rows [0, this) are launched already */
-    uint32_t fuse_at;           /* the save row a copy row may take over (NO_FUSE: none) */
     uint64_t copy_bytes;        /* bytes the copy rows move */
     cudaEvent_t done;           /* after the kernels that read this table */
     bool recorded;
@@ -722,7 +713,6 @@ static int queue_new(cq **out, void *stream, int device)
         return fail(REFIT_ENOMEM, "out of memory for a stream queue");
     q->stream = stream;
     q->device = device;
-    q->tb[0].fuse_at = q->tb[1].fuse_at = NO_FUSE;
     cudaError_t e = G.cfg.table_upload ? cudaMalloc((void **)&q->dev_rows, bytes) : cudaSuccess;
     for (int i = 0; i < 2 && e == cudaSuccess; i++) {
         e = cudaHostAlloc((void **)&q->tb[i].rows, bytes,
@@ -810,7 +800,6 @@ static int queue_flush(cq *q)
     uint32_t cap = G.cfg.table_rows, n_copy = t->n_copy;
     int rc = launch_saves(q);
     t->n_save = t->save_launched = t->n_copy = 0; /* a failure is reported once */
-    t->fuse_at = NO_FUSE;
     q->launched += t->copy_bytes;
     t->copy_bytes = 0;
     if (rc)
@@ -852,49 +841,16 @@ static int queue_flush(cq *q)
 }
 
 /* Work issued now (not batched) must come after pending saves: they go
- * out as one launch, the copy rows stay queued and the table stays. (A
- * save taken over by a copy row still pending goes with that row: the
- * immediate work does not touch the row's bytes, which are not written
- * yet either.) */
+ * out as one launch, the copy rows stay queued and the table stays. */
 static int before_immediate(cq *q)
 {
     return launch_saves(q);
 }
 
-/* A copy row (dst, len) takes over the save row at fuse_at when that row
- * saves exactly the bytes it overwrites and is not launched: the copy
- * kernel then saves them itself, just before it writes them, and the
- * save kernel has that row less to run (one pass over the bytes instead
- * of two launches that each read and write them). The save row is left
- * empty; empty rows at the end of the save rows are dropped. Returns the
- * save pointer for the copy row, or 0. */
-static uint64_t fuse_save(table *t, uint64_t dst, uint64_t len)
-{
-    uint32_t i = t->fuse_at;
-    if (!G.cfg.fuse_saves || i == NO_FUSE || i >= t->n_save || i < t->save_launched)
-        return 0;
-    kern_batch_row *r = &t->rows[i];
-    if (r->src != dst || r->bytes != len || r->save)
-        return 0;
-    uint64_t save = r->dst;
-    r->bytes = 0;
-    t->fuse_at = i + 1;
-    G.stats.fused_saves++;
-    while (t->n_save > t->save_launched && t->rows[t->n_save - 1].bytes == 0)
-        t->n_save--;
-    if (t->fuse_at >= t->n_save)
-        t->fuse_at = NO_FUSE;
-    return save;
-}
-
-/* Append rows for a contiguous piece, split at row_max. A device save's
- * rows may be taken over by the copy rows that follow them (fuse_save);
- * a pinned save's rows are never (its bytes cross PCIe: not in the copy
- * kernel). */
-static int queue_rows(cq *q, row_kind kind, uint64_t dst, uint64_t src, uint64_t bytes)
+/* Append rows for a contiguous piece, split at row_max. */
+static int queue_rows(cq *q, bool save, uint64_t dst, uint64_t src, uint64_t bytes)
 {
     uint32_t cap = G.cfg.table_rows;
-    bool save = kind != ROW_COPY;
     for (uint64_t off = 0; off < bytes; off += G.cfg.row_max) {
         table *t = &q->tb[q->cur];
         uint32_t *n = save ? &t->n_save : &t->n_copy;
@@ -906,14 +862,7 @@ static int queue_rows(cq *q, row_kind kind, uint64_t dst, uint64_t src, uint64_t
             n = save ? &t->n_save : &t->n_copy;
         }
         uint64_t len = bytes - off < G.cfg.row_max ? bytes - off : G.cfg.row_max;
-        uint64_t undo = 0;
-        if (kind == ROW_SAVE_DEV && G.cfg.fuse_saves && (off == 0 || t->fuse_at == NO_FUSE))
-            t->fuse_at = *n; /* the copy rows of these bytes come next */
-        else if (kind == ROW_SAVE_HOST)
-            t->fuse_at = NO_FUSE;
-        else if (kind == ROW_COPY)
-            undo = fuse_save(t, dst + off, len);
-        t->rows[(save ? 0 : cap) + (*n)++] = (kern_batch_row){src + off, dst + off, len, undo};
+        t->rows[(save ? 0 : cap) + (*n)++] = (kern_batch_row){src + off, dst + off, len};
         if (!save && (t->copy_bytes += len) >= G.cfg.flush_bytes &&
             t->copy_bytes >= q->launched * G.cfg.flush_growth) {
             /* the device starts on the first flush_bytes while the host goes
@@ -1420,7 +1369,7 @@ static int copy_direct(cq *q, const refit_view *dst, const refit_view *src, void
     }
     if (host ? bytes >= G.cfg.h2d_min : G.cfg.d2d_memcpy_min && bytes >= G.cfg.d2d_memcpy_min)
         return memcpy_now(q, dst->data, host ? src->data : sdev, bytes);
-    return queue_rows(q, ROW_COPY, (uint64_t)(uintptr_t)dst->data, (uint64_t)(uintptr_t)sdev,
+    return queue_rows(q, false, (uint64_t)(uintptr_t)dst->data, (uint64_t)(uintptr_t)sdev,
                       bytes);
 }
 
@@ -1446,7 +1395,7 @@ static int pageable_contig(cq *q, char *dst, const char *src, size_t bytes)
                 rc = chunk_mark(c, (cudaStream_t)q->stream);
         } else {
             c->in_table = true; /* before the rows: queue_rows may flush */
-            rc = queue_rows(q, ROW_COPY, (uint64_t)(uintptr_t)(dst + off),
+            rc = queue_rows(q, false, (uint64_t)(uintptr_t)(dst + off),
                             (uint64_t)(uintptr_t)(c->dev + (p - c->p)), piece);
         }
         if (rc)
@@ -1927,8 +1876,7 @@ static int cuda_save(void *host_dst, const void *src, size_t n, void *stream)
     if (!rc) {
         rc = queue_get(&q, stream, dev);
         if (!rc && n < G.cfg.save_min && G.host_ptr_is_dev)
-            rc = queue_rows(q, ROW_SAVE_HOST, (uint64_t)(uintptr_t)host_dst,
-                            (uint64_t)(uintptr_t)src, n);
+            rc = queue_rows(q, true, (uint64_t)(uintptr_t)host_dst, (uint64_t)(uintptr_t)src, n);
         else if (!rc && G.cfg.save_side)
             rc = side_save(q, host_dst, src, n);
         else if (!rc)
@@ -2004,8 +1952,7 @@ static int cuda_save_dev(void *dev_dst, const void *src, size_t n, int device, v
         rc = queue_get(&q, stream, device);
         size_t memcpy_min = G.cfg.save_dev_memcpy_min;
         if (!rc && (n < G.cfg.save_min || !memcpy_min || n < memcpy_min))
-            rc = queue_rows(q, ROW_SAVE_DEV, (uint64_t)(uintptr_t)dev_dst,
-                            (uint64_t)(uintptr_t)src, n);
+            rc = queue_rows(q, true, (uint64_t)(uintptr_t)dev_dst, (uint64_t)(uintptr_t)src, n);
         else if (!rc)
             rc = save_now(q, dev_dst, src, n);
         dev_leave(&g);

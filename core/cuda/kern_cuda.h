@@ -19,14 +19,11 @@
 extern "C" {
 #endif
 
-/* One contiguous piece of a batched copy (layout shared with copy.cu):
- * dst <- src. With save not 0, the bytes at dst are first copied to save
- * (an undo save taken by the row that overwrites them). */
+/* One contiguous piece of a batched copy (layout shared with copy.cu). */
 typedef struct kern_batch_row {
     uint64_t src;
     uint64_t dst;
     uint64_t bytes;
-    uint64_t save;
 } kern_batch_row;
 
 /* dst <- src, same shape, any strides, F32/F16/BF16 casts (kern_copy). */
@@ -34,7 +31,7 @@ int kern_copy_cuda(const refit_view *dst, const refit_view *src, void *stream);
 /* Every element of dst to zero bytes (kern_zero). */
 int kern_zero_cuda(const refit_view *dst, void *stream);
 /* Every row of a device-readable table, in one kernel launch. Rows must
- * not overlap each other's destinations (dst and save). */
+ * not overlap each other's destinations. */
 int kern_copy_batch_cuda(const void *rows, uint32_t n, void *stream);
 /* Code path of the batched copy: 0 four 16-byte loads in flight per thread,
  * 1 eight, 2 four with streaming (evict-first) hints, 3 eight streaming;

@@ -51,8 +51,7 @@ int main(void)
     /* refit/sys/cuda.h's counters, mirrored in refit/_sys.py */
     S(refit_sys_cuda_stats, "_sys.CudaStats", M(refit_sys_cuda_stats, batch_launches);
       M(refit_sys_cuda_stats, pageable_bytes); M(refit_sys_cuda_stats, queues);
-      M(refit_sys_cuda_stats, ring_fill_wait_ns); M(refit_sys_cuda_stats, ring_dma_bytes);
-      M(refit_sys_cuda_stats, fused_saves));
+      M(refit_sys_cuda_stats, ring_fill_wait_ns); M(refit_sys_cuda_stats, ring_dma_bytes));
     /* transport.h's, mirrored in refit/transport.py ("transport." names) */
     S(refit_nccl_id, "transport.NcclId", M(refit_nccl_id, bytes));
     S(refit_nccl_opts, "transport.NcclOpts", M(refit_nccl_opts, version);

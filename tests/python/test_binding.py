@@ -469,7 +469,7 @@ def test_cuda_stats_by_name():
     (no CUDA backend work)."""
     from refit import _sys
     before = _sys.cuda_stats()
-    assert tuple(before) == _sys.FIELDS and len(before) == 15, before
+    assert tuple(before) == _sys.FIELDS and len(before) == 14, before
     assert all(isinstance(v, int) and v >= 0 for v in before.values()), before
     assert np.array_equal(one_update(refit.Context(), 4), np.ones(4))
     assert _sys.cuda_stats() == before

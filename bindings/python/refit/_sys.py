@@ -13,8 +13,7 @@ class CudaStats(ctypes.Structure):
     _fields_ = [(n, ctypes.c_uint64) for n in (
         "batch_launches", "batch_rows", "memcpy_calls", "kernel_copies", "pageable_bytes",
         "ring_waits", "host_copy_ns", "prefault_ns", "ring_wait_ns", "queues",
-        "ring_fill_wait_ns", "ring_drain_ns", "ring_dma_ns", "ring_dma_bytes",
-        "fused_saves")]
+        "ring_fill_wait_ns", "ring_drain_ns", "ring_dma_ns", "ring_dma_bytes")]
 
 
 FIELDS = tuple(n for n, _ in CudaStats._fields_)

@@ -32,9 +32,6 @@ typedef struct refit_sys_cuda_stats {
     uint64_t ring_dma_ns;       /* GPU time of the ring's H2D copies (REFIT_CUDA_TIME_DMA=1,
                                  * else 0): each timed by an event pair on its stream */
     uint64_t ring_dma_bytes;    /* bytes those timed copies moved */
-    /* appended 2026-12-02 (second): */
-    uint64_t fused_saves;       /* device undo save rows taken into the copy rows that
-                                 * overwrite their bytes (one pass instead of two) */
 } refit_sys_cuda_stats;
 
 /* *out = the counters now (all zero without CUDA). */
