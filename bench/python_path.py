@@ -23,9 +23,12 @@ begin .. finalize, finalize waiting for the stream):
                       whole model (the undo log in device memory)
   d2d_rollback_host   rollback on, budget 0: every overwritten byte saved to
                       pinned host; against one pinned D2H copy of the bytes
+                      (the faster of the copies timed before and after)
   safetensors         a page-cached file of the d2d model (written back:
                       fsynced once written) via txn.load_safetensors;
-                      against one pinned H2D copy. Beside it, reported
+                      against one pinned H2D copy (the faster of the
+                      copies timed before and after: the host's memory
+                      moves from minute to minute). Beside it, reported
                       with no target, safetensors_default: the same from
                       `with model.update() as txn`, the defaults a new
                       user gets (rollback on, undo in pinned host memory,
@@ -195,11 +198,15 @@ def bench_dense(res, want, repeat, journal):
     if "d2d_rollback_host" in want:
         ss = m.source_set(d.srcs)
         pinned = torch.empty(d.bytes, dtype=torch.uint8, pin_memory=True)
-        d2h = timed(lambda: pinned.copy_(d.rt_flat, non_blocking=True), repeat)
-        del pinned
+        d2h_before = timed(lambda: pinned.copy_(d.rt_flat, non_blocking=True), repeat)
         ms = timed(update(m, lambda txn: txn.load_set(ss), rollback=True), repeat)
-        res["d2d_rollback_host"] = case(ms, d2h, ceiling_key="ratio_to_d2h_ceiling",
-                                        verified=d.verify(), **common)
+        verified = d.verify()
+        d2h_after = timed(lambda: pinned.copy_(d.rt_flat, non_blocking=True), repeat)
+        del pinned
+        res["d2d_rollback_host"] = case(ms, min(d2h_before, d2h_after),
+                                        ceiling_key="ratio_to_d2h_ceiling", verified=verified,
+                                        ceiling_before_ms=d2h_before,
+                                        ceiling_after_ms=d2h_after, **common)
     m.destroy()
     ctx.close()
     if "d2d_rollback_device" in want:
@@ -236,8 +243,7 @@ def write_safetensors(path, d):
 
 def bench_safetensors(res, d, repeat, journal):
     pinned = torch.empty(d.bytes, dtype=torch.uint8, pin_memory=True)
-    h2d = timed(lambda: d.rt_flat.copy_(pinned, non_blocking=True), repeat)
-    del pinned
+    h2d_before = timed(lambda: d.rt_flat.copy_(pinned, non_blocking=True), repeat)
     fd, path = tempfile.mkstemp(suffix=".safetensors", dir=res["_st_dir"])
     os.close(fd)
     try:
@@ -248,8 +254,14 @@ def bench_safetensors(res, d, repeat, journal):
         ctx = context(journal=journal)
         m = d.model(ctx)
         ms = timed(update(m, lambda txn: txn.load_safetensors(path)), repeat)
-        out = case(ms, h2d, ceiling_key="ratio_to_h2d_ceiling", verified=d.verify(),
-                   tensors=len(d.rt), nbytes=d.payload, file_bytes=os.path.getsize(path))
+        verified = d.verify()
+        # the host's memory moves from minute to minute: the ceiling is the
+        # faster of the pinned copies timed before and after refit's loads
+        h2d_after = timed(lambda: d.rt_flat.copy_(pinned, non_blocking=True), repeat)
+        h2d = min(h2d_before, h2d_after)
+        out = case(ms, h2d, ceiling_key="ratio_to_h2d_ceiling", verified=verified,
+                   tensors=len(d.rt), nbytes=d.payload, file_bytes=os.path.getsize(path),
+                   ceiling_before_ms=h2d_before, ceiling_after_ms=h2d_after)
 
         def default_update():     # what a new user writes: rollback on, identity journaled
             with m.update(version="bench") as txn:
@@ -274,6 +286,7 @@ def bench_safetensors(res, d, repeat, journal):
         ctx.close()
     finally:
         os.unlink(path)
+        del pinned
 
 
 def bench_moe(res, want, repeat, journal):
