@@ -284,6 +284,9 @@ def test_table_rows_describe_each_tensor():
 
         def stride(self):
             raise AssertionError("stride() read of a contiguous tensor")
+    same = [HostTensor((4, 3), float(i)) for i in range(3)]     # one key, one tail
+    assert rows_of(_batch.Table(["x", "y", "z"], same)) == [
+        (t.data_ptr(), _ffi.DEVICE_CPU, 0, (2, 32), (4, 3), None) for t in same]
     t = Contiguous((3, 2), 5.0)
     assert rows_of(_batch.Table(["x"], [t])) == [(t.data_ptr(), _ffi.DEVICE_CPU, 0, (2, 32),
                                                   (3, 2), None)]

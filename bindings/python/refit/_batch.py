@@ -13,6 +13,7 @@ import array
 import ctypes
 import itertools
 import operator
+import struct
 
 from . import _ffi
 
@@ -59,8 +60,8 @@ _get_stride = operator.methodcaller("stride")
 _is_contiguous = operator.methodcaller("is_contiguous")
 _get_device = operator.methodcaller("get_device")
 _get_dtype = operator.attrgetter("dtype")
-_chain = itertools.chain.from_iterable
-_or, _add = operator.or_, operator.add
+_add = operator.add
+_TAIL = struct.Struct("=QQQQ")   # a row's ndim|dtype, shape*, strides*, byte_offset
 
 
 def _is_pair(key):
@@ -167,43 +168,60 @@ class Table:
     def _fill(self, ptrs, devwords, dwords, keys):
         # keys: each row's shape (contiguous: no strides) or (None, shape,
         # strides). Each distinct key once in _dims, its shape then its
-        # strides; each row points at its key's (a model repeats a few
-        # shapes): one hash a row, to the first row with that key; no
-        # per-row tuple kept (nor traced by the garbage collector)
+        # strides; a row's last four words (ndim|dtype, shape*, strides*,
+        # byte_offset) are those of its key and dtype, packed once per
+        # distinct pair and joined a row at a time (a model repeats a few
+        # shapes and one dtype); ptrs and devices go in by array slices.
+        # No per-row tuple is kept (nor traced by the garbage collector)
         n = self.n
         first = {}
         try:
-            rows = list(map(first.setdefault, keys, range(n)))
+            if n and keys.count(keys[0]) == n:  # one key (an MoE's experts): no hashing
+                first[keys[0]] = 0
+                rows = [0] * n
+            else:
+                rows = list(map(first.setdefault, keys, range(n)))
         except TypeError:   # a list for a shape or strides (torch-like, not torch)
             keys = [(None, tuple(k[1]), tuple(k[2])) if _is_pair(k) else tuple(k) for k in keys]
             first = {}
             rows = list(map(first.setdefault, keys, range(n)))
-        shape_at, strides_at, ndim_of = [0] * n, [0] * n, [0] * n
-        flat = []
+        flat, dims_of = [], {}      # key's row -> (ndim, shape at, strides at or -1)
         for key, i in first.items():
-            if _is_pair(key):
-                shape_at[i] = len(flat)
-                ndim_of[i] = len(key[1])
-                flat.extend(key[1])
-                strides_at[i] = len(flat)
-                flat.extend(key[2])
-            else:
-                shape_at[i] = len(flat)
-                ndim_of[i] = len(key)
-                flat.extend(key)
-                strides_at[i] = -1
+            shape, strides = (key[1], key[2]) if _is_pair(key) else (key, None)
+            at = len(flat)
+            flat.extend(shape)
+            dims_of[i] = (len(shape), at, len(flat) if strides is not None else -1)
+            if strides is not None:
+                flat.extend(strides)
         self._dims = array.array("q", flat)
         base = _address(self._dims)
-        for _, i in first.items():
-            shape_at[i] = base + 8 * shape_at[i]
-            strides_at[i] = 0 if strides_at[i] < 0 else base + 8 * strides_at[i]
-        w = [0] * (6 * n)
-        w[0::6] = ptrs
-        w[1::6] = devwords
-        w[2::6] = map(_or, map(ndim_of.__getitem__, rows), dwords)
-        w[3::6] = map(shape_at.__getitem__, rows)
-        w[4::6] = map(strides_at.__getitem__, rows)
-        self._rows = array.array("Q", w)
+        if n == 0 or dwords.count(dwords[0]) == n:    # one dtype: a tail per key
+            tail_of = rows
+            pairs = {i: (i, dwords[0] if n else 0) for i in first.values()}
+        else:
+            combos = {}
+            tail_of = list(map(combos.setdefault, zip(rows, dwords), range(n)))
+            pairs = {i: pair for pair, i in combos.items()}
+        tails = {}
+        for i, (ki, dw) in pairs.items():
+            ndim, sh, st = dims_of[ki]
+            tails[i] = _TAIL.pack(ndim | dw, base + 8 * sh, 0 if st < 0 else base + 8 * st, 0)
+        body = array.array("Q")
+        if len(tails) == 1:
+            body.frombytes(next(iter(tails.values())))
+            body *= n
+        else:
+            body.frombytes(b"".join(map(tails.__getitem__, tail_of)))
+        r = array.array("Q", bytes(48 * n))
+        r[0::6] = array.array("Q", ptrs)
+        if n and devwords.count(devwords[0]) == n:
+            r[1::6] = array.array("Q", devwords[:1]) * n
+        else:
+            r[1::6] = array.array("Q", devwords)
+        r[2::6] = body[0::4]
+        r[3::6] = body[1::4]
+        r[4::6] = body[2::4]
+        self._rows = r
 
     def data_pointers(self, tensors=None):
         """A void* array of the tensors' data pointers (the held ones when
