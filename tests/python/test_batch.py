@@ -284,6 +284,15 @@ def test_table_rows_describe_each_tensor():
 
         def stride(self):
             raise AssertionError("stride() read of a contiguous tensor")
+    # two dtypes over two shapes: each row's dtype and dims its own (a tail
+    # per (shape, dtype) pair, not per shape)
+    mixed = [HostTensor((4, 3)), HostTensor((5,)), HostTensor((4, 3)), HostTensor((5,))]
+    mixed[1].dtype = mixed[2].dtype = "f16"
+    got = rows_of(_batch.Table(["p", "q", "r", "s"], mixed))
+    f16 = torch_util.refit_dtype("f16")
+    assert [(r[3], r[4]) for r in got] == [((2, 32), (4, 3)), (f16, (5,)), (f16, (4, 3)),
+                                           ((2, 32), (5,))], got
+    assert [r[0] for r in got] == [t.data_ptr() for t in mixed], got
     same = [HostTensor((4, 3), float(i)) for i in range(3)]     # one key, one tail
     assert rows_of(_batch.Table(["x", "y", "z"], same)) == [
         (t.data_ptr(), _ffi.DEVICE_CPU, 0, (2, 32), (4, 3), None) for t in same]
