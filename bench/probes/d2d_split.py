@@ -5,12 +5,13 @@ calls around it, run after run, with the ceiling copy interleaved.
   python3 bench/probes/d2d_split.py OUT.json [--runs N]
 
 The model and sources are bench/python_path.py's Dense (Llama-3.2-1B
-shapes, ~3.0 GB). Each run times, on the host clock: begin(), load_set()
-and load_dict() and load_dict's C call on a table built before
-(refit_load_many), finalize(); the Python table build alone; and on the GPU's clock (events
-on the current stream, which refit copies on): from before begin() to the
-end of load_set(), which holds refit's copy launches. Between runs, one
-copy of the flat buffer (the ceiling) and a torch copy_ loop. So the
+shapes, ~3.0 GB). Each run times, on the host clock: begin(), load_set(),
+load_dict() and load_dict's C call on a table built before
+(refit_load_many), finalize(), and the Python table build alone; and on
+the GPU's clock (events on the current stream, which refit copies on):
+from before begin() to the end of load_set(), which holds refit's copy
+launches. Between runs, one copy of the flat buffer (the ceiling) and a
+torch copy_ loop. So the
 update's wall time splits into the copy's GPU time, the host time before
 the first launch, and finalize's time after the copy is done.
 """

@@ -13,7 +13,8 @@ memory by PyTorch's own threads (the host side alone, now). With
 --variants, the P processes run once per variant, round-robin, each with
 that variant's environment added ("-": none), and a summary per variant;
 with --file, the first process writes the file there and the others load
-the same one (the sources are seeded, so every process has its bytes). Per refit run
+the same one (the sources are seeded, so every process has its bytes).
+Per refit run
 it keeps the CUDA backend's counters (fill waits, drain waits, and, with
 REFIT_CUDA_TIME_DMA=1, the copy engine's own time for the ring's copies)
 and the machine's: steal and idle time from /proc/stat, page faults,

@@ -2,11 +2,12 @@
 
 A table is built in one go, not one ctypes object per tensor: the fields of
 every tensor are read by map() over C callables (no Python frame per
-tensor; each distinct shape and strides stored once; a contiguous tensor's
-strides are not read at all: its row has none, which refit reads as
-contiguous), and the refit_tensor rows (48 bytes: data, device, ndim|dtype, shape*, strides*, byte_offset)
-are six 64-bit words each in one array.array, their shape and strides in
-another, the names in one NUL-separated bytes object. Tensors that are not
+tensor; each distinct shape and strides stored once; a contiguous
+tensor's strides are not read at all: its row has none, which refit reads
+as contiguous), and the refit_tensor rows (48 bytes: data, device,
+ndim|dtype, shape*, strides*, byte_offset) are six 64-bit words each in
+one array.array, their shape and strides in another, the names in one
+NUL-separated bytes object. Tensors that are not
 torch-like (no data_ptr/stride) go through refit.describe one by one."""
 
 import array
@@ -197,7 +198,7 @@ class Table:
         base = _address(self._dims)
         if n == 0 or dwords.count(dwords[0]) == n:    # one dtype: a tail per key
             tail_of = rows
-            pairs = {i: (i, dwords[0] if n else 0) for i in first.values()}
+            pairs = {i: (i, dwords[0]) for i in first.values()}
         else:
             combos = {}
             tail_of = list(map(combos.setdefault, zip(rows, dwords), range(n)))
