@@ -8,6 +8,7 @@ import array
 import ctypes
 import sys
 import traceback
+import types
 
 sys.path.insert(0, sys.argv[1])
 import refit  # noqa: E402
@@ -299,6 +300,44 @@ def test_table_rows_describe_each_tensor():
     t = Contiguous((3, 2), 5.0)
     assert rows_of(_batch.Table(["x"], [t])) == [(t.data_ptr(), _ffi.DEVICE_CPU, 0, (2, 32),
                                                   (3, 2), None)]
+
+
+def test_torch_methods_only_for_plain_tensors():
+    # exactly torch.Tensor or Parameter: the table maps torch.Tensor's own
+    # methods; any other type (a subclass may override them) is asked by
+    # name, and its override is what the row holds (a stand-in torch here)
+    fake = types.ModuleType("torch")
+
+    class Tensor(HostTensor):
+        pass
+
+    class Parameter(Tensor):
+        pass
+
+    class Moved(Tensor):
+        def data_ptr(self):
+            return super().data_ptr() + 4
+
+    fake.Tensor = Tensor
+    fake.nn = types.SimpleNamespace(Parameter=Parameter)
+    saved = sys.modules.get("torch")
+    sys.modules["torch"] = fake
+    _batch._torch.clear()
+    try:
+        plain = [Tensor((2,)), Parameter((3,))]
+        assert _batch._getters(plain)[0] is Tensor.data_ptr
+        assert [r[0] for r in rows_of(_batch.Table(["a", "b"], plain))] == \
+            [t.data_ptr() for t in plain]
+        mixed = plain + [Moved((2,))]
+        assert _batch._getters(mixed) is _batch._BY_NAME
+        got = [r[0] for r in rows_of(_batch.Table(["a", "b", "c"], mixed))]
+        assert got[2] == ctypes.addressof(mixed[2].buf) + 4, got
+    finally:
+        if saved is None:
+            del sys.modules["torch"]
+        else:
+            sys.modules["torch"] = saved
+        _batch._torch.clear()
 
 
 def main():

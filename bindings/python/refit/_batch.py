@@ -15,6 +15,7 @@ import ctypes
 import itertools
 import operator
 import struct
+import sys
 
 from . import _ffi
 
@@ -55,14 +56,27 @@ def _dtype_row_words(dtypes):
         return list(map(_dtype_words.__getitem__, dtypes))
 
 
-_get_ptr = operator.methodcaller("data_ptr")
+# (data_ptr, get_device, is_contiguous) by name, for any torch-like object
+_BY_NAME = (operator.methodcaller("data_ptr"), operator.methodcaller("get_device"),
+            operator.methodcaller("is_contiguous"))
+_torch = []         # [torch.Tensor's own three, {torch.Tensor, torch.nn.Parameter}]
 _get_shape = operator.attrgetter("shape")
-_get_stride = operator.methodcaller("stride")
-_is_contiguous = operator.methodcaller("is_contiguous")
-_get_device = operator.methodcaller("get_device")
 _get_dtype = operator.attrgetter("dtype")
 _add = operator.add
 _TAIL = struct.Struct("=QQQQ")   # a row's ndim|dtype, shape*, strides*, byte_offset
+
+
+def _getters(ts):
+    """The three methods to map over ts: torch.Tensor's own (no bound
+    method made per tensor) when every tensor is exactly a torch.Tensor or
+    a Parameter, which overrides none of them; else looked up by name."""
+    if not _torch:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return _BY_NAME
+        T = torch.Tensor
+        _torch.extend([(T.data_ptr, T.get_device, T.is_contiguous), {T, torch.nn.Parameter}])
+    return _torch[0] if set(map(type, ts)) <= _torch[1] else _BY_NAME
 
 
 def _is_pair(key):
@@ -131,8 +145,9 @@ class Table:
 
     def _rows_torch(self, ts):
         # map over C callables: no Python frame per tensor
-        ptrs = list(map(_get_ptr, ts))
-        devs = list(map(_get_device, ts))      # -1: host memory
+        get_ptr, get_device, is_contiguous = _getters(ts)
+        ptrs = list(map(get_ptr, ts))
+        devs = list(map(get_device, ts))       # -1: host memory
         dwords = _dtype_row_words(list(map(_get_dtype, ts)))
         lo, hi = min(devs, default=0), max(devs, default=0)
         if lo == hi and lo >= 0:                # one device: one word
@@ -148,7 +163,7 @@ class Table:
         # a contiguous tensor's key is its shape alone (strides: none); the
         # others' (None, shape, strides), which no shape equals
         keys = list(map(_get_shape, ts))
-        contig = list(map(_is_contiguous, ts))
+        contig = list(map(is_contiguous, ts))
         if not all(contig):
             keys = [k if c else (None, k, t.stride()) for k, c, t in zip(keys, contig, ts)]
         self._fill(ptrs, devwords, dwords, keys)

@@ -6,22 +6,33 @@ a torch object is handed in. Descriptors live in refit.tensors."""
 from __future__ import annotations
 
 import ctypes
+import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from .tensors import Desc, DTypeLike, describe, refit_dtype  # noqa: F401  (their old home)
+
+
+_raw_stream: Optional[Callable[[int], int]] = None  # device index -> its current stream
 
 
 def default_stream(model_device: Optional[Tuple[int, int]], desc: Any = None
                    ) -> Optional[ctypes.c_void_p]:
     """The caller's current torch stream on the model's device (NULL when
     the model has no device tensor or torch is not loaded)."""
+    global _raw_stream
     if model_device is None:
         return None
-    import sys
-    torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
-        return None
-    s = torch.cuda.current_stream(model_device[1]).cuda_stream
+    get = _raw_stream
+    if get is None:
+        torch = sys.modules.get("torch")
+        if torch is None or not torch.cuda.is_available():
+            return None
+        s = torch.cuda.current_stream(model_device[1]).cuda_stream  # initializes CUDA
+        # from now on torch's own look-up, without a torch.cuda.Stream made
+        _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+            lambda i: torch.cuda.current_stream(i).cuda_stream)
+    else:
+        s = get(model_device[1])
     return ctypes.c_void_p(s) if s else None
 
 
