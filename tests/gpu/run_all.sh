@@ -46,6 +46,19 @@ for t in test-gpu-kernels test-gpu-backend test-gpu-quant test-gpu-fp8 $more; do
   fi
   cat "$O/$t.tap"
 done
+# the backend's other device paths: every D2D piece and device undo save
+# through cudaMemcpyAsync (by default only those of 128 MB or more)
+for t in test-gpu-backend test-gpu-undo; do
+  echo "== $t, memcpy paths"
+  f="$O/$t-memcpy.tap"
+  if [ -x "$(pick $t)" ]; then
+    REFIT_CUDA_D2D_MEMCPY_MIN_KB=1 REFIT_CUDA_SAVE_DEV_MEMCPY_MIN_KB=1 "$(pick $t)" > "$f" 2>&1 ||
+      status=1
+  else
+    printf '1..1\nnot ok 1 - %s is not in %s\n' "$t" "$B" > "$f"
+  fi
+  cat "$f"
+done
 echo "== python"
 python3 tests/gpu/run_py.py > "$O/python.tap" 2>&1 || status=1
 cat "$O/python.tap"
