@@ -449,6 +449,102 @@ def test_journal_best_effort_and_log():
     assert ctx.version == "1" and np.array_equal(a, np.ones(2))
 
 
+def test_module_versions_after_a_partial_update():
+    e = Engine()
+    ck = checkpoint(1)
+    with e.model.update(version="v1") as txn:
+        txn.load_dict(ck)
+    with e.model.update(version="v2", partial=True) as txn:
+        txn.load("up", checkpoint(2)["up"])
+    assert [e.model.module_version(m) for m in ("qkv", "embed", "up", "norm")] == \
+        ["v1", "v1", "v2", "v1"]
+    assert e.model.module_version("no-such-module") is None
+    # an aborted update without rollback leaves up holding its bytes: no version
+    txn = e.model.begin(version="v3", rollback=False, partial=True)
+    txn.load("up", checkpoint(3)["up"])
+    txn.abort()
+    assert e.model.module_version("up") is None and e.model.module_version("qkv") == "v1"
+
+
+def test_journal_behind_while_another_writer_holds_the_lock():
+    # the end record of an update that committed waits while the journal
+    # is locked (a 2 s busy timeout), and is written by the next begin
+    path = os.path.join(TMP, "behind.db")
+    e = Engine(journal=path)
+    ck = checkpoint(1)
+    with e.model.update(version="v1") as txn:
+        txn.load_dict(ck)
+    assert not e.ctx.journal_behind
+    txn = e.model.begin(version="v2")
+    txn.load_dict(checkpoint(2))
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("BEGIN EXCLUSIVE")
+    try:
+        txn.finalize()
+        assert e.ctx.version == "v2"
+        assert e.ctx.journal_behind
+    finally:
+        db.execute("ROLLBACK")
+        db.close()
+    uid = txn.journal_id
+    assert journal_row(path, uid)[0] != "committed", journal_row(path, uid)
+    with e.model.update(version="v3") as txn:
+        txn.load_dict(checkpoint(3))
+    assert not e.ctx.journal_behind
+    assert journal_row(path, uid)[0] == "committed", journal_row(path, uid)
+
+
+def test_loopback_sender_to_receiver():
+    # a trainer and an engine in one process, one thread each: the update
+    # arrives whole and commits; a bad tensor aborts the group and leaves
+    # the engine's bytes and version as they were
+    import threading
+    from refit import transport as tp
+    e = Engine()
+    tctx = refit.Context(worker_id="trainer", journal_path="")
+    with tp.Loopback(2) as g:
+        x0, x1 = tp.Transport.loopback(tctx, g, 0, timeout=30), \
+            tp.Transport.loopback(e.ctx, g, 1, timeout=30)
+        assert (x0.rank, x0.nranks, x1.rank) == (0, 2, 1)
+        rx = tp.Receiver(e.model, x1)
+        out = {}
+
+        def step(ck, label):
+            s = tp.Sender(x0, label=label)
+            for k, v in ck.items():
+                s.add(k, v)
+
+            def send():
+                try:
+                    out["send"] = s.send()
+                except refit.RefitError as err:
+                    out["send"] = err
+            th = threading.Thread(target=send)
+            th.start()
+            try:
+                out["recv"] = rx.receive_update()
+            except refit.RefitError as err:
+                out["recv"] = err
+            th.join()
+            s.close()
+        ck = checkpoint(4)
+        step(ck, "step-1")
+        assert out["send"]["decision"] == 0 and out["recv"]["version_label"] == "step-1", out
+        expect_holds(e, ck)
+        assert e.ctx.version == "step-1"
+        snap = e.snapshot()
+        bad = dict(checkpoint(5), up=np.zeros((5, 4), np.float32))
+        step(bad, "step-2")
+        assert isinstance(out["send"], refit.RefitError), out
+        assert isinstance(out["recv"], refit.RefitError) and "up" in out["recv"].message, out
+        assert e.same(snap) and e.ctx.version == "step-1"
+        assert e.ctx.health() == refit.Health.READY
+        rx.close()
+        x0.close()
+        x1.close()
+    tctx.close()
+
+
 def one_update(ctx, n):
     """A one-module model of n float32 zeros on ctx, updated to ones
     (version "1"); its runtime array."""

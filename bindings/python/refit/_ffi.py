@@ -164,6 +164,8 @@ _PROTOS = {
     "refit_health_name": (_S, [_I]),
     "refit_check_serving": (_I, [_P]),
     "refit_worker_version": (_S, [_P]),
+    "refit_journal_behind": (_I, [_P]),
+    "refit_module_version": (_S, [_P, _S]),
     "refit_model_create": (_I, [ctypes.POINTER(_P), _P]),
     "refit_model_destroy": (None, [_P]),
     "refit_model_add_module": (_I, [_P, _S, _S, _S]),

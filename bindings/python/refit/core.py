@@ -182,6 +182,15 @@ class Context:
         """The version label the worker holds (READY), else None."""
         return _s(_ffi.lib().refit_worker_version(self.handle))
 
+    @property
+    def journal_behind(self) -> bool:
+        """True while the journal lacks the end record of an update that did
+        end (its write failed: disk full, I/O error, lock timeout). The
+        record is held and written first by the next journal write (the
+        next begin, a health change, close); until then the journal shows
+        that update unended."""
+        return bool(_ffi.lib().refit_journal_behind(self.handle))
+
     def create_model(self) -> "Model":
         h = ctypes.c_void_p()
         _check(self.handle, _ffi.lib().refit_model_create(ctypes.byref(h), self.handle),
@@ -295,6 +304,13 @@ class Model:
         st = _ffi.ModelStats()
         self._check(_ffi.lib().refit_model_stats_get(self.handle, ctypes.byref(st)), "stats")
         return {k: getattr(st, k) for k, _ in _ffi.ModelStats._fields_}
+
+    def module_version(self, module: str) -> Optional[str]:
+        """The version label of the commit that last delivered module, or
+        None: no such module, never committed, or holding bytes of an
+        aborted update. After a partial update the modules it did not
+        deliver keep their own."""
+        return _s(_ffi.lib().refit_module_version(self.handle, _b(module)))
 
     def fingerprint(self, module: Optional[str] = None, name: Optional[str] = None) -> int:
         """64-bit content fingerprint of one runtime tensor (module, name:

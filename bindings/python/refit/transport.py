@@ -17,6 +17,13 @@ Worker (every other rank)::
     x = Transport.nccl(worker_ctx, device=r, unique_id=uid, nranks=n, rank=r)
     res = Receiver(model, x).receive_update(rollback=True)
 
+In one process (tests, a trainer beside its engine), a Loopback group of
+ranks, one thread each, stands in for NCCL::
+
+    g = Loopback(2)
+    x0 = Transport.loopback(trainer_ctx, g, 0)  # in the sender's thread
+    x1 = Transport.loopback(worker_ctx, g, 1)   # in the receiver's
+
 Ranks that load their own tensors (no sender) commit as a group::
 
     txn = model.begin(version="step-1200")
@@ -27,7 +34,7 @@ Ranks that load their own tensors (no sender) commit as a group::
 import ctypes
 
 from . import _ffi
-from .core import RefitError, _b, _check, _s, describe
+from .core import RefitError, _b, _check, _s, describe, status_name
 
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_double
 
@@ -81,6 +88,9 @@ _PROTOS = {
     "refit_nccl_probe": (_I, [_P]),
     "refit_nccl_unique_id": (_I, [_P, ctypes.POINTER(NcclId)]),
     "refit_transport_nccl": (_I, [_PP, _P, ctypes.POINTER(NcclOpts)]),
+    "refit_loopback_create": (_I, [_PP, _I]),
+    "refit_loopback_destroy": (None, [_P]),
+    "refit_transport_loopback": (_I, [_PP, _P, _P, _I, _D]),
     "refit_transport_close": (None, [_P]),
     "refit_transport_rank": (_I, [_P]),
     "refit_transport_nranks": (_I, [_P]),
@@ -115,12 +125,51 @@ def nccl_unique_id(ctx):
     return bytes(uid.bytes)
 
 
+class Loopback:
+    """refit_loopback: nranks endpoints in one process, one thread each (a
+    test's ranks, or a trainer and an engine in one process); the bytes go
+    through host memory. Transport.loopback(ctx, group, rank) makes each;
+    close them all before the group."""
+
+    def __init__(self, nranks):
+        h = _P()
+        rc = _lib().refit_loopback_create(ctypes.byref(h), int(nranks))
+        if rc:
+            raise RefitError(rc, status_name(rc),
+                             "refit_loopback_create: %d ranks" % nranks, "refit_loopback_create")
+        self._h, self.nranks = h, int(nranks)
+
+    def close(self):
+        if self._h:
+            _lib().refit_loopback_destroy(self._h)
+            self._h = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 class Transport:
     """refit_transport: NCCL (a communicator refit creates from a unique id,
-    or the caller's ncclComm_t as an int). Close it when done."""
+    or the caller's ncclComm_t as an int), or one rank of a Loopback group.
+    Close it when done."""
 
-    def __init__(self, ctx, handle):
-        self.ctx, self._h = ctx, handle
+    def __init__(self, ctx, handle, group=None):
+        self.ctx, self._h, self._group = ctx, handle, group
+
+    @classmethod
+    def loopback(cls, ctx, group, rank, timeout=0.0):
+        """Rank rank of group (a Loopback); messages on ctx; timeout in
+        seconds for each exchange (0: 300)."""
+        if not group._h:
+            raise RefitError(-3, "REFIT_ESTATE", "loopback group is closed")
+        h = _P()
+        _check(ctx.handle, _lib().refit_transport_loopback(ctypes.byref(h), ctx.handle,
+                                                          group._h, int(rank), float(timeout)),
+               "refit_transport_loopback")
+        return cls(ctx, h, group)
 
     @classmethod
     def nccl(cls, ctx, device, unique_id=None, nranks=0, rank=0, comm=None, stream=None,
