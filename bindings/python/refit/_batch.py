@@ -34,7 +34,7 @@ lib = _ffi.prototyped({  # refit.h, "many tensors per call"
 _DEV_CPU = _ffi.DEVICE_CPU
 _DEV_PINNED = _ffi.DEVICE_CUDA_HOST
 _DEV_CUDA = _ffi.DEVICE_CUDA
-_dtype_words = {}   # torch dtype -> its refit dtype, shifted into word 2
+_dtype_words: dict = {}   # torch dtype -> its refit dtype, shifted into word 2
 
 
 def _dtype_word(dt):
@@ -59,7 +59,7 @@ def _dtype_row_words(dtypes):
 # (data_ptr, get_device, is_contiguous) by name, for any torch-like object
 _BY_NAME = (operator.methodcaller("data_ptr"), operator.methodcaller("get_device"),
             operator.methodcaller("is_contiguous"))
-_torch = []         # [torch.Tensor's own three, {torch.Tensor, torch.nn.Parameter}]
+_torch: list = []   # [torch.Tensor's own three, {torch.Tensor, torch.nn.Parameter}]
 _get_shape = operator.attrgetter("shape")
 _get_dtype = operator.attrgetter("dtype")
 _add = operator.add
@@ -98,7 +98,7 @@ def _names_table(names):
     return list(names), buf, array.array("Q", ptrs)
 
 
-_names_seen = {}    # len(names) -> the last _names_table of that many names
+_names_seen: dict = {}  # len(names) -> the last _names_table of that many names
 
 
 def _address(buf):

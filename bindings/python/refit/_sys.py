@@ -16,7 +16,7 @@ class CudaStats(ctypes.Structure):
         "ring_fill_wait_ns", "ring_drain_ns", "ring_dma_ns", "ring_dma_bytes")]
 
 
-FIELDS = tuple(n for n, _ in CudaStats._fields_)
+FIELDS = tuple(n for n, *_ in CudaStats._fields_)
 
 lib = _ffi.prototyped({
     "refit_sys_cuda_stats_get": (None, [ctypes.POINTER(CudaStats)]),

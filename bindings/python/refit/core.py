@@ -56,27 +56,32 @@ def _s(b: Optional[bytes]) -> Optional[str]:
     return None if b is None else b.decode(errors="replace")
 
 
+def _t(b: Optional[bytes]) -> str:
+    """A string refit always returns (a name, a message): "" for NULL."""
+    return "" if b is None else b.decode(errors="replace")
+
+
 def status_name(status: int) -> str:
     """The symbol of a status ("REFIT_EDUPLICATE")."""
-    return _s(_ffi.lib().refit_status_name(status))
+    return _t(_ffi.lib().refit_status_name(status))
 
 
 def strerror(status: int) -> str:
     """The description of a status ("tensor delivered twice")."""
-    return _s(_ffi.lib().refit_strerror(status))
+    return _t(_ffi.lib().refit_strerror(status))
 
 
 def dtype_name(dtype: DTypeLike) -> str:
     """refit's short name of a dtype ("bf16"); "?" when refit has none."""
     code, bits = refit_dtype(dtype)
-    return _s(_ffi.lib().refit_dtype_name(_ffi.DType(code, bits, 1)))
+    return _t(_ffi.lib().refit_dtype_name(_ffi.DType(code, bits, 1)))
 
 
 def _check(ctx_handle: Any, rc: int, call: str) -> None:
     if rc != 0:
         L = _ffi.lib()
-        msg = _s(L.refit_errmsg(ctx_handle)) if ctx_handle else ""
-        raise RefitError(rc, _s(L.refit_status_name(rc)), msg or _s(L.refit_strerror(rc)), call)
+        msg = _t(L.refit_errmsg(ctx_handle)) if ctx_handle else ""
+        raise RefitError(rc, _t(L.refit_status_name(rc)), msg or _t(L.refit_strerror(rc)), call)
 
 
 def _params(params: Union[None, str, Mapping[str, Any]]) -> Optional[str]:
@@ -134,7 +139,7 @@ class Context:
         opt.journal_best_effort = 1 if journal_best_effort else 0
         opt.undo_device_budget = undo_device_budget  # device bytes the undo log may hold
         if log is not None:
-            self._log = _ffi.LOG_FN(lambda user, level, msg: log(level, _s(msg)))
+            self._log = _ffi.LOG_FN(lambda user, level, msg: log(level, _t(msg)))
             opt.log_fn = self._log
         h = ctypes.c_void_p()
         rc = L.refit_open(ctypes.byref(h), ctypes.byref(opt))
@@ -168,7 +173,7 @@ class Context:
         self.close()
 
     def errmsg(self) -> str:
-        return _s(_ffi.lib().refit_errmsg(self.handle))
+        return _t(_ffi.lib().refit_errmsg(self.handle))
 
     def health(self) -> Health:
         return Health(_ffi.lib().refit_worker_health(self.handle))
@@ -303,7 +308,7 @@ class Model:
     def stats(self) -> Dict[str, int]:
         st = _ffi.ModelStats()
         self._check(_ffi.lib().refit_model_stats_get(self.handle, ctypes.byref(st)), "stats")
-        return {k: getattr(st, k) for k, _ in _ffi.ModelStats._fields_}
+        return {k: getattr(st, k) for k, *_ in _ffi.ModelStats._fields_}
 
     def module_version(self, module: str) -> Optional[str]:
         """The version label of the commit that last delivered module, or
@@ -411,6 +416,7 @@ class Txn:
             if self.result is not None:
                 raise RefitError(_ESTATE, "REFIT_ESTATE", "transaction already ended")
             self._begin()
+        assert self._h is not None
         return self._h
 
     def _end(self, result: str) -> ctypes.c_void_p:
@@ -506,7 +512,7 @@ class Txn:
         st = _ffi.TxnStats()
         self.model._check(_ffi.lib().refit_txn_stats_get(self.handle, ctypes.byref(st)),
                           "txn stats")
-        return {k: getattr(st, k) for k, _ in _ffi.TxnStats._fields_}
+        return {k: getattr(st, k) for k, *_ in _ffi.TxnStats._fields_}
 
     def finalize(self) -> None:
         """Check completeness, run the checks, commit (READY at this
@@ -564,9 +570,9 @@ class Txn:
     def __enter__(self) -> "Txn":
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self.result is not None:
-            return False
+            return
         if exc_type is None:
             if self.prepared:
                 self.commit()
@@ -574,7 +580,6 @@ class Txn:
                 self.finalize()
         else:
             self.abort("%s: %s" % (exc_type.__name__, exc) if exc_type else None)
-        return False
 
 
 class Source:
@@ -598,6 +603,7 @@ class Source:
         """One safetensors file in memory. buf: bytes (read in place), a
         writable buffer (bytearray, mmap, numpy array: read in place), or any
         other buffer (copied once). It is kept alive by the Source."""
+        keep: Any
         if isinstance(buf, bytes):
             keep, ptr, n = buf, ctypes.cast(ctypes.c_char_p(buf), ctypes.c_void_p), len(buf)
         else:
@@ -641,7 +647,7 @@ class Source:
     @property
     def uri(self) -> str:
         """"file:///abs/path" of a file or directory; the label's URI in memory."""
-        return _s(_ffi.lib().refit_source_uri(self.handle))
+        return _t(_ffi.lib().refit_source_uri(self.handle))
 
     @property
     def durable(self) -> bool:
@@ -676,7 +682,7 @@ class Source:
             st = _ffi.SourceTensor()
             _check(self.ctx.handle, L.refit_source_tensor_at(self.handle, i, ctypes.byref(st)),
                    "source_tensor_at")
-            out.append((_s(st.name), tuple(st.shape[k] for k in range(st.ndim)), st.bytes))
+            out.append((_t(st.name), tuple(st.shape[k] for k in range(st.ndim)), st.bytes))
         return out
 
     def load_into(self, txn: Txn, strict: bool = True, progress: Optional[Progress] = None,

@@ -22,10 +22,13 @@ buckets instead (strided tensors, or memory cudaIpcGetMemHandle cannot
 share, such as PyTorch's expandable segments).
 """
 
+from __future__ import annotations
+
 import ctypes
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _ffi
-from .core import _b, _check, describe
+from .core import Context, Model, Stream, _b, _check, describe
 from .transport import GroupResult, UpdateOpts
 
 _P, _I, _D, _U64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_uint64
@@ -65,7 +68,7 @@ class RecvProfile(ctypes.Structure):
                                     "result_ns")] + [("gpu_wait_ms", _D), ("gpu_copy_ms", _D)]
 
 
-def _as_dict(st):
+def _as_dict(st: ctypes.Structure) -> Dict[str, Any]:
     return {k: getattr(st, k) for k, _ in st._fields_}
 
 
@@ -89,14 +92,14 @@ _PROTOS = {
 _lib = _ffi.prototyped(_PROTOS)
 
 
-def _stream(stream):
+def _stream(stream: Stream) -> Any:
     """A cudaStream_t from a torch.cuda.Stream, an int, or None."""
     if stream is None:
         return None
     return getattr(stream, "cuda_stream", stream)
 
 
-def _device(device):
+def _device(device: Any) -> int:
     """-1 (host memory), an int, or a torch.device / "cuda:N"."""
     if device is None:
         return -1
@@ -111,22 +114,24 @@ def _device(device):
 class Sender:
     """The trainer side: add tensors once, send() each update."""
 
-    def __init__(self, ctx, paths, device=None, label=None, bucket_bytes=0, checksum=False,
-                 timeout=0.0, stream=None, spin=0.0):
+    def __init__(self, ctx: Context, paths: Union[str, Sequence[str]], device: Any = None,
+                 label: Optional[str] = None, bucket_bytes: int = 0, checksum: bool = False,
+                 timeout: float = 0.0, stream: Stream = None, spin: float = 0.0) -> None:
         """spin: seconds to busy-poll for each vote before sleeping (0: the
         default, 5 ms; negative: never)."""
         if isinstance(paths, str):
             paths = [paths]
-        self.ctx, self._keep, self._label = ctx, [], _b(label)
+        self.ctx, self._label = ctx, _b(label)
+        self._keep: List[Any] = []
         self._paths = (ctypes.c_char_p * len(paths))(*[_b(p) for p in paths])
         o = SendOpts(2, self._label, _device(device), bucket_bytes, int(checksum), timeout,
                      _stream(stream), spin)
         h = _P()
         _check(ctx.handle, _lib().refit_ipc_sender_create(ctypes.byref(h), ctx.handle,
                self._paths, len(paths), ctypes.byref(o)), "refit_ipc_sender_create")
-        self._h = h
+        self._h: Optional[ctypes.c_void_p] = h
 
-    def add(self, name, tensor, share=True):
+    def add(self, name: str, tensor: Any, share: bool = True) -> None:
         """Export tensor under name: its own storage (share=True), or packed
         into refit's buckets at each send (share=False). Kept alive here."""
         d = describe(tensor)
@@ -134,16 +139,16 @@ class Sender:
                ctypes.byref(d.t), SHARE if share else PACK), "refit_ipc_sender_add")
         self._keep.append((d, tensor))
 
-    def add_dict(self, tensors, share=True):
+    def add_dict(self, tensors: Mapping[str, Any], share: bool = True) -> None:
         for name, t in tensors.items():
             self.add(name, t, share)
 
-    def set_label(self, label):
+    def set_label(self, label: str) -> None:
         self._label = _b(label)
         _check(self.ctx.handle, _lib().refit_ipc_sender_set_label(self._h, self._label),
                "refit_ipc_sender_set_label")
 
-    def send(self, label=None):
+    def send(self, label: Optional[str] = None) -> Dict[str, Any]:
         """One update to every worker and the decision: the group result (a
         dict); RefitError when the group did not commit."""
         if label is not None:
@@ -153,29 +158,29 @@ class Sender:
         _check(self.ctx.handle, rc, "refit_ipc_sender_send")
         return res.as_dict()
 
-    def profile(self):
+    def profile(self) -> Dict[str, Any]:
         """The last send's phases (refit_ipc_send_profile) as a dict."""
         p = SendProfile()
         _lib().refit_ipc_sender_profile(self._h, ctypes.byref(p))
         return _as_dict(p)
 
-    def host_alloc(self, nbytes):
+    def host_alloc(self, nbytes: int) -> int:
         """Host memory (a host sender, device=None) a tensor may live in to
         be shared unpacked: its address, valid until close()."""
         p = _P()
         _check(self.ctx.handle, _lib().refit_ipc_host_alloc(self._h, nbytes, ctypes.byref(p)),
                "refit_ipc_host_alloc")
-        return p.value
+        return p.value or 0
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             _lib().refit_ipc_sender_destroy(self._h)
             self._h, self._keep = None, []
 
-    def __enter__(self):
+    def __enter__(self) -> Sender:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
@@ -183,8 +188,10 @@ class Receiver:
     """A worker: receive_update() waits for a trainer's update, takes it
     into a transaction and commits or aborts as the trainer decides."""
 
-    def __init__(self, model, path, timeout=0.0, start_timeout=0.0, stream=None,
-                 max_bucket_bytes=0, filter=None, spin=0.0, profile_gpu=False):
+    def __init__(self, model: Model, path: str, timeout: float = 0.0,
+                 start_timeout: float = 0.0, stream: Stream = None, max_bucket_bytes: int = 0,
+                 filter: Optional[Callable[[str], bool]] = None, spin: float = 0.0,
+                 profile_gpu: bool = False) -> None:
         """filter: name -> bool, called for every tensor of an update's
         index before anything begins (False: not loaded). spin: seconds to
         busy-poll for the update and the decision before sleeping (0: the
@@ -198,9 +205,10 @@ class Receiver:
         h = _P()
         _check(model.ctx.handle, _lib().refit_ipc_receiver_create(ctypes.byref(h), model.handle,
                _b(path), ctypes.byref(o)), "refit_ipc_receiver_create")
-        self._h = h
+        self._h: Optional[ctypes.c_void_p] = h
 
-    def receive_update(self, rollback=True, label=None, source_uri=None):
+    def receive_update(self, rollback: bool = True, label: Optional[str] = None,
+                       source_uri: Optional[str] = None) -> Dict[str, Any]:
         self._strings = (_b(label), _b(source_uri))
         opts = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
         res = GroupResult()
@@ -208,24 +216,24 @@ class Receiver:
         _check(self.model.ctx.handle, rc, "refit_ipc_receive_update")
         return res.as_dict()
 
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         st = Stats()
         _lib().refit_ipc_receiver_stats(self._h, ctypes.byref(st))
         return _as_dict(st)
 
-    def profile(self):
+    def profile(self) -> Dict[str, Any]:
         """The last update's phases on this worker (refit_ipc_recv_profile)."""
         p = RecvProfile()
         _lib().refit_ipc_receiver_profile(self._h, ctypes.byref(p))
         return _as_dict(p)
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             _lib().refit_ipc_receiver_destroy(self._h)
             self._h = None
 
-    def __enter__(self):
+    def __enter__(self) -> Receiver:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()

@@ -61,6 +61,8 @@ class Desc:
     shape and strides, until the model is destroyed: keep the Desc)."""
 
     __slots__ = ("t", "shape", "strides", "tensor", "device_type", "device_id", "readonly")
+    shape: Optional[ctypes.Array[ctypes.c_int64]]
+    strides: Optional[ctypes.Array[ctypes.c_int64]]
 
     def __init__(self, data: Optional[int], device_type: int, device_id: int,
                  dtype: Tuple[int, int], shape: Sequence[int], strides: Sequence[int],
@@ -79,7 +81,7 @@ class Desc:
         below = 0
         if data and bits >= 8 and all(e > 0 for e in shape):
             below = sum(-st * (e - 1) for st, e in zip(strides, shape) if st < 0) * (bits // 8)
-        self.t = _ffi.Tensor(data - below if below else data,
+        self.t = _ffi.Tensor(data - below if data and below else data,
                              _ffi.Device(device_type, device_id), n,
                              _ffi.DType(code, bits, 1),
                              ctypes.cast(self.shape, _ffi.c_int64_p),

@@ -83,8 +83,8 @@ def register_module(model: Any, module: Any, *, prefix: str = "",
     shard_dims = shard_dims or {}
     padded = padded or {}
     state_keys = set(module.state_dict(keep_vars=True).keys())
-    seen = {}      # id(tensor) -> primary checkpoint name
-    out = {}
+    seen: Dict[int, str] = {}      # id(tensor) -> primary checkpoint name
+    out: Dict[str, str] = {}
     named = list(module.named_parameters(prefix=prefix, remove_duplicate=False))
     named += [(n, b) for n, b in module.named_buffers(prefix=prefix, remove_duplicate=False)]
     for name, t in named:
@@ -109,10 +109,11 @@ def register_module(model: Any, module: Any, *, prefix: str = "",
         model.bind_runtime(name, "w", t.detach())
         sd = shard_dims.get(name)
         shard = (sd, tp_rank, tp_size) if sd is not None and tp_size > 1 else None
+        sdim = sd if sd is not None else 0     # the split dim, where shard
         spec = fused.get(name)
         if spec is None:
             shape = list(t.shape)
-            d = sd if shard else 0
+            d = sdim if shard else 0
             if shard:
                 shape[d] = t.shape[d] * tp_size
             pad_to = 0
@@ -129,7 +130,7 @@ def register_module(model: Any, module: Any, *, prefix: str = "",
             shape = list(t.shape)
             shape[fdim] = rows
             if shard:
-                shape[sd] = rows if sd == fdim else t.shape[sd] * tp_size
+                shape[sdim] = rows if sdim == fdim else t.shape[sdim] * tp_size
             dst = [0] * len(shape)
             dst[fdim] = off
             off += _local_rows(rows, tp_rank, tp_size) if shard and sd == fdim else rows

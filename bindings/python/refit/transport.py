@@ -31,10 +31,14 @@ Ranks that load their own tensors (no sender) commit as a group::
     res = group_finalize(x, txn)               # every rank commits, or every rank aborts
 """
 
+from __future__ import annotations
+
 import ctypes
+from typing import Any, Dict, List, Optional
 
 from . import _ffi
-from .core import RefitError, _b, _check, _s, describe, status_name
+from .core import (Context, Model, RefitError, Stream, Txn, _b, _check, _s, _t, describe,
+                   status_name)
 
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_double
 
@@ -77,7 +81,7 @@ class GroupResult(ctypes.Structure):
                 ("tensors", ctypes.c_uint64), ("bytes", ctypes.c_uint64), ("seconds", _D),
                 ("version_label", ctypes.c_char * 128)]
 
-    def as_dict(self):
+    def as_dict(self) -> Dict[str, Any]:
         d = {k: getattr(self, k) for k, _ in self._fields_ if k != "version_label"}
         d["version_label"] = _s(self.version_label)
         return d
@@ -111,13 +115,13 @@ _PROTOS = {
 _lib = _ffi.prototyped(_PROTOS)
 
 
-def nccl_probe(ctx):
+def nccl_probe(ctx: Context) -> str:
     """Which NCCL and CUDA driver refit finds in this process (a string)."""
     _check(ctx.handle, _lib().refit_nccl_probe(ctx.handle), "refit_nccl_probe")
-    return _s(_lib().refit_errmsg(ctx.handle))
+    return _t(_lib().refit_errmsg(ctx.handle))
 
 
-def nccl_unique_id(ctx):
+def nccl_unique_id(ctx: Context) -> bytes:
     """ncclGetUniqueId on this rank: 128 bytes to hand to every rank."""
     uid = NcclId()
     _check(ctx.handle, _lib().refit_nccl_unique_id(ctx.handle, ctypes.byref(uid)),
@@ -131,23 +135,24 @@ class Loopback:
     through host memory. Transport.loopback(ctx, group, rank) makes each;
     close them all before the group."""
 
-    def __init__(self, nranks):
+    def __init__(self, nranks: int) -> None:
         h = _P()
         rc = _lib().refit_loopback_create(ctypes.byref(h), int(nranks))
         if rc:
             raise RefitError(rc, status_name(rc),
                              "refit_loopback_create: %d ranks" % nranks, "refit_loopback_create")
-        self._h, self.nranks = h, int(nranks)
+        self._h: Optional[ctypes.c_void_p] = h
+        self.nranks = int(nranks)
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             _lib().refit_loopback_destroy(self._h)
             self._h = None
 
-    def __enter__(self):
+    def __enter__(self) -> Loopback:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
@@ -156,14 +161,17 @@ class Transport:
     or the caller's ncclComm_t as an int), or one rank of a Loopback group.
     Close it when done."""
 
-    def __init__(self, ctx, handle, group=None):
-        self.ctx, self._h, self._group = ctx, handle, group
+    def __init__(self, ctx: Context, handle: ctypes.c_void_p,
+                 group: Optional[Loopback] = None) -> None:
+        self.ctx, self._group = ctx, group
+        self._h: Optional[ctypes.c_void_p] = handle
 
     @classmethod
-    def loopback(cls, ctx, group, rank, timeout=0.0):
+    def loopback(cls, ctx: Context, group: Loopback, rank: int,
+                 timeout: float = 0.0) -> Transport:
         """Rank rank of group (a Loopback); messages on ctx; timeout in
         seconds for each exchange (0: 300)."""
-        if not group._h:
+        if group._h is None:
             raise RefitError(-3, "REFIT_ESTATE", "loopback group is closed")
         h = _P()
         _check(ctx.handle, _lib().refit_transport_loopback(ctypes.byref(h), ctx.handle,
@@ -172,8 +180,10 @@ class Transport:
         return cls(ctx, h, group)
 
     @classmethod
-    def nccl(cls, ctx, device, unique_id=None, nranks=0, rank=0, comm=None, stream=None,
-             timeout=0.0, abort_borrowed=False):
+    def nccl(cls, ctx: Context, device: int, unique_id: Optional[bytes] = None,
+             nranks: int = 0, rank: int = 0, comm: Optional[int] = None,
+             stream: Stream = None, timeout: float = 0.0,
+             abort_borrowed: bool = False) -> Transport:
         uid = None
         if unique_id is not None:
             uid = NcclId()
@@ -186,7 +196,7 @@ class Transport:
         return cls(ctx, h)
 
     @property
-    def handle(self):
+    def handle(self) -> ctypes.c_void_p:
         if not self._h:
             raise RefitError(-3, "REFIT_ESTATE", "transport is closed")
         return self._h
@@ -195,13 +205,13 @@ class Transport:
     nranks = property(lambda self: _lib().refit_transport_nranks(self.handle))
     aborted = property(lambda self: bool(_lib().refit_transport_aborted(self.handle)))
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             _lib().refit_transport_close(self._h)
             self._h = None
 
 
-def _result(ctx, rc, res, call):
+def _result(ctx: Context, rc: int, res: GroupResult, call: str) -> Dict[str, Any]:
     _check(ctx.handle, rc, call)
     return res.as_dict()
 
@@ -213,46 +223,49 @@ class Sender:
     communicator's device) are broadcast from themselves, unpacked; 0 (the
     default): every byte is packed (docs/nccl.md says when each pays)."""
 
-    def __init__(self, transport, label=None, bucket_bytes=0, root=0, checksum=True,
-                 timeout=0.0, stream=None, direct_min_bytes=0):
+    def __init__(self, transport: Transport, label: Optional[str] = None,
+                 bucket_bytes: int = 0, root: int = 0, checksum: bool = True,
+                 timeout: float = 0.0, stream: Stream = None,
+                 direct_min_bytes: int = 0) -> None:
         if direct_min_bytes < 0:
             raise ValueError(f"direct_min_bytes must be >= 0, not {direct_min_bytes}")
-        self.x, self._keep, self._label = transport, [], _b(label)
+        self.x, self._label = transport, _b(label)
+        self._keep: List[Any] = []
         o = SendOpts(2, self._label, bucket_bytes, root, int(checksum), timeout, stream,
                      direct_min_bytes)
         h = _P()
         _check(transport.ctx.handle, _lib().refit_sender_create(ctypes.byref(h),
                transport.handle, ctypes.byref(o)), "refit_sender_create")
-        self._h = h
+        self._h: Optional[ctypes.c_void_p] = h
 
-    def add(self, name, tensor):
+    def add(self, name: str, tensor: Any) -> None:
         d = describe(tensor)
         _check(self.x.ctx.handle, _lib().refit_sender_add(self._h, _b(name), ctypes.byref(d.t)),
                "refit_sender_add")
         self._keep.append(d)
 
-    def set_label(self, label):
+    def set_label(self, label: str) -> None:
         """The version label of the next send() (keep one Sender across
         steps: its buffers are reused)."""
         self._label = _b(label)
         _check(self.x.ctx.handle, _lib().refit_sender_set_label(self._h, self._label),
                "refit_sender_set_label")
 
-    def add_descriptor(self, name, desc):
+    def add_descriptor(self, name: str, desc: Any) -> None:
         """Add a prepared descriptor (torch_util.describe) as it is: for
         tensors whose descriptor the caller adjusted."""
         _check(self.x.ctx.handle, _lib().refit_sender_add(self._h, _b(name), ctypes.byref(desc.t)),
                "refit_sender_add")
         self._keep.append(desc)
 
-    def send(self):
+    def send(self) -> Dict[str, Any]:
         """One update, then the vote: the group result (a dict); RefitError
         when the group did not commit."""
         res = GroupResult()
         rc = _lib().refit_sender_send(self._h, ctypes.byref(res))
         return _result(self.x.ctx, rc, res, "refit_sender_send")
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             _lib().refit_sender_destroy(self._h)
             self._h, self._keep = None, []
@@ -262,24 +275,26 @@ class Receiver:
     """A worker rank: receive_update() waits for an update, loads it and
     takes part in the vote."""
 
-    def __init__(self, model, transport, root=0, timeout=0.0, start_timeout=0.0, stream=None,
-                 max_bucket_bytes=0):
+    def __init__(self, model: Model, transport: Transport, root: int = 0,
+                 timeout: float = 0.0, start_timeout: float = 0.0, stream: Stream = None,
+                 max_bucket_bytes: int = 0) -> None:
         self.model, self.x = model, transport
         o = RecvOpts(1, root, timeout, start_timeout, stream, max_bucket_bytes,
                      _ffi.FILTER_FN(0), None)
         h = _P()
         _check(model.ctx.handle, _lib().refit_receiver_create(ctypes.byref(h), model.handle,
                transport.handle, ctypes.byref(o)), "refit_receiver_create")
-        self._h = h
+        self._h: Optional[ctypes.c_void_p] = h
 
-    def receive_update(self, rollback=True, label=None, source_uri=None):
+    def receive_update(self, rollback: bool = True, label: Optional[str] = None,
+                       source_uri: Optional[str] = None) -> Dict[str, Any]:
         self._strings = (_b(label), _b(source_uri))
         opts = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
         res = GroupResult()
         rc = _lib().refit_receive_update(self._h, ctypes.byref(opts), ctypes.byref(res))
         return _result(self.model.ctx, rc, res, "refit_receive_update")
 
-    def receive(self, txn):
+    def receive(self, txn: Txn) -> int:
         """Every bucket of one update into txn (a refit.Txn the caller
         began). Returns this rank's status for the vote (0, or the first
         local failure: the rest was drained); raises RefitError when the
@@ -289,13 +304,13 @@ class Receiver:
             _check(self.model.ctx.handle, rc, "refit_receive")
         return rc
 
-    def close(self):
+    def close(self) -> None:
         if self._h:
             _lib().refit_receiver_destroy(self._h)
             self._h = None
 
 
-def group_finalize(transport, txn, local_status=0):
+def group_finalize(transport: Transport, txn: Txn, local_status: int = 0) -> Dict[str, Any]:
     """Cross-rank commit of txn (a refit.Txn) on this rank: prepare (or
     abort at once when local_status is not 0), vote over the transport,
     commit only when every rank prepared. The txn ends here in every case.
