@@ -37,27 +37,27 @@ status=0
 more=$(for f in "$B"/test-gpu-* "$B"/tests/gpu/test-gpu-*; do
          [ -x "$f" ] && [ -f "$f" ] && basename "$f"; done 2>/dev/null |
        grep -vxE 'test-gpu-(kernels|backend|quant|fp8)' | sort -u)
+# suite TEST TAP [VAR=VALUE ...]: run TEST of the build with the given
+# environment into TAP (a not-ok point when the build lacks it)
+suite() {
+  t=$1 f=$2
+  shift 2
+  if [ -x "$(pick $t)" ]; then
+    env "$@" "$(pick $t)" > "$f" 2>&1 || status=1
+  else
+    printf '1..1\nnot ok 1 - %s is not in %s\n' "$t" "$B" > "$f"
+  fi
+  cat "$f"
+}
 for t in test-gpu-kernels test-gpu-backend test-gpu-quant test-gpu-fp8 $more; do
   echo "== $t"
-  if [ -x "$(pick $t)" ]; then
-    "$(pick $t)" > "$O/$t.tap" 2>&1 || status=1
-  else
-    printf '1..1\nnot ok 1 - %s is not in %s\n' "$t" "$B" > "$O/$t.tap"
-  fi
-  cat "$O/$t.tap"
+  suite $t "$O/$t.tap"
 done
 # the backend's other device paths: every D2D piece and device undo save
 # through cudaMemcpyAsync (by default only those of 128 MB or more)
 for t in test-gpu-backend test-gpu-undo; do
   echo "== $t, memcpy paths"
-  f="$O/$t-memcpy.tap"
-  if [ -x "$(pick $t)" ]; then
-    REFIT_CUDA_D2D_MEMCPY_MIN_KB=1 REFIT_CUDA_SAVE_DEV_MEMCPY_MIN_KB=1 "$(pick $t)" > "$f" 2>&1 ||
-      status=1
-  else
-    printf '1..1\nnot ok 1 - %s is not in %s\n' "$t" "$B" > "$f"
-  fi
-  cat "$f"
+  suite $t "$O/$t-memcpy.tap" REFIT_CUDA_D2D_MEMCPY_MIN_KB=1 REFIT_CUDA_SAVE_DEV_MEMCPY_MIN_KB=1
 done
 echo "== python"
 python3 tests/gpu/run_py.py > "$O/python.tap" 2>&1 || status=1

@@ -322,7 +322,7 @@ def test_torch_methods_only_for_plain_tensors():
     fake.nn = types.SimpleNamespace(Parameter=Parameter)
     saved = sys.modules.get("torch")
     sys.modules["torch"] = fake
-    _batch._torch.clear()
+    _batch._torch_methods = None
     try:
         plain = [Tensor((2,)), Parameter((3,))]
         assert _batch._getters(plain)[0] is Tensor.data_ptr
@@ -337,7 +337,7 @@ def test_torch_methods_only_for_plain_tensors():
             del sys.modules["torch"]
         else:
             sys.modules["torch"] = saved
-        _batch._torch.clear()
+        _batch._torch_methods = None
 
 
 def main():

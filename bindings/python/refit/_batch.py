@@ -16,6 +16,7 @@ import itertools
 import operator
 import struct
 import sys
+from typing import Any
 
 from . import _ffi
 
@@ -59,7 +60,7 @@ def _dtype_row_words(dtypes):
 # (data_ptr, get_device, is_contiguous) by name, for any torch-like object
 _BY_NAME = (operator.methodcaller("data_ptr"), operator.methodcaller("get_device"),
             operator.methodcaller("is_contiguous"))
-_torch: list = []   # [torch.Tensor's own three, {torch.Tensor, torch.nn.Parameter}]
+_torch_methods: Any = None  # (torch.Tensor's own three, {torch.Tensor, torch.nn.Parameter})
 _get_shape = operator.attrgetter("shape")
 _get_dtype = operator.attrgetter("dtype")
 _add = operator.add
@@ -70,13 +71,15 @@ def _getters(ts):
     """The three methods to map over ts: torch.Tensor's own (no bound
     method made per tensor) when every tensor is exactly a torch.Tensor or
     a Parameter, which overrides none of them; else looked up by name."""
-    if not _torch:
+    global _torch_methods
+    if _torch_methods is None:
         torch = sys.modules.get("torch")
         if torch is None:
             return _BY_NAME
         T = torch.Tensor
-        _torch.extend([(T.data_ptr, T.get_device, T.is_contiguous), {T, torch.nn.Parameter}])
-    return _torch[0] if set(map(type, ts)) <= _torch[1] else _BY_NAME
+        _torch_methods = ((T.data_ptr, T.get_device, T.is_contiguous), {T, torch.nn.Parameter})
+    mine, plain = _torch_methods
+    return mine if set(map(type, ts)) <= plain else _BY_NAME
 
 
 def _is_pair(key):

@@ -58,7 +58,7 @@ def _s(b: Optional[bytes]) -> Optional[str]:
 
 def _t(b: Optional[bytes]) -> str:
     """A string refit always returns (a name, a message): "" for NULL."""
-    return "" if b is None else b.decode(errors="replace")
+    return _s(b) or ""
 
 
 def status_name(status: int) -> str:

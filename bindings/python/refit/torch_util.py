@@ -133,7 +133,7 @@ def register_module(model: Any, module: Any, *, prefix: str = "",
                 shape[sdim] = rows if sdim == fdim else t.shape[sdim] * tp_size
             dst = [0] * len(shape)
             dst[fdim] = off
-            off += _local_rows(rows, tp_rank, tp_size) if shard and sd == fdim else rows
+            off += _local_rows(rows, tp_rank, tp_size) if shard and sdim == fdim else rows
             model.expect(name, part_name, dt, shape, shard=shard, dst_offset=dst)
             out[part_name] = name
     return out
