@@ -323,28 +323,95 @@ static int sock_addr(const char *path, struct sockaddr_un *a, char *err, size_t 
     return REFIT_OK;
 }
 
-int ipc_listen(const char *path, int *out, char *err, size_t errlen)
+/* Is a listener alive at a (connect accepted)? 1 yes, 0 no (refused:
+ * stale), -1 cannot tell (errno). */
+static int sock_live(const struct sockaddr_un *a)
+{
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0)
+        return -1;
+    int rc = connect(fd, (const struct sockaddr *)a, sizeof *a);
+    int e = errno;
+    close(fd);
+    if (rc == 0 || e == EAGAIN) /* accepted, or its backlog is full: alive */
+        return 1;
+    errno = e;
+    return e == ECONNREFUSED ? 0 : -1;
+}
+
+int ipc_listen(const char *path, uint32_t mode, int *out, ipc_sock_id *id, char *err,
+               size_t errlen)
 {
     struct sockaddr_un a;
     int rc = sock_addr(path, &a, err, errlen);
     if (rc)
         return rc;
-    struct stat st;
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode))
-            return errbuf_set(err, errlen, REFIT_EINVAL, "socket path %s exists and is not a "
-                        "socket; not replaced", path);
-        unlink(path);
-    }
+    if (mode & ~0777u)
+        return errbuf_set(err, errlen, REFIT_EINVAL, "socket %s: mode 0%o (permission bits "
+                    "only)", path, mode);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 4)) {
-        rc = errbuf_set(err, errlen, REFIT_EIO, "listen on %s: %s", path, strerror(errno));
-        if (fd >= 0)
-            close(fd);
+    if (fd < 0)
+        return errbuf_set(err, errlen, REFIT_EIO, "socket: %s", strerror(errno));
+    /* bind never replaces a file: only a stale socket is removed, then
+     * bound again (a live listener keeps its path) */
+    for (int tries = 0; bind(fd, (struct sockaddr *)&a, sizeof a); tries++) {
+        struct stat st;
+        int e = errno, live = -1;
+        if (e == EADDRINUSE && lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+            rc = errbuf_set(err, errlen, REFIT_EINVAL, "socket path %s exists and is not a "
+                      "socket; not replaced", path);
+        else if (e == EADDRINUSE && tries == 0 && (live = sock_live(&a)) == 0 &&
+                 unlink(path) == 0)
+            continue; /* stale: its listener is gone */
+        else if (live == 1)
+            rc = errbuf_set(err, errlen, REFIT_EEXIST, "socket %s: a live listener is there "
+                      "(another worker on this path?); not replaced", path);
+        else
+            rc = errbuf_set(err, errlen, REFIT_EIO, "bind %s: %s", path,
+                      strerror(live < 0 && e == EADDRINUSE ? errno : e));
+        close(fd);
         return rc;
     }
+    /* the mode before listen: no one connects to a socket not listening */
+    struct stat st;
+    if (chmod(path, mode) || lstat(path, &st) || listen(fd, 4)) {
+        rc = errbuf_set(err, errlen, REFIT_EIO, "listen on %s: %s", path, strerror(errno));
+        unlink(path);
+        close(fd);
+        return rc;
+    }
+    *id = (ipc_sock_id){(uint64_t)st.st_dev, (uint64_t)st.st_ino};
     *out = fd;
     return REFIT_OK;
+}
+
+void ipc_unlink_own(const char *path, const ipc_sock_id *id)
+{
+    struct stat st;
+    if (path && *path && lstat(path, &st) == 0 && S_ISSOCK(st.st_mode) &&
+        (uint64_t)st.st_dev == id->dev && (uint64_t)st.st_ino == id->ino)
+        unlink(path);
+}
+
+int ipc_peer_cred(int fd, uint32_t *uid, int32_t *pid, char *err, size_t errlen)
+{
+    struct ucred c;
+    socklen_t n = sizeof c;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &c, &n) || n != sizeof c)
+        return errbuf_set(err, errlen, REFIT_EIO, "SO_PEERCRED: %s", strerror(errno));
+    *uid = (uint32_t)c.uid;
+    *pid = (int32_t)c.pid;
+    return REFIT_OK;
+}
+
+int ipc_uid_allowed(uint32_t uid, const uint32_t *allow, uint32_t n)
+{
+    if (uid == (uint32_t)geteuid())
+        return 1;
+    for (uint32_t i = 0; allow && i < n; i++)
+        if (allow[i] == uid)
+            return 1;
+    return 0;
 }
 
 int ipc_accept(int lfd, double deadline, int *out, char *err, size_t errlen)

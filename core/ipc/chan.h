@@ -80,12 +80,30 @@ int ipc_header_decode(const uint8_t in[IPC_FRAME_HEADER], uint16_t *type, uint32
                       size_t errlen);
 const char *ipc_type_name(uint16_t type);
 
-/* Sockets: listen on path (an existing socket file there is replaced),
- * accept one connection by deadline, connect to path retrying until
+/* Sockets. Listen on path with the socket file's mode (its permission
+ * bits; checked before listen, so no peer connects before they hold):
+ * a socket file whose listener is gone (connect refused) is replaced, a
+ * live one is REFIT_EEXIST, anything else there REFIT_EINVAL. *id: the
+ * file bound (st_dev, st_ino), for ipc_unlink_own. */
+typedef struct ipc_sock_id {
+    uint64_t dev, ino;
+} ipc_sock_id;
+int ipc_listen(const char *path, uint32_t mode, int *out, ipc_sock_id *id, char *err,
+               size_t errlen);
+/* Unlink path when it is still the socket file id names (not one another
+ * listener bound there since). */
+void ipc_unlink_own(const char *path, const ipc_sock_id *id);
+/* Accept one connection by deadline; connect to path retrying until
  * deadline (the peer may not listen yet). */
-int ipc_listen(const char *path, int *out, char *err, size_t errlen);
 int ipc_accept(int lfd, double deadline, int *out, char *err, size_t errlen);
 int ipc_connect(const char *path, double deadline, int *out, char *err, size_t errlen);
+
+/* The peer of a connected socket (SO_PEERCRED: its credentials when it
+ * connected or listened). REFIT_EIO with err. */
+int ipc_peer_cred(int fd, uint32_t *uid, int32_t *pid, char *err, size_t errlen);
+/* Whether a peer of uid may talk to this process: its own effective uid,
+ * or one of allow[0..n). */
+int ipc_uid_allowed(uint32_t uid, const uint32_t *allow, uint32_t n);
 
 /* Bounded little-endian writer and reader for payloads. */
 typedef struct ipc_wbuf {

@@ -2,6 +2,7 @@
  * IPC handles and events on a CUDA device. */
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -94,6 +95,14 @@ void ipc_cuda_close(ipc_cuda *c)
 int ipc_mem_open(ipc_cuda *c, const ipc_mem_desc *d, void **base, char *err, size_t errlen)
 {
     if (d->kind == IPC_MEM_HOST_FD) {
+        /* a memfd its owner can shrink kills this process (SIGBUS) when
+         * the copy reads past the new end */
+        const int fixed = F_SEAL_SHRINK | F_SEAL_GROW;
+        int seals = fcntl(d->fd, F_GET_SEALS);
+        if (seals < 0 || (seals & fixed) != fixed)
+            return errbuf_set(err, errlen, REFIT_ECORRUPT, "memory %u: its descriptor is not a "
+                        "memfd sealed against resizing (F_SEAL_SHRINK|F_SEAL_GROW; seals "
+                        "0x%x); refused", d->id, seals < 0 ? 0 : (unsigned)seals);
         off_t size = lseek(d->fd, 0, SEEK_END);
         if (size < 0 || (uint64_t)size < d->bytes)
             return errbuf_set(err, errlen, REFIT_ECORRUPT, "memory %u: its descriptor holds %lld "
@@ -148,9 +157,24 @@ int ipc_event_open(ipc_cuda *c, const uint8_t handle[IPC_HANDLE_BYTES], CUevent 
 
 /* ---- trainer ---- */
 
+/* The descriptor a worker gets: the memfd reopened read-only (a new open
+ * file description; /proc/self/fd may be closed to a process that changed
+ * its uid), else the read-write one when F_SEAL_FUTURE_WRITE holds (no new
+ * writable mapping, write or hole punch through any descriptor). -1: none
+ * is safe to hand out. */
+static int read_only_fd(int f, bool future_sealed)
+{
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", f);
+    int ro = open(proc, O_RDONLY | O_CLOEXEC);
+    if (ro >= 0 || !future_sealed)
+        return ro;
+    return fcntl(f, F_DUPFD_CLOEXEC, 0);
+}
+
 int ipc_host_export(size_t bytes, int *fd, void **base, char *err, size_t errlen)
 {
-    int f = memfd_create("refit-ipc", MFD_CLOEXEC);
+    int f = memfd_create("refit-ipc", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (f < 0)
         return errbuf_set(err, errlen, REFIT_EIO, "memfd_create: %s", strerror(errno));
     void *p = MAP_FAILED;
@@ -162,7 +186,25 @@ int ipc_host_export(size_t bytes, int *fd, void **base, char *err, size_t errlen
         return errbuf_set(err, errlen, REFIT_ENOMEM, "shared host memory of %zu bytes: %s", bytes,
                     strerror(e));
     }
-    *fd = f;
+    /* this mapping stays writable; after the seals no other can be made,
+     * and the size is fixed (a worker reading a shrunk memfd dies of
+     * SIGBUS). Before Linux 5.1 there is no FUTURE_WRITE: the read-only
+     * descriptor alone keeps the worker from writing. */
+    const int fixed = F_SEAL_SHRINK | F_SEAL_GROW;
+    bool future = fcntl(f, F_ADD_SEALS, fixed | F_SEAL_FUTURE_WRITE) == 0;
+    int rc = future || fcntl(f, F_ADD_SEALS, fixed) == 0 ? REFIT_OK : REFIT_EIO;
+    int ro = rc ? -1 : read_only_fd(f, future);
+    if (ro < 0 || fcntl(f, F_ADD_SEALS, F_SEAL_SEAL)) {
+        int e = errno;
+        munmap(p, bytes);
+        close(f);
+        if (ro >= 0)
+            close(ro);
+        return errbuf_set(err, errlen, REFIT_EIO, "shared host memory: no read-only, sealed "
+                    "descriptor of it for the workers (%s)", strerror(e));
+    }
+    close(f); /* the mapping holds the memory */
+    *fd = ro;
     *base = p;
     return REFIT_OK;
 }

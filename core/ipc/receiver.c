@@ -24,6 +24,7 @@
  *               deadline aborts, journals why and drops the connection;
  *               RESULT
  */
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,13 @@ struct refit_ipc_receiver {
     refit_ipc_recv_opts o;
     char *path;
     int lfd, fd;
+    ipc_sock_id sock_id;        /* the socket file bound (destroy unlinks only it) */
+    uint32_t *allow;            /* opts' allow_uids, copied */
+    uint32_t peer_uid;          /* the connected trainer's (SO_PEERCRED) */
+    int32_t peer_pid;
+    char refused[320];          /* the last peer refused in this call, for the timeout */
+    uint64_t max_entries;       /* index entries the model can take: a whole tensor
+                                   once, or a part per row of dim 0 at most */
     rcv_mem *mems;
     uint32_t n_mems, cap_mems, epoch;
     bool has_event;
@@ -89,6 +97,7 @@ struct refit_ipc_receiver {
     char *arena;
     size_t arena_len, arena_cap;
     uint8_t *seen;              /* per route: delivered whole by this index */
+    int64_t *rows;              /* per route: rows delivered in parts */
     /* the whole pieces as a prepared source set, kept while the index
      * lays them out the same (names, dtypes, shapes, where they lie) */
     refit_source_set *set;
@@ -134,14 +143,36 @@ int refit_ipc_receiver_create(refit_ipc_receiver **out, refit_model *model, cons
     r->m = model;
     r->ctx = ctx;
     r->o = (refit_ipc_recv_opts)REFIT_IPC_RECV_OPTS_INIT;
-    if (opt) /* a version-1 caller's struct ends before spin_s */
-        memcpy(&r->o, opt, opt->version == 1 ? offsetof(refit_ipc_recv_opts, spin_s)
-                                             : sizeof r->o);
-    r->fd = -1;
+    if (opt) /* an older caller's struct ends where its version did */
+        memcpy(&r->o, opt, opt->version == 1   ? offsetof(refit_ipc_recv_opts, spin_s)
+                           : opt->version == 2 ? offsetof(refit_ipc_recv_opts, socket_mode)
+                                               : sizeof r->o);
+    r->fd = r->lfd = -1;
+    r->o.allow_uids = NULL; /* borrowed: the copy is r->allow */
+    int rc = REFIT_OK;
+    if (opt && opt->version >= 3 && opt->n_allow_uids) {
+        if (!opt->allow_uids || opt->n_allow_uids > 65536)
+            rc = ctx_error(ctx, REFIT_EINVAL, "ipc receiver: %u allow_uids%s (at most 65536)",
+                           opt->n_allow_uids, opt->allow_uids ? "" : " and no array");
+        else if (!(r->allow = malloc(opt->n_allow_uids * sizeof *r->allow)))
+            rc = ctx_error(ctx, REFIT_ENOMEM, "ipc receiver: out of memory");
+        else
+            memcpy(r->allow, opt->allow_uids, opt->n_allow_uids * sizeof *r->allow);
+    }
+    for (uint32_t i = 0; i < model->n_routes; i++) {
+        const route *ro = &model->routes[i];
+        const refit_ckpt_spec *sp = ro->flags & ROUTE_ALIAS ? &model->routes[ro->tie].spec
+                                                            : &ro->spec;
+        r->max_entries += sp->ndim >= 1 && sp->shape[0] > 1 ? (uint64_t)sp->shape[0] : 1;
+    }
     r->path = xstrdup(path ? path : "");
-    int rc = r->path ? ipc_listen(path, &r->lfd, r->err, sizeof r->err) : REFIT_ENOMEM;
+    if (!rc && !r->path)
+        rc = ctx_error(ctx, REFIT_ENOMEM, "ipc receiver: out of memory");
+    if (!rc && (rc = ipc_listen(path, r->o.socket_mode ? r->o.socket_mode : 0600, &r->lfd,
+                                &r->sock_id, r->err, sizeof r->err)))
+        rc = ctx_error(ctx, rc, "ipc receiver: %s", r->err);
     if (rc) {
-        rc = ctx_error(ctx, rc, "ipc receiver: %s", r->path ? r->err : "out of memory");
+        free(r->allow);
         free(r->path);
         free(r);
         return rc;
@@ -184,11 +215,13 @@ void refit_ipc_receiver_destroy(refit_ipc_receiver *r)
     if (!r)
         return;
     drop_peer(r);
-    if (r->lfd >= 0)
+    if (r->lfd >= 0) {
         close(r->lfd);
-    if (r->path && *r->path)
-        unlink(r->path);
+        ipc_unlink_own(r->path, &r->sock_id);
+    }
     free(r->path);
+    free(r->allow);
+    free(r->rows);
     free(r->mems);
     free(r->pc);
     free(r->bk);
@@ -387,12 +420,99 @@ static int add_piece(refit_ipc_receiver *r, const bkt_entry *e, uint8_t *payload
     return REFIT_OK;
 }
 
+static const char *pc_name(const refit_ipc_receiver *r, const rcv_piece *p)
+{
+    return r->arena + p->name;
+}
+
+/* Start checking an index's pieces: no route delivered yet. */
+static int pieces_begin(refit_ipc_receiver *r)
+{
+    size_t n = (size_t)r->m->n_routes + 1;
+    uint8_t *seen = realloc(r->seen, n);
+    if (seen)
+        r->seen = seen;
+    int64_t *rows = realloc(r->rows, n * sizeof *rows);
+    if (rows)
+        r->rows = rows;
+    if (!seen || !rows)
+        return REFIT_ENOMEM;
+    memset(seen, 0, n);
+    memset(rows, 0, n * sizeof *rows);
+    return REFIT_OK;
+}
+
+/* One piece against the model (after pieces_begin): the filter asked, the
+ * name expected, dtype and shape, not delivered twice (a part's rows at
+ * most the tensor's). */
+static int check_piece(refit_ipc_receiver *r, rcv_piece *p)
+{
+    refit_model *m = r->m;
+    const char *name = pc_name(r, p);
+    p->skip = r->o.filter && !r->o.filter(r->o.filter_user, name);
+    if (p->skip)
+        return REFIT_OK;
+    uint32_t ri = names_find(&m->route_names, name);
+    if (ri == NAMES_NONE) {
+        snprintf(r->err, sizeof r->err, "the index names %.300s, which no module of worker "
+                 "%s expects; nothing written", name, r->ctx->worker_id);
+        return REFIT_EUNEXPECTED;
+    }
+    const route *ro = &m->routes[ri];
+    const refit_ckpt_spec *sp = ro->flags & ROUTE_ALIAS ? &m->routes[ro->tie].spec : &ro->spec;
+    bool shape_ok = p->ndim == sp->ndim && kern_dtype_eq(p->dtype, sp->dtype);
+    for (int d = 0; shape_ok && d < p->ndim; d++)
+        shape_ok = p->part && d == 0 ? p->row_offset + p->shape[0] <= sp->shape[0]
+                                     : p->shape[d] == sp->shape[d];
+    if (!shape_ok) {
+        snprintf(r->err, sizeof r->err, "the index gives %.300s as %s with %d dims; module %s "
+                 "expects %s with %d dims of other extents; nothing written", name,
+                 refit_dtype_name(p->dtype), p->ndim, m->modules[ro->module].name,
+                 refit_dtype_name(sp->dtype), sp->ndim);
+        return REFIT_EMISMATCH;
+    }
+    if (r->seen[ri] == 2 || (r->seen[ri] && !p->part) ||
+        (p->part && p->shape[0] > sp->shape[0] - r->rows[ri])) {
+        snprintf(r->err, sizeof r->err, "the index delivers %.300s twice%s; nothing written",
+                 name, p->part ? " (more rows in parts than it has)" : "");
+        return REFIT_EDUPLICATE;
+    }
+    r->seen[ri] = p->part ? 1 : 2;
+    if (p->part)
+        r->rows[ri] += p->shape[0];
+    return REFIT_OK;
+}
+
+/* Every piece against the model, before anything begins. */
+static int check_pieces(refit_ipc_receiver *r)
+{
+    int rc = pieces_begin(r);
+    for (uint32_t i = 0; !rc && i < r->n_pc; i++)
+        rc = check_piece(r, &r->pc[i]);
+    return rc;
+}
+
 /* Walk the index (the NCCL wire's chain of headers), each bucket against
- * the memory it names; collect the pieces and where each bucket lies. */
+ * the memory it names and each piece against the model as it comes: an
+ * index the model cannot take is refused at its announce (more entries
+ * than the model has tensors, or rows for parts) or at its first piece
+ * the model refuses, never tabled whole first. Collects the pieces and
+ * where each bucket lies. */
 static int walk_index(refit_ipc_receiver *r, const ipc_index *u)
 {
     r->n_pc = 0;
     r->arena_len = 0;
+    if (u->an.n_entries > r->max_entries || u->n_buckets > r->max_entries) {
+        snprintf(r->err, sizeof r->err, "INDEX: the announce lists %llu entries in %u buckets; "
+                 "this model takes at most %llu (%u checkpoint tensors, each whole or in "
+                 "parts of a row at least); nothing written",
+                 (unsigned long long)u->an.n_entries, u->n_buckets,
+                 (unsigned long long)r->max_entries, r->m->n_routes);
+        return REFIT_EUNEXPECTED;
+    }
+    int rc = pieces_begin(r);
+    if (rc)
+        return rc;
     if (u->n_buckets > r->cap_bk) {
         rcv_bucket *nb = realloc(r->bk, (size_t)u->n_buckets * sizeof *nb);
         if (!nb)
@@ -411,14 +531,18 @@ static int walk_index(refit_ipc_receiver *r, const ipc_index *u)
                      "the index", b, ex.header_bytes);
             return REFIT_ECORRUPT;
         }
-        int rc = bkt_header_decode(&r->h, q, &ex, r->err, sizeof r->err);
-        if (rc)
+        if ((rc = bkt_header_decode(&r->h, q, &ex, r->err, sizeof r->err)))
             return rc;
         if (!b)
             ipc_copy_str(r->label, sizeof r->label, r->h.label);
         else if (strcmp(r->label, r->h.label)) {
             snprintf(r->err, sizeof r->err, "INDEX: bucket %u is labelled '%.200s', "
                      "bucket 0 '%.200s'", b, r->h.label, r->label);
+            return REFIT_ECORRUPT;
+        }
+        if (r->h.n_entries > u->an.n_entries - entries) {
+            snprintf(r->err, sizeof r->err, "INDEX: bucket %u brings the entries past the "
+                     "%llu its announce lists", b, (unsigned long long)u->an.n_entries);
             return REFIT_ECORRUPT;
         }
         const ipc_ref *ref = &u->refs[b];
@@ -441,7 +565,8 @@ static int walk_index(refit_ipc_receiver *r, const ipc_index *u)
         uint8_t *pl = (uint8_t *)m->base + ref->offset + r->h.payload_offset;
         r->bk[b] = (rcv_bucket){.payload = pl, .bytes = r->h.payload_bytes, .dev = dev};
         for (uint32_t k = 0; k < r->h.n_entries; k++)
-            if ((rc = add_piece(r, &r->h.entries[k], pl, dev)))
+            if ((rc = add_piece(r, &r->h.entries[k], pl, dev)) ||
+                (rc = check_piece(r, &r->pc[r->n_pc - 1])))
                 return rc;
         payload += r->h.payload_bytes;
         entries += r->h.n_entries;
@@ -460,54 +585,19 @@ static int walk_index(refit_ipc_receiver *r, const ipc_index *u)
     return REFIT_OK;
 }
 
-static const char *pc_name(const refit_ipc_receiver *r, const rcv_piece *p)
+/* After a refused index: its tables go (a flood's would otherwise stay
+ * allocated until destroy). */
+static void drop_index_tables(refit_ipc_receiver *r)
 {
-    return r->arena + p->name;
-}
-
-/* Every piece against the model, before anything begins. */
-static int check_pieces(refit_ipc_receiver *r)
-{
-    refit_model *m = r->m;
-    uint8_t *seen = realloc(r->seen, (size_t)m->n_routes + 1);
-    if (!seen)
-        return REFIT_ENOMEM;
-    r->seen = seen;
-    memset(seen, 0, (size_t)m->n_routes + 1);
-    for (uint32_t i = 0; i < r->n_pc; i++) {
-        rcv_piece *p = &r->pc[i];
-        const char *name = pc_name(r, p);
-        p->skip = r->o.filter && !r->o.filter(r->o.filter_user, name);
-        if (p->skip)
-            continue;
-        uint32_t ri = names_find(&m->route_names, name);
-        if (ri == NAMES_NONE) {
-            snprintf(r->err, sizeof r->err, "the index names %s, which no module of worker %s "
-                     "expects; nothing written", name, r->ctx->worker_id);
-            return REFIT_EUNEXPECTED;
-        }
-        const route *ro = &m->routes[ri];
-        const refit_ckpt_spec *sp = ro->flags & ROUTE_ALIAS ? &m->routes[ro->tie].spec
-                                                            : &ro->spec;
-        bool shape_ok = p->ndim == sp->ndim && kern_dtype_eq(p->dtype, sp->dtype);
-        for (int d = 0; shape_ok && d < p->ndim; d++)
-            shape_ok = p->part && d == 0 ? p->row_offset + p->shape[0] <= sp->shape[0]
-                                         : p->shape[d] == sp->shape[d];
-        if (!shape_ok) {
-            snprintf(r->err, sizeof r->err, "the index gives %s as %s with %d dims; module %s "
-                     "expects %s with %d dims of other extents; nothing written", name,
-                     refit_dtype_name(p->dtype), p->ndim, m->modules[ro->module].name,
-                     refit_dtype_name(sp->dtype), sp->ndim);
-            return REFIT_EMISMATCH;
-        }
-        if (seen[ri] == 2 || (seen[ri] && !p->part)) {
-            snprintf(r->err, sizeof r->err, "the index delivers %s twice; nothing written",
-                     name);
-            return REFIT_EDUPLICATE;
-        }
-        seen[ri] = p->part ? 1 : 2;
-    }
-    return REFIT_OK;
+    free(r->pc);
+    free(r->arena);
+    free(r->bk);
+    r->pc = NULL;
+    r->arena = NULL;
+    r->bk = NULL;
+    r->n_pc = r->cap_pc = r->cap_bk = 0;
+    r->arena_len = r->arena_cap = 0;
+    bkt_header_free(&r->h);
 }
 
 /* Checksums, where the trainer sent them: before any write. */
@@ -556,8 +646,8 @@ static void apply_index(refit_ipc_receiver *r, const ipc_frame *f)
     }
     if (!rc)
         rc = walk_index(r, &x);
-    if (!rc)
-        rc = check_pieces(r);
+    if (rc)
+        drop_index_tables(r);
     if (!rc) {
         r->ix_buckets = x.n_buckets;
         r->ix_sums = x.an.flags & BKT_A_PAYLOAD_SUM;
@@ -673,25 +763,77 @@ static int greet(refit_ipc_receiver *r, double dl)
     return rc;
 }
 
+/* The connected peer may not talk to this worker (or is dropped): the
+ * journal says who and why; the connection goes. */
+static void refuse_peer(refit_ipc_receiver *r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void refuse_peer(refit_ipc_receiver *r, const char *fmt, ...)
+{
+    char why[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    snprintf(r->refused, sizeof r->refused, "uid %u, pid %d: %s", r->peer_uid,
+             (int)r->peer_pid, why);
+    xport_journal(r->ctx, 0, "ipc-peer", "ipc receiver %.300s: dropped a peer, %s", r->path,
+                  r->refused);
+    r->st.refused++;
+    drop_peer(r);
+}
+
+/* Accept peers by dl until a trainer of an allowed uid has greeted. A peer
+ * of another uid is refused before a byte is read; one silent past the
+ * greeting deadline, or one that leaves, is dropped; the next one is
+ * accepted each time, by the same dl. */
+static int accept_trainer(refit_ipc_receiver *r, double dl)
+{
+    double greet_s = r->o.greet_timeout_s > 0 ? r->o.greet_timeout_s : 1.0;
+    for (;;) {
+        int rc = ipc_accept(r->lfd, dl, &r->fd, r->err, sizeof r->err);
+        if (rc) {
+            size_t n = strlen(r->err);
+            if (r->refused[0])
+                snprintf(r->err + n, sizeof r->err - n, "; refused before: %s", r->refused);
+            return rc;
+        }
+        r->st.connections++;
+        if ((rc = ipc_peer_cred(r->fd, &r->peer_uid, &r->peer_pid, r->err, sizeof r->err))) {
+            refuse_peer(r, "its credentials: %s", r->err);
+            continue;
+        }
+        if (!ipc_uid_allowed(r->peer_uid, r->allow, r->o.n_allow_uids)) {
+            refuse_peer(r, "not this worker's uid %u nor in its allow_uids",
+                        (unsigned)geteuid());
+            continue;
+        }
+        double now = ipc_now(), gdl = now + greet_s < dl ? now + greet_s : dl;
+        if (!(rc = greet(r, gdl)))
+            return REFIT_OK;
+        if (rc == REFIT_EIO) { /* it left */
+            drop_peer(r);
+            continue;
+        }
+        if (rc == REFIT_ETIMEDOUT && gdl < dl) {
+            refuse_peer(r, "no HELLO within %.3g s", greet_s);
+            continue;
+        }
+        drop_peer(r);
+        r->st.refused += rc == REFIT_ECORRUPT;
+        return rc;
+    }
+}
+
 /* Wait (by dl) for the next UPDATE frame, taking a trainer's connection
  * and memory tables on the way. A trainer that leaves before its update
  * is not an error: the next one is awaited. */
 static int next_update(refit_ipc_receiver *r, ipc_frame *f, double dl)
 {
+    r->refused[0] = '\0';
     for (;;) {
         int rc = REFIT_OK;
-        if (r->fd < 0) {
-            if ((rc = ipc_accept(r->lfd, dl, &r->fd, r->err, sizeof r->err)))
-                return rc;
-            r->st.connections++;
-            if ((rc = greet(r, dl))) {
-                drop_peer(r);
-                if (rc == REFIT_EIO)
-                    continue;
-                r->st.refused += rc == REFIT_ECORRUPT;
-                return rc;
-            }
-        }
+        if (r->fd < 0 && (rc = accept_trainer(r, dl)))
+            return rc;
         double spin = spin_of(r);
         if (spin > 0)
             (void)ipc_spin_readable(r->fd, ipc_now() + spin);
@@ -716,6 +858,9 @@ static int next_update(refit_ipc_receiver *r, ipc_frame *f, double dl)
         }
         ipc_frame_free(f);
         if (rc) {
+            xport_journal(r->ctx, 0, "ipc-peer", "ipc receiver %.300s: dropped the trainer "
+                          "(uid %u, pid %d): %.600s", r->path, r->peer_uid, (int)r->peer_pid,
+                          r->err);
             r->st.refused++;
             drop_peer(r); /* the trainer's view and ours differ: start over */
             return rc;

@@ -67,6 +67,7 @@ typedef struct snd_worker {
 struct refit_ipc_sender {
     refit_ctx *ctx;
     refit_ipc_send_opts o;
+    uint32_t *allow;            /* opts' allow_uids, copied */
     refit_device dev;
     char label[BKT_MAX_LABEL + 1];
     snd_tensor *ts;
@@ -122,6 +123,23 @@ static int connect_worker(refit_ipc_sender *s, snd_worker *w)
     int rc = ipc_connect(w->path, dl, &w->fd, s->err, sizeof s->err);
     if (rc)
         return rc;
+    /* the listener's credentials before a byte goes: another user who
+     * bound this path first would get the memory table */
+    uint32_t uid = 0;
+    int32_t pid = 0;
+    if (!(rc = ipc_peer_cred(w->fd, &uid, &pid, s->err, sizeof s->err)) &&
+        !ipc_uid_allowed(uid, s->allow, s->o.n_allow_uids)) {
+        snprintf(s->err, sizeof s->err, "the listener at %.300s runs as uid %u (pid %d), "
+                 "neither this trainer's uid %u nor in its allow_uids; not connected",
+                 w->path, uid, (int)pid, (unsigned)geteuid());
+        xport_journal(s->ctx, 0, "ipc-peer", "ipc sender: %s", s->err);
+        rc = REFIT_EIO;
+    }
+    if (rc) {
+        close(w->fd);
+        w->fd = -1;
+        return rc;
+    }
     ipc_wbuf b = {0};
     ipc_hello me = {IPC_ROLE_TRAINER, (uint32_t)getpid(), (int32_t)(w - s->w), (uint32_t)s->n_w};
     ipc_hello_encode(&b, &me);
@@ -182,9 +200,11 @@ int refit_ipc_sender_create(refit_ipc_sender **out, refit_ctx *ctx, const char *
     }
     s->ctx = ctx;
     s->o = (refit_ipc_send_opts)REFIT_IPC_SEND_OPTS_INIT;
-    if (opt) /* a version-1 caller's struct ends before spin_s */
-        memcpy(&s->o, opt, opt->version == 1 ? offsetof(refit_ipc_send_opts, spin_s)
-                                             : sizeof s->o);
+    if (opt) /* an older caller's struct ends where its version did */
+        memcpy(&s->o, opt, opt->version == 1   ? offsetof(refit_ipc_send_opts, spin_s)
+                           : opt->version == 2 ? offsetof(refit_ipc_send_opts, allow_uids)
+                                               : sizeof s->o);
+    s->o.allow_uids = NULL; /* borrowed: the copy is s->allow */
     s->dev = s->o.device >= 0 ? (refit_device){REFIT_DEVICE_CUDA, s->o.device}
                               : (refit_device){REFIT_DEVICE_CPU, 0};
     ipc_copy_str(s->label, sizeof s->label, s->o.version_label ? s->o.version_label : "unnamed");
@@ -193,7 +213,17 @@ int refit_ipc_sender_create(refit_ipc_sender **out, refit_ctx *ctx, const char *
     int rc = REFIT_OK;
     for (int i = 0; i < n_workers; i++)
         s->w[i].fd = -1;
-    if (s->o.device >= 0 && (rc = ipc_cuda_open(&s->cu, s->o.device, s->err, sizeof s->err)))
+    if (s->o.n_allow_uids) {
+        if (!opt->allow_uids || s->o.n_allow_uids > 65536)
+            rc = ctx_error(ctx, REFIT_EINVAL, "ipc sender: %u allow_uids%s (at most 65536)",
+                           s->o.n_allow_uids, opt->allow_uids ? "" : " and no array");
+        else if (!(s->allow = malloc(s->o.n_allow_uids * sizeof *s->allow)))
+            rc = ctx_error(ctx, REFIT_ENOMEM, "ipc sender: out of memory");
+        else
+            memcpy(s->allow, opt->allow_uids, s->o.n_allow_uids * sizeof *s->allow);
+    }
+    if (!rc && s->o.device >= 0 &&
+        (rc = ipc_cuda_open(&s->cu, s->o.device, s->err, sizeof s->err)))
         rc = s_err(s, rc);
     for (int i = 0; !rc && i < n_workers; i++) {
         if (!paths[i] || !(s->w[i].path = xstrdup(paths[i])))
@@ -232,6 +262,7 @@ void refit_ipc_sender_destroy(refit_ipc_sender *s)
     free(s->w);
     free(s->vote);
     free(s->why);
+    free(s->allow);
     ipc_wbuf_free(&s->sbuf);
     for (uint32_t i = 0; i < s->n_mems; i++)
         mem_release(s, &s->mems[i]);

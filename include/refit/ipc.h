@@ -54,7 +54,7 @@ enum {
 
 /* ---- trainer ---- */
 
-#define REFIT_IPC_SEND_OPTS_VERSION 2
+#define REFIT_IPC_SEND_OPTS_VERSION 3
 typedef struct refit_ipc_send_opts {
     uint32_t version;          /* REFIT_IPC_SEND_OPTS_VERSION */
     const char *version_label; /* NULL: "unnamed"; see refit_ipc_sender_set_label */
@@ -72,13 +72,22 @@ typedef struct refit_ipc_send_opts {
                                   and result before sleeping in poll (a
                                   wake-up of a sleeping process costs tens of
                                   microseconds); 0: 0.005; < 0: never */
+    /* version 3 */
+    const uint32_t *allow_uids;/* a worker listening as one of these uids is
+                                  trusted too (copied at create); its own uid
+                                  always is, any other is refused before a
+                                  byte is sent (SO_PEERCRED) */
+    uint32_t n_allow_uids;
 } refit_ipc_send_opts;
-#define REFIT_IPC_SEND_OPTS_INIT {REFIT_IPC_SEND_OPTS_VERSION, NULL, -1, 0, 0, 0, NULL, 0}
+#define REFIT_IPC_SEND_OPTS_INIT {REFIT_IPC_SEND_OPTS_VERSION, NULL, -1, 0, 0, 0, NULL, 0, NULL, 0}
 
 typedef struct refit_ipc_sender refit_ipc_sender;
 
 /* Connect to n_workers workers listening at paths (retrying until the
- * timeout: they may start later). Errors on ctx. */
+ * timeout: they may start later). A listener of another uid than this
+ * process's (and not in allow_uids) is refused: REFIT_EIO naming its uid
+ * and pid. Host memory is handed over read-only and sealed against
+ * resizing (docs/ipc.md, "Trust model"). Errors on ctx. */
 REFIT_API int refit_ipc_sender_create(refit_ipc_sender **out, refit_ctx *ctx,
                                       const char *const *paths, int n_workers,
                                       const refit_ipc_send_opts *opt);
@@ -123,7 +132,7 @@ REFIT_API int refit_ipc_sender_profile(const refit_ipc_sender *s, refit_ipc_send
 
 /* ---- worker ---- */
 
-#define REFIT_IPC_RECV_OPTS_VERSION 2
+#define REFIT_IPC_RECV_OPTS_VERSION 3
 typedef struct refit_ipc_recv_opts {
     uint32_t version;          /* REFIT_IPC_RECV_OPTS_VERSION */
     double timeout_s;          /* each wait within an update; 0: 300 */
@@ -139,16 +148,33 @@ typedef struct refit_ipc_recv_opts {
     int profile_gpu;           /* 1: CUDA events around the event wait and the
                                   copies (refit_ipc_recv_profile's GPU times;
                                   three event records per update) */
+    /* version 3 */
+    uint32_t socket_mode;      /* the socket file's permission bits; 0: 0600
+                                  (this uid only, whatever the umask) */
+    const uint32_t *allow_uids;/* trainers of these uids are accepted too
+                                  (copied at create); this process's own uid
+                                  always is, any other is refused at accept
+                                  (SO_PEERCRED) and journaled */
+    uint32_t n_allow_uids;
+    double greet_timeout_s;    /* a connected peer's HELLO by then, or it is
+                                  dropped and the next one accepted; 0: 1 */
 } refit_ipc_recv_opts;
-#define REFIT_IPC_RECV_OPTS_INIT {REFIT_IPC_RECV_OPTS_VERSION, 0, 0, NULL, 0, NULL, NULL, 0, 0}
+#define REFIT_IPC_RECV_OPTS_INIT {REFIT_IPC_RECV_OPTS_VERSION, 0, 0, NULL, 0, NULL, NULL, 0, 0, \
+                                  0, NULL, 0, 0}
 
 typedef struct refit_ipc_receiver refit_ipc_receiver;
 
-/* Listen at path (a socket file already there is replaced). */
+/* Listen at path, the socket file 0600 unless opt->socket_mode says
+ * otherwise. A stale socket file there (its listener gone) is replaced; a
+ * live one is REFIT_EEXIST and left alone; destroy unlinks the path only
+ * while it is still the file this receiver bound. */
 REFIT_API int refit_ipc_receiver_create(refit_ipc_receiver **out, refit_model *model,
                                         const char *path, const refit_ipc_recv_opts *opt);
 REFIT_API void refit_ipc_receiver_destroy(refit_ipc_receiver *r);
-/* One whole update: accept a trainer if none is connected, take its memory
+/* One whole update: accept a trainer if none is connected (a peer of
+ * another uid, not in allow_uids, is refused and journaled; one silent past
+ * greet_timeout_s dropped; either way the next is accepted by the same
+ * deadline), take its memory
  * table (handles opened once, kept while unchanged), check the index
  * against the model (names, dtypes, shapes, placement: a refusal writes
  * nothing and begins nothing), begin (opts; the trainer's label when

@@ -9,16 +9,13 @@
 #include "core/ipc/mem.h"
 #include "tests/ipc/itest.h"
 
-int rt_open(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes)
+/* Plan t->bt (n_bt tensors) into buckets of bucket_bytes, lay them out in
+ * one memfd (filled from t->c when fill), encode the index, connect and
+ * greet. */
+static int rt_build(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes, int fill)
 {
-    memset(t, 0, sizeof *t);
-    t->fd = t->mfd = -1;
-    nt_ckpt_make(&t->c, version);
-    for (int i = 0; i < NT_N; i++)
-        t->bt[i] = (bkt_tensor){.name = NT_SPECS[i].ckpt, .dtype = NT_SPECS[i].dt,
-                                .ndim = NT_SPECS[i].ndim, .shape = t->c.shape[i]};
     snprintf(t->label, sizeof t->label, "v%llu", (unsigned long long)version);
-    int rc = bkt_plan_build(&t->p, t->bt, NT_N, bucket_bytes, 0, t->err, sizeof t->err);
+    int rc = bkt_plan_build(&t->p, t->bt, t->n_bt, bucket_bytes, 0, t->err, sizeof t->err);
     if (rc)
         return rc;
     t->refs = calloc(t->p.n_buckets, sizeof *t->refs);
@@ -28,7 +25,7 @@ int rt_open(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes)
     }
     if ((rc = ipc_host_export(t->mem_bytes, &t->mfd, (void **)&t->mem, t->err, sizeof t->err)))
         return rc;
-    for (uint32_t b = 0; b < t->p.n_buckets; b++) {
+    for (uint32_t b = 0; fill && b < t->p.n_buckets; b++) {
         const bkt_span *sp = &t->p.buckets[b];
         for (uint32_t k = 0; k < sp->n; k++) {
             const bkt_piece *pc = &t->p.pieces[sp->first + k];
@@ -66,6 +63,59 @@ int rt_open(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes)
     return rc;
 }
 
+int rt_open_named(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes,
+                  const char *name0)
+{
+    memset(t, 0, sizeof *t);
+    t->fd = t->mfd = -1;
+    nt_ckpt_make(&t->c, version);
+    t->n_bt = NT_N;
+    t->bt = calloc(NT_N, sizeof *t->bt);
+    for (int i = 0; i < NT_N; i++)
+        t->bt[i] = (bkt_tensor){.name = NT_SPECS[i].ckpt, .dtype = NT_SPECS[i].dt,
+                                .ndim = NT_SPECS[i].ndim, .shape = t->c.shape[i]};
+    if (name0)
+        t->bt[0].name = name0;
+    return rt_build(t, path, version, bucket_bytes, 1);
+}
+
+int rt_open(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes)
+{
+    return rt_open_named(t, path, version, bucket_bytes, NULL);
+}
+
+int rt_open_flood(rt *t, const char *path, uint32_t n)
+{
+    static const int64_t one[1] = {1};
+    memset(t, 0, sizeof *t);
+    t->fd = t->mfd = -1;
+    nt_ckpt_make(&t->c, 1); /* unused; rt_close frees it */
+    t->n_bt = n;
+    t->bt = calloc(n, sizeof *t->bt);
+    t->names = malloc((size_t)n * 16);
+    for (uint32_t i = 0; i < n; i++) {
+        char *nm = t->names + (size_t)i * 16;
+        snprintf(nm, 16, "flood.%u", i % 100000000u);
+        t->bt[i] = (bkt_tensor){.name = nm, .dtype = REFIT_F32, .ndim = 1, .shape = one};
+    }
+    return rt_build(t, path, 1, (uint64_t)1 << 30, 0);
+}
+
+int rt_unseal(rt *t)
+{
+    int f = memfd_create("refit-test-unsealed", MFD_CLOEXEC);
+    if (f < 0 || ftruncate(f, (off_t)t->mem_bytes) ||
+        pwrite(f, t->mem, t->mem_bytes, 0) != (ssize_t)t->mem_bytes) {
+        snprintf(t->err, sizeof t->err, "an unsealed memfd: failed");
+        if (f >= 0)
+            close(f);
+        return REFIT_EIO;
+    }
+    close(t->mfd);
+    t->mfd = f;
+    return REFIT_OK;
+}
+
 void rt_close(rt *t)
 {
     if (t->fd >= 0)
@@ -76,6 +126,8 @@ void rt_close(rt *t)
         munmap(t->mem, t->mem_bytes);
     free(t->refs);
     free(t->index);
+    free(t->bt);
+    free(t->names);
     bkt_plan_free(&t->p);
     nt_ckpt_free(&t->c);
     memset(t, 0, sizeof *t);

@@ -19,7 +19,9 @@ typedef struct rt {
     uint8_t *mem;
     uint64_t mem_bytes;
     nt_ckpt c;
-    bkt_tensor bt[NT_N];
+    bkt_tensor *bt;             /* n_bt; the model's NT_N, or a flood's */
+    uint32_t n_bt;
+    char *names;                /* a flood's names */
     bkt_plan p;
     ipc_ref *refs;
     uint8_t *index;
@@ -32,7 +34,16 @@ typedef struct rt {
 } rt;
 
 int rt_open(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes);
+/* As rt_open, tensor 0 named name0 instead (one the model does not expect). */
+int rt_open_named(rt *t, const char *path, uint64_t version, uint64_t bucket_bytes,
+                  const char *name0);
+/* n tiny f32 tensors "flood.0" .. (none the model expects), one bucket,
+ * their memory left unwritten (sparse). */
+int rt_open_flood(rt *t, const char *path, uint32_t n);
 void rt_close(rt *t);
+/* Swap the memfd for an unsealed copy of it (a trainer that could shrink
+ * the memory under the worker). */
+int rt_unseal(rt *t);
 /* MEMS with the one memfd (id 1). */
 int rt_send_mems(rt *t);
 /* Changes a frame's payload (its bytes, or *len shorter) before it is sealed. */

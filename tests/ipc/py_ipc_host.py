@@ -2,7 +2,8 @@
 GPU (TAP): a forked trainer (Sender, device=None, packed buckets) sends
 three updates to this process's Receiver; each commits with the trainer's
 bytes and label, and both profiles (Sender.profile, Receiver.profile) have
-every phase stamped in order on the clock both processes share.
+every phase stamped in order on the clock both processes share. The
+socket's mode: 0600 by default under umask 000, socket_mode when given.
 
 usage: py_ipc_host.py BINDINGS_DIR   (env: REFIT_LIB)"""
 import ctypes
@@ -117,6 +118,31 @@ def test_three_updates_and_profiles():
         r.close()
         ctx.close()
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+def test_socket_mode_and_peer_options():
+    """The socket is the owner's alone (0600) whatever the umask, unless
+    socket_mode says otherwise; allow_uids and greet_timeout are taken."""
+    d = tempfile.mkdtemp(prefix="refit-ipc-py-")
+    ctx = refit.Context(worker_id="py-modes", journal_path="")
+    m = ctx.create_model()
+    m.add_module("a.weight")
+    t = Host((2,))
+    m.bind_runtime("a.weight", "w", t)
+    m.expect("a.weight", "a.weight", "f32", [2])
+    m.seal()
+    old = os.umask(0)
+    try:
+        modes = {}
+        for name, kw in (("default", {}),
+                         ("wide", dict(socket_mode=0o660, allow_uids=[65534], greet_timeout=0.5))):
+            path = os.path.join(d, name + ".sock")
+            with refit.ipc.Receiver(m, path, **kw):
+                modes[name] = os.stat(path).st_mode & 0o777
+    finally:
+        os.umask(old)
+        ctx.close()
+    assert modes == {"default": 0o600, "wide": 0o660}, modes
 
 
 def main():

@@ -4,6 +4,9 @@
  * reuse of handles across updates, refusals that write nothing, a trainer
  * that dies or stalls mid-update, a group that aborts together. */
 #include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <malloc.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -13,7 +16,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -21,16 +27,40 @@
 
 #include "core/ipc/chan.h"
 #include "core/ipc/msg.h"
+#include "journal/journal.h"
 #include "tests/ipc/itest.h"
+
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define IT_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) && !defined(IT_ASAN)
+#define IT_ASAN 1
+#endif
+#ifdef IT_ASAN
+#include <sanitizer/allocator_interface.h>
+#endif
 
 static char g_path[2][108];
 
 static int setup(void **state)
 {
     (void)state;
-    for (int i = 0; i < 2; i++)
-        snprintf(g_path[i], sizeof g_path[i], "/tmp/refit-ipc-%d-%d.sock", (int)getpid(), i);
     signal(SIGPIPE, SIG_IGN);
+    return 0;
+}
+
+/* Paths of each test's own: a failed test leaves its receiver listening
+ * (and a live socket is never replaced). */
+static int fresh_paths(void **state)
+{
+    static int n;
+    (void)state;
+    n++;
+    for (int i = 0; i < 2; i++)
+        snprintf(g_path[i], sizeof g_path[i], "/tmp/refit-ipc-%d-%d-%d.sock", (int)getpid(), n,
+                 i);
     return 0;
 }
 
@@ -566,8 +596,10 @@ typedef struct raw_job {
     uint64_t version;
     rt_fix fix_index, fix_update;
     int mode;                   /* 0 finish, 1 die after UPDATE, 2 stall after UPDATE,
-                                   3 garbage instead of HELLO */
+                                   3 garbage instead of HELLO, 4 an unsealed memfd (the
+                                   worker must drop it) */
     int expect_vote;
+    const char *name0;          /* tensor 0 under this name instead */
 } raw_job;
 
 static int run_raw(void *arg)
@@ -586,7 +618,9 @@ static int run_raw(void *arg)
         return 0;
     }
     rt t;
-    int rc = rt_open(&t, j->path, j->version, 1024);
+    int rc = rt_open_named(&t, j->path, j->version, 1024, j->name0);
+    if (!rc && j->mode == 4)
+        rc = rt_unseal(&t);
     if (!rc)
         rc = rt_send_mems(&t);
     if (!rc)
@@ -604,6 +638,8 @@ static int run_raw(void *arg)
     int vote = 0;
     rc = rt_finish(&t, &vote);
     rt_close(&t);
+    if (j->mode == 4)
+        return rc ? 0 : 26;
     return rc ? 24 : vote == j->expect_vote ? 0 : 25;
 }
 
@@ -892,9 +928,11 @@ static void t_opts_v1(void **state)
     free(sp);
     refit_ipc_send_opts *so;
     so = calloc(1, sizeof *so);
-    so->version = 3;
+    so->version = REFIT_IPC_SEND_OPTS_VERSION + 1;
     assert_int_equal(refit_ipc_sender_create(&s, w.ctx, paths, 1, so), REFIT_EINVAL);
-    assert_non_null(strstr(refit_errmsg(w.ctx), "invalid version 3"));
+    char bad[64];
+    snprintf(bad, sizeof bad, "invalid version %d", REFIT_IPC_SEND_OPTS_VERSION + 1);
+    assert_non_null(strstr(refit_errmsg(w.ctx), bad));
     free(so);
     refit_ipc_receiver_destroy(r);
     nt_worker_close(&w);
@@ -955,7 +993,8 @@ static int run_late_worker(void *arg)
     late_job *j = arg;
     char err[256];
     int lfd, fd, mems = 0;
-    if (ipc_listen(j->path, &lfd, err, sizeof err) ||
+    ipc_sock_id id;
+    if (ipc_listen(j->path, 0600, &lfd, &id, err, sizeof err) ||
         ipc_accept(lfd, ipc_now() + 10, &fd, err, sizeof err))
         return 40;
     for (uint64_t want = 1; want <= 2; want++) {
@@ -1034,30 +1073,528 @@ static void result_read_later(int bad_result)
 static void t_result_read_later(void **state) { (void)state; result_read_later(0); }
 static void t_result_refused_later(void **state) { (void)state; result_read_later(1); }
 
+/* ---- who may talk to a worker (docs/ipc.md, "Trust model") ---- */
+
+/* Another user is uid 65534 in a child that root forked. */
+#define NEED_ROOT()                                                                          \
+    do {                                                                                     \
+        if (geteuid() != 0) {                                                                \
+            print_message("# skipped: acting as another uid (setresuid 65534) needs root\n"); \
+            skip();                                                                          \
+        }                                                                                    \
+    } while (0)
+
+static int become_nobody(void)
+{
+    return setgroups(0, NULL) || setresgid(65534, 65534, 65534) ||
+                   setresuid(65534, 65534, 65534) ? -1 : 0;
+}
+
+/* A listening socket at path without refit's checks (a stranger's). */
+static int raw_listen(const char *path)
+{
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s", path);
+    unlink(path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) || listen(fd, 4)) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int event_cat(void *user, const journal_event_row *row)
+{
+    char *s = user;
+    size_t n = strlen(s);
+    snprintf(s + n, 8192 - n, "[%s] %s\n", row->kind, row->message);
+    return 0;
+}
+
+static void journal_events(const char *db, char out[8192])
+{
+    journal *jr = NULL;
+    journal_opts o = JOURNAL_OPTS_INIT;
+    o.readonly = 1;
+    char err[256];
+    out[0] = '\0';
+    assert_int_equal(journal_open(&jr, db, &o, err, sizeof err), REFIT_OK);
+    assert_int_equal(journal_events_list(jr, 0, 0, event_cat, out), REFIT_OK);
+    journal_close(jr);
+}
+
+static void unlink_db(const char *db)
+{
+    char p[160];
+    unlink(db);
+    snprintf(p, sizeof p, "%s-wal", db);
+    unlink(p);
+    snprintf(p, sizeof p, "%s-shm", db);
+    unlink(p);
+}
+
+static void worker_open_with(worker_fix *f, int which, const refit_ipc_recv_opts *o,
+                             const char *journal)
+{
+    assert_int_equal(nt_worker_open(&f->w, 0, 1, journal), REFIT_OK);
+    if (refit_ipc_receiver_create(&f->r, f->w.m, g_path[which], o))
+        fail_msg("receiver on %s: %s", g_path[which], refit_errmsg(f->w.ctx));
+}
+
+/* I1: a second receiver on a path where one listens is refused (the first
+ * keeps serving); a stale socket is replaced; destroy unlinks only the
+ * socket that receiver bound. */
+static void t_live_socket(void **state)
+{
+    (void)state;
+    worker_fix a;
+    worker_open(&a, 0, 20, 0);
+    nt_worker w2;
+    assert_int_equal(nt_worker_open(&w2, 0, 1, NULL), REFIT_OK);
+    refit_ipc_receiver *b = NULL;
+    int rc = refit_ipc_receiver_create(&b, w2.m, g_path[0], NULL);
+    if (rc != REFIT_EEXIST || !strstr(refit_errmsg(w2.ctx), g_path[0]))
+        fail_msg("a second receiver on %s, where a live one listens: %d '%s'", g_path[0], rc,
+                 rc ? refit_errmsg(w2.ctx) : "created");
+    assert_null(b);
+    commit_raw(&a, 1); /* the first still serves */
+    int s = raw_listen(g_path[1]);
+    assert_true(s >= 0);
+    close(s); /* stale: the file stays, nobody listens */
+    refit_ipc_receiver *c = NULL, *d = NULL;
+    assert_int_equal(refit_ipc_receiver_create(&c, w2.m, g_path[1], NULL), REFIT_OK);
+    assert_int_equal(unlink(g_path[1]), 0); /* a rolling restart: the next one binds anew */
+    assert_int_equal(refit_ipc_receiver_create(&d, w2.m, g_path[1], NULL), REFIT_OK);
+    refit_ipc_receiver_destroy(c);
+    struct stat st;
+    if (lstat(g_path[1], &st))
+        fail_msg("destroying a receiver unlinked %s, which another receiver had bound",
+                 g_path[1]);
+    refit_ipc_receiver_destroy(d);
+    assert_int_equal(lstat(g_path[1], &st), -1);
+    nt_worker_close(&w2);
+    worker_close(&a);
+}
+
+/* I2: the socket is the owner's alone whatever the umask. */
+static void t_socket_mode(void **state)
+{
+    (void)state;
+    mode_t old = umask(0);
+    worker_fix f;
+    worker_open(&f, 0, 20, 0);
+    umask(old);
+    struct stat st;
+    assert_int_equal(lstat(g_path[0], &st), 0);
+    if ((st.st_mode & 0777) != 0600)
+        fail_msg("the worker's socket is %04o under umask 000; 0600 expected",
+                 (unsigned)(st.st_mode & 0777));
+    worker_close(&f);
+}
+
+typedef struct nobody_job {
+    const char *path;
+    uint64_t version;
+} nobody_job;
+
+/* As uid 65534, a whole update by the raw trainer: 0 when the worker
+ * closed on it, 1 when it committed. */
+static int run_nobody_trainer(void *arg)
+{
+    nobody_job *j = arg;
+    if (become_nobody())
+        return 50;
+    rt t;
+    int rc = rt_open(&t, j->path, j->version, 1024);
+    if (!rc)
+        rc = rt_send_mems(&t);
+    if (!rc)
+        rc = rt_send_update(&t, NULL, NULL);
+    int vote = -1;
+    if (!rc)
+        rc = rt_finish(&t, &vote);
+    int closed = rc == REFIT_EIO && strstr(t.err, "control channel");
+    if (rc && !closed)
+        fprintf(stderr, "nobody trainer: %s\n", t.err);
+    rt_close(&t);
+    return !rc ? (vote == 0 ? 1 : 2) : closed ? 0 : 3;
+}
+
+/* I2: a trainer of another uid reaches the socket (the embedder opened
+ * its mode) and is refused by its credentials: bytes and health as they
+ * were, a journal event naming its uid and pid. */
+static void t_peer_other_uid(void **state)
+{
+    (void)state;
+    NEED_ROOT();
+    char db[128];
+    snprintf(db, sizeof db, "/tmp/refit-ipc-%d.db", (int)getpid());
+    unlink_db(db);
+    worker_fix f;
+    refit_ipc_recv_opts o = REFIT_IPC_RECV_OPTS_INIT;
+    o.timeout_s = 20;
+    o.start_timeout_s = 2;
+    worker_open_with(&f, 0, &o, db);
+    commit_raw(&f, 1);
+    uint64_t fp = nt_fp(&f.w);
+    assert_int_equal(chmod(g_path[0], 0666), 0); /* anyone may reach the socket */
+    nobody_job j = {g_path[0], 2};
+    pid_t pid = it_fork(run_nobody_trainer, &j);
+    refit_group_result res;
+    int rc = receive(&f, &res);
+    int child = it_wait(pid);
+    if (rc != REFIT_ETIMEDOUT || !strstr(refit_errmsg(f.w.ctx), "uid 65534"))
+        fail_msg("a trainer of uid 65534 (its exit %d): %d '%s'", child, rc,
+                 refit_errmsg(f.w.ctx));
+    assert_int_equal(child, 0);
+    expect_at(&f, 1);
+    assert_true(nt_fp(&f.w) == fp);
+    char ev[8192], want[64];
+    journal_events(db, ev);
+    snprintf(want, sizeof want, "pid %d", (int)pid);
+    if (!strstr(ev, "uid 65534") || !strstr(ev, want))
+        fail_msg("no journal event names uid 65534 and %s: %s", want, ev);
+    worker_close(&f);
+    unlink_db(db);
+}
+
+/* As uid 65534: listen at path, answer one trainer's HELLO; 1 when the
+ * trainer then handed over its memory table. */
+static int run_nobody_listener(void *arg)
+{
+    const char *path = arg;
+    if (become_nobody())
+        return 50;
+    int lfd = raw_listen(path), fd, rc = 52;
+    char err[256];
+    if (lfd < 0)
+        return 51;
+    if (!ipc_accept(lfd, ipc_now() + 10, &fd, err, sizeof err)) {
+        int mems = 0;
+        (void)raw_worker_update(fd, 1, &mems);
+        rc = mems ? 1 : 0;
+        close(fd);
+    }
+    close(lfd);
+    unlink(path);
+    return rc;
+}
+
+/* I3: the trainer connects only to a listener of its own uid. */
+static void t_listener_other_uid(void **state)
+{
+    (void)state;
+    NEED_ROOT();
+    unlink(g_path[1]);
+    pid_t pid = it_fork(run_nobody_listener, g_path[1]);
+    refit_ctx *ctx;
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.journal_path = "";
+    assert_int_equal(refit_open(&ctx, &o), REFIT_OK);
+    refit_ipc_send_opts so = REFIT_IPC_SEND_OPTS_INIT;
+    so.timeout_s = 5;
+    refit_ipc_sender *s = NULL;
+    const char *paths[1] = {g_path[1]};
+    int rc = refit_ipc_sender_create(&s, ctx, paths, 1, &so);
+    char msg[1024];
+    ipc_copy_str(msg, sizeof msg, refit_errmsg(ctx));
+    if (s) { /* would it hand over its memory? */
+        int64_t shape[1] = {16};
+        float x[16] = {1};
+        refit_tensor t = {.data = x, .device = {REFIT_DEVICE_CPU, 0}, .ndim = 1,
+                          .dtype = REFIT_F32, .shape = shape};
+        refit_ipc_sender_add(s, "w", &t, REFIT_IPC_PACK);
+        refit_ipc_sender_send(s, NULL);
+    }
+    refit_ipc_sender_destroy(s);
+    int child = it_wait(pid);
+    if (rc == REFIT_OK || !strstr(msg, "uid 65534"))
+        fail_msg("a listener of uid 65534 (its exit %d: 1 = it got the memory table): %d "
+                 "'%s'", child, rc, rc ? msg : "connected");
+    assert_int_equal(child, 0);
+    refit_close(ctx);
+}
+
+typedef struct fd_checks {
+    int n, writable, rw_map, unsealed, reopened_rw_map, shrunk;
+} fd_checks;
+
+/* What a worker can do with a memory descriptor it was handed. */
+static void check_fd(int fd, uint64_t bytes, fd_checks *c)
+{
+    c->n++;
+    c->writable += (fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDONLY;
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p != MAP_FAILED) {
+        c->rw_map++;
+        munmap(p, bytes);
+    }
+    int seals = fcntl(fd, F_GET_SEALS);
+    c->unsealed += seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+                                    (F_SEAL_SHRINK | F_SEAL_GROW);
+    char proc[64];
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", fd);
+    int rw = open(proc, O_RDWR | O_CLOEXEC); /* root may: the seals must still hold */
+    if (rw >= 0) {
+        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, rw, 0);
+        if (p != MAP_FAILED) {
+            c->reopened_rw_map++;
+            munmap(p, bytes);
+        }
+        c->shrunk += ftruncate(rw, 0) == 0;
+        close(rw);
+    }
+}
+
+/* I3, I4: the real sender's memory descriptors, as a worker gets them:
+ * read-only, sealed against shrinking and growing, and writes sealed off
+ * even through a reopened descriptor. */
+static void t_memfd_read_only(void **state)
+{
+    (void)state;
+    int lfd = raw_listen(g_path[1]), fd = -1;
+    assert_true(lfd >= 0);
+    trainer_job j = {.path = {g_path[1]}, .n_workers = 1, .first = 1, .count = 1, .share = 1,
+                     .expect = REFIT_EIO, .expect_failed_rank = 0};
+    pid_t pid = it_fork(run_trainer, &j);
+    char err[256];
+    fd_checks c = {0};
+    uint64_t seq = 0;
+    int ok = !ipc_accept(lfd, ipc_now() + 10, &fd, err, sizeof err);
+    ipc_frame f;
+    if (ok && !ipc_recv(fd, &f, 64, ipc_now() + 10, err, sizeof err)) {
+        ipc_frame_free(&f);
+        ipc_wbuf w = {0};
+        ipc_hello_encode(&w, &(ipc_hello){IPC_ROLE_WORKER, (uint32_t)getpid(), 0, 1});
+        ok = !ipc_send(fd, IPC_HELLO, w.p, (uint32_t)w.len, NULL, 0, ipc_now() + 10, err,
+                       sizeof err);
+        ipc_wbuf_free(&w);
+    }
+    while (ok && !seq) {
+        if (ipc_recv(fd, &f, IPC_MAX_PAYLOAD, ipc_now() + 10, err, sizeof err)) {
+            ok = 0;
+            break;
+        }
+        ipc_mems t;
+        if (f.type == IPC_MEMS && !ipc_mems_decode(&t, &f, err, sizeof err)) {
+            for (uint32_t i = 0; i < t.n; i++)
+                if (t.m[i].kind == IPC_MEM_HOST_FD)
+                    check_fd(t.m[i].fd, t.m[i].bytes, &c);
+            ipc_mems_free(&t);
+        }
+        if (f.type == IPC_UPDATE)
+            seq = bkt_le64(f.payload);
+        ipc_frame_free(&f);
+    }
+    if (ok) { /* vote no: nothing of this is loaded anywhere */
+        ok = !raw_status(fd, IPC_VOTE, seq, REFIT_EIO) &&
+             !ipc_recv(fd, &f, 4096, ipc_now() + 10, err, sizeof err);
+        if (ok)
+            ipc_frame_free(&f);
+        ok = ok && !raw_status(fd, IPC_RESULT, seq, REFIT_OK);
+    }
+    if (fd >= 0)
+        close(fd);
+    close(lfd);
+    unlink(g_path[1]);
+    int child = it_wait(pid);
+    if (!ok)
+        fail_msg("raw worker: %s", err);
+    assert_int_equal(child, 0);
+    assert_true(c.n >= 2); /* the shared memories and the packed buckets */
+    if (c.writable || c.rw_map || c.unsealed || c.reopened_rw_map || c.shrunk)
+        fail_msg("of %d memory descriptors the worker was handed, %d open for writing, %d "
+                 "mapped writable, %d without F_SEAL_SHRINK|F_SEAL_GROW; reopened by "
+                 "/proc/self/fd, %d mapped writable, %d shrunk", c.n, c.writable, c.rw_map,
+                 c.unsealed, c.reopened_rw_map, c.shrunk);
+}
+
+/* I4: a memory the trainer could shrink under the worker (SIGBUS in the
+ * copy) is refused, naming it; bytes and health as they were. */
+static void t_unsealed_memfd(void **state)
+{
+    (void)state;
+    worker_fix f;
+    worker_open(&f, 0, 20, 0);
+    commit_raw(&f, 1);
+    uint64_t fp = nt_fp(&f.w);
+    raw_job j = {.path = g_path[0], .version = 2, .mode = 4};
+    pid_t pid = it_fork(run_raw, &j);
+    refit_group_result res;
+    int rc = receive(&f, &res);
+    int child = it_wait(pid);
+    const char *msg = refit_errmsg(f.w.ctx);
+    if (rc != REFIT_ECORRUPT || !strstr(msg, "memory 1") || !strstr(msg, "F_SEAL_SHRINK"))
+        fail_msg("an unsealed memfd (the trainer's exit %d): %d '%s'", child, rc,
+                 rc ? msg : "committed");
+    assert_int_equal(child, 0);
+    expect_at(&f, 1);
+    assert_true(nt_fp(&f.w) == fp);
+    commit_raw(&f, 3);
+    worker_close(&f);
+}
+
+/* I5: two connections that never greet, then the trainer: each idle one
+ * dropped at its greeting deadline, the update commits in the same call. */
+static void t_idle_peers(void **state)
+{
+    (void)state;
+    worker_fix f;
+    refit_ipc_recv_opts o = REFIT_IPC_RECV_OPTS_INIT;
+    o.timeout_s = 20;
+    o.start_timeout_s = 6;
+    worker_open_with(&f, 0, &o, NULL);
+    int idle[2];
+    char err[256];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(ipc_connect(g_path[0], ipc_now() + 2, &idle[i], err, sizeof err),
+                         REFIT_OK);
+    trainer_job j = {.path = {g_path[0]}, .n_workers = 1, .first = 1, .count = 1};
+    pid_t pid = it_fork(run_trainer, &j);
+    double t0 = ipc_now();
+    refit_group_result res;
+    int rc = receive(&f, &res);
+    double dt = ipc_now() - t0;
+    if (rc) {
+        kill(pid, SIGKILL);
+        it_wait(pid);
+        fail_msg("two idle peers, then the trainer: %d after %.1f s: %s", rc, dt,
+                 refit_errmsg(f.w.ctx));
+    }
+    expect_at(&f, 1);
+    assert_true(dt < 6);
+    assert_int_equal(it_wait(pid), 0);
+    close(idle[0]);
+    close(idle[1]);
+    worker_close(&f);
+}
+
+/* I6: an index of many tiny tensors the model cannot take. */
+typedef struct flood_job {
+    const char *path;
+    uint32_t n;
+} flood_job;
+
+static int run_flood(void *arg)
+{
+    flood_job *j = arg;
+    rt t;
+    int rc = rt_open_flood(&t, j->path, j->n);
+    if (!rc)
+        rc = rt_send_mems(&t);
+    if (!rc)
+        rc = rt_send_update(&t, NULL, NULL);
+    int vote = 0;
+    if (!rc)
+        rc = rt_finish(&t, &vote);
+    if (rc)
+        fprintf(stderr, "flood trainer: %s\n", t.err);
+    rt_close(&t);
+    return rc ? 60 : vote == REFIT_EUNEXPECTED ? 0 : 61;
+}
+
+/* Heap bytes this process holds now. */
+static size_t heap_in_use(void)
+{
+#ifdef IT_ASAN
+    return __sanitizer_get_current_allocated_bytes();
+#else
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+#endif
+}
+
+static void t_index_flood(void **state)
+{
+    (void)state;
+    worker_fix f;
+    worker_open(&f, 0, 20, 0);
+    commit_raw(&f, 1);
+    uint64_t fp = nt_fp(&f.w);
+    size_t before = heap_in_use();
+    flood_job j = {g_path[0], 100000};
+    pid_t pid = it_fork(run_flood, &j);
+    refit_group_result res;
+    int rc = receive(&f, &res);
+    size_t after = heap_in_use();
+    int child = it_wait(pid);
+    const char *msg = refit_errmsg(f.w.ctx);
+    if (rc != REFIT_EUNEXPECTED || !strstr(msg, "100000 entries"))
+        fail_msg("an index of 100000 tiny tensors: %d '%s'", rc, msg);
+    if (after > before + ((size_t)1 << 20))
+        fail_msg("%zu bytes more allocated after the refusal than before", after - before);
+    assert_int_equal(child, 0);
+    expect_at(&f, 1);
+    assert_true(nt_fp(&f.w) == fp);
+    commit_raw(&f, 2);
+    worker_close(&f);
+}
+
+/* I6: the first bucket names a tensor the model does not expect, the last
+ * header is corrupt: the refusal names the tensor (the walk stopped
+ * there, before the rest was decoded and tabled). */
+static void fix_last_header(rt *t, uint8_t *p, size_t *len)
+{
+    (void)len;
+    uint64_t last = t->index_bytes - t->p.buckets[t->p.n_buckets - 1].header_bytes;
+    p[ix_announce(t) + BKT_ANNOUNCE_BYTES + last + 40] ^= 0x10;
+}
+
+static void t_unknown_name_first(void **state)
+{
+    (void)state;
+    worker_fix f;
+    worker_open(&f, 0, 20, 0);
+    commit_raw(&f, 1);
+    raw_job j = {.path = g_path[0], .version = 2, .name0 = "model.nope.weight",
+                 .fix_index = fix_last_header, .expect_vote = REFIT_EUNEXPECTED};
+    pid_t pid = it_fork(run_raw, &j);
+    refit_group_result res;
+    int rc = receive(&f, &res);
+    int child = it_wait(pid);
+    if (rc != REFIT_EUNEXPECTED || !strstr(refit_errmsg(f.w.ctx), "model.nope.weight"))
+        fail_msg("an unknown name in bucket 0, the last header corrupt: %d '%s'", rc,
+                 refit_errmsg(f.w.ctx));
+    assert_int_equal(child, 0);
+    expect_at(&f, 1);
+    worker_close(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(t_frame_roundtrip),
-        cmocka_unit_test(t_frame_malformed),
-        cmocka_unit_test(t_frame_deadline),
-        cmocka_unit_test(t_mems_refused),
-        cmocka_unit_test(t_status_refused),
-        cmocka_unit_test(t_index_update_decode),
-        cmocka_unit_test(t_updates_packed),
-        cmocka_unit_test(t_updates_shared),
-        cmocka_unit_test(t_updates_checksum),
-        cmocka_unit_test(t_unknown_tensor),
-        cmocka_unit_test(t_raw_commit),
-        cmocka_unit_test(t_refusals),
-        cmocka_unit_test(t_garbage_peer),
-        cmocka_unit_test(t_dead_trainer),
-        cmocka_unit_test(t_stalled_trainer),
-        cmocka_unit_test(t_dead_trainer_poisons),
-        cmocka_unit_test(t_group_abort),
-        cmocka_unit_test(t_spin),
-        cmocka_unit_test(t_opts_v1),
-        cmocka_unit_test(t_result_read_later),
-        cmocka_unit_test(t_result_refused_later),
+        cmocka_unit_test_setup(t_frame_roundtrip, fresh_paths),
+        cmocka_unit_test_setup(t_frame_malformed, fresh_paths),
+        cmocka_unit_test_setup(t_frame_deadline, fresh_paths),
+        cmocka_unit_test_setup(t_mems_refused, fresh_paths),
+        cmocka_unit_test_setup(t_status_refused, fresh_paths),
+        cmocka_unit_test_setup(t_index_update_decode, fresh_paths),
+        cmocka_unit_test_setup(t_updates_packed, fresh_paths),
+        cmocka_unit_test_setup(t_updates_shared, fresh_paths),
+        cmocka_unit_test_setup(t_updates_checksum, fresh_paths),
+        cmocka_unit_test_setup(t_unknown_tensor, fresh_paths),
+        cmocka_unit_test_setup(t_raw_commit, fresh_paths),
+        cmocka_unit_test_setup(t_refusals, fresh_paths),
+        cmocka_unit_test_setup(t_garbage_peer, fresh_paths),
+        cmocka_unit_test_setup(t_dead_trainer, fresh_paths),
+        cmocka_unit_test_setup(t_stalled_trainer, fresh_paths),
+        cmocka_unit_test_setup(t_dead_trainer_poisons, fresh_paths),
+        cmocka_unit_test_setup(t_group_abort, fresh_paths),
+        cmocka_unit_test_setup(t_spin, fresh_paths),
+        cmocka_unit_test_setup(t_opts_v1, fresh_paths),
+        cmocka_unit_test_setup(t_result_read_later, fresh_paths),
+        cmocka_unit_test_setup(t_result_refused_later, fresh_paths),
+        cmocka_unit_test_setup(t_live_socket, fresh_paths),
+        cmocka_unit_test_setup(t_socket_mode, fresh_paths),
+        cmocka_unit_test_setup(t_peer_other_uid, fresh_paths),
+        cmocka_unit_test_setup(t_listener_other_uid, fresh_paths),
+        cmocka_unit_test_setup(t_memfd_read_only, fresh_paths),
+        cmocka_unit_test_setup(t_unsealed_memfd, fresh_paths),
+        cmocka_unit_test_setup(t_idle_peers, fresh_paths),
+        cmocka_unit_test_setup(t_index_flood, fresh_paths),
+        cmocka_unit_test_setup(t_unknown_name_first, fresh_paths),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }

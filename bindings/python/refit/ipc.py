@@ -39,13 +39,21 @@ SHARE, PACK = 0, 1
 class SendOpts(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("version_label", ctypes.c_char_p),
                 ("device", ctypes.c_int32), ("bucket_bytes", _U64), ("checksum", _I),
-                ("timeout_s", _D), ("stream", _P), ("spin_s", _D)]
+                ("timeout_s", _D), ("stream", _P), ("spin_s", _D),
+                ("allow_uids", ctypes.POINTER(ctypes.c_uint32)), ("n_allow_uids", ctypes.c_uint32)]
 
 
 class RecvOpts(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("timeout_s", _D), ("start_timeout_s", _D),
                 ("stream", _P), ("max_bucket_bytes", _U64), ("filter", _ffi.FILTER_FN),
-                ("filter_user", _P), ("spin_s", _D), ("profile_gpu", _I)]
+                ("filter_user", _P), ("spin_s", _D), ("profile_gpu", _I),
+                ("socket_mode", ctypes.c_uint32), ("allow_uids", ctypes.POINTER(ctypes.c_uint32)),
+                ("n_allow_uids", ctypes.c_uint32), ("greet_timeout_s", _D)]
+
+
+def _uids(uids: Optional[Sequence[int]]) -> Any:
+    """allow_uids as a C array (copied by refit at create), or None."""
+    return (ctypes.c_uint32 * len(uids))(*uids) if uids else None
 
 
 class Stats(ctypes.Structure):
@@ -116,16 +124,19 @@ class Sender:
 
     def __init__(self, ctx: Context, paths: Union[str, Sequence[str]], device: Any = None,
                  label: Optional[str] = None, bucket_bytes: int = 0, checksum: bool = False,
-                 timeout: float = 0.0, stream: Stream = None, spin: float = 0.0) -> None:
+                 timeout: float = 0.0, stream: Stream = None, spin: float = 0.0,
+                 allow_uids: Optional[Sequence[int]] = None) -> None:
         """spin: seconds to busy-poll for each vote before sleeping (0: the
-        default, 5 ms; negative: never)."""
+        default, 5 ms; negative: never). allow_uids: workers listening as
+        these uids are trusted besides this process's own uid."""
         if isinstance(paths, str):
             paths = [paths]
         self.ctx, self._label = ctx, _b(label)
         self._keep: List[Any] = []
         self._paths = (ctypes.c_char_p * len(paths))(*[_b(p) for p in paths])
-        o = SendOpts(2, self._label, _device(device), bucket_bytes, int(checksum), timeout,
-                     _stream(stream), spin)
+        uids = _uids(allow_uids)
+        o = SendOpts(3, self._label, _device(device), bucket_bytes, int(checksum), timeout,
+                     _stream(stream), spin, uids, len(allow_uids or ()))
         h = _P()
         _check(ctx.handle, _lib().refit_ipc_sender_create(ctypes.byref(h), ctx.handle,
                self._paths, len(paths), ctypes.byref(o)), "refit_ipc_sender_create")
@@ -191,17 +202,23 @@ class Receiver:
     def __init__(self, model: Model, path: str, timeout: float = 0.0,
                  start_timeout: float = 0.0, stream: Stream = None, max_bucket_bytes: int = 0,
                  filter: Optional[Callable[[str], bool]] = None, spin: float = 0.0,
-                 profile_gpu: bool = False) -> None:
+                 profile_gpu: bool = False, socket_mode: int = 0,
+                 allow_uids: Optional[Sequence[int]] = None, greet_timeout: float = 0.0) -> None:
         """filter: name -> bool, called for every tensor of an update's
         index before anything begins (False: not loaded). spin: seconds to
         busy-poll for the update and the decision before sleeping (0: the
         default, 2 ms; negative: never). profile_gpu: CUDA events around
-        the copies for profile()'s GPU times."""
+        the copies for profile()'s GPU times. socket_mode: the socket file's
+        permission bits (0: 0600); allow_uids: trainers of these uids are
+        accepted besides this process's own uid; greet_timeout: seconds a
+        connected peer has to greet before the next is accepted (0: 1)."""
         self.model = model
         self._filter = (_ffi.FILTER_FN(lambda user, name: int(bool(filter(name.decode()))))
                         if filter else _ffi.FILTER_FN(0))
-        o = RecvOpts(2, timeout, start_timeout, _stream(stream), max_bucket_bytes,
-                     self._filter, None, spin, int(bool(profile_gpu)))
+        uids = _uids(allow_uids)
+        o = RecvOpts(3, timeout, start_timeout, _stream(stream), max_bucket_bytes,
+                     self._filter, None, spin, int(bool(profile_gpu)), socket_mode, uids,
+                     len(allow_uids or ()), greet_timeout)
         h = _P()
         _check(model.ctx.handle, _lib().refit_ipc_receiver_create(ctypes.byref(h), model.handle,
                _b(path), ctypes.byref(o)), "refit_ipc_receiver_create")
