@@ -1,0 +1,1358 @@
+#!/usr/bin/env python3
+"""The zoo: real-size models reloaded through the Python binding, beside the
+peer's way in the same process, against the ceiling measured in the same
+run (issue 28, Deliver 3). Writes one JSON object to OUT and one line per
+row on stdout.
+
+  python3 bench/zoo.py OUT.json [--rows a,b,...] [--repeat N] [--layers N]
+                       [--dir DIR] [--shard-gb G] [--int4-layout gptq|u8]
+  python3 bench/zoo.py --tiny OUT.json     # every row at a tiny scale, on
+                                           # the host: numpy, no torch, no GPU
+
+librefit is found as the binding finds it (REFIT_LIB, else the source
+tree's build folders); with REFIT_LIB set and no REFIT_PLUGIN_PATH, the
+plugins/ folder beside it is used (as bench/python_path.py does).
+
+Rows (random weights, the exact shapes of the public configs):
+  qwen3_4b_bf16            Qwen3-4B (tied), page-cached safetensors, BF16
+  llama31_8b_fp8           Llama-3.1-8B, FP8 per-channel serialized
+                           (compressed-tensors: F8_E4M3 weight, BF16
+                           weight_scale [N, 1]; runtime F32 scales)
+  qwen3_30b_a3b_fp8        Qwen3-30B-A3B, block-128 FP8 serialized
+                           (weight + weight_scale_inv), stacked experts
+  qwen3_30b_a3b_int4       Qwen3-30B-A3B, compressed-tensors W4A16 group
+                           128 (weight_packed, weight_scale, weight_shape)
+  qwen3_30b_a3b_online_fp8 Qwen3-30B-A3B BF16 device tensors -> online
+                           block-128 FP8, stacked; against a BF16 reload
+                           of the same bytes (cost_vs_bf16)
+  qwen3_30b_a3b_ipc        Qwen3-30B-A3B BF16, a colocated trainer process
+                           over refit.ipc (CUDA IPC; host memory in --tiny)
+
+Runtime tensors are laid out as vLLM holds them: fused qkv_proj and
+gate_up_proj, stacked experts (w13 [E, 2I, H], w2 [E, H, I]); FP8 weights
+F8_E4M3 with F32 scales; INT4 attention in the checkpoint's row layout
+(refit int4 layout u8: vLLM's WNA16 linear holds [N, K/8] words) and
+experts transposed as vLLM's WNA16 MoE holds them ([E, K/8, N] words,
+[E, K/128, N] scales: refit int4 layout gptq). Every runtime tensor is a
+view carved from one flat buffer, so zeroing and digests are one pass.
+
+On a card under 100 GB the 30B rows use the first 20 layers (the JSON
+says so: layers_used, cut). --layers N forces N layers on every model.
+Every figure is computed in the run; `definitions` in the JSON says what
+each field is."""
+import argparse
+import ctypes
+import gc
+import json
+import os
+import resource
+import shutil
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+_lib = os.environ.get("REFIT_LIB")
+if _lib and not os.environ.get("REFIT_PLUGIN_PATH"):
+    _plugins = os.path.join(os.path.dirname(os.path.abspath(_lib)), "plugins")
+    if os.path.isdir(_plugins):
+        os.environ["REFIT_PLUGIN_PATH"] = _plugins
+
+import refit  # noqa: E402
+from refit import _ffi  # noqa: E402
+
+GiB = 1 << 30
+ALIGN = 256
+
+# ---------------------------------------------------------------- configs
+# Public config.json values (Hugging Face hub): hidden_size,
+# intermediate_size, moe_intermediate_size, num_attention_heads,
+# num_key_value_heads, head_dim, vocab_size, num_hidden_layers,
+# num_experts, tie_word_embeddings. Qwen3 has q_norm/k_norm per layer.
+CONFIGS = {
+    "qwen3_4b": dict(hidden=2560, inter=9728, heads=32, kv=8, head_dim=128, vocab=151936,
+                     layers=36, experts=0, tie=True, qk_norm=True),
+    "llama31_8b": dict(hidden=4096, inter=14336, heads=32, kv=8, head_dim=128, vocab=128256,
+                       layers=32, experts=0, tie=False, qk_norm=False),
+    "qwen3_30b_a3b": dict(hidden=2048, inter=768, heads=32, kv=4, head_dim=128, vocab=151936,
+                          layers=48, experts=128, tie=False, qk_norm=True),
+}
+# --tiny: the same structure at a scale the host runs in seconds (block
+# and group 128 kept whole)
+TINY = {
+    "qwen3_4b": dict(hidden=256, inter=384, heads=4, kv=2, head_dim=64, vocab=512, layers=2,
+                     experts=0, tie=True, qk_norm=True),
+    "llama31_8b": dict(hidden=256, inter=512, heads=4, kv=2, head_dim=64, vocab=512, layers=2,
+                       experts=0, tie=False, qk_norm=False),
+    "qwen3_30b_a3b": dict(hidden=256, inter=128, heads=4, kv=2, head_dim=64, vocab=512,
+                          layers=2, experts=4, tie=False, qk_norm=True),
+}
+
+# row: model, how the weights arrive, their format, the seed's vLLM
+# figure (one H200, steady, "Broad local A/B" column B), the target
+ROWS = {
+    "qwen3_4b_bf16": dict(model="qwen3_4b", source="files", quant="bf16", seed=1.890,
+                          target=("ratio_to_ceiling", ">=", 0.85)),
+    "llama31_8b_fp8": dict(model="llama31_8b", source="files", quant="fp8c", seed=2.406,
+                           target=("ratio_to_ceiling", ">=", 0.85)),
+    "qwen3_30b_a3b_fp8": dict(model="qwen3_30b_a3b", source="files", quant="fp8b", seed=11.765,
+                              target=("ratio_to_ceiling", ">=", 0.80)),
+    "qwen3_30b_a3b_int4": dict(model="qwen3_30b_a3b", source="files", quant="int4",
+                               seed=26.491, target=("ratio_to_ceiling", ">=", 0.80)),
+    "qwen3_30b_a3b_online_fp8": dict(model="qwen3_30b_a3b", source="device", quant="fp8o",
+                                     seed=None, target=("cost_vs_bf16", "<=", 1.3)),
+    "qwen3_30b_a3b_ipc": dict(model="qwen3_30b_a3b", source="ipc", quant="bf16", seed=None,
+                              target=("ratio_to_ceiling", ">=", 0.80)),
+}
+
+DEFINITIONS = {
+    "seconds": "steady update, rollback off (model.begin(rollback=False) .. finalize, the "
+               "stream synchronized): median of --repeat after the first",
+    "first_seconds": "the first update after seal, rollback off",
+    "default_seconds": "steady update at the defaults (`with model.update() as txn`: "
+                       "rollback on, undo in pinned host memory, no undo device budget, "
+                       "1 GiB staging): median of --repeat after the first, on a model "
+                       "registered and sealed afresh",
+    "default_first_seconds": "the first update after that seal, at the defaults",
+    "first_rule": "default_first_seconds <= 1.2 * default_seconds (issue 28)",
+    "ceiling_seconds": "files: pinned host -> device copies of `bytes` (a pinned chunk of "
+                       "ceiling_chunk_bytes copied into a device chunk until `bytes` moved; "
+                       "the faster of the runs before and after the row's loads); device "
+                       "sources: device -> device copy of `bytes` (one copy_ where both "
+                       "buffers fit, else chunks into a scratch buffer). --tiny: host "
+                       "memcpy of the bytes",
+    "ratio_to_ceiling": "ceiling_seconds / seconds",
+    "bytes": "checkpoint payload bytes loaded per update (sum of the tensors' bytes)",
+    "tensors": "checkpoint tensors loaded per update",
+    "peer_seconds": "files: safetensors.torch.load_file(shard, device='cuda') + copy_ of "
+                    "each tensor into its runtime view, every shard; online: a torch loop "
+                    "quantizing each tensor to block-128 FP8 into its runtime view (scale = "
+                    "amax/448, x/scale, clamp, cast); ipc: none. Median of the runs after a "
+                    "warm-up",
+    "peer_equal": "the runtime bytes after the peer's way equal those after refit's "
+                  "(a digest of the flat runtime buffer)",
+    "seal_seconds": "Model.seal() of the rollback-off model",
+    "register_seconds": "add_module/bind_runtime/expect of every module and tensor, Python",
+    "device_peak_extra_bytes": "free device memory before the update minus the lowest free "
+                               "figure seen (torch.cuda.mem_get_info sampled every ~2 ms on "
+                               "a thread during an extra, untimed update): staging, undo "
+                               "and refit's own buffers, which torch's allocator stats "
+                               "cannot see",
+    "host_rss_peak_extra_bytes": "VmHWM after the update minus VmRSS before, VmHWM reset "
+                                 "through /proc/self/clear_refs (5) just before; file "
+                                 "rows count the checkpoint's mapped page-cache pages",
+    "host_anon_peak_extra_bytes": "highest RssAnon+RssShmem sampled during the update "
+                                  "minus before (pinned and malloc'd memory, not file pages)",
+    "undo_device_bytes/undo_host_bytes": "refit's txn.stats() before finalize",
+    "host_us_per_tensor": "(seconds - ceiling_seconds) / tensors * 1e6: the update's time "
+                          "beyond moving its bytes at the ceiling, spread over its "
+                          "tensors (an upper bound on refit's per-tensor host cost)",
+    "table_us_per_tensor": "device rows: building the load_dict descriptor table "
+                           "(_batch.split + _batch.Table) over the row's source dict, "
+                           "median of 3, per tensor",
+    "cost_vs_bf16": "online seconds / seconds of a BF16 reload of the same sources into "
+                    "BF16 stacked runtime tensors (load_dict, rollback off)",
+}
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def numel(shape):
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+# ---------------------------------------------------------------- dtypes
+# key: (safetensors name, bytes, refit dtype for expect, safetensors sort rank)
+# safetensors writes a file's tensors sorted by dtype (descending, its enum
+# order) then name, as save_file does
+DT = {
+    "bf16": ("BF16", 2, "bf16", 12), "f8": ("F8_E4M3", 1, "float8_e4m3fn", 7),
+    "f32": ("F32", 4, "f32", 15), "i32": ("I32", 4, "i32", 13), "i64": ("I64", 8, "i64", 17),
+    "u8": ("U8", 1, "u8", 4),
+}
+
+
+# ---------------------------------------------------------------- the plan
+class Plan:
+    """A model as refit registers it and as its checkpoint lists it.
+
+    engine: runtime tensors the engine holds, name -> (dt, shape), carved
+    from one flat buffer; mods: module -> (format, params, binds: role ->
+    (engine name, view)); ckpt: checkpoint tensors in the order a trainer's
+    state_dict lists them (name, dt, shape); where: name -> (module,
+    target, expert, dst_offset, peer) with peer (engine name, view, mode)
+    or None. A view is (expert, rows, cols) slicing an engine tensor."""
+
+    def __init__(self):
+        self.engine, self.mods, self.ckpt, self.where, self.values = {}, {}, [], {}, {}
+
+    def eng(self, name, dt, shape):
+        self.engine[name] = (dt, [int(s) for s in shape])
+        return name
+
+    def module(self, mod, fmt, params, binds):
+        self.mods[mod] = (fmt, params, binds)
+
+    def tensor(self, name, dt, shape, mod, target, expert=None, dst=None, mode=None,
+               peer=True, value=None):
+        self.ckpt.append((name, dt, [int(s) for s in shape]))
+        p = None
+        if peer:
+            ename, base = self.mods[mod][2][target]
+            if expert is None and dst is None:
+                view = base
+            else:
+                rows = (dst[0], dst[0] + shape[0]) if dst else None
+                cols = (dst[1], dst[1] + shape[1]) if dst and len(shape) > 1 else None
+                view = (expert, rows, cols)
+            p = (ename, view, mode)
+        self.where[name] = (mod, target, expert, dst, p)
+        if value is not None:
+            self.values[name] = value
+
+    @property
+    def bytes(self):
+        return sum(numel(s) * DT[d][1] for _, d, s in self.ckpt)
+
+    def engine_bytes(self):
+        return sum(pad(numel(s) * DT[d][1]) for d, s in self.engine.values())
+
+
+def pad(n):
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+FMT = {"bf16": "unquantized", "fp8c": "fp8", "fp8b": "fp8", "fp8o": "fp8"}
+
+
+def fused_module(P, mod, fmt, N, K, E=0):
+    """A fused (and, with E, stacked) weight of N rows and K columns."""
+    lead = [E] if E else []
+    if fmt == "bf16":
+        P.module(mod, "unquantized", None, {"w": (P.eng(mod + ".weight", "bf16", lead + [N, K]),
+                                                  None)})
+        return
+    sshape = [N, 1] if fmt == "fp8c" else [cdiv(N, 128), cdiv(K, 128)]
+    params = {"scheme": "block128", "online": True} if fmt == "fp8o" else None
+    P.module(mod, "fp8", params,
+             {"weight": (P.eng(mod + ".weight", "f8", lead + [N, K]), None),
+              "weight_scale": (P.eng(mod + ".weight_scale", "f32", lead + sshape), None)})
+
+
+def part(P, W, mod, fmt, n, K, row, expert=None):
+    """Checkpoint linear W ([n, K]) at row `row` of module mod (and expert)."""
+    if fmt == "bf16":
+        P.tensor(W + ".weight", "bf16", [n, K], mod, "w", expert, [row, 0])
+    elif fmt == "fp8c":
+        P.tensor(W + ".weight", "f8", [n, K], mod, "weight", expert, [row, 0])
+        P.tensor(W + ".weight_scale", "bf16", [n, 1], mod, "weight_scale", expert, [row, 0])
+    elif fmt == "fp8b":
+        P.tensor(W + ".weight", "f8", [n, K], mod, "weight", expert, [row, 0])
+        P.tensor(W + ".weight_scale_inv", "f32", [cdiv(n, 128), cdiv(K, 128)], mod,
+                 "weight_scale", expert, [row // 128, 0])
+    elif fmt == "fp8o":
+        P.tensor(W + ".weight", "bf16", [n, K], mod, "weight", expert, [row, 0], mode="quant")
+    else:
+        raise ValueError(fmt)
+
+
+def bf16_tensor(P, name, shape):
+    mod = name.rsplit(".", 1)[0]
+    P.module(mod, "unquantized", None, {"w": (P.eng(name, "bf16", shape), None)})
+    P.tensor(name, "bf16", shape, mod, "w")
+
+
+def int4_linear(P, W, n, K, wbind, sbind, layout):
+    """A compressed-tensors W4A16 group-128 linear: one int4 module, its
+    runtime tensors views of the engine's fused/stacked ones."""
+    P.module(W, "int4", {"group_size": 128, "layout": layout},
+             {"weight": wbind, "weight_scale": sbind})
+    mode = "T" if layout == "gptq" else "u8"
+    P.tensor(W + ".weight_packed", "i32", [n, K // 8], W, "weight", mode=mode)
+    P.tensor(W + ".weight_scale", "bf16", [n, cdiv(K, 128)], W, "weight_scale",
+             mode="T" if layout == "gptq" else None)
+    P.tensor(W + ".weight_shape", "i64", [2], W, "weight", peer=False, value=(n, K))
+
+
+def int4_fused(P, mod, parts, K, layout, E=0):
+    """Engine tensors of a fused weight (parts: [(W, rows)]) in int4: the
+    u8 row layout [E?, N, K/2] or the transposed gptq one [E?, K/8, N]."""
+    N = sum(r for _, r in parts)
+    lead = [E] if E else []
+    if layout == "u8":
+        ew = P.eng(mod + ".weight_packed", "u8", lead + [N, K // 2])
+        es = P.eng(mod + ".weight_scale", "bf16", lead + [N, cdiv(K, 128)])
+    else:
+        ew = P.eng(mod + ".weight_packed", "i32", lead + [K // 8, N])
+        es = P.eng(mod + ".weight_scale", "bf16", lead + [cdiv(K, 128), N])
+    return ew, es, N
+
+
+def int4_parts(P, ew, es, parts, K, layout, expert=None):
+    row = 0
+    for W, n in parts:
+        if layout == "u8":
+            v = (expert, (row, row + n), None)
+        else:
+            v = (expert, None, (row, row + n))
+        int4_linear(P, W, n, K, (ew, v), (es, v), layout)
+        row += n
+
+
+def build_plan(cfg, quant, layers, int4_layout="gptq", moe_int4_layout=None):
+    """The checkpoint in Hugging Face's state_dict order (embed, then per
+    layer: attention, mlp (router, then experts one by one: gate, up,
+    down), norms; final norm, head) and the engine's modules."""
+    P = Plan()
+    H, I, E = cfg["hidden"], cfg["inter"], cfg["experts"]
+    Q, KV = cfg["heads"] * cfg["head_dim"], cfg["kv"] * cfg["head_dim"]
+    bf16_tensor(P, "model.embed_tokens.weight", [cfg["vocab"], H])
+    for L in range(layers):
+        p = "model.layers.%d." % L
+        a = p + "self_attn."
+        attn = [(a + "q_proj", Q), (a + "k_proj", KV), (a + "v_proj", KV)]
+        if quant == "int4":
+            ew, es, _ = int4_fused(P, a + "qkv_proj", attn, H, "u8")
+            int4_parts(P, ew, es, attn, H, "u8")
+            ew, es, _ = int4_fused(P, a + "o_proj", [(a + "o_proj", H)], Q, "u8")
+            int4_parts(P, ew, es, [(a + "o_proj", H)], Q, "u8")
+        else:
+            fused_module(P, a + "qkv_proj", quant, Q + 2 * KV, H)
+            row = 0
+            for W, n in attn:
+                part(P, W, a + "qkv_proj", quant, n, H, row)
+                row += n
+            fused_module(P, a + "o_proj", quant, H, Q)
+            part(P, a + "o_proj", a + "o_proj", quant, H, Q, 0)
+        if cfg["qk_norm"]:
+            bf16_tensor(P, a + "q_norm.weight", [cfg["head_dim"]])
+            bf16_tensor(P, a + "k_norm.weight", [cfg["head_dim"]])
+        m = p + "mlp."
+        if E:
+            bf16_tensor(P, m + "gate.weight", [E, H])     # the router stays BF16
+            x = m + "experts."
+            if quant == "int4":
+                lay = moe_int4_layout or int4_layout
+                w13 = [None, None]
+                w13[0], w13[1], _ = int4_fused(P, x + "w13", [("g", I), ("u", I)], H, lay, E)
+                w2 = int4_fused(P, x + "w2", [("d", H)], I, lay, E)
+                for e in range(E):
+                    pe = x + "%d." % e
+                    int4_parts(P, w13[0], w13[1], [(pe + "gate_proj", I), (pe + "up_proj", I)],
+                               H, lay, expert=e)
+                    int4_parts(P, w2[0], w2[1], [(pe + "down_proj", H)], I, lay, expert=e)
+            else:
+                fused_module(P, x + "w13", quant, 2 * I, H, E)
+                fused_module(P, x + "w2", quant, H, I, E)
+                for e in range(E):
+                    pe = x + "%d." % e
+                    part(P, pe + "gate_proj", x + "w13", quant, I, H, 0, e)
+                    part(P, pe + "up_proj", x + "w13", quant, I, H, I, e)
+                    part(P, pe + "down_proj", x + "w2", quant, H, I, 0, e)
+        else:
+            q = quant
+            fused_module(P, m + "gate_up_proj", q, 2 * I, H)
+            part(P, m + "gate_proj", m + "gate_up_proj", q, I, H, 0)
+            part(P, m + "up_proj", m + "gate_up_proj", q, I, H, I)
+            fused_module(P, m + "down_proj", q, H, I)
+            part(P, m + "down_proj", m + "down_proj", q, H, I, 0)
+        bf16_tensor(P, p + "input_layernorm.weight", [H])
+        bf16_tensor(P, p + "post_attention_layernorm.weight", [H])
+    bf16_tensor(P, "model.norm.weight", [H])
+    if not cfg["tie"]:
+        bf16_tensor(P, "lm_head.weight", [cfg["vocab"], H])
+    return P
+
+
+def apply_view(t, view):
+    if view is None:
+        return t
+    e, rows, cols = view
+    if e is not None:
+        t = t[e]
+    if rows is not None:
+        t = t[rows[0]:rows[1]]
+    if cols is not None:
+        t = t[:, cols[0]:cols[1]]
+    return t
+
+
+# ---------------------------------------------------------------- backends
+class TorchBackend:
+    """CUDA tensors through torch; ceilings by copies timed here."""
+    name = "torch"
+
+    def __init__(self):
+        import torch
+        self.torch = torch
+        self.dev = "cuda"
+        self.dt = {"bf16": torch.bfloat16, "f8": torch.float8_e4m3fn, "f32": torch.float32,
+                   "i32": torch.int32, "i64": torch.int64, "u8": torch.uint8}
+        self._pinned = None
+
+    def sync(self):
+        self.torch.cuda.synchronize()
+
+    def device_name(self):
+        return self.torch.cuda.get_device_name(0)
+
+    def device_total(self):
+        return self.torch.cuda.mem_get_info()[1]
+
+    def mem_free(self):
+        return self.torch.cuda.mem_get_info()[0]
+
+    def flat(self, nbytes, device=True):
+        return self.torch.zeros(nbytes, dtype=self.torch.uint8,
+                                device=self.dev if device else "cpu")
+
+    def carve(self, flat, off, dt, shape):
+        nb = numel(shape) * DT[dt][1]
+        return flat[off:off + nb].view(self.dt[dt]).view(shape)
+
+    def zero(self, flat):
+        flat.zero_()
+
+    def fill_random(self, t, dt, gen):
+        """Finite random values of dt (no NaN or infinity: casts and
+        quantization read them); f32 scales positive."""
+        torch = self.torch
+        if t.numel() == 0:
+            return
+        if dt == "bf16":
+            t.view(torch.int16).random_(-32768, 32767, generator=gen)
+            t.view(torch.int16).bitwise_and_(-16385)     # clear the exponent's top bit
+        elif dt == "f8":
+            t.view(torch.uint8).random_(0, 256, generator=gen)
+            t.view(torch.uint8).bitwise_and_(0xBF)       # no NaN code
+        elif dt == "f32":
+            t.uniform_(1e-4, 1e-2, generator=gen)
+        elif dt in ("i32", "u8"):
+            t.view(torch.uint8).random_(0, 256, generator=gen)
+        else:
+            t.zero_()
+
+    def randn_bf16(self, t, gen):
+        t.normal_(0, 0.02, generator=gen)
+
+    def generator(self, seed):
+        g = self.torch.Generator(device=self.dev)
+        g.manual_seed(seed)
+        return g
+
+    def to_host_bytes(self, flat):
+        return flat.cpu().numpy()
+
+    def set_values(self, t, value):
+        t.copy_(self.torch.tensor(value, dtype=t.dtype))
+
+    def digest(self, flat):
+        """Sum of the int32 words of flat, and of them times their index
+        mod 65521: enough to tell a missed or misplaced byte range."""
+        torch = self.torch
+        w = flat.view(torch.int32)
+        s0 = s1 = 0
+        step = 64 << 20
+        for i in range(0, w.numel(), step):
+            c = w[i:i + step].to(torch.int64)
+            idx = torch.arange(i, i + c.numel(), device=c.device, dtype=torch.int64) % 65521
+            s0 += int(c.sum())
+            s1 += int((c * idx).sum())
+            del c, idx
+        return "%x:%x" % (s0 & (2**64 - 1), s1 & (2**64 - 1))
+
+    def pinned_chunk(self, nbytes):
+        if self._pinned is None or self._pinned.numel() < nbytes:
+            self._pinned = None
+            self._pinned = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
+            self._pinned.fill_(7)
+        return self._pinned[:nbytes]
+
+    def h2d_seconds(self, nbytes, chunk, repeat=3):
+        torch = self.torch
+        chunk = min(chunk, nbytes)
+        src = self.pinned_chunk(chunk)
+        dst = torch.empty(chunk, dtype=torch.uint8, device=self.dev)
+        dst.copy_(src, non_blocking=True)
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(repeat):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            left = nbytes
+            while left > 0:
+                k = min(chunk, left)
+                dst[:k].copy_(src[:k], non_blocking=True)
+                left -= k
+            torch.cuda.synchronize()
+            out.append(time.perf_counter() - t0)
+        del dst
+        return min(out)
+
+    def d2d_seconds(self, src, dst, nbytes, repeat=5):
+        """One copy of nbytes from src into dst (flat uint8); when dst is
+        smaller, chunks of dst's size until nbytes moved."""
+        torch = self.torch
+        chunk = min(dst.numel(), nbytes)
+        dst[:chunk].copy_(src[:chunk])
+        torch.cuda.synchronize()
+        out = []
+        for _ in range(repeat):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            off = 0
+            while off < nbytes:
+                k = min(chunk, nbytes - off)
+                dst[:k].copy_(src[off:off + k])
+                off += k
+            torch.cuda.synchronize()
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+
+    def peer_load_shard(self, path):
+        from safetensors.torch import load_file
+        return load_file(path, device=self.dev)
+
+    def peer_copy(self, dst, src, mode):
+        if mode == "T":
+            src = src.t()
+        elif mode == "u8":
+            src = src.view(self.torch.uint8)
+        dst.copy_(src)
+
+    def quant_block(self, x, wdst, sdst):
+        """Block-128 FP8 of x [n, K] into wdst (f8 [n, K]) and sdst (f32
+        [n/128, K/128]), as a torch loop would: amax/448, x/scale."""
+        torch = self.torch
+        n, K = x.shape
+        xb = x.float().view(n // 128, 128, K // 128, 128)
+        amax = xb.abs().amax(dim=(1, 3))
+        scale = amax / 448.0
+        scale = torch.where(scale == 0, torch.ones_like(scale), scale)
+        q = (xb / scale[:, None, :, None]).clamp_(-448, 448).view(n, K)
+        wdst.copy_(q.to(torch.float8_e4m3fn))
+        sdst.copy_(scale)
+
+    def empty_cache(self):
+        gc.collect()
+        self.torch.cuda.empty_cache()
+
+    def no_grad(self):
+        return self.torch.no_grad()
+
+
+class NumpyBackend:
+    """--tiny: host memory through numpy and ml_dtypes; the same code path,
+    host copies for ceilings, a minimal safetensors reader for the peer."""
+    name = "numpy"
+
+    def __init__(self):
+        import ml_dtypes
+        import numpy as np
+        self.np = np
+        self.dt = {"bf16": ml_dtypes.bfloat16, "f8": ml_dtypes.float8_e4m3fn,
+                   "f32": np.float32, "i32": np.int32, "i64": np.int64, "u8": np.uint8}
+
+    def sync(self):
+        pass
+
+    def device_name(self):
+        return "host (numpy, --tiny)"
+
+    def device_total(self):
+        return None
+
+    def mem_free(self):
+        return None
+
+    def flat(self, nbytes, device=True):
+        # 64-byte aligned, as refit's in-place staging wants it
+        raw = self.np.zeros(nbytes + 64, dtype=self.np.uint8)
+        off = (-raw.ctypes.data) % 64
+        return raw[off:off + nbytes]
+
+    def carve(self, flat, off, dt, shape):
+        nb = numel(shape) * DT[dt][1]
+        return flat[off:off + nb].view(self.dt[dt]).reshape(shape)
+
+    def zero(self, flat):
+        flat[...] = 0
+
+    def generator(self, seed):
+        return self.np.random.default_rng(seed)
+
+    def fill_random(self, t, dt, gen):
+        np = self.np
+        if t.size == 0:
+            return
+        if dt == "bf16":
+            u = t.view(np.uint16)
+            u[...] = gen.integers(0, 1 << 16, size=u.shape, dtype=np.uint16) & 0xBFFF
+        elif dt == "f8":
+            u = t.view(np.uint8)
+            u[...] = gen.integers(0, 256, size=u.shape, dtype=np.uint8) & 0xBF
+        elif dt == "f32":
+            t[...] = gen.uniform(1e-4, 1e-2, size=t.shape)
+        elif dt in ("i32", "u8"):
+            u = t.view(np.uint8)
+            u[...] = gen.integers(0, 256, size=u.shape, dtype=np.uint8)
+        else:
+            t[...] = 0
+
+    def randn_bf16(self, t, gen):
+        t[...] = (gen.standard_normal(size=t.shape) * 0.02).astype(self.dt["bf16"])
+
+    def to_host_bytes(self, flat):
+        return flat
+
+    def set_values(self, t, value):
+        t[...] = self.np.array(value, dtype=t.dtype)
+
+    def digest(self, flat):
+        np = self.np
+        w = flat.view(np.int32).astype(np.int64)
+        idx = np.arange(w.size, dtype=np.int64) % 65521
+        return "%x:%x" % (int(w.sum()) & (2**64 - 1), int((w * idx).sum()) & (2**64 - 1))
+
+    def h2d_seconds(self, nbytes, chunk, repeat=3):
+        chunk = min(chunk, nbytes)
+        src = self.np.full(chunk, 7, dtype=self.np.uint8)
+        dst = self.np.empty_like(src)
+        out = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            left = nbytes
+            while left > 0:
+                k = min(chunk, left)
+                self.np.copyto(dst[:k], src[:k])
+                left -= k
+            out.append(time.perf_counter() - t0)
+        return min(out)
+
+    def d2d_seconds(self, src, dst, nbytes, repeat=5):
+        chunk = min(dst.size, nbytes)
+        out = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            off = 0
+            while off < nbytes:
+                k = min(chunk, nbytes - off)
+                self.np.copyto(dst[:k], src[off:off + k])
+                off += k
+            out.append(time.perf_counter() - t0)
+        return statistics.median(out)
+
+    def peer_load_shard(self, path):
+        """safetensors' own format read with numpy (its numpy API has no
+        bf16 or fp8): every tensor a view of the file's bytes."""
+        np = self.np
+        with open(path, "rb") as f:
+            buf = f.read()
+        n = struct.unpack("<Q", buf[:8])[0]
+        hdr = json.loads(buf[8:8 + n])
+        data = np.frombuffer(buf, dtype=np.uint8, offset=8 + n)
+        by_st = {v[0]: k for k, v in DT.items()}
+        out = {}
+        for name, d in hdr.items():
+            if name == "__metadata__":
+                continue
+            a, b = d["data_offsets"]
+            out[name] = data[a:b].view(self.dt[by_st[d["dtype"]]]).reshape(d["shape"])
+        return out
+
+    def peer_copy(self, dst, src, mode):
+        if mode == "T":
+            src = src.T
+        elif mode == "u8":
+            src = src.view(self.np.uint8)
+        dst[...] = src.astype(dst.dtype) if src.dtype != dst.dtype else src
+
+    def quant_block(self, x, wdst, sdst):
+        np = self.np
+        n, K = x.shape
+        xb = x.astype(np.float32).reshape(n // 128, 128, K // 128, 128)
+        amax = np.abs(xb).max(axis=(1, 3))
+        scale = (amax / np.float32(448.0)).astype(np.float32)
+        scale[scale == 0] = 1
+        q = np.clip(xb / scale[:, None, :, None], -448, 448).reshape(n, K)
+        wdst[...] = q.astype(self.dt["f8"])
+        sdst[...] = scale
+
+    def empty_cache(self):
+        gc.collect()
+
+    def no_grad(self):
+        import contextlib
+        return contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------- engine
+class Engine:
+    """The plan's runtime tensors, carved from one flat buffer."""
+
+    def __init__(self, B, plan):
+        self.B = B
+        self.nbytes = plan.engine_bytes()
+        self.flat = B.flat(self.nbytes)
+        self.t, off = {}, 0
+        for name, (dt, shape) in plan.engine.items():
+            self.t[name] = B.carve(self.flat, off, dt, shape)
+            off += pad(numel(shape) * DT[dt][1])
+
+    def view(self, name, view):
+        return apply_view(self.t[name], view)
+
+    def zero(self):
+        self.B.zero(self.flat)
+        self.B.sync()
+
+    def digest(self):
+        return self.B.digest(self.flat)
+
+
+def register(ctx, plan, eng):
+    """One refit module per plan module, its runtime tensors bound, every
+    checkpoint tensor expected; then seal. Returns (model, register s,
+    seal s)."""
+    t0 = time.perf_counter()
+    m = ctx.create_model()
+    for mod, (fmt, params, binds) in plan.mods.items():
+        m.add_module(mod, fmt, params)
+        for role, (ename, view) in binds.items():
+            m.bind_runtime(mod, role, eng.view(ename, view))
+    for name, dt, shape in plan.ckpt:
+        mod, target, expert, dst, _ = plan.where[name]
+        m.expect(mod, name, DT[dt][2], shape, target=target,
+                 expert=-1 if expert is None else expert, dst_offset=dst)
+    t1 = time.perf_counter()
+    m.seal()
+    return m, t1 - t0, time.perf_counter() - t1
+
+
+# ---------------------------------------------------------------- measuring
+def _status():
+    out = {}
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                if k in ("VmRSS", "VmHWM", "RssAnon", "RssShmem"):
+                    out[k] = int(v.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+class Sampler:
+    """Free device memory and anonymous RSS, sampled on a thread."""
+
+    def __init__(self, B, period=0.002):
+        self.B, self.period = B, period
+
+    def __enter__(self):
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")        # reset VmHWM to VmRSS
+            self.hwm_reset = True
+        except OSError:
+            self.hwm_reset = False
+        st = _status()
+        self.rss0 = st.get("VmRSS")
+        self.anon0 = st.get("RssAnon", 0) + st.get("RssShmem", 0)
+        self.free0 = self.B.mem_free()
+        self.min_free, self.max_anon = self.free0, self.anon0
+        self.stop = threading.Event()
+        self.th = threading.Thread(target=self._run, daemon=True)
+        self.th.start()
+        return self
+
+    def _run(self):
+        while not self.stop.is_set():
+            f = self.B.mem_free()
+            if f is not None and f < self.min_free:
+                self.min_free = f
+            st = _status()
+            a = st.get("RssAnon", 0) + st.get("RssShmem", 0)
+            if a > self.max_anon:
+                self.max_anon = a
+            time.sleep(self.period)
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.th.join()
+        st = _status()
+        a = st.get("RssAnon", 0) + st.get("RssShmem", 0)
+        self.max_anon = max(self.max_anon, a)
+        f = self.B.mem_free()
+        if f is not None and self.min_free is not None:
+            self.min_free = min(self.min_free, f)
+
+    def result(self):
+        out = {}
+        if self.free0 is not None:
+            out["device_peak_extra_bytes"] = self.free0 - self.min_free
+        st = _status()
+        if self.hwm_reset and self.rss0 is not None and "VmHWM" in st:
+            out["host_rss_peak_extra_bytes"] = st["VmHWM"] - self.rss0
+        out["host_anon_peak_extra_bytes"] = self.max_anon - self.anon0
+        return out
+
+
+class Updater:
+    """Timed updates of one model: body(txn) loads; rollback off through
+    begin/finalize, defaults through `with model.update()`."""
+
+    def __init__(self, B, model):
+        self.B, self.m, self.n = B, model, 0
+        self.stats = None
+
+    def __call__(self, body, default):
+        self.n += 1
+        v = "zoo-%d" % self.n
+        self.B.sync()
+        t0 = time.perf_counter()
+        if default:
+            with self.m.update(version=v) as txn:
+                body(txn)
+                self.stats = txn.stats()
+        else:
+            txn = self.m.begin(version=v, rollback=False)
+            try:
+                body(txn)
+                self.stats = txn.stats()
+            except BaseException:
+                txn.abort()
+                raise
+            txn.finalize()
+        self.B.sync()
+        return time.perf_counter() - t0
+
+    def series(self, body, default, repeat):
+        first = self(body, default)
+        steady = [self(body, default) for _ in range(repeat)]
+        return first, statistics.median(steady), steady
+
+    def probe(self, body, default):
+        with Sampler(self.B) as s:
+            secs = self(body, default)
+        out = s.result()
+        out["seconds"] = secs
+        out["undo_device_bytes"] = self.stats["undo_device_bytes"]
+        out["undo_host_bytes"] = self.stats["undo_host_bytes"]
+        return out
+
+
+def err(e):
+    return {"error": "%s: %s" % (type(e).__name__, e)}
+
+
+def context(args, staging_budget=0):
+    return refit.Context(worker_id="zoo", journal_path=args.journal,
+                         staging_budget=staging_budget)
+
+
+def measure_model(B, args, plan, eng, body, staging_budget=0, verify=True):
+    """seal, first and steady (rollback off), then a fresh model at the
+    defaults (first and steady); memory probes of each. Errors land in
+    the dict, per phase."""
+    out = {"staging_budget": staging_budget or GiB, "undo_device_budget": 0}
+    ctx = context(args, staging_budget)
+    try:
+        m, reg, seal = register(ctx, plan, eng)
+        out.update(register_seconds=reg, seal_seconds=seal)
+        u = Updater(B, m)
+        eng.zero()
+        out["first_seconds"], out["seconds"], out["seconds_all"] = u.series(body, False,
+                                                                           args.repeat)
+        if verify:
+            out["_digest"] = eng.digest()
+        out["probe_rollback_off"] = u.probe(body, False)
+        m.destroy()
+    except refit.RefitError as e:
+        out.update(err(e))
+        return out
+    finally:
+        ctx.close()
+    ctx = context(args, staging_budget)
+    try:
+        m, _, seal = register(ctx, plan, eng)
+        out["default_seal_seconds"] = seal
+        u = Updater(B, m)
+        (out["default_first_seconds"], out["default_seconds"],
+         out["default_seconds_all"]) = u.series(body, True, args.repeat)
+        out["probe_default"] = u.probe(body, True)
+        m.destroy()
+    except refit.RefitError as e:
+        out["default_error"] = err(e)["error"]
+    finally:
+        ctx.close()
+    return out
+
+
+def summarize(row, res, ceiling):
+    """Derived fields: ratio, host us per tensor, targets."""
+    spec = ROWS[row]
+    if "seconds" in res and ceiling:
+        res["ratio_to_ceiling"] = ceiling / res["seconds"]
+        res["host_us_per_tensor"] = max(0.0, res["seconds"] - ceiling) / res["tensors"] * 1e6
+    if "default_seconds" in res and "default_first_seconds" in res:
+        res["first_over_steady_default"] = res["default_first_seconds"] / res["default_seconds"]
+        res["first_rule_met"] = res["default_first_seconds"] <= 1.2 * res["default_seconds"]
+    if "seal_seconds" in res:
+        res["seal_rule_met"] = res["seal_seconds"] <= 1.0 * max(1.0, res["tensors"] / 40000)
+    field, op, val = spec["target"]
+    res["target"] = "%s %s %g" % (field, op, val)
+    if field in res:
+        res["met"] = res[field] >= val if op == ">=" else res[field] <= val
+    else:
+        res["met"] = False
+    if spec["seed"] is not None:
+        res["seed_vllm_seconds"] = spec["seed"]
+        if "seconds" in res:
+            res["speedup_vs_seed_vllm"] = spec["seed"] / res["seconds"]
+    d = res.pop("_digest", None)
+    pd = res.pop("_peer_digest", None)
+    if d and pd:
+        res["peer_equal"] = d == pd
+    return res
+
+
+# ---------------------------------------------------------------- files
+def st_sort_key(item):
+    name, dt, _ = item
+    return (-DT[dt][3], name)
+
+
+def shards_of(plan, shard_bytes):
+    """Hugging Face's sharding: checkpoint order, a new shard when the next
+    tensor would pass shard_bytes."""
+    shards, cur, size = [], [], 0
+    for name, dt, shape in plan.ckpt:
+        nb = numel(shape) * DT[dt][1]
+        if cur and size + nb > shard_bytes:
+            shards.append(cur)
+            cur, size = [], 0
+        cur.append((name, dt, shape))
+        size += nb
+    if cur:
+        shards.append(cur)
+    return shards
+
+
+def write_checkpoint(B, plan, d, shard_bytes, seed):
+    """Sharded safetensors with model.safetensors.index.json: each shard's
+    tensors generated (random, finite) in one device buffer laid out as
+    the file's data section, copied to the host once and written, then
+    fsynced (page-cached, not dirty)."""
+    shards = shards_of(plan, shard_bytes)
+    gen = B.generator(seed)
+    wmap, n = {}, len(shards)
+    for i, sh in enumerate(shards):
+        fname = "model-%05d-of-%05d.safetensors" % (i + 1, n)
+        items = sorted(sh, key=st_sort_key)
+        hdr, off = {"__metadata__": {"format": "pt"}}, 0
+        for name, dt, shape in items:
+            nb = numel(shape) * DT[dt][1]
+            hdr[name] = {"dtype": DT[dt][0], "shape": shape, "data_offsets": [off, off + nb]}
+            off += nb
+            wmap[name] = fname
+        flat = B.flat(off + (-off) % 8)
+        o = 0
+        for name, dt, shape in items:
+            t = B.carve(flat, o, dt, shape)
+            if name in plan.values:
+                B.set_values(t, plan.values[name])
+            else:
+                B.fill_random(t, dt, gen)
+            o += numel(shape) * DT[dt][1]
+        host = B.to_host_bytes(flat[:off])
+        del flat
+        h = json.dumps(hdr, separators=(",", ":")).encode()
+        h += b" " * (-len(h) % 8)
+        with open(os.path.join(d, fname), "wb") as f:
+            f.write(struct.pack("<Q", len(h)))
+            f.write(h)
+            f.write(memoryview(host).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
+        del host
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": plan.bytes}, "weight_map": wmap}, f)
+    return [os.path.join(d, "model-%05d-of-%05d.safetensors" % (i + 1, n)) for i in range(n)]
+
+
+def read_files(paths):
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 26):
+                pass
+
+
+def peer_files(B, plan, eng, paths):
+    """The peer's way: load_file(shard, device) + copy_ per tensor."""
+    with B.no_grad():
+        for p in paths:
+            tensors = B.peer_load_shard(p)
+            for name, t in tensors.items():
+                peer = plan.where[name][4]
+                if peer is not None:
+                    ename, view, mode = peer
+                    B.peer_copy(eng.view(ename, view), t, mode)
+            del tensors
+    B.sync()
+
+
+def timed_runs(B, fn, repeat):
+    fn()
+    B.sync()
+    out = []
+    for _ in range(repeat):
+        B.sync()
+        t0 = time.perf_counter()
+        fn()
+        B.sync()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out), out
+
+
+def row_files(B, args, row, cfg, layers):
+    spec = ROWS[row]
+    plan = build_plan(cfg, spec["quant"], layers, args.int4_layout)
+    res = {"bytes": plan.bytes, "tensors": len(plan.ckpt), "modules": len(plan.mods),
+           "engine_bytes": plan.engine_bytes(), "source": "page-cached safetensors"}
+    if spec["quant"] == "int4":
+        res["int4_layout"] = {"attention": "u8", "experts": args.int4_layout}
+    d = tempfile.mkdtemp(prefix="zoo-%s-" % row, dir=args.dir)
+    try:
+        t0 = time.perf_counter()
+        paths = write_checkpoint(B, plan, d, args.shard_bytes, seed=hash(row) & 0xffff)
+        res["write_seconds"] = time.perf_counter() - t0
+        res["shards"] = len(paths)
+        res["file_bytes"] = sum(os.path.getsize(p) for p in paths)
+        read_files(paths)
+        eng = Engine(B, plan)
+        chunk = min(args.ceiling_chunk, plan.bytes)
+        res["ceiling_chunk_bytes"] = chunk
+        before = B.h2d_seconds(plan.bytes, chunk)
+
+        def body(txn):
+            txn.load_safetensors(d)
+        res.update(measure_model(B, args, plan, eng, body))
+        B.empty_cache()
+        try:
+            eng.zero()
+            peer_files(B, plan, eng, paths)
+            res["_peer_digest"] = eng.digest()
+            res["peer_seconds"], res["peer_seconds_all"] = timed_runs(
+                B, lambda: peer_files(B, plan, eng, paths), max(1, args.repeat - 1))
+        except Exception as e:   # noqa: BLE001  (the peer is reported, not required)
+            res["peer_error"] = err(e)["error"]
+        B.empty_cache()
+        after = B.h2d_seconds(plan.bytes, chunk)
+        res.update(ceiling_seconds=min(before, after), ceiling_before_seconds=before,
+                   ceiling_after_seconds=after,
+                   ceiling="pinned H2D" if B.name == "torch" else "host memcpy (--tiny)")
+        del eng
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        B.empty_cache()
+    return summarize(row, res, res.get("ceiling_seconds"))
+
+
+# ---------------------------------------------------------------- device sources
+class Sources:
+    """Checkpoint tensors as device tensors (a trainer's parameters),
+    carved in checkpoint order from one flat buffer."""
+
+    def __init__(self, B, plan, seed):
+        self.nbytes = sum(pad(numel(s) * DT[d][1]) for _, d, s in plan.ckpt)
+        self.flat = B.flat(self.nbytes)
+        self.t, off = {}, 0
+        gen = B.generator(seed)
+        for name, dt, shape in plan.ckpt:
+            t = B.carve(self.flat, off, dt, shape)
+            if dt == "bf16":
+                B.randn_bf16(t, gen)
+            else:
+                B.fill_random(t, dt, gen)
+            self.t[name] = t
+            off += pad(numel(shape) * DT[dt][1])
+        B.sync()
+
+
+def table_us(srcs):
+    from refit import _batch
+    out = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        names, values = _batch.split(srcs)
+        _batch.Table(names, values)
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out) / max(1, len(srcs)) * 1e6
+
+
+def peer_online(B, plan, eng, srcs):
+    """A torch loop doing the same quantization: per checkpoint tensor,
+    block-128 FP8 into its views of the stacked runtime tensors."""
+    with B.no_grad():
+        for name, x in srcs.items():
+            mod, target, expert, dst, peer = plan.where[name]
+            ename, view, mode = peer
+            if mode != "quant":
+                B.peer_copy(eng.view(ename, view), x, mode)
+                continue
+            fmt, params, binds = plan.mods[mod]
+            sname = binds["weight_scale"][0]
+            n, K = x.shape
+            sview = (expert, (dst[0] // 128, dst[0] // 128 + n // 128), (0, K // 128))
+            B.quant_block(x, eng.view(ename, view), eng.view(sname, sview))
+    B.sync()
+
+
+def row_online(B, args, row, cfg, layers):
+    plan = build_plan(cfg, "fp8o", layers)
+    res = {"bytes": plan.bytes, "tensors": len(plan.ckpt), "modules": len(plan.mods),
+           "engine_bytes": plan.engine_bytes(), "source": "BF16 device tensors (load_dict)"}
+    src = Sources(B, plan, seed=11)
+    try:
+        res["table_us_per_tensor"] = table_us(src.t)
+
+        def body(txn):
+            txn.load_dict(src.t)
+        eng = Engine(B, plan)
+        r = measure_model(B, args, plan, eng, body)
+        if "error" in r and "EBUDGET" in r["error"]:
+            # the default budget cannot hold what the plan stages at once:
+            # say so, and measure at a budget that can
+            res["error"] = r["error"]
+            big = args.fallback_staging_gib * GiB
+            r2 = measure_model(B, args, plan, eng, body, staging_budget=big)
+            res["at_staging_budget"] = r2
+            r = {k: v for k, v in r2.items() if k in ("_digest",)}
+            for k in ("seconds", "first_seconds", "default_seconds", "default_first_seconds",
+                      "seal_seconds"):
+                if k in r2:
+                    r[k + "_at_budget"] = r2[k]
+        res.update(r)
+        B.empty_cache()
+        try:
+            eng.zero()
+            peer_online(B, plan, eng, src.t)
+            res["_peer_digest"] = eng.digest()
+            res["peer_seconds"], res["peer_seconds_all"] = timed_runs(
+                B, lambda: peer_online(B, plan, eng, src.t), max(1, args.repeat - 1))
+        except Exception as e:   # noqa: BLE001
+            res["peer_error"] = err(e)["error"]
+        del eng
+        B.empty_cache()
+        # the same bytes into BF16 stacked runtime tensors
+        plan16 = build_plan(cfg, "bf16", layers)
+        eng16 = Engine(B, plan16)
+        r16 = measure_model(B, args, plan16, eng16, body, verify=False)
+        res["bf16_reload"] = {k: v for k, v in r16.items()
+                              if not k.startswith("probe") and not k.endswith("_all")}
+        n = min(src.nbytes, eng16.nbytes)
+        res["ceiling_seconds"] = B.d2d_seconds(src.flat, eng16.flat, n)
+        res["ceiling"] = "one D2D copy of the BF16 source bytes"
+        secs = res.get("seconds", res.get("seconds_at_budget"))
+        if secs and "seconds" in r16:
+            res["cost_vs_bf16"] = secs / r16["seconds"]
+            res["ratio_to_ceiling_any_budget"] = res["ceiling_seconds"] / secs
+        del eng16
+    finally:
+        del src
+        B.empty_cache()
+    return summarize(row, res, res.get("ceiling_seconds"))
+
+
+# ---------------------------------------------------------------- ipc
+def _trainer(conn, cfg, layers, path, tiny, iters):
+    """The colocated trainer: the checkpoint's tensors on its device, sent
+    over refit.ipc; timings on its clock."""
+    import refit.ipc
+    B = NumpyBackend() if tiny else TorchBackend()
+    plan = build_plan(cfg, "bf16", layers)
+    src = Sources(B, plan, seed=13)
+    ctx = refit.Context(worker_id="trainer", journal_path="")
+    conn.send("ready")
+    s = None
+    while True:
+        cmd = conn.recv()
+        if cmd == "quit":
+            break
+        if s is None:   # connects: the worker answers from inside receive_update
+            s = refit.ipc.Sender(ctx, [path], device=None if tiny else 0, timeout=600)
+            for name, t in src.t.items():
+                s.add(name, t, share=not tiny)
+        out = []
+        for k in range(cmd):
+            B.sync()
+            t0 = time.perf_counter()
+            try:
+                s.send(label="step-%d" % k)
+            except Exception as e:   # noqa: BLE001
+                out.append(err(e)["error"])
+                break
+            out.append(time.perf_counter() - t0)
+        conn.send(out)
+    if s is not None:
+        s.close()
+    ctx.close()
+
+
+def row_ipc(B, args, row, cfg, layers):
+    import multiprocessing as mp
+    import refit.ipc
+    plan = build_plan(cfg, "bf16", layers)
+    res = {"bytes": plan.bytes, "tensors": len(plan.ckpt), "modules": len(plan.mods),
+           "engine_bytes": plan.engine_bytes(),
+           "source": "trainer process, BF16 %s tensors, refit.ipc (share=%s)" % (
+               "host" if args.tiny else "device", not args.tiny),
+           "timing": "the trainer's Sender.send() call: returns once every worker voted "
+                     "and the commit decision is written"}
+    eng = Engine(B, plan)
+    path = os.path.join(tempfile.mkdtemp(prefix="zoo-ipc-"), "worker.sock")
+    mpc = mp.get_context("spawn")
+    parent, child = mpc.Pipe()
+    p = mpc.Process(target=_trainer, args=(child, cfg, layers, path, args.tiny, 0))
+    p.start()
+    ctx = context(args)
+    recv = None
+    try:
+        m, reg, seal = register(ctx, plan, eng)
+        res.update(register_seconds=reg, seal_seconds=seal)
+        recv = refit.ipc.Receiver(m, path, timeout=600, start_timeout=600)
+        if not parent.poll(600):
+            raise RuntimeError("trainer did not start")
+        parent.recv()
+        for label, rollback in (("", False), ("default_", True)):
+            n = 1 + args.repeat
+            parent.send(n)
+            got = []
+            for _ in range(n):
+                try:
+                    recv.receive_update(rollback=rollback)
+                except refit.RefitError as e:
+                    got.append(err(e)["error"])
+                    break
+            times = parent.recv()
+            errs = [t for t in times if isinstance(t, str)] + [g for g in got
+                                                               if isinstance(g, str)]
+            if errs:
+                res[label + "error"] = errs[0]
+                continue
+            res[label + "first_seconds"] = times[0]
+            res[label + "seconds"] = statistics.median(times[1:])
+            res[label + "seconds_all"] = times[1:]
+        res["receiver_stats"] = recv.stats()
+    except Exception as e:   # noqa: BLE001
+        res.update(err(e))
+    finally:
+        if recv is not None:
+            recv.close()
+        parent.send("quit")
+        p.join(120)
+        ctx.close()
+    scratch = B.flat(min(args.ceiling_chunk, eng.nbytes))
+    res["ceiling_seconds"] = B.d2d_seconds(eng.flat, scratch, plan.bytes)
+    res["ceiling"] = "D2D copy of the bytes (chunks of %d bytes)" % min(args.ceiling_chunk,
+                                                                        eng.nbytes)
+    del scratch, eng
+    B.empty_cache()
+    return summarize(row, res, res.get("ceiling_seconds"))
+
+
+# ---------------------------------------------------------------- main
+def line(row, r):
+    if "seconds" not in r:
+        return "zoo.%-26s %s" % (row, r.get("error", "no figure"))
+    f = lambda k, fmt="%.3f": (fmt % r[k]) if isinstance(r.get(k), (int, float)) else "-"
+    return ("zoo.%-26s %8.3f s  first %s  default %s / first %s  ratio %s  peer %s  seed %s  "
+            "%s %s  %d tensors %.1f GB" % (
+                row, r["seconds"], f("first_seconds"), f("default_seconds"),
+                f("default_first_seconds"), f("ratio_to_ceiling"), f("peer_seconds"),
+                f("seed_vllm_seconds"), r["target"], "met" if r.get("met") else "NOT MET",
+                r["tensors"], r["bytes"] / 1e9))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("--rows", default=",".join(ROWS))
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=0,
+                    help="layers of every model (default: all; 20 for 30B rows on a card "
+                         "under 100 GB)")
+    ap.add_argument("--dir", default=None, help="where the shards are written (default: "
+                    "the temp dir)")
+    ap.add_argument("--shard-gb", type=float, default=5.0)
+    ap.add_argument("--int4-layout", default="gptq", choices=("gptq", "u8"),
+                    help="the INT4 experts' runtime layout (gptq: vLLM's WNA16 MoE)")
+    ap.add_argument("--fallback-staging-gib", type=int, default=8,
+                    help="online row: the budget tried when the default one is refused")
+    ap.add_argument("--journal", default="", help="journal path (default: none)")
+    ap.add_argument("--tiny", action="store_true",
+                    help="host backend, numpy, tiny shapes: the same code path, no GPU")
+    a = ap.parse_args()
+    rows = [r for r in a.rows.split(",") if r]
+    bad = set(rows) - set(ROWS)
+    if bad:
+        ap.error("unknown row(s): %s" % ", ".join(sorted(bad)))
+    B = NumpyBackend() if a.tiny else TorchBackend()
+    a.shard_bytes = int(a.shard_gb * 1e9) if not a.tiny else 256 << 10
+    a.ceiling_chunk = 4 * GiB if not a.tiny else 1 << 20
+    cfgs = TINY if a.tiny else CONFIGS
+    total = B.device_total()
+    out = {"bench": "zoo", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "device": B.device_name(), "device_total_bytes": total, "backend": B.name,
+           "tiny": a.tiny, "refit_lib": getattr(_ffi.lib(), "_name", None),
+           "repeat": a.repeat, "statistic": "median", "journal": bool(a.journal),
+           "shard_bytes": a.shard_bytes, "argv": sys.argv[1:], "definitions": DEFINITIONS,
+           "rows": {}}
+    if not a.tiny:
+        import torch
+        out["torch"] = torch.__version__
+        try:
+            import safetensors
+            out["safetensors"] = safetensors.__version__
+        except ImportError:
+            pass
+    for row in rows:
+        spec = ROWS[row]
+        cfg = cfgs[spec["model"]]
+        layers, cut = cfg["layers"], None
+        if a.layers:
+            layers, cut = min(a.layers, cfg["layers"]), "--layers %d" % a.layers
+        elif cfg["experts"] and total is not None and total < 100e9:
+            layers = 20
+            cut = "first 20 of %d layers: the card has %.0f GB (< 100 GB)" % (
+                cfg["layers"], total / 1e9)
+        t0 = time.perf_counter()
+        try:
+            fn = {"files": row_files, "device": row_online, "ipc": row_ipc}[spec["source"]]
+            r = fn(B, a, row, cfg, layers)
+        except Exception as e:   # noqa: BLE001  (one row's failure is that row's result)
+            import traceback
+            traceback.print_exc()
+            r = err(e)
+        r.update(model=spec["model"], config=cfg, layers_used=layers, cut=cut,
+                 row_wall_seconds=time.perf_counter() - t0)
+        out["rows"][row] = r
+        print(line(row, r), flush=True)
+        B.empty_cache()
+        with open(a.out, "w") as f:       # after every row: a crash keeps what ran
+            json.dump(out, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
