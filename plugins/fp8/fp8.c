@@ -33,7 +33,9 @@
  * infer it from their scale tensors), online (bool, optional: asserts the
  * weights' dtype), in_features / out_features (unsharded K and total N,
  * needed only when a block-128 extent is not a whole number of blocks, so
- * that a ragged last block can be told from a shard boundary). */
+ * that a ragged last block can be told from a shard boundary), arithmetic
+ * (divide | reciprocal, online modules: kern_fp8_arith; serialized modules
+ * are copied as they are and ignore it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,10 +63,12 @@ enum { R_WEIGHT, R_SCALE, R_SCALE_INV, R_INPUT_SCALE, R_COUNT };
 static const char *const role_suffix[R_COUNT] = {"weight", "weight_scale", "weight_scale_inv",
                                                  "input_scale"};
 static const char *const scheme_name[3] = {"per_tensor", "per_channel", "block128"};
+static const char *const arith_name[2] = {"divide", "reciprocal"};
 
 typedef struct fp8_state {
     int online;
     kern_fp8_scheme scheme;
+    kern_fp8_arith arith;     /* online: how values are divided by their scale */
     int rt_weight, rt_scale;  /* runtime indexes; -1 when absent */
     uint32_t n_weights;
     uint32_t *weights;        /* ckpt indexes of the W.weight tensors */
@@ -94,6 +98,22 @@ static int scheme_param(const refit_host_v2 *h, const refit_fmt_module *m, int *
         return ERR(h, REFIT_EINVAL, "module %s: param scheme is '%s'; format fp8 takes "
                    "per_tensor, per_channel or block128", m->name, v);
     return REFIT_OK;
+}
+
+/* KERN_FP8_DIVIDE when the param is absent. */
+static int arith_param(const refit_host_v2 *h, const refit_fmt_module *m, kern_fp8_arith *out)
+{
+    const char *v = h->param(h->host, m, "arithmetic");
+    *out = KERN_FP8_DIVIDE;
+    if (!v)
+        return REFIT_OK;
+    for (int a = 0; a < 2; a++)
+        if (!strcmp(v, arith_name[a])) {
+            *out = (kern_fp8_arith)a;
+            return REFIT_OK;
+        }
+    return ERR(h, REFIT_EINVAL, "module %s: param arithmetic is '%s'; format fp8 takes "
+               "divide or reciprocal", m->name, v);
 }
 
 /* ---- serialized: DIRECT routes, shapes checked ---- */
@@ -309,7 +329,9 @@ static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, fp8_state *s
                        int want_scheme)
 {
     s->scheme = want_scheme >= 0 ? (kern_fp8_scheme)want_scheme : KERN_FP8_PER_TENSOR;
-    int rc = check_online_runtime(h, m, s);
+    int rc = arith_param(h, m, &s->arith);
+    if (!rc)
+        rc = check_online_runtime(h, m, s);
     if (rc)
         return rc;
     uint32_t ragged = 0;
@@ -444,6 +466,12 @@ static int fp8_plan(const refit_host_v2 *h, refit_fmt_module *m)
     /* post_load reads its staged weights only: they may be the caller's */
     m->flags = REFIT_MODULE_WHOLE |
                (s->online ? REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE : 0);
+    /* an expert's weights, scale rows and amax are its own, but for one
+     * per-tensor scale over the whole stack */
+    if (!rc && s->online && (s->scheme != KERN_FP8_PER_TENSOR ||
+                             numel(refit_runtime(m, s->rt_scale)->view.ndim,
+                                   refit_runtime(m, s->rt_scale)->view.shape) > 1))
+        m->flags |= REFIT_MODULE_EXPERT_SLICES;
     return rc;
 }
 
@@ -479,8 +507,8 @@ static int quant_per_tensor(const refit_host_v2 *h, const refit_fmt_module *m,
         scale[slot] = kern_fp8_scale(amax);
         for (uint32_t i = g0; i < g1; i++) {
             const refit_fmt_ckpt *c = refit_ckpt(m, sh[i].ck);
-            kern_fp8_encode_tile(&c->place, &c->staged, scale[slot], 0, c->staged.shape[0], 0,
-                                 c->staged.shape[1]);
+            kern_fp8_encode_tile_arith(&c->place, &c->staged, scale[slot], s->arith, 0,
+                                       c->staged.shape[0], 0, c->staged.shape[1]);
         }
     }
     return REFIT_OK;
@@ -509,7 +537,7 @@ static int quant_rows(const refit_host_v2 *h, const refit_fmt_module *m, const f
         kern_fp8_scale_shape(s->scheme, c->staged.shape[0], k, sv.shape);
         sv.strides[0] = block ? bk : 1;
         sv.strides[1] = 1;
-        int rc = kern_quant_fp8(&c->place, &sv, &c->staged, s->scheme);
+        int rc = kern_quant_fp8_arith(&c->place, &sv, &c->staged, s->scheme, s->arith);
         if (rc == REFIT_ECORRUPT)
             return corrupt(h, m, sh[i].ck);
         if (rc)
@@ -524,7 +552,8 @@ static int quant_rows(const refit_host_v2 *h, const refit_fmt_module *m, const f
  * weight (names[i]) of a bad piece. */
 static int quant_launch(const refit_host_v2 *h, uint32_t nw, const refit_fmt_module *const *mods,
                         const refit_view *q, const refit_view *sc, const refit_view *x,
-                        const char *const *names, int scheme, void *stream)
+                        const char *const *names, int scheme, kern_fp8_arith arith,
+                        void *stream)
 {
     refit_device dev = q[0].device;
 #ifdef REFIT_FP8_DEVICE_CODE
@@ -538,12 +567,13 @@ static int quant_launch(const refit_host_v2 *h, uint32_t nw, const refit_fmt_mod
                  : refit_pgpu_host_init_many(&g, h, dev, stream, fp8_image, fp8_image_size, nw,
                                              mods, names, nan_what);
     int32_t bad = -1;
-    if (!rc && (rc = fp8_launch(&g.g, nw, q, sc, x, scheme, hw, &bad)) && g.g.msg[0])
+    int flags = (hw ? QF_HW : 0) | (arith == KERN_FP8_RECIPROCAL ? QF_RECIP : 0);
+    if (!rc && (rc = fp8_launch(&g.g, nw, q, sc, x, scheme, flags, &bad)) && g.g.msg[0])
         return ERR(h, rc, "module %s%s%s: %s", mods[bad >= 0 ? bad : 0]->name,
                    bad >= 0 ? ", tensor " : "", bad >= 0 ? names[bad] : "", g.g.msg);
     return rc;
 #else
-    (void)nw, (void)sc, (void)x, (void)names, (void)scheme, (void)stream;
+    (void)nw, (void)sc, (void)x, (void)names, (void)scheme, (void)arith, (void)stream;
     return ERR(h, REFIT_EUNSUPPORTED, "module %s: fp8 was built without its device code "
                "(no nvcc), so it cannot run on device type %d", mods[0]->name, dev.device_type);
 #endif
@@ -640,8 +670,9 @@ static int on_device(const fp8_state *s, const refit_fmt_module *m)
     return s && s->online && !host_memory(refit_runtime(m, s->rt_weight)->view.device);
 }
 
-/* The online modules of mods[0 .. n) on the device and of the scheme of
- * mods[lead], all in one call of the launcher; done[] marks them. */
+/* The online modules of mods[0 .. n) on the device and of the scheme and
+ * arithmetic of mods[lead], all in one call of the launcher; done[] marks
+ * them. */
 static int quant_device_group(const refit_host_v2 *h, const refit_fmt_module *const *mods,
                               uint32_t n, uint32_t lead, unsigned char *done, void *stream,
                               void *arg)
@@ -655,7 +686,7 @@ static int quant_device_group(const refit_host_v2 *h, const refit_fmt_module *co
         refit_device d = on_device(s, mods[k]) ? refit_runtime(mods[k], s->rt_weight)->view.device
                                                : (refit_device){-1, -1};
         if (!done[k] && d.device_type == dev.device_type && d.device_id == dev.device_id &&
-            s->scheme == ls->scheme) {
+            s->scheme == ls->scheme && s->arith == ls->arith) {
             done[k] = 2; /* this group's */
             cap += s->n_weights;
         }
@@ -674,7 +705,8 @@ static int quant_device_group(const refit_host_v2 *h, const refit_fmt_module *co
         h->mem_free(h->host, sh);
     }
     if (!rc && p.n)
-        rc = quant_launch(h, p.n, p.mods, p.q, p.sc, p.x, p.names, (int)ls->scheme, stream);
+        rc = quant_launch(h, p.n, p.mods, p.q, p.sc, p.x, p.names, (int)ls->scheme, ls->arith,
+                          stream);
     h->mem_free(h->host, p.q);
     return rc;
 }
@@ -694,7 +726,8 @@ static int quant_host(const refit_host_v2 *h, const refit_fmt_module *m, void *s
     return rc;
 }
 
-/* Online modules only: on a device, a group of each (device, scheme). */
+/* Online modules only: on a device, a group of each (device, scheme,
+ * arithmetic). */
 static int fp8_where(const refit_fmt_module *m, void *arg)
 {
     (void)arg;
@@ -707,7 +740,7 @@ static int fp8_where(const refit_fmt_module *m, void *arg)
 static const refit_sdk_group_ops fp8_groups = {fp8_where, quant_device_group, quant_host};
 
 /* Modules in call order; on a device, one launcher call for each (device,
- * scheme) among them (the device code is checked at seal). A bad module
+ * scheme, arithmetic) among them (the device code is checked at seal). A bad module
  * on host memory stops the call (REFIT_ECORRUPT, its message). */
 static int fp8_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *mods,
                               uint32_t n, void *stream)

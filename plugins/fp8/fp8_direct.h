@@ -22,6 +22,7 @@ extern "C" {
  * EINTERNAL. */
 int kern_quant_fp8_cuda(uint32_t n, const refit_view *q, const refit_view *scale,
                         const refit_view *x, int scheme, int hw, int32_t *bad, void *stream);
+/* (hw: fp8_launch's flags, QF_HW | QF_RECIP of fp8_gpu.h; 1 is QF_HW.) */
 /* Benchmarks: record events around the launches of each call from now on
  * (on: 1), and the last timed call's launches in milliseconds (-1: none). */
 void kern_quant_fp8_cuda_timing(int on);

@@ -24,6 +24,9 @@
 #define QF_TEAM_T(c) ((c) == 0 ? 32 : (c) == 1 ? 64 : (c) < 4 ? 128 : 256)
 #define QF_TEAM_CH(c) ((c) == 2 ? 6 : 8)
 #define QF_CVT_GRID (132 * 8)          /* blocks of the conversion check */
+/* The kernels' flags word (their `hw` argument) */
+#define QF_HW 1                        /* encode with cvt.rn.satfinite.e4m3x2.f32 */
+#define QF_RECIP 2                     /* KERN_FP8_RECIPROCAL: x * (1 / scale), clamped */
 
 /* Piece i of a call as the kernels read it (the device table). */
 typedef struct qf_piece {

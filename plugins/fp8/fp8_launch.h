@@ -5,10 +5,12 @@
  * and its scales scale[i] (2-D F32, the shape kern_fp8_scale_shape gives),
  * any strides; scheme: kern_fp8_scheme. Per-tensor pieces whose scale
  * views start at the same element share one scale, the amax taken over
- * all of them. Every view device-readable. hw: encode with the hardware's
- * cvt.rn.satfinite.e4m3x2.f32 instead of the integer encoder; pass 1 only
- * where the conversion check (fp8_cvt_launch) found no difference on this
- * device. One launch (per-tensor) or one a launch class present; never
+ * all of them. Every view device-readable. hw, flags: QF_HW to encode with
+ * the hardware's cvt.rn.satfinite.e4m3x2.f32 instead of the integer
+ * encoder (only where the conversion check, fp8_cvt_launch, found no
+ * difference on this device); QF_RECIP for KERN_FP8_RECIPROCAL's
+ * arithmetic (general kernels only: no dense fast path), else
+ * KERN_FP8_DIVIDE's. One launch (per-tensor) or one a launch class present; never
  * waits: a NaN or infinity lowers g->status to the lowest such piece's
  * index (that piece's group keeps its old scale and bytes). Returns
  * REFIT_OK; REFIT_EUNSUPPORTED / EMISMATCH (dtypes, ranks; *bad the piece,

@@ -91,12 +91,29 @@ float kern_amax_f32(const refit_view *x, int64_t r0, int64_t r1, int64_t c0, int
     return amax;
 }
 
+uint8_t kern_fp8_encode(float x, float s, float inv, kern_fp8_arith a)
+{
+    if (a == KERN_FP8_DIVIDE)
+        return kern_f32_to_e4m3_sat(x / s);
+    /* fminf/fmaxf return the number where the other operand is NaN, as
+     * CUDA's fmin/fmax do in vLLM's scaled_fp8_conversion */
+    return kern_f32_to_e4m3_sat(fmaxf(-KERN_FP8_E4M3_MAX, fminf(x * inv, KERN_FP8_E4M3_MAX)));
+}
+
+void kern_fp8_encode_tile_arith(const refit_view *q, const refit_view *x, float scale,
+                                kern_fp8_arith a, int64_t r0, int64_t r1, int64_t c0,
+                                int64_t c1)
+{
+    float inv = 1.0f / scale;
+    for (int64_t i = r0; i < r1; i++)
+        for (int64_t j = c0; j < c1; j++)
+            *kern_view_byte(q, i, j) = kern_fp8_encode(kern_view_f32(x, i, j), scale, inv, a);
+}
+
 void kern_fp8_encode_tile(const refit_view *q, const refit_view *x, float scale,
                           int64_t r0, int64_t r1, int64_t c0, int64_t c1)
 {
-    for (int64_t i = r0; i < r1; i++)
-        for (int64_t j = c0; j < c1; j++)
-            *kern_view_byte(q, i, j) = kern_f32_to_e4m3_sat(kern_view_f32(x, i, j) / scale);
+    kern_fp8_encode_tile_arith(q, x, scale, KERN_FP8_DIVIDE, r0, r1, c0, c1);
 }
 
 /* Shapes and dtypes of a quantize/dequantize call. */
@@ -117,6 +134,14 @@ static int check_fp8(const refit_view *q, const refit_view *scale, int64_t n, in
 int kern_quant_fp8(const refit_view *q, const refit_view *scale, const refit_view *x,
                    kern_fp8_scheme scheme)
 {
+    return kern_quant_fp8_arith(q, scale, x, scheme, KERN_FP8_DIVIDE);
+}
+
+int kern_quant_fp8_arith(const refit_view *q, const refit_view *scale, const refit_view *x,
+                         kern_fp8_scheme scheme, kern_fp8_arith a)
+{
+    if (a != KERN_FP8_DIVIDE && a != KERN_FP8_RECIPROCAL)
+        return REFIT_EINVAL;
     if (!kern_is_float_dtype(x->dtype))
         return REFIT_EUNSUPPORTED;
     if (x->ndim != 2)
@@ -142,7 +167,7 @@ int kern_quant_fp8(const refit_view *q, const refit_view *scale, const refit_vie
                 return REFIT_ECORRUPT;
             float s = kern_fp8_scale(amax);
             *kern_view_f32_ptr(scale, bi, bj) = s;
-            kern_fp8_encode_tile(q, x, s, r0, r1, c0, c1);
+            kern_fp8_encode_tile_arith(q, x, s, a, r0, r1, c0, c1);
         }
     }
     return REFIT_OK;

@@ -18,6 +18,10 @@
  *                                          equal to that encoder on every
  *                                          finite f32: the caller chooses)
  *
+ * Under QF_RECIP (the `hw` flags word) q is instead KERN_FP8_RECIPROCAL's
+ * e4m3(clamp(x * __frcp_rn(scale))) in qf_encode, through the general
+ * kernels only (the launcher gives such pieces no dense path).
+ *
  * nvcc's defaults keep this exact: -prec-div=true, -ftz=false (no
  * --use_fast_math), so divisions are correctly rounded and subnormals kept,
  * as on the CPU.
@@ -227,8 +231,9 @@ __device__ __forceinline__ float qf_div(float x, float s, float r)
     return qf_div_recip(x, s, r);
 }
 
-/* A raw group encoded with scale s (r: qf_recip of it): byte u is element
- * u (4 of an F32 group, 8 of a 16-bit one). */
+/* A raw group encoded with scale s (r: qf_recip of it; unused under
+ * QF_RECIP): byte u is element u (4 of an F32 group, 8 of a 16-bit one).
+ * hw: the flags word (QF_HW, QF_RECIP). */
 __device__ __noinline__ uint2 qf_encode(uint4 w, int kind, float s, float r, int hw)
 {
     float v[8];
@@ -245,18 +250,31 @@ __device__ __noinline__ uint2 qf_encode(uint4 w, int kind, float s, float r, int
         v[4] = refit_mf_pair_to_f32(w.z, 0, kind); v[5] = refit_mf_pair_to_f32(w.z, 1, kind);
         v[6] = refit_mf_pair_to_f32(w.w, 0, kind); v[7] = refit_mf_pair_to_f32(w.w, 1, kind);
     }
+    if (hw & QF_RECIP) {
+        /* vLLM's arithmetic (quant_fp8.h): its reciprocal rounded once,
+         * whatever r says, the product clamped (fminf/fmaxf: a NaN product
+         * gives +448, as in vLLM's scaled_fp8_conversion) */
+        float inv = __frcp_rn(s);
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = fmaxf(-448.0f, fminf(__fmul_rn(v[u], inv), 448.0f));
+    } else {
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            v[u] = u < ne ? qf_div(v[u], s, r) : 0.0f;
+    }
     uint32_t b[8];
-    if (hw) {
+    if (hw & QF_HW) {
 #pragma unroll
         for (int u = 0; u < 8; u += 2) {
-            uint16_t two = u < ne ? qf_cvt2(qf_div(v[u], s, r), qf_div(v[u + 1], s, r)) : 0;
+            uint16_t two = u < ne ? qf_cvt2(v[u], v[u + 1]) : 0;
             b[u] = two & 0xffu;
             b[u + 1] = (uint32_t)two >> 8;
         }
     } else {
 #pragma unroll
         for (int u = 0; u < 8; u++)
-            b[u] = u < ne ? refit_mf_f32_to_e4m3_sat(qf_div(v[u], s, r)) : 0;
+            b[u] = u < ne ? refit_mf_f32_to_e4m3_sat(v[u]) : 0;
     }
     uint2 o;
     o.x = b[0] | b[1] << 8 | b[2] << 16 | b[3] << 24;

@@ -17,6 +17,14 @@
  *                        1/scale: x / scale is correctly rounded, x * (1 /
  *                        scale) is not, and CPU and CUDA must agree; CUDA
  *                        uses __fdiv_rn)
+ * That is KERN_FP8_DIVIDE. KERN_FP8_RECIPROCAL is the arithmetic of vLLM's
+ * dynamic FP8 kernels (scaled_fp8_quant), for an engine that cold-starts
+ * with them: the same scale, then
+ *   inv   = 1.0f / scale             (F32, rounded once; CUDA __frcp_rn)
+ *   q     = e4m3_rn(fmaxf(-448, fminf(x * inv, 448)))   (the product
+ *                        rounded to F32, then clamped as vLLM clamps: a NaN
+ *                        product, 0 * inf where the scale is so small that
+ *                        its reciprocal overflows, gives +448)
  * Dequantization: e4m3_to_f32(q) * scale. A NaN or infinite input has no
  * meaningful scale: the quantizers refuse it with REFIT_ECORRUPT. For the
  * serialized block scheme the scale tensor is `weight_scale_inv` in
@@ -52,6 +60,12 @@ float *kern_view_f32_ptr(const refit_view *v, int64_t i, int64_t j);
 
 /* ---- FP8 ---- */
 
+/* How a value is divided by its group's scale (see above). */
+typedef enum kern_fp8_arith {
+    KERN_FP8_DIVIDE = 0,     /* e4m3_sat(x / scale): correctly rounded */
+    KERN_FP8_RECIPROCAL = 1, /* vLLM's: x * (1.0f / scale), clamped */
+} kern_fp8_arith;
+
 /* amax / 448, or 1.0f when that is 0 (see above). amax must be finite. */
 float kern_fp8_scale(float amax);
 
@@ -65,6 +79,13 @@ void kern_fp8_scale_shape(kern_fp8_scheme s, int64_t n, int64_t k, int64_t out[2
  * (NaN/Inf input; outputs partly written). */
 int kern_quant_fp8(const refit_view *q, const refit_view *scale, const refit_view *x,
                    kern_fp8_scheme scheme);
+/* kern_quant_fp8 with the arithmetic a (kern_quant_fp8 is KERN_FP8_DIVIDE);
+ * REFIT_EINVAL for an unknown a. */
+int kern_quant_fp8_arith(const refit_view *q, const refit_view *scale, const refit_view *x,
+                         kern_fp8_scheme scheme, kern_fp8_arith a);
+/* The E4M3 byte of x in a group of scale s, inv = 1.0f / s (read by
+ * KERN_FP8_RECIPROCAL only), in arithmetic a. */
+uint8_t kern_fp8_encode(float x, float s, float inv, kern_fp8_arith a);
 
 /* Max |x| over rows [r0, r1) and columns [c0, c1) of a 2-D float view;
  * -1.0f when a NaN or infinity is among them. */
@@ -73,6 +94,10 @@ float kern_amax_f32(const refit_view *x, int64_t r0, int64_t r1, int64_t c0, int
 /* q <- e4m3_sat(x / scale) over rows [r0, r1) and columns [c0, c1). */
 void kern_fp8_encode_tile(const refit_view *q, const refit_view *x, float scale,
                           int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+/* The same in arithmetic a. */
+void kern_fp8_encode_tile_arith(const refit_view *q, const refit_view *x, float scale,
+                                kern_fp8_arith a, int64_t r0, int64_t r1, int64_t c0,
+                                int64_t c1);
 
 /* Does a slice of n elements along one dim agree with a slice of `blocks`
  * scale blocks of bs elements along the same dim? whole: 1 when n is the

@@ -12,6 +12,9 @@ the E4M3 limit):
   P.x                     x in --dtype
   P.fp8.<scheme>.q        u8 E4M3 codes   (scheme: per_tensor, per_channel,
   P.fp8.<scheme>.s        f32 scales       block128)
+  P.fp8.<scheme>.rq       u8 E4M3 codes of arithmetic: reciprocal (vLLM's
+                          scaled_fp8_quant: x * (1 / scale) in f32, clamped
+                          with fmin/fmax), the same scales
   P.int8.<scheme>.q       i8              (per_tensor, per_channel)
   P.int8.<scheme>.s       f32
   P.mxfp8.q               u8 E4M3 codes
@@ -38,7 +41,15 @@ def amax(t):
     return F32(np.max(np.abs(t))) if t.size else F32(0)
 
 
-def fp8(x, scheme):
+def fp8_reciprocal(t, sc):
+    """vLLM's scaled_fp8_conversion<true>: r = 1.0f / scale rounded once,
+    x * r rounded to f32, fmax(-448, fmin(., 448)) (NaN -> +448), RNE."""
+    inv = F32(1) / sc
+    p = (t * inv).astype(F32)
+    return np.fmax(F32(-448), np.fmin(p, F32(448))).astype(md.float8_e4m3fn)
+
+
+def fp8(x, scheme, reciprocal=False):
     n, k = x.shape
     th = {"per_tensor": n, "per_channel": 1, "block128": 128}[scheme]
     tw = 128 if scheme == "block128" else k
@@ -55,7 +66,10 @@ def fp8(x, scheme):
             sc = amax(t) / F32(448)  # f32 / f32: one rounding
             sc = F32(1) if sc == 0 else sc
             s[bi, bj] = sc
-            q[r0:r1, c0:c1] = np.clip(t / sc, -448, 448).astype(md.float8_e4m3fn)
+            if reciprocal:
+                q[r0:r1, c0:c1] = fp8_reciprocal(t, sc)
+            else:
+                q[r0:r1, c0:c1] = np.clip(t / sc, -448, 448).astype(md.float8_e4m3fn)
     return q.view(np.uint8), s
 
 
@@ -126,6 +140,7 @@ def main():
     out = {p + ".x": x}
     for scheme in ("per_tensor", "per_channel", "block128"):
         out["%s.fp8.%s.q" % (p, scheme)], out["%s.fp8.%s.s" % (p, scheme)] = fp8(x32, scheme)
+        out["%s.fp8.%s.rq" % (p, scheme)] = fp8(x32, scheme, reciprocal=True)[0]
     for scheme in ("per_tensor", "per_channel"):
         out["%s.int8.%s.q" % (p, scheme)], out["%s.int8.%s.s" % (p, scheme)] = int8(x32, scheme)
     out[p + ".mxfp8.q"], out[p + ".mxfp8.s"] = mxfp8(x32)

@@ -383,6 +383,69 @@ static void online_reload_equals_cold(void **state)
     }
 }
 
+/* Bytes where two n-byte arrays differ. */
+static size_t bytes_differ(const uint8_t *a, const uint8_t *b, size_t n)
+{
+    size_t d = 0;
+    for (size_t i = 0; i < n; i++)
+        d += a[i] != b[i];
+    return d;
+}
+
+/* An online [n, k] module of scheme sch and param arithmetic (NULL: not
+ * given) loaded from s: its runtime weight and scale equal P.fp8.<sch>.<qname>
+ * and P.fp8.<sch>.s of the reference. */
+static void online_arith_case(const refit_format_v2 *plugin, const st_set *s, int sch,
+                              int64_t n, int64_t k, const char *arith, const char *qname)
+{
+    q_ent e = {"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1};
+    char params[96], qn[32];
+    snprintf(params, sizeof params, "scheme: %s%s%s", schemes[sch],
+             arith ? "\narithmetic: " : "", arith ? arith : "");
+    snprintf(qn, sizeof qn, "t.fp8.%%s.%s", qname);
+    tw w;
+    q_world(&w, plugin);
+    tw_module(&w, MOD, "fp8", params);
+    online_runtime(&w, sch, 1, n, k, 1);
+    assert_int_equal(q_expect(&w, MOD, s, &e, 1, NULL), REFIT_OK);
+    tw_seal(&w);
+    q_update(&w, s, &e, 1, "v1");
+    q_assert_rt(&w, MOD, "weight", ref_data(s, qn, schemes[sch]), (size_t)(n * k));
+    int64_t ss[2];
+    kern_fp8_scale_shape((kern_fp8_scheme)sch, n, k, ss);
+    q_assert_rt(&w, MOD, "weight_scale", ref_data(s, "t.fp8.%s.s", schemes[sch]),
+                sizeof(float) * (size_t)(ss[0] * ss[1]));
+    tw_close(&w);
+}
+
+/* Param arithmetic: reciprocal is vLLM's x * (1 / scale) (quant_ref.py's
+ * .rq, its own numpy statement of it). On a [2048, 1024] per-channel BF16
+ * weight it gives other bytes than divide (the default, also when named),
+ * and exactly the reference's; every scheme, and the edge cases of
+ * --specials (zero rows and tiles, subnormal groups whose reciprocal
+ * overflows, values at the E4M3 limit). */
+static void online_arithmetic(void **state)
+{
+    (void)state;
+    st_set *s = q_ref("quant_ref.py", "--n 2048 --k 1024 --seed 28");
+    size_t nk = (size_t)2048 * 1024;
+    size_t d = bytes_differ(ref_data(s, "t.fp8.%s.q", "per_channel"),
+                            ref_data(s, "t.fp8.%s.rq", "per_channel"), nk);
+    print_message("# per-channel [2048, 1024] bf16: %zu bytes differ between divide and "
+                  "reciprocal\n", d);
+    assert_true(d > 0);
+    online_arith_case(PLUGIN, s, 1, 2048, 1024, "reciprocal", "rq");
+    online_arith_case(PLUGIN, s, 1, 2048, 1024, "divide", "q");
+    online_arith_case(PLUGIN, s, 1, 2048, 1024, NULL, "q");
+    st_close(s);
+    s = q_ref("quant_ref.py", "--n 300 --k 330 --specials --seed 29");
+    for (int sch = 0; sch < 3; sch++) {
+        online_arith_case(PLUGIN, s, sch, 300, 330, "reciprocal", "rq");
+        online_arith_case(PLUGIN, s, sch, 300, 330, "divide", "q");
+    }
+    st_close(s);
+}
+
 /* Quantize rows [r0, r0 + n) of the set's x with the kernel (itself
  * checked against numpy in test-quant-kernels). */
 static void kernel_quant(const st_set *s, int64_t r0, int64_t n, int sch, uint8_t *q,
@@ -549,6 +612,9 @@ static void seal_refusals(void **state)
                                                       0, -1}}, 1, 0, "param online is false"},
         {"unknown scheme", "scheme: per_group", {{"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0,
                                                   -1}}, 1, 0, "per_group"},
+        {"unknown arithmetic", "arithmetic: multiply", {{"W.weight", "t.x", "weight", 0, 0, -1,
+                                                         0, 0, 0, -1}}, 1, 0,
+         "param arithmetic is 'multiply'; format fp8 takes divide or reciprocal"},
         {"unknown tensor", NULL, {{"W.weight", "t.x", "weight", 0, 0, -1, 0, 0, 0, -1},
           {"W.bias", "t.fp8.per_tensor.s", "weight_scale", 0, 1, -1, 0, 0, 0, -1}},
          2, 0, "W.bias"},
@@ -592,6 +658,16 @@ static void plugin_declaration_agrees(void **state)
         q_assert_rt(&w, MOD, "weight", ref_data(s, "t.fp8.%s.q", "block128"), 256 * 128);
         tw_close(&w);
     }
+    /* the declaration takes param arithmetic, and refuses other values naming it */
+    online_arith_case(NULL, s, 2, 256, 128, "reciprocal", "rq");
+    tw w;
+    q_world(&w, NULL);
+    assert_int_equal(refit_model_add_module(w.m, MOD, "fp8", "arithmetic: multiply"),
+                     REFIT_EINVAL);
+    print_message("# %s\n", refit_errmsg(w.ctx));
+    assert_non_null(strstr(refit_errmsg(w.ctx), "parameter arithmetic of format fp8: "
+                                                "'multiply'"));
+    tw_close(&w);
     st_close(s);
 }
 
@@ -608,6 +684,7 @@ int main(void)
         cmocka_unit_test(serialized_bf16_scale),
         cmocka_unit_test(online_schemes),
         cmocka_unit_test(online_reload_equals_cold),
+        cmocka_unit_test(online_arithmetic),
         cmocka_unit_test(online_fused),
         cmocka_unit_test(online_tp),
         cmocka_unit_test(online_experts),
