@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+import zlib
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
@@ -857,14 +858,15 @@ def err(e):
 
 def context(args, staging_budget=0):
     return refit.Context(worker_id="zoo", journal_path=args.journal,
-                         staging_budget=staging_budget)
+                         staging_budget=staging_budget or args.staging_budget)
 
 
 def measure_model(B, args, plan, eng, body, staging_budget=0, verify=True):
     """seal, first and steady (rollback off), then a fresh model at the
     defaults (first and steady); memory probes of each. Errors land in
     the dict, per phase."""
-    out = {"staging_budget": staging_budget or GiB, "undo_device_budget": 0}
+    out = {"staging_budget": staging_budget or args.staging_budget or GiB,
+           "undo_device_budget": 0}
     ctx = context(args, staging_budget)
     try:
         m, reg, seal = register(ctx, plan, eng)
@@ -1034,7 +1036,7 @@ def row_files(B, args, row, cfg, layers):
     d = tempfile.mkdtemp(prefix="zoo-%s-" % row, dir=args.dir)
     try:
         t0 = time.perf_counter()
-        paths = write_checkpoint(B, plan, d, args.shard_bytes, seed=hash(row) & 0xffff)
+        paths = write_checkpoint(B, plan, d, args.shard_bytes, seed=zlib.crc32(row.encode()))
         res["write_seconds"] = time.perf_counter() - t0
         res["shards"] = len(paths)
         res["file_bytes"] = sum(os.path.getsize(p) for p in paths)
@@ -1124,7 +1126,10 @@ def row_online(B, args, row, cfg, layers):
            "engine_bytes": plan.engine_bytes(), "source": "BF16 device tensors (load_dict)"}
     src = Sources(B, plan, seed=11)
     try:
-        res["table_us_per_tensor"] = table_us(src.t)
+        try:
+            res["table_us_per_tensor"] = table_us(src.t)
+        except Exception as e:   # noqa: BLE001  (private helpers: report, go on)
+            res["table_error"] = err(e)["error"]
 
         def body(txn):
             txn.load_dict(src.t)
@@ -1163,10 +1168,15 @@ def row_online(B, args, row, cfg, layers):
         n = min(src.nbytes, eng16.nbytes)
         res["ceiling_seconds"] = B.d2d_seconds(src.flat, eng16.flat, n)
         res["ceiling"] = "one D2D copy of the BF16 source bytes"
-        secs = res.get("seconds", res.get("seconds_at_budget"))
-        if secs and "seconds" in r16:
-            res["cost_vs_bf16"] = secs / r16["seconds"]
-            res["ratio_to_ceiling_any_budget"] = res["ceiling_seconds"] / secs
+        if "seconds" in r16:
+            # the target is at the default budget; a figure at the larger
+            # budget is reported beside it, never in its place
+            if "seconds" in res:
+                res["cost_vs_bf16"] = res["seconds"] / r16["seconds"]
+            if "seconds_at_budget" in res:
+                res["cost_vs_bf16_at_budget"] = res["seconds_at_budget"] / r16["seconds"]
+                res["ratio_to_ceiling_at_budget"] = (res["ceiling_seconds"] /
+                                                     res["seconds_at_budget"])
         del eng16
     finally:
         del src
@@ -1231,8 +1241,11 @@ def row_ipc(B, args, row, cfg, layers):
         m, reg, seal = register(ctx, plan, eng)
         res.update(register_seconds=reg, seal_seconds=seal)
         recv = refit.ipc.Receiver(m, path, timeout=600, start_timeout=600)
-        if not parent.poll(600):
-            raise RuntimeError("trainer did not start")
+        t0 = time.perf_counter()
+        while not parent.poll(1.0):
+            if not p.is_alive() or time.perf_counter() - t0 > 600:
+                raise RuntimeError("the trainer process did not start (exit code %s)"
+                                   % p.exitcode)
         parent.recv()
         for label, rollback in (("", False), ("default_", True)):
             n = 1 + args.repeat
@@ -1274,7 +1287,12 @@ def row_ipc(B, args, row, cfg, layers):
 # ---------------------------------------------------------------- main
 def line(row, r):
     if "seconds" not in r:
-        return "zoo.%-26s %s" % (row, r.get("error", "no figure"))
+        s = "zoo.%-26s %s" % (row, r.get("error", "no figure"))
+        if "seconds_at_budget" in r:
+            s += "; at a %d GiB staging budget %.3f s, cost_vs_bf16 %s" % (
+                r["at_staging_budget"]["staging_budget"] >> 30, r["seconds_at_budget"],
+                "%.3f" % r["cost_vs_bf16_at_budget"] if "cost_vs_bf16_at_budget" in r else "-")
+        return s
     f = lambda k, fmt="%.3f": (fmt % r[k]) if isinstance(r.get(k), (int, float)) else "-"
     return ("zoo.%-26s %8.3f s  first %s  default %s / first %s  ratio %s  peer %s  seed %s  "
             "%s %s  %d tensors %.1f GB" % (
@@ -1300,6 +1318,8 @@ def main():
     ap.add_argument("--fallback-staging-gib", type=int, default=8,
                     help="online row: the budget tried when the default one is refused")
     ap.add_argument("--journal", default="", help="journal path (default: none)")
+    ap.add_argument("--staging-budget", type=int, default=0,
+                    help="refit_options.staging_budget in bytes (default 0: refit's 1 GiB)")
     ap.add_argument("--tiny", action="store_true",
                     help="host backend, numpy, tiny shapes: the same code path, no GPU")
     a = ap.parse_args()
