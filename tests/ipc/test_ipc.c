@@ -899,14 +899,14 @@ static void t_spin(void **state)
 
 /* A caller built against version 1 of the options passes a shorter struct:
  * nothing past it is read (the heap block ends there: ASan would see it). */
-static void t_opts_v1(void **state)
+static void opts_old(uint32_t version)
 {
-    (void)state;
     nt_worker w;
     assert_int_equal(nt_worker_open(&w, 0, 1, NULL), REFIT_OK);
-    size_t rn = offsetof(refit_ipc_recv_opts, spin_s);
+    size_t rn = version == 1 ? offsetof(refit_ipc_recv_opts, spin_s)
+                             : offsetof(refit_ipc_recv_opts, socket_mode);
     refit_ipc_recv_opts rv = REFIT_IPC_RECV_OPTS_INIT;
-    rv.version = 1;
+    rv.version = version;
     rv.timeout_s = 0.2;
     void *ro = malloc(rn);
     memcpy(ro, &rv, rn);
@@ -915,9 +915,13 @@ static void t_opts_v1(void **state)
     free(ro);
     /* the receiver does not answer (one thread): the sender's HELLO wait
      * runs to its deadline */
-    size_t sn = offsetof(refit_ipc_send_opts, spin_s);
+    struct stat st; /* an older caller's socket is 0600 too */
+    assert_int_equal(lstat(g_path[0], &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600);
+    size_t sn = version == 1 ? offsetof(refit_ipc_send_opts, spin_s)
+                             : offsetof(refit_ipc_send_opts, allow_uids);
     refit_ipc_send_opts sv = REFIT_IPC_SEND_OPTS_INIT;
-    sv.version = 1;
+    sv.version = version;
     sv.timeout_s = 0.2;
     void *sp = malloc(sn);
     memcpy(sp, &sv, sn);
@@ -935,6 +939,35 @@ static void t_opts_v1(void **state)
     assert_non_null(strstr(refit_errmsg(w.ctx), bad));
     free(so);
     refit_ipc_receiver_destroy(r);
+    nt_worker_close(&w);
+}
+
+static void t_opts_v1(void **state) { (void)state; opts_old(1); }
+static void t_opts_v2(void **state) { (void)state; opts_old(2); }
+
+/* Version 3's lists: a count without its array, and bad modes, refused. */
+static void t_opts_v3(void **state)
+{
+    (void)state;
+    nt_worker w;
+    assert_int_equal(nt_worker_open(&w, 0, 1, NULL), REFIT_OK);
+    refit_ipc_recv_opts ro = REFIT_IPC_RECV_OPTS_INIT;
+    ro.n_allow_uids = 2;
+    refit_ipc_receiver *r = NULL;
+    assert_int_equal(refit_ipc_receiver_create(&r, w.m, g_path[0], &ro), REFIT_EINVAL);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "2 allow_uids and no array"));
+    ro.n_allow_uids = 0;
+    ro.socket_mode = 01777;
+    assert_int_equal(refit_ipc_receiver_create(&r, w.m, g_path[0], &ro), REFIT_EINVAL);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "mode 01777"));
+    assert_null(r);
+    refit_ipc_send_opts so = REFIT_IPC_SEND_OPTS_INIT;
+    so.n_allow_uids = 1;
+    refit_ipc_sender *s = NULL;
+    const char *paths[1] = {g_path[0]};
+    assert_int_equal(refit_ipc_sender_create(&s, w.ctx, paths, 1, &so), REFIT_EINVAL);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "1 allow_uids and no array"));
+    assert_null(s);
     nt_worker_close(&w);
 }
 
@@ -1191,6 +1224,12 @@ static void t_socket_mode(void **state)
     if ((st.st_mode & 0777) != 0600)
         fail_msg("the worker's socket is %04o under umask 000; 0600 expected",
                  (unsigned)(st.st_mode & 0777));
+    refit_ipc_receiver_destroy(f.r);
+    refit_ipc_recv_opts o = REFIT_IPC_RECV_OPTS_INIT;
+    o.socket_mode = 0660; /* the embedder's group too */
+    assert_int_equal(refit_ipc_receiver_create(&f.r, f.w.m, g_path[0], &o), REFIT_OK);
+    assert_int_equal(lstat(g_path[0], &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0660);
     worker_close(&f);
 }
 
@@ -1256,6 +1295,22 @@ static void t_peer_other_uid(void **state)
     snprintf(want, sizeof want, "pid %d", (int)pid);
     if (!strstr(ev, "uid 65534") || !strstr(ev, want))
         fail_msg("no journal event names uid 65534 and %s: %s", want, ev);
+    /* allow_uids lets it in (the list is copied at create) */
+    refit_ipc_receiver_destroy(f.r);
+    uint32_t allow[1] = {65534};
+    o.socket_mode = 0666;
+    o.allow_uids = allow;
+    o.n_allow_uids = 1;
+    assert_int_equal(refit_ipc_receiver_create(&f.r, f.w.m, g_path[0], &o), REFIT_OK);
+    allow[0] = 1;
+    pid = it_fork(run_nobody_trainer, &j);
+    rc = receive(&f, &res);
+    child = it_wait(pid);
+    if (rc)
+        fail_msg("a trainer of uid 65534 in allow_uids (its exit %d): %s", child,
+                 refit_errmsg(f.w.ctx));
+    assert_int_equal(child, 1);
+    expect_at(&f, 2);
     worker_close(&f);
     unlink_db(db);
 }
@@ -1314,6 +1369,16 @@ static void t_listener_other_uid(void **state)
         fail_msg("a listener of uid 65534 (its exit %d: 1 = it got the memory table): %d "
                  "'%s'", child, rc, rc ? msg : "connected");
     assert_int_equal(child, 0);
+    /* trusted when listed */
+    uint32_t allow[1] = {65534};
+    so.allow_uids = allow;
+    so.n_allow_uids = 1;
+    pid = it_fork(run_nobody_listener, g_path[1]);
+    rc = refit_ipc_sender_create(&s, ctx, paths, 1, &so);
+    if (rc)
+        fail_msg("a listener of uid 65534 in allow_uids: %s", refit_errmsg(ctx));
+    refit_ipc_sender_destroy(s);
+    assert_int_equal(it_wait(pid), 0);
     refit_close(ctx);
 }
 
@@ -1437,14 +1502,15 @@ static void t_unsealed_memfd(void **state)
 }
 
 /* I5: two connections that never greet, then the trainer: each idle one
- * dropped at its greeting deadline, the update commits in the same call. */
-static void t_idle_peers(void **state)
+ * dropped at its greeting deadline (1 s, or greet_s), the update commits
+ * in the same call, within max_s. */
+static void idle_peers(double greet_s, double max_s)
 {
-    (void)state;
     worker_fix f;
     refit_ipc_recv_opts o = REFIT_IPC_RECV_OPTS_INIT;
     o.timeout_s = 20;
     o.start_timeout_s = 6;
+    o.greet_timeout_s = greet_s;
     worker_open_with(&f, 0, &o, NULL);
     int idle[2];
     char err[256];
@@ -1464,12 +1530,17 @@ static void t_idle_peers(void **state)
                  refit_errmsg(f.w.ctx));
     }
     expect_at(&f, 1);
-    assert_true(dt < 6);
+    if (dt >= max_s)
+        fail_msg("two idle peers (greeting deadline %g s), then the trainer: committed after "
+                 "%.2f s", greet_s, dt);
     assert_int_equal(it_wait(pid), 0);
     close(idle[0]);
     close(idle[1]);
     worker_close(&f);
 }
+
+static void t_idle_peers(void **state) { (void)state; idle_peers(0, 6); }
+static void t_idle_peers_greet_timeout(void **state) { (void)state; idle_peers(0.1, 1.8); }
 
 /* I6: an index of many tiny tensors the model cannot take. */
 typedef struct flood_job {
@@ -1584,6 +1655,8 @@ int main(void)
         cmocka_unit_test_setup(t_group_abort, fresh_paths),
         cmocka_unit_test_setup(t_spin, fresh_paths),
         cmocka_unit_test_setup(t_opts_v1, fresh_paths),
+        cmocka_unit_test_setup(t_opts_v2, fresh_paths),
+        cmocka_unit_test_setup(t_opts_v3, fresh_paths),
         cmocka_unit_test_setup(t_result_read_later, fresh_paths),
         cmocka_unit_test_setup(t_result_refused_later, fresh_paths),
         cmocka_unit_test_setup(t_live_socket, fresh_paths),
@@ -1593,6 +1666,7 @@ int main(void)
         cmocka_unit_test_setup(t_memfd_read_only, fresh_paths),
         cmocka_unit_test_setup(t_unsealed_memfd, fresh_paths),
         cmocka_unit_test_setup(t_idle_peers, fresh_paths),
+        cmocka_unit_test_setup(t_idle_peers_greet_timeout, fresh_paths),
         cmocka_unit_test_setup(t_index_flood, fresh_paths),
         cmocka_unit_test_setup(t_unknown_name_first, fresh_paths),
     };
