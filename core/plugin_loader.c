@@ -127,6 +127,7 @@ static plugin_entry *new_entry(plugin_set *ps, const char *dir, const char *file
     }
     plugin_entry *e = &ps->e[ps->n];
     memset(e, 0, sizeof *e);
+    e->fd = -1;
     size_t len = strlen(file) - strlen(PLUGIN_PREFIX) - strlen(PLUGIN_SUFFIX);
     e->name = strndup(file + strlen(PLUGIN_PREFIX), len);
     if (e->name && asprintf(&e->path, "%s/%s", dir, file) < 0)
@@ -150,6 +151,8 @@ static void entry_free(plugin_entry *e)
 {
     if (e->dl)
         dlclose(e->dl);
+    if (e->fd >= 0)
+        close(e->fd);
     fdecl_free(e->decl);
     free(e->path);
     free(e->real);
@@ -203,8 +206,8 @@ static int vet_dir_of(const char *file, char *why, size_t n)
     return rc;
 }
 
-/* Resolve, open and check the shared module; *fd stays open so the file
- * dlopen reads can be compared with the one checked. */
+/* Resolve, open and check the shared module; *fd stays open: dlopen loads
+ * this descriptor, the file checked, whatever the path names later. */
 static int vet_module(plugin_entry *e, int *fd, struct stat *st, char *why, size_t n)
 {
     e->real = realpath(e->path, NULL);
@@ -272,25 +275,30 @@ static int vet_decl(plugin_entry *e, const char *dir, char *why, size_t n)
 
 /* ---- loading ---- */
 
-static int load_module(plugin_entry *e, const struct stat *st, char *why, size_t n)
+/* dlopen of the descriptor that was vetted, by its /proc/self/fd name, not
+ * of the path: whoever can write the directory can rename another file in
+ * between, and dlopen runs constructors before any check after it could
+ * refuse. A loaded entry keeps fd open (entry_unload closes it after
+ * dlclose): glibc finds an object by its name first, so no other plugin may
+ * be vetted under the same number while this one is mapped. */
+static int load_module(plugin_entry *e, int fd, char *why, size_t n)
 {
+    char by_fd[64];
+    snprintf(by_fd, sizeof by_fd, "/proc/self/fd/%d", fd);
     dlerror();
-    e->dl = dlopen(e->real, RTLD_NOW | RTLD_LOCAL);
+    e->dl = dlopen(by_fd, RTLD_NOW | RTLD_LOCAL);
     if (!e->dl) {
         const char *err = dlerror();
-        if (access(e->real, F_OK) != 0)
-            snprintf(why, n, "missing file (removed while loading)");
+        if (access(by_fd, F_OK) != 0)
+            snprintf(why, n, "cannot load the vetted file by %s (is /proc mounted?): %s",
+                     by_fd, err ? err : "unknown error");
         else if (err && strstr(err, "cannot open shared object file"))
             snprintf(why, n, "a library it needs is missing: %s", err);
         else
             snprintf(why, n, "dlopen failed: %s", err ? err : "unknown error");
         return REFIT_EFORMAT;
     }
-    struct stat now;
-    if (stat(e->real, &now) != 0 || now.st_dev != st->st_dev || now.st_ino != st->st_ino) {
-        snprintf(why, n, "the file changed while it was being loaded");
-        return REFIT_EFORMAT;
-    }
+    e->fd = fd;
     return REFIT_OK;
 }
 
@@ -386,8 +394,8 @@ static int consider(plugin_set *ps, const plugin_dir *dir, const char *file)
     if (!rc)
         rc = vet_decl(e, dir->path, why, sizeof why);
     if (!rc)
-        rc = load_module(e, &st, why, sizeof why);
-    if (fd >= 0)
+        rc = load_module(e, fd, why, sizeof why);
+    if (fd >= 0 && e->fd != fd)
         close(fd);
     if (!rc)
         rc = check_symbol(e, why, sizeof why);
@@ -410,6 +418,9 @@ static void entry_unload(plugin_entry *e, plugin_state st, const char *why)
     if (e->dl)
         dlclose(e->dl);
     e->dl = NULL;
+    if (e->fd >= 0)
+        close(e->fd);
+    e->fd = -1;
     e->fmt = NULL;
     fdecl_free(e->decl);
     e->decl = NULL;

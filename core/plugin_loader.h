@@ -25,6 +25,8 @@ typedef struct plugin_entry {
     plugin_state state;
     char *reason;               /* REFUSED: why; SHADOWED: by which file */
     void *dl;                   /* LOADED: the dlopen handle */
+    int fd;                     /* LOADED: the vetted file, loaded by its
+                                   /proc/self/fd name; -1 otherwise */
     const refit_format_v2 *fmt; /* LOADED: the exported struct */
     fdecl *decl;                /* LOADED: its declaration */
     char *decl_path;

@@ -14,12 +14,22 @@
  *   FAKE_CORE_SYMBOL  calls refit_dtype_name, a core symbol a plugin must
  *                     not link
  *   FAKE_SHORT        exports 8 bytes that claim to be a whole struct
+ *   FAKE_CONSTRUCTOR  a constructor sets $REFIT_TEST_CONSTRUCTOR_RAN to
+ *                     FAKE_NAME: proof that dlopen mapped this file
  *
  * The STAGED identity copies each staged tensor to where a plain copy
  * would land (ckpt.place) with the host's copy service, after zeroing the
  * runtime tensor with the host's zero service: it exercises the services
  * appended to ABI 1 end to end. */
 #include <refit/format.h>
+#ifdef FAKE_CONSTRUCTOR
+#include <stdlib.h>
+
+__attribute__((constructor)) static void fake_constructor(void)
+{
+    setenv("REFIT_TEST_CONSTRUCTOR_RAN", FAKE_NAME, 1);
+}
+#endif
 
 #define FAKE_DIRECT 0
 #define FAKE_STAGED 1
