@@ -67,6 +67,59 @@ static bool row_major(const refit_tensor *t)
     return true;
 }
 
+/* "[4, 8]" of ndim values into buf. */
+static const char *dims_text(const int64_t *v, int ndim, char *buf, size_t len)
+{
+    size_t used = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < ndim && used < len; i++)
+        used += (size_t)snprintf(buf + used, len - used, "%s%lld", i ? ", " : "",
+                                 (long long)v[i]);
+    if (used < len)
+        snprintf(buf + used, len - used, "]");
+    return buf;
+}
+
+/* No two elements of a tensor refit writes may share memory, or a write to
+ * one changes another and the engine reads values that are not the
+ * checkpoint's. Dims of extent > 1 sorted by |stride|: each stride must
+ * step past everything the dims inside it reach. Sufficient, not necessary:
+ * an interleaving that never collides is refused too, as no engine lays
+ * out a weight so. Called after elem_reach: no product overflows. */
+static int check_no_alias(const refit_tensor *t, char *msg, size_t n)
+{
+    int order[REFIT_MAX_DIMS], k = 0;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] <= 1)
+            continue;
+        int64_t s = t->strides[i] < 0 ? -t->strides[i] : t->strides[i];
+        int j = k++;
+        for (; j > 0; j--) {
+            int64_t o = t->strides[order[j - 1]];
+            if ((o < 0 ? -o : o) <= s)
+                break;
+            order[j] = order[j - 1];
+        }
+        order[j] = i;
+    }
+    int64_t reach = 0; /* element offsets the inner dims span, minus one */
+    for (int j = 0; j < k; j++) {
+        int d = order[j];
+        int64_t s = t->strides[d] < 0 ? -t->strides[d] : t->strides[d];
+        if (s <= reach) {
+            char sh[REFIT_MAX_DIMS * 22 + 4], st[REFIT_MAX_DIMS * 22 + 4];
+            return fail(REFIT_EINVAL, msg, n, "its elements overlap (shape %s, strides %s): "
+                        "dim %d steps %lld elements, inside the %lld the dims within it span; "
+                        "a tensor refit writes must not alias itself",
+                        dims_text(t->shape, t->ndim, sh, sizeof sh),
+                        dims_text(t->strides, t->ndim, st, sizeof st), d, (long long)s,
+                        (long long)reach + 1);
+        }
+        if (__builtin_add_overflow(reach, (t->shape[d] - 1) * s, &reach))
+            reach = INT64_MAX; /* |lo| + hi past int64: no stride steps past it */
+    }
+    return REFIT_OK;
+}
+
 int desc_check(const refit_tensor *t, const desc_expect *want, desc_extent *out, char *msg,
                size_t n)
 {
@@ -155,6 +208,16 @@ int desc_check(const refit_tensor *t, const desc_expect *want, desc_extent *out,
     if (out)
         *out = ext;
     return REFIT_OK;
+}
+
+int desc_check_written(const refit_tensor *t, char *msg, size_t n)
+{
+    desc_extent e;
+    int rc = desc_check(t, NULL, &e, msg, n);
+    /* sub-byte tensors are row-major (desc_check): nothing to alias */
+    if (rc || e.numel == 0 || !t->strides || t->dtype.bits % 8)
+        return rc;
+    return check_no_alias(t, msg, n);
 }
 
 int desc_check_spec(const refit_ckpt_spec *s, char *msg, size_t n)

@@ -36,6 +36,12 @@ typedef struct desc_extent {
 int desc_check(const refit_tensor *t, const desc_expect *want, desc_extent *out, char *msg,
                size_t n);
 
+/* desc_check(t, NULL, ...) of a tensor refit writes (a runtime tensor),
+ * and no two of its elements may share memory (stride 0, rows closer than
+ * their length): REFIT_EINVAL naming the shape and strides. Tensors refit
+ * only reads (sources, side tensors) may alias: a broadcast reads fine. */
+int desc_check_written(const refit_tensor *t, char *msg, size_t n);
+
 /* A checkpoint spec's own sanity (version, ndim, extents, shard, pad, the
  * byte size overflow-checked, placement offsets): REFIT_OK or
  * REFIT_EINVAL and msg. A tie (tie_of set) is checked for its version

@@ -129,12 +129,14 @@ int refit_model_add_module(refit_model *m, const char *name, const char *format,
     return REFIT_OK;
 }
 
-/* Shape/dtype/extent sanity of an engine descriptor (desc_check). */
+/* Shape/dtype/extent sanity of an engine descriptor (desc_check); a
+ * runtime tensor (written) may not alias itself. */
 static int check_descriptor(refit_model *m, const char *what, const char *name,
                             const refit_tensor *t)
 {
-    char why[256];
-    int rc = desc_check(t, NULL, NULL, why, sizeof why);
+    char why[512];
+    int rc = !strcmp(what, "runtime tensor") ? desc_check_written(t, why, sizeof why)
+                                             : desc_check(t, NULL, NULL, why, sizeof why);
     return rc ? ctx_error(m->ctx, rc, "%s %s: %s", what, name, why) : REFIT_OK;
 }
 

@@ -91,10 +91,11 @@ static int reg_span(refit_model *m, tensor_reg *r, const char *what)
     return REFIT_OK;
 }
 
-static int take_reg(refit_model *m, tensor_reg *r, const char *what)
+static int take_reg(refit_model *m, tensor_reg *r, const char *what, bool written)
 {
-    char why[256];
-    int rc = desc_check(r->desc, NULL, NULL, why, sizeof why);
+    char why[512];
+    int rc = written ? desc_check_written(r->desc, why, sizeof why) /* no aliasing */
+                     : desc_check(r->desc, NULL, NULL, why, sizeof why);
     if (rc || (rc = signature_take(&r->sig, r->desc)))
         return ctx_error(m->ctx, rc, "%s %s: invalid descriptor: %s", what, r->name, why);
     view_from_signature(&r->view, &r->sig);
@@ -678,9 +679,9 @@ int plan_build(refit_model *m)
         return ctx_error(m->ctx, REFIT_EINVAL, "seal: the model has no modules");
     int rc = REFIT_OK;
     for (uint32_t i = 0; i < m->n_runtime && !rc; i++)
-        rc = take_reg(m, &m->runtime[i], "runtime tensor");
+        rc = take_reg(m, &m->runtime[i], "runtime tensor", true);
     for (uint32_t i = 0; i < m->n_side && !rc; i++)
-        rc = take_reg(m, &m->side[i], "side tensor");
+        rc = take_reg(m, &m->side[i], "side tensor", false);
     for (uint32_t i = 0; i < m->n_modules && !rc; i++)
         rc = module_geometry(m, &m->modules[i]);
     if (rc)

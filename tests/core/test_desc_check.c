@@ -206,6 +206,82 @@ static void test_extreme_specs(void **state)
     tw_close(&w);
 }
 
+/* Y4 (issue 29): a runtime tensor whose elements alias one another (stride
+ * 0, rows closer than their length) is refused at bind and at seal, naming
+ * the tensor, its shape and strides; a side tensor (never written) may. */
+static void test_self_overlapping_runtime_refused(void **state)
+{
+    (void)state;
+    tw w;
+    assert_int_equal(tw_open(&w, NULL), REFIT_OK);
+    tw_module(&w, "m", "unquantized", NULL);
+    float buf[64];
+    int64_t shape[2] = {4, 8}, bcast[2] = {0, 1}, close_rows[2] = {4, 1}, ok[2] = {8, 1};
+    refit_tensor t = {buf, {REFIT_DEVICE_CPU, 0}, 2, REFIT_F32, shape, bcast, 0};
+    assert_int_equal(refit_module_bind_runtime(w.m, "m", "w", &t), REFIT_EINVAL);
+    tw_assert_msg(&w, "runtime tensor w", "overlap", "shape [4, 8]", "strides [0, 1]");
+    t.strides = close_rows; /* row i + 1 starts inside row i */
+    assert_int_equal(refit_module_bind_runtime(w.m, "m", "w", &t), REFIT_EINVAL);
+    tw_assert_msg(&w, "runtime tensor w", "overlap", "strides [4, 1]");
+    /* read-only side tensors may broadcast */
+    t.strides = bcast;
+    assert_int_equal(refit_model_add_side(w.m, "ws", &t), REFIT_OK);
+    /* fine at bind, aliased by seal: seal reads the descriptor again */
+    t.strides = ok;
+    assert_int_equal(refit_module_bind_runtime(w.m, "m", "w", &t), REFIT_OK);
+    refit_ckpt_spec spec = tt_spec(REFIT_F32, 2, TT_SHAPE(4, 8));
+    assert_int_equal(tw_expect(&w, "m", "x", &spec), REFIT_OK);
+    t.strides = close_rows;
+    assert_int_equal(refit_model_seal(w.m), REFIT_EINVAL);
+    tw_assert_msg(&w, "runtime tensor w", "overlap", "strides [4, 1]");
+    t.strides = ok;
+    tw_close(&w);
+}
+
+/* desc_check_written on its own: layouts that alias and ones that do not
+ * (transposed, negative strides, gaps, size-1 dims with any stride). */
+static void test_written_alias_rules(void **state)
+{
+    (void)state;
+    char msg[512];
+    float buf[256];
+    int64_t shape[3] = {4, 3, 2}, st[3];
+    refit_tensor t = {buf + 100, {REFIT_DEVICE_CPU, 0}, 3, REFIT_F32, shape, st, 0};
+    static const struct { int64_t s[3]; int ok; } cases[] = {
+        {{6, 2, 1}, 1},    /* row-major */
+        {{1, 4, 12}, 1},   /* column-major */
+        {{8, 2, 1}, 1},    /* padded rows */
+        {{-6, -2, -1}, 1}, /* reversed */
+        {{6, 2, 0}, 0},    /* broadcast innermost */
+        {{0, 2, 1}, 0},    /* broadcast outer */
+        {{5, 2, 1}, 0},    /* rows closer than their 6 elements */
+        {{6, 1, 1}, 0},    /* two dims stepping alike */
+        {{2, 1, 12}, 0},   /* interleaved into one another */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        memcpy(st, cases[i].s, sizeof st);
+        int rc = desc_check_written(&t, msg, sizeof msg);
+        if (rc != (cases[i].ok ? REFIT_OK : REFIT_EINVAL))
+            fail_msg("strides [%lld, %lld, %lld]: %s (%s)", (long long)st[0], (long long)st[1],
+                     (long long)st[2], refit_status_name(rc), msg);
+        /* a read-only tensor may alias */
+        assert_int_equal(desc_check(&t, NULL, NULL, msg, sizeof msg), REFIT_OK);
+    }
+    /* a dim of extent 1 steps nowhere: any stride */
+    shape[1] = 1;
+    int64_t one[3] = {2, 0, 1};
+    t.strides = one;
+    assert_int_equal(desc_check_written(&t, msg, sizeof msg), REFIT_OK);
+    /* empty: nothing to alias */
+    shape[1] = 0;
+    int64_t zero[3] = {0, 0, 0};
+    t.strides = zero;
+    assert_int_equal(desc_check_written(&t, msg, sizeof msg), REFIT_OK);
+    shape[1] = 3;
+    assert_int_equal(desc_check_written(&t, msg, sizeof msg), REFIT_EINVAL);
+    assert_non_null(strstr(msg, "shape [4, 3, 2], strides [0, 0, 0]"));
+}
+
 /* The pure check on its own: each rule, and what a valid descriptor spans. */
 static void test_desc_check_rules(void **state)
 {
@@ -268,8 +344,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_load_part_offset_extreme, setup, teardown),
         cmocka_unit_test(test_bind_wrapping_byte_offset),
         cmocka_unit_test(test_seal_rechecks_descriptor),
+        cmocka_unit_test(test_self_overlapping_runtime_refused),
         cmocka_unit_test(test_extreme_specs),
         cmocka_unit_test(test_desc_check_rules),
+        cmocka_unit_test(test_written_alias_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
