@@ -62,6 +62,13 @@ static int replayable(refit_ctx *ctx, int64_t id, const replay_row *row)
         return ctx_error(ctx, REFIT_EUNSUPPORTED, "replay: update %lld came from %s, which is "
                          "not durable; it cannot be replayed", (long long)id,
                          row->uri ? row->uri : "an unrecorded source");
+    /* without either, whatever the path holds now would be committed under
+     * the failed update's label */
+    if (!row->digest || !*row->digest)
+        return ctx_error(ctx, REFIT_ESTATE, "replay: update %lld recorded %s with neither a "
+                         "digest nor a file identity: the files there now cannot be shown to "
+                         "be the ones it read; refusing (replay it as a new update instead)",
+                         (long long)id, row->uri);
     return REFIT_OK;
 }
 
@@ -78,7 +85,7 @@ static int replay_source(refit_ctx *ctx, int64_t id, const replay_row *row, refi
                                         sizeof REFIT_SOURCE_ID_PREFIX - 1);
     if ((rc = by_id ? refit_source_identity(*src, digest) : refit_source_digest(*src, digest)))
         return rc;
-    if (row->digest && strcmp(row->digest, digest))
+    if (strcmp(row->digest, digest))
         return ctx_error(ctx, REFIT_ECORRUPT, "replay: the source of update %lld changed: %s "
                          "now has %s %s, the journal recorded %s%s", (long long)id, row->uri,
                          by_id ? "identity" : "digest", digest, row->digest,

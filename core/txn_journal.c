@@ -1,3 +1,4 @@
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,13 +122,59 @@ void txj_health(refit_model *m, refit_health from, refit_health to, const char *
     ctx->journal_seconds += mono_now() - t0;
 }
 
+/* The strings an update records, bounded before anything else: the journal
+ * keeps them and refitctl shows them (docs/journal.md). */
+static int check_strings(refit_ctx *ctx, const refit_update_opts *o)
+{
+    static const struct {
+        const char *what;
+        size_t off, max;
+    } f[] = {
+        {"version_label", offsetof(refit_update_opts, version_label), REFIT_VERSION_LABEL_MAX},
+        {"source_uri", offsetof(refit_update_opts, source_uri), REFIT_SOURCE_URI_MAX},
+        {"source_digest", offsetof(refit_update_opts, source_digest), REFIT_SOURCE_URI_MAX},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) {
+        const char *v = *(const char *const *)((const char *)o + f[i].off);
+        size_t len = v ? strnlen(v, f[i].max + 1) : 0;
+        if (len > f[i].max)
+            return ctx_error(ctx, REFIT_EINVAL, "begin: %s is %zu bytes; at most %zu are "
+                             "accepted (refit_update_opts.%s); nothing written", f[i].what,
+                             strlen(v), f[i].max, f[i].what);
+    }
+    return REFIT_OK;
+}
+
+/* A file:// source the caller vouched nothing for: record the files'
+ * identity (name, size, device, inode, mtime, ctime; no byte read), so a
+ * replay can tell the files it reopens are the ones this update read. A
+ * path that cannot be identified (not a checkpoint, gone) records none,
+ * and replay refuses the update; the log says so now. */
+static void own_identity(refit_ctx *ctx, const refit_update_opts *o,
+                         char id[REFIT_SOURCE_ID_SIZE])
+{
+    refit_source *src = NULL;
+    id[0] = '\0';
+    if (o->source_digest || !o->source_uri || strncmp(o->source_uri, "file://", 7))
+        return;
+    if (refit_source_open(&src, ctx, o->source_uri + 7) || refit_source_identity(src, id)) {
+        id[0] = '\0';
+        if (ctx->host.log)
+            ctx->host.log(ctx, 1, "begin: the identity of %s cannot be recorded (%s); the "
+                          "update will not be replayable", o->source_uri, ctx->errmsg);
+    }
+    refit_source_close(src);
+    ctx_clear_error(ctx);
+}
+
 int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
               refit_health before, int64_t *id)
 {
     refit_ctx *ctx = m->ctx;
     *id = 0;
-    if (!ctx->journal_path)
-        return REFIT_OK;
+    int rc = check_strings(ctx, o);
+    if (rc || !ctx->journal_path)
+        return rc;
     if (ctx->journal && !journal_same_file(ctx->journal)) {
         /* deleted or replaced under us: what we write would be lost. required:
          * refuse every begin until the context is reopened (an operator's
@@ -142,12 +189,15 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
     }
     txj_open(ctx); /* again: a journal fixed since is picked up */
     const char *why = ctx->journal_err;
+    char own_id[REFIT_SOURCE_ID_SIZE];
     if (ctx->journal) {
+        own_identity(ctx, o, own_id);
         journal_update_info info = {
             .worker_id = ctx->worker_id,
             .version = o->version_label,
             .source_uri = o->source_uri,
-            .source_digest = o->source_digest,
+            .source_digest = o->source_digest ? o->source_digest
+                                              : own_id[0] ? own_id : NULL,
             .replay_of = replay_of,
             .rollback = o->rollback != 0,
             .partial = o->partial != 0,
@@ -159,8 +209,8 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
         if (!m->journal_modules)
             m->journal_modules = module_infos(m);
         const journal_module_info *mi = m->journal_modules;
-        int rc = mi ? journal_update_begin(ctx->journal, id, &info, m->n_modules, mi)
-                    : REFIT_ENOMEM;
+        rc = mi ? journal_update_begin(ctx->journal, id, &info, m->n_modules, mi)
+                : REFIT_ENOMEM;
         ctx->journal_seconds += mono_now() - t0;
         if (!rc)
             return REFIT_OK;

@@ -298,13 +298,25 @@ REFIT_API int refit_model_fingerprint(refit_model *model, uint64_t *out);
 /* ---- transactions ------------------------------------------------------- */
 
 #define REFIT_UPDATE_OPTS_VERSION 2
+/* What refit_begin accepts (strlen, bytes); longer is REFIT_EINVAL naming
+ * the member and its length: the journal records them and shows them. */
+#define REFIT_SOURCE_URI_MAX 4096
+#define REFIT_VERSION_LABEL_MAX 256
 typedef struct refit_update_opts {
     uint32_t version;          /* REFIT_UPDATE_OPTS_VERSION (1 is accepted:
                                   the version 2 members then read as 0) */
-    const char *version_label; /* the weights' version, e.g. "step-1200" */
-    const char *source_uri;    /* where the bytes come from, for the journal */
+    const char *version_label; /* the weights' version, e.g. "step-1200";
+                                  at most REFIT_VERSION_LABEL_MAX bytes */
+    const char *source_uri;    /* where the bytes come from, for the journal;
+                                  at most REFIT_SOURCE_URI_MAX bytes. A
+                                  file:// URI without source_digest: begin
+                                  records the files' identity itself
+                                  (refit_source_identity), else an update
+                                  could not be replayed */
     int rollback;              /* 1: keep an undo log; abort restores bytes */
-    const char *source_digest; /* SHA-256 hex of the source, for the journal */
+    const char *source_digest; /* SHA-256 hex of the source, for the journal
+                                  (or refit_source_identity's text); at most
+                                  REFIT_SOURCE_URI_MAX bytes */
     int fingerprint;           /* 1: journal each committed module's content
                                   fingerprint (reads every byte it wrote) */
     /* ---- version 2 ---- */

@@ -174,7 +174,7 @@ static int send_file(world *w, const char *version, int n, int rollback, int64_t
 }
 
 typedef struct urow {
-    char state[32], mode[16], version[32];
+    char state[32], mode[16], version[32], digest[80];
     int64_t replay_of;
     uint64_t tensors;
 } urow;
@@ -187,6 +187,7 @@ static int get_row(void *user, const journal_update_row *r)
     snprintf(u->version, sizeof u->version, "%s", r->version ? r->version : "");
     u->replay_of = r->replay_of;
     u->tensors = r->tensors;
+    snprintf(u->digest, sizeof u->digest, "%s", r->source_digest ? r->source_digest : "");
     return 0;
 }
 
@@ -398,6 +399,115 @@ static void test_replay_refusals(void **state)
     assert_int_equal(refit_replay(w->model, file, &ro), REFIT_ECORRUPT);
     assert_non_null(strstr(refit_errmsg(w->ctx), "changed"));
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+}
+
+static const char *id_text(int64_t id)
+{
+    static char buf[32];
+    snprintf(buf, sizeof buf, "update %lld", (long long)id);
+    return buf;
+}
+
+/* Begin with a file:// URI and no digest, one tensor, abort (rolled back). */
+static int64_t send_uri_only(world *w, const char *uri, const char *version)
+{
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.version_label = version;
+    uo.source_uri = uri;
+    refit_txn *t;
+    assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
+    int64_t id = refit_txn_journal_id(t);
+    refit_tensor src = {.data = w->ck[0], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
+                        .dtype = REFIT_F32, .shape = w->shape};
+    assert_int_equal(refit_load(t, ck_name(0), &src, NULL), REFIT_OK);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    return id;
+}
+
+/* R1 (issue 29): an update begun with a file:// source_uri and neither
+ * digest nor identity. begin records the files' identity itself, so a
+ * replay after the file was replaced is refused; a row with neither (the
+ * path could not be identified at begin) is refused by replay, naming the
+ * update, instead of committing what the path holds now under its label. */
+static void test_replay_unverifiable_source(void **state)
+{
+    world *w = *state;
+    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
+    make_version(w, 1);
+    write_ckpt(w, w->ckpt);
+    char uri[160], later[160];
+    snprintf(uri, sizeof uri, "file://%s", w->ckpt);
+    int64_t id = send_uri_only(w, uri, "v1");
+    urow u = read_update(w->db, id);
+    if (strncmp(u.digest, REFIT_SOURCE_ID_PREFIX, strlen(REFIT_SOURCE_ID_PREFIX)))
+        fail_msg("begin recorded no identity for %s (source_digest '%s')", uri, u.digest);
+    float before[N_MOD][ROWS * COLS];
+    memcpy(before, w->rt, sizeof before);
+    make_version(w, 7); /* other bytes at the path */
+    write_ckpt(w, w->ckpt);
+    refit_replay_opts ro = REFIT_REPLAY_OPTS_INIT;
+    int rc = refit_replay(w->model, id, &ro);
+    if (rc != REFIT_ECORRUPT)
+        fail_msg("replay of a replaced file = %s, want ECORRUPT (worker now '%s')",
+                 refit_status_name(rc), refit_worker_version(w->ctx));
+    assert_memory_equal(w->rt, before, sizeof before);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+
+    /* nothing to identify at begin (written later): recorded with neither */
+    snprintf(later, sizeof later, "file://%s/later.safetensors", w->dir);
+    id = send_uri_only(w, later, "v2");
+    u = read_update(w->db, id);
+    assert_string_equal(u.digest, "");
+    write_ckpt(w, later + 7);
+    assert_int_equal(refit_replay(w->model, id, &ro), REFIT_ESTATE);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "neither a digest nor a file identity"));
+    assert_non_null(strstr(refit_errmsg(w->ctx), id_text(id)));
+    assert_memory_equal(w->rt, before, sizeof before);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+}
+
+/* C1 (issue 29): begin bounds the strings the journal records and shows:
+ * a longer label or URI is REFIT_EINVAL naming the member and its length,
+ * and nothing is begun; the maximum itself is accepted. */
+static void test_begin_bounds_strings(void **state)
+{
+    world *w = *state;
+    assert_int_equal(world_open(w, w->db, 0), REFIT_OK);
+    char *big = malloc(REFIT_SOURCE_URI_MAX + 2);
+    assert_non_null(big);
+    memset(big, 'a', REFIT_SOURCE_URI_MAX + 1);
+    big[REFIT_SOURCE_URI_MAX + 1] = '\0';
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    refit_txn *t = NULL;
+    uo.version_label = big + (REFIT_SOURCE_URI_MAX - REFIT_VERSION_LABEL_MAX); /* 257 bytes */
+    assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_EINVAL);
+    assert_null(t);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "version_label is 257 bytes"));
+    assert_non_null(strstr(refit_errmsg(w->ctx), "at most 256"));
+    uo.version_label = "v1";
+    uo.source_uri = big; /* 4097 bytes */
+    assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_EINVAL);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "source_uri is 4097 bytes"));
+    uo.source_uri = "memory://x";
+    uo.source_digest = big;
+    assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_EINVAL);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "source_digest is 4097 bytes"));
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+    /* nothing was journaled */
+    journal *j;
+    journal_opts o = JOURNAL_OPTS_INIT;
+    o.readonly = 1;
+    char err[256];
+    assert_int_equal(journal_open(&j, w->db, &o, err, sizeof err), REFIT_OK);
+    assert_int_equal(journal_update_get(j, 1, NULL, NULL), REFIT_ENOTFOUND);
+    journal_close(j);
+    /* the maxima themselves */
+    uo.source_digest = NULL;
+    uo.source_uri = big + 1;
+    uo.version_label = big + (REFIT_SOURCE_URI_MAX + 1 - REFIT_VERSION_LABEL_MAX);
+    assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    free(big);
 }
 
 /* A child begins an update, sends one tensor, and is SIGKILLed. */
@@ -674,6 +784,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_replay_from_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_refusals, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_by_identity, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replay_unverifiable_source, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_begin_bounds_strings, setup, teardown),
         cmocka_unit_test_setup_teardown(test_interrupted_then_replayed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_source_changed_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_source_unexpected_and_filter, setup, teardown),
