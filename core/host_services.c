@@ -573,7 +573,8 @@ static int take_word(refit_ctx *ctx, const refit_fmt_module *m,
     struct host_svc *s = ctx->svc;
     const char *who = m ? m->name : mods[0]->name;
     char msg[256] = "";
-    uint32_t modules = ctx->model ? ctx->model->n_modules : 1;
+    /* one word a post-load unit (a module, or an expert's slice) at most */
+    uint32_t modules = ctx->model ? ctx->model->n_units : 1;
     status_array *arr = status_array_for(s, dev.device_id, modules ? modules : 1, msg,
                                          sizeof msg);
     if (!arr || arr->used == arr->cap)

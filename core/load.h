@@ -53,22 +53,23 @@ int txn_load_admit(refit_txn *t, const delivery *d, bool whole, bool *skip);
 /* Every check of one delivery: open, resolve, load_check, admit. */
 int txn_load_check(refit_txn *t, const char *name, int64_t off, const refit_tensor *src,
                    bool whole, bool described, delivery *d, bool *skip);
-/* Staging of d's module (a STAGED route), within the budget; or, when d
+/* Staging of d's unit (a STAGED route's module, or its expert's slice:
+ * model.h, stage_unit), within the budget; or, when d
  * is read in place (txn_load_in_place), none: its bytes become the staged
  * view, and the apply that follows copies nothing. */
 int txn_load_staging(refit_txn *t, const delivery *d, bool whole, void **staging);
 /* Whether whole delivery d, a STAGED route's, would be read in place by
  * its module's post-load (REFIT_MODULE_STAGED_IN_PLACE) when it completes
- * the module (completes): then it takes no staging. */
+ * its unit (completes): then it takes no staging. */
 bool txn_load_in_place(const refit_txn *t, const delivery *d, bool completes);
-/* Around a loading call of many rows: with defer, complete modules'
+/* Around a loading call of many rows: with defer, complete units'
  * post-loads wait; without (the call's end), they run, one
  * post_load_many per format where it has one (a failure fails t). On a
  * failed t the waiting ones are dropped and its status returned. */
 int txn_post_load_defer(refit_txn *t, bool defer);
-/* The running call of many rows (deferring) completes module mi: every
- * row it delivers to mi's STAGED routes may then be read in place. */
-void txn_call_completes(refit_txn *t, uint32_t mi);
+/* The running call of many rows (deferring) completes unit u: every row
+ * it delivers to u's STAGED routes may then be read in place. */
+void txn_call_completes(refit_txn *t, uint32_t u);
 /* Execute an admitted delivery: bookkeeping, the copy (or, claim, only
  * the undo save: the caller writes the bytes), completion, post-load.
  * A failure here is sticky (the txn FAILED). */
@@ -77,8 +78,8 @@ int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *stagi
 
 /* What the batch's staging forecast reads (txn.c). */
 size_t txn_staging_in_use(const refit_txn *t);
-bool txn_module_has_staging(const refit_txn *t, uint32_t mi);
-uint32_t txn_module_complete(const refit_txn *t, uint32_t mi);
+bool txn_unit_has_staging(const refit_txn *t, uint32_t u);
+uint32_t txn_unit_complete(const refit_txn *t, uint32_t u);
 bool txn_wrote(const refit_txn *t);
 /* Nothing delivered yet (OPEN). */
 bool txn_untouched(const refit_txn *t);

@@ -19,15 +19,15 @@
 #include "core/ctx.h"
 #include "core/load.h"
 
-/* Per-route and per-module marks, valid where the stamp is the call's. */
+/* Per-route and per-unit marks, valid where the stamp is the call's. */
 struct load_marks {
     uint32_t stamp;
     uint32_t *name_stamp;       /* per route: a row of this call names it */
     uint32_t *name_row;         /* that row */
     uint32_t *write_stamp;      /* per primary route: a row of this call writes it */
-    uint32_t *mod_stamp;        /* per module: mod_rows, mod_counted valid */
-    uint32_t *mod_rows;         /* rows of this call completing its tensors */
-    uint8_t *mod_counted;       /* the forecast holds its staging */
+    uint32_t *unit_stamp;       /* per staging unit: unit_rows, unit_counted valid */
+    uint32_t *unit_rows;        /* rows of this call completing its tensors */
+    uint8_t *unit_counted;      /* the forecast holds its staging */
 };
 
 static void marks_free(struct load_marks *k)
@@ -37,9 +37,9 @@ static void marks_free(struct load_marks *k)
     free(k->name_stamp);
     free(k->name_row);
     free(k->write_stamp);
-    free(k->mod_stamp);
-    free(k->mod_rows);
-    free(k->mod_counted);
+    free(k->unit_stamp);
+    free(k->unit_rows);
+    free(k->unit_counted);
     free(k);
 }
 
@@ -47,7 +47,7 @@ static void marks_free(struct load_marks *k)
 static struct load_marks *marks_next(refit_model *m)
 {
     struct load_marks *k = m->load_marks;
-    size_t nr = (size_t)m->n_routes + 1, nm = (size_t)m->n_modules + 1;
+    size_t nr = (size_t)m->n_routes + 1, nm = (size_t)m->n_units + 1;
     if (!k) {
         k = calloc(1, sizeof *k);
         if (!k)
@@ -55,11 +55,11 @@ static struct load_marks *marks_next(refit_model *m)
         k->name_stamp = calloc(nr, sizeof *k->name_stamp);
         k->name_row = calloc(nr, sizeof *k->name_row);
         k->write_stamp = calloc(nr, sizeof *k->write_stamp);
-        k->mod_stamp = calloc(nm, sizeof *k->mod_stamp);
-        k->mod_rows = calloc(nm, sizeof *k->mod_rows);
-        k->mod_counted = calloc(nm, 1);
-        if (!k->name_stamp || !k->name_row || !k->write_stamp || !k->mod_stamp ||
-            !k->mod_rows || !k->mod_counted) {
+        k->unit_stamp = calloc(nm, sizeof *k->unit_stamp);
+        k->unit_rows = calloc(nm, sizeof *k->unit_rows);
+        k->unit_counted = calloc(nm, 1);
+        if (!k->name_stamp || !k->name_row || !k->write_stamp || !k->unit_stamp ||
+            !k->unit_rows || !k->unit_counted) {
             marks_free(k);
             return NULL;
         }
@@ -68,7 +68,7 @@ static struct load_marks *marks_next(refit_model *m)
     if (++k->stamp == 0) { /* wrapped: every old mark could match again */
         memset(k->name_stamp, 0, nr * sizeof *k->name_stamp);
         memset(k->write_stamp, 0, nr * sizeof *k->write_stamp);
-        memset(k->mod_stamp, 0, nm * sizeof *k->mod_stamp);
+        memset(k->unit_stamp, 0, nm * sizeof *k->unit_stamp);
         k->stamp = 1;
     }
     return k;
@@ -122,32 +122,33 @@ static int forecast_row(refit_txn *t, struct load_marks *k, const delivery *d, s
     if (*skip)
         return REFIT_OK;
     k->write_stamp[d->ri] = s;
-    uint32_t mi = d->r->module;
-    const module *mod = &m->modules[mi];
-    if (k->mod_stamp[mi] != s) {
-        k->mod_stamp[mi] = s;
-        k->mod_rows[mi] = 0;
-        k->mod_counted[mi] = txn_module_has_staging(t, mi);
+    uint32_t u = d->r->unit;
+    const stage_unit *su = &m->units[u];
+    const module *mod = &m->modules[su->module];
+    if (k->unit_stamp[u] != s) {
+        k->unit_stamp[u] = s;
+        k->unit_rows[u] = 0;
+        k->unit_counted[u] = txn_unit_has_staging(t, u);
     }
-    bool completes = txn_module_complete(t, mi) + k->mod_rows[mi] + 1 == mod->n_primary;
-    if (d->r->kind == REFIT_ROUTE_STAGED && !k->mod_counted[mi] &&
+    bool completes = txn_unit_complete(t, u) + k->unit_rows[u] + 1 == su->n_primary;
+    if (d->r->kind == REFIT_ROUTE_STAGED && !k->unit_counted[u] &&
         !txn_load_in_place(t, d, completes)) {
-        if (*in_use + mod->staged_bytes > m->ctx->staging_budget)
+        if (*in_use + su->staged_bytes > m->ctx->staging_budget)
             return ctx_error(m->ctx, REFIT_EBUDGET, "module %s: staging budget of %llu bytes "
                              "exhausted (%zu in use by then, %zu needed)", mod->name,
                              (unsigned long long)m->ctx->staging_budget, *in_use,
-                             mod->staged_bytes);
-        *in_use += mod->staged_bytes;
-        k->mod_counted[mi] = 1;
+                             su->staged_bytes);
+        *in_use += su->staged_bytes;
+        k->unit_counted[u] = 1;
     }
-    /* the module's last tensor runs its post-load, which retires its
+    /* the unit's last tensor runs its post-load, which retires its
      * staging (given back before a new block would pass the budget) */
-    bool done = txn_module_complete(t, mi) + ++k->mod_rows[mi] == mod->n_primary;
+    bool done = txn_unit_complete(t, u) + ++k->unit_rows[u] == su->n_primary;
     if (done && (mod->fm.flags & REFIT_MODULE_POST_LOAD))
-        txn_call_completes(t, mi);
-    if (done && (mod->fm.flags & REFIT_MODULE_POST_LOAD) && k->mod_counted[mi]) {
-        *in_use -= mod->staged_bytes;
-        k->mod_counted[mi] = 0;
+        txn_call_completes(t, u);
+    if (done && (mod->fm.flags & REFIT_MODULE_POST_LOAD) && k->unit_counted[u]) {
+        *in_use -= su->staged_bytes;
+        k->unit_counted[u] = 0;
     }
     return REFIT_OK;
 }

@@ -64,7 +64,8 @@ typedef struct route {
     refit_view pad;             /* pad rows in the target (ROUTE_HAS_PAD) */
     refit_view staged_shape;    /* STAGED: shape/dtype of the staged slice */
     size_t staged_bytes;
-    size_t staged_offset;       /* in the module's staging block */
+    size_t staged_offset;       /* in its unit's staging block */
+    uint32_t unit;              /* staging unit (model-wide index) */
     uint64_t bytes;             /* bytes of the full checkpoint tensor */
 } route;
 
@@ -85,11 +86,25 @@ typedef struct module {
     uint32_t n_primary;         /* routes that count for completeness */
     uint32_t *primary;          /* route index of each fm.ckpt[i] */
     refit_fmt_module fm;        /* the format's view, built at seal */
-    size_t staged_bytes;        /* staging this module needs */
+    size_t staged_bytes;        /* staging of all its units together */
+    uint32_t unit0, n_units;    /* its staging units: units[unit0 ..] */
     uint64_t expected_bytes;    /* checkpoint bytes of its primary tensors */
     module_state state;
     struct mod_version *version; /* of the commit that last delivered it, or NULL */
 } module;
+
+/* What is staged and post-loaded at once: a whole module, or, when its
+ * format sets REFIT_MODULE_EXPERT_SLICES, the slice of one expert (the
+ * checkpoint tensors placed at that expert, the runtime tensors narrowed
+ * to it on dim 0). Built at seal (plan.c). */
+typedef struct stage_unit {
+    uint32_t module;
+    int64_t expert;             /* -1: the whole module */
+    uint32_t first, n_primary;  /* its routes: module primary[first ..] */
+    size_t staged_bytes;        /* its staging block */
+    refit_fmt_module *fm;       /* what post_load gets: the module's fm, or slice */
+    refit_fmt_module slice;     /* an expert's (fm == &slice): runtime narrowed */
+} stage_unit;
 
 struct refit_txn;
 
@@ -104,6 +119,9 @@ struct refit_model {
     uint32_t n_side, cap_side;
     route *routes;
     uint32_t n_routes, cap_routes;
+    stage_unit *units;          /* built at seal: every module's, in module order */
+    uint32_t n_units;
+    size_t staging_need;        /* the largest unit's staging (seal checks the budget) */
     names module_names;
     names side_names;
     names route_names;
@@ -114,7 +132,7 @@ struct refit_model {
     struct refit_txn *txn;      /* open transaction, or NULL */
     struct txn_scratch *scratch;/* per-route/module arrays reused by every txn */
     void *journal_modules;      /* journal_module_info[n_modules], built at seal */
-    struct undo_chunk *undo_pool; /* undo memory kept between updates */
+    struct undo_pool *undo_pool;  /* undo memory kept between updates (core/undo.c) */
     struct manifest_decls *decls;/* runtime tensors declared by manifests (manifest.c) */
     int64_t journal_plan;       /* module list recorded at seal, or 0 */
     struct load_marks *load_marks; /* refit_load_many's per-route marks (load_many.c) */

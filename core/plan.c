@@ -2,6 +2,7 @@
  * rows for this rank, its place in the target, its pad rows), every module
  * is planned by its format, and every runtime and side tensor's signature is
  * recorded. Nothing is written; a refusal leaves the model unsealed. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +57,13 @@ void view_from_signature(refit_view *v, const signature *sig)
     v->ndim = sig->ndim;
     memcpy(v->shape, sig->shape, sizeof v->shape);
     memcpy(v->strides, sig->strides, sizeof v->strides);
+}
+
+/* Rows [from, from + rows) of dim of v. */
+static void narrow_view(refit_view *v, int dim, int64_t from, int64_t rows)
+{
+    v->data = (char *)v->data + from * v->strides[dim] * (int64_t)kern_dtype_size(v->dtype);
+    v->shape[dim] = rows;
 }
 
 /* Lowest byte and extent of the memory a tensor touches (undo log span). */
@@ -605,11 +613,233 @@ static int module_plan(refit_model *m, module *mod, box *boxes, uint32_t *n_boxe
     if ((fm->flags & REFIT_MODULE_POST_LOAD) && !mod->fmt->post_load)
         return ctx_error(m->ctx, REFIT_EFORMAT, "module %s: format %s declares a post-load step "
                          "but has no post_load function", mod->name, mod->fmt->name);
-    if (mod->staged_bytes > m->ctx->staging_budget)
-        return ctx_error(m->ctx, REFIT_EBUDGET, "module %s needs %zu bytes of staging; the "
-                         "budget is %llu", mod->name, mod->staged_bytes,
-                         (unsigned long long)m->ctx->staging_budget);
     return REFIT_OK;
+}
+
+/* ---- staging units ---- */
+
+/* Whether module mod is staged an expert at a time: its format says its
+ * post-load keeps to an expert, every checkpoint tensor has one, and
+ * every runtime tensor's dim 0 is the same count of experts. */
+static bool module_sliceable(const refit_model *m, const module *mod)
+{
+    const refit_fmt_module *fm = &mod->fm;
+    uint32_t want = REFIT_MODULE_EXPERT_SLICES | REFIT_MODULE_POST_LOAD;
+    if ((fm->flags & want) != want || mod->n_primary == 0)
+        return false;
+    int64_t e = m->runtime[mod->runtime[0]].view.ndim > 0
+                    ? m->runtime[mod->runtime[0]].view.shape[0] : -1;
+    for (uint32_t i = 0; i < mod->n_runtime; i++) {
+        const refit_view *v = &m->runtime[mod->runtime[i]].view;
+        if (v->ndim < 1 || v->shape[0] != e)
+            return false;
+    }
+    for (uint32_t i = 0; i < mod->n_primary; i++) {
+        int64_t x = m->routes[mod->primary[i]].spec.expert;
+        if (x < 0 || x >= e)
+            return false;
+    }
+    return e > 0;
+}
+
+static int grow_units(refit_model *m, uint32_t more)
+{
+    uint32_t cap = m->n_units;
+    while (cap < m->n_units + more)
+        cap = cap ? cap * 2 : 64;
+    stage_unit *u = realloc(m->units, (size_t)cap * sizeof *u);
+    if (!u)
+        return ctx_error(m->ctx, REFIT_ENOMEM, "seal: out of memory");
+    m->units = u;
+    return REFIT_OK;
+}
+
+/* A staged route's slot in its unit's block (64-byte aligned slots). */
+static void unit_place(route *r, stage_unit *u)
+{
+    if (r->kind != REFIT_ROUTE_STAGED)
+        return;
+    r->staged_offset = u->staged_bytes;
+    u->staged_bytes += (r->staged_bytes + 63) & ~(size_t)63;
+}
+
+/* The primaries of mod regrouped by expert (stable: declaration order
+ * within one), the format's ckpt elements with them, so each expert's
+ * tensors are one run of mod->fm.ckpt. */
+static int group_by_expert(refit_model *m, module *mod, int64_t experts)
+{
+    refit_fmt_module *fm = &mod->fm;
+    uint32_t n = mod->n_primary;
+    uint32_t *count = calloc((size_t)experts + 1, sizeof *count);
+    uint32_t *prim = malloc((size_t)n * sizeof *prim);
+    refit_fmt_ckpt *ck = malloc((size_t)n * sizeof *ck);
+    int rc = REFIT_OK;
+    if (!count || !prim || !ck) {
+        rc = ctx_error(m->ctx, REFIT_ENOMEM, "seal: module %s: out of memory", mod->name);
+        goto out;
+    }
+    for (uint32_t i = 0; i < n; i++)
+        count[m->routes[mod->primary[i]].spec.expert + 1]++;
+    for (int64_t e = 0; e < experts; e++)
+        count[e + 1] += count[e];
+    for (uint32_t i = 0; i < n; i++) {
+        route *r = &m->routes[mod->primary[i]];
+        uint32_t at = count[r->spec.expert]++;
+        prim[at] = mod->primary[i];
+        ck[at] = fm->ckpt[i];
+        r->fm_index = at;
+    }
+    memcpy(mod->primary, prim, (size_t)n * sizeof *prim);
+    memcpy(fm->ckpt, ck, (size_t)n * sizeof *ck);
+out:
+    free(count);
+    free(prim);
+    free(ck);
+    return rc;
+}
+
+/* Plan the slice of unit u: it must route its tensors as the module's
+ * plan did (the core places and stages them by that plan). */
+static int slice_plan(refit_model *m, module *mod, stage_unit *u)
+{
+    refit_fmt_module *sl = &u->slice;
+    uint32_t n = sl->n_ckpt;
+    refit_fmt_ckpt *was = malloc((size_t)n * sizeof *was);
+    if (!was)
+        return ctx_error(m->ctx, REFIT_ENOMEM, "seal: module %s: out of memory", mod->name);
+    memcpy(was, sl->ckpt, (size_t)n * sizeof *was);
+    ctx_clear_error(m->ctx);
+    host_services_enter(m->ctx, sl);
+    int rc = mod->fmt->plan(&m->ctx->host, sl);
+    host_services_leave(m->ctx);
+    if (rc)
+        rc = plan_refused(m, mod, rc);
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        refit_fmt_ckpt *c = &sl->ckpt[i];
+        bool view = was[i].route == REFIT_ROUTE_VIEW;
+        if (c->route != was[i].route || c->flags != was[i].flags ||
+            (view && memcmp(&c->place, &was[i].place, sizeof c->place)))
+            rc = ctx_error(m->ctx, REFIT_EFORMAT, "module %s, tensor %s: format %s planned "
+                           "expert %lld's slice unlike the whole module (it sets "
+                           "REFIT_MODULE_EXPERT_SLICES)", mod->name, c->name, mod->fmt->name,
+                           (long long)u->expert);
+        c->place = was[i].place;
+    }
+    if (!rc && !(sl->flags & REFIT_MODULE_POST_LOAD))
+        rc = ctx_error(m->ctx, REFIT_EFORMAT, "module %s: format %s asked for no post-load "
+                       "step on expert %lld's slice", mod->name, mod->fmt->name,
+                       (long long)u->expert);
+    free(was);
+    return rc;
+}
+
+/* Units of a module staged an expert at a time: one per expert it places
+ * (grouped by group_by_expert), each with its slice planned. The whole
+ * module's plan state goes: post-load only ever gets the slices. */
+static int module_slices(refit_model *m, module *mod, int64_t experts)
+{
+    refit_fmt_module *fm = &mod->fm;
+    int rc = group_by_expert(m, mod, experts);
+    if (rc)
+        return rc;
+    if (mod->fmt->release && fm->state)
+        mod->fmt->release(&m->ctx->host, fm);
+    fm->state = NULL;
+    for (uint32_t a = 0, b; a < mod->n_primary && !rc; a = b) {
+        int64_t e = m->routes[mod->primary[a]].spec.expert;
+        for (b = a + 1; b < mod->n_primary && m->routes[mod->primary[b]].spec.expert == e;)
+            b++;
+        if ((rc = grow_units(m, 1)))
+            return rc;
+        stage_unit *u = &m->units[m->n_units];
+        memset(u, 0, sizeof *u);
+        u->module = (uint32_t)(mod - m->modules);
+        u->expert = e;
+        u->first = a;
+        u->n_primary = b - a;
+        u->fm = &u->slice;
+        refit_fmt_module *sl = &u->slice;
+        sl->name = mod->name;
+        sl->params = fm->params;
+        sl->ckpt_stride = fm->ckpt_stride;
+        sl->ckpt = refit_ckpt(fm, a);
+        sl->n_ckpt = b - a;
+        sl->runtime_stride = fm->runtime_stride;
+        sl->n_runtime = fm->n_runtime;
+        sl->runtime = calloc(fm->n_runtime, sizeof *sl->runtime);
+        m->n_units++; /* model_free_plan frees its runtime from here on */
+        if (!sl->runtime)
+            return ctx_error(m->ctx, REFIT_ENOMEM, "seal: module %s: out of memory", mod->name);
+        for (uint32_t k = 0; k < fm->n_runtime; k++) {
+            sl->runtime[k] = fm->runtime[k];
+            narrow_view(&sl->runtime[k].view, 0, e, 1);
+        }
+        for (uint32_t k = a; k < b; k++) {
+            route *r = &m->routes[mod->primary[k]];
+            unit_place(r, u);
+            r->unit = m->n_units - 1;
+        }
+        rc = slice_plan(m, mod, u);
+    }
+    return rc;
+}
+
+/* The staging units of mod, after its plan: the module whole, or an
+ * expert at a time (module_sliceable). Tied names share their primary's. */
+static int module_units(refit_model *m, module *mod)
+{
+    uint32_t mi = (uint32_t)(mod - m->modules);
+    mod->unit0 = m->n_units;
+    int rc;
+    if (module_sliceable(m, mod)) {
+        rc = module_slices(m, mod, m->runtime[mod->runtime[0]].view.shape[0]);
+    } else if (!(rc = grow_units(m, 1))) {
+        stage_unit *u = &m->units[m->n_units];
+        memset(u, 0, sizeof *u);
+        u->module = mi;
+        u->expert = -1;
+        u->n_primary = mod->n_primary;
+        u->fm = &mod->fm;
+        for (uint32_t k = 0; k < mod->n_primary; k++) {
+            route *r = &m->routes[mod->primary[k]];
+            unit_place(r, u);
+            r->unit = m->n_units;
+        }
+        m->n_units++;
+    }
+    mod->n_units = m->n_units - mod->unit0;
+    for (uint32_t i = 0; i < mod->n_routes; i++) {
+        route *r = &m->routes[mod->routes[i]];
+        if (r->flags & ROUTE_ALIAS)
+            r->unit = m->routes[r->tie].unit;
+    }
+    return rc;
+}
+
+/* The largest unit must fit the staging budget on its own: refused here,
+ * at seal, not in the middle of an update. */
+static int check_staging_need(refit_model *m)
+{
+    const stage_unit *big = NULL;
+    for (uint32_t i = 0; i < m->n_units; i++)
+        if (!big || m->units[i].staged_bytes > big->staged_bytes)
+            big = &m->units[i];
+    m->staging_need = big ? big->staged_bytes : 0;
+    if (!big || big->staged_bytes <= m->ctx->staging_budget)
+        return REFIT_OK;
+    const module *mod = &m->modules[big->module];
+    char what[96];
+    if (big->expert >= 0)
+        snprintf(what, sizeof what, "expert %lld's slice", (long long)big->expert);
+    else
+        snprintf(what, sizeof what, "the whole module%s",
+                 (mod->fm.flags & REFIT_MODULE_EXPERT_SLICES)
+                     ? "" : (mod->fm.flags & REFIT_MODULE_POST_LOAD) && mod->n_primary > 1
+                                ? " (its format's post-load does not keep to one expert)" : "");
+    return ctx_error(m->ctx, REFIT_EBUDGET, "module %s needs %zu bytes of staging at once "
+                     "(%s, staged before its post-load); the staging budget is %llu bytes "
+                     "(refit_options.staging_budget)", mod->name, big->staged_bytes, what,
+                     (unsigned long long)m->ctx->staging_budget);
 }
 
 /* Overlap and coverage of DIRECT placements, target by target. */
@@ -659,6 +889,7 @@ void model_free_plan(refit_model *m)
         free(mod->fm.runtime);
         free(mod->primary);
         memset(&mod->fm, 0, sizeof mod->fm);
+        mod->unit0 = mod->n_units = 0;
         mod->primary = NULL;
         mod->n_primary = 0;
         mod->staged_bytes = 0;
@@ -668,6 +899,19 @@ void model_free_plan(refit_model *m)
         m->routes[i].flags = 0;
     for (uint32_t i = 0; i < m->n_runtime; i++)
         m->runtime[i].via_view = false;
+    for (uint32_t i = 0; i < m->n_units; i++) {
+        stage_unit *u = &m->units[i];
+        if (u->fm != &u->slice)
+            continue;
+        const refit_format_v2 *f = m->modules[u->module].fmt;
+        if (f->release && u->slice.state)
+            f->release(&m->ctx->host, &u->slice);
+        free(u->slice.runtime);
+    }
+    free(m->units);
+    m->units = NULL;
+    m->n_units = 0;
+    m->staging_need = 0;
     free(m->journal_modules);
     m->journal_modules = NULL;
     memset(&m->stats, 0, sizeof m->stats);
@@ -694,6 +938,10 @@ int plan_build(refit_model *m)
         rc = module_plan(m, &m->modules[i], boxes, &n_boxes);
     if (!rc)
         rc = check_targets(m, boxes, n_boxes);
+    for (uint32_t i = 0; i < m->n_modules && !rc; i++)
+        rc = module_units(m, &m->modules[i]);
+    if (!rc)
+        rc = check_staging_need(m);
     free(boxes);
     if (rc)
         return rc;

@@ -53,6 +53,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <refit/sys/stats.h>
+
 #include "core/txn.h"
 #include "core/host_services.h"
 #include "core/util.h"
@@ -82,19 +84,21 @@ typedef struct part {
 
 enum { ROUTE_NONE = 0, ROUTE_PARTIAL = 1, ROUTE_COMPLETE = 2 };
 
-/* Per-route and per-module arrays, allocated once per sealed model. */
+/* Per-route, per-module and per-unit (model.h, stage_unit) arrays,
+ * allocated once per sealed model. */
 struct txn_scratch {
     uint8_t *route_state;       /* ROUTE_* */
     int64_t *route_rows;        /* rows of [lo, hi) covered by parts */
     part **parts;
     uint32_t *mod_complete;     /* primary routes complete */
+    uint32_t *unit_complete;    /* primary routes complete, per unit */
     uint8_t *mod_touched;
     uint8_t *mod_wrote;         /* runtime bytes written */
     uint32_t *touched;          /* touched module indexes, in order */
     uint32_t n_touched;
-    void **staging;             /* per module block */
-    void **retired;             /* staging blocks of post-loaded modules, */
-    uint32_t *retired_mod;      /*   kept until the streams are waited for */
+    void **staging;             /* per unit block */
+    void **retired;             /* staging blocks of post-loaded units, */
+    uint32_t *retired_unit;     /*   kept until the streams are waited for */
     uint32_t n_retired;
     uint8_t *rt_saved;          /* runtime tensor has an undo entry */
     uint32_t *tie_owner;        /* tied primary: route index + 1 of the name
@@ -102,14 +106,14 @@ struct txn_scratch {
     uint8_t *name_used;         /* a tied name accepted and skipped */
     void **in_place;            /* per route: the caller's bytes its staged
                                    view reads (REFIT_MODULE_STAGED_IN_PLACE) */
-    uint32_t *pending;          /* complete modules whose post-load waits for */
+    uint32_t *pending;          /* complete units whose post-load waits for */
     uint32_t n_pending;         /*   the end of the loading call, in order */
     uint32_t *by_format;        /* pending regrouped by format (pending_by_format) */
     void *pending_stream;
-    const refit_fmt_module **batch; /* a post_load_many's modules */
-    uint8_t *call_completes;    /* per module: the running call of many rows */
+    const refit_fmt_module **batch; /* a post_load_many's modules (or slices) */
+    uint8_t *call_completes;    /* per unit: the running call of many rows */
     uint32_t *flagged;          /*   completes it (its forecast says so), and */
-    uint32_t n_flagged;         /*   which modules it flagged */
+    uint32_t n_flagged;         /*   which units it flagged */
 };
 
 #define TXN_MAX_STREAMS 8
@@ -131,6 +135,7 @@ struct refit_txn {
     undo_log undo;
     uint32_t n_saved;           /* runtime tensors with an undo entry */
     size_t staging_in_use;
+    size_t staging_peak;        /* the most staging_in_use has been */
     refit_txn_stats stats;
     struct txn_scratch *s;
     txn_stream streams[TXN_MAX_STREAMS];
@@ -185,12 +190,13 @@ static void txn_scratch_free(struct txn_scratch *s)
     free(s->route_rows);
     free(s->parts);
     free(s->mod_complete);
+    free(s->unit_complete);
     free(s->mod_touched);
     free(s->mod_wrote);
     free(s->touched);
     free(s->staging);
     free(s->retired);
-    free(s->retired_mod);
+    free(s->retired_unit);
     free(s->rt_saved);
     free(s->tie_owner);
     free(s->name_used);
@@ -212,6 +218,7 @@ void txn_model_release(refit_model *m)
 static struct txn_scratch *scratch_new(const refit_model *m)
 {
     size_t nr = m->n_routes + 1, nm = m->n_modules + 1, nt = m->n_runtime + 1;
+    size_t nu = m->n_units + 1;
     struct txn_scratch *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
@@ -219,25 +226,26 @@ static struct txn_scratch *scratch_new(const refit_model *m)
     s->route_rows = calloc(nr, sizeof *s->route_rows);
     s->parts = calloc(nr, sizeof *s->parts);
     s->mod_complete = calloc(nm, sizeof *s->mod_complete);
+    s->unit_complete = calloc(nu, sizeof *s->unit_complete);
     s->mod_touched = calloc(nm, 1);
     s->mod_wrote = calloc(nm, 1);
     s->touched = calloc(nm, sizeof *s->touched);
-    s->staging = calloc(nm, sizeof *s->staging);
-    s->retired = calloc(nm, sizeof *s->retired);
-    s->retired_mod = calloc(nm, sizeof *s->retired_mod);
+    s->staging = calloc(nu, sizeof *s->staging);
+    s->retired = calloc(nu, sizeof *s->retired);
+    s->retired_unit = calloc(nu, sizeof *s->retired_unit);
     s->rt_saved = calloc(nt, 1);
     s->tie_owner = calloc(nr, sizeof *s->tie_owner);
     s->name_used = calloc(nr, 1);
     s->in_place = calloc(nr, sizeof *s->in_place);
-    s->pending = calloc(nm, sizeof *s->pending);
-    s->by_format = calloc(nm, sizeof *s->by_format);
-    s->batch = calloc(nm, sizeof *s->batch);
-    s->call_completes = calloc(nm, 1);
-    s->flagged = calloc(nm, sizeof *s->flagged);
+    s->pending = calloc(nu, sizeof *s->pending);
+    s->by_format = calloc(nu, sizeof *s->by_format);
+    s->batch = calloc(nu, sizeof *s->batch);
+    s->call_completes = calloc(nu, 1);
+    s->flagged = calloc(nu, sizeof *s->flagged);
     if (!s->call_completes || !s->flagged || !s->in_place || !s->pending || !s->by_format ||
         !s->batch || !s->route_state || !s->route_rows || !s->parts || !s->mod_complete ||
         !s->mod_touched || !s->mod_wrote || !s->touched || !s->staging || !s->rt_saved ||
-        !s->retired || !s->retired_mod ||
+        !s->retired || !s->retired_unit || !s->unit_complete ||
         !s->tie_owner || !s->name_used) {
         txn_scratch_free(s);
         return NULL;
@@ -245,15 +253,21 @@ static struct txn_scratch *scratch_new(const refit_model *m)
     return s;
 }
 
-/* Free the staging of every module whose post-load was enqueued: call
- * only once every stream the txn used was waited for. */
+/* The backend a unit's staging comes from: its module's. */
+static const backend *unit_backend(const refit_model *m, uint32_t u)
+{
+    return m->runtime[m->modules[m->units[u].module].runtime[0]].be;
+}
+
+/* Free the staging of every unit whose post-load was enqueued: call only
+ * once every stream the txn used was waited for. */
 static void staging_release_retired(refit_txn *t)
 {
     struct txn_scratch *s = t->s;
     for (uint32_t i = 0; i < s->n_retired; i++) {
-        const module *mod = &t->m->modules[s->retired_mod[i]];
-        t->m->runtime[mod->runtime[0]].be->staging_free(s->retired[i]);
-        t->staging_in_use -= mod->staged_bytes;
+        uint32_t u = s->retired_unit[i];
+        unit_backend(t->m, u)->staging_free(s->retired[i]);
+        t->staging_in_use -= t->m->units[u].staged_bytes;
     }
     s->n_retired = 0;
 }
@@ -284,9 +298,12 @@ static void scratch_reset(refit_txn *t)
         }
         for (uint32_t k = 0; k < mod->n_runtime; k++)
             s->rt_saved[mod->runtime[k]] = 0;
-        if (s->staging[mi]) {
-            m->runtime[mod->runtime[0]].be->staging_free(s->staging[mi]);
-            s->staging[mi] = NULL;
+        for (uint32_t u = mod->unit0; u < mod->unit0 + mod->n_units; u++) {
+            if (s->staging[u]) {
+                unit_backend(m, u)->staging_free(s->staging[u]);
+                s->staging[u] = NULL;
+            }
+            s->unit_complete[u] = 0;
         }
         s->mod_complete[mi] = 0;
         s->mod_touched[mi] = 0;
@@ -511,32 +528,38 @@ static int staging_reclaim(refit_txn *t, const module *mod)
               : REFIT_OK;
 }
 
-static int staging_get(refit_txn *t, module *mod, uint32_t mi, void **out)
+/* The staging block of unit u (its module's, or one expert's slice). */
+static int staging_get(refit_txn *t, uint32_t u, void **out)
 {
     struct txn_scratch *s = t->s;
-    if (!s->staging[mi]) {
-        int rc = t->staging_in_use + mod->staged_bytes > t->m->ctx->staging_budget
+    const stage_unit *su = &t->m->units[u];
+    const module *mod = &t->m->modules[su->module];
+    size_t need = su->staged_bytes;
+    if (!s->staging[u]) {
+        int rc = t->staging_in_use + need > t->m->ctx->staging_budget
                      ? staging_reclaim(t, mod)
                      : REFIT_OK;
         if (rc)
             return rc;
-        if (t->staging_in_use + mod->staged_bytes > t->m->ctx->staging_budget)
+        if (t->staging_in_use + need > t->m->ctx->staging_budget)
             return txn_error(t, REFIT_EBUDGET, "module %s: staging budget of %llu bytes "
                              "exhausted (%zu in use, %zu needed); nothing written",
                              mod->name, (unsigned long long)t->m->ctx->staging_budget,
-                             t->staging_in_use, mod->staged_bytes);
-        const backend *be = t->m->runtime[mod->runtime[0]].be;
-        s->staging[mi] = be->staging_alloc(mod->staged_bytes);
-        if (!s->staging[mi] && s->n_retired && !(rc = staging_reclaim(t, mod)))
-            s->staging[mi] = be->staging_alloc(mod->staged_bytes);
+                             t->staging_in_use, need);
+        const backend *be = unit_backend(t->m, u);
+        s->staging[u] = be->staging_alloc(need);
+        if (!s->staging[u] && s->n_retired && !(rc = staging_reclaim(t, mod)))
+            s->staging[u] = be->staging_alloc(need);
         if (rc)
             return rc;
-        if (!s->staging[mi])
+        if (!s->staging[u])
             return txn_error(t, REFIT_ENOMEM, "module %s: no staging memory for %zu bytes; "
-                             "nothing written", mod->name, mod->staged_bytes);
-        t->staging_in_use += mod->staged_bytes;
+                             "nothing written", mod->name, need);
+        t->staging_in_use += need;
+        if (t->staging_in_use > t->staging_peak)
+            t->staging_peak = t->staging_in_use;
     }
-    *out = s->staging[mi];
+    *out = s->staging[u];
     return REFIT_OK;
 }
 
@@ -544,8 +567,8 @@ static bool view_contiguous(const refit_view *v);
 
 /* Whether delivery d of a STAGED route needs no staged copy: its module's
  * post-load may read the caller's bytes in place (the format says so), d
- * is whole and completes the module (completes: every other primary
- * tensor is here), so the post-load runs before the loading call returns,
+ * is whole and completes its unit (completes: every other primary tensor
+ * of it is here), so the post-load runs before the loading call returns,
  * and this rank's rows are one contiguous, aligned run of the staged
  * dtype on the staging's device. *at: where they start. */
 static bool stage_in_place(const refit_txn *t, const delivery *d, bool whole, bool completes,
@@ -576,22 +599,22 @@ static bool stage_in_place(const refit_txn *t, const delivery *d, bool whole, bo
     return true;
 }
 
-/* The module of d gets its post-load before the loading call returns:
- * d is its last primary tensor, or the running call of many rows
- * completes it. */
-static bool completes_module(const refit_txn *t, const delivery *d)
+/* The unit of d gets its post-load before the loading call returns: d
+ * is its last primary tensor, or the running call of many rows completes
+ * it. */
+static bool completes_unit(const refit_txn *t, const delivery *d)
 {
-    uint32_t mi = d->r->module;
-    return t->s->mod_complete[mi] + 1 == t->m->modules[mi].n_primary ||
-           (t->defer_post_load && t->s->call_completes[mi]);
+    uint32_t u = d->r->unit;
+    return t->s->unit_complete[u] + 1 == t->m->units[u].n_primary ||
+           (t->defer_post_load && t->s->call_completes[u]);
 }
 
-void txn_call_completes(refit_txn *t, uint32_t mi)
+void txn_call_completes(refit_txn *t, uint32_t u)
 {
     struct txn_scratch *s = t->s;
-    if (!s->call_completes[mi]) {
-        s->call_completes[mi] = 1;
-        s->flagged[s->n_flagged++] = mi;
+    if (!s->call_completes[u]) {
+        s->call_completes[u] = 1;
+        s->flagged[s->n_flagged++] = u;
     }
 }
 
@@ -640,12 +663,15 @@ static post_load_many_fn *post_load_many_of(const refit_format_v2 *f)
     return REFIT_STRUCT_HAS(f, refit_format_v2, post_load_many) ? f->post_load_many : NULL;
 }
 
-/* Every checkpoint tensor of a STAGED module is here: save what its
- * post-load overwrites and queue it, run at once unless a loading call of
- * many rows defers it to its end (one post_load_many a format). */
-static int post_load_queue(refit_txn *t, module *mod, uint32_t mi, void *stream)
+/* Every checkpoint tensor of a STAGED unit (a module, or an expert's
+ * slice of one) is here: save what its post-load overwrites (the module's
+ * runtime tensors, once) and queue it, run at once unless a loading call
+ * of many rows defers it to its end (one post_load_many a format). */
+static int post_load_queue(refit_txn *t, uint32_t u, void *stream)
 {
     struct txn_scratch *s = t->s;
+    uint32_t mi = t->m->units[u].module;
+    const module *mod = &t->m->modules[mi];
     for (uint32_t i = 0; i < mod->n_runtime; i++) {
         int rc = save_runtime(t, mod->runtime[i], stream);
         if (rc)
@@ -657,15 +683,17 @@ static int post_load_queue(refit_txn *t, module *mod, uint32_t mi, void *stream)
     if (rc)
         return rc;
     s->pending_stream = stream;
-    s->pending[s->n_pending++] = mi;
+    s->pending[s->n_pending++] = u;
     return t->defer_post_load ? REFIT_OK : post_load_run(t);
 }
 
-/* Point module mi's staged views at its staged bytes (or set them NULL). */
-static void staged_views(refit_txn *t, module *mod, uint32_t mi, bool set)
+/* Point unit u's staged views at its staged bytes (or set them NULL). */
+static void staged_views(refit_txn *t, uint32_t u, bool set)
 {
+    const stage_unit *su = &t->m->units[u];
+    module *mod = &t->m->modules[su->module];
     refit_fmt_module *fm = &mod->fm;
-    for (uint32_t i = 0; i < fm->n_ckpt; i++) {
+    for (uint32_t i = su->first; i < su->first + su->n_primary; i++) {
         uint32_t ri = mod->primary[i];
         const route *r = &t->m->routes[ri];
         if (r->kind != REFIT_ROUTE_STAGED)
@@ -678,46 +706,54 @@ static void staged_views(refit_txn *t, module *mod, uint32_t mi, bool set)
         }
         c->staged = r->staged_shape;
         c->staged.data = t->s->in_place[ri] ? t->s->in_place[ri]
-                                            : (char *)t->s->staging[mi] + r->staged_offset;
+                                            : (char *)t->s->staging[u] + r->staged_offset;
     }
 }
 
 /* A post-load's failure: bad data (a NaN, a value out of range) is held
  * like a lowered status word, so the update fails at finalize on every
  * backend; anything else (or no room to hold it) fails the load now. */
-static int post_load_failed(refit_txn *t, const module *mod, int rc)
+static int post_load_failed(refit_txn *t, uint32_t u, int rc)
 {
+    const module *mod = &t->m->modules[t->m->units[u].module];
     char why[REFIT_ERRMSG_SIZE]; /* the format's reason, before it is overwritten */
     snprintf(why, sizeof why, "%s", t->m->ctx->errmsg[0] ? t->m->ctx->errmsg
                                                          : refit_strerror(rc));
-    if (rc != REFIT_ECORRUPT || host_services_post_load_failed(t->m->ctx, &mod->fm, rc, why))
+    if (rc != REFIT_ECORRUPT || host_services_post_load_failed(t->m->ctx, t->m->units[u].fm, rc,
+                                                               why))
         return txn_error(t, rc, "module %s: post-load of format %s failed: %s", mod->name,
                          mod->fmt->name, why);
     ctx_clear_error(t->m->ctx);
     return REFIT_OK;
 }
 
-/* Modules pending[a, b) (one format): one post_load_many, or a post_load
+/* The format of unit u's module. */
+static const refit_format_v2 *unit_format(const refit_txn *t, uint32_t u)
+{
+    return t->m->modules[t->m->units[u].module].fmt;
+}
+
+/* Units pending[a, b) (one format): one post_load_many, or a post_load
  * each. */
 static int post_load_group(refit_txn *t, const uint32_t *pending, uint32_t n, void *stream)
 {
     refit_ctx *ctx = t->m->ctx;
-    module *first = &t->m->modules[pending[0]];
-    post_load_many_fn *many = post_load_many_of(first->fmt);
+    const refit_format_v2 *f = unit_format(t, pending[0]);
+    post_load_many_fn *many = post_load_many_of(f);
     if (n > 1 && many) {
         for (uint32_t k = 0; k < n; k++)
-            t->s->batch[k] = &t->m->modules[pending[k]].fm;
+            t->s->batch[k] = t->m->units[pending[k]].fm;
         host_services_enter_many(ctx, t->s->batch, n);
         int rc = many(&ctx->host, t->s->batch, n, stream);
         host_services_leave(ctx);
-        return rc ? post_load_failed(t, first, rc) : REFIT_OK;
+        return rc ? post_load_failed(t, pending[0], rc) : REFIT_OK;
     }
     for (uint32_t k = 0; k < n; k++) {
-        module *mod = &t->m->modules[pending[k]];
-        host_services_enter(ctx, &mod->fm);
-        int rc = mod->fmt->post_load(&ctx->host, &mod->fm, stream);
+        const refit_fmt_module *fm = t->m->units[pending[k]].fm;
+        host_services_enter(ctx, fm);
+        int rc = f->post_load(&ctx->host, fm, stream);
         host_services_leave(ctx);
-        if (rc && (rc = post_load_failed(t, mod, rc)))
+        if (rc && (rc = post_load_failed(t, pending[k], rc)))
             return rc;
     }
     return REFIT_OK;
@@ -737,7 +773,7 @@ static void pending_by_format(refit_txn *t, uint32_t n)
     const refit_format_v2 *f[GROUP_FORMATS];
     uint32_t nf = 0, o = 0;
     for (uint32_t k = 0; k < n; k++) {
-        const refit_format_v2 *x = t->m->modules[s->pending[k]].fmt;
+        const refit_format_v2 *x = unit_format(t, s->pending[k]);
         uint32_t i = 0;
         while (i < nf && f[i] != x)
             i++;
@@ -751,7 +787,7 @@ static void pending_by_format(refit_txn *t, uint32_t n)
         return;
     for (uint32_t i = 0; i < nf; i++)
         for (uint32_t k = 0; k < n; k++)
-            if (t->m->modules[s->pending[k]].fmt == f[i])
+            if (unit_format(t, s->pending[k]) == f[i])
                 s->by_format[o++] = s->pending[k];
     memcpy(s->pending, s->by_format, n * sizeof *s->pending);
 }
@@ -767,9 +803,9 @@ static int post_load_run(refit_txn *t)
         return REFIT_OK;
     s->n_pending = 0;
     void *stream = s->pending_stream;
-    module *m0 = &t->m->modules[s->pending[0]];
+    const module *m0 = &t->m->modules[t->m->units[s->pending[0]].module];
     /* staged copies must land before the post-load kernel reads them */
-    const backend *be = t->m->runtime[m0->runtime[0]].be;
+    const backend *be = unit_backend(t->m, s->pending[0]);
     int rc = t->n_streams == 1 && t->streams[0].be == be && t->streams[0].stream == stream
                  ? be->flush(stream)
                  : txn_sync_streams(t);
@@ -779,22 +815,22 @@ static int post_load_run(refit_txn *t)
         return txn_error(t, rc, "module %s: staged copies failed: %s", m0->name,
                          refit_strerror(rc));
     for (uint32_t k = 0; k < n; k++)
-        staged_views(t, &t->m->modules[s->pending[k]], s->pending[k], true);
+        staged_views(t, s->pending[k], true);
     pending_by_format(t, n);
     for (uint32_t a = 0, b; a < n && !rc; a = b) {
-        const refit_format_v2 *f = t->m->modules[s->pending[a]].fmt;
-        for (b = a + 1; b < n && t->m->modules[s->pending[b]].fmt == f;)
+        const refit_format_v2 *f = unit_format(t, s->pending[a]);
+        for (b = a + 1; b < n && unit_format(t, s->pending[b]) == f;)
             b++;
         rc = post_load_group(t, s->pending + a, b - a, stream);
     }
     for (uint32_t k = 0; k < n; k++) {
-        uint32_t mi = s->pending[k];
-        staged_views(t, &t->m->modules[mi], mi, false);
-        if (!s->staging[mi])
+        uint32_t u = s->pending[k];
+        staged_views(t, u, false);
+        if (!s->staging[u])
             continue; /* every staged view read the caller's bytes */
-        s->retired[s->n_retired] = s->staging[mi];
-        s->retired_mod[s->n_retired++] = mi;
-        s->staging[mi] = NULL;
+        s->retired[s->n_retired] = s->staging[u];
+        s->retired_unit[s->n_retired++] = u;
+        s->staging[u] = NULL;
     }
     return rc;
 }
@@ -834,11 +870,12 @@ static int route_complete(refit_txn *t, delivery *d)
         s->mod_wrote[r->module] = 1;
         t->wrote = true;
     }
-    module *mod = &t->m->modules[r->module];
-    if (++s->mod_complete[r->module] < mod->n_primary)
+    const module *mod = &t->m->modules[r->module];
+    s->mod_complete[r->module]++;
+    if (++s->unit_complete[r->unit] < t->m->units[r->unit].n_primary)
         return REFIT_OK;
     if (mod->fm.flags & REFIT_MODULE_POST_LOAD)
-        return post_load_queue(t, mod, r->module, d->stream);
+        return post_load_queue(t, r->unit, d->stream);
     return REFIT_OK;
 }
 
@@ -982,11 +1019,11 @@ int txn_load_staging(refit_txn *t, const delivery *d, bool whole, void **staging
     if (d->r->kind != REFIT_ROUTE_STAGED)
         return REFIT_OK;
     void *at;
-    if (stage_in_place(t, d, whole, completes_module(t, d), &at)) {
+    if (stage_in_place(t, d, whole, completes_unit(t, d), &at)) {
         t->s->in_place[d->ri] = at; /* write_rows then copies nothing */
         return REFIT_OK;
     }
-    return staging_get(t, &t->m->modules[d->r->module], d->r->module, staging);
+    return staging_get(t, d->r->unit, staging);
 }
 
 int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *staging, bool claim)
@@ -1067,14 +1104,19 @@ size_t txn_staging_in_use(const refit_txn *t)
     return t->staging_in_use;
 }
 
-bool txn_module_has_staging(const refit_txn *t, uint32_t mi)
+bool txn_unit_has_staging(const refit_txn *t, uint32_t u)
 {
-    return t->s->staging[mi] != NULL;
+    return t->s->staging[u] != NULL;
 }
 
-uint32_t txn_module_complete(const refit_txn *t, uint32_t mi)
+uint32_t txn_unit_complete(const refit_txn *t, uint32_t u)
 {
-    return t->s->mod_complete[mi];
+    return t->s->unit_complete[u];
+}
+
+size_t refit_sys_txn_staging_peak(const refit_txn *t)
+{
+    return t ? t->staging_peak : 0;
 }
 
 bool txn_wrote(const refit_txn *t)

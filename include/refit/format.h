@@ -36,7 +36,8 @@
  *                  the staged views, never runtime bytes (rule 4). With
  *                  REFIT_MODULE_STAGED_IN_PLACE a staged view may be the
  *                  caller's source itself; post_load_many builds several
- *                  modules in one go.
+ *                  modules in one go. With REFIT_MODULE_EXPERT_SLICES, m
+ *                  may be one expert's slice of the module (planned too).
  *   release(m)     at model destroy, if plan stored anything in m->state.
  *
  * Arrays the host builds (m->ckpt, m->runtime) carry their element size
@@ -117,6 +118,16 @@ typedef struct refit_fmt_runtime {
  * post-load's work runs on the caller's stream within that call, so the
  * source is read before anything the caller queues after it). */
 #define REFIT_MODULE_STAGED_IN_PLACE 0x4u
+/* post_load of expert e reads only the staged tensors placed at expert e
+ * and writes only row e of dim 0 of each runtime tensor (no group, scale
+ * or amax crosses experts): the host may then stage and post-load the
+ * module one expert at a time. When every checkpoint tensor has an expert
+ * and every runtime tensor's dim 0 is the experts, plan is called once
+ * more per expert on that slice (its checkpoint tensors, the runtime views
+ * narrowed to [e, e+1) of dim 0; it must route them as the whole module's
+ * plan did) and post_load gets the slice once its tensors are all here.
+ * Otherwise the module is staged whole. */
+#define REFIT_MODULE_EXPERT_SLICES 0x8u
 
 typedef struct refit_fmt_module {
     const char *name;

@@ -251,6 +251,9 @@ static int mx_plan(const refit_host_v2 *h, refit_fmt_module *m)
      * quant_mx.cu take x const): they may be the caller's */
     m->flags = REFIT_MODULE_WHOLE |
                (s->online ? REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE : 0);
+    /* an expert's E8M0 blocks run along K within its own rows */
+    if (!rc && s->online)
+        m->flags |= REFIT_MODULE_EXPERT_SLICES;
     return rc;
 }
 

@@ -15,6 +15,10 @@ extern "C" {
  * NULL ctx or no journal): refit-bench's journal share of a reload. */
 REFIT_API double refit_sys_journal_seconds(const refit_ctx *ctx);
 
+/* The most bytes of staging txn has held at once so far (0 for NULL):
+ * what a staging_budget must allow for this order of loads. */
+REFIT_API size_t refit_sys_txn_staging_peak(const refit_txn *txn);
+
 #ifdef __cplusplus
 }
 #endif
