@@ -466,6 +466,12 @@ static int fp8_plan(const refit_host_v2 *h, refit_fmt_module *m)
     /* post_load reads its staged weights only: they may be the caller's */
     m->flags = REFIT_MODULE_WHOLE |
                (s->online ? REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE : 0);
+    /* an expert's weights, scale rows and amax are its own, but for one
+     * per-tensor scale over the whole stack */
+    if (!rc && s->online && (s->scheme != KERN_FP8_PER_TENSOR ||
+                             numel(refit_runtime(m, s->rt_scale)->view.ndim,
+                                   refit_runtime(m, s->rt_scale)->view.shape) > 1))
+        m->flags |= REFIT_MODULE_EXPERT_SLICES;
     return rc;
 }
 
