@@ -495,14 +495,16 @@ static int check_pieces(refit_ipc_receiver *r)
 /* Walk the index (the NCCL wire's chain of headers), each bucket against
  * the memory it names and each piece against the model as it comes: an
  * index the model cannot take is refused at its announce (more entries
- * than the model has tensors, or rows for parts) or at its first piece
- * the model refuses, never tabled whole first. Collects the pieces and
- * where each bucket lies. */
+ * than the model has tensors, or rows for parts; without a filter) or at
+ * its first piece the model refuses, never tabled whole first. Collects
+ * the pieces and where each bucket lies. */
 static int walk_index(refit_ipc_receiver *r, const ipc_index *u)
 {
     r->n_pc = 0;
     r->arena_len = 0;
-    if (u->an.n_entries > r->max_entries || u->n_buckets > r->max_entries) {
+    /* a filter may skip what this model lacks (another stage's tensors):
+     * then only what it keeps is bounded, by check_piece */
+    if (!r->o.filter && (u->an.n_entries > r->max_entries || u->n_buckets > r->max_entries)) {
         snprintf(r->err, sizeof r->err, "INDEX: the announce lists %llu entries in %u buckets; "
                  "this model takes at most %llu (%u checkpoint tensors, each whole or in "
                  "parts of a row at least); nothing written",

@@ -1603,6 +1603,38 @@ static void t_index_flood(void **state)
     worker_close(&f);
 }
 
+/* A filter may skip what this model lacks (another stage's tensors): an
+ * index of more entries than the model has is then not refused at its
+ * announce; the filter decides, piece by piece. */
+static int skip_flood(void *user, const char *name)
+{
+    (void)user;
+    return strncmp(name, "flood.", 6) != 0;
+}
+
+static void t_index_flood_filtered(void **state)
+{
+    (void)state;
+    worker_fix f;
+    refit_ipc_recv_opts o = REFIT_IPC_RECV_OPTS_INIT;
+    o.timeout_s = 20;
+    o.start_timeout_s = 20;
+    o.filter = skip_flood;
+    worker_open_with(&f, 0, &o, NULL);
+    flood_job j = {g_path[0], 1000};
+    pid_t pid = it_fork(run_flood, &j);
+    refit_group_result res;
+    int rc = receive(&f, &res);
+    it_wait(pid);
+    if (strstr(refit_errmsg(f.w.ctx), "announce lists"))
+        fail_msg("an index of 1000 entries, every one filtered out: %d '%s'", rc,
+                 refit_errmsg(f.w.ctx));
+    assert_int_equal(res.vote_taken, 1);
+    assert_int_equal(res.tensors, 1000);
+    assert_int_equal(refit_worker_health(f.w.ctx), REFIT_HEALTH_EMPTY);
+    worker_close(&f);
+}
+
 /* I6: the first bucket names a tensor the model does not expect, the last
  * header is corrupt: the refusal names the tensor (the walk stopped
  * there, before the rest was decoded and tabled). */
@@ -1668,6 +1700,7 @@ int main(void)
         cmocka_unit_test_setup(t_idle_peers, fresh_paths),
         cmocka_unit_test_setup(t_idle_peers_greet_timeout, fresh_paths),
         cmocka_unit_test_setup(t_index_flood, fresh_paths),
+        cmocka_unit_test_setup(t_index_flood_filtered, fresh_paths),
         cmocka_unit_test_setup(t_unknown_name_first, fresh_paths),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
