@@ -78,6 +78,9 @@ int jr_held_write(journal *j)
                         h->at);
     if (rc == SQLITE_NOTFOUND) /* the row is gone: nothing to record into */
         rc = SQLITE_DONE;
+    else if (rc == JR_ROW_CLOSED)
+        rc = jr_end_closed_event(j, h->id, h->has_health ? h->worker : NULL,
+                                 h->state, h->at);
     else if (rc == SQLITE_DONE && j->cur.id == h->id)
         rc = jr_write_batch(j, &j->cur, 0, NULL); /* resync: every row */
     if (rc == SQLITE_DONE && h->has_health) {
@@ -105,6 +108,10 @@ void jr_held_committed(journal *j)
         return;
     if (j->cur.id == j->held.id)
         jr_update_free(&j->cur);
+    if (j->locked_update == j->held.id) {
+        jr_unlock_update(j, j->locked_update);
+        j->locked_update = 0;
+    }
     jr_held_free(&j->held);
 }
 

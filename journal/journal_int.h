@@ -51,11 +51,12 @@
       " error = coalesce(error, ?3) WHERE id = ?1"                             \
       " AND state IN ('loading', 'finalizing')")                               \
     X(UPDATE_STATE,                                                            \
-      "UPDATE updates SET state = ?2 WHERE id = ?1")                           \
+      "UPDATE updates SET state = ?2 WHERE id = ?1"                            \
+      " AND state IN ('loading', 'finalizing')")                               \
     X(UPDATE_END,                                                              \
       "UPDATE updates SET state = ?2, bytes = ?3, tensors = ?4, error = ?5,"   \
       " ended_at = ?6, undo_device_bytes = ?7, undo_host_bytes = ?8"           \
-      " WHERE id = ?1")                                                        \
+      " WHERE id = ?1 AND state IN ('loading', 'finalizing')")                 \
     X(EVENT_INSERT,                                                            \
       "INSERT INTO events(at, update_id, worker, kind, message)"               \
       " VALUES (?1, ?2, ?3, ?4, ?5)")
@@ -134,6 +135,8 @@ struct journal {
     char gap_text[JOURNAL_GAP_TEXT_MAX];
     char err[JOURNAL_ERR_MAX];
     uint64_t dev, ino;             /* the file opened (journal_same_file) */
+    int lock_fd;                   /* PATH-writers (journal_lock.c); -1 */
+    int64_t locked_update;         /* the update whose lock this holds; 0 */
 };
 
 /* Record "journal PATH: what: sqlite text (code, os error)" and return
@@ -181,6 +184,23 @@ int64_t jr_proc_start(int64_t pid);
 int jr_writer_alive(const journal *j, const char *host, int64_t pid,
                     int64_t pid_start);
 
+/* Liveness by lock (journal_lock.c): a worker id and an open update each
+ * have a lock their writer holds while it lives. Open: writers create
+ * PATH-writers (failure is an error), readers use it when it exists. The
+ * live tests: held by another descriptor, else jr_writer_alive's pid test
+ * (writers of older versions take no lock). */
+int jr_lock_open(journal *j);
+void jr_lock_close(journal *j);
+int jr_worker_live(const journal *j, const char *worker_id, const char *host,
+                   int64_t pid, int64_t pid_start);
+int jr_update_live(const journal *j, int64_t update_id, const char *host,
+                   int64_t pid, int64_t pid_start);
+/* REFIT_EEXIST naming the live holder (its workers row) when another
+ * descriptor holds worker_id; REFIT_EJOURNAL when fcntl fails. */
+int jr_lock_worker(journal *j, const char *worker_id);
+int jr_lock_update(journal *j, int64_t update_id);
+void jr_unlock_update(journal *j, int64_t update_id);
+
 /* Schema creation and forward migration (journal_schema.c). */
 int jr_schema_check(journal *j, int *need_migrate);
 int jr_schema_migrate(journal *j);
@@ -203,6 +223,12 @@ void jr_update_free(jr_update *u);
 int jr_end_row(journal *j, int64_t update_id, const char *state,
                uint64_t bytes, uint64_t tensors, const char *error,
                const char *at);
+/* jr_end_row found the row ended already (another process marked it
+ * interrupted): it is left as it is, and an event of kind "ended_late"
+ * says how the update did end. Not a SQLite code. */
+#define JR_ROW_CLOSED (-2)
+int jr_end_closed_event(journal *j, int64_t update_id, const char *worker,
+                        const char *state, const char *at);
 int jr_write_batch(journal *j, jr_update *u, size_t n,
                    const journal_module_progress *p);
 

@@ -21,6 +21,7 @@ static journal *handle_new(const char *path, const journal_opts *o)
     }
     j->mode = o->mode;
     j->readonly = o->readonly;
+    j->lock_fd = -1;
     j->pid = (int64_t)getpid();
     j->pid_start = jr_proc_start(j->pid);
     if (gethostname(j->host, sizeof j->host - 1) != 0)
@@ -36,6 +37,7 @@ void journal_close(journal *j)
         sqlite3_finalize(j->stmt[i]);
     /* close_v2: a statement a caller leaked cannot keep the file open. */
     sqlite3_close_v2(j->db);
+    jr_lock_close(j);
     jr_update_free(&j->cur);
     jr_held_free(&j->held);
     free(j->path);
@@ -95,6 +97,28 @@ static int refuse_empty_file(journal *j)
                    j->path);
 }
 
+/* Why a writer cannot create or write the file, from the kernel: SQLite
+ * retries a failed read-write open read-only and reports that attempt's
+ * errno (ENOENT for a file that was never there) or opens the file
+ * read-only without a word. */
+static const char *write_denied(const char *path, char *buf, size_t len)
+{
+    struct stat st;
+    snprintf(buf, len, "%s", path);
+    if (stat(path, &st) != 0) { /* to be created: the directory must take it */
+        char *slash = strrchr(buf, '/');
+        if (!slash)
+            snprintf(buf, len, ".");
+        else
+            slash[slash == buf] = '\0';
+    }
+    if (access(buf, W_OK) == 0)
+        return NULL;
+    return errno == EROFS ? "is on a read-only file system (EROFS)"
+           : errno == EACCES ? "is not writable (EACCES)"
+           : NULL; /* SQLite's own words then (a missing directory ...) */
+}
+
 static int open_db(journal *j, int busy_ms, int immutable)
 {
     int flags = j->readonly ? SQLITE_OPEN_READONLY
@@ -112,6 +136,13 @@ static int open_db(journal *j, int busy_ms, int immutable)
     flags |= SQLITE_OPEN_NOMUTEX | (uri ? SQLITE_OPEN_URI : 0);
     int rc = sqlite3_open_v2(uri ? uri : j->path, &j->db, flags, NULL);
     free(uri);
+    char where[4096];
+    const char *denied = j->readonly ? NULL : write_denied(j->path, where, sizeof where);
+    if (rc != SQLITE_OK && denied)
+        return jr_fail(j, REFIT_EJOURNAL, "journal %s: cannot open: %s%s %s", j->path,
+                       strcmp(where, j->path) ? "cannot create the file: its directory "
+                                              : "the file ",
+                       strcmp(where, j->path) ? where : "", denied);
     if (rc != SQLITE_OK)
         return jr_fail_sqlite(j, "cannot open");
     sqlite3_extended_result_codes(j->db, 1);
@@ -120,8 +151,9 @@ static int open_db(journal *j, int busy_ms, int immutable)
      * the writer would only learn at its first update. */
     if (!j->readonly && sqlite3_db_readonly(j->db, "main") == 1)
         return jr_fail(j, REFIT_EJOURNAL, "journal %s: cannot open for "
-                       "writing: the file or its directory is read-only",
-                       j->path);
+                       "writing: the file or its directory is read-only%s%s%s",
+                       j->path, denied ? " (" : "", denied ? denied : "",
+                       denied ? ")" : "");
     return REFIT_OK;
 }
 
@@ -193,11 +225,14 @@ static int open_steps(journal *j, int busy_ms)
                            "than version %d (or empty); open it once for "
                            "writing to migrate it", j->path,
                            JOURNAL_SCHEMA_VERSION);
+        jr_lock_open(j); /* without it, liveness is the pid test */
         return exec(j, "PRAGMA query_only = ON", "setting pragmas");
     }
     rc = configure_writer(j);
     if (rc == REFIT_OK && need_migrate)
         rc = jr_schema_migrate(j);
+    if (rc == REFIT_OK)
+        rc = jr_lock_open(j);
     if (rc == REFIT_OK)
         rc = jr_mark_interrupted(j);
     /* Compile the write statements now, at open, not inside the first

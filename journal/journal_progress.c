@@ -194,9 +194,37 @@ int jr_end_row(journal *j, int64_t update_id, const char *state,
             sqlite3_bind_null(s, 7 + i);
     }
     int rc = jr_step_done(j, s);
-    /* The row is ours (the writer is alive): 0 rows means it is gone. */
-    return rc == SQLITE_DONE && sqlite3_changes(j->db) != 1 ? SQLITE_NOTFOUND
-                                                            : rc;
+    if (rc != SQLITE_DONE || sqlite3_changes(j->db) == 1)
+        return rc;
+    /* 0 rows: it is gone, or it ended already: another process marked it
+     * interrupted (its writer looked dead). Never back to an open state. */
+    sqlite3_stmt *q = NULL;
+    rc = sqlite3_prepare_v2(j->db, "SELECT 1 FROM updates WHERE id = ?1", -1,
+                            &q, NULL);
+    if (rc == SQLITE_OK) {
+        sqlite3_bind_int64(q, 1, update_id);
+        rc = jr_step(j, q);
+    }
+    sqlite3_finalize(q);
+    return rc == SQLITE_ROW ? JR_ROW_CLOSED : rc == SQLITE_DONE ? SQLITE_NOTFOUND : rc;
+}
+
+int jr_end_closed_event(journal *j, int64_t update_id, const char *worker,
+                        const char *state, const char *at)
+{
+    char msg[256], was[32] = "?";
+    sqlite3_stmt *q = NULL;
+    if (sqlite3_prepare_v2(j->db, "SELECT state FROM updates WHERE id = ?1", -1, &q,
+                           NULL) == SQLITE_OK) {
+        sqlite3_bind_int64(q, 1, update_id);
+        if (jr_step(j, q) == SQLITE_ROW)
+            snprintf(was, sizeof was, "%s", (const char *)sqlite3_column_text(q, 0));
+    }
+    sqlite3_finalize(q);
+    snprintf(msg, sizeof msg, "update %lld ended %s at %s, after another process "
+             "had recorded it %s; the recorded state stays %s", (long long)update_id,
+             state, at, was, was);
+    return jr_event_row(j, update_id, worker, "ended_late", msg);
 }
 
 int journal_update_undo(journal *j, int64_t update_id, uint64_t device_bytes,
@@ -262,6 +290,8 @@ int journal_update_end_health(journal *j, int64_t update_id,
     if ((rc = jr_tx_begin(j, what)) != REFIT_OK)
         return end_failed(j, update_id, st, bytes, tensors, error, now, h);
     int src = jr_end_row(j, update_id, st, bytes, tensors, error, now);
+    if (src == JR_ROW_CLOSED)
+        src = jr_end_closed_event(j, update_id, h ? h->worker_id : NULL, st, now);
     if (src == SQLITE_DONE)
         src = jr_write_batch(j, &j->cur, n, p);
     if (src == SQLITE_DONE && h) {
@@ -283,5 +313,9 @@ int journal_update_end_health(journal *j, int64_t update_id,
     if (j->held.id == update_id)
         jr_held_free(&j->held); /* superseded by the end just written */
     jr_update_free(&j->cur);
+    if (j->locked_update == update_id) {
+        jr_unlock_update(j, update_id);
+        j->locked_update = 0;
+    }
     return REFIT_OK;
 }

@@ -74,11 +74,11 @@ static int worker_row(journal *j, sqlite3_stmt *s, void *ctx)
         .heartbeat = col_text(s, 6), .last_update = sqlite3_column_int64(s, 8),
         .last_update_state = col_text(s, 9)};
     r.health_recorded = r.health;
-    r.alive = jr_writer_alive(j, r.host, r.pid, sqlite3_column_int64(s, 7));
+    r.alive = jr_worker_live(j, r.id, r.host, r.pid, sqlite3_column_int64(s, 7));
     /* The worker died inside its update: what it holds is unknown. */
     if (is_open_state(r.last_update_state) &&
-        !jr_writer_alive(j, col_text(s, 12), sqlite3_column_int64(s, 10),
-                         sqlite3_column_int64(s, 11))) {
+        !jr_update_live(j, r.last_update, col_text(s, 12),
+                        sqlite3_column_int64(s, 10), sqlite3_column_int64(s, 11))) {
         r.last_update_state = "interrupted";
         if (sqlite3_column_int64(s, 10) == r.pid)
             r.health = "unknown";
@@ -126,7 +126,7 @@ static int update_row(journal *j, sqlite3_stmt *s, void *ctx)
         .undo_device_bytes = (uint64_t)sqlite3_column_int64(s, 19),
         .undo_host_bytes = (uint64_t)sqlite3_column_int64(s, 20)};
     if (is_open_state(r.state) &&
-        !jr_writer_alive(j, r.host, r.pid, sqlite3_column_int64(s, 16)))
+        !jr_update_live(j, r.id, r.host, r.pid, sqlite3_column_int64(s, 16)))
         r.state = "interrupted";
     return c->fn.u ? c->fn.u(c->user, &r) : 0;
 }

@@ -184,6 +184,12 @@ int journal_update_begin(journal *j, int64_t *update_id,
         src = begin_plan(j, info, n_modules, modules, &plan);
     if (src == SQLITE_DONE)
         src = update_row(j, info, plan, n_modules, &id);
+    /* locked before anyone can read the row: held means its writer lives */
+    if (src == SQLITE_DONE && (rc = jr_lock_update(j, id)) != REFIT_OK) {
+        jr_tx_rollback(j);
+        jr_update_free(&u);
+        return rc;
+    }
     if (src == SQLITE_DONE && info->health_from) {
         char fbuf[32];
         src = jr_health_rows(j, info->worker_id,
@@ -195,9 +201,14 @@ int journal_update_begin(journal *j, int64_t *update_id,
         return begin_fail(j, info, src);
     }
     if ((rc = jr_tx_commit(j, what)) != REFIT_OK) {
+        jr_unlock_update(j, id);
         jr_update_free(&u);
         return rc;
     }
+    /* the earlier update is closed now (ended, or abandoned above) */
+    if (j->locked_update != id)
+        jr_unlock_update(j, j->locked_update);
+    j->locked_update = id;
     jr_update_free(&j->cur);
     j->cur = u;
     j->cur.id = id;
@@ -228,8 +239,9 @@ int journal_update_state_set(journal *j, int64_t update_id,
         return jr_fail_sqlite(j, what);
     if (sqlite3_changes(j->db) != 1) {
         jr_tx_rollback(j);
-        return jr_fail(j, REFIT_ENOTFOUND, "journal %s: %s: no update %lld",
-                       j->path, what, (long long)update_id);
+        return jr_fail(j, REFIT_ENOTFOUND, "journal %s: %s: no open update "
+                       "%lld (none, ended, or marked interrupted by another "
+                       "process)", j->path, what, (long long)update_id);
     }
     return jr_tx_commit(j, what);
 }

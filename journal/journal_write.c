@@ -38,7 +38,9 @@ int journal_worker_register(journal *j, const char *worker_id, int rank)
     if (!j || !worker_id)
         return REFIT_EINVAL;
     int rc = jr_check_writable(j, "registering a worker");
-    if (rc != REFIT_OK || (rc = jr_tx_begin(j, "registering a worker")))
+    /* one live process per worker id: its lock, before any change */
+    if (rc != REFIT_OK || (rc = jr_lock_worker(j, worker_id)) ||
+        (rc = jr_tx_begin(j, "registering a worker")))
         return rc;
     sqlite3_stmt *s = jr_stmt(j, JS_WORKER_UPSERT);
     if (!s)
@@ -202,8 +204,9 @@ static int find_dead(journal *j, dead_update **out, size_t *n_out)
     while (rc == SQLITE_OK && (rc = jr_step(j, s)) == SQLITE_ROW) {
         const char *host = (const char *)sqlite3_column_text(s, 4);
         rc = SQLITE_OK;
-        if (jr_writer_alive(j, host, sqlite3_column_int64(s, 2),
-                            sqlite3_column_int64(s, 3)))
+        if (jr_update_live(j, sqlite3_column_int64(s, 0), host,
+                           sqlite3_column_int64(s, 2),
+                           sqlite3_column_int64(s, 3)))
             continue;
         if (n == cap) {
             size_t nc = cap ? cap * 2 : 4;
@@ -270,8 +273,8 @@ static int mark_one(journal *j, const dead_update *d)
         return rc;
     jr_now(now, sizeof now);
     snprintf(msg, sizeof msg, "update %lld interrupted while %s: writer pid "
-             "%lld on host %s no longer runs", (long long)d->id, d->state,
-             (long long)d->pid, d->host);
+             "%lld on host %s no longer runs (it holds no lock on the journal)",
+             (long long)d->id, d->state, (long long)d->pid, d->host);
     rc = sqlite3_prepare_v2(j->db, "UPDATE updates SET state = 'interrupted',"
         " ended_at = ?2, error = coalesce(error, ?3) WHERE id = ?1"
         " AND state IN ('loading', 'finalizing')", -1, &s, NULL);

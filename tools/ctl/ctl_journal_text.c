@@ -46,6 +46,9 @@ const char *ctl_time(const char *iso, char *buf, size_t len)
     return buf;
 }
 
+/* Each line reads at most room + 1 bytes ahead (strnlen, then memchr in
+ * those), so a text of N bytes costs O(N): a scan to the newline or the
+ * end per line made a 4 MB URI take seconds. */
 void ctl_wrap(FILE *f, const char *text, int col)
 {
     int room = CTL_COLUMNS - col, first = 1;
@@ -53,7 +56,10 @@ void ctl_wrap(FILE *f, const char *text, int col)
     if (room < 20)
         room = 20;
     do {
-        size_t n = strcspn(p, "\n");
+        size_t n = strnlen(p, (size_t)room + 1);
+        const char *nl = memchr(p, '\n', n);
+        if (nl)
+            n = (size_t)(nl - p);
         if (n > (size_t)room) {
             /* Break at the last space that fits, else mid-word. */
             n = (size_t)room;
