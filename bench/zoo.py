@@ -27,6 +27,12 @@ Rows (random weights, the exact shapes of the public configs):
                            of the same bytes (cost_vs_bf16)
   qwen3_30b_a3b_ipc        Qwen3-30B-A3B BF16, a colocated trainer process
                            over refit.ipc (CUDA IPC; host memory in --tiny)
+  table_costs              (issue 28 item 6) a fresh txn.load_dict of 100,000
+                           small host tensors (1,000 stacked modules of 100
+                           experts, [4, 8] F32 each) from torch CPU tensors,
+                           numpy arrays and objects exposing only __dlpack__ /
+                           __dlpack_device__ (torch's, else numpy's): us per
+                           tensor, host backend
 
 Runtime tensors are laid out as vLLM holds them: fused qkv_proj and
 gate_up_proj, stacked experts (w13 [E, 2I, H], w2 [E, H, I]); FP8 weights
@@ -108,6 +114,8 @@ ROWS = {
                                      seed=None, target=("cost_vs_bf16", "<=", 1.3)),
     "qwen3_30b_a3b_ipc": dict(model="qwen3_30b_a3b", source="ipc", quant="bf16", seed=None,
                               target=("ratio_to_ceiling", ">=", 0.80)),
+    "table_costs": dict(model=None, source="table", quant=None, seed=None,
+                        target=("worst_ratio_to_torch", "<=", 2.0)),
 }
 
 DEFINITIONS = {
@@ -155,6 +163,9 @@ DEFINITIONS = {
     "table_us_per_tensor": "device rows: building the load_dict descriptor table "
                            "(_batch.split + _batch.Table) over the row's source dict, "
                            "median of 3, per tensor",
+    "table_costs": "us per tensor of a fresh load_dict (rollback off, begin .. finalize) "
+                   "and of its descriptor table alone (split + Table), per source kind; "
+                   "ratio_to_torch: numpy's and dlpack's load_dict against torch's",
     "cost_vs_bf16": "online seconds / seconds of a BF16 reload of the same sources into "
                     "BF16 stacked runtime tensors (load_dict, rollback off)",
 }
@@ -389,28 +400,34 @@ def apply_view(t, view):
 
 # ---------------------------------------------------------------- backends
 class TorchBackend:
-    """CUDA tensors through torch; ceilings by copies timed here."""
+    """CUDA tensors through torch; ceilings by copies timed here. dev="cpu"
+    (--tiny --torch-cpu) runs the same torch code on host tensors, to test
+    it where there is no GPU."""
     name = "torch"
 
-    def __init__(self):
+    def __init__(self, dev="cuda"):
         import torch
         self.torch = torch
-        self.dev = "cuda"
+        self.dev = dev
+        self.cuda = dev == "cuda"
+        if not self.cuda:
+            self.name = "torch-cpu"
         self.dt = {"bf16": torch.bfloat16, "f8": torch.float8_e4m3fn, "f32": torch.float32,
                    "i32": torch.int32, "i64": torch.int64, "u8": torch.uint8}
         self._pinned = None
 
     def sync(self):
-        self.torch.cuda.synchronize()
+        if self.cuda:
+            self.torch.cuda.synchronize()
 
     def device_name(self):
-        return self.torch.cuda.get_device_name(0)
+        return self.torch.cuda.get_device_name(0) if self.cuda else "host (torch cpu, --tiny)"
 
     def device_total(self):
-        return self.torch.cuda.mem_get_info()[1]
+        return self.torch.cuda.mem_get_info()[1] if self.cuda else None
 
     def mem_free(self):
-        return self.torch.cuda.mem_get_info()[0]
+        return self.torch.cuda.mem_get_info()[0] if self.cuda else None
 
     def flat(self, nbytes, device=True):
         return self.torch.zeros(nbytes, dtype=self.torch.uint8,
@@ -474,7 +491,8 @@ class TorchBackend:
     def pinned_chunk(self, nbytes):
         if self._pinned is None or self._pinned.numel() < nbytes:
             self._pinned = None
-            self._pinned = self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True)
+            self._pinned = self.torch.empty(nbytes, dtype=self.torch.uint8,
+                                            pin_memory=self.cuda)
             self._pinned.fill_(7)
         return self._pinned[:nbytes]
 
@@ -484,17 +502,17 @@ class TorchBackend:
         src = self.pinned_chunk(chunk)
         dst = torch.empty(chunk, dtype=torch.uint8, device=self.dev)
         dst.copy_(src, non_blocking=True)
-        torch.cuda.synchronize()
+        self.sync()
         out = []
         for _ in range(repeat):
-            torch.cuda.synchronize()
+            self.sync()
             t0 = time.perf_counter()
             left = nbytes
             while left > 0:
                 k = min(chunk, left)
                 dst[:k].copy_(src[:k], non_blocking=True)
                 left -= k
-            torch.cuda.synchronize()
+            self.sync()
             out.append(time.perf_counter() - t0)
         del dst
         return min(out)
@@ -505,17 +523,17 @@ class TorchBackend:
         torch = self.torch
         chunk = min(dst.numel(), nbytes)
         dst[:chunk].copy_(src[:chunk])
-        torch.cuda.synchronize()
+        self.sync()
         out = []
         for _ in range(repeat):
-            torch.cuda.synchronize()
+            self.sync()
             t0 = time.perf_counter()
             off = 0
             while off < nbytes:
                 k = min(chunk, nbytes - off)
                 dst[:k].copy_(src[off:off + k])
                 off += k
-            torch.cuda.synchronize()
+            self.sync()
             out.append(time.perf_counter() - t0)
         return statistics.median(out)
 
@@ -545,7 +563,8 @@ class TorchBackend:
 
     def empty_cache(self):
         gc.collect()
-        self.torch.cuda.empty_cache()
+        if self.cuda:
+            self.torch.cuda.empty_cache()
 
     def no_grad(self):
         return self.torch.no_grad()
@@ -1185,11 +1204,19 @@ def row_online(B, args, row, cfg, layers):
 
 
 # ---------------------------------------------------------------- ipc
-def _trainer(conn, cfg, layers, path, tiny, iters):
+def backend(mode):
+    """"numpy" (--tiny), "torch-cpu" (--tiny --torch-cpu) or "torch" (CUDA)."""
+    if mode == "numpy":
+        return NumpyBackend()
+    return TorchBackend("cpu" if mode == "torch-cpu" else "cuda")
+
+
+def _trainer(conn, cfg, layers, path, mode, iters):
     """The colocated trainer: the checkpoint's tensors on its device, sent
     over refit.ipc; timings on its clock."""
     import refit.ipc
-    B = NumpyBackend() if tiny else TorchBackend()
+    B = backend(mode)
+    host = mode != "torch"
     plan = build_plan(cfg, "bf16", layers)
     src = Sources(B, plan, seed=13)
     ctx = refit.Context(worker_id="trainer", journal_path="")
@@ -1200,9 +1227,9 @@ def _trainer(conn, cfg, layers, path, tiny, iters):
         if cmd == "quit":
             break
         if s is None:   # connects: the worker answers from inside receive_update
-            s = refit.ipc.Sender(ctx, [path], device=None if tiny else 0, timeout=600)
+            s = refit.ipc.Sender(ctx, [path], device=None if host else 0, timeout=600)
             for name, t in src.t.items():
-                s.add(name, t, share=not tiny)
+                s.add(name, t, share=not host)
         out = []
         for k in range(cmd):
             B.sync()
@@ -1227,13 +1254,15 @@ def row_ipc(B, args, row, cfg, layers):
            "engine_bytes": plan.engine_bytes(),
            "source": "trainer process, BF16 %s tensors, refit.ipc (share=%s)" % (
                "host" if args.tiny else "device", not args.tiny),
+           "default_first_note": "default_first_seconds: the first rollback update, on the "
+                                 "model the rollback-off updates ran on (not a fresh seal)",
            "timing": "the trainer's Sender.send() call: returns once every worker voted "
                      "and the commit decision is written"}
     eng = Engine(B, plan)
     path = os.path.join(tempfile.mkdtemp(prefix="zoo-ipc-"), "worker.sock")
     mpc = mp.get_context("spawn")
     parent, child = mpc.Pipe()
-    p = mpc.Process(target=_trainer, args=(child, cfg, layers, path, args.tiny, 0))
+    p = mpc.Process(target=_trainer, args=(child, cfg, layers, path, args.mode, 0))
     p.start()
     ctx = context(args)
     recv = None
@@ -1284,8 +1313,107 @@ def row_ipc(B, args, row, cfg, layers):
     return summarize(row, res, res.get("ceiling_seconds"))
 
 
+# ---------------------------------------------------------------- table costs
+class DLPackOnly:
+    """A producer seen only through DLPack (CuPy, JAX): refit must read the
+    capsule, no torch or numpy fast path."""
+    __slots__ = ("_t",)
+
+    def __init__(self, t):
+        self._t = t
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._t.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._t.__dlpack_device__()
+
+
+def row_table_costs(B, args, row, cfg, layers):
+    """A fresh load_dict of n small host tensors from each kind of source,
+    into 1,000 stacked host modules (host backend: the copies are 128 B)."""
+    import numpy as np
+    n = args.table_tensors
+    G, E, R, C = n // 100, 100, 4, 8
+    res = {"tensors": G * E, "bytes": G * E * R * C * 4, "tensor_shape": [R, C],
+           "dtype": "f32", "modules": G, "backend": "host"}
+    rt = np.zeros((G, E, R, C), dtype=np.float32)
+    names = ["model.layers.%d.mlp.experts.%d.g%d.weight" % (g // 16, e, g % 16)
+             for g in range(G) for e in range(E)]
+    kinds = {}
+    src_np = np.arange(G * E * R * C, dtype=np.float32).reshape(G * E, R, C)
+    kinds["numpy"] = [src_np[i] for i in range(G * E)]
+    try:
+        import torch
+        src_t = torch.from_numpy(src_np.copy())
+        kinds["torch"] = [src_t[i] for i in range(G * E)]
+        kinds["dlpack"] = [DLPackOnly(t) for t in kinds["torch"]]
+        res["dlpack_producer"] = "torch (CPU tensors)"
+    except ImportError:
+        kinds["dlpack"] = [DLPackOnly(a) for a in kinds["numpy"]]
+        res["dlpack_producer"] = "numpy (torch not installed)"
+    ctx = refit.Context(worker_id="zoo-table", journal_path="")
+    try:
+        m = ctx.create_model()
+        for g in range(G):
+            mod = "m%d" % g
+            m.add_module(mod)
+            m.bind_runtime(mod, "w", rt[g])
+            for e in range(E):
+                m.expect(mod, names[g * E + e], "f32", [R, C], expert=e)
+        t0 = time.perf_counter()
+        m.seal()
+        res["seal_seconds"] = time.perf_counter() - t0
+        per = {}
+        for kind, vals in kinds.items():
+            d = dict(zip(names, vals))
+
+            def upd():
+                txn = m.begin(version="t", rollback=False)
+                txn.load_dict(d)
+                txn.finalize()
+            try:
+                ms, _ = _host_timed(upd, args.repeat)
+                ok = bool(np.array_equal(rt.reshape(G * E, R, C), src_np))
+                rt[...] = 0
+                per[kind] = {"load_dict_us_per_tensor": ms / (G * E) * 1e6,
+                             "table_us_per_tensor": table_us(d), "verified": ok}
+            except Exception as e:   # noqa: BLE001
+                per[kind] = err(e)
+        res["kinds"] = per
+        base = per.get("torch", {}).get("load_dict_us_per_tensor")
+        if base:
+            for kind, r in per.items():
+                if "load_dict_us_per_tensor" in r:
+                    r["ratio_to_torch"] = r["load_dict_us_per_tensor"] / base
+            res["worst_ratio_to_torch"] = max(r.get("ratio_to_torch", 0) for r in per.values())
+        else:
+            res["note"] = "no torch: ratios to torch not measured"
+        m.destroy()
+    finally:
+        ctx.close()
+    field, op, val = ROWS[row]["target"]
+    res["target"] = "%s %s %g" % (field, op, val)
+    res["met"] = field in res and res[field] <= val
+    return res
+
+
+def _host_timed(fn, repeat):
+    fn()
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out), out
+
+
 # ---------------------------------------------------------------- main
 def line(row, r):
+    if "kinds" in r:
+        return "zoo.%-26s %s  %s %s" % (row, "  ".join(
+            "%s %.2f us" % (k, v["load_dict_us_per_tensor"]) for k, v in r["kinds"].items()
+            if "load_dict_us_per_tensor" in v), r["target"], "met" if r["met"] else "NOT MET")
     if "seconds" not in r:
         s = "zoo.%-26s %s" % (row, r.get("error", "no figure"))
         if "seconds_at_budget" in r:
@@ -1318,17 +1446,27 @@ def main():
     ap.add_argument("--fallback-staging-gib", type=int, default=8,
                     help="online row: the budget tried when the default one is refused")
     ap.add_argument("--journal", default="", help="journal path (default: none)")
+    ap.add_argument("--table-tensors", type=int, default=100000,
+                    help="table_costs: tensors per load_dict (a multiple of 100)")
     ap.add_argument("--staging-budget", type=int, default=0,
                     help="refit_options.staging_budget in bytes (default 0: refit's 1 GiB)")
     ap.add_argument("--tiny", action="store_true",
                     help="host backend, numpy, tiny shapes: the same code path, no GPU")
+    ap.add_argument("--torch-cpu", action="store_true",
+                    help="with --tiny: torch CPU tensors instead of numpy (tests the torch "
+                         "code where there is no GPU)")
     a = ap.parse_args()
     rows = [r for r in a.rows.split(",") if r]
     bad = set(rows) - set(ROWS)
     if bad:
         ap.error("unknown row(s): %s" % ", ".join(sorted(bad)))
-    B = NumpyBackend() if a.tiny else TorchBackend()
+    if a.torch_cpu and not a.tiny:
+        ap.error("--torch-cpu goes with --tiny")
+    a.mode = "torch-cpu" if a.torch_cpu else "numpy" if a.tiny else "torch"
+    B = backend(a.mode)
     a.shard_bytes = int(a.shard_gb * 1e9) if not a.tiny else 256 << 10
+    if a.tiny and a.table_tensors == 100000:
+        a.table_tensors = 10000     # the 2-core host: seconds, not minutes
     a.ceiling_chunk = 4 * GiB if not a.tiny else 1 << 20
     cfgs = TINY if a.tiny else CONFIGS
     total = B.device_total()
@@ -1338,7 +1476,7 @@ def main():
            "repeat": a.repeat, "statistic": "median", "journal": bool(a.journal),
            "shard_bytes": a.shard_bytes, "argv": sys.argv[1:], "definitions": DEFINITIONS,
            "rows": {}}
-    if not a.tiny:
+    if a.mode != "numpy":
         import torch
         out["torch"] = torch.__version__
         try:
@@ -1348,9 +1486,11 @@ def main():
             pass
     for row in rows:
         spec = ROWS[row]
-        cfg = cfgs[spec["model"]]
+        cfg = cfgs[spec["model"]] if spec["model"] else {"layers": 0, "experts": 0}
         layers, cut = cfg["layers"], None
-        if a.layers:
+        if not spec["model"]:
+            pass
+        elif a.layers:
             layers, cut = min(a.layers, cfg["layers"]), "--layers %d" % a.layers
         elif cfg["experts"] and total is not None and total < 100e9:
             layers = 20
@@ -1358,7 +1498,8 @@ def main():
                 cfg["layers"], total / 1e9)
         t0 = time.perf_counter()
         try:
-            fn = {"files": row_files, "device": row_online, "ipc": row_ipc}[spec["source"]]
+            fn = {"files": row_files, "device": row_online, "ipc": row_ipc,
+                  "table": row_table_costs}[spec["source"]]
             r = fn(B, a, row, cfg, layers)
         except Exception as e:   # noqa: BLE001  (one row's failure is that row's result)
             import traceback
