@@ -1383,7 +1383,7 @@ static void t_listener_other_uid(void **state)
 }
 
 typedef struct fd_checks {
-    int n, writable, rw_map, unsealed, reopened_rw_map, shrunk;
+    int n, writable, rw_map, unsealed, reopened_rw_map, shrunk, written, punched;
 } fd_checks;
 
 /* What a worker can do with a memory descriptor it was handed. */
@@ -1408,6 +1408,8 @@ static void check_fd(int fd, uint64_t bytes, fd_checks *c)
             c->reopened_rw_map++;
             munmap(p, bytes);
         }
+        c->written += pwrite(rw, "x", 1, 0) == 1;
+        c->punched += fallocate(rw, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096) == 0;
         c->shrunk += ftruncate(rw, 0) == 0;
         close(rw);
     }
@@ -1469,11 +1471,13 @@ static void t_memfd_read_only(void **state)
         fail_msg("raw worker: %s", err);
     assert_int_equal(child, 0);
     assert_true(c.n >= 2); /* the shared memories and the packed buckets */
-    if (c.writable || c.rw_map || c.unsealed || c.reopened_rw_map || c.shrunk)
+    if (c.writable || c.rw_map || c.unsealed || c.reopened_rw_map || c.shrunk || c.written ||
+        c.punched)
         fail_msg("of %d memory descriptors the worker was handed, %d open for writing, %d "
                  "mapped writable, %d without F_SEAL_SHRINK|F_SEAL_GROW; reopened by "
-                 "/proc/self/fd, %d mapped writable, %d shrunk", c.n, c.writable, c.rw_map,
-                 c.unsealed, c.reopened_rw_map, c.shrunk);
+                 "/proc/self/fd, %d mapped writable, %d written, %d holes punched, %d shrunk",
+                 c.n, c.writable, c.rw_map, c.unsealed, c.reopened_rw_map, c.written,
+                 c.punched, c.shrunk);
 }
 
 /* I4: a memory the trainer could shrink under the worker (SIGBUS in the
