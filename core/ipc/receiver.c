@@ -799,7 +799,6 @@ static int accept_trainer(refit_ipc_receiver *r, double dl)
                 snprintf(r->err + n, sizeof r->err - n, "; refused before: %s", r->refused);
             return rc;
         }
-        r->st.connections++;
         if ((rc = ipc_peer_cred(r->fd, &r->peer_uid, &r->peer_pid, r->err, sizeof r->err))) {
             refuse_peer(r, "its credentials: %s", r->err);
             continue;
@@ -810,8 +809,10 @@ static int accept_trainer(refit_ipc_receiver *r, double dl)
             continue;
         }
         double now = ipc_now(), gdl = now + greet_s < dl ? now + greet_s : dl;
-        if (!(rc = greet(r, gdl)))
+        if (!(rc = greet(r, gdl))) {
+            r->st.connections++; /* a trainer, greeted */
             return REFIT_OK;
+        }
         if (rc == REFIT_EIO) { /* it left */
             drop_peer(r);
             continue;

@@ -185,7 +185,8 @@ REFIT_API int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update
                                        refit_group_result *out);
 
 typedef struct refit_ipc_stats {
-    uint64_t connections;      /* trainers accepted */
+    uint64_t connections;      /* trainers accepted (greeted; a peer refused or
+                                  dropped before counts in refused) */
     uint64_t updates;          /* UPDATE frames taken (committed or not) */
     uint64_t handles_opened;   /* memories mapped (cuIpcOpenMemHandle / mmap) */
     uint64_t handles_closed;

@@ -1534,6 +1534,10 @@ static void idle_peers(double greet_s, double max_s)
                  refit_errmsg(f.w.ctx));
     }
     expect_at(&f, 1);
+    refit_ipc_stats st;
+    refit_ipc_receiver_stats(f.r, &st);
+    assert_int_equal(st.connections, 1);
+    assert_int_equal(st.refused, 2); /* the idle ones */
     if (dt >= max_s)
         fail_msg("two idle peers (greeting deadline %g s), then the trainer: committed after "
                  "%.2f s", greet_s, dt);
