@@ -3,6 +3,8 @@
  * what each layer keeps on the model, top down. model.c holds the
  * registration and calls neither layer above it. */
 #include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "core/ctx.h"
 #include "core/formats_builtin.h"
@@ -14,6 +16,41 @@
 #include "core/txn.h"
 #include "core/txn_journal.h"
 #include "core/undo.h"
+
+/* The undo log's memory for a full update with rollback, allocated from
+ * now on a thread of its own, so that the first update allocates none
+ * (docs/core.md "Undo log"; REFIT_UNDO_RESERVE=0: in the first update, as
+ * before). A reservation that cannot start costs nothing but that. Said
+ * as a warning from 1 GiB on: it doubles a big model's memory. */
+static void seal_reserve_undo(refit_model *m)
+{
+    const char *env = getenv("REFIT_UNDO_RESERVE");
+    if ((env && !strcmp(env, "0")) || m->n_runtime == 0)
+        return;
+    undo_span *sp = malloc(sizeof *sp * m->n_runtime);
+    if (!sp)
+        return;
+    uint32_t n = 0;
+    uint64_t bytes = 0;
+    for (uint32_t i = 0; i < m->n_runtime; i++)
+        if (m->runtime[i].be) {
+            sp[n++] = (undo_span){m->runtime[i].be, m->runtime[i].sig.device.device_id,
+                                  m->runtime[i].span_bytes};
+            bytes += m->runtime[i].span_bytes;
+        }
+    int rc = undo_pool_reserve(&m->undo_pool, sp, n, m->ctx->undo_device_budget, 1);
+    free(sp);
+    void *host = m->ctx->host.host;
+    if (rc)
+        m->ctx->host.log(host, 1, "undo log: cannot reserve its memory at seal (%s); the first "
+                         "update with rollback allocates it", refit_strerror(rc));
+    else
+        m->ctx->host.log(host, bytes >= ((uint64_t)1 << 30) ? 1 : 2, "undo log: reserving %llu bytes for updates with rollback "
+                         "(device memory within undo_device_budget %llu, the rest host memory, "
+                         "pinned on a GPU; REFIT_UNDO_RESERVE=0: none)",
+                         (unsigned long long)bytes,
+                         (unsigned long long)m->ctx->undo_device_budget);
+}
 
 int refit_model_seal(refit_model *m)
 {
@@ -35,6 +72,7 @@ int refit_model_seal(refit_model *m)
     m->sealed = true;
     m->n_empty = m->n_modules;
     txj_seal(m);
+    seal_reserve_undo(m);
     return REFIT_OK;
 }
 

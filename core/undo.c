@@ -1,6 +1,9 @@
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <refit/refit.h>
 
@@ -23,37 +26,112 @@ struct undo_chunk {
     size_t size, used;
 };
 
+/* The model's chunks between updates. The reservation's thread is the only
+ * one touching a pool while `running`; whoever waits for it (settle) owns
+ * it again: a log settles before its first pool access, so an update that
+ * saves nothing (rollback off) never waits. */
+struct undo_pool {
+    undo_chunk *chunks;
+    uint64_t allocs;            /* chunks ever allocated for it */
+    uint64_t reserved[2];       /* bytes the reservation allocated */
+    uint64_t reserve_ns;
+    int reserve_failed;
+    atomic_int running;         /* its thread has not finished */
+    int joinable;               /* a thread to join */
+    pthread_t thread;
+    undo_span *needs;           /* per (backend, device): bytes with slack */
+    uint32_t n_needs;
+    uint64_t device_budget;
+};
+
 #define UNDO_ALIGN 256u              /* every piece starts 256-byte aligned */
 #define UNDO_CHUNK_MIN (4u << 20)
 #define UNDO_CHUNK_MAX ((size_t)256 << 20)
+/* Bytes a save may take beyond its own in a chunk (its misalignment and
+ * the rounding of its end), and what a chunk may leave unused at its end
+ * (plus the split of a save there): undo_room's arithmetic. */
+#define UNDO_PIECE_SLACK (2u * UNDO_ALIGN)
+#define UNDO_CHUNK_SLACK (4u * UNDO_ALIGN)
 
 static size_t align_up(size_t n)
 {
     return (n + UNDO_ALIGN - 1) & ~(size_t)(UNDO_ALIGN - 1);
 }
 
-uint32_t undo_pool_bytes(undo_chunk *const *pool, uint64_t out[2])
+void undo_pool_settle(undo_pool *pool)
+{
+    if (pool && pool->joinable) {
+        pthread_join(pool->thread, NULL);
+        pool->joinable = 0;
+    }
+}
+
+static uint32_t chunks_bytes(const undo_chunk *c, uint64_t out[2])
 {
     uint32_t n = 0;
     out[UNDO_DEVICE] = out[UNDO_HOST] = 0;
-    for (const undo_chunk *c = pool ? *pool : NULL; c; c = c->next, n++)
+    for (; c; c = c->next, n++)
         out[c->place] += c->size;
     return n;
 }
 
-void undo_init(undo_log *u, undo_chunk **pool, uint64_t device_budget)
+uint32_t undo_pool_bytes(undo_pool *const *pool, uint64_t out[2])
+{
+    undo_pool *p = pool ? *pool : NULL;
+    undo_pool_settle(p);
+    return chunks_bytes(p ? p->chunks : NULL, out);
+}
+
+void undo_pool_stats_get(undo_pool *pool, undo_pool_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    if (!pool)
+        return;
+    if ((out->reserving = atomic_load(&pool->running)))
+        return;
+    undo_pool_settle(pool); /* finished: the join does not wait */
+    out->chunks = chunks_bytes(pool->chunks, out->bytes);
+    out->allocs = pool->allocs;
+    out->reserved[0] = pool->reserved[0];
+    out->reserved[1] = pool->reserved[1];
+    out->reserve_ns = pool->reserve_ns;
+    out->reserve_failed = pool->reserve_failed;
+}
+
+static undo_pool *pool_new(void)
+{
+    undo_pool *p = calloc(1, sizeof *p);
+    if (p)
+        atomic_init(&p->running, 0);
+    return p;
+}
+
+void undo_init(undo_log *u, undo_pool **pool, uint64_t device_budget)
 {
     memset(u, 0, sizeof *u);
     u->pool = pool;
     u->device_budget = device_budget;
-    undo_pool_bytes(pool, u->held);
+}
+
+/* Before the log's first use of its pool: the reservation waited for, and
+ * what the model holds read. */
+static void log_settle(undo_log *u)
+{
+    if (u->settled)
+        return;
+    u->settled = 1;
+    if (u->pool && !*u->pool)
+        *u->pool = pool_new(); /* none: chunks go uncounted and back to nothing */
+    undo_pool_bytes(u->pool, u->held);
 }
 
 /* A pooled chunk of (be, device, place), taken out of the pool: the
  * oldest first, as undo_free put them back. */
-static undo_chunk *pool_take(undo_chunk **pool, const backend *be, int device, undo_place place)
+static undo_chunk *pool_take(undo_pool **pool, const backend *be, int device, undo_place place)
 {
-    for (undo_chunk **pp = pool; pool && *pp; pp = &(*pp)->next) {
+    if (!pool || !*pool)
+        return NULL;
+    for (undo_chunk **pp = &(*pool)->chunks; *pp; pp = &(*pp)->next) {
         undo_chunk *c = *pp;
         if (c->be == be && c->device == device && c->place == place) {
             *pp = c->next;
@@ -98,6 +176,8 @@ static undo_chunk *chunk_new(undo_log *u, const backend *be, int device, undo_pl
     }
     *c = (undo_chunk){NULL, be, device, place, c->data, size, 0};
     u->held[place] += size;
+    if (u->pool && *u->pool)
+        (*u->pool)->allocs++;
     return c;
 }
 
@@ -113,6 +193,7 @@ static size_t undo_room(undo_log *u, const backend *be, int device, const char *
                         char **out, undo_place *place)
 {
     size_t mis = (uintptr_t)src & (UNDO_ALIGN - 1);
+    log_settle(u);
     for (int p = device_allowed(u, be) ? UNDO_DEVICE : UNDO_HOST; p <= UNDO_HOST; p++) {
         undo_chunk *c = u->cur[p];
         if (!c || c->be != be || c->device != device || c->used + mis >= c->size) {
@@ -184,12 +265,15 @@ static void chunk_release(undo_chunk *c)
 
 void undo_free(undo_log *u)
 {
+    if (u->chunks && u->pool && !*u->pool)
+        *u->pool = pool_new(); /* none: the chunks are freed */
+    undo_pool *pool = u->pool ? *u->pool : NULL;
     while (u->chunks) {
         undo_chunk *c = u->chunks;
         u->chunks = c->next;
-        if (u->pool) {
-            c->next = *u->pool;
-            *u->pool = c;
+        if (pool) {
+            c->next = pool->chunks;
+            pool->chunks = c;
         } else {
             chunk_release(c);
         }
@@ -198,11 +282,143 @@ void undo_free(undo_log *u)
     memset(u, 0, sizeof *u);
 }
 
-void undo_pool_free(undo_chunk **pool)
+void undo_pool_free(undo_pool **pool)
 {
-    while (*pool) {
-        undo_chunk *c = *pool;
-        *pool = c->next;
+    undo_pool *p = *pool;
+    if (!p)
+        return;
+    undo_pool_settle(p);
+    while (p->chunks) {
+        undo_chunk *c = p->chunks;
+        p->chunks = c->next;
         chunk_release(c);
     }
+    free(p->needs);
+    free(p);
+    *pool = NULL;
+}
+
+/* ---- the reservation ---- */
+
+static bool be_has_device(const backend *be)
+{
+    return be->undo_dev_alloc && be->save_dev && be->restore_dev;
+}
+
+/* One chunk of size bytes for the pool; 0 on failure. */
+static int reserve_chunk(undo_pool *p, const backend *be, int device, undo_place place,
+                         size_t size)
+{
+    undo_chunk *c = malloc(sizeof *c);
+    char *data = !c ? NULL : place == UNDO_DEVICE ? be->undo_dev_alloc(device, size)
+                                                  : be->undo_alloc(size);
+    if (!data) {
+        free(c);
+        p->reserve_failed = 1;
+        return 0;
+    }
+    *c = (undo_chunk){p->chunks, be, device, place, data, size, 0};
+    p->chunks = c;
+    p->allocs++;
+    p->reserved[place] += size;
+    return 1;
+}
+
+/* Chunks of (be, device, place) until have covers want (each chunk also
+ * covers its own end's slack), none above cap bytes in all (device: what
+ * the budget leaves). Returns the bytes covered. */
+static uint64_t reserve_place(undo_pool *p, const backend *be, int device, undo_place place,
+                              uint64_t have, uint64_t want, uint64_t *cap)
+{
+    while (have < want && !p->reserve_failed) {
+        uint64_t size = want - have + UNDO_CHUNK_SLACK;
+        size = size > UNDO_CHUNK_MAX ? UNDO_CHUNK_MAX : align_up((size_t)size);
+        if (place == UNDO_HOST && size < UNDO_CHUNK_MIN)
+            size = UNDO_CHUNK_MIN;
+        if (cap) {
+            if (size > *cap)
+                size = *cap & ~(uint64_t)(UNDO_ALIGN - 1);
+            if (size <= UNDO_CHUNK_SLACK)
+                break;
+            *cap -= size;
+        }
+        if (!reserve_chunk(p, be, device, place, (size_t)size))
+            break;
+        have += size - UNDO_CHUNK_SLACK;
+    }
+    return have;
+}
+
+/* Each (backend, device) in the order given: its device chunks while the
+ * budget lasts, as the saves of an update take them, then host chunks for
+ * the rest. Chunks the pool holds already count. */
+static void reserve_run(undo_pool *p)
+{
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    uint64_t held[2];
+    chunks_bytes(p->chunks, held);
+    uint64_t budget_left = p->device_budget > held[UNDO_DEVICE]
+                               ? p->device_budget - held[UNDO_DEVICE] : 0;
+    for (uint32_t i = 0; i < p->n_needs && !p->reserve_failed; i++) {
+        const undo_span *nd = &p->needs[i];
+        uint64_t have[2] = {0, 0};
+        for (const undo_chunk *c = p->chunks; c; c = c->next)
+            if (c->be == nd->be && c->device == nd->device)
+                have[c->place] += c->size > UNDO_CHUNK_SLACK ? c->size - UNDO_CHUNK_SLACK : 0;
+        uint64_t dev = 0;
+        if (p->device_budget && be_has_device(nd->be))
+            dev = reserve_place(p, nd->be, nd->device, UNDO_DEVICE, have[UNDO_DEVICE], nd->bytes,
+                                &budget_left);
+        if (dev < nd->bytes)
+            reserve_place(p, nd->be, nd->device, UNDO_HOST, have[UNDO_HOST], nd->bytes - dev,
+                          NULL);
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    p->reserve_ns += (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000LL + (t1.tv_nsec - t0.tv_nsec));
+}
+
+static void *reserve_main(void *arg)
+{
+    undo_pool *p = arg;
+    reserve_run(p);
+    atomic_store(&p->running, 0);
+    return NULL;
+}
+
+int undo_pool_reserve(undo_pool **pool, const undo_span *spans, uint32_t n,
+                      uint64_t device_budget, int background)
+{
+    if (!*pool && !(*pool = pool_new()))
+        return REFIT_ENOMEM;
+    undo_pool *p = *pool;
+    undo_pool_settle(p);
+    free(p->needs);
+    p->needs = NULL;
+    p->n_needs = 0;
+    p->reserve_failed = 0;
+    p->device_budget = device_budget;
+    undo_span *nd = n ? malloc(sizeof *nd * n) : NULL;
+    if (n && !nd)
+        return REFIT_ENOMEM;
+    /* per (backend, device), in order of first appearance; few of them */
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t j = 0;
+        while (j < p->n_needs && (nd[j].be != spans[i].be || nd[j].device != spans[i].device))
+            j++;
+        if (j == p->n_needs)
+            nd[p->n_needs++] = (undo_span){spans[i].be, spans[i].device, 0};
+        nd[j].bytes += spans[i].bytes + UNDO_PIECE_SLACK;
+    }
+    p->needs = nd;
+    if (background) {
+        atomic_store(&p->running, 1);
+        if (pthread_create(&p->thread, NULL, reserve_main, p) == 0) {
+            p->joinable = 1;
+            return REFIT_OK;
+        }
+        atomic_store(&p->running, 0);
+    }
+    reserve_run(p);
+    return REFIT_OK;
 }

@@ -271,6 +271,7 @@ static struct {
     int nq;
     pool staging, undo;
     backend_cuda_stats stats;
+    backend_cuda_allocs allocs;
     int defer_err;              /* a deferred slice failed; flush/sync/hold report it */
 } G = {.once = PTHREAD_ONCE_INIT, .mu = PTHREAD_MUTEX_INITIALIZER,
        .undo = {.pinned = true}};
@@ -318,6 +319,13 @@ int backend_cuda_device_count(void)
 }
 
 static void dma_timing_resolve(void);
+
+void backend_cuda_allocs_get(backend_cuda_allocs *out)
+{
+    pthread_mutex_lock(&G.mu);
+    *out = G.allocs;
+    pthread_mutex_unlock(&G.mu);
+}
 
 void backend_cuda_stats_get(backend_cuda_stats *out)
 {
@@ -732,6 +740,7 @@ static int queue_new(cq **out, void *stream, int device)
         queue_free(q);
         return cu_fail(e, "allocating the batch tables of a stream");
     }
+    G.allocs.queues++;
     *out = q;
     return REFIT_OK;
 }
@@ -922,6 +931,7 @@ static int chunk_init(cq *q, pchunk *c)
             chunk_release(c);
         return cu_fail(e, "allocating a pinned staging chunk");
     }
+    G.allocs.ring_chunks++;
     return REFIT_OK;
 }
 
@@ -1691,16 +1701,30 @@ static void pool_trim(pool *pl, size_t cap)
     }
 }
 
-static cudaError_t blk_alloc(const pool *pl, void **p, size_t size)
+/* A new block; *other_addr: pinned memory whose device address differs
+ * (saves then go by cudaMemcpyAsync). Called without the backend's lock,
+ * in relaxed capture mode: a thread pinning GBs (core/undo.c's
+ * reservation) must neither stall the backend's other callers nor break
+ * an engine's CUDA graph capture on another thread (cudaMalloc and
+ * cudaHostAlloc are unsafe calls under global capture mode). */
+static cudaError_t blk_alloc(const pool *pl, void **p, size_t size, bool *other_addr)
 {
-    if (!pl->pinned)
-        return cudaMalloc(p, size);
-    cudaError_t e = cudaHostAlloc(p, size, cudaHostAllocPortable | cudaHostAllocMapped);
-    void *d = NULL;
-    if (e == cudaSuccess && (cudaHostGetDevicePointer(&d, *p, 0) != cudaSuccess || d != *p)) {
-        (void)cudaGetLastError();
-        G.host_ptr_is_dev = false; /* saves then go by cudaMemcpyAsync */
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    bool relaxed = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+    cudaError_t e;
+    *other_addr = false;
+    if (!pl->pinned) {
+        e = cudaMalloc(p, size);
+    } else {
+        e = cudaHostAlloc(p, size, cudaHostAllocPortable | cudaHostAllocMapped);
+        void *d = NULL;
+        if (e == cudaSuccess && (cudaHostGetDevicePointer(&d, *p, 0) != cudaSuccess || d != *p)) {
+            (void)cudaGetLastError();
+            *other_addr = true;
+        }
     }
+    if (relaxed)
+        (void)cudaThreadExchangeStreamCaptureMode(&mode);
     return e;
 }
 
@@ -1721,21 +1745,35 @@ static void *pool_alloc(pool *pl, size_t bytes)
         best->busy = true;
         pl->cached -= best->size;
         p = best->p;
+        unlock();
+        return p;
+    }
+    unlock(); /* the allocation itself outside the lock (blk_alloc) */
+    blk *b = malloc(sizeof *b);
+    bool other_addr = false;
+    cudaError_t e = b ? blk_alloc(pl, &p, need, &other_addr) : cudaErrorMemoryAllocation;
+    if (b && e == cudaErrorMemoryAllocation) { /* give the cache back, try again */
+        (void)cudaGetLastError();
+        lock_raw();
+        pool_trim(pl, 0);
+        unlock();
+        e = blk_alloc(pl, &p, need, &other_addr);
+    }
+    lock_raw();
+    if (e != cudaSuccess) {
+        cu_fail(e, pl->pinned ? "cudaHostAlloc (undo log)" : "cudaMalloc (staging)");
+        free(b);
+        p = NULL;
     } else {
-        blk *b = malloc(sizeof *b);
-        cudaError_t e = b ? blk_alloc(pl, &p, need) : cudaErrorMemoryAllocation;
-        if (b && e == cudaErrorMemoryAllocation) { /* give the cache back, try again */
-            (void)cudaGetLastError();
-            pool_trim(pl, 0);
-            e = blk_alloc(pl, &p, need);
-        }
-        if (e != cudaSuccess) {
-            cu_fail(e, pl->pinned ? "cudaHostAlloc (undo log)" : "cudaMalloc (staging)");
-            free(b);
-            p = NULL;
+        if (other_addr)
+            G.host_ptr_is_dev = false;
+        *b = (blk){pl->list, p, need, dev, true};
+        pl->list = b;
+        if (pl->pinned) {
+            G.allocs.undo_pinned++;
+            G.allocs.undo_pinned_bytes += need;
         } else {
-            *b = (blk){pl->list, p, need, dev, true};
-            pl->list = b;
+            G.allocs.staging++;
         }
     }
     unlock();
@@ -1803,8 +1841,10 @@ static int side_init(cq *q)
         e = cudaEventCreateWithFlags(&q->fork, cudaEventDisableTiming);
     for (uint32_t i = 0; i < SAVE_EVENTS && e == cudaSuccess; i++)
         e = cudaEventCreateWithFlags(&q->save_ev[i], cudaEventDisableTiming);
-    if (e == cudaSuccess)
+    if (e == cudaSuccess) {
+        G.allocs.side_streams++;
         return REFIT_OK;
+    }
     int rc = cu_fail(e, "making the undo save stream");
     if (q->side)
         cudaStreamDestroy(q->side);
@@ -1913,11 +1953,18 @@ static void *cuda_undo_dev_alloc(int device, size_t bytes)
     lock_raw(); /* an allocation orders nothing: deferred slices stay queued */
     devg g;
     if (!dev_enter(&g, device)) {
+        enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed; /* see blk_alloc */
+        bool relaxed = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
         cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+        if (relaxed)
+            (void)cudaThreadExchangeStreamCaptureMode(&mode);
         if (e != cudaSuccess) {
             cu_fail(e, "cudaMalloc (undo log in device memory)");
             (void)cudaGetLastError();
             p = NULL;
+        } else {
+            G.allocs.undo_device++;
+            G.allocs.undo_device_bytes += bytes;
         }
         dev_leave(&g);
     }

@@ -30,6 +30,18 @@ int backend_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *strea
 typedef refit_sys_cuda_stats backend_cuda_stats;
 void backend_cuda_stats_get(backend_cuda_stats *out);
 
+/* What the backend allocated since the process started, for tests that
+ * ask which update paid for memory (counts of calls; bytes where said). */
+typedef struct backend_cuda_allocs {
+    uint64_t undo_pinned, undo_pinned_bytes; /* cudaHostAlloc for the undo log */
+    uint64_t undo_device, undo_device_bytes; /* cudaMalloc for the undo log */
+    uint64_t staging;           /* cudaMalloc for staging blocks */
+    uint64_t queues;            /* (stream, device) queues: their pinned tables, events */
+    uint64_t ring_chunks;       /* pinned chunks of a queue's ring (pageable sources) */
+    uint64_t side_streams;      /* save streams with their events */
+} backend_cuda_allocs;
+void backend_cuda_allocs_get(backend_cuda_allocs *out);
+
 /* kern_fingerprint_to_cuda on the device of v (CUDA memory), ordered on
  * stream after whatever copy() and save() queued there: the fingerprint of
  * v lands in the 8 bytes at dst (device memory of that device, or mapped

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/model.h"
 #include "core/undo.h"
 #include "journal/journal.h"
 #include "testutil.h"
@@ -157,7 +158,7 @@ static void test_budget_splits_device_and_host(void **state)
     memset(&C, 0, sizeof C);
     unsigned char *buf = malloc(BUF_BYTES);
     assert_non_null(buf);
-    undo_chunk *pool = NULL;
+    undo_pool *pool = NULL;
     undo_log u;
     uint64_t budget = 5 * MIB + 1000;
     undo_init(&u, &pool, budget);
@@ -189,7 +190,7 @@ static void test_pool_reused_without_growth(void **state)
     memset(&C, 0, sizeof C);
     unsigned char *buf = malloc(BUF_BYTES);
     assert_non_null(buf);
-    undo_chunk *pool = NULL;
+    undo_pool *pool = NULL;
     uint64_t budget = 6 * MIB + 4096, placed_dev = 0, pooled0[2] = {0, 0};
     int allocs = 0;
     for (int round = 0; round < 4; round++) {
@@ -217,14 +218,77 @@ static void test_pool_reused_without_growth(void **state)
      * new device chunk is allocated, however much is saved */
     undo_log u;
     undo_init(&u, &pool, MIB);
-    assert_true(u.held[UNDO_DEVICE] > MIB);
     int dev_allocs = C.dev_allocs;
     run_log(&u, &fake, buf, 99);
+    assert_true(u.held[UNDO_DEVICE] > MIB);
     assert_int_equal(C.dev_allocs, dev_allocs);
     undo_free(&u);
     undo_pool_free(&pool);
     assert_int_equal(C.dev_frees, C.dev_allocs);
     assert_int_equal(C.host_frees, C.host_allocs);
+    free(buf);
+}
+
+/* A pool reserved for a set of saves serves those saves with no
+ * allocation: large and small, misaligned, several chunks, at budgets
+ * that hold none, part or all of them, on a backend with and without
+ * device memory, reserved on its thread or in place; the reservation
+ * keeps device chunks within the budget and is exact on abort. */
+static void test_reserve_covers_saves(void **state)
+{
+    (void)state;
+    unsigned char *buf = malloc(BUF_BYTES);
+    assert_non_null(buf);
+    enum { SMALL = 3000 };
+    undo_span *sp = malloc(sizeof *sp * (N_REGIONS + SMALL));
+    assert_non_null(sp);
+    const uint64_t budgets[] = {0, MIB + 4097, 6 * MIB + 4096, 1u << 30};
+    for (int set = 0; set < 2; set++)
+        for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++)
+            for (int k = 0; k < 2; k++) {
+                const backend *be = k ? &fake_host_only : &fake;
+                uint32_t n = 0;
+                if (set == 0)
+                    for (size_t i = 0; i < N_REGIONS; i++)
+                        sp[n++] = (undo_span){be, 3, regions[i].n};
+                else
+                    for (uint32_t i = 0; i < SMALL; i++)
+                        sp[n++] = (undo_span){be, 3, 1 + (i * 37) % 300};
+                memset(&C, 0, sizeof C);
+                undo_pool *pool = NULL;
+                assert_int_equal(undo_pool_reserve(&pool, sp, n, budgets[b], (int)b & 1),
+                                 REFIT_OK);
+                undo_pool_settle(pool);
+                undo_pool_stats st;
+                undo_pool_stats_get(pool, &st);
+                assert_false(st.reserve_failed);
+                assert_true(st.reserved[UNDO_DEVICE] <= budgets[b]);
+                int allocs = C.dev_allocs + C.host_allocs;
+                assert_int_equal((int)st.allocs, allocs);
+                undo_log u;
+                undo_init(&u, &pool, budgets[b]);
+                if (set == 0) {
+                    run_log(&u, be, buf, 40 + b);
+                } else { /* odd offsets: every piece misaligned its own way */
+                    fill(buf, BUF_BYTES, 50 + b);
+                    size_t off = 1;
+                    for (uint32_t i = 0; i < n; i++) {
+                        assert_int_equal(undo_save(&u, be, 3, (char *)buf + off, sp[i].bytes,
+                                                   NULL), REFIT_OK);
+                        off += sp[i].bytes + 7;
+                    }
+                    assert_true(off < BUF_BYTES);
+                }
+                assert_int_equal(C.dev_allocs + C.host_allocs, allocs);
+                if (k == 0 && budgets[b] >= (1u << 30))
+                    assert_int_equal(u.placed[UNDO_HOST], 0);
+                undo_free(&u);
+                undo_pool_free(&pool);
+                assert_null(pool);
+                assert_int_equal(C.dev_frees, C.dev_allocs);
+                assert_int_equal(C.host_frees, C.host_allocs);
+            }
+    free(sp);
     free(buf);
 }
 
@@ -400,14 +464,110 @@ static void test_journal_records_placement(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* The model's undo pool, its reservation waited for. */
+static undo_pool_stats pool_stats(tw *w)
+{
+    undo_pool_settle(w->m->undo_pool);
+    undo_pool_stats st;
+    undo_pool_stats_get(w->m->undo_pool, &st);
+    assert_false(st.reserving);
+    return st;
+}
+
+/* Seal reserves the undo log's memory (on a thread of its own) for a full
+ * update with rollback: the first update after seal allocates no chunk,
+ * with the log in host memory, in device memory and split between them,
+ * and takes exactly what was reserved. REFIT_UNDO_RESERVE=0 keeps the old
+ * way (the first update allocates), which this test tells apart. */
+static void test_seal_reserves_undo(void **state)
+{
+    (void)state;
+    uint64_t budgets[3] = {0, 64u << 20, 0};
+    for (int b = 0; b < 3; b++) {
+        for (int off = 0; off < 2; off++) {
+            setenv("REFIT_UNDO_RESERVE", off ? "0" : "1", 1);
+            tw w;
+            refit_options o = REFIT_OPTIONS_INIT;
+            o.journal_path = "";
+            o.undo_device_budget = budgets[b];
+            assert_int_equal(tw_open(&w, &o), REFIT_OK);
+            tw_register_test_formats(&w);
+            tt_llm_cfg cfg = {.rank = 1, .tp = 2, .layers = 2, .staged = 1};
+            tt_build_llm(&w, &cfg); /* sealed */
+            undo_pool_stats seal = pool_stats(&w);
+            if (off) {
+                assert_int_equal(seal.allocs, 0);
+            } else {
+                assert_true(seal.allocs > 0);
+                assert_false(seal.reserve_failed);
+                assert_int_equal(seal.reserved[0] + seal.reserved[1],
+                                 seal.bytes[0] + seal.bytes[1]);
+                assert_true(seal.reserved[UNDO_DEVICE] <= budgets[b]);
+            }
+            tw_update(&w, 1, "v1"); /* the first update, with rollback */
+            undo_pool_stats after = pool_stats(&w);
+            refit_txn_stats first = load_and_abort(&w); /* the next, aborted */
+            undo_pool_stats again = pool_stats(&w);
+            print_message("# budget %llu, reserve %s: seal %llu chunks (%llu + %llu bytes), "
+                          "first update allocated %llu chunks, the next saved %llu + %llu "
+                          "bytes\n",
+                          (unsigned long long)budgets[b], off ? "off" : "on",
+                          (unsigned long long)seal.allocs,
+                          (unsigned long long)seal.reserved[0],
+                          (unsigned long long)seal.reserved[1],
+                          (unsigned long long)(after.allocs - seal.allocs),
+                          (unsigned long long)first.undo_device_bytes,
+                          (unsigned long long)first.undo_host_bytes);
+            if (off)
+                assert_true(after.allocs > 0); /* the old way: in the first update */
+            else
+                assert_int_equal(after.allocs, seal.allocs);
+            if (b == 1)
+                assert_int_equal(first.undo_host_bytes, 0);
+            if (b == 0)
+                assert_int_equal(first.undo_device_bytes, 0);
+            /* the next update: no allocation either way */
+            assert_int_equal(again.allocs, after.allocs);
+            if (b == 1 && off == 0)
+                budgets[2] = (first.undo_device_bytes / 2) & ~(uint64_t)255; /* split next */
+            if (b == 2) {
+                assert_true(first.undo_device_bytes > 0 && first.undo_host_bytes > 0);
+            }
+            tw_close(&w);
+        }
+    }
+    unsetenv("REFIT_UNDO_RESERVE");
+}
+
+/* An update without rollback never waits for the reservation; a model
+ * closed while it runs waits for it and frees everything (ASan's check). */
+static void test_reserve_close_early(void **state)
+{
+    (void)state;
+    tw w;
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.journal_path = "";
+    assert_int_equal(tw_open(&w, &o), REFIT_OK);
+    tw_register_test_formats(&w);
+    tt_llm_cfg cfg = {.rank = 1, .tp = 2, .layers = 2, .staged = 1};
+    tt_build_llm(&w, &cfg);
+    refit_txn *t = tw_begin(&w, "v1", 0);
+    tw_load_all(&w, t, 1, NULL);
+    assert_int_equal(refit_finalize(t), REFIT_OK);
+    tw_close(&w); /* the reservation perhaps still running */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_budget_splits_device_and_host),
         cmocka_unit_test(test_pool_reused_without_growth),
         cmocka_unit_test(test_host_only_cases),
+        cmocka_unit_test(test_reserve_covers_saves),
         cmocka_unit_test(test_abort_exact_each_placement),
         cmocka_unit_test(test_journal_records_placement),
+        cmocka_unit_test(test_seal_reserves_undo),
+        cmocka_unit_test(test_reserve_close_early),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

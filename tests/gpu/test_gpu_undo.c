@@ -5,17 +5,22 @@
  * non-blocking stream from device and pinned sources, small and large
  * tensors, is aborted: every byte comes back, bit for bit, with the log in
  * host memory, in device memory and split between them, over several
- * updates (pooled chunks), and no runtime tensor's address moves. */
+ * updates (pooled chunks), and no runtime tensor's address moves. The
+ * first update after seal allocates no undo memory (seal reserved it). */
 #include <stdarg.h>
 #include <stddef.h>
 #include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
 #include "gpu_twin.h"
+#include "core/cuda/backend_cuda.h"
+#include "core/model.h"
+#include "core/undo.h"
 
 #define N_MOD 12
 
@@ -229,6 +234,85 @@ static void test_mixed_placement(void **state)
     assert_int_equal(st.undo_device_bytes + st.undo_host_bytes, total_bytes());
 }
 
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* One committed update with rollback (the defaults), waited for: seconds. */
+static double timed_update(world *w, int v, const char *label)
+{
+    double t0 = now_s();
+    OK(w, refit_finalize(load(w, v, label, 1)));
+    CU(cudaStreamSynchronize(w->stream));
+    return now_s() - t0;
+}
+
+/* The first update after seal allocates no undo memory: seal reserved it
+ * on its own thread (core/undo.c), pinned host memory at the defaults
+ * (budget 0), device memory within a budget, both when split; counted by
+ * the backend's cudaHostAlloc / cudaMalloc calls for the undo log, not
+ * timed. The first and a steady update's times are printed, with what
+ * else the first made (stream queues, save streams, ring chunks). */
+static void test_first_update_allocates_no_undo(void **state)
+{
+    (void)state;
+    SKIP_WITHOUT_DEVICE();
+    uint64_t budgets[3] = {0, 2 * total_bytes() + (64u << 20),
+                           (total_bytes() / 2) & ~(uint64_t)255};
+    for (int b = 0; b < 3; b++) {
+        world w;
+        world_open(&w, budgets[b]); /* sealed: the reservation runs */
+        undo_pool_settle(w.m->undo_pool);
+        undo_pool_stats ps;
+        undo_pool_stats_get(w.m->undo_pool, &ps);
+        assert_false(ps.reserve_failed);
+        assert_true(ps.allocs > 0);
+        backend_cuda_allocs a0, a1, a2;
+        backend_cuda_allocs_get(&a0);
+        double first = timed_update(&w, 1, "v1");
+        backend_cuda_allocs_get(&a1);
+        double steady = timed_update(&w, 2, "v2");
+        backend_cuda_allocs_get(&a2);
+        undo_pool_stats after;
+        undo_pool_stats_get(w.m->undo_pool, &after);
+        print_message("# budget %llu: reserved %llu device + %llu pinned bytes in %.1f ms at "
+                      "seal; first update %.2f ms, steady %.2f ms (%.2fx); the first made %llu "
+                      "undo pinned, %llu undo device allocations, %llu stream queues, %llu save "
+                      "streams, %llu ring chunks, %llu staging blocks\n",
+                      (unsigned long long)budgets[b], (unsigned long long)ps.reserved[0],
+                      (unsigned long long)ps.reserved[1], (double)ps.reserve_ns * 1e-6,
+                      first * 1e3, steady * 1e3, first / steady,
+                      (unsigned long long)(a1.undo_pinned - a0.undo_pinned),
+                      (unsigned long long)(a1.undo_device - a0.undo_device),
+                      (unsigned long long)(a1.queues - a0.queues),
+                      (unsigned long long)(a1.side_streams - a0.side_streams),
+                      (unsigned long long)(a1.ring_chunks - a0.ring_chunks),
+                      (unsigned long long)(a1.staging - a0.staging));
+        assert_int_equal(a1.undo_pinned, a0.undo_pinned);
+        assert_int_equal(a1.undo_device, a0.undo_device);
+        assert_int_equal(a2.undo_pinned, a0.undo_pinned);
+        assert_int_equal(a2.undo_device, a0.undo_device);
+        assert_int_equal(after.allocs, ps.allocs);
+        world_close(&w);
+    }
+    /* REFIT_UNDO_RESERVE=0: the first update allocates, as before */
+    setenv("REFIT_UNDO_RESERVE", "0", 1);
+    world w;
+    world_open(&w, 0);
+    backend_cuda_allocs a0, a1;
+    backend_cuda_allocs_get(&a0);
+    double first = timed_update(&w, 1, "v1");
+    backend_cuda_allocs_get(&a1);
+    print_message("# REFIT_UNDO_RESERVE=0: first update %.2f ms, %llu undo pinned allocations\n",
+                  first * 1e3, (unsigned long long)(a1.undo_pinned - a0.undo_pinned));
+    assert_true(a1.undo_pinned > a0.undo_pinned);
+    world_close(&w);
+    unsetenv("REFIT_UNDO_RESERVE");
+}
+
 int main(void)
 {
     if (twin_skip_suite_without_device())
@@ -237,6 +321,7 @@ int main(void)
         cmocka_unit_test(test_host_placement),
         cmocka_unit_test(test_device_placement),
         cmocka_unit_test(test_mixed_placement),
+        cmocka_unit_test(test_first_update_allocates_no_undo),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
