@@ -34,12 +34,20 @@
 #include "core/cuda/kern_cuda.h"
 #include "kernels/cast.h"
 #include "plugins/fp8/fp8_direct.h"
+#include "plugins/fp8/fp8_gpu.h"
 #include "plugins/fp8/quant_fp8.h"
 
 #define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})
 
 static int hw_ok;      /* the conversion instruction matched the encoder */
 static int encoders;   /* runs per case: 1, or 2 with the instruction */
+static kern_fp8_arith arith; /* of every case: test_reciprocal sets it */
+
+/* The launcher's flags word for encoder hw in the current arithmetic. */
+static int flags(int hw)
+{
+    return (hw ? QF_HW : 0) | (arith == KERN_FP8_RECIPROCAL ? QF_RECIP : 0);
+}
 
 /* ---- values ---- */
 
@@ -120,7 +128,7 @@ static int reference(uint32_t n, const refit_view *q, const refit_view *s, const
     *bad = -1;
     for (uint32_t i = 0; i < n; i++) {
         if (scheme != KERN_FP8_PER_TENSOR) {
-            int rc = kern_quant_fp8(&q[i], &s[i], &x[i], (kern_fp8_scheme)scheme);
+            int rc = kern_quant_fp8_arith(&q[i], &s[i], &x[i], (kern_fp8_scheme)scheme, arith);
             if (rc)
                 *bad = (int32_t)i;
             if (rc)
@@ -146,7 +154,8 @@ static int reference(uint32_t n, const refit_view *q, const refit_view *s, const
         *kern_view_f32_ptr(&s[i], 0, 0) = sc;
         for (j = i; j < n; j++)
             if (s[j].data == s[i].data)
-                kern_fp8_encode_tile(&q[j], &x[j], sc, 0, x[j].shape[0], 0, x[j].shape[1]);
+                kern_fp8_encode_tile_arith(&q[j], &x[j], sc, arith, 0, x[j].shape[0], 0,
+                                           x[j].shape[1]);
     }
     return REFIT_OK;
 }
@@ -179,12 +188,13 @@ static void one(int scheme, refit_dtype dt, int64_t n, int64_t k, int xl, int ql
             twin_restore(&tq, jq);
             twin_restore(&ts, js);
         }
-        int rd = kern_quant_fp8_cuda(1, &gq, &gs, &gx, scheme, hw, &bad_d, stream);
+        int rd = kern_quant_fp8_cuda(1, &gq, &gs, &gx, scheme, flags(hw), &bad_d, stream);
         char what[220];
         snprintf(what, sizeof what, "%s %s [%lld, %lld], x layout %d, q layout %d, scale "
-                 "layout %d, values %d, %s", scheme_name[scheme], dt.bits == 32 ? "f32" :
+                 "layout %d, values %d, %s, %s", scheme_name[scheme], dt.bits == 32 ? "f32" :
                  dt.code == REFIT_DTYPE_BFLOAT ? "bf16" : "f16", (long long)n, (long long)k, xl,
-                 ql, sl, (int)p, hw ? "conversion instruction" : "integer encoder");
+                 ql, sl, (int)p, hw ? "conversion instruction" : "integer encoder",
+                 arith ? "reciprocal" : "divide");
         if (rd != rh)
             fail_msg("%s: device returned %d (%s), the reference %d", what, rd,
                      kern_cuda_last_error(), rh);
@@ -403,7 +413,8 @@ static void multi_run(multi *m, int scheme, const char *what, void *stream)
     for (int hw = 0; hw < encoders; hw++) {
         twin_restore(&m->tq, jq);
         twin_restore(&m->ts, js);
-        int rd = kern_quant_fp8_cuda(m->n, m->gq, m->gs, m->gx, scheme, hw, &bad_d, stream);
+        int rd = kern_quant_fp8_cuda(m->n, m->gq, m->gs, m->gx, scheme, flags(hw), &bad_d,
+                                     stream);
         if (rh != REFIT_OK || rd != REFIT_OK)
             fail_msg("%s (%s): device %d (%s), reference %d", what,
                      hw ? "conversion instruction" : "integer encoder", rd,
@@ -701,7 +712,7 @@ static void mix_check(mix *m, int hw, int want_rc, int32_t want_bad, const char 
         CU(cudaMemcpy(m->tq[i].d, m->jq[i], m->tq[i].bytes, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(m->ts.d, m->js, m->ts.bytes, cudaMemcpyHostToDevice));
     int32_t bad = 99;
-    int rd = kern_quant_fp8_cuda(m->n, m->gq, m->gs, m->gx, m->scheme, hw, &bad, NULL);
+    int rd = kern_quant_fp8_cuda(m->n, m->gq, m->gs, m->gx, m->scheme, flags(hw), &bad, NULL);
     char w[200];
     snprintf(w, sizeof w, "%s, %s, %s", scheme_name[m->scheme], what,
              hw ? "conversion instruction" : "integer encoder");
@@ -918,6 +929,60 @@ static void test_dense_nonfinite(void **state)
         }
 }
 
+/* Param arithmetic: reciprocal (QF_RECIP, vLLM's x * (1 / scale)) on the
+ * device against kern_quant_fp8_arith's on the CPU, bit for bit: every
+ * scheme's sweep, the edges (zero, subnormal groups whose reciprocal
+ * overflows, the largest values), per-tensor groups, and the dense-shaped
+ * pieces (the general kernels under QF_RECIP). Then, on the device, a
+ * [2048, 1024] per-channel BF16 weight gives other bytes in the two
+ * arithmetics (the same scales). */
+static void test_reciprocal(void **state)
+{
+    SKIP_WITHOUT_DEVICE();
+    arith = KERN_FP8_RECIPROCAL;
+    for (int sch = 0; sch < 3; sch++)
+        sweep(sch);
+    test_edges(state);
+    test_groups(state);
+    test_dense_mixed(state);
+    one(KERN_FP8_PER_CHANNEL, BF16, 2048, 1024, 0, 0, 0, PAT_RANDOM, NULL);
+    arith = KERN_FP8_DIVIDE;
+    int64_t n = 2048, k = 1024;
+    twin tx = twin_new((size_t)(n * k) * 2), tq = twin_new((size_t)(n * k)),
+         ts = twin_new((size_t)n * 4);
+    refit_view gx = v2(tx.d, BF16, n, k, k, 1, 0), gq = v2(tq.d, E4M3, n, k, k, 1, 0);
+    refit_view gs = v2(ts.d, F32, n, 1, 1, 1, 0), hx = on_host(gx, &tx);
+    fill(&hx, PAT_RANDOM);
+    twin_push(&tx);
+    unsigned char *q[2];
+    float *sc[2];
+    for (int a = 0; a < 2; a++) {
+        int32_t bad;
+        int rc = kern_quant_fp8_cuda(1, &gq, &gs, &gx, KERN_FP8_PER_CHANNEL,
+                                     a ? QF_RECIP : 0, &bad, NULL);
+        assert_int_equal(rc, REFIT_OK);
+        q[a] = malloc(tq.bytes);
+        sc[a] = malloc(ts.bytes);
+        assert_true(q[a] && sc[a]);
+        CU(cudaMemcpy(q[a], tq.d, tq.bytes, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(sc[a], ts.d, ts.bytes, cudaMemcpyDeviceToHost));
+    }
+    size_t differ = 0;
+    for (size_t i = 0; i < tq.bytes; i++)
+        differ += q[0][i] != q[1][i];
+    print_message("# [2048, 1024] per-channel bf16 on the device: %zu bytes differ between "
+                  "divide and reciprocal\n", differ);
+    assert_true(differ > 0);
+    assert_memory_equal(sc[0], sc[1], ts.bytes);
+    for (int a = 0; a < 2; a++) {
+        free(q[a]);
+        free(sc[a]);
+    }
+    twin_free(&tx);
+    twin_free(&tq);
+    twin_free(&ts);
+}
+
 int main(void)
 {
     twin_seed(0x51ed2701); /* this program's inputs, as before the shared stream */
@@ -949,6 +1014,7 @@ int main(void)
         cmocka_unit_test(test_dense_mixed),
         cmocka_unit_test(test_dense_many),
         cmocka_unit_test(test_dense_nonfinite),
+        cmocka_unit_test(test_reciprocal),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
