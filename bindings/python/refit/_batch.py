@@ -172,12 +172,14 @@ class Table:
         self._fill(ptrs, devwords, dwords, keys)
 
     def _rows_described(self, ts):
-        from .core import describe
-        descs = [describe(t) for t in ts]
-        ptrs = [d.t.data or 0 for d in descs]
+        from .core import _describe_as
+        descs = [_describe_as(t, None, "tensor %s" % k, "load_dict") for k, t in zip(self.names, ts)]
+        # a DLPack descriptor's shape and strides are the producer's (d.t);
+        # its byte_offset goes into the row's data pointer
+        ptrs = [(d.t.data or 0) + d.t.byte_offset for d in descs]
         devwords = [d.device_type | (d.device_id << 32) for d in descs]
         dwords = [(d.t.dtype.code << 32) | (d.t.dtype.bits << 40) | (1 << 48) for d in descs]
-        keys = [(None, tuple(d.shape[:d.t.ndim]), tuple(d.strides[:d.t.ndim])) for d in descs]
+        keys = [_desc_key(d.t) for d in descs]
         for d in descs:
             if d.device_type == _DEV_CUDA:
                 self.device = (_DEV_CUDA, d.device_id)
@@ -256,10 +258,22 @@ class Table:
         return array.array("Q", ptrs)
 
 
-def split(tensors, expected=None):
+def _desc_key(t):
+    """A refit_tensor's row key: its shape (NULL strides: contiguous), else
+    (None, shape, strides)."""
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if not t.strides:
+        return shape
+    return (None, shape, tuple(t.strides[i] for i in range(t.ndim)))
+
+
+def split(tensors, expected=None, foreign=None):
     """(names, tensors) of a mapping, less the names not in expected when
-    it is given (strict=False)."""
-    if expected is None:
+    it is given (strict=False) and those in foreign (other ranks' experts)."""
+    if expected is None and not foreign:
         return list(tensors.keys()), list(tensors.values())
-    items = [(k, v) for k, v in tensors.items() if k in expected]
+    if expected is None:
+        items = [(k, v) for k, v in tensors.items() if k not in foreign]
+    else:
+        items = [(k, v) for k, v in tensors.items() if k in expected]
     return [k for k, _ in items], [v for _, v in items]

@@ -4,15 +4,29 @@ Ownership follows refit.h: a Context owns its Model; a Txn ends with
 finalize(), commit() after prepare(), or abort(); descriptors of registered
 tensors stay alive (held here) until the model is destroyed. Tensors are
 torch tensors, numpy arrays, objects with __dlpack__, or anything with a
-`_refit_desc()` method (see refit.tensors)."""
+`_refit_desc()` method (see refit.tensors).
+
+Closing: Context.close() and Model.destroy() end what was made from them
+(transactions, source sets, senders, receivers, transports) first, and
+those then raise RefitError REFIT_ESTATE naming what is gone; no call
+reaches freed memory.
+
+Threads: refit.h allows one thread at a time per context; the binding
+serializes for it. Each C call on a context and what was made from it runs
+under the context's lock (an RLock: ctypes releases the GIL in the call),
+and an update holds the context from begin to its end: a second thread's
+begin (or replay, receive_update) waits for it. Strings refit returns
+(versions, messages) are copied under the lock."""
 from __future__ import annotations
 
 import ctypes
 import enum
+import threading
+import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _ffi
-from .tensors import Desc, DTypeLike, refit_dtype
+from .tensors import ByteOrderError, Desc, DTypeLike, refit_dtype
 from .tensors import describe as _describe
 
 Stream = Union[None, int, ctypes.c_void_p, Any]
@@ -77,7 +91,14 @@ def dtype_name(dtype: DTypeLike) -> str:
     return _t(_ffi.lib().refit_dtype_name(_ffi.DType(code, bits, 1)))
 
 
+def _estate(what: str) -> RefitError:
+    return RefitError(_ESTATE, "REFIT_ESTATE", what)
+
+
 def _check(ctx_handle: Any, rc: int, call: str) -> None:
+    """RefitError for a failing rc, with the context's message: call it
+    under the context's lock, with the failing call (the message is the
+    last call's)."""
     if rc != 0:
         L = _ffi.lib()
         msg = _t(L.refit_errmsg(ctx_handle)) if ctx_handle else ""
@@ -104,6 +125,15 @@ def describe(tensor: Any, stream: Optional[int] = None) -> Desc:
     return _describe(tensor, stream)
 
 
+def _describe_as(tensor: Any, stream: Optional[int], what: str, call: str) -> Desc:
+    """describe(), a byte order refit cannot read refused as REFIT_EINVAL
+    naming what the tensor is ("tensor up.weight")."""
+    try:
+        return _describe(tensor, stream)
+    except ByteOrderError as err:
+        raise RefitError(_EINVAL, "REFIT_EINVAL", "%s: %s" % (what, err), call) from None
+
+
 class Context:
     """One per engine worker (rank): refit_open.
 
@@ -124,6 +154,10 @@ class Context:
         L = _ffi.lib()
         self._h: Optional[ctypes.c_void_p] = None
         self._model: Optional[Model] = None
+        self._lock = threading.RLock()      # held across each C call (module doc)
+        self._slot = threading.Condition(threading.Lock())
+        self._updater: Optional[int] = None  # the thread whose update is open
+        self._deps: List[Tuple[Any, Optional[Model]]] = []  # (weakref, its model)
         dirs = [plugin_dirs] if isinstance(plugin_dirs, str) else list(plugin_dirs or [])
         bundled = _ffi.bundled_plugin_dir()
         if bundled:
@@ -150,15 +184,65 @@ class Context:
     @property
     def handle(self) -> ctypes.c_void_p:
         if self._h is None:
-            raise RefitError(_ESTATE, "REFIT_ESTATE", "context is closed")
+            raise _estate("context was closed")
         return self._h
 
     def close(self) -> None:
-        if self._h is not None:
+        """Close the context: what was made from it is ended first (an open
+        update aborted); using any of it then raises REFIT_ESTATE."""
+        with self._lock:
+            if self._h is None:
+                return
+            self._release(None, "its context was closed")
+            if self._model is not None:
+                self._model._gone("its context was closed")
             _ffi.lib().refit_close(self._h)
             self._h = None
-            if self._model is not None:
-                self._model._h = None
+        self._free_slot(None)
+
+    # -- what was made from this context (module doc: Closing, Threads) --
+
+    def _adopt(self, obj: Any, model: Optional["Model"] = None) -> None:
+        """obj (with _release(why)) ends when this context closes, or when
+        model is destroyed."""
+        self._deps = [d for d in self._deps if d[0]() is not None]
+        self._deps.append((weakref.ref(obj), model))
+
+    def _release(self, model: Optional["Model"], why: str) -> None:
+        """End the live objects made from this context (from model only, when
+        given), the newest first: a sender before its transport."""
+        keep = []
+        for ref, m in reversed(self._deps):
+            obj = ref()
+            if obj is None:
+                continue
+            if model is None or m is model:
+                obj._release(why)
+            else:
+                keep.append((ref, m))
+        self._deps = keep[::-1]
+
+    def _claim(self) -> bool:
+        """Wait until no other thread holds an open update; True when this
+        call took the slot (False: this thread holds it already, and refit
+        refuses the second update)."""
+        me = threading.get_ident()
+        with self._slot:
+            while self._updater is not None and self._updater != me:
+                self._slot.wait()
+            if self._updater == me:
+                return False
+            self._updater = me
+            return True
+
+    def _free_slot(self, claimed: Optional[bool] = True) -> None:
+        """The open update ended (claimed: True), or ended by close/destroy
+        whoever held it (None)."""
+        if claimed is False:
+            return
+        with self._slot:
+            self._updater = None
+            self._slot.notify_all()
 
     def __del__(self) -> None:
         try:
@@ -173,19 +257,24 @@ class Context:
         self.close()
 
     def errmsg(self) -> str:
-        return _t(_ffi.lib().refit_errmsg(self.handle))
+        with self._lock:
+            return _t(_ffi.lib().refit_errmsg(self.handle))
 
     def health(self) -> Health:
-        return Health(_ffi.lib().refit_worker_health(self.handle))
+        with self._lock:
+            return Health(_ffi.lib().refit_worker_health(self.handle))
 
     def check_serving(self) -> None:
         """Raises RefitError (REFIT_EPOISONED, REFIT_ESTATE) unless READY."""
-        _check(self.handle, _ffi.lib().refit_check_serving(self.handle), "refit_check_serving")
+        with self._lock:
+            _check(self.handle, _ffi.lib().refit_check_serving(self.handle),
+                   "refit_check_serving")
 
     @property
     def version(self) -> Optional[str]:
         """The version label the worker holds (READY), else None."""
-        return _s(_ffi.lib().refit_worker_version(self.handle))
+        with self._lock:    # copied before another thread's commit frees it
+            return _s(_ffi.lib().refit_worker_version(self.handle))
 
     @property
     def journal_behind(self) -> bool:
@@ -194,13 +283,15 @@ class Context:
         record is held and written first by the next journal write (the
         next begin, a health change, close); until then the journal shows
         that update unended."""
-        return bool(_ffi.lib().refit_journal_behind(self.handle))
+        with self._lock:
+            return bool(_ffi.lib().refit_journal_behind(self.handle))
 
     def create_model(self) -> "Model":
         h = ctypes.c_void_p()
-        _check(self.handle, _ffi.lib().refit_model_create(ctypes.byref(h), self.handle),
-               "refit_model_create")
-        self._model = Model(self, h)
+        with self._lock:
+            _check(self.handle, _ffi.lib().refit_model_create(ctypes.byref(h), self.handle),
+                   "refit_model_create")
+            self._model = Model(self, h)
         return self._model
 
     def open_source(self, path: str) -> "Source":
@@ -223,51 +314,71 @@ class Model:
         self._keep: List[Any] = []           # descriptors and tensors refit borrows
         self.aliases: Dict[str, str] = {}    # tied checkpoint name -> its primary name
         self.expected: set = set()           # every checkpoint name a module expects
+        self.foreign: set = set()            # names of other ranks' experts: loads skip them
         self.device: Optional[Tuple[int, int]] = None  # the first device runtime tensor
+        self._why: Optional[str] = None      # why it is gone: destroyed, context closed
 
     @property
     def handle(self) -> ctypes.c_void_p:
         if self._h is None:
-            raise RefitError(_ESTATE, "REFIT_ESTATE", "model is destroyed")
+            raise _estate("model: %s" % (self._why or "it was destroyed"))
         return self._h
 
     def _check(self, rc: int, call: str) -> None:
         _check(self.ctx.handle, rc, call)
 
+    def _call(self, call: str, fn: Any, *args: Any) -> None:
+        """fn(model handle, *args) under the context's lock; RefitError
+        unless it returns 0."""
+        with self.ctx._lock:
+            rc = fn(self.handle, *args)
+            if rc:
+                _check(self.ctx.handle, rc, call)
+
+    def _gone(self, why: str) -> None:
+        self._h = None
+        self._why = why
+        self._keep.clear()
+
     def destroy(self) -> None:
-        if self._h is not None:
+        """Destroy the model: its source sets and receivers are ended first,
+        an open update aborted; using any of them then raises REFIT_ESTATE.
+        The context goes on (create_model makes another)."""
+        ctx = self.ctx
+        with ctx._lock:
+            if self._h is None:
+                return
+            ctx._release(self, "its model was destroyed")
             _ffi.lib().refit_model_destroy(self._h)
-            self._h = None
-            self._keep.clear()
+            self._gone("its model was destroyed")
+        ctx._free_slot(None)
 
     def add_module(self, name: str, format: str = "unquantized",
                    params: Union[None, str, Mapping[str, Any]] = None) -> None:
         """A module of a registered format; params: its flat YAML mapping
         ("cast: true") or a dict."""
-        self._check(_ffi.lib().refit_model_add_module(self.handle, _b(name), _b(format),
-                                                      _b(_params(params))),
-                    "add_module %s" % name)
+        self._call("add_module %s" % name, _ffi.lib().refit_model_add_module, _b(name),
+                   _b(format), _b(_params(params)))
 
     def bind_runtime(self, module: str, name: str, tensor: Any) -> None:
         """Bind an engine-owned tensor (borrowed until destroy()) to module."""
-        d = describe(tensor)
+        call = "bind_runtime %s/%s" % (module, name)
+        d = _describe_as(tensor, None, "runtime tensor %s/%s" % (module, name), call)
         if d.readonly:
             raise RefitError(_EINVAL, "REFIT_EINVAL", "runtime tensor %s/%s is read-only; refit "
-                             "writes runtime tensors in place" % (module, name),
-                             "bind_runtime %s/%s" % (module, name))
+                             "writes runtime tensors in place" % (module, name), call)
         self._keep.append(d)
         if d.device_type == _ffi.DEVICE_CUDA and self.device is None:
             self.device = (d.device_type, d.device_id)
-        self._check(_ffi.lib().refit_module_bind_runtime(self.handle, _b(module), _b(name),
-                                                         ctypes.byref(d.t)),
-                    "bind_runtime %s/%s" % (module, name))
+        self._call(call, _ffi.lib().refit_module_bind_runtime, _b(module), _b(name),
+                   ctypes.byref(d.t))
 
     def add_side(self, name: str, tensor: Any) -> None:
         """Graph-visible memory that is not a weight: its address is verified."""
-        d = describe(tensor)
+        d = _describe_as(tensor, None, "side tensor %s" % name, "add_side %s" % name)
         self._keep.append(d)
-        self._check(_ffi.lib().refit_model_add_side(self.handle, _b(name), ctypes.byref(d.t)),
-                    "add_side %s" % name)
+        self._call("add_side %s" % name, _ffi.lib().refit_model_add_side, _b(name),
+                   ctypes.byref(d.t))
 
     def expect(self, module: str, ckpt_name: str, dtype: DTypeLike, shape: Sequence[int],
                target: Optional[str] = None, shard: Optional[Tuple[int, int, int]] = None,
@@ -291,23 +402,21 @@ class Model:
         for i, o in enumerate(dst_offset or ()):
             spec.dst_offset[i] = int(o)
         spec.tie_of = strings[1]
-        self._check(_ffi.lib().refit_model_expect(self.handle, _b(module), _b(ckpt_name),
-                                                  ctypes.byref(spec)),
-                    "expect %s" % ckpt_name)
+        self._call("expect %s" % ckpt_name, _ffi.lib().refit_model_expect, _b(module),
+                   _b(ckpt_name), ctypes.byref(spec))
         self.expected.add(ckpt_name)
         if tie_of:
             self.aliases[ckpt_name] = tie_of
 
     def load_manifest(self, path: str) -> None:
-        self._check(_ffi.lib().refit_model_load_manifest(self.handle, _b(path)),
-                    "load_manifest %s" % path)
+        self._call("load_manifest %s" % path, _ffi.lib().refit_model_load_manifest, _b(path))
 
     def seal(self) -> None:
-        self._check(_ffi.lib().refit_model_seal(self.handle), "seal")
+        self._call("seal", _ffi.lib().refit_model_seal)
 
     def stats(self) -> Dict[str, int]:
         st = _ffi.ModelStats()
-        self._check(_ffi.lib().refit_model_stats_get(self.handle, ctypes.byref(st)), "stats")
+        self._call("stats", _ffi.lib().refit_model_stats_get, ctypes.byref(st))
         return {k: getattr(st, k) for k, *_ in _ffi.ModelStats._fields_}
 
     def module_version(self, module: str) -> Optional[str]:
@@ -315,7 +424,8 @@ class Model:
         None: no such module, never committed, or holding bytes of an
         aborted update. After a partial update the modules it did not
         deliver keep their own."""
-        return _s(_ffi.lib().refit_module_version(self.handle, _b(module)))
+        with self.ctx._lock:    # copied before another thread's commit frees it
+            return _s(_ffi.lib().refit_module_version(self.handle, _b(module)))
 
     def fingerprint(self, module: Optional[str] = None, name: Optional[str] = None) -> int:
         """64-bit content fingerprint of one runtime tensor (module, name:
@@ -323,11 +433,10 @@ class Model:
         out = ctypes.c_uint64()
         L = _ffi.lib()
         if module is None:
-            rc = L.refit_model_fingerprint(self.handle, ctypes.byref(out))
+            self._call("fingerprint", L.refit_model_fingerprint, ctypes.byref(out))
         else:
-            rc = L.refit_runtime_fingerprint(self.handle, _b(module), _b(name or "w"),
-                                             ctypes.byref(out))
-        self._check(rc, "fingerprint")
+            self._call("fingerprint", L.refit_runtime_fingerprint, _b(module), _b(name or "w"),
+                       ctypes.byref(out))
         return out.value
 
     def source_set(self, tensors: Any, strict: bool = True) -> "SourceSet":
@@ -363,8 +472,12 @@ class Model:
         its journal record and durable source (refit_replay): the modules
         the journal does not show complete, or every module with full."""
         opts = _ffi.ReplayOpts(_ffi.REPLAY_OPTS_VERSION, 1 if full else 0, 1 if rollback else 0)
-        self._check(_ffi.lib().refit_replay(self.handle, int(update_id), ctypes.byref(opts)),
-                    "replay %d" % update_id)
+        claimed = self.ctx._claim()     # an update of its own: waits for another's
+        try:
+            self._call("replay %d" % update_id, _ffi.lib().refit_replay, int(update_id),
+                       ctypes.byref(opts))
+        finally:
+            self.ctx._free_slot(claimed)
 
 
 class Txn:
@@ -391,6 +504,9 @@ class Txn:
         self._keep: List[Any] = []
         self.result: Optional[str] = None
         self.prepared = False
+        self._lock = model.ctx._lock
+        self._claimed = False       # this txn holds its context's update slot
+        self._why: Optional[str] = None
         if not lazy:
             self._begin()
 
@@ -401,10 +517,18 @@ class Txn:
                                1 if self.fingerprint else 0, 1 if self.partial else 0,
                                1 if self.keep_going else 0)
         h = ctypes.c_void_p()
-        self.model._check(_ffi.lib().refit_begin(ctypes.byref(h), self.model.handle,
-                                                 ctypes.byref(opts)), "begin")
-        self._h = h
-        self._journal_id = int(_ffi.lib().refit_txn_journal_id(h))
+        ctx = self.model.ctx
+        claimed = ctx._claim()      # another thread's update: wait for its end
+        try:
+            with self._lock:
+                self.model._call("begin", lambda mh: _ffi.lib().refit_begin(
+                    ctypes.byref(h), mh, ctypes.byref(opts)))
+                self._h = h
+                self._claimed = claimed
+                self._journal_id = int(_ffi.lib().refit_txn_journal_id(h))
+        except BaseException:
+            ctx._free_slot(claimed)
+            raise
 
     @property
     def begun(self) -> bool:
@@ -412,17 +536,38 @@ class Txn:
 
     @property
     def handle(self) -> ctypes.c_void_p:
-        if self._h is None:
+        """The refit_txn (begun now if lazy). Take it under the context's
+        lock, with the call that uses it."""
+        h = self._h
+        if h is None:
             if self.result is not None:
-                raise RefitError(_ESTATE, "REFIT_ESTATE", "transaction already ended")
+                raise _estate("transaction %s" % (self._why or "already ended"))
             self._begin()
-        assert self._h is not None
-        return self._h
+            assert self._h is not None
+            return self._h
+        if self.model._h is None:   # destroyed with the model: refit freed it
+            self._over("aborted")
+            self._why = "aborted: %s" % self.model._why
+            raise _estate("transaction %s" % self._why)
+        return h
+
+    def _over(self, result: str) -> None:
+        self._h = None
+        self.result = result
+        self._keep.clear()
+        if self._claimed:
+            self._claimed = False
+            self.model.ctx._free_slot()
 
     def _end(self, result: str) -> ctypes.c_void_p:
+        """The handle, the txn marked over (result): for the call that ends
+        it, made under the same hold of the lock."""
         h = self.handle
         self._h = None
         self.result = result
+        if self._claimed:
+            self._claimed = False
+            self.model.ctx._free_slot()
         return h
 
     def _stream(self, desc: Any, stream: Stream) -> Optional[ctypes.c_void_p]:
@@ -440,44 +585,64 @@ class Txn:
             self._begin()
         return self._journal_id
 
+    def _ready(self) -> None:
+        """Begin a lazy update now, before the lock is taken: the begin may
+        wait for another thread's update to end."""
+        if self._h is None and self.result is None:
+            self._begin()
+
+    def _run(self, call: str, fn: Any, *args: Any) -> None:
+        """fn(txn handle, *args) under the context's lock; RefitError unless 0."""
+        self._ready()
+        with self._lock:
+            rc = fn(self.handle, *args)
+            if rc:
+                self.model._check(rc, call)
+
     def load(self, name: str, tensor: Any, stream: Stream = None) -> None:
-        """One whole checkpoint tensor; every check before any byte is written."""
+        """One whole checkpoint tensor; every check before any byte is written.
+        A name in model.foreign (another rank's expert) is skipped."""
+        if name in self.model.foreign:
+            return
         st = self._stream(None, stream)
-        d = describe(tensor, st.value if st else None)
+        d = _describe_as(tensor, st.value if st else None, "tensor %s" % name, "load %s" % name)
         self._keep.append(d)
-        self.model._check(_ffi.lib().refit_load(self.handle, _b(name), ctypes.byref(d.t), st),
-                          "load %s" % name)
+        self._run("load %s" % name, _ffi.lib().refit_load, _b(name), ctypes.byref(d.t), st)
 
     def load_part(self, name: str, offset: int, tensor: Any, stream: Stream = None) -> None:
         """Rows [offset, offset + rows) of the split dim of a checkpoint tensor."""
+        if name in self.model.foreign:
+            return
         st = self._stream(None, stream)
-        d = describe(tensor, st.value if st else None)
+        d = _describe_as(tensor, st.value if st else None, "tensor %s" % name,
+                         "load_part %s" % name)
         self._keep.append(d)
-        self.model._check(_ffi.lib().refit_load_part(self.handle, _b(name), int(offset),
-                                                     ctypes.byref(d.t), st),
-                          "load_part %s" % name)
+        self._run("load_part %s" % name, _ffi.lib().refit_load_part, _b(name), int(offset),
+                  ctypes.byref(d.t), st)
 
     def load_dict(self, tensors, stream=None, strict=True):
         """Every tensor of a name -> tensor mapping, in one refit_load_many
         call: every row checked before any byte is written (a bad one
         refuses them all). A tied name whose other name is also in the
         mapping is accepted and written once. With strict=False, names no
-        module expects are skipped."""
+        module expects are skipped; names of other ranks' experts
+        (model.foreign) always are."""
         from . import _batch
-        names, values = _batch.split(tensors, None if strict else self.model.expected)
+        names, values = _batch.split(tensors, None if strict else self.model.expected,
+                                     self.model.foreign)
         table = _batch.Table(names, values)
         self._keep.append(table)
-        rc = _batch.lib().refit_load_many(self.handle, table.n, table.names_ptr,
-                                          table.srcs_ptr, self._stream(None, stream))
-        self.model._check(rc, "load_dict")
+        self._run("load_dict", _batch.lib().refit_load_many, table.n, table.names_ptr,
+                  table.srcs_ptr, self._stream(None, stream))
 
     def load_set(self, source_set, stream=None):
         """Every tensor of a prepared SourceSet, in one call."""
         from . import _batch
-        self._keep.append(source_set)
-        rc = _batch.lib().refit_load_set(self.handle, source_set.handle,
-                                         self._stream(None, stream))
-        self.model._check(rc, "load_set")
+        st = self._stream(None, stream)
+        self._ready()
+        with self._lock:
+            self._run("load_set", _batch.lib().refit_load_set, source_set.handle, st)
+            self._keep.append(source_set)
 
     def load_safetensors(self, path: str, strict: bool = True,
                          progress: Optional[Progress] = None, stream: Stream = None,
@@ -510,33 +675,40 @@ class Txn:
 
     def stats(self) -> Dict[str, int]:
         st = _ffi.TxnStats()
-        self.model._check(_ffi.lib().refit_txn_stats_get(self.handle, ctypes.byref(st)),
-                          "txn stats")
+        self._run("txn stats", _ffi.lib().refit_txn_stats_get, ctypes.byref(st))
         return {k: getattr(st, k) for k, *_ in _ffi.TxnStats._fields_}
+
+    def _finish(self, call: str, fn: Any) -> None:
+        """End the txn with fn (refit_finalize, refit_commit): committed,
+        or failed and RefitError."""
+        self._ready()
+        with self._lock:
+            h = self._end("failed")
+            try:
+                rc = fn(h)
+                if rc:
+                    self.model._check(rc, call)
+            finally:
+                self._keep.clear()
+            self.result = "committed"
 
     def finalize(self) -> None:
         """Check completeness, run the checks, commit (READY at this
         version). On failure the update is aborted as abort() would and
         RefitError raised; the txn is over either way."""
-        h = self._end("failed")
-        try:
-            self.model._check(_ffi.lib().refit_finalize(h), "finalize")
-        finally:
-            self._keep.clear()
-        self.result = "committed"
+        self._finish("finalize", _ffi.lib().refit_finalize)
 
     def prepare(self) -> None:
         """First phase of a group commit (refit_finalize_prepare): every
         check of finalize. On success the txn stays open (UPDATING) and
         only commit() or abort() is left; on failure it is aborted, freed,
         and RefitError raised."""
-        h = self.handle
-        rc = _ffi.lib().refit_finalize_prepare(h)
-        if rc:
-            self._h = None
-            self.result = "failed"
-            self._keep.clear()
-            self.model._check(rc, "prepare")
+        self._ready()
+        with self._lock:
+            rc = _ffi.lib().refit_finalize_prepare(self.handle)
+            if rc:
+                self._over("failed")
+                self.model._check(rc, "prepare")
         self.prepared = True
 
     def commit(self) -> None:
@@ -544,12 +716,7 @@ class Txn:
         if not self.prepared:
             raise RefitError(_ESTATE, "REFIT_ESTATE", "commit of an update that was not "
                              "prepared; call prepare() first, or finalize()", "commit")
-        h = self._end("failed")
-        try:
-            self.model._check(_ffi.lib().refit_commit(h), "commit")
-        finally:
-            self._keep.clear()
-        self.result = "committed"
+        self._finish("commit", _ffi.lib().refit_commit)
 
     def abort(self, reason: Optional[str] = None) -> bool:
         """Abandon the update, recording reason in the journal (default:
@@ -559,12 +726,13 @@ class Txn:
         if self._h is None and self.result is None:  # a lazy update never begun
             self.result = "aborted"
             return True
-        h = self._end("aborted")
         L = _ffi.lib()
-        rc = L.refit_abort_reason(h, _b(reason)) if reason is not None else L.refit_abort(h)
-        self._keep.clear()
-        if rc not in (0, _EPOISONED):
-            self.model._check(rc, "abort")
+        with self._lock:
+            h = self._end("aborted")
+            rc = L.refit_abort_reason(h, _b(reason)) if reason is not None else L.refit_abort(h)
+            self._keep.clear()
+            if rc not in (0, _EPOISONED):
+                self.model._check(rc, "abort")
         return rc == 0
 
     def __enter__(self) -> "Txn":
@@ -572,6 +740,10 @@ class Txn:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if self.result is not None:
+            return
+        if self._h is not None and self.model._h is None and exc_type is not None:
+            self._over("aborted")   # its model went first: the exception goes on
+            self._why = "aborted: %s" % self.model._why
             return
         if exc_type is None:
             if self.prepared:
@@ -594,8 +766,10 @@ class Source:
             self._h: Optional[ctypes.c_void_p] = _handle
             return
         h = ctypes.c_void_p()
-        _check(ctx.handle, _ffi.lib().refit_source_open(ctypes.byref(h), ctx.handle, _b(path)),
-               "source_open %s" % path)
+        with ctx._lock:
+            _check(ctx.handle, _ffi.lib().refit_source_open(ctypes.byref(h), ctx.handle,
+                                                            _b(path)),
+                   "source_open %s" % path)
         self._h = h
 
     @classmethod
@@ -615,9 +789,10 @@ class Source:
                 keep = (ctypes.c_char * mv.nbytes).from_buffer(mv)
                 ptr, n = ctypes.cast(keep, ctypes.c_void_p), mv.nbytes
         h = ctypes.c_void_p()
-        _check(ctx.handle, _ffi.lib().refit_source_open_memory(ctypes.byref(h), ctx.handle, ptr,
-                                                                n, _b(label)),
-               "source_open_memory %s" % label)
+        with ctx._lock:
+            _check(ctx.handle, _ffi.lib().refit_source_open_memory(ctypes.byref(h), ctx.handle,
+                                                                    ptr, n, _b(label)),
+                   "source_open_memory %s" % label)
         return cls(ctx, None, _handle=h, _buf=keep)
 
     @property
@@ -658,7 +833,9 @@ class Source:
         """SHA-256 hex of the source (of the file; of its files' digests for a
         directory). Reads every byte on the first call, then cached."""
         out = ctypes.create_string_buffer(65)
-        _check(self.ctx.handle, _ffi.lib().refit_source_digest(self.handle, out), "source_digest")
+        with self.ctx._lock:
+            _check(self.ctx.handle, _ffi.lib().refit_source_digest(self.handle, out),
+                   "source_digest")
         return out.value.decode()
 
     def identity(self) -> str:
@@ -667,8 +844,9 @@ class Source:
         update's source digest, replay takes the source only while its
         files are the very ones loaded. Memory sources have none."""
         out = ctypes.create_string_buffer(80)
-        _check(self.ctx.handle, _ffi.lib().refit_source_identity(self.handle, out),
-               "source_identity")
+        with self.ctx._lock:
+            _check(self.ctx.handle, _ffi.lib().refit_source_identity(self.handle, out),
+                   "source_identity")
         return out.value.decode()
 
     def __len__(self) -> int:
@@ -680,32 +858,35 @@ class Source:
         out = []
         for i in range(L.refit_source_count(self.handle)):
             st = _ffi.SourceTensor()
-            _check(self.ctx.handle, L.refit_source_tensor_at(self.handle, i, ctypes.byref(st)),
-                   "source_tensor_at")
+            if L.refit_source_tensor_at(self.handle, i, ctypes.byref(st)):
+                raise RefitError(_EINVAL, "REFIT_EINVAL", "source %s: no tensor %d"
+                                 % (self.uri, i), "source_tensor_at")
             out.append((_t(st.name), tuple(st.shape[k] for k in range(st.ndim)), st.bytes))
         return out
 
     def load_into(self, txn: Txn, strict: bool = True, progress: Optional[Progress] = None,
                   stream: Stream = None) -> None:
         L = _ffi.lib()
-        th = txn.handle
         st = txn._stream(None, stream)
         prog = _ffi.PROGRESS_FN(lambda u, b, n, cur: progress(b, n, _s(cur))) if progress \
             else _ffi.PROGRESS_FN()
-        if strict and not txn.model.aliases:
-            rc = L.refit_load_source(th, self.handle, prog, None, st)
+        call = "load_source %s" % self.uri
+        if strict and not txn.model.aliases and not txn.model.foreign:
+            txn._run(call, L.refit_load_source, self.handle, prog, None, st)
         else:
             expected, aliases = txn.model.expected, txn.model.aliases
-            present = {n for n, _, _ in self.tensors()}
+            foreign = txn.model.foreign
+            present = {n for n, _, _ in self.tensors()} if aliases else set()
 
             def keep(user: Any, name: bytes) -> int:
                 n = _s(name)
+                if n in foreign:
+                    return 0  # another rank's expert
                 if n in aliases and aliases[n] in present:
                     return 0  # its primary is in the source: written once
                 return 1 if (strict or n in expected) else 0
             filt = _ffi.FILTER_FN(keep)
-            rc = L.refit_load_source_filtered(th, self.handle, filt, None, prog, None, st)
-        txn.model._check(rc, "load_source %s" % self.uri)
+            txn._run(call, L.refit_load_source_filtered, self.handle, filt, None, prog, None, st)
 
 
 class SourceSet:
@@ -713,24 +894,36 @@ class SourceSet:
     every update (a trainer's parameters, a transport's receive buffers),
     names resolved and descriptors checked once; txn.load_set(set) is then
     one call. The tensors are held here; write each update's values into
-    them, or repoint() after the memory moved."""
+    them, or repoint() after the memory moved. Destroying its model ends it."""
 
     def __init__(self, model, tensors, strict=True):
         from . import _batch
         self.model = model
-        names, values = _batch.split(tensors, None if strict else model.expected)
+        self._h = None
+        self._why = None
+        names, values = _batch.split(tensors, None if strict else model.expected,
+                                     model.foreign)
         self._table = _batch.Table(names, values)
         h = ctypes.c_void_p()
-        model._check(_batch.lib().refit_source_set_create(
-            ctypes.byref(h), model.handle, self._table.n, self._table.names_ptr,
-            self._table.srcs_ptr), "source_set")
-        self._h = h
+        with model.ctx._lock:
+            model._call("source_set", lambda mh: _batch.lib().refit_source_set_create(
+                ctypes.byref(h), mh, self._table.n, self._table.names_ptr,
+                self._table.srcs_ptr))
+            self._h = h
+            model.ctx._adopt(self, model)
 
     @property
     def handle(self):
+        """Take it under the context's lock, with the call that uses it."""
+        if self._why is not None:
+            raise _estate("source set: %s" % self._why)
         if self._h is None:
-            raise RefitError(-3, "REFIT_ESTATE", "source set is closed")
+            raise _estate("source set is closed")
         return self._h
+
+    def _release(self, why):
+        # refit detaches the set when its model goes (it is freed by close())
+        self._why = why
 
     def __len__(self):
         return self._table.n
@@ -747,17 +940,20 @@ class SourceSet:
         if isinstance(tensors, dict):
             tensors = [tensors[k] for k in self._table.names]
         ptrs = self._table.data_pointers(tensors)
-        rc = _batch.lib().refit_source_set_repoint(self.handle, len(ptrs),
-                                                   ptrs.buffer_info()[0] if len(ptrs) else None)
-        self.model._check(rc, "source_set repoint")
+        with self.model.ctx._lock:
+            rc = _batch.lib().refit_source_set_repoint(
+                self.handle, len(ptrs), ptrs.buffer_info()[0] if len(ptrs) else None)
+            if rc:
+                self.model._check(rc, "source_set repoint")
         if tensors is not None:
             self._table.tensors = list(tensors)
 
     def close(self):
         if self._h is not None:
             from . import _batch
-            _batch.lib().refit_source_set_destroy(self._h)
-            self._h = None
+            with self.model.ctx._lock:
+                _batch.lib().refit_source_set_destroy(self._h)
+                self._h = None
 
     def __del__(self):
         try:

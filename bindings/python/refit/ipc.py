@@ -20,6 +20,10 @@ Handles are made at the first send and reused; a parameter whose storage
 moved is exported again. share=False packs the tensor into refit's flat
 buckets instead (strided tensors, or memory cudaIpcGetMemHandle cannot
 share, such as PyTorch's expandable segments).
+
+Closing the context (either side) or destroying the worker's model closes
+its senders and receivers; their calls then raise RefitError REFIT_ESTATE.
+Calls run under the context's lock (refit.core: Threads).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import ctypes
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _ffi
-from .core import Context, Model, Stream, _b, _check, describe
+from .core import Context, Model, Stream, _b, _check, _describe_as, _estate
 from .transport import GroupResult, UpdateOpts
 
 _P, _I, _D, _U64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_uint64
@@ -138,16 +142,36 @@ class Sender:
         o = SendOpts(3, self._label, _device(device), bucket_bytes, int(checksum), timeout,
                      _stream(stream), spin, uids, len(allow_uids or ()))
         h = _P()
-        _check(ctx.handle, _lib().refit_ipc_sender_create(ctypes.byref(h), ctx.handle,
-               self._paths, len(paths), ctypes.byref(o)), "refit_ipc_sender_create")
-        self._h: Optional[ctypes.c_void_p] = h
+        self._h: Optional[ctypes.c_void_p] = None
+        self._why: Optional[str] = None
+        with ctx._lock:
+            _check(ctx.handle, _lib().refit_ipc_sender_create(ctypes.byref(h), ctx.handle,
+                   self._paths, len(paths), ctypes.byref(o)), "refit_ipc_sender_create")
+            self._h = h
+            ctx._adopt(self)
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """Take it under the context's lock, with the call that uses it."""
+        if self._h is None:
+            raise _estate("ipc sender: %s" % (self._why or "it is closed"))
+        return self._h
+
+    def _call(self, call: str, fn: Any, *args: Any) -> None:
+        with self.ctx._lock:
+            rc = fn(self.handle, *args)
+            _check(self.ctx.handle, rc, call)
+
+    def _release(self, why: str) -> None:
+        self.close()
+        self._why = why
 
     def add(self, name: str, tensor: Any, share: bool = True) -> None:
         """Export tensor under name: its own storage (share=True), or packed
         into refit's buckets at each send (share=False). Kept alive here."""
-        d = describe(tensor)
-        _check(self.ctx.handle, _lib().refit_ipc_sender_add(self._h, _b(name),
-               ctypes.byref(d.t), SHARE if share else PACK), "refit_ipc_sender_add")
+        d = _describe_as(tensor, None, "tensor %s" % name, "refit_ipc_sender_add")
+        self._call("refit_ipc_sender_add", _lib().refit_ipc_sender_add, _b(name),
+                   ctypes.byref(d.t), SHARE if share else PACK)
         self._keep.append((d, tensor))
 
     def add_dict(self, tensors: Mapping[str, Any], share: bool = True) -> None:
@@ -156,8 +180,8 @@ class Sender:
 
     def set_label(self, label: str) -> None:
         self._label = _b(label)
-        _check(self.ctx.handle, _lib().refit_ipc_sender_set_label(self._h, self._label),
-               "refit_ipc_sender_set_label")
+        self._call("refit_ipc_sender_set_label", _lib().refit_ipc_sender_set_label,
+                   self._label)
 
     def send(self, label: Optional[str] = None) -> Dict[str, Any]:
         """One update to every worker and the decision: the group result (a
@@ -165,28 +189,29 @@ class Sender:
         if label is not None:
             self.set_label(label)
         res = GroupResult()
-        rc = _lib().refit_ipc_sender_send(self._h, ctypes.byref(res))
-        _check(self.ctx.handle, rc, "refit_ipc_sender_send")
+        self._call("refit_ipc_sender_send", _lib().refit_ipc_sender_send, ctypes.byref(res))
         return res.as_dict()
 
     def profile(self) -> Dict[str, Any]:
         """The last send's phases (refit_ipc_send_profile) as a dict."""
         p = SendProfile()
-        _lib().refit_ipc_sender_profile(self._h, ctypes.byref(p))
+        self._call("refit_ipc_sender_profile", _lib().refit_ipc_sender_profile,
+                   ctypes.byref(p))
         return _as_dict(p)
 
     def host_alloc(self, nbytes: int) -> int:
         """Host memory (a host sender, device=None) a tensor may live in to
         be shared unpacked: its address, valid until close()."""
         p = _P()
-        _check(self.ctx.handle, _lib().refit_ipc_host_alloc(self._h, nbytes, ctypes.byref(p)),
-               "refit_ipc_host_alloc")
+        self._call("refit_ipc_host_alloc", _lib().refit_ipc_host_alloc, nbytes,
+                   ctypes.byref(p))
         return p.value or 0
 
     def close(self) -> None:
-        if self._h:
-            _lib().refit_ipc_sender_destroy(self._h)
-            self._h, self._keep = None, []
+        with self.ctx._lock:
+            if self._h:
+                _lib().refit_ipc_sender_destroy(self._h)
+                self._h, self._keep = None, []
 
     def __enter__(self) -> Sender:
         return self
@@ -220,34 +245,66 @@ class Receiver:
                      self._filter, None, spin, int(bool(profile_gpu)), socket_mode, uids,
                      len(allow_uids or ()), greet_timeout)
         h = _P()
-        _check(model.ctx.handle, _lib().refit_ipc_receiver_create(ctypes.byref(h), model.handle,
-               _b(path), ctypes.byref(o)), "refit_ipc_receiver_create")
-        self._h: Optional[ctypes.c_void_p] = h
+        self._h: Optional[ctypes.c_void_p] = None
+        self._why: Optional[str] = None
+        ctx = model.ctx
+        with ctx._lock:
+            _check(ctx.handle, _lib().refit_ipc_receiver_create(ctypes.byref(h), model.handle,
+                   _b(path), ctypes.byref(o)), "refit_ipc_receiver_create")
+            self._h = h
+            ctx._adopt(self, model)
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """Take it under the context's lock, with the call that uses it."""
+        if self._h is None:
+            raise _estate("ipc receiver: %s" % (self._why or "it is closed"))
+        return self._h
+
+    def _call(self, call: str, fn: Any, *args: Any) -> None:
+        with self.model.ctx._lock:
+            rc = fn(self.handle, *args)
+            _check(self.model.ctx.handle, rc, call)
+
+    def _release(self, why: str) -> None:
+        self.close()
+        self._why = why
 
     def receive_update(self, rollback: bool = True, label: Optional[str] = None,
                        source_uri: Optional[str] = None) -> Dict[str, Any]:
+        """Wait for a trainer's update and take it: an update of the
+        worker's, so it first waits for another thread's to end, and holds
+        the context until it returns."""
         self._strings = (_b(label), _b(source_uri))
         opts = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
         res = GroupResult()
-        rc = _lib().refit_ipc_receive_update(self._h, ctypes.byref(opts), ctypes.byref(res))
-        _check(self.model.ctx.handle, rc, "refit_ipc_receive_update")
+        ctx = self.model.ctx
+        claimed = ctx._claim()
+        try:
+            self._call("refit_ipc_receive_update", _lib().refit_ipc_receive_update,
+                       ctypes.byref(opts), ctypes.byref(res))
+        finally:
+            ctx._free_slot(claimed)
         return res.as_dict()
 
     def stats(self) -> Dict[str, Any]:
         st = Stats()
-        _lib().refit_ipc_receiver_stats(self._h, ctypes.byref(st))
+        self._call("refit_ipc_receiver_stats", _lib().refit_ipc_receiver_stats,
+                   ctypes.byref(st))
         return _as_dict(st)
 
     def profile(self) -> Dict[str, Any]:
         """The last update's phases on this worker (refit_ipc_recv_profile)."""
         p = RecvProfile()
-        _lib().refit_ipc_receiver_profile(self._h, ctypes.byref(p))
+        self._call("refit_ipc_receiver_profile", _lib().refit_ipc_receiver_profile,
+                   ctypes.byref(p))
         return _as_dict(p)
 
     def close(self) -> None:
-        if self._h:
-            _lib().refit_ipc_receiver_destroy(self._h)
-            self._h = None
+        with self.model.ctx._lock:
+            if self._h:
+                _lib().refit_ipc_receiver_destroy(self._h)
+                self._h = None
 
     def __enter__(self) -> Receiver:
         return self

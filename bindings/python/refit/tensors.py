@@ -37,21 +37,60 @@ _BY_NAME = {
 }
 
 
+class ByteOrderError(TypeError):
+    """A numpy dtype whose bytes are not in this machine's order: refit's
+    dtypes are native, and reading them as such would load swapped bytes."""
+
+
+_SWAPPED = ">" if sys.byteorder == "little" else "<"   # numpy's mark of the other order
+
+
+def _byte_order_error(dt: Any) -> ByteOrderError:
+    return ByteOrderError("numpy dtype '%s' is %s-endian, not this machine's byte order; "
+                          "refit reads native bytes (convert: a.astype(a.dtype.newbyteorder"
+                          "('=')))" % (dt.str, "big" if _SWAPPED == ">" else "little"))
+
+
 def refit_dtype(dtype: DTypeLike) -> Tuple[int, int]:
     """(code, bits) of a dtype: a pair, a refit name ("bf16"), a torch dtype,
-    a numpy dtype or its name. TypeError names a dtype refit has not."""
+    a numpy dtype or its name. TypeError names a dtype refit has not
+    (ByteOrderError: a numpy dtype of the other byte order, ">f4")."""
     if isinstance(dtype, tuple):
         return (int(dtype[0]), int(dtype[1]))
     name = dtype if isinstance(dtype, str) else str(dtype).replace("torch.", "")
     np = sys.modules.get("numpy")
     if name not in _BY_NAME and np is not None and not isinstance(dtype, str):
         try:
-            name = np.dtype(dtype).name  # np.float32, np.dtype("<f4"), ml_dtypes.bfloat16
+            dt = np.dtype(dtype)  # np.float32, np.dtype("<f4"), ml_dtypes.bfloat16
         except TypeError:
             pass
+        else:
+            if dt.byteorder == _SWAPPED:
+                raise _byte_order_error(dt)
+            name = dt.name
     if name not in _BY_NAME:
         raise TypeError("refit: no refit dtype for %s" % name)
     return _BY_NAME[name]
+
+
+_numpy_codes: dict = {}   # numpy dtype (native order only) -> (code, bits)
+
+
+def numpy_code(dt: Any) -> Tuple[int, int]:
+    """refit_dtype of a numpy dtype, decided once per dtype (the byte order
+    check included: a swapped dtype is never cached, so always refused)."""
+    r = _numpy_codes.get(dt)
+    if r is None:
+        if dt.byteorder == _SWAPPED:
+            raise _byte_order_error(dt)
+        try:
+            r = refit_dtype(dt)
+        except ByteOrderError:
+            raise
+        except TypeError:
+            raise TypeError("refit: no refit dtype for numpy dtype %s" % dt) from None
+        _numpy_codes[dt] = r
+    return r
 
 
 class Desc:
@@ -120,10 +159,7 @@ def _describe_numpy(a: Any) -> Desc:
     ai = a.__array_interface__
     ptr, readonly = ai["data"]
     item = a.dtype.itemsize
-    try:
-        dt = refit_dtype(a.dtype)
-    except TypeError:
-        raise TypeError("refit: no refit dtype for numpy dtype %s" % a.dtype) from None
+    dt = numpy_code(a.dtype)
     strides = []
     for s in a.strides:
         if s % item:

@@ -29,6 +29,11 @@ Ranks that load their own tensors (no sender) commit as a group::
     txn = model.begin(version="step-1200")
     txn.load_dict(my_shard)
     res = group_finalize(x, txn)               # every rank commits, or every rank aborts
+
+Closing a context closes its transports and senders, destroying a model
+its receivers (calls then raise RefitError REFIT_ESTATE); calls run under
+the context's lock (refit.core: Threads), so the ranks of a Loopback group
+in one process each take their own context.
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ import ctypes
 from typing import Any, Dict, List, Optional
 
 from . import _ffi
-from .core import (Context, Model, RefitError, Stream, Txn, _b, _check, _s, _t, describe,
-                   status_name)
+from .core import (Context, Model, RefitError, Stream, Txn, _b, _check, _describe_as, _estate,
+                   _s, _t, status_name)
 
 _P, _I, _D = ctypes.c_void_p, ctypes.c_int, ctypes.c_double
 
@@ -117,15 +122,17 @@ _lib = _ffi.prototyped(_PROTOS)
 
 def nccl_probe(ctx: Context) -> str:
     """Which NCCL and CUDA driver refit finds in this process (a string)."""
-    _check(ctx.handle, _lib().refit_nccl_probe(ctx.handle), "refit_nccl_probe")
-    return _t(_lib().refit_errmsg(ctx.handle))
+    with ctx._lock:
+        _check(ctx.handle, _lib().refit_nccl_probe(ctx.handle), "refit_nccl_probe")
+        return _t(_lib().refit_errmsg(ctx.handle))
 
 
 def nccl_unique_id(ctx: Context) -> bytes:
     """ncclGetUniqueId on this rank: 128 bytes to hand to every rank."""
     uid = NcclId()
-    _check(ctx.handle, _lib().refit_nccl_unique_id(ctx.handle, ctypes.byref(uid)),
-           "refit_nccl_unique_id")
+    with ctx._lock:
+        _check(ctx.handle, _lib().refit_nccl_unique_id(ctx.handle, ctypes.byref(uid)),
+               "refit_nccl_unique_id")
     return bytes(uid.bytes)
 
 
@@ -163,8 +170,11 @@ class Transport:
 
     def __init__(self, ctx: Context, handle: ctypes.c_void_p,
                  group: Optional[Loopback] = None) -> None:
+        """(made by loopback() and nccl(), under ctx's lock)"""
         self.ctx, self._group = ctx, group
         self._h: Optional[ctypes.c_void_p] = handle
+        self._why: Optional[str] = None
+        ctx._adopt(self)
 
     @classmethod
     def loopback(cls, ctx: Context, group: Loopback, rank: int,
@@ -174,10 +184,12 @@ class Transport:
         if group._h is None:
             raise RefitError(-3, "REFIT_ESTATE", "loopback group is closed")
         h = _P()
-        _check(ctx.handle, _lib().refit_transport_loopback(ctypes.byref(h), ctx.handle,
-                                                          group._h, int(rank), float(timeout)),
-               "refit_transport_loopback")
-        return cls(ctx, h, group)
+        with ctx._lock:
+            _check(ctx.handle, _lib().refit_transport_loopback(ctypes.byref(h), ctx.handle,
+                                                              group._h, int(rank),
+                                                              float(timeout)),
+                   "refit_transport_loopback")
+            return cls(ctx, h, group)
 
     @classmethod
     def nccl(cls, ctx: Context, device: int, unique_id: Optional[bytes] = None,
@@ -191,29 +203,44 @@ class Transport:
         o = NcclOpts(1, comm, ctypes.pointer(uid) if uid else None, nranks, rank, device,
                      stream, timeout, int(abort_borrowed))
         h = _P()
-        _check(ctx.handle, _lib().refit_transport_nccl(ctypes.byref(h), ctx.handle,
-                                                      ctypes.byref(o)), "refit_transport_nccl")
-        return cls(ctx, h)
+        with ctx._lock:
+            _check(ctx.handle, _lib().refit_transport_nccl(ctypes.byref(h), ctx.handle,
+                                                          ctypes.byref(o)),
+                   "refit_transport_nccl")
+            return cls(ctx, h)
 
     @property
     def handle(self) -> ctypes.c_void_p:
+        """Take it under the context's lock, with the call that uses it."""
         if not self._h:
-            raise RefitError(-3, "REFIT_ESTATE", "transport is closed")
+            raise _estate("transport: %s" % (self._why or "it is closed"))
         return self._h
 
-    rank = property(lambda self: _lib().refit_transport_rank(self.handle))
-    nranks = property(lambda self: _lib().refit_transport_nranks(self.handle))
-    aborted = property(lambda self: bool(_lib().refit_transport_aborted(self.handle)))
+    def _get(self, fn: Any) -> int:
+        with self.ctx._lock:
+            return int(fn(self.handle))
+
+    rank = property(lambda self: self._get(_lib().refit_transport_rank))
+    nranks = property(lambda self: self._get(_lib().refit_transport_nranks))
+    aborted = property(lambda self: bool(self._get(_lib().refit_transport_aborted)))
+
+    def _release(self, why: str) -> None:
+        self.close()
+        self._why = why
 
     def close(self) -> None:
-        if self._h:
-            _lib().refit_transport_close(self._h)
-            self._h = None
+        with self.ctx._lock:
+            if self._h:
+                _lib().refit_transport_close(self._h)
+                self._h = None
 
 
-def _result(ctx: Context, rc: int, res: GroupResult, call: str) -> Dict[str, Any]:
-    _check(ctx.handle, rc, call)
-    return res.as_dict()
+def _call(ctx: Context, call: str, fn: Any, *args: Any) -> None:
+    """fn(*args) under ctx's lock (args: callables are called there, for the
+    handles); RefitError unless it returns 0."""
+    with ctx._lock:
+        rc = fn(*[a() if callable(a) else a for a in args])
+        _check(ctx.handle, rc, call)
 
 
 class Sender:
@@ -234,41 +261,55 @@ class Sender:
         o = SendOpts(2, self._label, bucket_bytes, root, int(checksum), timeout, stream,
                      direct_min_bytes)
         h = _P()
-        _check(transport.ctx.handle, _lib().refit_sender_create(ctypes.byref(h),
-               transport.handle, ctypes.byref(o)), "refit_sender_create")
-        self._h: Optional[ctypes.c_void_p] = h
+        self._h: Optional[ctypes.c_void_p] = None
+        self._why: Optional[str] = None
+        _call(transport.ctx, "refit_sender_create", _lib().refit_sender_create,
+              ctypes.byref(h), lambda: transport.handle, ctypes.byref(o))
+        self._h = h
+        transport.ctx._adopt(self)
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """Take it under the context's lock, with the call that uses it."""
+        if not self._h:
+            raise _estate("sender: %s" % (self._why or "it is closed"))
+        return self._h
+
+    def _release(self, why: str) -> None:
+        self.close()
+        self._why = why
 
     def add(self, name: str, tensor: Any) -> None:
-        d = describe(tensor)
-        _check(self.x.ctx.handle, _lib().refit_sender_add(self._h, _b(name), ctypes.byref(d.t)),
-               "refit_sender_add")
-        self._keep.append(d)
+        d = _describe_as(tensor, None, "tensor %s" % name, "refit_sender_add")
+        self.add_descriptor(name, d)
 
     def set_label(self, label: str) -> None:
         """The version label of the next send() (keep one Sender across
         steps: its buffers are reused)."""
         self._label = _b(label)
-        _check(self.x.ctx.handle, _lib().refit_sender_set_label(self._h, self._label),
-               "refit_sender_set_label")
+        _call(self.x.ctx, "refit_sender_set_label", _lib().refit_sender_set_label,
+              lambda: self.handle, self._label)
 
     def add_descriptor(self, name: str, desc: Any) -> None:
         """Add a prepared descriptor (torch_util.describe) as it is: for
         tensors whose descriptor the caller adjusted."""
-        _check(self.x.ctx.handle, _lib().refit_sender_add(self._h, _b(name), ctypes.byref(desc.t)),
-               "refit_sender_add")
+        _call(self.x.ctx, "refit_sender_add", _lib().refit_sender_add, lambda: self.handle,
+              _b(name), ctypes.byref(desc.t))
         self._keep.append(desc)
 
     def send(self) -> Dict[str, Any]:
         """One update, then the vote: the group result (a dict); RefitError
         when the group did not commit."""
         res = GroupResult()
-        rc = _lib().refit_sender_send(self._h, ctypes.byref(res))
-        return _result(self.x.ctx, rc, res, "refit_sender_send")
+        _call(self.x.ctx, "refit_sender_send", _lib().refit_sender_send, lambda: self.handle,
+              ctypes.byref(res))
+        return res.as_dict()
 
     def close(self) -> None:
-        if self._h:
-            _lib().refit_sender_destroy(self._h)
-            self._h, self._keep = None, []
+        with self.x.ctx._lock:
+            if self._h:
+                _lib().refit_sender_destroy(self._h)
+                self._h, self._keep = None, []
 
 
 class Receiver:
@@ -282,32 +323,58 @@ class Receiver:
         o = RecvOpts(1, root, timeout, start_timeout, stream, max_bucket_bytes,
                      _ffi.FILTER_FN(0), None)
         h = _P()
-        _check(model.ctx.handle, _lib().refit_receiver_create(ctypes.byref(h), model.handle,
-               transport.handle, ctypes.byref(o)), "refit_receiver_create")
-        self._h: Optional[ctypes.c_void_p] = h
+        self._h: Optional[ctypes.c_void_p] = None
+        self._why: Optional[str] = None
+        _call(model.ctx, "refit_receiver_create", _lib().refit_receiver_create,
+              ctypes.byref(h), lambda: model.handle, lambda: transport.handle, ctypes.byref(o))
+        self._h = h
+        model.ctx._adopt(self, model)
+
+    @property
+    def handle(self) -> ctypes.c_void_p:
+        """Take it under the context's lock, with the call that uses it."""
+        if not self._h:
+            raise _estate("receiver: %s" % (self._why or "it is closed"))
+        return self._h
+
+    def _release(self, why: str) -> None:
+        self.close()
+        self._why = why
 
     def receive_update(self, rollback: bool = True, label: Optional[str] = None,
                        source_uri: Optional[str] = None) -> Dict[str, Any]:
+        """Wait for an update and take it (an update of the worker's: it
+        first waits for another thread's to end)."""
         self._strings = (_b(label), _b(source_uri))
         opts = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
         res = GroupResult()
-        rc = _lib().refit_receive_update(self._h, ctypes.byref(opts), ctypes.byref(res))
-        return _result(self.model.ctx, rc, res, "refit_receive_update")
+        ctx = self.model.ctx
+        claimed = ctx._claim()
+        try:
+            _call(ctx, "refit_receive_update", _lib().refit_receive_update,
+                  lambda: self.handle, ctypes.byref(opts), ctypes.byref(res))
+        finally:
+            ctx._free_slot(claimed)
+        return res.as_dict()
 
     def receive(self, txn: Txn) -> int:
         """Every bucket of one update into txn (a refit.Txn the caller
         began). Returns this rank's status for the vote (0, or the first
         local failure: the rest was drained); raises RefitError when the
         transport failed (it is aborted: abort the txn)."""
-        rc = _lib().refit_receive(self._h, txn.handle, None, None)
-        if rc in (-15, -20):  # REFIT_EIO, REFIT_ETIMEDOUT: the transport, not the data
-            _check(self.model.ctx.handle, rc, "refit_receive")
+        txn._ready()
+        ctx = self.model.ctx
+        with ctx._lock:
+            rc = _lib().refit_receive(self.handle, txn.handle, None, None)
+            if rc in (-15, -20):  # REFIT_EIO, REFIT_ETIMEDOUT: the transport, not the data
+                _check(ctx.handle, rc, "refit_receive")
         return rc
 
     def close(self) -> None:
-        if self._h:
-            _lib().refit_receiver_destroy(self._h)
-            self._h = None
+        with self.model.ctx._lock:
+            if self._h:
+                _lib().refit_receiver_destroy(self._h)
+                self._h = None
 
 
 def group_finalize(transport: Transport, txn: Txn, local_status: int = 0) -> Dict[str, Any]:
@@ -315,12 +382,16 @@ def group_finalize(transport: Transport, txn: Txn, local_status: int = 0) -> Dic
     abort at once when local_status is not 0), vote over the transport,
     commit only when every rank prepared. The txn ends here in every case.
     Returns the group result (a dict); RefitError when the group aborted."""
-    h, txn._h = txn.handle, None
+    txn._ready()
+    ctx = txn.model.ctx
     res = GroupResult()
-    try:
-        rc = _lib().refit_group_finalize(transport.handle, h, int(local_status),
-                                         ctypes.byref(res))
-    finally:
-        txn._keep.clear()
-    txn.result = "committed" if rc == 0 else "aborted"
-    return _result(transport.ctx, rc, res, "refit_group_finalize")
+    with ctx._lock:
+        x = transport.handle
+        h = txn._end("aborted")
+        try:
+            rc = _lib().refit_group_finalize(x, h, int(local_status), ctypes.byref(res))
+        finally:
+            txn._keep.clear()
+        txn.result = "committed" if rc == 0 else "aborted"
+        _check(transport.ctx.handle, rc, "refit_group_finalize")
+    return res.as_dict()
