@@ -171,6 +171,26 @@ DEFINITIONS = {
 }
 
 
+# what the engine holds, per quant (the JSON's `runtime`)
+RUNTIME = {
+    "bf16": "BF16: fused qkv_proj [Q+2KV, H] and gate_up_proj [2I, H] (dense) or stacked "
+            "experts w13 [E, 2I, H], w2 [E, H, I] (MoE); embed, norms, router, head BF16",
+    "fp8c": "F8_E4M3 weight + F32 weight_scale [N, 1] per fused linear (qkv_proj, o_proj, "
+            "gate_up_proj, down_proj; checkpoint scales BF16, cast); the rest BF16",
+    "fp8b": "F8_E4M3 weight + F32 block scales [ceil(N/128), ceil(K/128)] per fused linear; "
+            "experts stacked: w13 [E, 2I, H] + [E, 2I/128, H/128], w2 [E, H, I] + "
+            "[E, H/128, I/128]; router, norms, embed, head BF16",
+    "int4": "int4 group 128, one refit int4 module per checkpoint linear bound to views of "
+            "the engine's tensors: attention qkv_proj/o_proj packed words in the checkpoint's "
+            "row layout (u8 [N, K/2], BF16 scales [N, K/128]: vLLM WNA16 linear); experts "
+            "stacked as vLLM's WNA16 MoE holds them (gptq: I32 w13 [E, H/8, 2I], BF16 scales "
+            "[E, H/128, 2I], w2 [E, I/8, H], [E, I/128, H]; --int4-layout u8: [E, N, K/2]); "
+            "weight_shape checked, not stored; router, norms, embed, head BF16",
+    "fp8o": "as fp8b (F8_E4M3 + F32 block-128 scales, experts stacked), quantized online from "
+            "BF16 by refit's fp8 plugin (scheme block128, online)",
+}
+
+
 def cdiv(a, b):
     return (a + b - 1) // b
 
@@ -1049,7 +1069,8 @@ def row_files(B, args, row, cfg, layers):
     spec = ROWS[row]
     plan = build_plan(cfg, spec["quant"], layers, args.int4_layout)
     res = {"bytes": plan.bytes, "tensors": len(plan.ckpt), "modules": len(plan.mods),
-           "engine_bytes": plan.engine_bytes(), "source": "page-cached safetensors"}
+           "engine_bytes": plan.engine_bytes(), "source": "page-cached safetensors",
+           "runtime": RUNTIME[spec["quant"]]}
     if spec["quant"] == "int4":
         res["int4_layout"] = {"attention": "u8", "experts": args.int4_layout}
     d = tempfile.mkdtemp(prefix="zoo-%s-" % row, dir=args.dir)
@@ -1059,6 +1080,7 @@ def row_files(B, args, row, cfg, layers):
         res["write_seconds"] = time.perf_counter() - t0
         res["shards"] = len(paths)
         res["file_bytes"] = sum(os.path.getsize(p) for p in paths)
+        B.empty_cache()
         read_files(paths)
         eng = Engine(B, plan)
         chunk = min(args.ceiling_chunk, plan.bytes)
@@ -1070,6 +1092,8 @@ def row_files(B, args, row, cfg, layers):
         res.update(measure_model(B, args, plan, eng, body))
         B.empty_cache()
         try:
+            if args.no_peer:
+                raise RuntimeError("--no-peer")
             eng.zero()
             peer_files(B, plan, eng, paths)
             res["_peer_digest"] = eng.digest()
@@ -1142,7 +1166,8 @@ def peer_online(B, plan, eng, srcs):
 def row_online(B, args, row, cfg, layers):
     plan = build_plan(cfg, "fp8o", layers)
     res = {"bytes": plan.bytes, "tensors": len(plan.ckpt), "modules": len(plan.mods),
-           "engine_bytes": plan.engine_bytes(), "source": "BF16 device tensors (load_dict)"}
+           "engine_bytes": plan.engine_bytes(), "source": "BF16 device tensors (load_dict)",
+           "runtime": RUNTIME["fp8o"]}
     src = Sources(B, plan, seed=11)
     try:
         try:
@@ -1169,6 +1194,8 @@ def row_online(B, args, row, cfg, layers):
         res.update(r)
         B.empty_cache()
         try:
+            if args.no_peer:
+                raise RuntimeError("--no-peer")
             eng.zero()
             peer_online(B, plan, eng, src.t)
             res["_peer_digest"] = eng.digest()
@@ -1251,7 +1278,7 @@ def row_ipc(B, args, row, cfg, layers):
     import refit.ipc
     plan = build_plan(cfg, "bf16", layers)
     res = {"bytes": plan.bytes, "tensors": len(plan.ckpt), "modules": len(plan.mods),
-           "engine_bytes": plan.engine_bytes(),
+           "engine_bytes": plan.engine_bytes(), "runtime": RUNTIME["bf16"],
            "source": "trainer process, BF16 %s tensors, refit.ipc (share=%s)" % (
                "host" if args.tiny else "device", not args.tiny),
            "default_first_note": "default_first_seconds: the first rollback update, on the "
@@ -1448,6 +1475,7 @@ def main():
     ap.add_argument("--journal", default="", help="journal path (default: none)")
     ap.add_argument("--table-tensors", type=int, default=100000,
                     help="table_costs: tensors per load_dict (a multiple of 100)")
+    ap.add_argument("--no-peer", action="store_true", help="skip the peer's way (time)")
     ap.add_argument("--staging-budget", type=int, default=0,
                     help="refit_options.staging_budget in bytes (default 0: refit's 1 GiB)")
     ap.add_argument("--tiny", action="store_true",
