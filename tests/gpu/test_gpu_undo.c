@@ -38,6 +38,7 @@ typedef struct world {
     refit_model *m;
     rt r[N_MOD];
     cudaStream_t stream;
+    int pageable;               /* sources given as CPU memory (the ring's path) */
 } world;
 
 /* Sizes around save_min (64 KiB) and the row size, odd on purpose. */
@@ -115,7 +116,9 @@ static refit_txn *load(world *w, int v, const char *label, int rollback)
         fill(r->src_pin, r->bytes, (uint64_t)v * 100 + (uint64_t)i);
         refit_tensor s = {.data = r->src_pin, .device = {REFIT_DEVICE_CUDA_HOST, 0},
                           .ndim = 1, .dtype = F32, .shape = r->shape};
-        if (i % 2 == 0) {
+        if (w->pageable) {
+            s.device = (refit_device){REFIT_DEVICE_CPU, 0}; /* read as pageable memory */
+        } else if (i % 2 == 0) {
             CU(cudaMemcpy(r->src_d, r->src_pin, r->bytes, cudaMemcpyHostToDevice));
             s.data = r->src_d;
             s.device = (refit_device){REFIT_DEVICE_CUDA, 0};
@@ -260,11 +263,12 @@ static void test_first_update_allocates_no_undo(void **state)
 {
     (void)state;
     SKIP_WITHOUT_DEVICE();
-    uint64_t budgets[3] = {0, 2 * total_bytes() + (64u << 20),
-                           (total_bytes() / 2) & ~(uint64_t)255};
-    for (int b = 0; b < 3; b++) {
+    uint64_t budgets[4] = {0, 2 * total_bytes() + (64u << 20),
+                           (total_bytes() / 2) & ~(uint64_t)255, 0};
+    for (int b = 0; b < 4; b++) {
         world w;
         world_open(&w, budgets[b]); /* sealed: the reservation runs */
+        w.pageable = b == 3; /* sources from CPU memory: the ring's first chunks */
         undo_pool_settle(w.m->undo_pool);
         undo_pool_stats ps;
         undo_pool_stats_get(w.m->undo_pool, &ps);
@@ -278,11 +282,12 @@ static void test_first_update_allocates_no_undo(void **state)
         backend_cuda_allocs_get(&a2);
         undo_pool_stats after;
         undo_pool_stats_get(w.m->undo_pool, &after);
-        print_message("# budget %llu: reserved %llu device + %llu pinned bytes in %.1f ms at "
+        print_message("# budget %llu%s: reserved %llu device + %llu pinned bytes in %.1f ms at "
                       "seal; first update %.2f ms, steady %.2f ms (%.2fx); the first made %llu "
                       "undo pinned, %llu undo device allocations, %llu stream queues, %llu save "
                       "streams, %llu ring chunks, %llu staging blocks\n",
-                      (unsigned long long)budgets[b], (unsigned long long)ps.reserved[0],
+                      (unsigned long long)budgets[b], w.pageable ? " (pageable sources)" : "",
+                      (unsigned long long)ps.reserved[0],
                       (unsigned long long)ps.reserved[1], (double)ps.reserve_ns * 1e-6,
                       first * 1e3, steady * 1e3, first / steady,
                       (unsigned long long)(a1.undo_pinned - a0.undo_pinned),
