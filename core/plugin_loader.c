@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include "core/plugin_loader.h"
@@ -275,19 +276,74 @@ static int vet_decl(plugin_entry *e, const char *dir, char *why, size_t n)
 
 /* ---- loading ---- */
 
-/* dlopen of the descriptor that was vetted, by its /proc/self/fd name, not
+/* The file (device, inode) mapped at addr, from /proc/self/maps; 0 when
+ * not found. */
+static int mapped_file(const void *addr, dev_t *dev, ino_t *ino)
+{
+    FILE *f = fopen("/proc/self/maps", "re");
+    char line[512];
+    int found = 0;
+    while (f && !found && fgets(line, sizeof line, f)) {
+        unsigned long lo, hi, inode;
+        unsigned maj, mnr;
+        if (sscanf(line, "%lx-%lx %*s %*x %x:%x %lu", &lo, &hi, &maj, &mnr, &inode) == 5 &&
+            (uintptr_t)addr >= lo && (uintptr_t)addr < hi) {
+            *dev = makedev(maj, mnr);
+            *ino = (ino_t)inode;
+            found = 1;
+        }
+    }
+    if (f)
+        fclose(f);
+    return found;
+}
+
+/* A /proc/self/fd name for fd that no loaded object of another file
+ * holds: glibc finds an object by the name it was loaded under (and every
+ * name it was found under since) before it looks at any file, and that
+ * name's descriptor may since have been closed and its number reused. An
+ * object of this very file (another context loaded it) is fine: dlopen
+ * returns it. Duplicates made on the way go to dups (closed by the caller
+ * after dlopen). -1 when none was found in LOAD_NAME_TRIES. */
+#define LOAD_NAME_TRIES 16
+static int free_fd_name(int fd, const struct stat *st, int *dups, int *n_dups, char *name,
+                        size_t len)
+{
+    for (int cur = fd;;) {
+        snprintf(name, len, "/proc/self/fd/%d", cur);
+        void *old = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+        struct link_map *lm = NULL;
+        dev_t dev = 0;
+        ino_t ino = 0;
+        int same = !old || (dlinfo(old, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_ld &&
+                            mapped_file(lm->l_ld, &dev, &ino) && dev == st->st_dev &&
+                            ino == st->st_ino);
+        if (old)
+            dlclose(old);
+        if (same)
+            return cur;
+        if (*n_dups == LOAD_NAME_TRIES || (cur = fcntl(fd, F_DUPFD_CLOEXEC, cur + 1)) < 0)
+            return -1;
+        dups[(*n_dups)++] = cur;
+    }
+}
+
+/* dlopen of the descriptor that was vetted, by a /proc/self/fd name, not
  * of the path: whoever can write the directory can rename another file in
  * between, and dlopen runs constructors before any check after it could
- * refuse. A loaded entry keeps fd open (entry_unload closes it after
- * dlclose): glibc finds an object by its name first, so no other plugin may
- * be vetted under the same number while this one is mapped. */
-static int load_module(plugin_entry *e, int fd, char *why, size_t n)
+ * refuse. Takes fd: the descriptor the name is of stays open while the
+ * plugin is loaded (e->fd; entry_unload closes it after dlclose), the
+ * others are closed. */
+static int load_module(plugin_entry *e, int fd, const struct stat *st, char *why, size_t n)
 {
     char by_fd[64];
-    snprintf(by_fd, sizeof by_fd, "/proc/self/fd/%d", fd);
+    int dups[LOAD_NAME_TRIES], n_dups = 0, rc = REFIT_OK;
+    int use = free_fd_name(fd, st, dups, &n_dups, by_fd, sizeof by_fd);
     dlerror();
-    e->dl = dlopen(by_fd, RTLD_NOW | RTLD_LOCAL);
-    if (!e->dl) {
+    if (use < 0) {
+        snprintf(why, n, "no /proc/self/fd name free of other loaded objects to load it by");
+        rc = REFIT_EFORMAT;
+    } else if (!(e->dl = dlopen(by_fd, RTLD_NOW | RTLD_LOCAL))) {
         const char *err = dlerror();
         if (access(by_fd, F_OK) != 0)
             snprintf(why, n, "cannot load the vetted file by %s (is /proc mounted?): %s",
@@ -296,10 +352,16 @@ static int load_module(plugin_entry *e, int fd, char *why, size_t n)
             snprintf(why, n, "a library it needs is missing: %s", err);
         else
             snprintf(why, n, "dlopen failed: %s", err ? err : "unknown error");
-        return REFIT_EFORMAT;
+        rc = REFIT_EFORMAT;
+    } else {
+        e->fd = use;
     }
-    e->fd = fd;
-    return REFIT_OK;
+    for (int i = 0; i < n_dups; i++)
+        if (dups[i] != e->fd)
+            close(dups[i]);
+    if (fd != e->fd)
+        close(fd);
+    return rc;
 }
 
 /* The newest symbol this loader knows, and the ABI checks that must pass
@@ -394,8 +456,8 @@ static int consider(plugin_set *ps, const plugin_dir *dir, const char *file)
     if (!rc)
         rc = vet_decl(e, dir->path, why, sizeof why);
     if (!rc)
-        rc = load_module(e, fd, why, sizeof why);
-    if (fd >= 0 && e->fd != fd)
+        rc = load_module(e, fd, &st, why, sizeof why); /* takes fd */
+    else if (fd >= 0)
         close(fd);
     if (!rc)
         rc = check_symbol(e, why, sizeof why);

@@ -82,11 +82,39 @@ static void test_two_plugins_two_objects(void **state)
     pt_rmtree(dir);
 }
 
+/* A plugin another set still maps keeps the /proc/self/fd name it was
+ * first loaded under after that set closed the descriptor: a plugin vetted
+ * under the same number later must not be handed that object. */
+static void test_stale_name_not_reused(void **state)
+{
+    (void)state;
+    char *da = pt_tmpdir(), *dc = pt_tmpdir();
+    pt_stage_fake(da, "fakedirect", PT_DECL_DIRECT);
+    pt_stage_fake(dc, "fakestaged", PT_DECL_STAGED);
+    plugin_set *a = NULL, *b = NULL, *c = NULL;
+    assert_int_equal(plugins_open(&a, da, PLUGINS_ONLY_NAMED, NULL, NULL), REFIT_OK);
+    assert_int_equal(plugins_open(&b, da, PLUGINS_ONLY_NAMED, NULL, NULL), REFIT_OK);
+    assert_true(a->e[0].dl == b->e[0].dl); /* one object, two names */
+    int freed = a->e[0].fd;
+    plugins_close_set(a); /* b keeps the object mapped */
+    assert_int_equal(plugins_open(&c, dc, PLUGINS_ONLY_NAMED, NULL, NULL), REFIT_OK);
+    assert_int_equal(c->n, 1);
+    if (c->e[0].state != PLUGIN_LOADED)
+        fail_msg("fakestaged refused: %s (descriptor %d was fakedirect's)", c->e[0].reason,
+                 freed);
+    assert_string_equal(c->e[0].fmt->name, "fakestaged");
+    plugins_close_set(c);
+    plugins_close_set(b);
+    pt_rmtree(da);
+    pt_rmtree(dc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_swapped_file_is_not_loaded),
         cmocka_unit_test(test_two_plugins_two_objects),
+        cmocka_unit_test(test_stale_name_not_reused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
