@@ -30,6 +30,16 @@ int refit_sys_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *str
 #endif
 }
 
+int refit_sys_cuda_prepare(int dev, void *stream, unsigned what)
+{
+#ifdef REFIT_HAVE_CUDA
+    return backend_cuda_prepare(dev, stream, what);
+#else
+    (void)dev, (void)stream, (void)what;
+    return REFIT_EUNSUPPORTED;
+#endif
+}
+
 const char *refit_sys_cuda_last_error(void)
 {
 #ifdef REFIT_HAVE_CUDA

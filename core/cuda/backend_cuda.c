@@ -1859,6 +1859,28 @@ static int side_init(cq *q)
     return rc;
 }
 
+int backend_cuda_prepare(int dev, void *stream, unsigned what)
+{
+    if (dev < 0 || dev >= MAX_DEVICES)
+        return fail(REFIT_EINVAL, "no such device");
+    lock();
+    devg g;
+    cq *q;
+    int rc = dev_enter(&g, dev);
+    if (!rc) {
+        rc = queue_get(&q, stream, dev);
+        if (!rc && (what & REFIT_SYS_CUDA_PREPARE_SAVES) && G.cfg.save_side)
+            rc = side_init(q);
+        for (uint32_t i = 0; !rc && (what & REFIT_SYS_CUDA_PREPARE_RING) &&
+                             i < G.cfg.ring_chunks; i++)
+            if (!q->ring[i].p)
+                rc = chunk_init(q, &q->ring[i]);
+        dev_leave(&g);
+    }
+    unlock();
+    return rc;
+}
+
 /* A marker among the deferred slices (of the queue D holds): its stream
  * waits for ev there, after the slices queued before it (earlier tensors)
  * are issued. */

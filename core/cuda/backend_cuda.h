@@ -25,6 +25,12 @@ const char *backend_cuda_last_error(void);
  * backend_cuda_last_error(). Never synchronizes unless launch does. */
 int backend_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *stream), void *arg);
 
+/* Make now what the first work on (stream, device dev) would: its queue
+ * (pinned tables, events), with REFIT_SYS_CUDA_PREPARE_SAVES its save
+ * stream, with REFIT_SYS_CUDA_PREPARE_RING every pinned ring chunk
+ * (refit_sys_cuda_prepare). */
+int backend_cuda_prepare(int dev, void *stream, unsigned what);
+
 /* Counters since the process started, for tests and benchmarks: the
  * struct refit/sys/cuda.h publishes (refit_sys_cuda_stats_get). */
 typedef refit_sys_cuda_stats backend_cuda_stats;

@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include <refit/sys/cuda.h>
+
 #include "gpu_twin.h"
 #include "core/cuda/backend_cuda.h"
 #include "core/model.h"
@@ -258,17 +260,22 @@ static double timed_update(world *w, int v, const char *label)
  * (budget 0), device memory within a budget, both when split; counted by
  * the backend's cudaHostAlloc / cudaMalloc calls for the undo log, not
  * timed. The first and a steady update's times are printed, with what
- * else the first made (stream queues, save streams, ring chunks). */
+ * else the first made (stream queues, save streams, ring chunks: none
+ * after refit_sys_cuda_prepare of its stream, which is asserted too). */
 static void test_first_update_allocates_no_undo(void **state)
 {
     (void)state;
     SKIP_WITHOUT_DEVICE();
-    uint64_t budgets[4] = {0, 2 * total_bytes() + (64u << 20),
-                           (total_bytes() / 2) & ~(uint64_t)255, 0};
-    for (int b = 0; b < 4; b++) {
+    uint64_t budgets[5] = {0, 2 * total_bytes() + (64u << 20),
+                           (total_bytes() / 2) & ~(uint64_t)255, 0, 0};
+    for (int b = 0; b < 5; b++) {
         world w;
         world_open(&w, budgets[b]); /* sealed: the reservation runs */
-        w.pageable = b == 3; /* sources from CPU memory: the ring's first chunks */
+        w.pageable = b >= 3; /* sources from CPU memory: through the ring */
+        int prepared = b == 4; /* the stream's queue, save stream and ring made now */
+        if (prepared)
+            OK(&w, refit_sys_cuda_prepare(0, w.stream, REFIT_SYS_CUDA_PREPARE_SAVES |
+                                                           REFIT_SYS_CUDA_PREPARE_RING));
         undo_pool_settle(w.m->undo_pool);
         undo_pool_stats ps;
         undo_pool_stats_get(w.m->undo_pool, &ps);
@@ -282,11 +289,12 @@ static void test_first_update_allocates_no_undo(void **state)
         backend_cuda_allocs_get(&a2);
         undo_pool_stats after;
         undo_pool_stats_get(w.m->undo_pool, &after);
-        print_message("# budget %llu%s: reserved %llu device + %llu pinned bytes in %.1f ms at "
+        print_message("# budget %llu%s%s: reserved %llu device + %llu pinned bytes in %.1f ms at "
                       "seal; first update %.2f ms, steady %.2f ms (%.2fx); the first made %llu "
                       "undo pinned, %llu undo device allocations, %llu stream queues, %llu save "
                       "streams, %llu ring chunks, %llu staging blocks\n",
                       (unsigned long long)budgets[b], w.pageable ? " (pageable sources)" : "",
+                      prepared ? " (stream prepared)" : "",
                       (unsigned long long)ps.reserved[0],
                       (unsigned long long)ps.reserved[1], (double)ps.reserve_ns * 1e-6,
                       first * 1e3, steady * 1e3, first / steady,
@@ -301,6 +309,11 @@ static void test_first_update_allocates_no_undo(void **state)
         assert_int_equal(a2.undo_pinned, a0.undo_pinned);
         assert_int_equal(a2.undo_device, a0.undo_device);
         assert_int_equal(after.allocs, ps.allocs);
+        if (prepared) { /* nothing else either */
+            assert_int_equal(a1.queues, a0.queues);
+            assert_int_equal(a1.side_streams, a0.side_streams);
+            assert_int_equal(a1.ring_chunks, a0.ring_chunks);
+        }
         world_close(&w);
     }
     /* REFIT_UNDO_RESERVE=0: the first update allocates, as before */

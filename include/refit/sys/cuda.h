@@ -47,6 +47,21 @@ REFIT_API void refit_sys_cuda_stats_get(refit_sys_cuda_stats *out);
 REFIT_API int refit_sys_cuda_run(int dev, void *stream, int (*launch)(void *arg, void *stream),
                                  void *arg);
 
+/* Allocate now what the first update on stream (a cudaStream_t; NULL the
+ * legacy default stream) and device dev would otherwise allocate inside
+ * it: the stream's queue (two pinned tables of 2 x table_rows x 24 bytes,
+ * events) always; with REFIT_SYS_CUDA_PREPARE_SAVES the save stream of
+ * host undo saves and its events; with REFIT_SYS_CUDA_PREPARE_RING the
+ * ring's ring_chunks x ring_chunk_bytes of pinned memory (128 MiB by
+ * default) that pageable sources (files) are copied through. An engine
+ * calls it once at startup, after seal, for the stream it loads on; held
+ * for the process, as the first update would hold them (docs/cuda.md
+ * "Memory held"). REFIT_EINVAL for no such device, REFIT_EUNSUPPORTED
+ * without CUDA, else a CUDA failure (refit_sys_cuda_last_error). */
+#define REFIT_SYS_CUDA_PREPARE_SAVES 1u
+#define REFIT_SYS_CUDA_PREPARE_RING 2u
+REFIT_API int refit_sys_cuda_prepare(int dev, void *stream, unsigned what);
+
 /* What the last failing CUDA backend call on this thread reported ("" if
  * none; "built without CUDA" in such a build). Never NULL. */
 REFIT_API const char *refit_sys_cuda_last_error(void);
