@@ -45,7 +45,22 @@ view carved from one flat buffer, so zeroing and digests are one pass.
 On a card under 100 GB the 30B rows use the first 20 layers (the JSON
 says so: layers_used, cut). --layers N forces N layers on every model.
 Every figure is computed in the run; `definitions` in the JSON says what
-each field is."""
+each field is.
+
+On the GPU machine (one H100/H200; torch and safetensors installed):
+
+  REFIT_LIB=build/librefit.so python3 bench/zoo.py \
+      bench/results/$(date -u +%Y-%m-%dT%H%MZ)-h100-zoo.json [--dir /path/on/disk]
+
+One row's shards at a time go to --dir (default: the temp dir), removed
+before the next row. At 20 layers the largest row on disk is
+qwen3_30b_a3b_fp8 (13.7 GB in 3 shards); on the device the online row
+holds 26.2 GB of BF16 sources with 13.7 GB of FP8 runtime, then 26.2 GB of
+BF16 runtime, and the ipc row 26.2 GB in each of two processes.
+
+Tested on the host: `--tiny` (numpy) and `--tiny --torch-cpu` (the torch
+code on CPU tensors) run every row at tiny shapes through the host backend;
+their timings mean nothing, their peer_equal and errors do."""
 import argparse
 import ctypes
 import gc
@@ -1504,6 +1519,9 @@ def main():
            "repeat": a.repeat, "statistic": "median", "journal": bool(a.journal),
            "shard_bytes": a.shard_bytes, "argv": sys.argv[1:], "definitions": DEFINITIONS,
            "rows": {}}
+    if a.tiny:
+        out["note"] = ("--tiny: tiny shapes on the host, to test the code path; no timing, "
+                       "ratio or `met` here means anything")
     if a.mode != "numpy":
         import torch
         out["torch"] = torch.__version__
