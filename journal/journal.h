@@ -111,7 +111,10 @@ size_t journal_interrupted_on_open(const journal *j);
 /* ---- writes -------------------------------------------------------------- */
 
 /* Insert or refresh the worker row: rank, this process's pid and start
- * time, host name, heartbeat now. A new row starts with health "unknown". */
+ * time, host name, heartbeat now. A new row starts with health "unknown".
+ * The handle holds the worker id's lock (PATH-writers) until it closes:
+ * REFIT_EEXIST, nothing written, when another live descriptor holds it
+ * (two workers may not share one id; the message names the holder). */
 int journal_worker_register(journal *j, const char *worker_id, int rank);
 /* Refresh the worker's heartbeat. */
 int journal_heartbeat(journal *j, const char *worker_id);

@@ -151,9 +151,9 @@ static int open_db(journal *j, int busy_ms, int immutable)
      * the writer would only learn at its first update. */
     if (!j->readonly && sqlite3_db_readonly(j->db, "main") == 1)
         return jr_fail(j, REFIT_EJOURNAL, "journal %s: cannot open for "
-                       "writing: the file or its directory is read-only%s%s%s",
-                       j->path, denied ? " (" : "", denied ? denied : "",
-                       denied ? ")" : "");
+                       "writing: the file or its directory is read-only%s%s%s%s%s",
+                       j->path, denied ? " (" : "", denied ? where : "",
+                       denied ? " " : "", denied ? denied : "", denied ? ")" : "");
     return REFIT_OK;
 }
 

@@ -256,7 +256,10 @@ static int worker_unknown(journal *j, const dead_update *d, const char *msg)
                      (const char *)sqlite3_column_text(s, 0));
     }
     sqlite3_finalize(s);
-    if (rc == SQLITE_DONE || (rc == SQLITE_ROW && !strcmp(from, "unknown")))
+    /* a live process holds the worker id now: the row is its, whatever
+     * the pids say (another PID namespace may reuse the dead one's) */
+    if (rc == SQLITE_DONE || (rc == SQLITE_ROW && !strcmp(from, "unknown")) ||
+        (rc == SQLITE_ROW && jr_worker_live(j, d->worker, NULL, 0, 0)))
         return SQLITE_DONE;
     if (rc != SQLITE_ROW)
         return rc;
