@@ -435,6 +435,36 @@ def test_dlpack_objects():
     assert sys.getrefcount(w) == refs, (sys.getrefcount(w), refs)
 
 
+def test_load_dict_rows_of_numpy_and_dlpack():
+    """load_dict's table over numpy arrays (read a batch at a time),
+    objects with only __dlpack__ (1.x capsules read a batch at a time, 0.x
+    ones described one by one), a negative-strided view (its first element
+    is not where its memory starts) and mixes of them: every update holds
+    the checkpoint's values."""
+    from refit import _batch
+    e = Engine()
+    for seed, wrap in enumerate([
+            lambda k, a: a,                                             # numpy
+            lambda k, a: a[::-1, ::-1].copy()[::-1, ::-1] if k == "up" else a,  # a view
+            lambda k, a: a if k == "norm" else DLPackOnly(a),           # 1.x capsules
+            lambda k, a: a if k == "norm" else DLPackOnly(a, legacy=k == "q"),  # and a 0.x
+            lambda k, a: DLPackOnly(a) if k in ("k", "embed") else a]):  # mixed
+        ck = checkpoint(40 + seed)
+        src = {k: wrap(k, v) for k, v in ck.items()}
+        with e.model.update(version="v%d" % seed) as txn:
+            txn.load_dict(src)
+        expect_holds(e, ck)
+    arrays = [np.arange(6, dtype=np.float32).reshape(2, 3) + i for i in range(5)]
+    t = _batch.Table(["n%d" % i for i in range(5)], arrays)
+    assert list(t._rows[0::6]) == [a.ctypes.data for a in arrays], "data pointers"
+    d = refit.describe(arrays[0]).t
+    assert t._rows[2] & 0xFFFFFFFF == d.ndim and t._rows[2] >> 32 == (
+        d.dtype.code | d.dtype.bits << 8 | d.dtype.lanes << 16), hex(t._rows[2])
+    caps = [DLPackOnly(a) for a in arrays]
+    t = _batch.Table(["n%d" % i for i in range(5)], caps)
+    assert t._caps is not None and list(t._rows[0::6]) == [a.ctypes.data for a in arrays]
+
+
 def test_journal_best_effort_and_log():
     lines = []
     bad = os.path.join(TMP, "no-such-dir", "j.db")

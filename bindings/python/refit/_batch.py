@@ -7,8 +7,16 @@ tensor's strides are not read at all: its row has none, which refit reads
 as contiguous), and the refit_tensor rows (48 bytes: data, device,
 ndim|dtype, shape*, strides*, byte_offset) are six 64-bit words each in
 one array.array, their shape and strides in another, the names in one
-NUL-separated bytes object. Tensors that are not
-torch-like (no data_ptr/stride) go through refit.describe one by one."""
+NUL-separated bytes object.
+
+numpy arrays and objects with only __dlpack__ (CuPy, JAX) are read the same
+way, with no per-row call into ctypes: an array's data pointer and flags,
+a capsule's pointer and name, and a DLTensor's six words are gathered for
+every row at once by a numpy fancy index over the process's memory (the
+layouts are CPython's PyCapsule and numpy's PyArrayObject_fields, both a
+compiled ABI; each is checked against ctypes once, and the binding falls
+back to refit.describe row by row where either differs). Other tensors go
+through refit.describe one by one."""
 
 import array
 import ctypes
@@ -104,6 +112,97 @@ def _names_table(names):
 _names_seen: dict = {}  # len(names) -> the last _names_table of that many names
 
 
+# ---- numpy and DLPack rows: fields gathered from memory, a row at a time in C
+
+class _Memory:
+    """A numpy view of n items of typestr at addr (no copy, no ctypes type)."""
+
+    def __init__(self, addr, n, typestr):
+        self.__array_interface__ = {"data": (addr, True), "shape": (n,),
+                                    "typestr": typestr, "version": 3}
+
+
+def _gather(np, addrs, dt):
+    """The item of dtype dt at each address of addrs (a uint64 array of
+    addresses aligned to dt): one fancy index over a view spanning them."""
+    size = dt.itemsize
+    lo = int(addrs.min())
+    n = (int(addrs.max()) - lo) // size + 1
+    mem = np.asarray(_Memory(lo, n, dt.str))
+    return mem[(addrs - lo) // size]
+
+
+_layout: dict = {}   # "array" / "capsule" -> the verified offsets, or None
+
+
+def _array_layout(np):
+    """(data, flags) offsets of PyArrayObject_fields, checked against
+    ctypes on two arrays (contiguous and not); None if they differ."""
+    if "array" not in _layout:
+        _layout["array"] = None
+        try:
+            head = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+            a, b = np.arange(4, dtype=np.float32), np.arange(6, dtype=np.float64)[::2]
+            data, flags = head, head + 6 * 8
+
+            def rd(obj, off, ct):
+                return ct.from_address(id(obj) + off).value
+            if (rd(a, data, ctypes.c_void_p) == a.ctypes.data and rd(a, flags, ctypes.c_int) & 1
+                    and rd(b, data, ctypes.c_void_p) == b.ctypes.data
+                    and not rd(b, flags, ctypes.c_int) & 1
+                    and rd(a, head + 8, ctypes.c_int) == 1):
+                _layout["array"] = (data, flags)
+        except Exception:  # noqa: BLE001 (any surprise: the slow path)
+            pass
+    return _layout["array"]
+
+
+def _capsule_layout(np):
+    """(pointer, name) offsets of a PyCapsule, checked against
+    PyCapsule_GetPointer on a numpy DLPack capsule; None if they differ."""
+    if "capsule" not in _layout:
+        _layout["capsule"] = None
+        try:
+            from .tensors import _capsule_ptr
+            head = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
+            cap = np.arange(2, dtype=np.float32).__dlpack__()
+            ptr = ctypes.c_void_p.from_address(id(cap) + head).value
+            name = ctypes.c_char_p.from_address(id(cap) + head + 8).value
+            if ptr == _capsule_ptr(cap, b"dltensor") and name == b"dltensor":
+                _layout["capsule"] = (head, head + 8)
+        except Exception:  # noqa: BLE001
+            pass
+    return _layout["capsule"]
+
+
+_np_words: dict = {}   # numpy dtype -> its word 2 (native byte order only)
+
+
+def _np_dtype_words(names, dtypes):
+    """Each numpy dtype's word; a dtype refit cannot take refused naming
+    the first row of it (RefitError REFIT_EINVAL)."""
+    try:
+        return list(map(_np_words.__getitem__, dtypes))
+    except KeyError:
+        from .core import RefitError
+        from .tensors import numpy_code
+        for dt in set(dtypes):
+            if dt in _np_words:
+                continue
+            try:
+                code, bits = numpy_code(dt)
+            except TypeError as err:
+                row = dtypes.index(dt)
+                raise RefitError(-1, "REFIT_EINVAL", "tensor %s: %s" % (names[row], err),
+                                 "load_dict") from None
+            _np_words[dt] = (code << 32) | (bits << 40) | (1 << 48)
+        return list(map(_np_words.__getitem__, dtypes))
+
+
+_first = operator.itemgetter(0)
+_DLPACK_HEADER = 32   # DLManagedTensorVersioned: version, manager_ctx, deleter, flags
+
+
 def _address(buf):
     return buf.buffer_info()[0] if len(buf) else 0
 
@@ -114,7 +213,7 @@ class Table:
     take. device: (type, id) of the first device tensor, or None."""
 
     __slots__ = ("n", "names", "tensors", "device", "_blob", "_name_ptrs", "_dims", "_rows",
-                 "names_ptr", "srcs_ptr")
+                 "names_ptr", "srcs_ptr", "_caps")
 
     def __init__(self, names, tensors):
         names = list(names)
@@ -125,11 +224,20 @@ class Table:
         self.names = names
         self.tensors = tensors
         self.device = None
+        self._caps = None
         self._set_names(names)
-        try:
-            self._rows_torch(tensors)
-        except AttributeError:  # not torch-like: one descriptor at a time
-            self.device = None
+        np = sys.modules.get("numpy")
+        types = set(map(type, tensors))
+        if np is not None and types and all(issubclass(t, np.ndarray) for t in types):
+            done = self._rows_numpy(np, tensors)
+        else:
+            try:
+                self._rows_torch(tensors)
+                done = True
+            except AttributeError:  # not torch-like
+                self.device = None
+                done = np is not None and self._rows_dlpack(np, types, tensors)
+        if not done:        # one descriptor at a time
             self._rows_described(tensors)
         self.srcs_ptr = _address(self._rows)
 
@@ -171,20 +279,86 @@ class Table:
             keys = [k if c else (None, k, t.stride()) for k, c, t in zip(keys, contig, ts)]
         self._fill(ptrs, devwords, dwords, keys)
 
+    def _rows_numpy(self, np, ts):
+        """numpy rows (host memory): False where the array layout is not
+        the one checked, or some array is not C-contiguous (described)."""
+        lay = _array_layout(np)
+        if lay is None:
+            return False
+        n = self.n
+        dwords = _np_dtype_words(self.names, list(map(_get_dtype, ts)))
+        if n == 0:
+            self._fill([], [], dwords, [])
+            return True
+        ids = np.fromiter(map(id, ts), dtype=np.uint64, count=n)
+        flags = _gather(np, ids + np.uint64(lay[1]), np.dtype(np.uint32))
+        if not (flags & 1).all():   # a strided view: its strides, in items, are read there
+            return False
+        ptrs = _gather(np, ids + np.uint64(lay[0]), np.dtype(np.uint64)).tolist()
+        self._fill(ptrs, [_DEV_CPU], dwords, list(map(_get_shape, ts)))
+        return True
+
+    def _rows_dlpack(self, np, types, ts):
+        """Rows of objects with only __dlpack__ (CuPy, JAX): each row the
+        DLTensor of its capsule, copied as it is (refit_tensor is its
+        layout); the capsules are kept here. False where the capsule layout
+        is not the one checked, a producer speaks DLPack 0.x only or a
+        capsule is of another kind (described)."""
+        if not all(hasattr(t, "__dlpack__") and not hasattr(t, "_refit_desc") for t in types):
+            return False
+        lay = _capsule_layout(np)
+        if lay is None or self.n == 0:
+            return False
+        u64, u32 = np.dtype(np.uint64), np.dtype(np.uint32)
+        devs = list(map(operator.methodcaller("__dlpack_device__"), ts))
+        if any(int(d) != _DEV_CPU for d in set(map(_first, devs))):
+            return False    # device memory (a producer orders its work on a stream): described
+        try:
+            caps = list(map(operator.methodcaller("__dlpack__", max_version=(1, 0)), ts))
+        except Exception:  # noqa: BLE001 (DLPack 0.x only, a dtype DLPack has not: described)
+            return False
+        n = self.n
+        ids = np.fromiter(map(id, caps), dtype=np.uint64, count=n)
+        names = _gather(np, ids + np.uint64(lay[1]), u64)
+        managed = _gather(np, ids + np.uint64(lay[0]), u64)
+        kinds = {p: ctypes.string_at(p) if p else b"" for p in np.unique(names).tolist()}
+        if set(kinds.values()) - {b"dltensor_versioned", b"dltensor"} or not managed.all():
+            return False
+        versioned = np.zeros(n, dtype=bool)
+        for p, k in kinds.items():
+            if k == b"dltensor_versioned":
+                versioned |= names == np.uint64(p)
+        if versioned.any() and (_gather(np, managed[versioned], u32) != 1).any():
+            return False    # a DLPack major version refit does not read
+        dl = managed + versioned.astype(np.uint64) * np.uint64(_DLPACK_HEADER)
+        r = array.array("Q", bytes(48 * n))
+        for w in range(6):
+            r[w::6] = array.array("Q", _gather(np, dl + np.uint64(8 * w), u64).tobytes())
+        self._rows = r
+        self._dims = array.array("q")
+        self._caps = caps
+        return True
+
     def _rows_described(self, ts):
         from .core import _describe_as
         descs = [_describe_as(t, None, "tensor %s" % k, "load_dict") for k, t in zip(self.names, ts)]
-        # a DLPack descriptor's shape and strides are the producer's (d.t);
-        # its byte_offset goes into the row's data pointer
-        ptrs = [(d.t.data or 0) + d.t.byte_offset for d in descs]
+        ptrs = [d.t.data or 0 for d in descs]
         devwords = [d.device_type | (d.device_id << 32) for d in descs]
         dwords = [(d.t.dtype.code << 32) | (d.t.dtype.bits << 40) | (1 << 48) for d in descs]
-        keys = [_desc_key(d.t) for d in descs]
+        keys = []
+        for d in descs:     # the refit_tensor's own shape and strides (a DLTensor's too)
+            nd = d.t.ndim
+            shape = tuple(d.t.shape[:nd]) if nd else ()
+            keys.append((None, shape, tuple(d.t.strides[:nd])) if nd and d.t.strides else shape)
         for d in descs:
             if d.device_type == _DEV_CUDA:
                 self.device = (_DEV_CUDA, d.device_id)
                 break
         self._fill(ptrs, devwords, dwords, keys)
+        offsets = [d.t.byte_offset for d in descs]
+        if any(offsets):    # where the first element is (a negative-strided view's)
+            self._rows[5::6] = array.array("Q", offsets)
+        self._caps = descs  # a DLPack capsule lives as long as its Desc
 
     def _fill(self, ptrs, devwords, dwords, keys):
         # keys: each row's shape (contiguous: no strides) or (None, shape,
@@ -235,7 +409,7 @@ class Table:
             body.frombytes(b"".join(map(tails.__getitem__, tail_of)))
         r = array.array("Q", bytes(48 * n))
         r[0::6] = array.array("Q", ptrs)
-        if n and devwords.count(devwords[0]) == n:
+        if n and (len(devwords) == 1 or devwords.count(devwords[0]) == n):
             r[1::6] = array.array("Q", devwords[:1]) * n
         else:
             r[1::6] = array.array("Q", devwords)

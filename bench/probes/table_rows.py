@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""What a row of txn.load_dict costs the binding, by the kind of object in
+the mapping, all in one process on the host backend: torch CPU tensors
+(when torch imports), numpy arrays, objects that only speak DLPack (a
+Python __dlpack__ over numpy, as a CuPy or JAX array reaches refit; and
+torch tensors seen through __dlpack__ only, when torch imports), and a
+torch-like stand-in whose data_ptr/get_device/is_contiguous are C
+callables (the cheapest row the table has without torch).
+
+For each kind: the table build alone (refit._batch.Table: what Python
+does per row), and a fresh txn.load_dict of the whole mapping on a sealed
+host model (begin, the table, refit_load_many, abort), microseconds per
+row, the best of ROUNDS. The model: one module whose runtime tensor is
+[N, 4] f32, N checkpoint tensors of [1, 4] placed a row each.
+
+  python3 bench/probes/table_rows.py [N] [OUT.json]     (REFIT_LIB: librefit;
+  REFIT_BINDINGS: another bindings/python to time, e.g. an older checkout's)
+"""
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.environ.get("REFIT_BINDINGS") or os.path.join(os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bindings", "python"))
+
+import numpy as np  # noqa: E402
+
+import refit  # noqa: E402
+from refit import _batch  # noqa: E402
+
+ROUNDS = int(os.environ.get("ROUNDS", "5"))
+
+
+class CLike:
+    """torch's fields as C callables (bound builtins), over a numpy array."""
+
+    def __init__(self, a):
+        self.a = a
+        self.data_ptr = int(a.ctypes.data).__index__
+        self.get_device = (-1).__index__
+        self.is_contiguous = True.__bool__
+        self.is_pinned = False.__bool__
+        self.shape = a.shape
+        self.dtype = "float32"
+
+
+class DLPackOnly:
+    """Only the DLPack protocol (as CuPy or JAX arrays reach refit)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+    def __dlpack__(self, stream=None, max_version=None, **kw):
+        return self.a.__dlpack__(max_version=max_version)
+
+
+def model(n):
+    ctx = refit.Context(worker_id="table-rows", journal_path="")
+    m = ctx.create_model()
+    w = np.zeros((n, 4), np.float32)
+    m.add_module("m")
+    m.bind_runtime("m", "w", w)
+    for i in range(n):
+        m.expect("m", "t.%d" % i, "f32", [1, 4], dst_offset=[i, 0])
+    m.seal()
+    return ctx, m, w
+
+
+def best_us(fn, n):
+    out = []
+    for _ in range(ROUNDS):
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e6 / n)
+    return min(out)
+
+
+def kinds(n):
+    base = [np.full((1, 4), i, np.float32) for i in range(n)]
+    out = {"numpy": base, "c-getters (torch-like stand-in)": [CLike(a) for a in base],
+           "dlpack (Python __dlpack__ over numpy)": [DLPackOnly(a) for a in base]}
+    try:
+        import torch
+    except ImportError:
+        return out
+    ts = [torch.full((1, 4), float(i)) for i in range(n)]
+    out["torch (cpu)"] = ts
+    out["dlpack (Python __dlpack__ over torch cpu)"] = [DLPackOnly(t) for t in ts]
+    return out
+
+
+def main():
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 100000
+    ctx, m, w = model(n)
+    names = ["t.%d" % i for i in range(n)]
+    res = {}
+    for kind, vals in kinds(n).items():
+        src = dict(zip(names, vals))
+
+        def update():
+            txn = m.begin(version="probe", rollback=False)
+            try:
+                txn.load_dict(src)
+            finally:
+                txn.abort()
+        update()    # once, checked: every row landed
+        row = vals[n // 2]
+        assert (w[n // 2] == n // 2).all(), (kind, w[n // 2], row)
+        w[:] = 0
+        res[kind] = {"table_us_per_row": best_us(lambda: _batch.Table(names, vals), n),
+                     "load_dict_us_per_row": best_us(update, n)}
+        print("%-44s table %6.3f us/row   load_dict %6.3f us/row"
+              % (kind, res[kind]["table_us_per_row"], res[kind]["load_dict_us_per_row"]),
+              flush=True)
+    ctx.close()
+    if len(sys.argv) > 2:
+        with open(sys.argv[2], "w") as f:
+            json.dump({"probe": "table_rows", "rows": n, "rounds": ROUNDS, "kinds": res}, f,
+                      indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
