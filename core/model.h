@@ -102,8 +102,9 @@ typedef struct stage_unit {
     int64_t expert;             /* -1: the whole module */
     uint32_t first, n_primary;  /* its routes: module primary[first ..] */
     size_t staged_bytes;        /* its staging block */
-    refit_fmt_module *fm;       /* what post_load gets: the module's fm, or slice */
-    refit_fmt_module slice;     /* an expert's (fm == &slice): runtime narrowed */
+    refit_fmt_module *fm;       /* what post_load gets: the module's fm, or slice
+                                   (set once every unit is built) */
+    refit_fmt_module slice;     /* an expert's (expert >= 0): runtime narrowed */
 } stage_unit;
 
 struct refit_txn;

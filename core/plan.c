@@ -642,11 +642,13 @@ static bool module_sliceable(const refit_model *m, const module *mod)
     return e > 0;
 }
 
+/* Room for more units (the array moves: unit fm pointers are set once
+ * every unit is built, units_done). */
 static int grow_units(refit_model *m, uint32_t more)
 {
     uint32_t cap = m->n_units;
     while (cap < m->n_units + more)
-        cap = cap ? cap * 2 : 64;
+        cap = cap ? cap * 2 : m->n_modules + more; /* one a module, unless sliced */
     stage_unit *u = realloc(m->units, (size_t)cap * sizeof *u);
     if (!u)
         return ctx_error(m->ctx, REFIT_ENOMEM, "seal: out of memory");
@@ -757,7 +759,6 @@ static int module_slices(refit_model *m, module *mod, int64_t experts)
         u->expert = e;
         u->first = a;
         u->n_primary = b - a;
-        u->fm = &u->slice;
         refit_fmt_module *sl = &u->slice;
         sl->name = mod->name;
         sl->params = fm->params;
@@ -799,7 +800,6 @@ static int module_units(refit_model *m, module *mod)
         u->module = mi;
         u->expert = -1;
         u->n_primary = mod->n_primary;
-        u->fm = &mod->fm;
         for (uint32_t k = 0; k < mod->n_primary; k++) {
             route *r = &m->routes[mod->primary[k]];
             unit_place(r, u);
@@ -814,6 +814,15 @@ static int module_units(refit_model *m, module *mod)
             r->unit = m->routes[r->tie].unit;
     }
     return rc;
+}
+
+/* Every unit built: point each at what its post-load gets. */
+static void units_done(refit_model *m)
+{
+    for (uint32_t i = 0; i < m->n_units; i++) {
+        stage_unit *u = &m->units[i];
+        u->fm = u->expert >= 0 ? &u->slice : &m->modules[u->module].fm;
+    }
 }
 
 /* The largest unit must fit the staging budget on its own: refused here,
@@ -901,7 +910,7 @@ void model_free_plan(refit_model *m)
         m->runtime[i].via_view = false;
     for (uint32_t i = 0; i < m->n_units; i++) {
         stage_unit *u = &m->units[i];
-        if (u->fm != &u->slice)
+        if (u->expert < 0)
             continue;
         const refit_format_v2 *f = m->modules[u->module].fmt;
         if (f->release && u->slice.state)
@@ -940,6 +949,7 @@ int plan_build(refit_model *m)
         rc = check_targets(m, boxes, n_boxes);
     for (uint32_t i = 0; i < m->n_modules && !rc; i++)
         rc = module_units(m, &m->modules[i]);
+    units_done(m);
     if (!rc)
         rc = check_staging_need(m);
     free(boxes);

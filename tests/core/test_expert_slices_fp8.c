@@ -1,0 +1,173 @@
+/* Expert slices with a real format: online fp8 (linked from
+ * plugins/fp8/, its CPU reference on host memory) over a stacked module
+ * w13 [E, 2I, H] whose checkpoint names each expert's gate_proj and
+ * up_proj (bf16 [I, H], placed with expert and dst_offset). Staged an
+ * expert at a time, it loads under a budget of two experts, and every
+ * expert's bytes (weight and scales) equal those of the same expert
+ * registered as a module of its own (the whole-module post-load). One
+ * per-tensor scale over the stack crosses experts: staged whole, so
+ * refused at seal under that budget. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <refit/sys/stats.h>
+
+#include "testutil.h"
+
+extern const refit_format_v2 refit_format_plugin_v2; /* plugins/fp8/fp8.c */
+
+#define E 4
+#define I 128
+#define H 256
+#define E4M3 ((refit_dtype){REFIT_DTYPE_FLOAT8_E4M3FN, 8, 1})
+#define SLICE_BYTES (2 * I * H * 2)      /* one expert's bf16 gate + up */
+#define BUDGET (2 * SLICE_BYTES + 4096)  /* two experts, not the stack */
+
+static const char *const scheme_params[3] = {
+    "scheme: per_tensor\nonline: true", "scheme: per_channel\nonline: true",
+    "scheme: block128\nonline: true"};
+
+/* Scale shape of one expert's [2I, H] weight under scheme sch. */
+static int scale_dims(int sch, int64_t *shape)
+{
+    if (sch == 0) {
+        shape[0] = 1;
+        return 1;
+    }
+    if (sch == 1) {
+        shape[0] = 2 * I;
+        return 1;
+    }
+    shape[0] = 2 * I / 128;
+    shape[1] = H / 128;
+    return 2;
+}
+
+static void open_world(tw *w, uint64_t budget)
+{
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.staging_budget = budget;
+    assert_int_equal(tw_open(w, &o), REFIT_OK);
+    assert_int_equal(refit_format_register(w->ctx, &refit_format_plugin_v2), REFIT_OK);
+}
+
+static void name_of(char *out, size_t n, const char *prefix, int e, int up)
+{
+    snprintf(out, n, "%s.%d.%s_proj.weight", prefix, e, up ? "up" : "gate");
+}
+
+/* The stacked module: weight [E, 2I, H], weight_scale [E, <scale>] (or
+ * [1]: one scale over the stack, with cross). Returns seal's status. */
+static int build_stacked(tw *w, uint64_t budget, int sch, int cross)
+{
+    open_world(w, budget);
+    tw_module(w, "moe", "fp8", scheme_params[sch]);
+    tw_runtime(w, "moe", "weight", E4M3, 3, TT_SHAPE(E, 2 * I, H));
+    int64_t ss[REFIT_MAX_DIMS + 1] = {E};
+    int nd = scale_dims(sch, ss + 1);
+    if (cross)
+        tw_runtime(w, "moe", "weight_scale", REFIT_F32, 1, TT_SHAPE(1));
+    else
+        tw_runtime(w, "moe", "weight_scale", REFIT_F32, nd + 1, ss);
+    for (int e = 0; e < E; e++)
+        for (int up = 0; up < 2; up++) {
+            char name[96];
+            name_of(name, sizeof name, "experts", e, up);
+            refit_ckpt_spec s = tt_spec(REFIT_BF16, 2, TT_SHAPE(I, H));
+            s.target = "weight";
+            s.expert = e;
+            s.dst_offset[0] = up ? I : 0;
+            assert_int_equal(tw_expect(w, "moe", name, &s), REFIT_OK);
+        }
+    return refit_model_seal(w->m);
+}
+
+/* Each expert as a module of its own ("ref.e"): weight [2I, H]. */
+static void build_reference(tw *w, int sch)
+{
+    open_world(w, 0);
+    for (int e = 0; e < E; e++) {
+        char mod[32];
+        snprintf(mod, sizeof mod, "ref%d", e);
+        tw_module(w, mod, "fp8", scheme_params[sch]);
+        tw_runtime(w, mod, "weight", E4M3, 2, TT_SHAPE(2 * I, H));
+        int64_t ss[REFIT_MAX_DIMS];
+        int nd = scale_dims(sch, ss);
+        tw_runtime(w, mod, "weight_scale", REFIT_F32, nd, ss);
+        for (int up = 0; up < 2; up++) {
+            char name[96];
+            name_of(name, sizeof name, mod, e, up);
+            refit_ckpt_spec s = tt_spec(REFIT_BF16, 2, TT_SHAPE(I, H));
+            s.target = "weight";
+            s.dst_offset[0] = up ? I : 0;
+            assert_int_equal(tw_expect(w, mod, name, &s), REFIT_OK);
+        }
+    }
+    tw_seal(w);
+}
+
+static void test_fp8_slices_equal_per_expert_modules(void **state)
+{
+    (void)state;
+    for (int sch = 0; sch < 3; sch++) {
+        tw w, r;
+        assert_int_equal(build_stacked(&w, BUDGET, sch, 0), REFIT_OK);
+        build_reference(&r, sch);
+        refit_txn *t = tw_begin(&w, "v1", 1), *tr = tw_begin(&r, "v1", 0);
+        for (int e = 0; e < E; e++)
+            for (int up = 0; up < 2; up++) {
+                char name[96], rname[96], mod[32];
+                name_of(name, sizeof name, "experts", e, up);
+                snprintf(mod, sizeof mod, "ref%d", e);
+                name_of(rname, sizeof rname, mod, e, up);
+                tt_tensor *x = tw_ckpt_tensor(&w, name, 1);
+                assert_int_equal(refit_load(t, name, &x->t, NULL), REFIT_OK);
+                assert_int_equal(refit_load(tr, rname, &x->t, NULL), REFIT_OK);
+            }
+        size_t peak = refit_sys_txn_staging_peak(t);
+        assert_true(peak > 0 && peak <= BUDGET);
+        assert_int_equal(refit_finalize(t), REFIT_OK);
+        assert_int_equal(refit_finalize(tr), REFIT_OK);
+        tt_tensor *sw = tw_rt(&w, "moe", "weight"), *ss = tw_rt(&w, "moe", "weight_scale");
+        for (int e = 0; e < E; e++) {
+            char mod[32];
+            snprintf(mod, sizeof mod, "ref%d", e);
+            tt_tensor *rw = tw_rt(&r, mod, "weight"), *rs = tw_rt(&r, mod, "weight_scale");
+            assert_memory_equal((char *)sw->buf + (size_t)e * rw->bytes, rw->buf, rw->bytes);
+            assert_memory_equal((char *)ss->buf + (size_t)e * rs->bytes, rs->buf, rs->bytes);
+        }
+        tw_close(&r);
+        tw_close(&w);
+    }
+}
+
+/* One per-tensor scale over every expert: the post-load crosses experts,
+ * the module is staged whole, and seal says how much that needs. */
+static void test_fp8_crossing_scale_refused_at_seal(void **state)
+{
+    (void)state;
+    tw w;
+    int rc = build_stacked(&w, BUDGET, 0, 1);
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%s", refit_errmsg(w.ctx));
+    tw_close(&w);
+    assert_int_equal(rc, REFIT_EBUDGET);
+    char need[32];
+    snprintf(need, sizeof need, "%d bytes", E * SLICE_BYTES);
+    if (!strstr(msg, "module moe") || !strstr(msg, need) || !strstr(msg, "whole module"))
+        fail_msg("message \"%s\"", msg);
+    /* under a budget that holds the stack, it loads */
+    assert_int_equal(build_stacked(&w, 0, 0, 1), REFIT_OK);
+    tw_update(&w, 1, "v1");
+    tw_close(&w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp8_slices_equal_per_expert_modules),
+        cmocka_unit_test(test_fp8_crossing_scale_refused_at_seal),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
