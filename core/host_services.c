@@ -65,6 +65,9 @@ struct host_svc {
     const refit_fmt_module *cur;  /* the module in a format's hands, */
     const refit_fmt_module *const *batch; /* or the n_batch of a post_load_many */
     uint32_t n_batch;
+    uint32_t last;                /* the batch module a view was last found in: a
+                                     format works module by module, so looking
+                                     there first keeps a batch linear, not n^2 */
     uint32_t slots_at_enter;      /* slots before the current call: a module's post-load
                                      runs once an update, so its word is among the rest */
     scratch_block *scratch;
@@ -159,9 +162,13 @@ static int check_view(refit_ctx *ctx, const char *svc, const char *role, const r
                          "extent overflows", svc, m->name, role);
     if (e == 0)
         return REFIT_OK;
-    for (uint32_t k = 0; k < s->n_batch; k++)
-        if (in_module(s->batch[k], v, lo, hi))
+    for (uint32_t j = 0; j < s->n_batch; j++) {
+        uint32_t k = (s->last + j) % s->n_batch;
+        if (in_module(s->batch[k], v, lo, hi)) {
+            s->last = k;
             return REFIT_OK;
+        }
+    }
     for (uint32_t i = 0; i < s->n_scratch; i++) {
         const scratch_block *b = &s->scratch[i];
         if (same_device(v->device, b->device) && lo >= (uintptr_t)b->data &&
@@ -620,11 +627,14 @@ static int host_status_word_many(void *host, refit_device dev, uint32_t n,
                          "output");
     if (!s)
         return ctx_error(ctx, REFIT_ENOMEM, "status_word_many: no service state");
-    for (uint32_t i = 0; i < n; i++) {
-        uint32_t k = 0;
-        while (k < s->n_batch && s->batch[k] != mods[i])
-            k++;
-        if (!mods[i] || k == s->n_batch)
+    for (uint32_t i = 0, k = 0; i < n; i++) {
+        /* pieces come module by module: look on from the last one found */
+        uint32_t j = 0;
+        while (j < s->n_batch && s->batch[k] != mods[i]) {
+            k = (k + 1) % s->n_batch;
+            j++;
+        }
+        if (!mods[i] || j == s->n_batch)
             return ctx_error(ctx, REFIT_EINVAL, "status_word_many: piece %u (%s) names a "
                              "module that is not one of this post_load_many's %u", i,
                              names[i] ? names[i] : "?", s->n_batch);
@@ -711,6 +721,7 @@ void host_services_enter(refit_ctx *ctx, const refit_fmt_module *m)
         ctx->svc->cur = m;
         ctx->svc->batch = &ctx->svc->cur;
         ctx->svc->n_batch = m ? 1 : 0;
+        ctx->svc->last = 0;
         ctx->svc->slots_at_enter = ctx->svc->n_slots;
     }
 }
@@ -721,6 +732,7 @@ void host_services_enter_many(refit_ctx *ctx, const refit_fmt_module *const *m, 
         ctx->svc->cur = NULL;
         ctx->svc->batch = m;
         ctx->svc->n_batch = n;
+        ctx->svc->last = 0;
         ctx->svc->slots_at_enter = ctx->svc->n_slots;
     }
 }
