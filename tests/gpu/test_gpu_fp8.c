@@ -7,7 +7,8 @@
  * a scale per weight and with one shared scale, fused gate/up per-channel,
  * a ragged block-128 weight, fused block-128 weights, stacked experts
  * per-tensor (a scale per expert), block-128 and per-channel (two weights
- * per expert). Checked: reloading the same weights gives identical bytes,
+ * per expert), and one of each scheme with param arithmetic: reciprocal
+ * (vLLM's x * (1 / scale), its own launcher call). Checked: reloading the same weights gives identical bytes,
  * a reload equals a cold start, sources in device, pinned and pageable
  * memory and a caller's stream, a NaN refused (module and tensor named)
  * with the previous bytes kept, an abort with rollback after post-load.
@@ -98,6 +99,25 @@ static void build(pair_world *w)
         weight(w, "l2.experts", n, BF16, 64, 72, 0, e);
         snprintf(n, sizeof n, "l2.experts.%d.up_proj.weight", e);
         weight(w, "l2.experts", n, BF16, 64, 72, 64, e);
+    }
+
+    /* arithmetic: reciprocal (vLLM's x * (1 / scale)) beside the same schemes
+     * dividing: its own launcher call on the device, kern_quant_fp8_arith's
+     * bytes on the host */
+    module(w, "l3.qkv", "scheme: per_tensor\narithmetic: reciprocal", 1, 280, 136, 1,
+           (int64_t[]){1});
+    weight(w, "l3.qkv", "l3.q_proj.weight", BF16, 200, 136, 0, -1);
+    weight(w, "l3.qkv", "l3.k_proj.weight", BF16, 40, 136, 200, -1);
+    weight(w, "l3.qkv", "l3.v_proj.weight", F32, 40, 136, 240, -1);
+    module(w, "l3.gate_up", "scheme: per_channel\narithmetic: reciprocal", 1, 600, 200, 2,
+           (int64_t[]){600, 1});
+    weight(w, "l3.gate_up", "l3.gate_proj.weight", BF16, 300, 200, 0, -1);
+    weight(w, "l3.gate_up", "l3.up_proj.weight", F16, 300, 200, 300, -1);
+    module(w, "l3.experts", "scheme: block128\narithmetic: reciprocal", 3, 128, 260, 3,
+           (int64_t[]){3, 1, 3});
+    for (int e = 0; e < 3; e++) {
+        snprintf(n, sizeof n, "l3.experts.%d.down_proj.weight", e);
+        weight(w, "l3.experts", n, BF16, 128, 260, 0, e);
     }
 }
 
