@@ -301,9 +301,10 @@ class Table:
     def _rows_dlpack(self, np, types, ts):
         """Rows of objects with only __dlpack__ (CuPy, JAX): each row the
         DLTensor of its capsule, copied as it is (refit_tensor is its
-        layout); the capsules are kept here. False where the capsule layout
-        is not the one checked, a producer speaks DLPack 0.x only or a
-        capsule is of another kind (described)."""
+        layout); the capsules are kept here, and a device producer is asked
+        for them on CUDA's legacy default stream, as describe() asks. False
+        where the capsule layout is not the one checked, a producer speaks
+        DLPack 0.x only or a capsule is of another kind (described)."""
         if not all(hasattr(t, "__dlpack__") and not hasattr(t, "_refit_desc") for t in types):
             return False
         lay = _capsule_layout(np)
@@ -311,10 +312,16 @@ class Table:
             return False
         u64, u32 = np.dtype(np.uint64), np.dtype(np.uint32)
         devs = list(map(operator.methodcaller("__dlpack_device__"), ts))
-        if any(int(d) != _DEV_CPU for d in set(map(_first, devs))):
-            return False    # device memory (a producer orders its work on a stream): described
+        kinds_of = {int(d) for d in set(map(_first, devs))}
+        if not kinds_of <= {_DEV_CPU, _DEV_CUDA, _DEV_PINNED}:
+            return False
+        host = operator.methodcaller("__dlpack__", max_version=(1, 0))
         try:
-            caps = list(map(operator.methodcaller("__dlpack__", max_version=(1, 0)), ts))
+            if _DEV_CUDA not in kinds_of:
+                caps = list(map(host, ts))
+            else:   # as describe() asks: ordered after CUDA's legacy default stream
+                cuda = operator.methodcaller("__dlpack__", max_version=(1, 0), stream=1)
+                caps = [cuda(t) if int(d[0]) == _DEV_CUDA else host(t) for t, d in zip(ts, devs)]
         except Exception:  # noqa: BLE001 (DLPack 0.x only, a dtype DLPack has not: described)
             return False
         n = self.n
@@ -337,6 +344,10 @@ class Table:
         self._rows = r
         self._dims = array.array("q")
         self._caps = caps
+        for d in devs:
+            if int(d[0]) == _DEV_CUDA:
+                self.device = (_DEV_CUDA, int(d[1]))
+                break
         return True
 
     def _rows_described(self, ts):
