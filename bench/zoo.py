@@ -646,25 +646,35 @@ class NumpyBackend:
         return self.np.random.default_rng(seed)
 
     def fill_random(self, t, dt, gen):
+        """As TorchBackend's, in chunks (host memory is the machine's)."""
         np = self.np
         if t.size == 0:
             return
-        if dt == "bf16":
-            u = t.view(np.uint16)
-            u[...] = gen.integers(0, 1 << 16, size=u.shape, dtype=np.uint16) & 0xBFFF
-        elif dt == "f8":
-            u = t.view(np.uint8)
-            u[...] = gen.integers(0, 256, size=u.shape, dtype=np.uint8) & 0xBF
-        elif dt == "f32":
-            t[...] = gen.uniform(1e-4, 1e-2, size=t.shape)
-        elif dt in ("i32", "u8"):
-            u = t.view(np.uint8)
-            u[...] = gen.integers(0, 256, size=u.shape, dtype=np.uint8)
-        else:
-            t[...] = 0
+        flat = t.reshape(-1)
+        step = 1 << 24
+        for i in range(0, flat.size, step):
+            c = flat[i:i + step]
+            if dt == "bf16":
+                u = c.view(np.uint16)
+                u[...] = gen.integers(0, 1 << 16, size=u.shape, dtype=np.uint16) & 0xBFFF
+            elif dt == "f8":
+                u = c.view(np.uint8)
+                u[...] = gen.integers(0, 256, size=u.shape, dtype=np.uint8) & 0xBF
+            elif dt == "f32":
+                c[...] = gen.uniform(1e-4, 1e-2, size=c.shape)
+            elif dt in ("i32", "u8"):
+                u = c.view(np.uint8)
+                u[...] = gen.integers(0, 256, size=u.shape, dtype=np.uint8)
+            else:
+                c[...] = 0
 
     def randn_bf16(self, t, gen):
-        t[...] = (gen.standard_normal(size=t.shape) * 0.02).astype(self.dt["bf16"])
+        flat = t.reshape(-1)
+        step = 1 << 24
+        for i in range(0, flat.size, step):
+            c = flat[i:i + step]
+            c[...] = (gen.standard_normal(size=c.shape, dtype=self.np.float32) *
+                      self.np.float32(0.02)).astype(self.dt["bf16"])
 
     def to_host_bytes(self, flat):
         return flat
@@ -674,9 +684,15 @@ class NumpyBackend:
 
     def digest(self, flat):
         np = self.np
-        w = flat.view(np.int32).astype(np.int64)
-        idx = np.arange(w.size, dtype=np.int64) % 65521
-        return "%x:%x" % (int(w.sum()) & (2**64 - 1), int((w * idx).sum()) & (2**64 - 1))
+        w = flat.view(np.int32)
+        s0 = s1 = 0
+        step = 16 << 20
+        for i in range(0, w.size, step):
+            c = w[i:i + step].astype(np.int64)
+            idx = np.arange(i, i + c.size, dtype=np.int64) % 65521
+            s0 += int(c.sum())
+            s1 += int((c * idx).sum())
+        return "%x:%x" % (s0 & (2**64 - 1), s1 & (2**64 - 1))
 
     def h2d_seconds(self, nbytes, chunk, repeat=3):
         chunk = min(chunk, nbytes)
@@ -1490,6 +1506,10 @@ def main():
     ap.add_argument("--journal", default="", help="journal path (default: none)")
     ap.add_argument("--table-tensors", type=int, default=100000,
                     help="table_costs: tensors per load_dict (a multiple of 100)")
+    ap.add_argument("--real-shapes", action="store_true",
+                    help="with --tiny: the public configs' shapes on the host (use --layers)")
+    ap.add_argument("--vocab", type=int, default=0,
+                    help="override the vocabulary (host tests of real layer shapes)")
     ap.add_argument("--no-peer", action="store_true", help="skip the peer's way (time)")
     ap.add_argument("--staging-budget", type=int, default=0,
                     help="refit_options.staging_budget in bytes (default 0: refit's 1 GiB)")
@@ -1511,7 +1531,7 @@ def main():
     if a.tiny and a.table_tensors == 100000:
         a.table_tensors = 10000     # the 2-core host: seconds, not minutes
     a.ceiling_chunk = 4 * GiB if not a.tiny else 1 << 20
-    cfgs = TINY if a.tiny else CONFIGS
+    cfgs = TINY if a.tiny and not a.real_shapes else CONFIGS
     total = B.device_total()
     out = {"bench": "zoo", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "device": B.device_name(), "device_total_bytes": total, "backend": B.name,
@@ -1532,7 +1552,9 @@ def main():
             pass
     for row in rows:
         spec = ROWS[row]
-        cfg = cfgs[spec["model"]] if spec["model"] else {"layers": 0, "experts": 0}
+        cfg = dict(cfgs[spec["model"]]) if spec["model"] else {"layers": 0, "experts": 0}
+        if a.vocab and spec["model"]:
+            cfg["vocab"] = a.vocab
         layers, cut = cfg["layers"], None
         if not spec["model"]:
             pass
