@@ -338,13 +338,13 @@ static uint64_t reserve_place(undo_pool *p, const backend *be, int device, undo_
         if (cap) {
             if (size > *cap)
                 size = *cap & ~(uint64_t)(UNDO_ALIGN - 1);
-            if (size <= UNDO_CHUNK_SLACK)
-                break;
+            if (size < UNDO_ALIGN)
+                break; /* what an update's chunk_size would not take either */
             *cap -= size;
         }
         if (!reserve_chunk(p, be, device, place, (size_t)size))
             break;
-        have += size - UNDO_CHUNK_SLACK;
+        have += size > UNDO_CHUNK_SLACK ? size - UNDO_CHUNK_SLACK : 0;
     }
     return have;
 }
