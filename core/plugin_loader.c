@@ -303,23 +303,27 @@ static int mapped_file(const void *addr, dev_t *dev, ino_t *ino)
  * name it was found under since) before it looks at any file, and that
  * name's descriptor may since have been closed and its number reused. An
  * object of this very file (another context loaded it) is fine: dlopen
- * returns it. Duplicates made on the way go to dups (closed by the caller
- * after dlopen). -1 when none was found in LOAD_NAME_TRIES. */
+ * returns it. It is recognized by its mapping's device and inode, or, where
+ * the kernel shows another (an overlay's backing file), by coming back
+ * under two names. Duplicates made on the way go to dups (closed by the
+ * caller after dlopen). -1 when none was found in LOAD_NAME_TRIES. */
 #define LOAD_NAME_TRIES 16
 static int free_fd_name(int fd, const struct stat *st, int *dups, int *n_dups, char *name,
                         size_t len)
 {
+    void *prev = NULL;
     for (int cur = fd;;) {
         snprintf(name, len, "/proc/self/fd/%d", cur);
         void *old = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
         struct link_map *lm = NULL;
         dev_t dev = 0;
         ino_t ino = 0;
-        int same = !old || (dlinfo(old, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_ld &&
-                            mapped_file(lm->l_ld, &dev, &ino) && dev == st->st_dev &&
-                            ino == st->st_ino);
+        int same = !old || old == prev ||
+                   (dlinfo(old, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_ld &&
+                    mapped_file(lm->l_ld, &dev, &ino) && dev == st->st_dev && ino == st->st_ino);
         if (old)
-            dlclose(old);
+            dlclose(old); /* still mapped: found, not loaded, so a pointer to compare */
+        prev = old;
         if (same)
             return cur;
         if (*n_dups == LOAD_NAME_TRIES || (cur = fcntl(fd, F_DUPFD_CLOEXEC, cur + 1)) < 0)
