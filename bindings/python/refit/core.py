@@ -321,7 +321,8 @@ class Model:
     @property
     def handle(self) -> ctypes.c_void_p:
         if self._h is None:
-            raise _estate("model: %s" % (self._why or "it was destroyed"))
+            why = self._why or "model was destroyed"
+            raise _estate(why if why.startswith("model") else "model: " + why)
         return self._h
 
     def _check(self, rc: int, call: str) -> None:
@@ -350,7 +351,7 @@ class Model:
                 return
             ctx._release(self, "its model was destroyed")
             _ffi.lib().refit_model_destroy(self._h)
-            self._gone("its model was destroyed")
+            self._gone("model was destroyed")
         ctx._free_slot(None)
 
     def add_module(self, name: str, format: str = "unquantized",
@@ -547,9 +548,13 @@ class Txn:
             return self._h
         if self.model._h is None:   # destroyed with the model: refit freed it
             self._over("aborted")
-            self._why = "aborted: %s" % self.model._why
+            self._why = self._aborted_why()
             raise _estate("transaction %s" % self._why)
         return h
+
+    def _aborted_why(self) -> str:
+        why = self.model._why or "model was destroyed"
+        return "aborted: " + ("its " + why if why.startswith("model") else why)
 
     def _over(self, result: str) -> None:
         self._h = None
@@ -743,7 +748,7 @@ class Txn:
             return
         if self._h is not None and self.model._h is None and exc_type is not None:
             self._over("aborted")   # its model went first: the exception goes on
-            self._why = "aborted: %s" % self.model._why
+            self._why = self._aborted_why()
             return
         if exc_type is None:
             if self.prepared:
