@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <refit/sys/stats.h>
+
 #include "core/ctx.h"
 #include "core/formats_builtin.h"
 #include "core/load.h"
@@ -50,6 +52,23 @@ static void seal_reserve_undo(refit_model *m)
                          "pinned on a GPU; REFIT_UNDO_RESERVE=0: none)",
                          (unsigned long long)bytes,
                          (unsigned long long)m->ctx->undo_device_budget);
+}
+
+int refit_sys_undo_held(refit_model *m, int wait, uint64_t *device_bytes, uint64_t *host_bytes)
+{
+    if (!m || !device_bytes || !host_bytes)
+        return REFIT_EINVAL;
+    if (m->txn)
+        return REFIT_ESTATE; /* its log holds chunks out of the pool */
+    if (wait)
+        undo_pool_settle(m->undo_pool);
+    undo_pool_stats st;
+    undo_pool_stats_get(m->undo_pool, &st);
+    if (st.reserving)
+        return REFIT_ESTATE;
+    *device_bytes = st.bytes[UNDO_DEVICE];
+    *host_bytes = st.bytes[UNDO_HOST];
+    return REFIT_OK;
 }
 
 int refit_model_seal(refit_model *m)

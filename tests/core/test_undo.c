@@ -8,6 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <refit/sys/stats.h>
+
 #include "core/model.h"
 #include "core/undo.h"
 #include "journal/journal.h"
@@ -494,7 +496,11 @@ static void test_seal_reserves_undo(void **state)
             tw_register_test_formats(&w);
             tt_llm_cfg cfg = {.rank = 1, .tp = 2, .layers = 2, .staged = 1};
             tt_build_llm(&w, &cfg); /* sealed */
+            uint64_t held_dev = 1, held_host = 1;
+            assert_int_equal(refit_sys_undo_held(w.m, 1, &held_dev, &held_host), REFIT_OK);
             undo_pool_stats seal = pool_stats(&w);
+            assert_int_equal(held_dev, seal.bytes[UNDO_DEVICE]);
+            assert_int_equal(held_host, seal.bytes[UNDO_HOST]);
             if (off) {
                 assert_int_equal(seal.allocs, 0);
             } else {
@@ -518,10 +524,16 @@ static void test_seal_reserves_undo(void **state)
                           (unsigned long long)(after.allocs - seal.allocs),
                           (unsigned long long)first.undo_device_bytes,
                           (unsigned long long)first.undo_host_bytes);
-            if (off)
+            if (off) {
+                assert_int_equal(held_dev + held_host, 0);
                 assert_true(after.allocs > 0); /* the old way: in the first update */
-            else
+            } else {
                 assert_int_equal(after.allocs, seal.allocs);
+            }
+            assert_int_equal(refit_sys_undo_held(w.m, 0, &held_dev, &held_host), REFIT_OK);
+            assert_int_equal(held_dev, again.bytes[UNDO_DEVICE]);
+            assert_int_equal(held_host, again.bytes[UNDO_HOST]);
+            assert_true(held_dev + held_host > 0);
             if (b == 1)
                 assert_int_equal(first.undo_host_bytes, 0);
             if (b == 0)
@@ -553,6 +565,8 @@ static void test_reserve_close_early(void **state)
     tt_build_llm(&w, &cfg);
     refit_txn *t = tw_begin(&w, "v1", 0);
     tw_load_all(&w, t, 1, NULL);
+    uint64_t d, h;
+    assert_int_equal(refit_sys_undo_held(w.m, 1, &d, &h), REFIT_ESTATE); /* an update open */
     assert_int_equal(refit_finalize(t), REFIT_OK);
     tw_close(&w); /* the reservation perhaps still running */
 }

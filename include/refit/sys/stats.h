@@ -19,6 +19,16 @@ REFIT_API double refit_sys_journal_seconds(const refit_ctx *ctx);
  * what a staging_budget must allow for this order of loads. */
 REFIT_API size_t refit_sys_txn_staging_peak(const refit_txn *txn);
 
+/* The undo log's memory model holds between updates with rollback
+ * (docs/core.md "Undo log"): *device_bytes (within undo_device_budget) and
+ * *host_bytes (pinned on a GPU), reserved at seal on a thread of its own
+ * and grown by any update that needed more. wait 1: first wait for that
+ * thread (a bench that times the first update apart from it); wait 0
+ * while it runs, or an update open: REFIT_ESTATE, nothing written.
+ * REFIT_EINVAL for NULL. */
+REFIT_API int refit_sys_undo_held(refit_model *model, int wait, uint64_t *device_bytes,
+                                  uint64_t *host_bytes);
+
 #ifdef __cplusplus
 }
 #endif
