@@ -24,8 +24,7 @@ static bool qf_contiguous(const refit_view *v)
 /* Whether piece p takes the dense fast path of its scheme (quant_fp8.cu's
  * dense helpers say what that path assumes): the conversion instruction as
  * the encoder (hw: the integer encoder keeps the general path, so the
- * dense kernels inline one encoder only), the division (QF_RECIP keeps the
- * general path), a 16-bit weight, rows of x and q
+ * dense kernels inline one encoder only), a 16-bit weight, rows of x and q
  * aligned and contiguous, whole groups, pitches and scale strides that
  * fit the cursor's 32 bits; block-128: whole 128-column tiles too;
  * per-channel: rows of at most 8 groups a thread of the largest team
@@ -34,7 +33,7 @@ static bool qf_contiguous(const refit_view *v)
 static bool qf_dense_ok(const qf_piece *p, int scheme, int hw)
 {
     const int64_t lim = (int64_t)1 << 31; /* its cursor's 32-bit fields */
-    if (!(hw & QF_HW) || (hw & QF_RECIP) || p->kind == 0 || !p->vx || !p->vq || p->k % 8 != 0)
+    if (!(hw & QF_HW) || p->kind == 0 || !p->vx || !p->vq || p->k % 8 != 0)
         return false;
     if (p->n >= lim || p->gpr >= lim || p->xs0 < 0 || p->xs0 * 2 >= lim || p->qs0 < 0 ||
         p->qs0 >= lim || p->ss0 < 0 || p->ss0 >= lim || p->ss1 < 0 || p->ss1 >= lim)

@@ -9,8 +9,7 @@
  * the hardware's cvt.rn.satfinite.e4m3x2.f32 instead of the integer
  * encoder (only where the conversion check, fp8_cvt_launch, found no
  * difference on this device); QF_RECIP for KERN_FP8_RECIPROCAL's
- * arithmetic (general kernels only: no dense fast path), else
- * KERN_FP8_DIVIDE's. One launch (per-tensor) or one a launch class present; never
+ * arithmetic, else KERN_FP8_DIVIDE's. One launch (per-tensor) or one a launch class present; never
  * waits: a NaN or infinity lowers g->status to the lowest such piece's
  * index (that piece's group keeps its old scale and bytes). Returns
  * REFIT_OK; REFIT_EUNSUPPORTED / EMISMATCH (dtypes, ranks; *bad the piece,

@@ -19,8 +19,8 @@
  *                                          finite f32: the caller chooses)
  *
  * Under QF_RECIP (the `hw` flags word) q is instead KERN_FP8_RECIPROCAL's
- * e4m3(clamp(x * __frcp_rn(scale))) in qf_encode, through the general
- * kernels only (the launcher gives such pieces no dense path).
+ * e4m3(clamp(x * __frcp_rn(scale))): qf_encode on the general path,
+ * qf_enc_pair<KIND, true> on the dense one.
  *
  * nvcc's defaults keep this exact: -prec-div=true, -ftz=false (no
  * --use_fast_math), so divisions are correctly rounded and subnormals kept,
@@ -394,22 +394,27 @@ __device__ __forceinline__ float qf_wide(uint32_t w, int hi)
     return __fmul_rn(__uint_as_float((h & 0x8000u) << 16 | (h & 0x7fffu) << 13), 0x1p112f);
 }
 
-/* Two elements of a pair, divided and converted: lo in the low byte. */
-template <int KIND>
+/* Two elements of a pair, divided and converted: lo in the low byte.
+ * RECIP: multiplied by r instead (QF_RECIP). Its products are finite
+ * (|x| <= amax, r = __frcp_rn(s) with s >= 2^-100) and at most a few ulps
+ * past 448, which satfinite takes to 448 as qf_encode's clamp does. */
+template <int KIND, bool RECIP>
 __device__ __forceinline__ uint32_t qf_enc_pair(uint32_t w, float s, float r)
 {
+    if (RECIP)
+        return qf_cvt2(__fmul_rn(qf_wide<KIND>(w, 0), r), __fmul_rn(qf_wide<KIND>(w, 1), r));
     return qf_cvt2(qf_div_recip(qf_wide<KIND>(w, 0), s, r),
                    qf_div_recip(qf_wide<KIND>(w, 1), s, r));
 }
 
 /* A raw 16-bit group encoded by the conversion instruction (r != 0):
- * the bytes of qf_encode(w, KIND, s, r, 1). */
-template <int KIND>
+ * the bytes of qf_encode(w, KIND, s, r, QF_HW | (RECIP ? QF_RECIP : 0)). */
+template <int KIND, bool RECIP>
 __device__ __forceinline__ uint2 qf_enc8(uint4 w, float s, float r)
 {
     uint2 o;
-    o.x = qf_enc_pair<KIND>(w.x, s, r) | qf_enc_pair<KIND>(w.y, s, r) << 16;
-    o.y = qf_enc_pair<KIND>(w.z, s, r) | qf_enc_pair<KIND>(w.w, s, r) << 16;
+    o.x = qf_enc_pair<KIND, RECIP>(w.x, s, r) | qf_enc_pair<KIND, RECIP>(w.y, s, r) << 16;
+    o.y = qf_enc_pair<KIND, RECIP>(w.z, s, r) | qf_enc_pair<KIND, RECIP>(w.w, s, r) << 16;
     return o;
 }
 
@@ -431,21 +436,32 @@ __device__ __noinline__ void qf_slots_slow(const qf_piece &p, int64_t r, int64_t
  * unit's end cost a branch, not an encode. Dense pieces are taken only
  * with the conversion instruction (qf_dense_ok), so this is the one
  * encoder of the fast path; r is tested once a unit by the caller. */
-template <int CH, class Ok, class Put>
-__device__ __forceinline__ void qf_enc_dense(const uint4 (&raw)[CH], int kind, float s, float r,
-                                             Ok ok, Put put)
+template <int CH, bool RECIP, class Ok, class Put>
+__device__ __forceinline__ void qf_enc_dense_as(const uint4 (&raw)[CH], int kind, float s,
+                                                float r, Ok ok, Put put)
 {
     if (kind == 2) {
 #pragma unroll
         for (int i = 0; i < CH; i++)
             if (ok(i))
-                put(i, qf_enc8<2>(raw[i], s, r));
+                put(i, qf_enc8<2, RECIP>(raw[i], s, r));
     } else {
 #pragma unroll
         for (int i = 0; i < CH; i++)
             if (ok(i))
-                put(i, qf_enc8<1>(raw[i], s, r));
+                put(i, qf_enc8<1, RECIP>(raw[i], s, r));
     }
+}
+
+/* hw: the kernel's flags word; QF_RECIP multiplies by r (see qf_enc_pair). */
+template <int CH, class Ok, class Put>
+__device__ __forceinline__ void qf_enc_dense(const uint4 (&raw)[CH], int kind, float s, float r,
+                                             int hw, Ok ok, Put put)
+{
+    if (hw & QF_RECIP)
+        qf_enc_dense_as<CH, true>(raw, kind, s, r, ok, put);
+    else
+        qf_enc_dense_as<CH, false>(raw, kind, s, r, ok, put);
 }
 
 /* CH groups at a, a + step, ...: all of them where the unit is whole for
@@ -671,7 +687,7 @@ qf_tiles_dense(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1,
         }
         unsigned char *qb = d.q + (uint64_t)r0 * d.qp + sj * 128 + (lane & 15) * 8;
         const int64_t qstep = 2 * (int64_t)d.qp;
-        qf_enc_dense<QF_DENSE_CH>(raw, d.kind, s, rc, ok,
+        qf_enc_dense<QF_DENSE_CH>(raw, d.kind, s, rc, hw, ok,
                                   [&](int i, uint2 v) { qf_st8(qb + i * qstep, v); });
     }
 }
@@ -740,7 +756,7 @@ k_rows_dense(const qf_piece *__restrict__ P, int np, int64_t t0, int64_t t1,
             continue;
         }
         unsigned char *qb = d.q + (uint64_t)r * d.qp + tl * 8;
-        qf_enc_dense<CH>(raw, d.kind, s, rc, ok,
+        qf_enc_dense<CH>(raw, d.kind, s, rc, hw, ok,
                          [&](int i, uint2 v) { qf_st8(qb + T * 8 * i, v); });
     }
 }
@@ -909,7 +925,7 @@ k_tensor(const qf_piece *__restrict__ P, int np, qf_group *G, qf_head *head,
         }
         qf_load_dense<QF_SLOTS, true>(raw, xb, QF_THREADS * 16, full, ok);
         unsigned char *qb = p.q + (pc * QF_CHUNK + threadIdx.x) * 8;
-        qf_enc_dense<QF_SLOTS>(raw, kind, s, rc, ok,
+        qf_enc_dense<QF_SLOTS>(raw, kind, s, rc, hw, ok,
                                [&](int i, uint2 v) { qf_st8(qb + QF_THREADS * 8 * i, v); });
     }
 }

@@ -932,8 +932,8 @@ static void test_dense_nonfinite(void **state)
 /* Param arithmetic: reciprocal (QF_RECIP, vLLM's x * (1 / scale)) on the
  * device against kern_quant_fp8_arith's on the CPU, bit for bit: every
  * scheme's sweep, the edges (zero, subnormal groups whose reciprocal
- * overflows, the largest values), per-tensor groups, and the dense-shaped
- * pieces (the general kernels under QF_RECIP). Then, on the device, a
+ * overflows, the largest values), per-tensor groups, and the dense fast
+ * path beside the general one. Then, on the device, a
  * [2048, 1024] per-channel BF16 weight gives other bytes in the two
  * arithmetics (the same scales). */
 static void test_reciprocal(void **state)
@@ -945,6 +945,7 @@ static void test_reciprocal(void **state)
     test_edges(state);
     test_groups(state);
     test_dense_mixed(state);
+    test_dense_many(state);
     one(KERN_FP8_PER_CHANNEL, BF16, 2048, 1024, 0, 0, 0, PAT_RANDOM, NULL);
     arith = KERN_FP8_DIVIDE;
     int64_t n = 2048, k = 1024;
