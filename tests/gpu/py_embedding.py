@@ -31,7 +31,8 @@ def snippets():
     with open(GUIDE, encoding="utf-8") as f:
         text = f.read()
     blocks = dict(re.findall(r"```python run:(\w+)\n(.*?)```", text, re.S))
-    assert set(blocks) == {"register", "fp8", "vllm", "sglang", "trainer"}, sorted(blocks)
+    mine = {n for n in blocks if not n.startswith("moe")}  # moe_*: py_moe.py's
+    assert mine == {"register", "fp8", "vllm", "sglang", "trainer"}, sorted(blocks)
     return blocks
 
 

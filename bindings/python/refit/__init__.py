@@ -8,6 +8,7 @@ torch and numpy are optional and never imported by refit itself.
     ctx = refit.Context(worker_id="rank0")
     model = ctx.create_model()
     refit.register_module(model, llama)          # parameters and buffers by name
+                                                 # (MoE stacked experts: refit.moe)
     model.seal()
     with model.update(version="step-1200") as txn:
         txn.load_safetensors("/ckpt/step-1200")  # or txn.load_dict(state_dict)
@@ -18,9 +19,11 @@ guide for engines: docs/embedding.md."""
 from ._version import __version__
 from .core import (Context, Health, Model, RefitError, Source, SourceSet, Txn, describe,
                    dtype_name, status_name, strerror)
+from . import moe
+from .moe import ExpertMap, register_experts
 from .tensors import Desc, refit_dtype
 from .torch_util import register_module
 
-__all__ = ["Context", "Desc", "Health", "Model", "RefitError", "Source", "SourceSet", "Txn", "__version__",
-           "describe", "dtype_name", "refit_dtype", "register_module", "status_name",
-           "strerror"]
+__all__ = ["Context", "Desc", "ExpertMap", "Health", "Model", "RefitError", "Source", "SourceSet",
+           "Txn", "__version__", "describe", "dtype_name", "moe", "refit_dtype",
+           "register_experts", "register_module", "status_name", "strerror"]

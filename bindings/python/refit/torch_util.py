@@ -9,6 +9,7 @@ import ctypes
 import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
+from . import moe
 from .tensors import Desc, DTypeLike, describe, refit_dtype  # noqa: F401  (their old home)
 
 
@@ -53,7 +54,10 @@ def register_module(model: Any, module: Any, *, prefix: str = "",
                     padded: Optional[Mapping[str, int]] = None,
                     ckpt_dtype: Union[None, DTypeLike, Mapping[str, DTypeLike]] = None,
                     format: str = "unquantized", side_buffers: bool = True,
-                    skip: Optional[Callable[[str], bool]] = None) -> Dict[str, str]:
+                    skip: Optional[Callable[[str], bool]] = None,
+                    experts: Any = None, expert_tp: Optional[Tuple[int, int]] = None,
+                    expert_ckpt: str = "per_expert",
+                    expert_names: Optional[Tuple[str, str, str]] = None) -> Dict[str, str]:
     """Register every parameter and persistent buffer of a torch.nn.Module.
 
     Each runtime tensor becomes a module named by its qualified name, with
@@ -77,6 +81,24 @@ def register_module(model: Any, module: Any, *, prefix: str = "",
           are verified, their bytes never written) when side_buffers is set.
       skip(name) -> True leaves a tensor out.
 
+    Stacked experts (refit.moe): transformers 5's experts.gate_up_proj
+    [E, 2I, H] / experts.down_proj [E, H, I] and vLLM FusedMoE's w13_weight /
+    w2_weight (with w13_weight_scale_inv etc. for FP8) become one module per
+    stacked parameter, filled from checkpoints that name each expert
+    (expert_ckpt="per_expert", the hub layout save_pretrained writes):
+    PREFIX.{e}.gate_proj.weight, ... where PREFIX is the experts module's
+    path through rename (a transformers model's family renames it as
+    save_pretrained does: Mixtral's block_sparse_moe, w1/w3/w2);
+    expert_names=(gate, up, down) overrides the projection names.
+    expert_ckpt="stacked": the checkpoint holds the stacks whole under the
+    live names (transformers' save_original_format=False, a trainer's
+    state_dict; vLLM's w13_weight/w2_weight from PREFIX.gate_up_proj /
+    PREFIX.down_proj). experts: this rank's experts (refit.moe.ExpertMap,
+    vLLM's expert_map, or a callable(experts module path) giving one);
+    the others' names go to model.foreign and every load skips them.
+    expert_tp=(rank, size): the experts' split of the intermediate dim
+    (default tp_rank, tp_size; vLLM with expert parallelism: (0, 1)).
+
     Returns {checkpoint name: module name}."""
     rename = rename or {}
     fused = fused or {}
@@ -86,16 +108,34 @@ def register_module(model: Any, module: Any, *, prefix: str = "",
     seen: Dict[int, str] = {}      # id(tensor) -> primary checkpoint name
     out: Dict[str, str] = {}
     named = list(module.named_parameters(prefix=prefix, remove_duplicate=False))
+    if expert_ckpt not in ("per_expert", "stacked"):
+        raise ValueError("refit: expert_ckpt is 'per_expert' or 'stacked', not %r" % expert_ckpt)
+    pmap = dict(named)
+    stacked = moe.find_stacked(pmap, check=expert_ckpt == "per_expert")
+    renames, names = moe.family(module)
+    if expert_ckpt == "stacked":
+        renames = ()
+    names = expert_names or names
     named += [(n, b) for n, b in module.named_buffers(prefix=prefix, remove_duplicate=False)]
     for name, t in named:
         if skip and skip(name):
+            continue
+        st = stacked.get(name)
+        if st is not None and (expert_ckpt == "per_expert" or st.kind == "vllm"):
+            if st.name == name:
+                out.update(_register_stacked(model, st, pmap, rename, renames, names,
+                                             experts, expert_tp or (tp_rank, tp_size),
+                                             expert_ckpt, ckpt_dtype))
             continue
         key = name[len(prefix) + 1:] if prefix and name.startswith(prefix + ".") else name
         if key not in state_keys and not isinstance(t, _param_type()):
             if side_buffers:
                 model.add_side(name, t.detach())
             continue
-        ck = rename(name) if callable(rename) else rename.get(name, name)
+        if callable(rename):
+            ck = rename(name)
+        else:
+            ck = rename.get(name) or moe.family_rename(renames, name)
         if id(t) in seen:
             primary = seen[id(t)]
             model.expect(out[primary], ck, _ck_dtype(ckpt_dtype, name, t), _ck_shape(t),
@@ -137,6 +177,30 @@ def register_module(model: Any, module: Any, *, prefix: str = "",
             model.expect(name, part_name, dt, shape, shard=shard, dst_offset=dst)
             out[part_name] = name
     return out
+
+
+def _register_stacked(model: Any, st: "moe.Stacked", params: Dict[str, Any], rename: Any,
+                      renames: Any, names: Tuple[str, str, str], experts: Any,
+                      tp: Tuple[int, int], expert_ckpt: str, ckpt_dtype: Any) -> Dict[str, str]:
+    """One stacked expert parameter (and its scale) of register_module."""
+    if callable(rename):
+        ck = rename(st.prefix)
+    else:
+        ck = rename.get(st.prefix) or moe.family_rename(renames, st.prefix)
+    emap = experts(st.prefix) if callable(experts) else experts
+    t = params[st.name].detach()
+    dt = ckpt_dtype.get(st.name) if isinstance(ckpt_dtype, dict) else ckpt_dtype
+    if expert_ckpt == "stacked":   # vLLM's names from transformers' stacked ones
+        if st.scale is not None:
+            raise ValueError("refit: %s: FP8 experts from a stacked checkpoint are not "
+                             "placed; register per expert" % st.name)
+        gate_up = st.which == "gate_up"
+        return moe.register_experts(
+            model, st.name, t, [(None, int(t.shape[1]) // 2 * tp[1])] * 2 if gate_up else None,
+            experts=emap, dim=0, shard_dim=0 if gate_up else 1, tp_rank=tp[0], tp_size=tp[1],
+            ckpt_dtype=dt, stacked="%s.%s" % (ck, "gate_up_proj" if gate_up else "down_proj"))
+    ps = {n: params[n].detach() for n in (st.name, st.scale) if n}
+    return moe.register_stacked(model, st, ps, ck, names, experts=emap, tp=tp, ckpt_dtype=dt)
 
 
 def _param_type() -> type:
