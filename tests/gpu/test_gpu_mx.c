@@ -942,6 +942,10 @@ static void test_encoders(void **state)
  * post_load and post_load_many calls and records the staged view of
  * every checkpoint tensor a post-load saw. */
 enum { MXC_FORMATS = 2 };
+/* Post-load units of the model below: five modules, and the mxfp8 stack
+ * l0.experts post-loaded an expert at a time (REFIT_MODULE_EXPERT_SLICES:
+ * four slices): 5 + 4. */
+enum { MXC_UNITS = 9 };
 static const char *const mxc_names[MXC_FORMATS] = {"mxfp8", "mxfp4"};
 static const refit_format_v2 *mxc_inner[MXC_FORMATS];
 static refit_format_v2 mxc_wrapped[MXC_FORMATS];
@@ -1148,12 +1152,13 @@ static void free_sources(pair_world *w, void **bufs)
             free(bufs[i]);
 }
 
-/* The last load_many_v ran one post_load_many a format over every module
- * (6), no post_load, each post-load reading its sources bufs in place. */
+/* The last load_many_v ran one post_load_many a format over every staging
+ * unit (MXC_UNITS), no post_load, each post-load reading its sources bufs
+ * in place. */
 static void assert_one_batch_in_place(pair_world *w, void *const *bufs)
 {
     assert_int_equal(mxc.many, MXC_FORMATS);
-    assert_int_equal(mxc.many_modules, 6);
+    assert_int_equal(mxc.many_modules, MXC_UNITS);
     assert_int_equal(mxc.post, 0);
     assert_int_equal(mxc.n, w->n_ck);
     for (int i = 0; i < w->n_ck; i++) {
@@ -1196,7 +1201,7 @@ static void test_model_load_many_equals_per_call(void **state)
     WORLDS(state, d, h);
     mxc_reset();
     pair_update(d, 5, SRC_DEVICE, NULL);
-    assert_int_equal(mxc.post, 6); /* refit_load: a post_load a module, at once */
+    assert_int_equal(mxc.post, MXC_UNITS); /* refit_load: a post_load a unit, at once */
     assert_int_equal(mxc.many, 0);
     pair_update(h, 5, SRC_PAGEABLE, NULL);
     size_t n, n2;
