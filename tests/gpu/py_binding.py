@@ -3,7 +3,10 @@ structural mapping (TP shard, padded vocabulary, fused qkv, row-parallel
 shard on dim 1, tied head, cast norm, a non-persistent buffer as a side
 tensor), loaded from a dict of CUDA tensors, from pinned and pageable CPU
 tensors, and from a safetensors file; every runtime byte checked against the
-slice PyTorch computes; data pointers unchanged; errors as RefitError."""
+slice PyTorch computes; data pointers unchanged; errors as RefitError.
+seal() prepares the caller's stream: the first update at the defaults makes
+no stream queue and no undo memory (refit_sys counters, undo_held)."""
+import ctypes
 import os
 import tempfile
 
@@ -41,7 +44,7 @@ def expected(ck):
             "norm": ck["norm"].float()}
 
 
-def build(m):
+def build(m, prepare=True):
     ctx = refit.Context(worker_id="py-binding", rank=TP_RANK)
     model = ctx.create_model()
     names = refit.register_module(
@@ -51,7 +54,7 @@ def build(m):
         rename={"embed": "model.embed", "head": "lm_head"})
     assert set(names) == {"model.embed", "lm_head", "q", "k", "v", "o", "norm"}, names
     assert model.aliases == {"lm_head": "model.embed"}, model.aliases
-    model.seal()
+    model.seal(prepare=prepare)
     st = model.stats()
     assert st["side_tensors"] == 1 and st["runtime_tensors"] == 4, st
     return ctx, model
@@ -145,3 +148,65 @@ def test_errors_carry_messages():
         assert e.name == "REFIT_EINCOMPLETE" and "module" in e.message, e
     assert ctx.health() == refit.Health.EMPTY
     ctx.close()
+
+
+def fresh_stream():
+    """A stream no earlier test used (torch's pool hands the same 32 out
+    again, and refit's stream queues live for the process): made by
+    cudaStreamCreate and never destroyed, so no later handle repeats it."""
+    h = ctypes.c_void_p()
+    err = torch.cuda.cudart().cudaStreamCreate(ctypes.addressof(h))
+    assert int(err) == 0 and h.value, int(err)
+    return torch.cuda.ExternalStream(h.value)
+
+
+def safetensors_update(model, version, seed):
+    """One update at the defaults (rollback on, undo log in pinned host
+    memory) from a page-cached safetensors file: pageable, through the
+    pinned ring. Returns the checkpoint."""
+    from safetensors.torch import save_file
+    ck = checkpoint(seed)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "model.safetensors")
+        save_file({k: v.contiguous() for k, v in ck.items() if v is not None}, path)
+        with model.update(version=version) as txn:
+            txn.load_safetensors(path)
+        torch.cuda.current_stream().synchronize()
+    return ck
+
+
+def test_seal_prepares_the_first_update():
+    """Issue 28: after seal() and undo_held(wait=True), the first update at
+    the defaults allocates nothing a steady one does not. Counted, not
+    timed: refit_sys_cuda_stats' queues (the (stream, device) queues made
+    so far) do not move in the first update on the stream seal prepared,
+    and the undo memory held (undo_held, reserved at seal: every runtime
+    byte, pinned) covers the update and is the same after it. The control:
+    a model sealed with prepare=False makes its stream's queue in its first
+    update."""
+    from refit import _sys
+    for prepare in (True, False):
+        s = fresh_stream()
+        m = Tiny()
+        q0 = _sys.cuda_stats()["queues"]
+        with torch.cuda.stream(s):
+            ctx, model = build(m, prepare=prepare)
+        q_seal = _sys.cuda_stats()["queues"]
+        assert q_seal == q0 + (1 if prepare else 0), (prepare, q0, q_seal)
+        dev, host = model.undo_held(wait=True)
+        st = model.stats()
+        need = st["runtime_bytes"] + 512 * st["runtime_tensors"]
+        assert dev == 0 and host >= need, (dev, host, need)   # no budget: pinned host
+        before = _sys.cuda_stats()
+        with torch.cuda.stream(s):
+            ck = safetensors_update(model, "v1", 21)
+        after = _sys.cuda_stats()
+        check(m, ck)
+        assert after["pageable_bytes"] > before["pageable_bytes"], "not through the ring"
+        assert model.undo_held(wait=False) == (dev, host), (model.undo_held(), dev, host)
+        assert after["queues"] == q_seal + (0 if prepare else 1), (prepare, q_seal, after)
+        with torch.cuda.stream(s):   # a steady one: nothing either way
+            check(m, safetensors_update(model, "v2", 22))
+        assert _sys.cuda_stats()["queues"] == after["queues"]
+        assert model.undo_held(wait=False) == (dev, host)
+        ctx.close()

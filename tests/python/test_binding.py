@@ -601,6 +601,158 @@ def test_cuda_stats_by_name():
     assert _sys.cuda_stats() == before
 
 
+def big_model(ctx, seal=True):
+    """Two modules on ctx: 3 MiB and 2 MiB of float32 (more than the 4 MiB
+    of the undo log's smallest host chunk), sealed; (model, arrays)."""
+    arrs = {"a": np.zeros((768, 1024), np.float32), "b": np.zeros((512, 1024), np.float32)}
+    m = ctx.create_model()
+    for k, a in arrs.items():
+        m.add_module(k)
+        m.bind_runtime(k, "w", a)
+        m.expect(k, k, "f32", list(a.shape))
+    if seal:
+        m.seal()
+    return m, arrs
+
+
+def test_undo_held_reserved_at_seal():
+    """Model.undo_held (refit_sys_undo_held): seal reserves the undo log of
+    a full update with rollback (host memory at undo_device_budget 0:
+    every runtime byte plus 512 bytes a tensor, a chunk's slack at most
+    more), before the first update; updates with and without rollback
+    leave it as it was; REFIT_ESTATE while an update is open."""
+    ctx = refit.Context(journal_path="")
+    m, arrs = big_model(ctx, seal=False)
+    assert m.undo_held() == (0, 0), m.undo_held()           # not sealed: no pool
+    m.seal()
+    dev, host = m.undo_held(wait=True)
+    st = m.stats()
+    need = st["runtime_bytes"] + 512 * st["runtime_tensors"]
+    assert st["runtime_bytes"] == sum(a.nbytes for a in arrs.values()), st
+    assert dev == 0 and need <= host <= need + 2048, (dev, host, need)
+    assert m.undo_held(wait=False) == (dev, host)
+    for rollback in (True, False):
+        with m.update(version="r%d" % rollback, rollback=rollback) as txn:
+            txn.load_dict({k: np.full(a.shape, 1 + rollback, np.float32)
+                           for k, a in arrs.items()})
+            err = raises("REFIT_ESTATE", lambda: m.undo_held(), "update is open")
+            assert err.call == "undo_held", err.call
+            saved = txn.stats()
+        assert saved["undo_host_bytes"] == (st["runtime_bytes"] if rollback else 0), saved
+        assert m.undo_held(wait=False) == (dev, host), (rollback, m.undo_held())
+    assert all((a == 1).all() for a in arrs.values())
+    ctx.close()
+    raises("REFIT_ESTATE", lambda: m.undo_held(), "context was closed")
+
+
+def test_undo_reserve_off_then_first_update_allocates():
+    """REFIT_UNDO_RESERVE=0 (read by seal): nothing held until the first
+    update with rollback takes it. With an undo_device_budget the
+    reservation goes to the device side of undo_held's pair while the
+    budget lasts (the host backend's "device" memory is malloc'd), the
+    rest to the host side."""
+    os.environ["REFIT_UNDO_RESERVE"] = "0"
+    try:
+        ctx = refit.Context(journal_path="")
+        m, arrs = big_model(ctx)
+    finally:
+        del os.environ["REFIT_UNDO_RESERVE"]
+    assert m.undo_held() == (0, 0), m.undo_held()
+    with m.update(version="1") as txn:
+        txn.load_dict({k: np.ones(a.shape, np.float32) for k, a in arrs.items()})
+    dev, host = m.undo_held(wait=False)
+    assert dev == 0 and host >= m.stats()["runtime_bytes"], (dev, host)
+    ctx.close()
+    for budget in (64 << 20, 2 << 20):
+        ctx = refit.Context(journal_path="", undo_device_budget=budget)
+        m, arrs = big_model(ctx)
+        dev, host = m.undo_held()
+        st = m.stats()
+        need = st["runtime_bytes"] + 512 * st["runtime_tensors"]
+        if budget > need:
+            assert host == 0 and need <= dev <= need + 2048, (budget, dev, host)
+        else:
+            assert 0 < dev <= budget and dev + host >= need, (budget, dev, host)
+        ctx.close()
+
+
+def fp8_online(ctx, rows):
+    """Online per-tensor fp8 modules l0, l1, ... on ctx: module i's weight
+    [2 * rows[i], 32] fused from BF16 checkpoint tensors li.gate.weight
+    and li.up.weight [rows[i], 32] (STAGED routes: the module's BF16 bytes
+    are staged whole from its first tensor on), sealed."""
+    m = ctx.create_model()
+    keep = []
+    for i, n in enumerate(rows):
+        w, s = np.zeros((2 * n, 32), ml_dtypes.float8_e4m3fn), np.zeros((1,), np.float32)
+        keep += [w, s]
+        m.add_module("l%d" % i, "fp8", {"scheme": "per_tensor", "online": True})
+        m.bind_runtime("l%d" % i, "weight", w)
+        m.bind_runtime("l%d" % i, "weight_scale", s)
+        for j, part in enumerate(("gate", "up")):
+            m.expect("l%d" % i, "l%d.%s.weight" % (i, part), ml_dtypes.bfloat16, [n, 32],
+                     target="weight", dst_offset=[n * j, 0])
+    m.seal()
+    assert m.stats()["routes_staged"] == 2 * len(rows), m.stats()
+    return m, keep
+
+
+def test_txn_staging_peak():
+    """Txn.staging_peak (refit_sys_txn_staging_peak): a staged module's
+    BF16 bytes from its first tensor on; kept after the update ends
+    (committed or aborted) and in txn.stats(); 0 for an update not begun
+    and for direct routes."""
+    ctx = refit.Context(journal_path="")
+    m, keep = fp8_online(ctx, [32, 16])
+    bf = lambda n: np.ones((n, 32), ml_dtypes.bfloat16)  # noqa: E731
+    with m.update(version="1") as txn:
+        assert txn.staging_peak == 0        # lazy, not begun
+        txn.load("l0.gate.weight", bf(32))
+        assert txn.staging_peak == 64 * 32 * 2, txn.staging_peak   # l0 whole: 4096
+        txn.load("l0.up.weight", bf(32))
+        assert txn.stats()["staging_peak"] == 4096, txn.stats()
+        txn.load("l1.gate.weight", bf(16))
+        txn.load("l1.up.weight", bf(16))
+        peak = txn.staging_peak
+        assert 4096 <= peak <= 4096 + 2048, peak  # l0's retired staging perhaps still held
+    assert txn.result == "committed" and txn.staging_peak == peak, (txn.result, txn.staging_peak)
+    assert (keep[0].astype(np.float32) == 448).all()       # quantized: amax / 448 scale
+    txn = m.begin("2")
+    txn.load("l1.up.weight", bf(16))
+    assert txn.abort() and txn.staging_peak == 2048, txn.staging_peak
+    ctx.close()
+    e = Engine()    # direct routes only: nothing staged
+    with e.model.update(version="v") as txn:
+        txn.load_dict(checkpoint(3))
+    assert txn.result == "committed" and txn.staging_peak == 0, txn.staging_peak
+
+
+def test_seal_prepare_without_cuda():
+    """seal(prepare=...) on a host model: nothing to prepare, whatever the
+    value; a bad value is refused before sealing; prepare_stream says
+    there was nothing to do (no CUDA tensor; a library without CUDA)."""
+    ctx = refit.Context(journal_path="")
+    m, _ = big_model(ctx, seal=False)
+    try:
+        m.seal(prepare="ring")
+    except ValueError as err:
+        assert "'files', 'device'" in str(err), err
+    else:
+        raise AssertionError("seal(prepare='ring') accepted")
+    assert m.cuda_devices == [] and m.prepare_stream() is False
+    m.seal(prepare="device")
+    raises("REFIT_ESTATE", m.seal, "already sealed")
+    from refit import _ffi
+    L = _ffi.lib()
+    # this build's library: the call is there and says it has no CUDA
+    rc = L.refit_sys_cuda_prepare(0, None, _ffi.CUDA_PREPARE_SAVES)
+    if rc == -14:
+        assert "without CUDA" in L.refit_sys_cuda_last_error().decode()
+        m.cuda_devices.append(0)    # as if a CUDA tensor were bound
+        assert m.prepare_stream(0) is False
+    ctx.close()
+
+
 def test_torch_never_imported():
     assert "torch" not in sys.modules
 

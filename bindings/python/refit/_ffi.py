@@ -1,4 +1,6 @@
-"""ctypes declarations of include/refit/refit.h (the public API only).
+"""ctypes declarations of include/refit/refit.h (the public API), and of the
+few refit/sys calls the binding itself makes (undo memory held, a txn's
+staging peak, preparing a CUDA stream).
 
 The structs mirror the C layouts field for field; keep them in step with
 refit.h (members are only ever appended there, under a version check).
@@ -199,7 +201,18 @@ _PROTOS = {
     "refit_source_uri": (_S, [_P]),
     "refit_load_source": (_I, [_P, _P, PROGRESS_FN, _P, _P]),
     "refit_load_source_filtered": (_I, [_P, _P, FILTER_FN, _P, PROGRESS_FN, _P, _P]),
+    # refit/sys/stats.h, refit/sys/cuda.h (docs/abi.md: may change in a minor
+    # release); a library without one: calling it raises AttributeError
+    "refit_sys_undo_held": (_I, [_P, _I, ctypes.POINTER(ctypes.c_uint64),
+                                 ctypes.POINTER(ctypes.c_uint64)]),
+    "refit_sys_txn_staging_peak": (ctypes.c_size_t, [_P]),
+    "refit_sys_cuda_prepare": (_I, [_I, _P, ctypes.c_uint]),
+    "refit_sys_cuda_last_error": (_S, []),
 }
+
+# refit_sys_cuda_prepare's what (refit/sys/cuda.h)
+CUDA_PREPARE_SAVES = 1
+CUDA_PREPARE_RING = 2
 
 _lib = None
 HERE = os.path.dirname(os.path.abspath(__file__))

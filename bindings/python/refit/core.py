@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import threading
+import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -60,6 +61,7 @@ class Health(enum.IntEnum):
 
 
 _ESTATE, _EINVAL, _EPOISONED = -3, -1, -12
+_EUNSUPPORTED = -14
 
 
 def _b(s: Union[None, str, bytes]) -> Optional[bytes]:
@@ -316,6 +318,7 @@ class Model:
         self.expected: set = set()           # every checkpoint name a module expects
         self.foreign: set = set()            # names of other ranks' experts: loads skip them
         self.device: Optional[Tuple[int, int]] = None  # the first device runtime tensor
+        self.cuda_devices: List[int] = []    # every CUDA device a runtime tensor is on
         self._why: Optional[str] = None      # why it is gone: destroyed, context closed
 
     @property
@@ -369,8 +372,11 @@ class Model:
             raise RefitError(_EINVAL, "REFIT_EINVAL", "runtime tensor %s/%s is read-only; refit "
                              "writes runtime tensors in place" % (module, name), call)
         self._keep.append(d)
-        if d.device_type == _ffi.DEVICE_CUDA and self.device is None:
-            self.device = (d.device_type, d.device_id)
+        if d.device_type == _ffi.DEVICE_CUDA:
+            if self.device is None:
+                self.device = (d.device_type, d.device_id)
+            if d.device_id not in self.cuda_devices:
+                self.cuda_devices.append(d.device_id)
         self._call(call, _ffi.lib().refit_module_bind_runtime, _b(module), _b(name),
                    ctypes.byref(d.t))
 
@@ -412,8 +418,100 @@ class Model:
     def load_manifest(self, path: str) -> None:
         self._call("load_manifest %s" % path, _ffi.lib().refit_model_load_manifest, _b(path))
 
-    def seal(self) -> None:
+    def seal(self, prepare: Union[bool, str] = True, stream: Stream = None) -> None:
+        """Build the update plan (refit_model_seal); registration is over.
+
+        Seal also readies what the first update would otherwise allocate
+        inside it (docs/embedding.md "The first update"): the C core starts
+        reserving the undo log's memory on a thread of its own
+        (undo_held(wait=True) waits for it; REFIT_UNDO_RESERVE=0 in the
+        environment turns that off), and, for a model with CUDA runtime
+        tensors, this prepares the stream updates will load on
+        (prepare_stream):
+          prepare=True or "files" (the default): the stream's queue, its
+            save stream, and the pinned ring that pageable sources (files,
+            CPU tensors) are copied through (128 MiB pinned, held for the
+            process, as the first such load would hold it);
+          "device": the queue and save stream only, for a reloader whose
+            sources are all device or pinned memory (no 128 MiB);
+          False: nothing (the first update makes them).
+        stream: the stream updates will load on (default: what each load
+        defaults to, the caller's current torch stream on the model's
+        device, taken now). A library built without CUDA, or a model with
+        no CUDA tensor: nothing to prepare. A CUDA failure while preparing
+        is a RuntimeWarning, not an error: the model is sealed, and the
+        first update allocates what is missing."""
+        ring = _prepare_ring(prepare)   # a bad value refused before sealing
         self._call("seal", _ffi.lib().refit_model_seal)
+        if ring is not None:
+            self._prepare_or_warn(stream, ring, "seal")
+
+    def _prepare_or_warn(self, stream: Stream, ring: bool, who: str) -> None:
+        """prepare_stream, a failure a RuntimeWarning (seal, a receiver)."""
+        if not self.cuda_devices:
+            return
+        try:
+            self.prepare_stream(stream, ring=ring)
+        except RefitError as err:
+            warnings.warn("refit: %s could not prepare the update stream (%s); the first "
+                          "update allocates what is missing" % (who, err.message),
+                          RuntimeWarning, stacklevel=3)
+
+    def prepare_stream(self, stream: Stream = None, ring: bool = True) -> bool:
+        """Make now what the first update on stream would make inside it
+        (refit_sys_cuda_prepare, refit/sys/cuda.h), on every CUDA device
+        the model's runtime tensors are on: the stream's queue (two pinned
+        tables, 3 MiB each by default) and its save stream for undo saves;
+        with ring, the pinned ring of pageable sources (ring_chunks x
+        ring_chunk_bytes, 128 MiB by default). Held for the process;
+        calling it again costs nothing. seal() calls it; call it for
+        another stream an engine also loads on. stream: as for loads
+        (default: the caller's current torch stream on the model's
+        device). Returns False when there is nothing to prepare (no CUDA
+        tensor, a library without CUDA or without the call); RefitError
+        for a CUDA failure."""
+        L = _ffi.lib()
+        fn = getattr(L, "refit_sys_cuda_prepare", None)
+        if fn is None or not self.cuda_devices:
+            return False
+        if stream is None:
+            from .torch_util import default_stream
+            st = default_stream(self.device)
+        else:
+            st = _stream_arg(stream)
+        what = _ffi.CUDA_PREPARE_SAVES | (_ffi.CUDA_PREPARE_RING if ring else 0)
+        for dev in self.cuda_devices:
+            rc = fn(dev, st, what)
+            if rc == _EUNSUPPORTED:
+                return False    # built without CUDA
+            if rc:
+                raise RefitError(rc, status_name(rc), "cuda device %d: %s" % (
+                    dev, _t(L.refit_sys_cuda_last_error())), "prepare_stream")
+        return True
+
+    def undo_held(self, wait: bool = True) -> Tuple[int, int]:
+        """(device_bytes, host_bytes) of undo-log memory the model holds
+        between updates (refit_sys_undo_held): what seal reserved for an
+        update with rollback (every runtime tensor's bytes plus a little
+        alignment slack: device memory within the context's
+        undo_device_budget, the rest host memory, pinned on a GPU), grown
+        by any update that needed more. wait=True first waits for seal's
+        reservation to end: call it after seal to keep that cost out of
+        the first update (which would otherwise wait at its first save).
+        (0, 0) before seal or with REFIT_UNDO_RESERVE=0 until an update
+        with rollback. RefitError REFIT_ESTATE while an update is open, or
+        with wait=False while the reservation still runs."""
+        dev, host = ctypes.c_uint64(), ctypes.c_uint64()
+        with self.ctx._lock:
+            rc = _ffi.lib().refit_sys_undo_held(self.handle, 1 if wait else 0,
+                                                ctypes.byref(dev), ctypes.byref(host))
+        if rc == _ESTATE:
+            raise RefitError(rc, "REFIT_ESTATE", "an update is open" if wait else
+                             "an update is open, or seal's reservation is still running "
+                             "(undo_held(wait=True) waits for it)", "undo_held")
+        if rc:
+            raise RefitError(rc, status_name(rc), strerror(rc), "undo_held")
+        return dev.value, host.value
 
     def stats(self) -> Dict[str, int]:
         st = _ffi.ModelStats()
@@ -481,6 +579,18 @@ class Model:
             self.ctx._free_slot(claimed)
 
 
+def _prepare_ring(prepare: Union[bool, str]) -> Optional[bool]:
+    """seal(prepare=...): None (prepare nothing), else whether the ring too."""
+    if prepare is True or prepare == "files":
+        return True
+    if prepare == "device":
+        return False
+    if prepare is False:
+        return None
+    raise ValueError("refit: seal(prepare=) is True, 'files', 'device' or False, not %r"
+                     % (prepare,))
+
+
 class Txn:
     """One update: load*, then finalize(), or prepare() then commit(), or
     abort(). Sources are kept alive here until the txn ends (refit reads
@@ -505,6 +615,7 @@ class Txn:
         self._keep: List[Any] = []
         self.result: Optional[str] = None
         self.prepared = False
+        self._staging_peak = 0      # refit_sys_txn_staging_peak when it ended
         self._lock = model.ctx._lock
         self._claimed = False       # this txn holds its context's update slot
         self._why: Optional[str] = None
@@ -564,10 +675,16 @@ class Txn:
             self._claimed = False
             self.model.ctx._free_slot()
 
+    def _note_peak(self, h: ctypes.c_void_p) -> None:
+        fn = getattr(_ffi.lib(), "refit_sys_txn_staging_peak", None)
+        if fn is not None:
+            self._staging_peak = int(fn(h))
+
     def _end(self, result: str) -> ctypes.c_void_p:
         """The handle, the txn marked over (result): for the call that ends
         it, made under the same hold of the lock."""
         h = self.handle
+        self._note_peak(h)
         self._h = None
         self.result = result
         if self._claimed:
@@ -679,9 +796,27 @@ class Txn:
         src.load_into(self, strict=strict, progress=progress, stream=stream)
 
     def stats(self) -> Dict[str, int]:
+        """refit_txn_stats (tensors and bytes loaded, modules touched and
+        complete, undo bytes saved), and staging_peak."""
         st = _ffi.TxnStats()
-        self._run("txn stats", _ffi.lib().refit_txn_stats_get, ctypes.byref(st))
-        return {k: getattr(st, k) for k, *_ in _ffi.TxnStats._fields_}
+        self._ready()
+        with self._lock:
+            self._run("txn stats", _ffi.lib().refit_txn_stats_get, ctypes.byref(st))
+            out = {k: getattr(st, k) for k, *_ in _ffi.TxnStats._fields_}
+            out["staging_peak"] = self.staging_peak
+        return out
+
+    @property
+    def staging_peak(self) -> int:
+        """The most bytes of staging this update has held at once
+        (refit_sys_txn_staging_peak): what Context(staging_budget=) must
+        allow for this order of loads. Kept once the update has ended
+        (read as it ended); 0 for one that never began or staged nothing."""
+        with self._lock:
+            if self._h is None or self.model._h is None:
+                return self._staging_peak
+            self._note_peak(self._h)
+            return self._staging_peak
 
     def _finish(self, call: str, fn: Any) -> None:
         """End the txn with fn (refit_finalize, refit_commit): committed,
@@ -710,6 +845,7 @@ class Txn:
         and RefitError raised."""
         self._ready()
         with self._lock:
+            self._note_peak(self.handle)    # a failure frees the txn
             rc = _ffi.lib().refit_finalize_prepare(self.handle)
             if rc:
                 self._over("failed")

@@ -253,6 +253,9 @@ class Receiver:
                    _b(path), ctypes.byref(o)), "refit_ipc_receiver_create")
             self._h = h
             ctx._adopt(self, model)
+        # its updates load on stream (None: the legacy default stream), from
+        # the trainer's device memory: the queue and save stream, no ring
+        model._prepare_or_warn(0 if stream is None else stream, False, "ipc.Receiver")
 
     @property
     def handle(self) -> ctypes.c_void_p:

@@ -329,6 +329,9 @@ class Receiver:
               ctypes.byref(h), lambda: model.handle, lambda: transport.handle, ctypes.byref(o))
         self._h = h
         model.ctx._adopt(self, model)
+        # its updates load on stream (None: the legacy default stream), from
+        # the transport's device buckets: the queue and save stream, no ring
+        model._prepare_or_warn(0 if stream is None else stream, False, "Receiver")
 
     @property
     def handle(self) -> ctypes.c_void_p:
