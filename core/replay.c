@@ -41,11 +41,15 @@ static int mark_module(void *user, const journal_module_row *r)
     return 0;
 }
 
+/* Only what this model expects: a source may hold more (another expert-
+ * parallel rank's experts, tensors an update made with strict=False
+ * skipped), which the update it replays did not load either. A missing
+ * or wrong tensor still fails, at load or at finalize's completeness check. */
 static int filter_module(void *user, const char *name)
 {
     replay_set *rs = user;
     uint32_t ri = names_find(&rs->m->route_names, name);
-    return ri == NAMES_NONE || rs->send[rs->m->routes[ri].module];
+    return ri != NAMES_NONE && rs->send[rs->m->routes[ri].module];
 }
 
 static int replayable(refit_ctx *ctx, int64_t id, const replay_row *row)

@@ -469,7 +469,8 @@ typedef struct refit_replay_opts {
 /* Re-run a failed, aborted, rolled-back or interrupted update from its
  * journal record: reopen its durable source, check the source digest, send
  * the modules the journal does not show complete (and every module this
- * worker holds no committed bytes for), finalize. Journaled as a replay of
+ * worker holds no committed bytes for; tensors of the source no module
+ * expects are skipped), finalize. Journaled as a replay of
  * update_id. Ends READY, or fails with the reason and the worker as a
  * failed update leaves it. Device copies go on the legacy default stream
  * (recovery runs while the engine serves nothing). */

@@ -142,10 +142,21 @@ static int stop_after(void *user, const char *name)
     return (*left)-- > 0;
 }
 
-/* n of the file's modules; by_id: journal the files' identity, not the
- * SHA-256 */
-static int send_file_as(world *w, const char *version, int n, int rollback, int by_id,
-                        int64_t *jid)
+/* Like stop_after, over the names this worker expects only (a loader
+ * that skips the rest, as Python's strict=False or an expert-parallel
+ * rank's skipping of other ranks' experts does). */
+static int mine_first(void *user, const char *name)
+{
+    for (int i = 0; i < N_MOD; i++)
+        if (!strcmp(name, ck_name(i)))
+            return stop_after(user, name);
+    return 0;
+}
+
+/* n of the file's modules through filter; by_id: journal the files'
+ * identity, not the SHA-256 */
+static int send_file_with(world *w, const char *version, int n, int rollback, int by_id,
+                          refit_filter_fn filter, int64_t *jid)
 {
     refit_source *src;
     char digest[REFIT_SOURCE_ID_SIZE];
@@ -162,10 +173,16 @@ static int send_file_as(world *w, const char *version, int n, int rollback, int 
     assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
     *jid = refit_txn_journal_id(t);
     int left = n;
-    assert_int_equal(refit_load_source_filtered(t, src, stop_after, &left, NULL, NULL, NULL), REFIT_OK);
+    assert_int_equal(refit_load_source_filtered(t, src, filter, &left, NULL, NULL, NULL), REFIT_OK);
     rc = n >= N_MOD ? refit_finalize(t) : refit_abort(t);
     refit_source_close(src);
     return rc;
+}
+
+static int send_file_as(world *w, const char *version, int n, int rollback, int by_id,
+                        int64_t *jid)
+{
+    return send_file_with(w, version, n, rollback, by_id, stop_after, jid);
 }
 
 static int send_file(world *w, const char *version, int n, int rollback, int64_t *jid)
@@ -399,6 +416,64 @@ static void test_replay_refusals(void **state)
     assert_int_equal(refit_replay(w->model, file, &ro), REFIT_ECORRUPT);
     assert_non_null(strstr(refit_errmsg(w->ctx), "changed"));
     assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_EMPTY);
+}
+
+/* w->ck as the file, less tensor `missing` and with tensor `narrow` half
+ * as wide (-1: neither), among tensors this worker does not expect:
+ * another expert-parallel rank's experts, first and last. */
+static void write_ckpt_foreign(world *w, int missing, int narrow)
+{
+    static const int64_t half[2] = {ROWS, COLS / 2};
+    st_out_tensor t[N_MOD + 2];
+    size_t n = 0;
+    t[n++] = (st_out_tensor){"model.experts.0.weight", ST_F32, 2, w->shape, w->ck[0]};
+    for (int i = 0; i < N_MOD; i++)
+        if (i != missing)
+            t[n++] = (st_out_tensor){ck_name(i), ST_F32, 2, i == narrow ? half : w->shape,
+                                     w->ck[i]};
+    t[n++] = (st_out_tensor){"model.experts.9.weight", ST_F32, 2, w->shape, w->ck[1]};
+    st_error err;
+    assert_int_equal(st_write_file(w->ckpt, t, n, NULL, 0, &err), REFIT_OK);
+}
+
+/* A failed update that loaded only this worker's tensors of a file
+ * holding more (every EP rank's experts) replays from that file: the
+ * tensors no module expects are skipped as the update skipped them, and
+ * the file's bytes are committed. A file lacking an expected tensor, or
+ * holding one of the wrong shape, is still refused, the worker left as
+ * it was. */
+static void test_replay_skips_names_not_expected(void **state)
+{
+    world *w = *state;
+    ready_at_v1_with_v2_file(w);
+    write_ckpt_foreign(w, -1, -1);
+    int64_t id = 0;
+    assert_int_equal(send_file_with(w, "v2", 1, 0, 0, mine_first, &id), REFIT_EPOISONED);
+    refit_replay_opts ro = REFIT_REPLAY_OPTS_INIT;
+    int rc = refit_replay(w->model, id, &ro);
+    if (rc)
+        fail_msg("replay refused (%d): %s", rc, refit_errmsg(w->ctx));
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    assert_string_equal(refit_worker_version(w->ctx), "v2");
+    assert_memory_equal(w->rt, w->ck, sizeof w->rt);
+    assert_string_equal(read_update(w->db, id + 1).state, "committed");
+
+    float v2[N_MOD][ROWS * COLS];
+    memcpy(v2, w->rt, sizeof v2);
+    make_version(w, 3);
+    for (int narrow = 0; narrow < 2; narrow++) {
+        write_ckpt_foreign(w, narrow ? -1 : 2, narrow ? 2 : -1);
+        assert_int_equal(send_file_with(w, "v3", 1, 1, 0, mine_first, &id), REFIT_OK);
+        ro.full = narrow; /* the modules the journal lacks, then all */
+        rc = refit_replay(w->model, id, &ro);
+        assert_int_equal(rc, narrow ? REFIT_EMISMATCH : REFIT_EINCOMPLETE);
+        const char *want = narrow ? "model.c.weight" : "module m2";
+        if (!strstr(refit_errmsg(w->ctx), want))
+            fail_msg("\"%s\" not in \"%s\"", want, refit_errmsg(w->ctx));
+        assert_memory_equal(w->rt, v2, sizeof v2);
+        assert_string_equal(refit_worker_version(w->ctx), "v2");
+        assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    }
 }
 
 static const char *id_text(int64_t id)
@@ -783,6 +858,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_best_effort_goes_on, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_from_file, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_refusals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replay_skips_names_not_expected, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_by_identity, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_unverifiable_source, setup, teardown),
         cmocka_unit_test_setup_teardown(test_begin_bounds_strings, setup, teardown),

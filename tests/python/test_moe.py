@@ -383,6 +383,31 @@ def test_expert_map_rank_holds_2_to_4():
     ctx.close()
 
 
+def test_expert_parallel_rank_replays_from_the_whole_checkpoint():
+    m = NpModule(vllm_params(2))
+    ctx = refit.Context(worker_id="moe-replay", journal_path=os.path.join(TMP, "ep.db"))
+    rm = ctx.create_model()
+    refit.register_module(rm, m, experts=moe.ExpertMap.linear(E, 1, 2))
+    rm.seal()
+    ck = {k: v for k, v in checkpoint(11).items() if k.startswith("model.layers.1.mlp.")
+          and "shared" not in k}
+    with rm.update(version="v1") as txn:
+        txn.load_dict(ck)
+    ck2 = {k: v * 2 for k, v in ck.items()}
+    try:
+        with rm.update(version="v2") as txn:
+            txn.load_safetensors(write(ck2, "ep-replay.safetensors"))
+            raise RuntimeError("another rank failed")
+    except RuntimeError:
+        pass
+    rm.replay(txn.journal_id)      # the file's experts 0 and 1 are another rank's: skipped
+    gu, dn = stacked(ck2, experts=(2, 3))
+    assert ctx.version == "v2"
+    assert np.array_equal(m["model.layers.1.mlp.experts.w13_weight"], gu)
+    assert np.array_equal(m["model.layers.1.mlp.experts.w2_weight"], dn)
+    ctx.close()
+
+
 def test_tp_shard_of_the_intermediate_dim():
     ck = {k: v for k, v in checkpoint(9).items() if k.startswith("model.layers.1.mlp.")
           and "shared" not in k}
