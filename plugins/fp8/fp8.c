@@ -32,8 +32,9 @@
  * Params: scheme (per_tensor | per_channel | block128; serialized modules
  * infer it from their scale tensors), online (bool, optional: asserts the
  * weights' dtype), in_features / out_features (unsharded K and total N,
- * needed only when a block-128 extent is not a whole number of blocks, so
- * that a ragged last block can be told from a shard boundary), arithmetic
+ * of one expert on a stacked [E, N, K] runtime; needed only when a
+ * block-128 extent is not a whole number of blocks, so that a ragged last
+ * block can be told from a shard boundary), arithmetic
  * (divide | reciprocal, online modules: kern_fp8_arith; serialized modules
  * are copied as they are and ignore it). */
 #include <stdio.h>
@@ -73,6 +74,11 @@ typedef struct fp8_state {
     uint32_t n_weights;
     uint32_t *weights;        /* ckpt indexes of the W.weight tensors */
     int *pair;                /* per ckpt: index of its weight's scale, or -1 */
+    /* per weight (as weights[]): over the weights placed at its expert
+     * (every weight of an unstacked module), their rows and how many are
+     * not whole 128-row blocks */
+    int64_t *exp_rows;
+    uint32_t *exp_ragged;
 } fp8_state;
 
 static int role_of(const char *name)
@@ -203,25 +209,75 @@ static int find_scale(const refit_host_v2 *h, const refit_fmt_module *m, uint32_
     return REFIT_OK;
 }
 
-/* Sum of this rank's weight rows, against out_features. */
-static int rows_wholeness(const refit_host_v2 *h, const refit_fmt_module *m,
-                          const fp8_state *s, int64_t full, int *out)
+typedef struct wkey {
+    int64_t expert;
+    uint32_t w;
+} wkey;
+
+static int wkey_cmp(const void *a, const void *b)
 {
-    int64_t tot = 0;
-    for (uint32_t i = 0; i < s->n_weights; i++)
-        tot += refit_ckpt(m, s->weights[i])->shape[0];
-    if (full && tot > full)
-        return ERR(h, REFIT_EMISMATCH, "module %s: the weights have %lld rows, more than "
-                   "param out_features %lld", m->name, (long long)tot, (long long)full);
-    *out = wholeness(tot, full);
+    const wkey *x = a, *y = b;
+    if (x->expert != y->expert)
+        return x->expert < y->expert ? -1 : 1;
+    return x->w < y->w ? -1 : x->w > y->w;
+}
+
+/* s->exp_rows and s->exp_ragged: on a stacked runtime [E, N, K] the params
+ * describe one expert's [N, K], as an engine's config states them. Sorted
+ * by expert: a stack of hundreds of experts costs n log n, not n^2. */
+static int expert_groups(const refit_host_v2 *h, const refit_fmt_module *m, fp8_state *s)
+{
+    uint32_t n = s->n_weights;
+    wkey *k = h->mem_alloc(h->host, sizeof *k * (n ? n : 1));
+    if (!k)
+        return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
+    for (uint32_t i = 0; i < n; i++)
+        k[i] = (wkey){refit_ckpt(m, s->weights[i])->expert, i};
+    qsort(k, n, sizeof *k, wkey_cmp);
+    for (uint32_t a = 0, b; a < n; a = b) {
+        int64_t rows = 0;
+        uint32_t ragged = 0;
+        for (b = a; b < n && k[b].expert == k[a].expert; b++) {
+            int64_t r = refit_ckpt(m, s->weights[k[b].w])->shape[0];
+            rows += r; /* spec extents, each checked: no overflow */
+            ragged += r % KERN_FP8_BLOCK != 0;
+        }
+        for (uint32_t i = a; i < b; i++) {
+            s->exp_rows[k[i].w] = rows;
+            s->exp_ragged[k[i].w] = ragged;
+        }
+    }
+    h->mem_free(h->host, k);
+    return REFIT_OK;
+}
+
+/* Each expert's rows against out_features, each weight's columns against
+ * in_features; the same on an expert's slice as on the whole stack. */
+static int check_features(const refit_host_v2 *h, const refit_fmt_module *m,
+                          const fp8_state *s, int64_t in_f, int64_t out_f)
+{
+    for (uint32_t i = 0; i < s->n_weights; i++) {
+        const refit_fmt_ckpt *w = refit_ckpt(m, s->weights[i]);
+        int64_t rows = s->exp_rows[i];
+        if (out_f && rows > out_f && w->expert >= 0)
+            return ERR(h, REFIT_EMISMATCH, "module %s: the weights of expert %lld have %lld "
+                       "rows, more than param out_features %lld (one expert's N)", m->name,
+                       (long long)w->expert, (long long)rows, (long long)out_f);
+        if (out_f && rows > out_f)
+            return ERR(h, REFIT_EMISMATCH, "module %s: the weights have %lld rows, more than "
+                       "param out_features %lld", m->name, (long long)rows, (long long)out_f);
+        if (in_f && w->shape[1] > in_f)
+            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: %lld columns, more than "
+                       "param in_features %lld", m->name, w->name, (long long)w->shape[1],
+                       (long long)in_f);
+    }
     return REFIT_OK;
 }
 
 static int plan_serialized(const refit_host_v2 *h, refit_fmt_module *m, fp8_state *s,
                            int want_scheme, int64_t in_f, int64_t out_f)
 {
-    int rows_whole = 0;
-    int rc = rows_wholeness(h, m, s, out_f, &rows_whole);
+    int rc = check_features(h, m, s, in_f, out_f);
     for (uint32_t i = 0; i < s->n_weights && !rc; i++) {
         const refit_fmt_ckpt *w = refit_ckpt(m, s->weights[i]);
         int si = -1;
@@ -231,12 +287,9 @@ static int plan_serialized(const refit_host_v2 *h, refit_fmt_module *m, fp8_stat
             rc = check_scale(h, m, w, refit_ckpt(m, si), role_of(refit_ckpt(m, si)->name), &sch);
         if (rc)
             return rc;
-        if (w->ndim == 2 && w->shape[1] > in_f && in_f)
-            return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: %lld columns, more than "
-                       "param in_features %lld", m->name, w->name, (long long)w->shape[1],
-                       (long long)in_f);
         if (sch == KERN_FP8_BLOCK128)
-            rc = check_block(h, m, w, refit_ckpt(m, si), rows_whole, wholeness(w->shape[1], in_f));
+            rc = check_block(h, m, w, refit_ckpt(m, si), wholeness(s->exp_rows[i], out_f),
+                             wholeness(w->shape[1], in_f));
         if (i > 0 && sch != s->scheme)
             return ERR(h, REFIT_EMISMATCH, "module %s: weight %s is %s but %s is %s; one "
                        "scheme per module", m->name, w->name, scheme_name[sch],
@@ -325,16 +378,37 @@ static int check_online_slots(const refit_host_v2 *h, const refit_fmt_module *m,
     return REFIT_OK;
 }
 
+/* Block-128 fused weights start on 128-row blocks, so of each expert's
+ * weights (the module's, unstacked) only one may be ragged: the last,
+ * which post-load checks (quant_rows). */
+static int check_ragged(const refit_host_v2 *h, const refit_fmt_module *m, const fp8_state *s)
+{
+    for (uint32_t i = 0; i < s->n_weights; i++) {
+        int64_t e = refit_ckpt(m, s->weights[i])->expert;
+        uint32_t ragged = s->exp_ragged[i];
+        if (ragged > 1 && e >= 0)
+            return ERR(h, REFIT_EMISMATCH, "module %s: %u fused weights of expert %lld are "
+                       "not whole 128-row blocks; only the last shard of a fused block-128 "
+                       "weight may be ragged", m->name, ragged, (long long)e);
+        if (ragged > 1)
+            return ERR(h, REFIT_EMISMATCH, "module %s: %u fused weights are not whole 128-row "
+                       "blocks; only the last shard of a fused block-128 weight may be ragged",
+                       m->name, ragged);
+    }
+    return REFIT_OK;
+}
+
 static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, fp8_state *s,
-                       int want_scheme)
+                       int want_scheme, int64_t in_f, int64_t out_f)
 {
     s->scheme = want_scheme >= 0 ? (kern_fp8_scheme)want_scheme : KERN_FP8_PER_TENSOR;
     int rc = arith_param(h, m, &s->arith);
     if (!rc)
         rc = check_online_runtime(h, m, s);
+    if (!rc)
+        rc = check_features(h, m, s, in_f, out_f);
     if (rc)
         return rc;
-    uint32_t ragged = 0;
     for (uint32_t i = 0; i < s->n_weights; i++) {
         refit_fmt_ckpt *w = refit_ckpt(m, s->weights[i]);
         if (w->target_index != s->rt_weight)
@@ -345,13 +419,10 @@ static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, fp8_state *s
             return ERR(h, REFIT_EMISMATCH, "module %s, tensor %s: an online weight is [N, K] "
                        "with the runtime weight's K (fused shards stack along N)", m->name,
                        w->name);
-        ragged += w->shape[0] % KERN_FP8_BLOCK != 0;
         w->route = REFIT_ROUTE_STAGED;
     }
-    if (s->scheme == KERN_FP8_BLOCK128 && ragged > 1)
-        return ERR(h, REFIT_EMISMATCH, "module %s: %u fused weights are not whole 128-row "
-                   "blocks; only the last shard of a fused block-128 weight may be ragged",
-                   m->name, ragged);
+    if (s->scheme == KERN_FP8_BLOCK128 && (rc = check_ragged(h, m, s)))
+        return rc;
     return check_online_slots(h, m, s);
 }
 
@@ -432,15 +503,18 @@ static int route_rest(const refit_host_v2 *h, refit_fmt_module *m, const fp8_sta
 static int fp8_plan(const refit_host_v2 *h, refit_fmt_module *m)
 {
     size_t bytes;
-    if (__builtin_mul_overflow((size_t)m->n_ckpt, sizeof(uint32_t) + sizeof(int), &bytes) ||
+    if (__builtin_mul_overflow((size_t)m->n_ckpt,
+                               sizeof(int64_t) + 2 * sizeof(uint32_t) + sizeof(int), &bytes) ||
         __builtin_add_overflow(bytes, sizeof(fp8_state), &bytes))
         return ERR(h, REFIT_ENOMEM, "module %s: too many checkpoint tensors", m->name);
     fp8_state *s = h->mem_alloc(h->host, bytes);
     if (!s)
         return ERR(h, REFIT_ENOMEM, "module %s: out of memory", m->name);
     memset(s, 0, sizeof *s);
-    s->weights = (uint32_t *)(s + 1);
-    s->pair = (int *)(s->weights + m->n_ckpt);
+    s->exp_rows = (int64_t *)(void *)(s + 1); /* 8-aligned: the struct holds pointers */
+    s->weights = (uint32_t *)(s->exp_rows + m->n_ckpt);
+    s->exp_ragged = s->weights + m->n_ckpt;
+    s->pair = (int *)(s->exp_ragged + m->n_ckpt);
     s->rt_weight = find_runtime(m, "weight");
     s->rt_scale = -1;
     m->state = s; /* release frees it, also when plan fails */
@@ -455,11 +529,13 @@ static int fp8_plan(const refit_host_v2 *h, refit_fmt_module *m)
         rc = int_param(h, m, "out_features", &out_f);
     if (!rc)
         rc = classify(h, m, s);
+    if (!rc)
+        rc = expert_groups(h, m, s);
     if (!rc && online >= 0 && online != s->online)
         rc = ERR(h, REFIT_EMISMATCH, "module %s: param online is %s but the weights are %s",
                  m->name, online ? "true" : "false", s->online ? "bf16/f16/f32" : "f8_e4m3");
     if (!rc)
-        rc = s->online ? plan_online(h, m, s, want_scheme)
+        rc = s->online ? plan_online(h, m, s, want_scheme, in_f, out_f)
                        : plan_serialized(h, m, s, want_scheme, in_f, out_f);
     if (!rc)
         rc = route_rest(h, m, s);

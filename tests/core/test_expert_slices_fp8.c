@@ -6,7 +6,9 @@
  * expert's bytes (weight and scales) equal those of the same expert
  * registered as a module of its own (the whole-module post-load). One
  * per-tensor scale over the stack crosses experts: staged whole, so
- * refused at seal under that budget. */
+ * refused at seal under that budget. A ragged block-128 stack takes
+ * out_features / in_features as one expert's N and K, and equals separate
+ * modules, serialized and online. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,11 +165,115 @@ static void test_fp8_crossing_scale_refused_at_seal(void **state)
     tw_close(&w);
 }
 
+/* A ragged block-128 stack: E3 experts of down_proj [RN, RK] (neither a
+ * multiple of 128), the params one expert's N and K as an engine states
+ * them. Serialized (e4m3 with its scale_inv, DIRECT) and online (bf16,
+ * staged an expert at a time): the bytes of E3 modules of their own. */
+#define E3 3
+#define RN 200
+#define RK 160
+#define RB 2 /* ceil(200 / 128) = ceil(160 / 128) */
+#define RAGGED_PARAMS "scheme: block128\nout_features: 200\nin_features: 160"
+
+/* Module mod: weight [E3,] RN, RK (stacked when expert >= 0, one expert's
+ * tensors at a time), its scale grid, and expert e's checkpoint tensors. */
+static void ragged_tensors(tw *w, const char *mod, int online, int e, int stacked)
+{
+    char name[96];
+    snprintf(name, sizeof name, "%s.%d.down_proj.weight", mod, e);
+    refit_ckpt_spec s = tt_spec(online ? REFIT_BF16 : E4M3, 2, TT_SHAPE(RN, RK));
+    s.target = "weight";
+    s.expert = stacked ? e : -1;
+    assert_int_equal(tw_expect(w, mod, name, &s), REFIT_OK);
+    if (online)
+        return;
+    snprintf(name, sizeof name, "%s.%d.down_proj.weight_scale_inv", mod, e);
+    s = tt_spec(REFIT_F32, 2, TT_SHAPE(RB, RB));
+    s.target = "weight_scale";
+    s.expert = stacked ? e : -1;
+    assert_int_equal(tw_expect(w, mod, name, &s), REFIT_OK);
+}
+
+static int build_ragged(tw *w, int online, int stacked, const char *params)
+{
+    open_world(w, 0);
+    for (int e = 0; e < (stacked ? 1 : E3); e++) {
+        char mod[32];
+        snprintf(mod, sizeof mod, stacked ? "experts" : "ref%d", e);
+        tw_module(w, mod, "fp8", params);
+        if (stacked) {
+            tw_runtime(w, mod, "weight", E4M3, 3, TT_SHAPE(E3, RN, RK));
+            tw_runtime(w, mod, "weight_scale", REFIT_F32, 3, TT_SHAPE(E3, RB, RB));
+            for (int x = 0; x < E3; x++)
+                ragged_tensors(w, mod, online, x, 1);
+        } else {
+            tw_runtime(w, mod, "weight", E4M3, 2, TT_SHAPE(RN, RK));
+            tw_runtime(w, mod, "weight_scale", REFIT_F32, 2, TT_SHAPE(RB, RB));
+            ragged_tensors(w, mod, online, e, 0);
+        }
+    }
+    return refit_model_seal(w->m);
+}
+
+static void test_fp8_ragged_block_stack_equals_per_expert_modules(void **state)
+{
+    (void)state;
+    for (int online = 0; online < 2; online++) {
+        tw w, r;
+        int rc = build_ragged(&w, online, 1, RAGGED_PARAMS);
+        if (rc)
+            fail_msg("%s stack refused at seal: %s", online ? "online" : "serialized",
+                     refit_errmsg(w.ctx));
+        assert_int_equal(build_ragged(&r, online, 0, RAGGED_PARAMS), REFIT_OK);
+        refit_txn *t = tw_begin(&w, "v1", 1), *tr = tw_begin(&r, "v1", 0);
+        for (int e = 0; e < E3; e++)
+            for (int sc = 0; sc < (online ? 1 : 2); sc++) {
+                char name[96], rname[96];
+                const char *role = sc ? "weight_scale_inv" : "weight";
+                snprintf(name, sizeof name, "experts.%d.down_proj.%s", e, role);
+                snprintf(rname, sizeof rname, "ref%d.%d.down_proj.%s", e, e, role);
+                tt_tensor *x = tw_ckpt_tensor(&w, name, 1);
+                assert_int_equal(refit_load(t, name, &x->t, NULL), REFIT_OK);
+                assert_int_equal(refit_load(tr, rname, &x->t, NULL), REFIT_OK);
+            }
+        assert_int_equal(refit_finalize(t), REFIT_OK);
+        assert_int_equal(refit_finalize(tr), REFIT_OK);
+        tt_tensor *sw = tw_rt(&w, "experts", "weight"), *ss = tw_rt(&w, "experts", "weight_scale");
+        for (int e = 0; e < E3; e++) {
+            char mod[32];
+            snprintf(mod, sizeof mod, "ref%d", e);
+            tt_tensor *rw = tw_rt(&r, mod, "weight"), *rs = tw_rt(&r, mod, "weight_scale");
+            assert_memory_equal((char *)sw->buf + (size_t)e * rw->bytes, rw->buf, rw->bytes);
+            assert_memory_equal((char *)ss->buf + (size_t)e * rs->bytes, rs->buf, rs->bytes);
+        }
+        tw_close(&r);
+        tw_close(&w);
+        /* an expert with more rows than out_features: refused, naming it */
+        rc = build_ragged(&w, online, 1, "scheme: block128\nout_features: 150");
+        char msg[1100];
+        snprintf(msg, sizeof msg, "%s", refit_errmsg(w.ctx));
+        tw_close(&w);
+        assert_int_equal(rc, REFIT_EMISMATCH);
+        if (!strstr(msg, "expert 0 have 200 rows, more than param out_features 150"))
+            fail_msg("message \"%s\"", msg);
+    }
+    /* serialized without out_features: a ragged extent is not a shard */
+    tw w;
+    int rc = build_ragged(&w, 0, 1, "scheme: block128\nin_features: 160");
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%s", refit_errmsg(w.ctx));
+    tw_close(&w);
+    assert_int_equal(rc, REFIT_EMISMATCH);
+    if (!strstr(msg, "declare param out_features"))
+        fail_msg("message \"%s\"", msg);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fp8_slices_equal_per_expert_modules),
         cmocka_unit_test(test_fp8_crossing_scale_refused_at_seal),
+        cmocka_unit_test(test_fp8_ragged_block_stack_equals_per_expert_modules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
