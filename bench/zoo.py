@@ -173,7 +173,9 @@ DEFINITIONS = {
                                  "rows count the checkpoint's mapped page-cache pages",
     "host_anon_peak_extra_bytes": "highest RssAnon+RssShmem sampled during the update "
                                   "minus before (pinned and malloc'd memory, not file pages)",
-    "undo_device_bytes/undo_host_bytes": "refit's txn.stats() before finalize",
+    "undo_device_bytes/undo_host_bytes/staging_peak": "refit's txn.stats() before finalize "
+                                                      "(staging_peak: its staging high-water "
+                                                      "in bytes, where the binding has it)",
     "host_us_per_tensor": "(seconds - ceiling_seconds) / tensors * 1e6: the update's time "
                           "beyond moving its bytes at the ceiling, spread over its "
                           "tensors (an upper bound on refit's per-tensor host cost)",
@@ -919,8 +921,9 @@ class Updater:
             secs = self(body, default)
         out = s.result()
         out["seconds"] = secs
-        out["undo_device_bytes"] = self.stats["undo_device_bytes"]
-        out["undo_host_bytes"] = self.stats["undo_host_bytes"]
+        for k in ("undo_device_bytes", "undo_host_bytes", "staging_peak"):
+            if k in self.stats:     # staging_peak: refit's own high-water, where reported
+                out[k] = self.stats[k]
         return out
 
 
