@@ -152,8 +152,8 @@ static void encode(refit_dtype dt, void *p, double v)
     } else if (dt.bits == 8) {
         if (dt.code == REFIT_DTYPE_INT)
             *(int8_t *)p = (int8_t)v;
-        else
-            *(uint8_t *)p = (uint8_t)v;
+        else /* raw bytes (fp8 codes): a negative value wraps, defined through int64 */
+            *(uint8_t *)p = (uint8_t)(int64_t)v;
     } else if (dt.bits == 64) {
         int64_t x = (int64_t)v;
         memcpy(p, &x, 8);
