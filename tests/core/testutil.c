@@ -653,18 +653,45 @@ uint64_t tw_fp(tw *w)
     return fp;
 }
 
+/* The first string of ap (up to a NULL) that msg does not contain, or NULL. */
+static const char *msg_lacks(const char *msg, va_list ap)
+{
+    for (const char *s; (s = va_arg(ap, const char *));)
+        if (!strstr(msg, s))
+            return s;
+    return NULL;
+}
+
+/* Fail, naming file:line, when msg lacks lacks (from msg_lacks; called
+ * after va_end, as fail_msg does not return). */
+static void fail_lacking(const char *file, int line, const char *msg, const char *lacks)
+{
+    if (lacks)
+        fail_msg("%s:%d: message \"%s\" lacks \"%s\"", file, line, msg, lacks);
+}
+
 void tw_assert_msg_(tw *w, const char *file, int line, ...)
 {
     const char *msg = refit_errmsg(w->ctx);
     va_list ap;
     va_start(ap, line);
-    for (const char *s; (s = va_arg(ap, const char *));) {
-        if (!strstr(msg, s)) {
-            va_end(ap);
-            fail_msg("%s:%d: message \"%s\" lacks \"%s\"", file, line, msg, s);
-        }
-    }
+    const char *lacks = msg_lacks(msg, ap);
     va_end(ap);
+    fail_lacking(file, line, msg, lacks);
+}
+
+void tw_close_refused_(tw *w, int rc, int want, const char *file, int line, ...)
+{
+    char msg[1100];
+    snprintf(msg, sizeof msg, "%s", refit_errmsg(w->ctx));
+    tw_close(w);
+    if (rc != want)
+        fail_msg("%s:%d: status %d, not %d (message \"%s\")", file, line, rc, want, msg);
+    va_list ap;
+    va_start(ap, line);
+    const char *lacks = msg_lacks(msg, ap);
+    va_end(ap);
+    fail_lacking(file, line, msg, lacks);
 }
 
 /* ---- the STAGED test formats ---- */

@@ -200,6 +200,12 @@ uint64_t tw_fp(tw *w);
 /* Assert the last error message contains every given substring. */
 void tw_assert_msg_(tw *w, const char *file, int line, ...);
 #define tw_assert_msg(w, ...) tw_assert_msg_((w), __FILE__, __LINE__, __VA_ARGS__, (const char *)NULL)
+/* Close w, then fail unless rc is want and the last error message of w's
+ * context (kept from before the close) contains every given substring: a
+ * refusal checked with nothing of w left behind when the check fails. */
+void tw_close_refused_(tw *w, int rc, int want, const char *file, int line, ...);
+#define tw_close_refused(w, rc, want, ...) \
+    tw_close_refused_((w), (rc), (want), __FILE__, __LINE__, __VA_ARGS__, (const char *)NULL)
 
 /* ---- a transformer-shaped model ----
  * Embedding [V=10 padded to 12, H=8] in bf16 cast to f32, TP-sharded along

@@ -9,40 +9,25 @@ from its journal record. The guide's FP8 registration quantizes a BF16
 weight online. The guide's RL loop trains a Llama and hands each step to a
 second Llama, whose CUDA graph's logits then equal the trainer's."""
 import os
-import re
 import tempfile
 import types
 
 import torch
 
 import refit
+from embedding_doc import Skip, graphed
+import embedding_doc
 
 DEV = "cuda"
-ROOT = os.environ.get("REFIT_SOURCE_ROOT") or os.path.join(os.path.dirname(__file__), "..", "..")
-GUIDE = os.path.join(ROOT, "docs", "embedding.md")
 TP_RANK, TP = 1, 2
-
-
-class Skip(Exception):
-    pass
-
-
-def snippets():
-    with open(GUIDE, encoding="utf-8") as f:
-        text = f.read()
-    blocks = dict(re.findall(r"```python run:(\w+)\n(.*?)```", text, re.S))
-    mine = {n for n in blocks if not n.startswith("moe")}  # moe_*: py_moe.py's
-    assert mine == {"register", "fp8", "vllm", "sglang", "trainer"}, sorted(blocks)
-    return blocks
 
 
 def guide(*names):
     """A namespace with the named blocks of the guide executed in order."""
-    blocks = snippets()
-    ns = {"__name__": "embedding_guide"}
-    for n in names:
-        exec(compile(blocks[n], "%s:%s" % (GUIDE, n), "exec"), ns)
-    return ns
+    blocks = embedding_doc.blocks()
+    mine = {n for n in blocks if not n.startswith("moe")}  # moe_*: py_moe.py's
+    assert mine == {"register", "fp8", "vllm", "sglang", "trainer"}, sorted(blocks)
+    return embedding_doc.run(blocks, names, "embedding_guide")
 
 
 def config(tied=True):
@@ -245,19 +230,7 @@ def test_guide_rl_loop():
     ids = torch.randint(0, cfg.vocab_size, (2, 32), device=DEV,
                         generator=torch.Generator(device=DEV).manual_seed(4))
     # the engine serves from a CUDA graph captured once, before any update
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.no_grad():
-        engine(input_ids=ids, use_cache=False)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.no_grad():
-        out = engine(input_ids=ids, use_cache=False).logits
-
-    def generate():
-        graph.replay()
-        torch.cuda.synchronize()
-        return out.clone()
+    generate = graphed(engine, ids)
 
     opt = torch.optim.SGD(policy.parameters(), lr=1e-2)
 
@@ -277,15 +250,7 @@ def test_guide_rl_loop():
     with torch.no_grad():
         ref = policy(input_ids=ids, use_cache=False).logits
     if not torch.equal(outs[-1], ref):  # eager and graphed forwards may pick other kernels
-        with torch.cuda.stream(s), torch.no_grad():
-            policy(input_ids=ids, use_cache=False)
-        torch.cuda.current_stream().wait_stream(s)
-        g2 = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g2), torch.no_grad():
-            ref_out = policy(input_ids=ids, use_cache=False).logits
-        g2.replay()
-        torch.cuda.synchronize()
-        ref = ref_out.clone()
+        ref = graphed(policy, ids)()
     assert torch.equal(outs[-1], ref), (outs[-1].float() - ref.float()).abs().max()
     assert not torch.equal(outs[0], outs[-1])
     rm.destroy()

@@ -24,30 +24,17 @@ import torch
 DEV = os.environ.get("REFIT_TEST_DEVICE", "cuda")
 ROOT = os.environ.get("REFIT_SOURCE_ROOT") or os.path.join(os.path.dirname(__file__), "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
-GUIDE = os.path.join(ROOT, "docs", "embedding.md")
 
 import refit  # noqa: E402
-
-
-class Skip(Exception):
-    pass
-
-
-def snippets():
-    with open(GUIDE, encoding="utf-8") as f:
-        text = f.read()
-    blocks = dict(re.findall(r"```python run:(\w+)\n(.*?)```", text, re.S))
-    mine = {n: b for n, b in blocks.items() if n.startswith("moe")}
-    assert set(mine) == {"moe_hf", "moe_vllm"}, sorted(mine)
-    return mine
+from embedding_doc import Skip, graphed  # noqa: E402
+import embedding_doc  # noqa: E402
 
 
 def guide(*names):
-    blocks = snippets()
-    ns = {"__name__": "embedding_guide_moe"}
-    for n in names:
-        exec(compile(blocks[n], "%s:%s" % (GUIDE, n), "exec"), ns)
-    return ns
+    blocks = embedding_doc.blocks()
+    mine = {n: b for n, b in blocks.items() if n.startswith("moe")}
+    assert set(mine) == {"moe_hf", "moe_vllm"}, sorted(mine)
+    return embedding_doc.run(mine, names, "embedding_guide_moe")
 
 
 def transformers():
@@ -108,24 +95,6 @@ def assert_same_state(got, want, what):
 def ids_for(cfg):
     g = torch.Generator(device=DEV).manual_seed(4)
     return torch.randint(0, cfg.vocab_size, (2, 16), device=DEV, generator=g)
-
-
-def graphed(model, ids):
-    """model's forward captured in a CUDA graph: (replay -> logits)."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s), torch.no_grad():
-        model(input_ids=ids, use_cache=False)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph), torch.no_grad():
-        out = model(input_ids=ids, use_cache=False).logits
-
-    def replay():
-        graph.replay()
-        torch.cuda.synchronize()
-        return out.clone()
-    return replay
 
 
 def ptrs(model):

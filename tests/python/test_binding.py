@@ -8,7 +8,6 @@ import os
 import sqlite3
 import sys
 import tempfile
-import traceback
 
 ROOT = os.environ["REFIT_SOURCE_ROOT"]
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
@@ -18,6 +17,8 @@ import numpy as np  # noqa: E402
 
 import refit  # noqa: E402
 from refit import tensors  # noqa: E402
+import harness  # noqa: E402  (tests/python/harness.py)
+from harness import raises  # noqa: E402
 
 TMP = tempfile.mkdtemp(prefix="refit-pytest-")
 
@@ -68,17 +69,6 @@ def expect_holds(e, ck):
     assert np.array_equal(e.embed, ck["embed"]), "embed"
     assert np.array_equal(e.up, ck["up"]), "up"
     assert np.array_equal(e.norm, ck["norm"].astype(np.float32)), "norm"
-
-
-def raises(status, fn, *words):
-    try:
-        fn()
-    except refit.RefitError as err:
-        assert err.name == status, "%s, not %s: %s" % (err.name, status, err)
-        for w in words:
-            assert w in err.message, "%r not in %r" % (w, err.message)
-        return err
-    raise AssertionError("no RefitError %s" % status)
 
 
 def journal_row(path, uid):
@@ -757,22 +747,5 @@ def test_torch_never_imported():
     assert "torch" not in sys.modules
 
 
-def main():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_")]
-    tests.sort(key=lambda t: t[0] == "test_torch_never_imported")  # that one last
-    print("1..%d" % len(tests), flush=True)
-    for i, (name, fn) in enumerate(tests, 1):
-        try:
-            fn()
-        except Exception:
-            print("not ok %d - %s" % (i, name))
-            for line in traceback.format_exc().splitlines():
-                print("# " + line)
-            sys.stdout.flush()
-            continue
-        print("ok %d - %s" % (i, name), flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run(globals(), last="test_torch_never_imported"))

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import traceback
 
 ROOT = os.environ["REFIT_SOURCE_ROOT"]
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
@@ -27,6 +26,7 @@ import numpy as np  # noqa: E402
 import refit  # noqa: E402
 import refit.ipc  # noqa: E402
 from refit import transport as tp  # noqa: E402
+import harness  # noqa: E402  (tests/python/harness.py)
 
 TMP = tempfile.mkdtemp(prefix="refit-hardening-")
 SWAPPED = ">" if sys.byteorder == "little" else "<"   # the byte order that is not native
@@ -371,19 +371,7 @@ def main():
         CASES[sys.argv[2]]()
         print("OK", flush=True)
         return 0
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_")]
-    print("1..%d" % len(tests), flush=True)
-    for i, (name, fn) in enumerate(tests, 1):
-        try:
-            fn()
-        except Exception:
-            print("not ok %d - %s" % (i, name))
-            for line in traceback.format_exc().splitlines():
-                print("# " + line)
-            sys.stdout.flush()
-            continue
-        print("ok %d - %s" % (i, name), flush=True)
-    return 0
+    return harness.run(globals())
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ REFIT_SOURCE_ROOT, the checkout)"""
 import os
 import sys
 import tempfile
-import traceback
 import types
 
 ROOT = os.environ["REFIT_SOURCE_ROOT"]
@@ -23,6 +22,8 @@ from safetensors.numpy import save_file  # noqa: E402
 
 import refit  # noqa: E402
 from refit import moe  # noqa: E402
+import harness  # noqa: E402  (tests/python/harness.py)
+from harness import raises  # noqa: E402
 
 TMP = tempfile.mkdtemp(prefix="refit-moe-")
 V, H, I_DENSE, I, E, I_SHARED = 32, 16, 24, 8, 4, 12
@@ -127,17 +128,6 @@ def stacked(ck, names=("gate_proj", "up_proj", "down_proj"), blk="mlp", experts=
 def world(worker="moe-test"):
     ctx = refit.Context(worker_id=worker, journal_path="")
     return ctx, ctx.create_model()
-
-
-def raises(status, fn, *words):
-    try:
-        fn()
-    except refit.RefitError as err:
-        assert err.name == status, "%s, not %s: %s" % (err.name, status, err)
-        for w in words:
-            assert w in err.message, "%r not in %r" % (w, err.message)
-        return err
-    raise AssertionError("no RefitError %s" % status)
 
 
 def assert_hf_holds(m, ck, mixtral=False):
@@ -255,57 +245,46 @@ def test_low_level_register_experts_numpy_and_dlpack():
     ctx.close()
 
 
-def test_missing_expert_refused_naming_layer_and_expert():
+def refused_from_dict_and_file(ck, bad, file_name, status, name, *words):
+    """A model loaded from ck (v1), updated to v2 from bad, as a dict and
+    then as the safetensors file file_name: both refused with status
+    naming name (the dict's error every word too); the bytes, version and
+    health stay v1's (and, after the dict, the fingerprint)."""
     m, ctx, rm, _ = hf_world()
-    ck = checkpoint(6)
     with rm.update(version="v1") as txn:
         txn.load_dict(ck)
     snap, fp = m.snapshot(), rm.fingerprint()
-    bad = {k: v for k, v in ck.items() if k != "model.layers.1.mlp.experts.2.up_proj.weight"}
-    bad = {k: v + 1 for k, v in bad.items()}
 
     def update():
         with rm.update(version="v2") as txn:
             txn.load_dict(bad)
-    err = raises("REFIT_EINCOMPLETE", update, "model.layers.1.mlp.experts.2.up_proj.weight",
-                 "missing")
-    assert "layers.1" in err.message and "experts.2" in err.message, err.message
+    raises(status, update, name, *words)
     assert m.same(snap) and rm.fingerprint() == fp
     assert ctx.version == "v1" and ctx.health() == refit.Health.READY
-    # from a file: the tensors before the gap were written, then rolled back
-    path = write(bad, "missing-expert.safetensors")
+    # from a file: the tensors before the bad one were written, then rolled back
+    path = write(bad, file_name)
 
     def update_file():
         with rm.update(version="v2") as txn:
             txn.load_safetensors(path)
-    raises("REFIT_EINCOMPLETE", update_file, "model.layers.1.mlp.experts.2.up_proj.weight")
+    raises(status, update_file, name)
     assert m.same(snap) and ctx.version == "v1" and ctx.health() == refit.Health.READY
     ctx.close()
+
+
+def test_missing_expert_refused_naming_layer_and_expert():
+    ck, gone = checkpoint(6), "model.layers.1.mlp.experts.2.up_proj.weight"
+    bad = {k: v + 1 for k, v in ck.items() if k != gone}
+    refused_from_dict_and_file(ck, bad, "missing-expert.safetensors", "REFIT_EINCOMPLETE",
+                               gone, "missing", "layers.1", "experts.2")
 
 
 def test_wrong_shaped_expert_refused():
-    m, ctx, rm, _ = hf_world()
     ck = checkpoint(7)
-    with rm.update(version="v1") as txn:
-        txn.load_dict(ck)
-    snap, fp = m.snapshot(), rm.fingerprint()
     bad = {k: v + 1 for k, v in ck.items()}
     bad["model.layers.1.mlp.experts.1.down_proj.weight"] = np.ones((H, I + 1), F32)
-
-    def update():
-        with rm.update(version="v2") as txn:
-            txn.load_dict(bad)
-    raises("REFIT_EMISMATCH", update, "model.layers.1.mlp.experts.1.down_proj.weight")
-    assert m.same(snap) and rm.fingerprint() == fp
-    assert ctx.version == "v1" and ctx.health() == refit.Health.READY
-    path = write(bad, "wrong-expert.safetensors")
-
-    def update_file():
-        with rm.update(version="v2") as txn:
-            txn.load_safetensors(path)
-    raises("REFIT_EMISMATCH", update_file, "model.layers.1.mlp.experts.1.down_proj.weight")
-    assert m.same(snap) and ctx.version == "v1" and ctx.health() == refit.Health.READY
-    ctx.close()
+    refused_from_dict_and_file(ck, bad, "wrong-expert.safetensors", "REFIT_EMISMATCH",
+                               "model.layers.1.mlp.experts.1.down_proj.weight")
 
 
 def test_other_layouts_are_not_guessed():
@@ -494,6 +473,18 @@ def bf16_experts(seed):
     return out
 
 
+def fp8_loaded(ep, ck, **kw):
+    """fp8_module(2) registered with expert map ep (and register_module's
+    kw), sealed and loaded from ck as v1: (m, ctx, rm, names)."""
+    m = fp8_module(2)
+    ctx, rm = world()
+    names = refit.register_module(rm, m, experts=ep, **kw)
+    rm.seal()
+    with rm.update(version="v1") as txn:
+        txn.load_dict(ck)
+    return m, ctx, rm, names
+
+
 def test_fp8_block_experts_serialized_and_online():
     ep = moe.ExpertMap(E, [3, 1])      # slots in an explicit order
     a = "model.layers.1.mlp.experts."
@@ -504,13 +495,8 @@ def test_fp8_block_experts_serialized_and_online():
         q, s = quant_block(v.astype(F32))
         ser[k] = q
         ser[k + "_scale_inv"] = s
-    m = fp8_module(2)
-    ctx, rm = world()
-    names = refit.register_module(rm, m, experts=ep)
+    m, ctx, rm, names = fp8_loaded(ep, ser)
     assert a + "3.gate_proj.weight_scale_inv" in names and a + "0.up_proj.weight" in rm.foreign
-    rm.seal()
-    with rm.update(version="v1") as txn:
-        txn.load_dict(ser)
     for s, e in enumerate(ep.ids):
         p = a + "%d." % e
         want = np.concatenate([ser[p + "gate_proj.weight"], ser[p + "up_proj.weight"]])
@@ -523,13 +509,8 @@ def test_fp8_block_experts_serialized_and_online():
         assert np.array_equal(m[a + "w2_weight_scale_inv"][s], ser[p + "down_proj.weight_scale_inv"])
     ctx.close()
     # online: a BF16 checkpoint quantized into the same tensors at finalize
-    m = fp8_module(2)
-    ctx, rm = world()
-    names = refit.register_module(rm, m, experts=ep, ckpt_dtype=ml_dtypes.bfloat16)
+    m, ctx, rm, names = fp8_loaded(ep, src, ckpt_dtype=ml_dtypes.bfloat16)
     assert not any(n.endswith("scale_inv") for n in names)
-    rm.seal()
-    with rm.update(version="v1") as txn:
-        txn.load_dict(src)
     for s, e in enumerate(ep.ids):
         p = a + "%d." % e
         gu = np.concatenate([src[p + "gate_proj.weight"], src[p + "up_proj.weight"]])
@@ -576,22 +557,5 @@ def test_torch_never_imported():
     assert "torch" not in sys.modules
 
 
-def main():
-    tests = [(n, f) for n, f in sorted(globals().items()) if n.startswith("test_")]
-    tests.sort(key=lambda t: t[0] == "test_torch_never_imported")  # that one last
-    print("1..%d" % len(tests), flush=True)
-    for i, (name, fn) in enumerate(tests, 1):
-        try:
-            fn()
-        except Exception:
-            print("not ok %d - %s" % (i, name))
-            for line in traceback.format_exc().splitlines():
-                print("# " + line)
-            sys.stdout.flush()
-            continue
-        print("ok %d - %s" % (i, name), flush=True)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(harness.run(globals(), last="test_torch_never_imported"))
