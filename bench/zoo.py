@@ -594,7 +594,9 @@ class TorchBackend:
         n, K = x.shape
         xb = x.float().view(n // 128, 128, K // 128, 128)
         amax = xb.abs().amax(dim=(1, 3))
-        scale = amax / 448.0
+        # a tensor divisor: torch's CUDA division by a Python scalar multiplies
+        # by its reciprocal (amax * (1/448)), which is not amax / 448
+        scale = amax / amax.new_tensor(448.0)
         scale = torch.where(scale == 0, torch.ones_like(scale), scale)
         q = (xb / scale[:, None, :, None]).clamp_(-448, 448).view(n, K)
         wdst.copy_(q.to(torch.float8_e4m3fn))
