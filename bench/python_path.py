@@ -43,13 +43,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
-_lib = os.environ.get("REFIT_LIB")
-if _lib and not os.environ.get("REFIT_PLUGIN_PATH"):
-    _plugins = os.path.join(os.path.dirname(os.path.abspath(_lib)), "plugins")
-    if os.path.isdir(_plugins):
-        os.environ["REFIT_PLUGIN_PATH"] = _plugins
+from _setup import ROOT  # noqa: E402,F401  (the binding on the path, REFIT_PLUGIN_PATH)
 
 import torch  # noqa: E402
 

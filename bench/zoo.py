@@ -76,13 +76,7 @@ import threading
 import time
 import zlib
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
-_lib = os.environ.get("REFIT_LIB")
-if _lib and not os.environ.get("REFIT_PLUGIN_PATH"):
-    _plugins = os.path.join(os.path.dirname(os.path.abspath(_lib)), "plugins")
-    if os.path.isdir(_plugins):
-        os.environ["REFIT_PLUGIN_PATH"] = _plugins
+from _setup import ROOT  # noqa: E402,F401  (the binding on the path, REFIT_PLUGIN_PATH)
 
 import refit  # noqa: E402
 from refit import _ffi  # noqa: E402
