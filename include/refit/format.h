@@ -128,6 +128,11 @@ typedef struct refit_fmt_runtime {
  * plan did) and post_load gets the slice once its tensors are all here.
  * Otherwise the module is staged whole. */
 #define REFIT_MODULE_EXPERT_SLICES 0x8u
+/* The module's runtime tensors hold state a snapshot cannot carry (a
+ * device pointer or handle written into them, memory laid out for one
+ * process): refit_snapshot_write refuses the model, naming the module, so
+ * it is never restored wrong (docs/restart.md). */
+#define REFIT_MODULE_NO_SNAPSHOT 0x10u
 
 typedef struct refit_fmt_module {
     const char *name;
@@ -366,6 +371,12 @@ typedef struct refit_format_v2 {
      * the host calls post_load for each. Needs post_load too. */
     int (*post_load_many)(const refit_host_v2 *host, const refit_fmt_module *const *m,
                           uint32_t n, void *stream);
+    /* appended in ABI 2 (read it through REFIT_STRUCT_HAS) */
+    /* The plugin's version ("1.2"; static storage), part of a snapshot's
+     * plan signature: refit_restore refuses a snapshot taken under another
+     * version. Change it whenever the runtime bytes a checkpoint gives may
+     * change. NULL: none declared (the plugin file's digest still counts). */
+    const char *version;
 } refit_format_v2;
 
 /* The one symbol a plugin exports: a const refit_format_v2. The loader
