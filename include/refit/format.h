@@ -402,7 +402,7 @@ typedef struct refit_format_v2 {
 REFIT_API int refit_format_register(refit_ctx *ctx, const refit_format_v2 *fmt);
 
 #define REFIT_FORMAT_V2_INIT {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2), \
-                              NULL, NULL, NULL, NULL, 0, NULL}
+                              NULL, NULL, NULL, NULL, 0, NULL, NULL}
 
 #ifdef __cplusplus
 }

@@ -254,10 +254,11 @@ static int plan_bad_route(const refit_host_v2 *h, refit_fmt_module *m)
 static void test_inconsistent_formats_refused_at_seal(void **state)
 {
     static const refit_format_v2 no_fn = {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2),
-                                          "test-nofn", plan_post_without_fn, NULL, NULL, 0, NULL};
+                                          "test-nofn", plan_post_without_fn, NULL, NULL, 0, NULL,
+                                          NULL};
     static const refit_format_v2 bad_route = {REFIT_FORMAT_ABI_VERSION,
                                               sizeof(refit_format_v2), "test-route",
-                                              plan_bad_route, NULL, NULL, 0, NULL};
+                                              plan_bad_route, NULL, NULL, 0, NULL, NULL};
     const refit_format_v2 *fmts[2] = {&no_fn, &bad_route};
     const char *want[2] = {"no post_load function", "route 42"};
     (void)state;

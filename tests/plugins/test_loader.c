@@ -478,7 +478,7 @@ static int inproc_plan(const refit_host_v2 *host, refit_fmt_module *m)
 }
 
 static const refit_format_v2 inproc = {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2),
-                                       "fakedirect", inproc_plan, NULL, NULL, 0, NULL};
+                                       "fakedirect", inproc_plan, NULL, NULL, 0, NULL, NULL};
 
 /* The embedder's explicit registration beats a plugin found on a path,
  * until a module uses the plugin's format. */
