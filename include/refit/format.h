@@ -58,6 +58,16 @@ extern "C" {
 
 #define REFIT_FORMAT_ABI_VERSION 2
 
+/* On a variadic taking a printf format: argument fmt_index is the format,
+ * the variadic arguments start at first_arg, so -Wformat checks the
+ * arguments of every call (empty on compilers without the attribute). */
+#if defined(__GNUC__) || defined(__clang__)
+#define REFIT_PRINTF_LIKE(fmt_index, first_arg) \
+    __attribute__((format(printf, fmt_index, first_arg)))
+#else
+#define REFIT_PRINTF_LIKE(fmt_index, first_arg)
+#endif
+
 /* Routes of a checkpoint tensor. */
 typedef enum refit_route {
     REFIT_ROUTE_NONE = 0,
@@ -206,10 +216,10 @@ typedef struct refit_host_v2 {
     /* Record the message of the current call's failure (printf format) and
      * return status unchanged, so `return host->error(...)` reads well.
      * Never blocks; the message is copied. */
-    int (*error)(void *host, int status, const char *fmt, ...);
+    int (*error)(void *host, int status, const char *fmt, ...) REFIT_PRINTF_LIKE(3, 4);
     /* Log a line (level 0 error, 1 warning, 2 info, 3 debug) through the
      * embedder's log_fn (or stderr). Never blocks long; the text is copied. */
-    void (*log)(void *host, int level, const char *fmt, ...);
+    void (*log)(void *host, int level, const char *fmt, ...) REFIT_PRINTF_LIKE(3, 4);
     /* Value of a module parameter, or NULL when absent. Never blocks. The
      * string is owned by the host, valid while the model lives. */
     const char *(*param)(void *host, const refit_fmt_module *m, const char *key);

@@ -54,9 +54,7 @@ static inline int refit_pgpu_float_kind(refit_dtype d)
 }
 
 /* Set g->msg (printf format) and return rc. */
-#if defined(__GNUC__) || defined(__clang__)
-__attribute__((format(printf, 3, 4)))
-#endif
+REFIT_PRINTF_LIKE(3, 4)
 static inline int refit_pgpu_fail(refit_pgpu *g, int rc, const char *fmt, ...)
 {
     va_list ap;
