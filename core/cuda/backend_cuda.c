@@ -113,6 +113,8 @@ typedef struct cuda_cfg {
     int time_dma;               /* REFIT_CUDA_TIME_DMA: time the ring's H2D copies (a bench's) */
     int drain_poll;             /* REFIT_CUDA_DRAIN_POLL: issue while a chunk drains */
     int caller_copies;          /* REFIT_CUDA_CALLER_COPIES: the caller copies slices too */
+    size_t defer_row_max;       /* REFIT_CUDA_DEFER_ROW_KB: smaller ring runs are batch rows */
+    int lazy_mark;              /* REFIT_CUDA_LAZY_MARK: a chunk's event once it is done */
 } cuda_cfg;
 
 static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
@@ -163,6 +165,8 @@ static void cfg_load(cuda_cfg *c)
     c->time_dma = (int)env_size("REFIT_CUDA_TIME_DMA", 0, 1, 0, 1);
     c->drain_poll = (int)env_size("REFIT_CUDA_DRAIN_POLL", 1, 1, 0, 1);
     c->caller_copies = (int)env_size("REFIT_CUDA_CALLER_COPIES", 0, 1, 0, 1);
+    c->defer_row_max = env_size("REFIT_CUDA_DEFER_ROW_KB", 0, KIB, 0, 64 * MIB);
+    c->lazy_mark = (int)env_size("REFIT_CUDA_LAZY_MARK", 0, 1, 0, 1);
     kern_copy_batch_variant(c->batch_variant, c->batch_grid);
     ring_trace_init();
     c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
@@ -215,6 +219,7 @@ typedef struct pchunk {
     cudaEvent_t ev;             /* after the last work that reads the chunk */
     bool recorded;
     bool in_table;              /* rows reading it wait in the current table */
+    bool dirty;                 /* copies read it that no recorded event follows yet */
 } pchunk;
 
 /* One of a stream's two pinned tables: save rows then copy rows. */
@@ -1044,6 +1049,19 @@ static int slice_state(const dslice *x)
     return __atomic_load_n(&x->filled, __ATOMIC_ACQUIRE);
 }
 
+/* Chunk k's slices are all issued and the fill has left it: one event
+ * after its copies (lazy_mark: not one per copy). */
+static void chunk_done(cq *q, uint32_t k)
+{
+    pchunk *c = &q->ring[k];
+    if (!c->dirty)
+        return;
+    c->dirty = false;
+    int rc = chunk_mark(c, (cudaStream_t)q->stream);
+    if (rc && !D.err)
+        D.err = rc;
+}
+
 /* Issue slice i, a filled one, with the filled slices after it that are
  * adjacent in both the chunk and the destination: one cudaMemcpyAsync.
  * Returns the index past the run. */
@@ -1065,14 +1083,30 @@ static uint64_t issue_run(cq *q, uint64_t i)
         int slot = dma_timing_slot();
         if (slot >= 0)
             (void)cudaEventRecord(T.a[slot], (cudaStream_t)q->stream);
-        int rc = memcpy_now(q, x->dst, x->pin, bytes);
+        pchunk *c = &q->ring[x->chunk];
+        int rc;
+        if (bytes < G.cfg.defer_row_max) {
+            /* a small run is a row of the batch table, read from the mapped
+             * chunk when the table launches: the flush before the chunk's
+             * reuse records its event */
+            c->in_table = true;
+            rc = queue_rows(q, false, (uint64_t)(uintptr_t)x->dst,
+                            (uint64_t)(uintptr_t)(c->dev + (x->pin - c->p)), bytes);
+            slot = -1;
+        } else {
+            rc = memcpy_now(q, x->dst, x->pin, bytes);
+        }
         if (!rc && slot >= 0 &&
             cudaEventRecord(T.b[slot], (cudaStream_t)q->stream) == cudaSuccess) {
             T.bytes[slot] = bytes;
             T.n++;
         }
-        if (!rc)
-            rc = chunk_mark(&q->ring[x->chunk], (cudaStream_t)q->stream);
+        if (!rc && bytes >= G.cfg.defer_row_max) {
+            if (G.cfg.lazy_mark)
+                c->dirty = true;
+            else
+                rc = chunk_mark(c, (cudaStream_t)q->stream);
+        }
         if (rc)
             D.err = rc;
         if (ring_trace_on)
@@ -1083,6 +1117,8 @@ static uint64_t issue_run(cq *q, uint64_t i)
         D.pending[y->chunk]--;
         y->filled = SL_QUEUED;
     }
+    if (x->chunk != D.cur && !D.pending[x->chunk])
+        chunk_done(q, x->chunk);
     return end;
 }
 
@@ -1137,6 +1173,8 @@ static int defer_settle(void)
         return REFIT_OK;
     uint64_t t0 = now_ns(), c0 = ring_trace_cpu_ns();
     defer_wait_issued(D.head);
+    for (uint32_t k = 0; k < G.cfg.ring_chunks; k++)
+        chunk_done(D.q, k);
     if (ring_trace_on)
         ring_trace_add(RT_SETTLE, t0, now_ns(), D.head, 0, 0, ring_trace_cpu_ns() - c0);
     int rc = D.err;
@@ -1149,6 +1187,8 @@ static int defer_settle(void)
  * the copies that read it are done. */
 static int defer_next_chunk(cq *q)
 {
+    if (!D.pending[D.cur])
+        chunk_done(q, D.cur);
     uint32_t nc = (D.cur + 1) % G.cfg.ring_chunks;
     pchunk *c = &q->ring[nc];
     int rc = c->p ? REFIT_OK : chunk_init(q, c);
