@@ -17,6 +17,7 @@ struct ctl_area {
 
 static const struct ctl_area areas[] = {
     {"journal", ctl_journal, "status|updates|show ID|modules ID|events|verify"},
+    {"fleet", ctl_fleet, "JOURNAL...|DIR: every worker of many journals, mixed versions"},
     {"safetensors", ctl_safetensors, "ls|verify PATH"},
     {"formats", ctl_formats, "the format plugins found, loaded and refused"},
     {"validate", ctl_validate, "FILE...: format declarations and model manifests"},

@@ -8,6 +8,7 @@ typedef int (*ctl_main_fn)(int argc, char **argv);
 
 int ctl_safetensors(int argc, char **argv);
 int ctl_journal(int argc, char **argv);
+int ctl_fleet(int argc, char **argv);
 int ctl_formats(int argc, char **argv);
 int ctl_validate(int argc, char **argv);
 int ctl_manifest(int argc, char **argv);

@@ -28,7 +28,7 @@ help_check() {
   done
   [ -z "$bad" ] && ok "--help: $*" || nok "--help: $*: $bad"
 }
-for c in "" journal safetensors formats validate manifest convert version; do
+for c in "" journal fleet safetensors formats validate manifest convert version; do
   help_check "$ctl" $c --help
 done
 for c in status updates "show 1" "modules 1" events verify; do
@@ -88,6 +88,8 @@ check_json "version" "$ctl" version --json
 for c in status updates "show 1" "modules 1" events verify; do
   check_json "journal $c" "$ctl" journal $c --json --db "$db"
 done
+check_json "fleet" "$ctl" fleet --json "$db"
+check_json "fleet DIR" "$ctl" fleet "$odd" --json
 check_json "refit-demo" "$demo" --json
 check_json "refit-bench host --journal ODD" "$bench" host --tensors 200 --modules 20 --repeat 1 \
   --journal "$odd/bench.db" --json
@@ -108,6 +110,8 @@ check_err() {
 check_err "safetensors ls of a missing file" 1 "$ctl" safetensors ls --json "$odd/missing"
 check_err "safetensors verify of a missing file" 1 "$ctl" safetensors verify --json "$odd/none"
 check_err "journal of a missing db" 1 "$ctl" journal status --json --db "$odd/none/x.db"
+check_err "fleet of a missing journal" 1 "$ctl" fleet --json "$odd/none.db"
+check_err "fleet without a journal" 2 "$ctl" fleet --json
 check_err "journal unknown command" 2 "$ctl" journal nope --json --db "$db"
 check_err "an unknown option" 2 "$ctl" safetensors ls --json --bogus "$st"
 check_err "validate without FILE" 2 "$ctl" validate --json
