@@ -76,6 +76,23 @@ void txn_call_completes(refit_txn *t, uint32_t u);
 int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *staging,
                    bool claim);
 
+/* Patches (delta.c, txn.c). The base version of a delta update, or NULL
+ * when t is not one (then no patch is accepted). */
+const char *txn_base_version(const refit_txn *t);
+const char *txn_version_label(const refit_txn *t);
+/* An admitted patch of d's tensor (elements given): bookkeeping as
+ * txn_load_apply's (touch, tie owner, stats, LOADING). skip: a tied name
+ * whose other name was delivered (nothing more to do). */
+int txn_delta_accept(refit_txn *t, delivery *d, bool skip, uint64_t elements);
+/* One piece of the patch: with rollback, save exactly dst's bytes (unless
+ * the target's whole span is saved), then copy src into dst on
+ * d->stream. A failure fails t (sticky). */
+int txn_delta_write(refit_txn *t, const delivery *d, const refit_view *dst,
+                    const refit_view *src);
+/* Every piece written: the tensor counts as delivered (its pad rows,
+ * never touched, stay zero). */
+int txn_delta_done(refit_txn *t, delivery *d);
+
 /* What the batch's staging forecast reads (txn.c). */
 size_t txn_staging_in_use(const refit_txn *t);
 bool txn_unit_has_staging(const refit_txn *t, uint32_t u);

@@ -62,6 +62,7 @@
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/load.h"
+#include "core/metrics.h"
 #include "core/mod_version.h"
 #include "core/txn_journal.h"
 #include "core/undo.h"
@@ -137,6 +138,7 @@ struct refit_txn {
     size_t staging_in_use;
     size_t staging_peak;        /* the most staging_in_use has been */
     refit_txn_stats stats;
+    metrics_clock clock;        /* phases, for the context's metrics */
     struct txn_scratch *s;
     txn_stream streams[TXN_MAX_STREAMS];
     uint32_t n_streams;
@@ -148,6 +150,12 @@ struct refit_txn {
     bool defer_post_load;       /* a loading call of many rows is running:
                                    complete modules' post-loads wait for its end */
     mod_version *label;         /* version_label, for the modules it commits */
+    bool delta;                 /* base_version set: every module takes the label */
+    char *base_version;
+    uint8_t *declared;          /* per module: in changed_modules (NULL: others_unchanged) */
+    uint32_t n_piece_saves;     /* undo entries of patch pieces (txn_delta_write) */
+    uint64_t delta_elements;    /* elements patched (checkpoint elements given) */
+    uint32_t delta_tensors;     /* tensors patched */
     char *version_text;         /* room for "label (partial: K of N modules)" */
 };
 
@@ -164,7 +172,7 @@ static bool txn_invariants(const refit_txn *t)
     case TXN_FINALIZING:
         return t->m->txn == t && t->fail_status == 0 &&
                (t->state == TXN_FINALIZING || s->n_touched > 0) &&
-               (t->rollback ? t->undo.n == t->n_saved : t->undo.n == 0);
+               (t->rollback ? t->undo.n == t->n_saved + t->n_piece_saves : t->undo.n == 0);
     case TXN_FAILED:
         return t->m->txn == t && t->fail_status < 0;
     case TXN_COMMITTED:
@@ -371,7 +379,61 @@ static int txn_use_stream(refit_txn *t, const backend *be, void *stream)
     return REFIT_OK;
 }
 
-int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, int64_t replay_of)
+/* A delta update's base and scope (docs/core.md "Delta updates"), checked
+ * before anything is written: every module holds the base (all of them
+ * take the new label at commit), and the update says which modules it
+ * changes. *declared: per module, 1 when listed (NULL: others_unchanged
+ * without a list). */
+static int delta_scope(refit_model *m, const refit_update_opts *o, uint8_t **declared)
+{
+    refit_ctx *ctx = m->ctx;
+    const char *base = o->base_version;
+    *declared = NULL;
+    if (strlen(base) > REFIT_VERSION_LABEL_MAX)
+        return ctx_error(ctx, REFIT_EINVAL, "begin: base_version is %zu bytes long (at most "
+                         "%d)", strlen(base), REFIT_VERSION_LABEL_MAX);
+    for (uint32_t i = 0; i < m->n_modules; i++) {
+        const module *mod = &m->modules[i];
+        if (mod->state == MODULE_CLEAN && mod->version && !strcmp(mod->version->label, base))
+            continue;
+        return ctx_error(ctx, REFIT_EMISMATCH, "begin: delta update '%s' is against base "
+                         "'%s', but module %s %s%s%s; nothing written",
+                         o->version_label ? o->version_label : "unnamed", base, mod->name,
+                         mod->state == MODULE_EMPTY   ? "was never loaded"
+                         : mod->state == MODULE_DIRTY ? "holds bytes of an aborted update"
+                                                      : "holds version '",
+                         mod->state == MODULE_CLEAN ? mod->version->label : "",
+                         mod->state == MODULE_CLEAN ? "'" : "");
+    }
+    if (o->n_changed_modules == 0 && !o->others_unchanged)
+        return ctx_error(ctx, REFIT_EINVAL, "begin: delta update '%s' must declare its scope: "
+                         "changed_modules (the modules it changes) or others_unchanged = 1 "
+                         "(every module not delivered is unchanged)",
+                         o->version_label ? o->version_label : "unnamed");
+    if (o->n_changed_modules == 0)
+        return REFIT_OK;
+    if (!o->changed_modules)
+        return ctx_error(ctx, REFIT_EINVAL, "begin: changed_modules is NULL but "
+                         "n_changed_modules is %u", o->n_changed_modules);
+    uint8_t *d = calloc(m->n_modules + 1, 1);
+    if (!d)
+        return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
+    for (uint32_t i = 0; i < o->n_changed_modules; i++) {
+        const char *name = o->changed_modules[i];
+        uint32_t mi = name ? model_find_module(m, name) : UINT32_MAX;
+        if (mi == UINT32_MAX) {
+            free(d);
+            return ctx_error(ctx, REFIT_ENOTFOUND, "begin: changed_modules[%u] (%s) is not a "
+                             "module of worker %s", i, name ? name : "NULL", ctx->worker_id);
+        }
+        d[mi] = 1;
+    }
+    *declared = d;
+    return REFIT_OK;
+}
+
+static int txn_open(refit_txn **out, refit_model *m, const refit_update_opts *opts,
+                    int64_t replay_of)
 {
     refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
     if (!out || !m)
@@ -382,9 +444,12 @@ int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, in
     if (opts && (opts->version < 1 || opts->version > REFIT_UPDATE_OPTS_VERSION))
         return ctx_error(ctx, REFIT_EINVAL, "begin: update options of unknown version %u",
                          opts->version);
-    /* a version 1 caller's struct ends at fingerprint: read no further */
+    /* a version 1 caller's struct ends at fingerprint, a version 2
+     * caller's at keep_going: read no further */
     if (opts && opts->version == 1)
         memcpy(&o, opts, offsetof(refit_update_opts, partial));
+    else if (opts && opts->version == 2)
+        memcpy(&o, opts, offsetof(refit_update_opts, base_version));
     else if (opts)
         o = *opts;
     o.version = REFIT_UPDATE_OPTS_VERSION;
@@ -397,14 +462,23 @@ int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, in
     int rc = model_check_signatures(m, "begin");
     if (rc)
         return rc;
-    if (!m->scratch && !(m->scratch = scratch_new(m)))
+    uint8_t *declared = NULL;
+    if (opts->base_version && (rc = delta_scope(m, opts, &declared)))
+        return rc;
+    refit_txn *t = NULL;
+    if ((!m->scratch && !(m->scratch = scratch_new(m))) || !(t = calloc(1, sizeof *t)) ||
+        (opts->base_version && !(t->base_version = xstrdup(opts->base_version)))) {
+        free(declared);
+        free(t);
         return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
-    refit_txn *t = calloc(1, sizeof *t);
-    if (!t)
-        return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
+    }
+    t->delta = opts->base_version != NULL;
+    t->declared = declared;
     /* last: a journal refusal must leave nothing behind */
     refit_health before = model_health(m);
     if ((rc = txj_begin(m, opts, replay_of, before, &t->journal_id))) {
+        free(t->base_version);
+        free(t->declared);
         free(t);
         return rc;
     }
@@ -427,6 +501,8 @@ int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, in
         free(t->source_uri);
         mod_version_drop(t->label);
         free(t->version_text);
+        free(t->base_version);
+        free(t->declared);
         free(t);
         return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
     }
@@ -434,6 +510,20 @@ int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, in
     txn_set_state(t, TXN_OPEN);
     *out = t;
     return REFIT_OK;
+}
+
+/* txn_open, timed and counted for the context's metrics: a refusal by
+ * its status, an update begun with its clock started. */
+int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, int64_t replay_of)
+{
+    metrics_clock c = {.begun = metrics_now(), .journal0 = m ? m->ctx->journal_seconds : 0,
+                       .replay = replay_of != 0};
+    int rc = txn_open(out, m, opts, replay_of);
+    if (m)
+        metrics_begin(m->ctx, &c, rc);
+    if (!rc)
+        (*out)->clock = c;
+    return rc;
 }
 
 int refit_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts)
@@ -480,6 +570,7 @@ static int txn_fail(refit_txn *t, int status)
  * update that lost a tensor. The message says so. */
 static int txn_refused(refit_txn *t, int status)
 {
+    metrics_refused(t->m->ctx, status);
     if (t->keep_going)
         return status;
     size_t n = strlen(t->m->ctx->errmsg);
@@ -816,6 +907,7 @@ static int post_load_run(refit_txn *t)
                          refit_strerror(rc));
     for (uint32_t k = 0; k < n; k++)
         staged_views(t, s->pending[k], true);
+    double t0 = metrics_now();
     pending_by_format(t, n);
     for (uint32_t a = 0, b; a < n && !rc; a = b) {
         const refit_format_v2 *f = unit_format(t, s->pending[a]);
@@ -823,6 +915,7 @@ static int post_load_run(refit_txn *t)
             b++;
         rc = post_load_group(t, s->pending + a, b - a, stream);
     }
+    t->clock.post_load_s += metrics_now() - t0;
     for (uint32_t k = 0; k < n; k++) {
         uint32_t u = s->pending[k];
         staged_views(t, u, false);
@@ -984,6 +1077,12 @@ int txn_load_open(refit_txn *t, const char *name)
 int txn_load_admit(refit_txn *t, const delivery *d, bool whole, bool *skip)
 {
     *skip = false;
+    if (t->declared && !t->declared[d->r->module])
+        return txn_error(t, REFIT_EUNEXPECTED, "load %s (module %s): delta update '%s' does "
+                         "not list module %s among the modules it changes "
+                         "(refit_update_opts.changed_modules); nothing written", d->name,
+                         t->m->modules[d->r->module].name, t->version_label,
+                         t->m->modules[d->r->module].name);
     int rc = (d->r->flags & (ROUTE_ALIAS | ROUTE_TIED)) ? tie_resolve(t, d, skip) : REFIT_OK;
     if (!rc && !*skip)
         rc = check_fresh(t, d, whole);
@@ -1038,7 +1137,8 @@ int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *stagi
     else if (tied && !t->s->tie_owner[d->ri])
         t->s->tie_owner[d->ri] = d->name_ri + 1;
     t->stats.tensors_loaded++;
-    t->stats.bytes_loaded += tensor_dtype_bytes(d->src.dtype, kern_view_numel(&d->src));
+    uint64_t bytes = tensor_dtype_bytes(d->src.dtype, kern_view_numel(&d->src));
+    t->stats.bytes_loaded += bytes;
     if (t->state == TXN_OPEN)
         txn_set_state(t, TXN_LOADING);
     if (skip)
@@ -1046,6 +1146,7 @@ int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *stagi
     int rc = claim ? claim_rows(t, d) : write_rows(t, d, staging);
     if (rc)
         return txn_fail(t, rc);
+    metrics_route_bytes(m->ctx, mod->fmt, d->r->kind, bytes);
     int64_t rows = d->b > d->a ? d->b - d->a : 0;
     if (!whole) {
         part *p = malloc(sizeof *p);
@@ -1068,6 +1169,97 @@ int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *stagi
         txj_module_done(m, t->journal_id, &t->jb, d->r->module);
     }
     return REFIT_OK;
+}
+
+/* ---- patches (delta.c) ---- */
+
+const char *txn_base_version(const refit_txn *t)
+{
+    return t->delta ? t->base_version : NULL;
+}
+
+const char *txn_version_label(const refit_txn *t)
+{
+    return t->version_label;
+}
+
+int txn_delta_accept(refit_txn *t, delivery *d, bool skip, uint64_t elements)
+{
+    bool tied = (d->r->flags & (ROUTE_ALIAS | ROUTE_TIED)) != 0;
+    touch_module(t, d->r->module);
+    if (tied && skip)
+        t->s->name_used[d->name_ri] = 1;
+    else if (tied && !t->s->tie_owner[d->ri])
+        t->s->tie_owner[d->ri] = d->name_ri + 1;
+    t->stats.tensors_loaded++;
+    t->stats.bytes_loaded += tensor_dtype_bytes(d->r->spec.dtype, elements);
+    if (!skip) {
+        t->delta_elements += elements;
+        t->delta_tensors++;
+    }
+    if (t->state == TXN_OPEN)
+        txn_set_state(t, TXN_LOADING);
+    return REFIT_OK;
+}
+
+int txn_delta_write(refit_txn *t, const delivery *d, const refit_view *dst,
+                    const refit_view *src)
+{
+    const route *r = d->r;
+    const tensor_reg *reg = &t->m->runtime[r->target];
+    const module *mod = &t->m->modules[r->module];
+    int rc;
+    /* only the elements written are saved, unless the whole span already is */
+    if (t->rollback && !t->s->rt_saved[r->target]) {
+        size_t e = kern_dtype_size(dst->dtype);
+        int64_t lo = 0, hi = 0;
+        for (int i = 0; i < dst->ndim; i++) {
+            int64_t reach = (dst->shape[i] - 1) * dst->strides[i];
+            if (reach < 0)
+                lo += reach;
+            else
+                hi += reach;
+        }
+        char *first = (char *)dst->data + lo * (int64_t)e;
+        size_t n = (size_t)(hi - lo + 1) * e;
+        rc = undo_save(&t->undo, reg->be, reg->sig.device.device_id, first, n, d->stream);
+        if (rc)
+            return txn_fail(t, txn_error(t, rc, "load_delta %s (module %s): undo log: cannot "
+                                         "save %zu bytes of runtime %s: %s", d->name,
+                                         mod->name, n, reg->name, refit_strerror(rc)));
+        t->n_piece_saves++;
+    }
+    t->s->mod_wrote[r->module] = 1;
+    t->wrote = true;
+    if ((rc = txn_use_stream(t, reg->be, d->stream)))
+        return txn_fail(t, rc);
+    if ((rc = reg->be->copy(dst, src, d->stream)))
+        return txn_fail(t, txn_error(t, rc, "load_delta %s (module %s): copy failed: %s%s%s",
+                                     d->name, mod->name, refit_strerror(rc),
+                                     reg->be->last_error()[0] ? ": " : "",
+                                     reg->be->last_error()));
+    return REFIT_OK;
+}
+
+int txn_delta_done(refit_txn *t, delivery *d)
+{
+    struct txn_scratch *s = t->s;
+    const route *r = d->r;
+    s->route_state[d->ri] = ROUTE_COMPLETE; /* pad rows were not touched: still zero */
+    s->unit_complete[r->unit]++;
+    if (++s->mod_complete[r->module] == t->m->modules[r->module].n_primary) {
+        t->stats.modules_complete++;
+        txj_module_done(t->m, t->journal_id, &t->jb, r->module);
+    }
+    return REFIT_OK;
+}
+
+void refit_sys_txn_delta(const refit_txn *t, uint64_t *elements, uint32_t *tensors)
+{
+    if (elements)
+        *elements = t ? t->delta_elements : 0;
+    if (tensors)
+        *tensors = t ? t->delta_tensors : 0;
 }
 
 /* direct: a claim (txn_claim_direct): *direct gets where the caller writes
@@ -1097,6 +1289,48 @@ static int txn_deliver(refit_txn *t, const char *name, int64_t off, const refit_
     if (!rc && direct)
         *direct = claimed;
     return rc;
+}
+
+int txn_restore_module(refit_txn *t, uint32_t mi, const refit_view *src, void *stream)
+{
+    struct txn_scratch *s = t->s;
+    refit_model *m = t->m;
+    module *mod = &m->modules[mi];
+    int rc = txn_load_open(t, mod->name);
+    if (rc)
+        return rc;
+    if (s->mod_touched[mi])
+        return txn_error(t, REFIT_EDUPLICATE, "restore: module %s delivered twice", mod->name);
+    touch_module(t, mi);
+    if (t->state == TXN_OPEN)
+        txn_set_state(t, TXN_LOADING);
+    for (uint32_t k = 0; k < mod->n_runtime; k++) {
+        uint32_t ti = mod->runtime[k];
+        tensor_reg *reg = &m->runtime[ti];
+        if ((rc = save_runtime(t, ti, stream)))
+            return txn_fail(t, rc);
+        s->mod_wrote[mi] = 1;
+        t->wrote = true;
+        if ((rc = txn_use_stream(t, reg->be, stream)))
+            return txn_fail(t, rc);
+        if ((rc = reg->be->copy(&reg->view, &src[k], stream)))
+            return txn_fail(t, txn_error(t, rc, "restore: runtime %s (module %s): copy failed: "
+                                         "%s%s%s", reg->name, mod->name, refit_strerror(rc),
+                                         reg->be->last_error()[0] ? ": " : "",
+                                         reg->be->last_error()));
+        t->stats.tensors_loaded++;
+        t->stats.bytes_loaded += tensor_dtype_bytes(src[k].dtype, kern_view_numel(&src[k]));
+    }
+    /* complete as a delivery of every checkpoint tensor would leave it,
+     * without a post-load: the bytes are the post-loaded ones */
+    for (uint32_t k = 0; k < mod->n_primary; k++)
+        s->route_state[mod->primary[k]] = ROUTE_COMPLETE;
+    for (uint32_t u = mod->unit0; u < mod->unit0 + mod->n_units; u++)
+        s->unit_complete[u] = m->units[u].n_primary;
+    s->mod_complete[mi] = mod->n_primary;
+    t->stats.modules_complete++;
+    txj_module_done(m, t->journal_id, &t->jb, mi);
+    return REFIT_OK;
 }
 
 size_t txn_staging_in_use(const refit_txn *t)
@@ -1169,6 +1403,8 @@ static void txn_destroy(refit_txn *t)
     free(t->version_text);
     free(t->version_label);
     free(t->source_uri);
+    free(t->base_version);
+    free(t->declared);
     free(t);
 }
 
@@ -1225,12 +1461,25 @@ static void txn_journal_end(refit_txn *t, journal_update_state st, const char *e
             health_after(m), reason);
 }
 
+/* The update's end, for the context's metrics: before the undo log goes.
+ * error: the journal's message (an abort's). */
+static void txn_metrics_end(refit_txn *t, bool committed, const char *error, bool poisoned)
+{
+    metrics_end e = {.committed = committed, .poisoned = poisoned,
+                     .restored = !committed && !poisoned && t->wrote, .error = error,
+                     .source_uri = t->source_uri, .bytes = t->stats.bytes_loaded,
+                     .undo_device = t->undo.placed[UNDO_DEVICE],
+                     .undo_host = t->undo.placed[UNDO_HOST], .staging_peak = t->staging_peak};
+    metrics_update_end(t->m->ctx, &t->clock, &e);
+}
+
 /* Leave the worker as abort defines it and end the txn. why: the reason
  * for the journal (NULL: the caller aborted). */
 static int txn_end_aborted(refit_txn *t, const char *why)
 {
     refit_model *m = t->m;
     struct txn_scratch *s = t->s;
+    metrics_ending(&t->clock);
     /* queued copies finish (or fail) before bytes are put back */
     int rc = txn_sync_streams(t);
     if (t->rollback) {
@@ -1257,6 +1506,7 @@ static int txn_end_aborted(refit_txn *t, const char *why)
                                               : JOURNAL_UPDATE_ABORTED;
     txn_journal_end(t, st, why ? why : "aborted by the caller",
                     poisoned ? "update aborted without rollback" : "update aborted");
+    txn_metrics_end(t, false, why ? why : "aborted by the caller", poisoned);
     undo_free(&t->undo);
     scratch_reset(t);
     m->txn = NULL;
@@ -1321,8 +1571,34 @@ static int check_full_scope(refit_txn *t)
                      m->modules[first].n_primary);
 }
 
+/* A delta update's scope: a touched module without a post-load may leave
+ * tensors out (they are unchanged); every listed module was delivered. */
+static int check_delta_complete(refit_txn *t)
+{
+    refit_model *m = t->m;
+    const struct txn_scratch *s = t->s;
+    for (uint32_t i = 0; i < s->n_touched; i++) {
+        const module *mod = &m->modules[s->touched[i]];
+        if (s->mod_complete[s->touched[i]] == mod->n_primary)
+            continue;
+        bool whole_needed = (mod->fm.flags & REFIT_MODULE_POST_LOAD) != 0;
+        for (uint32_t k = 0; k < mod->n_primary && !whole_needed; k++)
+            whole_needed = s->route_state[mod->primary[k]] == ROUTE_PARTIAL;
+        if (whole_needed)
+            return report_incomplete(t, mod);
+    }
+    for (uint32_t i = 0; t->declared && i < m->n_modules; i++)
+        if (t->declared[i] && !s->mod_touched[i])
+            return txn_error(t, REFIT_EINCOMPLETE, "finalize: delta update '%s' lists module "
+                             "%s among the modules it changes, but nothing of it arrived",
+                             t->version_label, m->modules[i].name);
+    return REFIT_OK;
+}
+
 static int check_complete(refit_txn *t)
 {
+    if (t->delta)
+        return check_delta_complete(t);
     refit_model *m = t->m;
     const struct txn_scratch *s = t->s;
     uint32_t needed_done = 0;
@@ -1355,11 +1631,12 @@ static int check_complete(refit_txn *t)
 static void txn_commit_version(refit_txn *t)
 {
     refit_model *m = t->m;
-    if (t->s->n_touched == 0)
+    if (t->s->n_touched == 0 && !t->delta)
         return; /* a partial update that delivered nothing: no new label */
     mod_version_hold(t->label);
     mod_version_drop(m->version);
     m->version = t->label;
+    m->version_update = t->journal_id;
     m->n_behind = 0;
     if (t->s->n_touched < m->n_modules)
         for (uint32_t i = 0; i < m->n_modules; i++)
@@ -1377,8 +1654,11 @@ static void txn_commit(refit_txn *t)
 {
     refit_model *m = t->m;
     struct txn_scratch *s = t->s;
-    for (uint32_t i = 0; i < s->n_touched; i++) {
-        module *mod = &m->modules[s->touched[i]];
+    /* a delta: the modules not delivered were declared unchanged and held
+     * the base (begin checked): they hold the new version too */
+    uint32_t n = t->delta ? m->n_modules : s->n_touched;
+    for (uint32_t i = 0; i < n; i++) {
+        module *mod = &m->modules[t->delta ? i : s->touched[i]];
         if (mod->state == MODULE_EMPTY)
             m->n_empty--;
         else if (mod->state == MODULE_DIRTY)
@@ -1390,6 +1670,7 @@ static void txn_commit(refit_txn *t)
     }
     txn_commit_version(t);
     txn_journal_end(t, JOURNAL_UPDATE_COMMITTED, NULL, "update committed");
+    txn_metrics_end(t, true, NULL, false);
     undo_free(&t->undo);
     scratch_reset(t);
     m->txn = NULL;
@@ -1401,6 +1682,7 @@ static int txn_prepare(refit_txn *t)
 {
     refit_model *m = t->m;
     int rc;
+    metrics_ending(&t->clock);
     if (t->state == TXN_FAILED) {
         rc = txn_error(t, t->fail_status, "finalize: the update failed earlier (%s); aborted",
                        refit_status_name(t->fail_status));

@@ -297,7 +297,7 @@ REFIT_API int refit_model_fingerprint(refit_model *model, uint64_t *out);
 
 /* ---- transactions ------------------------------------------------------- */
 
-#define REFIT_UPDATE_OPTS_VERSION 2
+#define REFIT_UPDATE_OPTS_VERSION 3
 /* What refit_begin accepts (strlen, bytes); longer is REFIT_EINVAL naming
  * the member and its length: the journal records them and shows them. */
 #define REFIT_SOURCE_URI_MAX 4096
@@ -330,8 +330,24 @@ typedef struct refit_update_opts {
      * is accepted and finalize aborts it. 1: the update stays open after a
      * refusal, for the caller to go on. */
     int keep_going;
+    /* ---- version 3 ---- */
+    /* A delta update (docs/core.md "Delta updates"): the version every
+     * module must hold now, checked by refit_begin before anything is
+     * written (the module that holds another is named). Patches
+     * (refit_load_delta) are accepted only in a delta update. After the
+     * commit every module holds version_label: the modules not delivered
+     * are declared unchanged, so the update must say which it changes:
+     * changed_modules (n_changed_modules names; a delivery to another
+     * module is refused, and finalize refuses when one received nothing),
+     * or others_unchanged 1 (whatever is delivered is what changed). NULL:
+     * not a delta update; the members below are then ignored. */
+    const char *base_version;
+    const char *const *changed_modules;
+    uint32_t n_changed_modules;
+    int others_unchanged;
 } refit_update_opts;
-#define REFIT_UPDATE_OPTS_INIT {REFIT_UPDATE_OPTS_VERSION, NULL, NULL, 1, NULL, 0, 0, 0}
+#define REFIT_UPDATE_OPTS_INIT {REFIT_UPDATE_OPTS_VERSION, NULL, NULL, 1, NULL, 0, 0, 0, \
+                                NULL, NULL, 0, 0}
 
 /* Open an update. Verifies every signature first; refuses (changing
  * nothing) when the plan is stale or a tensor moved. Worker -> UPDATING. */
@@ -352,6 +368,47 @@ REFIT_API int refit_load(refit_txn *txn, const char *ckpt_name, const refit_tens
  * parts are refused. */
 REFIT_API int refit_load_part(refit_txn *txn, const char *ckpt_name, int64_t offset,
                     const refit_tensor *src, void *stream);
+
+/* Patch one checkpoint tensor of a delta update (base_version set): the
+ * elements at flat indices[0, n) (row-major over the checkpoint's full
+ * shape) take values[0, n), a 1-D tensor of n elements of the checkpoint
+ * dtype on any device the target's backend reads; the other elements
+ * keep what the base holds. Indices need not be sorted (refit sorts a
+ * copy); one outside the tensor, or given twice, refuses the call. The
+ * patch lands where refit_load would put those elements (TP shard: only
+ * this rank's rows; fused targets, stacked experts, tied names), and
+ * counts as the tensor's delivery. A module whose format has a post-load
+ * step (online quantization, STAGED routes) is refused (REFIT_EUNSUPPORTED):
+ * it would need the full tensor. With rollback the undo log saves only
+ * the elements written. Every check happens before any byte is written;
+ * a refusal is refit_load's (the update fails closed unless keep_going). */
+REFIT_API int refit_load_delta(refit_txn *txn, const char *ckpt_name, size_t n,
+                               const int64_t *indices, const refit_tensor *values,
+                               void *stream);
+/* The run form, for dense patches (changed rows: start = row * row
+ * elements): runs of counts[i] >= 1 elements from flat index starts[i];
+ * values holds the runs' elements one run after another, in the order
+ * given. Runs in any order, none overlapping another. */
+REFIT_API int refit_load_delta_runs(refit_txn *txn, const char *ckpt_name, size_t n_runs,
+                                    const int64_t *starts, const int64_t *counts,
+                                    const refit_tensor *values, void *stream);
+
+/* One row of a table of patches: refit_load_delta's arguments (counts
+ * NULL) or refit_load_delta_runs' (indices are then the run starts). */
+typedef struct refit_delta {
+    const char *name;           /* checkpoint tensor */
+    size_t n;                   /* indices (or runs) */
+    const int64_t *indices;     /* flat element indices, or run starts */
+    const int64_t *counts;      /* NULL: single elements; else run lengths */
+    const refit_tensor *values; /* 1-D, the checkpoint dtype */
+} refit_delta;
+/* Patch n tensors in one call, each row as refit_load_delta(_runs) would.
+ * Every row is checked before any byte is written (a tensor patched by
+ * two rows is refused; a tied name whose other name an earlier row
+ * patches is accepted and skipped); a refusal names the row ("row <i>
+ * (<name>): ") and writes nothing. */
+REFIT_API int refit_load_deltas(refit_txn *txn, size_t n, const refit_delta *rows,
+                                void *stream);
 
 /* Check completeness (every module, or every touched one of a partial
  * update), run the checks, commit. Worker -> READY at the update's
@@ -446,6 +503,17 @@ REFIT_API int refit_load_source_filtered(refit_txn *txn, refit_source *src, refi
                                          void *filter_user, refit_progress_fn progress, void *user,
                                          void *stream);
 
+/* ---- metrics -------------------------------------------------------------- */
+
+/* The worker's metrics in the Prometheus text exposition format 0.0.4
+ * (docs/operators.md "Metrics": names, labels, units), for an engine to
+ * serve on its /metrics. *out: a NUL-terminated text the caller frees with
+ * refit_metrics_free; *len (when not NULL) its strlen. REFIT_EINVAL (NULL
+ * ctx or out), REFIT_ENOMEM; *out is NULL on failure. */
+REFIT_API int refit_metrics_text(refit_ctx *ctx, char **out, size_t *len);
+/* Free a text of refit_metrics_text. NULL is ok. */
+REFIT_API void refit_metrics_free(char *text);
+
 /* ---- journal and replay --------------------------------------------------- */
 
 /* 1 while the journal lacks the end of an update that did end (its write
@@ -475,6 +543,41 @@ typedef struct refit_replay_opts {
  * failed update leaves it. Device copies go on the legacy default stream
  * (recovery runs while the engine serves nothing). */
 REFIT_API int refit_replay(refit_model *model, int64_t update_id, const refit_replay_opts *opts);
+
+/* ---- snapshots and restore (docs/restart.md) ------------------------------ */
+
+/* Write the committed state of a READY worker to the new directory path:
+ * its runtime tensors as they are (post-processed bytes) in
+ * path/runtime.safetensors, and path/manifest.json: the version, the
+ * journal update that committed it, each module's fingerprint and the
+ * plan signature. Built as path.tmp-<pid> and renamed once on disk, so a
+ * crash leaves no directory at path. Journaled as an event. Refuses,
+ * writing nothing: REFIT_EEXIST (path exists), REFIT_ESTATE (not READY,
+ * or a partial update), REFIT_EUNSUPPORTED (a module whose format sets
+ * REFIT_MODULE_NO_SNAPSHOT, named). */
+REFIT_API int refit_snapshot_write(refit_model *model, const char *path);
+
+#define REFIT_RESTORE_OPTS_VERSION 1
+typedef struct refit_restore_opts {
+    uint32_t version;          /* REFIT_RESTORE_OPTS_VERSION */
+    int rollback;              /* 1: undo log; a failed restore puts the bytes back */
+} refit_restore_opts;
+#define REFIT_RESTORE_OPTS_INIT {REFIT_RESTORE_OPTS_VERSION, 1}
+
+/* Restore snapshot path into the sealed model, as an update: refused,
+ * nothing written, unless the manifest and file are intact (checksum,
+ * each module's fingerprint recomputed from the file: REFIT_ECORRUPT) and
+ * the plan signatures are equal (REFIT_EMISMATCH naming the first
+ * difference). Then every runtime tensor is copied DIRECT, no post-load
+ * runs, the runtime fingerprints are checked against the manifest, and
+ * the worker commits at the snapshot's version, journaled with source
+ * snapshot://path. A failure after the first byte aborts as refit_abort
+ * would (rolled back, or POISONED without rollback). opts NULL: defaults. */
+REFIT_API int refit_restore(refit_model *model, const char *path, const refit_restore_opts *opts);
+
+/* Check snapshot path without a model: the manifest's checksum, the file,
+ * and each module's fingerprint recomputed from the file's bytes. */
+REFIT_API int refit_snapshot_verify(refit_ctx *ctx, const char *path);
 
 /* Progress of an open transaction. */
 typedef struct refit_txn_stats {

@@ -19,6 +19,12 @@ REFIT_API double refit_sys_journal_seconds(const refit_ctx *ctx);
  * what a staging_budget must allow for this order of loads. */
 REFIT_API size_t refit_sys_txn_staging_peak(const refit_txn *txn);
 
+/* What the patches (refit_load_delta, refit_load_delta_runs) of txn have
+ * changed so far: checkpoint elements given, tensors patched (0 for NULL;
+ * either pointer may be NULL). */
+REFIT_API void refit_sys_txn_delta(const refit_txn *txn, uint64_t *elements,
+                                   uint32_t *tensors);
+
 /* The undo log's memory model holds between updates with rollback
  * (docs/core.md "Undo log"): *device_bytes (within undo_device_budget) and
  * *host_bytes (pinned on a GPU), reserved at seal on a thread of its own

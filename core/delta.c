@@ -1,0 +1,324 @@
+/* Patches: refit_load_delta, refit_load_delta_runs, refit_load_deltas.
+ *
+ * A patch replaces some elements of one checkpoint tensor in a delta
+ * update (refit_update_opts.base_version): flat indices, or runs of
+ * consecutive elements, with their new values. Two passes, as in
+ * load_many.c: every row is checked first (the update takes patches, the
+ * route takes them (no post-load), the values' descriptor, every index in
+ * range, sorted here when it is not, none given twice, the tensor not yet
+ * delivered), with nothing written; then each row is written, piece by
+ * piece, where refit_load would put those elements (txn.c,
+ * txn_delta_write: the undo log saves exactly the piece). A piece is a
+ * run of elements the target holds as one strided line: every dim inside
+ * it contiguous in the target and whole on this rank. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/ctx.h"
+#include "core/desc_check.h"
+#include "core/load.h"
+#include "kernels/copy.h"
+
+/* Elements [start, start + count) of the tensor take values [vpos, ..). */
+typedef struct patch_run {
+    int64_t start, count, vpos;
+} patch_run;
+
+/* One checked row. */
+typedef struct patch {
+    delivery d;
+    bool skip;                  /* a tied name whose other name is patched */
+    patch_run *runs;
+    size_t n_runs;
+    int64_t elements;
+    refit_view values;          /* 1-D */
+} patch;
+
+static int run_cmp(const void *a, const void *b)
+{
+    const patch_run *x = a, *y = b;
+    return x->start < y->start ? -1 : x->start > y->start;
+}
+
+/* The row's runs, sorted, checked against the tensor's numel elements:
+ * each in range, none overlapping (an index given twice). */
+static int build_runs(refit_model *m, const refit_delta *row, const route *r, int64_t numel,
+                      patch *p)
+{
+    const char *mod = m->modules[r->module].name;
+    if (row->n && !row->indices)
+        return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): %s is NULL for %zu "
+                         "entries", row->name, mod, row->counts ? "starts" : "indices", row->n);
+    patch_run *runs = malloc((row->n ? row->n : 1) * sizeof *runs);
+    if (!runs)
+        return ctx_error(m->ctx, REFIT_ENOMEM, "load_delta %s: out of memory", row->name);
+    p->runs = runs;
+    int64_t vpos = 0;
+    bool sorted = true;
+    for (size_t i = 0; i < row->n; i++) {
+        int64_t a = row->indices[i], c = row->counts ? row->counts[i] : 1;
+        if (c < 1)
+            return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): run %zu has "
+                             "%lld elements (at least 1)", row->name, mod, i, (long long)c);
+        if (a < 0 || a >= numel || c > numel - a)
+            return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): %s %zu (%lld%s) "
+                             "is outside the tensor's %lld elements", row->name, mod,
+                             row->counts ? "run" : "index", i, (long long)a,
+                             row->counts ? ", ..." : "", (long long)numel);
+        runs[i] = (patch_run){a, c, vpos};
+        vpos += c; /* below numel * n: no overflow */
+        if (i && runs[i - 1].start >= a)
+            sorted = false;
+    }
+    if (!sorted)
+        qsort(runs, row->n, sizeof *runs, run_cmp);
+    size_t k = 0;
+    for (size_t i = 0; i < row->n; i++) {
+        patch_run *prev = k ? &runs[k - 1] : NULL;
+        if (prev && prev->start + prev->count > runs[i].start)
+            return ctx_error(m->ctx, REFIT_EDUPLICATE, "load_delta %s (module %s): element "
+                             "%lld is given twice (%s)", row->name, mod,
+                             (long long)runs[i].start,
+                             row->counts ? "runs overlap" : "a duplicate index");
+        if (prev && prev->start + prev->count == runs[i].start &&
+            prev->vpos + prev->count == runs[i].vpos)
+            prev->count += runs[i].count; /* one run: neighbours in both */
+        else
+            runs[k++] = runs[i];
+    }
+    p->n_runs = k;
+    p->elements = vpos;
+    return REFIT_OK;
+}
+
+/* Everything about one row that can be checked before a write. */
+static int check_row(refit_txn *t, const refit_delta *row, patch *p)
+{
+    refit_model *m = txn_model(t);
+    if (!row->name)
+        return ctx_error(m->ctx, REFIT_EINVAL, "load_delta: checkpoint name is NULL");
+    int rc = load_resolve(m, row->name, &p->d);
+    if (rc)
+        return rc;
+    const route *r = p->d.r;
+    const module *mod = &m->modules[r->module];
+    if (!txn_base_version(t))
+        return ctx_error(m->ctx, REFIT_ESTATE, "load_delta %s (module %s): update '%s' is not "
+                         "a delta update (refit_update_opts.base_version is not set); a patch "
+                         "needs the base it applies to; nothing written", row->name, mod->name,
+                         txn_version_label(t));
+    if (r->kind == REFIT_ROUTE_STAGED || (mod->fm.flags & REFIT_MODULE_POST_LOAD))
+        return ctx_error(m->ctx, REFIT_EUNSUPPORTED, "load_delta %s (module %s): format %s "
+                         "builds this module's runtime tensors from whole checkpoint tensors "
+                         "in a post-load step (online quantization), so a patch cannot be "
+                         "applied in place; deliver the tensor whole (refit_load); nothing "
+                         "written", row->name, mod->name, mod->fmt->name);
+    if (kern_dtype_size(r->spec.dtype) == 0 || kern_dtype_size(r->dst.dtype) == 0)
+        return ctx_error(m->ctx, REFIT_EUNSUPPORTED, "load_delta %s (module %s): %u-bit "
+                         "elements cannot be patched one by one", row->name, mod->name,
+                         r->spec.dtype.bits);
+    int64_t numel = 1;
+    for (int i = 0; i < r->spec.ndim; i++)
+        numel *= r->spec.shape[i]; /* seal checked the byte size for overflow */
+    if ((rc = build_runs(m, row, r, numel, p)))
+        return rc;
+    /* the values: p->elements of the checkpoint dtype, on a device the
+     * target's backend reads */
+    char why[256];
+    desc_expect want = {1, r->spec.dtype, false, 0};
+    if (!row->values)
+        return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): values is NULL",
+                         row->name, mod->name);
+    if ((rc = desc_check(row->values, &want, NULL, why, sizeof why)))
+        return ctx_error(m->ctx, rc, "load_delta %s (module %s): values: %s (the "
+                         "checkpoint tensor is %s)", row->name, mod->name, why,
+                         refit_dtype_name(r->spec.dtype));
+    const refit_tensor *v = row->values;
+    if (v->shape[0] != p->elements)
+        return ctx_error(m->ctx, REFIT_EMISMATCH, "load_delta %s (module %s): %lld values for "
+                         "%lld elements", row->name, mod->name, (long long)v->shape[0],
+                         (long long)p->elements);
+    const backend *be = m->runtime[r->target].be;
+    if (!be->can_read(v->device))
+        return ctx_error(m->ctx, REFIT_EUNSUPPORTED, "load_delta %s: the %s backend of its "
+                         "target cannot read values on device type %d", row->name, be->name,
+                         v->device.device_type);
+    memset(&p->values, 0, sizeof p->values);
+    p->values.data = (char *)v->data + v->byte_offset;
+    p->values.device = v->device;
+    p->values.dtype = v->dtype;
+    p->values.ndim = 1;
+    p->values.shape[0] = v->shape[0];
+    p->values.strides[0] = v->strides ? v->strides[0] : 1;
+    /* as a whole delivery: duplicates, ties, the declared modules */
+    delivery *d = &p->d;
+    d->off = 0;
+    d->len = r->split_dim >= 0 ? r->spec.shape[r->split_dim] : 1;
+    d->a = r->split_dim >= 0 ? r->lo : 0;
+    d->b = r->split_dim >= 0 ? r->hi : 1;
+    memset(&d->src, 0, sizeof d->src);
+    d->src.dtype = r->spec.dtype;
+    d->src.ndim = r->spec.ndim;
+    memcpy(d->src.shape, r->spec.shape, sizeof d->src.shape);
+    return txn_load_admit(t, d, true, &p->skip);
+}
+
+/* The dims [inner, ndim) that the target holds as one strided line: each
+ * whole on this rank and contiguous over the next. At least the last dim
+ * (split or not: pieces of it are clipped to this rank's rows). */
+static int line_dims(const route *r)
+{
+    const refit_view *dst = &r->dst;
+    int nd = r->spec.ndim, j = nd - 1;
+    while (j > 0 && dst->shape[j] == r->spec.shape[j] && dst->shape[j - 1] == r->spec.shape[j - 1] &&
+           dst->strides[j - 1] == dst->strides[j] * dst->shape[j])
+        j--;
+    return j;
+}
+
+/* Write one run: a piece per line, clipped to this rank's rows. */
+static int write_run(refit_txn *t, patch *p, const patch_run *run, int inner, int64_t line)
+{
+    const route *r = p->d.r;
+    const refit_view *dst = &r->dst;
+    int nd = r->spec.ndim, sd = r->split_dim;
+    size_t de = kern_dtype_size(dst->dtype), ve = kern_dtype_size(p->values.dtype);
+    int64_t f = run->start, left = run->count, vpos = run->vpos;
+    int64_t ls = nd ? dst->strides[nd - 1] : 1; /* along the line */
+    while (left > 0) {
+        int64_t in_line = f % line, k = line - in_line < left ? line - in_line : left;
+        /* coordinates of the line's dims outside it */
+        int64_t coord[REFIT_MAX_DIMS] = {0}, q = f / line, off = 0, a = in_line, b = in_line + k;
+        for (int i = inner - 1; i >= 0; i--) {
+            coord[i] = q % r->spec.shape[i];
+            q /= r->spec.shape[i];
+        }
+        bool mine = true;
+        for (int i = 0; i < inner; i++) {
+            if (i == sd) {
+                mine = coord[i] >= r->lo && coord[i] < r->hi;
+                coord[i] -= r->lo;
+            }
+            off += coord[i] * dst->strides[i];
+        }
+        if (sd == nd - 1 && inner == nd - 1) { /* the line is the split dim: clip it */
+            a = a > r->lo ? a : r->lo;
+            b = b < r->hi ? b : r->hi;
+            off -= r->lo * ls;
+        }
+        if (mine && a < b) {
+            int64_t skipped = a - in_line;
+            refit_view dv = {0}, sv = p->values;
+            dv.data = (char *)dst->data + (off + a * ls) * (int64_t)de;
+            dv.device = dst->device;
+            dv.dtype = dst->dtype;
+            dv.ndim = 1;
+            dv.shape[0] = b - a;
+            dv.strides[0] = ls;
+            sv.data = (char *)sv.data + (vpos + skipped) * sv.strides[0] * (int64_t)ve;
+            sv.shape[0] = b - a;
+            int rc = txn_delta_write(t, &p->d, &dv, &sv);
+            if (rc)
+                return rc;
+        }
+        f += k;
+        vpos += k;
+        left -= k;
+    }
+    return REFIT_OK;
+}
+
+static int apply_row(refit_txn *t, patch *p, void *stream)
+{
+    const route *r = p->d.r;
+    p->d.stream = stream;
+    int rc = txn_delta_accept(t, &p->d, p->skip, (uint64_t)p->elements);
+    if (rc || p->skip)
+        return rc;
+    int inner = r->spec.ndim ? line_dims(r) : 0;
+    int64_t line = 1;
+    for (int i = inner; i < r->spec.ndim; i++)
+        line *= r->spec.shape[i];
+    for (size_t i = 0; i < p->n_runs; i++)
+        if ((rc = write_run(t, p, &p->runs[i], inner, line)))
+            return rc;
+    return txn_delta_done(t, &p->d);
+}
+
+/* "row <i> (<name>): " before the message of a refused row of a table. */
+static void row_prefix(refit_ctx *ctx, size_t i, const char *name)
+{
+    char msg[REFIT_ERRMSG_SIZE + 256];
+    snprintf(msg, sizeof msg, "row %zu (%.160s): %s", i, name ? name : "NULL", ctx->errmsg);
+    size_t n = strlen(msg) < sizeof ctx->errmsg ? strlen(msg) : sizeof ctx->errmsg - 1;
+    memcpy(ctx->errmsg, msg, n);
+    ctx->errmsg[n] = '\0';
+}
+
+static int load_patches(refit_txn *t, size_t n, const refit_delta *rows, void *stream,
+                        bool table)
+{
+    if (!t || (n && !rows))
+        return REFIT_EINVAL;
+    refit_model *m = txn_model(t);
+    ctx_clear_error(m->ctx);
+    int rc = txn_load_open(t, n ? rows[0].name : "(no rows)");
+    if (rc || n == 0)
+        return rc;
+    patch *p = calloc(n, sizeof *p);
+    if (!p)
+        return txn_load_refused(t, ctx_error(m->ctx, REFIT_ENOMEM, "load_delta: out of "
+                                             "memory; nothing written"));
+    for (size_t i = 0; i < n && !rc; i++) {
+        rc = check_row(t, &rows[i], &p[i]);
+        for (size_t j = 0; j < i && !rc; j++) {
+            if (p[j].d.ri != p[i].d.ri)
+                continue;
+            if (p[j].d.name_ri == p[i].d.name_ri)
+                rc = ctx_error(m->ctx, REFIT_EDUPLICATE, "load_delta %s: row %zu patches "
+                               "the same tensor", rows[i].name, j);
+            else
+                p[i].skip = true; /* a tied name: one storage, one write */
+        }
+        if (rc && table)
+            row_prefix(m->ctx, i, rows[i].name);
+    }
+    if (rc) {
+        size_t len = strlen(m->ctx->errmsg);
+        if (!strstr(m->ctx->errmsg, "nothing written"))
+            snprintf(m->ctx->errmsg + len, sizeof m->ctx->errmsg - len, "; nothing written");
+        rc = txn_load_refused(t, rc);
+    } else {
+        for (size_t i = 0; i < n && !rc; i++)
+            rc = apply_row(t, &p[i], stream);
+    }
+    for (size_t i = 0; i < n; i++)
+        free(p[i].runs);
+    free(p);
+    return rc;
+}
+
+int refit_load_delta(refit_txn *t, const char *name, size_t n, const int64_t *indices,
+                     const refit_tensor *values, void *stream)
+{
+    refit_delta row = {name, n, indices, NULL, values};
+    return load_patches(t, 1, &row, stream, false);
+}
+
+int refit_load_delta_runs(refit_txn *t, const char *name, size_t n_runs, const int64_t *starts,
+                          const int64_t *counts, const refit_tensor *values, void *stream)
+{
+    if (n_runs && !counts)
+        return t ? txn_load_refused(t, ctx_error(txn_model(t)->ctx, REFIT_EINVAL, "load_delta "
+                                                 "%s: counts is NULL for %zu runs",
+                                                 name ? name : "NULL", n_runs))
+                 : REFIT_EINVAL;
+    refit_delta row = {name, n_runs, starts, counts, values};
+    return load_patches(t, 1, &row, stream, false);
+}
+
+int refit_load_deltas(refit_txn *t, size_t n, const refit_delta *rows, void *stream)
+{
+    return load_patches(t, n, rows, stream, true);
+}
