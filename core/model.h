@@ -130,6 +130,7 @@ struct refit_model {
     struct mod_version *version;/* label of the last commit that delivered a module */
     uint32_t n_behind;          /* modules not at that label (partial updates) */
     char *version_text;         /* "label (partial: K of N modules)" when n_behind */
+    int64_t version_update;     /* journal id of the commit of m->version (0: none) */
     struct refit_txn *txn;      /* open transaction, or NULL */
     struct txn_scratch *scratch;/* per-route/module arrays reused by every txn */
     void *journal_modules;      /* journal_module_info[n_modules], built at seal */

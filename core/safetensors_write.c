@@ -72,8 +72,26 @@ static int write_all(FILE *f, const void *p, size_t n)
     return n == 0 || fwrite(p, 1, n, f) == n ? 0 : -1;
 }
 
+static int write_file(const char *path, const st_out_tensor *t, size_t n,
+                      const char *const *meta, size_t n_meta, st_bytes_fn bytes, void *user,
+                      st_error *err);
+
 int st_write_file(const char *path, const st_out_tensor *t, size_t n,
                   const char *const *meta, size_t n_meta, st_error *err)
+{
+    return write_file(path, t, n, meta, n_meta, NULL, NULL, err);
+}
+
+int st_write_file_from(const char *path, const st_out_tensor *t, size_t n,
+                       const char *const *meta, size_t n_meta, st_bytes_fn bytes, void *user,
+                       st_error *err)
+{
+    return write_file(path, t, n, meta, n_meta, bytes, user, err);
+}
+
+static int write_file(const char *path, const st_out_tensor *t, size_t n,
+                      const char *const *meta, size_t n_meta, st_bytes_fn bytes, void *user,
+                      st_error *err)
 {
     uint64_t total = 0;
     size_t bad = 0;
@@ -99,13 +117,23 @@ int st_write_file(const char *path, const st_out_tensor *t, size_t n,
         static const char spaces[8] = "        ";
         int bad_io = write_all(f, le, 8) || write_all(f, text, len) ||
                      write_all(f, spaces, padded - len);
+        int fill_rc = REFIT_OK;
         for (size_t i = 0; i < n && !bad_io; i++) {
             uint64_t nb = 0; /* sizes were checked above */
             tensor_bytes(&t[i], &nb);
-            bad_io = write_all(f, t[i].data, (size_t)nb);
+            const void *data = bytes ? bytes(user, i, &fill_rc) : t[i].data;
+            if (!data && nb) {
+                rc = werr(err, fill_rc ? fill_rc : REFIT_EIO, ST_R_IO, path, t[i].name,
+                          "reading the tensor's bytes failed");
+                break;
+            }
+            bad_io = write_all(f, data, (size_t)nb);
         }
-        if (fclose(f) || bad_io || rename(tmp, path)) {
-            rc = werr(err, REFIT_EIO, ST_R_IO, path, NULL, strerror(errno ? errno : EIO));
+        if (!rc && !bad_io && bytes)
+            bad_io = fflush(f) || fsync(fileno(f));
+        if (fclose(f) || bad_io || rc || rename(tmp, path)) {
+            if (!rc)
+                rc = werr(err, REFIT_EIO, ST_R_IO, path, NULL, strerror(errno ? errno : EIO));
             remove(tmp);
         }
     }

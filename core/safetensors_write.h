@@ -23,4 +23,13 @@ typedef struct st_out_tensor {
 int st_write_file(const char *path, const st_out_tensor *t, size_t n,
                   const char *const *meta, size_t n_meta, st_error *err);
 
+/* The same, for tensors too large to hold at once: t[i].data is ignored
+ * and bytes(user, i, &rc) gives tensor i's contiguous bytes (valid until
+ * the next call; NULL with rc set on failure, which fails the write).
+ * The file is flushed to disk (fsync) before the rename. */
+typedef const void *(*st_bytes_fn)(void *user, size_t i, int *rc);
+int st_write_file_from(const char *path, const st_out_tensor *t, size_t n,
+                       const char *const *meta, size_t n_meta, st_bytes_fn bytes, void *user,
+                       st_error *err);
+
 #endif

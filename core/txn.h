@@ -30,4 +30,10 @@ void txn_model_release(refit_model *m);
 int txn_claim_direct(refit_txn *t, const char *name, bool part, int64_t row0,
                      const refit_tensor *src, void *stream, void **dst);
 
+/* A restore (core/snapshot.c): write module mi's runtime tensors from
+ * src[k] (one view per runtime tensor, in the module's order, on a device
+ * its backend reads), the undo log first as for any write, and count the
+ * module complete with no post-load. A failed copy fails the txn. */
+int txn_restore_module(refit_txn *t, uint32_t mi, const refit_view *src, void *stream);
+
 #endif

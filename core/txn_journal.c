@@ -1,3 +1,4 @@
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -310,4 +311,19 @@ void txj_batch_free(txj_batch *b)
     free(b->p);
     free(b->done);
     memset(b, 0, sizeof *b);
+}
+
+void txj_event(refit_model *m, int64_t update_id, const char *kind, const char *fmt, ...)
+{
+    refit_ctx *ctx = m->ctx;
+    txj_open(ctx);
+    if (!ctx->journal)
+        return;
+    char text[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    if (journal_event(ctx->journal, update_id, ctx->worker_id, kind, "%s", text))
+        txj_gap(ctx, kind);
 }

@@ -51,5 +51,9 @@ void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st,
 /* Before txj_end: where the undo log kept its bytes (written with the end). */
 void txj_undo(refit_model *m, int64_t id, uint64_t device_bytes, uint64_t host_bytes);
 void txj_batch_free(txj_batch *b);
+/* An event of the worker (kind "snapshot", "restore" ...) about update_id
+ * (0: none); a failed write is a gap, as any. */
+void txj_event(refit_model *m, int64_t update_id, const char *kind, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 #endif
