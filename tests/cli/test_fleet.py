@@ -84,8 +84,15 @@ def build_fleet():
 WORKERS, TP, SOLO = build_fleet()
 
 
+# refitctl's own environment: under a sanitizer it carries its runtime
+# linked in (not the one preloaded into this python), and its leaks count.
+CTL_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+if "ASAN_OPTIONS" in CTL_ENV:
+    CTL_ENV["ASAN_OPTIONS"] = "detect_leaks=1"
+
+
 def ctl(*args):
-    p = subprocess.run([CTL, "fleet"] + list(args), capture_output=True, text=True)
+    p = subprocess.run([CTL, "fleet"] + list(args), capture_output=True, text=True, env=CTL_ENV)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -241,7 +248,8 @@ def test_an_unreadable_journal_is_named():
     shutil.copy(SOLO, locked)
     os.chmod(locked, 0)
     os.chmod(TMP, 0o755)
-    p = subprocess.run(locked_as + [CTL, "fleet", locked], capture_output=True, text=True)
+    p = subprocess.run(locked_as + [CTL, "fleet", locked], capture_output=True, text=True,
+                       env=CTL_ENV)
     assert p.returncode == 1, p
     assert p.stderr == "refitctl fleet: journal %s: cannot open: unable to open database " \
         "file (sqlite 14, os: Permission denied)\n" % locked, p.stderr
