@@ -2,7 +2,10 @@
  * worlds built from a conformance case (a model manifest whose modules use
  * the format under test), deterministic checkpoint versions, deliveries
  * whole or in cuts, and snapshots of every runtime byte. kit_checks.c holds
- * the checks; refit-format-conformance.c the command line and TAP. */
+ * the checks; refit-format-conformance.c the command line and TAP. With
+ * --device cuda every world's runtime tensors and sources live on the
+ * device and a host twin of the world takes every update too: their bytes
+ * must agree (the plugin's kernels against its CPU path). */
 #ifndef REFIT_CONFORMANCE_KIT_H
 #define REFIT_CONFORMANCE_KIT_H
 
@@ -23,6 +26,8 @@ typedef struct kit_env {
     const mdoc *doc;         /* the case */
     int tp;                  /* shard count of the case's sharded entries (1: none) */
     const char *fault;       /* --self-test-fault: the check to break, or NULL */
+    refit_device device;     /* where runtime tensors and sources live (--device) */
+    const char *reference;   /* --reference: the author's reference command, or NULL */
 } kit_env;
 
 /* One runtime tensor of a world: a buffer the kit owns. */
@@ -30,7 +35,7 @@ typedef struct kit_rt {
     const char *module, *name;
     refit_tensor t;
     int64_t shape[REFIT_MAX_DIMS];
-    void *buf;
+    void *buf;               /* on env->device */
     size_t bytes;
 } kit_rt;
 
@@ -41,7 +46,8 @@ typedef enum kit_layout {
                          shape of rank `rank`'s slice (the TP twin) */
 } kit_layout;
 
-typedef struct kit_world {
+typedef struct kit_world kit_world;
+struct kit_world {
     const kit_env *env;
     refit_ctx *ctx;
     refit_model *m;
@@ -49,7 +55,10 @@ typedef struct kit_world {
     kit_layout layout;
     kit_rt *rt;
     size_t n_rt;
-} kit_world;
+    kit_world *twin;         /* on a device: the same world in host memory */
+    void **keep;             /* device sources of the open update */
+    size_t n_keep;
+};
 
 /* How an update delivers each checkpoint tensor. */
 typedef struct kit_delivery {
@@ -72,14 +81,22 @@ int kit_world_open(kit_world *w, const kit_env *env, int rank, kit_layout layout
 void kit_world_close(kit_world *w);
 
 /* begin (rollback on), deliver, finalize. REFIT_OK, or the first failing
- * status with why (which call, which tensor, refit's message). */
+ * status with why (which call, which tensor, refit's message). A world on
+ * a device runs the update on its host twin too: when one commits and the
+ * other does not, or their bytes differ, REFIT_EMISMATCH naming the first
+ * differing byte. */
 int kit_update(kit_world *w, const kit_delivery *d, const char *label, char *why, size_t n);
 /* Deliver d into an open txn (what kit_update does between begin and
  * finalize); the first failing status, the txn left open. */
 int kit_deliver(kit_world *w, refit_txn *t, const kit_delivery *d, char *why, size_t n);
 
-/* Every runtime byte, concatenated in binding order (malloc'd). */
+/* Every runtime byte, concatenated in binding order (malloc'd; NULL when
+ * out of memory or a device copy failed). */
 void *kit_snapshot(const kit_world *w, size_t *bytes);
+/* Flip the first runtime byte (--self-test-fault). */
+void kit_flip_first_byte(kit_world *w);
+/* Free the device sources kept for the update that ended. */
+void kit_release_sources(kit_world *w);
 /* Where two snapshots of w first differ, as "module/tensor byte k", into
  * buf; "" when equal. */
 const char *kit_diff(const kit_world *w, const void *a, const void *b, char *buf, size_t n);

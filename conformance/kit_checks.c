@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "conformance/kit_checks.h"
+#include "conformance/kit_reference.h"
 
 /* Versions of the checkpoint the checks deliver. */
 #define VERSION_A 1
@@ -433,8 +434,9 @@ static void check_refusal(const kit_env *env, kit_result *r)
             int frc = lrc ? refit_finalize(t) : REFIT_OK;
             if (!lrc)
                 refit_abort(t);
-            if (env->fault && !strcmp(env->fault, "refusal") && w.n_rt && w.rt[0].bytes)
-                ((unsigned char *)w.rt[0].buf)[0] ^= 1; /* --self-test-fault=refusal */
+            kit_release_sources(&w);
+            if (env->fault && !strcmp(env->fault, "refusal"))
+                kit_flip_first_byte(&w); /* --self-test-fault=refusal */
             void *after = kit_snapshot(&w, &m);
             refit_model_fingerprint(w.m, &fp1);
             refit_health hl = refit_worker_health(w.ctx);
@@ -469,6 +471,37 @@ out:
     kit_world_close(&w);
 }
 
+/* ---- the author's reference ---- */
+
+static void check_reference(const kit_env *env, kit_result *r)
+{
+    if (!env->reference)
+        return say(r, KIT_SKIP, "no --reference CMD given: the other checks hold the format "
+                   "to consistency, only a reference to correctness");
+    static const uint64_t versions[] = {VERSION_A, VERSION_B};
+    int runs = 0;
+    for (int rank = 0; rank < env->tp; rank++)
+        for (size_t v = 0; v < 2; v++) {
+            kit_world w;
+            char why[2048];
+            int rc = cold(&w, env, rank, KIT_SHARDED, 0xa5, versions[v], r);
+            if (!rc) {
+                rc = kit_reference_run(&w, versions[v], why, sizeof why);
+                if (rc == REFIT_EUNSUPPORTED)
+                    say(r, KIT_SKIP, "%s", why);
+                else if (rc)
+                    say(r, KIT_FAIL, "rank %d of %d, version %c: %s", rank, env->tp,
+                        v ? 'B' : 'A', why);
+            }
+            kit_world_close(&w);
+            if (rc)
+                return;
+            runs++;
+        }
+    say(r, KIT_PASS, "at each of %d rank(s), versions A and B: every runtime byte equals the "
+        "reference's (%d runs of `%s`)", env->tp, runs, env->reference);
+}
+
 static const kit_check checks[] = {
     {"declaration", "agrees with its declaration", check_declaration},
     {"cold-start", "a cold start writes every runtime byte", check_cold_start},
@@ -478,6 +511,7 @@ static const kit_check checks[] = {
     {"tp", "TP shards and cuts load as their slices", check_tp},
     {"nan", "a NaN fails the update, which rolls back", check_nan},
     {"refusal", "a refused load leaves bytes and health", check_refusal},
+    {"reference", "the bytes equal the author's reference (--reference)", check_reference},
 };
 
 const kit_check *kit_checks(size_t *n)

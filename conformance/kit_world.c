@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "conformance/kit.h"
+#include "conformance/kit_mem.h"
 
 static uint64_t mix(uint64_t x)
 {
@@ -150,6 +151,11 @@ const mdoc_ck *kit_entry(const mdoc *doc, const char *name, const mdoc_mod **mod
 
 /* ---- worlds ---- */
 
+static int on_device(const kit_env *env)
+{
+    return env->device.device_type == REFIT_DEVICE_CUDA;
+}
+
 static int fail(char *why, size_t n, int rc, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static int fail(char *why, size_t n, int rc, const char *fmt, ...)
@@ -232,6 +238,21 @@ int kit_world_open(kit_world *w, const kit_env *env, int rank, kit_layout layout
     w->env = env;
     w->rank = rank;
     w->layout = layout;
+    if (on_device(env)) { /* the host twin: the plugin's CPU path */
+        struct twin_box {
+            kit_world w; /* first: freed through w->twin */
+            kit_env env;
+        } *box = calloc(1, sizeof *box);
+        if (!box)
+            return fail(why, n, REFIT_ENOMEM, "out of memory");
+        box->env = *env;
+        box->env.device = (refit_device){REFIT_DEVICE_CPU, 0};
+        w->twin = &box->w;
+        char twhy[1024];
+        int rc = kit_world_open(w->twin, &box->env, rank, layout, junk, twhy, sizeof twhy);
+        if (rc)
+            return fail(why, n, rc, "the host twin of the device world: %s", twhy);
+    }
     refit_options o = REFIT_OPTIONS_INIT;
     o.plugin_dirs = env->plugin_dir;
     o.journal_path = "";
@@ -266,12 +287,14 @@ int kit_world_open(kit_world *w, const kit_env *env, int rank, kit_layout layout
             r->name = d->name;
             memcpy(r->shape, d->shape, sizeof r->shape);
             r->bytes = bytes_of(d->dtype, numel_of(d->ndim, d->shape));
-            r->buf = malloc(r->bytes ? r->bytes : 1);
+            r->buf = kit_mem_alloc(env->device, r->bytes);
             if (!r->buf)
-                return fail(why, n, REFIT_ENOMEM, "out of memory");
-            memset(r->buf, junk, r->bytes);
-            r->t = (refit_tensor){r->buf, {REFIT_DEVICE_CPU, 0}, d->ndim, d->dtype, r->shape,
-                                  NULL, 0};
+                return fail(why, n, REFIT_ENOMEM, "no memory for runtime tensor %s/%s (%zu "
+                            "bytes)", mod->name, d->name, r->bytes);
+            if (kit_mem_fill(env->device, r->buf, junk, r->bytes))
+                return fail(why, n, REFIT_EINTERNAL, "filling runtime tensor %s/%s failed",
+                            mod->name, d->name);
+            r->t = (refit_tensor){r->buf, env->device, d->ndim, d->dtype, r->shape, NULL, 0};
             rc = refit_module_bind_runtime(w->m, mod->name, d->name, &r->t);
             if (rc)
                 return fail(why, n, rc, "bind %s/%s: %s", mod->name, d->name,
@@ -287,10 +310,44 @@ int kit_world_open(kit_world *w, const kit_env *env, int rank, kit_layout layout
 void kit_world_close(kit_world *w)
 {
     refit_close(w->ctx);
+    kit_release_sources(w);
+    free(w->keep);
     for (size_t i = 0; i < w->n_rt; i++)
-        free(w->rt[i].buf);
+        kit_mem_free(w->env->device, w->rt[i].buf);
     free(w->rt);
+    if (w->twin) {
+        kit_world_close(w->twin);
+        free(w->twin);
+    }
     memset(w, 0, sizeof *w);
+}
+
+void kit_release_sources(kit_world *w)
+{
+    for (size_t i = 0; i < w->n_keep; i++)
+        kit_mem_free(w->env->device, w->keep[i]);
+    w->n_keep = 0;
+}
+
+/* The source at host bytes buf where the world's update reads it: buf
+ * itself on the host; on a device, a device copy kept until the update
+ * ends (kit_release_sources). NULL when out of memory. */
+static void *placed(kit_world *w, const void *buf, size_t bytes)
+{
+    if (!on_device(w->env))
+        return (void *)buf;
+    void **keep = realloc(w->keep, (w->n_keep + 1) * sizeof *keep);
+    if (!keep)
+        return NULL;
+    w->keep = keep;
+    void *p = kit_mem_alloc(w->env->device, bytes);
+    if (p && kit_mem_put(w->env->device, p, buf, bytes)) {
+        kit_mem_free(w->env->device, p);
+        p = NULL;
+    }
+    if (p)
+        w->keep[w->n_keep++] = p;
+    return p;
 }
 
 /* ---- deliveries ---- */
@@ -375,8 +432,14 @@ static int deliver_many(kit_world *w, refit_txn *t, const kit_delivery *d, char 
                 break;
             }
             names[k] = ck->name;
-            srcs[k] = (refit_tensor){bufs[k], {REFIT_DEVICE_CPU, 0}, ck->ndim, ck->dtype,
-                                     shapes[k], NULL, 0};
+            void *at = placed(w, bufs[k], bytes);
+            if (!at) {
+                free(bufs[k]);
+                rc = fail(why, n, REFIT_ENOMEM, "no memory for the source of %s", ck->name);
+                break;
+            }
+            /* on a device the host bytes stay, to compare the source with */
+            srcs[k] = (refit_tensor){at, w->env->device, ck->ndim, ck->dtype, shapes[k], NULL, 0};
             k++;
         }
     if (!rc && (rc = refit_load_many(t, k, names, srcs, NULL)))
@@ -392,13 +455,18 @@ static int deliver_many(kit_world *w, refit_txn *t, const kit_delivery *d, char 
             int dim;
             size_t bytes;
             void *again = make_source(w, ck, d, shape, &dim, &bytes);
-            if (!again)
+            void *now = again ? malloc(bytes ? bytes : 1) : NULL;
+            if (!now)
                 rc = fail(why, n, REFIT_ENOMEM, "out of memory");
-            else if (memcmp(again, bufs[at], bytes))
+            else if (kit_mem_get(w->env->device, now, srcs[at].data, bytes))
+                rc = fail(why, n, REFIT_EINTERNAL, "reading the source of %s back failed",
+                          ck->name);
+            else if (memcmp(again, now, bytes))
                 rc = fail(why, n, REFIT_EINTERNAL, "refit_load_many: the caller's source of "
                           "%s changed during the call: a post-load wrote a staged view it "
                           "reads in place (REFIT_MODULE_STAGED_IN_PLACE)", ck->name);
             free(again);
+            free(now);
             at++;
         }
     for (size_t i = 0; bufs && i < k; i++)
@@ -423,10 +491,13 @@ int kit_deliver(kit_world *w, refit_txn *t, const kit_delivery *d, char *why, si
             int64_t shape[REFIT_MAX_DIMS];
             int dim;
             size_t bytes;
-            unsigned char *buf = make_source(w, ck, d, shape, &dim, &bytes);
-            if (!buf)
-                return fail(why, n, REFIT_ENOMEM, "out of memory");
-            refit_tensor src = {buf, {REFIT_DEVICE_CPU, 0}, ck->ndim, ck->dtype, shape, NULL, 0};
+            unsigned char *host = make_source(w, ck, d, shape, &dim, &bytes);
+            unsigned char *buf = host ? placed(w, host, bytes) : NULL;
+            if (!buf) {
+                free(host);
+                return fail(why, n, REFIT_ENOMEM, "no memory for the source of %s", ck->name);
+            }
+            refit_tensor src = {buf, w->env->device, ck->ndim, ck->dtype, shape, NULL, 0};
             int rc;
             size_t es = ck->dtype.bits >= 8 ? (size_t)ck->dtype.bits / 8 : 0;
             if (d->cuts > 0 && es && ck->ndim > 0 && shape[dim] > 1) {
@@ -445,14 +516,14 @@ int kit_deliver(kit_world *w, refit_txn *t, const kit_delivery *d, char *why, si
                     memcpy(pshape, shape, sizeof pshape);
                     pshape[dim] = b - a;
                     refit_tensor part = {buf + (size_t)(a * strides[dim]) * es,
-                                         {REFIT_DEVICE_CPU, 0}, ck->ndim, ck->dtype, pshape,
+                                         w->env->device, ck->ndim, ck->dtype, pshape,
                                          strides, 0};
                     rc = refit_load_part(t, ck->name, a, &part, NULL);
                 }
             } else {
                 rc = refit_load(t, ck->name, &src, NULL);
             }
-            free(buf);
+            free(host);
             if (rc)
                 return fail(why, n, rc, "load %s: %s: %s", ck->name, refit_status_name(rc),
                             refit_errmsg(w->ctx));
@@ -461,7 +532,9 @@ int kit_deliver(kit_world *w, refit_txn *t, const kit_delivery *d, char *why, si
     return REFIT_OK;
 }
 
-int kit_update(kit_world *w, const kit_delivery *d, const char *label, char *why, size_t n)
+/* One update on w alone: see kit_update. */
+static int update_one(kit_world *w, const kit_delivery *d, const char *label, char *why,
+                      size_t n)
 {
     refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
     o.version_label = label;
@@ -473,13 +546,45 @@ int kit_update(kit_world *w, const kit_delivery *d, const char *label, char *why
     rc = kit_deliver(w, t, d, why, n);
     if (rc) {
         refit_abort(t);
+        kit_release_sources(w);
         return rc;
     }
     rc = refit_finalize(t);
+    kit_release_sources(w);
     if (rc)
         return fail(why, n, rc, "finalize %s: %s: %s", label, refit_status_name(rc),
                     refit_errmsg(w->ctx));
     return REFIT_OK;
+}
+
+int kit_update(kit_world *w, const kit_delivery *d, const char *label, char *why, size_t n)
+{
+    int rc = update_one(w, d, label, why, n);
+    if (!w->twin)
+        return rc;
+    char hwhy[2048];
+    int hrc = update_one(w->twin, d, label, hwhy, sizeof hwhy);
+    if (rc && hrc)
+        return rc; /* both refused: the check judges the device's refusal */
+    if (rc)
+        return fail(why, n, REFIT_EMISMATCH, "update %s failed on %s but committed on the "
+                    "host (the plugin's CPU path): %s", label, "the device", why);
+    if (hrc)
+        return fail(why, n, REFIT_EMISMATCH, "update %s committed on the device but failed on "
+                    "the host (the plugin's CPU path): %s", label, hwhy);
+    size_t nd = 0, nh = 0;
+    void *dev = kit_snapshot(w, &nd), *host = kit_snapshot(w->twin, &nh);
+    char where[256] = "";
+    if (!dev || !host || nd != nh)
+        rc = fail(why, n, REFIT_EINTERNAL, "update %s: reading the runtime bytes back failed",
+                  label);
+    else if (memcmp(dev, host, nd))
+        rc = fail(why, n, REFIT_EMISMATCH, "update %s: the device's bytes differ from the "
+                  "plugin's CPU path at %s (device, then host)", label,
+                  kit_diff(w, dev, host, where, sizeof where));
+    free(dev);
+    free(host);
+    return rc;
 }
 
 void *kit_snapshot(const kit_world *w, size_t *bytes)
@@ -491,11 +596,23 @@ void *kit_snapshot(const kit_world *w, size_t *bytes)
     if (!s)
         return NULL;
     for (size_t i = 0; i < w->n_rt; i++) {
-        memcpy(p, w->rt[i].buf, w->rt[i].bytes);
+        if (kit_mem_get(w->env->device, p, w->rt[i].buf, w->rt[i].bytes)) {
+            free(s);
+            return NULL;
+        }
         p += w->rt[i].bytes;
     }
     *bytes = n;
     return s;
+}
+
+void kit_flip_first_byte(kit_world *w)
+{
+    unsigned char b;
+    if (w->n_rt && w->rt[0].bytes && !kit_mem_get(w->env->device, &b, w->rt[0].buf, 1)) {
+        b ^= 1;
+        kit_mem_put(w->env->device, w->rt[0].buf, &b, 1);
+    }
 }
 
 const char *kit_diff(const kit_world *w, const void *a, const void *b, char *buf, size_t n)
