@@ -10,6 +10,8 @@
 #include <refit/format.h>
 #include <refit/refit.h>
 
+#include "core/metrics_text.h"
+
 #define REFIT_MAX_FORMATS 64
 #define REFIT_ERRMSG_SIZE 1024
 
@@ -35,6 +37,8 @@ struct refit_ctx {
     refit_host_v2 host;                 /* services handed to formats */
     struct host_svc *svc;               /* their state (core/host_services.c) */
     char errmsg[REFIT_ERRMSG_SIZE];
+    metrics_worker metrics;             /* counted as updates happen (core/metrics.c) */
+    metrics_format_bytes metrics_formats[REFIT_MAX_FORMATS]; /* route bytes per format */
 };
 
 /* Set the context's message and return status. */
