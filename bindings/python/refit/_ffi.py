@@ -84,7 +84,7 @@ class CkptSpec(ctypes.Structure):
     ]
 
 
-UPDATE_OPTS_VERSION = 2
+UPDATE_OPTS_VERSION = 3
 
 
 class UpdateOpts(ctypes.Structure):
@@ -97,6 +97,11 @@ class UpdateOpts(ctypes.Structure):
         ("fingerprint", ctypes.c_int),
         ("partial", ctypes.c_int),
         ("keep_going", ctypes.c_int),
+        # version 3: a delta update
+        ("base_version", ctypes.c_char_p),
+        ("changed_modules", ctypes.POINTER(ctypes.c_char_p)),
+        ("n_changed_modules", ctypes.c_uint32),
+        ("others_unchanged", ctypes.c_int),
     ]
 
 
@@ -107,6 +112,16 @@ class ReplayOpts(ctypes.Structure):
     _fields_ = [
         ("version", ctypes.c_uint32),
         ("full", ctypes.c_int),
+        ("rollback", ctypes.c_int),
+    ]
+
+
+RESTORE_OPTS_VERSION = 1
+
+
+class RestoreOpts(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
         ("rollback", ctypes.c_int),
     ]
 
@@ -132,6 +147,17 @@ class TxnStats(ctypes.Structure):
         ("modules_complete", ctypes.c_uint32),
         ("undo_device_bytes", ctypes.c_uint64),
         ("undo_host_bytes", ctypes.c_uint64),
+    ]
+
+
+class Delta(ctypes.Structure):
+    """refit_delta: one row of refit_load_deltas."""
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("n", ctypes.c_size_t),
+        ("indices", ctypes.c_void_p),
+        ("counts", ctypes.c_void_p),
+        ("values", ctypes.POINTER(Tensor)),
     ]
 
 
@@ -167,6 +193,8 @@ _PROTOS = {
     "refit_check_serving": (_I, [_P]),
     "refit_worker_version": (_S, [_P]),
     "refit_journal_behind": (_I, [_P]),
+    "refit_metrics_text": (_I, [_P, ctypes.POINTER(_P), ctypes.POINTER(ctypes.c_size_t)]),
+    "refit_metrics_free": (None, [_P]),
     "refit_module_version": (_S, [_P, _S]),
     "refit_model_create": (_I, [ctypes.POINTER(_P), _P]),
     "refit_model_destroy": (None, [_P]),
@@ -182,6 +210,10 @@ _PROTOS = {
     "refit_begin": (_I, [ctypes.POINTER(_P), _P, ctypes.POINTER(UpdateOpts)]),
     "refit_load": (_I, [_P, _S, ctypes.POINTER(Tensor), _P]),
     "refit_load_part": (_I, [_P, _S, ctypes.c_int64, ctypes.POINTER(Tensor), _P]),
+    "refit_load_delta": (_I, [_P, _S, ctypes.c_size_t, _P, ctypes.POINTER(Tensor), _P]),
+    "refit_load_delta_runs": (_I, [_P, _S, ctypes.c_size_t, _P, _P, ctypes.POINTER(Tensor),
+                                   _P]),
+    "refit_load_deltas": (_I, [_P, ctypes.c_size_t, _P, _P]),
     "refit_finalize": (_I, [_P]),
     "refit_finalize_prepare": (_I, [_P]),
     "refit_commit": (_I, [_P]),
@@ -189,6 +221,9 @@ _PROTOS = {
     "refit_abort_reason": (_I, [_P, _S]),
     "refit_txn_journal_id": (ctypes.c_int64, [_P]),
     "refit_replay": (_I, [_P, ctypes.c_int64, ctypes.POINTER(ReplayOpts)]),
+    "refit_snapshot_write": (_I, [_P, _S]),
+    "refit_restore": (_I, [_P, _S, ctypes.POINTER(RestoreOpts)]),
+    "refit_snapshot_verify": (_I, [_P, _S]),
     "refit_txn_stats_get": (_I, [_P, ctypes.POINTER(TxnStats)]),
     "refit_source_open": (_I, [ctypes.POINTER(_P), _P, _S]),
     "refit_source_open_memory": (_I, [ctypes.POINTER(_P), _P, _P, ctypes.c_size_t, _S]),
@@ -206,6 +241,8 @@ _PROTOS = {
     "refit_sys_undo_held": (_I, [_P, _I, ctypes.POINTER(ctypes.c_uint64),
                                  ctypes.POINTER(ctypes.c_uint64)]),
     "refit_sys_txn_staging_peak": (ctypes.c_size_t, [_P]),
+    "refit_sys_txn_delta": (None, [_P, ctypes.POINTER(ctypes.c_uint64),
+                                   ctypes.POINTER(ctypes.c_uint32)]),
     "refit_sys_cuda_prepare": (_I, [_I, _P, ctypes.c_uint]),
     "refit_sys_cuda_last_error": (_S, []),
 }

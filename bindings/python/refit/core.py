@@ -19,8 +19,11 @@ begin (or replay, receive_update) waits for it. Strings refit returns
 (versions, messages) are copied under the lock."""
 from __future__ import annotations
 
+import array
 import ctypes
 import enum
+import operator
+import os
 import threading
 import warnings
 import weakref
@@ -120,6 +123,36 @@ def _stream_arg(stream: Stream) -> Optional[ctypes.c_void_p]:
     if hasattr(stream, "cuda_stream"):
         stream = stream.cuda_stream
     return ctypes.c_void_p(int(stream)) if int(stream) else None
+
+
+def _int64s(x: Any, what: str, call: str) -> Tuple[Any, int, int]:
+    """Integers as a contiguous int64 host array: (owner, count, address).
+    A torch tensor (any device) or numpy array of an integer dtype, or a
+    sequence of ints; anything else is REFIT_EINVAL naming what it is."""
+    def bad(why: str) -> RefitError:
+        return RefitError(_EINVAL, "REFIT_EINVAL", "%s: %s: %s" % (call, what, why), call)
+    if hasattr(x, "detach") and hasattr(x, "is_floating_point"):  # torch
+        import torch
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise bad("dtype %s, not an integer dtype" % x.dtype)
+        if x.dim() != 1:
+            raise bad("%d dims, not 1" % x.dim())
+        h = x.detach().to("cpu", torch.int64).contiguous()
+        return h, int(h.numel()), int(h.data_ptr()) if h.numel() else 0
+    kind = getattr(getattr(x, "dtype", None), "kind", None)
+    if kind is not None:  # numpy
+        if kind not in "iu":
+            raise bad("dtype %s, not an integer dtype" % x.dtype)
+        if x.ndim != 1:
+            raise bad("%d dims, not 1" % x.ndim)
+        import numpy as np
+        a = np.ascontiguousarray(x, dtype=np.int64)
+        return a, int(a.size), int(a.ctypes.data) if a.size else 0
+    try:
+        a = array.array("q", (operator.index(v) for v in x))
+    except (TypeError, OverflowError) as err:
+        raise bad(str(err)) from None
+    return a, len(a), a.buffer_info()[0] if len(a) else 0
 
 
 def describe(tensor: Any, stream: Optional[int] = None) -> Desc:
@@ -272,6 +305,15 @@ class Context:
             _check(self.handle, _ffi.lib().refit_check_serving(self.handle),
                    "refit_check_serving")
 
+    def verify_snapshot(self, path: str) -> None:
+        """Check snapshot path without a model (refit_snapshot_verify): the
+        manifest's checksum, the tensor file, and each module's fingerprint
+        recomputed from the file. RefitError (REFIT_ECORRUPT ...) if not."""
+        with self._lock:
+            _check(self.handle, _ffi.lib().refit_snapshot_verify(self.handle,
+                                                                 _b(os.fspath(path))),
+                   "verify_snapshot %s" % path)
+
     @property
     def version(self) -> Optional[str]:
         """The version label the worker holds (READY), else None."""
@@ -287,6 +329,20 @@ class Context:
         that update unended."""
         with self._lock:
             return bool(_ffi.lib().refit_journal_behind(self.handle))
+
+    def metrics(self) -> str:
+        """The worker's metrics in the Prometheus text format 0.0.4
+        (docs/operators.md "Metrics"), for the engine's /metrics;
+        refit.prometheus.Collector serves them to prometheus_client."""
+        text, n = ctypes.c_void_p(), ctypes.c_size_t()
+        L = _ffi.lib()
+        with self._lock:
+            _check(self.handle, L.refit_metrics_text(self.handle, ctypes.byref(text),
+                                                     ctypes.byref(n)), "refit_metrics_text")
+        try:
+            return ctypes.string_at(text.value, n.value).decode("utf-8", "replace")
+        finally:
+            L.refit_metrics_free(text)
 
     def create_model(self) -> "Model":
         h = ctypes.c_void_p()
@@ -545,26 +601,38 @@ class Model:
     def begin(self, version: Optional[str] = None, source_uri: Optional[str] = None,
               rollback: bool = True, *, source_digest: Optional[str] = None,
               fingerprint: bool = False, partial: bool = False,
-              keep_going: bool = False) -> "Txn":
+              keep_going: bool = False, base: Optional[str] = None,
+              changed: Optional[Sequence[str]] = None) -> "Txn":
         """refit_begin now: the worker is UPDATING when this returns.
         source_uri/source_digest: what the journal records as the source
         ("file:///..." is what replay can reopen). fingerprint: journal each
-        committed module's content fingerprint. partial: a delta (modules
-        not loaded keep their version); keep_going: a refused load leaves
-        the update open (by default it fails the update closed)."""
+        committed module's content fingerprint. partial: modules not loaded
+        keep their version; keep_going: a refused load leaves the update
+        open (by default it fails the update closed).
+
+        base: a delta update against that version (every module must hold
+        it, else REFIT_EMISMATCH naming the one that does not); it takes
+        txn.load_delta patches, and after the commit the whole model holds
+        version. changed: the modules it changes (each must receive
+        something; others are refused); None: every module not delivered
+        is unchanged."""
         return Txn(self, version, source_uri, rollback, source_digest=source_digest,
-                   fingerprint=fingerprint, partial=partial, keep_going=keep_going)
+                   fingerprint=fingerprint, partial=partial, keep_going=keep_going,
+                   base=base, changed=changed)
 
     def update(self, version: Optional[str] = None, source_uri: Optional[str] = None,
                rollback: bool = True, *, source_digest: Optional[str] = None,
                fingerprint: bool = False, partial: bool = False,
-               keep_going: bool = False) -> "Txn":
+               keep_going: bool = False, base: Optional[str] = None,
+               changed: Optional[Sequence[str]] = None) -> "Txn":
         """with model.update(...) as txn: ... finalizes on exit, aborts on an
         exception. The update begins at its first call, so a first
         txn.load_safetensors(path) records that file as its source (URI and
-        digest) and a failed update can be replayed."""
+        digest) and a failed update can be replayed. base, changed: a
+        delta update, as in begin()."""
         return Txn(self, version, source_uri, rollback, source_digest=source_digest,
-                   fingerprint=fingerprint, partial=partial, keep_going=keep_going, lazy=True)
+                   fingerprint=fingerprint, partial=partial, keep_going=keep_going,
+                   base=base, changed=changed, lazy=True)
 
     def replay(self, update_id: int, full: bool = False, rollback: bool = True) -> None:
         """Re-run a failed, aborted, rolled-back or interrupted update from
@@ -574,6 +642,30 @@ class Model:
         claimed = self.ctx._claim()     # an update of its own: waits for another's
         try:
             self._call("replay %d" % update_id, _ffi.lib().refit_replay, int(update_id),
+                       ctypes.byref(opts))
+        finally:
+            self.ctx._free_slot(claimed)
+
+
+    def snapshot(self, path: str) -> None:
+        """Write the committed state of this READY worker to the new
+        directory path (refit_snapshot_write, docs/restart.md): its runtime
+        tensors as they are, post-processed, and a manifest with the
+        version, each module's fingerprint and the plan signature."""
+        self._call("snapshot %s" % path, _ffi.lib().refit_snapshot_write, _b(os.fspath(path)))
+
+    def restore(self, path: str, rollback: bool = True) -> None:
+        """Restore snapshot path into this sealed model (refit_restore):
+        refused, nothing written, unless its files are intact and its plan
+        signature equals this worker's (the message names the first
+        difference: load the checkpoint instead); then the runtime bytes
+        are copied as they are, no post-load runs, and the worker commits
+        at the snapshot's version. A failure after the first byte rolls
+        back (rollback) or poisons the worker, as any update."""
+        opts = _ffi.RestoreOpts(_ffi.RESTORE_OPTS_VERSION, 1 if rollback else 0)
+        claimed = self.ctx._claim()     # an update of its own: waits for another's
+        try:
+            self._call("restore %s" % path, _ffi.lib().refit_restore, _b(os.fspath(path)),
                        ctypes.byref(opts))
         finally:
             self.ctx._free_slot(claimed)
@@ -601,8 +693,12 @@ class Txn:
     def __init__(self, model: Model, version: Optional[str] = None,
                  source_uri: Optional[str] = None, rollback: bool = True, *,
                  source_digest: Optional[str] = None, fingerprint: bool = False,
-                 partial: bool = False, keep_going: bool = False, lazy: bool = False) -> None:
+                 partial: bool = False, keep_going: bool = False, lazy: bool = False,
+                 base: Optional[str] = None,
+                 changed: Optional[Sequence[str]] = None) -> None:
         self.model = model
+        self.base = base
+        self.changed = None if changed is None else [str(m) for m in changed]
         self.version = version
         self.source_uri = source_uri
         self.source_digest = source_digest
@@ -628,6 +724,13 @@ class Txn:
                                1 if self.rollback else 0, strings[2],
                                1 if self.fingerprint else 0, 1 if self.partial else 0,
                                1 if self.keep_going else 0)
+        if self.base is not None:
+            opts.base_version = _b(self.base)
+            mods = self.changed or []
+            names = (ctypes.c_char_p * max(len(mods), 1))(*[_b(m) for m in mods])
+            opts.changed_modules = names
+            opts.n_changed_modules = len(mods)
+            opts.others_unchanged = 1 if self.changed is None else 0
         h = ctypes.c_void_p()
         ctx = self.model.ctx
         claimed = ctx._claim()      # another thread's update: wait for its end
@@ -742,6 +845,61 @@ class Txn:
         self._run("load_part %s" % name, _ffi.lib().refit_load_part, _b(name), int(offset),
                   ctypes.byref(d.t), st)
 
+    def load_delta(self, name: str, indices: Any, values: Any, stream: Stream = None) -> None:
+        """A patch of one checkpoint tensor in a delta update (begin(base=)):
+        the elements at flat indices (row-major over the checkpoint's full
+        shape; any order, none twice) take values (1-D, the checkpoint
+        dtype, host or device). Lands where load() would put those
+        elements; the undo log saves only them. A module built by a
+        post-load step (online quantization) is refused."""
+        self.load_deltas({name: (indices, values)}, stream)
+
+    def load_delta_runs(self, name: str, starts: Any, counts: Any, values: Any,
+                        stream: Stream = None) -> None:
+        """The run form: counts[i] elements from flat index starts[i] (rows
+        [a, b) of a [R, C] tensor: start a * C, count (b - a) * C); values
+        holds the runs' elements one run after another."""
+        self.load_deltas({name: (starts, counts, values)}, stream)
+
+    def load_deltas(self, table: Any, stream: Stream = None) -> None:
+        """Many patches in one refit_load_deltas call: a mapping (or pairs)
+        name -> (indices, values) or (starts, counts, values). Every row is
+        checked before any byte is written; a refusal names the row. Names
+        of other ranks' experts (model.foreign) are skipped."""
+        items = list(table.items() if isinstance(table, Mapping) else table)
+        rows, keep = [], []
+        st = self._stream(None, stream)
+        for name, patch in items:
+            if name in self.model.foreign:
+                continue
+            call = "load_delta %s" % name
+            if len(patch) == 2:
+                idx, counts, vals = _int64s(patch[0], "indices of %s" % name, call), None, \
+                    patch[1]
+            elif len(patch) == 3:
+                idx = _int64s(patch[0], "run starts of %s" % name, call)
+                counts = _int64s(patch[1], "run counts of %s" % name, call)
+                vals = patch[2]
+                if counts[1] != idx[1]:
+                    raise RefitError(_EINVAL, "REFIT_EINVAL", "%s: %d run starts but %d counts"
+                                     % (call, idx[1], counts[1]), call)
+            else:
+                raise RefitError(_EINVAL, "REFIT_EINVAL", "%s: a patch is (indices, values) "
+                                 "or (starts, counts, values), not %d items"
+                                 % (call, len(patch)), call)
+            d = _describe_as(vals, st.value if st else None, "values of %s" % name, call)
+            keep += [idx[0], d] + ([counts[0]] if counts else [])
+            rows.append(_ffi.Delta(_b(name), idx[1], idx[2], counts[2] if counts else None,
+                                   ctypes.pointer(d.t)))
+        if not rows:
+            return
+        arr = (_ffi.Delta * len(rows))(*rows)
+        self._keep.append(keep)
+        self._keep.append(arr)
+        what = "load_delta %s" % items[0][0] if len(items) == 1 else "load_deltas"
+        self._run(what, _ffi.lib().refit_load_deltas, len(rows), ctypes.cast(arr, ctypes.c_void_p),
+                  st)
+
     def load_dict(self, tensors, stream=None, strict=True):
         """Every tensor of a name -> tensor mapping, in one refit_load_many
         call: every row checked before any byte is written (a bad one
@@ -804,6 +962,11 @@ class Txn:
             self._run("txn stats", _ffi.lib().refit_txn_stats_get, ctypes.byref(st))
             out = {k: getattr(st, k) for k, *_ in _ffi.TxnStats._fields_}
             out["staging_peak"] = self.staging_peak
+            fn = getattr(_ffi.lib(), "refit_sys_txn_delta", None)
+            if fn is not None:
+                el, tn = ctypes.c_uint64(), ctypes.c_uint32()
+                fn(self.handle, ctypes.byref(el), ctypes.byref(tn))
+                out["delta_elements"], out["delta_tensors"] = el.value, tn.value
         return out
 
     @property
