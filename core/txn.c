@@ -156,6 +156,9 @@ struct refit_txn {
     uint32_t n_piece_saves;     /* undo entries of patch pieces (txn_delta_write) */
     uint64_t delta_elements;    /* elements patched (checkpoint elements given) */
     uint32_t delta_tensors;     /* tensors patched */
+    const char **delta_names;   /* each patched tensor (route names), for the */
+    uint64_t *delta_counts;     /*   journal, with its elements */
+    uint32_t cap_delta_names, cap_delta_counts;
     char *version_text;         /* room for "label (partial: K of N modules)" */
 };
 
@@ -1194,6 +1197,15 @@ int txn_delta_accept(refit_txn *t, delivery *d, bool skip, uint64_t elements)
     t->stats.tensors_loaded++;
     t->stats.bytes_loaded += tensor_dtype_bytes(d->r->spec.dtype, elements);
     if (!skip) {
+        uint32_t k = t->delta_tensors;
+        if (grow_array((void **)&t->delta_names, &t->cap_delta_names, k,
+                       sizeof *t->delta_names) ||
+            grow_array((void **)&t->delta_counts, &t->cap_delta_counts, k,
+                       sizeof *t->delta_counts))
+            return txn_fail(t, txn_error(t, REFIT_ENOMEM, "load_delta %s: out of memory",
+                                         d->name));
+        t->delta_names[k] = d->r->name;
+        t->delta_counts[k] = elements;
         t->delta_elements += elements;
         t->delta_tensors++;
     }
@@ -1405,6 +1417,8 @@ static void txn_destroy(refit_txn *t)
     free(t->source_uri);
     free(t->base_version);
     free(t->declared);
+    free(t->delta_names);
+    free(t->delta_counts);
     free(t);
 }
 
@@ -1457,6 +1471,8 @@ static void txn_journal_end(refit_txn *t, journal_update_state st, const char *e
             t->jb.p[t->jb.n++] = p;
     }
     txj_undo(m, t->journal_id, t->undo.placed[UNDO_DEVICE], t->undo.placed[UNDO_HOST]);
+    if (t->delta)
+        txj_delta(m, t->journal_id, t->delta_tensors, t->delta_names, t->delta_counts);
     txj_end(m, t->journal_id, &t->jb, st, t->stats.bytes_loaded, t->stats.tensors_loaded, error,
             health_after(m), reason);
 }

@@ -205,6 +205,7 @@ int txj_begin(refit_model *m, const refit_update_opts *o, int64_t replay_of,
             .plan_id = m->journal_plan, /* recorded at seal: no re-hashing */
             .health_from = health_word(before),
             .health_reason = "update began",
+            .base_version = o->base_version,
         };
         double t0 = mono_now();
         if (!m->journal_modules)
@@ -304,6 +305,18 @@ void txj_undo(refit_model *m, int64_t id, uint64_t device_bytes, uint64_t host_b
 {
     if (id && m->ctx->journal)
         journal_update_undo(m->ctx->journal, id, device_bytes, host_bytes);
+}
+
+void txj_delta(refit_model *m, int64_t id, size_t n, const char *const *names,
+               const uint64_t *elements)
+{
+    refit_ctx *ctx = m->ctx;
+    if (!id || !ctx->journal)
+        return;
+    double t0 = mono_now();
+    if (journal_update_delta(ctx->journal, id, n, names, elements))
+        txj_gap(ctx, "delta");
+    ctx->journal_seconds += mono_now() - t0;
 }
 
 void txj_batch_free(txj_batch *b)

@@ -37,7 +37,7 @@
 /* PRAGMA application_id of a refit journal ("RFTJ"). */
 #define JOURNAL_APPLICATION_ID 0x5246544a
 /* PRAGMA user_version this code writes; older files are migrated forward. */
-#define JOURNAL_SCHEMA_VERSION 4
+#define JOURNAL_SCHEMA_VERSION 5
 
 /* 1 when the handle's path still names the file it opened; 0 when the
  * file was deleted or replaced (writes would go to an unlinked file). */
@@ -140,6 +140,7 @@ typedef struct journal_update_info {
                                   worker's transition from this health to
                                   "updating" (as journal_health would) */
     const char *health_reason;
+    const char *base_version;  /* a delta update's base (NULL: not a delta) */
 } journal_update_info;
 
 /* A health transition recorded inside another write's transaction. */
@@ -206,6 +207,11 @@ int journal_update_end(journal *j, int64_t update_id,
  * update_id is not the update open here. */
 int journal_update_undo(journal *j, int64_t update_id, uint64_t device_bytes,
                         uint64_t host_bytes);
+/* A delta update's patches, in one transaction of their own: n tensors
+ * (names[i] changed in elements[i] elements) and their total, for the
+ * update open on this handle. REFIT_ESTATE when it is not. */
+int journal_update_delta(journal *j, int64_t update_id, size_t n,
+                         const char *const *names, const uint64_t *elements);
 /* The same, and the worker's health transition h (not NULL) in the same
  * transaction: one write ends an update and says what the worker is now. */
 int journal_update_end_health(journal *j, int64_t update_id,
@@ -250,7 +256,9 @@ typedef struct journal_worker_row {
 
 typedef struct journal_update_row {
     int64_t id;
-    const char *worker, *version, *source_uri, *source_digest, *mode;
+    const char *worker, *version, *source_uri, *source_digest;
+    const char *mode;           /* "normal", "replay", or "restore" (a normal
+                                   update whose source is snapshot://PATH) */
     int64_t replay_of;          /* 0: none */
     int rollback;
     int partial;                /* 1: a delta: modules not delivered kept theirs */

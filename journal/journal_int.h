@@ -33,8 +33,8 @@
     X(UPDATE_INSERT,                                                           \
       "INSERT INTO updates(worker, version, source_uri, source_digest, mode,"  \
       " replay_of, rollback_on, state, started_at, plan_id, n_modules, pid,"   \
-      " pid_start, host, partial) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,"         \
-      " 'loading', ?8, ?9, ?10, ?11, ?12, ?13, ?14)")                          \
+      " pid_start, host, partial, base_version) VALUES (?1, ?2, ?3, ?4, ?5,"   \
+      " ?6, ?7, 'loading', ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)")             \
     X(CHUNK_WRITE,                                                             \
       "INSERT INTO module_chunks(update_id, chunk, states, fingerprints)"      \
       " VALUES (?1, ?2, ?3, ?4) ON CONFLICT(update_id, chunk)"                 \

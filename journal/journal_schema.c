@@ -169,8 +169,20 @@ static const char schema_v4[] =
     "ALTER TABLE updates ADD COLUMN undo_device_bytes INTEGER;"
     "ALTER TABLE updates ADD COLUMN undo_host_bytes INTEGER;";
 
+/* Version 5: delta updates (docs/core.md "Delta updates"): the base
+ * version a delta update patched (NULL: not a delta), the elements its
+ * patches changed, and each patched tensor with its elements. */
+static const char schema_v5[] =
+    "ALTER TABLE updates ADD COLUMN base_version TEXT;"
+    "ALTER TABLE updates ADD COLUMN delta_elements INTEGER;"
+    "CREATE TABLE delta_tensors ("
+    " update_id INTEGER NOT NULL REFERENCES updates(id) ON DELETE CASCADE,"
+    " name TEXT NOT NULL,"
+    " elements INTEGER NOT NULL,"
+    " PRIMARY KEY (update_id, name)) WITHOUT ROWID;";
+
 /* The steps; steps[i] takes the file to version i + 1. */
-static const char *const steps[] = {schema_v1, schema_v2, schema_v3, schema_v4};
+static const char *const steps[] = {schema_v1, schema_v2, schema_v3, schema_v4, schema_v5};
 _Static_assert(sizeof steps / sizeof steps[0] == JOURNAL_SCHEMA_VERSION,
                "one migration step per schema version");
 
@@ -185,7 +197,8 @@ static const struct {
     {"updates", "id worker version source_uri source_digest mode replay_of "
                 "rollback_on state started_at ended_at bytes tensors error "
                 "plan_id n_modules pid pid_start host partial undo_device_bytes "
-                "undo_host_bytes"},
+                "undo_host_bytes base_version delta_elements"},
+    {"delta_tensors", "update_id name elements"},
     {"module_chunks", "update_id chunk states fingerprints"},
     {"module_received", "update_id idx received_tensors received_bytes"},
     {"modules", "update_id idx name state expected_tensors received_tensors "

@@ -94,6 +94,7 @@ static int update_row(journal *j, const journal_update_info *info,
         sqlite3_bind_null(s, 12);
     sqlite3_bind_text(s, 13, j->host, -1, SQLITE_STATIC);
     sqlite3_bind_int(s, 14, info->partial ? 1 : 0);
+    bind_opt_text(s, 15, info->base_version);
     int rc = jr_step_done(j, s);
     *id = sqlite3_last_insert_rowid(j->db);
     return rc;
