@@ -169,9 +169,9 @@ static void test_v1_options_accepted(void **state)
     assert_int_equal(tw_load(w, t, "m.w", 1), REFIT_OK);
     assert_int_equal(refit_finalize(t), REFIT_EINCOMPLETE);
     refit_update_opts bad = REFIT_UPDATE_OPTS_INIT;
-    bad.version = 3;
+    bad.version = REFIT_UPDATE_OPTS_VERSION + 1;
     assert_int_equal(refit_begin(&t, w->m, &bad), REFIT_EINVAL);
-    tw_assert_msg(w, "unknown version 3");
+    tw_assert_msg(w, "unknown version 4");
 }
 
 /* refit.h: the txn is freed either way; on a prepared txn finalize commits. */

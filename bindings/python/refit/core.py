@@ -149,10 +149,10 @@ def _int64s(x: Any, what: str, call: str) -> Tuple[Any, int, int]:
         a = np.ascontiguousarray(x, dtype=np.int64)
         return a, int(a.size), int(a.ctypes.data) if a.size else 0
     try:
-        a = array.array("q", (operator.index(v) for v in x))
+        q = array.array("q", (operator.index(v) for v in x))
     except (TypeError, OverflowError) as err:
         raise bad(str(err)) from None
-    return a, len(a), a.buffer_info()[0] if len(a) else 0
+    return q, len(q), q.buffer_info()[0] if len(q) else 0
 
 
 def describe(tensor: Any, stream: Optional[int] = None) -> Desc:
