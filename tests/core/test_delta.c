@@ -553,6 +553,33 @@ static void test_abort_after_patch_and_load(void **state)
     assert_true(same);
 }
 
+/* A version 2 caller's options end at keep_going: begin reads no further
+ * (under ASan, a read past the allocation would stop the test). */
+static void test_v2_options_read_no_further(void **state)
+{
+    tw *w = *state;
+    llm(w, 0, 1);
+    struct update_opts_v2 {
+        uint32_t version;
+        const char *version_label, *source_uri;
+        int rollback;
+        const char *source_digest;
+        int fingerprint, partial, keep_going;
+    };
+    assert_int_equal(sizeof(struct update_opts_v2), offsetof(refit_update_opts, base_version));
+    struct update_opts_v2 *o = calloc(1, sizeof *o);
+    assert_non_null(o);
+    o->version = 2;
+    o->version_label = "v1";
+    o->rollback = 1;
+    refit_txn *t = NULL;
+    assert_int_equal(refit_begin(&t, w->m, (const refit_update_opts *)(void *)o), REFIT_OK);
+    free(o);
+    tw_load_all(w, t, 1, NULL);
+    assert_int_equal(refit_finalize(t), REFIT_OK);
+    assert_string_equal(refit_worker_version(w->ctx), "v1");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -578,6 +605,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_duplicate_tensor, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_undo_proportional, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_abort_after_patch_and_load, tw_setup,
+                                        tw_teardown),
+        cmocka_unit_test_setup_teardown(test_v2_options_read_no_further, tw_setup,
                                         tw_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
