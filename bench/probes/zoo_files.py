@@ -90,7 +90,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--trace", default="")
     ap.add_argument("--child", action="store_true")
-    a = ap.parse_args()
+    a = ap.parse_intermixed_args()
     if a.child:
         return child(a)
     B = zoo.backend("torch")
