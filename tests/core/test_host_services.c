@@ -134,7 +134,7 @@ static int probe_plan(const refit_host_v2 *h, refit_fmt_module *m)
 }
 
 #define FMT(nm, pl, post)                                                                    \
-    {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2), nm, pl, post, NULL, 0, NULL}
+    {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2), nm, pl, post, NULL, 0, NULL, NULL}
 static const refit_format_v2 fmt_escape_copy = FMT("t-escape-copy", staged_plan, escape_copy_post);
 static const refit_format_v2 fmt_escape_zero = FMT("t-escape-zero", staged_plan, escape_zero_post);
 static const refit_format_v2 fmt_escape_fetch = FMT("t-escape-fetch", staged_plan,
@@ -310,14 +310,16 @@ static int direct_plan(const refit_host_v2 *h, refit_fmt_module *m)
 }
 
 static const refit_format_v2 fmt_sm90 = {REFIT_FORMAT_ABI_VERSION, sizeof(refit_format_v2),
-                                         "t-sm90", staged_plan, copy_home, NULL, 90, NULL};
+                                         "t-sm90", staged_plan, copy_home, NULL, 90, NULL,
+                                         NULL};
 static const refit_format_v2 fmt_sm90_direct = {REFIT_FORMAT_ABI_VERSION,
                                                 sizeof(refit_format_v2), "t-sm90-direct",
-                                                direct_plan, NULL, NULL, 90, NULL};
+                                                direct_plan, NULL, NULL, 90, NULL, NULL};
 /* built against a header without the member: its struct ends before it */
 static const refit_format_v2 fmt_sm90_short = {REFIT_FORMAT_ABI_VERSION,
                                                offsetof(refit_format_v2, min_compute_capability),
-                                               "t-sm90-short", staged_plan, copy_home, NULL, 90, NULL};
+                                               "t-sm90-short", staged_plan, copy_home, NULL, 90, NULL,
+                                               NULL};
 
 /* Module "a" of fmt (a.w [4] -> w) on the host backend's device, which
  * reports compute capability major.minor (0.0: host memory); the seal's
