@@ -89,27 +89,43 @@ typedef struct refit_view {
 /* Checkpoint-tensor flags set by plan. */
 #define REFIT_CKPT_CAST 0x1u /* DIRECT: dtype differs from the target's; cast */
 
-/* One checkpoint tensor of a module (elements m->ckpt_stride bytes apart). */
+/* One checkpoint tensor of a module (elements m->ckpt_stride bytes apart).
+ * Every member below is in every ABI 2 host's elements; one appended later
+ * says so and is read only when REFIT_ELEM_HAS(m->ckpt_stride,
+ * refit_fmt_ckpt, member) (docs/plugins.md, "The rules ..."). */
 typedef struct refit_fmt_ckpt {
     const char *name;        /* checkpoint name */
-    const char *target;      /* runtime tensor name it maps to */
+    const char *target;      /* runtime tensor name it maps to (its role:
+                                the declaration's first runtime role whose
+                                match and dtypes fit that name) */
     int32_t target_index;    /* index into the module's runtime tensors */
     refit_dtype dtype;       /* checkpoint dtype */
     int32_t ndim;
     int64_t shape[REFIT_MAX_DIMS]; /* this rank's slice */
     uint32_t route;          /* OUT (plan): refit_route */
     uint32_t flags;          /* OUT (plan): REFIT_CKPT_* */
-    refit_view staged;       /* post_load: the staged bytes (STAGED only) */
-    refit_view place;        /* where a DIRECT copy would land in the target */
+    refit_view staged;       /* post_load: the staged bytes (STAGED only):
+                                this rank's slice, checkpoint dtype, row-major
+                                contiguous, 64-byte aligned (maybe the
+                                caller's source: STAGED_IN_PLACE) */
+    refit_view place;        /* where a DIRECT copy of this rank's rows would
+                                land in the target (STAGED, DIRECT; a VIEW's
+                                plan writes it): row `expert`, then
+                                dst_offset, rank-local, no pad rows, the
+                                target's dtype and strides; zeroed (ndim 0)
+                                when the dims do not fit the target */
     /* where this rank's slice sits in the whole tensor, and the placement
      * the model declared, for formats that check block alignment or lay a
      * VIEW at an offset themselves */
     int32_t split_dim;       /* dim the slice is cut along; -1: a scalar */
     int64_t slice_lo;        /* this rank's rows [slice_lo, slice_hi) of */
-    int64_t slice_hi;        /*   split_dim, in the whole tensor */
+    int64_t slice_hi;        /*   split_dim, in the whole checkpoint tensor:
+                                never an offset in the runtime tensor */
     int64_t full_shape[REFIT_MAX_DIMS]; /* the whole (unsharded) tensor */
     int64_t expert;          /* index into a stacked target's dim 0, or -1 */
-    int64_t dst_offset[REFIT_MAX_DIMS]; /* offset in the target, per dim */
+    int64_t dst_offset[REFIT_MAX_DIMS]; /* offset in the target as this rank
+                                holds it, per checkpoint dim (after the
+                                expert dim of a stacked target) */
 } refit_fmt_ckpt;
 
 /* One runtime tensor (elements m->runtime_stride bytes apart). */
@@ -151,7 +167,11 @@ typedef struct refit_fmt_module {
     refit_fmt_ckpt *ckpt;    /* read through refit_ckpt(m, i) */
     uint32_t n_runtime;
     uint32_t runtime_stride; /* bytes from one runtime element to the next */
-    refit_fmt_runtime *runtime; /* read through refit_runtime(m, i) */
+    refit_fmt_runtime *runtime; /* read through refit_runtime(m, i); one no
+                                checkpoint tensor targets is allowed under
+                                REFIT_MODULE_POST_LOAD (seal refuses it
+                                otherwise) and is saved for rollback before
+                                the post-load like the rest */
     uint32_t flags;          /* OUT (plan): REFIT_MODULE_* */
     void *state;             /* the format's, from plan to release */
     const void *params;      /* opaque; read through host->param */
@@ -342,7 +362,10 @@ typedef struct refit_format_v2 {
      * host->error naming module and tensor (without one, the host names
      * the plugin and module); on failure release is still called when
      * m->state is set. The routes are checked against the plugin's
-     * declaration afterwards. */
+     * declaration afterwards: a tensor's role is the first of its list
+     * whose match (fnmatch of the checkpoint or runtime name) and dtypes
+     * fit; kernels' reads/writes name checkpoint/runtime roles, unchecked
+     * against the plan. */
     int (*plan)(const refit_host_v2 *host, refit_fmt_module *m);
     /* Build the runtime tensors of a complete STAGED module from its staged
      * checkpoint bytes, writing in place into its runtime views. Reads no
@@ -377,8 +400,11 @@ typedef struct refit_format_v2 {
      * one loading call (refit_load_many, a source set) completes; views
      * handed to host services may lie in any of the n modules' memory.
      * Errors as post_load's: REFIT_ECORRUPT (the message names module and
-     * tensor) is held until finalize; anything else fails the load. NULL:
-     * the host calls post_load for each. Needs post_load too. */
+     * tensor) is held until finalize; anything else fails the load. One
+     * failure a call: where it stops is the format's (refit/sdk/group.h
+     * stops at the first), where post_load for each goes on past an
+     * ECORRUPT module. NULL: the host calls post_load for each. Needs
+     * post_load too. */
     int (*post_load_many)(const refit_host_v2 *host, const refit_fmt_module *const *m,
                           uint32_t n, void *stream);
     /* appended in ABI 2 (read it through REFIT_STRUCT_HAS) */
