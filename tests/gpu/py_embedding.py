@@ -25,7 +25,7 @@ TP_RANK, TP = 1, 2
 def guide(*names):
     """A namespace with the named blocks of the guide executed in order."""
     blocks = embedding_doc.blocks()
-    mine = {n for n in blocks if not n.startswith("moe")}  # moe_*: py_moe.py's
+    mine = {n for n in blocks if not n.startswith(("moe", "delta"))}  # py_moe's, py_delta's
     assert mine == {"register", "fp8", "vllm", "sglang", "trainer"}, sorted(blocks)
     return embedding_doc.run(blocks, names, "embedding_guide")
 
