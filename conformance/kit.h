@@ -25,7 +25,7 @@ typedef struct kit_env {
     const char *case_path;
     const mdoc *doc;         /* the case */
     int tp;                  /* shard count of the case's sharded entries (1: none) */
-    const char *fault;       /* --self-test-fault: the check to break, or NULL */
+    const char *fault;       /* --self-test-fault: what to break (refusal, twin), or NULL */
     refit_device device;     /* where runtime tensors and sources live (--device) */
     const char *reference;   /* --reference: the author's reference command, or NULL */
 } kit_env;

@@ -566,12 +566,17 @@ int kit_update(kit_world *w, const kit_delivery *d, const char *label, char *why
     int hrc = update_one(w->twin, d, label, hwhy, sizeof hwhy);
     if (rc && hrc)
         return rc; /* both refused: the check judges the device's refusal */
-    if (rc)
-        return fail(why, n, REFIT_EMISMATCH, "update %s failed on %s but committed on the "
-                    "host (the plugin's CPU path): %s", label, "the device", why);
+    if (rc) {
+        char dwhy[2048];
+        snprintf(dwhy, sizeof dwhy, "%s", why);
+        return fail(why, n, REFIT_EMISMATCH, "update %s failed on the device but committed on "
+                    "the host (the plugin's CPU path): %s", label, dwhy);
+    }
     if (hrc)
         return fail(why, n, REFIT_EMISMATCH, "update %s committed on the device but failed on "
                     "the host (the plugin's CPU path): %s", label, hwhy);
+    if (w->env->fault && !strcmp(w->env->fault, "twin"))
+        kit_flip_first_byte(w); /* --self-test-fault=twin */
     size_t nd = 0, nh = 0;
     void *dev = kit_snapshot(w, &nd), *host = kit_snapshot(w->twin, &nh);
     char where[256] = "";

@@ -43,8 +43,9 @@ static const char usage_head[] =
     "  --reference=CMD  the author's reference: `CMD DIR/request.json` gets the\n"
     "              checkpoint tensors and writes the runtime bytes it expects\n"
     "              (docs/conformance.md); the reference check compares them\n"
-    "  --self-test-fault=refusal  break the refusal check's bytes on purpose (the\n"
-    "              kit's own test shows that check can fail)\n"
+    "  --self-test-fault=refusal|twin  break the refusal check's bytes, or a device\n"
+    "              world's after each update, on purpose (the kit's own tests show\n"
+    "              those comparisons can fail)\n"
     "\n"
     "Checks, in the order they run:\n";
 static const char usage_tail[] =
@@ -249,6 +250,8 @@ int main(int argc, char **argv)
             reference = v;
         } else if (!strcmp(argv[a], "--self-test-fault=refusal")) {
             fault = "refusal";
+        } else if (!strcmp(argv[a], "--self-test-fault=twin")) {
+            fault = "twin";
         } else {
             fprintf(stderr, "refit-format-conformance: %s %s\n", missing ? "no value for"
                     : "unknown option", argv[a]);
