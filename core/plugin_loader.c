@@ -166,19 +166,22 @@ static void entry_free(plugin_entry *e)
 /* ---- vetting the files ---- */
 
 /* The rules for anything refit will execute or trust: a regular file owned
- * by this user or root, writable by no one else. */
-static int vet_stat(const struct stat *st, const char *what, char *why, size_t n)
+ * by this user or root, writable by no one else. Each refusal says the fix
+ * (the command on path). */
+static int vet_stat(const struct stat *st, const char *what, const char *path, char *why,
+                    size_t n)
 {
     uid_t me = geteuid();
     if (!S_ISREG(st->st_mode))
-        snprintf(why, n, "%s is not a regular file", what);
+        snprintf(why, n, "%s is not a regular file: put the file itself at %s", what, path);
     else if (st->st_uid != me && st->st_uid != 0)
-        snprintf(why, n, "%s is owned by uid %u, not by this user (uid %u) or root", what,
-                 (unsigned)st->st_uid, (unsigned)me);
+        snprintf(why, n, "%s is owned by uid %u, not by this user (uid %u) or root: chown %u %s "
+                 "(or install it as root)", what, (unsigned)st->st_uid, (unsigned)me,
+                 (unsigned)me, path);
     else if (st->st_mode & (S_IWGRP | S_IWOTH))
-        snprintf(why, n, "%s is writable by %s (mode %04o)", what,
+        snprintf(why, n, "%s is writable by %s (mode %04o): chmod go-w %s", what,
                  (st->st_mode & S_IWOTH) ? "others" : "its group",
-                 (unsigned)(st->st_mode & 07777));
+                 (unsigned)(st->st_mode & 07777), path);
     else
         return REFIT_OK;
     return REFIT_EFORMAT;
@@ -199,8 +202,8 @@ static int vet_dir_of(const char *file, char *why, size_t n)
         snprintf(why, n, "cannot stat its directory %s: %s", dir, strerror(errno));
         rc = REFIT_EFORMAT;
     } else if (st.st_mode & S_IWOTH) {
-        snprintf(why, n, "its directory %s is writable by others (mode %04o)", dir,
-                 (unsigned)(st.st_mode & 07777));
+        snprintf(why, n, "its directory %s is writable by others (mode %04o): chmod o-w %s",
+                 dir, (unsigned)(st.st_mode & 07777), dir);
         rc = REFIT_EFORMAT;
     }
     free(dir);
@@ -231,7 +234,7 @@ static int vet_module(plugin_entry *e, int *fd, struct stat *st, char *why, size
         snprintf(why, n, "cannot stat: %s", strerror(errno));
         return REFIT_EFORMAT;
     }
-    int rc = vet_stat(st, "the file", why, n);
+    int rc = vet_stat(st, "the file", e->real, why, n);
     if (!rc)
         rc = vet_dir_of(e->real, why, n);
     if (!rc && strcmp(e->real, e->path))
@@ -248,14 +251,17 @@ static int vet_decl(plugin_entry *e, const char *dir, char *why, size_t n)
     }
     struct stat st;
     if (stat(e->decl_path, &st) != 0) {
-        snprintf(why, n, errno == ENOENT ? "its declaration %s is missing"
-                                         : "cannot stat its declaration %s",
-                 e->decl_path);
+        if (errno == ENOENT)
+            snprintf(why, n, "its declaration %s is missing: install the plugin's %s.yaml "
+                     "beside it", e->decl_path, e->name);
+        else
+            snprintf(why, n, "cannot stat its declaration %s: %s", e->decl_path,
+                     strerror(errno));
         return REFIT_EFORMAT;
     }
     char what[64];
     snprintf(what, sizeof what, "its declaration %s.yaml", e->name);
-    int rc = vet_stat(&st, what, why, n);
+    int rc = vet_stat(&st, what, e->decl_path, why, n);
     if (rc)
         return rc;
     sdiags d = {.max = 8};
@@ -353,7 +359,9 @@ static int load_module(plugin_entry *e, int fd, const struct stat *st, char *why
             snprintf(why, n, "cannot load the vetted file by %s (is /proc mounted?): %s",
                      by_fd, err ? err : "unknown error");
         else if (err && strstr(err, "cannot open shared object file"))
-            snprintf(why, n, "a library it needs is missing: %s", err);
+            snprintf(why, n, "a library it needs is missing: %s (ldd %s names it: install it, "
+                     "or put its folder on LD_LIBRARY_PATH or in the plugin's RUNPATH)", err,
+                     e->real);
         else
             snprintf(why, n, "dlopen failed: %s", err ? err : "unknown error");
         rc = REFIT_EFORMAT;
@@ -387,18 +395,22 @@ static int check_symbol(plugin_entry *e, char *why, size_t n)
                      REFIT_FORMAT_ABI_VERSION, REFIT_FORMAT_PLUGIN_SYMBOL);
             return REFIT_EFORMAT;
         }
-        snprintf(why, n, "does not export %s%s%s", REFIT_FORMAT_PLUGIN_SYMBOL, err ? ": " : "",
-                 err ? err : "");
+        snprintf(why, n, "does not export %s%s%s (export it: REFIT_PLUGIN_EXPORT const "
+                 "refit_format_v2 %s = {...}; refit/format.h)", REFIT_FORMAT_PLUGIN_SYMBOL,
+                 err ? ": " : "", err ? err : "", REFIT_FORMAT_PLUGIN_SYMBOL);
         return REFIT_EFORMAT;
     }
     if (f->abi_version != REFIT_FORMAT_ABI_VERSION) {
-        snprintf(why, n, "invalid version %u in %s (this refit knows format ABI %d)",
-                 f->abi_version, REFIT_FORMAT_PLUGIN_SYMBOL, REFIT_FORMAT_ABI_VERSION);
+        snprintf(why, n, "invalid version %u in %s (this refit knows format ABI %d): set "
+                 "abi_version = REFIT_FORMAT_ABI_VERSION and rebuild against this refit's "
+                 "refit/format.h", f->abi_version, REFIT_FORMAT_PLUGIN_SYMBOL,
+                 REFIT_FORMAT_ABI_VERSION);
         return REFIT_EFORMAT;
     }
     if (f->struct_size < REFIT_FORMAT_V2_MIN_SIZE) {
-        snprintf(why, n, "struct_size %u is smaller than ABI %u's %zu bytes", f->struct_size,
-                 f->abi_version, (size_t)REFIT_FORMAT_V2_MIN_SIZE);
+        snprintf(why, n, "struct_size %u is smaller than ABI %u's %zu bytes: set struct_size "
+                 "= sizeof(refit_format_v2) and rebuild against this refit's refit/format.h",
+                 f->struct_size, f->abi_version, (size_t)REFIT_FORMAT_V2_MIN_SIZE);
         return REFIT_EFORMAT;
     }
     Dl_info info;
@@ -421,12 +433,14 @@ static int check_struct(plugin_entry *e, char *why, size_t n)
     if (!f->name || !f->plan)
         snprintf(why, n, "the format has no %s", f->name ? "plan function" : "name");
     else if (strcmp(f->name, e->name))
-        snprintf(why, n, "exports format '%s' but the file is named for '%s'", f->name, e->name);
+        snprintf(why, n, "exports format '%s' but the file is named for '%s': name the file "
+                 "refit-fmt-%s.so", f->name, e->name, f->name);
     else if (strcmp(d->name, f->name))
-        snprintf(why, n, "its declaration names format '%s', the plugin '%s'", d->name, f->name);
+        snprintf(why, n, "its declaration names format '%s', the plugin '%s': set name: %s in "
+                 "%s", d->name, f->name, f->name, e->decl_path);
     else if (d->abi != (int64_t)f->abi_version)
-        snprintf(why, n, "its declaration says ABI %lld, the plugin %u", (long long)d->abi,
-                 f->abi_version);
+        snprintf(why, n, "its declaration says ABI %lld, the plugin %u: set abi: %u in %s",
+                 (long long)d->abi, f->abi_version, f->abi_version, e->decl_path);
     else if (d->n_kernels && !f->post_load)
         snprintf(why, n, "its declaration lists post-load kernels (%s, line %u) but the plugin "
                  "has no post_load function", d->kernels[0].name, d->kernels[0].at.line);
@@ -580,7 +594,8 @@ static int scan_dir(plugin_set *ps, plugin_dir *d)
             continue;
         }
         static const char bad_name[] = "the name between refit-fmt- and .so is not a "
-                                       "lowercase identifier ([a-z][a-z0-9_]*)";
+                                       "lowercase identifier ([a-z][a-z0-9_]*): rename the "
+                                       "file refit-fmt-<name>.so after the format's name";
         plugin_entry *e = new_entry(ps, d->path, files[i]);
         rc = e ? set_reason(e, PLUGIN_REFUSED, bad_name) : REFIT_ENOMEM;
         if (e)

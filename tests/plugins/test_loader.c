@@ -75,7 +75,7 @@ static void refused_fake(const char *name, const char *yaml, const char *why)
 static void test_refuses_version_0(void **state)
 {
     (void)state;
-    refused_fake("badv0", PT_DECL_DIRECT, "invalid version 0 in refit_format_plugin_v2 (this refit knows format ABI 2)");
+    refused_fake("badv0", PT_DECL_DIRECT, "invalid version 0 in refit_format_plugin_v2 (this refit knows format ABI 2): set abi_version = REFIT_FORMAT_ABI_VERSION and rebuild");
 }
 
 static void test_refuses_newer_version(void **state)
@@ -117,13 +117,16 @@ static void test_refuses_missing_symbol(void **state)
 {
     (void)state;
     refused_fake("nosym", PT_DECL_DIRECT, "does not export refit_format_plugin_v2");
+    refused_fake("nosym", PT_DECL_DIRECT, "(export it: REFIT_PLUGIN_EXPORT const refit_format_v2 "
+                 "refit_format_plugin_v2 = {...}; refit/format.h)");
 }
 
 static void test_refuses_name_other_than_file(void **state)
 {
     (void)state;
     refused_fake("misnamed", PT_DECL_DIRECT,
-                 "exports format 'other' but the file is named for 'misnamed'");
+                 "exports format 'other' but the file is named for 'misnamed': name the file "
+                 "refit-fmt-other.so");
 }
 
 static void test_refuses_plugin_linking_core_symbol(void **state)
@@ -141,7 +144,9 @@ static void test_refuses_world_writable_file(void **state)
     char *dir = pt_tmpdir();
     pt_stage_fake(dir, "fakedirect", PT_DECL_DIRECT);
     assert_int_equal(chmod(pt_path(dir, "refit-fmt-fakedirect.so"), 0757), 0);
-    expect_refused(dir, "refit-fmt-fakedirect.so", "the file is writable by others (mode 0757)");
+    expect_refused(dir, "refit-fmt-fakedirect.so",
+                   pt_fmt("the file is writable by others (mode 0757): chmod go-w %s",
+                          pt_path(dir, "refit-fmt-fakedirect.so")));
     pt_rmtree(dir);
 }
 
@@ -151,7 +156,9 @@ static void test_refuses_group_writable_file(void **state)
     char *dir = pt_tmpdir();
     pt_stage_fake(dir, "fakedirect", PT_DECL_DIRECT);
     assert_int_equal(chmod(pt_path(dir, "refit-fmt-fakedirect.so"), 0775), 0);
-    expect_refused(dir, "refit-fmt-fakedirect.so", "the file is writable by its group (mode 0775)");
+    expect_refused(dir, "refit-fmt-fakedirect.so",
+                   pt_fmt("the file is writable by its group (mode 0775): chmod go-w %s",
+                          pt_path(dir, "refit-fmt-fakedirect.so")));
     pt_rmtree(dir);
 }
 
@@ -162,7 +169,7 @@ static void test_refuses_directory_writable_by_others(void **state)
     pt_stage_fake(dir, "fakedirect", PT_DECL_DIRECT);
     assert_int_equal(chmod(dir, 0777), 0);
     expect_refused(dir, "refit-fmt-fakedirect.so",
-                   pt_fmt("its directory %s is writable by others (mode 0777)", dir));
+                   pt_fmt("its directory %s is writable by others (mode 0777): chmod o-w %s", dir, dir));
     pt_rmtree(dir);
 }
 
@@ -173,7 +180,8 @@ static void test_refuses_declaration_writable_by_others(void **state)
     pt_stage_fake(dir, "fakedirect", PT_DECL_DIRECT);
     assert_int_equal(chmod(pt_path(dir, "fakedirect.yaml"), 0646), 0);
     expect_refused(dir, "refit-fmt-fakedirect.so",
-                   "its declaration fakedirect.yaml is writable by others (mode 0646)");
+                   pt_fmt("its declaration fakedirect.yaml is writable by others (mode 0646): "
+                          "chmod go-w %s", pt_path(dir, "fakedirect.yaml")));
     pt_rmtree(dir);
 }
 
@@ -188,7 +196,8 @@ static void test_refuses_file_of_another_user(void **state)
     pt_stage_fake(dir, "fakedirect", PT_DECL_DIRECT);
     assert_int_equal(chown(pt_path(dir, "refit-fmt-fakedirect.so"), 65534, 65534), 0);
     expect_refused(dir, "refit-fmt-fakedirect.so",
-                   "the file is owned by uid 65534, not by this user (uid 0) or root");
+                   pt_fmt("the file is owned by uid 65534, not by this user (uid 0) or root: chown 0 %s",
+                          pt_path(dir, "refit-fmt-fakedirect.so")));
     pt_rmtree(dir);
 }
 
@@ -218,7 +227,8 @@ static void test_refuses_bad_file_name(void **state)
     char *dir = pt_tmpdir();
     pt_copy(pt_fmt("%s/refit-fmt-fakedirect.so", pt_env("REFIT_TEST_FAKE_DIR")),
             pt_path(dir, "refit-fmt-Fake.so"), 0755);
-    expect_refused(dir, "refit-fmt-Fake.so", "is not a lowercase identifier");
+    expect_refused(dir, "refit-fmt-Fake.so", "is not a lowercase identifier ([a-z][a-z0-9_]*): "
+                   "rename the file refit-fmt-<name>.so after the format's name");
     pt_rmtree(dir);
 }
 
@@ -230,7 +240,8 @@ static void test_refuses_missing_declaration(void **state)
     char *dir = pt_tmpdir();
     pt_stage_fake(dir, "fakedirect", NULL);
     expect_refused(dir, "refit-fmt-fakedirect.so",
-                   pt_fmt("its declaration %s/fakedirect.yaml is missing", dir));
+                   pt_fmt("its declaration %s/fakedirect.yaml is missing: install the plugin's "
+                          "fakedirect.yaml beside it", dir));
     pt_rmtree(dir);
 }
 
