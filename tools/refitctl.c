@@ -23,6 +23,7 @@ static const struct ctl_area areas[] = {
     {"validate", ctl_validate, "FILE...: format declarations and model manifests"},
     {"manifest", ctl_manifest, "llama CONFIG.json: a model manifest from a config"},
     {"convert", ctl_convert, "IN OUT: quantize a checkpoint offline"},
+    {"metrics", ctl_metrics, "--db JOURNAL...: Prometheus metrics of the journals' workers"},
     {"version", ctl_version, "the library version"},
     {NULL, NULL, NULL},
 };

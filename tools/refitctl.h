@@ -13,6 +13,7 @@ int ctl_formats(int argc, char **argv);
 int ctl_validate(int argc, char **argv);
 int ctl_manifest(int argc, char **argv);
 int ctl_convert(int argc, char **argv);
+int ctl_metrics(int argc, char **argv);
 int ctl_version(int argc, char **argv);
 
 #endif

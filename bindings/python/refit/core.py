@@ -340,7 +340,7 @@ class Context:
             _check(self.handle, L.refit_metrics_text(self.handle, ctypes.byref(text),
                                                      ctypes.byref(n)), "refit_metrics_text")
         try:
-            return ctypes.string_at(text.value, n.value).decode("utf-8", "replace")
+            return ctypes.string_at(text, n.value).decode("utf-8", "replace")
         finally:
             L.refit_metrics_free(text)
 
