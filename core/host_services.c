@@ -47,7 +47,8 @@ typedef struct status_slot {
     const refit_fmt_module *m;     /* NULL for a post_load_many word: */
     const refit_fmt_module **mods; /*   then the module of each name */
     refit_device device;
-    uint32_t index;        /* word index in its device's array */
+    uint32_t index;        /* slot index in its device's array */
+    int at;                /* a status_word_at key (piece and element) */
     uint32_t n_names;
     char **names;
     char *what;
@@ -55,9 +56,12 @@ typedef struct status_slot {
     char *failed;          /* failed: the message; NULL for a device word */
 } status_slot;
 
+/* Each slot is 8 bytes (SLOT_WORDS words), 8-byte aligned: a status_word
+ * is its first 32-bit word, a status_word_at key the whole 64 bits. */
+#define SLOT_WORDS 2u
 typedef struct status_array {
     int device;            /* CUDA device id */
-    uint32_t *words;       /* device memory, cap words */
+    uint32_t *words;       /* device memory, cap slots */
     uint32_t cap, used;
 } status_array;
 
@@ -525,7 +529,7 @@ static status_array *status_array_for(struct host_svc *s, int dev, uint32_t want
             return NULL; /* sized for the model at its first use: cannot grow mid-update */
     if (grow_array((void **)&s->arrays, &s->cap_arrays, s->n_arrays, sizeof *s->arrays))
         return NULL;
-    uint32_t *w = gpusvc_alloc(dev, (size_t)want * sizeof *w, msg, n);
+    uint32_t *w = gpusvc_alloc(dev, (size_t)want * SLOT_WORDS * sizeof *w, msg, n);
     if (!w)
         return NULL;
     s->arrays[s->n_arrays] = (status_array){dev, w, want, 0};
@@ -544,38 +548,64 @@ static void slot_free(status_slot *sl)
 
 static int take_word(refit_ctx *ctx, const refit_fmt_module *m,
                      const refit_fmt_module *const *mods, refit_device dev, uint32_t n,
-                     const char *const *names, const char *what, void *stream, uint32_t **word);
+                     const char *const *names, const char *what, void *stream, int at,
+                     uint32_t **word);
+
+/* status_word (at 0) and status_word_at (at 1): one slot per module and
+ * update, the same one again for a second call of the same kind. */
+static int module_word(refit_ctx *ctx, const char *fn, const refit_fmt_module *m,
+                       refit_device dev, uint32_t n, const char *const *names, const char *what,
+                       void *stream, int at, uint32_t **word)
+{
+    struct host_svc *s = ctx->svc;
+    if (!m || !word || (n && !names))
+        return ctx_error(ctx, REFIT_EINVAL, "%s: no module, names or output", fn);
+    if (!s)
+        return ctx_error(ctx, REFIT_ENOMEM, "%s: no service state", fn);
+    if (dev.device_type != REFIT_DEVICE_CUDA || !backend_for_device(dev))
+        return ctx_error(ctx, REFIT_EUNSUPPORTED, "%s: module %s: device type %d id %d "
+                         "is no CUDA device this host serves", fn, m->name, dev.device_type,
+                         dev.device_id);
+    for (uint32_t i = s->slots_at_enter; i < s->n_slots; i++)
+        if (s->slots[i].m == m && !s->slots[i].failed) {
+            const status_slot *sl = &s->slots[i];
+            if (sl->at != at)
+                return ctx_error(ctx, REFIT_EINVAL, "%s: module %s already took a %s this "
+                                 "update", fn, m->name,
+                                 sl->at ? "status_word_at" : "status_word");
+            for (uint32_t a = 0; a < s->n_arrays; a++)
+                if (s->arrays[a].device == sl->device.device_id)
+                    *word = s->arrays[a].words + (size_t)sl->index * SLOT_WORDS;
+            return REFIT_OK;
+        }
+    return take_word(ctx, m, NULL, dev, n, names, what, stream, at, word);
+}
 
 static int host_status_word(void *host, const refit_fmt_module *m, refit_device dev, uint32_t n,
                             const char *const *names, const char *what, void *stream,
                             uint32_t **word)
 {
-    refit_ctx *ctx = host;
-    struct host_svc *s = ctx->svc;
-    if (!m || !word || (n && !names))
-        return ctx_error(ctx, REFIT_EINVAL, "status_word: no module, names or output");
-    if (!s)
-        return ctx_error(ctx, REFIT_ENOMEM, "status_word: no service state");
-    if (dev.device_type != REFIT_DEVICE_CUDA || !backend_for_device(dev))
-        return ctx_error(ctx, REFIT_EUNSUPPORTED, "status_word: module %s: device type %d id %d "
-                         "is no CUDA device this host serves", m->name, dev.device_type,
-                         dev.device_id);
-    for (uint32_t i = s->slots_at_enter; i < s->n_slots; i++)
-        if (s->slots[i].m == m && !s->slots[i].failed) {
-            const status_slot *sl = &s->slots[i];
-            for (uint32_t a = 0; a < s->n_arrays; a++)
-                if (s->arrays[a].device == sl->device.device_id)
-                    *word = s->arrays[a].words + sl->index;
-            return REFIT_OK;
-        }
-    return take_word(ctx, m, NULL, dev, n, names, what, stream, word);
+    return module_word(host, "status_word", m, dev, n, names, what, stream, 0, word);
+}
+
+static int host_status_word_at(void *host, const refit_fmt_module *m, refit_device dev,
+                               uint32_t n, const char *const *names, const char *what,
+                               void *stream, unsigned long long **key)
+{
+    uint32_t *w = NULL;
+    int rc = module_word(host, "status_word_at", m, dev, n, names, what, stream, 1,
+                         key ? &w : NULL);
+    if (!rc)
+        *key = (unsigned long long *)(void *)w; /* a slot is 8 bytes, 8-byte aligned */
+    return rc;
 }
 
 /* A new word on dev for module m (mods NULL) or for the pieces of a
  * post_load_many (m NULL, mods[i] the module of names[i]). */
 static int take_word(refit_ctx *ctx, const refit_fmt_module *m,
                      const refit_fmt_module *const *mods, refit_device dev, uint32_t n,
-                     const char *const *names, const char *what, void *stream, uint32_t **word)
+                     const char *const *names, const char *what, void *stream, int at,
+                     uint32_t **word)
 {
     struct host_svc *s = ctx->svc;
     const char *who = m ? m->name : mods[0]->name;
@@ -589,7 +619,7 @@ static int take_word(refit_ctx *ctx, const refit_fmt_module *m,
                          "device %d%s%s", who, dev.device_id, msg[0] ? ": " : "", msg);
     if (grow_array((void **)&s->slots, &s->cap_slots, s->n_slots, sizeof *s->slots))
         return ctx_error(ctx, REFIT_ENOMEM, "status_word: out of memory");
-    status_slot sl = {m, NULL, dev, arr->used, 0, calloc(n ? n : 1, sizeof(char *)),
+    status_slot sl = {m, NULL, dev, arr->used, at, 0, calloc(n ? n : 1, sizeof(char *)),
                       xstrdup(what ? what : "refused by its post-load kernel"), 0, NULL};
     int oom = !sl.names || !sl.what;
     if (!oom && mods) {
@@ -604,8 +634,8 @@ static int take_word(refit_ctx *ctx, const refit_fmt_module *m,
         slot_free(&sl);
         return ctx_error(ctx, REFIT_ENOMEM, "status_word: out of memory");
     }
-    uint32_t *w = arr->words + arr->used;
-    int rc = gpusvc_memset_word(dev.device_id, w, 1, stream, msg, sizeof msg);
+    uint32_t *w = arr->words + (size_t)arr->used * SLOT_WORDS;
+    int rc = gpusvc_memset_word(dev.device_id, w, SLOT_WORDS, stream, msg, sizeof msg);
     if (rc) {
         slot_free(&sl);
         return ctx_error(ctx, rc, "status_word: module %s: %s", who, msg);
@@ -643,7 +673,7 @@ static int host_status_word_many(void *host, refit_device dev, uint32_t n,
         return ctx_error(ctx, REFIT_EUNSUPPORTED, "status_word_many: module %s: device type %d "
                          "id %d is no CUDA device this host serves", mods[0]->name,
                          dev.device_type, dev.device_id);
-    return take_word(ctx, NULL, mods, dev, n, names, what, stream, word);
+    return take_word(ctx, NULL, mods, dev, n, names, what, stream, 0, word);
 }
 
 int host_services_post_load_failed(refit_ctx *ctx, const refit_fmt_module *m, int status,
@@ -653,7 +683,7 @@ int host_services_post_load_failed(refit_ctx *ctx, const refit_fmt_module *m, in
     if (!s || grow_array((void **)&s->slots, &s->cap_slots, s->n_slots, sizeof *s->slots))
         return REFIT_ENOMEM;
     refit_device cpu = {REFIT_DEVICE_CPU, 0};
-    status_slot sl = {m, NULL, cpu, 0, 0, NULL, NULL, status,
+    status_slot sl = {m, NULL, cpu, 0, 0, 0, NULL, NULL, status,
                       xstrdup(msg ? msg : "post-load failed")};
     if (!sl.failed)
         return REFIT_ENOMEM;
@@ -669,16 +699,36 @@ static int read_arrays(refit_ctx *ctx, struct host_svc *s, uint32_t **got)
         status_array *arr = &s->arrays[a];
         if (!arr->used)
             continue;
-        if (!(got[a] = malloc((size_t)arr->used * sizeof *got[a])))
+        size_t bytes = (size_t)arr->used * SLOT_WORDS * sizeof *got[a];
+        if (!(got[a] = malloc(bytes)))
             return ctx_error(ctx, REFIT_ENOMEM, "post-load status: out of memory");
         char msg[256] = "";
-        int rc = gpusvc_read(arr->device, got[a], arr->words,
-                             (size_t)arr->used * sizeof *got[a], msg, sizeof msg);
+        int rc = gpusvc_read(arr->device, got[a], arr->words, bytes, msg, sizeof msg);
         if (rc)
             return ctx_error(ctx, rc, "post-load status on CUDA device %d: %s", arr->device,
                              msg);
     }
     return REFIT_OK;
+}
+
+/* A slot as read back: REFIT_ECORRUPT naming the piece (and for a key the
+ * element) its kernels lowered it to, or REFIT_OK. */
+static int slot_check(refit_ctx *ctx, const status_slot *sl, const uint32_t *w)
+{
+    uint64_t key = 0;
+    memcpy(&key, w, sizeof key); /* both words, in the device's (little-endian) order */
+    uint32_t bad = sl->at ? (key == REFIT_STATUS_AT_NONE ? REFIT_STATUS_NONE
+                                                          : (uint32_t)REFIT_STATUS_AT_PIECE(key))
+                          : w[0];
+    if (bad == REFIT_STATUS_NONE)
+        return REFIT_OK;
+    const refit_fmt_module *bm = sl->m ? sl->m : bad < sl->n_names ? sl->mods[bad] : sl->mods[0];
+    const char *tensor = bad < sl->n_names ? sl->names[bad] : "?";
+    if (sl->at)
+        return ctx_error(ctx, REFIT_ECORRUPT, "module %s, tensor %s, element %llu: %s", bm->name,
+                         tensor, (unsigned long long)REFIT_STATUS_AT_ELEMENT(key), sl->what);
+    return ctx_error(ctx, REFIT_ECORRUPT, "module %s, tensor %s: %s", bm->name, tensor,
+                     sl->what);
 }
 
 int host_services_check_status(refit_ctx *ctx)
@@ -696,16 +746,9 @@ int host_services_check_status(refit_ctx *ctx)
             rc = ctx_error(ctx, sl->status, "%s", sl->failed);
             continue;
         }
-        for (uint32_t a = 0; a < s->n_arrays && !rc; a++) {
-            if (s->arrays[a].device != sl->device.device_id || !got[a])
-                continue;
-            uint32_t bad = got[a][sl->index];
-            const refit_fmt_module *bm = sl->m ? sl->m
-                                       : bad < sl->n_names ? sl->mods[bad] : sl->mods[0];
-            if (bad != REFIT_STATUS_NONE)
-                rc = ctx_error(ctx, REFIT_ECORRUPT, "module %s, tensor %s: %s", bm->name,
-                               bad < sl->n_names ? sl->names[bad] : "?", sl->what);
-        }
+        for (uint32_t a = 0; a < s->n_arrays && !rc; a++)
+            if (s->arrays[a].device == sl->device.device_id && got[a])
+                rc = slot_check(ctx, sl, got[a] + (size_t)sl->index * SLOT_WORDS);
     }
     for (uint32_t a = 0; got && a < s->n_arrays; a++)
         free(got[a]);
@@ -803,6 +846,7 @@ void host_services_init(refit_ctx *ctx)
     h->gpu_run = host_gpu_run;
     h->status_word = host_status_word;
     h->status_word_many = host_status_word_many;
+    h->status_word_at = host_status_word_at;
     ctx->svc = calloc(1, sizeof *ctx->svc);
 }
 

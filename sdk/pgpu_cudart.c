@@ -53,6 +53,17 @@ static int pc_launch(refit_pgpu *g, void *kernel, uint32_t grid, uint32_t block,
     return e == cudaSuccess ? REFIT_OK : pc_cuda(g, e, "cudaLaunchKernel");
 }
 
+static int pc_launch_dims(refit_pgpu *g, void *kernel, const refit_gpu_launch *l)
+{
+    dim3 gd = {l->grid[0] ? l->grid[0] : 1, l->grid[1] ? l->grid[1] : 1,
+               l->grid[2] ? l->grid[2] : 1};
+    dim3 bd = {l->block[0] ? l->block[0] : 1, l->block[1] ? l->block[1] : 1,
+               l->block[2] ? l->block[2] : 1};
+    cudaError_t e = cudaLaunchKernel((const void *)kernel, gd, bd, l->args, l->shared_bytes,
+                                     (cudaStream_t)of(g)->stream);
+    return e == cudaSuccess ? REFIT_OK : pc_cuda(g, e, "cudaLaunchKernel");
+}
+
 /* Slices of the device's buffer; a call that needs more than it holds
  * waits for the device and grows it (only before its first slice). */
 static void *pc_scratch(refit_pgpu *g, size_t bytes)
@@ -132,6 +143,7 @@ int pgpu_cudart_begin(pgpu_cudart *p, const char *fn, const void *image, void *s
     memset(p, 0, sizeof *p);
     p->g.kernel = pc_kernel;
     p->g.launch = pc_launch;
+    p->g.launch_dims = pc_launch_dims;
     p->g.scratch = pc_scratch;
     p->g.zero = pc_zero;
     p->g.upload = pc_upload;

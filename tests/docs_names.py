@@ -18,7 +18,8 @@ fenced code blocks:
 - a symbol: every refit_/REFIT_ identifier, and every identifier called
   with parentheses (`name()`, `obj.name(x)`), must occur as a word in the
   sources (the tree's code, build and script files, not its docs); one
-  ending in `_` (`REFIT_GPU_*`) names a family: some word must start so.
+  ending in `_` (`REFIT_GPU_*`) names a family: some word must start so;
+  a metric's NAME_bucket, NAME_sum or NAME_count needs NAME.
 
 A doc may exempt what it names on purpose though it is not in the tree (a
 proposal, another project's function) with an HTML comment on any line:
@@ -120,7 +121,9 @@ def path_exists(root, docdir, tok, files, names):
 def symbol_exists(sym, words):
     if sym.endswith('_'):
         return any(w.startswith(sym) for w in words)
-    return sym in words
+    # a histogram's series (Prometheus): NAME_bucket, _sum, _count of NAME
+    base = re.sub(r'_(bucket|sum|count)$', '', sym)
+    return sym in words or base in words
 
 
 def check_doc(root, path, files, names, words, tops):

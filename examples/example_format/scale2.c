@@ -73,9 +73,10 @@ static int post_host(const refit_host_v2 *h, const refit_fmt_module *m)
         float *out = refit_runtime(m, (uint32_t)c->target_index)->view.data;
         int64_t n = numel(&c->staged);
         for (int64_t e = 0; e < n; e++)
-            if (!isfinite(in[e]))
-                return h->error(h->host, REFIT_ECORRUPT, "module %s, tensor %s: NaN or "
-                                "infinity in the weight", m->name, c->name);
+            if (!isfinite(in[e])) /* as the device's message: the flat element */
+                return h->error(h->host, REFIT_ECORRUPT, "module %s, tensor %s, element %lld: "
+                                "NaN or infinity in the weight", m->name, c->name,
+                                (long long)e);
         for (int64_t e = 0; e < n; e++)
             out[e] = 2.0f * in[e];
     }
@@ -86,26 +87,33 @@ static int post_device(const refit_host_v2 *h, const refit_fmt_module *m, refit_
                        void *stream)
 {
 #ifdef SCALE2_HAVE_DEVICE_CODE
-    const char *names[64];
-    uint32_t n = m->n_ckpt < 64 ? m->n_ckpt : 64;
-    for (uint32_t i = 0; i < n; i++)
+    /* piece i is checkpoint tensor i: every one named, however many (the
+     * host copies the names, so the table goes once the word is taken) */
+    const char **names = h->mem_alloc(h->host, (size_t)m->n_ckpt * sizeof *names);
+    if (!names)
+        return h->error(h->host, REFIT_ENOMEM, "module %s: no memory for %u tensor names",
+                        m->name, m->n_ckpt);
+    for (uint32_t i = 0; i < m->n_ckpt; i++)
         names[i] = refit_ckpt(m, i)->name;
     /* the SDK's launch table over the host's GPU service: the image loaded
-     * (once per context), the module's status word taken */
+     * (once per context), the module's status key taken (piece and
+     * element; a status word from a host without status_word_at) */
     refit_pgpu_host g;
-    int rc = refit_pgpu_host_init(&g, h, m, dev, stream, scale2_image, scale2_image_size, n,
-                                  names, "NaN or infinity in the weight");
+    int rc = refit_pgpu_host_init_at(&g, h, m, dev, stream, scale2_image, scale2_image_size,
+                                     m->n_ckpt, names, "NaN or infinity in the weight");
+    h->mem_free(h->host, names);
     void *kern = NULL;
     if (!rc)
         rc = g.g.kernel(&g.g, "scale2_f32", &kern);
     uint32_t *word = g.g.status;
+    unsigned long long *key = g.g.status_at;
     for (uint32_t i = 0; i < m->n_ckpt && !rc; i++) {
         const refit_fmt_ckpt *c = refit_ckpt(m, i);
         float *out = refit_runtime(m, (uint32_t)c->target_index)->view.data;
         const float *in = c->staged.data;
         long long count = (long long)numel(&c->staged);
-        unsigned int piece = i < n ? i : n - 1;
-        void *args[] = {&out, &in, &count, &piece, &word};
+        unsigned int piece = i;
+        void *args[] = {&out, &in, &count, &piece, &word, &key};
         uint32_t blocks = (uint32_t)((count + 255) / 256);
         rc = g.g.launch(&g.g, kern, blocks ? (blocks < 4096 ? blocks : 4096) : 1, 256, args);
     }

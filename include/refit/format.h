@@ -222,6 +222,20 @@ typedef struct refit_gpu_launch {
 
 /* The device status word of a module's post-load (host->status_word). */
 #define REFIT_STATUS_NONE 0xffffffffu
+/* The key of host->status_word_at: a piece index above, an element index
+ * (flat, row-major in the piece; past REFIT_STATUS_AT_ELEMENT_MAX it reads
+ * as that) below, so atomicMin keeps the first piece and its first bad
+ * element. REFIT_STATUS_AT evaluates element twice. */
+#define REFIT_STATUS_AT_NONE 0xffffffffffffffffull
+#define REFIT_STATUS_AT_ELEMENT_BITS 40
+#define REFIT_STATUS_AT_ELEMENT_MAX ((1ull << REFIT_STATUS_AT_ELEMENT_BITS) - 1)
+#define REFIT_STATUS_AT(piece, element)                                       \
+    (((unsigned long long)(piece) << REFIT_STATUS_AT_ELEMENT_BITS) |          \
+     ((unsigned long long)(element) < REFIT_STATUS_AT_ELEMENT_MAX             \
+          ? (unsigned long long)(element)                                     \
+          : REFIT_STATUS_AT_ELEMENT_MAX))
+#define REFIT_STATUS_AT_PIECE(key) ((unsigned long long)(key) >> REFIT_STATUS_AT_ELEMENT_BITS)
+#define REFIT_STATUS_AT_ELEMENT(key) ((unsigned long long)(key) & REFIT_STATUS_AT_ELEMENT_MAX)
 
 /* Services the host hands to a format. Every service may be called from
  * plan, post_load and release, on the thread that called into refit. A
@@ -323,6 +337,17 @@ typedef struct refit_host_v2 {
     int (*status_word_many)(void *host, refit_device dev, uint32_t n,
                             const refit_fmt_module *const *mods, const char *const *names,
                             const char *what, void *stream, uint32_t **word);
+    /* appended in ABI 2 (check REFIT_HOST_HAS first) */
+    /* status_word with the element: a 64-bit key, REFIT_STATUS_AT_NONE
+     * until its kernels lower it (atomicMin) to REFIT_STATUS_AT(piece,
+     * element); at finalize the host fails the update naming module m,
+     * names[piece] and the element ("module M, tensor T, element E:
+     * what"). One per module and update, as status_word's (a module takes
+     * one kind: the other then returns REFIT_EINVAL). Returns as
+     * status_word. */
+    int (*status_word_at)(void *host, const refit_fmt_module *m, refit_device dev, uint32_t n,
+                          const char *const *names, const char *what, void *stream,
+                          unsigned long long **key);
 } refit_host_v2;
 
 /* 1 when struct *s (abi_version/struct_size first) holds member. */

@@ -5,7 +5,8 @@ embedded, found on REFIT_PLUGIN_PATH, loaded into a model whose runtime
 tensors live on the device. Its kernel must give exactly the CPU
 reference's bytes (2 x is exact in F32), reload over old values like a
 cold start, keep a CUDA graph's addresses, and refuse a NaN at finalize
-with the previous bytes kept.
+with the previous bytes kept, the message naming the tensor and the
+element, in a module of any number of tensors.
 
 The plugin folder: REFIT_EXAMPLE_PLUGIN_DIR, else example/ beside
 REFIT_LIB (tests/gpu/stage.sh puts it there when given the example's build
@@ -104,10 +105,47 @@ def test_graph_replays_after_reload_and_nan_is_refused_at_finalize():
         update(m, bad, "v3")
     except refit.RefitError as e:
         assert e.name == "REFIT_ECORRUPT", e
-        assert "c.w" in e.message or "module c" in e.message, e.message
+        # c.w[1, 2, 3] of a [3, 5, 7] tensor: flat element 52
+        assert "module c, tensor c.w, element 52:" in e.message, e.message
     else:
         raise AssertionError("a NaN in c.w committed")
     for n in SHAPES:
         assert torch.equal(rt[n], before[n]), n
     assert ctx.version == "v2" and ctx.health() == refit.Health.READY
+    ctx.close()
+
+
+def test_nan_names_its_tensor_past_64_tensors():
+    """scale2 once named at most 64 tensors a module: a NaN in the 70th
+    was reported as the 64th's."""
+    d = plugin_dir()
+    old = os.environ.get("REFIT_PLUGIN_PATH", "")
+    os.environ["REFIT_PLUGIN_PATH"] = d + (":" + old if old else "")
+    try:
+        ctx = refit.Context(worker_id="example-format-wide")
+    finally:
+        os.environ["REFIT_PLUGIN_PATH"] = old
+    m = ctx.create_model()
+    m.add_module("wide", format="scale2")
+    names = ["wide.t%d" % i for i in range(70)]
+    rt = {}
+    for n in names:
+        rt[n] = torch.zeros(4, 8, dtype=torch.float32, device=DEV)
+        m.bind_runtime("wide", n, rt[n])
+        m.expect("wide", n, torch.float32, [4, 8], target=n)
+    m.seal()
+    good = {n: torch.full((4, 8), float(i), device=DEV) for i, n in enumerate(names)}
+    update(m, good, "v1")
+    bad = {n: t.clone() for n, t in good.items()}
+    bad["wide.t69"][2, 5] = float("inf")
+    try:
+        update(m, bad, "v2")
+    except refit.RefitError as e:
+        assert e.name == "REFIT_ECORRUPT", e
+        assert "tensor wide.t69, element 21:" in e.message, e.message
+    else:
+        raise AssertionError("an infinity in wide.t69 committed")
+    for i, n in enumerate(names):
+        assert torch.equal(rt[n], torch.full((4, 8), 2.0 * i, device=DEV)), n
+    assert ctx.version == "v1"
     ctx.close()

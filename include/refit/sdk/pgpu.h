@@ -25,7 +25,8 @@ typedef struct refit_pgpu refit_pgpu;
 struct refit_pgpu {
     /* the kernel `name` of the format's embedded image */
     int (*kernel)(refit_pgpu *g, const char *name, void **kernel);
-    /* launch it: grid x block threads, args as cudaLaunchKernel takes them */
+    /* launch it: grid x block threads, 1-D, no dynamic shared memory; args
+     * as cudaLaunchKernel takes them (launch_dims below for more) */
     int (*launch)(refit_pgpu *g, void *kernel, uint32_t grid, uint32_t block, void **args);
     /* `bytes` of device memory for this call's work, 256-byte aligned,
      * kept until that work is done; NULL on failure (message set) */
@@ -39,6 +40,14 @@ struct refit_pgpu {
                                 index; REFIT_STATUS_NONE when clean) */
     int multiprocessors;     /* of the device (grid sizing) */
     char msg[256];           /* the failure's message */
+    /* appended: NULL in a table that lacks them (refit_pgpu_host fills both) */
+    /* launch with l's 3-D grid and block and l->shared_bytes of dynamic
+     * shared memory (refit/format.h's refit_gpu_launch; l->args the args) */
+    int (*launch_dims)(refit_pgpu *g, void *kernel, const refit_gpu_launch *l);
+    unsigned long long *status_at; /* the module's status_word_at key
+                                (REFIT_STATUS_AT(piece, element), atomicMin;
+                                REFIT_STATUS_AT_NONE when clean) when the
+                                table took one, else NULL: lower status */
 };
 
 /* The element kind a launcher passes its kernels (refit/sdk/minifloat.h's

@@ -49,6 +49,14 @@ static inline int refit_pgpu_host_launch(refit_pgpu *g, void *kernel, uint32_t g
     return rc ? refit_pgpu_host_said(g, rc, "gpu_launch") : REFIT_OK;
 }
 
+static inline int refit_pgpu_host_launch_dims(refit_pgpu *g, void *kernel,
+                                              const refit_gpu_launch *l)
+{
+    refit_pgpu_host *p = refit_pgpu_host_of(g);
+    int rc = p->h->gpu_launch(p->h->host, p->dev, kernel, l, p->stream);
+    return rc ? refit_pgpu_host_said(g, rc, "gpu_launch") : REFIT_OK;
+}
+
 static inline void *refit_pgpu_host_scratch(refit_pgpu *g, size_t bytes)
 {
     refit_pgpu_host *p = refit_pgpu_host_of(g);
@@ -116,6 +124,7 @@ static inline int refit_pgpu_host_setup(refit_pgpu_host *p, const refit_host_v2 
     p->g.scratch = refit_pgpu_host_scratch;
     p->g.zero = refit_pgpu_host_zero;
     p->g.upload = refit_pgpu_host_upload;
+    p->g.launch_dims = refit_pgpu_host_launch_dims;
     refit_device_info di;
     memset(&di, 0, sizeof di);
     di.struct_size = sizeof di;
@@ -140,6 +149,25 @@ static inline int refit_pgpu_host_init(refit_pgpu_host *p, const refit_host_v2 *
     int rc = refit_pgpu_host_setup(p, h, dev, stream, image, image_size);
     if (!rc)
         rc = h->status_word(h->host, m, dev, n_names, names, what, stream, &p->g.status);
+    return rc;
+}
+
+/* As refit_pgpu_host_init, with the element too where the host has
+ * status_word_at: p->g.status_at is then the module's key and the host's
+ * message names the element; a host without it gives p->g.status (and
+ * status_at NULL), so kernels lower whichever is set. */
+static inline int refit_pgpu_host_init_at(refit_pgpu_host *p, const refit_host_v2 *h,
+                                          const refit_fmt_module *m, refit_device dev,
+                                          void *stream, const void *image, size_t image_size,
+                                          uint32_t n_names, const char *const *names,
+                                          const char *what)
+{
+    if (!REFIT_HOST_HAS(h, status_word_at))
+        return refit_pgpu_host_init(p, h, m, dev, stream, image, image_size, n_names, names,
+                                    what);
+    int rc = refit_pgpu_host_setup(p, h, dev, stream, image, image_size);
+    if (!rc)
+        rc = h->status_word_at(h->host, m, dev, n_names, names, what, stream, &p->g.status_at);
     return rc;
 }
 

@@ -95,7 +95,7 @@ static void test_nan_is_refused_and_rolled_back(void **state)
     assert_int_equal(tw_load(w, t, "m.b", 2), REFIT_OK);
     assert_int_equal(refit_load(t, "m.w", &bad->t, NULL), REFIT_OK); /* held until finalize */
     assert_int_equal(refit_finalize(t), REFIT_ECORRUPT);
-    tw_assert_msg(w, "module m", "tensor m.w", "NaN or infinity");
+    tw_assert_msg(w, "module m", "tensor m.w", "element 7: NaN or infinity");
     void *after = tw_snapshot(w, &n);
     int same = !memcmp(before, after, n);
     free(before);
