@@ -19,6 +19,7 @@ static const struct ctl_area areas[] = {
     {"journal", ctl_journal, "status|updates|show ID|modules ID|events|verify"},
     {"fleet", ctl_fleet, "JOURNAL...|DIR: every worker of many journals, mixed versions"},
     {"safetensors", ctl_safetensors, "ls|verify PATH"},
+    {"snapshot", ctl_snapshot, "show|verify PATH: a worker's snapshot"},
     {"formats", ctl_formats, "the format plugins found, loaded and refused"},
     {"validate", ctl_validate, "FILE...: format declarations and model manifests"},
     {"manifest", ctl_manifest, "llama CONFIG.json: a model manifest from a config"},

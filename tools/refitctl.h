@@ -14,6 +14,7 @@ int ctl_validate(int argc, char **argv);
 int ctl_manifest(int argc, char **argv);
 int ctl_convert(int argc, char **argv);
 int ctl_metrics(int argc, char **argv);
+int ctl_snapshot(int argc, char **argv);
 int ctl_version(int argc, char **argv);
 
 #endif
