@@ -62,6 +62,14 @@ class Engine:
         self.ctx.close()
 
 
+def refitctl(*args, check=False):
+    """refitctl with the build's own sanitizer runtime, if any: the one
+    preloaded into python for librefit would clash with it."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    return subprocess.run([REFITCTL] + list(args), capture_output=True, text=True, env=env,
+                          check=check)
+
+
 def checkpoint(seed):
     r = np.random.default_rng(seed)
     return {"up": r.standard_normal((8, 8)).astype(np.float32),
@@ -123,15 +131,13 @@ def test_sigkill_restart_restores_bit_equal():
     assert np.any(want["q"] != 0)   # fp8 bytes, as the killed worker's post-load left them
     e.close()
     # the journal: the killed worker's snapshot, the restore and its source
-    out = subprocess.run([REFITCTL, "journal", "updates", "--json", "--db", journal],
-                         capture_output=True, text=True, check=True)
+    out = refitctl("journal", "updates", "--json", "--db", journal, check=True)
     rows = json.loads(out.stdout)["updates"]
     last = rows[-1]
     assert last["mode"] == "restore" and last["state"] == "committed", last
     assert last["source_uri"] == "snapshot://" + os.path.realpath(snap), last
     assert [r["mode"] for r in rows] == ["normal", "normal", "restore"], rows
-    out = subprocess.run([REFITCTL, "journal", "events", "--json", "--db", journal],
-                         capture_output=True, text=True, check=True)
+    out = refitctl("journal", "events", "--json", "--db", journal, check=True)
     kinds = [ev["kind"] for ev in json.loads(out.stdout)["events"]]
     assert "snapshot" in kinds and "restore" in kinds, kinds
 
@@ -178,15 +184,13 @@ def test_damaged_snapshot_refused_and_verify_says_so():
     assert e.same(keep) and e.ctx.version == "v1"
     e.close()
     # refitctl agrees, and shows the good one
-    r = subprocess.run([REFITCTL, "snapshot", "verify", bad], capture_output=True, text=True)
+    r = refitctl("snapshot", "verify", bad)
     assert r.returncode == 1 and "the manifest recorded" in r.stderr, r
-    r = subprocess.run([REFITCTL, "snapshot", "verify", path], capture_output=True, text=True)
+    r = refitctl("snapshot", "verify", path)
     assert r.returncode == 0 and r.stdout.startswith("ok: "), r
-    r = subprocess.run([REFITCTL, "snapshot", "show", path], capture_output=True, text=True,
-                       check=True)
+    r = refitctl("snapshot", "show", path, check=True)
     assert "version      v2" in r.stdout and "fp8" in r.stdout, r.stdout
-    r = subprocess.run([REFITCTL, "snapshot", "show", "--json", path], capture_output=True,
-                       text=True, check=True)
+    r = refitctl("snapshot", "show", "--json", path, check=True)
     man = json.loads(r.stdout)
     assert man["version"] == "v2"
     assert [m["name"] for m in man["signature"]["modules"]] == ["mlp", "q"]
