@@ -10,13 +10,12 @@ one array.array, their shape and strides in another, the names in one
 NUL-separated bytes object.
 
 numpy arrays and objects with only __dlpack__ (CuPy, JAX) are read the same
-way, with no per-row call into ctypes: an array's data pointer and flags,
-a capsule's pointer and name, and a DLTensor's six words are gathered for
-every row at once by a numpy fancy index over the process's memory (the
-layouts are CPython's PyCapsule and numpy's PyArrayObject_fields, both a
-compiled ABI; each is checked against ctypes once, and the binding falls
-back to refit.describe row by row where either differs). Other tensors go
-through refit.describe one by one."""
+way, through the interfaces their producers publish: an array's
+__array_struct__, a DLPack capsule; the structs behind them are read for
+every row at once by a numpy fancy index over the process's memory, and a
+table the fast path cannot read (a strided numpy view, a DLPack 0.x
+producer, ...) goes through refit.describe row by row, as other tensors
+do."""
 
 import array
 import ctypes
@@ -27,6 +26,7 @@ import sys
 from typing import Any
 
 from . import _ffi
+from .tensors import _DLManagedTensorVersioned as _DLMV
 
 _P = ctypes.c_void_p
 _sz = ctypes.c_size_t
@@ -112,7 +112,18 @@ def _names_table(names):
 _names_seen: dict = {}  # len(names) -> the last _names_table of that many names
 
 
-# ---- numpy and DLPack rows: fields gathered from memory, a row at a time in C
+# ---- numpy and DLPack rows: public interfaces, read for every row at once
+#
+# Each row's fields come from an interface its producer publishes, never
+# from an object's own struct (whose layout a numpy or CPython release may
+# change): numpy's __array_struct__ (the array interface protocol's C
+# struct, PyArrayInterface, documented by numpy with a sanity member equal
+# to 2), and DLPack's capsule (DLManagedTensorVersioned, or the legacy
+# DLManagedTensor, as the DLPack spec defines them). Each capsule's
+# pointer is asked of CPython's PyCapsule_GetPointer (a checked call: the
+# wrong name raises); the structs behind the pointers are then read for
+# all rows at once by a numpy fancy index over the process's memory
+# (_gather), not by a ctypes object per row.
 
 class _Memory:
     """A numpy view of n items of typestr at addr (no copy, no ctypes type)."""
@@ -132,47 +143,26 @@ def _gather(np, addrs, dt):
     return mem[(addrs - lo) // size]
 
 
-_layout: dict = {}   # "array" / "capsule" -> the verified offsets, or None
+class _ArrayStruct(ctypes.Structure):
+    """numpy's PyArrayInterface, what __array_struct__'s capsule holds."""
+    _fields_ = [("two", ctypes.c_int), ("nd", ctypes.c_int), ("typekind", ctypes.c_char),
+                ("itemsize", ctypes.c_int), ("flags", ctypes.c_int),
+                ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("data", ctypes.c_void_p), ("descr", ctypes.c_void_p)]
 
 
-def _array_layout(np):
-    """(data, flags) offsets of PyArrayObject_fields, checked against
-    ctypes on two arrays (contiguous and not); None if they differ."""
-    if "array" not in _layout:
-        _layout["array"] = None
-        try:
-            head = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
-            a, b = np.arange(4, dtype=np.float32), np.arange(6, dtype=np.float64)[::2]
-            data, flags = head, head + 6 * 8
-
-            def rd(obj, off, ct):
-                return ct.from_address(id(obj) + off).value
-            if (rd(a, data, ctypes.c_void_p) == a.ctypes.data and rd(a, flags, ctypes.c_int) & 1
-                    and rd(b, data, ctypes.c_void_p) == b.ctypes.data
-                    and not rd(b, flags, ctypes.c_int) & 1
-                    and rd(a, head + 8, ctypes.c_int) == 1):
-                _layout["array"] = (data, flags)
-        except Exception:  # noqa: BLE001 (any surprise: the slow path)
-            pass
-    return _layout["array"]
-
-
-def _capsule_layout(np):
-    """(pointer, name) offsets of a PyCapsule, checked against
-    PyCapsule_GetPointer on a numpy DLPack capsule; None if they differ."""
-    if "capsule" not in _layout:
-        _layout["capsule"] = None
-        try:
-            from .tensors import _capsule_ptr
-            head = ctypes.sizeof(ctypes.c_ssize_t) + ctypes.sizeof(ctypes.c_void_p)
-            cap = np.arange(2, dtype=np.float32).__dlpack__()
-            ptr = ctypes.c_void_p.from_address(id(cap) + head).value
-            name = ctypes.c_char_p.from_address(id(cap) + head + 8).value
-            if ptr == _capsule_ptr(cap, b"dltensor") and name == b"dltensor":
-                _layout["capsule"] = (head, head + 8)
-        except Exception:  # noqa: BLE001
-            pass
-    return _layout["capsule"]
+_NPY_C_CONTIGUOUS = 0x1      # PyArrayInterface.flags: the row-major, gap-free layout
+_DLPACK_HEADER = _DLMV.dl_tensor.offset   # DLManagedTensorVersioned: version .. flags
+# PyCapsule_GetPointer(capsule, name) as an int (0 for NULL); ValueError
+# when the capsule's name is another (CPython raises, ctypes passes it on)
+_capsule_addr = ctypes.PYFUNCTYPE(ctypes.c_size_t, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_array_struct = operator.attrgetter("__array_struct__")
+# one producer call a row: __dlpack__ with no stream, which DLPack's
+# Python spec defines for CUDA as the legacy default stream (what
+# describe() asks for, stream=1) and requires on the host; the device is
+# the DLTensor's own, so __dlpack_device__ is not asked
+_dlpack_v1 = operator.methodcaller("__dlpack__", max_version=(1, 0))
 
 
 _np_words: dict = {}   # numpy dtype -> its word 2 (native byte order only)
@@ -197,10 +187,6 @@ def _np_dtype_words(names, dtypes):
                                  "load_dict") from None
             _np_words[dt] = (code << 32) | (bits << 40) | (1 << 48)
         return list(map(_np_words.__getitem__, dtypes))
-
-
-_first = operator.itemgetter(0)
-_DLPACK_HEADER = 32   # DLManagedTensorVersioned: version, manager_ctx, deleter, flags
 
 
 def _address(buf):
@@ -280,74 +266,77 @@ class Table:
         self._fill(ptrs, devwords, dwords, keys)
 
     def _rows_numpy(self, np, ts):
-        """numpy rows (host memory): False where the array layout is not
-        the one checked, or some array is not C-contiguous (described)."""
-        lay = _array_layout(np)
-        if lay is None:
-            return False
+        """numpy rows (host memory), each array's data pointer and flags
+        from its __array_struct__: False where some array is not
+        C-contiguous (a strided or negative-strided view: described), or
+        a struct is not the documented one (its member two is not 2)."""
         n = self.n
         dwords = _np_dtype_words(self.names, list(map(_get_dtype, ts)))
         if n == 0:
             self._fill([], [], dwords, [])
             return True
-        ids = np.fromiter(map(id, ts), dtype=np.uint64, count=n)
-        flags = _gather(np, ids + np.uint64(lay[1]), np.dtype(np.uint32))
-        if not (flags & 1).all():   # a strided view: its strides, in items, are read there
+        structs = list(map(_array_struct, ts))  # each owns its struct: kept while read
+        try:
+            at = np.fromiter(map(_capsule_addr, structs, itertools.repeat(None)),
+                             dtype=np.uint64, count=n)
+        except ValueError:  # a subclass's __array_struct__ that is no such capsule
             return False
-        ptrs = _gather(np, ids + np.uint64(lay[0]), np.dtype(np.uint64)).tolist()
-        self._fill(ptrs, [_DEV_CPU], dwords, list(map(_get_shape, ts)))
+        i32 = np.dtype(np.int32)
+        if (_gather(np, at + np.uint64(_ArrayStruct.two.offset), i32) != 2).any():
+            return False
+        flags = _gather(np, at + np.uint64(_ArrayStruct.flags.offset), i32)
+        if not (flags & _NPY_C_CONTIGUOUS).all():
+            return False
+        ptrs = _gather(np, at + np.uint64(_ArrayStruct.data.offset), np.dtype(np.uint64))
+        self._fill(ptrs.tolist(), [_DEV_CPU], dwords, list(map(_get_shape, ts)))
         return True
 
     def _rows_dlpack(self, np, types, ts):
         """Rows of objects with only __dlpack__ (CuPy, JAX): each row the
         DLTensor of its capsule, copied as it is (refit_tensor is its
-        layout); the capsules are kept here, and a device producer is asked
-        for them on CUDA's legacy default stream, as describe() asks. False
-        where the capsule layout is not the one checked, a producer speaks
-        DLPack 0.x only or a capsule is of another kind (described)."""
+        layout); the capsules are kept here. False (described, which
+        says what is wrong) where a producer speaks DLPack 0.x only, its
+        capsules are not all of one kind (versioned or legacy), a
+        versioned one is not 1.x, or a device is not CPU, CUDA or CUDA
+        host memory."""
         if not all(hasattr(t, "__dlpack__") and not hasattr(t, "_refit_desc") for t in types):
             return False
-        lay = _capsule_layout(np)
-        if lay is None or self.n == 0:
+        if self.n == 0:
             return False
-        u64, u32 = np.dtype(np.uint64), np.dtype(np.uint32)
-        devs = list(map(operator.methodcaller("__dlpack_device__"), ts))
-        kinds_of = {int(d) for d in set(map(_first, devs))}
-        if not kinds_of <= {_DEV_CPU, _DEV_CUDA, _DEV_PINNED}:
-            return False
-        host = operator.methodcaller("__dlpack__", max_version=(1, 0))
         try:
-            if _DEV_CUDA not in kinds_of:
-                caps = list(map(host, ts))
-            else:   # as describe() asks: ordered after CUDA's legacy default stream
-                cuda = operator.methodcaller("__dlpack__", max_version=(1, 0), stream=1)
-                caps = [cuda(t) if int(d[0]) == _DEV_CUDA else host(t) for t, d in zip(ts, devs)]
+            caps = list(map(_dlpack_v1, ts))
         except Exception:  # noqa: BLE001 (DLPack 0.x only, a dtype DLPack has not: described)
             return False
-        n = self.n
-        ids = np.fromiter(map(id, caps), dtype=np.uint64, count=n)
-        names = _gather(np, ids + np.uint64(lay[1]), u64)
-        managed = _gather(np, ids + np.uint64(lay[0]), u64)
-        kinds = {p: ctypes.string_at(p) if p else b"" for p in np.unique(names).tolist()}
-        if set(kinds.values()) - {b"dltensor_versioned", b"dltensor"} or not managed.all():
+        try:
+            managed = list(map(_capsule_addr, caps, itertools.repeat(b"dltensor_versioned")))
+            header = _DLPACK_HEADER
+        except ValueError:  # not all versioned: a 0.x producer's legacy capsules?
+            try:
+                managed = list(map(_capsule_addr, caps, itertools.repeat(b"dltensor")))
+                header = 0
+            except ValueError:
+                return False
+        u64 = np.dtype(np.uint64)
+        at = np.array(managed, dtype=np.uint64)
+        if not at.all():
             return False
-        versioned = np.zeros(n, dtype=bool)
-        for p, k in kinds.items():
-            if k == b"dltensor_versioned":
-                versioned |= names == np.uint64(p)
-        if versioned.any() and (_gather(np, managed[versioned], u32) != 1).any():
+        if header and (_gather(np, at, np.dtype(np.uint32)) != 1).any():
             return False    # a DLPack major version refit does not read
-        dl = managed + versioned.astype(np.uint64) * np.uint64(_DLPACK_HEADER)
-        r = array.array("Q", bytes(48 * n))
+        dl = at + np.uint64(header)
+        devwords = _gather(np, dl + np.uint64(8), u64)
+        kinds = devwords & np.uint64(0xFFFFFFFF)
+        if not np.isin(kinds, (_DEV_CPU, _DEV_CUDA, _DEV_PINNED)).all():
+            return False
+        r = array.array("Q", bytes(48 * self.n))
         for w in range(6):
-            r[w::6] = array.array("Q", _gather(np, dl + np.uint64(8 * w), u64).tobytes())
+            words = devwords if w == 1 else _gather(np, dl + np.uint64(8 * w), u64)
+            r[w::6] = array.array("Q", words.tobytes())
         self._rows = r
         self._dims = array.array("q")
         self._caps = caps
-        for d in devs:
-            if int(d[0]) == _DEV_CUDA:
-                self.device = (_DEV_CUDA, int(d[1]))
-                break
+        cuda = np.flatnonzero(kinds == np.uint64(_DEV_CUDA))
+        if len(cuda):
+            self.device = (_DEV_CUDA, int(devwords[cuda[0]]) >> 32)
         return True
 
     def _rows_described(self, ts):
