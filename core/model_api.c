@@ -21,13 +21,13 @@
 
 /* The undo log's memory for a full update with rollback, allocated from
  * now on a thread of its own, so that the first update allocates none
- * (docs/core.md "Undo log"; REFIT_UNDO_RESERVE=0: in the first update, as
- * before). A reservation that cannot start costs nothing but that. Said
+ * (docs/core.md "Undo log"; refit_seal_opts.undo_reserve = 0, or
+ * REFIT_UNDO_RESERVE=0 for a seal without options: in the first update).
+ * A reservation that cannot start costs nothing but that. Said
  * as a warning from 1 GiB on: it doubles a big model's memory. */
 static void seal_reserve_undo(refit_model *m)
 {
-    const char *env = getenv("REFIT_UNDO_RESERVE");
-    if ((env && !strcmp(env, "0")) || m->n_runtime == 0)
+    if (m->n_runtime == 0)
         return;
     undo_span *sp = malloc(sizeof *sp * m->n_runtime);
     if (!sp)
@@ -49,7 +49,7 @@ static void seal_reserve_undo(refit_model *m)
     else
         m->ctx->host.log(host, bytes >= ((uint64_t)1 << 30) ? 1 : 2, "undo log: reserving %llu bytes for updates with rollback "
                          "(device memory within undo_device_budget %llu, the rest host memory, "
-                         "pinned on a GPU; REFIT_UNDO_RESERVE=0: none)",
+                         "pinned on a GPU; refit_seal_opts.undo_reserve = 0: none)",
                          (unsigned long long)bytes,
                          (unsigned long long)m->ctx->undo_device_budget);
 }
@@ -73,9 +73,28 @@ int refit_sys_undo_held(refit_model *m, int wait, uint64_t *device_bytes, uint64
 
 int refit_model_seal(refit_model *m)
 {
+    return refit_model_seal_with(m, NULL);
+}
+
+int refit_model_seal_with(refit_model *m, const refit_seal_opts *opts)
+{
     if (!m)
         return REFIT_EINVAL;
     ctx_clear_error(m->ctx);
+    refit_seal_opts o = REFIT_SEAL_OPTS_INIT;
+    if (opts) {
+        if (opts->version < 1 || opts->version > REFIT_SEAL_OPTS_VERSION)
+            return ctx_error(m->ctx, REFIT_EINVAL, "invalid version %u on refit_seal_opts",
+                             (unsigned)opts->version);
+        if (opts->undo_reserve != 0 && opts->undo_reserve != 1)
+            return ctx_error(m->ctx, REFIT_EINVAL, "refit_seal_opts.undo_reserve is %d, "
+                             "not 0 or 1", opts->undo_reserve);
+        o = *opts;
+    } else {    /* the environment's override of the default */
+        const char *env = getenv("REFIT_UNDO_RESERVE");
+        if (env && !strcmp(env, "0"))
+            o.undo_reserve = 0;
+    }
     if (m->sealed)
         return ctx_error(m->ctx, REFIT_ESTATE, "the model is already sealed");
     int rc = manifest_check_bound(m);
@@ -91,7 +110,8 @@ int refit_model_seal(refit_model *m)
     m->sealed = true;
     m->n_empty = m->n_modules;
     txj_seal(m);
-    seal_reserve_undo(m);
+    if (o.undo_reserve)
+        seal_reserve_undo(m);
     return REFIT_OK;
 }
 

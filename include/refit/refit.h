@@ -277,8 +277,28 @@ REFIT_API int refit_model_load_manifest(refit_model *model, const char *yaml_pat
 
 /* Build the plan: one route per checkpoint tensor; validate every mapping;
  * record the signature of every runtime and side tensor. Refuses with a
- * message and changes nothing on failure. After seal nothing can be added. */
+ * message and changes nothing on failure. After seal nothing can be added.
+ * refit_model_seal_with(model, NULL): it also starts reserving the undo
+ * log's memory (refit_seal_opts.undo_reserve). */
 REFIT_API int refit_model_seal(refit_model *model);
+
+#define REFIT_SEAL_OPTS_VERSION 1
+typedef struct refit_seal_opts {
+    uint32_t version;          /* REFIT_SEAL_OPTS_VERSION */
+    /* 1: reserve the memory of an update's undo log now, on a thread of
+     * its own (device memory within undo_device_budget, the rest host
+     * memory, pinned on a GPU), so that the first update with rollback
+     * allocates none. 0: reserve nothing (an engine that never updates
+     * with rollback); the first update with rollback allocates it. */
+    int undo_reserve;
+} refit_seal_opts;
+#define REFIT_SEAL_OPTS_INIT {REFIT_SEAL_OPTS_VERSION, 1}
+/* refit_model_seal with options. NULL: the defaults, REFIT_SEAL_OPTS_INIT,
+ * except that REFIT_UNDO_RESERVE=0 in the environment turns undo_reserve
+ * off (a deployment's override of the default; given options win). An
+ * unknown version or an undo_reserve other than 0 or 1 is REFIT_EINVAL,
+ * naming it, and nothing is sealed. */
+REFIT_API int refit_model_seal_with(refit_model *model, const refit_seal_opts *opts);
 
 /* Plan statistics, for tools. */
 typedef struct refit_model_stats {

@@ -551,6 +551,63 @@ static void test_seal_reserves_undo(void **state)
     unsetenv("REFIT_UNDO_RESERVE");
 }
 
+/* refit_model_seal_with: undo_reserve 0 reserves nothing and 1 reserves,
+ * whatever REFIT_UNDO_RESERVE says (it overrides refit_model_seal's
+ * default only, which a NULL opts also takes); an unknown version or
+ * value is refused naming it, and the model stays unsealed. */
+static void test_seal_opts_undo_reserve(void **state)
+{
+    (void)state;
+    static const struct { int opts, reserve; const char *env; int held; } cases[] = {
+        {1, 0, NULL, 0}, {1, 1, "0", 1}, {0, 0, "0", 0}, {0, 0, NULL, 1}, {0, 0, "1", 1},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        if (cases[c].env)
+            setenv("REFIT_UNDO_RESERVE", cases[c].env, 1);
+        else
+            unsetenv("REFIT_UNDO_RESERVE");
+        refit_options o = REFIT_OPTIONS_INIT;
+        o.journal_path = "";
+        refit_ctx *ctx = NULL;
+        refit_model *m = NULL;
+        float buf[256] = {0};
+        int64_t shape[1] = {256};
+        refit_tensor t = {buf, {REFIT_DEVICE_CPU, 0}, 1, REFIT_F32, shape, NULL, 0};
+        refit_ckpt_spec spec = REFIT_CKPT_SPEC_INIT;
+        spec.dtype = REFIT_F32;
+        spec.ndim = 1;
+        spec.shape[0] = 256;
+        assert_int_equal(refit_open(&ctx, &o), REFIT_OK);
+        assert_int_equal(refit_model_create(&m, ctx), REFIT_OK);
+        assert_int_equal(refit_model_add_module(m, "m", "unquantized", NULL), REFIT_OK);
+        assert_int_equal(refit_module_bind_runtime(m, "m", "w", &t), REFIT_OK);
+        assert_int_equal(refit_model_expect(m, "m", "x", &spec), REFIT_OK);
+        refit_seal_opts bad = REFIT_SEAL_OPTS_INIT;
+        bad.version = 2;
+        assert_int_equal(refit_model_seal_with(m, &bad), REFIT_EINVAL);
+        assert_non_null(strstr(refit_errmsg(ctx), "invalid version 2 on refit_seal_opts"));
+        bad.version = 0;
+        assert_int_equal(refit_model_seal_with(m, &bad), REFIT_EINVAL);
+        bad = (refit_seal_opts)REFIT_SEAL_OPTS_INIT;
+        bad.undo_reserve = 2;
+        assert_int_equal(refit_model_seal_with(m, &bad), REFIT_EINVAL);
+        assert_non_null(strstr(refit_errmsg(ctx), "undo_reserve is 2, not 0 or 1"));
+        refit_seal_opts so = REFIT_SEAL_OPTS_INIT;
+        so.undo_reserve = cases[c].reserve;
+        assert_int_equal(refit_model_seal_with(m, cases[c].opts ? &so : NULL), REFIT_OK);
+        uint64_t dev = 1, host = 1;
+        assert_int_equal(refit_sys_undo_held(m, 1, &dev, &host), REFIT_OK);
+        assert_int_equal(dev, 0);
+        if (cases[c].held)
+            assert_true(host >= sizeof buf);
+        else
+            assert_int_equal(host, 0);
+        assert_int_equal(refit_model_seal_with(m, NULL), REFIT_ESTATE); /* sealed once */
+        refit_close(ctx);
+    }
+    unsetenv("REFIT_UNDO_RESERVE");
+}
+
 /* An update without rollback never waits for the reservation; a model
  * closed while it runs waits for it and frees everything (ASan's check). */
 static void test_reserve_close_early(void **state)
@@ -581,6 +638,7 @@ int main(void)
         cmocka_unit_test(test_abort_exact_each_placement),
         cmocka_unit_test(test_journal_records_placement),
         cmocka_unit_test(test_seal_reserves_undo),
+        cmocka_unit_test(test_seal_opts_undo_reserve),
         cmocka_unit_test(test_reserve_close_early),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -39,6 +39,8 @@ int main(void)
       M(refit_update_opts, rollback); M(refit_update_opts, source_digest);
       M(refit_update_opts, fingerprint); M(refit_update_opts, partial);
       M(refit_update_opts, keep_going));
+    S(refit_seal_opts, "SealOpts", M(refit_seal_opts, version);
+      M(refit_seal_opts, undo_reserve));
     S(refit_replay_opts, "ReplayOpts", M(refit_replay_opts, version);
       M(refit_replay_opts, full); M(refit_replay_opts, rollback));
     S(refit_model_stats, "ModelStats", M(refit_model_stats, modules);

@@ -666,6 +666,33 @@ def test_undo_reserve_off_then_first_update_allocates():
         ctx.close()
 
 
+def test_seal_undo_reserve_option():
+    """Model.seal(undo_reserve=) (refit_model_seal_with): False reserves
+    nothing, True reserves even with REFIT_UNDO_RESERVE=0 in the
+    environment (which overrides the default, None, only); a value other
+    than a bool or None is refused before sealing."""
+    runtime = (768 + 512) * 1024 * 4
+    for reserve, env, held in ((False, None, False), (True, "0", True), (None, "0", False),
+                               (None, None, True)):
+        if env is not None:
+            os.environ["REFIT_UNDO_RESERVE"] = env
+        try:
+            ctx = refit.Context(journal_path="")
+            m, arrs = big_model(ctx, seal=False)
+            try:
+                m.seal(undo_reserve=1)
+                raise AssertionError("seal(undo_reserve=1) accepted")
+            except ValueError as err:
+                assert "undo_reserve" in str(err) and "1" in str(err), err
+            m.seal(undo_reserve=reserve)
+        finally:
+            os.environ.pop("REFIT_UNDO_RESERVE", None)
+        dev, host = m.undo_held()
+        assert dev == 0 and (host >= runtime if held else host == 0), (reserve, env, host)
+        raises("REFIT_ESTATE", lambda: m.seal(undo_reserve=reserve), "already sealed")
+        ctx.close()
+
+
 def fp8_online(ctx, rows):
     """Online per-tensor fp8 modules l0, l1, ... on ctx: module i's weight
     [2 * rows[i], 32] fused from BF16 checkpoint tensors li.gate.weight

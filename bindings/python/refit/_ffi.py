@@ -105,6 +105,16 @@ class UpdateOpts(ctypes.Structure):
     ]
 
 
+SEAL_OPTS_VERSION = 1
+
+
+class SealOpts(ctypes.Structure):
+    _fields_ = [
+        ("version", ctypes.c_uint32),
+        ("undo_reserve", ctypes.c_int),
+    ]
+
+
 REPLAY_OPTS_VERSION = 1
 
 
@@ -204,6 +214,7 @@ _PROTOS = {
     "refit_model_expect": (_I, [_P, _S, _S, ctypes.POINTER(CkptSpec)]),
     "refit_model_load_manifest": (_I, [_P, _S]),
     "refit_model_seal": (_I, [_P]),
+    "refit_model_seal_with": (_I, [_P, ctypes.POINTER(SealOpts)]),
     "refit_model_stats_get": (_I, [_P, ctypes.POINTER(ModelStats)]),
     "refit_runtime_fingerprint": (_I, [_P, _S, _S, ctypes.POINTER(ctypes.c_uint64)]),
     "refit_model_fingerprint": (_I, [_P, ctypes.POINTER(ctypes.c_uint64)]),

@@ -474,16 +474,19 @@ class Model:
     def load_manifest(self, path: str) -> None:
         self._call("load_manifest %s" % path, _ffi.lib().refit_model_load_manifest, _b(path))
 
-    def seal(self, prepare: Union[bool, str] = True, stream: Stream = None) -> None:
-        """Build the update plan (refit_model_seal); registration is over.
+    def seal(self, prepare: Union[bool, str] = True, stream: Stream = None,
+             undo_reserve: Optional[bool] = None) -> None:
+        """Build the update plan (refit_model_seal_with); registration is over.
 
         Seal also readies what the first update would otherwise allocate
-        inside it (docs/embedding.md "The first update"): the C core starts
-        reserving the undo log's memory on a thread of its own
-        (undo_held(wait=True) waits for it; REFIT_UNDO_RESERVE=0 in the
-        environment turns that off), and, for a model with CUDA runtime
-        tensors, this prepares the stream updates will load on
-        (prepare_stream):
+        inside it (docs/embedding.md "The first update"): with undo_reserve
+        True the C core starts reserving the undo log's memory on a thread
+        of its own (undo_held(wait=True) waits for it); False reserves
+        nothing (an engine that never updates with rollback: its first
+        update with rollback allocates it); None (the default) reserves
+        unless REFIT_UNDO_RESERVE=0 is in the environment. For a model
+        with CUDA runtime tensors, this also prepares the stream updates
+        will load on (prepare_stream):
           prepare=True or "files" (the default): the stream's queue, its
             save stream, and the pinned ring that pageable sources (files,
             CPU tensors) are copied through (128 MiB pinned, held for the
@@ -498,7 +501,14 @@ class Model:
         is a RuntimeWarning, not an error: the model is sealed, and the
         first update allocates what is missing."""
         ring = _prepare_ring(prepare)   # a bad value refused before sealing
-        self._call("seal", _ffi.lib().refit_model_seal)
+        if undo_reserve is None:
+            self._call("seal", _ffi.lib().refit_model_seal_with, None)
+        elif isinstance(undo_reserve, bool):
+            opts = _ffi.SealOpts(_ffi.SEAL_OPTS_VERSION, 1 if undo_reserve else 0)
+            self._call("seal", _ffi.lib().refit_model_seal_with, ctypes.byref(opts))
+        else:
+            raise ValueError("refit: seal(undo_reserve=) is True, False or None, not %r"
+                             % (undo_reserve,))
         if ring is not None:
             self._prepare_or_warn(stream, ring, "seal")
 
@@ -554,8 +564,8 @@ class Model:
         by any update that needed more. wait=True first waits for seal's
         reservation to end: call it after seal to keep that cost out of
         the first update (which would otherwise wait at its first save).
-        (0, 0) before seal or with REFIT_UNDO_RESERVE=0 until an update
-        with rollback. RefitError REFIT_ESTATE while an update is open, or
+        (0, 0) before seal, or after seal(undo_reserve=False) until an
+        update with rollback. RefitError REFIT_ESTATE while an update is open, or
         with wait=False while the reservation still runs."""
         dev, host = ctypes.c_uint64(), ctypes.c_uint64()
         with self.ctx._lock:
