@@ -28,7 +28,7 @@ help_check() {
   done
   [ -z "$bad" ] && ok "--help: $*" || nok "--help: $*: $bad"
 }
-for c in "" journal fleet safetensors formats validate manifest convert version; do
+for c in "" journal fleet safetensors snapshot formats validate manifest convert version; do
   help_check "$ctl" $c --help
 done
 for c in status updates "show 1" "modules 1" events verify; do
@@ -36,6 +36,7 @@ for c in status updates "show 1" "modules 1" events verify; do
 done
 help_check "$ctl" safetensors ls --help
 help_check "$ctl" safetensors verify x --help
+help_check "$ctl" snapshot show x --help
 help_check "$ctl" manifest llama --help
 help_check "$ctl" validate -h
 help_check "$demo" --help
@@ -113,6 +114,9 @@ check_err "journal of a missing db" 1 "$ctl" journal status --json --db "$odd/no
 check_err "fleet of a missing journal" 1 "$ctl" fleet --json "$odd/none.db"
 check_err "fleet without a journal" 2 "$ctl" fleet --json
 check_err "journal unknown command" 2 "$ctl" journal nope --json --db "$db"
+check_err "snapshot show of a missing dir" 1 "$ctl" snapshot show --json "$odd/none"
+check_err "snapshot verify of a missing dir" 1 "$ctl" snapshot verify --json "$odd/none"
+check_err "snapshot unknown command" 2 "$ctl" snapshot nope --json "$odd"
 check_err "an unknown option" 2 "$ctl" safetensors ls --json --bogus "$st"
 check_err "validate without FILE" 2 "$ctl" validate --json
 check_err "refit-bench host bad value" 2 "$bench" host --json --repeat 0
