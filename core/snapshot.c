@@ -192,6 +192,9 @@ static int snapshot_refusals(refit_model *m, const char *path)
         return ctx_error(ctx, REFIT_ESTATE, "snapshot %s: worker %s is %s; only a READY "
                          "worker's committed state is snapshotted", path, ctx->worker_id,
                          refit_health_name(h));
+    if (!m->version)
+        return ctx_error(ctx, REFIT_ESTATE, "snapshot %s: worker %s has committed nothing",
+                         path, ctx->worker_id);
     if (m->n_behind)
         return ctx_error(ctx, REFIT_ESTATE, "snapshot %s: worker %s holds %s: every module "
                          "must hold one version (load a full update first)", path,

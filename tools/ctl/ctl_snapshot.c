@@ -78,7 +78,7 @@ static int ctl_snap_show_text(const char *path, const json_t *man)
            (long long)json_integer_value(json_object_get(abi, "format_abi")),
            (long long)json_integer_value(json_object_get(sig, "rank")), json_array_size(mods),
            dev, cc);
-    printf("\n%-40s %-14s %-10s %-16s %s\n", "MODULE", "FORMAT", "PLUGIN", "FINGERPRINT",
+    printf("\n%-40s %-14s %-19s %-16s %s\n", "MODULE", "FORMAT", "PLUGIN", "FINGERPRINT",
            "TENSORS");
     size_t i;
     json_t *m;
@@ -86,7 +86,8 @@ static int ctl_snap_show_text(const char *path, const json_t *man)
     json_array_foreach(mods, i, m) {
         const json_t *plugin = json_object_get(m, "plugin");
         const char *v = str(plugin, "version");
-        printf("%-40s %-14s %-10s %-16s %zu\n", str(m, "name"), str(m, "format"),
+        /* its declared version, else the start of the file's digest */
+        printf("%-40s %-14s %-19.19s %-16s %zu\n", str(m, "name"), str(m, "format"),
                strcmp(v, "-") ? v : str(plugin, "identity"),
                str(json_array_get(fps, i), "fingerprint"),
                json_array_size(json_object_get(m, "runtime")));
