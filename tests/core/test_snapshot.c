@@ -379,6 +379,59 @@ static void test_damaged_snapshot_refused_nothing_written(void **state)
     expect_damaged(bad, REFIT_EIO, "manifest.json");
 }
 
+/* ---- a restore that fails after its first write ---- */
+
+/* Modules a and b, runtime w f32 [4] each; alias: b's w is another name
+ * of a's memory (the signature does not see where memory is, so such a
+ * worker passes every check before the copies and fails after). */
+static void two_modules(tw *w, int alias)
+{
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.journal_path = "";
+    assert_int_equal(tw_open(w, &o), REFIT_OK);
+    refit_ckpt_spec s = tt_spec(REFIT_F32, 1, TT_SHAPE(4));
+    tw_module(w, "a", "unquantized", NULL);
+    tt_tensor *wa = tw_runtime(w, "a", "w", REFIT_F32, 1, TT_SHAPE(4));
+    assert_int_equal(tw_expect(w, "a", "a.w", &s), REFIT_OK);
+    tw_module(w, "b", "unquantized", NULL);
+    if (alias)
+        tw_bind(w, "b", "w", tt_alias(wa, REFIT_F32, 1, TT_SHAPE(4), NULL, 0));
+    else
+        tw_runtime(w, "b", "w", REFIT_F32, 1, TT_SHAPE(4));
+    assert_int_equal(tw_expect(w, "b", "b.w", &s), REFIT_OK);
+    tw_seal(w);
+}
+
+static void test_failed_restore_rolls_back_or_poisons(void **state)
+{
+    (void)state;
+    char snap[128];
+    path_of(snap, sizeof snap, "alias-snap");
+    tw w;
+    two_modules(&w, 0);
+    tw_update(&w, 1, "v1");
+    assert_int_equal(refit_snapshot_write(w.m, snap), REFIT_OK);
+    tw_close(&w);
+    for (int rollback = 1; rollback >= 0; rollback--) {
+        two_modules(&w, 1);
+        tw_update(&w, 7, "v7");
+        size_t n;
+        void *before = tw_snapshot(&w, &n);
+        refit_restore_opts ro = REFIT_RESTORE_OPTS_INIT;
+        ro.rollback = rollback;
+        int rc = refit_restore(w.m, snap, &ro);
+        int same = tw_snapshot_equal(&w, before, n);
+        free(before);
+        refit_health h = refit_worker_health(w.ctx);
+        assert_int_equal(same, rollback);
+        assert_int_equal(h, rollback ? REFIT_HEALTH_READY : REFIT_HEALTH_POISONED);
+        if (rollback)
+            assert_string_equal(refit_worker_version(w.ctx), "v7");
+        tw_close_refused(&w, rc, REFIT_ECORRUPT, "module a", "after the copy",
+                         rollback ? "bytes rolled back" : "worker POISONED");
+    }
+}
+
 /* ---- refusals at snapshot time ---- */
 
 static int plan_no_snapshot(const refit_host_v2 *h, refit_fmt_module *m)
@@ -441,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_update_after_restore_equals_cold_start),
         cmocka_unit_test(test_signature_difference_refused_naming_it),
         cmocka_unit_test(test_damaged_snapshot_refused_nothing_written),
+        cmocka_unit_test(test_failed_restore_rolls_back_or_poisons),
         cmocka_unit_test(test_snapshot_refusals),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
