@@ -4,14 +4,17 @@
 # the installed refit-format-new, build the new format from that prefix
 # alone (pkg-config refit-format through a pkg-config that moves the
 # prefix; no file of SOURCE_DIR), and run the installed
-# refit-format-conformance over it with the case the template ships.
-# Where nvcc is found, the format's device code builds too, with -I for the
-# SDK headers on nvcc's line. (TAP)
+# refit-format-conformance over it with the case the template ships, and
+# with the reference the template ships (--reference; needs numpy in
+# REFIT_VENV or BUILD_DIR/venv). Where nvcc is found, the format's device
+# code builds too, with -I for the SDK headers on nvcc's line, and where a
+# CUDA device is usable the kit runs it there (--device=cuda; else a skip).
+# (TAP)
 #   format_new.sh BUILD_DIR SOURCE_DIR
 build=$1 src=$(cd "$2" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "1..7"
+echo "1..9"
 n=0
 ok() { n=$((n + 1)); echo "ok $n - $*"; }
 notok() { n=$((n + 1)); echo "not ok $n - $*"; }
@@ -116,6 +119,41 @@ elif meson setup "$tmp/work/int8g/cuda" "$tmp/work/int8g" -Dcuda=enabled -Dcuda-
      grep -q -- "-I$prefix/include" "$tmp/work/int8g/cuda/build.ninja" &&
      grep -q "INT8G_HAVE_DEVICE_CODE" "$tmp/work/int8g/cuda/build.ninja"; then
     ok "int8g's device code builds from the prefix (nvcc -I$prefix/include for refit/sdk/)"
+    built_cuda=1
 else
     notok "int8g's device code: $(tail -5 "$tmp/cuda.log")"
+fi
+
+# the author's reference, as the template ships it, renamed
+py=${REFIT_VENV:-$build/venv}/bin/python
+ref=$tmp/work/int8g/int8g_reference.py
+if [ ! -f "$ref" ]; then
+    notok "the template ships no reference (int8g_reference.py)"
+elif ! "$py" -c 'import numpy' 2>/dev/null; then
+    ok "# SKIP no Python with numpy at $py (scripts/deps.sh BUILD_DIR)"
+elif "$kit" --reference="$py $ref" "$tmp/work/int8g/build/refit-fmt-int8g.so" \
+         "$tmp/work/int8g/int8g.yaml" "$tmp/work/int8g/case.yaml" >"$tmp/ref.tap" 2>&1 &&
+     grep -q '^ok [0-9]* - reference' "$tmp/ref.tap"; then
+    ok "the kit passes int8g with its own reference (--reference)"
+else
+    notok "the kit with --reference over int8g:"
+    sed 's/^/# /' "$tmp/ref.tap"
+fi
+
+# on a GPU through the format's own kernel
+if [ -z "${built_cuda:-}" ]; then
+    ok "# SKIP no device code built"
+else
+    chmod 755 "$tmp/work/int8g/cuda"
+    rc=0
+    "$kit" --device=cuda "$tmp/work/int8g/cuda/refit-fmt-int8g.so" "$tmp/work/int8g/int8g.yaml" \
+        "$tmp/work/int8g/case.yaml" >"$tmp/dev.tap" 2>&1 || rc=$?
+    if [ $rc -eq 77 ]; then
+        ok "# SKIP --device=cuda: $(tail -1 "$tmp/dev.tap")"
+    elif [ $rc -eq 0 ]; then
+        ok "the kit passes int8g on the GPU (--device=cuda: its kernel equals its CPU path)"
+    else
+        notok "the kit with --device=cuda over int8g: exit $rc"
+        sed 's/^/# /' "$tmp/dev.tap"
+    fi
 fi
