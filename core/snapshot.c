@@ -21,6 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/backend.h"
 #include "core/ctx.h"
 #include "core/mod_version.h"
 #include "core/model.h"
@@ -529,12 +530,22 @@ static int restore_copy(refit_txn *t, refit_model *m, const snap_in *s)
     refit_view *src = calloc(cap + 1, sizeof *src);
     if (!src)
         return ctx_error(m->ctx, REFIT_ENOMEM, "restore: out of memory");
+    /* the mapping outlives the loop (the snapshot is open until the end):
+     * a device backend may read it after each copy returns, until the hold
+     * ends, as refit_load_source lets it */
+    const backend *dev = backend_for_device((refit_device){REFIT_DEVICE_CUDA, 0});
+    int held = dev && dev->hold_host_sources && !dev->hold_host_sources(NULL, 1);
     int rc = REFIT_OK;
     for (uint32_t i = 0; !rc && i < m->n_modules; i++) {
         const json_t *e = json_array_get(mods, i);
         for (uint32_t k = 0; k < m->modules[i].n_runtime; k++)
             file_view(entry_tensor(s, e, k), &src[k]); /* admitted above */
         rc = txn_restore_module(t, i, src, NULL);
+    }
+    if (held) {
+        int hrc = dev->hold_host_sources(NULL, 0);
+        if (hrc && !rc)
+            rc = ctx_error(m->ctx, hrc, "restore: device copies failed: %s", dev->last_error());
     }
     free(src);
     return rc;
