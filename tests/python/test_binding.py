@@ -770,6 +770,40 @@ def test_seal_prepare_without_cuda():
     ctx.close()
 
 
+def test_model_device_is_cuda_devices_first():
+    """Model.cuda_devices is the record of the model's CUDA devices and
+    Model.device its first, read-only; a runtime tensor whose bind refit
+    refuses records no device."""
+    ctx = refit.Context(journal_path="")
+    m, _ = big_model(ctx, seal=False)
+    assert m.cuda_devices == [] and m.device is None
+    buf = np.zeros(8, np.float32)
+    m.add_module("g")
+
+    def fake(dev):  # host memory said to be on CUDA device dev
+        return tensors.Desc(buf.ctypes.data, refit._ffi.DEVICE_CUDA, dev, (2, 32), (8,), (1,), buf)
+    want = []
+    for i, dev in enumerate((5, 2, 5)):
+        try:
+            m.bind_runtime("g", "w%d" % i, fake(dev))
+        except refit.RefitError:    # a build whose backend checks the device
+            pass
+        else:
+            want += [] if dev in want else [dev]
+        assert m.cuda_devices == want, (m.cuda_devices, want)
+    raises("REFIT_EEXIST", lambda: m.bind_runtime("g", "w0", fake(9)), "already bound")
+    assert m.cuda_devices == want, m.cuda_devices   # refused: no device recorded
+    assert m.device == ((refit._ffi.DEVICE_CUDA, want[0]) if want else None), m.device
+    m.cuda_devices.append(3)
+    assert m.device == (refit._ffi.DEVICE_CUDA, m.cuda_devices[0]), m.device
+    try:
+        m.device = (refit._ffi.DEVICE_CUDA, 7)
+        raise AssertionError("Model.device was set apart from cuda_devices")
+    except AttributeError:
+        pass
+    ctx.close()
+
+
 def test_torch_never_imported():
     assert "torch" not in sys.modules
 

@@ -373,9 +373,18 @@ class Model:
         self.aliases: Dict[str, str] = {}    # tied checkpoint name -> its primary name
         self.expected: set = set()           # every checkpoint name a module expects
         self.foreign: set = set()            # names of other ranks' experts: loads skip them
-        self.device: Optional[Tuple[int, int]] = None  # the first device runtime tensor
-        self.cuda_devices: List[int] = []    # every CUDA device a runtime tensor is on
+        # every CUDA device a runtime tensor is on, in binding order: the
+        # one record of the model's devices (device is its first)
+        self.cuda_devices: List[int] = []
         self._why: Optional[str] = None      # why it is gone: destroyed, context closed
+
+    @property
+    def device(self) -> Optional[Tuple[int, int]]:
+        """(DEVICE_CUDA, id) of the first CUDA device a runtime tensor is
+        on, cuda_devices[0], where loads default to that device's current
+        torch stream; None for a model in host memory. Read-only: derived
+        from cuda_devices."""
+        return (_ffi.DEVICE_CUDA, self.cuda_devices[0]) if self.cuda_devices else None
 
     @property
     def handle(self) -> ctypes.c_void_p:
@@ -427,14 +436,11 @@ class Model:
         if d.readonly:
             raise RefitError(_EINVAL, "REFIT_EINVAL", "runtime tensor %s/%s is read-only; refit "
                              "writes runtime tensors in place" % (module, name), call)
-        self._keep.append(d)
-        if d.device_type == _ffi.DEVICE_CUDA:
-            if self.device is None:
-                self.device = (d.device_type, d.device_id)
-            if d.device_id not in self.cuda_devices:
-                self.cuda_devices.append(d.device_id)
         self._call(call, _ffi.lib().refit_module_bind_runtime, _b(module), _b(name),
                    ctypes.byref(d.t))
+        self._keep.append(d)    # bound: refit borrows it (a refused one is not kept)
+        if d.device_type == _ffi.DEVICE_CUDA and d.device_id not in self.cuda_devices:
+            self.cuda_devices.append(d.device_id)
 
     def add_side(self, name: str, tensor: Any) -> None:
         """Graph-visible memory that is not a weight: its address is verified."""
