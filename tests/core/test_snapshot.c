@@ -199,6 +199,73 @@ static void test_sigkill_restart_restores_bit_equal(void **state)
                                            "'restore' AND message LIKE '%update 2)%'"), 1);
 }
 
+/* ---- a crash while a snapshot is written ---- */
+
+static void test_sigkill_mid_snapshot_leaves_nothing_half(void **state)
+{
+    (void)state;
+    char dir[128];
+    path_of(dir, sizeof dir, "crash");
+    assert_int_equal(mkdir(dir, 0700), 0);
+    int first[2];
+    assert_int_equal(pipe(first), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) { /* snapshots of 8 MB, one after another, until killed */
+        tw w;
+        refit_options o = REFIT_OPTIONS_INIT;
+        o.journal_path = "";
+        close(first[0]);
+        if (tw_open(&w, &o))
+            _exit(3);
+        tw_module(&w, "big", "unquantized", NULL);
+        tw_runtime(&w, "big", "w", REFIT_F32, 2, TT_SHAPE(2048, 1024));
+        refit_ckpt_spec sp = tt_spec(REFIT_F32, 2, TT_SHAPE(2048, 1024));
+        if (tw_expect(&w, "big", "big.w", &sp))
+            _exit(3);
+        tw_seal(&w);
+        tw_update(&w, 1, "v1");
+        for (int i = 0;; i++) {
+            char p[160];
+            snprintf(p, sizeof p, "%s/s%d", dir, i);
+            if (refit_snapshot_write(w.m, p))
+                _exit(4);
+            if (i == 0 && write(first[1], "1", 1) != 1)
+                _exit(5);
+        }
+    }
+    close(first[1]);
+    char got = 0;
+    ssize_t r = read(first[0], &got, 1);
+    close(first[0]);
+    usleep(30000); /* into a later write */
+    kill(pid, SIGKILL);
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_int_equal(r, 1);
+    assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    /* every directory named as a snapshot is whole; the one being written
+     * is only ever under its temporary name */
+    refit_ctx *ctx;
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.journal_path = "";
+    assert_int_equal(refit_open(&ctx, &o), REFIT_OK);
+    int whole = 0;
+    for (int i = 0;; i++) {
+        char p[160];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/s%d", dir, i);
+        if (stat(p, &sb))
+            break;
+        int rc = refit_snapshot_verify(ctx, p);
+        if (rc)
+            fail_msg("%s: %s: %s", p, refit_status_name(rc), refit_errmsg(ctx));
+        whole++;
+    }
+    refit_close(ctx);
+    assert_true(whole >= 1);
+}
+
 /* ---- an update after a restore ---- */
 
 static void test_update_after_restore_equals_cold_start(void **state)
@@ -491,6 +558,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sigkill_restart_restores_bit_equal),
+        cmocka_unit_test(test_sigkill_mid_snapshot_leaves_nothing_half),
         cmocka_unit_test(test_update_after_restore_equals_cold_start),
         cmocka_unit_test(test_signature_difference_refused_naming_it),
         cmocka_unit_test(test_damaged_snapshot_refused_nothing_written),

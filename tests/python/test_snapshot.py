@@ -10,6 +10,7 @@ usage: test_snapshot.py   (env: REFIT_LIB, the build's librefit.so;
 REFIT_SOURCE_ROOT, the checkout; REFIT_BUILD_ROOT, the build)"""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,4 +211,7 @@ def test_snapshot_needs_ready_and_a_new_path():
 
 
 if __name__ == "__main__":
-    sys.exit(harness.run(globals()))
+    try:
+        sys.exit(harness.run(globals()))
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
