@@ -115,6 +115,8 @@ typedef struct cuda_cfg {
     int caller_copies;          /* REFIT_CUDA_CALLER_COPIES: the caller copies slices too */
     size_t defer_row_max;       /* REFIT_CUDA_DEFER_ROW_KB: smaller ring runs are batch rows */
     int lazy_mark;              /* REFIT_CUDA_LAZY_MARK: a chunk's event once it is done */
+    int join_calls;             /* REFIT_CUDA_JOIN_CALLS: one copy for adjacent pieces of
+                                 * two copy() calls into one allocation */
 } cuda_cfg;
 
 static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
@@ -167,6 +169,7 @@ static void cfg_load(cuda_cfg *c)
     c->caller_copies = (int)env_size("REFIT_CUDA_CALLER_COPIES", 0, 1, 0, 1);
     c->defer_row_max = env_size("REFIT_CUDA_DEFER_ROW_KB", 0, KIB, 0, 64 * MIB);
     c->lazy_mark = (int)env_size("REFIT_CUDA_LAZY_MARK", 0, 1, 0, 1);
+    c->join_calls = (int)env_size("REFIT_CUDA_JOIN_CALLS", 0, 1, 0, 1);
     kern_copy_batch_variant(c->batch_variant, c->batch_grid);
     ring_trace_init();
     c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
@@ -539,6 +542,7 @@ typedef struct dslice {
     uint32_t chunk;
     uint32_t call;              /* the copy() it came from: runs never join two calls,
                                  * whose destinations may be separate allocations */
+    uint64_t alloc;             /* join_calls: the base of dst's allocation (0: unknown) */
     int filled;                 /* SL_*: FILLED set by the worker that copied it (release) */
     cudaEvent_t wait;           /* a marker (no bytes): the stream waits for this
                                  * save's event here, in slice order */
@@ -1072,7 +1076,8 @@ static uint64_t issue_run(cq *q, uint64_t i)
     size_t bytes = x->bytes;
     while (end < D.head) {
         dslice *y = &D.s[end % DEFER_CAP];
-        if (slice_state(y) != SL_FILLED || y->wait || y->call != x->call ||
+        if (slice_state(y) != SL_FILLED || y->wait ||
+            (y->call != x->call && (!x->alloc || y->alloc != x->alloc)) ||
             y->chunk != x->chunk || y->pin != x->pin + bytes || y->dst != x->dst + bytes)
             break;
         bytes += y->bytes;
@@ -1235,9 +1240,44 @@ static int defer_next_chunk(cq *q)
     return REFIT_OK;
 }
 
+/* join_calls: the base of the device allocation holding [p, p + n), or 0
+ * when unknown. The last range found is kept: the pieces of one update
+ * mostly land in a few large allocations, so the driver is asked rarely. */
+typedef int (*addr_range_fn)(uint64_t *base, size_t *size, uint64_t ptr);
+
+static uint64_t alloc_lo, alloc_hi; /* the last range found; forgotten at each hold */
+
+static uint64_t alloc_base(const char *p, size_t n)
+{
+    static addr_range_fn fn;
+    static bool looked;
+    uint64_t lo = alloc_lo, hi = alloc_hi;
+    uint64_t a = (uint64_t)(uintptr_t)p;
+    if (a >= lo && a + n <= hi)
+        return lo;
+    if (!looked) {
+        looked = true;
+        enum cudaDriverEntryPointQueryResult qr;
+        void *f = NULL;
+        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000,
+                                             cudaEnableDefault, &qr) == cudaSuccess &&
+            qr == cudaDriverEntryPointSuccess)
+            fn = (addr_range_fn)f;
+        (void)cudaGetLastError();
+    }
+    uint64_t base = 0;
+    size_t size = 0;
+    if (!fn || fn(&base, &size, a) != 0 || a + n > base + size)
+        return 0;
+    alloc_lo = base;
+    alloc_hi = base + size;
+    return base;
+}
+
 /* Queue a contiguous pageable copy as slices (q is D.q or becomes it). */
 static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
 {
+    uint64_t alloc = G.cfg.join_calls ? alloc_base(dst, bytes) : 0;
     uint64_t t_in = ring_trace_on ? now_ns() : 0, c_in = ring_trace_cpu_ns();
     if (D.q != q) {
         int rc = defer_settle();
@@ -1276,7 +1316,7 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
             n = cap - D.used;
         pchunk *c = &q->ring[D.cur];
         dslice *x = &D.s[D.head % DEFER_CAP];
-        *x = (dslice){dst + off, src + off, c->p + D.used, n, D.cur, call, 0, NULL};
+        *x = (dslice){dst + off, src + off, c->p + D.used, n, D.cur, call, alloc, 0, NULL};
         D.pending[D.cur]++;
         D.used += n;
         off += n;
@@ -1318,6 +1358,7 @@ static int cuda_hold_host_sources(void *stream, int on)
     lock_raw();
     int rc = REFIT_OK;
     if (on && G.cfg.defer && !D.held) {
+        alloc_lo = alloc_hi = 0; /* allocations may have changed since */
         D.held = true;
         D.hold = stream;
     } else if (!on && D.held && D.hold == stream) {
@@ -1930,7 +1971,7 @@ static void defer_marker(cudaEvent_t ev, uint64_t *mark)
     if (D.head - D.issued == DEFER_CAP)
         defer_wait_issued(D.head - DEFER_CAP + 1);
     dslice *x = &D.s[D.head % DEFER_CAP];
-    *x = (dslice){(char *)none, none, (char *)none, 0, D.cur, ++D.calls, 0, ev};
+    *x = (dslice){(char *)none, none, (char *)none, 0, D.cur, ++D.calls, 0, 0, ev};
     *mark = D.head + 1;
     __atomic_store_n(&D.head, D.head + 1, __ATOMIC_RELEASE);
     defer_wake();
