@@ -43,6 +43,8 @@ int main(void)
       M(refit_seal_opts, undo_reserve));
     S(refit_replay_opts, "ReplayOpts", M(refit_replay_opts, version);
       M(refit_replay_opts, full); M(refit_replay_opts, rollback));
+    S(refit_restore_opts, "RestoreOpts", M(refit_restore_opts, version);
+      M(refit_restore_opts, rollback));
     S(refit_model_stats, "ModelStats", M(refit_model_stats, modules);
       M(refit_model_stats, routes_view); M(refit_model_stats, runtime_bytes));
     S(refit_txn_stats, "TxnStats", M(refit_txn_stats, tensors_loaded);
