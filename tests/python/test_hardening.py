@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 ROOT = os.environ["REFIT_SOURCE_ROOT"]
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
@@ -305,6 +306,80 @@ def test_y2_an_update_holds_the_context_until_it_ends():
     assert order == ["a loaded", "b committed"] and ctx.version == "b", (order, ctx.version)
     assert (w == 2).all(), w
     ctx.close()
+
+
+def begin_in_thread(fn, limit=10.0):
+    """fn() (a begin) on a daemon thread, joined for at most limit seconds:
+    (what it returned or raised, seconds it took); AssertionError when it
+    is still waiting (a begin that would hang forever)."""
+    out = []
+
+    def run():
+        t0 = time.monotonic()
+        try:
+            out.append(fn())
+        except Exception as err:    # noqa: BLE001 (handed to the test)
+            out.append(err)
+        out.append(time.monotonic() - t0)
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    th.join(limit)
+    assert not th.is_alive(), "begin still waiting after %.0f s: it hangs" % limit
+    return out[0], out[1]
+
+
+def test_y2_a_leaked_update_times_out_naming_its_thread():
+    # a thread that began an update and exited without ending it: another
+    # thread's begin waits at most the context's begin_wait, then says
+    # which update, which thread and since when; the context goes on
+    ctx, m, w = world()
+    ctx.begin_wait = 0.5
+    leaked, gone = [], threading.Event()
+
+    def leaker():
+        leaked.append(m.begin(version="v-leak"))
+        gone.wait()     # never ends it
+    th = threading.Thread(target=leaker, name="leaker")
+    th.start()
+    while not leaked:
+        time.sleep(0.01)
+    for exited in (False, True):
+        if exited:
+            gone.set()
+            th.join()
+        err, took = begin_in_thread(lambda: m.begin(version="next"))
+        assert isinstance(err, refit.RefitError) and err.name == "REFIT_ETIMEDOUT", err
+        for word in ("waited 0.5 s", "'v-leak'", "thread 'leaker'", "open since", "s ago"):
+            assert word in err.message, (word, err.message)
+        assert ("which has exited" in err.message) == exited, err.message
+        assert 0.5 <= took < 5, took
+    assert ctx.health() == refit.Health.UPDATING    # the leaked update is still open
+    # per call: wait= (0: at once)
+    err, took = begin_in_thread(lambda: m.update(version="n2", wait=0).journal_id)
+    assert err.name == "REFIT_ETIMEDOUT" and took < 0.5, (err, took)
+    leaked[0].abort()
+    assert ctx.health() != refit.Health.UPDATING
+    txn = m.begin(version="mine")
+    err, _ = begin_in_thread(lambda: m.begin(version="other", wait=0.2))
+    assert err.name == "REFIT_ETIMEDOUT" and "'mine'" in err.message, err
+    assert "MainThread" in err.message and "exited" not in err.message, err.message
+    txn.abort()
+    txn, took = begin_in_thread(lambda: m.begin(version="free", wait=0.2))
+    assert isinstance(txn, refit.Txn) and txn.result is None, txn
+    txn.abort()
+    for bad in (-1, "1", True):
+        try:
+            m.begin(version="x", wait=bad)
+            raise AssertionError("begin(wait=%r) accepted" % (bad,))
+        except ValueError as e:
+            assert "wait" in str(e), e
+    assert ctx.health() != refit.Health.UPDATING and ctx.version is None
+    ctx.close()
+    try:
+        refit.Context(journal_path="", begin_wait=-2)
+        raise AssertionError("Context(begin_wait=-2) accepted")
+    except ValueError as e:
+        assert "begin_wait" in str(e), e
 
 
 # ---- Y3 -------------------------------------------------------------------

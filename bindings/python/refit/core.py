@@ -15,7 +15,8 @@ Threads: refit.h allows one thread at a time per context; the binding
 serializes for it. Each C call on a context and what was made from it runs
 under the context's lock (an RLock: ctypes releases the GIL in the call),
 and an update holds the context from begin to its end: a second thread's
-begin (or replay, receive_update) waits for it. Strings refit returns
+begin (or replay, receive_update) waits for it, at most the context's
+begin_wait, then REFIT_ETIMEDOUT names that update's thread. Strings refit returns
 (versions, messages) are copied under the lock."""
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import enum
 import operator
 import os
 import threading
+import time
 import warnings
 import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -65,6 +67,8 @@ class Health(enum.IntEnum):
 
 _ESTATE, _EINVAL, _EPOISONED = -3, -1, -12
 _EUNSUPPORTED = -14
+_ETIMEDOUT = -20
+_CONTEXT_WAIT = object()    # begin(wait=) not given: the context's begin_wait
 
 
 def _b(s: Union[None, str, bytes]) -> Optional[bytes]:
@@ -169,6 +173,15 @@ def _describe_as(tensor: Any, stream: Optional[int], what: str, call: str) -> De
         raise RefitError(_EINVAL, "REFIT_EINVAL", "%s: %s" % (what, err), call) from None
 
 
+def _wait_seconds(wait: Any, what: str) -> Optional[float]:
+    """A wait in seconds: None (no limit) or a number >= 0."""
+    if wait is None:
+        return None
+    if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0:
+        raise ValueError("refit: %s is a number of seconds >= 0 or None, not %r" % (what, wait))
+    return float(wait)
+
+
 class Context:
     """One per engine worker (rank): refit_open.
 
@@ -179,19 +192,28 @@ class Context:
     it (the gap is recorded later) instead of being refused at begin.
     log: log(level, message) receives the library's lines instead of stderr.
     undo_device_budget: bytes of device memory an update's undo log may take
-    (0: pinned host memory only)."""
+    (0: pinned host memory only).
+    begin_wait: seconds a begin (update, replay, receive_update) waits for
+    another thread's open update to end before REFIT_ETIMEDOUT names that
+    update's thread and start (None: no limit); begin(wait=) overrides it."""
 
     def __init__(self, worker_id: Optional[str] = None, rank: int = 0,
                  journal_path: Optional[str] = None,
                  plugin_dirs: Union[None, str, Sequence[str]] = None,
                  staging_budget: int = 0, *, journal_best_effort: bool = False,
-                 log: Optional[LogFn] = None, undo_device_budget: int = 0) -> None:
+                 log: Optional[LogFn] = None, undo_device_budget: int = 0,
+                 begin_wait: Optional[float] = 300.0) -> None:
         L = _ffi.lib()
+        self.begin_wait = _wait_seconds(begin_wait, "Context(begin_wait=)")
         self._h: Optional[ctypes.c_void_p] = None
         self._model: Optional[Model] = None
         self._lock = threading.RLock()      # held across each C call (module doc)
         self._slot = threading.Condition(threading.Lock())
-        self._updater: Optional[int] = None  # the thread whose update is open
+        # the thread whose update is open (the Thread itself: an exited
+        # thread's ident may be another's now), and (wall clock, monotonic
+        # clock, version) of that update's begin
+        self._updater: Optional[threading.Thread] = None
+        self._holder: Optional[Tuple[float, float, Optional[str]]] = None
         self._deps: List[Tuple[Any, Optional[Model]]] = []  # (weakref, its model)
         dirs = [plugin_dirs] if isinstance(plugin_dirs, str) else list(plugin_dirs or [])
         bundled = _ffi.bundled_plugin_dir()
@@ -257,18 +279,42 @@ class Context:
                 keep.append((ref, m))
         self._deps = keep[::-1]
 
-    def _claim(self) -> bool:
-        """Wait until no other thread holds an open update; True when this
-        call took the slot (False: this thread holds it already, and refit
-        refuses the second update)."""
-        me = threading.get_ident()
+    def _claim(self, version: Optional[str] = None, wait: Any = _CONTEXT_WAIT,
+               call: str = "begin") -> bool:
+        """Wait until no other thread holds an open update, at most wait
+        seconds (default: begin_wait; None: no limit), then RefitError
+        REFIT_ETIMEDOUT naming the holder; True when this call took the
+        slot (False: this thread holds it already, and refit refuses the
+        second update). version: the label the holder is named by."""
+        me = threading.current_thread()
+        limit = self.begin_wait if wait is _CONTEXT_WAIT else _wait_seconds(wait, call + "(wait=)")
+        deadline = None if limit is None else time.monotonic() + limit
         with self._slot:
-            while self._updater is not None and self._updater != me:
-                self._slot.wait()
-            if self._updater == me:
+            while self._updater is not None and self._updater is not me:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RefitError(_ETIMEDOUT, "REFIT_ETIMEDOUT",
+                                     self._holder_said(limit), call)
+                self._slot.wait(left)
+            if self._updater is me:
                 return False
             self._updater = me
+            self._holder = (time.time(), time.monotonic(), version)
             return True
+
+    def _holder_said(self, waited: Optional[float]) -> str:
+        """The open update another thread holds, for a begin that waited."""
+        waited = waited or 0.0
+        th = self._updater
+        if th is None or self._holder is None:
+            return "waited %.3g s for another thread's update to end" % waited
+        wall, mono, version = self._holder
+        return ("waited %.3g s for the update %s of thread '%s' (ident %d%s), open since "
+                "%s UTC (%.1f s ago); a Txn must end (finalize, commit, abort, a with "
+                "block) or its context be closed" % (
+                    waited, "'%s'" % version if version else "with no version label",
+                    th.name, th.ident or 0, "" if th.is_alive() else ", which has exited",
+                    time.strftime("%H:%M:%S", time.gmtime(wall)), time.monotonic() - mono))
 
     def _free_slot(self, claimed: Optional[bool] = True) -> None:
         """The open update ended (claimed: True), or ended by close/destroy
@@ -277,6 +323,7 @@ class Context:
             return
         with self._slot:
             self._updater = None
+            self._holder = None
             self._slot.notify_all()
 
     def __del__(self) -> None:
@@ -618,7 +665,8 @@ class Model:
               rollback: bool = True, *, source_digest: Optional[str] = None,
               fingerprint: bool = False, partial: bool = False,
               keep_going: bool = False, base: Optional[str] = None,
-              changed: Optional[Sequence[str]] = None) -> "Txn":
+              changed: Optional[Sequence[str]] = None,
+              wait: Any = _CONTEXT_WAIT) -> "Txn":
         """refit_begin now: the worker is UPDATING when this returns.
         source_uri/source_digest: what the journal records as the source
         ("file:///..." is what replay can reopen). fingerprint: journal each
@@ -631,31 +679,37 @@ class Model:
         txn.load_delta patches, and after the commit the whole model holds
         version. changed: the modules it changes (each must receive
         something; others are refused); None: every module not delivered
-        is unchanged."""
+        is unchanged.
+
+        wait: seconds to wait while another thread's update is open
+        (default: the context's begin_wait; None: no limit); then
+        RefitError REFIT_ETIMEDOUT names that update, its thread and when
+        it began."""
         return Txn(self, version, source_uri, rollback, source_digest=source_digest,
                    fingerprint=fingerprint, partial=partial, keep_going=keep_going,
-                   base=base, changed=changed)
+                   base=base, changed=changed, wait=wait)
 
     def update(self, version: Optional[str] = None, source_uri: Optional[str] = None,
                rollback: bool = True, *, source_digest: Optional[str] = None,
                fingerprint: bool = False, partial: bool = False,
                keep_going: bool = False, base: Optional[str] = None,
-               changed: Optional[Sequence[str]] = None) -> "Txn":
+               changed: Optional[Sequence[str]] = None,
+               wait: Any = _CONTEXT_WAIT) -> "Txn":
         """with model.update(...) as txn: ... finalizes on exit, aborts on an
         exception. The update begins at its first call, so a first
         txn.load_safetensors(path) records that file as its source (URI and
         digest) and a failed update can be replayed. base, changed: a
-        delta update, as in begin()."""
+        delta update, and wait, as in begin()."""
         return Txn(self, version, source_uri, rollback, source_digest=source_digest,
                    fingerprint=fingerprint, partial=partial, keep_going=keep_going,
-                   base=base, changed=changed, lazy=True)
+                   base=base, changed=changed, lazy=True, wait=wait)
 
     def replay(self, update_id: int, full: bool = False, rollback: bool = True) -> None:
         """Re-run a failed, aborted, rolled-back or interrupted update from
         its journal record and durable source (refit_replay): the modules
         the journal does not show complete, or every module with full."""
         opts = _ffi.ReplayOpts(_ffi.REPLAY_OPTS_VERSION, 1 if full else 0, 1 if rollback else 0)
-        claimed = self.ctx._claim()     # an update of its own: waits for another's
+        claimed = self.ctx._claim("replay of update %d" % update_id, call="replay")
         try:
             self._call("replay %d" % update_id, _ffi.lib().refit_replay, int(update_id),
                        ctypes.byref(opts))
@@ -679,7 +733,7 @@ class Model:
         at the snapshot's version. A failure after the first byte rolls
         back (rollback) or poisons the worker, as any update."""
         opts = _ffi.RestoreOpts(_ffi.RESTORE_OPTS_VERSION, 1 if rollback else 0)
-        claimed = self.ctx._claim()     # an update of its own: waits for another's
+        claimed = self.ctx._claim("restore of %s" % path, call="restore")
         try:
             self._call("restore %s" % path, _ffi.lib().refit_restore, _b(os.fspath(path)),
                        ctypes.byref(opts))
@@ -711,8 +765,10 @@ class Txn:
                  source_digest: Optional[str] = None, fingerprint: bool = False,
                  partial: bool = False, keep_going: bool = False, lazy: bool = False,
                  base: Optional[str] = None,
-                 changed: Optional[Sequence[str]] = None) -> None:
+                 changed: Optional[Sequence[str]] = None,
+                 wait: Any = _CONTEXT_WAIT) -> None:
         self.model = model
+        self._wait = wait
         self.base = base
         self.changed = None if changed is None else [str(m) for m in changed]
         self.version = version
@@ -749,7 +805,7 @@ class Txn:
             opts.others_unchanged = 1 if self.changed is None else 0
         h = ctypes.c_void_p()
         ctx = self.model.ctx
-        claimed = ctx._claim()      # another thread's update: wait for its end
+        claimed = ctx._claim(self.version, self._wait)  # another thread's: wait for its end
         try:
             with self._lock:
                 self.model._call("begin", lambda mh: _ffi.lib().refit_begin(

@@ -352,7 +352,7 @@ class Receiver:
         opts = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
         res = GroupResult()
         ctx = self.model.ctx
-        claimed = ctx._claim()
+        claimed = ctx._claim(label, call="receive_update")
         try:
             _call(ctx, "refit_receive_update", _lib().refit_receive_update,
                   lambda: self.handle, ctypes.byref(opts), ctypes.byref(res))
