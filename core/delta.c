@@ -50,6 +50,10 @@ static int build_runs(refit_model *m, const refit_delta *row, const route *r, in
     if (row->n && !row->indices)
         return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): %s is NULL for %zu "
                          "entries", row->name, mod, row->counts ? "starts" : "indices", row->n);
+    if (row->n > (size_t)numel) /* also keeps n * sizeof *runs from overflowing */
+        return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): %zu %s for a "
+                         "tensor of %lld elements", row->name, mod, row->n,
+                         row->counts ? "runs" : "indices", (long long)numel);
     patch_run *runs = malloc((row->n ? row->n : 1) * sizeof *runs);
     if (!runs)
         return ctx_error(m->ctx, REFIT_ENOMEM, "load_delta %s: out of memory", row->name);
@@ -67,7 +71,12 @@ static int build_runs(refit_model *m, const refit_delta *row, const route *r, in
                              row->counts ? "run" : "index", i, (long long)a,
                              row->counts ? ", ..." : "", (long long)numel);
         runs[i] = (patch_run){a, c, vpos};
-        vpos += c; /* below numel * n: no overflow */
+        vpos += c; /* at most numel * 2: no overflow */
+        if (vpos > numel)
+            return ctx_error(m->ctx, REFIT_EDUPLICATE, "load_delta %s (module %s): runs "
+                             "[0, %zu] give %lld elements, more than the tensor's %lld: "
+                             "some are given twice", row->name, mod, i, (long long)vpos,
+                             (long long)numel);
         if (i && runs[i - 1].start >= a)
             sorted = false;
     }

@@ -275,6 +275,38 @@ static void test_values_count(void **state)
     refused_patch(*state, BAD_COUNT, REFIT_EMISMATCH, "2 values for 3 elements");
 }
 
+/* More indices than elements, or runs longer together than the tensor:
+ * refused before anything is sorted or written. */
+static void test_more_than_the_tensor(void **state)
+{
+    tw *w = *state;
+    llm(w, 0, 1);
+    tw_update(w, 1, "v1");
+    uint64_t fp = tw_fp(w);
+    w->keep_going = 1;
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.version_label = "v2";
+    o.base_version = "v1";
+    o.others_unchanged = 1;
+    o.keep_going = 1;
+    refit_txn *t = NULL;
+    assert_int_equal(refit_begin(&t, w->m, &o), REFIT_OK);
+    const char *name = "model.layers.1.mlp.down_proj.weight"; /* [8, 5] */
+    int64_t idx[41];
+    for (int i = 0; i < 41; i++)
+        idx[i] = i % 40;
+    tt_tensor *vals = tw_tmp(w, REFIT_F32, 1, TT_SHAPE(51));
+    tt_fill(vals, 2);
+    assert_int_equal(refit_load_delta(t, name, 41, idx, &vals->t, NULL), REFIT_EINVAL);
+    tw_assert_msg(w, "41 indices for a tensor of 40 elements", "nothing written");
+    int64_t starts[3] = {0, 1, 5}, counts[3] = {1, 20, 30};
+    assert_int_equal(refit_load_delta_runs(t, name, 3, starts, counts, &vals->t, NULL),
+                     REFIT_EDUPLICATE);
+    tw_assert_msg(w, "give 51 elements, more than the tensor's 40", "nothing written");
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    assert_int_equal(tw_fp(w), fp);
+}
+
 /* A wrong base: refused at begin, nothing written, nothing journaled as
  * an update; the module holding another version is named. */
 static void test_wrong_base(void **state)
@@ -596,6 +628,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_overlapping_runs, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_values_dtype, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_values_count, tw_setup, tw_teardown),
+        cmocka_unit_test_setup_teardown(test_more_than_the_tensor, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_wrong_base, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_base_behind_one_module, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_scope_declared, tw_setup, tw_teardown),
