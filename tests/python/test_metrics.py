@@ -33,6 +33,9 @@ import harness  # noqa: E402  (tests/python/harness.py)
 
 TMP = tempfile.mkdtemp(prefix="refit-metrics-")
 REFITCTL = os.environ["REFITCTL"]
+# refitctl's own environment: under a sanitizer it carries its runtime
+# itself; the one preloaded into python would clash with it
+CTL_ENV = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
 NAMES = ["a", "b", "c"]
 SHAPE = (64, 16)
 TB = 64 * 16 * 4  # bytes of one f32 [64, 16] tensor
@@ -76,7 +79,8 @@ def val(text, name, worker=("py-metrics", "0"), **labels):
 
 
 def refitctl(*args):
-    return subprocess.run([REFITCTL, "metrics"] + list(args), capture_output=True, text=True)
+    return subprocess.run([REFITCTL, "metrics"] + list(args), capture_output=True, text=True,
+                          env=CTL_ENV)
 
 
 def scripted(journal):
@@ -200,10 +204,10 @@ def test_refitctl_many_journals_one_file():
     r = refitctl("--db", dbs[0], "--db", dbs[0])
     assert r.returncode == 1 and "rank0" in r.stderr and "collide" in r.stderr, r.stderr
     assert r.stdout == ""
-    env = {k: v for k, v in os.environ.items() if k != "REFIT_JOURNAL"}
+    env = {k: v for k, v in CTL_ENV.items() if k != "REFIT_JOURNAL"}
     r = subprocess.run([REFITCTL, "metrics"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "which journal" in r.stderr, r.stderr
-    env = dict(os.environ, REFIT_JOURNAL=dbs[1])
+    env = dict(CTL_ENV, REFIT_JOURNAL=dbs[1])
     r = subprocess.run([REFITCTL, "metrics"], capture_output=True, text=True, env=env)
     assert r.returncode == 0 and 'worker="rank1"' in r.stdout, r.stderr
     r = refitctl("--db", os.path.join(TMP, "absent.db"))
@@ -276,7 +280,7 @@ def test_promtool_checks_both_outputs():
     w = scripted(db)
     for text in (w.ctx.metrics(), refitctl("--db", db).stdout):
         r = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True,
-                           text=True)
+                           text=True, env=CTL_ENV)
         assert r.returncode == 0, r.stdout + r.stderr
     w.ctx.close()
 
