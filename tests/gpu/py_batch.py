@@ -7,6 +7,7 @@ unchanged; a set reused across trainer steps on a side stream."""
 import torch
 
 import refit
+from refit import _batch, _ffi
 
 import py_binding as pb
 
@@ -93,3 +94,38 @@ def test_source_set_across_steps_on_a_side_stream():
         pb.check(m, ck)
     assert ctx.version == "step-3"
     ss.close()
+
+
+class _DLPackOnly:
+    """Only DLPack (as a CuPy or JAX array reaches refit); records calls."""
+
+    def __init__(self, t, calls):
+        self.t, self.calls = t, calls
+
+    def __dlpack_device__(self):
+        self.calls.append("device")
+        return self.t.__dlpack_device__()
+
+    def __dlpack__(self, **kw):
+        self.calls.append(tuple(sorted(kw)))
+        return self.t.__dlpack__(**kw)
+
+
+def test_load_dict_of_dlpack_only_objects():
+    # CUDA, pinned and pageable sources seen only through __dlpack__: one
+    # call a row with no stream (the legacy default stream, DLPack's
+    # default), the device read from the capsule, the bytes of txn.load
+    m, ctx, model = _world()
+    for seed, where in enumerate(["cuda", "pinned", "cpu"], 1):
+        ck, t = _tensors(seed, where)
+        calls: list = []
+        src = {k: _DLPackOnly(v, calls) for k, v in t.items()}
+        table = _batch.Table(list(src), list(src.values()))
+        assert calls == [("max_version",)] * len(src), calls
+        assert table.device == ((_ffi.DEVICE_CUDA, torch.cuda.current_device())
+                                if where == "cuda" else None), (where, table.device)
+        with model.update(version="v%d" % seed) as txn:
+            txn.load_dict(src)
+        torch.cuda.synchronize()
+        pb.check(m, ck)
+    assert ctx.version == "v3" and ctx.health() == refit.Health.READY
