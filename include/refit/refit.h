@@ -529,7 +529,8 @@ REFIT_API int refit_load_source_filtered(refit_txn *txn, refit_source *src, refi
  * (docs/operators.md "Metrics": names, labels, units), for an engine to
  * serve on its /metrics. *out: a NUL-terminated text the caller frees with
  * refit_metrics_free; *len (when not NULL) its strlen. REFIT_EINVAL (NULL
- * ctx or out), REFIT_ENOMEM; *out is NULL on failure. */
+ * ctx or out), REFIT_ENOMEM; *out is NULL on failure. A call on ctx like
+ * any other: a /metrics thread takes the lock the update thread holds. */
 REFIT_API int refit_metrics_text(refit_ctx *ctx, char **out, size_t *len);
 /* Free a text of refit_metrics_text. NULL is ok. */
 REFIT_API void refit_metrics_free(char *text);
