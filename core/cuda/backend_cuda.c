@@ -12,6 +12,9 @@
  *   src pageable (CPU)                          -> memcpy into a pinned chunk of
  *                                                  the stream's ring (worker threads
  *                                                  for large pieces), then as pinned
+ *   src pageable, contiguous, cast, <= a slice  -> the same, converted from the
+ *                                                  ring by the copy kernel (deferred:
+ *                                                  a BF16 scale does not stall the ring)
  *
  * Batched rows (src, dst, bytes) collect in a pinned table per stream and go
  * out as ONE kernel launch at flush (or when the table fills): the table is
@@ -113,10 +116,6 @@ typedef struct cuda_cfg {
     int time_dma;               /* REFIT_CUDA_TIME_DMA: time the ring's H2D copies (a bench's) */
     int drain_poll;             /* REFIT_CUDA_DRAIN_POLL: issue while a chunk drains */
     int caller_copies;          /* REFIT_CUDA_CALLER_COPIES: the caller copies slices too */
-    size_t defer_row_max;       /* REFIT_CUDA_DEFER_ROW_KB: smaller ring runs are batch rows */
-    int lazy_mark;              /* REFIT_CUDA_LAZY_MARK: a chunk's event once it is done */
-    int join_calls;             /* REFIT_CUDA_JOIN_CALLS: one copy for adjacent pieces of
-                                 * two copy() calls into one allocation */
 } cuda_cfg;
 
 static size_t env_size(const char *name, size_t def, size_t unit, size_t lo, size_t hi)
@@ -167,9 +166,6 @@ static void cfg_load(cuda_cfg *c)
     c->time_dma = (int)env_size("REFIT_CUDA_TIME_DMA", 0, 1, 0, 1);
     c->drain_poll = (int)env_size("REFIT_CUDA_DRAIN_POLL", 1, 1, 0, 1);
     c->caller_copies = (int)env_size("REFIT_CUDA_CALLER_COPIES", 0, 1, 0, 1);
-    c->defer_row_max = env_size("REFIT_CUDA_DEFER_ROW_KB", 0, KIB, 0, 64 * MIB);
-    c->lazy_mark = (int)env_size("REFIT_CUDA_LAZY_MARK", 0, 1, 0, 1);
-    c->join_calls = (int)env_size("REFIT_CUDA_JOIN_CALLS", 0, 1, 0, 1);
     kern_copy_batch_variant(c->batch_variant, c->batch_grid);
     ring_trace_init();
     c->row_max &= ~(size_t)15; /* rows keep their pointers' alignment */
@@ -222,7 +218,6 @@ typedef struct pchunk {
     cudaEvent_t ev;             /* after the last work that reads the chunk */
     bool recorded;
     bool in_table;              /* rows reading it wait in the current table */
-    bool dirty;                 /* copies read it that no recorded event follows yet */
 } pchunk;
 
 /* One of a stream's two pinned tables: save rows then copy rows. */
@@ -542,7 +537,8 @@ typedef struct dslice {
     uint32_t chunk;
     uint32_t call;              /* the copy() it came from: runs never join two calls,
                                  * whose destinations may be separate allocations */
-    uint64_t alloc;             /* join_calls: the base of dst's allocation (0: unknown) */
+    bool cast;                  /* the whole piece, converted from sdt to ddt on the device */
+    refit_dtype sdt, ddt;
     int filled;                 /* SL_*: FILLED set by the worker that copied it (release) */
     cudaEvent_t wait;           /* a marker (no bytes): the stream waits for this
                                  * save's event here, in slice order */
@@ -990,6 +986,7 @@ static int chunk_mark(pchunk *c, cudaStream_t st)
 /* ---- deferred pageable reads: the caller's side (G.mu held) ---- */
 
 static int memcpy_now(cq *q, void *dst, const void *src, size_t n);
+static int kernel_now(cq *q, const refit_view *dst, const refit_view *src);
 
 /* Wake sleeping workers after publishing slices. */
 static void defer_wake(void)
@@ -1053,19 +1050,6 @@ static int slice_state(const dslice *x)
     return __atomic_load_n(&x->filled, __ATOMIC_ACQUIRE);
 }
 
-/* Chunk k's slices are all issued and the fill has left it: one event
- * after its copies (lazy_mark: not one per copy). */
-static void chunk_done(cq *q, uint32_t k)
-{
-    pchunk *c = &q->ring[k];
-    if (!c->dirty)
-        return;
-    c->dirty = false;
-    int rc = chunk_mark(c, (cudaStream_t)q->stream);
-    if (rc && !D.err)
-        D.err = rc;
-}
-
 /* Issue slice i, a filled one, with the filled slices after it that are
  * adjacent in both the chunk and the destination: one cudaMemcpyAsync.
  * Returns the index past the run. */
@@ -1074,10 +1058,9 @@ static uint64_t issue_run(cq *q, uint64_t i)
     dslice *x = &D.s[i % DEFER_CAP];
     uint64_t end = i + 1;
     size_t bytes = x->bytes;
-    while (end < D.head) {
+    while (!x->cast && end < D.head) {
         dslice *y = &D.s[end % DEFER_CAP];
-        if (slice_state(y) != SL_FILLED || y->wait ||
-            (y->call != x->call && (!x->alloc || y->alloc != x->alloc)) ||
+        if (slice_state(y) != SL_FILLED || y->wait || y->cast || y->call != x->call ||
             y->chunk != x->chunk || y->pin != x->pin + bytes || y->dst != x->dst + bytes)
             break;
         bytes += y->bytes;
@@ -1090,28 +1073,27 @@ static uint64_t issue_run(cq *q, uint64_t i)
             (void)cudaEventRecord(T.a[slot], (cudaStream_t)q->stream);
         pchunk *c = &q->ring[x->chunk];
         int rc;
-        if (bytes < G.cfg.defer_row_max) {
-            /* a small run is a row of the batch table, read from the mapped
-             * chunk when the table launches: the flush before the chunk's
-             * reuse records its event */
-            c->in_table = true;
-            rc = queue_rows(q, false, (uint64_t)(uintptr_t)x->dst,
-                            (uint64_t)(uintptr_t)(c->dev + (x->pin - c->p)), bytes);
-            slot = -1;
+        if (x->cast) {
+            /* converted by the copy kernel, read from the mapped chunk */
+            refit_view dv = {.data = x->dst, .device = {REFIT_DEVICE_CUDA, q->device},
+                             .dtype = x->ddt, .ndim = 1,
+                             .shape = {(int64_t)(bytes / kern_dtype_size(x->sdt))},
+                             .strides = {1}};
+            refit_view sv = dv;
+            sv.data = c->dev + (x->pin - c->p);
+            sv.device = (refit_device){REFIT_DEVICE_CUDA_HOST, 0};
+            sv.dtype = x->sdt;
+            rc = kernel_now(q, &dv, &sv);
         } else {
             rc = memcpy_now(q, x->dst, x->pin, bytes);
         }
-        if (!rc && slot >= 0 &&
+        if (!rc && !x->cast && slot >= 0 &&
             cudaEventRecord(T.b[slot], (cudaStream_t)q->stream) == cudaSuccess) {
             T.bytes[slot] = bytes;
             T.n++;
         }
-        if (!rc && bytes >= G.cfg.defer_row_max) {
-            if (G.cfg.lazy_mark)
-                c->dirty = true;
-            else
-                rc = chunk_mark(c, (cudaStream_t)q->stream);
-        }
+        if (!rc)
+            rc = chunk_mark(c, (cudaStream_t)q->stream);
         if (rc)
             D.err = rc;
         if (ring_trace_on)
@@ -1122,8 +1104,6 @@ static uint64_t issue_run(cq *q, uint64_t i)
         D.pending[y->chunk]--;
         y->filled = SL_QUEUED;
     }
-    if (x->chunk != D.cur && !D.pending[x->chunk])
-        chunk_done(q, x->chunk);
     return end;
 }
 
@@ -1178,8 +1158,6 @@ static int defer_settle(void)
         return REFIT_OK;
     uint64_t t0 = now_ns(), c0 = ring_trace_cpu_ns();
     defer_wait_issued(D.head);
-    for (uint32_t k = 0; k < G.cfg.ring_chunks; k++)
-        chunk_done(D.q, k);
     if (ring_trace_on)
         ring_trace_add(RT_SETTLE, t0, now_ns(), D.head, 0, 0, ring_trace_cpu_ns() - c0);
     int rc = D.err;
@@ -1192,8 +1170,6 @@ static int defer_settle(void)
  * the copies that read it are done. */
 static int defer_next_chunk(cq *q)
 {
-    if (!D.pending[D.cur])
-        chunk_done(q, D.cur);
     uint32_t nc = (D.cur + 1) % G.cfg.ring_chunks;
     pchunk *c = &q->ring[nc];
     int rc = c->p ? REFIT_OK : chunk_init(q, c);
@@ -1240,44 +1216,14 @@ static int defer_next_chunk(cq *q)
     return REFIT_OK;
 }
 
-/* join_calls: the base of the device allocation holding [p, p + n), or 0
- * when unknown. The last range found is kept: the pieces of one update
- * mostly land in a few large allocations, so the driver is asked rarely. */
-typedef int (*addr_range_fn)(uint64_t *base, size_t *size, uint64_t ptr);
-
-static uint64_t alloc_lo, alloc_hi; /* the last range found; forgotten at each hold */
-
-static uint64_t alloc_base(const char *p, size_t n)
+/* Queue a contiguous pageable copy as slices (q is D.q or becomes it).
+ * cast (NULL: none) = {source dtype, destination dtype}: a small piece the
+ * copy kernel converts when it is issued (a BF16 scale into an F32 runtime
+ * scale), queued as one slice in one chunk, so that a cast does not settle
+ * the pipeline as the synchronous path would; the caller keeps its bytes
+ * within a slice and a chunk. */
+static int defer_queue(cq *q, char *dst, const char *src, size_t bytes, const refit_dtype *cast)
 {
-    static addr_range_fn fn;
-    static bool looked;
-    uint64_t lo = alloc_lo, hi = alloc_hi;
-    uint64_t a = (uint64_t)(uintptr_t)p;
-    if (a >= lo && a + n <= hi)
-        return lo;
-    if (!looked) {
-        looked = true;
-        enum cudaDriverEntryPointQueryResult qr;
-        void *f = NULL;
-        if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000,
-                                             cudaEnableDefault, &qr) == cudaSuccess &&
-            qr == cudaDriverEntryPointSuccess)
-            fn = (addr_range_fn)f;
-        (void)cudaGetLastError();
-    }
-    uint64_t base = 0;
-    size_t size = 0;
-    if (!fn || fn(&base, &size, a) != 0 || a + n > base + size)
-        return 0;
-    alloc_lo = base;
-    alloc_hi = base + size;
-    return base;
-}
-
-/* Queue a contiguous pageable copy as slices (q is D.q or becomes it). */
-static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
-{
-    uint64_t alloc = G.cfg.join_calls ? alloc_base(dst, bytes) : 0;
     uint64_t t_in = ring_trace_on ? now_ns() : 0, c_in = ring_trace_cpu_ns();
     if (D.q != q) {
         int rc = defer_settle();
@@ -1298,7 +1244,7 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
     uint32_t call = ++D.calls;
     for (size_t off = 0; off < bytes;) {
         D.used = (D.used + 63) & ~(size_t)63;
-        if (D.used >= cap) {
+        if (D.used >= cap || (cast && cap - D.used < bytes)) {
             /* the chunk's slices announced before any wait for the next
              * one: no worker sleeps through a long tensor, leaving the
              * caller to copy it alone at a twelfth of the speed */
@@ -1316,7 +1262,9 @@ static int defer_copy(cq *q, char *dst, const char *src, size_t bytes)
             n = cap - D.used;
         pchunk *c = &q->ring[D.cur];
         dslice *x = &D.s[D.head % DEFER_CAP];
-        *x = (dslice){dst + off, src + off, c->p + D.used, n, D.cur, call, alloc, 0, NULL};
+        *x = (dslice){dst + off, src + off, c->p + D.used, n, D.cur, call, cast != NULL,
+                      cast ? cast[0] : (refit_dtype){0}, cast ? cast[1] : (refit_dtype){0}, 0,
+                      NULL};
         D.pending[D.cur]++;
         D.used += n;
         off += n;
@@ -1358,7 +1306,6 @@ static int cuda_hold_host_sources(void *stream, int on)
     lock_raw();
     int rc = REFIT_OK;
     if (on && G.cfg.defer && !D.held) {
-        alloc_lo = alloc_hi = 0; /* allocations may have changed since */
         D.held = true;
         D.hold = stream;
     } else if (!on && D.held && D.hold == stream) {
@@ -1613,9 +1560,18 @@ static int cuda_copy(const refit_view *dst, const refit_view *src, void *stream)
             bool deferrable = !sdev && D.held && D.hold == stream && (!D.q || D.q == q) &&
                               kern_dtype_eq(dst->dtype, src->dtype) && view_contiguous(dst) &&
                               view_contiguous(src);
+            size_t sbytes = (size_t)kern_view_numel(src) * kern_dtype_size(src->dtype);
+            bool castable = !sdev && D.held && D.hold == stream && (!D.q || D.q == q) &&
+                            !kern_dtype_eq(dst->dtype, src->dtype) && view_contiguous(dst) &&
+                            view_contiguous(src) && sbytes <= G.cfg.defer_slice &&
+                            sbytes + 64 <= G.cfg.ring_chunk_bytes;
             if (deferrable)
-                rc = defer_copy(q, dst->data, src->data,
-                                (size_t)kern_view_numel(dst) * kern_dtype_size(dst->dtype));
+                rc = defer_queue(q, dst->data, src->data,
+                                 (size_t)kern_view_numel(dst) * kern_dtype_size(dst->dtype),
+                                 NULL);
+            else if (castable)
+                rc = defer_queue(q, dst->data, src->data, sbytes,
+                                 (refit_dtype[2]){src->dtype, dst->dtype});
             else {
                 defer_settle_all();
                 rc = sdev ? copy_direct(q, dst, src, sdev) : copy_pageable(q, dst, src);
@@ -1971,7 +1927,7 @@ static void defer_marker(cudaEvent_t ev, uint64_t *mark)
     if (D.head - D.issued == DEFER_CAP)
         defer_wait_issued(D.head - DEFER_CAP + 1);
     dslice *x = &D.s[D.head % DEFER_CAP];
-    *x = (dslice){(char *)none, none, (char *)none, 0, D.cur, ++D.calls, 0, 0, ev};
+    *x = (dslice){(char *)none, none, (char *)none, 0, D.cur, ++D.calls, false, {0}, {0}, 0, ev};
     *mark = D.head + 1;
     __atomic_store_n(&D.head, D.head + 1, __ATOMIC_RELEASE);
     defer_wake();
