@@ -11,8 +11,11 @@
  *
  * Opening a file: fstat, pread the length and the header (never through
  * the mapping, so a concurrent truncation cannot fault us while we
- * validate), parse with jansson rejecting duplicate keys, check every entry's
- * JSON types, sort entries by (begin, end), then walk them checking that
+ * validate), read it in one pass with core/json_reader (strict JSON,
+ * duplicate keys refused), keeping per member only what the rules look at,
+ * then judge every entry's JSON types in document order (as when a whole
+ * document was parsed first: a syntax error anywhere wins over a type
+ * error), sort entries by (begin, end), then walk them checking that
  * they tile the data section exactly: from 0, no gap, no overlap, each
  * span equal to elements x bits / 8, the last end equal to the data size.
  * Only then are tensors added to the set, their data pointing into a
@@ -23,7 +26,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -34,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/json_reader.h"
 #include "core/sha256.h"
 
 /* ---- dtypes ------------------------------------------------------------ */
@@ -147,20 +150,6 @@ const char *st_error_line(const st_error *e, char *buf, size_t n)
     return buf;
 }
 
-static const char *st_json_kind(const json_t *v)
-{
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "object";
-    case JSON_ARRAY: return "array";
-    case JSON_STRING: return "string";
-    case JSON_INTEGER: return "integer";
-    case JSON_REAL: return "real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "boolean";
-    default: return "null";
-    }
-}
-
 /* ---- the set ----------------------------------------------------------- */
 
 struct st_file {
@@ -171,8 +160,9 @@ struct st_file {
     uint64_t data_start;    /* 8 + N */
     bool mapped;
     struct stat st;         /* at open: what st_set_recheck compares */
-    json_t *meta;           /* "__metadata__" object or NULL; owned ref */
-    char *names;            /* this file's tensor names, NUL-separated */
+    const char **meta;      /* "__metadata__": key, value, key, value... */
+    size_t nmeta;           /* pairs */
+    char *strings;          /* the header's decoded strings: names, meta */
     bool sha_done;
     char sha[ST_SHA256_HEX];
 };
@@ -189,7 +179,7 @@ struct st_set {
 
 /* One header entry between parsing and the layout check. */
 struct st_raw {
-    const char *name;       /* borrowed from the JSON document */
+    const char *name;       /* in the file's strings */
     uint64_t begin, end;
     int64_t shape[ST_MAX_DIMS];
     int32_t ndim;
@@ -236,8 +226,8 @@ void st_close(st_set *s)
             munmap((void *)f->base, (size_t)f->size);
         if (f->fd >= 0)
             close(f->fd);
-        json_decref(f->meta);
-        free(f->names);
+        free(f->meta);
+        free(f->strings);
         free(f->path);
     }
     free(s->files);
@@ -271,9 +261,13 @@ const struct stat *st_file_stat(const st_set *s, size_t i)
 
 const char *st_metadata_get(const st_set *s, size_t i, const char *key)
 {
-    if (i >= s->nfiles || !s->files[i].meta)
+    if (i >= s->nfiles || !key)
         return NULL;
-    return json_string_value(json_object_get(s->files[i].meta, key));
+    const struct st_file *f = &s->files[i];
+    for (size_t k = 0; k < f->nmeta; k++)
+        if (!strcmp(f->meta[2 * k], key))
+            return f->meta[2 * k + 1];
+    return NULL;
 }
 
 /* ---- name lookup ------------------------------------------------------- */
@@ -335,94 +329,162 @@ static int st_build_index(st_set *s, st_error *err)
 
 /* ---- header entries ---------------------------------------------------- */
 
-static int st_parse_dtype(const char *file, const char *name, const json_t *v,
-                          struct st_raw *r, st_error *err)
-{
-    if (!json_is_string(v))
-        return ST_CORRUPT(err, DTYPE_TYPE, file, name, "'dtype' is a JSON %s, not a string",
-                          st_json_kind(v));
-    if (st_dtype_from_name(json_string_value(v), &r->dtype))
-        return ST_CORRUPT(err, DTYPE_UNKNOWN, file, name, "unknown dtype '%s'",
-                          json_string_value(v));
-    return REFIT_OK;
-}
+/* One header member as read: what the rules look at, judged once the
+ * whole header has been read. */
+struct st_member {
+    struct st_raw raw;          /* name; dtype, shape, offsets once judged */
+    jr_kind kind;               /* of the member's value */
+    jr_kind field[3];           /* dtype, shape, data_offsets; JR_NONE absent */
+    const char *dtype;          /* when a string */
+    size_t dims, bad_dim;       /* shape elements; first not a size (SIZE_MAX) */
+    size_t noffs, bad_off;      /* the same for data_offsets */
+    int64_t offs[2];
+    const char *bad_meta;       /* __metadata__: key of the first non-string */
+    jr_kind bad_meta_kind;
+};
 
-static int st_parse_shape(const char *file, const char *name, const json_t *v,
-                          struct st_raw *r, st_error *err)
+static const char *const st_fields[3] = {"dtype", "shape", "data_offsets"};
+
+/* Reads an array of sizes (shape, data_offsets): count, the first `cap`
+ * values, and the first element that is not a non-negative integer. */
+static int st_read_sizes(jr_reader *r, int64_t *vals, size_t cap, size_t *n, size_t *bad)
 {
-    if (!json_is_array(v))
-        return ST_CORRUPT(err, SHAPE_TYPE, file, name, "'shape' is a JSON %s, not an array",
-                          st_json_kind(v));
-    size_t n = json_array_size(v);
-    if (n > ST_MAX_DIMS)
-        return ST_CORRUPT(err, SHAPE_RANK, file, name,
-                          "shape has %zu dimensions; at most %d are supported", n, ST_MAX_DIMS);
-    for (size_t i = 0; i < n; i++) {
-        const json_t *d = json_array_get(v, i);
-        if (!json_is_integer(d) || json_integer_value(d) < 0)
-            return ST_CORRUPT(err, SHAPE_DIM, file, name,
-                              "shape[%zu] is not a non-negative integer", i);
-        r->shape[i] = (int64_t)json_integer_value(d);
+    *n = 0;
+    *bad = SIZE_MAX;
+    if (jr_array_begin(r))
+        return -1;
+    int more;
+    while ((more = jr_array_next(r)) == 1) {
+        jr_kind k = jr_peek(r);
+        int64_t v = -1;
+        if (k == JR_INTEGER ? jr_number(r, &k, &v) : jr_skip(r, &k))
+            return -1;
+        if ((k != JR_INTEGER || v < 0) && *bad == SIZE_MAX)
+            *bad = *n;
+        if (*n < cap)
+            vals[*n] = v;
+        (*n)++;
     }
-    r->ndim = (int32_t)n;
-    return REFIT_OK;
+    return more;
 }
 
-static int st_parse_offsets(const char *file, const char *name, const json_t *v,
-                            struct st_raw *r, st_error *err)
+/* An entry's object: the three fields; other keys are read and ignored, as
+ * the reference reader ignores them. */
+static int st_read_entry(jr_reader *r, struct st_member *m)
 {
-    if (!json_is_array(v) || json_array_size(v) != 2)
+    uint32_t id;
+    const char *key;
+    size_t klen;
+    int more;
+    if (jr_object_begin(r, &id))
+        return -1;
+    while ((more = jr_object_next(r, id, &key, &klen)) == 1) {
+        int w = 0;
+        while (w < 3 && strcmp(key, st_fields[w]))
+            w++;
+        jr_kind k = jr_peek(r);
+        int rc;
+        if (w == 0 && k == JR_STRING)
+            rc = jr_string(r, &m->dtype, &klen);
+        else if (w == 1 && k == JR_ARRAY)
+            rc = st_read_sizes(r, m->raw.shape, ST_MAX_DIMS, &m->dims, &m->bad_dim);
+        else if (w == 2 && k == JR_ARRAY)
+            rc = st_read_sizes(r, m->offs, 2, &m->noffs, &m->bad_off);
+        else
+            rc = jr_skip(r, &k);
+        if (rc)
+            return -1;
+        if (w < 3)
+            m->field[w] = k;
+    }
+    return more;
+}
+
+/* "__metadata__": string values kept as pairs; the first other value is
+ * remembered for the rule. */
+static int st_read_metadata(jr_reader *r, struct st_file *f, struct st_member *m,
+                            size_t *cap)
+{
+    uint32_t id;
+    const char *key, *val;
+    size_t klen;
+    int more;
+    if (jr_object_begin(r, &id))
+        return -1;
+    while ((more = jr_object_next(r, id, &key, &klen)) == 1) {
+        jr_kind k = jr_peek(r);
+        if (k != JR_STRING) {
+            if (jr_skip(r, &k))
+                return -1;
+            if (!m->bad_meta) {
+                m->bad_meta = key;
+                m->bad_meta_kind = k;
+            }
+            continue;
+        }
+        if (jr_string(r, &val, &klen))
+            return -1;
+        if (st_grow((void **)&f->meta, cap, 2 * (f->nmeta + 1), sizeof *f->meta)) {
+            r->status = JR_NOMEM;
+            return -1;
+        }
+        f->meta[2 * f->nmeta] = key;
+        f->meta[2 * f->nmeta++ + 1] = val;
+    }
+    return more;
+}
+
+/* The rules for one entry, in the order they were always checked. */
+static int st_judge_entry(const char *file, struct st_member *m, st_error *err)
+{
+    const char *name = m->raw.name;
+    if (m->kind != JR_OBJECT)
+        return ST_CORRUPT(err, ENTRY_TYPE, file, name, "entry is a JSON %s, not an object",
+                          jr_kind_name(m->kind));
+    for (size_t i = 0; i < 3; i++)
+        if (m->field[i] == JR_NONE)
+            return ST_CORRUPT(err, MISSING_FIELD, file, name, "missing field '%s'",
+                              st_fields[i]);
+    if (m->field[0] != JR_STRING)
+        return ST_CORRUPT(err, DTYPE_TYPE, file, name, "'dtype' is a JSON %s, not a string",
+                          jr_kind_name(m->field[0]));
+    if (st_dtype_from_name(m->dtype, &m->raw.dtype))
+        return ST_CORRUPT(err, DTYPE_UNKNOWN, file, name, "unknown dtype '%s'", m->dtype);
+    if (m->field[1] != JR_ARRAY)
+        return ST_CORRUPT(err, SHAPE_TYPE, file, name, "'shape' is a JSON %s, not an array",
+                          jr_kind_name(m->field[1]));
+    if (m->dims > ST_MAX_DIMS)
+        return ST_CORRUPT(err, SHAPE_RANK, file, name,
+                          "shape has %zu dimensions; at most %d are supported", m->dims,
+                          ST_MAX_DIMS);
+    if (m->bad_dim != SIZE_MAX)
+        return ST_CORRUPT(err, SHAPE_DIM, file, name,
+                          "shape[%zu] is not a non-negative integer", m->bad_dim);
+    m->raw.ndim = (int32_t)m->dims;
+    if (m->field[2] != JR_ARRAY || m->noffs != 2)
         return ST_CORRUPT(err, OFFSETS_TYPE, file, name,
                           "'data_offsets' is not an array of two integers");
-    for (size_t i = 0; i < 2; i++) {
-        const json_t *o = json_array_get(v, i);
-        if (!json_is_integer(o) || json_integer_value(o) < 0)
-            return ST_CORRUPT(err, OFFSET_VALUE, file, name,
-                              "data_offsets[%zu] is not a non-negative integer", i);
-    }
-    r->begin = (uint64_t)json_integer_value(json_array_get(v, 0));
-    r->end = (uint64_t)json_integer_value(json_array_get(v, 1));
+    if (m->bad_off != SIZE_MAX)
+        return ST_CORRUPT(err, OFFSET_VALUE, file, name,
+                          "data_offsets[%zu] is not a non-negative integer", m->bad_off);
+    m->raw.begin = (uint64_t)m->offs[0];
+    m->raw.end = (uint64_t)m->offs[1];
     return REFIT_OK;
-}
-
-/* Unknown keys in an entry are ignored, as the reference reader does. */
-static int st_parse_entry(const char *file, const char *name, const json_t *v,
-                          struct st_raw *r, st_error *err)
-{
-    if (!json_is_object(v))
-        return ST_CORRUPT(err, ENTRY_TYPE, file, name, "entry is a JSON %s, not an object",
-                          st_json_kind(v));
-    static const char *const fields[] = {"dtype", "shape", "data_offsets"};
-    for (size_t i = 0; i < 3; i++)
-        if (!json_object_get(v, fields[i]))
-            return ST_CORRUPT(err, MISSING_FIELD, file, name, "missing field '%s'", fields[i]);
-    r->name = name;
-    int rc = st_parse_dtype(file, name, json_object_get(v, "dtype"), r, err);
-    if (!rc)
-        rc = st_parse_shape(file, name, json_object_get(v, "shape"), r, err);
-    if (!rc)
-        rc = st_parse_offsets(file, name, json_object_get(v, "data_offsets"), r, err);
-    return rc;
 }
 
 /* "__metadata__": a string -> string map; null counts as absent, as the
  * reference reader's Option<HashMap> makes it. */
-static int st_parse_metadata(const char *file, json_t *v, json_t **out, st_error *err)
+static int st_judge_metadata(const char *file, const struct st_member *m, st_error *err)
 {
-    if (json_is_null(v))
+    if (m->kind == JR_NULL)
         return REFIT_OK;
-    if (!json_is_object(v))
+    if (m->kind != JR_OBJECT)
         return ST_CORRUPT(err, METADATA_TYPE, file, NULL,
-                          "'__metadata__' is a JSON %s, not an object", st_json_kind(v));
-    const char *key;
-    json_t *val;
-    json_object_foreach(v, key, val) {
-        if (!json_is_string(val))
-            return ST_CORRUPT(err, METADATA_VALUE, file, NULL,
-                              "'__metadata__' value of key '%s' is a JSON %s, not a string", key,
-                              st_json_kind(val));
-    }
-    *out = json_incref(v);
+                          "'__metadata__' is a JSON %s, not an object", jr_kind_name(m->kind));
+    if (m->bad_meta)
+        return ST_CORRUPT(err, METADATA_VALUE, file, NULL,
+                          "'__metadata__' value of key '%s' is a JSON %s, not a string",
+                          m->bad_meta, jr_kind_name(m->bad_meta_kind));
     return REFIT_OK;
 }
 
@@ -500,25 +562,17 @@ static int st_check_layout(const char *file, struct st_raw **v, size_t n, uint64
     return REFIT_OK;
 }
 
-/* Appends a validated file's tensors, in offset order, names copied into
- * one block per file so that the JSON document can be freed. */
+/* Appends a validated file's tensors, in offset order; names stay in the
+ * file's strings. */
 static int st_commit(st_set *s, uint32_t fi, struct st_raw **v, size_t n, st_error *err)
 {
     struct st_file *f = &s->files[fi];
-    size_t total = 1;
-    for (size_t i = 0; i < n; i++)
-        total += strlen(v[i]->name) + 1; /* bounded by the header size */
-    if (!(f->names = malloc(total)) ||
-        st_grow((void **)&s->tensors, &s->cap_tensors, s->ntensors + n, sizeof(st_tensor)))
+    if (st_grow((void **)&s->tensors, &s->cap_tensors, s->ntensors + n, sizeof(st_tensor)))
         return ST_NOMEM(err, f->path);
-    char *p = f->names;
     for (size_t i = 0; i < n; i++) {
         const struct st_raw *r = v[i];
         st_tensor *t = &s->tensors[s->ntensors++];
-        size_t len = strlen(r->name) + 1;
-        memcpy(p, r->name, len);
-        t->name = p;
-        p += len;
+        t->name = r->name;
         t->offset = f->data_start + r->begin;
         t->data = f->base + t->offset;
         t->nbytes = r->end - r->begin;
@@ -532,66 +586,85 @@ static int st_commit(st_set *s, uint32_t fi, struct st_raw **v, size_t n, st_err
 
 /* ---- one file ---------------------------------------------------------- */
 
-static int st_json_error(const char *file, const char *what, const json_error_t *je,
+static int st_json_error(const char *file, const char *what, const jr_reader *r,
                          st_error *err)
 {
-    /* jansson reports most allocation failures as an unknown error with no
-     * text (some as a syntax error: those read as corrupt input). */
-    if (json_error_code(je) == json_error_unknown && !je->text[0])
+    switch (r->status) {
+    case JR_NOMEM:
         return ST_NOMEM(err, file);
-    switch (json_error_code(je)) {
-    case json_error_out_of_memory:
-        return ST_NOMEM(err, file);
-    case json_error_invalid_utf8:
-        return ST_CORRUPT(err, JSON_UTF8, file, NULL, "%s is not valid UTF-8 (byte %d)", what,
-                          je->position);
-    case json_error_duplicate_key:
-        return ST_CORRUPT(err, DUPLICATE_KEY, file, NULL, "%s has a duplicate key: %s", what,
-                          je->text);
+    case JR_UTF8:
+        return ST_CORRUPT(err, JSON_UTF8, file, NULL, "%s is not valid UTF-8 (byte %zu)", what,
+                          r->err_pos);
+    case JR_DUPLICATE:
+        return ST_CORRUPT(err, DUPLICATE_KEY, file, NULL, "%s has a duplicate key: '%s' (byte %zu)",
+                          what, r->err_text, r->err_pos);
     default:
-        return ST_CORRUPT(err, JSON_SYNTAX, file, NULL, "%s is not valid JSON: %s (byte %d)",
-                          what, je->text, je->position);
+        return ST_CORRUPT(err, JSON_SYNTAX, file, NULL, "%s is not valid JSON: %s (byte %zu)",
+                          what, r->err_text, r->err_pos);
     }
 }
 
-/* Walks the header object, filling raw (one slot per member) and the
- * file's metadata; returns the entry count through *n. */
-static int st_parse_members(struct st_file *f, json_t *root, struct st_raw *raw, size_t *n,
-                            st_error *err)
+/* Reads the header object: one member per key, the file's metadata pairs.
+ * *kind: the top-level value's kind. */
+static int st_read_members(jr_reader *r, struct st_file *f, struct st_member **out, size_t *n,
+                           jr_kind *kind)
 {
+    size_t cap = 0, meta_cap = 0;
+    uint32_t id;
     const char *key;
-    json_t *val;
-    size_t k = 0;
-    json_object_foreach(root, key, val) {
-        int rc = !strcmp(key, "__metadata__")
-                     ? st_parse_metadata(f->path, val, &f->meta, err)
-                     : st_parse_entry(f->path, key, val, &raw[k++], err);
+    size_t klen;
+    int more;
+    if (jr_top(r, kind) || (*kind == JR_ARRAY ? jr_skip(r, NULL) : jr_object_begin(r, &id)))
+        return -1;
+    if (*kind == JR_ARRAY)
+        return jr_finish(r);
+    while ((more = jr_object_next(r, id, &key, &klen)) == 1) {
+        if (st_grow((void **)out, &cap, *n + 1, sizeof **out)) {
+            r->status = JR_NOMEM;
+            return -1;
+        }
+        struct st_member *m = &(*out)[(*n)++];
+        memset(m, 0, sizeof *m);
+        m->raw.name = key;
+        m->bad_dim = m->bad_off = SIZE_MAX;
+        m->kind = jr_peek(r);
+        int rc;
+        if (m->kind == JR_OBJECT && !strcmp(key, "__metadata__"))
+            rc = st_read_metadata(r, f, m, &meta_cap);
+        else if (m->kind == JR_OBJECT)
+            rc = st_read_entry(r, m);
+        else
+            rc = jr_skip(r, &m->kind);
         if (rc)
-            return rc;
+            return -1;
     }
-    *n = k;
-    return REFIT_OK;
+    return more ? -1 : jr_finish(r);
 }
 
-static int st_parse_json(st_set *s, uint32_t fi, json_t *root, st_error *err)
+/* Judges the members in order, then the layout, then adds the tensors. */
+static int st_judge(st_set *s, uint32_t fi, struct st_member *mem, size_t n, st_error *err)
 {
     struct st_file *f = &s->files[fi];
-    size_t members = json_object_size(root), n = 0;
-    struct st_raw *raw = calloc(members ? members : 1, sizeof *raw);
-    struct st_raw **order = calloc(members ? members : 1, sizeof *order);
-    int rc = raw && order ? REFIT_OK : ST_NOMEM(err, f->path);
-    if (!rc)
-        rc = st_parse_members(f, root, raw, &n, err);
+    struct st_raw **order = malloc((n ? n : 1) * sizeof *order);
+    if (!order)
+        return ST_NOMEM(err, f->path);
+    size_t k = 0;
+    int rc = REFIT_OK;
+    for (size_t i = 0; !rc && i < n; i++) {
+        if (!strcmp(mem[i].raw.name, "__metadata__")) {
+            rc = st_judge_metadata(f->path, &mem[i], err);
+        } else {
+            rc = st_judge_entry(f->path, &mem[i], err);
+            order[k++] = &mem[i].raw;
+        }
+    }
     if (!rc) {
-        for (size_t i = 0; i < n; i++)
-            order[i] = &raw[i];
-        qsort(order, n, sizeof *order, st_raw_cmp);
-        rc = st_check_layout(f->path, order, n, f->size - f->data_start, err);
+        qsort(order, k, sizeof *order, st_raw_cmp);
+        rc = st_check_layout(f->path, order, k, f->size - f->data_start, err);
     }
     if (!rc)
-        rc = st_commit(s, fi, order, n, err);
+        rc = st_commit(s, fi, order, k, err);
     free(order);
-    free(raw);
     return rc;
 }
 
@@ -601,15 +674,25 @@ static int st_parse_header(st_set *s, uint32_t fi, const uint8_t *hdr, uint64_t 
 {
     struct st_file *f = &s->files[fi];
     f->data_start = 8 + n;
-    json_error_t je;
-    json_t *root = json_loadb((const char *)hdr, (size_t)n, JSON_REJECT_DUPLICATES, &je);
-    if (!root)
-        return st_json_error(f->path, "header", &je, err);
-    int rc = json_is_object(root)
-                 ? st_parse_json(s, fi, root, err)
-                 : ST_CORRUPT(err, HEADER_NOT_OBJECT, f->path, NULL,
-                              "header is a JSON %s, not an object", st_json_kind(root));
-    json_decref(root);
+    jr_reader r;
+    struct st_member *mem = NULL;
+    size_t count = 0;
+    jr_kind kind = JR_NONE;
+    int rc;
+    if (jr_init(&r, hdr, (size_t)n))
+        rc = ST_NOMEM(err, f->path);
+    else if (st_read_members(&r, f, &mem, &count, &kind))
+        rc = st_json_error(f->path, "header", &r, err);
+    else if (kind != JR_OBJECT)
+        rc = ST_CORRUPT(err, HEADER_NOT_OBJECT, f->path, NULL,
+                        "header is a JSON %s, not an object", jr_kind_name(kind));
+    else {
+        f->strings = r.arena; /* names and metadata point into it */
+        r.arena = NULL;
+        rc = st_judge(s, fi, mem, count, err);
+    }
+    free(mem);
+    jr_free(&r);
     return rc;
 }
 
@@ -728,24 +811,42 @@ static int st_add_file(st_set *s, const char *path, st_rule enoent_rule, st_erro
 /* ---- index files ------------------------------------------------------- */
 
 struct st_index {
-    json_t *root;
-    json_t *weight_map;          /* borrowed from root */
-    const char **shards;         /* sorted, distinct; borrowed from root */
+    char *strings;               /* the index's decoded strings */
+    const char **names;          /* weight_map keys, in document order */
+    const char **files;          /* their values; NULL where not a string */
+    uint32_t *shard;             /* per name: index into shards */
+    size_t nnames, cap_names;
+    uint32_t *slots;             /* names by hash: position + 1, 0 empty */
+    size_t mask;
+    uint64_t seed;
+    const char **shards;         /* sorted, distinct; in strings */
     size_t nshards;
     int64_t total_size;          /* -1 when absent */
+};
+
+/* What the rules look at, read in one pass. */
+struct st_index_read {
+    jr_kind top, map, meta, total; /* JR_NONE: absent */
+    int64_t total_value;
+    size_t bad_value;            /* first weight_map value not a string */
+    jr_kind bad_kind;
 };
 
 void st_index_free(st_index *ix)
 {
     if (!ix)
         return;
-    json_decref(ix->root);
+    free(ix->strings);
+    free(ix->names);
+    free(ix->files);
+    free(ix->shard);
+    free(ix->slots);
     free(ix->shards);
     free(ix);
 }
 
 size_t st_index_shard_count(const st_index *ix) { return ix->nshards; }
-size_t st_index_tensor_count(const st_index *ix) { return json_object_size(ix->weight_map); }
+size_t st_index_tensor_count(const st_index *ix) { return ix->nnames; }
 int64_t st_index_total_size(const st_index *ix) { return ix->total_size; }
 
 const char *st_index_shard(const st_index *ix, size_t i)
@@ -760,12 +861,15 @@ static int st_strptr_cmp(const void *a, const void *b)
 
 long st_index_shard_of(const st_index *ix, const char *name)
 {
-    const char *file = json_string_value(json_object_get(ix->weight_map, name));
-    if (!file)
+    if (!ix->slots || !name)
         return -1;
-    const char **hit = bsearch(&file, ix->shards, ix->nshards, sizeof *ix->shards,
-                               st_strptr_cmp);
-    return hit ? (long)(hit - ix->shards) : -1;
+    for (size_t i = st_hash(ix->seed, name) & ix->mask;; i = (i + 1) & ix->mask) {
+        uint32_t v = ix->slots[i];
+        if (!v)
+            return -1;
+        if (!strcmp(ix->names[v - 1], name))
+            return (long)ix->shard[v - 1];
+    }
 }
 
 /* Shard names are joined to the index's directory: only plain names, so
@@ -775,49 +879,148 @@ static bool st_plain_name(const char *s)
     return s[0] && strcmp(s, ".") && strcmp(s, "..") && !strchr(s, '/');
 }
 
-static int st_index_metadata(st_index *ix, const char *label, st_error *err)
+static int st_index_read_map(jr_reader *r, st_index *ix, struct st_index_read *rd)
 {
-    json_t *md = json_object_get(ix->root, "metadata");
+    uint32_t id;
+    const char *key, *val;
+    size_t len;
+    int more;
+    if (jr_object_begin(r, &id))
+        return -1;
+    while ((more = jr_object_next(r, id, &key, &len)) == 1) {
+        size_t cap = ix->cap_names;
+        if (st_grow((void **)&ix->names, &cap, ix->nnames + 1, sizeof *ix->names) ||
+            st_grow((void **)&ix->files, &ix->cap_names, ix->nnames + 1, sizeof *ix->files)) {
+            r->status = JR_NOMEM;
+            return -1;
+        }
+        jr_kind k = jr_peek(r);
+        val = NULL;
+        if (k == JR_STRING ? jr_string(r, &val, &len) : jr_skip(r, &k))
+            return -1;
+        if (!val && rd->bad_value == SIZE_MAX) {
+            rd->bad_value = ix->nnames;
+            rd->bad_kind = k;
+        }
+        ix->names[ix->nnames] = key;
+        ix->files[ix->nnames++] = val;
+    }
+    return more;
+}
+
+static int st_index_read_meta(jr_reader *r, struct st_index_read *rd)
+{
+    uint32_t id;
+    const char *key;
+    size_t len;
+    int more;
+    if (jr_object_begin(r, &id))
+        return -1;
+    while ((more = jr_object_next(r, id, &key, &len)) == 1) {
+        jr_kind k = jr_peek(r);
+        int rc = strcmp(key, "total_size") || k != JR_INTEGER
+                     ? jr_skip(r, &k)
+                     : jr_number(r, &k, &rd->total_value);
+        if (rc)
+            return -1;
+        if (!strcmp(key, "total_size"))
+            rd->total = k;
+    }
+    return more;
+}
+
+static int st_index_read(jr_reader *r, st_index *ix, struct st_index_read *rd)
+{
+    uint32_t id;
+    const char *key;
+    size_t len;
+    int more;
+    if (jr_top(r, &rd->top) ||
+        (rd->top == JR_ARRAY ? jr_skip(r, NULL) : jr_object_begin(r, &id)))
+        return -1;
+    if (rd->top == JR_ARRAY)
+        return jr_finish(r);
+    while ((more = jr_object_next(r, id, &key, &len)) == 1) {
+        bool map = !strcmp(key, "weight_map"), meta = !strcmp(key, "metadata");
+        jr_kind k = jr_peek(r);
+        int rc = map && k == JR_OBJECT    ? st_index_read_map(r, ix, rd)
+                 : meta && k == JR_OBJECT ? st_index_read_meta(r, rd)
+                                          : jr_skip(r, &k);
+        if (rc)
+            return -1;
+        if (map)
+            rd->map = k;
+        else if (meta)
+            rd->meta = k;
+    }
+    return more ? -1 : jr_finish(r);
+}
+
+/* The rules, in the order they were always checked. */
+static int st_index_judge(st_index *ix, const struct st_index_read *rd, const char *label,
+                          st_error *err)
+{
+    if (rd->top != JR_OBJECT)
+        return ST_CORRUPT(err, INDEX_NOT_OBJECT, label, NULL,
+                          "index is a JSON %s, not an object", jr_kind_name(rd->top));
+    if (rd->map != JR_OBJECT)
+        return ST_CORRUPT(err, INDEX_WEIGHT_MAP, label, NULL,
+                          rd->map != JR_NONE ? "'weight_map' is not an object"
+                                             : "missing 'weight_map'");
     ix->total_size = -1;
-    if (!md || json_is_null(md))
-        return REFIT_OK;
-    if (!json_is_object(md))
+    if (rd->meta != JR_NONE && rd->meta != JR_NULL && rd->meta != JR_OBJECT)
         return ST_CORRUPT(err, INDEX_METADATA, label, NULL,
-                          "'metadata' is a JSON %s, not an object", st_json_kind(md));
-    json_t *ts = json_object_get(md, "total_size");
-    if (!ts || json_is_null(ts))
-        return REFIT_OK;
-    if (!json_is_integer(ts) || json_integer_value(ts) < 0)
-        return ST_CORRUPT(err, INDEX_TOTAL_SIZE_TYPE, label, NULL,
-                          "'metadata.total_size' is not a non-negative integer");
-    ix->total_size = (int64_t)json_integer_value(ts);
+                          "'metadata' is a JSON %s, not an object", jr_kind_name(rd->meta));
+    if (rd->meta == JR_OBJECT && rd->total != JR_NONE && rd->total != JR_NULL) {
+        if (rd->total != JR_INTEGER || rd->total_value < 0)
+            return ST_CORRUPT(err, INDEX_TOTAL_SIZE_TYPE, label, NULL,
+                              "'metadata.total_size' is not a non-negative integer");
+        ix->total_size = rd->total_value;
+    }
+    for (size_t i = 0; i < ix->nnames; i++) {
+        if (i == rd->bad_value)
+            return ST_CORRUPT(err, INDEX_SHARD_NAME, label, ix->names[i],
+                              "weight_map value is a JSON %s, not a file name",
+                              jr_kind_name(rd->bad_kind));
+        if (!st_plain_name(ix->files[i]))
+            return ST_CORRUPT(err, INDEX_SHARD_NAME, label, ix->names[i],
+                              "shard '%s' is not a plain file name in the checkpoint directory",
+                              ix->files[i]);
+    }
     return REFIT_OK;
 }
 
-static int st_index_shards(st_index *ix, const char *label, st_error *err)
+/* Distinct shards, sorted; each name's shard; the names' hash table. */
+static int st_index_tables(st_index *ix, const char *label, st_error *err)
 {
-    size_t n = json_object_size(ix->weight_map), k = 0;
-    if (!(ix->shards = malloc((n ? n : 1) * sizeof *ix->shards)))
+    size_t n = ix->nnames, slots = 16;
+    while (slots < 2 * n)
+        slots *= 2;
+    if (n >= UINT32_MAX / 2 || !(ix->shards = malloc((n ? n : 1) * sizeof *ix->shards)) ||
+        !(ix->shard = malloc((n ? n : 1) * sizeof *ix->shard)) ||
+        !(ix->slots = calloc(slots, sizeof *ix->slots)))
         return ST_NOMEM(err, label);
-    const char *key;
-    json_t *val;
-    json_object_foreach(ix->weight_map, key, val) {
-        if (!json_is_string(val))
-            return ST_CORRUPT(err, INDEX_SHARD_NAME, label, key,
-                              "weight_map value is a JSON %s, not a file name",
-                              st_json_kind(val));
-        if (!st_plain_name(json_string_value(val)))
-            return ST_CORRUPT(err, INDEX_SHARD_NAME, label, key,
-                              "shard '%s' is not a plain file name in the checkpoint directory",
-                              json_string_value(val));
-        ix->shards[k++] = json_string_value(val);
-    }
+    /* shard names repeat in long runs: sort only the changes */
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!k || strcmp(ix->shards[k - 1], ix->files[i]))
+            ix->shards[k++] = ix->files[i];
     qsort(ix->shards, k, sizeof *ix->shards, st_strptr_cmp);
     size_t u = 0;
     for (size_t i = 0; i < k; i++)
         if (!u || strcmp(ix->shards[u - 1], ix->shards[i]))
             ix->shards[u++] = ix->shards[i];
     ix->nshards = u;
+    ix->mask = slots - 1;
+    for (size_t i = 0; i < n; i++) {
+        const char **hit = bsearch(&ix->files[i], ix->shards, u, sizeof *ix->shards,
+                                   st_strptr_cmp);
+        ix->shard[i] = (uint32_t)(hit - ix->shards);
+        size_t j = st_hash(ix->seed, ix->names[i]) & ix->mask;
+        while (ix->slots[j])
+            j = (j + 1) & ix->mask;
+        ix->slots[j] = (uint32_t)(i + 1);
+    }
     return REFIT_OK;
 }
 
@@ -828,21 +1031,23 @@ int st_index_parse(st_index **out, const void *json, size_t len, const char *lab
     st_index *ix = calloc(1, sizeof *ix);
     if (!ix)
         return ST_NOMEM(err, label);
-    json_error_t je;
-    int rc = REFIT_OK;
-    if (!(ix->root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &je)))
-        rc = st_json_error(label, "index", &je, err);
-    else if (!json_is_object(ix->root))
-        rc = ST_CORRUPT(err, INDEX_NOT_OBJECT, label, NULL, "index is a JSON %s, not an object",
-                        st_json_kind(ix->root));
-    else if (!json_is_object(ix->weight_map = json_object_get(ix->root, "weight_map")))
-        rc = ST_CORRUPT(err, INDEX_WEIGHT_MAP, label, NULL,
-                        ix->weight_map ? "'weight_map' is not an object"
-                                       : "missing 'weight_map'");
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ix->seed = (uint64_t)(uintptr_t)ix ^ ((uint64_t)ts.tv_nsec << 20) ^ (uint64_t)ts.tv_sec;
+    struct st_index_read rd = {.bad_value = SIZE_MAX};
+    jr_reader r;
+    int rc;
+    if (jr_init(&r, json, len))
+        rc = ST_NOMEM(err, label);
+    else if (st_index_read(&r, ix, &rd))
+        rc = st_json_error(label, "index", &r, err);
+    else
+        rc = st_index_judge(ix, &rd, label, err);
+    ix->strings = r.arena; /* names and shards point into it */
+    r.arena = NULL;
+    jr_free(&r);
     if (!rc)
-        rc = st_index_metadata(ix, label, err);
-    if (!rc)
-        rc = st_index_shards(ix, label, err);
+        rc = st_index_tables(ix, label, err);
     if (rc) {
         st_index_free(ix);
         return rc;
@@ -910,9 +1115,8 @@ static int st_match_index(const st_set *s, const st_index *ix, const char *label
         if (__builtin_add_overflow(total, t->nbytes, &total))
             return ST_CORRUPT(err, INDEX_TOTAL_SIZE, label, NULL, "tensor bytes overflow");
     }
-    const char *name;
-    json_t *val;
-    json_object_foreach(ix->weight_map, name, val) {
+    for (size_t i = 0; i < ix->nnames; i++) {
+        const char *name = ix->names[i];
         if (!st_find(s, name))
             return ST_CORRUPT(err, SHARD_MISSING_TENSOR, s->files[st_index_shard_of(ix, name)].path,
                               name, "the index places this tensor here but the shard lacks it");
