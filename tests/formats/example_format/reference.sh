@@ -4,8 +4,8 @@
 # builds it: the example passes with its reference (scale2_reference.py);
 # a wrong build of it (scale2.c's factor 2 made a division by 0.49999,
 # built here) passes every other check, but fails the kit with
-# --reference, naming the tensor and the byte; a reference that fails
-# fails the check. TAP on stdout.
+# --reference, naming the tensor and the byte; a reference that fails,
+# or answers without a runtime tensor, fails the check. TAP on stdout.
 #   reference.sh BUILD_DIR SOURCE_DIR [meson setup args...]
 set -eu
 build=$1 src=$2
@@ -78,6 +78,20 @@ if [ $rc -eq 1 ] && grep -q 'the reference `false .*request.json` exited with st
   say ok "a reference that exits 1 fails the check, naming it"
 else
   say "not ok" "a failing reference: exit $rc"; show failing
+fi
+# an answer without the runtime tensors: the check names the first missing
+cat > "$tmp/empty_ref.py" <<'P'
+import json, struct, sys
+with open(json.load(open(sys.argv[1]))["runtime"], "wb") as f:
+    f.write(struct.pack("<Q", 8) + b"{}      ")
+P
+run empty --only=reference --reference="python3 $tmp/empty_ref.py" \
+  "$tmp/good/ex/refit-fmt-scale2.so" "$@"
+if [ $rc -eq 1 ] && grep -q "runtime.safetensors has no tensor m/w (runtime tensor w of module m)" \
+     "$tmp/empty.tap"; then
+  say ok "an answer without m/w fails the check, naming it"
+else
+  say "not ok" "an answer without tensors: exit $rc"; show empty
 fi
 echo "1..$n"
 exit $bad
