@@ -27,6 +27,7 @@ void metrics_begin(refit_ctx *ctx, metrics_clock *c, int rc)
     c->begin_s = c->loading - c->begun;
     ctx->metrics.started++;
     ctx->metrics.replays_started += c->replay;
+    ctx->metrics.restores_started += c->restore;
 }
 
 void metrics_refused(refit_ctx *ctx, int status)
@@ -59,12 +60,13 @@ void metrics_update_end(refit_ctx *ctx, metrics_clock *c, const metrics_end *e)
     if (e->committed) {
         w->committed++;
         w->replays_committed += c->replay;
+        w->restores_committed += c->restore;
         w->commit_time = (double)time(NULL);
     } else {
         metrics_reason r = metrics_reason_of(e->error, false);
         w->aborted[r]++;
         w->poisoned[r] += e->poisoned;
-        w->restores += e->restored;
+        w->rollbacks += e->restored;
     }
     w->source_bytes[metrics_source_of(e->source_uri)] += e->bytes;
     metrics_observe(&w->duration[e->committed ? METRICS_COMMITTED : METRICS_ABORTED], true,

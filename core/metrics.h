@@ -18,6 +18,7 @@ typedef struct metrics_clock {
     double begin_s, post_load_s;
     double journal0;            /* ctx->journal_seconds at refit_begin */
     bool replay;                /* a replay (refit_replay) */
+    bool restore;               /* a restore from a snapshot (refit_restore) */
 } metrics_clock;
 
 /* How an update ended, for metrics_update_end. */

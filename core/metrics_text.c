@@ -18,7 +18,8 @@ static const double bytes_bounds[METRICS_BYTES_BUCKETS] = {
 
 static const char *const reason_names[METRICS_N_REASONS] = {"caller", "failed", "finalize",
                                                             "interrupted"};
-static const char *const source_names[METRICS_N_SOURCES] = {"memory", "file", "nccl", "ipc"};
+static const char *const source_names[METRICS_N_SOURCES] = {"memory", "file", "nccl", "ipc",
+                                                              "snapshot"};
 static const char *const phase_names[METRICS_N_PHASES] = {"begin", "load", "post_load",
                                                           "finalize", "journal"};
 static const char *const route_names[METRICS_N_ROUTES] = {"direct", "view", "staged"};
@@ -46,7 +47,8 @@ metrics_source metrics_source_of(const char *uri)
     } schemes[] = {{"file://", METRICS_SOURCE_FILE},
                    {"nccl://", METRICS_SOURCE_NCCL},
                    {"loopback://", METRICS_SOURCE_NCCL}, /* the NCCL receiver's test transport */
-                   {"ipc://", METRICS_SOURCE_IPC}};
+                   {"ipc://", METRICS_SOURCE_IPC},
+                   {"snapshot://", METRICS_SOURCE_SNAPSHOT}}; /* refit_restore's */
     for (size_t i = 0; uri && i < sizeof schemes / sizeof schemes[0]; i++)
         if (!strncmp(uri, schemes[i].scheme, strlen(schemes[i].scheme)))
             return schemes[i].kind;
@@ -178,16 +180,23 @@ static void write_counters(FILE *f, const metrics_worker *w, size_t n, bool live
         for (int r = 0; r < METRICS_N_REASONS; r++)
             counter(f, "refit_updates_poisoned_total", &w[i], "reason", reason_names[r],
                     w[i].poisoned[r]);
-    family(f, "refit_restores_total", "counter",
+    family(f, "refit_rollbacks_total", "counter",
            "Aborted updates whose written bytes the undo log put back.");
     for (size_t i = 0; i < n; i++)
-        counter(f, "refit_restores_total", &w[i], NULL, NULL, w[i].restores);
+        counter(f, "refit_rollbacks_total", &w[i], NULL, NULL, w[i].rollbacks);
     family(f, "refit_replays_started_total", "counter", "Replays begun.");
     for (size_t i = 0; i < n; i++)
         counter(f, "refit_replays_started_total", &w[i], NULL, NULL, w[i].replays_started);
     family(f, "refit_replays_committed_total", "counter", "Replays committed.");
     for (size_t i = 0; i < n; i++)
         counter(f, "refit_replays_committed_total", &w[i], NULL, NULL, w[i].replays_committed);
+    family(f, "refit_restores_started_total", "counter", "Restores from a snapshot begun.");
+    for (size_t i = 0; i < n; i++)
+        counter(f, "refit_restores_started_total", &w[i], NULL, NULL, w[i].restores_started);
+    family(f, "refit_restores_committed_total", "counter", "Restores from a snapshot committed.");
+    for (size_t i = 0; i < n; i++)
+        counter(f, "refit_restores_committed_total", &w[i], NULL, NULL,
+                w[i].restores_committed);
     if (live) {
         family(f, "refit_refusals_total", "counter",
                "Calls refused with nothing changed, by status name.");

@@ -26,6 +26,7 @@ typedef enum metrics_source {
     METRICS_SOURCE_FILE,
     METRICS_SOURCE_NCCL,
     METRICS_SOURCE_IPC,
+    METRICS_SOURCE_SNAPSHOT,    /* refit_restore */
     METRICS_N_SOURCES
 } metrics_source;
 
@@ -63,8 +64,9 @@ typedef struct metrics_worker {
     const char *worker;         /* label worker */
     int64_t rank;               /* label rank */
     bool live;                  /* a context: the context-only families too */
-    uint64_t started, committed, restores;
+    uint64_t started, committed, rollbacks;
     uint64_t replays_started, replays_committed;
+    uint64_t restores_started, restores_committed; /* from snapshots */
     uint64_t aborted[METRICS_N_REASONS], poisoned[METRICS_N_REASONS];
     uint64_t refusals[METRICS_N_STATUS];
     uint64_t source_bytes[METRICS_N_SOURCES];

@@ -520,7 +520,9 @@ static int txn_open(refit_txn **out, refit_model *m, const refit_update_opts *op
 int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, int64_t replay_of)
 {
     metrics_clock c = {.begun = metrics_now(), .journal0 = m ? m->ctx->journal_seconds : 0,
-                       .replay = replay_of != 0};
+                       .replay = replay_of != 0,
+                       .restore = opts && metrics_source_of(opts->source_uri) ==
+                                              METRICS_SOURCE_SNAPSHOT};
     int rc = txn_open(out, m, opts, replay_of);
     if (m)
         metrics_begin(m->ctx, &c, rc);

@@ -1,7 +1,8 @@
 /* refit_metrics_text on the host backend (issue 33): the counters,
  * histograms and gauges move as a scripted sequence of updates says they
  * must (commits, refusals, aborts with and without rollback, a failed
- * finalize, a poisoned worker, a replay from a file), the text is
+ * finalize, a poisoned worker, a replay from a file, a restore from a
+ * snapshot), the text is
  * well-formed exposition, and the series of the journal agree with
  * refitctl metrics' reading of the same journal (tests/python/
  * test_metrics.py checks that side). */
@@ -190,7 +191,7 @@ static void test_counters_follow_a_scripted_sequence(void **state)
     assert_true(V("refit_refusals_total", lab) == 1);
     assert_true(V("refit_updates_started_total", "") == 2); /* the refused begin is not one */
     assert_true(V("refit_updates_aborted_total", ",reason=\"caller\"") == 1);
-    assert_true(V("refit_restores_total", "") == 0);          /* nothing was written */
+    assert_true(V("refit_rollbacks_total", "") == 0);          /* nothing was written */
 
     /* 3. rollback after a write: restored */
     make_version(w, 2);
@@ -198,7 +199,7 @@ static void test_counters_follow_a_scripted_sequence(void **state)
     load(w, t, 0);
     assert_int_equal(refit_abort(t), REFIT_OK);
     assert_true(V("refit_updates_aborted_total", ",reason=\"caller\"") == 2);
-    assert_true(V("refit_restores_total", "") == 1);
+    assert_true(V("refit_rollbacks_total", "") == 1);
     assert_true(V("refit_update_duration_seconds_count", ",outcome=\"aborted\"") == 2);
     assert_true(V("refit_undo_bytes", ",placement=\"host\"") == tb); /* one tensor saved */
     assert_true(V("refit_undo_bytes", ",placement=\"device\"") == 0);
@@ -209,7 +210,7 @@ static void test_counters_follow_a_scripted_sequence(void **state)
     load(w, t, 1);
     assert_int_equal(refit_finalize(t), REFIT_EINCOMPLETE);
     assert_true(V("refit_updates_aborted_total", ",reason=\"finalize\"") == 1);
-    assert_true(V("refit_restores_total", "") == 2);
+    assert_true(V("refit_rollbacks_total", "") == 2);
     assert_true(V("refit_updates_poisoned_total", ",reason=\"finalize\"") == 0);
 
     /* 5. a file update without rollback, aborted after one tensor: poisoned */
@@ -234,7 +235,7 @@ static void test_counters_follow_a_scripted_sequence(void **state)
     assert_int_equal(refit_abort_reason(t, "trainer lost"), REFIT_EPOISONED);
     assert_true(V("refit_updates_aborted_total", ",reason=\"caller\"") == 3);
     assert_true(V("refit_updates_poisoned_total", ",reason=\"caller\"") == 1);
-    assert_true(V("refit_restores_total", "") == 2);
+    assert_true(V("refit_rollbacks_total", "") == 2);
     assert_true(V("refit_source_bytes_total", ",source=\"file\"") == tb);
     assert_true(V("refit_health", ",state=\"poisoned\"") == 1);
     assert_true(V("refit_health", ",state=\"ready\"") == 0);
@@ -265,6 +266,26 @@ static void test_counters_follow_a_scripted_sequence(void **state)
     assert_true(V("refit_update_phase_seconds_sum", ",phase=\"journal\"") > 0);
     assert_true(V("refit_route_bytes_total", ",route=\"direct\",format=\"unquantized\"") ==
                 3 * tb + 1 * tb + 2 * tb + 1 * tb + 3 * tb);
+
+    /* 7. a snapshot of v2, an update to v3, the snapshot restored */
+    char snap[128];
+    snprintf(snap, sizeof snap, "%s/snap", w->dir);
+    assert_int_equal(refit_snapshot_write(w->model, snap), REFIT_OK);
+    make_version(w, 3);
+    t = begin(w, "v3", NULL, 1);
+    for (int i = 0; i < N_MOD; i++)
+        load(w, t, i);
+    assert_int_equal(refit_finalize(t), REFIT_OK);
+    assert_true(V("refit_restores_started_total", "") == 0);
+    refit_restore_opts rs = REFIT_RESTORE_OPTS_INIT;
+    assert_int_equal(refit_restore(w->model, snap, &rs), REFIT_OK);
+    assert_string_equal(refit_worker_version(w->ctx), "v2");
+    assert_true(V("refit_restores_started_total", "") == 1);
+    assert_true(V("refit_restores_committed_total", "") == 1);
+    assert_true(V("refit_replays_started_total", "") == 1);
+    assert_true(V("refit_updates_started_total", "") == 8);
+    assert_true(V("refit_updates_committed_total", "") == 4);
+    assert_true(V("refit_version_info", ",version=\"v2\"") == 1);
 }
 
 /* Exposition rules a parser relies on: every family once, HELP then
@@ -323,7 +344,7 @@ static void test_text_is_well_formed(void **state)
             assert_true(v == last_bucket); /* +Inf equals _count */
         }
     }
-    assert_int_equal(n_fams, 18); /* docs/operators.md: 10 counters, 3 histograms, 5 gauges */
+    assert_int_equal(n_fams, 20); /* docs/operators.md: 12 counters, 3 histograms, 5 gauges */
 }
 
 static void test_refuses_null(void **state)
@@ -354,6 +375,7 @@ static void test_classifiers(void **state)
     assert_int_equal(metrics_source_of("nccl://rank0/00ff"), METRICS_SOURCE_NCCL);
     assert_int_equal(metrics_source_of("loopback://rank0/00ff"), METRICS_SOURCE_NCCL);
     assert_int_equal(metrics_source_of("ipc:///run/x.sock"), METRICS_SOURCE_IPC);
+    assert_int_equal(metrics_source_of("snapshot:///a/snap"), METRICS_SOURCE_SNAPSHOT);
 }
 
 int main(void)

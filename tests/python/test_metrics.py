@@ -2,7 +2,7 @@
 and refit.prometheus.Collector read by prometheus_client's own text parser,
 counters moved by a scripted sequence (commit, refusal, rollback, a
 poisoned worker, a replay), `refitctl metrics` over the same journal
-agreeing with the live context, many journals in one file, the textfile
+agreeing with the live context (a snapshot restore added), many journals in one file, the textfile
 written atomically, and `promtool check metrics` where promtool is found
 (PATH or $PROMTOOL). TAP; skipped when the venv lacks prometheus_client.
 
@@ -118,7 +118,7 @@ def test_counters_follow_the_sequence():
     assert val(t, "refit_updates_committed_total") == 2
     assert val(t, "refit_updates_aborted_total", reason="caller") == 3
     assert val(t, "refit_updates_poisoned_total", reason="caller") == 1
-    assert val(t, "refit_restores_total") == 1
+    assert val(t, "refit_rollbacks_total") == 1
     assert val(t, "refit_replays_started_total") == 1
     assert val(t, "refit_replays_committed_total") == 1
     assert val(t, "refit_refusals_total", status="REFIT_EUNEXPECTED") == 1
@@ -167,6 +167,13 @@ TIMED = ("refit_update_duration_seconds_bucket", "refit_update_duration_seconds_
 def test_refitctl_agrees_with_the_context():
     db = os.path.join(TMP, "agree.db")
     w = scripted(db)
+    # and a restore from a snapshot (journaled with a snapshot:// source)
+    snap = os.path.join(TMP, "agree.snap")
+    w.model.snapshot(snap)
+    with w.model.update(version="v3") as txn:
+        txn.load_dict(ck(3))
+    w.model.restore(snap)
+    assert w.ctx.version == "v2"
     live = samples(w.ctx.metrics())
     r = refitctl("--db", db)
     assert r.returncode == 0, r.stderr
@@ -181,6 +188,9 @@ def test_refitctl_agrees_with_the_context():
             assert from_journal.get(key) == v, (key, v, from_journal.get(key))
     assert set(from_journal) <= set(live), set(from_journal) - set(live)
     who = ("py-metrics", "0")
+    assert from_journal[("refit_restores_committed_total", (), who)] == 1
+    assert from_journal[("refit_replays_committed_total", (), who)] == 1
+    assert from_journal[("refit_updates_poisoned_total", (("reason", "caller"),), who)] == 1
     stamp = ("refit_version_commit_time_seconds", (), who)
     assert abs(from_journal[stamp] - live[stamp]) < 2, (from_journal[stamp], live[stamp])
     w.ctx.close()

@@ -129,21 +129,24 @@ static int add_update(void *user, const journal_update_row *r)
     if (!w)
         return 0; /* verify reports an update of no worker */
     bool replay = r->mode && !strcmp(r->mode, "replay");
+    bool restore = metrics_source_of(r->source_uri) == METRICS_SOURCE_SNAPSHOT;
     bool committed = !strcmp(r->state, "committed");
     bool interrupted = !strcmp(r->state, "interrupted");
     bool ended = committed || !strcmp(r->state, "aborted") || !strcmp(r->state, "rolled_back") ||
                  !strcmp(r->state, "failed");
     w->started++;
     w->replays_started += replay;
+    w->restores_started += restore;
     if (committed) {
         w->committed++;
         w->replays_committed += replay;
+        w->restores_committed += restore;
         w->commit_time = unix_time(r->ended_at);
     } else if (ended || interrupted) {
         metrics_reason why = metrics_reason_of(r->error, interrupted);
         w->aborted[why]++;
         w->poisoned[why] += !strcmp(r->state, "failed"); /* the journal's poisoned end */
-        w->restores += !strcmp(r->state, "rolled_back");
+        w->rollbacks += !strcmp(r->state, "rolled_back");
     }
     if (!ended)
         return 0;
