@@ -73,7 +73,7 @@ def test_metrics_of_device_updates():
         other = "host" if placement == "device" else "device"
         assert s[("refit_undo_bytes", (("placement", placement),))] > 0, (placement, s)
         assert s[("refit_undo_bytes", (("placement", other),))] == 0, (placement, s)
-        assert s[("refit_restores_total", ())] == 1
+        assert s[("refit_rollbacks_total", ())] == 1
         assert s[("refit_updates_aborted_total", (("reason", "caller"),))] == 1
         assert s[("refit_updates_started_total", ())] == 2
         for phase in ("begin", "load", "post_load", "finalize", "journal"):
