@@ -132,7 +132,7 @@ static size_t write_checkpoint(const char *dir, int experts)
     uint64_t total = 0;
     for (int s = 0; s < SHARDS; s++) {
         add(&sh[s].hdr, "}");
-        char path[4096];
+        char path[4160];
         snprintf(path, sizeof path, "%s/model-%05d-of-%05d.safetensors", dir, s + 1, SHARDS);
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
         uint8_t len[8];
@@ -147,7 +147,7 @@ static size_t write_checkpoint(const char *dir, int experts)
         total += sh[s].pos;
         free(sh[s].hdr.p);
     }
-    char path[4096];
+    char path[4160];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     FILE *f = fopen(path, "w");
     if (!f || fprintf(f, "{\"metadata\":{\"total_size\":%llu},\"weight_map\":{%s}}\n",
