@@ -400,8 +400,8 @@ static void test_headers(void **state)
         "{\"__metadata__\":{\"k\":\"v\",\"k\":\"w\"}}",
         "{\"__metadata__\":null,\"__metadata__\":null}",
         "{\"__metadata__\":{\"k\":\"v\"}}", "{\"__metadata__\":{\"k\":{\"x\":1}}}",
-        "{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],"
-        "\"x\":{\"y\":1,\"y\":2}}}",
+        ("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],"
+         "\"x\":{\"y\":1,\"y\":2}}}"),
         "{\"a\\u0000\":1}", "{\"a\":\"\\u0000\"}", "{\"\\ud83d\\ude00\":5}",
         "{\"\\uD83D\\uDE00\":[]}"};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
