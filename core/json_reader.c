@@ -260,9 +260,10 @@ static int jr_scan_string(jr_reader *r, size_t *close)
 
 static bool jr_digit(int c) { return c >= '0' && c <= '9'; }
 
-static bool jr_alnum(int c)
+/* jansson's lexer reads a word as a run of letters (not digits). */
+static bool jr_alpha(int c)
 {
-    return jr_digit(c) || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z');
 }
 
 /* A syntax error where a token was not expected: jansson's lexer reads the
@@ -280,8 +281,8 @@ static int jr_bad_token(jr_reader *r, size_t pos, const char *what)
         r->pos = save;
         if (rc)
             return -1;
-    } else if (i < r->len && jr_alnum(b[i]) && !jr_digit(b[i])) {
-        while (i < r->len && jr_alnum(b[i]))
+    } else if (i < r->len && jr_alpha(b[i])) {
+        while (i < r->len && jr_alpha(b[i]))
             i++;
     } else if (i < r->len && (b[i] == '-' || jr_digit(b[i]))) {
         i += b[i] == '-';
@@ -512,11 +513,11 @@ int jr_number(jr_reader *r, jr_kind *kind, int64_t *value)
     return jr_depth_ok(r, at);
 }
 
-/* true, false, null: the whole alphanumeric run must be the word. */
+/* true, false, null: the whole run of letters must be the word. */
 static int jr_literal(jr_reader *r, jr_kind *kind)
 {
     size_t at = r->pos, i = at;
-    while (i < r->len && jr_alnum(r->buf[i]))
+    while (i < r->len && jr_alpha(r->buf[i]))
         i++;
     if (i < r->len && r->buf[i] >= 0x80 && !jr_utf8_len(r->buf + i, r->buf + r->len))
         return jr_error(r, JR_UTF8, i, "invalid UTF-8 byte 0x%02x", r->buf[i]);

@@ -402,7 +402,9 @@ static void test_headers(void **state)
         "{\"__metadata__\":{\"k\":\"v\"}}", "{\"__metadata__\":{\"k\":{\"x\":1}}}",
         ("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1],"
          "\"x\":{\"y\":1,\"y\":2}}}"),
-        "{\"a\\u0000\":1}", "{\"a\":\"\\u0000\"}", "{\"\\ud83d\\ude00\":5}",
+        "{\"a\\u0000\":1}", "{\"a\":\"\\u0000\"}",
+        /* found by libFuzzer: jansson's words are letters only */
+        "{\"a\":[1t1\x93]}", "y7\xff", "[true1\xff]", "{\"a\":truex1}", "{\"\\ud83d\\ude00\":5}",
         "{\"\\uD83D\\uDE00\":[]}"};
     for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++)
         compare_header(fixed[i], strlen(fixed[i]), 1);
