@@ -54,3 +54,25 @@ if [ ! -f "$stamp" ]; then
   "$venv/bin/pip" install -q --disable-pip-version-check --no-input -r "$req"
   touch "$stamp"
 fi
+
+# promtool alone, for tests/python/test_metrics.py's `promtool check
+# metrics`: unpacked from Debian's prometheus package at a pinned version
+# into the venv, not installed (the package is a server with a service).
+promtool_deb=prometheus=2.42.0+ds-5+deb12u1
+if [ ! -x "$venv/bin/promtool" ]; then
+  tmp=$(mktemp -d)
+  get() { (cd "$tmp" && apt-get download -qq "$promtool_deb") >/dev/null 2>&1; }
+  if ! get; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo=sudo
+    $sudo apt-get update -qq >/dev/null 2>&1 || true
+    get || true
+  fi
+  deb=$(ls "$tmp"/prometheus_*.deb 2>/dev/null | head -n 1)
+  if [ -n "$deb" ] && dpkg-deb -x "$deb" "$tmp/x" && [ -x "$tmp/x/usr/bin/promtool" ]; then
+    cp "$tmp/x/usr/bin/promtool" "$venv/bin/promtool"
+  else
+    echo "refit: could not fetch $promtool_deb; python-metrics skips its promtool check"
+  fi
+  rm -rf "$tmp"
+fi

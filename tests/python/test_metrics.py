@@ -277,14 +277,18 @@ def test_textfile_is_replaced_atomically():
 
 
 def promtool():
-    p = os.environ.get("PROMTOOL") or shutil.which("promtool")
-    return p if p and os.access(p, os.X_OK) else None
+    """$PROMTOOL, the venv's (scripts/deps.sh unpacks it there), or PATH's."""
+    for p in (os.environ.get("PROMTOOL"), os.path.join(os.path.dirname(sys.executable),
+                                                       "promtool"), shutil.which("promtool")):
+        if p and os.access(p, os.X_OK):
+            return p
+    return None
 
 
 def test_promtool_checks_both_outputs():
     tool = promtool()
     if not tool:
-        print("# skip: no promtool (Debian 12: apt-get install prometheus; or $PROMTOOL)")
+        print("# skip: no promtool (scripts/deps.sh puts one in the venv; or $PROMTOOL)")
         return
     db = os.path.join(TMP, "promtool.db")
     w = scripted(db)
