@@ -13,6 +13,7 @@
 
 #include "ntest.h"
 #include "core/nccl/xport.h"
+#include <refit/sys/stats.h>
 #include <refit/sys/transport.h>
 
 const nt_spec NT_SPECS[NT_N] = {
@@ -78,7 +79,14 @@ int nt_worker_open(nt_worker *w, int tp_rank, int tp, const char *journal)
         rc = refit_model_create(&w->m, w->ctx);
     for (int i = 0; i < NT_N && !rc; i++)
         rc = add_tensor(w, i);
-    return rc ? rc : refit_model_seal(w->m);
+    if (!rc)
+        rc = refit_model_seal(w->m);
+    /* seal reserves undo memory on a thread of its own; the tests fork
+     * trainers next, and a child forked while that thread is inside the
+     * allocator may find the allocator's lock held forever (ASan's): wait
+     * for the reservation first */
+    uint64_t dev_b, host_b;
+    return rc ? rc : refit_sys_undo_held(w->m, 1, &dev_b, &host_b);
 }
 
 void nt_worker_close(nt_worker *w)
