@@ -1557,19 +1557,15 @@ static int cuda_copy(const refit_view *dst, const refit_view *src, void *stream)
                 sdev = src->data;
             else if (src->device.device_type == REFIT_DEVICE_CUDA_HOST)
                 sdev = pinned_dev(src->data); /* NULL: not pinned after all */
-            bool deferrable = !sdev && D.held && D.hold == stream && (!D.q || D.q == q) &&
-                              kern_dtype_eq(dst->dtype, src->dtype) && view_contiguous(dst) &&
-                              view_contiguous(src);
+            /* a contiguous pageable piece inside a hold joins the ring; a
+             * cast one too when it fits one slice of one chunk */
+            bool ring = !sdev && D.held && D.hold == stream && (!D.q || D.q == q) &&
+                        view_contiguous(dst) && view_contiguous(src);
+            bool same = kern_dtype_eq(dst->dtype, src->dtype);
             size_t sbytes = (size_t)kern_view_numel(src) * kern_dtype_size(src->dtype);
-            bool castable = !sdev && D.held && D.hold == stream && (!D.q || D.q == q) &&
-                            !kern_dtype_eq(dst->dtype, src->dtype) && view_contiguous(dst) &&
-                            view_contiguous(src) && sbytes <= G.cfg.defer_slice &&
-                            sbytes + 64 <= G.cfg.ring_chunk_bytes;
-            if (deferrable)
-                rc = defer_queue(q, dst->data, src->data,
-                                 (size_t)kern_view_numel(dst) * kern_dtype_size(dst->dtype),
-                                 NULL);
-            else if (castable)
+            if (ring && same)
+                rc = defer_queue(q, dst->data, src->data, sbytes, NULL);
+            else if (ring && sbytes <= G.cfg.defer_slice && sbytes + 64 <= G.cfg.ring_chunk_bytes)
                 rc = defer_queue(q, dst->data, src->data, sbytes,
                                  (refit_dtype[2]){src->dtype, dst->dtype});
             else {
