@@ -1130,20 +1130,27 @@ int txn_load_staging(refit_txn *t, const delivery *d, bool whole, void **staging
     return staging_get(t, d->r->unit, staging);
 }
 
-int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *staging, bool claim)
+/* What accepting a delivery records, a whole tensor or a patch: its module
+ * touched, which name of a tied tensor delivered it, the counts. */
+static void accept_delivery(refit_txn *t, const delivery *d, bool skip, uint64_t bytes)
 {
-    refit_model *m = t->m;
-    module *mod = &m->modules[d->r->module];
     bool tied = (d->r->flags & (ROUTE_ALIAS | ROUTE_TIED)) != 0;
-    /* accepted: from here a failure is sticky */
     touch_module(t, d->r->module);
     if (tied && skip)
         t->s->name_used[d->name_ri] = 1;
     else if (tied && !t->s->tie_owner[d->ri])
         t->s->tie_owner[d->ri] = d->name_ri + 1;
     t->stats.tensors_loaded++;
-    uint64_t bytes = tensor_dtype_bytes(d->src.dtype, kern_view_numel(&d->src));
     t->stats.bytes_loaded += bytes;
+}
+
+int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *staging, bool claim)
+{
+    refit_model *m = t->m;
+    module *mod = &m->modules[d->r->module];
+    /* accepted: from here a failure is sticky */
+    uint64_t bytes = tensor_dtype_bytes(d->src.dtype, kern_view_numel(&d->src));
+    accept_delivery(t, d, skip, bytes);
     if (t->state == TXN_OPEN)
         txn_set_state(t, TXN_LOADING);
     if (skip)
@@ -1190,14 +1197,7 @@ const char *txn_version_label(const refit_txn *t)
 
 int txn_delta_accept(refit_txn *t, delivery *d, bool skip, uint64_t elements)
 {
-    bool tied = (d->r->flags & (ROUTE_ALIAS | ROUTE_TIED)) != 0;
-    touch_module(t, d->r->module);
-    if (tied && skip)
-        t->s->name_used[d->name_ri] = 1;
-    else if (tied && !t->s->tie_owner[d->ri])
-        t->s->tie_owner[d->ri] = d->name_ri + 1;
-    t->stats.tensors_loaded++;
-    t->stats.bytes_loaded += tensor_dtype_bytes(d->r->spec.dtype, elements);
+    accept_delivery(t, d, skip, tensor_dtype_bytes(d->r->spec.dtype, elements));
     if (!skip) {
         uint32_t k = t->delta_tensors;
         if (grow_array((void **)&t->delta_names, &t->cap_delta_names, k,
