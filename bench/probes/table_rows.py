@@ -6,14 +6,16 @@ Python __dlpack__ over numpy, as a CuPy or JAX array reaches refit; and
 torch tensors seen through __dlpack__ only, when torch imports), and a
 torch-like stand-in whose data_ptr/get_device/is_contiguous are C
 callables (the cheapest row the table has without torch); with CUDA, the
-table alone of the same torch tensors on the device.
+table alone of the same torch tensors on the device, and of CuPy and JAX
+device arrays where those import (their own __dlpack__).
 
 For each kind: the table build alone (refit._batch.Table: what Python
-does per row; for DLPack kinds also the producer's own __dlpack__ call,
-the one the table makes a row, and its __dlpack_device__, which the
-table does not ask), and a fresh txn.load_dict of the whole mapping on a sealed
-host model (begin, the table, refit_load_many, abort), microseconds per
-row, the best of ROUNDS. The model: one module whose runtime tensor is
+does per row, DLPack capsules consumed and their deleters called; for
+DLPack kinds also the producer's own __dlpack__ call, the one the table
+makes a row, the rest of the table beyond it, and its __dlpack_device__,
+which the table does not ask), and a fresh txn.load_dict of the whole
+mapping on a sealed host model (begin, the table, refit_load_many,
+abort), microseconds per row, the best of ROUNDS. The model: one module whose runtime tensor is
 [N, 4] f32, N checkpoint tensors of [1, 4] placed a row each.
 
   python3 bench/probes/table_rows.py [N] [OUT.json]     (REFIT_LIB: librefit;
@@ -32,6 +34,7 @@ import numpy as np  # noqa: E402
 
 import refit  # noqa: E402
 from refit import _batch  # noqa: E402
+from table_sources import DLPackOnly, row_model  # noqa: E402  (bench/probes/)
 
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 
@@ -47,33 +50,6 @@ class CLike:
         self.is_pinned = False.__bool__
         self.shape = a.shape
         self.dtype = "float32"
-
-
-class DLPackOnly:
-    """Only the DLPack protocol (as CuPy or JAX arrays reach refit)."""
-
-    def __init__(self, a):
-        self.a = a
-
-    def __dlpack_device__(self):
-        return self.a.__dlpack_device__()
-
-    def __dlpack__(self, stream=None, max_version=None, **kw):
-        if stream is None:
-            return self.a.__dlpack__(max_version=max_version)
-        return self.a.__dlpack__(stream=stream, max_version=max_version)
-
-
-def model(n):
-    ctx = refit.Context(worker_id="table-rows", journal_path="")
-    m = ctx.create_model()
-    w = np.zeros((n, 4), np.float32)
-    m.add_module("m")
-    m.bind_runtime("m", "w", w)
-    for i in range(n):
-        m.expect("m", "t.%d" % i, "f32", [1, 4], dst_offset=[i, 0])
-    m.seal()
-    return ctx, m, w
 
 
 def best_us(fn, n):
@@ -92,22 +68,44 @@ def kinds(n):
     try:
         import torch
     except ImportError:
-        return out
-    ts = [torch.full((1, 4), float(i)) for i in range(n)]
-    out["torch (cpu)"] = ts
-    out["dlpack (Python __dlpack__ over torch cpu)"] = [DLPackOnly(t) for t in ts]
-    if torch.cuda.is_available():   # the table alone: the model is on the host
-        dev = [t.cuda() for t in ts]
-        out["torch (cuda), table only"] = dev
-        out["dlpack (Python __dlpack__ over torch cuda), table only"] = [DLPackOnly(t)
-                                                                          for t in dev]
+        torch = None
+    if torch is not None:
+        ts = [torch.full((1, 4), float(i)) for i in range(n)]
+        out["torch (cpu)"] = ts
+        out["dlpack (Python __dlpack__ over torch cpu)"] = [DLPackOnly(t) for t in ts]
+        if torch.cuda.is_available():   # the table alone: the model is on the host
+            dev = [t.cuda() for t in ts]
+            out["torch (cuda), table only"] = dev
+            out["dlpack (Python __dlpack__ over torch cuda), table only"] = [DLPackOnly(t)
+                                                                              for t in dev]
+    for name, make in (("cupy", _cupy_rows), ("jax", _jax_rows)):
+        try:
+            rows = make(base)
+        except Exception as err:  # noqa: BLE001 (not installed, no device: not timed)
+            print("%-44s not timed (%s: %s)" % (name, type(err).__name__, err), flush=True)
+            continue
+        out["dlpack (%s cuda arrays), table only" % name] = rows
     return out
+
+
+def _cupy_rows(base):
+    """CuPy arrays on the device, one a row: views of one array."""
+    import cupy
+    whole = cupy.asarray(np.concatenate(base))
+    return [whole[i:i + 1] for i in range(len(base))]
+
+
+def _jax_rows(base):
+    """JAX arrays on the GPU, one a row (each its own buffer)."""
+    import jax
+    gpu = jax.devices("gpu")[0]
+    return jax.device_put(base, gpu)
 
 
 def main():
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 100000
-    ctx, m, w = model(n)
-    names = ["t.%d" % i for i in range(n)]
+    ctx, m, w = row_model(refit, n, 4)
+    names = ["t%d" % i for i in range(n)]
     res = {}
     for kind, vals in kinds(n).items():
         src = dict(zip(names, vals))
@@ -134,6 +132,9 @@ def main():
                 list(map(operator.methodcaller("__dlpack_device__"), vals))
             res[kind]["producer_us_per_row"] = best_us(producer, n)
             res[kind]["dlpack_device_us_per_row"] = best_us(device, n)
+            # what the table costs beyond the producer's one call a row
+            res[kind]["refit_us_per_row"] = (res[kind]["table_us_per_row"]
+                                             - res[kind]["producer_us_per_row"])
         if "table only" not in kind:
             update()    # once, checked: every row landed
             assert (w[n // 2] == n // 2).all(), (kind, w[n // 2])
@@ -143,8 +144,9 @@ def main():
               % (kind, res[kind]["table_us_per_row"],
                  "%.3f" % res[kind]["load_dict_us_per_row"]
                  if "load_dict_us_per_row" in res[kind] else "-",
-                 "   (the producer's __dlpack__: %.3f, __dlpack_device__: %.3f)"
-                 % (res[kind]["producer_us_per_row"], res[kind]["dlpack_device_us_per_row"])
+                 "   (the producer's __dlpack__: %.3f, the rest: %.3f; __dlpack_device__: %.3f)"
+                 % (res[kind]["producer_us_per_row"], res[kind]["refit_us_per_row"],
+                    res[kind]["dlpack_device_us_per_row"])
                  if "producer_us_per_row" in res[kind] else ""), flush=True)
     ctx.close()
     if len(sys.argv) > 2:

@@ -5,15 +5,21 @@ every dtype refit takes, views (strided, offset, negative strides),
 read-only and 0-d arrays; producers whose interface is not the one the
 fast path reads (an __array_struct__ that is not numpy's struct, a
 DLPack 0.x producer, a DLPack 2.x capsule, mixed capsule kinds) fall back
-to describe, and a load writes the right bytes.
+to describe, and a load writes the right bytes. DLPack capsules are
+consumed as DLPack's Python spec says (renamed used, each tensor's deleter
+called once, after the update is over), never read twice, and a row
+refit refuses is named. The producers and the model are those of
+bench/probes/table_rows.py (bench/probes/table_sources.py).
 
 usage: test_table_rows.py   (env: REFIT_LIB, REFIT_SOURCE_ROOT)"""
 import ctypes
+import gc
 import os
 import sys
 
 ROOT = os.environ["REFIT_SOURCE_ROOT"]
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
+sys.path.insert(0, os.path.join(ROOT, "bench", "probes"))
 
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
@@ -22,6 +28,7 @@ import refit  # noqa: E402
 from refit import _batch, _ffi, tensors  # noqa: E402
 import harness  # noqa: E402  (tests/python/harness.py)
 from harness import raises  # noqa: E402
+from table_sources import RecordingDLPack as DLPackOnly, row_model  # noqa: E402
 
 ROW = ctypes.sizeof(_ffi.Tensor)
 
@@ -164,22 +171,6 @@ def test_numpy_interface_not_the_documented_one_falls_back():
         assert table._caps is not None   # described, row by row
 
 
-class DLPackOnly:
-    """Only the DLPack protocol, over a numpy array; records each call."""
-
-    def __init__(self, a, calls=None):
-        self.a = a
-        self.calls = calls if calls is not None else []
-
-    def __dlpack_device__(self):
-        self.calls.append("device")
-        return self.a.__dlpack_device__()
-
-    def __dlpack__(self, **kw):
-        self.calls.append(("dlpack", tuple(sorted(kw.items()))))
-        return self.a.__dlpack__(**kw)
-
-
 class LegacyOnly(DLPackOnly):
     """A DLPack 0.x producer: no max_version (and no read-only arrays)."""
 
@@ -219,7 +210,7 @@ def test_dlpack_rows_ask_the_producer_once():
     arrs = [np.full((2, 3), i, np.float32) for i in range(5)]
     table = _batch.Table(["a%d" % i for i in range(5)], [DLPackOnly(a, calls) for a in arrs])
     assert calls == [("dlpack", (("max_version", (1, 0)),))] * 5, calls
-    assert table._caps is not None and len(table._caps) == 5
+    assert isinstance(table._caps, tensors.Consumed)    # not described: the batch path
     assert [g[0] for g in rows_of(table)] == [a.ctypes.data for a in arrs]
 
 
@@ -227,11 +218,17 @@ class Managed(ctypes.Structure):
     _fields_ = tensors._DLManagedTensorVersioned._fields_
 
 
+_DELETER = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
 class Forged:
     """A producer whose versioned capsule it builds itself: DLPack version
-    major.0, device (type, id), over a numpy array's memory."""
+    major.0, device (type, id), over a numpy array's memory. freed: a
+    list the tensor's deleter appends the managed tensor's address to
+    (None: no deleter, as DLPack allows); same_capsule: every __dlpack__
+    hands out the one capsule it made first (a producer that caches)."""
 
-    def __init__(self, a, major=1, device=(_ffi.DEVICE_CPU, 0)):
+    def __init__(self, a, major=1, device=(_ffi.DEVICE_CPU, 0), freed=None, same_capsule=False):
         self.a = a
         self.shape = (ctypes.c_int64 * a.ndim)(*a.shape)
         m = self.m = Managed()
@@ -239,13 +236,34 @@ class Forged:
         m.dl_tensor = _ffi.Tensor(a.ctypes.data, _ffi.Device(*device), a.ndim,
                                   _ffi.DType(*refit.tensors.numpy_code(a.dtype), 1),
                                   ctypes.cast(self.shape, _ffi.c_int64_p), None, 0)
+        if freed is not None:
+            self.deleter = _DELETER(freed.append)
+            m.deleter = ctypes.cast(self.deleter, ctypes.c_void_p).value
+        self.same_capsule = same_capsule
+        self.capsule = None
+
+    @property
+    def address(self):
+        return ctypes.addressof(self.m)
 
     def __dlpack_device__(self):
         dev = self.m.dl_tensor.device
         return (dev.device_type, dev.device_id)
 
     def __dlpack__(self, stream=None, max_version=None):
-        return _capsule_new(ctypes.addressof(self.m), b"dltensor_versioned", None)
+        if self.capsule is not None and self.same_capsule:
+            return self.capsule
+        self.capsule = _capsule_new(self.address, b"dltensor_versioned", None)
+        return self.capsule
+
+
+_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_valid.restype = ctypes.c_int
+_capsule_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+
+def named(capsule, name):
+    return bool(_capsule_valid(capsule, name))
 
 
 def test_dlpack_device_read_from_the_capsule():
@@ -268,15 +286,127 @@ def test_dlpack_other_major_version_refused_not_read():
 
 
 def world(n):
-    ctx = refit.Context(worker_id="table-rows", journal_path="")
-    m = ctx.create_model()
-    w = np.zeros((n, 6), np.float32)
-    m.add_module("m")
-    m.bind_runtime("m", "w", w)
-    for i in range(n):
-        m.expect("m", "t%d" % i, "f32", [1, 6], dst_offset=[i, 0])
-    m.seal()
-    return ctx, m, w
+    return row_model(refit, n, 6)
+
+
+def test_dlpack_capsules_consumed_once_and_freed_after_the_update():
+    # DLPack's Python spec: the consumer renames the capsule "used_..." and
+    # calls the tensor's deleter itself, once, when done with the memory
+    # (here: when the update is over, not when the table is built)
+    for batch in (True, False):     # the batch path; described row by row
+        freed = []
+        arrs = [np.full((1, 6), i, np.float32) for i in range(3)]
+        prods = [Forged(a, freed=freed) for a in arrs]
+        if not batch:
+            prods[1] = Forged(arrs[1], freed=freed, same_capsule=True)
+            prods.append(LegacyCapsule(np.full((1, 6), 3, np.float32)))  # mixed: described
+        ctx, m, w = world(len(prods))
+        with m.update(version="v1", rollback=False) as txn:
+            txn.load_dict({"t%d" % i: p for i, p in enumerate(prods)})
+            for p in prods[:3]:
+                assert named(p.capsule, b"used_dltensor_versioned"), (batch, p.capsule)
+                assert not named(p.capsule, b"dltensor_versioned")
+            assert freed == [], (batch, freed)      # the copy may still read them
+        gc.collect()
+        assert sorted(freed) == sorted(p.address for p in prods[:3]), (batch, freed)
+        assert (w[:, 0] == np.arange(len(prods))).all(), w
+        ctx.close()
+
+
+def test_dlpack_consumed_capsule_not_read_again():
+    # a producer that hands out the same capsule twice: the second load
+    # finds it used and refuses the row, naming it; nothing freed twice
+    freed = []
+    a = np.full((1, 6), 7, np.float32)
+    same = Forged(a, freed=freed, same_capsule=True)
+    ctx, m, w = world(2)
+    src = {"t0": DLPackOnly(np.zeros((1, 6), np.float32)), "t1": same}
+    with m.update(version="v1", rollback=False) as txn:
+        txn.load_dict(src)
+    gc.collect()
+    assert freed == [same.address] and (w[1] == 7).all(), (freed, w)
+    w[:] = 0
+    for call in (lambda: _batch.Table(["t0", "t1"], [src["t0"], same]),
+                 lambda: refit.describe(same)):
+        try:
+            call()
+        except TypeError as err:
+            assert "already consumed" in str(err), err
+        else:
+            raise AssertionError("a used capsule was read again")
+    try:
+        with m.update(version="v2", rollback=False) as txn:
+            txn.load_dict(src)
+    except TypeError as err:
+        assert "tensor t1" in str(err) and "already consumed" in str(err), err
+    else:
+        raise AssertionError("a used capsule was loaded again")
+    gc.collect()
+    assert freed == [same.address], freed
+    assert (w == 0).all() and ctx.version == "v1", (w, ctx.version)
+    ctx.close()
+
+
+def test_dlpack_producer_memory_released_once():
+    # numpy's own capsules: its deleter drops the reference the capsule's
+    # tensor holds on the array; after the update each array's count is
+    # back where it was (not left held, not dropped twice), on both paths,
+    # for versioned and legacy capsules, after a load and after a refusal
+    arrs = [np.full((1, 6), i, np.float32) for i in range(4)]
+    for wrap in (DLPackOnly, LegacyCapsule, None):
+        prods = ([wrap(a) for a in arrs] if wrap else
+                 [DLPackOnly(arrs[0]), LegacyCapsule(arrs[1]), DLPackOnly(arrs[2]),
+                  LegacyCapsule(arrs[3])])
+        before = [sys.getrefcount(a) for a in arrs]
+        for bad in (None, 2):
+            ctx, m, w = world(len(arrs))
+            src = {"t%d" % i: p for i, p in enumerate(prods)}
+            if bad is not None:     # a wrong shape: refused by refit_load_many
+                src["t%d" % bad] = wrap(arrs[bad].reshape(2, 3)) if wrap else \
+                    DLPackOnly(arrs[bad].reshape(2, 3))
+            try:
+                with m.update(version="v1", rollback=False) as txn:
+                    txn.load_dict(src)
+            except refit.RefitError as err:
+                assert bad is not None and "t%d" % bad in err.message, err
+            del src, txn
+            ctx.close()
+            gc.collect()
+            assert [sys.getrefcount(a) for a in arrs] == before, (wrap, bad)
+        del prods
+
+
+def test_dlpack_wrong_dtype_or_shape_row_refused_naming_it():
+    # a refused row refuses the whole load_dict, naming the row; nothing
+    # written, version and health as they were
+    good = [DLPackOnly(np.full((1, 6), i + 1, np.float32)) for i in range(3)]
+    for bad, status, words in (
+            (DLPackOnly(np.zeros((1, 6), np.float64)), "REFIT_EMISMATCH", ("row 1 (t1)", "f64")),
+            (DLPackOnly(np.zeros((2, 3), np.float32)), "REFIT_EMISMATCH", ("row 1 (t1)", "extent")),
+            (DLPackOnly(np.zeros((1, 6), np.int32)), "REFIT_EMISMATCH", ("row 1 (t1)", "i32")),
+            (Forged(np.zeros((1, 6), np.float32), major=2), None, ("tensor t1", "DLPack 2.0"))):
+        ctx, m, w = world(3)
+        with m.update(version="v0", rollback=False) as txn:
+            txn.load_dict({"t%d" % i: p for i, p in enumerate(good)})
+        health = ctx.health()
+        src = {"t0": good[0], "t1": bad, "t2": good[2]}
+        w[:] = 9
+
+        def load():
+            with m.update(version="v1") as txn:
+                txn.load_dict(src)
+        if status is None:
+            try:
+                load()
+            except TypeError as err:
+                assert all(x in str(err) for x in words), err
+            else:
+                raise AssertionError("row t1 was not refused")
+        else:
+            raises(status, load, *words)
+        assert (w == 9).all() and ctx.version == "v0" and ctx.health() == health, \
+            (words, w, ctx.version, ctx.health())
+        ctx.close()
 
 
 def test_load_dict_writes_the_rows_bytes():

@@ -11,11 +11,12 @@ NUL-separated bytes object.
 
 numpy arrays and objects with only __dlpack__ (CuPy, JAX) are read the same
 way, through the interfaces their producers publish: an array's
-__array_struct__, a DLPack capsule; the structs behind them are read for
-every row at once by a numpy fancy index over the process's memory, and a
-table the fast path cannot read (a strided numpy view, a DLPack 0.x
-producer, ...) goes through refit.describe row by row, as other tensors
-do."""
+__array_struct__, a DLPack capsule (consumed as DLPack's Python spec says:
+renamed used, each tensor's deleter called when the table is collected);
+the structs behind them are read for every row at once by a numpy fancy
+index over the process's memory, and a table the fast path cannot read (a
+strided numpy view, a DLPack 0.x producer, ...) goes through
+refit.describe row by row, as other tensors do."""
 
 import array
 import ctypes
@@ -26,6 +27,7 @@ import sys
 from typing import Any
 
 from . import _ffi
+from . import tensors as _tensors
 from .tensors import _DLManagedTensorVersioned as _DLMV
 
 _P = ctypes.c_void_p
@@ -143,6 +145,16 @@ def _gather(np, addrs, dt):
     return mem[(addrs - lo) // size]
 
 
+def _gather_rows(np, addrs, offsets):
+    """The uint64 words at each address of addrs (8-byte aligned) plus
+    each of offsets: an array of len(addrs) rows, one column an offset."""
+    lo = int(addrs.min())
+    offs = np.asarray(offsets, dtype=np.int64)
+    n = (int(addrs.max()) - lo + int(offs.max())) // 8 + 1
+    mem = np.asarray(_Memory(lo, n, np.dtype(np.uint64).str))
+    return mem[((addrs - np.uint64(lo)) // np.uint64(8)).astype(np.int64)[:, None] + offs // 8]
+
+
 class _ArrayStruct(ctypes.Structure):
     """numpy's PyArrayInterface, what __array_struct__'s capsule holds."""
     _fields_ = [("two", ctypes.c_int), ("nd", ctypes.c_int), ("typekind", ctypes.c_char),
@@ -153,10 +165,17 @@ class _ArrayStruct(ctypes.Structure):
 
 _NPY_C_CONTIGUOUS = 0x1      # PyArrayInterface.flags: the row-major, gap-free layout
 _DLPACK_HEADER = _DLMV.dl_tensor.offset   # DLManagedTensorVersioned: version .. flags
+_USED_VERSIONED, _USED_LEGACY = _tensors.USED_VERSIONED, _tensors.USED_LEGACY
+# by the DLTensor's offset in its managed struct: the offsets of a row's
+# words (the DLTensor's six, the deleter, then the version when versioned)
+_DLPACK_WORDS = {
+    _DLPACK_HEADER: [_DLPACK_HEADER + 8 * w for w in range(6)]
+    + [_tensors.DELETER_AT_VERSIONED, 0],
+    0: [8 * w for w in range(6)] + [_tensors.DELETER_AT_LEGACY]}
+_consume = _tensors.consume
 # PyCapsule_GetPointer(capsule, name) as an int (0 for NULL); ValueError
 # when the capsule's name is another (CPython raises, ctypes passes it on)
-_capsule_addr = ctypes.PYFUNCTYPE(ctypes.c_size_t, ctypes.py_object, ctypes.c_char_p)(
-    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_capsule_addr = _tensors.capsule_pointer
 _array_struct = operator.attrgetter("__array_struct__")
 # one producer call a row: __dlpack__ with no stream, which DLPack's
 # Python spec defines for CUDA as the legacy default stream (what
@@ -294,54 +313,68 @@ class Table:
     def _rows_dlpack(self, np, types, ts):
         """Rows of objects with only __dlpack__ (CuPy, JAX): each row the
         DLTensor of its capsule, copied as it is (refit_tensor is its
-        layout); the capsules are kept here. False (described, which
-        says what is wrong) where a producer speaks DLPack 0.x only, its
-        capsules are not all of one kind (versioned or legacy), a
+        layout), every capsule consumed (renamed used, its deleter called
+        when the table is collected: tensors.consume). False (described,
+        which says what is wrong) where a producer speaks DLPack 0.x only,
+        its capsules are not all of one kind (versioned or legacy), a
         versioned one is not 1.x, or a device is not CPU, CUDA or CUDA
-        host memory."""
+        host memory: then no capsule was consumed."""
         if not all(hasattr(t, "__dlpack__") and not hasattr(t, "_refit_desc") for t in types):
             return False
-        if self.n == 0:
+        n = self.n
+        if n == 0:
             return False
         try:
             caps = list(map(_dlpack_v1, ts))
         except Exception:  # noqa: BLE001 (DLPack 0.x only, a dtype DLPack has not: described)
             return False
         try:
-            managed = list(map(_capsule_addr, caps, itertools.repeat(b"dltensor_versioned")))
-            header = _DLPACK_HEADER
+            at = np.fromiter(map(_capsule_addr, caps, itertools.repeat(b"dltensor_versioned")),
+                             dtype=np.uint64, count=n)
+            header, used = _DLPACK_HEADER, _USED_VERSIONED
         except ValueError:  # not all versioned: a 0.x producer's legacy capsules?
             try:
-                managed = list(map(_capsule_addr, caps, itertools.repeat(b"dltensor")))
-                header = 0
+                at = np.fromiter(map(_capsule_addr, caps, itertools.repeat(b"dltensor")),
+                                 dtype=np.uint64, count=n)
+                header, used = 0, _USED_LEGACY
             except ValueError:
                 return False
-        u64 = np.dtype(np.uint64)
-        at = np.array(managed, dtype=np.uint64)
-        if not at.all():
+        if not at.all() or (at & np.uint64(7)).any():
             return False
-        if header and (_gather(np, at, np.dtype(np.uint32)) != 1).any():
+        # every word a row needs, by one index over memory: the DLTensor's
+        # six, the deleter, and (versioned) the word holding the major
+        # version; all at 8-byte offsets from the managed tensor's start
+        words = _gather_rows(np, at, _DLPACK_WORDS[header])
+        if header and ((words[:, 7] & np.uint64(0xFFFFFFFF)) != 1).any():
             return False    # a DLPack major version refit does not read
-        dl = at + np.uint64(header)
-        devwords = _gather(np, dl + np.uint64(8), u64)
-        kinds = devwords & np.uint64(0xFFFFFFFF)
+        kinds = words[:, 1] & np.uint64(0xFFFFFFFF)
         if not np.isin(kinds, (_DEV_CPU, _DEV_CUDA, _DEV_PINNED)).all():
             return False
-        r = array.array("Q", bytes(48 * self.n))
-        for w in range(6):
-            words = devwords if w == 1 else _gather(np, dl + np.uint64(8 * w), u64)
-            r[w::6] = array.array("Q", words.tobytes())
-        self._rows = r
+        self._rows = array.array("Q", words[:, :6].tobytes())
         self._dims = array.array("q")
-        self._caps = caps
+        dels = words[:, 6]
+        if (dels == dels[0]).all():     # one producer's deleter: no grouping
+            groups = [(int(dels[0]), at.tolist())]
+        else:
+            groups = [(int(d), at[dels == d].tolist()) for d in np.unique(dels)]
+        self._caps = _consume(caps, groups, used)
         cuda = np.flatnonzero(kinds == np.uint64(_DEV_CUDA))
         if len(cuda):
-            self.device = (_DEV_CUDA, int(devwords[cuda[0]]) >> 32)
+            self.device = (_DEV_CUDA, int(words[cuda[0], 1]) >> 32)
         return True
 
     def _rows_described(self, ts):
         from .core import _describe_as
-        descs = [_describe_as(t, None, "tensor %s" % k, "load_dict") for k, t in zip(self.names, ts)]
+        descs = []
+        for k, t in zip(self.names, ts):
+            try:
+                descs.append(_describe_as(t, None, "tensor %s" % k, "load_dict"))
+            except (TypeError, ValueError) as err:     # the same kind, naming the row
+                if type(err) not in (TypeError, ValueError):
+                    raise
+                why = str(err)
+                raise type(err)("refit: tensor %s: %s" % (k, why[7:] if why.startswith(
+                    "refit: ") else why)) from None
         ptrs = [d.t.data or 0 for d in descs]
         devwords = [d.device_type | (d.device_id << 32) for d in descs]
         dwords = [(d.t.dtype.code << 32) | (d.t.dtype.bits << 40) | (1 << 48) for d in descs]

@@ -7,8 +7,9 @@ Accepted, as runtime tensors and as sources:
   - numpy.ndarray (host), through __array_interface__; ml_dtypes' bfloat16
     and float8 dtypes included;
   - any object with __dlpack__ (CuPy, JAX, numpy, torch, ...), host or
-    device: refit reads the DLTensor inside the capsule in place, and the
-    capsule (so the producer's memory) lives as long as the descriptor;
+    device: refit consumes the capsule (DLPack's Python spec: renamed
+    "used_...") and reads its DLTensor in place; the tensor's deleter is
+    called when the descriptor is collected, not before;
   - anything with a _refit_desc() method returning a Desc.
 
 Neither torch nor numpy is imported here: each is looked up in sys.modules,
@@ -16,6 +17,7 @@ so a process without torch never loads it."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import sys
 from typing import Any, Optional, Sequence, Tuple, Union
 
@@ -179,19 +181,81 @@ class _DLManagedTensorVersioned(ctypes.Structure):
 
 
 _DLPACK_FLAG_READ_ONLY = 1
-_capsule_ptr = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_ptr.restype = ctypes.c_void_p
-_capsule_ptr.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
-_capsule_valid.restype = ctypes.c_int
-_capsule_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
+# DLPack 0.x's DLManagedTensor: the DLTensor, manager_ctx, then the deleter
+DELETER_AT_LEGACY = ctypes.sizeof(_ffi.Tensor) + ctypes.sizeof(ctypes.c_void_p)
+DELETER_AT_VERSIONED = _DLManagedTensorVersioned.deleter.offset
+
+# PyCapsule_GetPointer(capsule, name) as an int (0 for NULL); ValueError
+# when the capsule's name is another (CPython raises, ctypes passes it on)
+capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_size_t, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+_capsule_valid = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_IsValid", ctypes.pythonapi))
+# PyCapsule_SetName keeps the pointer it is given, not a copy: the names
+# live in buffers that are never freed (a producer may keep its capsule
+# past this module's teardown)
+capsule_rename = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.py_object, ctypes.c_void_p)(
+    ("PyCapsule_SetName", ctypes.pythonapi))
+
+
+def _lasting_name(text: bytes) -> int:
+    buf = ctypes.create_string_buffer(text)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(buf))   # never freed
+    return ctypes.addressof(buf)
+
+
+USED_VERSIONED = _lasting_name(b"used_dltensor_versioned")
+USED_LEGACY = _lasting_name(b"used_dltensor")
+_deleters: dict = {}   # a deleter's address -> a callable of it
+
+
+def _deleter(addr: int) -> Any:
+    f = _deleters.get(addr)
+    if f is None:
+        if len(_deleters) >= 64:
+            _deleters.clear()
+        # the GIL held, as a capsule's destructor would call it
+        f = _deleters[addr] = ctypes.PYFUNCTYPE(None, ctypes.c_size_t)(addr)
+    return f
+
+
+class Consumed:
+    """Managed tensors taken out of their capsules, as DLPack's Python spec
+    has a consumer do: each capsule renamed "used_dltensor[_versioned]" (so
+    neither its destructor nor another consumer takes the tensor again),
+    and each tensor's deleter called once, by this object when it is
+    collected: the memory read through them stays the producer's until
+    then. Made by consume()."""
+
+    __slots__ = ("_calls",)
+
+    def __init__(self, calls: list) -> None:
+        self._calls = calls     # [(a deleter, the managed tensors it frees)]
+
+    def __del__(self) -> None:
+        calls, self._calls = self._calls, []
+        for fn, managed in calls:
+            for _ in map(fn, managed):
+                pass
+
+
+def consume(caps: Sequence[Any], groups: Sequence[Tuple[int, list]], used: int) -> Consumed:
+    """Take each capsule's managed tensor: rename the capsules used
+    (USED_VERSIONED or USED_LEGACY); groups: (a deleter's address, the
+    managed tensors it frees), called when the Consumed returned is
+    collected (a deleter of 0, which DLPack allows, is none). Call it once
+    every row was read and accepted (a row refused before leaves every
+    capsule to its own destructor)."""
+    calls = [(_deleter(d), managed) for d, managed in groups if d]
+    for _ in map(capsule_rename, caps, itertools.repeat(used)):
+        pass
+    return Consumed(calls)
 
 
 def _describe_dlpack(obj: Any, stream: Optional[int] = None) -> Desc:
     """The DLTensor inside obj.__dlpack__()'s capsule, read in place. The
-    capsule is not renamed "used_...": it stays the owner, and when the Desc
-    (so the capsule) is collected its destructor calls the producer's
-    deleter, as for any capsule that was never consumed."""
+    capsule is consumed (renamed, its tensor's deleter called by the Desc's
+    owner when the Desc is collected), as DLPack's Python spec says."""
     kw = {}
     dev = obj.__dlpack_device__() if hasattr(obj, "__dlpack_device__") else (_ffi.DEVICE_CPU, 0)
     if int(dev[0]) == _ffi.DEVICE_CUDA:
@@ -201,15 +265,23 @@ def _describe_dlpack(obj: Any, stream: Optional[int] = None) -> Desc:
     except TypeError:  # a producer of the DLPack 0.x protocol
         cap = obj.__dlpack__(**kw)
     if _capsule_valid(cap, b"dltensor_versioned"):
-        m = _DLManagedTensorVersioned.from_address(_capsule_ptr(cap, b"dltensor_versioned"))
+        at = capsule_pointer(cap, b"dltensor_versioned")
+        m = _DLManagedTensorVersioned.from_address(at)
         if m.major != 1:
             raise TypeError("refit: DLPack %d.%d capsule from %s: only 1.x is read"
                             % (m.major, m.minor, type(obj).__name__))
-        return Desc._over(m.dl_tensor, (cap, obj), bool(m.flags & _DLPACK_FLAG_READ_ONLY))
+        owner = consume([cap], [(m.deleter or 0, [at])], USED_VERSIONED)
+        return Desc._over(m.dl_tensor, (owner, obj), bool(m.flags & _DLPACK_FLAG_READ_ONLY))
     if _capsule_valid(cap, b"dltensor"):
         # DLManagedTensor: the DLTensor is its first member
-        return Desc._over(_ffi.Tensor.from_address(_capsule_ptr(cap, b"dltensor")), (cap, obj),
-                          False)
+        at = capsule_pointer(cap, b"dltensor")
+        deleter = ctypes.c_size_t.from_address(at + DELETER_AT_LEGACY).value
+        owner = consume([cap], [(deleter, [at])], USED_LEGACY)
+        return Desc._over(_ffi.Tensor.from_address(at), (owner, obj), False)
+    if _capsule_valid(cap, b"used_dltensor_versioned") or _capsule_valid(cap, b"used_dltensor"):
+        raise TypeError("refit: %s.__dlpack__() returned a DLPack capsule already consumed "
+                        "(a capsule is read once; ask __dlpack__ for a new one)"
+                        % type(obj).__name__)
     raise TypeError("refit: %s.__dlpack__() returned no DLPack capsule" % type(obj).__name__)
 
 
