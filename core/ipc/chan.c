@@ -73,8 +73,17 @@ static int wait_fd(int fd, short ev, double deadline)
 static const char *TYPE_NAMES[] = {"?", "HELLO", "MEMS", "UPDATE", "VOTE", "DECISION", "RESULT",
                                    "INDEX"};
 
+static const char *K_TYPE_NAMES[] = {"K_OFFER", "K_DONE", "K_CONFIRM"};
+
+static int known_type(uint16_t type)
+{
+    return (type > 0 && type <= IPC_TYPE_MAX) || (type >= IPC_K_FIRST && type <= IPC_K_LAST);
+}
+
 const char *ipc_type_name(uint16_t type)
 {
+    if (type >= IPC_K_FIRST && type <= IPC_K_LAST)
+        return K_TYPE_NAMES[type - IPC_K_FIRST];
     return type <= IPC_TYPE_MAX ? TYPE_NAMES[type] : "?";
 }
 
@@ -121,7 +130,7 @@ int ipc_header_decode(const uint8_t in[IPC_FRAME_HEADER], uint16_t *type, uint32
     *len = get32(in + 8);
     *n_fds = get16(in + 12);
     *payload_sum = get64(in + 16);
-    if (*type == 0 || *type > IPC_TYPE_MAX)
+    if (!known_type(*type))
         return errbuf_set(err, errlen, C, "control frame: unknown type %u", *type);
     if (get16(in + 14))
         return errbuf_set(err, errlen, C, "control frame %s: unknown flags 0x%x", ipc_type_name(*type),

@@ -39,6 +39,13 @@ typedef enum ipc_type {
     IPC_RESULT = 6,     /* worker: what the decision came to */
     IPC_INDEX = 7,      /* trainer, when its layout changed: bucket map, announce, index */
     IPC_TYPE_MAX = 7,
+    /* a keeper's restores (core/ipc/keeper*.c, docs/restart.md), numbered
+     * apart so the trainer's range can grow */
+    IPC_K_OFFER = 32,   /* keeper: what it holds (or why it serves nothing) */
+    IPC_K_DONE = 33,    /* restoring worker: copied and checked (0), or why not */
+    IPC_K_CONFIRM = 34, /* keeper: it outlived the worker's reads */
+    IPC_K_FIRST = IPC_K_OFFER,
+    IPC_K_LAST = IPC_K_CONFIRM,
 } ipc_type;
 
 typedef struct ipc_frame {

@@ -24,14 +24,16 @@
  *               deadline aborts, journals why and drops the connection;
  *               RESULT
  */
+#include <errno.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
-#include <refit/ipc.h>
+#include "core/ipc/receiver.h"
 
 #include "core/util.h"
 #include "core/ctx.h"
@@ -111,6 +113,7 @@ struct refit_ipc_receiver {
     CUevent pev[3];             /* profile_gpu: before the wait, after it, after the copies */
     bool has_pev;
     ipc_wbuf sbuf;              /* status frames */
+    uint32_t role;              /* its HELLO's: a worker, or a keeper following */
     char err[1024];
 };
 
@@ -756,7 +759,8 @@ static int greet(refit_ipc_receiver *r, double dl)
     if (rc)
         return rc;
     ipc_wbuf b = {0};
-    ipc_hello me = {IPC_ROLE_WORKER, (uint32_t)getpid(), r->ctx->rank, peer.workers};
+    ipc_hello me = {r->role ? r->role : IPC_ROLE_WORKER, (uint32_t)getpid(), r->ctx->rank,
+                    peer.workers};
     ipc_hello_encode(&b, &me);
     rc = b.failed ? REFIT_ENOMEM
                   : ipc_send(r->fd, IPC_HELLO, b.p, (uint32_t)b.len, NULL, 0, dl, r->err,
@@ -1074,4 +1078,30 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     if (local)
         return ctx_error(r->ctx, local, "%s", msg);
     return res.decision;
+}
+
+int ipc_receiver_wait_fd(const refit_ipc_receiver *r)
+{
+    return r->fd >= 0 ? r->fd : r->lfd;
+}
+
+int ipc_receiver_ready(refit_ipc_receiver *r, double greet_dl)
+{
+    if (r->fd < 0) {
+        r->refused[0] = '\0';
+        int rc = accept_trainer(r, greet_dl);
+        return rc == REFIT_ETIMEDOUT ? 0 : rc ? rc : 0;
+    }
+    char c;
+    ssize_t n = recv(r->fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n > 0)
+        return 1;
+    if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+        drop_peer(r); /* it left between updates */
+    return 0;
+}
+
+void ipc_receiver_set_role(refit_ipc_receiver *r, uint32_t role)
+{
+    r->role = role;
 }

@@ -32,6 +32,7 @@
 #include "core/names.h"
 #include "core/util.h"
 #include "core/ctx.h"
+#include "core/ipc/keeper_msg.h"
 #include "core/ipc/mem.h"
 #include "core/nccl/xport.h"
 #include "kernels/copy.h"
@@ -62,6 +63,7 @@ typedef struct snd_worker {
     int32_t rank;
     uint32_t ix_id;             /* the INDEX it holds; 0: none */
     uint64_t result_seq;        /* a commit whose RESULT is still to read; 0: none */
+    bool keeper;                /* a keeper following the group: decided last */
 } snd_worker;
 
 struct refit_ipc_sender {
@@ -150,8 +152,9 @@ static int connect_worker(refit_ipc_sender *s, snd_worker *w)
     ipc_frame f;
     if (!rc && !(rc = ipc_recv(w->fd, &f, 64, dl, s->err, sizeof s->err))) {
         ipc_hello peer;
-        rc = ipc_hello_decode(&peer, &f, IPC_ROLE_WORKER, s->err, sizeof s->err);
+        rc = ipc_hello_decode_member(&peer, &f, s->err, sizeof s->err);
         w->rank = peer.rank;
+        w->keeper = !rc && peer.role == IPC_ROLE_KEEPER;
         ipc_frame_free(&f);
     }
     if (rc) {
@@ -967,11 +970,15 @@ int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
             res.decision = vote[i];
             res.failed_rank = i;
         }
-    for (int i = 0; i < s->n_w; i++)
-        if (s->w[i].fd >= 0 &&
-            send_status(s, &s->w[i], IPC_DECISION, res.decision,
-                        res.decision ? why[res.failed_rank] : "", dl))
-            drop_worker(&s->w[i]);
+    /* keepers last: a keeper holds a commit only once every worker was
+     * sent it (a trainer that dies in between leaves the keeper without a
+     * decision, so it keeps the version before and serves nothing) */
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < s->n_w; i++)
+            if (s->w[i].fd >= 0 && s->w[i].keeper == (pass == 1) &&
+                send_status(s, &s->w[i], IPC_DECISION, res.decision,
+                            res.decision ? why[res.failed_rank] : "", dl))
+                drop_worker(&s->w[i]);
     pf->decided_ns = ipc_now_ns();
     res.worker_status = REFIT_OK;
     for (int i = 0; i < s->n_w; i++) {

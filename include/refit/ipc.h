@@ -225,6 +225,106 @@ typedef struct refit_ipc_recv_profile {
 REFIT_API int refit_ipc_receiver_profile(const refit_ipc_receiver *r,
                                          refit_ipc_recv_profile *out);
 
+/* ---- keeper (docs/restart.md, "The keeper") ----
+ *
+ * A long-lived process holding the latest committed state of a group of
+ * workers of one plan signature, and serving restores of it over a socket
+ * of its own: a restarting worker copies the keeper's runtime tensors
+ * (device to device, or from a memfd on the host) with no post-load.
+ *
+ *   keeper                                      restarting worker
+ *   refit_ipc_pool_create(&p, ctx, dev, bytes)  (registers and seals its model)
+ *   runtime tensors from refit_ipc_pool_alloc   refit_ipc_restore(model, path, opts)
+ *   seal, refit_ipc_keeper_create(&k, model, p, path, opts)
+ *   refit_ipc_keeper_run(k, seconds)  ◀── restores ──
+ *        ▲ one more receiver of the trainer's sends (opts->follow_path)
+ */
+
+/* Memory a keeper's runtime tensors live in, shared whole with the workers
+ * that restore from it: host memory (device -1: a sealed memfd) or one
+ * device allocation. */
+typedef struct refit_ipc_pool refit_ipc_pool;
+REFIT_API int refit_ipc_pool_create(refit_ipc_pool **out, refit_ctx *ctx, int32_t device,
+                                    uint64_t bytes);
+/* bytes of it, 256-byte aligned, for the pool's life. REFIT_ENOMEM when
+ * it is full. */
+REFIT_API int refit_ipc_pool_alloc(refit_ipc_pool *pool, uint64_t bytes, void **out);
+/* After the keeper and the model using it are gone. */
+REFIT_API void refit_ipc_pool_destroy(refit_ipc_pool *pool);
+
+#define REFIT_IPC_KEEPER_OPTS_VERSION 1
+typedef struct refit_ipc_keeper_opts {
+    uint32_t version;          /* REFIT_IPC_KEEPER_OPTS_VERSION */
+    const char *follow_path;   /* listen here for the trainer's sends (one more
+                                  worker of its refit_ipc_sender: it votes, and
+                                  commits only what the whole group commits);
+                                  NULL: the embedder updates the model itself */
+    const refit_ipc_recv_opts *follow; /* that receiver's options; NULL: defaults,
+                                  start_timeout_s 1 */
+    double timeout_s;          /* each wait of a restore it serves; 0: 60 */
+    uint32_t socket_mode;      /* of the restore socket; 0: 0600 */
+    const uint32_t *allow_uids;/* workers of these uids may restore too (copied);
+                                  its own uid always may, any other is refused
+                                  at accept and journaled */
+    uint32_t n_allow_uids;
+    double greet_timeout_s;    /* a connected peer's HELLO by then, or dropped; 0: 1 */
+} refit_ipc_keeper_opts;
+#define REFIT_IPC_KEEPER_OPTS_INIT {REFIT_IPC_KEEPER_OPTS_VERSION, NULL, NULL, 0, 0, NULL, 0, 0}
+
+typedef struct refit_ipc_keeper refit_ipc_keeper;
+
+/* Serve restores of model (sealed; every runtime tensor in pool, or, on a
+ * device, in memory cuIpcGetMemHandle can share; pool may then be NULL)
+ * at path. It serves only a committed state: READY, every module at one
+ * version, and no update whose outcome it does not know (its vote taken,
+ * then no decision: the group may have committed without it). */
+REFIT_API int refit_ipc_keeper_create(refit_ipc_keeper **out, refit_model *model,
+                                      refit_ipc_pool *pool, const char *path,
+                                      const refit_ipc_keeper_opts *opts);
+REFIT_API void refit_ipc_keeper_destroy(refit_ipc_keeper *k);
+/* Serve restores and take the trainer's updates, one at a time, for
+ * seconds (< 0: until an error of the keeper's own). A restore that fails
+ * or a peer refused is counted and journaled, not returned. REFIT_OK when
+ * the time is up. */
+REFIT_API int refit_ipc_keeper_run(refit_ipc_keeper *k, double seconds);
+
+typedef struct refit_ipc_keeper_stats {
+    uint64_t restores_served;  /* confirmed to a worker that committed them */
+    uint64_t restores_refused; /* refused by the keeper (nothing it may serve) or
+                                  by the worker (signature, check, copy) */
+    uint64_t peers_refused;    /* of another uid, silent, or not a restorer */
+    uint64_t updates_committed;/* followed: the group committed */
+    uint64_t updates_aborted;  /* followed: aborted, or no decision */
+    int servable;              /* 1: a restore now would be offered */
+    char why_not[256];         /* servable 0: why */
+} refit_ipc_keeper_stats;
+REFIT_API int refit_ipc_keeper_stats_get(refit_ipc_keeper *k, refit_ipc_keeper_stats *out);
+
+#define REFIT_IPC_RESTORE_OPTS_VERSION 1
+typedef struct refit_ipc_restore_opts {
+    uint32_t version;          /* REFIT_IPC_RESTORE_OPTS_VERSION */
+    int rollback;              /* 1: undo log; a failed restore puts the bytes back */
+    double timeout_s;          /* connecting and each wait; 0: 60 */
+    void *stream;              /* the engine's stream for the copies; NULL: default */
+    const uint32_t *allow_uids;/* a keeper listening as one of these uids is
+                                  trusted too; its own uid always is */
+    uint32_t n_allow_uids;
+} refit_ipc_restore_opts;
+#define REFIT_IPC_RESTORE_OPTS_INIT {REFIT_IPC_RESTORE_OPTS_VERSION, 1, 0, NULL, NULL, 0}
+
+/* Restore the sealed model from the keeper listening at keeper_path, as an
+ * update: refused with nothing written when the keeper serves nothing
+ * (REFIT_ESTATE, its reason) or the plan signatures differ
+ * (REFIT_EMISMATCH naming the first difference: load the checkpoint
+ * instead). Then every runtime tensor is copied DIRECT from the keeper's
+ * memory, no post-load runs, every module's fingerprint is checked against
+ * the keeper's, and the worker commits at the keeper's version once the
+ * keeper confirms it outlived the copies (journaled with source
+ * keeper://PATH). A keeper gone before it confirms, or any failure after
+ * the first byte, aborts (rolled back, or POISONED without rollback). */
+REFIT_API int refit_ipc_restore(refit_model *model, const char *keeper_path,
+                                const refit_ipc_restore_opts *opts);
+
 #ifdef __cplusplus
 }
 #endif

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/ipc/keeper_msg.h"
 #include "core/ipc/mem.h"
 #include "tests/ipc/itest.h"
 
@@ -57,7 +58,7 @@ static int rt_build(rt *t, const char *path, uint64_t version, uint64_t bucket_b
     ipc_frame f;
     if (!rc && !(rc = ipc_recv(t->fd, &f, 64, ipc_now() + 10, t->err, sizeof t->err))) {
         ipc_hello h;
-        rc = ipc_hello_decode(&h, &f, IPC_ROLE_WORKER, t->err, sizeof t->err);
+        rc = ipc_hello_decode_member(&h, &f, t->err, sizeof t->err); /* a keeper too */
         ipc_frame_free(&f);
     }
     return rc;

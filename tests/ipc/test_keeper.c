@@ -1,0 +1,473 @@
+/* The keeper (issue 30 item 3, docs/restart.md "The keeper") on the host:
+ * a forked keeper process holds its model in a memfd pool, follows a
+ * forked trainer's refit.ipc sends as one more worker, and serves
+ * restores to workers of this process. Checked: a restore is bit-equal
+ * to the keeper's state and commits at its version with no post-load;
+ * several workers restore from one keeper; an update after a restore
+ * equals a cold start; another plan signature is refused with nothing
+ * written; a keeper killed mid-restore rolls the worker back; a version
+ * the group aborted, or one whose decision the keeper never heard, is
+ * never served. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <sqlite3.h>
+
+#include <refit/ipc.h>
+#include <refit/sys/stats.h>
+
+#include "core/ipc/keeper.h"
+#include "tests/ipc/itest.h"
+
+static char g_serve[108], g_follow[108], g_worker[108];
+
+static int fresh_paths(void **state)
+{
+    static int n;
+    (void)state;
+    n++;
+    snprintf(g_serve, sizeof g_serve, "/tmp/refit-keeper-%d-%d-s.sock", (int)getpid(), n);
+    snprintf(g_follow, sizeof g_follow, "/tmp/refit-keeper-%d-%d-f.sock", (int)getpid(), n);
+    snprintf(g_worker, sizeof g_worker, "/tmp/refit-keeper-%d-%d-w.sock", (int)getpid(), n);
+    return 0;
+}
+
+/* ---- the keeper process: the workers' model, its tensors in a pool ---- */
+
+typedef struct keeper_proc {
+    refit_ctx *ctx;
+    refit_model *m;
+    refit_ipc_pool *pool;
+    refit_ipc_keeper *k;
+    refit_tensor rt[NT_N];
+    int64_t shape[NT_N][2];
+} keeper_proc;
+
+/* The model nt_worker_open(rank 0 of 1) registers, bound in the pool. */
+static int kp_open(keeper_proc *p, const char *follow)
+{
+    memset(p, 0, sizeof *p);
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.worker_id = "keeper";
+    o.journal_path = "";
+    int rc = refit_open(&p->ctx, &o);
+    if (!rc)
+        rc = refit_model_create(&p->m, p->ctx);
+    if (!rc)
+        rc = refit_ipc_pool_create(&p->pool, p->ctx, -1, 1 << 20);
+    for (int i = 0; i < NT_N && !rc; i++) {
+        const nt_spec *s = &NT_SPECS[i];
+        memcpy(p->shape[i], s->shape, sizeof p->shape[i]);
+        uint64_t n = (uint64_t)s->shape[0] * (s->ndim > 1 ? (uint64_t)s->shape[1] : 1);
+        void *buf = NULL;
+        rc = refit_ipc_pool_alloc(p->pool, n * s->dt.bits / 8, &buf);
+        p->rt[i] = (refit_tensor){.data = buf, .device = {REFIT_DEVICE_CPU, 0}, .ndim = s->ndim,
+                                  .dtype = s->dt, .shape = p->shape[i]};
+        int first = i == 0 || strcmp(NT_SPECS[i - 1].module, s->module);
+        if (!rc && first)
+            rc = refit_model_add_module(p->m, s->module, "unquantized", NULL);
+        if (!rc)
+            rc = refit_module_bind_runtime(p->m, s->module, s->target, &p->rt[i]);
+        refit_ckpt_spec sp = REFIT_CKPT_SPEC_INIT;
+        sp.dtype = s->dt;
+        sp.ndim = s->ndim;
+        memcpy(sp.shape, s->shape, sizeof s->shape);
+        sp.target = s->target;
+        if (!rc)
+            rc = refit_model_expect(p->m, s->module, s->ckpt, &sp);
+    }
+    if (!rc)
+        rc = refit_model_seal(p->m);
+    refit_ipc_keeper_opts ko = REFIT_IPC_KEEPER_OPTS_INIT;
+    refit_ipc_recv_opts ro = REFIT_IPC_RECV_OPTS_INIT;
+    ro.timeout_s = 20;
+    ko.follow_path = follow;
+    ko.follow = &ro;
+    ko.timeout_s = 20;
+    if (!rc)
+        rc = refit_ipc_keeper_create(&p->k, p->m, p->pool, g_serve, &ko);
+    if (rc)
+        fprintf(stderr, "keeper: %s\n", refit_errmsg(p->ctx));
+    return rc;
+}
+
+static int load_version(refit_model *m, uint64_t v)
+{
+    nt_ckpt c;
+    nt_ckpt_make(&c, v);
+    char label[32];
+    snprintf(label, sizeof label, "v%llu", (unsigned long long)v);
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.version_label = label;
+    refit_txn *t = NULL;
+    int rc = refit_begin(&t, m, &o);
+    for (int i = 0; i < NT_N && !rc; i++)
+        rc = refit_load(t, NT_SPECS[i].ckpt, &c.t[i], NULL);
+    if (t)
+        rc = rc ? refit_abort(t) : refit_finalize(t);
+    nt_ckpt_free(&c);
+    return rc;
+}
+
+typedef struct keeper_job {
+    int follow;                 /* follow the trainer at g_follow */
+    uint64_t seed;              /* load this version first (0: none) */
+    int die_after_offer;        /* serve one restore as far as its offer, then SIGKILL */
+} keeper_job;
+
+static int run_keeper(void *arg)
+{
+    const keeper_job *j = arg;
+    keeper_proc p;
+    if (kp_open(&p, j->follow ? g_follow : NULL))
+        return 10;
+    if (j->seed && load_version(p.m, j->seed))
+        return 11;
+    if (j->die_after_offer) {
+        int fd = -1;
+        uint32_t uid;
+        int32_t pid;
+        if (keeper_accept(p.k, ipc_now() + 20, &fd) || keeper_greet(p.k, fd, &uid, &pid) ||
+            keeper_offer(p.k, fd, ipc_now() + 20))
+            return 12;
+        raise(SIGKILL); /* the worker has the offer, not the confirmation */
+    }
+    int rc = refit_ipc_keeper_run(p.k, 60);
+    refit_ipc_keeper_destroy(p.k);
+    refit_close(p.ctx);
+    refit_ipc_pool_destroy(p.pool);
+    return rc ? 13 : 0;
+}
+
+static void stop(pid_t pid)
+{
+    kill(pid, SIGTERM);
+    it_wait(pid);
+    unlink(g_serve); /* a killed keeper leaves its socket files */
+    unlink(g_follow);
+}
+
+static int sql_count(const char *path, const char *sql)
+{
+    sqlite3 *db;
+    sqlite3_stmt *s = NULL;
+    int n = -1;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    if (sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW)
+        n = sqlite3_column_int(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return n;
+}
+
+/* ---- a trainer process: the real sender ---- */
+
+typedef struct send_step {
+    int n_paths;
+    const char *paths[2];
+    uint64_t version;
+    int expect;                 /* what the send returns; 1: any failure */
+} send_step;
+
+typedef struct trainer_job {
+    const send_step *steps;
+    int n_steps;
+    int raw_die_version;        /* then a raw trainer's UPDATE of this version to the
+                                   keeper, which dies once the keeper voted (0: none) */
+} trainer_job;
+
+static int send_one(const send_step *st)
+{
+    refit_ctx *ctx = NULL;
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.journal_path = "";
+    if (refit_open(&ctx, &o))
+        return 20;
+    refit_ipc_send_opts so = REFIT_IPC_SEND_OPTS_INIT;
+    so.bucket_bytes = 2048;
+    so.timeout_s = 20;
+    refit_ipc_sender *s = NULL;
+    nt_ckpt c;
+    nt_ckpt_make(&c, st->version);
+    int rc = refit_ipc_sender_create(&s, ctx, st->paths, st->n_paths, &so) ? 21 : 0;
+    for (int i = 0; i < NT_N && !rc; i++)
+        rc = refit_ipc_sender_add(s, NT_SPECS[i].ckpt, &c.t[i], REFIT_IPC_PACK) ? 22 : 0;
+    char label[32];
+    snprintf(label, sizeof label, "v%llu", (unsigned long long)st->version);
+    if (!rc)
+        refit_ipc_sender_set_label(s, label);
+    int got = rc ? 0 : refit_ipc_sender_send(s, NULL);
+    if (!rc && (st->expect == 1 ? got == REFIT_OK : got != st->expect)) {
+        fprintf(stderr, "trainer: %s: %d, %d expected (%s)\n", label, got, st->expect,
+                refit_errmsg(ctx));
+        rc = 23;
+    }
+    refit_ipc_sender_destroy(s);
+    nt_ckpt_free(&c);
+    refit_close(ctx);
+    return rc;
+}
+
+static int run_trainer(void *arg)
+{
+    const trainer_job *j = arg;
+    for (int i = 0; i < j->n_steps; i++) {
+        int rc = send_one(&j->steps[i]);
+        if (rc)
+            return rc;
+    }
+    if (j->raw_die_version) {
+        rt t;
+        if (rt_open(&t, g_follow, (uint64_t)j->raw_die_version, 2048) || rt_send_mems(&t) ||
+            rt_send_update(&t, NULL, NULL))
+            return 30;
+        ipc_frame f;
+        if (ipc_recv(t.fd, &f, 4096, ipc_now() + 20, t.err, sizeof t.err) ||
+            f.type != IPC_VOTE)
+            return 31;
+        ipc_frame_free(&f);
+        rt_close(&t); /* dies with the keeper's vote in hand, deciding nothing */
+    }
+    return 0;
+}
+
+/* ---- workers of this process ---- */
+
+static void expect_at(nt_worker *w, uint64_t v)
+{
+    char label[32];
+    snprintf(label, sizeof label, "v%llu", (unsigned long long)v);
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+    assert_string_equal(refit_worker_version(w->ctx), label);
+    assert_true(nt_fp(w) == nt_cold_fp(0, 1, v));
+}
+
+static int restore(nt_worker *w, int rollback)
+{
+    refit_ipc_restore_opts o = REFIT_IPC_RESTORE_OPTS_INIT;
+    o.rollback = rollback;
+    o.timeout_s = 20;
+    return refit_ipc_restore(w->m, g_serve, &o);
+}
+
+static int all_zero(const nt_worker *w)
+{
+    for (int i = 0; i < NT_N; i++)
+        for (size_t k = 0; k < w->bytes[i]; k++)
+            if (((const uint8_t *)w->buf[i])[k])
+                return 0;
+    return 1;
+}
+
+/* The keeper follows v1 and v2 with worker A; workers B and C, fresh,
+ * restore v2 from it bit-equal; B then takes v3 and equals a cold start. */
+static void t_restore_follows_and_serves(void **state)
+{
+    (void)state;
+    char dir[256], journal[300];
+    nt_tmpdir(dir, sizeof dir);
+    snprintf(journal, sizeof journal, "%s/b.db", dir);
+    keeper_job kj = {.follow = 1};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    nt_worker a, b, c;
+    assert_int_equal(nt_worker_open(&a, 0, 1, NULL), REFIT_OK);
+    refit_ipc_recv_opts ro = REFIT_IPC_RECV_OPTS_INIT;
+    ro.timeout_s = ro.start_timeout_s = 20;
+    refit_ipc_receiver *r;
+    assert_int_equal(refit_ipc_receiver_create(&r, a.m, g_worker, &ro), REFIT_OK);
+    send_step steps[2] = {{2, {g_worker, g_follow}, 1, REFIT_OK},
+                          {2, {g_worker, g_follow}, 2, REFIT_OK}};
+    trainer_job tj = {steps, 2, 0};
+    pid_t trainer = it_fork(run_trainer, &tj);
+    for (int v = 1; v <= 2; v++) {
+        if (refit_ipc_receive_update(r, NULL, NULL))
+            fail_msg("worker A, v%d: %s", v, refit_errmsg(a.ctx));
+        expect_at(&a, (uint64_t)v);
+    }
+    assert_int_equal(it_wait(trainer), 0);
+
+    assert_int_equal(nt_worker_open(&b, 0, 1, journal), REFIT_OK);
+    assert_int_equal(nt_worker_open(&c, 0, 1, NULL), REFIT_OK);
+    int rc = restore(&b, 1);
+    if (rc)
+        fail_msg("restore B: %s", refit_errmsg(b.ctx));
+    expect_at(&b, 2);
+    for (int i = 0; i < NT_N; i++)
+        assert_memory_equal(b.buf[i], a.buf[i], a.bytes[i]);
+    /* journaled as a restore whose source names the keeper */
+    char sql[512];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM updates WHERE state = 'committed' AND "
+             "version = 'v2' AND source_uri = 'keeper://%s'", g_serve);
+    assert_int_equal(sql_count(journal, sql), 1);
+    assert_int_equal(sql_count(journal, "SELECT count(*) FROM events WHERE kind = 'restore' "
+                                        "AND message LIKE '%from keeper%'"), 1);
+    if ((rc = restore(&c, 0)))
+        fail_msg("restore C: %s", refit_errmsg(c.ctx));
+    expect_at(&c, 2); /* one keeper, several workers of its signature */
+
+    /* an update after the restore is any update: a cold start's bytes */
+    assert_int_equal(load_version(b.m, 3), REFIT_OK);
+    expect_at(&b, 3);
+    stop(keeper);
+    refit_ipc_receiver_destroy(r);
+    nt_worker_close(&a);
+    nt_worker_close(&b);
+    nt_worker_close(&c);
+    nt_rmdir(dir);
+}
+
+/* Another TP rank: the signature differs at "rank"; nothing written, the
+ * worker stays EMPTY (the engine loads its checkpoint instead). */
+static void t_signature_differs_refused(void **state)
+{
+    (void)state;
+    keeper_job kj = {.seed = 1};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    nt_worker w;
+    assert_int_equal(nt_worker_open(&w, 1, 2, NULL), REFIT_OK);
+    assert_int_equal(restore(&w, 1), REFIT_EMISMATCH);
+    const char *msg = refit_errmsg(w.ctx);
+    assert_non_null(strstr(msg, "plan signature differs at rank: keeper 0, this worker 1"));
+    assert_non_null(strstr(msg, "nothing written"));
+    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_EMPTY);
+    assert_true(all_zero(&w));
+    nt_worker_close(&w);
+    /* the keeper goes on serving a worker of its signature */
+    nt_worker ok;
+    assert_int_equal(nt_worker_open(&ok, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(restore(&ok, 1), REFIT_OK);
+    expect_at(&ok, 1);
+    nt_worker_close(&ok);
+    stop(keeper);
+}
+
+/* The keeper dies after its offer, before confirming: the worker copied
+ * and checked every byte, and still rolls back to what it held. */
+static void t_keeper_killed_mid_restore(void **state)
+{
+    (void)state;
+    nt_worker w;
+    assert_int_equal(nt_worker_open(&w, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(load_version(w.m, 1), REFIT_OK);
+    keeper_job kj = {.seed = 2, .die_after_offer = 1};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    int rc = restore(&w, 1);
+    assert_int_equal(it_wait(keeper), 128 + SIGKILL);
+    assert_true(rc != REFIT_OK);
+    const char *msg = refit_errmsg(w.ctx);
+    assert_non_null(strstr(msg, "did not confirm"));
+    assert_non_null(strstr(msg, "rolled back"));
+    expect_at(&w, 1);
+    nt_worker_close(&w);
+
+    /* without rollback the worker says it cannot serve */
+    assert_int_equal(nt_worker_open(&w, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(load_version(w.m, 1), REFIT_OK);
+    keeper = it_fork(run_keeper, &kj);
+    assert_true(restore(&w, 0) != REFIT_OK);
+    assert_int_equal(it_wait(keeper), 128 + SIGKILL);
+    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_POISONED);
+    nt_worker_close(&w);
+}
+
+/* Nothing committed yet: refused. v1 commits on the keeper alone; v2 is
+ * refused by worker D (its bucket limit), so the group aborts and the
+ * keeper serves v1, never v2; a raw trainer that dies after the keeper's
+ * vote on v3 leaves it in doubt: refused; v4 committed: served again. */
+static void t_uncommitted_never_served(void **state)
+{
+    (void)state;
+    keeper_job kj = {.follow = 1};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    nt_worker w, d;
+    assert_int_equal(nt_worker_open(&w, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(restore(&w, 1), REFIT_ESTATE);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "no committed version yet"));
+    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_EMPTY);
+
+    assert_int_equal(nt_worker_open(&d, 0, 1, NULL), REFIT_OK);
+    refit_ipc_recv_opts ro = REFIT_IPC_RECV_OPTS_INIT;
+    ro.timeout_s = ro.start_timeout_s = 20;
+    ro.max_bucket_bytes = 64; /* D refuses every index: it votes no */
+    refit_ipc_receiver *r;
+    assert_int_equal(refit_ipc_receiver_create(&r, d.m, g_worker, &ro), REFIT_OK);
+    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK},
+                          {2, {g_worker, g_follow}, 2, 1}};
+    trainer_job tj = {steps, 2, 3};
+    pid_t trainer = it_fork(run_trainer, &tj);
+    assert_true(refit_ipc_receive_update(r, NULL, NULL) != REFIT_OK); /* D refuses v2 */
+    assert_int_equal(it_wait(trainer), 0);
+    assert_int_equal(refit_worker_health(d.ctx), REFIT_HEALTH_EMPTY);
+
+    /* v3's decision never came: the keeper serves nothing */
+    int rc = restore(&w, 1);
+    assert_int_equal(rc, REFIT_ESTATE);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "no decision"));
+    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_EMPTY);
+    assert_true(all_zero(&w));
+
+    send_step ok[1] = {{1, {g_follow}, 4, REFIT_OK}};
+    trainer_job tj4 = {ok, 1, 0};
+    trainer = it_fork(run_trainer, &tj4);
+    assert_int_equal(it_wait(trainer), 0);
+    if ((rc = restore(&w, 1)))
+        fail_msg("restore after v4: %s", refit_errmsg(w.ctx));
+    expect_at(&w, 4);
+    stop(keeper);
+    refit_ipc_receiver_destroy(r);
+    nt_worker_close(&w);
+    nt_worker_close(&d);
+}
+
+/* Between v1 (committed) and v3 (in doubt), v2 was aborted by the group:
+ * before the raw trainer ran, the keeper served v1. */
+static void t_group_abort_serves_previous(void **state)
+{
+    (void)state;
+    keeper_job kj = {.follow = 1};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    nt_worker w, d;
+    assert_int_equal(nt_worker_open(&w, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(nt_worker_open(&d, 0, 1, NULL), REFIT_OK);
+    refit_ipc_recv_opts ro = REFIT_IPC_RECV_OPTS_INIT;
+    ro.timeout_s = ro.start_timeout_s = 20;
+    ro.max_bucket_bytes = 64; /* D refuses every index: it votes no */
+    refit_ipc_receiver *r;
+    assert_int_equal(refit_ipc_receiver_create(&r, d.m, g_worker, &ro), REFIT_OK);
+    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK},
+                          {2, {g_worker, g_follow}, 2, 1}};
+    trainer_job tj = {steps, 2, 0};
+    pid_t trainer = it_fork(run_trainer, &tj);
+    assert_true(refit_ipc_receive_update(r, NULL, NULL) != REFIT_OK);
+    assert_non_null(strstr(refit_errmsg(d.ctx), "bucket"));
+    assert_int_equal(it_wait(trainer), 0);
+    int rc = restore(&w, 1);
+    if (rc)
+        fail_msg("restore: %s", refit_errmsg(w.ctx));
+    expect_at(&w, 1); /* v1, not the aborted v2 */
+    stop(keeper);
+    refit_ipc_receiver_destroy(r);
+    nt_worker_close(&w);
+    nt_worker_close(&d);
+}
+
+int main(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup(t_restore_follows_and_serves, fresh_paths),
+        cmocka_unit_test_setup(t_signature_differs_refused, fresh_paths),
+        cmocka_unit_test_setup(t_keeper_killed_mid_restore, fresh_paths),
+        cmocka_unit_test_setup(t_group_abort_serves_previous, fresh_paths),
+        cmocka_unit_test_setup(t_uncommitted_never_served, fresh_paths),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
