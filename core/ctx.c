@@ -29,6 +29,8 @@ int refit_open(refit_ctx **out, const refit_options *opt)
     refit_options o = defaults;
     if (opt->version == 1)
         memcpy(&o, opt, offsetof(refit_options, undo_device_budget));
+    else if (opt->version == 2)
+        memcpy(&o, opt, offsetof(refit_options, delta_master_budget));
     else
         o = *opt;
     o.version = REFIT_OPTIONS_VERSION;
@@ -46,6 +48,7 @@ int refit_open(refit_ctx **out, const refit_options *opt)
     ctx->staging_budget = opt->staging_budget ? opt->staging_budget : (1ull << 30);
     ctx->journal_best_effort = opt->journal_best_effort != 0;
     ctx->undo_device_budget = opt->undo_device_budget;
+    ctx->delta_master_budget = opt->delta_master_budget;
     ctx->log_fn = opt->log_fn;
     ctx->log_user = opt->log_user;
     host_services_init(ctx); /* the one place the host table is filled */

@@ -29,6 +29,7 @@ struct refit_ctx {
     struct plugin_set *plugins;         /* format plugins found at open (formats_builtin.c) */
     uint64_t staging_budget;
     uint64_t undo_device_budget;        /* refit_options v2; 0: host only */
+    uint64_t delta_master_budget;       /* refit_options v3; 0: no masters */
     refit_log_fn log_fn;                /* NULL: stderr */
     void *log_user;
     refit_model *model;                 /* at most one */

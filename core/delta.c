@@ -16,20 +16,18 @@
 #include <string.h>
 
 #include "core/ctx.h"
+#include "core/delta_master.h"
 #include "core/desc_check.h"
 #include "core/load.h"
 #include "kernels/copy.h"
-
-/* Elements [start, start + count) of the tensor take values [vpos, ..). */
-typedef struct patch_run {
-    int64_t start, count, vpos;
-} patch_run;
 
 /* One checked row. */
 typedef struct patch {
     delivery d;
     bool skip;                  /* a tied name whose other name is patched */
-    patch_run *runs;
+    bool online;                /* into a module quantized at post-load: its
+                                   master is patched, then requantized */
+    delta_run *runs;
     size_t n_runs;
     int64_t elements;
     refit_view values;          /* 1-D */
@@ -37,7 +35,7 @@ typedef struct patch {
 
 static int run_cmp(const void *a, const void *b)
 {
-    const patch_run *x = a, *y = b;
+    const delta_run *x = a, *y = b;
     return x->start < y->start ? -1 : x->start > y->start;
 }
 
@@ -54,7 +52,7 @@ static int build_runs(refit_model *m, const refit_delta *row, const route *r, in
         return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): %zu %s for a "
                          "tensor of %lld elements", row->name, mod, row->n,
                          row->counts ? "runs" : "indices", (long long)numel);
-    patch_run *runs = malloc((row->n ? row->n : 1) * sizeof *runs);
+    delta_run *runs = malloc((row->n ? row->n : 1) * sizeof *runs);
     if (!runs)
         return ctx_error(m->ctx, REFIT_ENOMEM, "load_delta %s: out of memory", row->name);
     p->runs = runs;
@@ -70,7 +68,7 @@ static int build_runs(refit_model *m, const refit_delta *row, const route *r, in
                              "is outside the tensor's %lld elements", row->name, mod,
                              row->counts ? "run" : "index", i, (long long)a,
                              row->counts ? ", ..." : "", (long long)numel);
-        runs[i] = (patch_run){a, c, vpos};
+        runs[i] = (delta_run){a, c, vpos};
         vpos += c; /* at most numel * 2: no overflow */
         if (vpos > numel)
             return ctx_error(m->ctx, REFIT_EDUPLICATE, "load_delta %s (module %s): runs "
@@ -84,7 +82,7 @@ static int build_runs(refit_model *m, const refit_delta *row, const route *r, in
         qsort(runs, row->n, sizeof *runs, run_cmp);
     size_t k = 0;
     for (size_t i = 0; i < row->n; i++) {
-        patch_run *prev = k ? &runs[k - 1] : NULL;
+        delta_run *prev = k ? &runs[k - 1] : NULL;
         if (prev && prev->start + prev->count > runs[i].start)
             return ctx_error(m->ctx, REFIT_EDUPLICATE, "load_delta %s (module %s): element "
                              "%lld is given twice (%s)", row->name, mod,
@@ -117,13 +115,17 @@ static int check_row(refit_txn *t, const refit_delta *row, patch *p)
                          "a delta update (refit_update_opts.base_version is not set); a patch "
                          "needs the base it applies to; nothing written", row->name, mod->name,
                          txn_version_label(t));
-    if (r->kind == REFIT_ROUTE_STAGED || (mod->fm.flags & REFIT_MODULE_POST_LOAD))
+    p->online = r->kind == REFIT_ROUTE_STAGED;
+    if (!p->online && (mod->fm.flags & REFIT_MODULE_POST_LOAD))
         return ctx_error(m->ctx, REFIT_EUNSUPPORTED, "load_delta %s (module %s): format %s "
                          "builds this module's runtime tensors from whole checkpoint tensors "
                          "in a post-load step (online quantization), so a patch cannot be "
                          "applied in place; deliver the tensor whole (refit_load); nothing "
                          "written", row->name, mod->name, mod->fmt->name);
-    if (kern_dtype_size(r->spec.dtype) == 0 || kern_dtype_size(r->dst.dtype) == 0)
+    if (p->online && (rc = master_admit(t, &p->d))) /* its master takes the patch */
+        return rc;
+    refit_dtype written = p->online ? r->staged_shape.dtype : r->dst.dtype;
+    if (kern_dtype_size(r->spec.dtype) == 0 || kern_dtype_size(written) == 0)
         return ctx_error(m->ctx, REFIT_EUNSUPPORTED, "load_delta %s (module %s): %u-bit "
                          "elements cannot be patched one by one", row->name, mod->name,
                          r->spec.dtype.bits);
@@ -173,12 +175,12 @@ static int check_row(refit_txn *t, const refit_delta *row, patch *p)
     return txn_load_admit(t, d, true, &p->skip);
 }
 
-/* The dims [inner, ndim) that the target holds as one strided line: each
- * whole on this rank and contiguous over the next. At least the last dim
- * (split or not: pieces of it are clipped to this rank's rows). */
-static int line_dims(const route *r)
+/* The dims [inner, ndim) that dst (the target's rows [lo, hi), or the
+ * master) holds as one strided line: each whole on this rank and
+ * contiguous over the next. At least the last dim (split or not: pieces
+ * of it are clipped to this rank's rows). */
+static int line_dims(const route *r, const refit_view *dst)
 {
-    const refit_view *dst = &r->dst;
     int nd = r->spec.ndim, j = nd - 1;
     while (j > 0 && dst->shape[j] == r->spec.shape[j] && dst->shape[j - 1] == r->spec.shape[j - 1] &&
            dst->strides[j - 1] == dst->strides[j] * dst->shape[j])
@@ -186,11 +188,11 @@ static int line_dims(const route *r)
     return j;
 }
 
-/* Write one run: a piece per line, clipped to this rank's rows. */
-static int write_run(refit_txn *t, patch *p, const patch_run *run, int inner, int64_t line)
+/* Write one run into dst: a piece per line, clipped to this rank's rows. */
+static int write_run(refit_txn *t, patch *p, const delta_run *run, int inner, int64_t line,
+                     const refit_view *dst)
 {
     const route *r = p->d.r;
-    const refit_view *dst = &r->dst;
     int nd = r->spec.ndim, sd = r->split_dim;
     size_t de = kern_dtype_size(dst->dtype), ve = kern_dtype_size(p->values.dtype);
     int64_t f = run->start, left = run->count, vpos = run->vpos;
@@ -227,7 +229,8 @@ static int write_run(refit_txn *t, patch *p, const patch_run *run, int inner, in
             dv.strides[0] = ls;
             sv.data = (char *)sv.data + (vpos + skipped) * sv.strides[0] * (int64_t)ve;
             sv.shape[0] = b - a;
-            int rc = txn_delta_write(t, &p->d, &dv, &sv);
+            int rc = p->online ? master_write(t, &p->d, &dv, &sv)
+                               : txn_delta_write(t, &p->d, &dv, &sv);
             if (rc)
                 return rc;
         }
@@ -245,14 +248,33 @@ static int apply_row(refit_txn *t, patch *p, void *stream)
     int rc = txn_delta_accept(t, &p->d, p->skip, (uint64_t)p->elements);
     if (rc || p->skip)
         return rc;
-    int inner = r->spec.ndim ? line_dims(r) : 0;
+    refit_view dst = p->online ? master_view(txn_model(t), &p->d) : r->dst;
+    int inner = r->spec.ndim ? line_dims(r, &dst) : 0;
     int64_t line = 1;
     for (int i = inner; i < r->spec.ndim; i++)
         line *= r->spec.shape[i];
     for (size_t i = 0; i < p->n_runs; i++)
-        if ((rc = write_run(t, p, &p->runs[i], inner, line)))
+        if ((rc = write_run(t, p, &p->runs[i], inner, line, &dst)))
             return rc;
+    /* a patched master: the touched groups' rows now (a whole unit once
+     * every row is written: load_patches) */
+    if (p->online && !master_whole_unit(txn_model(t), &p->d) &&
+        (rc = master_requantize(t, &p->d, p->runs, p->n_runs)))
+        return rc;
     return txn_delta_done(t, &p->d);
+}
+
+/* Row i patched a master whose unit is rebuilt whole: rebuild it, unless
+ * an earlier row of the call did. */
+static int requantize_unit_once(refit_txn *t, const patch *p, size_t i)
+{
+    if (!p[i].online || p[i].skip || !master_whole_unit(txn_model(t), &p[i].d))
+        return REFIT_OK;
+    for (size_t j = 0; j < i; j++)
+        if (p[j].online && !p[j].skip && p[j].d.r->unit == p[i].d.r->unit &&
+            master_whole_unit(txn_model(t), &p[j].d))
+            return REFIT_OK;
+    return master_requantize_unit(t, &p[i].d);
 }
 
 /* "row <i> (<name>): " before the message of a refused row of a table. */
@@ -301,6 +323,8 @@ static int load_patches(refit_txn *t, size_t n, const refit_delta *rows, void *s
     } else {
         for (size_t i = 0; i < n && !rc; i++)
             rc = apply_row(t, &p[i], stream);
+        for (size_t i = 0; i < n && !rc; i++)
+            rc = requantize_unit_once(t, p, i);
     }
     for (size_t i = 0; i < n; i++)
         free(p[i].runs);

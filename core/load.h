@@ -93,6 +93,20 @@ int txn_delta_write(refit_txn *t, const delivery *d, const refit_view *dst,
  * never touched, stay zero). */
 int txn_delta_done(refit_txn *t, delivery *d);
 
+/* Patches into online modules (delta_master.c, txn.c). Each fails t
+ * (sticky) on an error. With rollback (and no undo source): save the
+ * bytes of v in runtime ti (unless its whole span is saved) / the whole
+ * span / n bytes at `at` of other memory (`what`, for the message) before
+ * they are overwritten on d->stream; the first two mark the module
+ * written. */
+bool txn_saves_bytes(const refit_txn *t);
+int txn_save_span(refit_txn *t, const delivery *d, uint32_t ti, const refit_view *v);
+int txn_save_whole(refit_txn *t, const delivery *d, uint32_t ti);
+int txn_save_bytes(refit_txn *t, const delivery *d, const backend *be, int device, void *at,
+                   size_t n, const char *what);
+/* Work was queued on (be, stream): finalize and abort wait for it. */
+int txn_stream_used(refit_txn *t, const backend *be, void *stream);
+
 /* What the batch's staging forecast reads (txn.c). */
 size_t txn_staging_in_use(const refit_txn *t);
 bool txn_unit_has_staging(const refit_txn *t, uint32_t u);

@@ -10,7 +10,11 @@
 #include <refit/format.h>
 #include <refit/refit.h>
 
-/* An update's clock: when each phase started and what it took so far. */
+#include "core/ctx.h"
+
+/* An update's clock: when each phase started and what it took so far; and
+ * the bytes its loads accepted per route of each format, added to the
+ * context's once, when it ends (metrics_update_end). */
 typedef struct metrics_clock {
     double begun;               /* refit_begin was called */
     double loading;             /* refit_begin returned */
@@ -19,6 +23,9 @@ typedef struct metrics_clock {
     double journal0;            /* ctx->journal_seconds at refit_begin */
     bool replay;                /* a replay (refit_replay) */
     bool restore;               /* a restore from a snapshot (refit_restore) */
+    uint32_t n_formats;         /* route_bytes in use, in the order first loaded */
+    uint32_t last;              /* the slot of the last load's format */
+    metrics_format_bytes route_bytes[REFIT_MAX_FORMATS];
 } metrics_clock;
 
 /* How an update ended, for metrics_update_end. */
@@ -39,8 +46,10 @@ double metrics_now(void);
 void metrics_begin(refit_ctx *ctx, metrics_clock *c, int rc);
 /* A load refused with nothing changed. */
 void metrics_refused(refit_ctx *ctx, int status);
-/* Bytes accepted into a route (REFIT_ROUTE_*) of a module of format fmt. */
-void metrics_route_bytes(refit_ctx *ctx, const refit_format_v2 *fmt, uint32_t route,
+/* Bytes accepted into a route (REFIT_ROUTE_*) of a module of format fmt,
+ * counted in the update's clock (a load of the last load's format finds
+ * its slot in one compare). */
+void metrics_route_bytes(metrics_clock *c, const refit_format_v2 *fmt, uint32_t route,
                          uint64_t bytes);
 /* Finalize or abort starts (the first call counts). */
 static inline void metrics_ending(metrics_clock *c)
@@ -48,7 +57,8 @@ static inline void metrics_ending(metrics_clock *c)
     if (!c->ending)
         c->ending = metrics_now();
 }
-/* The update ended (commit or abort). */
+/* The update ended (commit or abort): its figures, route bytes too, added
+ * to the context's. */
 void metrics_update_end(refit_ctx *ctx, metrics_clock *c, const metrics_end *e);
 
 #endif

@@ -138,6 +138,7 @@ struct refit_model {
     struct manifest_decls *decls;/* runtime tensors declared by manifests (manifest.c) */
     int64_t journal_plan;       /* module list recorded at seal, or 0 */
     struct load_marks *load_marks; /* refit_load_many's per-route marks (load_many.c) */
+    struct master_table *masters; /* checkpoint copies of online modules (delta_master.c) */
     struct refit_source_set *sets; /* source sets built on the model (load_set.c) */
     refit_model_stats stats;
 };

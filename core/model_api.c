@@ -12,6 +12,7 @@
 #include "core/formats_builtin.h"
 #include "core/load.h"
 #include "core/decls.h"
+#include "core/delta_master.h"
 #include "core/manifest.h"
 #include "core/model.h"
 #include "core/plan.h"
@@ -125,6 +126,7 @@ void refit_model_destroy(refit_model *m)
     txn_model_release(m);    /* the update scratch */
     model_free_plan(m);      /* the formats' module state first: release may read params */
     undo_pool_free(&m->undo_pool);
+    master_free(m);
     decls_free(m);
     model_free(m);
 }

@@ -59,6 +59,7 @@
 #include "core/host_services.h"
 #include "core/util.h"
 #include "core/ctx.h"
+#include "core/delta_master.h"
 #include "core/model.h"
 #include "core/plan.h"
 #include "core/load.h"
@@ -290,6 +291,7 @@ static void scratch_reset(refit_txn *t)
     struct txn_scratch *s = t->s;
     refit_model *m = t->m;
     staging_release_retired(t);
+    master_units_clear(m);
     for (uint32_t i = 0; i < s->n_touched; i++) {
         uint32_t mi = s->touched[i];
         module *mod = &m->modules[mi];
@@ -921,6 +923,9 @@ static int post_load_run(refit_txn *t)
         rc = post_load_group(t, s->pending + a, b - a, stream);
     }
     t->clock.post_load_s += metrics_now() - t0;
+    /* the checkpoint just built is what later patches apply to */
+    for (uint32_t k = 0; k < n && !rc; k++)
+        rc = master_keep(t, s->pending[k], stream);
     for (uint32_t k = 0; k < n; k++) {
         uint32_t u = s->pending[k];
         staged_views(t, u, false);
@@ -1122,6 +1127,11 @@ int txn_load_staging(refit_txn *t, const delivery *d, bool whole, void **staging
     *staging = NULL;
     if (d->r->kind != REFIT_ROUTE_STAGED)
         return REFIT_OK;
+    if (master_unit_patched(t->m, d->r->unit)) /* its post-load would read a stale slot */
+        return txn_error(t, REFIT_ESTATE, "load %s (module %s): a tensor of its post-load unit "
+                         "was patched earlier in update '%s'; deliver the unit's tensors all "
+                         "whole or all as patches; nothing written", d->name,
+                         t->m->modules[d->r->module].name, t->version_label);
     void *at;
     if (stage_in_place(t, d, whole, completes_unit(t, d), &at)) {
         t->s->in_place[d->ri] = at; /* write_rows then copies nothing */
@@ -1158,7 +1168,7 @@ int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *stagi
     int rc = claim ? claim_rows(t, d) : write_rows(t, d, staging);
     if (rc)
         return txn_fail(t, rc);
-    metrics_route_bytes(m->ctx, mod->fmt, d->r->kind, bytes);
+    metrics_route_bytes(&t->clock, mod->fmt, d->r->kind, bytes);
     int64_t rows = d->b > d->a ? d->b - d->a : 0;
     if (!whole) {
         part *p = malloc(sizeof *p);
@@ -1268,6 +1278,72 @@ int txn_delta_done(refit_txn *t, delivery *d)
     return REFIT_OK;
 }
 
+/* ---- patches into online modules (delta_master.c) ---- */
+
+bool txn_saves_bytes(const refit_txn *t)
+{
+    return t->rollback;
+}
+
+int txn_save_span(refit_txn *t, const delivery *d, uint32_t ti, const refit_view *v)
+{
+    const tensor_reg *reg = &t->m->runtime[ti];
+    if (txn_saves_bytes(t) && !t->s->rt_saved[ti] && v->ndim > 0) {
+        size_t e = kern_dtype_size(v->dtype);
+        int64_t lo = 0, hi = 0;
+        for (int i = 0; i < v->ndim; i++) {
+            int64_t reach = (v->shape[i] - 1) * v->strides[i];
+            if (reach < 0)
+                lo += reach;
+            else
+                hi += reach;
+        }
+        char *first = (char *)v->data + lo * (int64_t)e;
+        size_t n = (size_t)(hi - lo + 1) * e;
+        int rc = undo_save(&t->undo, reg->be, reg->sig.device.device_id, first, n, d->stream);
+        if (rc)
+            return txn_fail(t, txn_error(t, rc, "load_delta %s (module %s): undo log: cannot "
+                                         "save %zu bytes of runtime %s: %s", d->name,
+                                         t->m->modules[reg->module].name, n, reg->name,
+                                         refit_strerror(rc)));
+        t->n_piece_saves++;
+    }
+    t->s->mod_wrote[reg->module] = 1;
+    t->wrote = true;
+    return REFIT_OK;
+}
+
+int txn_save_whole(refit_txn *t, const delivery *d, uint32_t ti)
+{
+    int rc = save_runtime(t, ti, d->stream);
+    if (rc)
+        return txn_fail(t, rc);
+    t->s->mod_wrote[t->m->runtime[ti].module] = 1;
+    t->wrote = true;
+    return REFIT_OK;
+}
+
+int txn_save_bytes(refit_txn *t, const delivery *d, const backend *be, int device, void *at,
+                   size_t n, const char *what)
+{
+    if (!txn_saves_bytes(t))
+        return REFIT_OK;
+    int rc = undo_save(&t->undo, be, device, at, n, d->stream);
+    if (rc)
+        return txn_fail(t, txn_error(t, rc, "load_delta %s (module %s): undo log: cannot save "
+                                     "%zu bytes of %s: %s", d->name,
+                                     t->m->modules[d->r->module].name, n, what,
+                                     refit_strerror(rc)));
+    t->n_piece_saves++;
+    return REFIT_OK;
+}
+
+int txn_stream_used(refit_txn *t, const backend *be, void *stream)
+{
+    int rc = txn_use_stream(t, be, stream);
+    return rc ? txn_fail(t, rc) : REFIT_OK;
+}
+
 void refit_sys_txn_delta(const refit_txn *t, uint64_t *elements, uint32_t *tensors)
 {
     if (elements)
@@ -1316,6 +1392,7 @@ int txn_restore_module(refit_txn *t, uint32_t mi, const refit_view *src, void *s
     if (s->mod_touched[mi])
         return txn_error(t, REFIT_EDUPLICATE, "restore: module %s delivered twice", mod->name);
     touch_module(t, mi);
+    master_forget(m, mi); /* built from no checkpoint: no patch applies to it */
     if (t->state == TXN_OPEN)
         txn_set_state(t, TXN_LOADING);
     for (uint32_t k = 0; k < mod->n_runtime; k++) {
@@ -1525,6 +1602,7 @@ static int txn_end_aborted(refit_txn *t, const char *why)
     txn_journal_end(t, st, why ? why : "aborted by the caller",
                     poisoned ? "update aborted without rollback" : "update aborted");
     txn_metrics_end(t, false, why ? why : "aborted by the caller", poisoned);
+    master_txn_end(m, false, t->rollback);
     undo_free(&t->undo);
     scratch_reset(t);
     m->txn = NULL;
@@ -1599,7 +1677,8 @@ static int check_delta_complete(refit_txn *t)
         const module *mod = &m->modules[s->touched[i]];
         if (s->mod_complete[s->touched[i]] == mod->n_primary)
             continue;
-        bool whole_needed = (mod->fm.flags & REFIT_MODULE_POST_LOAD) != 0;
+        bool whole_needed = (mod->fm.flags & REFIT_MODULE_POST_LOAD) != 0 &&
+                            !master_module_settled(t, s->touched[i]);
         for (uint32_t k = 0; k < mod->n_primary && !whole_needed; k++)
             whole_needed = s->route_state[mod->primary[k]] == ROUTE_PARTIAL;
         if (whole_needed)
@@ -1690,6 +1769,7 @@ static void txn_commit(refit_txn *t)
     txn_journal_end(t, JOURNAL_UPDATE_COMMITTED, NULL, "update committed");
     txn_metrics_end(t, true, NULL, false);
     undo_free(&t->undo);
+    master_txn_end(m, true, false);
     scratch_reset(t);
     m->txn = NULL;
     txn_set_state(t, TXN_COMMITTED);

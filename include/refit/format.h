@@ -86,6 +86,36 @@ typedef struct refit_view {
     int64_t strides[REFIT_MAX_DIMS]; /* in elements */
 } refit_view;
 
+/* The quantization group of a STAGED checkpoint tensor whose runtime is
+ * quantized from it at post-load: which of its elements share a scale. A
+ * delta update (docs/core.md "Delta updates") patches refit's master copy
+ * of the tensor and rebuilds only the runtime bytes of the groups it
+ * touched; a tensor whose format declares nothing (flags 0) is refused. */
+typedef struct refit_quant_group {
+    int64_t rows;            /* rows of this rank's 2-D slice quantized
+                                together: 128 (block-128), 1 (a channel, or
+                                groups along K: MX 32, NVFP4 16, INT4 G) */
+    int64_t cols;            /* elements along K sharing a scale: 128, 32,
+                                16, G; 0: the whole row */
+    uint32_t flags;          /* REFIT_GROUP_* */
+} refit_quant_group;
+/* plan set the group (the host starts every tensor at 0: undeclared) */
+#define REFIT_GROUP_DECLARED 0x1u
+/* A scale spans the whole tensor or more (per-tensor fp8 over fused
+ * weights, NVFP4's global scale): any change rebuilds the whole post-load
+ * unit (the module, or its expert's slice) from the master. */
+#define REFIT_GROUP_WHOLE 0x2u
+/* plan and post_load of a module holding only rows [a, b) of this tensor
+ * (a a multiple of rows, b too or the tensor's end; shape, staged view and
+ * place narrowed to them; every runtime view as it is) write exactly the
+ * runtime bytes and scales of those rows, as the whole post-load does.
+ * Without it a change rebuilds the whole post-load unit. */
+#define REFIT_GROUP_ROW_SLICES 0x4u
+/* With ROW_SLICES: dim 0 of every runtime tensor is this tensor's rows
+ * (runtime shapes follow the staged slice), so the host narrows the
+ * runtime views to rows [a, b) as well. */
+#define REFIT_GROUP_RUNTIME_ROWS 0x8u
+
 /* Checkpoint-tensor flags set by plan. */
 #define REFIT_CKPT_CAST 0x1u /* DIRECT: dtype differs from the target's; cast */
 
@@ -126,6 +156,11 @@ typedef struct refit_fmt_ckpt {
     int64_t dst_offset[REFIT_MAX_DIMS]; /* offset in the target as this rank
                                 holds it, per checkpoint dim (after the
                                 expert dim of a stacked target) */
+    /* appended in ABI 2: write it only when REFIT_ELEM_HAS(m->ckpt_stride,
+     * refit_fmt_ckpt, group); the host zeroes it before plan */
+    refit_quant_group group; /* OUT (plan), STAGED online weights: which
+                                elements a change requantizes together
+                                (a delta update needs it) */
 } refit_fmt_ckpt;
 
 /* One runtime tensor (elements m->runtime_stride bytes apart). */

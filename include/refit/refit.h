@@ -150,7 +150,7 @@ typedef struct refit_txn refit_txn;
  * lines are produced only when REFIT_DEBUG is set or a log_fn is given). */
 typedef void (*refit_log_fn)(void *user, int level, const char *msg);
 
-#define REFIT_OPTIONS_VERSION 2
+#define REFIT_OPTIONS_VERSION 3
 typedef struct refit_options {
     uint32_t version;          /* REFIT_OPTIONS_VERSION */
     const char *worker_id;     /* label in messages and the journal; NULL: "worker" */
@@ -170,8 +170,16 @@ typedef struct refit_options {
     uint64_t undo_device_budget;
     refit_log_fn log_fn;       /* NULL: lines on stderr, "refit: " first */
     void *log_user;            /* passed to log_fn */
+    /* ---- version 3 ---- */
+    /* Bytes of memory (on the staging device: device memory for a GPU
+     * runtime) refit may keep as a copy of the checkpoint tensors of
+     * online-quantized modules, so that a delta update can patch them
+     * (docs/core.md "Delta updates"). Taken by the first full load of
+     * each module, in load order, while it lasts. 0: none kept, and a
+     * patch into such a module is refused. */
+    uint64_t delta_master_budget;
 } refit_options;
-#define REFIT_OPTIONS_INIT {REFIT_OPTIONS_VERSION, NULL, 0, NULL, NULL, 0, 0, 0, NULL, NULL}
+#define REFIT_OPTIONS_INIT {REFIT_OPTIONS_VERSION, NULL, 0, NULL, NULL, 0, 0, 0, NULL, NULL, 0}
 
 /* Create a context. opt may be NULL for defaults. On failure *out is NULL
  * and the status says why (there is no context to hold a message). */

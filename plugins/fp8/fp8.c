@@ -420,6 +420,14 @@ static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, fp8_state *s
                        "with the runtime weight's K (fused shards stack along N)", m->name,
                        w->name);
         w->route = REFIT_ROUTE_STAGED;
+        /* per-tensor: one amax over the weight (or its slot): the whole
+         * unit; otherwise a row, or a 128-row band, quantizes alone */
+        if (s->scheme == KERN_FP8_PER_TENSOR)
+            declare_group(m, w, 0, 0, REFIT_GROUP_WHOLE);
+        else if (s->scheme == KERN_FP8_PER_CHANNEL)
+            declare_group(m, w, 1, 0, REFIT_GROUP_ROW_SLICES);
+        else
+            declare_group(m, w, KERN_FP8_BLOCK, KERN_FP8_BLOCK, REFIT_GROUP_ROW_SLICES);
     }
     if (s->scheme == KERN_FP8_BLOCK128 && (rc = check_ragged(h, m, s)))
         return rc;

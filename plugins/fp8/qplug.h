@@ -185,6 +185,15 @@ static inline int locate(const refit_host_v2 *h, const refit_fmt_module *m, int 
     return REFIT_OK;
 }
 
+/* Declare the quantization group of online weight c (a host of this ABI
+ * whose elements predate the member is told nothing: patches stay refused). */
+static inline void declare_group(const refit_fmt_module *m, refit_fmt_ckpt *c, int64_t rows,
+                                 int64_t cols, uint32_t flags)
+{
+    if (REFIT_ELEM_HAS(m->ckpt_stride, refit_fmt_ckpt, group))
+        c->group = (refit_quant_group){rows, cols, REFIT_GROUP_DECLARED | flags};
+}
+
 static inline int corrupt(const refit_host_v2 *h, const refit_fmt_module *m, uint32_t ck)
 {
     return ERR(h, REFIT_ECORRUPT, "module %s, tensor %s: NaN or infinity in the weight; "

@@ -516,6 +516,13 @@ static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, int4_state *
                    (long long)(gptq ? s->groups : s->n), (long long)(gptq ? s->n : s->groups),
                    gptq ? "gptq" : "u8", dt_name(rs->view.dtype), rs->view.ndim);
     c->route = REFIT_ROUTE_STAGED;
+    /* a scale (and zero point) per group of G along a row: a band of rows
+     * quantizes alone; in layout u8 the runtime rows are the staged rows,
+     * gptq packs them along dim 1, so there a change rebuilds the tensor */
+    if (REFIT_ELEM_HAS(m->ckpt_stride, refit_fmt_ckpt, group))
+        c->group = (refit_quant_group){1, s->group, REFIT_GROUP_DECLARED |
+                                       (gptq ? 0u : REFIT_GROUP_ROW_SLICES |
+                                                    REFIT_GROUP_RUNTIME_ROWS)};
     /* the quantizer (reference and kernels) only reads the staged weight:
      * it may be the caller's bytes */
     m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE;

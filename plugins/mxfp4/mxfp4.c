@@ -337,6 +337,11 @@ static int route_online(const refit_host_v2 *h, refit_fmt_module *m, const mxfp4
     if (rc)
         return rc;
     c->route = REFIT_ROUTE_STAGED;
+    /* one E8M0 scale per 32 elements of a row; the runtime rows are the
+     * staged rows, so a band of rows quantizes alone into its own rows */
+    if (REFIT_ELEM_HAS(m->ckpt_stride, refit_fmt_ckpt, group))
+        c->group = (refit_quant_group){1, KERN_MX_BLOCK, REFIT_GROUP_DECLARED |
+                                       REFIT_GROUP_ROW_SLICES | REFIT_GROUP_RUNTIME_ROWS};
     /* post_load only reads the staged weight (kern_quant_mxfp4 and
      * quant_mx.cu take x const): it may be the caller's */
     m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE;

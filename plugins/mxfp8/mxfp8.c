@@ -189,6 +189,8 @@ static int plan_online(const refit_host_v2 *h, refit_fmt_module *m, mx_state *s)
                        "runtime weight with its K (%lld); fused weights stack along N",
                        m->name, c->name, (long long)k);
         c->route = REFIT_ROUTE_STAGED;
+        /* one E8M0 scale per 32 elements of a row: a row quantizes alone */
+        declare_group(m, c, 1, KERN_MX_BLOCK, REFIT_GROUP_ROW_SLICES);
     }
     return REFIT_OK;
 }

@@ -425,6 +425,10 @@ static int nvfp4_plan(const refit_host_v2 *h, refit_fmt_module *m)
         refit_ckpt(m, i)->route = REFIT_ROUTE_STAGED;
     if (!s.online)
         w->route = REFIT_ROUTE_DIRECT;
+    /* E4M3 scales per 16 elements of a row under one global scale from the
+     * tensor's amax: any change rebuilds the tensor */
+    else if (REFIT_ELEM_HAS(m->ckpt_stride, refit_fmt_ckpt, group))
+        w->group = (refit_quant_group){1, 16, REFIT_GROUP_DECLARED | REFIT_GROUP_WHOLE};
     /* post-load only reads its staged views (the references and the
      * kernel alike): they may be the caller's bytes */
     m->flags = REFIT_MODULE_WHOLE | REFIT_MODULE_POST_LOAD | REFIT_MODULE_STAGED_IN_PLACE;
