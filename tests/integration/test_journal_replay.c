@@ -19,10 +19,7 @@
 
 #include "core/safetensors_write.h"
 #include "journal/journal.h"
-
-#define N_MOD 3
-#define ROWS 8
-#define COLS 16
+#include "tests/integration/three_modules.h"
 
 /* A worker of three modules, one f32 [8, 16] tensor each. */
 typedef struct world {
@@ -34,12 +31,6 @@ typedef struct world {
     refit_tensor desc[N_MOD];
     float ck[N_MOD][ROWS * COLS]; /* the checkpoint being sent */
 } world;
-
-static const char *ck_name(int i)
-{
-    static const char *names[N_MOD] = {"model.a.weight", "model.b.weight", "model.c.weight"};
-    return names[i];
-}
 
 static void make_version(world *w, int version)
 {
@@ -55,25 +46,9 @@ static int world_open(world *w, const char *journal, int best_effort)
     o.journal_path = journal ? journal : "";
     o.journal_best_effort = best_effort;
     int rc = refit_open(&w->ctx, &o);
-    if (rc || (rc = refit_model_create(&w->model, w->ctx)))
+    if (rc || (rc = refit_model_create(&w->model, w->ctx)) ||
+        (rc = three_modules_add(w->model, w->rt, w->shape, w->desc)))
         return rc;
-    w->shape[0] = ROWS;
-    w->shape[1] = COLS;
-    for (int i = 0; i < N_MOD; i++) {
-        char mod[16];
-        snprintf(mod, sizeof mod, "m%d", i);
-        w->desc[i] = (refit_tensor){.data = w->rt[i], .device = {REFIT_DEVICE_CPU, 0},
-                                    .ndim = 2, .dtype = REFIT_F32, .shape = w->shape};
-        refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
-        s.dtype = REFIT_F32;
-        s.ndim = 2;
-        s.shape[0] = ROWS;
-        s.shape[1] = COLS;
-        if ((rc = refit_model_add_module(w->model, mod, "unquantized", NULL)) ||
-            (rc = refit_module_bind_runtime(w->model, mod, "w", &w->desc[i])) ||
-            (rc = refit_model_expect(w->model, mod, ck_name(i), &s)))
-            return rc;
-    }
     return refit_model_seal(w->model);
 }
 
@@ -107,7 +82,7 @@ static void write_ckpt(world *w, const char *path)
 {
     st_out_tensor t[N_MOD];
     for (int i = 0; i < N_MOD; i++)
-        t[i] = (st_out_tensor){ck_name(i), ST_F32, 2, w->shape, w->ck[i]};
+        t[i] = (st_out_tensor){three_modules_name(i), ST_F32, 2, w->shape, w->ck[i]};
     st_error err;
     assert_int_equal(st_write_file(path, t, N_MOD, NULL, 0, &err), REFIT_OK);
 }
@@ -129,7 +104,7 @@ static int send_memory(world *w, const char *version, int n, int rollback, int64
     for (int i = 0; i < n; i++) {
         refit_tensor src = {.data = w->ck[i], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
                             .dtype = REFIT_F32, .shape = w->shape};
-        assert_int_equal(refit_load(t, ck_name(i), &src, NULL), REFIT_OK);
+        assert_int_equal(refit_load(t, three_modules_name(i), &src, NULL), REFIT_OK);
     }
     return n == N_MOD ? refit_finalize(t) : refit_abort(t);
 }
@@ -148,7 +123,7 @@ static int stop_after(void *user, const char *name)
 static int mine_first(void *user, const char *name)
 {
     for (int i = 0; i < N_MOD; i++)
-        if (!strcmp(name, ck_name(i)))
+        if (!strcmp(name, three_modules_name(i)))
             return stop_after(user, name);
     return 0;
 }
@@ -429,7 +404,7 @@ static void write_ckpt_foreign(world *w, int missing, int narrow)
     t[n++] = (st_out_tensor){"model.experts.0.weight", ST_F32, 2, w->shape, w->ck[0]};
     for (int i = 0; i < N_MOD; i++)
         if (i != missing)
-            t[n++] = (st_out_tensor){ck_name(i), ST_F32, 2, i == narrow ? half : w->shape,
+            t[n++] = (st_out_tensor){three_modules_name(i), ST_F32, 2, i == narrow ? half : w->shape,
                                      w->ck[i]};
     t[n++] = (st_out_tensor){"model.experts.9.weight", ST_F32, 2, w->shape, w->ck[1]};
     st_error err;
@@ -494,7 +469,7 @@ static int64_t send_uri_only(world *w, const char *uri, const char *version)
     int64_t id = refit_txn_journal_id(t);
     refit_tensor src = {.data = w->ck[0], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
                         .dtype = REFIT_F32, .shape = w->shape};
-    assert_int_equal(refit_load(t, ck_name(0), &src, NULL), REFIT_OK);
+    assert_int_equal(refit_load(t, three_modules_name(0), &src, NULL), REFIT_OK);
     assert_int_equal(refit_abort(t), REFIT_OK);
     return id;
 }
@@ -664,7 +639,7 @@ static void test_source_unexpected_and_filter(void **state)
     make_version(w, 1);
     st_out_tensor t[N_MOD + 1];
     for (int i = 0; i < N_MOD; i++)
-        t[i] = (st_out_tensor){ck_name(i), ST_F32, 2, w->shape, w->ck[i]};
+        t[i] = (st_out_tensor){three_modules_name(i), ST_F32, 2, w->shape, w->ck[i]};
     t[N_MOD] = (st_out_tensor){"rotary.inv_freq", ST_F32, 2, w->shape, w->ck[0]};
     st_error err;
     assert_int_equal(st_write_file(w->ckpt, t, N_MOD + 1, NULL, 0, &err), REFIT_OK);
@@ -822,7 +797,7 @@ static void test_prepare_commit_abort(void **state)
         for (int i = 0; i < N_MOD; i++) {
             refit_tensor src = {.data = w->ck[i], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
                                 .dtype = REFIT_F32, .shape = w->shape};
-            assert_int_equal(refit_load(t, ck_name(i), &src, NULL), REFIT_OK);
+            assert_int_equal(refit_load(t, three_modules_name(i), &src, NULL), REFIT_OK);
         }
         assert_int_equal(refit_commit(t), REFIT_ESTATE); /* not prepared yet */
         assert_int_equal(refit_finalize_prepare(t), REFIT_OK);
@@ -844,7 +819,7 @@ static void test_prepare_commit_abort(void **state)
     assert_int_equal(refit_begin(&t, w->model, &uo), REFIT_OK);
     refit_tensor src = {.data = w->ck[0], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
                         .dtype = REFIT_F32, .shape = w->shape};
-    assert_int_equal(refit_load(t, ck_name(0), &src, NULL), REFIT_OK);
+    assert_int_equal(refit_load(t, three_modules_name(0), &src, NULL), REFIT_OK);
     assert_int_equal(refit_finalize_prepare(t), REFIT_OK); /* m0 whole: partial update ok */
     assert_int_equal(refit_commit(t), REFIT_OK);
 }

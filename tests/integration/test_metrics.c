@@ -21,10 +21,8 @@
 
 #include "core/metrics_text.h"
 #include "core/safetensors_write.h"
+#include "tests/integration/three_modules.h"
 
-#define N_MOD 3
-#define ROWS 8
-#define COLS 16
 #define TENSOR_BYTES (ROWS * COLS * 4)
 
 typedef struct world {
@@ -37,12 +35,6 @@ typedef struct world {
     float ck[N_MOD][ROWS * COLS];
     char *text;
 } world;
-
-static const char *ck_name(int i)
-{
-    static const char *names[N_MOD] = {"model.a.weight", "model.b.weight", "model.c.weight"};
-    return names[i];
-}
 
 static int setup(void **state)
 {
@@ -58,25 +50,9 @@ static int setup(void **state)
     o.worker_id = "w\"0";   /* a quote, escaped in the labels */
     o.rank = 3;
     o.journal_path = w->db;
-    if (refit_open(&w->ctx, &o) || refit_model_create(&w->model, w->ctx))
+    if (refit_open(&w->ctx, &o) || refit_model_create(&w->model, w->ctx) ||
+        three_modules_add(w->model, w->rt, w->shape, w->desc))
         return -1;
-    w->shape[0] = ROWS;
-    w->shape[1] = COLS;
-    for (int i = 0; i < N_MOD; i++) {
-        char mod[16];
-        snprintf(mod, sizeof mod, "m%d", i);
-        w->desc[i] = (refit_tensor){.data = w->rt[i], .device = {REFIT_DEVICE_CPU, 0},
-                                    .ndim = 2, .dtype = REFIT_F32, .shape = w->shape};
-        refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
-        s.dtype = REFIT_F32;
-        s.ndim = 2;
-        s.shape[0] = ROWS;
-        s.shape[1] = COLS;
-        if (refit_model_add_module(w->model, mod, "unquantized", NULL) ||
-            refit_module_bind_runtime(w->model, mod, "w", &w->desc[i]) ||
-            refit_model_expect(w->model, mod, ck_name(i), &s))
-            return -1;
-    }
     if (refit_model_seal(w->model))
         return -1;
     *state = w;
@@ -117,7 +93,7 @@ static void load(world *w, refit_txn *t, int i)
 {
     refit_tensor src = {.data = w->ck[i], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 2,
                         .dtype = REFIT_F32, .shape = w->shape};
-    assert_int_equal(refit_load(t, ck_name(i), &src, NULL), REFIT_OK);
+    assert_int_equal(refit_load(t, three_modules_name(i), &src, NULL), REFIT_OK);
 }
 
 /* The text now (kept in w for teardown). */
@@ -216,7 +192,7 @@ static void test_counters_follow_a_scripted_sequence(void **state)
     /* 5. a file update without rollback, aborted after one tensor: poisoned */
     st_out_tensor ot[N_MOD];
     for (int i = 0; i < N_MOD; i++)
-        ot[i] = (st_out_tensor){ck_name(i), ST_F32, 2, w->shape, w->ck[i]};
+        ot[i] = (st_out_tensor){three_modules_name(i), ST_F32, 2, w->shape, w->ck[i]};
     st_error err;
     assert_int_equal(st_write_file(w->ckpt, ot, N_MOD, NULL, 0, &err), REFIT_OK);
     refit_source *fs = NULL;
