@@ -1,0 +1,177 @@
+"""refit.keeper through the Python binding on host memory (TAP), no torch,
+no GPU: a forked keeper (its runtime tensors in a Pool, following the
+trainer) and a forked trainer (refit.ipc.Sender to the keeper alone, v1
+then v2); this process's fresh worker restores v2 from the keeper with
+the trainer's bytes and label, journaled with source keeper://PATH; a
+worker of another shape is refused naming the difference, nothing
+written; Keeper.stats counts what it served.
+
+usage: py_keeper_host.py BINDINGS_DIR   (env: REFIT_LIB)"""
+import ctypes
+import os
+import signal
+import sqlite3
+import sys
+import tempfile
+import time
+import traceback
+
+sys.path.insert(0, sys.argv[1])
+import refit  # noqa: E402
+import refit.ipc  # noqa: E402
+import refit.keeper  # noqa: E402
+from refit import torch_util  # noqa: E402
+
+SHAPES = {"a.weight": (4, 3), "b.weight": (5,), "c.weight": (2, 2, 2)}
+
+
+class Host:
+    """A row-major f32 host buffer that describes itself to refit."""
+
+    def __init__(self, shape, base=0.0):
+        self.shape = tuple(shape)
+        self.n = 1
+        for s in shape:
+            self.n *= s
+        self.buf = (ctypes.c_float * self.n)()
+        for i in range(self.n):
+            self.buf[i] = base + i
+
+    def _refit_desc(self):
+        strides, acc = [], 1
+        for s in reversed(self.shape):
+            strides.append(acc)
+            acc *= s
+        return torch_util.Desc(ctypes.addressof(self.buf), 1, 0, (2, 32), self.shape,
+                               tuple(reversed(strides)), self)
+
+    def values(self):
+        return list(self.buf)
+
+
+def register(m, make, shapes=SHAPES):
+    out = {}
+    for n, shape in shapes.items():
+        m.add_module(n)
+        out[n] = make(shape)
+        m.bind_runtime(n, "w", out[n])
+        m.expect(n, n, "f32", list(shape))
+    m.seal()
+    return out
+
+
+def keeper_main(serve, follow):
+    ctx = refit.Context(worker_id="py-keeper", journal_path="")
+    pool = refit.keeper.Pool(ctx, 1 << 16)
+    m = ctx.create_model()
+    register(m, lambda shape: pool.tensor(shape, "f32"))
+    k = refit.keeper.Keeper(m, serve, pool=pool, follow=follow, follow_timeout=10, timeout=10)
+    k.run(30)
+    return 0
+
+
+def trainer_main(follow):
+    ctx = refit.Context(worker_id="py-trainer", journal_path="")
+    src = {n: Host(s) for n, s in SHAPES.items()}
+    with refit.ipc.Sender(ctx, [follow], timeout=10) as s:
+        for n, t in src.items():
+            s.add(n, t, share=False)
+        for v in (1, 2):
+            for k, t in enumerate(src.values()):
+                for i in range(t.n):
+                    t.buf[i] = 100.0 * v + 10 * k + i
+            s.send(label="v%d" % v)
+    ctx.close()
+    return 0
+
+
+def fork(fn, *args):
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid == 0:
+        code = 2
+        try:
+            code = fn(*args)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            os._exit(code)
+    return pid
+
+
+def test_restore_from_keeper():
+    d = tempfile.mkdtemp(prefix="refit-keeper-py-")
+    serve, follow = os.path.join(d, "k.sock"), os.path.join(d, "f.sock")
+    keeper = fork(keeper_main, serve, follow)
+    try:
+        trainer = fork(trainer_main, follow)
+        _, st = os.waitpid(trainer, 0)
+        assert os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0, st
+        journal = os.path.join(d, "w.db")
+        ctx = refit.Context(worker_id="py-worker", journal_path=journal)
+        m = ctx.create_model()
+        rt = register(m, lambda shape: Host(shape, -1.0))
+        refit.keeper.restore(m, "keeper://" + serve, timeout=10)
+        assert ctx.version == "v2", ctx.version
+        for k, (n, t) in enumerate(rt.items()):
+            assert t.values() == [200.0 + 10 * k + i for i in range(t.n)], (n, t.values())
+        db = sqlite3.connect(journal)
+        rows = db.execute("SELECT count(*) FROM updates WHERE state = 'committed' AND "
+                          "source_uri = ?", ("keeper://" + serve,)).fetchone()[0]
+        db.close()
+        assert rows == 1, rows
+        ctx.close()
+
+        # another shape: refused before anything is written
+        ctx = refit.Context(worker_id="py-other", journal_path="")
+        m = ctx.create_model()
+        other = dict(SHAPES, **{"b.weight": (6,)})
+        rt = register(m, lambda shape: Host(shape, -1.0), other)
+        try:
+            refit.keeper.restore(m, serve, timeout=10)
+            raise AssertionError("a restore of another signature was not refused")
+        except refit.RefitError as e:
+            assert "plan signature differs" in str(e) and "nothing written" in str(e), str(e)
+        assert all(v == -1.0 + i for t in rt.values() for i, v in enumerate(t.values()))
+        assert ctx.health() == refit.core.Health.EMPTY, ctx.health()
+        ctx.close()
+    finally:
+        os.kill(keeper, signal.SIGTERM)
+        os.waitpid(keeper, 0)
+
+
+def test_keeper_stats_in_process():
+    d = tempfile.mkdtemp(prefix="refit-keeper-py-")
+    ctx = refit.Context(worker_id="py-keeper", journal_path="")
+    pool = refit.keeper.Pool(ctx, 1 << 16)
+    m = ctx.create_model()
+    register(m, lambda shape: pool.tensor(shape, "f32"))
+    with refit.keeper.Keeper(m, os.path.join(d, "k.sock"), pool=pool) as k:
+        st = k.stats()
+        assert not st["servable"] and "no committed version" in st["why_not"], st
+        t0 = time.monotonic()
+        k.run(0.05)
+        assert time.monotonic() - t0 < 5
+    ctx.close()
+    pool.close()
+
+
+def main():
+    tests = [test_restore_from_keeper, test_keeper_stats_in_process]
+    print("1..%d" % len(tests))
+    failed = 0
+    for i, t in enumerate(tests, 1):
+        try:
+            t()
+            print("ok %d - %s" % (i, t.__name__))
+        except Exception:
+            failed += 1
+            print("not ok %d - %s" % (i, t.__name__))
+            for line in traceback.format_exc().splitlines():
+                print("# " + line)
+        sys.stdout.flush()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
