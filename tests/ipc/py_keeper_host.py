@@ -11,6 +11,7 @@ import ctypes
 import os
 import signal
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -156,8 +157,60 @@ def test_keeper_stats_in_process():
     pool.close()
 
 
+MANIFEST = """kind: model
+name: keeper-tool-test
+modules:
+  - name: a
+    format: unquantized
+    runtime:
+      - {name: w, dtype: f32, shape: [4, 3]}
+    checkpoint:
+      - {name: a.weight, dtype: f32, shape: [4, 3], target: w}
+"""
+
+
+def manifest_worker(yaml, wid):
+    ctx = refit.Context(worker_id=wid, journal_path="")
+    m = ctx.create_model()
+    m.load_manifest(yaml)
+    w = Host((4, 3), -1.0)
+    m.bind_runtime("a", "w", w)
+    m.seal()
+    return ctx, m, w
+
+
+def test_keeper_tool_from_snapshot():
+    """refit-keeper --model --snapshot --serve: a worker restores from it."""
+    tool = os.environ.get("REFIT_KEEPER")
+    if not tool:
+        print("# skip: REFIT_KEEPER unset")
+        return
+    d = tempfile.mkdtemp(prefix="refit-keeper-tool-")
+    yaml, snap, sock = (os.path.join(d, n) for n in ("m.yaml", "snap", "k.sock"))
+    with open(yaml, "w") as f:
+        f.write(MANIFEST)
+    ctx, m, _ = manifest_worker(yaml, "py-snap")
+    with m.update("v7") as t:
+        t.load("a.weight", Host((4, 3), 7.0))
+    m.snapshot(snap)
+    ctx.close()
+    p = subprocess.Popen([tool, "--model", yaml, "--snapshot", snap, "--serve", sock,
+                          "--for", "30"], stderr=subprocess.PIPE)
+    try:
+        ctx, m, w = manifest_worker(yaml, "py-restored")
+        refit.keeper.restore(m, "keeper://" + sock, timeout=20)
+        assert ctx.version == "v7", ctx.version
+        assert w.values() == [7.0 + i for i in range(12)], w.values()
+        ctx.close()
+    finally:
+        p.terminate()
+        err = p.communicate()[1].decode(errors="replace")
+    assert "serving version v7" in err, err
+
+
 def main():
-    tests = [test_restore_from_keeper, test_keeper_stats_in_process]
+    tests = [test_restore_from_keeper, test_keeper_stats_in_process,
+             test_keeper_tool_from_snapshot]
     print("1..%d" % len(tests))
     failed = 0
     for i, t in enumerate(tests, 1):
