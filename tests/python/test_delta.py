@@ -4,7 +4,8 @@ numpy-backed, no torch, no GPU (TAP; every function test_* is one test
 point). A delta reload equals a full reload of the patched checkpoint bit
 for bit; a wrong base, a bad index, a duplicate, a module declared and
 not delivered are refused with bytes, version and health unchanged; an
-abort after half the patches restores every byte.
+abort after half the patches restores every byte. Online fp8 modules take
+patches through refit's masters (delta_master_budget).
 
 usage: test_delta.py   (env: REFIT_LIB, the build's librefit.so;
 REFIT_SOURCE_ROOT, the checkout)"""
@@ -221,6 +222,94 @@ def test_whole_model_takes_the_label_and_journal_says_delta():
                              (uid,)).fetchall()
     assert row == ("committed", "v1", 3), row
     assert tensors == [("up", 3)], tensors
+
+
+class OnlineFp8:
+    """A block-128 fp8 module quantized online from a bf16 [256, 256]
+    weight, and a per-channel one fused from gate and up [128, 128]; with
+    delta_master_budget refit keeps their masters."""
+
+    def __init__(self, budget=1 << 24):
+        self.ctx = refit.Context(worker_id="py-delta-fp8", journal_path="",
+                                 delta_master_budget=budget)
+        m = self.model = self.ctx.create_model()
+        self.w = np.zeros((256, 256), ml_dtypes.float8_e4m3fn)
+        self.s = np.zeros((2, 2), np.float32)
+        m.add_module("lin", "fp8", {"scheme": "block128", "online": True})
+        m.bind_runtime("lin", "weight", self.w)
+        m.bind_runtime("lin", "weight_scale", self.s)
+        m.expect("lin", "w.weight", BF16, [256, 256], target="weight")
+        self.gu = np.zeros((256, 128), ml_dtypes.float8_e4m3fn)
+        self.gus = np.zeros((256,), np.float32)
+        m.add_module("mlp", "fp8", {"scheme": "per_channel", "online": True})
+        m.bind_runtime("mlp", "weight", self.gu)
+        m.bind_runtime("mlp", "weight_scale", self.gus)
+        for j, part in enumerate(("gate", "up")):
+            m.expect("mlp", "%s.weight" % part, BF16, [128, 128], target="weight",
+                     dst_offset=[128 * j, 0])
+        m.seal()
+
+    def snapshot(self):
+        return [a.view(np.uint8).copy() for a in (self.w, self.s, self.gu, self.gus)]
+
+
+def online_checkpoint(seed):
+    r = np.random.default_rng(seed)
+    return {"w.weight": r.standard_normal((256, 256)).astype(BF16),
+            "gate.weight": r.standard_normal((128, 128)).astype(BF16),
+            "up.weight": r.standard_normal((128, 128)).astype(BF16)}
+
+
+def test_online_fp8_delta_equals_full_reload():
+    """txn.load_delta into online fp8 modules (block-128, fused per-channel)
+    patches refit's masters and rebuilds the touched groups: the runtime
+    bytes equal a full reload of the patched checkpoint; an abort after
+    half the patches restores every byte and the masters."""
+    e = OnlineFp8()
+    ck1, ck2 = online_checkpoint(1), online_checkpoint(2)
+    with e.model.update(version="v1") as txn:
+        txn.load_dict(ck1)
+    before = e.snapshot()
+    table, patched = patches(ck1, ck2, 0.03, 5)
+    txn = e.model.begin(version="v2", base="v1")
+    txn.load_delta("w.weight", *table["w.weight"])
+    assert [a.tobytes() for a in e.snapshot()] != [a.tobytes() for a in before]
+    txn.abort()
+    assert all(np.array_equal(a, b) for a, b in zip(e.snapshot(), before))
+    with e.model.update(version="v2", base="v1") as txn:
+        for n, (idx, vals) in table.items():
+            txn.load_delta(n, idx, vals)
+    assert e.ctx.version == "v2" and e.ctx.health() == refit.Health.READY
+    delta = e.snapshot()
+    with e.model.update(version="v2-full") as txn:
+        txn.load_dict(patched)
+    assert all(np.array_equal(a, b) for a, b in zip(e.snapshot(), delta))
+
+
+def test_online_fp8_refusals():
+    """Without a master (budget 0) a patch is refused naming the budget; a
+    NaN in a patched block fails the update: bytes, version and health as
+    before."""
+    e = OnlineFp8(budget=0)
+    ck1 = online_checkpoint(1)
+    with e.model.update(version="v1") as txn:
+        txn.load_dict(ck1)
+    before = e.snapshot()
+    txn = e.model.begin(version="v2", base="v1")
+    raises("REFIT_EUNSUPPORTED", lambda: txn.load_delta("w.weight", [3], np.ones(1, BF16)),
+           "module lin", "delta_master_budget is 0", "nothing written")
+    txn.abort()
+    e = OnlineFp8()
+    with e.model.update(version="v1") as txn:
+        txn.load_dict(ck1)
+    before = e.snapshot()
+    txn = e.model.begin(version="v2", base="v1")
+    raises("REFIT_ECORRUPT", lambda: txn.load_delta("w.weight", [3, 60000],
+                                                    np.array([1, np.nan], BF16)),
+           "w.weight (module lin)", "NaN")
+    txn.abort()
+    assert all(np.array_equal(a, b) for a, b in zip(e.snapshot(), before))
+    assert e.ctx.version == "v1" and e.ctx.health() == refit.Health.READY
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ class Tensor(ctypes.Structure):
     ]
 
 
-OPTIONS_VERSION = 2
+OPTIONS_VERSION = 3
 LOG_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p)
 
 
@@ -61,6 +61,8 @@ class Options(ctypes.Structure):
         ("undo_device_budget", ctypes.c_uint64),
         ("log_fn", LOG_FN),
         ("log_user", ctypes.c_void_p),
+        # version 3: masters for deltas into online-quantized modules
+        ("delta_master_budget", ctypes.c_uint64),
     ]
 
 

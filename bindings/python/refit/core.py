@@ -193,6 +193,9 @@ class Context:
     log: log(level, message) receives the library's lines instead of stderr.
     undo_device_budget: bytes of device memory an update's undo log may take
     (0: pinned host memory only).
+    delta_master_budget: bytes refit may keep as a master of online-quantized
+    modules' checkpoint tensors, so that txn.load_delta can patch them
+    (docs/core.md "Delta updates"; 0: such a patch is refused).
     begin_wait: seconds a begin (update, replay, receive_update) waits for
     another thread's open update to end before REFIT_ETIMEDOUT names that
     update's thread and start (None: no limit); begin(wait=) overrides it."""
@@ -202,7 +205,7 @@ class Context:
                  plugin_dirs: Union[None, str, Sequence[str]] = None,
                  staging_budget: int = 0, *, journal_best_effort: bool = False,
                  log: Optional[LogFn] = None, undo_device_budget: int = 0,
-                 begin_wait: Optional[float] = 300.0) -> None:
+                 begin_wait: Optional[float] = 300.0, delta_master_budget: int = 0) -> None:
         L = _ffi.lib()
         self.begin_wait = _wait_seconds(begin_wait, "Context(begin_wait=)")
         self._h: Optional[ctypes.c_void_p] = None
@@ -229,6 +232,7 @@ class Context:
         opt.staging_budget = staging_budget
         opt.journal_best_effort = 1 if journal_best_effort else 0
         opt.undo_device_budget = undo_device_budget  # device bytes the undo log may hold
+        opt.delta_master_budget = delta_master_budget
         if log is not None:
             self._log = _ffi.LOG_FN(lambda user, level, msg: log(level, _t(msg)))
             opt.log_fn = self._log
