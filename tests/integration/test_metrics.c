@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <refit/format.h>
 #include <refit/refit.h>
 
 #include "core/metrics_text.h"
@@ -354,6 +355,83 @@ static void test_classifiers(void **state)
     assert_int_equal(metrics_source_of("snapshot:///a/snap"), METRICS_SOURCE_SNAPSHOT);
 }
 
+/* A second format that routes every tensor DIRECT, as unquantized does. */
+static int direct_plan(const refit_host_v2 *host, refit_fmt_module *m)
+{
+    (void)host;
+    for (uint32_t i = 0; i < m->n_ckpt; i++)
+        refit_ckpt(m, i)->route = REFIT_ROUTE_DIRECT;
+    m->flags = 0;
+    return REFIT_OK;
+}
+
+static const refit_format_v2 fmt_direct = {
+    .abi_version = REFIT_FORMAT_ABI_VERSION,
+    .struct_size = sizeof(refit_format_v2),
+    .name = "t-direct",
+    .plan = direct_plan,
+};
+
+/* Route bytes of modules of two formats loaded in turns (each load's
+ * format another than the last's): each format's sum, committed or
+ * aborted, its series in the order the formats were first loaded. */
+static void test_route_bytes_of_formats_in_turns(void **state)
+{
+    (void)state;
+    world *w = calloc(1, sizeof *w);
+    assert_non_null(w);
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.worker_id = "w\"0";
+    o.rank = 3;
+    o.journal_path = "";
+    assert_int_equal(refit_open(&w->ctx, &o), REFIT_OK);
+    assert_int_equal(refit_format_register(w->ctx, &fmt_direct), REFIT_OK);
+    assert_int_equal(refit_model_create(&w->model, w->ctx), REFIT_OK);
+    static const char *fmts[N_MOD] = {"unquantized", "t-direct", "unquantized"};
+    w->shape[0] = ROWS;
+    w->shape[1] = COLS;
+    for (int i = 0; i < N_MOD; i++) {
+        char mod[16];
+        snprintf(mod, sizeof mod, "m%d", i);
+        w->desc[i] = (refit_tensor){.data = w->rt[i], .device = {REFIT_DEVICE_CPU, 0},
+                                    .ndim = 2, .dtype = REFIT_F32, .shape = w->shape};
+        refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
+        s.dtype = REFIT_F32;
+        s.ndim = 2;
+        s.shape[0] = ROWS;
+        s.shape[1] = COLS;
+        assert_int_equal(refit_model_add_module(w->model, mod, fmts[i], NULL), REFIT_OK);
+        assert_int_equal(refit_module_bind_runtime(w->model, mod, "w", &w->desc[i]), REFIT_OK);
+        assert_int_equal(refit_model_expect(w->model, mod, three_modules_name(i), &s), REFIT_OK);
+    }
+    assert_int_equal(refit_model_seal(w->model), REFIT_OK);
+    const double tb = TENSOR_BYTES;
+    const char *unq = ",route=\"direct\",format=\"unquantized\"";
+    const char *dir = ",route=\"direct\",format=\"t-direct\"";
+
+    make_version(w, 1);
+    refit_txn *t = begin(w, "v1", NULL, 1);
+    for (int i = 0; i < N_MOD; i++) /* unquantized, t-direct, unquantized */
+        load(w, t, i);
+    assert_int_equal(refit_finalize(t), REFIT_OK);
+    assert_true(V("refit_route_bytes_total", unq) == 2 * tb);
+    assert_true(V("refit_route_bytes_total", dir) == 1 * tb);
+    const char *text = metrics(w);
+    assert_true(strstr(text, "format=\"unquantized\"") < strstr(text, "format=\"t-direct\""));
+
+    make_version(w, 2); /* the other way round, then aborted: counted too */
+    t = begin(w, "v2", NULL, 1);
+    for (int i = N_MOD - 1; i >= 0; i--)
+        load(w, t, i);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    assert_true(V("refit_route_bytes_total", unq) == 4 * tb);
+    assert_true(V("refit_route_bytes_total", dir) == 2 * tb);
+    assert_true(V("refit_route_bytes_total", ",route=\"view\",format=\"t-direct\"") == 0);
+    refit_metrics_free(w->text);
+    refit_close(w->ctx);
+    free(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -361,6 +439,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_text_is_well_formed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_refuses_null, setup, teardown),
         cmocka_unit_test(test_classifiers),
+        cmocka_unit_test(test_route_bytes_of_formats_in_turns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
