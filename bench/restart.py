@@ -16,6 +16,9 @@ restart would. Figures: medians of --repeat runs after one warm-up.
   snapshot.ratio_to_ceiling   pinned H2D time / restore_norb_s
   cold.load_s                 load_safetensors + online FP8 post-load
   snapshot.write_s            refit_snapshot_write (D2H, fsync, rename)
+  keeper.restore_s            refit.keeper.restore from a keeper process on the
+                              same GPU (rollback on); restore_norb_s: off
+  keeper.ratio_to_ceiling     one D2D copy of the runtime bytes / restore_norb_s
 """
 import argparse
 import json
@@ -104,7 +107,49 @@ def timed(fn):
     return time.perf_counter() - t0
 
 
+def keeper_main(sock, ck, layers):
+    """The keeper process: the worker's model at the checkpoint's version."""
+    import refit.keeper
+    w = Worker(shapes(layers), "keeper")
+    with w.model.update(version="v1", rollback=False) as txn:
+        txn.load_safetensors(ck)
+    torch.cuda.synchronize()
+    refit.keeper.Keeper(w.model, sock, timeout=120).run(1800)
+    return 0
+
+
+def keeper_row(table, ck, a, tmp):
+    """Restores from a keeper process into fresh workers, against one
+    device-to-device copy of the same bytes."""
+    import subprocess
+    import refit.keeper
+    sock = os.path.join(tmp, "keeper.sock")
+    p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--keeper", sock, ck,
+                          str(a.layers)])
+    try:
+        rest, rest_norb, d2d = [], [], []
+        for r in range(a.repeat + 1):
+            for rb, acc in ((True, rest), (False, rest_norb)):
+                x = Worker(table, "keeper-restore-%d-%d" % (r, rb))
+                acc.append(timed(lambda: refit.keeper.restore(x.model, sock, rollback=rb,
+                                                              timeout=600)))
+                nbytes = x.runtime_bytes()
+                x.close()
+            src = torch.empty(nbytes, dtype=torch.uint8, device=DEV)
+            dst = torch.empty(nbytes, dtype=torch.uint8, device=DEV)
+            d2d.append(timed(lambda: dst.copy_(src)))
+            del src, dst
+    finally:
+        p.terminate()
+        p.wait()
+    med = lambda v: statistics.median(v[1:])  # noqa: E731
+    return {"restore_s": med(rest), "restore_norb_s": med(rest_norb), "d2d_s": med(d2d),
+            "ratio_to_ceiling": med(d2d) / med(rest_norb), "target": 0.80}
+
+
 def main():
+    if len(sys.argv) == 5 and sys.argv[1] == "--keeper":
+        return keeper_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--repeat", type=int, default=5)
@@ -148,6 +193,7 @@ def main():
                             "ratio_to_ceiling": med(h2d) / med(rest_norb),
                             "target": 0.85},
                "restore_vs_cold": med(rest) / med(cold)}
+        out["keeper"] = keeper_row(table, ck, a, tmp)
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
         print(json.dumps(out, indent=1))
