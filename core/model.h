@@ -135,6 +135,7 @@ struct refit_model {
     struct txn_scratch *scratch;/* per-route/module arrays reused by every txn */
     void *journal_modules;      /* journal_module_info[n_modules], built at seal */
     struct undo_pool *undo_pool;  /* undo memory kept between updates (core/undo.c) */
+    struct undo_source *undo_sources; /* what holds the committed version (undo_source.c) */
     struct manifest_decls *decls;/* runtime tensors declared by manifests (manifest.c) */
     int64_t journal_plan;       /* module list recorded at seal, or 0 */
     struct load_marks *load_marks; /* refit_load_many's per-route marks (load_many.c) */

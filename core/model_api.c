@@ -19,6 +19,7 @@
 #include "core/txn.h"
 #include "core/txn_journal.h"
 #include "core/undo.h"
+#include "core/undo_source.h"
 
 /* The undo log's memory for a full update with rollback, allocated from
  * now on a thread of its own, so that the first update allocates none
@@ -127,6 +128,7 @@ void refit_model_destroy(refit_model *m)
     model_free_plan(m);      /* the formats' module state first: release may read params */
     undo_pool_free(&m->undo_pool);
     master_free(m);
+    undo_sources_drop(m, NULL); /* files held open, snapshot mappings */
     decls_free(m);
     model_free(m);
 }

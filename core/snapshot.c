@@ -31,6 +31,7 @@
 #include "core/snapshot_sig.h"
 #include "core/txn.h"
 #include "core/txn_journal.h"
+#include "core/undo_source.h"
 #include "core/util.h"
 #include "kernels/copy.h"
 #include "kernels/fingerprint.h"
@@ -380,6 +381,8 @@ int refit_snapshot_write(refit_model *m, const char *path)
     free(w.contig);
     free(w.order);
     free(w.fp);
+    if (!rc && undo_source_snapshot_arm(m, path))
+        ctx_clear_error(ctx); /* written; only not an undo source (docs/core.md) */
     if (!rc)
         txj_event(m, m->version_update, "snapshot", "snapshot of version %s written to %s: "
                   "%u modules, %u runtime tensors, %llu bytes", m->version->label, path,
@@ -618,6 +621,8 @@ int refit_restore(refit_model *m, const char *path, const refit_restore_opts *op
         } else {
             int64_t id = refit_txn_journal_id(t);
             refit_commit(t);
+            if (undo_source_snapshot_arm(m, abs)) /* the committed state: the next undo source */
+                ctx_clear_error(ctx);
             txj_event(m, id, "restore", "restored version %s from snapshot %s (written by "
                       "worker %s, update %lld)", model_version_text(m), abs,
                       json_string_value(json_object_get(s.man, "worker")),

@@ -5,8 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/source.h"
 #include "core/backend.h"
 #include "core/ctx.h"
+#include "core/txn.h"
 #include "core/safetensors.h"
 #include "core/sha256.h"
 
@@ -17,6 +19,7 @@ struct refit_source {
     int durable;
     int has_digest;
     char digest[ST_SHA256_HEX];
+    int refs;                   /* the caller's, plus the core's holds */
 };
 
 static int source_error(refit_ctx *ctx, const st_error *e)
@@ -54,6 +57,7 @@ int refit_source_open(refit_source **out, refit_ctx *ctx, const char *path)
     }
     snprintf(src->uri, n, "file://%s", p);
     src->durable = 1;
+    src->refs = 1;
     *out = src;
     return REFIT_OK;
 }
@@ -82,17 +86,29 @@ int refit_source_open_memory(refit_source **out, refit_ctx *ctx, const void *buf
                                   : source_error(ctx, &err);
     }
     snprintf(src->uri, n, "memory://%s", label);
+    src->refs = 1;
     *out = src;
     return REFIT_OK;
 }
 
 void refit_source_close(refit_source *src)
 {
-    if (!src)
+    if (!src || --src->refs > 0)
         return;
     st_close(src->set);
     free(src->uri);
     free(src);
+}
+
+refit_source *source_hold(refit_source *src)
+{
+    src->refs++;
+    return src;
+}
+
+st_set *source_set(const refit_source *src)
+{
+    return src->set;
 }
 
 size_t refit_source_count(const refit_source *src)
@@ -210,7 +226,7 @@ int refit_source_identity(refit_source *src, char out[REFIT_SOURCE_ID_SIZE])
 
 /* Every tensor of src through refit_load, in file and offset order. */
 static int load_all(refit_txn *txn, refit_source *src, refit_filter_fn filter, void *filter_user,
-                    refit_progress_fn progress, void *user, void *stream)
+                    refit_progress_fn progress, void *user, void *stream, uint64_t *loaded)
 {
     refit_ctx *ctx = src->ctx;
     uint64_t bytes = 0, tensors = 0;
@@ -238,7 +254,7 @@ static int load_all(refit_txn *txn, refit_source *src, refit_filter_fn filter, v
             return ctx_error(ctx, rc, "%s (from %s)", why, st_file_path(src->set, t->file));
         }
         bytes += t->nbytes;
-        tensors++;
+        *loaded = ++tensors;
         if (progress)
             progress(user, bytes, tensors, t->name);
     }
@@ -260,7 +276,10 @@ int refit_load_source_filtered(refit_txn *txn, refit_source *src, refit_filter_f
      * refit_load returns, until the hold ends */
     const backend *dev = backend_for_device((refit_device){REFIT_DEVICE_CUDA, 0});
     int held = dev && dev->hold_host_sources && !dev->hold_host_sources(stream, 1);
-    int rc = load_all(txn, src, filter, filter_user, progress, user, stream);
+    uint64_t tensors = 0;
+    int rc = load_all(txn, src, filter, filter_user, progress, user, stream, &tensors);
+    /* what the update took from src: an undo source when it was all of it */
+    txn_note_source(txn, src, tensors);
     if (held) {
         int hrc = dev->hold_host_sources(stream, 0);
         if (hrc && !rc)

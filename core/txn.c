@@ -27,6 +27,9 @@
  *                             every rank prepared)
  *   OPEN|LOADING|FAILED|FINALIZING -> ABORTED    txn_end_aborted (refit_abort,
  *                                                or refit_finalize on a failed check)
+ *   LOADING|FAILED|FINALIZING -> RESTORING -> ABORTED  txn_end_aborted, when an
+ *                             undo source serves the update (core/undo_source.h):
+ *                             the written modules are delivered again from it
  *
  * Invariants (txn_invariants, asserted at every transition):
  *   OPEN        nothing delivered, nothing written, the undo log is empty,
@@ -38,6 +41,9 @@
  *   FINALIZING  not failed; undo log as in LOADING (an update may finalize
  *               with nothing delivered). Once prepared, nothing
  *               but the commit decision is left: refit_commit or refit_abort.
+ *   RESTORING   an undo source writes the committed bytes back through the
+ *               loading paths; the undo log is empty (an update served by
+ *               an undo source never saves).
  *   COMMITTED,
  *   ABORTED     terminal: the model no longer points at the txn, the undo
  *               log and staging are released.
@@ -66,7 +72,9 @@
 #include "core/metrics.h"
 #include "core/mod_version.h"
 #include "core/txn_journal.h"
+#include "core/source.h"
 #include "core/undo.h"
+#include "core/undo_source.h"
 #include "kernels/copy.h"
 
 typedef enum txn_state {
@@ -76,6 +84,7 @@ typedef enum txn_state {
     TXN_FINALIZING,
     TXN_COMMITTED,
     TXN_ABORTED,
+    TXN_RESTORING,
 } txn_state;
 
 /* Delivered rows of a route, for deliveries in parts. */
@@ -161,6 +170,12 @@ struct refit_txn {
     uint64_t *delta_counts;     /*   journal, with its elements */
     uint32_t cap_delta_names, cap_delta_counts;
     char *version_text;         /* room for "label (partial: K of N modules)" */
+    undo_source *usrc;          /* restores an abort instead of the undo log */
+    char *undo_text;            /* what served rollback, for the journal */
+    refit_source *noted;        /* the source refit_load_source loaded from */
+    uint64_t noted_tensors;     /*   and how many tensors */
+    bool noted_mixed;           /* tensors came from more than one source */
+    bool undo_mode_files;       /* undo_source auto or files: a commit arms them */
 };
 
 /* ---- invariants ---- */
@@ -182,6 +197,8 @@ static bool txn_invariants(const refit_txn *t)
     case TXN_COMMITTED:
     case TXN_ABORTED:
         return t->m->txn != t && t->undo.n == 0 && t->staging_in_use == 0;
+    case TXN_RESTORING:
+        return t->m->txn == t && t->usrc && t->undo.n == 0;
     }
     return false;
 }
@@ -437,6 +454,23 @@ static int delta_scope(refit_model *m, const refit_update_opts *o, uint8_t **dec
     return REFIT_OK;
 }
 
+/* What serves the update's rollback, as the journal records it
+ * (updates.undo_source): "files file:///...", "snapshot snapshot://...",
+ * "undo-log", "undo-log; passed over: <source>: <why>", or "none". */
+static char *undo_text_new(int rollback, const undo_source *usrc, const char *passed_over)
+{
+    char text[1024];
+    if (!rollback)
+        snprintf(text, sizeof text, "none");
+    else if (usrc)
+        snprintf(text, sizeof text, "%s %s", usrc->ops->kind, usrc->uri);
+    else if (passed_over[0])
+        snprintf(text, sizeof text, "undo-log; passed over %s", passed_over);
+    else
+        snprintf(text, sizeof text, "undo-log");
+    return xstrdup(text);
+}
+
 static int txn_open(refit_txn **out, refit_model *m, const refit_update_opts *opts,
                     int64_t replay_of)
 {
@@ -455,6 +489,8 @@ static int txn_open(refit_txn **out, refit_model *m, const refit_update_opts *op
         memcpy(&o, opts, offsetof(refit_update_opts, partial));
     else if (opts && opts->version == 2)
         memcpy(&o, opts, offsetof(refit_update_opts, base_version));
+    else if (opts && opts->version == 3)
+        memcpy(&o, opts, offsetof(refit_update_opts, undo_source));
     else if (opts)
         o = *opts;
     o.version = REFIT_UPDATE_OPTS_VERSION;
@@ -464,8 +500,20 @@ static int txn_open(refit_txn **out, refit_model *m, const refit_update_opts *op
     if (m->txn)
         return ctx_error(ctx, REFIT_ESTATE, "begin: an update is already open on worker %s",
                          ctx->worker_id);
+    if (o.undo_source < REFIT_UNDO_AUTO || o.undo_source > REFIT_UNDO_OFF)
+        return ctx_error(ctx, REFIT_EINVAL, "begin: undo_source %d is none of REFIT_UNDO_AUTO, "
+                         "_LOG, _FILES, _SNAPSHOT, _OFF", o.undo_source);
+    if (o.undo_source == REFIT_UNDO_OFF)
+        o.rollback = 0;
     int rc = model_check_signatures(m, "begin");
     if (rc)
+        return rc;
+    /* before anything is journaled: a source asked for by name that
+     * cannot serve refuses the update */
+    undo_source *usrc = NULL;
+    char passed_over[600];
+    if (o.rollback && (rc = undo_source_pick(m, o.undo_source, &usrc, passed_over,
+                                             sizeof passed_over)))
         return rc;
     uint8_t *declared = NULL;
     if (opts->base_version && (rc = delta_scope(m, opts, &declared)))
@@ -488,6 +536,9 @@ static int txn_open(refit_txn **out, refit_model *m, const refit_update_opts *op
         return rc;
     }
     t->fingerprint = opts->fingerprint != 0;
+    t->usrc = usrc;
+    t->undo_mode_files = o.undo_source == REFIT_UNDO_AUTO || o.undo_source == REFIT_UNDO_FILES;
+    t->undo_text = undo_text_new(opts->rollback, usrc, passed_over);
     undo_init(&t->undo, &m->undo_pool, m->ctx->undo_device_budget);
     t->m = m;
     t->s = m->scratch;
@@ -501,7 +552,8 @@ static int txn_open(refit_txn **out, refit_model *m, const refit_update_opts *op
     t->version_text = t->partial && t->version_label
                           ? malloc(strlen(t->version_label) + 64) : NULL;
     if (!t->version_label || (opts->source_uri && !t->source_uri) || !t->label ||
-        (t->partial && !t->version_text)) {
+        (t->partial && !t->version_text) || !t->undo_text) {
+        free(t->undo_text);
         free(t->version_label);
         free(t->source_uri);
         mod_version_drop(t->label);
@@ -591,8 +643,8 @@ static int txn_refused(refit_txn *t, int status)
 static int save_runtime(refit_txn *t, uint32_t ti, void *stream)
 {
     struct txn_scratch *s = t->s;
-    if (!t->rollback || s->rt_saved[ti])
-        return REFIT_OK;
+    if (!t->rollback || t->usrc || s->rt_saved[ti])
+        return REFIT_OK; /* an undo source restores an abort: nothing to save */
     tensor_reg *reg = &t->m->runtime[ti];
     int rc = undo_save(&t->undo, reg->be, reg->sig.device.device_id, reg->span, reg->span_bytes,
                        stream);
@@ -1075,6 +1127,8 @@ int txn_load_refused(refit_txn *t, int status)
 
 int txn_load_open(refit_txn *t, const char *name)
 {
+    if (t->state == TXN_RESTORING)
+        return REFIT_OK;
     if (t->state == TXN_FAILED)
         return txn_error(t, REFIT_ESTATE, "load %s: the update failed earlier (%s); abort it",
                          name ? name : "?", refit_status_name(t->fail_status));
@@ -1234,7 +1288,7 @@ int txn_delta_write(refit_txn *t, const delivery *d, const refit_view *dst,
     const module *mod = &t->m->modules[r->module];
     int rc;
     /* only the elements written are saved, unless the whole span already is */
-    if (t->rollback && !t->s->rt_saved[r->target]) {
+    if (t->rollback && !t->usrc && !t->s->rt_saved[r->target]) {
         size_t e = kern_dtype_size(dst->dtype);
         int64_t lo = 0, hi = 0;
         for (int i = 0; i < dst->ndim; i++) {
@@ -1282,7 +1336,7 @@ int txn_delta_done(refit_txn *t, delivery *d)
 
 bool txn_saves_bytes(const refit_txn *t)
 {
-    return t->rollback;
+    return t->rollback && !t->usrc;
 }
 
 int txn_save_span(refit_txn *t, const delivery *d, uint32_t ti, const refit_view *v)
@@ -1494,6 +1548,8 @@ static void txn_destroy(refit_txn *t)
     free(t->version_text);
     free(t->version_label);
     free(t->source_uri);
+    free(t->undo_text);
+    refit_source_close(t->noted); /* the hold txn_note_source took */
     free(t->base_version);
     free(t->declared);
     free(t->delta_names);
@@ -1550,6 +1606,7 @@ static void txn_journal_end(refit_txn *t, journal_update_state st, const char *e
             t->jb.p[t->jb.n++] = p;
     }
     txj_undo(m, t->journal_id, t->undo.placed[UNDO_DEVICE], t->undo.placed[UNDO_HOST]);
+    txj_undo_source(m, t->journal_id, t->undo_text);
     if (t->delta)
         txj_delta(m, t->journal_id, t->delta_tensors, t->delta_names, t->delta_counts);
     txj_end(m, t->journal_id, &t->jb, st, t->stats.bytes_loaded, t->stats.tensors_loaded, error,
@@ -1568,6 +1625,64 @@ static void txn_metrics_end(refit_txn *t, bool committed, const char *error, boo
     metrics_update_end(t->m->ctx, &t->clock, &e);
 }
 
+/* The modules the update wrote, written back from its undo source
+ * (RESTORING), waited for, their post-loads' status read and their
+ * fingerprints checked against the committed ones. The scratch then
+ * shows every module the update touched, those written as written. On
+ * failure the ctx's message says what (the file, the module). */
+static int txn_restore_from_source(refit_txn *t)
+{
+    refit_model *m = t->m;
+    struct txn_scratch *s = t->s;
+    uint32_t n_touched = s->n_touched, n = 0;
+    uint32_t *touched = malloc((n_touched + 1) * sizeof *touched);
+    uint32_t *wrote = malloc((n_touched + 1) * sizeof *wrote);
+    if (!touched || !wrote) {
+        free(touched);
+        free(wrote);
+        return txn_error(t, REFIT_ENOMEM, "undo source: out of memory");
+    }
+    for (uint32_t i = 0; i < n_touched; i++) {
+        touched[i] = s->touched[i];
+        if (s->mod_wrote[touched[i]])
+            wrote[n++] = touched[i];
+    }
+    refit_txn_stats stats = t->stats;
+    scratch_reset(t);
+    host_services_update_end(m->ctx); /* the aborted update's post-load status */
+    free(t->declared);
+    t->declared = NULL; /* a delta's scope does not bind the restore */
+    t->keep_going = false;
+    t->defer_post_load = false;
+    t->fail_status = 0;
+    txn_set_state(t, TXN_RESTORING);
+    ctx_clear_error(m->ctx);
+    int rc = t->usrc->ops->restore(t->usrc, t, wrote, n);
+    if (!rc && t->state == TXN_FAILED)
+        rc = t->fail_status;
+    if (!rc && (rc = txn_sync_streams(t)))
+        txn_error(t, rc, "undo source %s: copies failed: %s", t->usrc->uri, refit_strerror(rc));
+    if (!rc && (rc = host_services_check_status(m->ctx))) {
+        char why[REFIT_ERRMSG_SIZE];
+        memcpy(why, m->ctx->errmsg, sizeof why);
+        txn_error(t, rc, "undo source %s: post-load failed: %s", t->usrc->uri, why);
+    }
+    if (!rc)
+        rc = undo_source_verify(m, t->usrc, wrote, n);
+    if (rc && !m->ctx->errmsg[0])
+        txn_error(t, rc, "undo source %s: restore failed: %s", t->usrc->uri,
+                  refit_strerror(rc));
+    txn_sync_streams(t); /* after a failure too: nothing queued is left */
+    for (uint32_t i = 0; i < n_touched; i++)
+        touch_module(t, touched[i]);
+    for (uint32_t i = 0; i < n; i++)
+        s->mod_wrote[wrote[i]] = 1;
+    t->stats = stats;
+    free(touched);
+    free(wrote);
+    return rc;
+}
+
 /* Leave the worker as abort defines it and end the txn. why: the reason
  * for the journal (NULL: the caller aborted). */
 static int txn_end_aborted(refit_txn *t, const char *why)
@@ -1577,7 +1692,14 @@ static int txn_end_aborted(refit_txn *t, const char *why)
     metrics_ending(&t->clock);
     /* queued copies finish (or fail) before bytes are put back */
     int rc = txn_sync_streams(t);
-    if (t->rollback) {
+    char restore_err[REFIT_ERRMSG_SIZE] = "";
+    if (t->rollback && t->usrc && t->wrote) {
+        if (rc || (rc = txn_restore_from_source(t))) {
+            snprintf(restore_err, sizeof restore_err, "%s", m->ctx->errmsg[0]
+                         ? m->ctx->errmsg : refit_strerror(rc));
+            t->rollback = false; /* not restored: poison what was written */
+        }
+    } else if (t->rollback) {
         rc = undo_restore_all(&t->undo, NULL);
         if (rc) /* bytes could not be put back: poison what was written */
             t->rollback = false;
@@ -1599,15 +1721,23 @@ static int txn_end_aborted(refit_txn *t, const char *why)
     journal_update_state st = poisoned      ? JOURNAL_UPDATE_FAILED
                               : t->wrote      ? JOURNAL_UPDATE_ROLLED_BACK
                                               : JOURNAL_UPDATE_ABORTED;
-    txn_journal_end(t, st, why ? why : "aborted by the caller",
-                    poisoned ? "update aborted without rollback" : "update aborted");
-    txn_metrics_end(t, false, why ? why : "aborted by the caller", poisoned);
+    char error[2 * REFIT_ERRMSG_SIZE];
+    snprintf(error, sizeof error, "%s%s%s", why ? why : "aborted by the caller",
+             restore_err[0] ? "; then " : "", restore_err);
+    txn_journal_end(t, st, error, !poisoned         ? "update aborted"
+                                  : restore_err[0] ? "update aborted; its undo source failed"
+                                                   : "update aborted without rollback");
+    txn_metrics_end(t, false, error, poisoned);
+    if (poisoned)
+        undo_sources_drop(m, NULL); /* the committed version is no longer what they restore */
     master_txn_end(m, false, t->rollback);
     undo_free(&t->undo);
     scratch_reset(t);
     m->txn = NULL;
     txn_set_state(t, TXN_ABORTED);
     txn_destroy(t);
+    if (restore_err[0]) /* for refit_abort and finalize to say */
+        snprintf(m->ctx->errmsg, sizeof m->ctx->errmsg, "%s", restore_err);
     return poisoned || m->n_dirty ? REFIT_EPOISONED : REFIT_OK;
 }
 
@@ -1623,9 +1753,16 @@ int refit_abort_reason(refit_txn *t, const char *why)
     ctx_clear_error(t->m->ctx);
     refit_model *m = t->m;
     int rc = txn_end_aborted(t, why);
-    if (rc == REFIT_EPOISONED)
+    if (rc == REFIT_EPOISONED && m->ctx->errmsg[0]) {
+        char restore_err[REFIT_ERRMSG_SIZE];
+        memcpy(restore_err, m->ctx->errmsg, sizeof restore_err);
+        ctx_error(m->ctx, rc, "abort: worker %s is POISONED (%u module(s) hold bytes of an "
+                  "aborted update; restoring them failed: %s)", m->ctx->worker_id,
+                  m->n_dirty, restore_err);
+    } else if (rc == REFIT_EPOISONED) {
         ctx_error(m->ctx, rc, "abort: worker %s is POISONED (%u module(s) hold bytes of an "
                   "aborted update; rollback was off)", m->ctx->worker_id, m->n_dirty);
+    }
     return rc;
 }
 
@@ -1747,6 +1884,28 @@ static void txn_commit_version(refit_txn *t)
     }
 }
 
+/* Whether the committed update makes its source the next update's undo
+ * source (docs/core.md "Undo sources"): rollback at auto or files, every
+ * module delivered whole (not partial, not a delta), every tensor from
+ * one durable source. */
+static bool txn_arms_files(const refit_txn *t)
+{
+    return t->rollback && !t->partial && !t->delta && t->noted && !t->noted_mixed &&
+           t->noted_tensors == t->stats.tensors_loaded && t->s->n_touched == t->m->n_modules &&
+           refit_source_is_durable(t->noted) && t->undo_mode_files;
+}
+
+void txn_note_source(refit_txn *t, refit_source *src, uint64_t tensors)
+{
+    if (!t || !src || t->state == TXN_RESTORING)
+        return;
+    if (t->noted && t->noted != src)
+        t->noted_mixed = true;
+    else if (!t->noted)
+        t->noted = source_hold(src);
+    t->noted_tensors += tensors;
+}
+
 static void txn_commit(refit_txn *t)
 {
     refit_model *m = t->m;
@@ -1767,6 +1926,8 @@ static void txn_commit(refit_txn *t)
     }
     txn_commit_version(t);
     txn_journal_end(t, JOURNAL_UPDATE_COMMITTED, NULL, "update committed");
+    /* the undo sources held the version this commit replaced */
+    undo_sources_committed(m, txn_arms_files(t) ? t->noted : NULL);
     txn_metrics_end(t, true, NULL, false);
     undo_free(&t->undo);
     master_txn_end(m, true, false);
@@ -1820,10 +1981,14 @@ static int txn_prepare(refit_txn *t)
         memcpy(why, m->ctx->errmsg, sizeof why);
         bool rollback = t->rollback;
         int arc = txn_end_aborted(t, why);
-        ctx_error(m->ctx, rc, "%s; update aborted, %s", why,
+        char restore_err[REFIT_ERRMSG_SIZE];
+        memcpy(restore_err, m->ctx->errmsg, sizeof restore_err);
+        ctx_error(m->ctx, rc, "%s; update aborted, %s%s%s", why,
                   arc == REFIT_EPOISONED ? "worker POISONED"
                   : rollback             ? "bytes rolled back"
-                                         : "nothing was written");
+                                         : "nothing was written",
+                  arc == REFIT_EPOISONED && restore_err[0] ? ": " : "",
+                  arc == REFIT_EPOISONED ? restore_err : "");
     }
     return rc;
 }

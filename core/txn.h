@@ -36,4 +36,9 @@ int txn_claim_direct(refit_txn *t, const char *name, bool part, int64_t row0,
  * module complete with no post-load. A failed copy fails the txn. */
 int txn_restore_module(refit_txn *t, uint32_t mi, const refit_view *src, void *stream);
 
+/* refit_load_source delivered `tensors` tensors of src into t: an update
+ * that took every tensor from one durable source makes it, at commit, the
+ * next update's undo source (core/undo_source.h). Holds src until t ends. */
+void txn_note_source(refit_txn *t, refit_source *src, uint64_t tensors);
+
 #endif

@@ -307,6 +307,12 @@ void txj_undo(refit_model *m, int64_t id, uint64_t device_bytes, uint64_t host_b
         journal_update_undo(m->ctx->journal, id, device_bytes, host_bytes);
 }
 
+void txj_undo_source(refit_model *m, int64_t id, const char *text)
+{
+    if (id && m->ctx->journal)
+        journal_update_undo_source(m->ctx->journal, id, text);
+}
+
 void txj_delta(refit_model *m, int64_t id, size_t n, const char *const *names,
                const uint64_t *elements)
 {

@@ -50,6 +50,8 @@ void txj_end(refit_model *m, int64_t id, txj_batch *b, journal_update_state st,
              const char *reason);
 /* Before txj_end: where the undo log kept its bytes (written with the end). */
 void txj_undo(refit_model *m, int64_t id, uint64_t device_bytes, uint64_t host_bytes);
+/* Before txj_end: what served the update's rollback (updates.undo_source). */
+void txj_undo_source(refit_model *m, int64_t id, const char *text);
 /* Before txj_end of a delta update: each patched tensor and the elements
  * its patch changed (one write of its own). */
 void txj_delta(refit_model *m, int64_t id, size_t n, const char *const *names,

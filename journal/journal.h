@@ -37,7 +37,7 @@
 /* PRAGMA application_id of a refit journal ("RFTJ"). */
 #define JOURNAL_APPLICATION_ID 0x5246544a
 /* PRAGMA user_version this code writes; older files are migrated forward. */
-#define JOURNAL_SCHEMA_VERSION 5
+#define JOURNAL_SCHEMA_VERSION 6
 
 /* 1 when the handle's path still names the file it opened; 0 when the
  * file was deleted or replaced (writes would go to an unlinked file). */
@@ -207,6 +207,11 @@ int journal_update_end(journal *j, int64_t update_id,
  * update_id is not the update open here. */
 int journal_update_undo(journal *j, int64_t update_id, uint64_t device_bytes,
                         uint64_t host_bytes);
+/* What served the rollback of the update open on this handle ("undo-log",
+ * "files file:///...", "snapshot snapshot://...", "none"; docs/journal.md),
+ * kept (copied) and written by its journal_update_end as journal_update_undo
+ * is. REFIT_ESTATE when update_id is not the update open here. */
+int journal_update_undo_source(journal *j, int64_t update_id, const char *text);
 /* A delta update's patches, in one transaction of their own: n tensors
  * (names[i] changed in elements[i] elements) and their total, for the
  * update open on this handle. REFIT_ESTATE when it is not. */
@@ -269,6 +274,7 @@ typedef struct journal_update_row {
     int64_t pid, n_modules;
     int undo_recorded;          /* 0: placement unknown (older or unended) */
     uint64_t undo_device_bytes, undo_host_bytes;
+    const char *undo_source;    /* what served rollback; NULL before schema 6 */
 } journal_update_row;
 
 typedef struct journal_module_row {

@@ -55,7 +55,8 @@
       " AND state IN ('loading', 'finalizing')")                               \
     X(UPDATE_END,                                                              \
       "UPDATE updates SET state = ?2, bytes = ?3, tensors = ?4, error = ?5,"   \
-      " ended_at = ?6, undo_device_bytes = ?7, undo_host_bytes = ?8"           \
+      " ended_at = ?6, undo_device_bytes = ?7, undo_host_bytes = ?8,"          \
+      " undo_source = ?9"                                                      \
       " WHERE id = ?1 AND state IN ('loading', 'finalizing')")                 \
     X(EVENT_INSERT,                                                            \
       "INSERT INTO events(at, update_id, worker, kind, message)"               \
@@ -98,6 +99,7 @@ typedef struct jr_update {
     int resync;
     int has_undo;          /* journal_update_undo was called */
     uint64_t undo[2];      /* device, host bytes */
+    char *undo_source;     /* journal_update_undo_source's text, or NULL */
 } jr_update;
 
 /* The end of an update whose write failed, kept for the next write

@@ -193,6 +193,10 @@ int jr_end_row(journal *j, int64_t update_id, const char *state,
         else
             sqlite3_bind_null(s, 7 + i);
     }
+    if (u->id == update_id && u->undo_source)
+        sqlite3_bind_text(s, 9, u->undo_source, -1, SQLITE_STATIC);
+    else
+        sqlite3_bind_null(s, 9);
     int rc = jr_step_done(j, s);
     if (rc != SQLITE_DONE || sqlite3_changes(j->db) == 1)
         return rc;
@@ -239,6 +243,22 @@ int journal_update_undo(journal *j, int64_t update_id, uint64_t device_bytes,
     j->cur.has_undo = 1;
     j->cur.undo[0] = device_bytes;
     j->cur.undo[1] = host_bytes;
+    return REFIT_OK;
+}
+
+int journal_update_undo_source(journal *j, int64_t update_id, const char *text)
+{
+    if (!j || !text)
+        return REFIT_EINVAL;
+    if (!update_id || j->cur.id != update_id)
+        return jr_fail(j, REFIT_ESTATE, "journal %s: recording the undo "
+                       "source: update %lld is not open on this handle",
+                       j->path, (long long)update_id);
+    char *copy = strdup(text);
+    if (!copy)
+        return jr_fail(j, REFIT_ENOMEM, "journal %s: out of memory", j->path);
+    free(j->cur.undo_source);
+    j->cur.undo_source = copy;
     return REFIT_OK;
 }
 

@@ -106,7 +106,7 @@ int journal_workers_list(journal *j, journal_worker_fn fn, void *user)
     "  THEN 'restore' ELSE mode END,"                                         \
     " replay_of, rollback_on, state, started_at, ended_at, bytes, tensors,"   \
     " error, n_modules, pid, pid_start, host, partial, undo_device_bytes,"            \
-    " undo_host_bytes FROM updates"
+    " undo_host_bytes, undo_source FROM updates"
 
 static int update_row(journal *j, sqlite3_stmt *s, void *ctx)
 {
@@ -126,7 +126,8 @@ static int update_row(journal *j, sqlite3_stmt *s, void *ctx)
         .partial = sqlite3_column_int(s, 18),
         .undo_recorded = sqlite3_column_type(s, 19) != SQLITE_NULL,
         .undo_device_bytes = (uint64_t)sqlite3_column_int64(s, 19),
-        .undo_host_bytes = (uint64_t)sqlite3_column_int64(s, 20)};
+        .undo_host_bytes = (uint64_t)sqlite3_column_int64(s, 20),
+        .undo_source = col_text(s, 21)};
     if (is_open_state(r.state) &&
         !jr_update_live(j, r.id, r.host, r.pid, sqlite3_column_int64(s, 16)))
         r.state = "interrupted";

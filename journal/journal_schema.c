@@ -181,8 +181,16 @@ static const char schema_v5[] =
     " elements INTEGER NOT NULL,"
     " PRIMARY KEY (update_id, name)) WITHOUT ROWID;";
 
+/* Version 6: what served an update's rollback (docs/core.md "Undo
+ * sources"): "undo-log" (with what was passed over and why), "files URI",
+ * "snapshot URI", "none" (rollback off); written with the update's end,
+ * NULL for updates recorded before. */
+static const char schema_v6[] =
+    "ALTER TABLE updates ADD COLUMN undo_source TEXT;";
+
 /* The steps; steps[i] takes the file to version i + 1. */
-static const char *const steps[] = {schema_v1, schema_v2, schema_v3, schema_v4, schema_v5};
+static const char *const steps[] = {schema_v1, schema_v2, schema_v3, schema_v4, schema_v5,
+                                    schema_v6};
 _Static_assert(sizeof steps / sizeof steps[0] == JOURNAL_SCHEMA_VERSION,
                "one migration step per schema version");
 
@@ -197,7 +205,7 @@ static const struct {
     {"updates", "id worker version source_uri source_digest mode replay_of "
                 "rollback_on state started_at ended_at bytes tensors error "
                 "plan_id n_modules pid pid_start host partial undo_device_bytes "
-                "undo_host_bytes base_version delta_elements"},
+                "undo_host_bytes base_version delta_elements undo_source"},
     {"delta_tensors", "update_id name elements"},
     {"module_chunks", "update_id chunk states fingerprints"},
     {"module_received", "update_id idx received_tensors received_bytes"},

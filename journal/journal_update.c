@@ -35,6 +35,7 @@ void jr_update_free(jr_update *u)
     free(u->received);
     free(u->mod_flags);
     free(u->chunk_flags);
+    free(u->undo_source);
     memset(u, 0, sizeof *u);
 }
 

@@ -325,7 +325,7 @@ REFIT_API int refit_model_fingerprint(refit_model *model, uint64_t *out);
 
 /* ---- transactions ------------------------------------------------------- */
 
-#define REFIT_UPDATE_OPTS_VERSION 3
+#define REFIT_UPDATE_OPTS_VERSION 4
 /* What refit_begin accepts (strlen, bytes); longer is REFIT_EINVAL naming
  * the member and its length: the journal records them and shows them. */
 #define REFIT_SOURCE_URI_MAX 4096
@@ -373,9 +373,25 @@ typedef struct refit_update_opts {
     const char *const *changed_modules;
     uint32_t n_changed_modules;
     int others_unchanged;
+    /* ---- version 4 ---- */
+    /* What puts the previous version back if the update aborts with
+     * rollback (docs/core.md "Undo sources"): REFIT_UNDO_AUTO (0), an undo
+     * source when one holds the committed version (the previous update's
+     * files, else a snapshot of it), else the undo log; REFIT_UNDO_LOG,
+     * always the undo log; REFIT_UNDO_FILES, REFIT_UNDO_SNAPSHOT: that
+     * source, or refit_begin refuses (REFIT_EUNSUPPORTED, saying why,
+     * nothing written); REFIT_UNDO_OFF: no rollback, as rollback = 0.
+     * Ignored when rollback is 0. */
+    int undo_source;
 } refit_update_opts;
 #define REFIT_UPDATE_OPTS_INIT {REFIT_UPDATE_OPTS_VERSION, NULL, NULL, 1, NULL, 0, 0, 0, \
-                                NULL, NULL, 0, 0}
+                                NULL, NULL, 0, 0, REFIT_UNDO_AUTO}
+/* refit_update_opts.undo_source */
+#define REFIT_UNDO_AUTO 0
+#define REFIT_UNDO_LOG 1
+#define REFIT_UNDO_FILES 2
+#define REFIT_UNDO_SNAPSHOT 3
+#define REFIT_UNDO_OFF 4
 
 /* Open an update. Verifies every signature first; refuses (changing
  * nothing) when the plan is stale or a tensor moved. Worker -> UPDATING. */

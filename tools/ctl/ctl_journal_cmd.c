@@ -91,6 +91,7 @@ json_t *ctl_update_json(const journal_update_row *r)
                         ? json_integer((json_int_t)r->undo_device_bytes) : json_null());
     json_object_set_new(o, "undo_host_bytes", r->undo_recorded
                         ? json_integer((json_int_t)r->undo_host_bytes) : json_null());
+    json_object_set_new(o, "undo_source", ctl_jstr(r->undo_source));
     json_object_set_new(o, "error", ctl_jstr(r->error));
     json_object_set_new(o, "pid", json_integer(r->pid));
     json_object_set_new(o, "host", ctl_jstr(r->host));
@@ -103,10 +104,16 @@ static int update_add(void *user, const journal_update_row *r)
 }
 
 /* The undo log's placement: "dev 1.2G host 300M", "-" when unknown or
- * nothing was saved. */
+ * nothing was saved; the undo source's kind ("files", "snapshot") when
+ * one served the update instead. */
 static const char *ctl_undo_text(const journal_update_row *r, char *buf, size_t len)
 {
     char d[16], h[16];
+    if (r->undo_source && strncmp(r->undo_source, "undo-log", 8) &&
+        strcmp(r->undo_source, "none")) {
+        snprintf(buf, len, "%.*s", (int)strcspn(r->undo_source, " "), r->undo_source);
+        return buf;
+    }
     if (!r->undo_recorded || (!r->undo_device_bytes && !r->undo_host_bytes))
         return "-";
     snprintf(buf, len, "dev %s host %s", ctl_bytes(r->undo_device_bytes, d, sizeof d),

@@ -88,6 +88,9 @@ static void show_fields(json_t *u)
                (long long)json_integer_value(ud), (long long)json_integer_value(uh));
     else
         printf("  %-14s not recorded\n", "undo log");
+    json_t *us = json_object_get(u, "undo_source");
+    printf("  %-14s ", "undo source");
+    ctl_wrap(stdout, json_is_string(us) ? json_string_value(us) : "not recorded", 17);
     printf("  %-14s %lld\n  %-14s %lld\n  %-14s %lld\n", "tensors",
            (long long)json_integer_value(json_object_get(u, "tensors")),
            "bytes", (long long)json_integer_value(json_object_get(u, "bytes")),

@@ -86,7 +86,9 @@ class CkptSpec(ctypes.Structure):
     ]
 
 
-UPDATE_OPTS_VERSION = 3
+UPDATE_OPTS_VERSION = 4
+# refit_update_opts.undo_source (refit.h REFIT_UNDO_*)
+UNDO_SOURCES = {"auto": 0, "undo-log": 1, "files": 2, "snapshot": 3, "off": 4}
 
 
 class UpdateOpts(ctypes.Structure):
@@ -104,6 +106,8 @@ class UpdateOpts(ctypes.Structure):
         ("changed_modules", ctypes.POINTER(ctypes.c_char_p)),
         ("n_changed_modules", ctypes.c_uint32),
         ("others_unchanged", ctypes.c_int),
+        # version 4: what restores an abort (docs/core.md "Undo sources")
+        ("undo_source", ctypes.c_int),
     ]
 
 

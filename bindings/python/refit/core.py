@@ -670,7 +670,7 @@ class Model:
               fingerprint: bool = False, partial: bool = False,
               keep_going: bool = False, base: Optional[str] = None,
               changed: Optional[Sequence[str]] = None,
-              wait: Any = _CONTEXT_WAIT) -> "Txn":
+              wait: Any = _CONTEXT_WAIT, undo_source: str = "auto") -> "Txn":
         """refit_begin now: the worker is UPDATING when this returns.
         source_uri/source_digest: what the journal records as the source
         ("file:///..." is what replay can reopen). fingerprint: journal each
@@ -688,25 +688,32 @@ class Model:
         wait: seconds to wait while another thread's update is open
         (default: the context's begin_wait; None: no limit); then
         RefitError REFIT_ETIMEDOUT names that update, its thread and when
-        it began."""
+        it began.
+
+        undo_source: what restores the previous version if the update
+        aborts with rollback (docs/core.md "Undo sources"): "auto" (the
+        previous update's files when they hold it, else a snapshot of it,
+        else the undo log), "undo-log", "files" or "snapshot" (that one, or
+        RefitError REFIT_EUNSUPPORTED saying why), "off" (no rollback)."""
         return Txn(self, version, source_uri, rollback, source_digest=source_digest,
                    fingerprint=fingerprint, partial=partial, keep_going=keep_going,
-                   base=base, changed=changed, wait=wait)
+                   base=base, changed=changed, wait=wait, undo_source=undo_source)
 
     def update(self, version: Optional[str] = None, source_uri: Optional[str] = None,
                rollback: bool = True, *, source_digest: Optional[str] = None,
                fingerprint: bool = False, partial: bool = False,
                keep_going: bool = False, base: Optional[str] = None,
                changed: Optional[Sequence[str]] = None,
-               wait: Any = _CONTEXT_WAIT) -> "Txn":
+               wait: Any = _CONTEXT_WAIT, undo_source: str = "auto") -> "Txn":
         """with model.update(...) as txn: ... finalizes on exit, aborts on an
         exception. The update begins at its first call, so a first
         txn.load_safetensors(path) records that file as its source (URI and
         digest) and a failed update can be replayed. base, changed: a
-        delta update, and wait, as in begin()."""
+        delta update, wait and undo_source, as in begin()."""
         return Txn(self, version, source_uri, rollback, source_digest=source_digest,
                    fingerprint=fingerprint, partial=partial, keep_going=keep_going,
-                   base=base, changed=changed, lazy=True, wait=wait)
+                   base=base, changed=changed, lazy=True, wait=wait,
+                   undo_source=undo_source)
 
     def replay(self, update_id: int, full: bool = False, rollback: bool = True) -> None:
         """Re-run a failed, aborted, rolled-back or interrupted update from
@@ -770,7 +777,11 @@ class Txn:
                  partial: bool = False, keep_going: bool = False, lazy: bool = False,
                  base: Optional[str] = None,
                  changed: Optional[Sequence[str]] = None,
-                 wait: Any = _CONTEXT_WAIT) -> None:
+                 wait: Any = _CONTEXT_WAIT, undo_source: str = "auto") -> None:
+        if undo_source not in _ffi.UNDO_SOURCES:
+            raise ValueError("refit: undo_source is one of %s, not %r"
+                             % (", ".join(sorted(_ffi.UNDO_SOURCES)), undo_source))
+        self.undo_source = undo_source
         self.model = model
         self._wait = wait
         self.base = base
@@ -800,6 +811,7 @@ class Txn:
                                1 if self.rollback else 0, strings[2],
                                1 if self.fingerprint else 0, 1 if self.partial else 0,
                                1 if self.keep_going else 0)
+        opts.undo_source = _ffi.UNDO_SOURCES[self.undo_source]
         if self.base is not None:
             opts.base_version = _b(self.base)
             mods = self.changed or []
