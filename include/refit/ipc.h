@@ -259,8 +259,8 @@ typedef struct refit_ipc_keeper_opts {
                                   worker of its refit_ipc_sender: it votes, and
                                   commits only what the whole group commits);
                                   NULL: the embedder updates the model itself */
-    const refit_ipc_recv_opts *follow; /* that receiver's options; NULL: defaults,
-                                  start_timeout_s 1 */
+    const refit_ipc_recv_opts *follow; /* that receiver's options (its role is the
+                                  keeper's); NULL: defaults */
     double timeout_s;          /* each wait of a restore it serves; 0: 60 */
     uint32_t socket_mode;      /* of the restore socket; 0: 0600 */
     const uint32_t *allow_uids;/* workers of these uids may restore too (copied);

@@ -8,6 +8,7 @@
  * written; a keeper killed mid-restore rolls the worker back; a version
  * the group aborted, or one whose decision the keeper never heard, is
  * never served. */
+#include <grp.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,12 +53,12 @@ typedef struct keeper_proc {
 } keeper_proc;
 
 /* The model nt_worker_open(rank 0 of 1) registers, bound in the pool. */
-static int kp_open(keeper_proc *p, const char *follow)
+static int kp_open(keeper_proc *p, const char *follow, const char *journal, uint32_t mode)
 {
     memset(p, 0, sizeof *p);
     refit_options o = REFIT_OPTIONS_INIT;
     o.worker_id = "keeper";
-    o.journal_path = "";
+    o.journal_path = journal ? journal : "";
     int rc = refit_open(&p->ctx, &o);
     if (!rc)
         rc = refit_model_create(&p->m, p->ctx);
@@ -92,6 +93,7 @@ static int kp_open(keeper_proc *p, const char *follow)
     ko.follow_path = follow;
     ko.follow = &ro;
     ko.timeout_s = 20;
+    ko.socket_mode = mode;
     if (!rc)
         rc = refit_ipc_keeper_create(&p->k, p->m, p->pool, g_serve, &ko);
     if (rc)
@@ -121,13 +123,15 @@ typedef struct keeper_job {
     int follow;                 /* follow the trainer at g_follow */
     uint64_t seed;              /* load this version first (0: none) */
     int die_after_offer;        /* serve one restore as far as its offer, then SIGKILL */
+    const char *journal;        /* the keeper's (NULL: none) */
+    uint32_t socket_mode;       /* 0: 0600 */
 } keeper_job;
 
 static int run_keeper(void *arg)
 {
     const keeper_job *j = arg;
     keeper_proc p;
-    if (kp_open(&p, j->follow ? g_follow : NULL))
+    if (kp_open(&p, j->follow ? g_follow : NULL, j->journal, j->socket_mode))
         return 10;
     if (j->seed && load_version(p.m, j->seed))
         return 11;
@@ -459,6 +463,79 @@ static void t_group_abort_serves_previous(void **state)
     nt_worker_close(&d);
 }
 
+/* ---- who may restore (the checks of docs/ipc.md, "Trust model") ---- */
+
+static int become_nobody(void)
+{
+    return setgroups(0, NULL) || setresgid(65534, 65534, 65534) ||
+                   setresuid(65534, 65534, 65534) ? -1 : 0;
+}
+
+/* As uid 65534, a restore: trust_root 1 trusts the keeper (uid 0), so the
+ * keeper's own check is what refuses. 0: refused, with nothing written;
+ * 1: restored; else a setup failure. */
+static int run_nobody_restorer(void *arg)
+{
+    int trust_root = *(const int *)arg;
+    if (become_nobody())
+        return 50;
+    nt_worker w;
+    if (nt_worker_open(&w, 0, 1, NULL))
+        return 51;
+    uint32_t root[1] = {0};
+    refit_ipc_restore_opts o = REFIT_IPC_RESTORE_OPTS_INIT;
+    o.timeout_s = 20;
+    o.allow_uids = trust_root ? root : NULL;
+    o.n_allow_uids = trust_root ? 1 : 0;
+    int rc = refit_ipc_restore(w.m, g_serve, &o);
+    const char *msg = refit_errmsg(w.ctx);
+    int refused = rc && strstr(msg, "nothing written") &&
+                  (trust_root ? strstr(msg, "greeting") != NULL
+                              : strstr(msg, "neither this worker's uid") != NULL);
+    if (rc && !refused)
+        fprintf(stderr, "nobody restorer: %s\n", msg);
+    int empty = refit_worker_health(w.ctx) == REFIT_HEALTH_EMPTY;
+    nt_worker_close(&w);
+    return !rc ? 1 : refused && empty ? 0 : 2;
+}
+
+/* A worker of another uid reaches the keeper's socket (its mode opened)
+ * and is refused by the keeper's check, journaled with its uid; one that
+ * does not trust the keeper's uid refuses it first. */
+static void t_peer_other_uid(void **state)
+{
+    (void)state;
+    if (geteuid() != 0) {
+        print_message("# skipped: acting as another uid (setresuid 65534) needs root\n");
+        skip();
+    }
+    char dir[256], journal[300];
+    nt_tmpdir(dir, sizeof dir);
+    snprintf(journal, sizeof journal, "%s/keeper.db", dir);
+    keeper_job kj = {.seed = 1, .journal = journal, .socket_mode = 0666};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    int trust = 1;
+    assert_int_equal(it_wait(it_fork(run_nobody_restorer, &trust)), 0);
+    trust = 0;
+    assert_int_equal(it_wait(it_fork(run_nobody_restorer, &trust)), 0);
+    nt_worker ok; /* its own uid is served */
+    assert_int_equal(nt_worker_open(&ok, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(restore(&ok, 1), REFIT_OK);
+    expect_at(&ok, 1);
+    nt_worker_close(&ok);
+    /* the keeper journals a restore served after its confirmation */
+    for (int i = 0; i < 1000 && sql_count(journal, "SELECT count(*) FROM events WHERE "
+                                                   "kind = 'keeper'") < 1; i++)
+        usleep(10000);
+    stop(keeper);
+    /* both of uid 65534's connections, the one that left at once too */
+    assert_int_equal(sql_count(journal, "SELECT count(*) FROM events WHERE kind = 'ipc-peer' "
+                                        "AND message LIKE '%uid 65534%'"), 2);
+    assert_int_equal(sql_count(journal, "SELECT count(*) FROM events WHERE kind = 'keeper' "
+                                        "AND message LIKE '%served version v1%'"), 1);
+    nt_rmdir(dir);
+}
+
 int main(void)
 {
     signal(SIGPIPE, SIG_IGN);
@@ -468,6 +545,7 @@ int main(void)
         cmocka_unit_test_setup(t_keeper_killed_mid_restore, fresh_paths),
         cmocka_unit_test_setup(t_group_abort_serves_previous, fresh_paths),
         cmocka_unit_test_setup(t_uncommitted_never_served, fresh_paths),
+        cmocka_unit_test_setup(t_peer_other_uid, fresh_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
