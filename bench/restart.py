@@ -8,6 +8,26 @@ what a restart costs without one: a cold load of the BF16 checkpoint
 JSON object to OUT.
 
   python3 bench/restart.py OUT.json [--repeat N] [--layers N]
+  python3 bench/restart.py OUT.json --file-undo-only [--file-undo-layers N] [--dir D]
+
+Row file_undo (issue 30 item 4, docs/core.md "Undo sources"): the zoo's
+qwen3_30b_a3b_fp8 row (bench/zoo.py's plan and sharded checkpoint writer,
+imported; block-128 FP8 serialized, stacked experts; 20 of 48 layers on a
+card under 100 GB) reloaded from its page-cached files into one model per
+series, registered and sealed afresh (seal's undo reservation waited for):
+  file_undo.off_*             rollback off
+  file_undo.files_*           the defaults: the previous update's files are
+                              the undo source (no undo log; undo bytes 0)
+  file_undo.log_*             rollback with undo_source="undo-log" (the
+                              undo log, as before), for reference
+  *_first_s                   the first update after the cold load (update
+                              2: the first the files serve), *_s the median
+                              of --repeat after it; cold_s the cold load
+  file_undo.cost_vs_rollback_off  files_s / off_s (target <= 1.3), and
+                              first_cost_vs_rollback_off the same of *_first_s
+  file_undo.abort_s           an update loaded then aborted at the defaults:
+                              the files reloaded; abort_restores_bytes: the
+                              runtime bytes after it equal those before
 
 Every restore goes into a fresh worker (new context, new tensors), as a
 restart would. Figures: medians of --repeat runs after one warm-up.
@@ -147,6 +167,76 @@ def keeper_row(table, ck, a, tmp):
             "ratio_to_ceiling": med(d2d) / med(rest_norb), "target": 0.80}
 
 
+def file_undo_series(zoo, B, plan, eng, d, a, rollback, undo_source):
+    """One model, freshly registered and sealed: a cold load, then
+    --repeat + 1 reloads of the files in d. Returns (seconds of each, the
+    last update's txn.stats(), the model's context, the model)."""
+    ctx = refit.Context(worker_id="file-undo", journal_path="")
+    m, _, _ = zoo.register(ctx, plan, eng)
+    zoo.wait_reserve(m)
+    times, stats = [], None
+    for k in range(a.repeat + 2):
+        B.sync()
+        t0 = time.perf_counter()
+        with m.update(version="v%d" % k, rollback=rollback, undo_source=undo_source) as txn:
+            txn.load_safetensors(d)
+            stats = txn.stats()
+        B.sync()
+        times.append(time.perf_counter() - t0)
+    return times, stats, ctx, m
+
+
+def file_undo_row(a, zoo=None, B=None, cfg=None):
+    """The file_undo row (module docstring). zoo, B, cfg: the bench/zoo.py
+    module, its backend and model config (tests pass the host's)."""
+    if zoo is None:
+        import zoo
+        B = zoo.backend("torch")
+        cfg = dict(zoo.CONFIGS["qwen3_30b_a3b"])
+    total = B.device_total()
+    layers = a.file_undo_layers or (cfg["layers"] if total is None or total >= 100e9 else 20)
+    plan = zoo.build_plan(cfg, "fp8b", layers)
+    d = tempfile.mkdtemp(prefix="refit-file-undo-", dir=a.dir)
+    res = {"model": "qwen3_30b_a3b", "quant": "fp8b", "layers": layers,
+           "bytes": plan.bytes, "tensors": len(plan.ckpt), "modules": len(plan.mods),
+           "target": "cost_vs_rollback_off <= 1.3 (first and steady)"}
+    try:
+        paths = zoo.write_checkpoint(B, plan, d, int(5e9), seed=11765)
+        res["shards"] = len(paths)
+        zoo.read_files(paths)
+        eng = zoo.Engine(B, plan)
+        med = statistics.median
+        for key, rb, src in (("off", False, "auto"), ("files", True, "auto"),
+                             ("log", True, "undo-log")):
+            t, st, ctx, m = file_undo_series(zoo, B, plan, eng, d, a, rb, src)
+            res[key + "_cold_s"], res[key + "_first_s"] = t[0], t[1]
+            res[key + "_s"], res[key + "_all_s"] = med(t[2:]), t[2:]
+            res[key + "_undo_bytes"] = st["undo_device_bytes"] + st["undo_host_bytes"]
+            if key == "files":
+                before = eng.digest()
+                B.sync()
+                txn = m.begin(version="aborted")
+                txn.load_safetensors(d)   # the same bytes: any difference is the restore's
+                B.sync()
+                t0 = time.perf_counter()
+                txn.abort()
+                B.sync()
+                res["abort_s"] = time.perf_counter() - t0
+                res["abort_restores_bytes"] = eng.digest() == before
+                res["abort_version"] = ctx.version
+            m.destroy()
+            ctx.close()
+        res["cost_vs_rollback_off"] = res["files_s"] / res["off_s"]
+        res["first_cost_vs_rollback_off"] = res["files_first_s"] / res["off_first_s"]
+        res["log_cost_vs_rollback_off"] = res["log_s"] / res["off_s"]
+        res["met"] = max(res["cost_vs_rollback_off"], res["first_cost_vs_rollback_off"]) <= 1.3
+        del eng
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        B.empty_cache()
+    return res
+
+
 def main():
     if len(sys.argv) == 5 and sys.argv[1] == "--keeper":
         return keeper_main(sys.argv[2], sys.argv[3], int(sys.argv[4]))
@@ -154,7 +244,18 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--file-undo-only", action="store_true", help="only the file_undo row")
+    ap.add_argument("--file-undo-layers", type=int, default=0,
+                    help="file_undo: layers of Qwen3-30B-A3B (default: all, 20 under 100 GB)")
+    ap.add_argument("--dir", default=None, help="file_undo: where its shards go")
     a = ap.parse_args()
+    if a.file_undo_only:
+        out = {"device": torch.cuda.get_device_name(), "repeat": a.repeat,
+               "file_undo": file_undo_row(a)}
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+        print(json.dumps(out, indent=1))
+        return 0
     table = shapes(a.layers)
     tmp = tempfile.mkdtemp(prefix="refit-restart-")
     try:
@@ -194,6 +295,7 @@ def main():
                             "target": 0.85},
                "restore_vs_cold": med(rest) / med(cold)}
         out["keeper"] = keeper_row(table, ck, a, tmp)
+        out["file_undo"] = file_undo_row(a)
         with open(a.out, "w") as f:
             json.dump(out, f, indent=1)
         print(json.dumps(out, indent=1))
