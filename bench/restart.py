@@ -39,6 +39,7 @@ restart would. Figures: medians of --repeat runs after one warm-up.
   keeper.restore_s            refit.keeper.restore from a keeper process on the
                               same GPU (rollback on); restore_norb_s: off
   keeper.ratio_to_ceiling     one D2D copy of the runtime bytes / restore_norb_s
+  keeper.*_noverify           the same without the worker's fingerprint pass
 """
 import argparse
 import json
@@ -147,12 +148,13 @@ def keeper_row(table, ck, a, tmp):
     p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--keeper", sock, ck,
                           str(a.layers)])
     try:
-        rest, rest_norb, d2d = [], [], []
+        rest, rest_norb, rest_nv, d2d = [], [], [], []
         for r in range(a.repeat + 1):
-            for rb, acc in ((True, rest), (False, rest_norb)):
-                x = Worker(table, "keeper-restore-%d-%d" % (r, rb))
+            for rb, v, acc in ((True, True, rest), (False, True, rest_norb),
+                               (False, False, rest_nv)):
+                x = Worker(table, "keeper-restore-%d-%d-%d" % (r, rb, v))
                 acc.append(timed(lambda: refit.keeper.restore(x.model, sock, rollback=rb,
-                                                              timeout=600)))
+                                                              timeout=600, verify=v)))
                 nbytes = x.runtime_bytes()
                 x.close()
             src = torch.empty(nbytes, dtype=torch.uint8, device=DEV)
@@ -164,7 +166,9 @@ def keeper_row(table, ck, a, tmp):
         p.wait()
     med = lambda v: statistics.median(v[1:])  # noqa: E731
     return {"restore_s": med(rest), "restore_norb_s": med(rest_norb), "d2d_s": med(d2d),
-            "ratio_to_ceiling": med(d2d) / med(rest_norb), "target": 0.80}
+            "ratio_to_ceiling": med(d2d) / med(rest_norb), "target": 0.80,
+            "restore_norb_noverify_s": med(rest_nv),
+            "ratio_to_ceiling_noverify": med(d2d) / med(rest_nv)}
 
 
 def file_undo_series(zoo, B, plan, eng, d, a, rollback, undo_source):

@@ -13,7 +13,7 @@
  *   update      begin (source keeper://PATH), every runtime tensor copied
  *               DIRECT from the keeper's memory, no post-load, prepare
  *               (its sync: the reads are over), every module's fingerprint
- *               against the keeper's
+ *               against the keeper's (opts.verify)
  *   K_DONE      0, or why not (the keeper counts and journals it)
  *   K_CONFIRM   by the deadline: commit. A keeper gone before it confirms
  *               may have freed its memory under the copies: abort
@@ -214,7 +214,7 @@ static int kr_copy(kr *r, refit_txn *t)
     free(src);
     if (rc || (rc = refit_finalize_prepare(t)))
         return rc;
-    for (uint32_t i = 0; i < m->n_modules; i++) {
+    for (uint32_t i = 0; r->o.verify && i < m->n_modules; i++) {
         uint64_t fp, want = ipc_k_offer_fp(&r->off, i);
         if ((rc = module_fingerprint(m, &m->modules[i], &fp)))
             return ctx_error(r->ctx, rc, "restore from keeper %s: module %s: fingerprint "
@@ -299,6 +299,9 @@ int refit_ipc_restore(refit_model *m, const char *path, const refit_ipc_restore_
     if (opts->version != REFIT_IPC_RESTORE_OPTS_VERSION)
         return ctx_error(ctx, REFIT_EINVAL, "restore from keeper: options of unknown version "
                          "%u", opts->version);
+    if (opts->verify != 0 && opts->verify != 1)
+        return ctx_error(ctx, REFIT_EINVAL, "restore from keeper: verify is 0 or 1, not %d",
+                         opts->verify);
     if (!m->sealed || m->txn)
         return ctx_error(ctx, REFIT_ESTATE, "restore from keeper %s: %s", path,
                          !m->sealed ? "the model is not sealed" : "an update is open");

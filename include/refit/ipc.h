@@ -309,8 +309,11 @@ typedef struct refit_ipc_restore_opts {
     const uint32_t *allow_uids;/* a keeper listening as one of these uids is
                                   trusted too; its own uid always is */
     uint32_t n_allow_uids;
+    int verify;                /* 1: every module's fingerprint after the copies
+                                  against the keeper's (one more read of the
+                                  bytes on the worker); 0: the copies alone */
 } refit_ipc_restore_opts;
-#define REFIT_IPC_RESTORE_OPTS_INIT {REFIT_IPC_RESTORE_OPTS_VERSION, 1, 0, NULL, NULL, 0}
+#define REFIT_IPC_RESTORE_OPTS_INIT {REFIT_IPC_RESTORE_OPTS_VERSION, 1, 0, NULL, NULL, 0, 1}
 
 /* Restore the sealed model from the keeper listening at keeper_path, as an
  * update: refused with nothing written when the keeper serves nothing
@@ -318,7 +321,7 @@ typedef struct refit_ipc_restore_opts {
  * (REFIT_EMISMATCH naming the first difference: load the checkpoint
  * instead). Then every runtime tensor is copied DIRECT from the keeper's
  * memory, no post-load runs, every module's fingerprint is checked against
- * the keeper's, and the worker commits at the keeper's version once the
+ * the keeper's (opts->verify), and the worker commits at the keeper's version once the
  * keeper confirms it outlived the copies (journaled with source
  * keeper://PATH). A keeper gone before it confirms, or any failure after
  * the first byte, aborts (rolled back, or POISONED without rollback). */

@@ -125,6 +125,8 @@ typedef struct keeper_job {
     int die_after_offer;        /* serve one restore as far as its offer, then SIGKILL */
     const char *journal;        /* the keeper's (NULL: none) */
     uint32_t socket_mode;       /* 0: 0600 */
+    const char *scribbled;      /* after one restore served, change a byte of its
+                                   memory behind refit's back, then create this file */
 } keeper_job;
 
 static int run_keeper(void *arg)
@@ -143,6 +145,17 @@ static int run_keeper(void *arg)
             keeper_offer(p.k, fd, ipc_now() + 20))
             return 12;
         raise(SIGKILL); /* the worker has the offer, not the confirmation */
+    }
+    refit_ipc_keeper_stats st = {0};
+    while (j->scribbled && !st.restores_served) {
+        if (refit_ipc_keeper_run(p.k, 0.05) || refit_ipc_keeper_stats_get(p.k, &st))
+            return 14;
+    }
+    if (j->scribbled) {
+        ((uint8_t *)p.rt[3].data)[1] ^= 0x40; /* a stray write into shared memory */
+        FILE *f = fopen(j->scribbled, "w");
+        if (!f || fclose(f))
+            return 15;
     }
     int rc = refit_ipc_keeper_run(p.k, 60);
     refit_ipc_keeper_destroy(p.k);
@@ -463,6 +476,45 @@ static void t_group_abort_serves_previous(void **state)
     nt_worker_close(&d);
 }
 
+/* Bytes of the keeper's memory changed after it fingerprinted them: the
+ * worker's check finds it, names the module and rolls back; without
+ * verify the copies alone commit what the memory holds. */
+static void t_verify_catches_changed_memory(void **state)
+{
+    (void)state;
+    char dir[256], mark[300];
+    nt_tmpdir(dir, sizeof dir);
+    snprintf(mark, sizeof mark, "%s/scribbled", dir);
+    keeper_job kj = {.seed = 1, .scribbled = mark};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    nt_worker a, b;
+    assert_int_equal(nt_worker_open(&a, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(restore(&a, 1), REFIT_OK);
+    expect_at(&a, 1);
+    for (int i = 0; i < 2000 && access(mark, F_OK); i++)
+        usleep(10000);
+    assert_int_equal(access(mark, F_OK), 0);
+    assert_int_equal(nt_worker_open(&b, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(load_version(b.m, 2), REFIT_OK);
+    assert_int_equal(restore(&b, 1), REFIT_ECORRUPT);
+    const char *msg = refit_errmsg(b.ctx);
+    assert_non_null(strstr(msg, "module layers.0.mlp"));
+    assert_non_null(strstr(msg, "rolled back"));
+    expect_at(&b, 2);
+    refit_ipc_restore_opts o = REFIT_IPC_RESTORE_OPTS_INIT;
+    o.timeout_s = 20;
+    o.verify = 0;
+    assert_int_equal(refit_ipc_restore(b.m, g_serve, &o), REFIT_OK);
+    assert_string_equal(refit_worker_version(b.ctx), "v1");
+    assert_memory_not_equal(b.buf[3], a.buf[3], a.bytes[3]);
+    o.verify = 2;
+    assert_int_equal(refit_ipc_restore(b.m, g_serve, &o), REFIT_EINVAL);
+    stop(keeper);
+    nt_worker_close(&a);
+    nt_worker_close(&b);
+    nt_rmdir(dir);
+}
+
 /* ---- who may restore (the checks of docs/ipc.md, "Trust model") ---- */
 
 static int become_nobody(void)
@@ -514,18 +566,18 @@ static void t_peer_other_uid(void **state)
     snprintf(journal, sizeof journal, "%s/keeper.db", dir);
     keeper_job kj = {.seed = 1, .journal = journal, .socket_mode = 0666};
     pid_t keeper = it_fork(run_keeper, &kj);
-    int trust = 1;
-    assert_int_equal(it_wait(it_fork(run_nobody_restorer, &trust)), 0);
-    trust = 0;
-    assert_int_equal(it_wait(it_fork(run_nobody_restorer, &trust)), 0);
-    nt_worker ok; /* its own uid is served */
+    nt_worker ok; /* its own uid is served (and the keeper listens: its mode is set) */
     assert_int_equal(nt_worker_open(&ok, 0, 1, NULL), REFIT_OK);
     assert_int_equal(restore(&ok, 1), REFIT_OK);
     expect_at(&ok, 1);
     nt_worker_close(&ok);
-    /* the keeper journals a restore served after its confirmation */
+    int trust = 1;
+    assert_int_equal(it_wait(it_fork(run_nobody_restorer, &trust)), 0);
+    trust = 0;
+    assert_int_equal(it_wait(it_fork(run_nobody_restorer, &trust)), 0);
+    /* the keeper journals after it answered: wait for its rows */
     for (int i = 0; i < 1000 && sql_count(journal, "SELECT count(*) FROM events WHERE "
-                                                   "kind = 'keeper'") < 1; i++)
+                                                   "kind IN ('keeper', 'ipc-peer')") < 3; i++)
         usleep(10000);
     stop(keeper);
     /* both of uid 65534's connections, the one that left at once too */
@@ -545,6 +597,7 @@ int main(void)
         cmocka_unit_test_setup(t_keeper_killed_mid_restore, fresh_paths),
         cmocka_unit_test_setup(t_group_abort_serves_previous, fresh_paths),
         cmocka_unit_test_setup(t_uncommitted_never_served, fresh_paths),
+        cmocka_unit_test_setup(t_verify_catches_changed_memory, fresh_paths),
         cmocka_unit_test_setup(t_peer_other_uid, fresh_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

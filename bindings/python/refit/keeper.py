@@ -54,7 +54,7 @@ class KeeperStats(ctypes.Structure):
 
 class RestoreOpts(ctypes.Structure):
     _fields_ = [("version", _U32), ("rollback", _I), ("timeout_s", _D), ("stream", _P),
-                ("allow_uids", ctypes.POINTER(_U32)), ("n_allow_uids", _U32)]
+                ("allow_uids", ctypes.POINTER(_U32)), ("n_allow_uids", _U32), ("verify", _I)]
 
 
 _PP = ctypes.POINTER(_P)
@@ -220,15 +220,18 @@ class Keeper:
 
 
 def restore(model: Model, path: str, rollback: bool = True, timeout: float = 0.0,
-            stream: Stream = None, allow_uids: Optional[Sequence[int]] = None) -> None:
+            stream: Stream = None, allow_uids: Optional[Sequence[int]] = None,
+            verify: bool = True) -> None:
     """Restore the sealed model from the keeper at path (keeper://PATH or
     the bare socket path), refit_ipc_restore: RefitError with nothing
     written when the keeper serves nothing or the plan signatures differ
     (load the checkpoint instead); a keeper gone before it confirms, or any
-    failure after the first byte, rolls back (rollback) or poisons."""
+    failure after the first byte, rolls back (rollback) or poisons.
+    verify: every module's fingerprint after the copies against the
+    keeper's (one more read of the bytes)."""
     uids = _uids(allow_uids)
     opts = RestoreOpts(1, 1 if rollback else 0, timeout, _stream(stream), uids,
-                       len(allow_uids or ()))
+                       len(allow_uids or ()), 1 if verify else 0)
     ctx = model.ctx
     claimed = ctx._claim("restore from %s" % path, call="restore")
     try:
