@@ -106,7 +106,7 @@ static void check_declaration(const kit_env *env, kit_result *r)
     if (!mods)
         return say(r, KIT_FAIL, "%s has no module of format %s", env->case_path, env->format);
     for (int rank = 0; rank < env->tp; rank++) {
-        kit_world w;
+        kit_world w = {0};
         char why[2048];
         int rc = kit_world_open(&w, env, rank, KIT_SHARDED, 0xa5, why, sizeof why);
         kit_world_close(&w);
@@ -122,7 +122,7 @@ static void check_declaration(const kit_env *env, kit_result *r)
 
 static void check_cold_start(const kit_env *env, kit_result *r)
 {
-    kit_world a, b;
+    kit_world a = {0}, b = {0};
     char where[256];
     if (cold(&a, env, 0, KIT_SHARDED, 0xa5, VERSION_B, r) ||
         cold(&b, env, 0, KIT_SHARDED, 0x5a, VERSION_B, r))
@@ -175,7 +175,7 @@ static int b_over_a(const kit_env *env, kit_result *r, int many, kit_world *c, k
 
 static void check_reload(const kit_env *env, kit_result *r)
 {
-    kit_world c, h;
+    kit_world c = {0}, h = {0};
     if (!b_over_a(env, r, 0, &c, &h))
         say(r, KIT_PASS, "A then B gives exactly the bytes of a cold start of B");
     kit_world_close(&c);
@@ -186,7 +186,7 @@ static void check_reload(const kit_env *env, kit_result *r)
 
 static void check_twice(const kit_env *env, kit_result *r)
 {
-    kit_world w;
+    kit_world w = {0};
     char where[256], why[2048];
     if (cold(&w, env, 0, KIT_SHARDED, 0xa5, VERSION_B, r))
         goto out;
@@ -216,7 +216,7 @@ static int nan_refused(kit_world *w, uint64_t version, const mdoc_mod *mod, cons
 
 static void check_many(const kit_env *env, kit_result *r)
 {
-    kit_world c, w;
+    kit_world c = {0}, w = {0};
     char why[2048];
     if (b_over_a(env, r, 1, &c, &w))
         goto out;
@@ -246,7 +246,7 @@ static void check_tp(const kit_env *env, kit_result *r)
 {
     char where[256], why[2048];
     for (int rank = 0; rank < env->tp; rank++) {
-        kit_world s, t;
+        kit_world s = {0}, t = {0};
         int rc = kit_world_open(&s, env, rank, KIT_SHARDED, 0xa5, why, sizeof why);
         if (rc) {
             say(r, KIT_FAIL, "rank %d: %s", rank, why);
@@ -335,7 +335,7 @@ static int nan_refused(kit_world *w, uint64_t version, const mdoc_mod *mod, cons
 
 static void check_nan(const kit_env *env, kit_result *r)
 {
-    kit_world w;
+    kit_world w = {0};
     char why[2048];
     int tried = 0;
     if (cold(&w, env, 0, KIT_SHARDED, 0xa5, VERSION_A, r))
@@ -374,7 +374,7 @@ static refit_dtype other_dtype(refit_dtype dt)
 
 static void check_refusal(const kit_env *env, kit_result *r)
 {
-    kit_world w;
+    kit_world w = {0};
     char where[256], why[2048];
     const mdoc_ck *ck = NULL;
     const mdoc_mod *mod = NULL;
@@ -482,7 +482,7 @@ static void check_reference(const kit_env *env, kit_result *r)
     int runs = 0;
     for (int rank = 0; rank < env->tp; rank++)
         for (size_t v = 0; v < 2; v++) {
-            kit_world w;
+            kit_world w = {0};
             char why[2048];
             int rc = cold(&w, env, rank, KIT_SHARDED, 0xa5, versions[v], r);
             if (!rc) {

@@ -12,6 +12,8 @@
  *   KF_SCRIBBLE  reads its staged views in place (REFIT_MODULE_STAGED_IN_PLACE,
  *                as every variant does) but writes them, i.e. the caller's
  *                source: many fails
+ *   KF_REFUSE    refuses every update at post_load: every check that needs a
+ *                cold start fails (and the kit must still say so, not crash)
  * (a declaration that lists another route is the liar test: declaration
  * fails.) */
 #include <math.h>
@@ -51,6 +53,10 @@ static int kf_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void 
 {
     (void)stream;
     (void)h;
+#ifdef KF_REFUSE
+    return h->error(h->host, REFIT_ECORRUPT, "module %s: this build refuses every update",
+                    m->name);
+#endif
     for (uint32_t i = 0; i < m->n_ckpt; i++) {
         const refit_fmt_ckpt *c = refit_ckpt(m, i);
         const float *in = c->staged.data;
