@@ -5,6 +5,7 @@
 
 #include "core/util.h"
 #include "core/ctx.h"
+#include "core/delta_file.h"
 #include "core/model.h"
 #include "core/txn.h"
 #include "core/txn_journal.h"
@@ -14,6 +15,7 @@ typedef struct replay_row {
     char state[32];
     char *version, *uri, *digest;
     int rollback;
+    char *delta_base, *delta_version; /* a delta file's (replay_delta) */
 } replay_row;
 
 static int copy_row(void *user, const journal_update_row *r)
@@ -97,6 +99,60 @@ static int replay_source(refit_ctx *ctx, int64_t id, const replay_row *row, refi
     return REFIT_OK;
 }
 
+/* Re-run it from its checkpoint: the modules rs sends. */
+static int replay_whole(refit_model *m, int64_t id, const refit_replay_opts *o,
+                        const replay_row *row, refit_source *src, replay_set *rs,
+                        const char *digest)
+{
+    refit_ctx *ctx = m->ctx;
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.version_label = row->version;
+    uo.source_uri = row->uri;
+    uo.source_digest = digest;
+    uo.rollback = o->rollback;
+    /* what the journal shows complete is not sent again: a delta */
+    for (uint32_t i = 0; i < m->n_modules; i++)
+        uo.partial |= !rs->send[i];
+    refit_txn *t = NULL;
+    int rc = txn_begin(&t, m, &uo, id);
+    if (!rc && (rc = refit_load_source_filtered(t, src, filter_module, rs, NULL, NULL, NULL))) {
+        char why[REFIT_ERRMSG_SIZE];
+        memcpy(why, ctx->errmsg, sizeof why);
+        refit_abort(t);
+        ctx_error(ctx, rc, "replay of update %lld: %s", (long long)id, why);
+    } else if (!rc) {
+        rc = refit_finalize(t);
+    }
+    return rc;
+}
+
+/* A delta update replays whole from its delta file, against the base the
+ * file names: begin refuses it unless every module holds that base again
+ * (a rolled-back failure leaves them there; a poisoned one does not). What
+ * the file patches is what changed. */
+static int replay_delta(refit_model *m, int64_t id, const refit_replay_opts *o,
+                        const replay_row *row, const char *digest)
+{
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.version_label = row->version;
+    uo.source_uri = row->uri;
+    uo.source_digest = digest;
+    uo.rollback = o->rollback;
+    uo.base_version = row->delta_base;
+    uo.others_unchanged = 1;
+    refit_txn *t = NULL;
+    int rc = txn_begin(&t, m, &uo, id);
+    if (rc)
+        return rc;
+    if ((rc = refit_load_delta_file(t, row->uri + 7, NULL))) {
+        char why[REFIT_ERRMSG_SIZE];
+        memcpy(why, m->ctx->errmsg, sizeof why);
+        refit_abort(t);
+        return ctx_error(m->ctx, rc, "replay of update %lld: %s", (long long)id, why);
+    }
+    return refit_finalize(t);
+}
+
 static int replay_run(refit_model *m, int64_t id, const refit_replay_opts *o, replay_row *row)
 {
     refit_ctx *ctx = m->ctx;
@@ -107,6 +163,13 @@ static int replay_run(refit_model *m, int64_t id, const refit_replay_opts *o, re
                                                : journal_errmsg(ctx->journal));
     if ((rc = replayable(ctx, id, row)))
         return rc;
+    char why[REFIT_ERRMSG_SIZE];
+    if (delta_file_versions(row->uri + 7, &row->delta_base, &row->delta_version, why,
+                            sizeof why) == REFIT_OK &&
+        strcmp(row->delta_version, row->version))
+        return ctx_error(ctx, REFIT_ECORRUPT, "replay: update %lld made version '%s', its "
+                         "delta file %s makes '%s'", (long long)id, row->version, row->uri,
+                         row->delta_version);
     replay_set rs = {m, calloc(m->n_modules + 1, 1)};
     if (!rs.send)
         return ctx_error(ctx, REFIT_ENOMEM, "replay: out of memory");
@@ -120,26 +183,10 @@ static int replay_run(refit_model *m, int64_t id, const refit_replay_opts *o, re
     refit_source *src = NULL;
     char digest[REFIT_SOURCE_ID_SIZE];
     rc = replay_source(ctx, id, row, &src, digest);
-    refit_txn *t = NULL;
-    if (!rc) {
-        refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
-        uo.version_label = row->version;
-        uo.source_uri = row->uri;
-        uo.source_digest = digest;
-        uo.rollback = o->rollback;
-        /* what the journal shows complete is not sent again: a delta */
-        for (uint32_t i = 0; i < m->n_modules; i++)
-            uo.partial |= !rs.send[i];
-        rc = txn_begin(&t, m, &uo, id);
-    }
-    if (!rc && (rc = refit_load_source_filtered(t, src, filter_module, &rs, NULL, NULL, NULL))) {
-        char why[REFIT_ERRMSG_SIZE];
-        memcpy(why, ctx->errmsg, sizeof why);
-        refit_abort(t);
-        ctx_error(ctx, rc, "replay of update %lld: %s", (long long)id, why);
-    } else if (!rc) {
-        rc = refit_finalize(t);
-    }
+    if (!rc && row->delta_base)
+        rc = replay_delta(m, id, o, row, digest);
+    else if (!rc)
+        rc = replay_whole(m, id, o, row, src, &rs, digest);
     refit_source_close(src);
     free(rs.send);
     return rc;
@@ -163,10 +210,12 @@ int refit_replay(refit_model *m, int64_t update_id, const refit_replay_opts *opt
     if (!ctx->journal)
         return ctx_error(ctx, REFIT_EJOURNAL, "replay needs a journal: %s",
                          ctx->journal_path ? ctx->journal_err : "none configured");
-    replay_row row = {{0}, NULL, NULL, NULL, 0};
+    replay_row row = {{0}, NULL, NULL, NULL, 0, NULL, NULL};
     int rc = replay_run(m, update_id, opts, &row);
     free(row.version);
     free(row.uri);
     free(row.digest);
+    free(row.delta_base);
+    free(row.delta_version);
     return rc;
 }

@@ -454,6 +454,22 @@ typedef struct refit_delta {
 REFIT_API int refit_load_deltas(refit_txn *txn, size_t n, const refit_delta *rows,
                                 void *stream);
 
+/* Delta files (docs/delta-file.md): a delta update's patches in one
+ * safetensors file, with its base version, its new version and a SHA-256
+ * of each tensor's indices and values. refit_delta_file_write writes rows
+ * (host memory; refit_load_deltas' rows) to path, through a temporary name
+ * renamed into place; a bad row is refused naming it, nothing written. */
+REFIT_API int refit_delta_file_write(refit_ctx *ctx, const char *path,
+                                     const char *base_version, const char *version,
+                                     size_t n, const refit_delta *rows);
+/* Patch from a delta file in an open delta update whose base and version
+ * label are the file's. A malformed or truncated file, another base or
+ * version, or a tensor whose checksum differs is refused naming it, before
+ * refit_load_deltas checks and writes the patches; any refusal writes
+ * nothing and is refit_load's. Begin the update with source_uri
+ * "file://PATH" and refit_replay replays a failed one from the file. */
+REFIT_API int refit_load_delta_file(refit_txn *txn, const char *path, void *stream);
+
 /* Check completeness (every module, or every touched one of a partial
  * update), run the checks, commit. Worker -> READY at the update's
  * version. On failure the update is aborted as refit_abort would

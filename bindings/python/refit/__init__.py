@@ -19,6 +19,7 @@ guide for engines: docs/embedding.md."""
 from ._version import __version__
 from .core import (Context, Health, Model, RefitError, Source, SourceSet, Txn, describe,
                    dtype_name, status_name, strerror)
+from .delta_file import write_delta_file
 from . import moe
 from .moe import ExpertMap, register_experts
 from .tensors import Desc, refit_dtype
@@ -26,4 +27,4 @@ from .torch_util import register_module
 
 __all__ = ["Context", "Desc", "ExpertMap", "Health", "Model", "RefitError", "Source", "SourceSet",
            "Txn", "__version__", "describe", "dtype_name", "moe", "refit_dtype",
-           "register_experts", "register_module", "status_name", "strerror"]
+           "register_experts", "register_module", "status_name", "strerror", "write_delta_file"]

@@ -988,6 +988,16 @@ class Txn:
         self._run(what, _ffi.lib().refit_load_deltas, len(rows), ctypes.cast(arr, ctypes.c_void_p),
                   st)
 
+    def load_delta_file(self, path: str, stream: Stream = None) -> None:
+        """The patches of a delta file (docs/delta-file.md, refit_load_delta_file):
+        refused, nothing written, when it is malformed or cut short, a
+        tensor's checksum differs, or its base or version is not the
+        update's. As the first call of model.update() it also sets what the
+        update left unset: base and version from the file, and the file as
+        its source (a failed update is then replayed from it)."""
+        from . import delta_file
+        delta_file.load_into(self, path, stream)
+
     def load_dict(self, tensors, stream=None, strict=True):
         """Every tensor of a name -> tensor mapping, in one refit_load_many
         call: every row checked before any byte is written (a bad one
