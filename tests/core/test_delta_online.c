@@ -482,14 +482,41 @@ static void test_abort_after_half_restores(void **s)
     assert_true(tw_fp(&w) != fp); /* k's rows were rebuilt */
     assert_int_equal(refit_abort(t), REFIT_OK);
     assert_unchanged(&w, fp, "v1");
-    /* k's master is version 1 again: patching v alone equals a reload of
-     * version 1 with v's patch */
+    /* k's master is version 1 again: another patch of k, and v's, equal a
+     * reload of version 1 with those two patches */
+    patch both[2] = {make_patch(&w, "k.weight", 8, 500), v};
     t = begin_delta(&w, "v2", "v1");
-    assert_int_equal(apply(&w, t, &v), REFIT_OK);
+    assert_int_equal(apply(&w, t, &both[0]), REFIT_OK);
+    assert_int_equal(apply(&w, t, &both[1]), REFIT_OK);
     assert_int_equal(refit_finalize(t), REFIT_OK);
-    assert_equals_full_reload(&w, &v, 1, "v2-full");
+    assert_equals_full_reload(&w, both, 2, "v2-full");
     free(k.idx);
+    free(both[0].idx);
     free(v.idx);
+    tw_close(&w);
+}
+
+/* A full update that rewrote the masters and was aborted puts them back:
+ * a delta against version 1 then equals a reload of version 1 patched. */
+static void test_full_update_aborted_restores_masters(void **s)
+{
+    (void)s;
+    tw w;
+    open_world(&w, BIG_BUDGET);
+    build_fp8_qkv(&w);
+    tw_seal(&w);
+    tw_update(&w, 1, "v1");
+    uint64_t fp = tw_fp(&w);
+    refit_txn *t = tw_begin(&w, "v2", 1);
+    tw_load_all(&w, t, 2, NULL); /* every post-load ran: masters hold version 2 */
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    assert_unchanged(&w, fp, "v1");
+    patch q = make_patch(&w, "q.weight", 31, 9);
+    t = begin_delta(&w, "v3", "v1");
+    assert_int_equal(apply(&w, t, &q), REFIT_OK);
+    assert_int_equal(refit_finalize(t), REFIT_OK);
+    assert_equals_full_reload(&w, &q, 1, "v3-full");
+    free(q.idx);
     tw_close(&w);
 }
 
@@ -573,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_no_master_refused),
         cmocka_unit_test(test_small_budget_refused),
         cmocka_unit_test(test_abort_after_half_restores),
+        cmocka_unit_test(test_full_update_aborted_restores_masters),
         cmocka_unit_test(test_deltas_chain),
         cmocka_unit_test(test_whole_and_patch_in_one_unit_refused),
     };
