@@ -87,6 +87,8 @@ typedef struct int4_state {
     int64_t pitch;            /* u8: bytes per runtime row */
     int online;               /* a float W.weight, quantized at post-load */
     int64_t k;                /* online: this rank's K */
+    int shape_checked;        /* weight_shape already checked in this
+                                 post_load_many (check_shapes_at_once) */
 } int4_state;
 
 #define ERR(h, st, ...) (h)->error((h)->host, (st), __VA_ARGS__)
@@ -573,6 +575,20 @@ static int64_t load_int(const refit_view *v, int64_t i)
 
 /* The checkpoint's (N, K) must describe the slices the plan was built for:
  * a whole extent may end in a ragged group, a shard must not cut one. */
+/* The two values of a weight_shape whose bytes are at raw, host memory. */
+static void shape_values(const refit_fmt_ckpt *c, const void *raw, int64_t nk[2])
+{
+    refit_view one = c->staged;
+    one.data = (void *)raw;
+    one.device = (refit_device){REFIT_DEVICE_CPU, 0};
+    one.strides[0] = 1;
+    for (int i = 0; i < 2; i++)
+        nk[i] = load_int(&one, i);
+}
+
+static int check_shape_values(const refit_host_v2 *h, const refit_fmt_module *m,
+                              const int4_state *s, const int64_t nk[2]);
+
 static int check_shape(const refit_host_v2 *h, const refit_fmt_module *m, const int4_state *s,
                        void *stream)
 {
@@ -582,18 +598,20 @@ static int check_shape(const refit_host_v2 *h, const refit_fmt_module *m, const 
         for (int i = 0; i < 2; i++)
             nk[i] = load_int(&c->staged, i);
     } else { /* staged on the device: its two values come back (checked at seal) */
-        size_t es = c->staged.dtype.bits / 8;
         char raw[16];
-        refit_view one = c->staged;
-        one.data = raw;
-        one.device = (refit_device){REFIT_DEVICE_CPU, 0};
-        one.strides[0] = 1;
-        int rc = h->fetch(h->host, raw, 2 * es, &c->staged, stream);
+        int rc = h->fetch(h->host, raw, 2 * (size_t)(c->staged.dtype.bits / 8), &c->staged,
+                          stream);
         if (rc)
             return rc;
-        for (int i = 0; i < 2; i++)
-            nk[i] = load_int(&one, i);
+        shape_values(c, raw, nk);
     }
+    return check_shape_values(h, m, s, nk);
+}
+
+static int check_shape_values(const refit_host_v2 *h, const refit_fmt_module *m,
+                              const int4_state *s, const int64_t nk[2])
+{
+    const refit_fmt_ckpt *c = refit_ckpt(m, s->ck[R_SHAPE]);
     if (nk[0] <= 0 || nk[1] <= 0 || (s->in_features && nk[1] != s->in_features) ||
         (s->out_features && nk[0] != s->out_features))
         return ERR(h, REFIT_ECORRUPT, "module %s, tensor %s: shape (%lld, %lld) disagrees with "
@@ -672,8 +690,9 @@ static int finish(const refit_host_v2 *h, const refit_fmt_module *m, const int4_
                   void *stream)
 {
     int rc = REFIT_OK;
-    if (!s->online && s->ck[R_SHAPE] >= 0)
+    if (!s->online && s->ck[R_SHAPE] >= 0 && !s->shape_checked)
         rc = check_shape(h, m, s, stream);
+    ((int4_state *)m->state)->shape_checked = 0;
     if (!rc && s->layout == LAYOUT_U8 && s->pitch > 4 * s->words)
         rc = zero_pad(h, m, s, stream);
     return rc;
@@ -800,10 +819,90 @@ static const refit_sdk_group_ops int4_groups = {int4_where, quantize_device, pos
  * seal); online on host memory: the reference, a bad module stopping the
  * call (REFIT_ECORRUPT, its message). Then each module's weight_shape
  * check and u8 pad. */
+/* 1 when m's weight_shape is staged on a device (read back to check it). */
+static int shape_on_device(const refit_fmt_module *m)
+{
+    const int4_state *s = m->state;
+    return !s->online && s->ck[R_SHAPE] >= 0 && !on_host(&refit_ckpt(m, s->ck[R_SHAPE])->staged);
+}
+
+/* Whether a's and b's weight_shape are staged on one device. */
+static int same_device(const refit_fmt_module *a, const refit_fmt_module *b)
+{
+    refit_device da = refit_ckpt(a, ((const int4_state *)a->state)->ck[R_SHAPE])->staged.device;
+    refit_device db = refit_ckpt(b, ((const int4_state *)b->state)->ck[R_SHAPE])->staged.device;
+    return da.device_type == db.device_type && da.device_id == db.device_id;
+}
+
+static void shapes_unchecked(const refit_fmt_module *const *mods, uint32_t n)
+{
+    for (uint32_t k = 0; k < n; k++)
+        ((int4_state *)mods[k]->state)->shape_checked = 0;
+}
+
+/* The weight_shape of every module of one call staged on the device of
+ * the first such module, checked with one read back: each [2] is copied
+ * into one scratch there, which comes back in one fetch. A fetch waits
+ * for the stream, so a call of thousands of expert modules waits once,
+ * not once a module. Fewer than two, or no scratch: finish reads each. */
+static int check_shapes_at_once(const refit_host_v2 *h, const refit_fmt_module *const *mods,
+                                uint32_t n, void *stream)
+{
+    uint32_t first = n, cnt = 0;
+    for (uint32_t k = 0; k < n; k++)
+        if (shape_on_device(mods[k]) && (first == n || same_device(mods[k], mods[first]))) {
+            first = first == n ? k : first;
+            cnt++;
+        }
+    if (cnt < 2)
+        return REFIT_OK;
+    refit_device dev = refit_ckpt(mods[first], ((const int4_state *)mods[first]->state)
+                                                   ->ck[R_SHAPE])->staged.device;
+    char *dbuf = h->scratch(h->host, dev, 16 * (size_t)cnt);
+    unsigned char *raw = h->mem_alloc(h->host, 16 * (size_t)cnt);
+    int rc = REFIT_OK;
+    uint32_t i = 0;
+    for (uint32_t k = first; k < n && dbuf && raw && !rc; k++) {
+        if (!shape_on_device(mods[k]) || !same_device(mods[k], mods[first]))
+            continue;
+        const refit_fmt_ckpt *c = refit_ckpt(mods[k], ((const int4_state *)mods[k]->state)
+                                                          ->ck[R_SHAPE]);
+        refit_view dst = c->staged;
+        dst.data = dbuf + 16 * (size_t)i++;
+        dst.strides[0] = 1;
+        rc = h->copy(h->host, &dst, &c->staged, stream);
+    }
+    if (dbuf && raw && !rc) {
+        refit_view all = {.data = dbuf, .device = dev, .dtype = {REFIT_DTYPE_UINT, 8, 1},
+                          .ndim = 1, .shape = {16 * (int64_t)cnt}, .strides = {1}};
+        rc = h->fetch(h->host, raw, 16 * (size_t)cnt, &all, stream);
+    }
+    i = 0;
+    for (uint32_t k = first; k < n && dbuf && raw && !rc; k++) {
+        if (!shape_on_device(mods[k]) || !same_device(mods[k], mods[first]))
+            continue;
+        int4_state *s = (int4_state *)mods[k]->state;
+        int64_t nk[2];
+        shape_values(refit_ckpt(mods[k], s->ck[R_SHAPE]), raw + 16 * (size_t)i++, nk);
+        rc = check_shape_values(h, mods[k], s, nk);
+        s->shape_checked = !rc;
+    }
+    if (raw)
+        h->mem_free(h->host, raw);
+    if (rc)
+        shapes_unchecked(mods, n);
+    return rc; /* no scratch or host memory: finish reads each one */
+}
+
 static int int4_post_load_many(const refit_host_v2 *h, const refit_fmt_module *const *mods,
                                uint32_t n, void *stream)
 {
-    return refit_sdk_post_load_groups(h, mods, n, stream, &int4_groups, NULL);
+    int rc = check_shapes_at_once(h, mods, n, stream);
+    if (!rc)
+        rc = refit_sdk_post_load_groups(h, mods, n, stream, &int4_groups, NULL);
+    if (rc)
+        shapes_unchecked(mods, n);
+    return rc;
 }
 
 static int int4_post_load(const refit_host_v2 *h, const refit_fmt_module *m, void *stream)

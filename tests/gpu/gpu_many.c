@@ -206,10 +206,12 @@ void pair_check_load_many_watched(void **state, const pair_format *f)
     free(each);
 }
 
-/* A NaN (defect 1) in one tensor of the call, each of bads[] in turn:
- * every row is taken, finalize fails naming that module and tensor, the
- * rollback keeps every byte and the version. */
-void pair_check_load_many_nan(void **state, const pair_format *f, const int *bads, int n_bads)
+/* A defect (pair_deliver's: 1 a NaN, 2 a wrong weight_shape) in one
+ * tensor of the call, each of bads[] in turn: every row is taken,
+ * finalize fails naming that module, tensor and reason, the rollback
+ * keeps every byte and the version. */
+void pair_check_load_many_refused(void **state, const pair_format *f, const int *bads,
+                                  int n_bads, int defect, const char *reason)
 {
     WORLDS(state, d, h);
     (void)h;
@@ -219,10 +221,10 @@ void pair_check_load_many_nan(void **state, const pair_format *f, const int *bad
     char *before = pair_snapshot(d, &n0);
     for (int k = 0; k < n_bads; k++) {
         const pair_ck *c = &d->ck[bads[k]];
-        assert_int_equal(many_update(d, f, 52, 0, bads[k], 1, msg), REFIT_ECORRUPT);
-        if (!strstr(msg, c->module) || !strstr(msg, c->name) || !strstr(msg, "NaN or infinity"))
-            fail_msg("message \"%s\" lacks module %s, tensor %s or \"NaN or infinity\"", msg,
-                     c->module, c->name);
+        assert_int_equal(many_update(d, f, 52, 0, bads[k], defect, msg), REFIT_ECORRUPT);
+        if (!strstr(msg, c->module) || !strstr(msg, c->name) || !strstr(msg, reason))
+            fail_msg("message \"%s\" lacks module %s, tensor %s or \"%s\"", msg, c->module,
+                     c->name, reason);
         assert_int_equal(refit_worker_health(d->ctx), REFIT_HEALTH_READY);
         assert_string_equal(refit_worker_version(d->ctx), "v51");
         char *after = pair_snapshot(d, &n1);
@@ -231,5 +233,10 @@ void pair_check_load_many_nan(void **state, const pair_format *f, const int *bad
         free(after);
     }
     free(before);
+}
+
+void pair_check_load_many_nan(void **state, const pair_format *f, const int *bads, int n_bads)
+{
+    pair_check_load_many_refused(state, f, bads, n_bads, 1, "NaN or infinity");
 }
 

@@ -15,5 +15,7 @@ void pair_check_load_many_watched(void **state, const pair_format *f);
 /* A NaN (defect 1) in tensor bads[k] of the call, each in turn: finalize
  * fails naming its module and tensor, the rollback keeps every byte. */
 void pair_check_load_many_nan(void **state, const pair_format *f, const int *bads, int n_bads);
+void pair_check_load_many_refused(void **state, const pair_format *f, const int *bads,
+                                  int n_bads, int defect, const char *reason);
 
 #endif

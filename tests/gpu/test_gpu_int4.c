@@ -884,6 +884,22 @@ static void test_model_load_many_nan(void **state)
     }
     pair_check_load_many_nan(state, &int4_model, bads, d ? 2 : 0);
 }
+
+/* A wrong weight_shape of c0, then of c1, in a call of every module: the
+ * call's weight_shapes come back in one read (check_shapes_at_once), and
+ * the refusal still names the module and tensor. */
+static void test_model_load_many_shape(void **state)
+{
+    const pair_world *d = *state; /* NULL without a device: the case skips */
+    int bads[2] = {-1, -1};
+    for (int k = 0; d && k < d->n_ck; k++) {
+        if (!strcmp(d->ck[k].name, "c0.weight_shape"))
+            bads[0] = k;
+        if (!strcmp(d->ck[k].name, "c1.weight_shape"))
+            bads[1] = k;
+    }
+    pair_check_load_many_refused(state, &int4_model, bads, d ? 2 : 0, 2, "shape (");
+}
 #endif /* REFIT_GPU_EMU */
 
 int main(void)
@@ -899,7 +915,7 @@ int main(void)
         return 0;
     /* one group (one TAP plan): the kernel cases where the kernel runs, the
      * model cases where the library is linked */
-    struct CMUnitTest tests[11];
+    struct CMUnitTest tests[12];
     size_t n = 0;
     if (!on_host_only) {
         tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_kernel_sweep);
@@ -915,6 +931,7 @@ int main(void)
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_refusals_roll_back);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_load_many);
     tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_load_many_nan);
+    tests[n++] = (struct CMUnitTest)cmocka_unit_test(test_model_load_many_shape);
     return _cmocka_run_group_tests("gpu-int4", tests, n, pair_setup, pair_teardown);
 #else
     return _cmocka_run_group_tests("gpu-int4", tests, n, NULL, NULL);
