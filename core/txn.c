@@ -500,9 +500,9 @@ static int txn_open(refit_txn **out, refit_model *m, const refit_update_opts *op
     if (m->txn)
         return ctx_error(ctx, REFIT_ESTATE, "begin: an update is already open on worker %s",
                          ctx->worker_id);
-    if (o.undo_source < REFIT_UNDO_AUTO || o.undo_source > REFIT_UNDO_OFF)
+    if (o.undo_source < REFIT_UNDO_AUTO || o.undo_source > REFIT_UNDO_KEEPER)
         return ctx_error(ctx, REFIT_EINVAL, "begin: undo_source %d is none of REFIT_UNDO_AUTO, "
-                         "_LOG, _FILES, _SNAPSHOT, _OFF", o.undo_source);
+                         "_LOG, _FILES, _SNAPSHOT, _OFF, _KEEPER", o.undo_source);
     if (o.undo_source == REFIT_UNDO_OFF)
         o.rollback = 0;
     int rc = model_check_signatures(m, "begin");

@@ -76,7 +76,10 @@ static undo_source *find_mode(refit_model *m, int mode)
 
 static const char *mode_name(int mode)
 {
-    return mode == REFIT_UNDO_FILES ? "files" : mode == REFIT_UNDO_SNAPSHOT ? "snapshot" : "?";
+    return mode == REFIT_UNDO_FILES      ? "files"
+           : mode == REFIT_UNDO_SNAPSHOT ? "snapshot"
+           : mode == REFIT_UNDO_KEEPER   ? "keeper"
+                                         : "?";
 }
 
 int undo_source_pick(refit_model *m, int mode, undo_source **out, char *why, size_t n)
@@ -87,10 +90,10 @@ int undo_source_pick(refit_model *m, int mode, undo_source **out, char *why, siz
         return REFIT_OK;
     /* auto: the previous update's files first (they are what a cold start
      * of that version reads), then a snapshot */
-    static const int order[] = {REFIT_UNDO_FILES, REFIT_UNDO_SNAPSHOT};
+    static const int order[] = {REFIT_UNDO_FILES, REFIT_UNDO_SNAPSHOT, REFIT_UNDO_KEEPER};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
-        if (mode != REFIT_UNDO_AUTO && mode != order[i])
-            continue;
+        if (mode != order[i] && (mode != REFIT_UNDO_AUTO || order[i] == REFIT_UNDO_KEEPER))
+            continue; /* a keeper only by name: its abort waits on another process */
         undo_source *s = find_mode(m, order[i]);
         char reason[512] = "";
         if (!s)

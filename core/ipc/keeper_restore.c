@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -34,6 +35,7 @@
 #include "core/snapshot_sig.h"
 #include "core/txn.h"
 #include "core/txn_journal.h"
+#include "core/undo_source.h"
 
 typedef struct kr {
     refit_model *m;
@@ -48,13 +50,14 @@ typedef struct kr {
     ipc_k_offer off;
     ipc_frame f;                /* the K_OFFER frame (off points into it) */
     ipc_wbuf wb;
+    const char *tail;           /* after a refusal's message */
     char err[1024];
 } kr;
 
 static int kr_fail(kr *r, int rc, const char *what)
 {
-    return ctx_error(r->ctx, rc, "restore from keeper %s: %s: %s; refused, nothing written",
-                     r->path, what, r->err);
+    return ctx_error(r->ctx, rc, "restore from keeper %s: %s: %s%s", r->path, what, r->err,
+                     r->tail);
 }
 
 static int kr_connect(kr *r)
@@ -106,8 +109,8 @@ static int kr_offer(kr *r)
     if (rc)
         return kr_fail(r, rc, "its offer");
     if (r->off.status)
-        return ctx_error(r->ctx, r->off.status, "restore from keeper %s: %s; refused, nothing "
-                         "written", r->path, r->off.msg);
+        return ctx_error(r->ctx, r->off.status, "restore from keeper %s: %s%s", r->path,
+                         r->off.msg, r->tail);
     if (!r->t.m && r->off.n_runtime) {
         snprintf(r->err, sizeof r->err, "an offer without its memories");
         return kr_fail(r, REFIT_ECORRUPT, "its offer");
@@ -278,6 +281,9 @@ static void kr_end(kr *r)
         close(r->fd);
 }
 
+static int keeper_undo_arm(refit_model *m, const char *path, const refit_ipc_restore_opts *o,
+                           const ipc_k_offer *off);
+
 static void kr_abort(kr *r, refit_txn *t, int rc)
 {
     char why[REFIT_ERRMSG_SIZE];
@@ -305,7 +311,8 @@ int refit_ipc_restore(refit_model *m, const char *path, const refit_ipc_restore_
     if (!m->sealed || m->txn)
         return ctx_error(ctx, REFIT_ESTATE, "restore from keeper %s: %s", path,
                          !m->sealed ? "the model is not sealed" : "an update is open");
-    kr r = {.m = m, .ctx = ctx, .path = path, .o = *opts, .fd = -1};
+    kr r = {.m = m, .ctx = ctx, .path = path, .o = *opts, .fd = -1,
+            .tail = "; refused, nothing written"};
     r.dl = ipc_now() + (opts->timeout_s > 0 ? opts->timeout_s : 60.0);
     int rc = kr_connect(&r);
     if (!rc)
@@ -340,7 +347,195 @@ int refit_ipc_restore(refit_model *m, const char *path, const refit_ipc_restore_
             txj_event(m, id, "restore", "restored version %s from keeper %s (pid %u, worker "
                       "%s, update %lld)", r.off.label, path, r.off.pid, r.off.worker,
                       (long long)r.off.update_id);
+        if (!rc && keeper_undo_arm(m, path, opts, &r.off))
+            ctx_clear_error(ctx); /* not armed: the next update keeps its undo log */
     }
+    kr_end(&r);
+    return rc;
+}
+
+/* ---- the keeper as an undo source (core/undo_source.h) ---- */
+
+typedef struct keeper_source {
+    undo_source base;
+    refit_model *m;
+    char *path;
+    refit_ipc_restore_opts o;   /* allow_uids copied */
+    uint32_t *allow;
+    char label[BKT_MAX_LABEL + 1];
+    struct stat sock;           /* the socket file when armed */
+} keeper_source;
+
+static int ks_check(undo_source *s, char *why, size_t n)
+{
+    keeper_source *p = (keeper_source *)s;
+    struct stat now;
+    if (stat(p->path, &now) || !S_ISSOCK(now.st_mode) || now.st_ino != p->sock.st_ino ||
+        now.st_dev != p->sock.st_dev) {
+        snprintf(why, n, "%s: the keeper's socket is gone or another since it was armed",
+                 p->path);
+        return REFIT_EIO;
+    }
+    return REFIT_OK;
+}
+
+/* The keeper must still hold the armed version: its label, and each
+ * module's fingerprint the committed one. */
+static int ks_same(kr *r, const keeper_source *p, const uint32_t *modules, uint32_t n)
+{
+    if (strcmp(r->off.label, p->label))
+        return ctx_error(r->ctx, REFIT_EMISMATCH, "undo source %s: the keeper holds version "
+                         "%s now, not %s", p->base.uri, r->off.label, p->label);
+    for (uint32_t i = 0; i < n; i++)
+        if (ipc_k_offer_fp(&r->off, modules[i]) != p->base.fp[modules[i]])
+            return ctx_error(r->ctx, REFIT_EMISMATCH, "undo source %s: module %s: the "
+                             "keeper's bytes are not the committed ones", p->base.uri,
+                             r->m->modules[modules[i]].name);
+    return REFIT_OK;
+}
+
+/* Write modules back from the keeper through t (RESTORING). The copies
+ * are waited for before K_DONE: the keeper's confirmation then says its
+ * memory outlived them; the caller checks the fingerprints. */
+static int ks_restore(undo_source *s, refit_txn *t, const uint32_t *modules, uint32_t n)
+{
+    keeper_source *p = (keeper_source *)s;
+    refit_model *m = p->m;
+    kr r = {.m = m, .ctx = m->ctx, .path = p->path, .o = p->o, .fd = -1, .tail = ""};
+    r.dl = ipc_now() + (p->o.timeout_s > 0 ? p->o.timeout_s : 60.0);
+    char why[600];
+    if (ks_check(s, why, sizeof why)) /* gone: no connection to wait for */
+        return ctx_error(m->ctx, REFIT_EIO, "undo source %s: %s", s->uri, why);
+    int rc = kr_connect(&r);
+    if (!rc)
+        rc = kr_offer(&r);
+    if (!rc)
+        rc = kr_admit(&r);
+    if (!rc)
+        rc = ks_same(&r, p, modules, n);
+    uint32_t cap = 1;
+    for (uint32_t i = 0; i < n; i++)
+        cap = m->modules[modules[i]].n_runtime > cap ? m->modules[modules[i]].n_runtime : cap;
+    refit_view *src = rc ? NULL : calloc(cap, sizeof *src);
+    if (!rc && !src)
+        rc = ctx_error(m->ctx, REFIT_ENOMEM, "undo source: out of memory");
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        const module *mod = &m->modules[modules[i]];
+        for (uint32_t k = 0; k < mod->n_runtime; k++)
+            src[k] = src_view(&r, mod->runtime[k]);
+        rc = txn_restore_module(t, modules[i], src, NULL);
+    }
+    free(src);
+    for (uint32_t i = 0; !rc && i < n; i++) {
+        const module *mod = &m->modules[modules[i]];
+        for (uint32_t k = 0; !rc && k < mod->n_runtime; k++) {
+            const tensor_reg *reg = &m->runtime[mod->runtime[k]];
+            if (reg->be->sync && (rc = reg->be->sync(NULL)))
+                ctx_error(m->ctx, rc, "undo source %s: copies failed: %s", s->uri,
+                          reg->be->last_error());
+        }
+    }
+    if (!rc)
+        rc = kr_confirmed(&r);
+    else if (r.fd >= 0)
+        (void)kr_status(&r, IPC_K_DONE, rc, refit_errmsg(m->ctx));
+    kr_end(&r);
+    return rc;
+}
+
+static void ks_release(undo_source *s)
+{
+    keeper_source *p = (keeper_source *)s;
+    free(p->path);
+    free(p->allow);
+}
+
+static const undo_source_ops keeper_ops = {
+    .kind = "keeper",
+    .mode = REFIT_UNDO_KEEPER,
+    .check = ks_check,
+    .restore = ks_restore,
+    .release = ks_release,
+};
+
+static int keeper_undo_arm(refit_model *m, const char *path, const refit_ipc_restore_opts *o,
+                           const ipc_k_offer *off)
+{
+    keeper_source *p = calloc(1, sizeof *p);
+    uint64_t *fp = malloc((m->n_modules + 1) * sizeof *fp);
+    char uri[REFIT_SOURCE_URI_MAX];
+    int rc = p && fp ? REFIT_OK : REFIT_ENOMEM;
+    if (!rc) {
+        p->m = m;
+        p->o = *o;
+        p->path = strdup(path);
+        p->allow = o->n_allow_uids ? malloc(o->n_allow_uids * sizeof *p->allow) : NULL;
+        if (!p->path || (o->n_allow_uids && !p->allow))
+            rc = REFIT_ENOMEM;
+        else if (o->n_allow_uids)
+            memcpy(p->allow, o->allow_uids, o->n_allow_uids * sizeof *p->allow);
+        p->o.allow_uids = p->allow;
+        p->o.stream = NULL;
+        ipc_copy_str(p->label, sizeof p->label, off->label);
+        if (!rc && stat(path, &p->sock))
+            rc = REFIT_EIO;
+        for (uint32_t i = 0; i < m->n_modules; i++)
+            fp[i] = ipc_k_offer_fp(off, i);
+        snprintf(uri, sizeof uri, "keeper://%s", path);
+    }
+    if (!rc)
+        rc = undo_source_init(&p->base, m, &keeper_ops, uri, fp);
+    free(fp);
+    if (rc) {
+        if (p)
+            ks_release(&p->base);
+        free(p);
+        return rc;
+    }
+    undo_source_arm(m, &p->base);
+    return REFIT_OK;
+}
+
+int refit_ipc_keeper_undo_arm(refit_model *m, const char *path, const refit_ipc_restore_opts *opts)
+{
+    refit_ipc_restore_opts defaults = REFIT_IPC_RESTORE_OPTS_INIT;
+    if (!m || !path)
+        return REFIT_EINVAL;
+    refit_ctx *ctx = m->ctx;
+    ctx_clear_error(ctx);
+    if (!opts)
+        opts = &defaults;
+    if (opts->version != REFIT_IPC_RESTORE_OPTS_VERSION)
+        return ctx_error(ctx, REFIT_EINVAL, "keeper undo source: options of unknown version "
+                         "%u", opts->version);
+    if (!m->sealed || m->txn || model_health(m) != REFIT_HEALTH_READY || m->n_behind)
+        return ctx_error(ctx, REFIT_ESTATE, "keeper undo source %s: the worker holds no "
+                         "whole committed version (READY, every module at one version)", path);
+    kr r = {.m = m, .ctx = ctx, .path = path, .o = *opts, .fd = -1, .tail = "; not armed"};
+    r.dl = ipc_now() + (opts->timeout_s > 0 ? opts->timeout_s : 60.0);
+    int rc = kr_connect(&r);
+    if (!rc)
+        rc = kr_offer(&r);
+    if (!rc)
+        rc = kr_admit(&r);
+    if (!rc && strcmp(r.off.label, model_version_text(m)))
+        rc = ctx_error(ctx, REFIT_EMISMATCH, "keeper undo source %s: the keeper holds "
+                       "version %s, this worker %s; not armed", path, r.off.label,
+                       model_version_text(m));
+    for (uint32_t i = 0; !rc && i < m->n_modules; i++) {
+        uint64_t fp;
+        if ((rc = module_fingerprint(m, &m->modules[i], &fp)))
+            ctx_error(ctx, rc, "keeper undo source: fingerprint of module %s failed",
+                      m->modules[i].name);
+        else if (fp != ipc_k_offer_fp(&r.off, i))
+            rc = ctx_error(ctx, REFIT_EMISMATCH, "keeper undo source %s: module %s: the "
+                           "keeper's bytes are not this worker's committed ones; not armed",
+                           path, m->modules[i].name);
+    }
+    if (r.fd >= 0) /* nothing is copied: the keeper counts a restore not served */
+        (void)kr_status(&r, IPC_K_DONE, REFIT_ESTATE, "an undo source's check: nothing copied");
+    if (!rc)
+        rc = keeper_undo_arm(m, path, opts, &r.off);
     kr_end(&r);
     return rc;
 }

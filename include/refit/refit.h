@@ -392,6 +392,8 @@ typedef struct refit_update_opts {
 #define REFIT_UNDO_FILES 2
 #define REFIT_UNDO_SNAPSHOT 3
 #define REFIT_UNDO_OFF 4
+#define REFIT_UNDO_KEEPER 5 /* a keeper holding the committed version (refit_ipc_keeper_undo_arm,
+                               include/refit/ipc.h); asked for by name only, never by AUTO */
 
 /* Open an update. Verifies every signature first; refuses (changing
  * nothing) when the plan is stale or a tensor moved. Worker -> UPDATING. */

@@ -515,6 +515,89 @@ static void t_verify_catches_changed_memory(void **state)
     nt_rmdir(dir);
 }
 
+/* ---- the keeper as an undo source (core/undo_source.h) ---- */
+
+/* v2 loaded whole with the keeper as the undo source, then aborted:
+ * returns refit_abort's status. */
+static int update_aborted(nt_worker *w, int undo_source, int *begin_rc)
+{
+    nt_ckpt c;
+    nt_ckpt_make(&c, 2);
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.version_label = "v2";
+    o.undo_source = undo_source;
+    refit_txn *t = NULL;
+    int rc = *begin_rc = refit_begin(&t, w->m, &o);
+    for (int i = 0; i < NT_N && !rc; i++)
+        rc = refit_load(t, NT_SPECS[i].ckpt, &c.t[i], NULL);
+    nt_ckpt_free(&c);
+    return t ? refit_abort(t) : rc;
+}
+
+/* A committed restore arms its keeper; refit_ipc_keeper_undo_arm arms one
+ * holding the worker's version. An update served by it keeps no undo log
+ * and its abort copies the written modules back from the keeper; a keeper
+ * gone by then poisons the worker, named. */
+static void t_keeper_undo_source(void **state)
+{
+    (void)state;
+    char dir[256], journal[300];
+    nt_tmpdir(dir, sizeof dir);
+    snprintf(journal, sizeof journal, "%s/w.db", dir);
+    keeper_job kj = {.seed = 1};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    nt_worker w, x;
+    int brc;
+    assert_int_equal(nt_worker_open(&w, 0, 1, journal), REFIT_OK);
+    assert_int_equal(restore(&w, 1), REFIT_OK);
+    int rc = update_aborted(&w, REFIT_UNDO_KEEPER, &brc);
+    if (brc || rc)
+        fail_msg("an abort served by the keeper: begin %d, abort %d: %s", brc, rc,
+                 refit_errmsg(w.ctx));
+    expect_at(&w, 1); /* every byte back from the keeper */
+    char sql[512];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM updates WHERE version = 'v2' AND "
+             "undo_source = 'keeper keeper://%s'", g_serve);
+    assert_int_equal(sql_count(journal, sql), 1);
+
+    /* armed by name on a worker that loaded v1 itself */
+    assert_int_equal(nt_worker_open(&x, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(load_version(x.m, 1), REFIT_OK);
+    assert_int_equal(update_aborted(&x, REFIT_UNDO_KEEPER, &brc), REFIT_EUNSUPPORTED);
+    assert_int_equal(brc, REFIT_EUNSUPPORTED); /* nothing armed yet: refused at begin */
+    assert_int_equal(refit_ipc_keeper_undo_arm(x.m, g_serve, NULL), REFIT_OK);
+    assert_int_equal(update_aborted(&x, REFIT_UNDO_KEEPER, &brc), REFIT_OK);
+    expect_at(&x, 1);
+    nt_worker_close(&x);
+
+    /* a worker at another version: not armed */
+    assert_int_equal(nt_worker_open(&x, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(load_version(x.m, 3), REFIT_OK);
+    assert_int_equal(refit_ipc_keeper_undo_arm(x.m, g_serve, NULL), REFIT_EMISMATCH);
+    assert_non_null(strstr(refit_errmsg(x.ctx), "holds version v1, this worker v3"));
+    nt_worker_close(&x);
+
+    /* the keeper gone between begin and abort: POISONED, the keeper named */
+    assert_int_equal(nt_worker_open(&x, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(restore(&x, 1), REFIT_OK);
+    nt_ckpt c;
+    nt_ckpt_make(&c, 2);
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.undo_source = REFIT_UNDO_KEEPER;
+    refit_txn *t = NULL;
+    assert_int_equal(refit_begin(&t, x.m, &o), REFIT_OK);
+    for (int i = 0; i < NT_N; i++)
+        assert_int_equal(refit_load(t, NT_SPECS[i].ckpt, &c.t[i], NULL), REFIT_OK);
+    nt_ckpt_free(&c);
+    stop(keeper);
+    assert_true(refit_abort(t) != REFIT_OK);
+    assert_int_equal(refit_worker_health(x.ctx), REFIT_HEALTH_POISONED);
+    assert_non_null(strstr(refit_errmsg(x.ctx), g_serve));
+    nt_worker_close(&x);
+    nt_worker_close(&w);
+    nt_rmdir(dir);
+}
+
 /* ---- who may restore (the checks of docs/ipc.md, "Trust model") ---- */
 
 static int become_nobody(void)
@@ -598,6 +681,7 @@ int main(void)
         cmocka_unit_test_setup(t_group_abort_serves_previous, fresh_paths),
         cmocka_unit_test_setup(t_uncommitted_never_served, fresh_paths),
         cmocka_unit_test_setup(t_verify_catches_changed_memory, fresh_paths),
+        cmocka_unit_test_setup(t_keeper_undo_source, fresh_paths),
         cmocka_unit_test_setup(t_peer_other_uid, fresh_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

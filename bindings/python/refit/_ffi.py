@@ -88,7 +88,7 @@ class CkptSpec(ctypes.Structure):
 
 UPDATE_OPTS_VERSION = 4
 # refit_update_opts.undo_source (refit.h REFIT_UNDO_*)
-UNDO_SOURCES = {"auto": 0, "undo-log": 1, "files": 2, "snapshot": 3, "off": 4}
+UNDO_SOURCES = {"auto": 0, "undo-log": 1, "files": 2, "snapshot": 3, "off": 4, "keeper": 5}
 
 
 class UpdateOpts(ctypes.Structure):
