@@ -2,7 +2,8 @@
 no GPU: a forked keeper (its runtime tensors in a Pool, following the
 trainer) and a forked trainer (refit.ipc.Sender to the keeper alone, v1
 then v2); this process's fresh worker restores v2 from the keeper with
-the trainer's bytes and label, journaled with source keeper://PATH; a
+the trainer's bytes and label, journaled with source keeper://PATH, and
+an update aborted with the keeper as its undo source goes back to v2; a
 worker of another shape is refused naming the difference, nothing
 written; Keeper.stats counts what it served.
 
@@ -116,6 +117,18 @@ def test_restore_from_keeper():
         assert ctx.version == "v2", ctx.version
         for k, (n, t) in enumerate(rt.items()):
             assert t.values() == [200.0 + 10 * k + i for i in range(t.n)], (n, t.values())
+        # the keeper as the next update's undo source: an abort puts v2 back
+        try:
+            with m.update("v9", undo_source="keeper") as t:
+                for n, shape in SHAPES.items():
+                    t.load(n, Host(shape, 900.0))
+                raise KeyError("abandon v9")
+        except KeyError:
+            pass
+        assert ctx.version == "v2", ctx.version
+        for k, (n, t) in enumerate(rt.items()):
+            assert t.values() == [200.0 + 10 * k + i for i in range(t.n)], (n, t.values())
+        refit.keeper.arm_undo(m, serve, timeout=10)  # by name: it holds v2, byte for byte
         db = sqlite3.connect(journal)
         rows = db.execute("SELECT count(*) FROM updates WHERE state = 'committed' AND "
                           "source_uri = ?", ("keeper://" + serve,)).fetchone()[0]

@@ -68,6 +68,7 @@ _PROTOS = {
     "refit_ipc_keeper_run": (_I, [_P, _D]),
     "refit_ipc_keeper_stats_get": (_I, [_P, ctypes.POINTER(KeeperStats)]),
     "refit_ipc_restore": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(RestoreOpts)]),
+    "refit_ipc_keeper_undo_arm": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(RestoreOpts)]),
 }
 _lib = _ffi.prototyped(_PROTOS)
 
@@ -241,4 +242,16 @@ def restore(model: Model, path: str, rollback: bool = True, timeout: float = 0.0
         ctx._free_slot(claimed)
 
 
-__all__: List[str] = ["Keeper", "Pool", "PoolTensor", "restore", "SCHEME"]
+def arm_undo(model: Model, path: str, timeout: float = 0.0,
+             allow_uids: Optional[Sequence[int]] = None) -> None:
+    """The keeper at path as the undo source of this READY worker's next
+    update (refit_ipc_keeper_undo_arm; update(undo_source="keeper")):
+    RefitError unless it holds this worker's version, byte for byte. A
+    committed restore() arms its keeper itself."""
+    uids = _uids(allow_uids)
+    opts = RestoreOpts(1, 1, timeout, None, uids, len(allow_uids or ()), 1)
+    model._call("arm keeper %s" % path, _lib().refit_ipc_keeper_undo_arm, _b(_path(path)),
+                ctypes.byref(opts))
+
+
+__all__: List[str] = ["Keeper", "Pool", "PoolTensor", "arm_undo", "restore", "SCHEME"]
