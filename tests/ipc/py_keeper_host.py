@@ -207,8 +207,10 @@ def test_keeper_tool_from_snapshot():
         t.load("a.weight", Host((4, 3), 7.0))
     m.snapshot(snap)
     ctx.close()
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)  # a sanitizer's runtime is linked into the tool itself
     p = subprocess.Popen([tool, "--model", yaml, "--snapshot", snap, "--serve", sock,
-                          "--for", "30"], stderr=subprocess.PIPE)
+                          "--for", "30"], stderr=subprocess.PIPE, env=env)
     try:
         ctx, m, w = manifest_worker(yaml, "py-restored")
         refit.keeper.restore(m, "keeper://" + sock, timeout=20)
