@@ -10,6 +10,12 @@
 
 #include <refit/format.h>
 
+#include "kernels/scatter.h"
+
+/* One scatter (core/delta.c's patches, core/undo.c's restore of them):
+ * kernels/scatter.h says what each field means. */
+typedef kern_scatter backend_scatter;
+
 typedef struct backend {
     const char *name;
     /* 1 when copy() can read a source on that device (host memory can be
@@ -60,6 +66,9 @@ typedef struct backend {
     int (*save_dev)(void *dev_dst, const void *src, size_t n, int device, void *stream);
     /* Put them back; blocking (every stream was waited for first). */
     int (*restore_dev)(void *dst, const void *dev_src, size_t n, int device);
+    /* The scatter s, ordered on stream (no wait); the host backend's
+     * returns with it done. */
+    int (*scatter)(const backend_scatter *s, void *stream);
 } backend;
 
 extern const backend backend_host;

@@ -5,6 +5,7 @@
 #include "core/backend.h"
 #include "kernels/copy.h"
 #include "kernels/fingerprint.h"
+#include "kernels/scatter.h"
 #ifdef REFIT_HAVE_CUDA
 #include "core/cuda/backend_cuda.h"
 #endif
@@ -77,6 +78,12 @@ static int host_restore_dev(void *dst, const void *src, size_t n, int device)
     return host_move(dst, src, n, NULL);
 }
 
+static int host_scatter(const backend_scatter *s, void *stream)
+{
+    (void)stream;
+    return kern_scatter_host(s);
+}
+
 static int host_sync(void *stream)
 {
     (void)stream;
@@ -108,6 +115,7 @@ const backend backend_host = {
     .undo_dev_free = host_undo_dev_free,
     .save_dev = host_save_dev,
     .restore_dev = host_restore_dev,
+    .scatter = host_scatter,
 };
 
 const backend *backend_for_device(refit_device dev)

@@ -5,12 +5,26 @@
  * consecutive elements, with their new values. Two passes, as in
  * load_many.c: every row is checked first (the update takes patches, the
  * route takes them (no post-load), the values' descriptor, every index in
- * range, sorted here when it is not, none given twice, the tensor not yet
- * delivered), with nothing written; then each row is written, piece by
- * piece, where refit_load would put those elements (txn.c,
- * txn_delta_write: the undo log saves exactly the piece). A piece is a
- * run of elements the target holds as one strided line: every dim inside
- * it contiguous in the target and whole on this rank. */
+ * range, none given twice, the tensor not yet delivered), with nothing
+ * written; then each row is written where refit_load would put those
+ * elements.
+ *
+ * A plain patch (the module has no post-load step) is one backend scatter
+ * (txn.c, txn_delta_scatter; kernels/scatter.h): the undo log saves
+ * exactly the elements written, gathered in the same pass. Indices are
+ * checked in one pass (in range; increasing means none twice; out of
+ * order, a sorted copy or a bitmap finds a duplicate) and written in the
+ * order given. Where the target holds the checkpoint tensor as it is
+ * (contiguous, whole on this rank) the caller's indices or runs are the
+ * scatter's offsets; elsewhere each index, or each run cut into a piece
+ * per line of the target, is mapped first (another rank's elements
+ * skipped).
+ *
+ * A patch of an online module goes into its master (delta_master.c): its
+ * runs sorted and merged, written piece by piece (write_run), the touched
+ * groups requantized. A piece is a run of elements the target holds as
+ * one strided line: every dim inside it contiguous in the target and
+ * whole on this rank. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,10 +41,15 @@ typedef struct patch {
     bool skip;                  /* a tied name whose other name is patched */
     bool online;                /* into a module quantized at post-load: its
                                    master is patched, then requantized */
-    delta_run *runs;
+    delta_run *runs;            /* online: sorted, merged */
     size_t n_runs;
     int64_t elements;
     refit_view values;          /* 1-D */
+    /* plain: the scatter's offsets and counts (the caller's, or own) */
+    const int64_t *off, *counts;
+    size_t n;
+    int64_t run_stride;
+    int64_t *own;               /* mapped offsets (counts after them), or NULL */
 } patch;
 
 static int run_cmp(const void *a, const void *b)
@@ -99,6 +118,125 @@ static int build_runs(refit_model *m, const refit_delta *row, const route *r, in
     return REFIT_OK;
 }
 
+static int i64_cmp(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Plain flat indices, one pass: each in range, and increasing (then none
+ * is given twice). Out of order: a sorted copy (few indices) or a bitmap
+ * of the tensor's elements finds one given twice. */
+static int check_indices(refit_model *m, const refit_delta *row, const char *mod, int64_t numel)
+{
+    const int64_t *x = row->indices;
+    size_t bad = row->n, unsorted = 0;
+    int64_t prev = -1;
+    for (size_t i = 0; i < row->n; i++) {
+        int64_t a = x[i];
+        if ((uint64_t)a >= (uint64_t)numel) { /* negative ones too */
+            bad = i;
+            break;
+        }
+        unsorted += a <= prev;
+        prev = a;
+    }
+    if (bad < row->n)
+        return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): index %zu (%lld) "
+                         "is outside the tensor's %lld elements", row->name, mod, bad,
+                         (long long)x[bad], (long long)numel);
+    if (!unsorted)
+        return REFIT_OK;
+    int64_t twice = -1;
+    if ((uint64_t)row->n * 64 < (uint64_t)numel) {
+        int64_t *c = malloc(row->n * sizeof *c);
+        if (!c)
+            return ctx_error(m->ctx, REFIT_ENOMEM, "load_delta %s: out of memory", row->name);
+        memcpy(c, x, row->n * sizeof *c);
+        qsort(c, row->n, sizeof *c, i64_cmp);
+        for (size_t i = 1; i < row->n && twice < 0; i++)
+            if (c[i] == c[i - 1])
+                twice = c[i];
+        free(c);
+    } else {
+        uint64_t *seen = calloc((size_t)(numel + 63) / 64, sizeof *seen);
+        if (!seen)
+            return ctx_error(m->ctx, REFIT_ENOMEM, "load_delta %s: out of memory", row->name);
+        for (size_t i = 0; i < row->n && twice < 0; i++) {
+            uint64_t bit = (uint64_t)1 << (x[i] & 63), *w = &seen[x[i] >> 6];
+            if (*w & bit)
+                twice = x[i];
+            *w |= bit;
+        }
+        free(seen);
+    }
+    if (twice >= 0)
+        return ctx_error(m->ctx, REFIT_EDUPLICATE, "load_delta %s (module %s): element %lld "
+                         "is given twice (a duplicate index)", row->name, mod, (long long)twice);
+    return REFIT_OK;
+}
+
+/* Plain runs: each in range, none overlapping another (an element given
+ * twice), checked on a sorted copy; the runs are written as given. */
+static int check_runs(refit_model *m, const refit_delta *row, const char *mod, int64_t numel,
+                      int64_t *elements)
+{
+    delta_run *runs = malloc((row->n ? row->n : 1) * sizeof *runs);
+    if (!runs)
+        return ctx_error(m->ctx, REFIT_ENOMEM, "load_delta %s: out of memory", row->name);
+    int64_t vpos = 0;
+    bool sorted = true;
+    int rc = REFIT_OK;
+    for (size_t i = 0; i < row->n && !rc; i++) {
+        int64_t a = row->indices[i], c = row->counts[i];
+        if (c < 1)
+            rc = ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): run %zu has "
+                           "%lld elements (at least 1)", row->name, mod, i, (long long)c);
+        else if (a < 0 || a >= numel || c > numel - a)
+            rc = ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): run %zu (%lld, "
+                           "...) is outside the tensor's %lld elements", row->name, mod, i,
+                           (long long)a, (long long)numel);
+        else if ((vpos += c) > numel) /* at most numel * 2: no overflow */
+            rc = ctx_error(m->ctx, REFIT_EDUPLICATE, "load_delta %s (module %s): runs "
+                           "[0, %zu] give %lld elements, more than the tensor's %lld: "
+                           "some are given twice", row->name, mod, i, (long long)vpos,
+                           (long long)numel);
+        runs[i] = (delta_run){a, c, vpos - c};
+        if (i && runs[i - 1].start >= a)
+            sorted = false;
+    }
+    if (!rc && !sorted)
+        qsort(runs, row->n, sizeof *runs, run_cmp);
+    for (size_t i = 1; i < row->n && !rc; i++)
+        if (runs[i - 1].start + runs[i - 1].count > runs[i].start)
+            rc = ctx_error(m->ctx, REFIT_EDUPLICATE, "load_delta %s (module %s): element "
+                           "%lld is given twice (runs overlap)", row->name, mod,
+                           (long long)runs[i].start);
+    free(runs);
+    *elements = vpos;
+    return rc;
+}
+
+/* A plain row's indices or runs against the tensor's numel elements;
+ * p->elements. */
+static int check_plain(refit_model *m, const refit_delta *row, const route *r, int64_t numel,
+                       patch *p)
+{
+    const char *mod = m->modules[r->module].name;
+    if (row->n && !row->indices)
+        return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): %s is NULL for %zu "
+                         "entries", row->name, mod, row->counts ? "starts" : "indices", row->n);
+    if (row->n > (size_t)numel)
+        return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): %zu %s for a "
+                         "tensor of %lld elements", row->name, mod, row->n,
+                         row->counts ? "runs" : "indices", (long long)numel);
+    p->elements = (int64_t)row->n;
+    return row->counts ? check_runs(m, row, mod, numel, &p->elements)
+                       : check_indices(m, row, mod, numel);
+}
+
+static int map_plain(refit_model *m, const refit_delta *row, patch *p);
+
 /* Everything about one row that can be checked before a write. */
 static int check_row(refit_txn *t, const refit_delta *row, patch *p)
 {
@@ -132,7 +270,7 @@ static int check_row(refit_txn *t, const refit_delta *row, patch *p)
     int64_t numel = 1;
     for (int i = 0; i < r->spec.ndim; i++)
         numel *= r->spec.shape[i]; /* seal checked the byte size for overflow */
-    if ((rc = build_runs(m, row, r, numel, p)))
+    if ((rc = p->online ? build_runs(m, row, r, numel, p) : check_plain(m, row, r, numel, p)))
         return rc;
     /* the values: p->elements of the checkpoint dtype, on a device the
      * target's backend reads */
@@ -172,7 +310,9 @@ static int check_row(refit_txn *t, const refit_delta *row, patch *p)
     d->src.dtype = r->spec.dtype;
     d->src.ndim = r->spec.ndim;
     memcpy(d->src.shape, r->spec.shape, sizeof d->src.shape);
-    return txn_load_admit(t, d, true, &p->skip);
+    if ((rc = txn_load_admit(t, d, true, &p->skip)))
+        return rc;
+    return p->online || p->skip ? REFIT_OK : map_plain(m, row, p);
 }
 
 /* The dims [inner, ndim) that dst (the target's rows [lo, hi), or the
@@ -241,6 +381,147 @@ static int write_run(refit_txn *t, patch *p, const delta_run *run, int inner, in
     return REFIT_OK;
 }
 
+/* ---- plain patches: one scatter ---- */
+
+/* Where the target holds the checkpoint's elements: lines of `line`
+ * elements (dims [inner, nd)), ls apart within a line. */
+typedef struct layout {
+    const route *r;
+    int inner;
+    int64_t line, ls;
+} layout;
+
+static layout layout_of(const route *r)
+{
+    int nd = r->spec.ndim;
+    layout L = {r, nd ? line_dims(r, &r->dst) : 0, 1, nd ? r->dst.strides[nd - 1] : 1};
+    for (int i = L.inner; i < nd; i++)
+        L.line *= r->spec.shape[i];
+    return L;
+}
+
+/* The target holds the tensor as it is: element f at offset f. */
+static bool layout_identity(const layout *L)
+{
+    const route *r = L->r;
+    for (int i = 0; i < r->spec.ndim; i++)
+        if (r->dst.shape[i] != r->spec.shape[i])
+            return false;
+    return L->inner == 0 && (L->ls == 1 || L->line == 1);
+}
+
+/* Flat element f: the target offset of its line's first element on this
+ * rank, and the part [a, b) of the line this rank holds (a line that is
+ * the split dim is clipped to [lo, hi)); false: another rank's line. */
+static bool line_place(const layout *L, int64_t f, int64_t *off, int64_t *a, int64_t *b)
+{
+    const route *r = L->r;
+    int nd = r->spec.ndim, sd = r->split_dim;
+    int64_t q = f / L->line, coord[REFIT_MAX_DIMS] = {0}, o = 0;
+    for (int i = L->inner - 1; i >= 0; i--) {
+        coord[i] = q % r->spec.shape[i];
+        q /= r->spec.shape[i];
+    }
+    bool mine = true;
+    for (int i = 0; i < L->inner; i++) {
+        if (i == sd) {
+            mine = coord[i] >= r->lo && coord[i] < r->hi;
+            coord[i] -= r->lo;
+        }
+        o += coord[i] * r->dst.strides[i];
+    }
+    *a = 0;
+    *b = L->line;
+    if (sd == nd - 1 && L->inner == nd - 1) { /* the line is the split dim */
+        *a = r->lo;
+        *b = r->hi;
+        o -= r->lo * L->ls;
+    }
+    *off = o;
+    return mine;
+}
+
+/* The scatter of checked row `row` into p. Identity layout: the caller's
+ * arrays. Else mapped: each index to its offset (-1: another rank's), or
+ * each run to a piece per line, split where this rank's part of the line
+ * begins and ends (the parts outside it: skipped values). */
+static int map_plain(refit_model *m, const refit_delta *row, patch *p)
+{
+    layout L = layout_of(p->d.r);
+    p->run_stride = L.ls;
+    if (layout_identity(&L)) {
+        p->off = row->indices;
+        p->counts = row->counts;
+        p->n = row->n;
+        p->run_stride = 1;
+        return REFIT_OK;
+    }
+    if (!row->counts) {
+        int64_t *off = malloc((row->n ? row->n : 1) * sizeof *off);
+        if (!off)
+            return ctx_error(m->ctx, REFIT_ENOMEM, "load_delta %s: out of memory", row->name);
+        for (size_t i = 0; i < row->n; i++) {
+            int64_t o, a, b, f = row->indices[i], in_line = f % L.line;
+            bool mine = line_place(&L, f, &o, &a, &b);
+            off[i] = mine && in_line >= a && in_line < b ? o + in_line * L.ls : -1;
+        }
+        p->own = off;
+        p->off = off;
+        p->n = row->n;
+        return REFIT_OK;
+    }
+    size_t n = 0; /* pass 0 counts the pieces, pass 1 writes them */
+    int64_t *off = NULL, *cnt = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            if (!(p->own = malloc((n ? n : 1) * 2 * sizeof *p->own)))
+                return ctx_error(m->ctx, REFIT_ENOMEM, "load_delta %s: out of memory",
+                                 row->name);
+            off = p->own;
+            cnt = p->own + n;
+            n = 0;
+        }
+        for (size_t i = 0; i < row->n; i++) {
+            for (int64_t f = row->indices[i], left = row->counts[i]; left > 0;) {
+                int64_t in_line = f % L.line, end = L.line - in_line < left ? L.line : in_line + left;
+                int64_t o, a, b;
+                bool mine = line_place(&L, f, &o, &a, &b);
+                int64_t lo = mine && a > in_line ? a : in_line, hi = mine && b < end ? b : end;
+                if (!mine || lo >= hi)
+                    lo = hi = end; /* all of it another rank's */
+                int64_t part[3][2] = {{in_line, lo}, {lo, hi}, {hi, end}}; /* [1]: ours */
+                for (int j = 0; j < 3; j++) {
+                    if (part[j][1] <= part[j][0])
+                        continue;
+                    if (off) {
+                        off[n] = j != 1 ? -1 : o + part[j][0] * L.ls;
+                        cnt[n] = part[j][1] - part[j][0];
+                    }
+                    n++;
+                }
+                f += end - in_line;
+                left -= end - in_line;
+            }
+        }
+    }
+    p->off = off;
+    p->counts = cnt;
+    p->n = n;
+    return REFIT_OK;
+}
+
+static int apply_plain(refit_txn *t, patch *p)
+{
+    const route *r = p->d.r;
+    backend_scatter sc = {
+        .dst = r->dst.data, .dst_device = r->dst.device, .dst_dtype = r->dst.dtype,
+        .off = p->off, .counts = p->counts, .n = p->n, .run_stride = p->run_stride,
+        .elements = p->elements, .values = p->values.data, .values_dtype = p->values.dtype,
+        .values_device = p->values.device, .values_stride = p->values.strides[0],
+    };
+    return txn_delta_scatter(t, &p->d, &sc);
+}
+
 static int apply_row(refit_txn *t, patch *p, void *stream)
 {
     const route *r = p->d.r;
@@ -248,6 +529,8 @@ static int apply_row(refit_txn *t, patch *p, void *stream)
     int rc = txn_delta_accept(t, &p->d, p->skip, (uint64_t)p->elements);
     if (rc || p->skip)
         return rc;
+    if (!p->online)
+        return (rc = apply_plain(t, p)) ? rc : txn_delta_done(t, &p->d);
     refit_view dst = p->online ? master_view(txn_model(t), &p->d) : r->dst;
     int inner = r->spec.ndim ? line_dims(r, &dst) : 0;
     int64_t line = 1;
@@ -326,8 +609,10 @@ static int load_patches(refit_txn *t, size_t n, const refit_delta *rows, void *s
         for (size_t i = 0; i < n && !rc; i++)
             rc = requantize_unit_once(t, p, i);
     }
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         free(p[i].runs);
+        free(p[i].own);
+    }
     free(p);
     return rc;
 }

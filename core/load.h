@@ -89,6 +89,11 @@ int txn_delta_accept(refit_txn *t, delivery *d, bool skip, uint64_t elements);
  * d->stream. A failure fails t (sticky). */
 int txn_delta_write(refit_txn *t, const delivery *d, const refit_view *dst,
                     const refit_view *src);
+/* A patch's elements in one scatter (sc->dst in d's target): with
+ * rollback, the undo log saves exactly the elements written, gathered by
+ * the backend in the same pass (undo_scatter), unless the target's whole
+ * span is saved; else be->scatter alone. A failure fails t (sticky). */
+int txn_delta_scatter(refit_txn *t, const delivery *d, const backend_scatter *sc);
 /* Every piece written: the tensor counts as delivered (its pad rows,
  * never touched, stay zero). */
 int txn_delta_done(refit_txn *t, delivery *d);

@@ -1319,6 +1319,31 @@ int txn_delta_write(refit_txn *t, const delivery *d, const refit_view *dst,
     return REFIT_OK;
 }
 
+int txn_delta_scatter(refit_txn *t, const delivery *d, const backend_scatter *sc)
+{
+    const route *r = d->r;
+    const tensor_reg *reg = &t->m->runtime[r->target];
+    const module *mod = &t->m->modules[r->module];
+    int rc;
+    t->s->mod_wrote[r->module] = 1;
+    t->wrote = true;
+    if ((rc = txn_use_stream(t, reg->be, d->stream)))
+        return txn_fail(t, rc);
+    /* only the elements written are saved, unless the whole span already is */
+    bool save = t->rollback && !t->usrc && !t->s->rt_saved[r->target];
+    rc = save ? undo_scatter(&t->undo, reg->be, reg->sig.device.device_id, sc, d->stream)
+              : reg->be->scatter(sc, d->stream);
+    if (rc) {
+        const char *why = reg->be->last_error();
+        return txn_fail(t, txn_error(t, rc, "load_delta %s (module %s): %s runtime %s "
+                                     "failed: %s%s%s", d->name, mod->name,
+                                     save ? "the undo save and scatter into" : "the scatter into",
+                                     reg->name, refit_strerror(rc), why[0] ? ": " : "", why));
+    }
+    t->n_piece_saves += save;
+    return REFIT_OK;
+}
+
 int txn_delta_done(refit_txn *t, delivery *d)
 {
     struct txn_scratch *s = t->s;

@@ -9,6 +9,7 @@
 
 #include "core/util.h"
 #include "core/undo.h"
+#include "kernels/copy.h"
 
 /* Saved bytes live in chunks: device chunks from the backend's
  * undo_dev_alloc (a save is a copy on the device), host chunks from its
@@ -232,7 +233,8 @@ int undo_save(undo_log *u, const backend *be, int device, char *dst, size_t n, v
         c->used = align_up((size_t)(saved - c->data) + k);
         if (c->used > c->size)
             c->used = c->size;
-        u->e[u->n_entries++] = (undo_entry){dst + off, saved, k, be, device, place};
+        u->e[u->n_entries++] = (undo_entry){.dst = dst + off, .saved = saved, .n = k,
+                                            .be = be, .device = device, .place = place};
         u->placed[place] += k;
         off += k;
     }
@@ -241,12 +243,152 @@ int undo_save(undo_log *u, const backend *be, int device, char *dst, size_t n, v
     return REFIT_OK;
 }
 
+/* Room for whole units (unit bytes each, up to want bytes) in the
+ * current chunk of a placement (host_only: host), taken: *out, aligned,
+ * and how many bytes (0: none anywhere). A chunk with less than a unit
+ * left is passed over for the next. */
+static size_t undo_take(undo_log *u, const backend *be, int device, bool host_only, size_t want,
+                        size_t unit, char **out, undo_place *place)
+{
+    log_settle(u);
+    for (int p = !host_only && device_allowed(u, be) ? UNDO_DEVICE : UNDO_HOST; p <= UNDO_HOST;
+         p++) {
+        for (int fresh = 0; fresh < 2; fresh++) {
+            undo_chunk *c = u->cur[p];
+            if (!c || c->be != be || c->device != device || c->size - c->used < unit) {
+                c = pool_take(u->pool, be, device, (undo_place)p);
+                if (!c && !(c = chunk_new(u, be, device, (undo_place)p)))
+                    break;
+                c->next = u->chunks;
+                u->chunks = c;
+                u->cur[p] = c;
+            }
+            size_t room = (c->size - c->used) / unit * unit;
+            if (room == 0)
+                continue; /* a chunk smaller than one unit: the next */
+            room = room < want ? room : want;
+            *out = c->data + c->used;
+            *place = (undo_place)p;
+            c->used = align_up(c->used + room);
+            if (c->used > c->size)
+                c->used = c->size;
+            return room;
+        }
+    }
+    return 0;
+}
+
+/* One piece of s: runs (or elements) [i, ...) from element `skip` of run
+ * i, as many as the rooms hold; its offsets copied to off (counts after
+ * them), its old bytes to old. *pi, *pskip, *pv advance past it. */
+static void scatter_piece(const backend_scatter *s, backend_scatter *piece, int64_t *off,
+                          size_t max_runs, int64_t max_el, size_t *pi, int64_t *pskip,
+                          int64_t *pv)
+{
+    size_t i = *pi, k = 0;
+    int64_t skip = *pskip, el = 0;
+    if (!s->counts) {
+        k = s->n - i < max_runs ? s->n - i : max_runs;
+        k = (int64_t)k < max_el ? k : (size_t)max_el;
+        memcpy(off, s->off + i, k * sizeof *off);
+        el = (int64_t)k;
+        *pi = i + k;
+    } else {
+        int64_t *counts = off + max_runs;
+        while (i < s->n && k < max_runs && el < max_el) {
+            int64_t c = s->counts[i] - skip, take = c < max_el - el ? c : max_el - el;
+            off[k] = s->off[i] < 0 ? -1 : s->off[i] + skip * s->run_stride;
+            counts[k++] = take;
+            el += take;
+            if (take == c) {
+                i++;
+                skip = 0;
+            } else {
+                skip += take;
+            }
+        }
+        piece->counts = counts;
+        *pi = i;
+        *pskip = skip;
+    }
+    piece->off = off;
+    piece->n = k;
+    piece->elements = el;
+    size_t ve = kern_dtype_size(s->values_dtype);
+    piece->values = (const char *)s->values + *pv * s->values_stride * (int64_t)ve;
+    *pv += el;
+}
+
+int undo_scatter(undo_log *u, const backend *be, int device, const backend_scatter *s,
+                 void *stream)
+{
+    size_t e = kern_dtype_size(s->dst_dtype), per = s->counts ? 16 : 8;
+    size_t i = 0;
+    int64_t skip = 0, v = 0;
+    if (s->n == 0)
+        return REFIT_OK;
+    while (i < s->n) {
+        if (grow_array((void **)&u->e, &u->cap, u->n_entries, sizeof *u->e))
+            return REFIT_ENOMEM;
+        /* the old bytes of what is left, then its offsets beside */
+        int64_t left = s->counts ? 0 : (int64_t)(s->n - i);
+        for (size_t j = i; s->counts && j < s->n; j++)
+            left += s->counts[j] - (j == i ? skip : 0);
+        char *old, *offs;
+        undo_place place, oplace;
+        size_t got = undo_take(u, be, device, false, (size_t)left * e, e, &old, &place);
+        if (got == 0)
+            return REFIT_ENOMEM;
+        int64_t max_el = (int64_t)(got / e);
+        /* runs it may take: elements, or at most as many runs as elements */
+        size_t runs = s->counts ? s->n - i : (size_t)max_el;
+        if (s->counts && (int64_t)runs > max_el)
+            runs = (size_t)max_el;
+        size_t ogot = undo_take(u, be, device, true, runs * per, per, &offs, &oplace);
+        if (ogot == 0)
+            return REFIT_ENOMEM;
+        backend_scatter piece = *s;
+        scatter_piece(s, &piece, (int64_t *)(void *)offs, ogot / per, max_el, &i, &skip, &v);
+        piece.old = old;
+        piece.old_on_device = place == UNDO_DEVICE;
+        int rc = be->scatter(&piece, stream);
+        if (rc)
+            return rc;
+        size_t n = (size_t)piece.elements * e;
+        u->e[u->n_entries++] = (undo_entry){s->dst, old, n, be, device, place, piece.off,
+                                            piece.counts, piece.n, s->run_stride, s->dst_dtype,
+                                            s->dst_device};
+        u->placed[place] += n;
+        u->bytes += n;
+    }
+    u->n++;
+    return REFIT_OK;
+}
+
+/* Scatter a scatter entry's old bytes back, and wait for it. */
+static int restore_scatter(const undo_entry *e, void *stream)
+{
+    size_t es = kern_dtype_size(e->dtype);
+    refit_device host = {e->dst_device.device_type == REFIT_DEVICE_CPU ? REFIT_DEVICE_CPU
+                                                                       : REFIT_DEVICE_CUDA_HOST,
+                         0};
+    backend_scatter s = {
+        .dst = e->dst, .dst_device = e->dst_device, .dst_dtype = e->dtype, .off = e->off,
+        .counts = e->counts, .n = e->n_off, .run_stride = e->run_stride,
+        .elements = (int64_t)(e->n / es), .values = e->saved, .values_dtype = e->dtype,
+        .values_device = e->place == UNDO_DEVICE ? e->dst_device : host, .values_stride = 1,
+    };
+    int rc = e->be->scatter(&s, stream);
+    return rc ? rc : e->be->sync(stream);
+}
+
 int undo_restore_all(undo_log *u, void *stream)
 {
     int first = REFIT_OK;
     for (uint32_t i = u->n_entries; i-- > 0;) {
         const undo_entry *e = &u->e[i];
-        int rc = e->place == UNDO_DEVICE ? e->be->restore_dev(e->dst, e->saved, e->n, e->device)
+        int rc = e->off ? restore_scatter(e, stream)
+               : e->place == UNDO_DEVICE ? e->be->restore_dev(e->dst, e->saved, e->n, e->device)
                                          : e->be->restore(e->dst, e->saved, e->n, stream);
         if (rc && !first)
             first = rc;

@@ -32,6 +32,13 @@ typedef struct undo_entry {
     const backend *be;
     int device;                 /* of dst */
     undo_place place;
+    /* a scatter's (undo_scatter): the elements it wrote, as scattered
+     * (offsets, counts in a host chunk); off NULL: a span of n bytes */
+    const int64_t *off, *counts;
+    size_t n_off;
+    int64_t run_stride;
+    refit_dtype dtype;
+    refit_device dst_device;
 } undo_entry;
 
 typedef struct undo_chunk undo_chunk;
@@ -60,6 +67,14 @@ void undo_init(undo_log *u, undo_pool **pool, uint64_t device_budget);
 /* Save n bytes at dst (on device `device` of be) before they are first
  * overwritten: queued on stream ahead of any later write queued there. */
 int undo_save(undo_log *u, const backend *be, int device, char *dst, size_t n, void *stream);
+/* Apply scatter s with be->scatter (ordered on stream), saving first the
+ * old bytes of exactly the elements it writes: the backend gathers them in
+ * the same pass into the log's memory (device while the budget lasts,
+ * else host), and the offsets (and counts) are copied into a host chunk
+ * for the restore, which scatters the old bytes back. s may go as several
+ * pieces, split where a chunk ends. */
+int undo_scatter(undo_log *u, const backend *be, int device, const backend_scatter *s,
+                 void *stream);
 /* Put every saved byte back, newest first, and wait for it. Returns the
  * first failure but still tries every entry. */
 int undo_restore_all(undo_log *u, void *stream);
