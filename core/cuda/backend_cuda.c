@@ -74,6 +74,7 @@
 #include "core/cuda/kern_cuda.h"
 #include "core/cuda/placement.h"
 #include "core/cuda/ring_trace.h"
+#include "core/cuda/scatter.h"
 #include "kernels/copy.h"
 
 #ifndef MADV_POPULATE_READ
@@ -2111,6 +2112,7 @@ const backend backend_cuda = {
     .undo_dev_free = cuda_undo_dev_free,
     .save_dev = cuda_save_dev,
     .restore_dev = cuda_restore_dev,
+    .scatter = backend_cuda_scatter,
 };
 
 /* ---- fingerprint into device memory (the NCCL transport's checksums) ---- */

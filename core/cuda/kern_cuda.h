@@ -15,6 +15,8 @@
 
 #include <refit/format.h>
 
+#include "kernels/scatter.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -43,6 +45,11 @@ int kern_fingerprint_view_cuda(const refit_view *v, uint64_t *out, void *stream)
  * aligned, as a little-endian word), ordered on stream; never waits and
  * allocates nothing (a zeroing memset and two launches). */
 int kern_fingerprint_to_cuda(const refit_view *v, uint64_t *dst, void *stream);
+
+/* The scatter of kernels/scatter.h (kernels/scatter.cu), every pointer of
+ * s device-readable; with s->counts, vstart[i] (device-readable) is the
+ * index of run i's first value. Bit for bit kern_scatter_host. */
+int kern_scatter_cuda(const kern_scatter *s, const int64_t *vstart, void *stream);
 
 /* What the last failing call on this thread reported ("" if none). */
 const char *kern_cuda_last_error(void);
