@@ -27,6 +27,19 @@ Rows (random weights, the exact shapes of the public configs):
                            of the same bytes (cost_vs_bf16)
   qwen3_30b_a3b_ipc        Qwen3-30B-A3B BF16, a colocated trainer process
                            over refit.ipc (CUDA IPC; host memory in --tiny)
+  qwen3_30b_a3b_delta_bf16 (issue 31) a 3% delta (random indices, sorted per
+                           tensor, pinned host int64; values BF16 device
+                           tensors) into Qwen3-30B-A3B BF16 stacked runtime
+                           tensors through txn.load_deltas at the defaults
+                           (rollback on), beside a full reload from the
+                           BF16 device sources (load_dict, defaults):
+                           cost_vs_full; the peer's way is a torch loop
+                           param.view(-1)[idx] = vals (vLLM's sparse path)
+  qwen3_30b_a3b_delta_online_fp8  the same delta into online block-128 FP8
+                           runtimes (their BF16 master kept within
+                           delta_master_budget = the checkpoint's bytes),
+                           beside a full online reload; "not built" where
+                           the library refuses deltas into online modules
   table_costs              (issue 28 item 6) a fresh txn.load_dict of 100,000
                            small host tensors (1,000 stacked modules of 100
                            experts, [4, 8] F32 each) from torch CPU tensors,
@@ -125,6 +138,11 @@ ROWS = {
                               target=("ratio_to_ceiling", ">=", 0.80)),
     "table_costs": dict(model=None, source="table", quant=None, seed=None,
                         target=("worst_ratio_to_torch", "<=", 2.0)),
+    "qwen3_30b_a3b_delta_bf16": dict(model="qwen3_30b_a3b", source="delta", quant="bf16",
+                                     seed=None, target=("cost_vs_full", "<=", 0.25)),
+    "qwen3_30b_a3b_delta_online_fp8": dict(model="qwen3_30b_a3b", source="delta",
+                                           quant="fp8o", seed=None,
+                                           target=("cost_vs_full", "<=", 0.25)),
 }
 
 DEFINITIONS = {
@@ -181,6 +199,18 @@ DEFINITIONS = {
                    "ratio_to_torch: numpy's and dlpack's load_dict against torch's",
     "cost_vs_bf16": "online seconds / seconds of a BF16 reload of the same sources into "
                     "BF16 stacked runtime tensors (load_dict, rollback off)",
+    "delta_rows": "rows with delta in the name (issue 31): `seconds` is a delta update at the "
+                  "defaults (`with model.update(version=, base=) as txn: "
+                  "txn.load_deltas(table)`, rollback on), median of --repeat after the "
+                  "first, each against the version before it; `full_seconds` a full "
+                  "reload of the same model from the BF16 device sources at the defaults "
+                  "(load_dict), timed the same way in the same run; cost_vs_full = "
+                  "seconds / full_seconds; `elements` the patched elements, `bytes` the "
+                  "patch's payload (values plus int64 indices); `delta_equals_full`: the "
+                  "runtime bytes after the deltas equal those after a full reload of the "
+                  "patched sources; peer_seconds: a torch loop param.view(-1)[idx] = vals "
+                  "per tensor (vLLM's sparse path: in place, no undo), indices on the "
+                  "device there",
 }
 
 
@@ -581,6 +611,9 @@ class TorchBackend:
             src = src.view(self.torch.uint8)
         dst.copy_(src)
 
+    def peer_scatter(self, param, idx, vals):
+        param.view(-1)[idx] = vals
+
     def quant_block(self, x, wdst, sdst):
         """Block-128 FP8 of x [n, K] into wdst (f8 [n, K]) and sdst (f32
         [n/128, K/128]), as a torch loop would: amax/448, x/scale."""
@@ -746,6 +779,12 @@ class NumpyBackend:
         elif mode == "u8":
             src = src.view(self.np.uint8)
         dst[...] = src.astype(dst.dtype) if src.dtype != dst.dtype else src
+
+    def peer_scatter(self, param, idx, vals):
+        flat = param.reshape(-1)
+        if not self.np.shares_memory(flat, param):
+            raise ValueError("peer_scatter: not a contiguous view")
+        flat[idx] = vals
 
     def quant_block(self, x, wdst, sdst):
         np = self.np
@@ -1274,6 +1313,191 @@ def row_online(B, args, row, cfg, layers):
     return summarize(row, res, res.get("ceiling_seconds"))
 
 
+# ---------------------------------------------------------------- deltas
+DELTA_FRACTION = 0.03
+
+
+def delta_table(B, plan, frac, seed):
+    """Per checkpoint tensor about frac of its elements: sorted unique
+    random flat indices (int64, host memory: pinned with torch on CUDA, as
+    refit_load_delta reads them on the host) and new BF16 values (device).
+    Returns ({name: (indices, values)}, elements, payload bytes)."""
+    table, elements, nbytes = {}, 0, 0
+    if B.name == "numpy":
+        np = B.np
+        gen = np.random.default_rng(seed)
+        for name, dt, shape in plan.ckpt:
+            n = numel(shape)
+            k = max(1, int(round(n * frac)))
+            idx = np.unique(gen.integers(0, n, size=k, dtype=np.int64))
+            vals = np.empty(idx.size, dtype=B.dt[dt])
+            B.fill_random(vals, dt, gen)
+            table[name] = (idx, vals)
+            elements += idx.size
+            nbytes += idx.size * (8 + DT[dt][1])
+        return table, elements, nbytes
+    torch = B.torch
+    gen = B.generator(seed)
+    for name, dt, shape in plan.ckpt:
+        n = numel(shape)
+        k = max(1, int(round(n * frac)))
+        idx = torch.unique(torch.randint(0, n, (k,), generator=gen, device=B.dev))
+        vals = torch.empty(idx.numel(), dtype=B.dt[dt], device=B.dev)
+        if dt == "bf16":
+            B.randn_bf16(vals, gen)
+        else:
+            B.fill_random(vals, dt, gen)
+        host = idx.to("cpu")
+        if B.cuda:
+            host = host.pin_memory()
+        table[name] = (host, vals)
+        elements += idx.numel()
+        nbytes += idx.numel() * (8 + DT[dt][1])
+    B.sync()
+    return table, elements, nbytes
+
+
+def peer_delta(B, plan, eng, table, dev_idx):
+    """vLLM's sparse path: param.view(-1)[idx] = vals per tensor, in place."""
+    with B.no_grad():
+        for name, (idx, vals) in table.items():
+            ename, view, _ = plan.where[name][4]
+            B.peer_scatter(eng.view(ename, view), dev_idx[name], vals)
+    B.sync()
+
+
+def delta_context(args, plan, quant):
+    """The row's context: online runtimes get a delta master budget of the
+    checkpoint's BF16 bytes (refit keeps the master it patches)."""
+    if quant == "bf16":
+        return context(args)
+    return refit.Context(worker_id="zoo", journal_path=args.journal,
+                         staging_budget=args.staging_budget,
+                         delta_master_budget=plan.bytes + (64 << 20))
+
+
+def online_delta_refusal(B, args):
+    """None when a delta into an online-quantized module is taken, else
+    why not (this build keeps no BF16 master of online modules)."""
+    plan = build_plan(TINY["qwen3_30b_a3b"], "fp8o", 1)
+    src = Sources(B, plan, seed=5)
+    eng = Engine(B, plan)
+    try:
+        ctx = delta_context(args, plan, "fp8o")
+    except TypeError as e:     # a binding without delta_master_budget
+        return str(e)
+    try:
+        m, _, _ = register(ctx, plan, eng)
+        with m.update(version="p1") as txn:
+            txn.load_dict(src.t)
+        name = next(n for n, (_, _, _, _, p) in plan.where.items() if p and p[2] == "quant")
+        idx = B.np.array([0], dtype=B.np.int64) if B.name == "numpy" else \
+            B.torch.tensor([0], dtype=B.torch.int64)
+        try:
+            with m.update(version="p2", base="p1") as txn:
+                txn.load_delta(name, idx, src.t[name].reshape(-1)[:1])
+        except refit.RefitError as e:
+            return str(e)
+        return None
+    finally:
+        ctx.close()
+
+
+def row_delta(B, args, row, cfg, layers):
+    """A 3% delta through txn.load_deltas beside a full reload of the same
+    model from device tensors, both at the defaults (rollback on)."""
+    spec = ROWS[row]
+    field, op, val = spec["target"]
+    if spec["quant"] != "bf16":
+        why = online_delta_refusal(B, args)
+        if why is not None:
+            return {"not_built": "deltas into online-quantized modules are refused "
+                                 "(refit keeps no BF16 master yet): " + why,
+                    "target": "%s %s %g" % (field, op, val), "met": False}
+    plan = build_plan(cfg, spec["quant"], layers)
+    res = {"tensors": len(plan.ckpt), "modules": len(plan.mods),
+           "checkpoint_bytes": plan.bytes, "engine_bytes": plan.engine_bytes(),
+           "fraction": DELTA_FRACTION, "runtime": RUNTIME[spec["quant"]],
+           "source": "BF16 %s tensors (values), int64 host indices (%s)" % (
+               "host" if B.name == "numpy" or not B.cuda else "device",
+               "pinned" if B.name != "numpy" and B.cuda else "pageable"),
+           "full_source": "the BF16 sources whole (load_dict)"}
+    src = Sources(B, plan, seed=17)
+    table, res["elements"], res["bytes"] = delta_table(B, plan, DELTA_FRACTION, 19)
+    eng = Engine(B, plan)
+    ctx = delta_context(args, plan, spec["quant"])
+    if spec["quant"] != "bf16":
+        res["delta_master_budget"] = plan.bytes + (64 << 20)
+    n = [0]
+
+    def update(body, **kw):
+        n[0] += 1
+        v = "zoo-%d" % n[0]
+        B.sync()
+        t0 = time.perf_counter()
+        with m.update(version=v, **kw) as txn:
+            body(txn)
+            st = txn.stats()
+        B.sync()
+        return time.perf_counter() - t0, v, st
+
+    def series(body, delta):
+        out, st = [], None
+        for _ in range(1 + args.repeat):
+            secs, v, st = update(body, **({"base": "zoo-%d" % n[0]} if delta else {}))
+            out.append(secs)
+        return out, st
+
+    try:
+        m, res["register_seconds"], res["seal_seconds"] = register(ctx, plan, eng)
+        res["reserve_seconds"], res["undo_held"] = wait_reserve(m)
+        full, _ = series(lambda txn: txn.load_dict(src.t), False)
+        res["full_first_seconds"], res["full_seconds"] = full[0], statistics.median(full[1:])
+        res["full_seconds_all"] = full[1:]
+        delta, st = series(lambda txn: txn.load_deltas(table), True)
+        res["first_seconds"], res["seconds"] = delta[0], statistics.median(delta[1:])
+        res["seconds_all"] = delta[1:]
+        res["delta_stats"] = {k: st[k] for k in ("undo_device_bytes", "undo_host_bytes",
+                                                 "delta_elements", "delta_tensors")
+                              if k in st}
+        res["cost_vs_full"] = res["seconds"] / res["full_seconds"]
+        after_delta = eng.digest()
+        # the peer's way, from the base, indices on the device
+        dev_idx = {k: (i.to(B.dev, non_blocking=True) if B.name != "numpy" else i)
+                   for k, (i, _) in table.items()}
+        try:
+            if args.no_peer:
+                raise RuntimeError("--no-peer")
+            if spec["quant"] != "bf16":
+                raise RuntimeError("no peer: vLLM's sparse path patches BF16 parameters in "
+                                   "place, not online-quantized ones")
+            update(lambda txn: txn.load_dict(src.t))
+            peer_delta(B, plan, eng, table, dev_idx)
+            res["peer_equal"] = eng.digest() == after_delta
+            res["peer_seconds"], res["peer_seconds_all"] = timed_runs(
+                B, lambda: peer_delta(B, plan, eng, table, dev_idx), args.repeat)
+            res["peer_cost_vs_full"] = res["peer_seconds"] / res["full_seconds"]
+        except Exception as e:   # noqa: BLE001  (the peer is reported, not required)
+            res["peer_error"] = err(e)["error"]
+        # the patched checkpoint whole: the same bytes as the deltas gave
+        eng.zero()
+        for name, (idx, vals) in table.items():
+            B.peer_scatter(src.t[name], dev_idx[name], vals)
+        update(lambda txn: txn.load_dict(src.t))
+        res["delta_equals_full"] = eng.digest() == after_delta
+        del dev_idx
+        m.destroy()
+    except refit.RefitError as e:
+        res.update(err(e))
+    finally:
+        ctx.close()
+        del eng, src, table
+        B.empty_cache()
+    res["target"] = "%s %s %g" % (field, op, val)
+    res["met"] = field in res and res[field] <= val and res.get("delta_equals_full") is True
+    return res
+
+
 # ---------------------------------------------------------------- ipc
 def backend(mode):
     """"numpy" (--tiny), "torch-cpu" (--tiny --torch-cpu) or "torch" (CUDA)."""
@@ -1485,6 +1709,15 @@ def line(row, r):
         return "zoo.%-26s %s  %s %s" % (row, "  ".join(
             "%s %.2f us" % (k, v["load_dict_us_per_tensor"]) for k, v in r["kinds"].items()
             if "load_dict_us_per_tensor" in v), r["target"], "met" if r["met"] else "NOT MET")
+    if "not_built" in r:
+        return "zoo.%-26s not built: %s" % (row, r["not_built"])
+    if "cost_vs_full" in r:
+        return ("zoo.%-26s %8.3f s  full %.3f s  cost_vs_full %.3f  peer %s  %s %s  "
+                "%d elements %.2f GB  equal %s" % (
+                    row, r["seconds"], r["full_seconds"], r["cost_vs_full"],
+                    "%.3f s" % r["peer_seconds"] if "peer_seconds" in r else "-", r["target"],
+                    "met" if r.get("met") else "NOT MET", r["elements"], r["bytes"] / 1e9,
+                    r.get("delta_equals_full")))
     if "seconds" not in r:
         s = "zoo.%-26s %s" % (row, r.get("error", "no figure"))
         if "seconds_at_budget" in r:
@@ -1580,7 +1813,7 @@ def main():
         t0 = time.perf_counter()
         try:
             fn = {"files": row_files, "device": row_online, "ipc": row_ipc,
-                  "table": row_table_costs}[spec["source"]]
+                  "table": row_table_costs, "delta": row_delta}[spec["source"]]
             r = fn(B, a, row, cfg, layers)
         except Exception as e:   # noqa: BLE001  (one row's failure is that row's result)
             import traceback
