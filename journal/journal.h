@@ -263,7 +263,8 @@ typedef struct journal_update_row {
     int64_t id;
     const char *worker, *version, *source_uri, *source_digest;
     const char *mode;           /* "normal", "replay", or "restore" (a normal
-                                   update whose source is snapshot://PATH) */
+                                   update whose source is snapshot://PATH or
+                                   keeper://PATH) */
     int64_t replay_of;          /* 0: none */
     int rollback;
     int partial;                /* 1: a delta: modules not delivered kept theirs */

@@ -102,8 +102,8 @@ int journal_workers_list(journal *j, journal_worker_fn fn, void *user)
 
 #define UPDATE_COLUMNS                                                         \
     "SELECT id, worker, version, source_uri, source_digest,"                  \
-    " CASE WHEN mode = 'normal' AND source_uri LIKE 'snapshot://%'"           \
-    "  THEN 'restore' ELSE mode END,"                                         \
+    " CASE WHEN mode = 'normal' AND (source_uri LIKE 'snapshot://%'"          \
+    "  OR source_uri LIKE 'keeper://%') THEN 'restore' ELSE mode END,"        \
     " replay_of, rollback_on, state, started_at, ended_at, bytes, tensors,"   \
     " error, n_modules, pid, pid_start, host, partial, undo_device_bytes,"            \
     " undo_host_bytes, undo_source FROM updates"

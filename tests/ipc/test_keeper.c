@@ -26,6 +26,7 @@
 #include <refit/sys/stats.h>
 
 #include "core/ipc/keeper.h"
+#include "journal/journal.h"
 #include "tests/ipc/itest.h"
 
 static char g_serve[108], g_follow[108], g_worker[108];
@@ -39,6 +40,35 @@ static int fresh_paths(void **state)
     snprintf(g_follow, sizeof g_follow, "/tmp/refit-keeper-%d-%d-f.sock", (int)getpid(), n);
     snprintf(g_worker, sizeof g_worker, "/tmp/refit-keeper-%d-%d-w.sock", (int)getpid(), n);
     return 0;
+}
+
+/* Whether the journal's reader calls the update of label "v<v>" a restore. */
+typedef struct mode_seen {
+    const char *version;
+    int restore;
+} mode_seen;
+
+static int on_update(void *user, const journal_update_row *row)
+{
+    mode_seen *m = user;
+    if (row->version && !strcmp(row->version, m->version))
+        m->restore = row->mode && !strcmp(row->mode, "restore");
+    return 0;
+}
+
+static int journal_mode_of(const char *path, uint64_t v)
+{
+    char label[32], err[256];
+    snprintf(label, sizeof label, "v%llu", (unsigned long long)v);
+    journal_opts jo = JOURNAL_OPTS_INIT;
+    jo.readonly = 1;
+    journal *j = NULL;
+    if (journal_open(&j, path, &jo, err, sizeof err))
+        fail_msg("journal %s: %s", path, err);
+    mode_seen m = {label, -1};
+    assert_int_equal(journal_updates_list(j, on_update, &m), REFIT_OK);
+    journal_close(j);
+    return m.restore;
 }
 
 /* ---- the keeper process: the workers' model, its tensors in a pool ---- */
@@ -326,6 +356,7 @@ static void t_restore_follows_and_serves(void **state)
     assert_int_equal(sql_count(journal, sql), 1);
     assert_int_equal(sql_count(journal, "SELECT count(*) FROM events WHERE kind = 'restore' "
                                         "AND message LIKE '%from keeper%'"), 1);
+    assert_int_equal(journal_mode_of(journal, 2), 1); /* read as a restore */
     if ((rc = restore(&c, 0)))
         fail_msg("restore C: %s", refit_errmsg(c.ctx));
     expect_at(&c, 2); /* one keeper, several workers of its signature */
