@@ -113,7 +113,7 @@ def test_restore_from_keeper():
         ctx = refit.Context(worker_id="py-worker", journal_path=journal)
         m = ctx.create_model()
         rt = register(m, lambda shape: Host(shape, -1.0))
-        refit.keeper.restore(m, "keeper://" + serve, timeout=10)
+        m.restore("keeper://" + serve)  # Model.restore hands keeper:// to refit.keeper
         assert ctx.version == "v2", ctx.version
         for k, (n, t) in enumerate(rt.items()):
             assert t.values() == [200.0 + 10 * k + i for i in range(t.n)], (n, t.values())

@@ -742,7 +742,11 @@ class Model:
         difference: load the checkpoint instead); then the runtime bytes
         are copied as they are, no post-load runs, and the worker commits
         at the snapshot's version. A failure after the first byte rolls
-        back (rollback) or poisons the worker, as any update."""
+        back (rollback) or poisons the worker, as any update. A path
+        keeper://SOCKET restores from a keeper (refit.keeper.restore)."""
+        if os.fspath(path).startswith("keeper://"):
+            from . import keeper
+            return keeper.restore(self, path, rollback=rollback)
         opts = _ffi.RestoreOpts(_ffi.RESTORE_OPTS_VERSION, 1 if rollback else 0)
         claimed = self.ctx._claim("restore of %s" % path, call="restore")
         try:
