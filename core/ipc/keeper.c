@@ -443,7 +443,11 @@ static void follow_one(refit_ipc_keeper *k)
     if (ipc_receiver_ready(k->follow, ipc_now() + greet) != 1)
         return;
     refit_group_result res;
-    int rc = refit_ipc_receive_update(k->follow, NULL, &res);
+    /* partial: never stricter than the workers (a subset the group takes
+     * commits here too; the keeper then serves nothing until a full one) */
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.partial = 1;
+    int rc = refit_ipc_receive_update(k->follow, &uo, &res);
     if (!rc) {
         k->st.updates_committed++;
         k->in_doubt = false;

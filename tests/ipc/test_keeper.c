@@ -222,6 +222,7 @@ typedef struct send_step {
     const char *paths[2];
     uint64_t version;
     int expect;                 /* what the send returns; 1: any failure */
+    int subset;                 /* send only the first 3 tensors (a partial update) */
 } send_step;
 
 typedef struct trainer_job {
@@ -245,7 +246,7 @@ static int send_one(const send_step *st)
     nt_ckpt c;
     nt_ckpt_make(&c, st->version);
     int rc = refit_ipc_sender_create(&s, ctx, st->paths, st->n_paths, &so) ? 21 : 0;
-    for (int i = 0; i < NT_N && !rc; i++)
+    for (int i = 0; i < (st->subset ? 3 : NT_N) && !rc; i++)
         rc = refit_ipc_sender_add(s, NT_SPECS[i].ckpt, &c.t[i], REFIT_IPC_PACK) ? 22 : 0;
     char label[32];
     snprintf(label, sizeof label, "v%llu", (unsigned long long)st->version);
@@ -330,8 +331,8 @@ static void t_restore_follows_and_serves(void **state)
     ro.timeout_s = ro.start_timeout_s = 20;
     refit_ipc_receiver *r;
     assert_int_equal(refit_ipc_receiver_create(&r, a.m, g_worker, &ro), REFIT_OK);
-    send_step steps[2] = {{2, {g_worker, g_follow}, 1, REFIT_OK},
-                          {2, {g_worker, g_follow}, 2, REFIT_OK}};
+    send_step steps[2] = {{2, {g_worker, g_follow}, 1, REFIT_OK, 0},
+                          {2, {g_worker, g_follow}, 2, REFIT_OK, 0}};
     trainer_job tj = {steps, 2, 0};
     pid_t trainer = it_fork(run_trainer, &tj);
     for (int v = 1; v <= 2; v++) {
@@ -447,8 +448,8 @@ static void t_uncommitted_never_served(void **state)
     ro.max_bucket_bytes = 64; /* D refuses every index: it votes no */
     refit_ipc_receiver *r;
     assert_int_equal(refit_ipc_receiver_create(&r, d.m, g_worker, &ro), REFIT_OK);
-    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK},
-                          {2, {g_worker, g_follow}, 2, 1}};
+    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK, 0},
+                          {2, {g_worker, g_follow}, 2, 1, 0}};
     trainer_job tj = {steps, 2, 3};
     pid_t trainer = it_fork(run_trainer, &tj);
     assert_true(refit_ipc_receive_update(r, NULL, NULL) != REFIT_OK); /* D refuses v2 */
@@ -462,7 +463,7 @@ static void t_uncommitted_never_served(void **state)
     assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_EMPTY);
     assert_true(all_zero(&w));
 
-    send_step ok[1] = {{1, {g_follow}, 4, REFIT_OK}};
+    send_step ok[1] = {{1, {g_follow}, 4, REFIT_OK, 0}};
     trainer_job tj4 = {ok, 1, 0};
     trainer = it_fork(run_trainer, &tj4);
     assert_int_equal(it_wait(trainer), 0);
@@ -490,8 +491,8 @@ static void t_group_abort_serves_previous(void **state)
     ro.max_bucket_bytes = 64; /* D refuses every index: it votes no */
     refit_ipc_receiver *r;
     assert_int_equal(refit_ipc_receiver_create(&r, d.m, g_worker, &ro), REFIT_OK);
-    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK},
-                          {2, {g_worker, g_follow}, 2, 1}};
+    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK, 0},
+                          {2, {g_worker, g_follow}, 2, 1, 0}};
     trainer_job tj = {steps, 2, 0};
     pid_t trainer = it_fork(run_trainer, &tj);
     assert_true(refit_ipc_receive_update(r, NULL, NULL) != REFIT_OK);
@@ -544,6 +545,30 @@ static void t_verify_catches_changed_memory(void **state)
     nt_worker_close(&a);
     nt_worker_close(&b);
     nt_rmdir(dir);
+}
+
+/* A subset of the modules (the group's delta) commits on the keeper too,
+ * which then serves nothing until a full update commits. */
+static void t_partial_update_not_served(void **state)
+{
+    (void)state;
+    keeper_job kj = {.follow = 1};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    nt_worker w;
+    assert_int_equal(nt_worker_open(&w, 0, 1, NULL), REFIT_OK);
+    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK, 0}, {1, {g_follow}, 2, REFIT_OK, 1}};
+    trainer_job tj = {steps, 2, 0};
+    assert_int_equal(it_wait(it_fork(run_trainer, &tj)), 0);
+    assert_int_equal(restore(&w, 1), REFIT_ESTATE);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "partial update"));
+    assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_EMPTY);
+    send_step full[1] = {{1, {g_follow}, 3, REFIT_OK, 0}};
+    trainer_job tj3 = {full, 1, 0};
+    assert_int_equal(it_wait(it_fork(run_trainer, &tj3)), 0);
+    assert_int_equal(restore(&w, 1), REFIT_OK);
+    expect_at(&w, 3);
+    stop(keeper);
+    nt_worker_close(&w);
 }
 
 /* ---- the keeper as an undo source (core/undo_source.h) ---- */
@@ -711,6 +736,7 @@ int main(void)
         cmocka_unit_test_setup(t_keeper_killed_mid_restore, fresh_paths),
         cmocka_unit_test_setup(t_group_abort_serves_previous, fresh_paths),
         cmocka_unit_test_setup(t_uncommitted_never_served, fresh_paths),
+        cmocka_unit_test_setup(t_partial_update_not_served, fresh_paths),
         cmocka_unit_test_setup(t_verify_catches_changed_memory, fresh_paths),
         cmocka_unit_test_setup(t_keeper_undo_source, fresh_paths),
         cmocka_unit_test_setup(t_peer_other_uid, fresh_paths),
