@@ -351,6 +351,7 @@ int undo_scatter(undo_log *u, const backend *be, int device, const backend_scatt
         scatter_piece(s, &piece, (int64_t *)(void *)offs, ogot / per, max_el, &i, &skip, &v);
         piece.old = old;
         piece.old_on_device = place == UNDO_DEVICE;
+        piece.arrays_held = 1;
         int rc = be->scatter(&piece, stream);
         if (rc)
             return rc;
@@ -377,6 +378,7 @@ static int restore_scatter(const undo_entry *e, void *stream)
         .counts = e->counts, .n = e->n_off, .run_stride = e->run_stride,
         .elements = (int64_t)(e->n / es), .values = e->saved, .values_dtype = e->dtype,
         .values_device = e->place == UNDO_DEVICE ? e->dst_device : host, .values_stride = 1,
+        .arrays_held = 1,
     };
     int rc = e->be->scatter(&s, stream);
     return rc ? rc : e->be->sync(stream);

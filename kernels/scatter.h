@@ -37,6 +37,9 @@ typedef struct kern_scatter {
     int64_t values_stride;      /* elements between consecutive values (>= 1) */
     void *old;                  /* NULL, or elements * size of dst_dtype bytes */
     int old_on_device;          /* (backends) old is device undo memory, else host */
+    int arrays_held;            /* (backends) off and counts stay valid until the
+                                   stream is synchronized (the undo log's copy):
+                                   a device may read them after the call returns */
 } kern_scatter;
 
 /* The scatter on host memory. REFIT_OK, or REFIT_EUNSUPPORTED when the

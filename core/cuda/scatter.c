@@ -54,7 +54,10 @@ static int scatter_launch(void *arg, void *stream)
     size_t ve = kern_dtype_size(s->values_dtype), n8 = s->n * sizeof(int64_t);
     size_t vbytes = (size_t)s->elements * ve;
     bool runs = s->counts != NULL;
-    const void *off_d = mapped(s->off), *cnt_d = runs ? mapped(s->counts) : NULL;
+    /* the caller's arrays are read before the call returns: staged, unless
+     * the undo log holds them (pinned, valid until the stream is synced) */
+    const void *off_d = s->arrays_held ? mapped(s->off) : NULL;
+    const void *cnt_d = runs && s->arrays_held ? mapped(s->counts) : NULL;
     const void *val_d = NULL;
     bool peer = false;
     if (s->values_device.device_type == REFIT_DEVICE_CUDA) {

@@ -6,9 +6,10 @@
 
 /* s on the device of s->dst, ordered on stream after the copies and
  * saves the backend queued there (backend_cuda_run), one kernel launch.
- * Pointers the device can read (device memory, mapped pinned memory: the
- * undo log's chunks, a pinned index or value tensor) are read in place;
- * pageable offsets, counts and values, and values on another device, are
+ * Values the device can read (device memory, mapped pinned memory) and
+ * offsets and counts the undo log holds (s->arrays_held, its pinned
+ * chunks) are read in place; other offsets and counts (the caller's, read
+ * before this returns), pageable values, and values on another device are
  * staged first in stream-ordered device memory (cudaMallocAsync, freed on
  * the stream after the kernel), the pageable ones packed into one copy.
  * Never waits. */
