@@ -380,6 +380,66 @@ static int plan_tensor(planner *pl, uint32_t i, const bkt_tensor *t, uint64_t by
     }
 }
 
+/* A patch: its entries t[i, i + g) (indices, counts, values), 1-D, all
+ * into one packed bucket: the current one when they fit its cap, else a
+ * new one, past the ramp's cap if need be. */
+static int plan_patch(planner *pl, uint32_t i, uint32_t g, const bkt_tensor *t, char *err,
+                      size_t errlen)
+{
+    bkt_plan *p = pl->p;
+    uint64_t sz[3];
+    uint32_t eh = 0;
+    for (uint32_t j = 0; j < g; j++) {
+        uint64_t row_bytes;
+        int rc = tensor_sizes(&t[i + j], &sz[j], &row_bytes, err, errlen);
+        if (rc)
+            return rc;
+        eh += (uint32_t)entry_size(&t[i + j]);
+    }
+    for (int rc;;) {
+        bkt_span *b = &p->buckets[p->n_buckets - 1];
+        uint64_t off = b->n ? bkt_align(b->payload_bytes) : 0, at[3], end = off;
+        for (uint32_t j = 0; j < g; j++) {
+            at[j] = j ? bkt_align(end) : off;
+            end = at[j] + sz[j];
+        }
+        bool fits = b->header_bytes + eh <= BKT_MAX_HEADER && end <= pl->cap;
+        if (!fits && b->n) {
+            if ((rc = pl_next(pl)))
+                return rc;
+            continue;
+        }
+        if (!fits && end > pl->bucket_bytes)
+            return errbuf_set(err, errlen, REFIT_EINVAL, "%s: its patch is %llu bytes, more "
+                              "than a bucket (%llu bytes); a patch goes in one bucket: raise "
+                              "bucket_bytes", t[i].name, (unsigned long long)end,
+                              (unsigned long long)pl->bucket_bytes);
+        for (uint32_t j = 0; j < g; j++)
+            if ((rc = pl_add(pl, (bkt_piece){i + j, false, 0, 0, at[j], sz[j]},
+                             (uint32_t)entry_size(&t[i + j]))))
+                return rc;
+        return REFIT_OK;
+    }
+}
+
+/* The entries of the patch starting at t[i] (3 with counts, else 2), 0
+ * when kinds do not make one there: indices, then counts, then values,
+ * all named alike and 1-D. */
+static uint32_t patch_entries(const bkt_tensor *t, const uint8_t *kinds, uint32_t i,
+                              uint32_t n)
+{
+    uint32_t g = i + 2 < n && kinds[i + 1] == BKT_E_DELTA_COUNTS ? 3 : 2;
+    if (kinds[i] != BKT_E_DELTA_INDICES || i + g > n ||
+        kinds[i + g - 1] != BKT_E_DELTA_VALUES)
+        return 0;
+    for (uint32_t j = 0; j < g; j++)
+        if (t[i + j].ndim != 1 || !t[i + j].name || strcmp(t[i + j].name, t[i].name) ||
+            (j + 1 < g && (t[i + j].dtype.code != REFIT_DTYPE_INT || t[i + j].dtype.bits != 64 ||
+                           t[i + j].shape[0] != t[i].shape[0])))
+            return 0;
+    return g;
+}
+
 /* Tensor i in DIRECT buckets of its own: whole when it fits a bucket,
  * else row ranges of dim 0 of at most bucket_bytes. */
 static int plan_direct(planner *pl, uint32_t i, const bkt_tensor *t, uint64_t bytes,
@@ -507,7 +567,20 @@ int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket
 int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
                           uint64_t direct_min, size_t label_len, char *err, size_t errlen)
 {
+    return bkt_plan_build_kinds(p, t, NULL, n, bucket_bytes, direct_min, label_len, err,
+                                errlen);
+}
+
+int bkt_plan_build_kinds(bkt_plan *p, const bkt_tensor *t, const uint8_t *kinds, uint32_t n,
+                         uint64_t bucket_bytes, uint64_t direct_min, size_t label_len,
+                         char *err, size_t errlen)
+{
     memset(p, 0, sizeof *p);
+    /* patches go packed: a DIRECT bucket carries one whole tensor or part */
+    for (uint32_t i = 0; kinds && i < n; i++)
+        if (kinds[i] != BKT_E_WHOLE && t[i].direct)
+            return errbuf_set(err, errlen, REFIT_EINVAL, "%s: a patch's entry marked direct",
+                              t[i].name ? t[i].name : "?");
     if (bucket_bytes == 0 || bucket_bytes > ((uint64_t)1 << 48) || label_len > BKT_MAX_LABEL)
         return errbuf_set(err, errlen, REFIT_EINVAL, "bucket size %llu or label length %zu out of "
                    "range", (unsigned long long)bucket_bytes, label_len);
@@ -541,8 +614,17 @@ int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t
         tensor_sizes(&t[i], &bytes, &row_bytes, err, errlen);
         if (goes_direct(&t[i], bytes, direct_min))
             continue;
-        rc = plan_tensor(&pl, i, &t[i], bytes, row_bytes, (uint32_t)entry_size(&t[i]), err,
-                         errlen);
+        if (kinds && kinds[i] != BKT_E_WHOLE) {
+            uint32_t g = patch_entries(t, kinds, i, n);
+            rc = g ? plan_patch(&pl, i, g, t, err, errlen)
+                   : errbuf_set(err, errlen, REFIT_EINVAL, "%s: entry %u is not the start "
+                                "of a patch (indices, counts, values; 1-D, named alike)",
+                                t[i].name ? t[i].name : "?", i);
+            i += g ? g - 1 : 0;
+        } else {
+            rc = plan_tensor(&pl, i, &t[i], bytes, row_bytes, (uint32_t)entry_size(&t[i]),
+                             err, errlen);
+        }
         if (rc == REFIT_ENOMEM)
             errbuf_set(err, errlen, rc, "planning buckets: out of memory");
         else if (rc == REFIT_EINVAL && p->n_buckets == BKT_MAX_BUCKETS)
@@ -556,6 +638,7 @@ int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t
         return rc;
     }
     plan_totals(p);
+    p->kinds = kinds;
     return REFIT_OK;
 }
 
@@ -568,7 +651,8 @@ void bkt_plan_free(bkt_plan *p)
 
 /* ---- header encoding ---- */
 
-static uint8_t *encode_entry(uint8_t *q, const bkt_piece *pc, const bkt_tensor *t)
+static uint8_t *encode_entry(uint8_t *q, const bkt_piece *pc, const bkt_tensor *t,
+                             uint8_t kind)
 {
     size_t nl = strlen(t->name);
     wr16(q, (uint16_t)nl);
@@ -576,7 +660,7 @@ static uint8_t *encode_entry(uint8_t *q, const bkt_piece *pc, const bkt_tensor *
     q[3] = t->dtype.bits;
     wr16(q + 4, t->dtype.lanes);
     q[6] = (uint8_t)t->ndim;
-    q[7] = pc->part ? 1 : 0;
+    q[7] = pc->part ? BKT_E_PART : kind;
     int64_t rows = pc->part ? pc->rows : (t->ndim ? t->shape[0] : 1);
     wr64(q + 8, (uint64_t)pc->row_offset);
     wr64(q + 16, (uint64_t)rows);
@@ -614,7 +698,7 @@ void bkt_header_encode(uint8_t *buf, const bkt_plan *p, uint32_t b, const bkt_te
     uint8_t *q = buf + BKT_FIXED_HEADER + ll;
     for (uint32_t k = 0; k < s->n; k++) {
         const bkt_piece *pc = &p->pieces[s->first + k];
-        q = encode_entry(q, pc, &t[pc->tensor]);
+        q = encode_entry(q, pc, &t[pc->tensor], p->kinds ? p->kinds[pc->tensor] : BKT_E_WHOLE);
     }
     wr64(q, bkt_checksum(buf, (size_t)(q - buf)));
 }
@@ -740,9 +824,10 @@ static int decode_entry(bkt_header *h, uint32_t k, const uint8_t **cur, const ui
                    h->index, k);
     uint16_t nl = rd16(q);
     *e = (bkt_entry){.dtype = {q[2], q[3], rd16(q + 4)}, .ndim = q[6], .part = q[7] == 1,
+                     .kind = q[7],
                      .row_offset = (int64_t)rd64(q + 8), .rows = (int64_t)rd64(q + 16),
                      .offset = rd64(q + 24), .bytes = rd64(q + 32)};
-    if (q[7] > 1 || e->ndim > REFIT_MAX_DIMS || nl == 0 || nl > BKT_MAX_NAME ||
+    if (q[7] > BKT_E_DELTA_VALUES || e->ndim > REFIT_MAX_DIMS || nl == 0 || nl > BKT_MAX_NAME ||
         (size_t)(end - q) < BKT_FIXED_ENTRY + 8u * e->ndim + nl)
         return errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u: bad dims, flags or "
                    "name length", h->index, k);
@@ -784,6 +869,32 @@ static int header_room(bkt_header *h, uint32_t hb)
     return REFIT_OK;
 }
 
+/* Patches: every delta entry belongs to one, indices (I64 [n]), then
+ * counts (I64 [n], optional), then values (1-D), consecutive and named
+ * alike; none in a DIRECT bucket. */
+static int check_patches(const bkt_header *h, char *err, size_t errlen)
+{
+    for (uint32_t k = 0; k < h->n_entries; k++) {
+        const bkt_entry *e = h->entries + k;
+        if (e->kind < BKT_E_DELTA_INDICES)
+            continue;
+        uint32_t g = k + 2 < h->n_entries && e[1].kind == BKT_E_DELTA_COUNTS ? 3 : 2;
+        bool ok = e->kind == BKT_E_DELTA_INDICES && !(h->flags & BKT_H_DIRECT) &&
+                  k + g <= h->n_entries && e[g - 1].kind == BKT_E_DELTA_VALUES;
+        for (uint32_t j = 0; ok && j < g; j++)
+            ok = e[j].ndim == 1 && !strcmp(e[j].name, e->name) &&
+                 (j + 1 == g || (e[j].dtype.code == REFIT_DTYPE_INT && e[j].dtype.bits == 64 &&
+                                 e[j].shape[0] == e->shape[0]));
+        if (!ok)
+            return errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: entry %u (%s): its "
+                              "flags say a patch's entry, but it is not a patch (I64 indices, "
+                              "I64 counts of as many, values; 1-D, named alike, in a packed "
+                              "bucket)", h->index, k, e->name);
+        k += g - 1;
+    }
+    return REFIT_OK;
+}
+
 int bkt_header_decode(bkt_header *h, const uint8_t *buf, const bkt_expect *ex, char *err,
                       size_t errlen)
 {
@@ -804,6 +915,8 @@ int bkt_header_decode(bkt_header *h, const uint8_t *buf, const bkt_expect *ex, c
     if (!rc && cur != end)
         rc = errbuf_set(err, errlen, REFIT_ECORRUPT, "bucket %u: %zu stray bytes after the entries",
                  h->index, (size_t)(end - cur));
+    if (!rc)
+        rc = check_patches(h, err, errlen);
     /* a DIRECT bucket's one entry is its whole broadcast */
     if (!rc && (h->flags & BKT_H_DIRECT) &&
         (h->entries[0].offset != 0 || h->entries[0].bytes != h->payload_bytes))

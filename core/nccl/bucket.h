@@ -2,8 +2,9 @@
  * The bucket wire format of the NCCL transport (docs/nccl.md). Everything a
  * receiver needs travels in the broadcasts themselves: no other channel.
  *
- * One update on the wire (wire version 4; version 3 had no direct buckets
- * and no trailer, version 2 carried the payload checksum inside the stamp,
+ * One update on the wire (wire version 5: entries may be patches; version
+ * 4 had whole tensors and parts only, version 3 no direct buckets and no
+ * trailer, version 2 carried the payload checksum inside the stamp,
  * version 1 each header inside its bucket):
  *
  *   announce  128 bytes, fixed: bucket count, nonce, the index's size, the
@@ -56,7 +57,7 @@
 #define BKT_MAGIC_ANNOUNCE 0x4e415452u /* "RTAN" */
 #define BKT_MAGIC_BUCKET 0x4b425452u   /* "RTBK" */
 #define BKT_MAGIC_STAMP 0x53425452u    /* "RTBS" */
-#define BKT_VERSION 4
+#define BKT_VERSION 5
 #define BKT_ANNOUNCE_BYTES 128
 #define BKT_STAMP_BYTES 64
 #define BKT_ALIGN 256                  /* payload and every piece start here */
@@ -92,6 +93,16 @@
 #define BKT_F_CANCEL 0x2u      /* the sender failed: payload not packed, status says why */
 /* Announce flags. */
 #define BKT_A_PAYLOAD_SUM 0x1u /* the sender sums every payload (receivers sum DIRECT ones) */
+/* Entry kinds (byte 7 of an entry). A patch of a checkpoint tensor for a
+ * delta update (refit_load_delta) is two or three consecutive entries of
+ * one packed bucket, all named after the tensor: its flat indices (or run
+ * starts), I64 [n]; its run lengths, I64 [n], only in the run form; its
+ * values, [m] of the checkpoint dtype. */
+#define BKT_E_WHOLE 0
+#define BKT_E_PART 1
+#define BKT_E_DELTA_INDICES 2
+#define BKT_E_DELTA_COUNTS 3
+#define BKT_E_DELTA_VALUES 4
 /* Header flags. */
 #define BKT_H_DIRECT 0x1u      /* payload only (at offset 0), one entry; its stamp and
                                 * checksum word are in the trailer */
@@ -152,6 +163,7 @@ typedef struct bkt_plan {
     uint32_t n_buckets, cap_buckets;
     uint64_t max_total, total_payload;
     uint32_t n_direct;          /* DIRECT buckets (they come first) */
+    const uint8_t *kinds;       /* per tensor BKT_E_* (borrowed); NULL: all whole */
 } bkt_plan;
 
 /* Cut tensors into buckets of at most bucket_bytes of payload (less at
@@ -171,6 +183,15 @@ int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket
  * packs or scatters them. */
 int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
                           uint64_t direct_min, size_t label_len, char *err, size_t errlen);
+/* As bkt_plan_build_direct, with kinds[i] the BKT_E_* of tensor i (NULL:
+ * every one whole): a patch (BKT_E_DELTA_INDICES, then optionally
+ * BKT_E_DELTA_COUNTS, then BKT_E_DELTA_VALUES, consecutive, 1-D) goes into
+ * one packed bucket, a new one when the current cannot hold it all, past
+ * the ramp's cap if need be; a patch larger than bucket_bytes is
+ * REFIT_EINVAL. kinds is kept in p (borrowed) for bkt_header_encode. */
+int bkt_plan_build_kinds(bkt_plan *p, const bkt_tensor *t, const uint8_t *kinds, uint32_t n,
+                         uint64_t bucket_bytes, uint64_t direct_min, size_t label_len,
+                         char *err, size_t errlen);
 void bkt_plan_free(bkt_plan *p);
 /* The payload cap of bucket b when left bytes remain to plan. */
 uint64_t bkt_plan_cap(uint64_t bucket_bytes, uint32_t b, uint64_t left);
@@ -225,6 +246,7 @@ typedef struct bkt_entry {
     int32_t ndim;
     int64_t shape[REFIT_MAX_DIMS]; /* the full checkpoint shape */
     bool part;
+    uint8_t kind;               /* BKT_E_*: a patch's entries are checked as a group */
     int64_t row_offset, rows;
     uint64_t offset, bytes;
 } bkt_entry;

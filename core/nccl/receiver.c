@@ -598,17 +598,58 @@ static void rcv_count(rcv_run *run, const bkt_entry *e)
         run->progress(run->user, run->bytes, run->tensors, e->name);
 }
 
+/* A patch (bkt_header_decode checked its g entries: indices, counts when
+ * g is 3, values): its indices and counts copied to the host, where
+ * refit_load_delta reads them (a wait on the engine stream), its values
+ * read from the slot as a whole tensor's bytes are. */
+static int rcv_patch(refit_receiver *r, refit_txn *txn, const bkt_entry *e, uint32_t g,
+                     uint8_t *payload)
+{
+    size_t n = (size_t)e->shape[0], words = (g == 3 ? 2 : 1) * n;
+    int64_t *host = malloc((words ? words : 1) * sizeof *host);
+    if (!host)
+        return ctx_error(r->ctx, REFIT_ENOMEM, "load_delta %s: no memory for %zu indices",
+                         e->name, n);
+    int rc = REFIT_OK;
+    for (uint32_t j = 0; j + 1 < g && !rc; j++)
+        if (e[j].bytes)
+            rc = r->be->save(host + j * n, payload + e[j].offset, e[j].bytes, r->stream);
+    if (!rc)
+        rc = r->be->sync(r->stream);
+    if (rc) {
+        free(host);
+        return ctx_error(r->ctx, rc, "load_delta %s: copying its indices to the host failed: "
+                         "%s", e->name, r->be->last_error());
+    }
+    const bkt_entry *v = &e[g - 1];
+    int64_t shape[1] = {v->shape[0]};
+    refit_tensor t = {.data = payload + v->offset, .device = r->x->device, .ndim = 1,
+                      .dtype = v->dtype, .shape = shape};
+    rc = g == 3 ? refit_load_delta_runs(txn, e->name, n, host, host + n, &t, r->stream)
+                : refit_load_delta(txn, e->name, n, host, &t, r->stream);
+    free(host);
+    return rc;
+}
+
 static int rcv_scatter(refit_receiver *r, rcv_run *run, uint8_t *payload)
 {
     const bkt_header *h = &r->h;
     for (uint32_t k = 0; k < h->n_entries; k++) {
         const bkt_entry *e = &h->entries[k];
-        if (r->filter && !r->filter(r->filter_user, e->name))
+        uint32_t g = e->kind != BKT_E_DELTA_INDICES ? 1
+                     : k + 2 < h->n_entries && e[1].kind == BKT_E_DELTA_COUNTS ? 3 : 2;
+        if (r->filter && !r->filter(r->filter_user, e->name)) {
+            k += g - 1;
             continue;
-        int rc = rcv_entry(r, run->txn, e, payload);
+        }
+        int rc = g > 1 ? rcv_patch(r, run->txn, e, g, payload)
+                       : rcv_entry(r, run->txn, e, payload);
         if (rc)
             return rc;
+        for (uint32_t j = 1; j < g; j++)
+            run->bytes += e[j].bytes;
         rcv_count(run, e);
+        k += g - 1;
     }
     return r->be->flush(r->stream);
 }

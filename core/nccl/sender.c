@@ -34,7 +34,10 @@
 
 typedef struct snd_tensor {
     char *name;
-    const refit_tensor *t;      /* borrowed */
+    const refit_tensor *t;      /* borrowed, or own */
+    uint8_t kind;               /* BKT_E_WHOLE, or one entry of a patch */
+    refit_tensor *own;          /* a patch's indices or counts: the caller's
+                                 * array described here (freed by clear) */
 } snd_tensor;
 
 struct refit_sender {
@@ -49,6 +52,8 @@ struct refit_sender {
     snd_tensor *ts;
     uint32_t n, cap;
     bkt_tensor *bt;             /* the planner's view of ts, rebuilt per send */
+    uint8_t *kinds;             /* ts' kinds for the planner; NULL until a patch */
+    uint32_t n_patches;
     names by_name;
     void *slot[BKT_MAX_SLOTS];  /* transport memory */
     uint32_t n_slots;
@@ -144,9 +149,12 @@ void refit_sender_clear(refit_sender *s)
 {
     if (!s)
         return;
-    for (uint32_t i = 0; i < s->n; i++)
+    for (uint32_t i = 0; i < s->n; i++) {
         free(s->ts[i].name);
+        free(s->ts[i].own);
+    }
     s->n = 0;
+    s->n_patches = 0;
     names_free(&s->by_name);
 }
 
@@ -184,6 +192,7 @@ void refit_sender_destroy(refit_sender *s)
         s->x->ops->host_free(s->x, s->ann_host);
     free(s->ts);
     free(s->bt);
+    free(s->kinds);
     free(s->label);
     free(s);
 }
@@ -208,7 +217,95 @@ int refit_sender_add(refit_sender *s, const char *name, const refit_tensor *t)
         return ctx_error(s->ctx, rc, rc == REFIT_EEXIST ? "sender: tensor %s added twice"
                                                         : "sender: %s: out of memory", name);
     }
-    s->ts[s->n++] = (snd_tensor){copy, t};
+    s->ts[s->n++] = (snd_tensor){copy, t, BKT_E_WHOLE, NULL};
+    return REFIT_OK;
+}
+
+/* One entry of a patch; index NULL: values, borrowed. */
+static int add_entry(refit_sender *s, const char *name, uint8_t kind, size_t n,
+                     const int64_t *a, const refit_tensor *values)
+{
+    if (s->n == s->cap && grow_array((void **)&s->ts, &s->cap, s->n, sizeof *s->ts))
+        return REFIT_ENOMEM;
+    snd_tensor st = {xstrdup(name), values, kind, NULL};
+    if (a) { /* the tensor and its shape in one allocation, freed by clear */
+        st.own = calloc(1, sizeof *st.own + sizeof(int64_t));
+        if (st.own) {
+            int64_t *shape = (int64_t *)(st.own + 1);
+            shape[0] = (int64_t)n;
+            *st.own = (refit_tensor){.data = (void *)a, .device = {REFIT_DEVICE_CPU, 0},
+                                     .ndim = 1, .dtype = {REFIT_DTYPE_INT, 64, 1},
+                                     .shape = shape};
+        }
+        st.t = st.own;
+    }
+    if (!st.name || !st.t) {
+        free(st.name);
+        free(st.own);
+        return REFIT_ENOMEM;
+    }
+    s->ts[s->n++] = st;
+    return REFIT_OK;
+}
+
+/* What the sender can check of a patch without the model. */
+static int check_patch(refit_sender *s, const char *name, size_t n, const int64_t *indices,
+                       const int64_t *counts, const refit_tensor *values)
+{
+    refit_view v;
+    if (!name || !*name || strlen(name) > BKT_MAX_NAME || xport_view(values, &v) || v.ndim != 1)
+        return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: bad name or values "
+                         "(a 1-D tensor)", name ? name : "(null)");
+    if (n && !indices)
+        return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: indices NULL for %zu "
+                         "entries", name, n);
+    if (n > (size_t)INT64_MAX / 8)
+        return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: %zu indices", name, n);
+    int64_t elements = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t c = counts ? counts[i] : 1;
+        if (indices[i] < 0 || c < 1 || elements > INT64_MAX - c)
+            return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: %s %zu is %lld%s",
+                             name, counts ? "run" : "index", i,
+                             (long long)(c < 1 ? c : indices[i]),
+                             c < 1 ? " elements (at least 1)" : " (negative)");
+        elements += c;
+    }
+    if (v.shape[0] != elements)
+        return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: %lld values for %lld "
+                         "elements", name, (long long)v.shape[0], (long long)elements);
+    return REFIT_OK;
+}
+
+int refit_sender_add_delta(refit_sender *s, const char *name, size_t n, const int64_t *indices,
+                           const int64_t *counts, const refit_tensor *values)
+{
+    if (!s)
+        return REFIT_EINVAL;
+    ctx_clear_error(s->ctx);
+    int rc = check_patch(s, name, n, indices, counts, values);
+    if (rc)
+        return rc;
+    if (names_find(&s->by_name, name) != NAMES_NONE)
+        return ctx_error(s->ctx, REFIT_EEXIST, "sender: tensor %s added twice", name);
+    uint32_t first = s->n;
+    static const int64_t none[1];
+    rc = add_entry(s, name, BKT_E_DELTA_INDICES, n, indices ? indices : none, NULL);
+    if (!rc && counts)
+        rc = add_entry(s, name, BKT_E_DELTA_COUNTS, n, counts, NULL);
+    if (!rc)
+        rc = add_entry(s, name, BKT_E_DELTA_VALUES, 0, NULL, values);
+    if (!rc)
+        rc = names_insert(&s->by_name, s->ts[first].name, first);
+    if (rc) {
+        while (s->n > first) {
+            s->n--;
+            free(s->ts[s->n].name);
+            free(s->ts[s->n].own);
+        }
+        return ctx_error(s->ctx, REFIT_ENOMEM, "sender: out of memory");
+    }
+    s->n_patches++;
     return REFIT_OK;
 }
 
@@ -307,12 +404,21 @@ static int pack_bucket(refit_sender *s, const bkt_plan *p, uint32_t b, uint8_t *
 
 /* Slots for the plan's buckets, the index and the stamps, grown while
  * nothing is in flight (every send ends drained). */
-static int sender_memory(refit_sender *s, const bkt_plan *p, uint64_t index_bytes)
+static int sender_announce_memory(refit_sender *s)
 {
     refit_transport *x = s->x;
     if (!s->ann && (x->ops->mem_alloc(x, &s->ann, BKT_ANNOUNCE_BYTES) ||
                     x->ops->host_alloc(x, (void **)&s->ann_host, BKT_ANNOUNCE_BYTES)))
         return ctx_error(s->ctx, REFIT_ENOMEM, "sender: no transport memory for the announce");
+    return REFIT_OK;
+}
+
+static int sender_memory(refit_sender *s, const bkt_plan *p, uint64_t index_bytes)
+{
+    refit_transport *x = s->x;
+    int arc = sender_announce_memory(s);
+    if (arc)
+        return arc;
     /* slots hold packed buckets only: DIRECT ones go from their tensors */
     uint64_t packed_max = BKT_ALIGN;
     for (uint32_t b = 0; b < p->n_buckets; b++)
@@ -368,12 +474,20 @@ static int sender_plan(refit_sender *s, bkt_plan *p)
     if (!bt)
         return ctx_error(s->ctx, REFIT_ENOMEM, "sender: out of memory");
     s->bt = bt;
-    for (uint32_t i = 0; i < s->n; i++)
+    uint8_t *kinds = s->n_patches ? realloc(s->kinds, s->n) : s->kinds;
+    if (s->n_patches && !kinds)
+        return ctx_error(s->ctx, REFIT_ENOMEM, "sender: out of memory");
+    s->kinds = kinds;
+    for (uint32_t i = 0; i < s->n; i++) {
+        bool whole = s->ts[i].kind == BKT_E_WHOLE;
         bt[i] = (bkt_tensor){s->ts[i].name, s->ts[i].t->dtype, s->ts[i].t->ndim,
-                             s->ts[i].t->shape, direct_source(s, s->ts[i].t)};
+                             s->ts[i].t->shape, whole && direct_source(s, s->ts[i].t)};
+        if (s->n_patches)
+            kinds[i] = s->ts[i].kind;
+    }
     char err[512];
-    int rc = bkt_plan_build_direct(p, bt, s->n, s->bucket_bytes, s->direct_min,
-                                   strlen(s->label), err, sizeof err);
+    int rc = bkt_plan_build_kinds(p, bt, s->n_patches ? kinds : NULL, s->n, s->bucket_bytes,
+                                  s->direct_min, strlen(s->label), err, sizeof err);
     return rc ? ctx_error(s->ctx, rc, "sender: %s", err) : REFIT_OK;
 }
 
@@ -543,6 +657,10 @@ static int sender_wire(refit_sender *s, bkt_plan *p, int *local)
     *local = sender_plan(s, p);
     if (!*local && (*local = sender_memory(s, p, bkt_index_bytes(p))))
         bkt_plan_free(p);
+    /* a plan refused on a first send still announces (empty): the vote,
+     * not a deadline, tells the workers */
+    if (*local && !s->ann)
+        (void)sender_announce_memory(s);
     /* nothing planned: an empty announce, so the workers go straight to
      * the vote (which this rank's failure decides) instead of a deadline */
     int rc = send_announce(s, p, nonce);
@@ -598,7 +716,9 @@ int refit_sender_send(refit_sender *s, refit_group_result *out)
         rc = group_vote(s->x, local, xport_now() + s->timeout, &res);
     }
     res.buckets = p.n_buckets;
-    res.tensors = p.n_pieces;
+    for (uint32_t i = 0; i < p.n_pieces; i++) /* a patch is one tensor */
+        res.tensors += !p.kinds || p.kinds[p.pieces[i].tensor] == BKT_E_WHOLE ||
+                       p.kinds[p.pieces[i].tensor] == BKT_E_DELTA_INDICES;
     for (uint32_t i = 0; i < p.n_pieces; i++)
         res.bytes += p.pieces[i].bytes;
     res.seconds = xport_now() - t0;

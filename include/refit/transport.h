@@ -1,6 +1,7 @@
 /*
  * refit transports: weights from a trainer to the workers of an engine over
- * NCCL, in buckets, with a cross-rank commit (docs/nccl.md; wire version 4:
+ * NCCL, in buckets, with a cross-rank commit (docs/nccl.md; wire version 5
+ * adds patches, refit_sender_add_delta; version 4:
  * an announce and an index of every bucket come first, so every rank queues
  * the next broadcasts behind the current one; large contiguous tensors go
  * unpacked, from the trainer's tensor into the runtime tensor where the
@@ -180,6 +181,18 @@ REFIT_API void refit_sender_destroy(refit_sender *s);
  * borrowed until refit_sender_destroy or refit_sender_clear; its bytes are
  * read during each refit_sender_send. */
 REFIT_API int refit_sender_add(refit_sender *s, const char *name, const refit_tensor *t);
+/* Add a patch of checkpoint tensor name, for a delta update on the
+ * receivers (refit_load_delta there; docs/nccl.md "Patches"): n flat
+ * indices (or run starts, counts[i] elements each; counts NULL: single
+ * elements) in host memory, and values, 1-D of the checkpoint dtype, one
+ * a patched element. All borrowed as refit_sender_add's tensors. A patch
+ * travels in one bucket (one larger than bucket_bytes fails the send). A
+ * name is added once, whole or patched. REFIT_EINVAL for a negative
+ * index, a run under one element or a value count that is not the
+ * elements'; the receiving model checks the rest. */
+REFIT_API int refit_sender_add_delta(refit_sender *s, const char *name, size_t n,
+                                     const int64_t *indices, const int64_t *counts,
+                                     const refit_tensor *values);
 REFIT_API void refit_sender_clear(refit_sender *s);
 /* The version label of the next sends (a trainer keeps one sender across
  * steps: its slots and buffers are reused). REFIT_EINVAL when longer than

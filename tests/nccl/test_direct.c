@@ -419,12 +419,12 @@ static void test_version3_announce_refused(void **state)
     nt_job j[NR];
     jobs_for(f, j, 2, 1000, DMIN, 0.5);
     j[0].corrupt_seq = 0;
-    j[0].corrupt_at = 4; /* the version: 4 ^ 7 = 3 */
-    j[0].corrupt_mask = 0x07;
+    j[0].corrupt_at = 4; /* the version: 5 ^ 6 = 3 */
+    j[0].corrupt_mask = 0x06;
     nt_run(j, NR, UINT64_MAX);
     for (int r = 1; r < NR; r++) {
         assert_int_equal(j[r].rc, REFIT_EIO);
-        assert_contains(j[r].msg, "wire version 3, this refit reads 4");
+        assert_contains(j[r].msg, "wire version 3, this refit reads 5");
         assert_int_equal(j[r].res.buckets, 0);
     }
     assert_int_equal(j[0].rc, REFIT_EIO);

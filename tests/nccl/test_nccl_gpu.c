@@ -66,12 +66,12 @@ static void test_reloads_bit_exact(void **state)
     size_t i;
     json_t *c;
     assert_true(json_array_size(json_object_get(result, "refit")) >= 3);
-    /* wire version 4: payload checksums summed on the device on both
+    /* wire version 5 (4 plus patches): payload checksums summed on the device on both
      * sides (a wrong word there refuses the update, so these reloads
      * check the kernels end to end); the 512 KiB weights (--direct-min
      * 64 KiB) go as DIRECT buckets received in place, the 1 KiB norms
      * packed; the direct-off row received nothing in place */
-    assert_int_equal(json_integer_value(json_object_get(result, "wire_version")), 4);
+    assert_int_equal(json_integer_value(json_object_get(result, "wire_version")), 5);
     int direct_rows = 0, packed_rows = 0;
     json_array_foreach(json_object_get(result, "refit"), i, c) {
         assert_true(json_is_true(json_object_get(c, "bit_exact")));

@@ -107,6 +107,8 @@ _PROTOS = {
     "refit_sender_create": (_I, [_PP, _P, ctypes.POINTER(SendOpts)]),
     "refit_sender_destroy": (None, [_P]),
     "refit_sender_add": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(_ffi.Tensor)]),
+    "refit_sender_add_delta": (_I, [_P, ctypes.c_char_p, ctypes.c_size_t, _P, _P,
+                                   ctypes.POINTER(_ffi.Tensor)]),
     "refit_sender_clear": (None, [_P]),
     "refit_sender_set_label": (_I, [_P, ctypes.c_char_p]),
     "refit_sender_send": (_I, [_P, ctypes.POINTER(GroupResult)]),
@@ -283,6 +285,24 @@ class Sender:
         d = _describe_as(tensor, None, "tensor %s" % name, "refit_sender_add")
         self.add_descriptor(name, d)
 
+    def add_delta(self, name: str, indices: Any, values: Any, counts: Any = None) -> None:
+        """A patch of checkpoint tensor name for a delta update on the
+        receivers (docs/nccl.md "Patches"): flat indices (or run starts with
+        counts), copied to host int64 here, and values (1-D, the checkpoint
+        dtype), borrowed as add()'s tensors. The receivers apply it with
+        txn.load_delta in an update begun with base= (receive_update(base=))."""
+        from .core import _int64s
+        call = "refit_sender_add_delta %s" % name
+        idx = _int64s(indices, "indices of %s" % name, call)
+        cnt = _int64s(counts, "run counts of %s" % name, call) if counts is not None else None
+        if cnt and cnt[1] != idx[1]:
+            raise RefitError(-1, "REFIT_EINVAL", "%s: %d run starts but %d counts"
+                             % (call, idx[1], cnt[1]), call)
+        d = _describe_as(values, None, "values of %s" % name, call)
+        _call(self.x.ctx, call, _lib().refit_sender_add_delta, lambda: self.handle, _b(name),
+              idx[1], idx[2], cnt[2] if cnt else None, ctypes.byref(d.t))
+        self._keep += [idx[0], d] + ([cnt[0]] if cnt else [])
+
     def set_label(self, label: str) -> None:
         """The version label of the next send() (keep one Sender across
         steps: its buffers are reused)."""
@@ -345,11 +365,17 @@ class Receiver:
         self._why = why
 
     def receive_update(self, rollback: bool = True, label: Optional[str] = None,
-                       source_uri: Optional[str] = None) -> Dict[str, Any]:
+                       source_uri: Optional[str] = None, base: Optional[str] = None,
+                       changed: Optional[List[str]] = None) -> Dict[str, Any]:
         """Wait for an update and take it (an update of the worker's: it
-        first waits for another thread's to end)."""
+        first waits for another thread's to end). base: a delta update
+        against that version, which takes the sender's patches (add_delta);
+        changed: the modules it changes (None: what arrives is what
+        changed), as Model.begin's."""
         self._strings = (_b(label), _b(source_uri))
-        opts = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
+        opts: Any = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
+        if base is not None:
+            opts = self._delta_opts(rollback, base, changed)
         res = GroupResult()
         ctx = self.model.ctx
         claimed = ctx._claim(label, call="receive_update")
@@ -359,6 +385,20 @@ class Receiver:
         finally:
             ctx._free_slot(claimed)
         return res.as_dict()
+
+    def _delta_opts(self, rollback: bool, base: str, changed: Optional[List[str]]) -> Any:
+        """refit_update_opts of a delta update, as the UpdateOpts pointer
+        refit_receive_update is declared with."""
+        mods = [_b(m) for m in (changed or [])]
+        names = (ctypes.c_char_p * max(len(mods), 1))(*mods)
+        full = _ffi.UpdateOpts(_ffi.UPDATE_OPTS_VERSION, self._strings[0], self._strings[1],
+                               int(rollback), None, 0, 0, 0)
+        full.base_version = _b(base)
+        full.changed_modules = names
+        full.n_changed_modules = len(mods)
+        full.others_unchanged = 1 if changed is None else 0
+        self._delta_keep = (full.base_version, names, full)
+        return ctypes.cast(ctypes.pointer(full), ctypes.POINTER(UpdateOpts)).contents
 
     def receive(self, txn: Txn) -> int:
         """Every bucket of one update into txn (a refit.Txn the caller
