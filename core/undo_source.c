@@ -1,5 +1,6 @@
 /* Undo sources: the model's list, the choice at begin, the fingerprint
  * check after a restore (core/undo_source.h). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,12 +75,22 @@ static undo_source *find_mode(refit_model *m, int mode)
     return NULL;
 }
 
-static const char *mode_name(int mode)
+/* Whether s can serve now; reason says why not. */
+static bool can_serve(refit_model *m, undo_source *s, char *reason, size_t n)
 {
-    return mode == REFIT_UNDO_FILES      ? "files"
-           : mode == REFIT_UNDO_SNAPSHOT ? "snapshot"
-           : mode == REFIT_UNDO_KEEPER   ? "keeper"
-                                         : "?";
+    if (s->n_modules != m->n_modules) {
+        snprintf(reason, n, "it was armed for another module count");
+        return false;
+    }
+    return s->ops->check(s, reason, n) == REFIT_OK;
+}
+
+/* Auto's order: the previous update's files first (what a cold start of
+ * that version reads), then a snapshot, then any other kind armed (a
+ * keeper), in the order armed. */
+static int auto_rank(const undo_source *s)
+{
+    return s->ops->mode == REFIT_UNDO_FILES ? 0 : s->ops->mode == REFIT_UNDO_SNAPSHOT ? 1 : 2;
 }
 
 int undo_source_pick(refit_model *m, int mode, undo_source **out, char *why, size_t n)
@@ -88,29 +99,32 @@ int undo_source_pick(refit_model *m, int mode, undo_source **out, char *why, siz
     why[0] = '\0';
     if (mode == REFIT_UNDO_LOG || mode == REFIT_UNDO_OFF)
         return REFIT_OK;
-    /* auto: the previous update's files first (they are what a cold start
-     * of that version reads), then a snapshot */
-    static const int order[] = {REFIT_UNDO_FILES, REFIT_UNDO_SNAPSHOT, REFIT_UNDO_KEEPER};
-    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
-        if (mode != order[i] && (mode != REFIT_UNDO_AUTO || order[i] == REFIT_UNDO_KEEPER))
-            continue; /* a keeper only by name: its abort waits on another process */
-        undo_source *s = find_mode(m, order[i]);
-        char reason[512] = "";
-        if (!s)
-            snprintf(reason, sizeof reason, "none holds the committed version");
-        else if (s->n_modules != m->n_modules || s->ops->check(s, reason, sizeof reason))
-            ; /* reason says why */
-        else {
+    char reason[512];
+    if (mode != REFIT_UNDO_AUTO) {
+        undo_source *s = find_mode(m, mode);
+        if (s && can_serve(m, s, reason, sizeof reason)) {
             *out = s;
             return REFIT_OK;
         }
-        if (mode != REFIT_UNDO_AUTO)
-            return ctx_error(m->ctx, REFIT_EUNSUPPORTED, "begin: undo source %s asked for "
-                             "(refit_update_opts.undo_source), but %s%s%s; nothing written",
-                             mode_name(mode), reason, s ? ": " : "", s ? s->uri : "");
-        if (s && !why[0])
-            snprintf(why, n, "%s %s: %s", s->ops->kind, s->uri, reason);
+        const char *kind = mode == REFIT_UNDO_FILES ? "files"
+                         : mode == REFIT_UNDO_SNAPSHOT ? "snapshot"
+                         : s ? s->ops->kind : "?";
+        return ctx_error(m->ctx, REFIT_EUNSUPPORTED, "begin: undo source %s asked for "
+                         "(refit_update_opts.undo_source), but %s%s%s; nothing written", kind,
+                         s ? reason : "none holds the committed version", s ? ": " : "",
+                         s ? s->uri : "");
     }
+    for (int rank = 0; rank < 3; rank++)
+        for (undo_source *s = m->undo_sources; s; s = s->next) {
+            if (auto_rank(s) != rank)
+                continue;
+            if (can_serve(m, s, reason, sizeof reason)) {
+                *out = s;
+                return REFIT_OK;
+            }
+            if (!why[0]) /* the first passed over, for the journal */
+                snprintf(why, n, "%s %s: %s", s->ops->kind, s->uri, reason);
+        }
     return REFIT_OK;
 }
 

@@ -7,7 +7,8 @@
  * says why); a file written in place between begin and abort poisons the
  * worker with a message naming it, while a path replaced meanwhile does
  * not matter (its old inode is held). The journal names the source of each
- * update (updates.undo_source). */
+ * update (updates.undo_source); a snapshot serves once written and again
+ * once restored. */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -356,6 +357,15 @@ static void test_snapshot_source(void **state)
     uo.undo_source = REFIT_UNDO_SNAPSHOT;
     assert_int_equal(refit_begin(&t, w.m, &uo), REFIT_EUNSUPPORTED);
     tw_assert_msg(&w, "undo source snapshot", "none holds the committed version");
+    /* a committed restore of it arms it again: its state is the committed one */
+    assert_int_equal(refit_restore(w.m, snap, NULL), REFIT_OK);
+    assert_string_equal(refit_worker_version(w.ctx), "v1");
+    uo.version_label = "v3";
+    assert_int_equal(refit_begin(&t, w.m, &uo), REFIT_OK);
+    tw_load_all(&w, t, 3, NULL);
+    assert_int_equal(undo_bytes(t), 0);
+    assert_int_equal(refit_abort(t), REFIT_OK);
+    assert_true(tw_snapshot_equal(&w, v1, n));
     free(v1);
     tw_close(&w);
 }
