@@ -16,7 +16,9 @@
  * loaded wholly from durable files, a snapshot written or restored), and
  * every other commit drops it: undo_sources_committed. Adding a kind (the
  * keeper): an undo_source_ops, a constructor that fills undo_source
- * (undo_source_init) and calls undo_source_arm, a REFIT_UNDO_* mode. */
+ * (undo_source_init) and calls undo_source_arm, a REFIT_UNDO_* mode
+ * (refit.h; txn_open checks the range). Auto takes it after the files and
+ * a snapshot. */
 #ifndef REFIT_CORE_UNDO_SOURCE_H
 #define REFIT_CORE_UNDO_SOURCE_H
 
