@@ -15,8 +15,10 @@ DLPack kinds also the producer's own __dlpack__ call, the one the table
 makes a row, the rest of the table beyond it, and its __dlpack_device__,
 which the table does not ask), and a fresh txn.load_dict of the whole
 mapping on a sealed host model (begin, the table, refit_load_many,
-abort), microseconds per row, the best of ROUNDS. The model: one module whose runtime tensor is
-[N, 4] f32, N checkpoint tensors of [1, 4] placed a row each.
+abort), microseconds per row, the best of ROUNDS, and the same update
+in parts (begin, table, refit_load_many, abort, the table's release).
+The model: one module whose runtime tensor is [N, 4] f32, N checkpoint
+tensors of [1, 4] placed a row each.
 
   python3 bench/probes/table_rows.py [N] [OUT.json]     (REFIT_LIB: librefit;
   REFIT_BINDINGS: another bindings/python to time, e.g. an older checkout's)
@@ -59,6 +61,30 @@ def best_us(fn, n):
         fn()
         out.append((time.perf_counter() - t0) * 1e6 / n)
     return min(out)
+
+
+def parts(m, names, vals, n):
+    """Where a load_dict's time goes, us a row, each part the best of
+    ROUNDS: begin, the table (producer calls included), refit_load_many
+    over it, abort, and the table's release after the update (DLPack
+    rows: their deleters)."""
+    out = {}
+    for _ in range(ROUNDS):
+        t = [time.perf_counter()]
+        txn = m.begin(version="probe", rollback=False)
+        t.append(time.perf_counter())
+        table = _batch.Table(names, vals)
+        t.append(time.perf_counter())
+        txn._run("load_dict", _batch.lib().refit_load_many, table.n, table.names_ptr,
+                 table.srcs_ptr, txn._stream(None, None))
+        t.append(time.perf_counter())
+        txn.abort()
+        t.append(time.perf_counter())
+        del table
+        t.append(time.perf_counter())
+        for key, a, b in zip(("begin", "table", "refit_load_many", "abort", "release"), t, t[1:]):
+            out[key] = min(out.get(key, float("inf")), (b - a) * 1e6 / n)
+    return out
 
 
 def kinds(n):
@@ -140,6 +166,7 @@ def main():
             assert (w[n // 2] == n // 2).all(), (kind, w[n // 2])
             w[:] = 0
             res[kind]["load_dict_us_per_row"] = best_us(update, n)
+            res[kind]["load_dict_parts_us_per_row"] = parts(m, names, vals, n)
         print("%-44s table %6.3f us/row   load_dict %6s us/row%s"
               % (kind, res[kind]["table_us_per_row"],
                  "%.3f" % res[kind]["load_dict_us_per_row"]
