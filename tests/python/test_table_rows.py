@@ -347,6 +347,32 @@ def test_dlpack_consumed_capsule_not_read_again():
     ctx.close()
 
 
+def test_dlpack_deleter_error_frees_the_rest():
+    # a deleter that leaves a Python error set (here CPython's
+    # PyErr_NoMemory, whose one argument-less call sets MemoryError) does
+    # not stop the other tensors' deleters, whichever group runs first
+    freed = []
+    arrs = [np.full((1, 6), i, np.float32) for i in range(3)]
+    prods = [Forged(a, freed=freed) for a in arrs]
+    prods[1].m.deleter = ctypes.cast(ctypes.pythonapi.PyErr_NoMemory, ctypes.c_void_p).value
+    for path in ("batch", "described"):
+        del freed[:]
+        ctx, m, w = world(3)
+        src = {"t%d" % i: p for i, p in enumerate(prods)}
+        if path == "described":     # a legacy capsule among them: row by row
+            src["t1"] = LegacyCapsule(arrs[1])
+            prods[0].m.deleter, prods[2].m.deleter = (
+                ctypes.cast(ctypes.pythonapi.PyErr_NoMemory, ctypes.c_void_p).value,
+                ctypes.cast(prods[2].deleter, ctypes.c_void_p).value)
+        with m.update(version="v1", rollback=False) as txn:
+            txn.load_dict(src)
+        gc.collect()
+        want = [prods[0].address, prods[2].address] if path == "batch" else [prods[2].address]
+        assert sorted(freed) == sorted(want), (path, freed)
+        assert (w[:, 0] == np.arange(3)).all(), w
+        ctx.close()
+
+
 def test_dlpack_producer_memory_released_once():
     # numpy's own capsules: its deleter drops the reference the capsule's
     # tensor holds on the array; after the update each array's count is

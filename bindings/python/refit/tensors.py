@@ -235,8 +235,14 @@ class Consumed:
     def __del__(self) -> None:
         calls, self._calls = self._calls, []
         for fn, managed in calls:
-            for _ in map(fn, managed):
-                pass
+            left = iter(managed)
+            while True:
+                try:
+                    for _ in map(fn, left):
+                        pass
+                    break
+                except Exception:  # noqa: BLE001 (one deleter's error: the rest still run)
+                    continue
 
 
 def consume(caps: Sequence[Any], groups: Sequence[Tuple[int, list]], used: int) -> Consumed:
