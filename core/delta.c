@@ -531,14 +531,19 @@ static int apply_row(refit_txn *t, patch *p, void *stream)
         return rc;
     if (!p->online)
         return (rc = apply_plain(t, p)) ? rc : txn_delta_done(t, &p->d);
-    refit_view dst = p->online ? master_view(txn_model(t), &p->d) : r->dst;
-    int inner = r->spec.ndim ? line_dims(r, &dst) : 0;
-    int64_t line = 1;
-    for (int i = inner; i < r->spec.ndim; i++)
-        line *= r->spec.shape[i];
-    for (size_t i = 0; i < p->n_runs; i++)
-        if ((rc = write_run(t, p, &p->runs[i], inner, line, &dst)))
+    if (master_holds_whole(&p->d)) { /* checkpoint indices are the master's offsets */
+        if ((rc = master_scatter(t, &p->d, p->runs, p->n_runs, &p->values)))
             return rc;
+    } else {
+        refit_view dst = master_view(txn_model(t), &p->d);
+        int inner = r->spec.ndim ? line_dims(r, &dst) : 0;
+        int64_t line = 1;
+        for (int i = inner; i < r->spec.ndim; i++)
+            line *= r->spec.shape[i];
+        for (size_t i = 0; i < p->n_runs; i++)
+            if ((rc = write_run(t, p, &p->runs[i], inner, line, &dst)))
+                return rc;
+    }
     /* a patched master: the touched groups' rows now (a whole unit once
      * every row is written: load_patches) */
     if (p->online && !master_whole_unit(txn_model(t), &p->d) &&

@@ -362,6 +362,68 @@ int master_write(refit_txn *t, const delivery *d, const refit_view *dst,
     return rc;
 }
 
+bool master_holds_whole(const delivery *d)
+{
+    const route *r = d->r;
+    return r->split_dim < 0 || (r->lo == 0 && r->hi == r->spec.shape[r->split_dim]);
+}
+
+static int run_by_vpos(const void *a, const void *b)
+{
+    const delta_run *x = a, *y = b;
+    return x->vpos < y->vpos ? -1 : x->vpos > y->vpos;
+}
+
+int master_scatter(refit_txn *t, const delivery *d, const delta_run *runs, size_t n,
+                   const refit_view *values)
+{
+    refit_model *m = txn_model(t);
+    delta_master *dm = master_of(m, d->ri);
+    m->masters->unit_patched[d->r->unit] = 1;
+    if (!dm->written) {
+        dm->written = true;
+        dm->valid_before = dm->valid;
+    }
+    /* the scatter takes the values in order: the runs in the order of their
+     * values (the caller's), each its checkpoint offset */
+    delta_run *byv = malloc((n ? n : 1) * sizeof *byv);
+    int64_t *off = malloc((n ? n : 1) * 2 * sizeof *off);
+    if (!byv || !off) {
+        free(byv);
+        free(off);
+        return txn_load_fail(t, ctx_error(m->ctx, REFIT_ENOMEM, "load_delta %s: out of memory",
+                                          d->name));
+    }
+    memcpy(byv, runs, n * sizeof *byv);
+    qsort(byv, n, sizeof *byv, run_by_vpos);
+    int64_t *counts = off + n, elements = 0;
+    for (size_t i = 0; i < n; i++) {
+        off[i] = byv[i].start;
+        counts[i] = byv[i].count;
+        elements += byv[i].count;
+    }
+    backend_scatter sc = {
+        .dst = dm->data, .dst_device = d->r->staged_shape.device,
+        .dst_dtype = d->r->staged_shape.dtype, .off = off, .counts = counts, .n = n,
+        .run_stride = 1, .elements = elements, .values = values->data,
+        .values_dtype = values->dtype, .values_device = values->device,
+        .values_stride = values->strides[0],
+    };
+    char what[160];
+    snprintf(what, sizeof what, "the master of %s", d->r->name);
+    /* (the backend reads off and counts before it returns: they are ours) */
+    int rc;
+    if (dm->valid_before) /* the old elements saved in the same pass */
+        rc = txn_scatter_bytes(t, d, dm->be, dm->device, &sc, what);
+    else if (!(rc = txn_stream_used(t, dm->be, d->stream)) &&
+             (rc = dm->be->scatter(&sc, d->stream)))
+        rc = txn_load_fail(t, ctx_error(m->ctx, rc, "load_delta %s: the scatter into %s "
+                                        "failed: %s", d->name, what, refit_strerror(rc)));
+    free(byv);
+    free(off);
+    return rc;
+}
+
 /* ---- the rebuild ---- */
 
 static void narrow_rows(refit_view *v, int64_t a, int64_t rows)

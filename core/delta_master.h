@@ -46,6 +46,14 @@ bool master_module_settled(const refit_txn *t, uint32_t mi);
 int master_admit(refit_txn *t, const delivery *d);
 /* The master of d's route as a view of this rank's slice (row-major). */
 refit_view master_view(const refit_model *m, const delivery *d);
+/* Whether d's master holds the whole tensor (no other rank's rows), so
+ * that checkpoint indices are its offsets: then master_scatter writes a
+ * patch in one pass. */
+bool master_holds_whole(const delivery *d);
+/* runs[0, n) (sorted by start; their values at vpos of values) into d's
+ * master in one scatter, the old elements saved in the same pass. */
+int master_scatter(refit_txn *t, const delivery *d, const delta_run *runs, size_t n,
+                   const refit_view *values);
 /* Write src into dst, a piece of d's master, the old bytes saved. */
 int master_write(refit_txn *t, const delivery *d, const refit_view *dst,
                  const refit_view *src);

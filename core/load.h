@@ -109,6 +109,10 @@ int txn_save_span(refit_txn *t, const delivery *d, uint32_t ti, const refit_view
 int txn_save_whole(refit_txn *t, const delivery *d, uint32_t ti);
 int txn_save_bytes(refit_txn *t, const delivery *d, const backend *be, int device, void *at,
                    size_t n, const char *what);
+/* Scatter sc into other memory (`what`) on d->stream, the old bytes of
+ * exactly its elements saved in the same pass with rollback. */
+int txn_scatter_bytes(refit_txn *t, const delivery *d, const backend *be, int device,
+                      const backend_scatter *sc, const char *what);
 /* Work was queued on (be, stream): finalize and abort wait for it. */
 int txn_stream_used(refit_txn *t, const backend *be, void *stream);
 

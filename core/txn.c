@@ -1417,6 +1417,25 @@ int txn_save_bytes(refit_txn *t, const delivery *d, const backend *be, int devic
     return REFIT_OK;
 }
 
+int txn_scatter_bytes(refit_txn *t, const delivery *d, const backend *be, int device,
+                      const backend_scatter *sc, const char *what)
+{
+    int rc = txn_use_stream(t, be, d->stream);
+    if (rc)
+        return txn_fail(t, rc);
+    bool save = txn_saves_bytes(t);
+    rc = save ? undo_scatter(&t->undo, be, device, sc, d->stream) : be->scatter(sc, d->stream);
+    if (rc) {
+        const char *why = be->last_error();
+        return txn_fail(t, txn_error(t, rc, "load_delta %s (module %s): %s %s failed: %s%s%s",
+                                     d->name, t->m->modules[d->r->module].name,
+                                     save ? "the undo save and scatter into" : "the scatter into",
+                                     what, refit_strerror(rc), why[0] ? ": " : "", why));
+    }
+    t->n_piece_saves += save;
+    return REFIT_OK;
+}
+
 int txn_stream_used(refit_txn *t, const backend *be, void *stream)
 {
     int rc = txn_use_stream(t, be, stream);
