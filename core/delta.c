@@ -33,6 +33,7 @@
 #include "core/delta_master.h"
 #include "core/desc_check.h"
 #include "core/load.h"
+#include "core/util.h"
 #include "kernels/copy.h"
 
 /* One checked row. */
@@ -124,22 +125,48 @@ static int i64_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Plain flat indices, one pass: each in range, and increasing (then none
- * is given twice). Out of order: a sorted copy (few indices) or a bitmap
- * of the tensor's elements finds one given twice. */
-static int check_indices(refit_model *m, const refit_delta *row, const char *mod, int64_t numel)
+/* One part of the index pass (util_parallel): its first index out of
+ * range, and how many are not above the one before. */
+typedef struct idx_pass {
+    const int64_t *x;
+    size_t n;
+    int64_t numel;
+    size_t bad[8], unsorted[8];
+} idx_pass;
+
+#define IDX_PART ((size_t)4 << 20) /* indices a thread takes at least */
+
+static void idx_part(void *arg, uint32_t part, size_t lo, size_t hi)
 {
-    const int64_t *x = row->indices;
-    size_t bad = row->n, unsorted = 0;
-    int64_t prev = -1;
-    for (size_t i = 0; i < row->n; i++) {
-        int64_t a = x[i];
-        if ((uint64_t)a >= (uint64_t)numel) { /* negative ones too */
+    idx_pass *c = arg;
+    size_t bad = c->n, unsorted = 0;
+    int64_t prev = lo ? c->x[lo - 1] : -1;
+    for (size_t i = lo; i < hi; i++) {
+        int64_t a = c->x[i];
+        if ((uint64_t)a >= (uint64_t)c->numel) { /* negative ones too */
             bad = i;
             break;
         }
         unsorted += a <= prev;
         prev = a;
+    }
+    c->bad[part] = bad;
+    c->unsorted[part] = unsorted;
+}
+
+/* Plain flat indices, one pass (in parts on threads when many): each in
+ * range, and increasing (then none is given twice). Out of order: a
+ * sorted copy (few indices) or a bitmap of the tensor's elements finds
+ * one given twice. */
+static int check_indices(refit_model *m, const refit_delta *row, const char *mod, int64_t numel)
+{
+    const int64_t *x = row->indices;
+    idx_pass c = {x, row->n, numel, {0}, {0}};
+    uint32_t parts = util_parallel(row->n, IDX_PART, &c, idx_part);
+    size_t bad = row->n, unsorted = 0;
+    for (uint32_t i = 0; i < parts; i++) {
+        bad = c.bad[i] < bad ? c.bad[i] : bad;
+        unsorted += c.unsorted[i];
     }
     if (bad < row->n)
         return ctx_error(m->ctx, REFIT_EINVAL, "load_delta %s (module %s): index %zu (%lld) "

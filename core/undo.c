@@ -278,6 +278,19 @@ static size_t undo_take(undo_log *u, const backend *be, int device, bool host_on
     return 0;
 }
 
+/* A large copy in parts on threads (a patch's offsets into the log). */
+typedef struct copy_job {
+    char *dst;
+    const char *src;
+} copy_job;
+
+static void copy_part(void *arg, uint32_t part, size_t lo, size_t hi)
+{
+    (void)part;
+    const copy_job *j = arg;
+    memcpy(j->dst + lo, j->src + lo, hi - lo);
+}
+
 /* One piece of s: runs (or elements) [i, ...) from element `skip` of run
  * i, as many as the rooms hold; its offsets copied to off (counts after
  * them), its old bytes to old. *pi, *pskip, *pv advance past it. */
@@ -290,7 +303,8 @@ static void scatter_piece(const backend_scatter *s, backend_scatter *piece, int6
     if (!s->counts) {
         k = s->n - i < max_runs ? s->n - i : max_runs;
         k = (int64_t)k < max_el ? k : (size_t)max_el;
-        memcpy(off, s->off + i, k * sizeof *off);
+        copy_job j = {(char *)off, (const char *)(s->off + i)};
+        util_parallel(k * sizeof *off, (size_t)32 << 20, &j, copy_part);
         el = (int64_t)k;
         *pi = i + k;
     } else {

@@ -2,8 +2,9 @@
  * core/undo.c undo_scatter): the host op against a plain reference loop
  * (element and run forms, every element size, skipped values, strided
  * runs and values, casts, the old bytes gathered), the undo log's scatter
- * entries restored exactly when split across chunks, and a scattered
- * patch holding undo memory for its elements only. */
+ * entries restored exactly when split across chunks, a scattered patch
+ * holding undo memory for its elements only, and a pass over millions of
+ * indices in parts. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,6 +221,56 @@ static void test_scattered_patch_undo_memory(void **state)
     free(idx);
 }
 
+/* Eight million indices: the pass over them runs in parts (on threads
+ * where the machine has several CPUs); an index out of range in a later
+ * part, and one given twice across the parts' boundary, are refused with
+ * nothing written, then the whole patch lands. */
+static void test_many_indices_checked_in_parts(void **state)
+{
+    tw *w = *state;
+    int64_t numel = (int64_t)1 << 24;
+    size_t n = (size_t)1 << 23;
+    tw_module(w, "m", "unquantized", NULL);
+    tt_tensor *rt = tw_runtime(w, "m", "w", REFIT_BF16, 1, TT_SHAPE(numel));
+    refit_ckpt_spec spec = tt_spec(REFIT_BF16, 1, TT_SHAPE(numel));
+    assert_int_equal(tw_expect(w, "m", "m.w", &spec), REFIT_OK);
+    tw_seal(w);
+    tw_update(w, 1, "v1");
+    int64_t *idx = malloc(n * sizeof *idx);
+    assert_non_null(idx);
+    for (size_t i = 0; i < n; i++)
+        idx[i] = 2 * (int64_t)i + 1;
+    tt_tensor *vals = tw_tmp(w, REFIT_BF16, 1, TT_SHAPE((int64_t)n));
+    tt_fill(vals, 9);
+    size_t nb;
+    void *before = tw_snapshot(w, &nb);
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.version_label = "v2";
+    o.rollback = 1;
+    o.base_version = "v1";
+    o.others_unchanged = 1;
+    o.keep_going = 1;
+    refit_txn *t = NULL;
+    assert_int_equal(refit_begin(&t, w->m, &o), REFIT_OK);
+    idx[n - 5] = numel; /* out of range, in the last part */
+    assert_int_equal(refit_load_delta(t, "m.w", n, idx, &vals->t, NULL), REFIT_EINVAL);
+    assert_non_null(strstr(refit_errmsg(w->ctx), "index 8388603"));
+    idx[n - 5] = 2 * (int64_t)(n - 5) + 1;
+    idx[n / 2] = idx[n / 2 - 1]; /* twice, across the boundary of two parts */
+    assert_int_equal(refit_load_delta(t, "m.w", n, idx, &vals->t, NULL), REFIT_EDUPLICATE);
+    assert_true(tw_snapshot_equal(w, before, nb));
+    idx[n / 2] = 2 * (int64_t)(n / 2) + 1;
+    assert_int_equal(refit_load_delta(t, "m.w", n, idx, &vals->t, NULL), REFIT_OK);
+    assert_int_equal(refit_finalize(t), REFIT_OK);
+    const uint16_t *got = rt->buf, *v = vals->buf, *old = before;
+    for (size_t i = 0; i < n; i += 4099) {
+        assert_int_equal(got[2 * i + 1], v[i]);
+        assert_int_equal(got[2 * i], old[2 * i]);
+    }
+    free(before);
+    free(idx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -227,6 +278,8 @@ int main(void)
         cmocka_unit_test(test_host_runs_cast),
         cmocka_unit_test(test_undo_scatter_split_restored),
         cmocka_unit_test_setup_teardown(test_scattered_patch_undo_memory, tw_setup,
+                                        tw_teardown),
+        cmocka_unit_test_setup_teardown(test_many_indices_checked_in_parts, tw_setup,
                                         tw_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
