@@ -281,9 +281,6 @@ static void kr_end(kr *r)
         close(r->fd);
 }
 
-static int keeper_undo_arm(refit_model *m, const char *path, const refit_ipc_restore_opts *o,
-                           const ipc_k_offer *off);
-
 static void kr_abort(kr *r, refit_txn *t, int rc)
 {
     char why[REFIT_ERRMSG_SIZE];
@@ -347,8 +344,6 @@ int refit_ipc_restore(refit_model *m, const char *path, const refit_ipc_restore_
             txj_event(m, id, "restore", "restored version %s from keeper %s (pid %u, worker "
                       "%s, update %lld)", r.off.label, path, r.off.pid, r.off.worker,
                       (long long)r.off.update_id);
-        if (!rc && keeper_undo_arm(m, path, opts, &r.off))
-            ctx_clear_error(ctx); /* not armed: the next update keeps its undo log */
     }
     kr_end(&r);
     return rc;

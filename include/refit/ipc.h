@@ -329,16 +329,16 @@ REFIT_API int refit_ipc_restore(refit_model *model, const char *keeper_path,
                                 const refit_ipc_restore_opts *opts);
 
 /* The keeper at keeper_path as the undo source of this READY worker's next
- * update (refit_update_opts.undo_source = REFIT_UNDO_KEEPER: no undo log;
- * an abort copies the modules the update wrote back from the keeper, then
- * checks their fingerprints). Armed only when the keeper's signature
- * equals this worker's and it holds this worker's version, every module's
- * bytes fingerprinting as this worker's committed ones; the next commit
- * drops it, like every undo source. A committed refit_ipc_restore arms its
- * keeper itself. opts: the connection's (timeout_s: each wait of an abort's
- * restore too). The abort waits for the keeper: with a keeper that follows
- * this worker's own trainer, an update that fails on this worker before
- * its vote would wait for a keeper that waits for that vote (docs/restart.md). */
+ * update (REFIT_UNDO_KEEPER, or REFIT_UNDO_AUTO when no files or snapshot
+ * serve: no undo log; an abort copies the modules the update wrote back
+ * from the keeper, then checks their fingerprints). Armed only when the
+ * keeper's signature equals this worker's and it holds this worker's
+ * version, every module's bytes fingerprinting as this worker's committed
+ * ones; the next commit drops it, like every undo source. Nothing arms a
+ * keeper but this call (a restore does not): the abort waits for the
+ * keeper, and a keeper that follows this worker's own trainer waits for
+ * this worker's vote, so an update failing here before its vote would end
+ * POISONED at opts->timeout_s (docs/restart.md). opts: the connection's. */
 REFIT_API int refit_ipc_keeper_undo_arm(refit_model *model, const char *keeper_path,
                                         const refit_ipc_restore_opts *opts);
 

@@ -118,6 +118,7 @@ def test_restore_from_keeper():
         for k, (n, t) in enumerate(rt.items()):
             assert t.values() == [200.0 + 10 * k + i for i in range(t.n)], (n, t.values())
         # the keeper as the next update's undo source: an abort puts v2 back
+        refit.keeper.arm_undo(m, serve, timeout=10)  # it holds v2, byte for byte
         try:
             with m.update("v9", undo_source="keeper") as t:
                 for n, shape in SHAPES.items():
@@ -128,7 +129,6 @@ def test_restore_from_keeper():
         assert ctx.version == "v2", ctx.version
         for k, (n, t) in enumerate(rt.items()):
             assert t.values() == [200.0 + 10 * k + i for i in range(t.n)], (n, t.values())
-        refit.keeper.arm_undo(m, serve, timeout=10)  # by name: it holds v2, byte for byte
         db = sqlite3.connect(journal)
         rows = db.execute("SELECT count(*) FROM updates WHERE state = 'committed' AND "
                           "source_uri = ?", ("keeper://" + serve,)).fetchone()[0]

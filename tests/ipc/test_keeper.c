@@ -590,8 +590,8 @@ static int update_aborted(nt_worker *w, int undo_source, int *begin_rc)
     return t ? refit_abort(t) : rc;
 }
 
-/* A committed restore arms its keeper; refit_ipc_keeper_undo_arm arms one
- * holding the worker's version. An update served by it keeps no undo log
+/* refit_ipc_keeper_undo_arm arms a keeper holding the worker's version
+ * (a restore alone does not). An update served by it keeps no undo log
  * and its abort copies the written modules back from the keeper; a keeper
  * gone by then poisons the worker, named. */
 static void t_keeper_undo_source(void **state)
@@ -606,6 +606,9 @@ static void t_keeper_undo_source(void **state)
     int brc;
     assert_int_equal(nt_worker_open(&w, 0, 1, journal), REFIT_OK);
     assert_int_equal(restore(&w, 1), REFIT_OK);
+    assert_int_equal(update_aborted(&w, REFIT_UNDO_KEEPER, &brc), REFIT_EUNSUPPORTED);
+    assert_int_equal(brc, REFIT_EUNSUPPORTED); /* a restore arms nothing */
+    assert_int_equal(refit_ipc_keeper_undo_arm(w.m, g_serve, NULL), REFIT_OK);
     int rc = update_aborted(&w, REFIT_UNDO_KEEPER, &brc);
     if (brc || rc)
         fail_msg("an abort served by the keeper: begin %d, abort %d: %s", brc, rc,
@@ -616,14 +619,15 @@ static void t_keeper_undo_source(void **state)
              "undo_source = 'keeper keeper://%s'", g_serve);
     assert_int_equal(sql_count(journal, sql), 1);
 
-    /* armed by name on a worker that loaded v1 itself */
-    assert_int_equal(nt_worker_open(&x, 0, 1, NULL), REFIT_OK);
+    /* on a worker that loaded v1 itself, and served under auto */
+    char journal_x[300];
+    snprintf(journal_x, sizeof journal_x, "%s/x.db", dir);
+    assert_int_equal(nt_worker_open(&x, 0, 1, journal_x), REFIT_OK);
     assert_int_equal(load_version(x.m, 1), REFIT_OK);
-    assert_int_equal(update_aborted(&x, REFIT_UNDO_KEEPER, &brc), REFIT_EUNSUPPORTED);
-    assert_int_equal(brc, REFIT_EUNSUPPORTED); /* nothing armed yet: refused at begin */
     assert_int_equal(refit_ipc_keeper_undo_arm(x.m, g_serve, NULL), REFIT_OK);
-    assert_int_equal(update_aborted(&x, REFIT_UNDO_KEEPER, &brc), REFIT_OK);
+    assert_int_equal(update_aborted(&x, REFIT_UNDO_AUTO, &brc), REFIT_OK);
     expect_at(&x, 1);
+    assert_int_equal(sql_count(journal_x, sql), 1);
     nt_worker_close(&x);
 
     /* a worker at another version: not armed */
@@ -636,6 +640,7 @@ static void t_keeper_undo_source(void **state)
     /* the keeper gone between begin and abort: POISONED, the keeper named */
     assert_int_equal(nt_worker_open(&x, 0, 1, NULL), REFIT_OK);
     assert_int_equal(restore(&x, 1), REFIT_OK);
+    assert_int_equal(refit_ipc_keeper_undo_arm(x.m, g_serve, NULL), REFIT_OK);
     nt_ckpt c;
     nt_ckpt_make(&c, 2);
     refit_update_opts o = REFIT_UPDATE_OPTS_INIT;

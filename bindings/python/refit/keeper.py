@@ -245,9 +245,9 @@ def restore(model: Model, path: str, rollback: bool = True, timeout: float = 0.0
 def arm_undo(model: Model, path: str, timeout: float = 0.0,
              allow_uids: Optional[Sequence[int]] = None) -> None:
     """The keeper at path as the undo source of this READY worker's next
-    update (refit_ipc_keeper_undo_arm; update(undo_source="keeper")):
-    RefitError unless it holds this worker's version, byte for byte. A
-    committed restore() arms its keeper itself."""
+    update (refit_ipc_keeper_undo_arm; update(undo_source="keeper"), or
+    "auto" when no files or snapshot serve): RefitError unless it holds
+    this worker's version, byte for byte. Only this call arms a keeper."""
     uids = _uids(allow_uids)
     opts = RestoreOpts(1, 1, timeout, None, uids, len(allow_uids or ()), 1)
     model._call("arm keeper %s" % path, _lib().refit_ipc_keeper_undo_arm, _b(_path(path)),
