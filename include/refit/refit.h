@@ -392,8 +392,9 @@ typedef struct refit_update_opts {
 #define REFIT_UNDO_FILES 2
 #define REFIT_UNDO_SNAPSHOT 3
 #define REFIT_UNDO_OFF 4
-#define REFIT_UNDO_KEEPER 5 /* a keeper holding the committed version (refit_ipc_keeper_undo_arm,
-                               include/refit/ipc.h); asked for by name only, never by AUTO */
+#define REFIT_UNDO_KEEPER 5 /* a keeper holding the committed version, armed by
+                               refit_ipc_keeper_undo_arm (include/refit/ipc.h); AUTO takes
+                               it after the files and a snapshot */
 
 /* Open an update. Verifies every signature first; refuses (changing
  * nothing) when the plan is stale or a tensor moved. Worker -> UPDATING. */
