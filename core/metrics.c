@@ -35,42 +35,25 @@ void metrics_refused(refit_ctx *ctx, int status)
     metrics_refusal(&ctx->metrics, status);
 }
 
-void metrics_route_bytes(metrics_clock *c, const refit_format_v2 *fmt, uint32_t route,
-                         uint64_t bytes)
+void metrics_route_bytes(refit_ctx *ctx, metrics_clock *c, const refit_format_v2 *fmt,
+                         uint32_t route, uint64_t bytes)
 {
-    if (!fmt || !fmt->name || route < REFIT_ROUTE_DIRECT || route > REFIT_ROUTE_STAGED)
+    if (!fmt || route < REFIT_ROUTE_DIRECT || route > REFIT_ROUTE_STAGED)
         return;
-    metrics_format_bytes *slot = &c->route_bytes[c->last];
-    if (slot->format != fmt->name) { /* not the last load's format */
-        uint32_t i = 0;
-        while (i < c->n_formats && c->route_bytes[i].format != fmt->name)
-            i++;
-        if (i == REFIT_MAX_FORMATS)
+    metrics_format_bytes *slot = c->route_slot;
+    if (!slot || slot->format != fmt->name) {
+        /* another format than the last load's: a few per model, the slot
+         * found in a handful of compares */
+        slot = ctx->metrics_formats;
+        while (slot < ctx->metrics_formats + REFIT_MAX_FORMATS && slot->format &&
+               slot->format != fmt->name)
+            slot++;
+        if (slot == ctx->metrics_formats + REFIT_MAX_FORMATS)
             return;
-        if (i == c->n_formats)
-            c->route_bytes[c->n_formats++].format = fmt->name;
-        c->last = i;
-        slot = &c->route_bytes[i];
+        slot->format = fmt->name;
+        c->route_slot = slot;
     }
     slot->route[route - REFIT_ROUTE_DIRECT] += bytes;
-}
-
-/* The update's route bytes into the context's slots, a format's slot
- * taken the first time it has any (as the update took its own). */
-static void add_route_bytes(refit_ctx *ctx, const metrics_clock *c)
-{
-    metrics_format_bytes *end = ctx->metrics_formats + REFIT_MAX_FORMATS;
-    for (uint32_t i = 0; i < c->n_formats; i++) {
-        const metrics_format_bytes *u = &c->route_bytes[i];
-        metrics_format_bytes *slot = ctx->metrics_formats;
-        while (slot < end && slot->format && slot->format != u->format)
-            slot++;
-        if (slot == end) /* every slot another format's: not counted, as before */
-            continue;
-        slot->format = u->format;
-        for (int r = 0; r < METRICS_N_ROUTES; r++)
-            slot->route[r] += u->route[r];
-    }
 }
 
 void metrics_update_end(refit_ctx *ctx, metrics_clock *c, const metrics_end *e)
@@ -91,7 +74,6 @@ void metrics_update_end(refit_ctx *ctx, metrics_clock *c, const metrics_end *e)
         w->rollbacks += e->restored;
     }
     w->source_bytes[metrics_source_of(e->source_uri)] += e->bytes;
-    add_route_bytes(ctx, c);
     metrics_observe(&w->duration[e->committed ? METRICS_COMMITTED : METRICS_ABORTED], true,
                     now - c->begun);
     metrics_observe(&w->phase[METRICS_PHASE_BEGIN], true, c->begin_s);

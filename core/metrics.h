@@ -10,11 +10,10 @@
 #include <refit/format.h>
 #include <refit/refit.h>
 
-#include "core/ctx.h"
+#include "core/metrics_text.h"
 
-/* An update's clock: when each phase started and what it took so far; and
- * the bytes its loads accepted per route of each format, added to the
- * context's once, when it ends (metrics_update_end). */
+/* An update's clock: when each phase started and what it took so far, and
+ * the context's route-bytes slot of its last load's format. */
 typedef struct metrics_clock {
     double begun;               /* refit_begin was called */
     double loading;             /* refit_begin returned */
@@ -23,9 +22,7 @@ typedef struct metrics_clock {
     double journal0;            /* ctx->journal_seconds at refit_begin */
     bool replay;                /* a replay (refit_replay) */
     bool restore;               /* a restore from a snapshot (refit_restore) */
-    uint32_t n_formats;         /* route_bytes in use, in the order first loaded */
-    uint32_t last;              /* the slot of the last load's format */
-    metrics_format_bytes route_bytes[REFIT_MAX_FORMATS];
+    metrics_format_bytes *route_slot; /* NULL: none yet (metrics_route_bytes) */
 } metrics_clock;
 
 /* How an update ended, for metrics_update_end. */
@@ -47,18 +44,17 @@ void metrics_begin(refit_ctx *ctx, metrics_clock *c, int rc);
 /* A load refused with nothing changed. */
 void metrics_refused(refit_ctx *ctx, int status);
 /* Bytes accepted into a route (REFIT_ROUTE_*) of a module of format fmt,
- * counted in the update's clock (a load of the last load's format finds
- * its slot in one compare). */
-void metrics_route_bytes(metrics_clock *c, const refit_format_v2 *fmt, uint32_t route,
-                         uint64_t bytes);
+ * counted in the context's slot of that format at once; a load of the
+ * same format as the update's last load finds it in one compare. */
+void metrics_route_bytes(refit_ctx *ctx, metrics_clock *c, const refit_format_v2 *fmt,
+                         uint32_t route, uint64_t bytes);
 /* Finalize or abort starts (the first call counts). */
 static inline void metrics_ending(metrics_clock *c)
 {
     if (!c->ending)
         c->ending = metrics_now();
 }
-/* The update ended (commit or abort): its figures, route bytes too, added
- * to the context's. */
+/* The update ended (commit or abort). */
 void metrics_update_end(refit_ctx *ctx, metrics_clock *c, const metrics_end *e);
 
 #endif

@@ -1222,7 +1222,7 @@ int txn_load_apply(refit_txn *t, delivery *d, bool whole, bool skip, void *stagi
     int rc = claim ? claim_rows(t, d) : write_rows(t, d, staging);
     if (rc)
         return txn_fail(t, rc);
-    metrics_route_bytes(&t->clock, mod->fmt, d->r->kind, bytes);
+    metrics_route_bytes(m->ctx, &t->clock, mod->fmt, d->r->kind, bytes);
     int64_t rows = d->b > d->a ? d->b - d->a : 0;
     if (!whole) {
         part *p = malloc(sizeof *p);
