@@ -341,6 +341,7 @@ static void test_fp8_fused_qkv(void **s)
     (void)s;
     delta_case(build_fp8_qkv, ONE("k.weight", "v.weight"), 2, NULL);
     delta_case(build_fp8_qkv_tensor, ONE("k.weight"), 1, NULL);
+    delta_case(build_fp8_qkv_tensor, ONE("q.weight", "v.weight"), 2, NULL); /* one rebuild */
 }
 
 static void test_stacked_experts(void **s)
