@@ -58,6 +58,7 @@ typedef struct rcv_piece {
     int64_t row_offset;
     void *data;
     refit_device dev;
+    uint8_t kind;               /* BKT_E_*: a patch is its indices piece and the next */
 } rcv_piece;
 
 typedef struct rcv_bucket {
@@ -166,7 +167,8 @@ int refit_ipc_receiver_create(refit_ipc_receiver **out, refit_model *model, cons
         const route *ro = &model->routes[i];
         const refit_ckpt_spec *sp = ro->flags & ROUTE_ALIAS ? &model->routes[ro->tie].spec
                                                             : &ro->spec;
-        r->max_entries += sp->ndim >= 1 && sp->shape[0] > 1 ? (uint64_t)sp->shape[0] : 1;
+        /* at least a patch's three entries */
+        r->max_entries += sp->ndim >= 1 && sp->shape[0] > 3 ? (uint64_t)sp->shape[0] : 3;
     }
     r->path = xstrdup(path ? path : "");
     if (!rc && !r->path)
@@ -415,7 +417,8 @@ static int add_piece(refit_ipc_receiver *r, const bkt_entry *e, uint8_t *payload
     rcv_piece *p = &r->pc[r->n_pc++];
     memset(p, 0, sizeof *p); /* padding too: layouts are compared bytewise */
     *p = (rcv_piece){.name = r->arena_len, .dtype = e->dtype, .ndim = e->ndim, .part = e->part,
-                     .row_offset = e->row_offset, .data = payload + e->offset, .dev = dev};
+                     .row_offset = e->row_offset, .data = payload + e->offset, .dev = dev,
+                     .kind = e->kind};
     memcpy(p->shape, e->shape, sizeof p->shape);
     if (e->part)
         p->shape[0] = e->rows;
@@ -445,6 +448,34 @@ static int pieces_begin(refit_ipc_receiver *r)
     return REFIT_OK;
 }
 
+/* A patch's piece (the header decoder checked its entries form one): its
+ * indices piece names an expected tensor, delivered once; counts and
+ * values go with it, skipped with it. What the patch holds is
+ * refit_load_delta's to check, before it writes. */
+static int check_patch_piece(refit_ipc_receiver *r, rcv_piece *p)
+{
+    if (p->kind == BKT_E_DELTA_COUNTS || p->kind == BKT_E_DELTA_VALUES) {
+        p->skip = p[-1].skip; /* the decoder put its indices first */
+        return REFIT_OK;
+    }
+    if (p->skip)
+        return REFIT_OK;
+    const char *name = pc_name(r, p);
+    uint32_t ri = names_find(&r->m->route_names, name);
+    if (ri == NAMES_NONE) {
+        snprintf(r->err, sizeof r->err, "the index patches %.300s, which no module of worker "
+                 "%s expects; nothing written", name, r->ctx->worker_id);
+        return REFIT_EUNEXPECTED;
+    }
+    if (r->seen[ri]) {
+        snprintf(r->err, sizeof r->err, "the index delivers %.300s twice (a patch); nothing "
+                 "written", name);
+        return REFIT_EDUPLICATE;
+    }
+    r->seen[ri] = 2;
+    return REFIT_OK;
+}
+
 /* One piece against the model (after pieces_begin): the filter asked, the
  * name expected, dtype and shape, not delivered twice (a part's rows at
  * most the tensor's). */
@@ -453,8 +484,8 @@ static int check_piece(refit_ipc_receiver *r, rcv_piece *p)
     refit_model *m = r->m;
     const char *name = pc_name(r, p);
     p->skip = r->o.filter && !r->o.filter(r->o.filter_user, name);
-    if (p->skip)
-        return REFIT_OK;
+    if (p->skip || p->kind >= BKT_E_DELTA_INDICES)
+        return check_patch_piece(r, p);
     uint32_t ri = names_find(&m->route_names, name);
     if (ri == NAMES_NONE) {
         snprintf(r->err, sizeof r->err, "the index names %.300s, which no module of worker "
@@ -684,7 +715,7 @@ static int whole_set(refit_ipc_receiver *r, refit_source_set **out)
     size_t n = 0;
     for (uint32_t i = 0; !rc && i < r->n_pc; i++) {
         rcv_piece *p = &r->pc[i];
-        if (p->skip || p->part)
+        if (p->skip || p->part || p->kind >= BKT_E_DELTA_INDICES)
             continue;
         names[n] = pc_name(r, p);
         ts[n++] = (refit_tensor){.data = p->data, .device = p->dev, .ndim = p->ndim,
@@ -713,6 +744,55 @@ static int whole_set(refit_ipc_receiver *r, refit_source_set **out)
     return rc;
 }
 
+/* The patch whose indices are piece i (g pieces): indices and counts read
+ * on the host (copied there from device memory, one wait), values from
+ * where they lie, refit_load_delta(_runs) into the delta update. */
+static int load_patch(refit_ipc_receiver *r, refit_txn *txn, uint32_t i, uint32_t g)
+{
+    rcv_piece *p = &r->pc[i];
+    size_t n = (size_t)p->shape[0];
+    int64_t *host = NULL;
+    const int64_t *idx = p->data, *cnt = g == 3 ? p[1].data : NULL;
+    if (p->dev.device_type != REFIT_DEVICE_CPU && n) {
+        const backend *be = backend_for_device(p->dev);
+        size_t words = (g == 3 ? 2 : 1) * n;
+        int rc = be && (host = malloc(words * sizeof *host)) ? REFIT_OK : REFIT_ENOMEM;
+        for (uint32_t j = 0; !rc && j + 1 < g; j++)
+            rc = be->save(host + j * n, p[j].data, n * sizeof *host, r->o.stream);
+        if (!rc)
+            rc = be->sync(r->o.stream);
+        if (rc) {
+            free(host);
+            snprintf(r->err, sizeof r->err, "load_delta %.300s: its indices could not be "
+                     "read (%s)", pc_name(r, p), refit_strerror(rc));
+            return rc;
+        }
+        idx = host;
+        cnt = g == 3 ? host + n : NULL;
+    }
+    rcv_piece *v = &p[g - 1];
+    refit_tensor t = {.data = v->data, .device = v->dev, .ndim = 1, .dtype = v->dtype,
+                      .shape = v->shape};
+    int rc = cnt ? refit_load_delta_runs(txn, pc_name(r, p), n, idx, cnt, &t, r->o.stream)
+                 : refit_load_delta(txn, pc_name(r, p), n, idx, &t, r->o.stream);
+    if (rc)
+        ipc_copy_str(r->err, sizeof r->err, refit_errmsg(r->ctx));
+    free(host);
+    return rc;
+}
+
+static int load_patches(refit_ipc_receiver *r, refit_txn *txn)
+{
+    int rc = REFIT_OK;
+    for (uint32_t i = 0; !rc && i < r->n_pc; i++) {
+        if (r->pc[i].kind != BKT_E_DELTA_INDICES || r->pc[i].skip)
+            continue;
+        uint32_t g = i + 2 < r->n_pc && r->pc[i + 1].kind == BKT_E_DELTA_COUNTS ? 3 : 2;
+        rc = load_patch(r, txn, i, g);
+    }
+    return rc;
+}
+
 /* Every piece into the transaction, from where it lies: the whole ones in
  * one call (the prepared set), parts one by one. */
 static int load_pieces(refit_ipc_receiver *r, refit_txn *txn)
@@ -730,7 +810,7 @@ static int load_pieces(refit_ipc_receiver *r, refit_txn *txn)
         if ((rc = refit_load_part(txn, pc_name(r, p), p->row_offset, &t, r->o.stream)))
             ipc_copy_str(r->err, sizeof r->err, refit_errmsg(r->ctx));
     }
-    return rc;
+    return rc ? rc : load_patches(r, txn);
 }
 
 /* ---- one update ---- */

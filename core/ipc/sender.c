@@ -39,8 +39,10 @@
 
 typedef struct snd_tensor {
     char *name;
-    const refit_tensor *t;      /* borrowed */
+    const refit_tensor *t;      /* borrowed, or own */
     int how;
+    uint8_t kind;               /* BKT_E_WHOLE, or an entry of a patch (one send only) */
+    refit_tensor *own;          /* a patch's indices or counts, described here */
     /* as laid out: */
     void *data;
     uint64_t bytes;
@@ -81,6 +83,8 @@ struct refit_ipc_sender {
     uint32_t n_packed;          /* packed buckets of the layout (they come first) */
     bkt_plan plan;
     bkt_tensor *bt;
+    uint8_t *kinds;             /* per tensor, for the headers; NULL until a patch */
+    uint32_t n_patches;         /* patches added for the next send */
     ipc_ref *refs;              /* per bucket */
     uint64_t *sums;             /* per bucket, when checksummed */
     ipc_wbuf frame;             /* this send's UPDATE */
@@ -270,12 +274,15 @@ void refit_ipc_sender_destroy(refit_ipc_sender *s)
     for (uint32_t i = 0; i < s->n_mems; i++)
         mem_release(s, &s->mems[i]);
     free(s->mems);
-    for (uint32_t i = 0; i < s->n; i++)
+    for (uint32_t i = 0; i < s->n; i++) {
         free(s->ts[i].name);
+        free(s->ts[i].own);
+    }
     free(s->ts);
     names_free(&s->by_name);
     bkt_plan_free(&s->plan);
     free(s->bt);
+    free(s->kinds);
     free(s->refs);
     free(s->sums);
     free(s->index);
@@ -328,6 +335,113 @@ int refit_ipc_sender_add(refit_ipc_sender *s, const char *name, const refit_tens
     s->ts[s->n++] = (snd_tensor){.name = nm, .t = t, .how = how};
     s->laid_out = false;
     return REFIT_OK;
+}
+
+/* One entry of a patch: PACK, its indices or counts (a) described here. */
+static int add_patch_entry(refit_ipc_sender *s, const char *name, uint8_t kind, size_t n,
+                           const int64_t *a, const refit_tensor *values)
+{
+    int rc = grow_array((void **)&s->ts, &s->cap, s->n, sizeof *s->ts);
+    if (rc)
+        return rc;
+    snd_tensor st = {.name = xstrdup(name), .t = values, .how = REFIT_IPC_PACK, .kind = kind};
+    if (a && (st.own = calloc(1, sizeof *st.own + sizeof(int64_t)))) {
+        int64_t *shape = (int64_t *)(st.own + 1);
+        shape[0] = (int64_t)n;
+        *st.own = (refit_tensor){.data = (void *)a, .device = {REFIT_DEVICE_CPU, 0},
+                                 .ndim = 1, .dtype = {REFIT_DTYPE_INT, 64, 1}, .shape = shape};
+        st.t = st.own;
+    }
+    if (!st.name || !st.t) {
+        free(st.name);
+        free(st.own);
+        return REFIT_ENOMEM;
+    }
+    s->ts[s->n++] = st;
+    return REFIT_OK;
+}
+
+/* What the sender checks of a patch without the model. */
+static int check_patch(refit_ipc_sender *s, const char *name, size_t n, const int64_t *idx,
+                       const int64_t *counts, const refit_tensor *values)
+{
+    if (!name || !*name || strlen(name) > BKT_MAX_NAME || !values || values->ndim != 1 ||
+        !values->shape || (n && !idx))
+        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add_delta %s: a name of 1 to %d "
+                         "bytes, indices and 1-D values are needed", name ? name : "(null)",
+                         BKT_MAX_NAME);
+    int64_t elements = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t c = counts ? counts[i] : 1;
+        if (idx[i] < 0 || c < 1 || elements > INT64_MAX - c)
+            return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add_delta %s: %s %zu is "
+                             "%lld%s", name, counts ? "run" : "index", i,
+                             (long long)(c < 1 ? c : idx[i]),
+                             c < 1 ? " elements (at least 1)" : " (negative)");
+        elements += c;
+    }
+    if (values->shape[0] != elements)
+        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add_delta %s: %lld values for "
+                         "%lld elements", name, (long long)values->shape[0],
+                         (long long)elements);
+    return REFIT_OK;
+}
+
+int refit_ipc_sender_add_delta(refit_ipc_sender *s, const char *name, size_t n,
+                               const int64_t *indices, const int64_t *counts,
+                               const refit_tensor *values)
+{
+    if (!s)
+        return REFIT_EINVAL;
+    ctx_clear_error(s->ctx);
+    int rc = check_patch(s, name, n, indices, counts, values);
+    if (rc)
+        return rc;
+    if (names_find(&s->by_name, name) != NAMES_NONE)
+        return ctx_error(s->ctx, REFIT_EEXIST, "ipc sender: add_delta %s: added twice", name);
+    static const int64_t none[1];
+    uint32_t first = s->n;
+    rc = add_patch_entry(s, name, BKT_E_DELTA_INDICES, n, indices ? indices : none, NULL);
+    if (!rc && counts)
+        rc = add_patch_entry(s, name, BKT_E_DELTA_COUNTS, n, counts, NULL);
+    if (!rc)
+        rc = add_patch_entry(s, name, BKT_E_DELTA_VALUES, 0, NULL, values);
+    if (!rc)
+        rc = names_insert(&s->by_name, s->ts[first].name, first);
+    if (rc) {
+        while (s->n > first) {
+            s->n--;
+            free(s->ts[s->n].name);
+            free(s->ts[s->n].own);
+        }
+        return ctx_error(s->ctx, REFIT_ENOMEM, "ipc sender: out of memory");
+    }
+    s->n_patches++;
+    s->laid_out = false;
+    return REFIT_OK;
+}
+
+/* After a send: its patches go (the next step adds its own), the names
+ * table rebuilt over what stays. */
+static void drop_patches(refit_ipc_sender *s)
+{
+    if (!s->n_patches)
+        return;
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < s->n; i++) {
+        if (s->ts[i].kind != BKT_E_WHOLE) {
+            free(s->ts[i].name);
+            free(s->ts[i].own);
+            continue;
+        }
+        s->ts[k++] = s->ts[i];
+    }
+    s->n = k;
+    s->n_patches = 0;
+    names_free(&s->by_name);
+    for (uint32_t i = 0; i < s->n; i++)
+        (void)names_insert(&s->by_name, s->ts[i].name, i); /* fewer than before: room */
+    s->laid_out = false;
 }
 
 int refit_ipc_host_alloc(refit_ipc_sender *s, size_t bytes, void **out)
@@ -470,6 +584,19 @@ static int take_views(refit_ipc_sender *s, bool *moved)
     return REFIT_OK;
 }
 
+static int lay_out_kinds(refit_ipc_sender *s);
+
+/* Bytes from off to the end of the patch whose indices are tensor i: its
+ * entries stay in one bucket. */
+static uint64_t patch_bytes(const refit_ipc_sender *s, uint32_t i, uint64_t off)
+{
+    uint64_t end = off + s->ts[i].bytes;
+    for (uint32_t j = i + 1; j < s->n && (s->ts[j].kind == BKT_E_DELTA_COUNTS ||
+                                         s->ts[j].kind == BKT_E_DELTA_VALUES); j++)
+        end = bkt_align(end) + s->ts[j].bytes;
+    return end - off;
+}
+
 static int lay_out(refit_ipc_sender *s)
 {
     uint64_t cap = s->o.bucket_bytes ? s->o.bucket_bytes : BKT_DEFAULT_BYTES;
@@ -491,7 +618,9 @@ static int lay_out(refit_ipc_sender *s)
         if (st->how == REFIT_IPC_SHARE && st->bytes)
             continue;
         uint64_t off = bkt_align(at);
-        if (n_pack && off + st->bytes > cap) {
+        uint64_t need = st->kind == BKT_E_DELTA_INDICES ? patch_bytes(s, i, off) : st->bytes;
+        if (n_pack && off + need > cap && (st->kind == BKT_E_WHOLE ||
+                                           st->kind == BKT_E_DELTA_INDICES)) {
             nb++;
             off = 0;
         }
@@ -599,6 +728,25 @@ static int lay_out(refit_ipc_sender *s)
     s->n_packed = n_packed;
     s->epoch++;
     s->laid_out = s->laid_out_once = true;
+    return lay_out_kinds(s);
+}
+
+/* The patches' entry kinds, for the headers (bkt_header_encode). */
+static int lay_out_kinds(refit_ipc_sender *s)
+{
+    s->plan.kinds = NULL;
+    if (!s->n_patches)
+        return REFIT_OK;
+    uint8_t *k = realloc(s->kinds, (size_t)s->n + 1);
+    if (!k) {
+        s->laid_out = false;
+        snprintf(s->err, sizeof s->err, "out of memory");
+        return REFIT_ENOMEM;
+    }
+    s->kinds = k;
+    for (uint32_t i = 0; i < s->n; i++)
+        k[i] = s->ts[i].kind;
+    s->plan.kinds = k;
     return REFIT_OK;
 }
 
@@ -910,10 +1058,24 @@ static void post_update(refit_ipc_sender *s, int *vote, char (*why)[256], double
     }
 }
 
+static int send_update(refit_ipc_sender *s, refit_group_result *out);
+
 int refit_ipc_sender_send(refit_ipc_sender *s, refit_group_result *out)
 {
     if (!s)
         return REFIT_EINVAL;
+    int rc = send_update(s, out);
+    uint64_t extra = 0; /* a patch is one tensor, not its two or three entries */
+    for (uint32_t i = 0; s->n_patches && i < s->n; i++)
+        extra += s->ts[i].kind == BKT_E_DELTA_COUNTS || s->ts[i].kind == BKT_E_DELTA_VALUES;
+    if (out && out->tensors >= extra)
+        out->tensors -= extra;
+    drop_patches(s);
+    return rc;
+}
+
+static int send_update(refit_ipc_sender *s, refit_group_result *out)
+{
     ctx_clear_error(s->ctx);
     refit_ipc_send_profile *pf = &s->prof;
     memset(pf, 0, sizeof *pf);

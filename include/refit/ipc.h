@@ -98,6 +98,17 @@ REFIT_API void refit_ipc_sender_destroy(refit_ipc_sender *s);
  * told). */
 REFIT_API int refit_ipc_sender_add(refit_ipc_sender *s, const char *name, const refit_tensor *t,
                                    int how);
+/* Add a patch of checkpoint tensor name for the next send only (docs/ipc.md
+ * "Patches"): n flat indices (or run starts, counts[i] elements each;
+ * counts NULL: single elements) in host memory and values, 1-D of the
+ * checkpoint dtype, packed into a bucket as a PACK tensor is; the workers
+ * apply it with refit_load_delta in their delta update (base_version).
+ * All borrowed until that send returns; the send drops its patches.
+ * REFIT_EINVAL for a negative index, a run under one element or a value
+ * count that is not the elements'; REFIT_EEXIST for a name added before. */
+REFIT_API int refit_ipc_sender_add_delta(refit_ipc_sender *s, const char *name, size_t n,
+                                         const int64_t *indices, const int64_t *counts,
+                                         const refit_tensor *values);
 /* The version label of the next sends. REFIT_EINVAL past 1024 bytes. */
 REFIT_API int refit_ipc_sender_set_label(refit_ipc_sender *s, const char *label);
 /* One update to every worker: pack, record the event, send the index,

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import _ffi
 from .core import Context, Model, Stream, _b, _check, _describe_as, _estate
-from .transport import GroupResult, UpdateOpts
+from .transport import GroupResult, UpdateOpts, delta_update_opts
 
 _P, _I, _D, _U64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_double, ctypes.c_uint64
 
@@ -90,6 +90,8 @@ _PROTOS = {
                                      ctypes.POINTER(SendOpts)]),
     "refit_ipc_sender_destroy": (None, [_P]),
     "refit_ipc_sender_add": (_I, [_P, ctypes.c_char_p, ctypes.POINTER(_ffi.Tensor), _I]),
+    "refit_ipc_sender_add_delta": (_I, [_P, ctypes.c_char_p, ctypes.c_size_t, _P, _P,
+                                        ctypes.POINTER(_ffi.Tensor)]),
     "refit_ipc_sender_set_label": (_I, [_P, ctypes.c_char_p]),
     "refit_ipc_sender_send": (_I, [_P, ctypes.POINTER(GroupResult)]),
     "refit_ipc_host_alloc": (_I, [_P, ctypes.c_size_t, _PP]),
@@ -137,6 +139,7 @@ class Sender:
             paths = [paths]
         self.ctx, self._label = ctx, _b(label)
         self._keep: List[Any] = []
+        self._patches: List[Any] = []  # add_delta's, until the send
         self._paths = (ctypes.c_char_p * len(paths))(*[_b(p) for p in paths])
         uids = _uids(allow_uids)
         o = SendOpts(3, self._label, _device(device), bucket_bytes, int(checksum), timeout,
@@ -174,6 +177,24 @@ class Sender:
                    ctypes.byref(d.t), SHARE if share else PACK)
         self._keep.append((d, tensor))
 
+    def add_delta(self, name: str, indices: Any, values: Any, counts: Any = None) -> None:
+        """A patch of checkpoint tensor name for the next send only
+        (docs/ipc.md "Patches"): flat indices (or run starts with counts),
+        copied to host int64 here, and values (1-D, the checkpoint dtype),
+        packed like a share=False tensor. The workers apply it in a delta
+        update (Receiver.receive_update(base=...))."""
+        from .core import RefitError, _int64s
+        call = "refit_ipc_sender_add_delta %s" % name
+        idx = _int64s(indices, "indices of %s" % name, call)
+        cnt = _int64s(counts, "run counts of %s" % name, call) if counts is not None else None
+        if cnt and cnt[1] != idx[1]:
+            raise RefitError(-1, "REFIT_EINVAL", "%s: %d run starts but %d counts"
+                             % (call, idx[1], cnt[1]), call)
+        d = _describe_as(values, None, "values of %s" % name, call)
+        self._call(call, _lib().refit_ipc_sender_add_delta, _b(name), idx[1], idx[2],
+                   cnt[2] if cnt else None, ctypes.byref(d.t))
+        self._patches.append((idx[0], d, values, cnt[0] if cnt else None))
+
     def add_dict(self, tensors: Mapping[str, Any], share: bool = True) -> None:
         for name, t in tensors.items():
             self.add(name, t, share)
@@ -189,7 +210,10 @@ class Sender:
         if label is not None:
             self.set_label(label)
         res = GroupResult()
-        self._call("refit_ipc_sender_send", _lib().refit_ipc_sender_send, ctypes.byref(res))
+        try:
+            self._call("refit_ipc_sender_send", _lib().refit_ipc_sender_send, ctypes.byref(res))
+        finally:
+            self._patches = []  # the send dropped them
         return res.as_dict()
 
     def profile(self) -> Dict[str, Any]:
@@ -274,12 +298,20 @@ class Receiver:
         self._why = why
 
     def receive_update(self, rollback: bool = True, label: Optional[str] = None,
-                       source_uri: Optional[str] = None) -> Dict[str, Any]:
+                       source_uri: Optional[str] = None, base: Optional[str] = None,
+                       changed: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         """Wait for a trainer's update and take it: an update of the
         worker's, so it first waits for another thread's to end, and holds
-        the context until it returns."""
+        the context until it returns. base: a delta update against that
+        version, which takes the trainer's patches (Sender.add_delta);
+        changed: the modules it changes (None: what arrives is what
+        changed)."""
         self._strings = (_b(label), _b(source_uri))
-        opts = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
+        opts: Any = UpdateOpts(1, self._strings[0], self._strings[1], int(rollback), None, 0)
+        if base is not None:
+            opts, self._delta_keep = delta_update_opts(
+                self._strings[0], self._strings[1], rollback, base,
+                None if changed is None else list(changed))
         res = GroupResult()
         ctx = self.model.ctx
         claimed = ctx._claim(label, call="receive_update")

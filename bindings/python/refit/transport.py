@@ -387,18 +387,9 @@ class Receiver:
         return res.as_dict()
 
     def _delta_opts(self, rollback: bool, base: str, changed: Optional[List[str]]) -> Any:
-        """refit_update_opts of a delta update, as the UpdateOpts pointer
-        refit_receive_update is declared with."""
-        mods = [_b(m) for m in (changed or [])]
-        names = (ctypes.c_char_p * max(len(mods), 1))(*mods)
-        full = _ffi.UpdateOpts(_ffi.UPDATE_OPTS_VERSION, self._strings[0], self._strings[1],
-                               int(rollback), None, 0, 0, 0)
-        full.base_version = _b(base)
-        full.changed_modules = names
-        full.n_changed_modules = len(mods)
-        full.others_unchanged = 1 if changed is None else 0
-        self._delta_keep = (full.base_version, names, full)
-        return ctypes.cast(ctypes.pointer(full), ctypes.POINTER(UpdateOpts)).contents
+        opts, self._delta_keep = delta_update_opts(self._strings[0], self._strings[1],
+                                                   rollback, base, changed)
+        return opts
 
     def receive(self, txn: Txn) -> int:
         """Every bucket of one update into txn (a refit.Txn the caller
@@ -418,6 +409,23 @@ class Receiver:
             if self._h:
                 _lib().refit_receiver_destroy(self._h)
                 self._h = None
+
+
+def delta_update_opts(label: Optional[bytes], uri: Optional[bytes], rollback: bool, base: str,
+                      changed: Optional[List[str]]) -> Any:
+    """refit_update_opts of a delta update against base (changed: the
+    modules it changes, None: what arrives is what changed), as the
+    UpdateOpts the receivers' calls are declared with, and what must stay
+    alive while they run."""
+    mods = [_b(m) for m in (changed or [])]
+    names = (ctypes.c_char_p * max(len(mods), 1))(*mods)
+    full = _ffi.UpdateOpts(_ffi.UPDATE_OPTS_VERSION, label, uri, int(rollback), None, 0, 0, 0)
+    full.base_version = _b(base)
+    full.changed_modules = names
+    full.n_changed_modules = len(mods)
+    full.others_unchanged = 1 if changed is None else 0
+    keep = (full.base_version, names, full)
+    return ctypes.cast(ctypes.pointer(full), ctypes.POINTER(UpdateOpts)).contents, keep
 
 
 def group_finalize(transport: Transport, txn: Txn, local_status: int = 0) -> Dict[str, Any]:
