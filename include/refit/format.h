@@ -93,16 +93,16 @@ typedef struct refit_view {
  * touched; a tensor whose format declares nothing (flags 0) is refused. */
 typedef struct refit_quant_group {
     int64_t rows;            /* rows of this rank's 2-D slice quantized
-                                together: 128 (block-128), 1 (a channel, or
-                                groups along K: MX 32, NVFP4 16, INT4 G) */
-    int64_t cols;            /* elements along K sharing a scale: 128, 32,
-                                16, G; 0: the whole row */
+                                together: 128 for 128x128 blocks, 1 for a
+                                channel or for groups along K */
+    int64_t cols;            /* elements along K sharing a scale (128, 32,
+                                16, a group size); 0: the whole row */
     uint32_t flags;          /* REFIT_GROUP_* */
 } refit_quant_group;
 /* plan set the group (the host starts every tensor at 0: undeclared) */
 #define REFIT_GROUP_DECLARED 0x1u
-/* A scale spans the whole tensor or more (per-tensor fp8 over fused
- * weights, NVFP4's global scale): any change rebuilds the whole post-load
+/* A scale spans the whole tensor or more (one scale over fused weights,
+ * a global scale beside the block scales): any change rebuilds the whole post-load
  * unit (the module, or its expert's slice) from the master. */
 #define REFIT_GROUP_WHOLE 0x2u
 /* plan and post_load of a module holding only rows [a, b) of this tensor
