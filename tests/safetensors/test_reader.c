@@ -12,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/safetensors.h"
@@ -484,27 +483,10 @@ static void test_recheck_detects_changes(void **state)
 
 /* ---- scale ------------------------------------------------------------ */
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static double time_limit(double plain)
-{
-#if defined(__SANITIZE_ADDRESS__)
-    return plain * 10;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-    return plain * 10;
-#endif
-#endif
-    return plain;
-}
-
-/* MoE-shaped header of 100k tensors listed in reverse offset order: parse,
- * validate and index in well under a second; then O(1) lookups. */
+/* MoE-shaped header of 100k tensors listed in reverse offset order: every
+ * one is parsed, indexed and found by name at its index. How long that
+ * takes against the tensor count is a benchmark's question
+ * (bench/probes/st_open_scale.c), not this test's. */
 static void test_100k_tensors(void **state)
 {
     (void)state;
@@ -522,9 +504,7 @@ static void test_100k_tensors(void **state)
     uint8_t *buf = tu_build_st(h, (size_t)N * 8, &n);
     st_set *s;
     st_error e;
-    double t0 = now_s();
     assert_int_equal(st_open_memory(&s, buf, n, "moe", &e), REFIT_OK);
-    double t1 = now_s();
     assert_int_equal(st_count(s), N);
     for (long i = 0; i < N; i++) {
         char name[64];
@@ -533,12 +513,6 @@ static void test_100k_tensors(void **state)
         assert_non_null(t);
         assert_ptr_equal(t, st_tensor_at(s, (size_t)i));
     }
-    double t2 = now_s();
-    print_message("# 100k tensors: open %.3f s, %d lookups %.3f s\n", t1 - t0, N, t2 - t1);
-    /* Typically ~0.5 s, most of it jansson; the bound leaves room for a
-     * loaded CI machine and still catches anything quadratic. */
-    assert_true(t1 - t0 < time_limit(3.0));
-    assert_true(t2 - t1 < time_limit(0.5));
     st_close(s);
     free(buf);
     free(h);
