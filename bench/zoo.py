@@ -210,7 +210,8 @@ DEFINITIONS = {
                   "runtime bytes after the deltas equal those after a full reload of the "
                   "patched sources; peer_seconds: a torch loop param.view(-1)[idx] = vals "
                   "per tensor (vLLM's sparse path: in place, no undo), indices on the "
-                  "device there",
+                  "device there; rollback_off: the same full and delta updates with "
+                  "model.update(rollback=False), medians",
 }
 
 
@@ -1441,10 +1442,11 @@ def row_delta(B, args, row, cfg, layers):
         B.sync()
         return time.perf_counter() - t0, v, st
 
-    def series(body, delta):
+    def series(body, delta, rollback=True):
         out, st = [], None
         for _ in range(1 + args.repeat):
-            secs, v, st = update(body, **({"base": "zoo-%d" % n[0]} if delta else {}))
+            kw = {"base": "zoo-%d" % n[0]} if delta else {}
+            secs, v, st = update(body, rollback=rollback, **kw)
             out.append(secs)
         return out, st
 
@@ -1461,6 +1463,13 @@ def row_delta(B, args, row, cfg, layers):
                                                  "delta_elements", "delta_tensors")
                               if k in st}
         res["cost_vs_full"] = res["seconds"] / res["full_seconds"]
+        # the undo's share: the same updates with rollback off
+        full_off, _ = series(lambda txn: txn.load_dict(src.t), False, False)
+        delta_off, _ = series(lambda txn: txn.load_deltas(table), True, False)
+        res["rollback_off"] = {"full_seconds": statistics.median(full_off[1:]),
+                               "seconds": statistics.median(delta_off[1:])}
+        res["rollback_off"]["cost_vs_full"] = (res["rollback_off"]["seconds"] /
+                                               res["rollback_off"]["full_seconds"])
         after_delta = eng.digest()
         # the peer's way, from the base, indices on the device
         dev_idx = {k: (i.to(B.dev, non_blocking=True) if B.name != "numpy" else i)
