@@ -420,14 +420,17 @@ REFIT_API int refit_load_part(refit_txn *txn, const char *ckpt_name, int64_t off
  * elements at flat indices[0, n) (row-major over the checkpoint's full
  * shape) take values[0, n), a 1-D tensor of n elements of the checkpoint
  * dtype on any device the target's backend reads; the other elements
- * keep what the base holds. Indices need not be sorted (refit sorts a
- * copy); one outside the tensor, or given twice, refuses the call. The
- * patch lands where refit_load would put those elements (TP shard: only
- * this rank's rows; fused targets, stacked experts, tied names), and
- * counts as the tensor's delivery. A module whose format has a post-load
- * step (online quantization, STAGED routes) is refused (REFIT_EUNSUPPORTED):
- * it would need the full tensor. With rollback the undo log saves only
- * the elements written. Every check happens before any byte is written;
+ * keep what the base holds. Indices need not be sorted; one outside the
+ * tensor, or given twice, refuses the call. The patch lands where
+ * refit_load would put those elements (TP shard: only this rank's rows;
+ * fused targets, stacked experts, tied names), and counts as the tensor's
+ * delivery. A module quantized online at post-load takes the patch
+ * through refit's master copy of its checkpoint tensors and rebuilds only
+ * the quantization groups it touches (docs/core.md "Delta updates"); with
+ * refit_options.delta_master_budget 0, or a format that declares no group,
+ * it is refused (REFIT_EUNSUPPORTED), and with no master kept within the
+ * budget REFIT_EBUDGET. With rollback the undo log saves only the
+ * elements written (and the master's and rebuilt groups' bytes). Every check happens before any byte is written;
  * a refusal is refit_load's (the update fails closed unless keep_going). */
 REFIT_API int refit_load_delta(refit_txn *txn, const char *ckpt_name, size_t n,
                                const int64_t *indices, const refit_tensor *values,
