@@ -176,6 +176,8 @@ struct refit_txn {
     uint64_t noted_tensors;     /*   and how many tensors */
     bool noted_mixed;           /* tensors came from more than one source */
     bool undo_mode_files;       /* undo_source auto or files: a commit arms them */
+    int abort_status;           /* an abort running: the failure it is for (0: the */
+    const char *abort_why;      /*   caller's), and why (txn_abort_cause) */
 };
 
 /* ---- invariants ---- */
@@ -1733,6 +1735,7 @@ static int txn_end_aborted(refit_txn *t, const char *why)
 {
     refit_model *m = t->m;
     struct txn_scratch *s = t->s;
+    t->abort_why = why;
     metrics_ending(&t->clock);
     /* queued copies finish (or fail) before bytes are put back */
     int rc = txn_sync_streams(t);
@@ -1783,6 +1786,12 @@ static int txn_end_aborted(refit_txn *t, const char *why)
     if (restore_err[0]) /* for refit_abort and finalize to say */
         snprintf(m->ctx->errmsg, sizeof m->ctx->errmsg, "%s", restore_err);
     return poisoned || m->n_dirty ? REFIT_EPOISONED : REFIT_OK;
+}
+
+int txn_abort_cause(const refit_txn *t, const char **why)
+{
+    *why = t->abort_why;
+    return t->abort_status;
 }
 
 int refit_abort(refit_txn *t)
@@ -2024,6 +2033,7 @@ static int txn_prepare(refit_txn *t)
         char why[REFIT_ERRMSG_SIZE];
         memcpy(why, m->ctx->errmsg, sizeof why);
         bool rollback = t->rollback;
+        t->abort_status = rc;
         int arc = txn_end_aborted(t, why);
         char restore_err[REFIT_ERRMSG_SIZE];
         memcpy(restore_err, m->ctx->errmsg, sizeof restore_err);

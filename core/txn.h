@@ -36,6 +36,11 @@ int txn_claim_direct(refit_txn *t, const char *name, bool part, int64_t row0,
  * module complete with no post-load. A failed copy fails the txn. */
 int txn_restore_module(refit_txn *t, uint32_t mi, const refit_view *src, void *stream);
 
+/* While an abort runs (an undo source's restore): the failure it is for
+ * (a failed prepare's status; 0 when the caller aborted) and *why, its
+ * reason (NULL: none given; valid until the abort returns). */
+int txn_abort_cause(const refit_txn *t, const char **why);
+
 /* refit_load_source delivered `tensors` tensors of src into t: an update
  * that took every tensor from one durable source makes it, at commit, the
  * next update's undo source (core/undo_source.h). Holds src until t ends. */

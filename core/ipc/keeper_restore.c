@@ -27,6 +27,8 @@
 #include <jansson.h>
 #include <refit/ipc.h>
 
+#include "core/ipc/keeper_restore.h"
+
 #include "core/ipc/keeper_msg.h"
 #include "core/ipc/mem.h"
 #include "core/ctx.h"
@@ -359,6 +361,8 @@ typedef struct keeper_source {
     uint32_t *allow;
     char label[BKT_MAX_LABEL + 1];
     struct stat sock;           /* the socket file when armed */
+    keeper_undo_wait_fn before_wait; /* keeper_undo_before_wait's */
+    void *before_arg;
 } keeper_source;
 
 static int ks_check(undo_source *s, char *why, size_t n)
@@ -396,6 +400,11 @@ static int ks_restore(undo_source *s, refit_txn *t, const uint32_t *modules, uin
 {
     keeper_source *p = (keeper_source *)s;
     refit_model *m = p->m;
+    if (p->before_wait) { /* e.g. the receiver's vote: the keeper may wait on it */
+        const char *cause = NULL;
+        int status = txn_abort_cause(t, &cause);
+        p->before_wait(p->before_arg, status, cause);
+    }
     kr r = {.m = m, .ctx = m->ctx, .path = p->path, .o = p->o, .fd = -1, .tail = ""};
     r.dl = ipc_now() + (p->o.timeout_s > 0 ? p->o.timeout_s : 60.0);
     char why[600];
@@ -452,6 +461,15 @@ static const undo_source_ops keeper_ops = {
     .restore = ks_restore,
     .release = ks_release,
 };
+
+void keeper_undo_before_wait(refit_model *m, keeper_undo_wait_fn fn, void *arg)
+{
+    for (undo_source *s = m->undo_sources; s; s = s->next)
+        if (s->ops == &keeper_ops) {
+            ((keeper_source *)s)->before_wait = fn;
+            ((keeper_source *)s)->before_arg = arg;
+        }
+}
 
 static int keeper_undo_arm(refit_model *m, const char *path, const refit_ipc_restore_opts *o,
                            const ipc_k_offer *off)

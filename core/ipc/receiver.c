@@ -38,6 +38,7 @@
 #include "core/util.h"
 #include "core/ctx.h"
 #include "core/model.h"
+#include "core/ipc/keeper_restore.h"
 #include "core/ipc/mem.h"
 #include "core/names.h"
 #include "core/nccl/xport.h"
@@ -115,6 +116,11 @@ struct refit_ipc_receiver {
     bool has_pev;
     ipc_wbuf sbuf;              /* status frames */
     uint32_t role;              /* its HELLO's: a worker, or a keeper following */
+    /* this update's vote, sent once: before a local abort that waits for
+     * a keeper (vote_before_keeper), else after the prepare */
+    uint64_t vote_seq;
+    bool voted;
+    int vote_rc;                /* its send's status */
     char err[1024];
 };
 
@@ -827,6 +833,33 @@ static int send_status(refit_ipc_receiver *r, uint16_t type, uint64_t seq, int s
                                 sizeof r->err);
 }
 
+/* This worker's vote on the update, once (a later call returns how the
+ * first send went). */
+static int send_vote(refit_ipc_receiver *r, int status, const char *msg, double dl)
+{
+    if (!r->voted) {
+        r->voted = true;
+        r->vote_rc = send_status(r, IPC_VOTE, r->vote_seq, status, msg, dl);
+        r->prof.voted_ns = ipc_now_ns();
+    }
+    return r->vote_rc;
+}
+
+/* An abort before the vote is about to wait for the keeper armed as this
+ * worker's undo source. A keeper following this worker's trainer serves
+ * nothing until the group decides, and the trainer decides after every
+ * vote: vote "no" first, so the group aborts, the keeper rolls back to the
+ * committed version and then serves it (docs/restart.md "As an undo
+ * source"). */
+static void vote_before_keeper(void *arg, int status, const char *why)
+{
+    refit_ipc_receiver *r = arg;
+    char msg[IPC_MAX_MSG];
+    snprintf(msg, sizeof msg, "ipc receiver: update %llu: %s", (unsigned long long)r->vote_seq,
+             why ? why : "aborted on this worker");
+    (void)send_vote(r, status ? status : REFIT_EINTERNAL, msg, ipc_now() + timeout_of(r));
+}
+
 static int greet(refit_ipc_receiver *r, double dl)
 {
     ipc_frame f;
@@ -1031,12 +1064,15 @@ static int take_update(refit_ipc_receiver *r, const ipc_update *u, const refit_u
         pev_record(r, 2);
     r->prof.enqueued_ns = ipc_now_ns();
     if (rc) {
-        char why[1200];
+        /* the vote first: the abort may wait for a keeper that waits on it */
+        char why[1200], msg[IPC_MAX_MSG];
         snprintf(why, sizeof why, "ipc: %s", r->err);
+        snprintf(msg, sizeof msg, "ipc receiver: update %llu: %.980s", (unsigned long long)u->seq,
+                 r->err);
+        (void)send_vote(r, rc, msg, ipc_now() + timeout_of(r));
         res->worker_status = refit_abort_reason(*txn, why);
         *txn = NULL;
-        return ctx_error(r->ctx, rc, "ipc receiver: update %llu: %s", (unsigned long long)u->seq,
-                         r->err);
+        return ctx_error(r->ctx, rc, "%s", msg);
     }
     res->buckets = u->n_buckets;
     res->tensors = r->n_pc;
@@ -1064,6 +1100,7 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     memset(pf, 0, sizeof *pf);
     pf->gpu_wait_ms = pf->gpu_copy_ms = -1;
     pf->call_ns = ipc_now_ns();
+    r->voted = false;
     ipc_frame f;
     int rc = next_update(r, &f, ipc_now() + t_start);
     pf->update_ns = ipc_now_ns();
@@ -1086,7 +1123,10 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
         u.seq = f.len >= 8 ? bkt_le64(f.payload) : 0;
         pf->checked_ns = ipc_now_ns();
     } else {
+        r->vote_seq = u.seq;
+        keeper_undo_before_wait(r->m, vote_before_keeper, r);
         local = take_update(r, &u, opts, &txn, &res);
+        keeper_undo_before_wait(r->m, NULL, NULL);
     }
     ipc_frame_free(&f);
     pf->seq = u.seq;
@@ -1096,8 +1136,8 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     double dl = ipc_now() + t;
     ipc_frame d;
     char dmsg[IPC_MAX_MSG + 1] = "";
-    int trc = send_status(r, IPC_VOTE, u.seq, local, msg, dl);
-    pf->voted_ns = ipc_now_ns();
+    r->vote_seq = u.seq;
+    int trc = send_vote(r, local, msg, dl);
     if (!trc && spin_of(r) > 0)
         (void)ipc_spin_readable(r->fd, ipc_now() + spin_of(r));
     if (!trc && !(trc = ipc_recv(r->fd, &d, IPC_MAX_MSG + 64, dl, r->err, sizeof r->err))) {

@@ -223,6 +223,7 @@ typedef struct send_step {
     uint64_t version;
     int expect;                 /* what the send returns; 1: any failure */
     int subset;                 /* send only the first 3 tensors (a partial update) */
+    const char *expect_msg;     /* in the sender's message when it fails (NULL: any) */
 } send_step;
 
 typedef struct trainer_job {
@@ -253,6 +254,11 @@ static int send_one(const send_step *st)
     if (!rc)
         refit_ipc_sender_set_label(s, label);
     int got = rc ? 0 : refit_ipc_sender_send(s, NULL);
+    if (!rc && got && st->expect_msg && !strstr(refit_errmsg(ctx), st->expect_msg)) {
+        fprintf(stderr, "trainer: %s: '%s' lacks '%s'\n", label, refit_errmsg(ctx),
+                st->expect_msg);
+        rc = 24;
+    }
     if (!rc && (st->expect == 1 ? got == REFIT_OK : got != st->expect)) {
         fprintf(stderr, "trainer: %s: %d, %d expected (%s)\n", label, got, st->expect,
                 refit_errmsg(ctx));
@@ -331,8 +337,8 @@ static void t_restore_follows_and_serves(void **state)
     ro.timeout_s = ro.start_timeout_s = 20;
     refit_ipc_receiver *r;
     assert_int_equal(refit_ipc_receiver_create(&r, a.m, g_worker, &ro), REFIT_OK);
-    send_step steps[2] = {{2, {g_worker, g_follow}, 1, REFIT_OK, 0},
-                          {2, {g_worker, g_follow}, 2, REFIT_OK, 0}};
+    send_step steps[2] = {{2, {g_worker, g_follow}, 1, REFIT_OK, 0, NULL},
+                          {2, {g_worker, g_follow}, 2, REFIT_OK, 0, NULL}};
     trainer_job tj = {steps, 2, 0};
     pid_t trainer = it_fork(run_trainer, &tj);
     for (int v = 1; v <= 2; v++) {
@@ -448,8 +454,8 @@ static void t_uncommitted_never_served(void **state)
     ro.max_bucket_bytes = 64; /* D refuses every index: it votes no */
     refit_ipc_receiver *r;
     assert_int_equal(refit_ipc_receiver_create(&r, d.m, g_worker, &ro), REFIT_OK);
-    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK, 0},
-                          {2, {g_worker, g_follow}, 2, 1, 0}};
+    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK, 0, NULL},
+                          {2, {g_worker, g_follow}, 2, 1, 0, NULL}};
     trainer_job tj = {steps, 2, 3};
     pid_t trainer = it_fork(run_trainer, &tj);
     assert_true(refit_ipc_receive_update(r, NULL, NULL) != REFIT_OK); /* D refuses v2 */
@@ -463,7 +469,7 @@ static void t_uncommitted_never_served(void **state)
     assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_EMPTY);
     assert_true(all_zero(&w));
 
-    send_step ok[1] = {{1, {g_follow}, 4, REFIT_OK, 0}};
+    send_step ok[1] = {{1, {g_follow}, 4, REFIT_OK, 0, NULL}};
     trainer_job tj4 = {ok, 1, 0};
     trainer = it_fork(run_trainer, &tj4);
     assert_int_equal(it_wait(trainer), 0);
@@ -491,8 +497,8 @@ static void t_group_abort_serves_previous(void **state)
     ro.max_bucket_bytes = 64; /* D refuses every index: it votes no */
     refit_ipc_receiver *r;
     assert_int_equal(refit_ipc_receiver_create(&r, d.m, g_worker, &ro), REFIT_OK);
-    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK, 0},
-                          {2, {g_worker, g_follow}, 2, 1, 0}};
+    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK, 0, NULL},
+                          {2, {g_worker, g_follow}, 2, 1, 0, NULL}};
     trainer_job tj = {steps, 2, 0};
     pid_t trainer = it_fork(run_trainer, &tj);
     assert_true(refit_ipc_receive_update(r, NULL, NULL) != REFIT_OK);
@@ -556,13 +562,13 @@ static void t_partial_update_not_served(void **state)
     pid_t keeper = it_fork(run_keeper, &kj);
     nt_worker w;
     assert_int_equal(nt_worker_open(&w, 0, 1, NULL), REFIT_OK);
-    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK, 0}, {1, {g_follow}, 2, REFIT_OK, 1}};
+    send_step steps[2] = {{1, {g_follow}, 1, REFIT_OK, 0, NULL}, {1, {g_follow}, 2, REFIT_OK, 1, NULL}};
     trainer_job tj = {steps, 2, 0};
     assert_int_equal(it_wait(it_fork(run_trainer, &tj)), 0);
     assert_int_equal(restore(&w, 1), REFIT_ESTATE);
     assert_non_null(strstr(refit_errmsg(w.ctx), "partial update"));
     assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_EMPTY);
-    send_step full[1] = {{1, {g_follow}, 3, REFIT_OK, 0}};
+    send_step full[1] = {{1, {g_follow}, 3, REFIT_OK, 0, NULL}};
     trainer_job tj3 = {full, 1, 0};
     assert_int_equal(it_wait(it_fork(run_trainer, &tj3)), 0);
     assert_int_equal(restore(&w, 1), REFIT_OK);
@@ -659,6 +665,73 @@ static void t_keeper_undo_source(void **state)
     nt_rmdir(dir);
 }
 
+/* The keeper armed as the undo source of a worker whose trainer it also
+ * follows (issue 30 item 4's configuration). v2 reaches the worker only
+ * in part: its prepare fails after writing two modules, before its vote.
+ * The abort's restore waits for the keeper, which waits for the group's
+ * decision, which waits for this vote: so the worker votes no first, the
+ * group aborts, the keeper rolls back and serves v1. The worker ends READY
+ * at v1, every byte back from the keeper (no undo log), well before the
+ * keeper's timeout_s (5 s), and takes v3 after. (Before the fix, it waited
+ * out the 5 s and ended POISONED.) */
+static void t_keeper_undo_in_the_group(void **state)
+{
+    (void)state;
+    char dir[256], journal[300];
+    nt_tmpdir(dir, sizeof dir);
+    snprintf(journal, sizeof journal, "%s/w.db", dir);
+    keeper_job kj = {.follow = 1};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    nt_worker w, fresh;
+    assert_int_equal(nt_worker_open(&w, 0, 1, journal), REFIT_OK);
+    refit_ipc_recv_opts ro = REFIT_IPC_RECV_OPTS_INIT;
+    ro.timeout_s = ro.start_timeout_s = 20;
+    refit_ipc_receiver *r;
+    assert_int_equal(refit_ipc_receiver_create(&r, w.m, g_worker, &ro), REFIT_OK);
+    send_step v1[1] = {{2, {g_worker, g_follow}, 1, REFIT_OK, 0, NULL}};
+    trainer_job tj1 = {v1, 1, 0};
+    pid_t trainer = it_fork(run_trainer, &tj1);
+    if (refit_ipc_receive_update(r, NULL, NULL))
+        fail_msg("v1: %s", refit_errmsg(w.ctx));
+    assert_int_equal(it_wait(trainer), 0);
+    expect_at(&w, 1);
+    refit_ipc_restore_opts ao = REFIT_IPC_RESTORE_OPTS_INIT;
+    ao.timeout_s = 5; /* the abort's wait for the keeper: under the trainer's 20 s */
+    assert_int_equal(refit_ipc_keeper_undo_arm(w.m, g_serve, &ao), REFIT_OK);
+
+    /* the worker's own reason reaches the trainer in its vote */
+    send_step v2v3[2] = {{2, {g_worker, g_follow}, 2, 1, 1, "delivered 2 of"},
+                         {2, {g_worker, g_follow}, 3, REFIT_OK, 0, NULL}};
+    trainer_job tj2 = {v2v3, 2, 0};
+    trainer = it_fork(run_trainer, &tj2);
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.undo_source = REFIT_UNDO_KEEPER;
+    refit_group_result res;
+    assert_int_equal(refit_ipc_receive_update(r, &uo, &res), REFIT_EINCOMPLETE);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "delivered 2 of"));
+    assert_int_equal(res.local_status, REFIT_EINCOMPLETE);
+    assert_int_equal(res.worker_status, REFIT_OK); /* rolled back, not POISONED */
+    expect_at(&w, 1);
+    char sql[512];
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM updates WHERE version = 'v2' AND "
+             "undo_source = 'keeper keeper://%s' AND state = 'rolled_back'", g_serve);
+    assert_int_equal(sql_count(journal, sql), 1);
+
+    /* the group goes on: v3 everywhere, and the keeper serves it */
+    if (refit_ipc_receive_update(r, NULL, NULL))
+        fail_msg("v3: %s", refit_errmsg(w.ctx));
+    assert_int_equal(it_wait(trainer), 0);
+    expect_at(&w, 3);
+    assert_int_equal(nt_worker_open(&fresh, 0, 1, NULL), REFIT_OK);
+    assert_int_equal(restore(&fresh, 1), REFIT_OK);
+    expect_at(&fresh, 3);
+    stop(keeper);
+    refit_ipc_receiver_destroy(r);
+    nt_worker_close(&fresh);
+    nt_worker_close(&w);
+    nt_rmdir(dir);
+}
+
 /* ---- who may restore (the checks of docs/ipc.md, "Trust model") ---- */
 
 static int become_nobody(void)
@@ -744,6 +817,7 @@ int main(void)
         cmocka_unit_test_setup(t_partial_update_not_served, fresh_paths),
         cmocka_unit_test_setup(t_verify_catches_changed_memory, fresh_paths),
         cmocka_unit_test_setup(t_keeper_undo_source, fresh_paths),
+        cmocka_unit_test_setup(t_keeper_undo_in_the_group, fresh_paths),
         cmocka_unit_test_setup(t_peer_other_uid, fresh_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
