@@ -21,7 +21,7 @@ typedef struct metrics_clock {
     double begin_s, post_load_s;
     double journal0;            /* ctx->journal_seconds at refit_begin */
     bool replay;                /* a replay (refit_replay) */
-    bool restore;               /* a restore from a snapshot (refit_restore) */
+    bool restore;               /* a restore (refit_restore, refit_ipc_restore) */
     metrics_format_bytes *route_slot; /* NULL: none yet (metrics_route_bytes) */
 } metrics_clock;
 

@@ -19,7 +19,7 @@ static const double bytes_bounds[METRICS_BYTES_BUCKETS] = {
 static const char *const reason_names[METRICS_N_REASONS] = {"caller", "failed", "finalize",
                                                             "interrupted"};
 static const char *const source_names[METRICS_N_SOURCES] = {"memory", "file", "nccl", "ipc",
-                                                              "snapshot"};
+                                                              "snapshot", "keeper"};
 static const char *const phase_names[METRICS_N_PHASES] = {"begin", "load", "post_load",
                                                           "finalize", "journal"};
 static const char *const route_names[METRICS_N_ROUTES] = {"direct", "view", "staged"};
@@ -48,11 +48,17 @@ metrics_source metrics_source_of(const char *uri)
                    {"nccl://", METRICS_SOURCE_NCCL},
                    {"loopback://", METRICS_SOURCE_NCCL}, /* the NCCL receiver's test transport */
                    {"ipc://", METRICS_SOURCE_IPC},
-                   {"snapshot://", METRICS_SOURCE_SNAPSHOT}}; /* refit_restore's */
+                   {"snapshot://", METRICS_SOURCE_SNAPSHOT},  /* refit_restore's */
+                   {"keeper://", METRICS_SOURCE_KEEPER}};     /* refit_ipc_restore's */
     for (size_t i = 0; uri && i < sizeof schemes / sizeof schemes[0]; i++)
         if (!strncmp(uri, schemes[i].scheme, strlen(schemes[i].scheme)))
             return schemes[i].kind;
     return METRICS_SOURCE_MEMORY;
+}
+
+bool metrics_source_is_restore(metrics_source s)
+{
+    return s == METRICS_SOURCE_SNAPSHOT || s == METRICS_SOURCE_KEEPER;
 }
 
 void metrics_observe(metrics_hist *h, bool seconds, double v)
@@ -190,10 +196,12 @@ static void write_counters(FILE *f, const metrics_worker *w, size_t n, bool live
     family(f, "refit_replays_committed_total", "counter", "Replays committed.");
     for (size_t i = 0; i < n; i++)
         counter(f, "refit_replays_committed_total", &w[i], NULL, NULL, w[i].replays_committed);
-    family(f, "refit_restores_started_total", "counter", "Restores from a snapshot begun.");
+    family(f, "refit_restores_started_total", "counter",
+           "Restores from a snapshot or a keeper begun.");
     for (size_t i = 0; i < n; i++)
         counter(f, "refit_restores_started_total", &w[i], NULL, NULL, w[i].restores_started);
-    family(f, "refit_restores_committed_total", "counter", "Restores from a snapshot committed.");
+    family(f, "refit_restores_committed_total", "counter",
+           "Restores from a snapshot or a keeper committed.");
     for (size_t i = 0; i < n; i++)
         counter(f, "refit_restores_committed_total", &w[i], NULL, NULL,
                 w[i].restores_committed);

@@ -27,6 +27,7 @@ typedef enum metrics_source {
     METRICS_SOURCE_NCCL,
     METRICS_SOURCE_IPC,
     METRICS_SOURCE_SNAPSHOT,    /* refit_restore */
+    METRICS_SOURCE_KEEPER,      /* refit_ipc_restore */
     METRICS_N_SOURCES
 } metrics_source;
 
@@ -89,6 +90,9 @@ typedef struct metrics_worker {
 metrics_reason metrics_reason_of(const char *error, bool interrupted);
 /* The source kind of an update's source_uri (NULL: memory). */
 metrics_source metrics_source_of(const char *uri);
+/* Whether an update of that source kind is a restore (refit_restore,
+ * refit_ipc_restore): counted by refit_restores_*_total. */
+bool metrics_source_is_restore(metrics_source s);
 /* Count v into h (seconds: the duration buckets; else the bytes buckets). */
 void metrics_observe(metrics_hist *h, bool seconds, double v);
 /* Count a refusal by its status (negative; others are ignored). */

@@ -577,8 +577,8 @@ int txn_begin(refit_txn **out, refit_model *m, const refit_update_opts *opts, in
 {
     metrics_clock c = {.begun = metrics_now(), .journal0 = m ? m->ctx->journal_seconds : 0,
                        .replay = replay_of != 0,
-                       .restore = opts && metrics_source_of(opts->source_uri) ==
-                                              METRICS_SOURCE_SNAPSHOT};
+                       .restore = opts && metrics_source_is_restore(
+                                              metrics_source_of(opts->source_uri))};
     int rc = txn_open(out, m, opts, replay_of);
     if (m)
         metrics_begin(m->ctx, &c, rc);

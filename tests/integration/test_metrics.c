@@ -353,6 +353,12 @@ static void test_classifiers(void **state)
     assert_int_equal(metrics_source_of("loopback://rank0/00ff"), METRICS_SOURCE_NCCL);
     assert_int_equal(metrics_source_of("ipc:///run/x.sock"), METRICS_SOURCE_IPC);
     assert_int_equal(metrics_source_of("snapshot:///a/snap"), METRICS_SOURCE_SNAPSHOT);
+    assert_int_equal(metrics_source_of("keeper:///run/k.sock"), METRICS_SOURCE_KEEPER);
+    /* both restores count as restores; the transports' updates do not */
+    assert_true(metrics_source_is_restore(METRICS_SOURCE_SNAPSHOT));
+    assert_true(metrics_source_is_restore(METRICS_SOURCE_KEEPER));
+    assert_false(metrics_source_is_restore(METRICS_SOURCE_IPC));
+    assert_false(metrics_source_is_restore(METRICS_SOURCE_FILE));
 }
 
 /* A second format that routes every tensor DIRECT, as unquantized does. */

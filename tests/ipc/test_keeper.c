@@ -312,6 +312,24 @@ static int restore(nt_worker *w, int rollback)
     return refit_ipc_restore(w->m, g_serve, &o);
 }
 
+/* The value of the series of name in w's metrics text whose labels end
+ * with tail ("" for a counter without labels of its own). */
+static double metric(const nt_worker *w, const char *name, const char *tail)
+{
+    char *text = NULL, key[160];
+    assert_int_equal(refit_metrics_text(w->ctx, &text, NULL), REFIT_OK);
+    snprintf(key, sizeof key, "\n%s{", name);
+    double v = -1;
+    for (const char *at = strstr(text, key); at && v < 0; at = strstr(at + 1, key)) {
+        const char *end = strstr(at, "} ");
+        size_t n = strlen(tail);
+        if (end && (size_t)(end - at) >= n && !strncmp(end - n, tail, n))
+            v = strtod(end + 2, NULL);
+    }
+    refit_metrics_free(text);
+    return v;
+}
+
 static int all_zero(const nt_worker *w)
 {
     for (int i = 0; i < NT_N; i++)
@@ -364,6 +382,14 @@ static void t_restore_follows_and_serves(void **state)
     assert_int_equal(sql_count(journal, "SELECT count(*) FROM events WHERE kind = 'restore' "
                                         "AND message LIKE '%from keeper%'"), 1);
     assert_int_equal(journal_mode_of(journal, 2), 1); /* read as a restore */
+    /* counted as a restore, its bytes under source "keeper" */
+    assert_true(metric(&b, "refit_restores_started_total", "") == 1);
+    assert_true(metric(&b, "refit_restores_committed_total", "") == 1);
+    double restored = 0;
+    for (int i = 0; i < NT_N; i++)
+        restored += (double)b.bytes[i];
+    assert_true(metric(&b, "refit_source_bytes_total", ",source=\"keeper\"") == restored);
+    assert_true(metric(&b, "refit_source_bytes_total", ",source=\"memory\"") == 0);
     if ((rc = restore(&c, 0)))
         fail_msg("restore C: %s", refit_errmsg(c.ctx));
     expect_at(&c, 2); /* one keeper, several workers of its signature */
@@ -716,6 +742,9 @@ static void t_keeper_undo_in_the_group(void **state)
     snprintf(sql, sizeof sql, "SELECT count(*) FROM updates WHERE version = 'v2' AND "
              "undo_source = 'keeper keeper://%s' AND state = 'rolled_back'", g_serve);
     assert_int_equal(sql_count(journal, sql), 1);
+    /* an abort the keeper served is a rollback, not a restore */
+    assert_true(metric(&w, "refit_rollbacks_total", "") == 1);
+    assert_true(metric(&w, "refit_restores_started_total", "") == 0);
 
     /* the group goes on: v3 everywhere, and the keeper serves it */
     if (refit_ipc_receive_update(r, NULL, NULL))

@@ -129,7 +129,7 @@ static int add_update(void *user, const journal_update_row *r)
     if (!w)
         return 0; /* verify reports an update of no worker */
     bool replay = r->mode && !strcmp(r->mode, "replay");
-    bool restore = metrics_source_of(r->source_uri) == METRICS_SOURCE_SNAPSHOT;
+    bool restore = metrics_source_is_restore(metrics_source_of(r->source_uri));
     bool committed = !strcmp(r->state, "committed");
     bool interrupted = !strcmp(r->state, "interrupted");
     bool ended = committed || !strcmp(r->state, "aborted") || !strcmp(r->state, "rolled_back") ||
