@@ -1136,6 +1136,7 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
     double dl = ipc_now() + t;
     ipc_frame d;
     char dmsg[IPC_MAX_MSG + 1] = "";
+    char after[REFIT_ERRMSG_SIZE] = ""; /* an abort that left the worker POISONED */
     r->vote_seq = u.seq;
     int trc = send_vote(r, local, msg, dl);
     if (!trc && spin_of(r) > 0)
@@ -1156,7 +1157,8 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
         if (!trc && dm.status && txn) {
             char why[1300];
             snprintf(why, sizeof why, "ipc: the group aborted: %s", dm.msg);
-            res.worker_status = refit_abort_reason(txn, why);
+            if ((res.worker_status = refit_abort_reason(txn, why)))
+                ipc_copy_str(after, sizeof after, refit_errmsg(r->ctx));
             txn = NULL;
         } else if (!trc && txn) {
             res.worker_status = refit_commit(txn);
@@ -1172,8 +1174,8 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
         int64_t jid = txn ? refit_txn_journal_id(txn) : 0;
         xport_journal(r->ctx, jid, "transport", "update %llu: %s", (unsigned long long)u.seq,
                       why);
-        if (txn)
-            res.worker_status = refit_abort_reason(txn, why);
+        if (txn && (res.worker_status = refit_abort_reason(txn, why)))
+            ipc_copy_str(after, sizeof after, refit_errmsg(r->ctx));
         txn = NULL;
         pf->committed_ns = ipc_now_ns();
         res.decision = trc;
@@ -1182,9 +1184,10 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
         res.seconds = ipc_now() - t0;
         if (out)
             *out = res;
-        return ctx_error(r->ctx, trc, "ipc receiver: update %llu aborted: %s%s%s",
+        return ctx_error(r->ctx, trc, "ipc receiver: update %llu aborted: %s%s%s%s%s",
                          (unsigned long long)u.seq, why + 5,
-                         local ? "; before that: " : "", local ? msg : "");
+                         local ? "; before that: " : "", local ? msg : "",
+                         after[0] ? "; then " : "", after);
     }
     (void)send_status(r, IPC_RESULT, u.seq, res.worker_status,
                       res.worker_status ? refit_errmsg(r->ctx) : "", dl);
@@ -1194,7 +1197,9 @@ int refit_ipc_receive_update(refit_ipc_receiver *r, const refit_update_opts *opt
         *out = res;
     if (res.decision && !local)
         return ctx_error(r->ctx, res.decision, "ipc receiver: update %llu aborted by the "
-                         "group: %s", (unsigned long long)u.seq, dmsg[0] ? dmsg : "another worker failed");
+                         "group: %s%s%s", (unsigned long long)u.seq,
+                         dmsg[0] ? dmsg : "another worker failed", after[0] ? "; then " : "",
+                         after);
     if (local)
         return ctx_error(r->ctx, local, "%s", msg);
     return res.decision;

@@ -346,10 +346,11 @@ REFIT_API int refit_ipc_restore(refit_model *model, const char *keeper_path,
  * keeper's signature equals this worker's and it holds this worker's
  * version, every module's bytes fingerprinting as this worker's committed
  * ones; the next commit drops it, like every undo source. Nothing arms a
- * keeper but this call (a restore does not): the abort waits for the
- * keeper, and a keeper that follows this worker's own trainer waits for
- * this worker's vote, so an update failing here before its vote would end
- * POISONED at opts->timeout_s (docs/restart.md). opts: the connection's. */
+ * keeper but this call (a restore does not): an abort then waits for the
+ * keeper, up to opts->timeout_s (gone or stalled: POISONED). A refit.ipc
+ * worker whose update fails before its vote votes no first, so a keeper
+ * following its own trainer rolls back and serves it (docs/restart.md
+ * "As an undo source"). opts: the connection's. */
 REFIT_API int refit_ipc_keeper_undo_arm(refit_model *model, const char *keeper_path,
                                         const refit_ipc_restore_opts *opts);
 

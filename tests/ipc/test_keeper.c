@@ -761,6 +761,156 @@ static void t_keeper_undo_in_the_group(void **state)
     nt_rmdir(dir);
 }
 
+/* ---- the window: a worker's deadline passes as the decision comes ---- */
+
+/* sql's count in the journal at path; -1 when it cannot be read (yet). */
+static int sql_count_quiet(const char *path, const char *sql)
+{
+    sqlite3 *db;
+    sqlite3_stmt *s = NULL;
+    int n = -1;
+    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) == SQLITE_OK &&
+        sqlite3_prepare_v2(db, sql, -1, &s, NULL) == SQLITE_OK && sqlite3_step(s) == SQLITE_ROW)
+        n = sqlite3_column_int(s, 0);
+    sqlite3_finalize(s);
+    sqlite3_close(db);
+    return n;
+}
+
+static int rt_vote(rt *t, int *vote)
+{
+    ipc_frame f;
+    ipc_status_msg m;
+    int rc = ipc_recv(t->fd, &f, 4096, ipc_now() + 20, t->err, sizeof t->err);
+    if (!rc) {
+        rc = f.type == IPC_VOTE ? ipc_status_decode(&m, &f, t->seq, t->err, sizeof t->err)
+                                : REFIT_ECORRUPT;
+        ipc_frame_free(&f);
+    }
+    *vote = rc ? rc : m.status;
+    return rc;
+}
+
+static int rt_decide(rt *t, int decision)
+{
+    ipc_wbuf w = {0};
+    ipc_status_encode(&w, t->seq, decision, "");
+    int rc = ipc_send(t->fd, IPC_DECISION, w.p, (uint32_t)w.len, NULL, 0, ipc_now() + 20,
+                      t->err, sizeof t->err);
+    ipc_wbuf_free(&w);
+    return rc;
+}
+
+/* A trainer of v2 to the worker and the keeper, both voting prepared,
+ * whose commit decision goes out only once the worker journaled that its
+ * deadline passed with no decision (arg: the worker's journal): the worker
+ * gives up, the keeper commits. */
+static int run_late_trainer(void *arg)
+{
+    const char *journal = arg;
+    rt w, k;
+    int vw = 1, vk = 1;
+    if (rt_open(&w, g_worker, 2, 2048) || rt_open(&k, g_follow, 2, 2048))
+        return 40;
+    if (rt_send_mems(&w) || rt_send_update(&w, NULL, NULL) || rt_send_mems(&k) ||
+        rt_send_update(&k, NULL, NULL))
+        return 41;
+    if (rt_vote(&w, &vw) || vw || rt_vote(&k, &vk) || vk)
+        return 42;
+    const char *gave_up = "SELECT count(*) FROM events WHERE kind = 'transport' AND "
+                          "message LIKE '%no decision%'";
+    for (int i = 0; i < 2000 && sql_count_quiet(journal, gave_up) < 1; i++)
+        usleep(10000);
+    if (sql_count_quiet(journal, gave_up) < 1)
+        return 43;
+    (void)rt_decide(&w, REFIT_OK); /* to a worker that no longer reads it */
+    ipc_frame f;
+    if (rt_decide(&k, REFIT_OK) || ipc_recv(k.fd, &f, 4096, ipc_now() + 20, k.err,
+                                            sizeof k.err))
+        return 44;
+    int result_ok = f.type == IPC_RESULT;
+    ipc_frame_free(&f);
+    rt_close(&w);
+    rt_close(&k);
+    return result_ok ? 0 : 45;
+}
+
+/* The worker W voted prepared on v2; its decision deadline (1 s) passes,
+ * it aborts; the commit then reaches the keeper, which holds v2, the
+ * group's version (docs/restart.md "The window of a missed decision").
+ * armed 0: W rolls back with its undo log, READY at v1, behind the group.
+ * armed 1: its undo source is the keeper, which holds v2 when it serves
+ * the abort: W is POISONED, the keeper named, never left with v2's bytes
+ * called v1. Either way a restore from the keeper brings it to v2. */
+static void decision_missed(int armed)
+{
+    char dir[256], journal[300];
+    nt_tmpdir(dir, sizeof dir);
+    snprintf(journal, sizeof journal, "%s/w.db", dir);
+    keeper_job kj = {.follow = 1};
+    pid_t keeper = it_fork(run_keeper, &kj);
+    nt_worker w;
+    assert_int_equal(nt_worker_open(&w, 0, 1, journal), REFIT_OK);
+    refit_ipc_recv_opts ro = REFIT_IPC_RECV_OPTS_INIT;
+    ro.start_timeout_s = 20;
+    ro.timeout_s = 1; /* the wait for the decision after the vote */
+    refit_ipc_receiver *r;
+    assert_int_equal(refit_ipc_receiver_create(&r, w.m, g_worker, &ro), REFIT_OK);
+    send_step v1[1] = {{2, {g_worker, g_follow}, 1, REFIT_OK, 0, NULL}};
+    trainer_job tj = {v1, 1, 0};
+    pid_t trainer = it_fork(run_trainer, &tj);
+    if (refit_ipc_receive_update(r, NULL, NULL))
+        fail_msg("v1: %s", refit_errmsg(w.ctx));
+    assert_int_equal(it_wait(trainer), 0);
+    refit_ipc_restore_opts ao = REFIT_IPC_RESTORE_OPTS_INIT;
+    ao.timeout_s = 20;
+    if (armed)
+        assert_int_equal(refit_ipc_keeper_undo_arm(w.m, g_serve, &ao), REFIT_OK);
+
+    trainer = it_fork(run_late_trainer, journal);
+    refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+    uo.undo_source = armed ? REFIT_UNDO_KEEPER : REFIT_UNDO_LOG;
+    refit_group_result res;
+    assert_int_equal(refit_ipc_receive_update(r, &uo, &res), REFIT_ETIMEDOUT);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "no decision"));
+    assert_int_equal(res.vote_taken, 0);
+    assert_int_equal(it_wait(trainer), 0);
+    if (armed) {
+        assert_int_equal(res.worker_status, REFIT_EPOISONED);
+        assert_int_equal(refit_worker_health(w.ctx), REFIT_HEALTH_POISONED);
+        if (!strstr(refit_errmsg(w.ctx), "the keeper holds version v2 now, not v1"))
+            fail_msg("the abort's message: %s", refit_errmsg(w.ctx));
+        assert_int_equal(sql_count(journal, "SELECT count(*) FROM updates WHERE version = "
+                                            "'v2' AND state = 'failed'"), 1);
+    } else {
+        assert_int_equal(res.worker_status, REFIT_OK);
+        expect_at(&w, 1); /* rolled back: one version behind the keeper */
+        assert_int_equal(sql_count(journal, "SELECT count(*) FROM updates WHERE version = "
+                                            "'v2' AND state = 'rolled_back'"), 1);
+    }
+    /* the recovery: the keeper's committed state */
+    int rc = refit_ipc_restore(w.m, g_serve, &ao);
+    if (rc)
+        fail_msg("restore after the missed decision: %s", refit_errmsg(w.ctx));
+    expect_at(&w, 2);
+    stop(keeper);
+    refit_ipc_receiver_destroy(r);
+    nt_worker_close(&w);
+    nt_rmdir(dir);
+}
+
+static void t_decision_missed_undo_log(void **state)
+{
+    (void)state;
+    decision_missed(0);
+}
+
+static void t_decision_missed_keeper_undo(void **state)
+{
+    (void)state;
+    decision_missed(1);
+}
+
 /* ---- who may restore (the checks of docs/ipc.md, "Trust model") ---- */
 
 static int become_nobody(void)
@@ -847,6 +997,8 @@ int main(void)
         cmocka_unit_test_setup(t_verify_catches_changed_memory, fresh_paths),
         cmocka_unit_test_setup(t_keeper_undo_source, fresh_paths),
         cmocka_unit_test_setup(t_keeper_undo_in_the_group, fresh_paths),
+        cmocka_unit_test_setup(t_decision_missed_undo_log, fresh_paths),
+        cmocka_unit_test_setup(t_decision_missed_keeper_undo, fresh_paths),
         cmocka_unit_test_setup(t_peer_other_uid, fresh_paths),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
