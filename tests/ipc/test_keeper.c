@@ -693,13 +693,16 @@ static void t_keeper_undo_source(void **state)
 
 /* The keeper armed as the undo source of a worker whose trainer it also
  * follows (issue 30 item 4's configuration). v2 reaches the worker only
- * in part: its prepare fails after writing two modules, before its vote.
- * The abort's restore waits for the keeper, which waits for the group's
- * decision, which waits for this vote: so the worker votes no first, the
- * group aborts, the keeper rolls back and serves v1. The worker ends READY
- * at v1, every byte back from the keeper (no undo log), well before the
- * keeper's timeout_s (5 s), and takes v3 after. (Before the fix, it waited
- * out the 5 s and ended POISONED.) */
+ * in part: its prepare fails after writing two modules, before its vote;
+ * v3 comes whole to a worker taking it as a delta of four modules: the
+ * whole tensors are written, then the first part of "big" is refused, a
+ * load failure before the vote. Each abort's restore waits for the
+ * keeper, which waits for the group's decision, which waits for this
+ * vote: so the worker votes no first, the group aborts, the keeper rolls
+ * back and serves v1. The worker ends READY at v1, every byte back from
+ * the keeper (no undo log), well before the keeper's timeout_s (5 s), and
+ * takes v4 after. (Before the fix, it waited out the 5 s and ended
+ * POISONED.) */
 static void t_keeper_undo_in_the_group(void **state)
 {
     (void)state;
@@ -726,9 +729,10 @@ static void t_keeper_undo_in_the_group(void **state)
     assert_int_equal(refit_ipc_keeper_undo_arm(w.m, g_serve, &ao), REFIT_OK);
 
     /* the worker's own reason reaches the trainer in its vote */
-    send_step v2v3[2] = {{2, {g_worker, g_follow}, 2, 1, 1, "delivered 2 of"},
-                         {2, {g_worker, g_follow}, 3, REFIT_OK, 0, NULL}};
-    trainer_job tj2 = {v2v3, 2, 0};
+    send_step v2v4[3] = {{2, {g_worker, g_follow}, 2, 1, 1, "delivered 2 of"},
+                         {2, {g_worker, g_follow}, 3, 1, 0, "does not list module big"},
+                         {2, {g_worker, g_follow}, 4, REFIT_OK, 0, NULL}};
+    trainer_job tj2 = {v2v4, 3, 0};
     trainer = it_fork(run_trainer, &tj2);
     refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
     uo.undo_source = REFIT_UNDO_KEEPER;
@@ -746,14 +750,26 @@ static void t_keeper_undo_in_the_group(void **state)
     assert_true(metric(&w, "refit_rollbacks_total", "") == 1);
     assert_true(metric(&w, "refit_restores_started_total", "") == 0);
 
-    /* the group goes on: v3 everywhere, and the keeper serves it */
+    const char *changes[4] = {"embed", "layers.0.attn", "layers.0.mlp", "layers.0.norm"};
+    uo.base_version = "v1";
+    uo.changed_modules = changes;
+    uo.n_changed_modules = 4;
+    assert_int_equal(refit_ipc_receive_update(r, &uo, &res), REFIT_EUNEXPECTED);
+    assert_non_null(strstr(refit_errmsg(w.ctx), "does not list module big"));
+    assert_int_equal(res.worker_status, REFIT_OK);
+    expect_at(&w, 1);
+    snprintf(sql, sizeof sql, "SELECT count(*) FROM updates WHERE version = 'v3' AND "
+             "undo_source = 'keeper keeper://%s' AND state = 'rolled_back'", g_serve);
+    assert_int_equal(sql_count(journal, sql), 1);
+
+    /* the group goes on: v4 everywhere, and the keeper serves it */
     if (refit_ipc_receive_update(r, NULL, NULL))
-        fail_msg("v3: %s", refit_errmsg(w.ctx));
+        fail_msg("v4: %s", refit_errmsg(w.ctx));
     assert_int_equal(it_wait(trainer), 0);
-    expect_at(&w, 3);
+    expect_at(&w, 4);
     assert_int_equal(nt_worker_open(&fresh, 0, 1, NULL), REFIT_OK);
     assert_int_equal(restore(&fresh, 1), REFIT_OK);
-    expect_at(&fresh, 3);
+    expect_at(&fresh, 4);
     stop(keeper);
     refit_ipc_receiver_destroy(r);
     nt_worker_close(&fresh);
