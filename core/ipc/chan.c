@@ -263,9 +263,11 @@ static int recv_all(int fd, ipc_frame *f, uint8_t *p, size_t n, double deadline,
         empty = k < 0 && errno == EAGAIN;
         if (k < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
-        if (k < 0)
+        /* a peer that closed with our frames unread is reset (AF_UNIX):
+         * it left all the same */
+        if (k < 0 && errno != ECONNRESET)
             return errbuf_set(err, errlen, REFIT_EIO, "control channel: %s", strerror(errno));
-        if (k == 0)
+        if (k <= 0)
             return errbuf_set(err, errlen, REFIT_EIO, done || strcmp(what, "frame header")
                         ? "control channel: truncated frame: the peer closed after %zu of "
                           "%zu bytes of the %s"

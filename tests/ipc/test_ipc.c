@@ -184,6 +184,35 @@ static void t_frame_malformed(void **state)
     }
 }
 
+/* A peer that closes with our frame unread (a trainer process that exits
+ * after a commit, the worker's RESULT in its socket): the kernel resets
+ * the connection. Between frames that is the peer leaving, as a plain
+ * close (the receiver then waits for the next trainer); mid-frame, a
+ * truncated frame. */
+static void t_frame_peer_reset(void **state)
+{
+    (void)state;
+    uint8_t buf[IPC_FRAME_HEADER + 64];
+    size_t len;
+    good(buf, &len, IPC_VOTE);
+    for (int mid = 0; mid < 2; mid++) {
+        int sv[2];
+        pair(sv);
+        assert_int_equal(write(sv[1], buf, len), (ssize_t)len); /* never read by sv[0] */
+        if (mid)
+            assert_int_equal(write(sv[0], buf, 12), 12);
+        close(sv[0]);
+        ipc_frame f;
+        char err[512] = "";
+        assert_int_equal(ipc_recv(sv[1], &f, 1024, ipc_now() + 2, err, sizeof err), REFIT_EIO);
+        if (!strstr(err, mid ? "truncated frame: the peer closed after 12 of 32"
+                             : "the peer closed the connection"))
+            fail_msg("%s: '%s'", mid ? "mid-frame" : "between frames", err);
+        assert_null(f.payload);
+        close(sv[1]);
+    }
+}
+
 static void t_frame_deadline(void **state)
 {
     (void)state;
@@ -1683,6 +1712,7 @@ int main(void)
         cmocka_unit_test_setup(t_frame_roundtrip, fresh_paths),
         cmocka_unit_test_setup(t_frame_malformed, fresh_paths),
         cmocka_unit_test_setup(t_frame_deadline, fresh_paths),
+        cmocka_unit_test_setup(t_frame_peer_reset, fresh_paths),
         cmocka_unit_test_setup(t_mems_refused, fresh_paths),
         cmocka_unit_test_setup(t_status_refused, fresh_paths),
         cmocka_unit_test_setup(t_index_update_decode, fresh_paths),
