@@ -6,8 +6,8 @@
  * write transaction on the handle (jr_tx_begin), so the journal reads right
  * as soon as it can be written again: the update with its real final state,
  * not `interrupted`, and the next update begun after it. An event of kind
- * "late" says the record came late. journal_write_held writes it alone
- * (refit_close does, before closing).
+ * "late" says the record came late. journal_write_held (journal_tx.c)
+ * writes it alone (refit_close does, before closing).
  *
  * States of the held record:
  *   none      -> held        [journal_update_end_health fails]
@@ -127,17 +127,4 @@ void jr_held_rolled_back(journal *j)
 int64_t journal_held_end(const journal *j)
 {
     return j ? j->held.id : 0;
-}
-
-int journal_write_held(journal *j)
-{
-    const char *what = "writing the held end of an update";
-    if (!j)
-        return REFIT_EINVAL;
-    if (!j->held.id)
-        return REFIT_OK;
-    int rc = jr_check_writable(j, what);
-    if (rc == REFIT_OK && (rc = jr_tx_begin(j, what)) == REFIT_OK)
-        rc = jr_tx_commit(j, what);
-    return rc;
 }

@@ -142,7 +142,7 @@ struct journal {
 };
 
 /* Record "journal PATH: what: sqlite text (code, os error)" and return
- * REFIT_EJOURNAL. Rolls back an open transaction of ours. */
+ * REFIT_EJOURNAL. Rolls back an open transaction of ours (journal_tx.c). */
 int jr_fail_sqlite(journal *j, const char *what);
 /* Record a message that is not SQLite's; returns status. */
 int jr_fail(journal *j, int status, const char *fmt, ...)
@@ -155,9 +155,10 @@ int jr_step(journal *j, sqlite3_stmt *s);
 /* Step a statement that returns no row and reset it. SQLITE_DONE or the
  * SQLite error code. */
 int jr_step_done(journal *j, sqlite3_stmt *s);
-/* Write transactions: BEGIN IMMEDIATE takes the write lock up front so a
- * busy writer is waited for (busy_timeout) instead of failing a read-to-
- * write upgrade. Commit also records pending best-effort gaps. */
+/* Write transactions (journal_tx.c): BEGIN IMMEDIATE takes the write lock
+ * up front so a busy writer is waited for (busy_timeout) instead of failing
+ * a read-to-write upgrade. Begin writes a held end first; commit also
+ * records pending best-effort gaps. */
 int jr_tx_begin(journal *j, const char *what);
 int jr_tx_commit(journal *j, const char *what);
 void jr_tx_rollback(journal *j);
@@ -166,6 +167,8 @@ int jr_check_writable(journal *j, const char *what);
 
 /* UTC time "2024-05-01T12:00:00.123Z" into buf (at least 32 bytes). */
 void jr_now(char *buf, size_t len);
+/* journal_rows.c (to jr_write_batch): rows inside the caller's transaction
+ * and the open update's memory, calling nothing above the handle. */
 /* Health names stored lowercased ("READY" -> "ready"); NULL stays NULL. */
 const char *jr_health_lower(const char *in, char *buf, size_t len);
 /* The worker row's health and a health-transition row, inside the caller's
@@ -217,9 +220,9 @@ int jr_plan_get(journal *j, size_t n, const journal_module_info *m,
 /* The plan a caller named (journal_update_info.plan_id): SQLITE_DONE when
  * it exists with n modules, SQLITE_MISMATCH when not, else SQLite's code. */
 int jr_plan_check(journal *j, int64_t plan_id, size_t n);
-/* Free the open update's memory (journal_update.c). */
+/* Free the open update's memory. */
 void jr_update_free(jr_update *u);
-/* Inside the caller's transaction (journal_progress.c): the end row of an
+/* Inside the caller's transaction: the end row of an
  * update at time at (NULL: now), SQLITE_NOTFOUND when it has no row; and
  * the touched chunks and partial-count rows of u (all of them on resync). */
 int jr_end_row(journal *j, int64_t update_id, const char *state,

@@ -27,18 +27,6 @@ static void bind_u64(sqlite3_stmt *s, int i, uint64_t v)
     sqlite3_bind_int64(s, i, (sqlite3_int64)v);
 }
 
-void jr_update_free(jr_update *u)
-{
-    free(u->states);
-    free(u->fps);
-    free(u->expected);
-    free(u->received);
-    free(u->mod_flags);
-    free(u->chunk_flags);
-    free(u->undo_source);
-    memset(u, 0, sizeof *u);
-}
-
 static int update_alloc(jr_update *u, size_t n, const journal_module_info *m)
 {
     size_t k = n ? n : 1;

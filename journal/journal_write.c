@@ -4,33 +4,12 @@
  * progress batch writes all its rows, end writes the final state and all
  * module rows. The core batches; the journal never sees single tensors.
  */
-#include <ctype.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "journal/journal_int.h"
-
-static void bind_text_or_null(sqlite3_stmt *s, int i, const char *v)
-{
-    if (v)
-        sqlite3_bind_text(s, i, v, -1, SQLITE_STATIC);
-    else
-        sqlite3_bind_null(s, i);
-}
-
-/* Lowercase copy of a health name, so "READY" and "ready" are one state. */
-const char *jr_health_lower(const char *in, char *buf, size_t len)
-{
-    size_t i = 0;
-    if (!in)
-        return NULL;
-    for (; in[i] && i + 1 < len; i++)
-        buf[i] = (char)tolower((unsigned char)in[i]);
-    buf[i] = '\0';
-    return buf;
-}
 
 int journal_worker_register(journal *j, const char *worker_id, int rank)
 {
@@ -79,39 +58,6 @@ int journal_heartbeat(journal *j, const char *worker_id)
     return jr_tx_commit(j, "heartbeat");
 }
 
-int jr_health_rows(journal *j, const char *worker_id, const char *from,
-                       const char *to, const char *reason,
-                       const char *version)
-{
-    char now[32];
-    jr_now(now, sizeof now);
-    return jr_health_rows_at(j, worker_id, from, to, reason, version, now);
-}
-
-int jr_health_rows_at(journal *j, const char *worker_id, const char *from,
-                      const char *to, const char *reason, const char *version,
-                      const char *now)
-{
-    sqlite3_stmt *w = jr_stmt(j, JS_WORKER_HEALTH);
-    sqlite3_stmt *h = jr_stmt(j, JS_HEALTH_INSERT);
-    if (!w || !h)
-        return SQLITE_ERROR;
-    sqlite3_bind_text(w, 1, worker_id, -1, SQLITE_STATIC);
-    sqlite3_bind_text(w, 2, to, -1, SQLITE_STATIC);
-    bind_text_or_null(w, 3, version);
-    sqlite3_bind_text(w, 4, now, -1, SQLITE_STATIC);
-    int rc = jr_step_done(j, w);
-    if (rc != SQLITE_DONE)
-        return rc;
-    sqlite3_bind_text(h, 1, worker_id, -1, SQLITE_STATIC);
-    sqlite3_bind_text(h, 2, now, -1, SQLITE_STATIC);
-    bind_text_or_null(h, 3, from);
-    sqlite3_bind_text(h, 4, to, -1, SQLITE_STATIC);
-    bind_text_or_null(h, 5, reason);
-    bind_text_or_null(h, 6, version);
-    return jr_step_done(j, h);
-}
-
 int journal_health(journal *j, const char *worker_id, const char *from,
                    const char *to, const char *reason, const char *version)
 {
@@ -127,25 +73,6 @@ int journal_health(journal *j, const char *worker_id, const char *from,
     if (rc != SQLITE_DONE)
         return jr_fail_sqlite(j, what);
     return jr_tx_commit(j, what);
-}
-
-int jr_event_row(journal *j, int64_t update_id, const char *worker_id,
-                     const char *kind, const char *msg)
-{
-    char now[32];
-    sqlite3_stmt *s = jr_stmt(j, JS_EVENT_INSERT);
-    if (!s)
-        return SQLITE_ERROR;
-    jr_now(now, sizeof now);
-    sqlite3_bind_text(s, 1, now, -1, SQLITE_STATIC);
-    if (update_id > 0)
-        sqlite3_bind_int64(s, 2, update_id);
-    else
-        sqlite3_bind_null(s, 2);
-    bind_text_or_null(s, 3, worker_id);
-    sqlite3_bind_text(s, 4, kind, -1, SQLITE_STATIC);
-    sqlite3_bind_text(s, 5, msg, -1, SQLITE_STATIC);
-    return jr_step_done(j, s);
 }
 
 static int event_write(journal *j, int64_t update_id, const char *worker_id,
