@@ -24,6 +24,10 @@ from . import moe
 from .moe import ExpertMap, register_experts
 from .tensors import Desc, refit_dtype
 from .torch_util import register_module
+from . import core as _core, keeper as _keeper
+
+# The wiring above core: Model.restore("keeper://SOCKET") is refit.keeper's.
+_core._RESTORE_SCHEMES["keeper://"] = _keeper.restore
 
 __all__ = ["Context", "Desc", "ExpertMap", "Health", "Model", "RefitError", "Source", "SourceSet",
            "Txn", "__version__", "describe", "dtype_name", "moe", "refit_dtype",

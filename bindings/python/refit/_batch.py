@@ -193,7 +193,7 @@ def _np_dtype_words(names, dtypes):
     try:
         return list(map(_np_words.__getitem__, dtypes))
     except KeyError:
-        from .core import RefitError
+        from ._errors import RefitError
         from .tensors import numpy_code
         for dt in set(dtypes):
             if dt in _np_words:
@@ -364,7 +364,7 @@ class Table:
         return True
 
     def _rows_described(self, ts):
-        from .core import _describe_as
+        from ._errors import _describe_as
         descs = []
         for k, t in zip(self.names, ts):
             try:
@@ -460,7 +460,7 @@ class Table:
         try:
             ptrs = [t.data_ptr() for t in ts]
         except AttributeError:
-            from .core import describe
+            from ._errors import describe
             ptrs = [describe(t).t.data or 0 for t in ts]
         return array.array("Q", ptrs)
 

@@ -20,10 +20,8 @@ begin_wait, then REFIT_ETIMEDOUT names that update's thread. Strings refit retur
 (versions, messages) are copied under the lock."""
 from __future__ import annotations
 
-import array
 import ctypes
 import enum
-import operator
 import os
 import threading
 import time
@@ -32,8 +30,9 @@ import weakref
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import _ffi
-from .tensors import ByteOrderError, Desc, DTypeLike, refit_dtype
-from .tensors import describe as _describe
+from ._errors import (RefitError, _b, _check, _describe_as, _estate, _int64s, _s, _t,  # noqa: F401
+                      describe)
+from .tensors import Desc, DTypeLike, refit_dtype
 
 Stream = Union[None, int, ctypes.c_void_p, Any]
 """A CUDA stream: None (the model's device's current torch stream, else the
@@ -43,19 +42,6 @@ Progress = Callable[[int, int, Optional[str]], None]
 """progress(bytes, tensors, current name): running totals after each tensor."""
 LogFn = Callable[[int, str], None]
 """log(level, message): 0 error, 1 warning, 2 debug."""
-
-
-class RefitError(Exception):
-    """A refit call failed. status: the negative code; name: its symbol
-    ("REFIT_EDUPLICATE"); message: refit_errmsg at the time of the failure;
-    call: what the binding was doing ("load q_proj.weight")."""
-
-    def __init__(self, status: int, name: str, message: str, call: str = "") -> None:
-        self.status = status
-        self.name = name
-        self.message = message
-        self.call = call
-        super().__init__("%s%s: %s" % (call + ": " if call else "", name, message))
 
 
 class Health(enum.IntEnum):
@@ -69,19 +55,10 @@ _ESTATE, _EINVAL, _EPOISONED = -3, -1, -12
 _EUNSUPPORTED = -14
 _ETIMEDOUT = -20
 _CONTEXT_WAIT = object()    # begin(wait=) not given: the context's begin_wait
-
-
-def _b(s: Union[None, str, bytes]) -> Optional[bytes]:
-    return None if s is None else (s.encode() if isinstance(s, str) else s)
-
-
-def _s(b: Optional[bytes]) -> Optional[str]:
-    return None if b is None else b.decode(errors="replace")
-
-
-def _t(b: Optional[bytes]) -> str:
-    """A string refit always returns (a name, a message): "" for NULL."""
-    return _s(b) or ""
+# Model.restore(path) of a path with a scheme: restore(model, path, rollback=)
+# of the module above core that serves it ("keeper://": refit.keeper),
+# wired by refit/__init__.py, so that core imports none of them.
+_RESTORE_SCHEMES: Dict[str, Callable[..., None]] = {}
 
 
 def status_name(status: int) -> str:
@@ -100,20 +77,6 @@ def dtype_name(dtype: DTypeLike) -> str:
     return _t(_ffi.lib().refit_dtype_name(_ffi.DType(code, bits, 1)))
 
 
-def _estate(what: str) -> RefitError:
-    return RefitError(_ESTATE, "REFIT_ESTATE", what)
-
-
-def _check(ctx_handle: Any, rc: int, call: str) -> None:
-    """RefitError for a failing rc, with the context's message: call it
-    under the context's lock, with the failing call (the message is the
-    last call's)."""
-    if rc != 0:
-        L = _ffi.lib()
-        msg = _t(L.refit_errmsg(ctx_handle)) if ctx_handle else ""
-        raise RefitError(rc, _t(L.refit_status_name(rc)), msg or _t(L.refit_strerror(rc)), call)
-
-
 def _params(params: Union[None, str, Mapping[str, Any]]) -> Optional[str]:
     if params is None or isinstance(params, str):
         return params
@@ -127,50 +90,6 @@ def _stream_arg(stream: Stream) -> Optional[ctypes.c_void_p]:
     if hasattr(stream, "cuda_stream"):
         stream = stream.cuda_stream
     return ctypes.c_void_p(int(stream)) if int(stream) else None
-
-
-def _int64s(x: Any, what: str, call: str) -> Tuple[Any, int, int]:
-    """Integers as a contiguous int64 host array: (owner, count, address).
-    A torch tensor (any device) or numpy array of an integer dtype, or a
-    sequence of ints; anything else is REFIT_EINVAL naming what it is."""
-    def bad(why: str) -> RefitError:
-        return RefitError(_EINVAL, "REFIT_EINVAL", "%s: %s: %s" % (call, what, why), call)
-    if hasattr(x, "detach") and hasattr(x, "is_floating_point"):  # torch
-        import torch
-        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
-            raise bad("dtype %s, not an integer dtype" % x.dtype)
-        if x.dim() != 1:
-            raise bad("%d dims, not 1" % x.dim())
-        h = x.detach().to("cpu", torch.int64).contiguous()
-        return h, int(h.numel()), int(h.data_ptr()) if h.numel() else 0
-    kind = getattr(getattr(x, "dtype", None), "kind", None)
-    if kind is not None:  # numpy
-        if kind not in "iu":
-            raise bad("dtype %s, not an integer dtype" % x.dtype)
-        if x.ndim != 1:
-            raise bad("%d dims, not 1" % x.ndim)
-        import numpy as np
-        a = np.ascontiguousarray(x, dtype=np.int64)
-        return a, int(a.size), int(a.ctypes.data) if a.size else 0
-    try:
-        q = array.array("q", (operator.index(v) for v in x))
-    except (TypeError, OverflowError) as err:
-        raise bad(str(err)) from None
-    return q, len(q), q.buffer_info()[0] if len(q) else 0
-
-
-def describe(tensor: Any, stream: Optional[int] = None) -> Desc:
-    """A descriptor for a tensor (refit.tensors.describe)."""
-    return _describe(tensor, stream)
-
-
-def _describe_as(tensor: Any, stream: Optional[int], what: str, call: str) -> Desc:
-    """describe(), a byte order refit cannot read refused as REFIT_EINVAL
-    naming what the tensor is ("tensor up.weight")."""
-    try:
-        return _describe(tensor, stream)
-    except ByteOrderError as err:
-        raise RefitError(_EINVAL, "REFIT_EINVAL", "%s: %s" % (what, err), call) from None
 
 
 def _wait_seconds(wait: Any, what: str) -> Optional[float]:
@@ -744,9 +663,9 @@ class Model:
         at the snapshot's version. A failure after the first byte rolls
         back (rollback) or poisons the worker, as any update. A path
         keeper://SOCKET restores from a keeper (refit.keeper.restore)."""
-        if os.fspath(path).startswith("keeper://"):
-            from . import keeper
-            return keeper.restore(self, path, rollback=rollback)
+        for scheme, restore in _RESTORE_SCHEMES.items():
+            if os.fspath(path).startswith(scheme):
+                return restore(self, path, rollback=rollback)
         opts = _ffi.RestoreOpts(_ffi.RESTORE_OPTS_VERSION, 1 if rollback else 0)
         claimed = self.ctx._claim("restore of %s" % path, call="restore")
         try:
@@ -1000,6 +919,19 @@ class Txn:
         update left unset: base and version from the file, and the file as
         its source (a failed update is then replayed from it)."""
         from . import delta_file
+        path = os.path.abspath(os.fspath(path))
+        if self._h is None and self.result is None:
+            base, version = delta_file.versions(path)
+            if self.base is None:
+                self.base = base
+            if self.version is None:
+                self.version = version
+            if self.source_uri is None:
+                src = Source(self.model.ctx, path)
+                try:
+                    self.source_uri, self.source_digest = src.uri, src.identity()
+                finally:
+                    src.close()
         delta_file.load_into(self, path, stream)
 
     def load_dict(self, tensors, stream=None, strict=True):

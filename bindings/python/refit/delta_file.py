@@ -19,7 +19,7 @@ import struct
 from typing import Any, Dict, Tuple
 
 from . import _ffi
-from .core import RefitError, _b, _check, _describe_as, _int64s
+from ._errors import RefitError, _b, _check, _describe_as, _int64s
 
 _lib = _ffi.prototyped({
     "refit_delta_file_write": (ctypes.c_int, [ctypes.c_void_p, ctypes.c_char_p,
@@ -96,23 +96,8 @@ def versions(path: str) -> Tuple[str, str]:
 
 
 def load_into(txn: Any, path: str, stream: Any = None) -> None:
-    """txn.load_delta_file: as the first call of an update that has not
-    begun, the file also gives what the update left unset: its base, its
-    version, and its source (the file's URI and identity, so a failed
-    update is replayed from it)."""
-    path = os.path.abspath(os.fspath(path))
-    if txn._h is None and txn.result is None:
-        base, version = versions(path)
-        if txn.base is None:
-            txn.base = base
-        if txn.version is None:
-            txn.version = version
-        if txn.source_uri is None:
-            from .core import Source
-            src = Source(txn.model.ctx, path)
-            try:
-                txn.source_uri, txn.source_digest = src.uri, src.identity()
-            finally:
-                src.close()
+    """txn.load_delta_file's load (refit_load_delta_file) of path, an
+    absolute path; what the file gives an update that has not begun (its
+    base, version and source) txn sets first (refit.core)."""
     st = txn._stream(None, stream)
     txn._run("load_delta_file %s" % path, _lib().refit_load_delta_file, _b(path), st)
