@@ -1,6 +1,8 @@
 /* The context: one per engine worker. Its message, the format registry,
- * the journal handle, the host services and the model. The helpers below
- * are ctx_base.c's (a leaf); ctx.c holds the public entry points. */
+ * the journal handle, the host services and the model. ctx_new and
+ * ctx_free are ctx.c's, the other helpers ctx_base.c's: both leaves.
+ * core/ctx_open.c wires a context at refit_open and unwires it at
+ * refit_close. */
 #ifndef REFIT_CORE_CTX_H
 #define REFIT_CORE_CTX_H
 
@@ -48,5 +50,13 @@ int ctx_error(refit_ctx *ctx, int status, const char *fmt, ...)
 int ctx_verror(refit_ctx *ctx, int status, const char *fmt, va_list ap);
 static inline void ctx_clear_error(refit_ctx *ctx) { ctx->errmsg[0] = '\0'; }
 const refit_format_v2 *ctx_find_format(const refit_ctx *ctx, const char *name);
+
+/* A context read from opt (NULL: the defaults; a version 1 or 2 struct is
+ * read up to its end), wired to nothing yet: REFIT_EINVAL for a version
+ * this refit does not know, REFIT_ENOMEM; *out is NULL on failure. */
+int ctx_new(const refit_options *opt, refit_ctx **out);
+/* Free what ctx_new allocated and ctx; whatever was wired to it is
+ * unwired first (refit_close). */
+void ctx_free(refit_ctx *ctx);
 
 #endif

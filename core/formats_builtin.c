@@ -1,7 +1,7 @@
 /* The formats of a context: none is compiled in any more; every format is a
  * plugin found on the search path (core/plugin_loader.c) and registered
  * here at refit_open, or a format the embedder registers in-process with
- * refit_format_register. Also the
+ * refit_format_register (below: the registry's checks). Also the
  * seal-time cross-check of plans against declarations, and dlclose at
  * refit_close. */
 #include <stdio.h>
@@ -72,7 +72,7 @@ int formats_check_plan(refit_model *m)
 
 /* The embedder named fmt explicitly; a plugin of the same name was only
  * found on a path, so it steps aside while no module uses it yet. */
-int formats_yield_plugin(refit_ctx *ctx, const refit_format_v2 *fmt)
+static int formats_yield_plugin(refit_ctx *ctx, const refit_format_v2 *fmt)
 {
     const refit_format_v2 *old = ctx_find_format(ctx, fmt->name);
     plugin_entry *pe = (plugin_entry *)plugins_entry_of(ctx->plugins, old);
@@ -91,5 +91,42 @@ int formats_yield_plugin(refit_ctx *ctx, const refit_format_v2 *fmt)
     ctx_log(ctx, 2, "format %s: an in-process registration replaces plugin %s", fmt->name,
             pe->path);
     plugins_set_aside(ctx->plugins, pe, "replaced by an in-process refit_format_register");
+    return REFIT_OK;
+}
+
+/* ---- public ---- */
+
+int refit_format_register(refit_ctx *ctx, const refit_format_v2 *fmt)
+{
+    if (!ctx)
+        return REFIT_EINVAL;
+    ctx_clear_error(ctx);
+    if (!fmt)
+        return ctx_error(ctx, REFIT_EINVAL, "refit_format_register: format is NULL");
+    if (fmt->abi_version != REFIT_FORMAT_ABI_VERSION)
+        return ctx_error(ctx, REFIT_EFORMAT, "invalid version %u on format '%s' (this refit knows "
+                         "format ABI %d: rebuild against <refit/format.h>)", fmt->abi_version,
+                         fmt->name ? fmt->name : "?", REFIT_FORMAT_ABI_VERSION);
+    if (fmt->struct_size < REFIT_FORMAT_V2_MIN_SIZE)
+        return ctx_error(ctx, REFIT_EFORMAT, "format '%s': struct_size %u is smaller than ABI %u's %zu",
+                         fmt->name ? fmt->name : "?", fmt->struct_size, fmt->abi_version,
+                         (size_t)REFIT_FORMAT_V2_MIN_SIZE);
+    if (!fmt->name || !*fmt->name || !fmt->plan)
+        return ctx_error(ctx, REFIT_EFORMAT, "format without %s", fmt->plan ? "a name" : "a plan function");
+    if (REFIT_STRUCT_HAS(fmt, refit_format_v2, post_load_many) && fmt->post_load_many &&
+        !fmt->post_load)
+        return ctx_error(ctx, REFIT_EFORMAT, "format '%s' has post_load_many but no post_load "
+                         "(a module completed alone needs it)", fmt->name);
+    int yrc = formats_yield_plugin(ctx, fmt); /* in-process beats a plugin found on a path */
+    if (yrc)
+        return yrc;
+    if (ctx_find_format(ctx, fmt->name))
+        return ctx_error(ctx, REFIT_EEXIST, "format '%s' is already registered", fmt->name);
+    if (ctx->model && ctx->model->sealed)
+        return ctx_error(ctx, REFIT_ESTATE, "format '%s': the model is already sealed", fmt->name);
+    if (ctx->n_formats == REFIT_MAX_FORMATS)
+        return ctx_error(ctx, REFIT_ENOMEM, "format '%s': more than %d formats", fmt->name,
+                         REFIT_MAX_FORMATS);
+    ctx->formats[ctx->n_formats++] = fmt;
     return REFIT_OK;
 }

@@ -1,5 +1,6 @@
-/* The format registry's plugin side (formats_builtin.c): the plugins found
- * on the search path, registered at refit_open and unloaded at refit_close. */
+/* The format registry (formats_builtin.c): the plugins found on the search
+ * path, registered at refit_open and unloaded at refit_close, and the
+ * checks of refit_format_register. */
 #ifndef REFIT_CORE_FORMATS_BUILTIN_H
 #define REFIT_CORE_FORMATS_BUILTIN_H
 
@@ -17,8 +18,5 @@ void formats_unload(refit_ctx *ctx);
 void formats_describe_path(const refit_ctx *ctx, char *buf, size_t n);
 /* After plan_build: every plugin module's plan against its declaration. */
 int formats_check_plan(refit_model *m);
-/* Before refit_format_register takes fmt: a plugin format of the same
- * name, unused so far, steps aside (REFIT_OK); an error when it is used. */
-int formats_yield_plugin(refit_ctx *ctx, const refit_format_v2 *fmt);
 
 #endif
