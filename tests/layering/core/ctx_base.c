@@ -1,0 +1,2 @@
+#include "tests/layering/fx.h"
+int fx_ctx_error(void) { return 1; }
