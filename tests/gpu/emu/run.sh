@@ -20,7 +20,7 @@ emu_fp8_image
 emu_pgpu
 # the division shortcut's proof, through the kernel's own code
 g++ -std=c++17 -O2 -Wall -Wno-unknown-pragmas -I"$E" -I"$R/include" -I"$R" -I"$W" \
-  "$E/fastdiv.cc" "$B/librefit_kernels.a" -lm -o "$W/fastdiv"
+  "$E/fastdiv.cc" "$B/plugins/librefit_quant_ref.a" "$B/librefit_kernels.a" -lm -o "$W/fastdiv"
 "$W/fastdiv"
 # the launcher, the direct entries, the test and its helpers, as C
 emu_cc plugins/fp8/fp8_launch.c plugins/fp8/fp8_direct.c tests/gpu/test_gpu_quant.c \
