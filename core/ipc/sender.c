@@ -371,14 +371,14 @@ static int check_patch(refit_ipc_sender *s, const char *name, size_t n, const in
                          "bytes, indices and 1-D values are needed", name ? name : "(null)",
                          BKT_MAX_NAME);
     int64_t elements = 0;
-    for (size_t i = 0; i < n; i++) {
+    size_t bad = bkt_patch_elements(n, idx, counts, &elements);
+    if (bad) {
+        size_t i = bad - 1;
         int64_t c = counts ? counts[i] : 1;
-        if (idx[i] < 0 || c < 1 || elements > INT64_MAX - c)
-            return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add_delta %s: %s %zu is "
-                             "%lld%s", name, counts ? "run" : "index", i,
-                             (long long)(c < 1 ? c : idx[i]),
-                             c < 1 ? " elements (at least 1)" : " (negative)");
-        elements += c;
+        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add_delta %s: %s %zu is "
+                         "%lld%s", name, counts ? "run" : "index", i,
+                         (long long)(c < 1 ? c : idx[i]),
+                         c < 1 ? " elements (at least 1)" : " (negative)");
     }
     if (values->shape[0] != elements)
         return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add_delta %s: %lld values for "

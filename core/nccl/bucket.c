@@ -936,3 +936,17 @@ void bkt_header_free(bkt_header *h)
     h->cap_entries = 0;
     h->cap_arena = 0;
 }
+
+size_t bkt_patch_elements(size_t n, const int64_t *indices, const int64_t *counts,
+                          int64_t *elements)
+{
+    int64_t sum = 0;
+    for (size_t i = 0; i < n; i++) {
+        int64_t c = counts ? counts[i] : 1;
+        if (indices[i] < 0 || c < 1 || sum > INT64_MAX - c)
+            return i + 1;
+        sum += c;
+    }
+    *elements = sum;
+    return 0;
+}

@@ -183,6 +183,14 @@ int bkt_plan_build(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket
  * packs or scatters them. */
 int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t bucket_bytes,
                           uint64_t direct_min, size_t label_len, char *err, size_t errlen);
+/* The elements a patch of n entries writes: single flat indices, or runs
+ * of counts[i] elements from indices[i]. Returns 0 with *elements set when
+ * every entry is well formed, else 1 + the first bad entry (a negative
+ * index, a run of fewer than 1 element, or a total past INT64_MAX); the
+ * senders name it in their own words. */
+size_t bkt_patch_elements(size_t n, const int64_t *indices, const int64_t *counts,
+                          int64_t *elements);
+
 /* As bkt_plan_build_direct, with kinds[i] the BKT_E_* of tensor i (NULL:
  * every one whole): a patch (BKT_E_DELTA_INDICES, then optionally
  * BKT_E_DELTA_COUNTS, then BKT_E_DELTA_VALUES, consecutive, 1-D) goes into

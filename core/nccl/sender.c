@@ -262,14 +262,14 @@ static int check_patch(refit_sender *s, const char *name, size_t n, const int64_
     if (n > (size_t)INT64_MAX / 8)
         return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: %zu indices", name, n);
     int64_t elements = 0;
-    for (size_t i = 0; i < n; i++) {
+    size_t bad = bkt_patch_elements(n, indices, counts, &elements);
+    if (bad) {
+        size_t i = bad - 1;
         int64_t c = counts ? counts[i] : 1;
-        if (indices[i] < 0 || c < 1 || elements > INT64_MAX - c)
-            return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: %s %zu is %lld%s",
-                             name, counts ? "run" : "index", i,
-                             (long long)(c < 1 ? c : indices[i]),
-                             c < 1 ? " elements (at least 1)" : " (negative)");
-        elements += c;
+        return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: %s %zu is %lld%s",
+                         name, counts ? "run" : "index", i,
+                         (long long)(c < 1 ? c : indices[i]),
+                         c < 1 ? " elements (at least 1)" : " (negative)");
     }
     if (v.shape[0] != elements)
         return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: %lld values for %lld "

@@ -787,6 +787,25 @@ static void test_sizes(void **state)
     assert_true(bkt_checksum(z, 20) != bkt_checksum(z, 19));
 }
 
+/* A patch's element count, and its first bad entry (1 + its index): a
+ * negative index, a run under one element, a sum past INT64_MAX. */
+static void test_patch_elements(void **state)
+{
+    (void)state;
+    int64_t e = -1;
+    const int64_t idx[] = {5, 0, 9}, runs[] = {2, 1, 4};
+    assert_int_equal(bkt_patch_elements(3, idx, NULL, &e), 0);
+    assert_int_equal(e, 3);
+    assert_int_equal(bkt_patch_elements(3, idx, runs, &e), 0);
+    assert_int_equal(e, 7);
+    assert_int_equal(bkt_patch_elements(0, NULL, NULL, &e), 0);
+    assert_int_equal(e, 0);
+    const int64_t neg[] = {1, 2, -3}, zero[] = {1, 0, 1}, huge[] = {INT64_MAX, 1};
+    assert_int_equal(bkt_patch_elements(3, neg, NULL, &e), 3);
+    assert_int_equal(bkt_patch_elements(3, idx, zero, &e), 2);
+    assert_int_equal(bkt_patch_elements(2, idx, huge, &e), 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -803,6 +822,7 @@ int main(void)
         cmocka_unit_test(test_direct_header_fields),
         cmocka_unit_test(test_trailer_layout),
         cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_patch_elements),
     };
     return cmocka_run_group_tests_name("nccl-bucket", tests, NULL, NULL);
 }
