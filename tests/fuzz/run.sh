@@ -3,9 +3,11 @@
 # Usage: tests/fuzz/run.sh [SECONDS] [TARGET]   (default 60; 0 = build only)
 # TARGET: safetensors (default; the header parser and the index reader),
 # manifest (model manifests: YAML, schema, expansion), bucket (the NCCL
-# bucket announce and index). The seed corpus in tests/fuzz/corpus/ (and
-# tests/fuzz/corpus-TARGET/ where there is one) is read, never written: new
-# inputs go to build-fuzz/corpus-TARGET/, crashes to build-fuzz/.
+# bucket announce and index), ipc (the colocated transport's control
+# messages: core/ipc/msg.c, core/ipc/keeper_msg.c). The seed corpus in
+# tests/fuzz/corpus/ (and tests/fuzz/corpus-TARGET/ where there is one) is
+# read, never written: new inputs go to build-fuzz/corpus-TARGET/, crashes
+# to build-fuzz/.
 set -eu
 secs=${1:-60}
 target=${2:-safetensors}
@@ -35,8 +37,15 @@ bucket)
   libs=""
   extra="-max_len=16384"
   ;;
+ipc)
+  srcs="core/ipc/msg.c core/ipc/keeper_msg.c core/ipc/chan.c core/nccl/bucket.c core/errbuf.c \
+    core/status.c kernels/fingerprint.c kernels/copy.c kernels/cast.c"
+  libs=""
+  seeds="$root/tests/fuzz/corpus-ipc"
+  extra="-max_len=4096"
+  ;;
 *)
-  echo "run.sh: unknown target $target (safetensors, manifest, bucket)" >&2
+  echo "run.sh: unknown target $target (safetensors, manifest, bucket, ipc)" >&2
   exit 2
   ;;
 esac
