@@ -130,8 +130,10 @@ int ipc_k_offer_decode(ipc_k_offer *o, const ipc_frame *f, uint32_t max_modules,
         p->span_off = ipc_r64(&r);
         p->span_bytes = ipc_r64(&r);
     }
-    if (zero || r.short_read)
+    if (zero || r.short_read) {
+        ipc_k_offer_free(o); /* a refusal keeps nothing (tests/fuzz/fuzz_ipc.c) */
         return k_bad(err, errlen, "K_OFFER: a malformed placement");
+    }
     return REFIT_OK;
 }
 

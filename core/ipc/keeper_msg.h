@@ -60,7 +60,8 @@ int ipc_hello_decode_member(ipc_hello *h, const ipc_frame *f, char *err, size_t 
 /* A refusal (status != 0, msg) or the whole offer. */
 void ipc_k_offer_encode(ipc_wbuf *w, const ipc_k_offer *o, const uint64_t *fps);
 /* max_modules, max_runtime: the restoring model's counts (an offer of
- * more is refused before any table is taken). */
+ * more is refused before any table is taken). A refusal keeps nothing:
+ * o->places is NULL. */
 int ipc_k_offer_decode(ipc_k_offer *o, const ipc_frame *f, uint32_t max_modules,
                        uint32_t max_runtime, char *err, size_t errlen);
 void ipc_k_offer_free(ipc_k_offer *o);
