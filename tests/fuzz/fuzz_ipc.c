@@ -91,6 +91,37 @@ static void fuzz_mems(ipc_frame *f, uint8_t arg, char *err, size_t errlen)
     f->n_fds = 0;
 }
 
+/* The index's headers walked as the worker walks them (receiver.c; whole
+ * tensors, parts and patch entries), each checksum made right first when
+ * fix is set: a refusal says why, an entry lies inside its bucket. */
+static void walk_index(const ipc_index *x, uint8_t *idx, int fix, char *err, size_t errlen)
+{
+    bkt_header h;
+    memset(&h, 0, sizeof h);
+    uint64_t at = 0, total = x->an.first_total;
+    uint32_t hb = x->an.first_header;
+    for (uint32_t k = 0; k < x->n_buckets && hb <= x->index_bytes - at; k++) {
+        if (fix && hb >= 8) {
+            uint64_t sum = bkt_checksum(idx + at, hb - 8);
+            for (int i = 0; i < 8; i++)
+                idx[at + hb - 8 + i] = (uint8_t)(sum >> (8 * i));
+        }
+        bkt_expect ex = {k, x->n_buckets, x->an.nonce, hb, total, x->an.max_total};
+        err[0] = '\0';
+        if (bkt_header_decode(&h, idx + at, &ex, err, errlen)) {
+            need(err[0] != 0);
+            break;
+        }
+        for (uint32_t e = 0; e < h.n_entries; e++)
+            need(h.entries[e].offset <= h.payload_bytes &&
+                 h.entries[e].bytes <= h.payload_bytes - h.entries[e].offset);
+        at += hb;
+        hb = h.next_header;
+        total = h.next_total;
+    }
+    bkt_header_free(&h);
+}
+
 static void fuzz_index(ipc_frame *f, uint8_t arg, char *err, size_t errlen)
 {
     /* odd arg: the announce's checksum made right, so what lies behind it
@@ -115,6 +146,7 @@ static void fuzz_index(ipc_frame *f, uint8_t arg, char *err, size_t errlen)
     ipc_wbuf w = {0};
     ipc_index_encode(&w, &x, f->payload + 16 + (size_t)x.n_buckets * IPC_REF_REC);
     same(&w, f);
+    walk_index(&x, f->payload + (f->len - x.index_bytes), arg & 1, err, errlen);
     ipc_index_free(&x);
 }
 
