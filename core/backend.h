@@ -76,4 +76,9 @@ extern const backend backend_host;
 /* The backend serving memory on dev, or NULL when none does here. */
 const backend *backend_for_device(refit_device dev);
 
+/* n bytes at src (memory be serves) into dst (any host memory), after
+ * every copy queued on stream before the call: flushed first, since a
+ * save waiting in a batch would run ahead of them; waits for the stream. */
+int backend_read(const backend *be, void *dst, const void *src, size_t n, void *stream);
+
 #endif

@@ -132,3 +132,22 @@ const backend *backend_for_device(refit_device dev)
         return NULL;
     }
 }
+
+int backend_read(const backend *be, void *dst, const void *src, size_t n, void *stream)
+{
+    if (n == 0)
+        return REFIT_OK;
+    int rc = be->flush(stream);
+    void *buf = rc ? NULL : be->undo_alloc(n); /* a save's destination: pinned */
+    if (!rc && !buf)
+        rc = REFIT_ENOMEM;
+    if (!rc)
+        rc = be->save(buf, src, n, stream);
+    if (!rc)
+        rc = be->sync(stream);
+    if (!rc)
+        memcpy(dst, buf, n);
+    if (buf)
+        be->undo_free(buf);
+    return rc;
+}

@@ -47,7 +47,8 @@ typedef struct status_slot {
     const refit_fmt_module *m;     /* NULL for a post_load_many word: */
     const refit_fmt_module **mods; /*   then the module of each name */
     refit_device device;
-    uint32_t index;        /* slot index in its device's array */
+    uint32_t array;        /* its array (host_svc.arrays) */
+    uint32_t index;        /* slot index in that array */
     int at;                /* a status_word_at key (piece and element) */
     uint32_t n_names;
     char **names;
@@ -300,18 +301,10 @@ static int host_fetch(void *host, void *dst, size_t bytes, const refit_view *src
         memcpy(dst, src->data, bytes);
         return REFIT_OK;
     }
-    void *buf = be->undo_alloc(bytes ? bytes : 1);
-    if (!buf)
-        return ctx_error(host, REFIT_ENOMEM, "fetch: no host memory for %zu bytes", bytes);
-    rc = be->save(buf, src->data, bytes, stream);
-    if (!rc)
-        rc = be->sync(stream);
-    if (!rc)
-        memcpy(dst, buf, bytes);
-    else
+    rc = backend_read(be, dst, src->data, bytes, stream);
+    if (rc)
         ctx_error(host, rc, "fetch: reading %zu bytes back failed: %s", bytes,
-                  be->last_error());
-    be->undo_free(buf);
+                  rc == REFIT_ENOMEM ? "no host memory" : be->last_error());
     return rc;
 }
 
@@ -519,20 +512,28 @@ static int host_gpu_run(void *host, refit_device dev, void *stream,
 
 /* ---- status words ---- */
 
+/* An array on dev with a free slot: the first array is sized for want
+ * (a word a post-load unit); a unit rebuilt again in the same update (a
+ * delta patching two tensors of one unit) may need more, and a full one
+ * is followed by another as large as all before it (words handed out
+ * stay where they are). */
 static status_array *status_array_for(struct host_svc *s, int dev, uint32_t want, char *msg,
                                       size_t n)
 {
+    uint32_t held = 0;
     for (uint32_t i = 0; i < s->n_arrays; i++)
-        if (s->arrays[i].device == dev && s->arrays[i].cap >= want)
+        if (s->arrays[i].device == dev && s->arrays[i].used < s->arrays[i].cap)
             return &s->arrays[i];
         else if (s->arrays[i].device == dev)
-            return NULL; /* sized for the model at its first use: cannot grow mid-update */
-    if (grow_array((void **)&s->arrays, &s->cap_arrays, s->n_arrays, sizeof *s->arrays))
+            held += s->arrays[i].cap;
+    if (held > UINT32_MAX / 2 ||
+        grow_array((void **)&s->arrays, &s->cap_arrays, s->n_arrays, sizeof *s->arrays))
         return NULL;
-    uint32_t *w = gpusvc_alloc(dev, (size_t)want * SLOT_WORDS * sizeof *w, msg, n);
+    uint32_t cap = held > want ? held : want;
+    uint32_t *w = gpusvc_alloc(dev, (size_t)cap * SLOT_WORDS * sizeof *w, msg, n);
     if (!w)
         return NULL;
-    s->arrays[s->n_arrays] = (status_array){dev, w, want, 0};
+    s->arrays[s->n_arrays] = (status_array){dev, w, cap, 0};
     return &s->arrays[s->n_arrays++];
 }
 
@@ -573,9 +574,7 @@ static int module_word(refit_ctx *ctx, const char *fn, const refit_fmt_module *m
                 return ctx_error(ctx, REFIT_EINVAL, "%s: module %s already took a %s this "
                                  "update", fn, m->name,
                                  sl->at ? "status_word_at" : "status_word");
-            for (uint32_t a = 0; a < s->n_arrays; a++)
-                if (s->arrays[a].device == sl->device.device_id)
-                    *word = s->arrays[a].words + (size_t)sl->index * SLOT_WORDS;
+            *word = s->arrays[sl->array].words + (size_t)sl->index * SLOT_WORDS;
             return REFIT_OK;
         }
     return take_word(ctx, m, NULL, dev, n, names, what, stream, at, word);
@@ -619,8 +618,10 @@ static int take_word(refit_ctx *ctx, const refit_fmt_module *m,
                          "device %d%s%s", who, dev.device_id, msg[0] ? ": " : "", msg);
     if (grow_array((void **)&s->slots, &s->cap_slots, s->n_slots, sizeof *s->slots))
         return ctx_error(ctx, REFIT_ENOMEM, "status_word: out of memory");
-    status_slot sl = {m, NULL, dev, arr->used, at, 0, calloc(n ? n : 1, sizeof(char *)),
-                      xstrdup(what ? what : "refused by its post-load kernel"), 0, NULL};
+    status_slot sl = {.m = m, .device = dev, .array = (uint32_t)(arr - s->arrays),
+                      .index = arr->used, .at = at,
+                      .names = calloc(n ? n : 1, sizeof(char *)),
+                      .what = xstrdup(what ? what : "refused by its post-load kernel")};
     int oom = !sl.names || !sl.what;
     if (!oom && mods) {
         sl.mods = malloc((n ? n : 1) * sizeof *sl.mods);
@@ -683,8 +684,8 @@ int host_services_post_load_failed(refit_ctx *ctx, const refit_fmt_module *m, in
     if (!s || grow_array((void **)&s->slots, &s->cap_slots, s->n_slots, sizeof *s->slots))
         return REFIT_ENOMEM;
     refit_device cpu = {REFIT_DEVICE_CPU, 0};
-    status_slot sl = {m, NULL, cpu, 0, 0, 0, NULL, NULL, status,
-                      xstrdup(msg ? msg : "post-load failed")};
+    status_slot sl = {.m = m, .device = cpu, .status = status,
+                      .failed = xstrdup(msg ? msg : "post-load failed")};
     if (!sl.failed)
         return REFIT_ENOMEM;
     s->slots[s->n_slots++] = sl;
@@ -746,9 +747,8 @@ int host_services_check_status(refit_ctx *ctx)
             rc = ctx_error(ctx, sl->status, "%s", sl->failed);
             continue;
         }
-        for (uint32_t a = 0; a < s->n_arrays && !rc; a++)
-            if (s->arrays[a].device == sl->device.device_id && got[a])
-                rc = slot_check(ctx, sl, got[a] + (size_t)sl->index * SLOT_WORDS);
+        if (got[sl->array])
+            rc = slot_check(ctx, sl, got[sl->array] + (size_t)sl->index * SLOT_WORDS);
     }
     for (uint32_t a = 0; got && a < s->n_arrays; a++)
         free(got[a]);

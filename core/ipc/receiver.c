@@ -764,9 +764,7 @@ static int load_patch(refit_ipc_receiver *r, refit_txn *txn, uint32_t i, uint32_
         size_t words = (g == 3 ? 2 : 1) * n;
         int rc = be && (host = malloc(words * sizeof *host)) ? REFIT_OK : REFIT_ENOMEM;
         for (uint32_t j = 0; !rc && j + 1 < g; j++)
-            rc = be->save(host + j * n, p[j].data, n * sizeof *host, r->o.stream);
-        if (!rc)
-            rc = be->sync(r->o.stream);
+            rc = backend_read(be, host + j * n, p[j].data, n * sizeof *host, r->o.stream);
         if (rc) {
             free(host);
             snprintf(r->err, sizeof r->err, "load_delta %.300s: its indices could not be "

@@ -612,10 +612,7 @@ static int rcv_patch(refit_receiver *r, refit_txn *txn, const bkt_entry *e, uint
                          e->name, n);
     int rc = REFIT_OK;
     for (uint32_t j = 0; j + 1 < g && !rc; j++)
-        if (e[j].bytes)
-            rc = r->be->save(host + j * n, payload + e[j].offset, e[j].bytes, r->stream);
-    if (!rc)
-        rc = r->be->sync(r->stream);
+        rc = backend_read(r->be, host + j * n, payload + e[j].offset, e[j].bytes, r->stream);
     if (rc) {
         free(host);
         return ctx_error(r->ctx, rc, "load_delta %s: copying its indices to the host failed: "

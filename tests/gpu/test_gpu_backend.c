@@ -59,6 +59,46 @@ static const refit_format_v2 gpu_stage_format = {
     .post_load = gs_post,
 };
 
+/* The fetch format: post-load copies each staged tensor into a device
+ * scratch and reads the scratch back with fetch, which must see the copy
+ * just queued (small pieces wait in a batch table whose saves run before
+ * its copies), then copies into place as test-gpu-stage does. */
+static int gf_post(const refit_host_v2 *host, const refit_fmt_module *m, void *stream)
+{
+    for (uint32_t i = 0; i < m->n_ckpt; i++) {
+        const refit_view *st = &m->ckpt[i].staged;
+        size_t n = (size_t)st->shape[0] * (size_t)(st->dtype.bits / 8);
+        refit_view sc = *st;
+        sc.data = host->scratch(host->host, st->device, n);
+        unsigned char *a = malloc(n), *b = malloc(n);
+        int rc = sc.data && a && b ? REFIT_OK : REFIT_ENOMEM;
+        if (!rc)
+            rc = host->copy(host->host, &sc, st, stream);
+        if (!rc)
+            rc = host->fetch(host->host, a, n, &sc, stream);
+        if (!rc)
+            rc = host->fetch(host->host, b, n, st, stream);
+        if (!rc && memcmp(a, b, n))
+            rc = host->error(host->host, REFIT_ECORRUPT, "fetch of %s's scratch: not the "
+                             "bytes just copied there", m->ckpt[i].name);
+        free(a);
+        free(b);
+        if (!rc)
+            rc = host->copy(host->host, &m->ckpt[i].place, st, stream);
+        if (rc)
+            return rc;
+    }
+    return REFIT_OK;
+}
+
+static const refit_format_v2 gpu_fetch_format = {
+    .abi_version = REFIT_FORMAT_ABI_VERSION,
+    .struct_size = sizeof(refit_format_v2),
+    .name = "test-gpu-fetch",
+    .plan = gs_plan,
+    .post_load = gf_post,
+};
+
 /* ---- a world: the model on one device type ---- */
 
 typedef struct rt {
@@ -562,6 +602,62 @@ static void test_batched(void **state)
     assert_true(b.batch_rows - a.batch_rows >= N_EXPERTS);
 }
 
+/* A plugin's fetch after its own copy into device memory reads the copied
+ * bytes: 16-byte pieces (batch rows) into a scratch, read back at once. */
+static void test_fetch_after_copy(void **state)
+{
+    (void)state;
+    refit_ctx *ctx;
+    refit_model *m;
+    refit_options o = REFIT_OPTIONS_INIT;
+    o.worker_id = "gpu-fetch";
+    assert_int_equal(refit_open(&ctx, &o), REFIT_OK);
+    struct { refit_ctx *ctx; } w = {ctx};
+    OK(&w, refit_format_register(ctx, &gpu_fetch_format));
+    OK(&w, refit_model_create(&m, ctx));
+    enum { N = 8 };
+    void *rt[N];
+    int64_t shape[1] = {4};
+    for (int i = 0; i < N; i++) {
+        char mod[16], name[32];
+        snprintf(mod, sizeof mod, "f%d", i);
+        snprintf(name, sizeof name, "f%d.w", i);
+        CU(cudaMalloc(&rt[i], 16));
+        refit_tensor t = {.data = rt[i], .device = {REFIT_DEVICE_CUDA, 0}, .ndim = 1,
+                          .dtype = F32, .shape = shape};
+        OK(&w, refit_model_add_module(m, mod, "test-gpu-fetch", NULL));
+        OK(&w, refit_module_bind_runtime(m, mod, "w", &t));
+        refit_ckpt_spec s = spec(F32, 1, shape);
+        OK(&w, refit_model_expect(m, mod, name, &s));
+    }
+    OK(&w, refit_model_seal(m));
+    for (int v = 1; v <= 3; v++) {
+        refit_txn *t;
+        refit_update_opts uo = REFIT_UPDATE_OPTS_INIT;
+        uo.rollback = 0;
+        OK(&w, refit_begin(&t, m, &uo));
+        float vals[N][4];
+        for (int i = 0; i < N; i++) {
+            char name[32];
+            snprintf(name, sizeof name, "f%d.w", i);
+            for (int j = 0; j < 4; j++)
+                vals[i][j] = (float)(v * 100 + i * 4 + j);
+            refit_tensor src = {.data = vals[i], .device = {REFIT_DEVICE_CPU, 0}, .ndim = 1,
+                                .dtype = F32, .shape = shape};
+            OK(&w, refit_load(t, name, &src, NULL));
+        }
+        OK(&w, refit_finalize(t));
+        for (int i = 0; i < N; i++) {
+            float got[4];
+            CU(cudaMemcpy(got, rt[i], 16, cudaMemcpyDeviceToHost));
+            assert_memory_equal(got, vals[i], 16);
+        }
+    }
+    refit_close(ctx);
+    for (int i = 0; i < N; i++)
+        cudaFree(rt[i]);
+}
+
 /* Abort with rollback puts every byte back; without, the worker is poisoned
  * until a whole update succeeds. */
 static void test_abort(void **state)
@@ -620,6 +716,7 @@ int main(void)
         cmocka_unit_test(test_from_safetensors_on_stream),
         cmocka_unit_test(test_batched),
         cmocka_unit_test(test_abort),
+        cmocka_unit_test(test_fetch_after_copy),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
