@@ -208,6 +208,15 @@ static bool txn_invariants(const refit_txn *t)
 static void txn_set_state(refit_txn *t, txn_state next)
 {
     t->state = next;
+#ifndef NDEBUG
+    if (!txn_invariants(t)) /* what broke, before the assertion stops the process */
+        fprintf(stderr, "refit: txn '%s' entering state %d breaks its invariants: undo "
+                "entries %u (runtime saves %u, piece saves %u), touched %u, staging %zu, "
+                "fail %d, wrote %d, rollback %d, undo source %s\n",
+                t->version_label ? t->version_label : "", (int)next, t->undo.n, t->n_saved,
+                t->n_piece_saves, t->s ? t->s->n_touched : 0, t->staging_in_use,
+                t->fail_status, (int)t->wrote, (int)t->rollback, t->usrc ? "yes" : "no");
+#endif
     assert(txn_invariants(t));
 }
 

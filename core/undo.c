@@ -339,9 +339,7 @@ int undo_scatter(undo_log *u, const backend *be, int device, const backend_scatt
     size_t e = kern_dtype_size(s->dst_dtype), per = s->counts ? 16 : 8;
     size_t i = 0;
     int64_t skip = 0, v = 0;
-    if (s->n == 0)
-        return REFIT_OK;
-    while (i < s->n) {
+    while (i < s->n) { /* none (an empty patch): nothing saved, still one save */
         if (grow_array((void **)&u->e, &u->cap, u->n_entries, sizeof *u->e))
             return REFIT_ENOMEM;
         /* the old bytes of what is left, then its offsets beside */

@@ -585,6 +585,38 @@ static void test_abort_after_patch_and_load(void **state)
     assert_true(same);
 }
 
+/* A patch of no elements beside real ones, with rollback: accepted, saves
+ * nothing, and the update commits (before: its undo save was counted but
+ * not made, and finalize stopped on the transaction's invariant). */
+static void test_empty_patch(void **state)
+{
+    tw *w = *state;
+    llm(w, 0, 1);
+    tw_update(w, 1, "v1");
+    const char *names[TW_MAX];
+    int n = primaries(w, names);
+    refit_txn *t = begin_delta(w, "v2", "v1", NULL, 0, 1);
+    tpatch p = make_patch(w, names[0], 1, 2, 3, 5, 0, NULL);
+    int rc = refit_load_delta(t, p.name, p.n, p.idx, &p.vals->t, NULL);
+    assert_int_equal(rc, REFIT_OK);
+    free(p.idx);
+    int64_t idx0 = 0, cnt0 = 1;
+    for (int k = 1; k <= 2; k++) { /* no indices; then no runs */
+        tt_tensor *none = tw_tmp(w, tw_ckpt_tensor(w, names[n - k], 1)->t.dtype, 1,
+                                 TT_SHAPE(0));
+        rc = k == 1 ? refit_load_delta(t, names[n - k], 0, &idx0, &none->t, NULL)
+                    : refit_load_delta_runs(t, names[n - k], 0, &idx0, &cnt0, &none->t, NULL);
+        if (rc)
+            fail_msg("an empty patch of %s: %s: %s", names[n - k], refit_status_name(rc),
+                     refit_errmsg(w->ctx));
+    }
+    rc = refit_finalize(t);
+    if (rc)
+        fail_msg("finalize: %s: %s", refit_status_name(rc), refit_errmsg(w->ctx));
+    assert_string_equal(refit_worker_version(w->ctx), "v2");
+    assert_int_equal(refit_worker_health(w->ctx), REFIT_HEALTH_READY);
+}
+
 /* A version 2 caller's options end at keep_going: begin reads no further
  * (under ASan, a read past the allocation would stop the test). */
 static void test_v2_options_read_no_further(void **state)
@@ -639,6 +671,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_undo_proportional, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_abort_after_patch_and_load, tw_setup,
                                         tw_teardown),
+        cmocka_unit_test_setup_teardown(test_empty_patch, tw_setup, tw_teardown),
         cmocka_unit_test_setup_teardown(test_v2_options_read_no_further, tw_setup,
                                         tw_teardown),
     };
