@@ -87,7 +87,9 @@ static refit_tensor host_tensor(void *data, refit_dtype dt, int ndim, int64_t *s
     return t;
 }
 
-static void open_world(world *w, const fcase *c, int on_device)
+/* split: the weight's checkpoint is two tensors, "g.weight" rows [0, N/2)
+ * and "u.weight" rows [N/2, N) (a fused gate_up), else one "w.weight". */
+static void open_world_as(world *w, const fcase *c, int on_device, int split)
 {
     memset(w, 0, sizeof *w);
     w->on_device = on_device;
@@ -119,11 +121,22 @@ static void open_world(world *w, const fcase *c, int on_device)
     refit_ckpt_spec s = REFIT_CKPT_SPEC_INIT;
     s.dtype = BF16;
     s.ndim = 2;
-    s.shape[0] = N;
+    s.shape[0] = split ? N / 2 : N;
     s.shape[1] = K;
     s.target = "weight";
-    OK(w, refit_model_expect(w->m, "lin", "w.weight", &s));
+    if (split) {
+        OK(w, refit_model_expect(w->m, "lin", "g.weight", &s));
+        s.dst_offset[0] = N / 2;
+        OK(w, refit_model_expect(w->m, "lin", "u.weight", &s));
+    } else {
+        OK(w, refit_model_expect(w->m, "lin", "w.weight", &s));
+    }
     OK(w, refit_model_seal(w->m));
+}
+
+static void open_world(world *w, const fcase *c, int on_device)
+{
+    open_world_as(w, c, on_device, 0);
 }
 
 static void close_world(world *w)
@@ -305,6 +318,75 @@ static void test_nan_in_patched_block(void **state)
     close_world(&dev);
 }
 
+static const char *const halves[2] = {"g.weight", "u.weight"};
+
+/* A full update of open_world_as's split checkpoint from w (N x K). */
+static void load_halves(world *w, const char *label, uint16_t *bytes)
+{
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.version_label = label;
+    refit_txn *t = NULL;
+    int64_t half[2] = {N / 2, K};
+    OK(w, refit_begin(&t, w->m, &o));
+    for (int h = 0; h < 2; h++) {
+        refit_tensor src = host_tensor(bytes + (size_t)h * (N / 2) * K, BF16, 2, half);
+        OK(w, refit_load(t, halves[h], &src, NULL));
+    }
+    OK(w, refit_finalize(t));
+}
+
+/* One module's two checkpoint tensors (a fused gate_up) patched in one
+ * update: its unit is rebuilt twice, each time with a status word, and
+ * the update commits the bytes of a full reload of the patched
+ * checkpoint (the zoo's 3% delta into Qwen3-30B-A3B's expert stacks ran
+ * out of words: one a unit was taken to be enough). */
+static void test_two_tensors_one_unit(void **state)
+{
+    (void)state;
+    world dev;
+    open_world_as(&dev, &cases[2] /* fp8 block-128 */, 1, 1);
+    uint16_t *w1 = weight_v(1), *w2 = weight_v(2);
+    load_halves(&dev, "v1", w1);
+    refit_update_opts o = REFIT_UPDATE_OPTS_INIT;
+    o.version_label = "v2";
+    o.base_version = "v1";
+    o.others_unchanged = 1;
+    refit_txn *t = NULL;
+    OK(&dev, refit_begin(&t, dev.m, &o));
+    void *dv;
+    CU(cudaMalloc(&dv, 2 * 7 * sizeof(uint16_t)));
+    for (int h = 0; h < 2; h++) { /* 7 elements of each half, values on the device */
+        int64_t idx[7];
+        uint16_t vals[7];
+        for (int i = 0; i < 7; i++) {
+            idx[i] = (int64_t)i * 4099 % ((int64_t)(N / 2) * K);
+            size_t at = (size_t)h * (N / 2) * K + (size_t)idx[i];
+            vals[i] = w1[at] = w2[at]; /* w1 becomes the patched checkpoint */
+        }
+        uint16_t *v = (uint16_t *)dv + h * 7;
+        CU(cudaMemcpy(v, vals, sizeof vals, cudaMemcpyHostToDevice));
+        int64_t vs[1] = {7};
+        refit_tensor src = host_tensor(v, BF16, 1, vs);
+        src.device = (refit_device){REFIT_DEVICE_CUDA, 0};
+        OK(&dev, refit_load_delta(t, halves[h], 7, idx, &src, NULL));
+    }
+    int rc = refit_finalize(t);
+    CU(cudaFree(dv));
+    if (rc)
+        fail_msg("a delta of both tensors of one unit: %s: %s", refit_status_name(rc),
+                 refit_errmsg(dev.ctx));
+    assert_string_equal(refit_worker_version(dev.ctx), "v2");
+    size_t nd, nf;
+    char *delta = runtime_bytes(&dev, &nd);
+    load_halves(&dev, "v2-full", w1);
+    char *full = runtime_bytes(&dev, &nf);
+    assert_int_equal(nd, nf);
+    if (memcmp(delta, full, nd))
+        fail_msg("the delta's bytes differ from a full reload of the patched checkpoint");
+    free(delta), free(full), free(w1), free(w2);
+    close_world(&dev);
+}
+
 int main(void)
 {
     if (twin_skip_suite_without_device())
@@ -312,6 +394,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_formats),
         cmocka_unit_test(test_nan_in_patched_block),
+        cmocka_unit_test(test_two_tensors_one_unit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
