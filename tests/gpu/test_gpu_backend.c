@@ -617,16 +617,17 @@ static void test_fetch_after_copy(void **state)
     OK(&w, refit_model_create(&m, ctx));
     enum { N = 8 };
     void *rt[N];
+    refit_tensor rts[N]; /* bound by address: they live as long as the model */
     int64_t shape[1] = {4};
     for (int i = 0; i < N; i++) {
         char mod[16], name[32];
         snprintf(mod, sizeof mod, "f%d", i);
         snprintf(name, sizeof name, "f%d.w", i);
         CU(cudaMalloc(&rt[i], 16));
-        refit_tensor t = {.data = rt[i], .device = {REFIT_DEVICE_CUDA, 0}, .ndim = 1,
-                          .dtype = F32, .shape = shape};
+        rts[i] = (refit_tensor){.data = rt[i], .device = {REFIT_DEVICE_CUDA, 0}, .ndim = 1,
+                                .dtype = F32, .shape = shape};
         OK(&w, refit_model_add_module(m, mod, "test-gpu-fetch", NULL));
-        OK(&w, refit_module_bind_runtime(m, mod, "w", &t));
+        OK(&w, refit_module_bind_runtime(m, mod, "w", &rts[i]));
         refit_ckpt_spec s = spec(F32, 1, shape);
         OK(&w, refit_model_expect(m, mod, name, &s));
     }
