@@ -23,6 +23,7 @@
 
 #include "core/backend.h"
 #include "core/ctx.h"
+#include "core/fp_parallel.h"
 #include "core/mod_version.h"
 #include "core/model.h"
 #include "core/safetensors.h"
@@ -436,30 +437,70 @@ static int snap_open_checked(refit_ctx *ctx, const char *path, const char *what,
     const json_t *mods = json_object_get(s->man, "modules");
     size_t n_tensors = 0, i;
     json_t *mod;
+    json_array_foreach(mods, i, mod)
+        n_tensors += json_array_size(json_object_get(mod, "tensors"));
+    /* every tensor's fingerprint first, on threads (the whole file is
+     * read once), then each module's in the manifest's order */
+    const void **at = malloc((n_tensors + 1) * sizeof *at);
+    size_t *len = malloc((n_tensors + 1) * sizeof *len);
+    uint64_t *fps = malloc((n_tensors + 1) * sizeof *fps);
+    size_t k = 0;
+    rc = at && len && fps ? REFIT_OK : ctx_error(ctx, REFIT_ENOMEM, "%s: out of memory", what);
     json_array_foreach(mods, i, mod) {
+        const char *name = json_string_value(json_object_get(mod, "name"));
+        size_t nt = json_array_size(json_object_get(mod, "tensors"));
+        for (size_t j = 0; j < nt && !rc; j++, k++) {
+            const st_tensor *t = entry_tensor(s, mod, j);
+            refit_view v;
+            if (!t || file_view(t, &v))
+                rc = ctx_error(ctx, REFIT_ECORRUPT, "%s: %s: module %s: tensor %zu of the "
+                               "manifest is %s; refused, nothing written", what, s->file,
+                               name ? name : "?", j, t ? "of a dtype refit has no name for"
+                                                       : "not in the file");
+            else if (v.dtype.bits % 8) /* sub-byte elements: the view's own walk */
+                at[k] = NULL, fps[k] = kern_fingerprint_view(&v);
+            else
+                at[k] = t->data, len[k] = (size_t)t->nbytes;
+        }
+    }
+    /* the byte-aligned ones together */
+    size_t nb = 0;
+    for (size_t j = 0; !rc && j < k; j++)
+        if (at[j])
+            at[nb] = at[j], len[nb++] = len[j];
+    uint64_t *bfp = rc ? NULL : malloc((nb + 1) * sizeof *bfp);
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!rc && (!bfp || fp_ranges(at, len, nb, bfp, cpus > 16 ? 16 : cpus < 1 ? 1 : (int)cpus)))
+        rc = ctx_error(ctx, REFIT_ENOMEM, "%s: out of memory", what);
+    k = 0;
+    size_t b = 0;
+    json_array_foreach(mods, i, mod) {
+        if (rc)
+            break;
         const char *name = json_string_value(json_object_get(mod, "name"));
         const char *want = json_string_value(json_object_get(mod, "fingerprint"));
         size_t nt = json_array_size(json_object_get(mod, "tensors"));
         uint64_t h = 0;
-        for (size_t k = 0; k < nt; k++) {
-            const st_tensor *t = entry_tensor(s, mod, k);
+        for (size_t j = 0; j < nt; j++, k++) {
+            const st_tensor *t = entry_tensor(s, mod, j);
             refit_view v;
-            if (!t || file_view(t, &v))
-                return ctx_error(ctx, REFIT_ECORRUPT, "%s: %s: module %s: tensor %zu of the "
-                                 "manifest is %s; refused, nothing written", what, s->file,
-                                 name ? name : "?", k, t ? "of a dtype refit has no name for"
-                                                         : "not in the file");
-            h = kern_fp_combine(h, kern_fingerprint_view(&v));
+            file_view(t, &v);
+            h = kern_fp_combine(h, v.dtype.bits % 8 ? fps[k] : bfp[b++]);
         }
-        n_tensors += nt;
         char hex[17];
         fp_hex(h, hex);
         if (!name || !want || strcmp(hex, want))
-            return ctx_error(ctx, REFIT_ECORRUPT, "%s: %s: module %s: the file's bytes "
-                             "fingerprint to %s, the manifest recorded %s (the file was "
-                             "changed); refused, nothing written", what, s->file,
-                             name ? name : "?", hex, want ? want : "none");
+            rc = ctx_error(ctx, REFIT_ECORRUPT, "%s: %s: module %s: the file's bytes "
+                           "fingerprint to %s, the manifest recorded %s (the file was "
+                           "changed); refused, nothing written", what, s->file,
+                           name ? name : "?", hex, want ? want : "none");
     }
+    free(at);
+    free(len);
+    free(fps);
+    free(bfp);
+    if (rc)
+        return rc;
     if (!json_is_array(mods) || n_tensors != st_count(s->st))
         return ctx_error(ctx, REFIT_ECORRUPT, "%s: %s holds %zu tensors, the manifest lists "
                          "%zu; refused, nothing written", what, s->file, st_count(s->st),

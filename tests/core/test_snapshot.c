@@ -15,6 +15,8 @@
 
 #include "testutil.h"
 #include "core/ctx.h"
+#include "core/fp_parallel.h"
+#include "kernels/fingerprint.h"
 
 extern const refit_format_v2 refit_format_plugin_v2; /* plugins/fp8/fp8.c */
 
@@ -554,6 +556,39 @@ static void test_snapshot_refusals(void **state)
                      "REFIT_MODULE_NO_SNAPSHOT");
 }
 
+/* The file check's fingerprints on threads equal one thread's, for
+ * ranges empty, shorter than a word, one word, and of several pieces
+ * ending in a partial word, whatever the number of threads. */
+static void test_fp_ranges_equal_sequential(void **state)
+{
+    (void)state;
+    const size_t sizes[] = {0, 7, 8, (32u << 20) + 3, (70u << 20) + 13};
+    enum { N = sizeof sizes / sizeof sizes[0] };
+    unsigned char *buf = malloc(sizes[N - 1]);
+    assert_non_null(buf);
+    for (size_t i = 0; i < sizes[N - 1]; i++)
+        buf[i] = (unsigned char)tt_mix(i);
+    const void *at[N];
+    uint64_t want[N], got[N];
+    for (int i = 0; i < N; i++) {
+        at[i] = buf + i; /* odd starts too */
+        kern_fp f;
+        kern_fp_init(&f);
+        kern_fp_update(&f, at[i], sizes[i] - (sizes[i] ? (size_t)i % 2 : 0));
+        want[i] = kern_fp_final(&f);
+    }
+    size_t len[N];
+    for (int i = 0; i < N; i++)
+        len[i] = sizes[i] - (sizes[i] ? (size_t)i % 2 : 0);
+    const int threads[] = {1, 3, 8};
+    for (int t = 0; t < 3; t++) {
+        memset(got, 0, sizeof got);
+        assert_int_equal(fp_ranges(at, len, N, got, threads[t]), 0);
+        assert_memory_equal(got, want, sizeof want);
+    }
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -561,6 +596,7 @@ int main(void)
         cmocka_unit_test(test_sigkill_mid_snapshot_leaves_nothing_half),
         cmocka_unit_test(test_update_after_restore_equals_cold_start),
         cmocka_unit_test(test_signature_difference_refused_naming_it),
+        cmocka_unit_test(test_fp_ranges_equal_sequential),
         cmocka_unit_test(test_damaged_snapshot_refused_nothing_written),
         cmocka_unit_test(test_failed_restore_rolls_back_or_poisons),
         cmocka_unit_test(test_snapshot_refusals),
