@@ -554,6 +554,8 @@ static int txn_open(refit_txn **out, refit_model *m, const refit_update_opts *op
     t->m = m;
     t->s = m->scratch;
     t->rollback = opts->rollback != 0;
+    if (!t->rollback || t->usrc) /* saves nothing: seal's reservation waits (txn_destroy) */
+        undo_pool_hold(m->undo_pool, 1);
     t->partial = opts->partial != 0;
     t->keep_going = opts->keep_going != 0;
     t->version_label = xstrdup(opts->version_label ? opts->version_label : "unnamed");
@@ -572,6 +574,7 @@ static int txn_open(refit_txn **out, refit_model *m, const refit_update_opts *op
         free(t->base_version);
         free(t->declared);
         free(t);
+        undo_pool_hold(m->undo_pool, 0);
         return ctx_error(ctx, REFIT_ENOMEM, "begin: out of memory");
     }
     m->txn = t;
@@ -1597,6 +1600,7 @@ int txn_claim_direct(refit_txn *t, const char *name, bool part, int64_t row0,
 
 static void txn_destroy(refit_txn *t)
 {
+    undo_pool_hold(t->m->undo_pool, 0);
     host_services_update_end(t->m->ctx); /* the scratch and status words it was lent */
     txj_batch_free(&t->jb);
     mod_version_drop(t->label);

@@ -38,6 +38,8 @@ struct undo_pool {
     uint64_t reserve_ns;
     int reserve_failed;
     atomic_int running;         /* its thread has not finished */
+    atomic_int held_off;        /* an update that saves nothing runs: the thread
+                                   allocates no chunk until it ends (undo_pool_hold) */
     int joinable;               /* a thread to join */
     pthread_t thread;
     undo_span *needs;           /* per (backend, device): bytes with slack */
@@ -59,8 +61,16 @@ static size_t align_up(size_t n)
     return (n + UNDO_ALIGN - 1) & ~(size_t)(UNDO_ALIGN - 1);
 }
 
+void undo_pool_hold(undo_pool *pool, int on)
+{
+    if (pool)
+        atomic_store(&pool->held_off, on);
+}
+
 void undo_pool_settle(undo_pool *pool)
 {
+    if (pool)
+        atomic_store(&pool->held_off, 0); /* wanted now: it goes on */
     if (pool && pool->joinable) {
         pthread_join(pool->thread, NULL);
         pool->joinable = 0;
@@ -465,6 +475,10 @@ static bool be_has_device(const backend *be)
 static int reserve_chunk(undo_pool *p, const backend *be, int device, undo_place place,
                          size_t size)
 {
+    /* a pinned allocation stalls the driver's other calls for its length:
+     * none while an update that needs no chunk copies */
+    while (atomic_load(&p->held_off))
+        nanosleep(&(struct timespec){0, 1000000}, NULL);
     undo_chunk *c = malloc(sizeof *c);
     char *data = !c ? NULL : place == UNDO_DEVICE ? be->undo_dev_alloc(device, size)
                                                   : be->undo_alloc(size);

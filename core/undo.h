@@ -99,8 +99,13 @@ typedef struct undo_span {
  * lacks, as with none). Returns REFIT_OK or REFIT_ENOMEM (no pool). */
 int undo_pool_reserve(undo_pool **pool, const undo_span *spans, uint32_t n,
                       uint64_t device_budget, int background);
-/* Wait for a reservation in progress (none: returns at once). */
+/* Wait for a reservation in progress (none: returns at once); a hold
+ * ends. */
 void undo_pool_settle(undo_pool *pool);
+/* on 1: a reservation in progress allocates no further chunk until on 0
+ * (an update that saves nothing copies meanwhile: each pinned allocation
+ * stalls the driver's other calls while it runs). NULL: no-op. */
+void undo_pool_hold(undo_pool *pool, int on);
 
 typedef struct undo_pool_stats {
     uint64_t bytes[2];          /* chunk bytes pooled, per undo_place */

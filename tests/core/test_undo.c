@@ -3,9 +3,11 @@
  * across updates. The log alone runs on a backend that counts its
  * allocations; the API tests run on the host backend, whose "device" undo
  * memory is malloc'd memory, so every placement is exercised without a GPU. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <refit/sys/stats.h>
@@ -292,6 +294,71 @@ static void test_reserve_covers_saves(void **state)
             }
     free(sp);
     free(buf);
+}
+
+/* A host allocator the test lets through one call at a time: each call
+ * counts itself in, then waits for the gate. */
+static atomic_int gate_entered, gate_open;
+
+static void *f_gated_alloc(size_t n)
+{
+    atomic_fetch_add(&gate_entered, 1);
+    while (!atomic_load(&gate_open))
+        nanosleep(&(struct timespec){0, 200 * 1000}, NULL);
+    return malloc(n);
+}
+
+static const backend gated_host = {
+    .name = "gated-host",
+    .undo_alloc = f_gated_alloc,
+    .undo_free = free,
+    .save = f_save,
+    .restore = f_restore,
+};
+
+static void wait_entered(int n)
+{
+    while (atomic_load(&gate_entered) < n)
+        nanosleep(&(struct timespec){0, 200 * 1000}, NULL);
+}
+
+/* A hold (an update that saves nothing is copying) keeps a reservation
+ * from allocating its next chunk until it ends; settle (the reservation
+ * wanted now) ends it too. Each pinned allocation stalls the driver's
+ * other calls while it runs: a restore right after seal waited for the
+ * whole reservation. */
+static void test_reserve_held_off(void **state)
+{
+    (void)state;
+    undo_span sp[1] = {{&gated_host, 0, 600 * MIB}}; /* three chunks of at most 256 MiB */
+    atomic_store(&gate_entered, 0);
+    atomic_store(&gate_open, 0);
+    undo_pool *pool = NULL;
+    assert_int_equal(undo_pool_reserve(&pool, sp, 1, 0, 1), REFIT_OK);
+    wait_entered(1);
+    undo_pool_hold(pool, 1); /* an update begins while the first chunk is allocated */
+    atomic_store(&gate_open, 1);
+    nanosleep(&(struct timespec){0, 50 * 1000 * 1000}, NULL);
+    undo_pool_stats st;
+    undo_pool_stats_get(pool, &st);
+    assert_true(st.reserving);
+    assert_int_equal(atomic_load(&gate_entered), 1);
+    undo_pool_hold(pool, 0); /* it ends: the reservation goes on */
+    undo_pool_settle(pool);
+    undo_pool_stats_get(pool, &st);
+    assert_false(st.reserving);
+    assert_int_equal(atomic_load(&gate_entered), 3);
+    assert_true(st.reserved[UNDO_HOST] >= 600 * MIB);
+    /* held, then settled: settle does not wait for the hold to end */
+    atomic_store(&gate_open, 0);
+    sp[0].bytes = 1200 * MIB;
+    assert_int_equal(undo_pool_reserve(&pool, sp, 1, 0, 1), REFIT_OK);
+    wait_entered(4);
+    undo_pool_hold(pool, 1);
+    atomic_store(&gate_open, 1);
+    undo_pool_settle(pool);
+    assert_true(atomic_load(&gate_entered) > 4);
+    undo_pool_free(&pool);
 }
 
 /* Budget 0, a backend without device undo memory, or one whose device
@@ -640,6 +707,7 @@ int main(void)
         cmocka_unit_test(test_seal_reserves_undo),
         cmocka_unit_test(test_seal_opts_undo_reserve),
         cmocka_unit_test(test_reserve_close_early),
+        cmocka_unit_test(test_reserve_held_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
