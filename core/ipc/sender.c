@@ -365,26 +365,12 @@ static int add_patch_entry(refit_ipc_sender *s, const char *name, uint8_t kind, 
 static int check_patch(refit_ipc_sender *s, const char *name, size_t n, const int64_t *idx,
                        const int64_t *counts, const refit_tensor *values)
 {
-    if (!name || !*name || strlen(name) > BKT_MAX_NAME || !values || values->ndim != 1 ||
-        !values->shape || (n && !idx))
-        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add_delta %s: a name of 1 to %d "
-                         "bytes, indices and 1-D values are needed", name ? name : "(null)",
-                         BKT_MAX_NAME);
-    int64_t elements = 0;
-    size_t bad = bkt_patch_elements(n, idx, counts, &elements);
-    if (bad) {
-        size_t i = bad - 1;
-        int64_t c = counts ? counts[i] : 1;
-        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add_delta %s: %s %zu is "
-                         "%lld%s", name, counts ? "run" : "index", i,
-                         (long long)(c < 1 ? c : idx[i]),
-                         c < 1 ? " elements (at least 1)" : " (negative)");
-    }
-    if (values->shape[0] != elements)
-        return ctx_error(s->ctx, REFIT_EINVAL, "ipc sender: add_delta %s: %lld values for "
-                         "%lld elements", name, (long long)values->shape[0],
-                         (long long)elements);
-    return REFIT_OK;
+    char why[160];
+    int64_t nv = values && values->ndim == 1 && values->shape ? values->shape[0] : -1;
+    int rc = bkt_patch_check(name, n, idx, counts, nv, why, sizeof why);
+    return rc ? ctx_error(s->ctx, rc, "ipc sender: add_delta %s: %s", name ? name : "(null)",
+                          why)
+              : REFIT_OK;
 }
 
 int refit_ipc_sender_add_delta(refit_ipc_sender *s, const char *name, size_t n,

@@ -937,6 +937,31 @@ void bkt_header_free(bkt_header *h)
     h->cap_arena = 0;
 }
 
+int bkt_patch_check(const char *name, size_t n, const int64_t *indices, const int64_t *counts,
+                    int64_t n_values, char *why, size_t len)
+{
+    int64_t elements = 0;
+    size_t bad;
+    if (!name || !*name || strlen(name) > BKT_MAX_NAME || n_values < 0)
+        snprintf(why, len, "a name of 1 to %d bytes and 1-D values are needed", BKT_MAX_NAME);
+    else if (n && !indices)
+        snprintf(why, len, "indices NULL for %zu entries", n);
+    else if (n > (size_t)INT64_MAX / 8)
+        snprintf(why, len, "%zu indices", n);
+    else if ((bad = bkt_patch_elements(n, indices, counts, &elements))) {
+        size_t i = bad - 1;
+        int64_t c = counts ? counts[i] : 1;
+        snprintf(why, len, "%s %zu is %lld%s", counts ? "run" : "index", i,
+                 (long long)(c < 1 ? c : indices[i]),
+                 c < 1 ? " elements (at least 1)" : " (negative)");
+    } else if (n_values != elements)
+        snprintf(why, len, "%lld values for %lld elements", (long long)n_values,
+                 (long long)elements);
+    else
+        return REFIT_OK;
+    return REFIT_EINVAL;
+}
+
 size_t bkt_patch_elements(size_t n, const int64_t *indices, const int64_t *counts,
                           int64_t *elements)
 {

@@ -191,6 +191,14 @@ int bkt_plan_build_direct(bkt_plan *p, const bkt_tensor *t, uint32_t n, uint64_t
 size_t bkt_patch_elements(size_t n, const int64_t *indices, const int64_t *counts,
                           int64_t *elements);
 
+/* A patch as a sender takes it, before any model sees it: a name of 1 to
+ * BKT_MAX_NAME bytes, n indices (NULL only when n is 0) and their counts
+ * (NULL: single elements), n_values values (-1: none, or not 1-D).
+ * REFIT_OK, or REFIT_EINVAL with why written ("index 0 is -1 (negative)",
+ * "3 values for 2 elements"); each sender puts its own words before it. */
+int bkt_patch_check(const char *name, size_t n, const int64_t *indices, const int64_t *counts,
+                    int64_t n_values, char *why, size_t len);
+
 /* As bkt_plan_build_direct, with kinds[i] the BKT_E_* of tensor i (NULL:
  * every one whole): a patch (BKT_E_DELTA_INDICES, then optionally
  * BKT_E_DELTA_COUNTS, then BKT_E_DELTA_VALUES, consecutive, 1-D) goes into

@@ -252,29 +252,12 @@ static int add_entry(refit_sender *s, const char *name, uint8_t kind, size_t n,
 static int check_patch(refit_sender *s, const char *name, size_t n, const int64_t *indices,
                        const int64_t *counts, const refit_tensor *values)
 {
+    char why[160];
     refit_view v;
-    if (!name || !*name || strlen(name) > BKT_MAX_NAME || xport_view(values, &v) || v.ndim != 1)
-        return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: bad name or values "
-                         "(a 1-D tensor)", name ? name : "(null)");
-    if (n && !indices)
-        return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: indices NULL for %zu "
-                         "entries", name, n);
-    if (n > (size_t)INT64_MAX / 8)
-        return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: %zu indices", name, n);
-    int64_t elements = 0;
-    size_t bad = bkt_patch_elements(n, indices, counts, &elements);
-    if (bad) {
-        size_t i = bad - 1;
-        int64_t c = counts ? counts[i] : 1;
-        return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: %s %zu is %lld%s",
-                         name, counts ? "run" : "index", i,
-                         (long long)(c < 1 ? c : indices[i]),
-                         c < 1 ? " elements (at least 1)" : " (negative)");
-    }
-    if (v.shape[0] != elements)
-        return ctx_error(s->ctx, REFIT_EINVAL, "sender: patch of %s: %lld values for %lld "
-                         "elements", name, (long long)v.shape[0], (long long)elements);
-    return REFIT_OK;
+    int64_t nv = values && !xport_view(values, &v) && v.ndim == 1 ? v.shape[0] : -1;
+    int rc = bkt_patch_check(name, n, indices, counts, nv, why, sizeof why);
+    return rc ? ctx_error(s->ctx, rc, "sender: patch of %s: %s", name ? name : "(null)", why)
+              : REFIT_OK;
 }
 
 int refit_sender_add_delta(refit_sender *s, const char *name, size_t n, const int64_t *indices,
