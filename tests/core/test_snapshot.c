@@ -564,9 +564,10 @@ static void test_fp_ranges_equal_sequential(void **state)
     (void)state;
     const size_t sizes[] = {0, 7, 8, (32u << 20) + 3, (70u << 20) + 13};
     enum { N = sizeof sizes / sizeof sizes[0] };
-    unsigned char *buf = malloc(sizes[N - 1]);
+    size_t cap = sizes[N - 1] + N; /* range i starts at byte i */
+    unsigned char *buf = malloc(cap);
     assert_non_null(buf);
-    for (size_t i = 0; i < sizes[N - 1]; i++)
+    for (size_t i = 0; i < cap; i++)
         buf[i] = (unsigned char)tt_mix(i);
     const void *at[N];
     uint64_t want[N], got[N];
