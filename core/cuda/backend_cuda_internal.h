@@ -148,6 +148,9 @@ typedef struct dslice {
                                  * whose destinations may be separate allocations */
     bool cast;                  /* the whole piece, converted from sdt to ddt on the device */
     refit_dtype sdt, ddt;
+    bool strided;               /* cast too: written through dv (a strided destination;
+                                 * the source is the piece's bytes in dv's shape, row-major) */
+    refit_view dv;
     int filled;                 /* SL_*: FILLED set by the worker that copied it (release) */
     cudaEvent_t wait;           /* a marker (no bytes): the stream waits for this
                                  * save's event here, in slice order */
@@ -199,7 +202,8 @@ int chunk_mark(pchunk *c, cudaStream_t st);
 void defer_wake(void);
 void dma_timing_resolve(void);
 void defer_wait_issued(uint64_t upto);
-int defer_queue(cq *q, char *dst, const char *src, size_t bytes, const refit_dtype *cast);
+int defer_queue(cq *q, char *dst, const char *src, size_t bytes, const refit_dtype *cast,
+                const refit_view *dview);
 void defer_settle_all(void);
 int cuda_hold_host_sources(void *stream, int on);
 

@@ -257,16 +257,20 @@ int cuda_copy(const refit_view *dst, const refit_view *src, void *stream)
             else if (src->device.device_type == REFIT_DEVICE_CUDA_HOST)
                 sdev = pinned_dev(src->data); /* NULL: not pinned after all */
             /* a contiguous pageable piece inside a hold joins the ring; a
-             * cast one too when it fits one slice of one chunk */
+             * cast one, or one into a strided destination (an INT4 expert's
+             * transposed words), too when it fits one slice of one chunk:
+             * the copy kernel writes it from the chunk when it is issued */
             bool ring = !sdev && D.held && D.hold == stream && (!D.q || D.q == q) &&
-                        view_contiguous(dst) && view_contiguous(src);
+                        view_contiguous(src) && src->dtype.bits % 8 == 0;
+            bool flat = view_contiguous(dst);
             bool same = kern_dtype_eq(dst->dtype, src->dtype);
             size_t sbytes = (size_t)kern_view_numel(src) * kern_dtype_size(src->dtype);
-            if (ring && same)
-                rc = defer_queue(q, dst->data, src->data, sbytes, NULL);
-            else if (ring && sbytes <= G.cfg.defer_slice && sbytes + 64 <= G.cfg.ring_chunk_bytes)
+            bool piece = sbytes <= G.cfg.defer_slice && sbytes + 64 <= G.cfg.ring_chunk_bytes;
+            if (ring && flat && same)
+                rc = defer_queue(q, dst->data, src->data, sbytes, NULL, NULL);
+            else if (ring && piece)
                 rc = defer_queue(q, dst->data, src->data, sbytes,
-                                 (refit_dtype[2]){src->dtype, dst->dtype});
+                                 (refit_dtype[2]){src->dtype, dst->dtype}, flat ? NULL : dst);
             else {
                 defer_settle_all();
                 rc = sdev ? copy_direct(q, dst, src, sdev) : copy_pageable(q, dst, src);

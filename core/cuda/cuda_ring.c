@@ -475,7 +475,16 @@ static uint64_t issue_run(cq *q, uint64_t i)
                              .dtype = x->ddt, .ndim = 1,
                              .shape = {(int64_t)(bytes / kern_dtype_size(x->sdt))},
                              .strides = {1}};
+            if (x->strided)
+                dv = x->dv;
             refit_view sv = dv;
+            if (x->strided) { /* the piece's bytes in dv's shape, row-major */
+                int64_t step = 1;
+                for (int d = sv.ndim - 1; d >= 0; d--) {
+                    sv.strides[d] = step;
+                    step *= sv.shape[d];
+                }
+            }
             sv.data = c->dev + (x->pin - c->p);
             sv.device = (refit_device){REFIT_DEVICE_CUDA_HOST, 0};
             sv.dtype = x->sdt;
@@ -617,8 +626,11 @@ static int defer_next_chunk(cq *q)
  * copy kernel converts when it is issued (a BF16 scale into an F32 runtime
  * scale), queued as one slice in one chunk, so that a cast does not settle
  * the pipeline as the synchronous path would; the caller keeps its bytes
- * within a slice and a chunk. */
-int defer_queue(cq *q, char *dst, const char *src, size_t bytes, const refit_dtype *cast)
+ * within a slice and a chunk. dview (NULL: dst is contiguous): with cast,
+ * a strided destination the kernel writes through (an INT4 expert's
+ * transposed words), the source being bytes in dview's shape, row-major. */
+int defer_queue(cq *q, char *dst, const char *src, size_t bytes, const refit_dtype *cast,
+                const refit_view *dview)
 {
     uint64_t t_in = ring_trace_on ? now_ns() : 0, c_in = ring_trace_cpu_ns();
     if (D.q != q) {
@@ -658,9 +670,12 @@ int defer_queue(cq *q, char *dst, const char *src, size_t bytes, const refit_dty
             n = cap - D.used;
         pchunk *c = &q->ring[D.cur];
         dslice *x = &D.s[D.head % DEFER_CAP];
-        *x = (dslice){dst + off, src + off, c->p + D.used, n, D.cur, call, cast != NULL,
-                      cast ? cast[0] : (refit_dtype){0}, cast ? cast[1] : (refit_dtype){0}, 0,
-                      NULL};
+        *x = (dslice){.dst = dst + off, .src = src + off, .pin = c->p + D.used, .bytes = n,
+                      .chunk = D.cur, .call = call, .cast = cast != NULL,
+                      .sdt = cast ? cast[0] : (refit_dtype){0},
+                      .ddt = cast ? cast[1] : (refit_dtype){0}, .strided = cast && dview};
+        if (x->strided)
+            x->dv = *dview;
         D.pending[D.cur]++;
         D.used += n;
         off += n;

@@ -241,7 +241,8 @@ static void defer_marker(cudaEvent_t ev, uint64_t *mark)
     if (D.head - D.issued == DEFER_CAP)
         defer_wait_issued(D.head - DEFER_CAP + 1);
     dslice *x = &D.s[D.head % DEFER_CAP];
-    *x = (dslice){(char *)none, none, (char *)none, 0, D.cur, ++D.calls, false, {0}, {0}, 0, ev};
+    *x = (dslice){.dst = (char *)none, .src = none, .pin = (char *)none, .chunk = D.cur,
+                  .call = ++D.calls, .wait = ev};
     *mark = D.head + 1;
     __atomic_store_n(&D.head, D.head + 1, __ATOMIC_RELEASE);
     defer_wake();
