@@ -18,8 +18,8 @@
 #include <refit/transport.h>
 #include <refit/sys/transport.h> /* the receiver's direct-byte count */
 
-#include "core/nccl/bucket.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/bucket.h"
+#include "transports/nccl/xport.h"
 #include "journal/journal.h"
 #include "kernels/fingerprint.h"
 #include "tools/bench_nccl.h"

@@ -1,7 +1,7 @@
 /*
- * libFuzzer target for the NCCL bucket index (core/nccl/bucket.c): the
+ * libFuzzer target for the NCCL bucket index (transports/nccl/bucket.c): the
  * announce and the chain of headers a receiver walks before any payload
- * moves, decoded exactly as core/nccl/receiver.c's rcv_index walks them.
+ * moves, decoded exactly as transports/nccl/receiver.c's rcv_index walks them.
  *
  * The first byte picks the mode:
  *   even  raw: the rest is an announce (128 bytes) and an index. The
@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/nccl/bucket.h"
+#include "transports/nccl/bucket.h"
 
 #define MAX_TENSORS 24
 

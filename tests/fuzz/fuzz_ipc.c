@@ -1,6 +1,6 @@
 /*
- * libFuzzer target for the IPC control channel's messages (core/ipc/msg.c,
- * core/ipc/keeper_msg.c): arbitrary bytes as one received frame, fed to
+ * libFuzzer target for the IPC control channel's messages (transports/ipc/msg.c,
+ * transports/ipc/keeper_msg.c): arbitrary bytes as one received frame, fed to
  * the decoder a peer's frame of that kind meets.
  *
  * Byte 0 picks the decoder (low three bits, mod 7: HELLO, a member's
@@ -23,8 +23,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/ipc/keeper_msg.h"
-#include "core/ipc/msg.h"
+#include "transports/ipc/keeper_msg.h"
+#include "transports/ipc/msg.h"
 
 enum { D_HELLO, D_MEMBER, D_MEMS, D_INDEX, D_UPDATE, D_STATUS, D_OFFER, D_COUNT };
 

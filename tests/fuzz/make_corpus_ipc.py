@@ -4,7 +4,7 @@
 Each seed is byte 0 (the decoder: 0 HELLO, 1 a member's HELLO, 2 MEMS,
 3 INDEX, 4 UPDATE, 5 a status message, 6 K_OFFER; top bit: byte 1 is the
 frame's type), byte 1 (the decoder's argument, see fuzz_ipc.c) and the
-payload: frames laid out as core/ipc/msg.h and keeper_msg.h describe them,
+payload: frames laid out as transports/ipc/msg.h and keeper_msg.h describe them,
 each accepted by its decoder unless its name says "refused". INDEX seeds
 leave the announce's checksum zero: an odd argument has the harness write
 it. Plain Python (struct): no third-party package.

@@ -4,7 +4,7 @@
 # TARGET: safetensors (default; the header parser and the index reader),
 # manifest (model manifests: YAML, schema, expansion), bucket (the NCCL
 # bucket announce and index), ipc (the colocated transport's control
-# messages: core/ipc/msg.c, core/ipc/keeper_msg.c). The seed corpus in
+# messages: transports/ipc/msg.c, transports/ipc/keeper_msg.c). The seed corpus in
 # tests/fuzz/corpus/ (and tests/fuzz/corpus-TARGET/ where there is one) is
 # read, never written: new inputs go to build-fuzz/corpus-TARGET/, crashes
 # to build-fuzz/.
@@ -33,12 +33,12 @@ manifest)
   extra="-dict=$root/tests/fuzz/manifest.dict -max_len=16384 -rss_limit_mb=1024 -timeout=10"
   ;;
 bucket)
-  srcs="core/nccl/bucket.c core/errbuf.c core/status.c kernels/fingerprint.c kernels/copy.c kernels/cast.c"
+  srcs="transports/nccl/bucket.c core/errbuf.c core/status.c kernels/fingerprint.c kernels/copy.c kernels/cast.c"
   libs=""
   extra="-max_len=16384"
   ;;
 ipc)
-  srcs="core/ipc/msg.c core/ipc/keeper_msg.c core/ipc/chan.c core/nccl/bucket.c core/errbuf.c \
+  srcs="transports/ipc/msg.c transports/ipc/keeper_msg.c transports/ipc/chan.c transports/nccl/bucket.c core/errbuf.c \
     core/status.c kernels/fingerprint.c kernels/copy.c kernels/cast.c"
   libs=""
   seeds="$root/tests/fuzz/corpus-ipc"

@@ -6,8 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "core/ipc/keeper_msg.h"
-#include "core/ipc/mem.h"
+#include "transports/ipc/keeper_msg.h"
+#include "transports/ipc/mem.h"
 #include "tests/ipc/itest.h"
 
 /* Plan t->bt (n_bt tensors) into buckets of bucket_bytes, lay them out in

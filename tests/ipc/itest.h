@@ -8,7 +8,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-#include "core/ipc/msg.h"
+#include "transports/ipc/msg.h"
 #include "tests/nccl/ntest.h"
 
 /* A trainer holding version's checkpoint in one memfd, packed as the NCCL

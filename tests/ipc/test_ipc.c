@@ -25,8 +25,8 @@
 #include <cmocka.h>
 #include <refit/ipc.h>
 
-#include "core/ipc/chan.h"
-#include "core/ipc/msg.h"
+#include "transports/ipc/chan.h"
+#include "transports/ipc/msg.h"
 #include "journal/journal.h"
 #include "tests/ipc/itest.h"
 

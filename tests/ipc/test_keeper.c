@@ -25,7 +25,7 @@
 #include <refit/ipc.h>
 #include <refit/sys/stats.h>
 
-#include "core/ipc/keeper.h"
+#include "transports/ipc/keeper.h"
 #include "journal/journal.h"
 #include "tests/ipc/itest.h"
 

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "ntest.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/xport.h"
 #include <refit/sys/stats.h>
 #include <refit/sys/transport.h>
 

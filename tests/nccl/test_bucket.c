@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "core/nccl/bucket.h"
+#include "transports/nccl/bucket.h"
 
 static const int64_t SH_A[] = {10, 8}, SH_EMPTY[] = {0, 16}, SH_FP4[] = {6, 3},
                      SH_FP4E[] = {8, 4}, SH_BIG[] = {300, 7}, SH_WIDE[] = {2, 1000},

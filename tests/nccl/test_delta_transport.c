@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "ntest.h"
-#include "core/nccl/bucket.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/bucket.h"
+#include "transports/nccl/xport.h"
 
 #include <setjmp.h>
 #include <stdarg.h>

@@ -20,7 +20,7 @@
 #include <cmocka.h>
 
 #include "ntest.h"
-#include "core/nccl/bucket.h"
+#include "transports/nccl/bucket.h"
 #include "journal/journal.h"
 
 #define NW 2                    /* receiving ranks */

@@ -13,7 +13,7 @@
 #include <cmocka.h>
 
 #include "ntest.h"
-#include "core/nccl/bucket.h"
+#include "transports/nccl/bucket.h"
 #include "journal/journal.h"
 
 #define TP 2

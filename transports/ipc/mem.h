@@ -11,7 +11,7 @@
  *                    control socket, mapped shared on both sides; the
  *                    socket's own ordering stands in for the event
  *
- * The CUDA driver is looked up at run time (core/nccl/nccl_lib.c's
+ * The CUDA driver is looked up at run time (transports/nccl/nccl_lib.c's
  * cu_api_open, and the IPC entry points beside it): nothing links CUDA.
  */
 #ifndef REFIT_CORE_IPC_MEM_H
@@ -21,8 +21,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/ipc/msg.h"
-#include "core/nccl/nccl_shim.h"
+#include "transports/ipc/msg.h"
+#include "transports/nccl/nccl_shim.h"
 
 typedef struct CUipcMemHandle_s { char reserved[IPC_HANDLE_BYTES]; } CUipcMemHandle;
 typedef struct CUipcEventHandle_s { char reserved[IPC_HANDLE_BYTES]; } CUipcEventHandle;

@@ -11,7 +11,7 @@
 #include <time.h>
 
 #include "core/ctx.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/xport.h"
 #include "kernels/copy.h"
 #include "kernels/fingerprint.h"
 

@@ -57,8 +57,8 @@
 #include "core/ctx.h"
 #include "core/model.h"
 #include "core/txn.h"
-#include "core/nccl/bucket.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/bucket.h"
+#include "transports/nccl/xport.h"
 
 #define RCV_MAX_ACCEPT ((uint64_t)4 << 30)
 #define RCV_FREE_LATER 8

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "core/ctx.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/xport.h"
 
 static int worker_status(refit_ctx *ctx)
 {

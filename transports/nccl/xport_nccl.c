@@ -18,8 +18,8 @@
 
 #include "core/backend.h"
 #include "core/ctx.h"
-#include "core/nccl/nccl_shim.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/nccl_shim.h"
+#include "transports/nccl/xport.h"
 #ifdef REFIT_HAVE_CUDA
 #include "core/cuda/backend_cuda.h"
 #endif

@@ -28,8 +28,8 @@
 #include "core/names.h"
 #include "core/util.h"
 #include "core/ctx.h"
-#include "core/nccl/bucket.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/bucket.h"
+#include "transports/nccl/xport.h"
 #include "kernels/copy.h"
 
 typedef struct snd_tensor {

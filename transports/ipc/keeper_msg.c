@@ -6,7 +6,7 @@
 
 #include <refit/refit.h>
 
-#include "core/ipc/keeper_msg.h"
+#include "transports/ipc/keeper_msg.h"
 
 static int k_bad(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

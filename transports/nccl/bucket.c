@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/nccl/bucket.h"
+#include "transports/nccl/bucket.h"
 #include "kernels/fingerprint.h"
 #include "core/errbuf.h"
 

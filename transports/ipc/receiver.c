@@ -6,7 +6,7 @@
  *               the trainer sends it unchanged (same id, generation, handle)
  *   INDEX       once per layout: decoded and checked whole, the bucket map
  *               against the table (memory known, bucket inside it), the
- *               announce and every header (core/nccl/bucket.c's decoders),
+ *               announce and every header (transports/nccl/bucket.c's decoders),
  *               then every piece against the model (name expected, dtype,
  *               shape, no duplicate); kept, or its refusal kept for the
  *               UPDATE that names it
@@ -33,15 +33,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "core/ipc/receiver.h"
+#include "transports/ipc/receiver.h"
 
 #include "core/util.h"
 #include "core/ctx.h"
 #include "core/model.h"
-#include "core/ipc/keeper_restore.h"
-#include "core/ipc/mem.h"
+#include "transports/ipc/keeper_restore.h"
+#include "transports/ipc/mem.h"
 #include "core/names.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/xport.h"
 #include "kernels/copy.h"
 
 typedef struct rcv_mem {

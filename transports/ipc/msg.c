@@ -8,7 +8,7 @@
 
 #include <refit/refit.h>
 
-#include "core/ipc/msg.h"
+#include "transports/ipc/msg.h"
 
 static int bad(char *err, size_t errlen, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

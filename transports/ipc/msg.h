@@ -2,7 +2,7 @@
  * The messages of the IPC control channel (docs/ipc.md), each the payload
  * of one frame (chan.h). The decoders take untrusted bytes and check every
  * field before anything is used. The index is the NCCL wire's
- * (core/nccl/bucket.h: announce, then every bucket's header), one bucket
+ * (transports/nccl/bucket.h: announce, then every bucket's header), one bucket
  * per region of shared memory; it travels in INDEX, once per layout, and
  * each UPDATE names it (so a steady update is a 32-byte frame and a label).
  *
@@ -27,8 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/ipc/chan.h"
-#include "core/nccl/bucket.h"
+#include "transports/ipc/chan.h"
+#include "transports/nccl/bucket.h"
 
 #define IPC_HANDLE_BYTES 64
 #define IPC_MAX_MEMS (1u << 20)

@@ -25,7 +25,7 @@
 
 #include <stdint.h>
 
-#include "core/ipc/msg.h"
+#include "transports/ipc/msg.h"
 
 enum { IPC_ROLE_RESTORER = 3, IPC_ROLE_KEEPER = 4 };
 

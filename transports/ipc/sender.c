@@ -8,7 +8,7 @@
  *            table (ids, handles) built, its epoch bumped
  *   pack     backend copies of the PACK tensors on the trainer's stream,
  *            then the interprocess event recorded on it (device)
- *   index    announce + one bucket header per bucket (core/nccl/bucket.h),
+ *   index    announce + one bucket header per bucket (transports/nccl/bucket.h),
  *            encoded once per layout (INDEX, its headers' label empty)
  *   per worker: the RESULT of the last commit (read here, not waited for
  *            by the send that committed), MEMS when its table is older than
@@ -32,9 +32,9 @@
 #include "core/names.h"
 #include "core/util.h"
 #include "core/ctx.h"
-#include "core/ipc/keeper_msg.h"
-#include "core/ipc/mem.h"
-#include "core/nccl/xport.h"
+#include "transports/ipc/keeper_msg.h"
+#include "transports/ipc/mem.h"
+#include "transports/nccl/xport.h"
 #include "kernels/copy.h"
 
 typedef struct snd_tensor {

@@ -21,7 +21,7 @@
  * or update at a time: the trainer's vote waits for a restore in progress,
  * and a restorer connected during an update waits in the listen queue.
  */
-#include "core/ipc/keeper.h"
+#include "transports/ipc/keeper.h"
 
 #include <errno.h>
 #include <poll.h>
@@ -32,13 +32,13 @@
 
 #include <jansson.h>
 
-#include "core/ipc/keeper_msg.h"
-#include "core/ipc/pool.h"
-#include "core/ipc/receiver.h"
+#include "transports/ipc/keeper_msg.h"
+#include "transports/ipc/pool.h"
+#include "transports/ipc/receiver.h"
 #include "core/ctx.h"
 #include "core/model.h"
 #include "core/mod_version.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/xport.h"
 #include "core/snapshot_sig.h"
 #include "core/util.h"
 

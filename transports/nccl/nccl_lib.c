@@ -14,7 +14,7 @@
 
 #include <refit/refit.h>
 
-#include "core/nccl/nccl_shim.h"
+#include "transports/nccl/nccl_shim.h"
 
 typedef struct sym {
     const char *name;

@@ -10,7 +10,7 @@
  *   8  u32 payload bytes
  *  12  u16 descriptors passed with the frame (SCM_RIGHTS), u16 flags (0)
  *
- * Integers are little-endian; checksums are bkt_checksum (core/nccl's).
+ * Integers are little-endian; checksums are bkt_checksum (transports/nccl's).
  * The header is checked (magic, version, its checksum, type, size against
  * the limit, flags, descriptors) before the payload is read or any memory
  * is taken for it; the payload's checksum before it is handed on. Anything
@@ -39,7 +39,7 @@ typedef enum ipc_type {
     IPC_RESULT = 6,     /* worker: what the decision came to */
     IPC_INDEX = 7,      /* trainer, when its layout changed: bucket map, announce, index */
     IPC_TYPE_MAX = 7,
-    /* a keeper's restores (core/ipc/keeper*.c, docs/restart.md), numbered
+    /* a keeper's restores (transports/ipc/keeper*.c, docs/restart.md), numbered
      * apart so the trainer's range can grow */
     IPC_K_OFFER = 32,   /* keeper: what it holds (or why it serves nothing) */
     IPC_K_DONE = 33,    /* restoring worker: copied and checked (0), or why not */

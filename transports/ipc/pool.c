@@ -4,7 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "core/ipc/pool.h"
+#include "transports/ipc/pool.h"
 #include "core/ctx.h"
 
 int refit_ipc_pool_create(refit_ipc_pool **out, refit_ctx *ctx, int32_t device, uint64_t bytes)

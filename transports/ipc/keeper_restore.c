@@ -27,10 +27,10 @@
 #include <jansson.h>
 #include <refit/ipc.h>
 
-#include "core/ipc/keeper_restore.h"
+#include "transports/ipc/keeper_restore.h"
 
-#include "core/ipc/keeper_msg.h"
-#include "core/ipc/mem.h"
+#include "transports/ipc/keeper_msg.h"
+#include "transports/ipc/mem.h"
 #include "core/ctx.h"
 #include "core/model.h"
 #include "core/snapshot_manifest.h"

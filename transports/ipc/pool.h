@@ -6,7 +6,7 @@
 
 #include <refit/ipc.h>
 
-#include "core/ipc/mem.h"
+#include "transports/ipc/mem.h"
 
 struct refit_ipc_pool {
     refit_ctx *ctx;

@@ -11,7 +11,7 @@
 
 #include <refit/refit.h>
 
-#include "core/ipc/mem.h"
+#include "transports/ipc/mem.h"
 #include "core/errbuf.h"
 
 

@@ -6,7 +6,7 @@
 #include <time.h>
 
 #include "core/ctx.h"
-#include "core/nccl/xport.h"
+#include "transports/nccl/xport.h"
 #include "journal/journal.h"
 
 double xport_now(void)

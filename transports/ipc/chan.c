@@ -16,8 +16,8 @@
 
 #include <refit/refit.h>
 
-#include "core/ipc/chan.h"
-#include "core/nccl/bucket.h"
+#include "transports/ipc/chan.h"
+#include "transports/nccl/bucket.h"
 #include "core/errbuf.h"
 
 
