@@ -9,15 +9,17 @@
 # which may call ctx_base.c) call nothing another core unit defines; what
 # wires a context at refit_open is above them, in core/ctx_open.c. The
 # journal's files stand on floors (issue 34, docs/journal.md): each calls
-# only files of lower floors, and every journal file has a floor (check 4)
+# only files of lower floors, and every journal file has a floor (check 4).
+# The transports (transports/, a floor above the core) may call the core;
+# no core object calls a symbol a transports object defines (check 5)
 # (TAP).
-# Usage: layering.sh LIBREFIT_INTERNAL.a [core|journal]  (default: both)
+# Usage: layering.sh LIBREFIT_INTERNAL.a [core|journal|transports]  (default: all)
 lib="$1"
 part="${2:-all}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-echo "1..4"
+echo "1..5"
 members=$(nm -A "$lib" 2>/dev/null | awk -F: '{print $2}' | sort -u)
 obj() { echo "$members" | grep "core_$1\.c\.o\$" | head -1; }
 core_checks() {
@@ -118,8 +120,31 @@ journal_checks() {
   fi
 }
 
+# The core under the transports: what core objects call, against what
+# transports objects define.
+transport_checks() {
+  nm -A --defined-only "$lib" 2>/dev/null | awk -F: '$2 ~ /transports_/ {split($3, f, " ");
+    if (f[2] ~ /^[TDBRCV]$/) print f[3], $2}' | sort -k1,1 > "$tmp/tdefs"
+  if [ ! -s "$tmp/tdefs" ]; then
+    echo "not ok 5 - no object of transports/ in $lib"
+    return
+  fi
+  up=$(nm -A -u "$lib" 2>/dev/null | awk -F: '$2 ~ /core_/ && $2 !~ /transports_/ {
+    split($3, f, " "); print f[2], $2}' | sort -k1,1 | join - "$tmp/tdefs" |
+    awk '{print "#   " $2 " calls " $1 " of " $3}')
+  if [ -z "$up" ]; then
+    echo "ok 5 - the core calls nothing of the transports"
+  else
+    echo "not ok 5 - core objects calling up into the transports:"
+    echo "$up"
+  fi
+}
+
 case "$part" in
-  core) core_checks; echo "ok 4 # skip the journal" ;;
-  journal) echo "ok 1 # skip the core"; echo "ok 2 # skip"; echo "ok 3 # skip"; journal_checks ;;
-  *) core_checks; journal_checks ;;
+  core) core_checks; echo "ok 4 # skip the journal"; echo "ok 5 # skip the transports" ;;
+  journal) echo "ok 1 # skip the core"; echo "ok 2 # skip"; echo "ok 3 # skip"; journal_checks
+           echo "ok 5 # skip the transports" ;;
+  transports) echo "ok 1 # skip the core"; echo "ok 2 # skip"; echo "ok 3 # skip"
+              echo "ok 4 # skip the journal"; transport_checks ;;
+  *) core_checks; journal_checks; transport_checks ;;
 esac
