@@ -440,12 +440,16 @@ static int snap_open_checked(refit_ctx *ctx, const char *path, const char *what,
     json_array_foreach(mods, i, mod)
         n_tensors += json_array_size(json_object_get(mod, "tensors"));
     /* every tensor's fingerprint first, on threads (the whole file is
-     * read once), then each module's in the manifest's order */
-    const void **at = malloc((n_tensors + 1) * sizeof *at);
-    size_t *len = malloc((n_tensors + 1) * sizeof *len);
+     * read once), then each module's in the manifest's order; a tensor of
+     * sub-byte elements or none (at NULL, no bytes for the threads) takes
+     * its view's own walk */
+    const void **at = calloc(n_tensors + 1, sizeof *at);
+    size_t *len = calloc(n_tensors + 1, sizeof *len);
     uint64_t *fps = malloc((n_tensors + 1) * sizeof *fps);
+    uint64_t *got = malloc((n_tensors + 1) * sizeof *got);
     size_t k = 0;
-    rc = at && len && fps ? REFIT_OK : ctx_error(ctx, REFIT_ENOMEM, "%s: out of memory", what);
+    rc = at && len && fps && got ? REFIT_OK
+                                 : ctx_error(ctx, REFIT_ENOMEM, "%s: out of memory", what);
     json_array_foreach(mods, i, mod) {
         const char *name = json_string_value(json_object_get(mod, "name"));
         size_t nt = json_array_size(json_object_get(mod, "tensors"));
@@ -457,23 +461,16 @@ static int snap_open_checked(refit_ctx *ctx, const char *path, const char *what,
                                "manifest is %s; refused, nothing written", what, s->file,
                                name ? name : "?", j, t ? "of a dtype refit has no name for"
                                                        : "not in the file");
-            else if (v.dtype.bits % 8) /* sub-byte elements: the view's own walk */
-                at[k] = NULL, fps[k] = kern_fingerprint_view(&v);
+            else if (v.dtype.bits % 8 || t->nbytes == 0)
+                fps[k] = kern_fingerprint_view(&v);
             else
                 at[k] = t->data, len[k] = (size_t)t->nbytes;
         }
     }
-    /* the byte-aligned ones together */
-    size_t nb = 0;
-    for (size_t j = 0; !rc && j < k; j++)
-        if (at[j])
-            at[nb] = at[j], len[nb++] = len[j];
-    uint64_t *bfp = rc ? NULL : malloc((nb + 1) * sizeof *bfp);
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!rc && (!bfp || fp_ranges(at, len, nb, bfp, cpus > 16 ? 16 : cpus < 1 ? 1 : (int)cpus)))
+    if (!rc && fp_ranges(at, len, n_tensors, got, cpus > 16 ? 16 : cpus < 1 ? 1 : (int)cpus))
         rc = ctx_error(ctx, REFIT_ENOMEM, "%s: out of memory", what);
     k = 0;
-    size_t b = 0;
     json_array_foreach(mods, i, mod) {
         if (rc)
             break;
@@ -481,12 +478,8 @@ static int snap_open_checked(refit_ctx *ctx, const char *path, const char *what,
         const char *want = json_string_value(json_object_get(mod, "fingerprint"));
         size_t nt = json_array_size(json_object_get(mod, "tensors"));
         uint64_t h = 0;
-        for (size_t j = 0; j < nt; j++, k++) {
-            const st_tensor *t = entry_tensor(s, mod, j);
-            refit_view v;
-            file_view(t, &v);
-            h = kern_fp_combine(h, v.dtype.bits % 8 ? fps[k] : bfp[b++]);
-        }
+        for (size_t j = 0; j < nt; j++, k++)
+            h = kern_fp_combine(h, at[k] ? got[k] : fps[k]);
         char hex[17];
         fp_hex(h, hex);
         if (!name || !want || strcmp(hex, want))
@@ -498,7 +491,7 @@ static int snap_open_checked(refit_ctx *ctx, const char *path, const char *what,
     free(at);
     free(len);
     free(fps);
-    free(bfp);
+    free(got);
     if (rc)
         return rc;
     if (!json_is_array(mods) || n_tensors != st_count(s->st))

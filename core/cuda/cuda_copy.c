@@ -257,8 +257,8 @@ int cuda_copy(const refit_view *dst, const refit_view *src, void *stream)
             else if (src->device.device_type == REFIT_DEVICE_CUDA_HOST)
                 sdev = pinned_dev(src->data); /* NULL: not pinned after all */
             /* a contiguous pageable piece inside a hold joins the ring; a
-             * cast one, or one into a strided destination (an INT4 expert's
-             * transposed words), too when it fits one slice of one chunk:
+             * cast one, or one into a strided destination (a transposed
+             * runtime view), too when it fits one slice of one chunk:
              * the copy kernel writes it from the chunk when it is issued */
             bool ring = !sdev && D.held && D.hold == stream && (!D.q || D.q == q) &&
                         view_contiguous(src) && src->dtype.bits % 8 == 0;

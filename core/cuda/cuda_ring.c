@@ -471,20 +471,15 @@ static uint64_t issue_run(cq *q, uint64_t i)
         int rc;
         if (x->cast) {
             /* converted by the copy kernel, read from the mapped chunk */
-            refit_view dv = {.data = x->dst, .device = {REFIT_DEVICE_CUDA, q->device},
-                             .dtype = x->ddt, .ndim = 1,
-                             .shape = {(int64_t)(bytes / kern_dtype_size(x->sdt))},
-                             .strides = {1}};
-            if (x->strided)
-                dv = x->dv;
-            refit_view sv = dv;
-            if (x->strided) { /* the piece's bytes in dv's shape, row-major */
-                int64_t step = 1;
-                for (int d = sv.ndim - 1; d >= 0; d--) {
-                    sv.strides[d] = step;
-                    step *= sv.shape[d];
-                }
-            }
+            refit_view dv = x->strided ? x->dv
+                            : (refit_view){.data = x->dst, .device = {REFIT_DEVICE_CUDA, q->device},
+                                           .dtype = x->ddt, .ndim = 1,
+                                           .shape = {(int64_t)(bytes / kern_dtype_size(x->sdt))},
+                                           .strides = {1}};
+            refit_view sv = dv; /* the piece's bytes in dv's shape, row-major */
+            int64_t step = 1;
+            for (int d = sv.ndim - 1; d >= 0; step *= sv.shape[d--])
+                sv.strides[d] = step;
             sv.data = c->dev + (x->pin - c->p);
             sv.device = (refit_device){REFIT_DEVICE_CUDA_HOST, 0};
             sv.dtype = x->sdt;
@@ -627,8 +622,8 @@ static int defer_next_chunk(cq *q)
  * scale), queued as one slice in one chunk, so that a cast does not settle
  * the pipeline as the synchronous path would; the caller keeps its bytes
  * within a slice and a chunk. dview (NULL: dst is contiguous): with cast,
- * a strided destination the kernel writes through (an INT4 expert's
- * transposed words), the source being bytes in dview's shape, row-major. */
+ * a strided destination the kernel writes through (a transposed runtime
+ * view), the source being bytes in dview's shape, row-major. */
 int defer_queue(cq *q, char *dst, const char *src, size_t bytes, const refit_dtype *cast,
                 const refit_view *dview)
 {
